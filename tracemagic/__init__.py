@@ -1,0 +1,59 @@
+"""tracemagic: the notebook-native profiler for PyTorch.
+
+``%load_ext tracemagic`` registers ``%%chakra_trace`` (capture a cell's step loop with
+torch.profiler) and ``%chakra_report`` (show any Kineto trace). ``tracemagic.load`` turns
+any Kineto trace into pandas tables.
+
+The heavy parts (torch, pandas, plotly, ipywidgets) are imported lazily, on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from tracemagic._version import __version__
+from tracemagic.errors import CaptureError, TraceError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace import Trace, load
+
+__all__ = [
+    "CaptureError",
+    "Trace",
+    "TraceError",
+    "__version__",
+    "load",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+]
+
+# public name -> module that defines it (imported on first access)
+_LAZY = {
+    "Trace": "tracemagic.trace",
+    "load": "tracemagic.trace",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tracemagic' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the tracemagic magics on an IPython shell (idempotent)."""
+    from tracemagic.magics import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Nothing to undo: magics stay registered, like other extensions."""

@@ -1,0 +1,102 @@
+"""Parquet cache of parsed traces, so reopening a trace is near-instant.
+
+The cache lies next to the trace (``.<name>.tracemagic.parquet``) or, when that folder is
+read-only, in the user cache directory. Its key is every source file's path, size and
+mtime plus the cache format version: a changed file is parsed again. Only Parquet and
+JSON are read back: nothing from a cache or a trace is ever executed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+#: bump when the events table's columns or meaning change
+FORMAT = 1
+_META_KEY = b"tracemagic"
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/tracemagic`` (default ``~/.cache/tracemagic``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tracemagic"
+
+
+def key_for(path: Path, files: list[Path] | None, recover: bool) -> str:
+    """A digest of the source files' identity (path, size, mtime) and the format."""
+    sources = files if files is not None else [path]
+    parts = [f"format={FORMAT}", f"recover={recover}"]
+    for source in sources:
+        stat = source.stat()
+        parts.append(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _locations(path: Path, cache_dir: str | os.PathLike[str] | None) -> list[Path]:
+    folder = path if path.is_dir() else path.parent
+    stem = path.name if not path.is_dir() else "traces"
+    beside = folder / f".{stem}.tracemagic.parquet"
+    elsewhere = Path(cache_dir) if cache_dir is not None else user_cache_dir()
+    return [beside, elsewhere / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]}.parquet"]
+
+
+def read(key: str, path: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | None:
+    """The cached tables for ``key``, or None (missing, stale or unreadable)."""
+    for location in _locations(path, cache_dir):
+        if not location.is_file():
+            continue
+        try:
+            table = pq.read_table(location)
+            stored = json.loads(table.schema.metadata[_META_KEY])
+            if stored.get("key") != key:
+                continue
+            flows = pd.read_parquet(location.with_suffix(".flows.parquet"))
+        except (OSError, KeyError, ValueError, pa.ArrowException):
+            continue
+        meta = stored["meta"]
+        for section in ("ranks", "processes", "threads"):
+            meta[section] = {int(k): v for k, v in meta.get(section, {}).items()}
+        return table.to_pandas(), flows, meta
+
+
+def _write_atomic(table: pa.Table, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write(
+    key: str,
+    path: Path,
+    cache_dir: str | os.PathLike[str] | None,
+    events: pd.DataFrame,
+    flows: pd.DataFrame,
+    meta: dict[str, Any],
+) -> Path | None:
+    """Store the tables; first beside the trace, else in the user cache. None if neither works."""
+    payload = json.dumps({"key": key, "meta": meta}, default=str).encode()
+    table = pa.Table.from_pandas(events, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: payload})
+    flow_table = pa.Table.from_pandas(flows, preserve_index=False)
+    for location in _locations(path, cache_dir):
+        try:
+            _write_atomic(flow_table, location.with_suffix(".flows.parquet"))
+            _write_atomic(table, location)
+        except OSError:
+            continue
+        return location
+    return None

@@ -1,0 +1,139 @@
+"""The ``Trace``: one loaded trace (all its ranks) and the analyses over it.
+
+``trace.events`` is the normalized table every analysis reads; each analysis is a
+``Trace`` method returning a DataFrame (times in µs) and lives in ``tracemagic.analysis``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+#: The events table: one row per duration (``X``) or instant (``i``) event, all ranks.
+#:
+#: ``rank`` int32; ``kind`` normalized category (see ``normalize.KINDS``); ``cat``, ``name``,
+#: ``ph``, ``pid``, ``tid`` categoricals as written; ``ts`` start in µs on the trace's own
+#: clock; ``dur`` µs (0 for instants); ``self_dur`` µs minus nested CPU events; ``parent``,
+#: ``depth`` nesting on the CPU thread; ``step`` ProfilerStep number (-1 outside steps;
+#: GPU events take their launch's step); ``launch`` row of the runtime call that launched a
+#: GPU event; ``op`` row of the enclosing/launching CPU op; ``module`` row of the innermost
+#: ``nn.Module`` event around it. Row columns hold positions in this table, -1 for none.
+#: Nullable args: ``external_id``, ``correlation``, ``device``, ``stream``, ``rf_id``,
+#: ``seq``, ``fwd_tid``, ``python_id``, ``python_parent_id``, ``bytes`` (memcpy/memset
+#: size, or a ``[memory]`` event's signed delta), ``total_allocated``, ``total_reserved``,
+#: ``device_type``, ``addr``, ``flops``, ``group_size``, ``in_nelems``, ``out_nelems``;
+#: strings ``collective``, ``pg_name``, ``dtype``, ``input_dims``, ``input_type``, ``grid``,
+#: ``block``, ``pg_ranks`` (JSON text as written).
+EVENT_COLUMNS_DOC = __doc__
+
+
+class Trace:
+    """A loaded Kineto trace: the normalized events of every rank plus metadata.
+
+    Attributes:
+        events: the events table (see ``tracemagic.trace.model`` for its columns).
+        flows: flow events (``rank``, ``ph``, ``cat``, ``id``, ``pid``, ``tid``, ``ts``).
+        meta: ``ranks`` {rank: trace metadata}, ``processes``, ``threads``, ``warnings``.
+        path: where it was loaded from.
+        manifest: ``capture.json`` of a capture directory, else None.
+    """
+
+    def __init__(
+        self,
+        events: pd.DataFrame,
+        flows: pd.DataFrame,
+        meta: dict[str, Any],
+        *,
+        path: Path | None = None,
+        manifest: dict[str, Any] | None = None,
+    ) -> None:
+        self.events = events
+        self.flows = flows
+        self.meta = meta
+        self.path = path
+        self.manifest = manifest
+        self._memo: dict[tuple[Any, ...], pd.DataFrame] = {}
+
+    # -- facts -------------------------------------------------------------------------
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks present, ascending."""
+        return sorted(int(r) for r in self.meta.get("ranks", {0: {}}))
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        """GPU devices named in the trace metadata (first rank's), possibly empty."""
+        for rank in self.ranks:
+            devices = self.meta["ranks"][rank].get("devices") or []
+            if devices:
+                return devices
+        return []
+
+    @cached_property
+    def has_gpu(self) -> bool:
+        """Whether any kernel, memcpy or memset was recorded."""
+        return bool(self.events["kind"].isin(("kernel", "memcpy", "memset")).any())
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the loader had to repair or convert."""
+        return list(self.meta.get("warnings", []))
+
+    @property
+    def module_names(self) -> dict[str, dict[str, str]]:
+        """Trace module names (``nn.Module: Linear_0``) -> {path, type}, from the capture."""
+        if not self.manifest:
+            return {}
+        return dict(self.manifest.get("modules") or {})
+
+    def __repr__(self) -> str:
+        kinds = self.events["kind"].value_counts()
+        parts = ", ".join(f"{int(kinds[k])} {k}" for k in ("cpu_op", "kernel", "memory", "step") if kinds.get(k, 0))
+        where = f" from {self.path}" if self.path else ""
+        return f"<Trace{where}: {len(self.ranks)} rank(s), {parts or 'no events'}>"
+
+    # -- analyses (DataFrame out, see tracemagic.analysis) ---------------------------------
+    def _analysis(self, module: str, function: str, *args: Any, **kwargs: Any) -> pd.DataFrame:
+        key = (module, function, args, tuple(sorted(kwargs.items())))
+        if key not in self._memo:
+            fn = getattr(import_module(f"tracemagic.analysis.{module}"), function)
+            self._memo[key] = fn(self, *args, **kwargs)
+        return self._memo[key].copy()
+
+    def ops(self) -> pd.DataFrame:
+        """Every CPU op and annotation (see ``tracemagic.analysis.ops``)."""
+        return self._analysis("ops", "ops")
+
+    def kernels(self) -> pd.DataFrame:
+        """GPU kernels, memcpy and memset with their launching op and layer."""
+        return self._analysis("kernels", "kernels")
+
+    def layers(self) -> pd.DataFrame:
+        """The per-layer (nn.Module instance) table."""
+        return self._analysis("layers", "layers")
+
+    def memory(self) -> pd.DataFrame:
+        """The memory timeline per device."""
+        return self._analysis("memory", "memory")
+
+    def shapes(self) -> pd.DataFrame:
+        """Op x input shapes x dtypes with calls, time and FLOPs."""
+        return self._analysis("shapes", "shapes")
+
+    def steps(self) -> pd.DataFrame:
+        """One row per ProfilerStep (per rank) with its time breakdown."""
+        return self._analysis("steps", "steps")
+
+    def ranks_table(self) -> pd.DataFrame:
+        """Per-rank step time, compute, communication and idle; slowest rank marked."""
+        return self._analysis("ranks", "ranks")
+
+    def diff(self, other: "Trace") -> pd.DataFrame:
+        """This trace compared with ``other`` op by op and layer by layer."""
+        from tracemagic.analysis.diff import diff
+
+        return diff(self, other)

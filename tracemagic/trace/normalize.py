@@ -1,0 +1,140 @@
+"""Make traces of every Kineto vintage look alike: one `kind` per event, µs, devices, ranks.
+
+Old traces spell categories ``Operator``/``Runtime``/``Kernel``/``Memcpy``/``Memset`` and
+write ``[memory]`` instants with no ``cat``; new ones use ``cpu_op``/``cuda_runtime``/...;
+AMD traces call the runtime ``hip*``. All of them map to the kinds below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: normalized event kinds, in display order
+KINDS = (
+    "step",
+    "cpu_op",
+    "user_annotation",
+    "python_function",
+    "runtime",
+    "kernel",
+    "memcpy",
+    "memset",
+    "gpu_annotation",
+    "memory",
+    "trace",
+    "other",
+)
+#: kinds that run on a GPU stream (pid = device, tid = stream)
+GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation")
+#: kinds that run on a CPU thread and nest there
+CPU_KINDS = ("step", "cpu_op", "user_annotation", "python_function", "runtime")
+
+_CATEGORY_KIND = {
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "python_function": "python_function",
+    "python": "python_function",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "runtime": "runtime",
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
+    "gpu_user_annotation": "gpu_annotation",
+    "trace": "trace",
+}
+
+
+def event_kinds(events: pd.DataFrame) -> pd.Categorical:
+    """The normalized kind of every event (see ``KINDS``)."""
+    cats = events["cat"].cat.categories
+    lookup = np.array(
+        [KINDS.index(_CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats] + [KINDS.index("other")],
+        dtype=np.int8,
+    )
+    codes = lookup[events["cat"].cat.codes.to_numpy()]
+    names = events["name"]
+    is_memory = (events["ph"].to_numpy() != "X") & (names == "[memory]").to_numpy()
+    codes = np.where(is_memory, KINDS.index("memory"), codes)
+    step_names = names.cat.categories.str.startswith("ProfilerStep#")
+    if step_names.any():
+        is_step = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(step_names))
+        on_cpu = np.isin(codes, [KINDS.index("cpu_op"), KINDS.index("user_annotation")])
+        codes = np.where(is_step & on_cpu, KINDS.index("step"), codes)
+    return pd.Categorical.from_codes(codes, categories=list(KINDS))
+
+
+def timestamps_in_ns(ts: np.ndarray) -> bool:
+    """Whether timestamps are nanoseconds (µs epoch times are ~1.7e15; ns ones ~1.7e18)."""
+    finite = ts[np.isfinite(ts)]
+    return bool(finite.size) and float(np.median(finite)) > 1e17
+
+
+def _number(text: Any) -> int | None:
+    try:
+        return int(str(text).split()[-1], 0)
+    except (ValueError, IndexError):
+        return None
+
+
+def fill_device_and_stream(events: pd.DataFrame) -> None:
+    """GPU events without ``device``/``stream`` args take them from pid/tid ('stream 7')."""
+    kinds = events["kind"]
+    gpu = kinds.isin(GPU_KINDS).to_numpy()
+    if not gpu.any():
+        return
+    pid_numbers = pd.array([_number(c) for c in events["pid"].cat.categories], dtype="Int64")
+    tid_numbers = pd.array([_number(c) for c in events["tid"].cat.categories], dtype="Int64")
+    pid_codes = events["pid"].cat.codes.to_numpy()
+    tid_codes = events["tid"].cat.codes.to_numpy()
+    device = events["device"].copy()
+    stream = events["stream"].copy()
+    need_device = gpu & device.isna().to_numpy()
+    device[need_device] = pid_numbers[pid_codes[need_device]]
+    need_stream = gpu & stream.isna().to_numpy()
+    stream[need_stream] = tid_numbers[tid_codes[need_stream]]
+    events["device"] = device
+    events["stream"] = stream
+    memory = (kinds == "memory").to_numpy()
+    if memory.any():
+        device = events["device"].copy()
+        device[memory] = events["device_id"][memory]
+        events["device"] = device
+
+
+def metadata(meta: dict[str, Any]) -> dict[str, Any]:
+    """Top-level trace metadata with ``rank``, ``world_size`` and ``devices`` filled in."""
+    out = dict(meta)
+    dist = meta.get("distributedInfo")
+    if isinstance(dist, dict):
+        out["rank"] = _int_or_none(dist.get("rank"))
+        out["world_size"] = _int_or_none(dist.get("world_size"))
+        out["backend"] = dist.get("backend")
+    props = meta.get("deviceProperties")
+    devices = []
+    if isinstance(props, list):
+        for item in props:
+            if isinstance(item, dict):
+                devices.append(
+                    {
+                        "id": _int_or_none(item.get("id")),
+                        "name": str(item.get("name") or "") or "unnamed GPU",
+                        "memory_bytes": _int_or_none(item.get("totalGlobalMem")),
+                        "sm_count": _int_or_none(item.get("numSms")),
+                    }
+                )
+    out["devices"] = devices
+    return out
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,188 @@
+"""Derived columns every analysis needs: nesting, self time, steps, launches, modules.
+
+All of it is vectorized with numpy (no per-event Python loop), so it stays fast on traces of
+millions of events. Row numbers below are positions in the events table.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS
+
+#: ends closer than this (µs) count as equal: JSON floats of epoch-µs times carry ~0.1 µs error
+NEST_TOLERANCE_US = 0.25
+MODULE_PREFIX = "nn.Module: "
+_STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
+
+
+def previous_enclosing(group: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For rows sorted by (group, start, -end): the nearest earlier row of the same group
+    whose end is not before this row's end (its parent), else -1.
+
+    Binary lifting over a sparse table of running maxima: O(n log n), vectorized.
+    """
+    n = end.size
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    target = end - NEST_TOLERANCE_US
+    table = [end]
+    span = 1
+    while span * 2 <= n:
+        prev = table[-1]
+        table.append(np.maximum(prev[:-span], prev[span:]))
+        span *= 2
+    pos = np.arange(n, dtype=np.int64)  # search window is [.., pos): shrink pos leftwards
+    for level in range(len(table) - 1, -1, -1):
+        width = 1 << level
+        start = pos - width
+        ok = start >= 0
+        maxima = np.full(n, np.inf)
+        maxima[ok] = table[level][start[ok]]
+        move = ok & (maxima < target)
+        pos = np.where(move, start, pos)
+    parent = pos - 1
+    valid = parent >= 0
+    valid[valid] &= end[parent[valid]] >= target[valid]
+    valid[valid] &= group[parent[valid]] == group[valid]
+    return np.where(valid, parent, -1)
+
+
+def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parent row, depth and self time (µs) of every CPU-side duration event.
+
+    Events nest per (pid, tid); GPU events and instants get parent -1, depth -1 and
+    self time equal to their duration.
+    """
+    n = len(events)
+    parent = np.full(n, -1, dtype=np.int64)
+    depth = np.full(n, -1, dtype=np.int32)
+    dur = events["dur"].to_numpy()
+    self_dur = dur.copy()
+    cpu = events["kind"].isin(CPU_KINDS).to_numpy() & (events["ph"] == "X").to_numpy()
+    rows = np.flatnonzero(cpu)
+    if rows.size == 0:
+        return parent, depth, self_dur
+    start = events["ts"].to_numpy()[rows] - t0
+    end = start + dur[rows]
+    group = events["pid"].cat.codes.to_numpy()[rows].astype(np.int64) * 1_000_003 + events["tid"].cat.codes.to_numpy()[rows]
+    order = np.lexsort((-end, start, group))
+    sorted_parent = previous_enclosing(group[order], end[order])
+    local = np.full(rows.size, -1, dtype=np.int64)
+    has = sorted_parent >= 0
+    local[order[has]] = order[sorted_parent[has]]
+    parent[rows] = np.where(local >= 0, rows[np.maximum(local, 0)], -1)
+    # depth: walk parents level by level (in sorted order parents come first)
+    d = np.zeros(rows.size, dtype=np.int32)
+    sp = np.where(has, sorted_parent, -1)
+    while True:  # one round per nesting level; parents precede children, so it ends
+        nd = np.where(sp >= 0, d[np.maximum(sp, 0)] + 1, 0)
+        if np.array_equal(nd, d):
+            break
+        d = nd
+    depth[rows[order]] = d
+    child_time = np.bincount(parent[rows][parent[rows] >= 0], weights=dur[rows][parent[rows] >= 0], minlength=n)
+    self_dur[rows] = np.maximum(dur[rows] - child_time[rows], 0.0)
+    return parent, depth, self_dur
+
+
+def propagate(parent: np.ndarray, depth: np.ndarray, is_anchor: np.ndarray) -> np.ndarray:
+    """Row of the innermost enclosing anchor event (itself included), else -1."""
+    out = np.where(is_anchor, np.arange(parent.size), -1)
+    if parent.size == 0:
+        return out
+    for level in range(1, int(depth.max(initial=0)) + 1):
+        rows = np.flatnonzero(depth == level)
+        inherit = rows[out[rows] < 0]
+        out[inherit] = out[parent[inherit]]
+    return out
+
+
+def enclosing_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """For each row: the nearest strict ancestor that is of the kind, else -1."""
+    inner = propagate(parent, depth, is_kind)
+    start = parent[rows]
+    return np.where(start >= 0, inner[np.maximum(start, 0)], -1)
+
+
+def step_numbers(events: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """The ProfilerStep number of every event by time, and the steps table (number, ts, dur).
+
+    GPU events are given the step of the runtime call that launched them later
+    (see ``launches``); here they are placed by their own time.
+    """
+    kinds = events["kind"].to_numpy()
+    step_rows = np.flatnonzero(kinds == "step")
+    steps = pd.DataFrame(
+        {
+            "step": [int(_STEP_NUMBER.match(str(n)).group(1)) for n in events["name"].to_numpy()[step_rows]],
+            "row": step_rows,
+            "ts": events["ts"].to_numpy()[step_rows],
+            "dur": events["dur"].to_numpy()[step_rows],
+        }
+    )
+    steps = steps.sort_values("ts", kind="stable").drop_duplicates("step").reset_index(drop=True)
+    number = np.full(len(events), -1, dtype=np.int64)
+    if steps.empty:
+        return number, steps
+    ts = events["ts"].to_numpy()
+    index = np.searchsorted(steps["ts"].to_numpy(), ts, side="right") - 1
+    inside = index >= 0
+    ends = (steps["ts"] + steps["dur"]).to_numpy()
+    inside[inside] &= ts[inside] <= ends[index[inside]] + NEST_TOLERANCE_US
+    number[inside] = steps["step"].to_numpy()[index[inside]]
+    return number, steps
+
+
+def launches(events: pd.DataFrame) -> np.ndarray:
+    """Row of the runtime call that launched each GPU event (by correlation id), else -1."""
+    kinds = events["kind"].to_numpy()
+    launch = np.full(len(events), -1, dtype=np.int64)
+    runtime_rows = np.flatnonzero((kinds == "runtime") & events["correlation"].notna().to_numpy())
+    gpu_rows = np.flatnonzero(np.isin(kinds, GPU_KINDS) & events["correlation"].notna().to_numpy())
+    if runtime_rows.size == 0 or gpu_rows.size == 0:
+        return launch
+    corr = events["correlation"].to_numpy(dtype=np.int64, na_value=-1)
+    lookup = pd.Series(runtime_rows, index=corr[runtime_rows])
+    lookup = lookup[~lookup.index.duplicated()]
+    found = lookup.reindex(corr[gpu_rows]).to_numpy()
+    ok = ~np.isnan(found)
+    launch[gpu_rows[ok]] = found[ok].astype(np.int64)
+    return launch
+
+
+def add_structure(events: pd.DataFrame) -> pd.DataFrame:
+    """Add ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and ``module``.
+
+    ``op`` is the CPU op that launched a GPU event (or a runtime call's enclosing op);
+    ``module`` the innermost ``nn.Module`` event enclosing a CPU event or a GPU event's
+    launch. Both are row numbers, -1 where none.
+    """
+    ts = events["ts"].to_numpy()
+    t0 = float(np.nanmin(ts)) if len(ts) else 0.0
+    parent, depth, self_dur = nest(events, t0)
+    step, _ = step_numbers(events)
+    launch = launches(events)
+    kinds = events["kind"].to_numpy()
+    names = events["name"]
+    module_names = names.cat.categories.str.startswith(MODULE_PREFIX)
+    is_module = (kinds == "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
+    module = propagate(parent, depth, is_module)
+    is_op = kinds == "cpu_op"
+    op = propagate(parent, depth, is_op)
+    has_launch = launch >= 0
+    rows = np.flatnonzero(has_launch)
+    module[rows] = module[launch[rows]]
+    op[rows] = op[launch[rows]]
+    step[rows] = np.where(step[launch[rows]] >= 0, step[launch[rows]], step[rows])
+    events["parent"] = parent
+    events["depth"] = depth
+    events["self_dur"] = self_dur
+    events["step"] = step
+    events["launch"] = launch
+    events["op"] = op
+    events["module"] = module
+    return events
