@@ -1,0 +1,142 @@
+"""Shared fixtures: a real IPython shell with tracemagic loaded, small real models, readers.
+
+Everything here is generic so any test module can reuse it:
+
+- ``ip``: the IPython ``InteractiveShell`` with ``%load_ext tracemagic`` done, ``torch``,
+  ``nn`` and the models below in its namespace, the working directory a fresh
+  ``tmp_path`` (so ``./traces`` lands there), and the namespace cleaned afterwards.
+- ``mlp`` / ``cnn`` / ``transformer``: fresh small models (CPU, seconds to run).
+- ``read_json``: read a ``.json`` or ``.json.gz`` file.
+- ``kineto_events``: the ``traceEvents`` of a Kineto trace file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+def make_mlp() -> Any:
+    """A 3-layer MLP: 32 -> 64 -> 64 -> 10 (repeated Linear/ReLU classes)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)
+    )
+
+
+class SmallCNN(nn.Module):
+    """Two conv blocks and a classifier head, on 1x16x16 images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(4, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: Any) -> Any:
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+class SmallTransformer(nn.Module):
+    """An embedding, a 2-layer ``nn.TransformerEncoder`` (d_model 32) and a linear head."""
+
+    def __init__(self, vocab: int = 50, d_model: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        layer = nn.TransformerEncoderLayer(
+            d_model, nhead=2, dim_feedforward=64, dropout=0.0, batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: Any) -> Any:
+        return self.head(self.encoder(self.embed(tokens)))
+
+
+def make_cnn() -> SmallCNN:
+    torch.manual_seed(0)
+    return SmallCNN()
+
+
+def make_transformer() -> SmallTransformer:
+    torch.manual_seed(0)
+    return SmallTransformer()
+
+
+@pytest.fixture
+def mlp() -> Any:
+    return make_mlp()
+
+
+@pytest.fixture
+def cnn() -> SmallCNN:
+    return make_cnn()
+
+
+@pytest.fixture
+def transformer() -> SmallTransformer:
+    return make_transformer()
+
+
+@pytest.fixture(scope="session")
+def _shell() -> Any:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "tracemagic")
+    return shell
+
+
+@pytest.fixture
+def ip(_shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The shell, in a fresh working directory, with torch and small models defined."""
+    monkeypatch.chdir(tmp_path)
+    before = set(_shell.user_ns)
+    _shell.user_ns.update(
+        torch=torch,
+        nn=nn,
+        make_mlp=make_mlp,
+        make_cnn=make_cnn,
+        make_transformer=make_transformer,
+    )
+    yield _shell
+    for name in set(_shell.user_ns) - before:
+        del _shell.user_ns[name]
+
+
+@pytest.fixture
+def read_json() -> Callable[[Path], Any]:
+    """Read a JSON file, gzip-compressed or not."""
+
+    def read(path: Path) -> Any:
+        path = Path(path)
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as fh:
+            return json.load(fh)
+
+    return read
+
+
+@pytest.fixture
+def kineto_events(read_json: Callable[[Path], Any]) -> Callable[[Path], list[dict[str, Any]]]:
+    """The ``traceEvents`` list of a Kineto trace file."""
+
+    def events(path: Path) -> list[dict[str, Any]]:
+        return read_json(path)["traceEvents"]
+
+    return events

@@ -1,0 +1,26 @@
+"""Capture a cell's step loop with torch.profiler (the ``%%chakra_trace`` machinery).
+
+``CaptureConfig`` validates the options, ``prepare_cell`` finds and steps the loop,
+``CaptureSession`` runs the profiler and writes the files, ``Capture`` is the result.
+torch is imported only when ``CaptureSession`` is first used.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from tracemagic.capture.config import CaptureConfig
+from tracemagic.capture.loop import LoopPlan, PreparedCell, prepare_cell
+from tracemagic.capture.result import Capture
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.capture.session import CaptureSession
+
+__all__ = ["Capture", "CaptureConfig", "CaptureSession", "LoopPlan", "PreparedCell", "prepare_cell"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CaptureSession":
+        return import_module("tracemagic.capture.session").CaptureSession
+    raise AttributeError(f"module 'tracemagic.capture' has no attribute {name!r}")

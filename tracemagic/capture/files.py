@@ -1,0 +1,113 @@
+"""Names and atomic writing of a capture's files.
+
+Every file is written under a hidden temporary name in its final directory and moved
+into place with ``os.replace``, so a reader never sees a half-written file under a final
+name (an interrupted write leaves only a ``.*.partial`` file behind, or nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tracemagic.errors import CaptureError
+
+MANIFEST = "capture.json"
+
+
+def kineto_name(rank: int, cycle: int | None, gz: bool) -> str:
+    """``kineto_trace_<rank>[_cycle<k>].json[.gz]``; the cycle only with several cycles."""
+    suffix = f"_cycle{cycle}" if cycle is not None else ""
+    return f"kineto_trace_{rank}{suffix}.json" + (".gz" if gz else "")
+
+
+def et_name(rank: int) -> str:
+    """``torch_et_<rank>.json``: always plain JSON, as Chakra's linker reads it."""
+    return f"torch_et_{rank}.json"
+
+
+def memory_name(rank: int, cycle: int | None, gz: bool) -> str:
+    """``memory_timeline_<rank>[_cycle<k>].json[.gz]``."""
+    suffix = f"_cycle{cycle}" if cycle is not None else ""
+    return f"memory_timeline_{rank}{suffix}.json" + (".gz" if gz else "")
+
+
+def partial_path(final: Path) -> Path:
+    """The hidden name a file is written under before it gets its final name."""
+    return final.with_name(f".{final.name}.partial")
+
+
+def make_capture_dir(out: Path, name: str, now: datetime | None = None) -> Path:
+    """Create ``out/NAME-<timestamp>`` (made unique), checking that it can be written.
+
+    Raises:
+        CaptureError: the directory cannot be created or written, with the reason.
+    """
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for n in range(1000):
+            candidate = out / (f"{name}-{stamp}" if n == 0 else f"{name}-{stamp}-{n}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            probe = partial_path(candidate / MANIFEST)
+            probe.write_text("{}")
+            probe.unlink()
+            return candidate
+    except OSError as exc:
+        raise CaptureError(
+            f"cannot write the capture to --out {str(out)!r}: {exc.strerror or exc}. "
+            "Pick a writable directory with --out DIR."
+        ) from None
+    raise CaptureError(f"too many captures named {name!r} in {str(out)!r} this second.")
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temporary path to write; move it to ``final`` only if the block succeeds."""
+    tmp = partial_path(final)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_json(final: Path, data: Any, gz: bool = False) -> None:
+    """Write ``data`` as JSON (gzip-compressed if ``gz``), atomically."""
+    with atomic_path(final) as tmp:
+        opener: Callable[..., Any] = gzip.open if gz else open
+        with opener(tmp, "wt", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=None if gz else 1, default=str)
+
+
+def write_with(final: Path, write: Callable[[str], None], gz: bool = False) -> None:
+    """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically."""
+    raw = final.with_name(f".{final.name}.raw.partial")
+    try:
+        write(str(raw))
+        place(raw, final, gz=gz)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            raw.unlink()
+
+
+def place(source: Path, final: Path, gz: bool = False) -> None:
+    """Move a finished file to ``final`` (gzip-compressing it on the way if ``gz``)."""
+    if not gz:
+        os.replace(source, final)
+        return
+    with atomic_path(final) as tmp:
+        with open(source, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+    source.unlink()

@@ -1,0 +1,289 @@
+"""Find a cell's step loop and make it call the session's ``step()``.
+
+The cell goes through IPython's own cell transforms (so ``%magics`` and ``!cmd`` lines
+keep working), then its AST is rewritten: the step loop's body becomes
+
+    try:
+        <body>
+    except:
+        __chakra_trace__._fail()      # the iteration raised: no step() for it
+        raise
+    finally:
+        __chakra_trace__.step()       # end of the iteration, also on ``continue``
+
+and, when the loop sits in a statement that runs right away (not in a ``def``), the
+session starts just before that statement and stops just after it, so set-up code
+before the loop and reporting code after it stay out of the trace.
+
+Line numbers are the notebook cell's own: the ``%%chakra_trace`` line is line 1, so
+tracebacks, ``--loop LINE`` and the messages all agree with what the user sees.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any, Literal
+
+from tracemagic.errors import CaptureError
+
+#: Name of the session in the user namespace that the injected code calls. A dunder
+#: name, so the cell's own variables (``chakra`` included) cannot shadow it.
+SESSION_NAME = "__chakra_trace__"
+
+_LOOPS = (ast.For, ast.While, ast.AsyncFor)
+# statements that run their body right away, so a loop inside still runs "at top level"
+_TRANSPARENT = (ast.With, ast.AsyncWith, ast.If, ast.Try)
+_DEFERRED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+Mode = Literal["loop", "manual", "none"]
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """Which loop gets stepped, and how the session brackets it.
+
+    Attributes:
+        mode: ``"loop"`` (a loop is stepped), ``"manual"`` (the cell calls
+            ``<handle>.step()`` itself) or ``"none"`` (no loop: the cell is one step).
+        line: the stepped loop's line in the cell (``%%chakra_trace`` is line 1).
+        kind: ``"for"``, ``"while"`` or ``"async for"``.
+        header: the loop's first source line, stripped.
+        brackets_loop: the injected code starts and stops the session around the
+            loop's top-level statement; otherwise the magic starts it before the cell.
+    """
+
+    mode: Mode
+    line: int | None = None
+    kind: str | None = None
+    header: str | None = None
+    brackets_loop: bool = False
+
+    def describe(self, handle: str) -> str:
+        """One line telling the user what will be stepped."""
+        if self.mode == "manual":
+            return f"the cell calls {handle}.step() itself; running it unchanged"
+        if self.mode == "none":
+            return "no loop in the cell: capturing the whole cell as one step"
+        return f"stepping the `{self.kind}` loop at line {self.line}: {self.header}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON values, for the manifest."""
+        return {
+            "mode": self.mode,
+            "line": self.line,
+            "kind": self.kind,
+            "header": self.header,
+        }
+
+
+@dataclass(frozen=True)
+class PreparedCell:
+    """A cell ready to run: its statements, its last expression and the plan.
+
+    Attributes:
+        body: code of every statement but a trailing expression.
+        last_expr: code of the trailing expression (``eval`` mode), if any, so its
+            value can still be displayed.
+        plan: what gets stepped.
+        filename: the name the code was compiled under (registered in ``linecache``).
+    """
+
+    body: CodeType
+    last_expr: CodeType | None
+    plan: LoopPlan
+    filename: str
+
+
+def prepare_cell(
+    shell: Any, line: str, cell: str, *, loop_line: int | None, handle: str
+) -> PreparedCell:
+    """Transform, instrument and compile a ``%%chakra_trace`` cell.
+
+    Args:
+        shell: the IPython shell (its transforms, compiler and AST transformers).
+        line: the magic's argument line, shown as the cell's line 1 in tracebacks.
+        cell: the cell body.
+        loop_line: ``--loop LINE``, or None to pick the step loop automatically.
+        handle: the user-facing session name (a cell calling ``<handle>.step()``
+            is left alone).
+
+    Raises:
+        CaptureError: ``--loop`` names a line without a loop, or conflicts with a
+            cell that steps itself.
+        SyntaxError: the cell is not valid Python (with the cell's own line numbers).
+    """
+    display = f"%%chakra_trace {line}".rstrip() + "\n" + cell
+    blank = len(cell) - len(cell.lstrip("\n \t\r\f"))
+    leading = cell[:blank].count("\n")  # IPython's transforms drop leading empty lines
+    source = "\n" * (1 + leading) + shell.transform_cell(cell)
+    running = getattr(shell.displayhook, "exec_result", None)  # the cell being run
+    number = running.execution_count if running is not None else shell.execution_count
+    filename = shell.compile.cache(display, number, raw_code="# %%chakra_trace\n" + display)
+    tree = shell.compile.ast_parse(source, filename=filename)
+    tree = shell.transform_ast(tree)
+
+    last_expr = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last_expr = ast.Expression(tree.body.pop().value)
+
+    plan = instrument(tree, display.splitlines(), loop_line=loop_line, handle=handle)
+    body = shell.compile(tree, filename, "exec")
+    expr = shell.compile(last_expr, filename, "eval") if last_expr is not None else None
+    return PreparedCell(body=body, last_expr=expr, plan=plan, filename=filename)
+
+
+def instrument(
+    tree: ast.Module, lines: list[str], *, loop_line: int | None, handle: str
+) -> LoopPlan:
+    """Pick the step loop of ``tree`` and rewrite it in place.
+
+    Args:
+        tree: the cell's module AST, line numbers as in ``lines``.
+        lines: the cell's source lines (for the message naming the loop).
+        loop_line: the loop's line, or None for the default choice: the first loop
+            that runs at top level (looking through ``with``/``if``/``try``), then
+            down while its body holds exactly one loop.
+        handle: the user-facing session name.
+
+    Raises:
+        CaptureError: ``loop_line`` has no loop, or the cell also steps itself.
+    """
+    manual = _calls_step(tree, handle)
+    if manual and loop_line is not None:
+        raise CaptureError(
+            f"--loop {loop_line}: the cell already calls {handle}.step() itself; "
+            "drop --loop, or the call."
+        )
+    if manual:
+        return LoopPlan(mode="manual")
+
+    loop = _loop_at(tree, loop_line) if loop_line is not None else _default_loop(tree.body)
+    if loop is None:
+        return LoopPlan(mode="none")
+
+    _wrap_body(loop)
+    brackets = _bracket(tree, loop)
+    ast.fix_missing_locations(tree)
+    kind = {ast.For: "for", ast.While: "while", ast.AsyncFor: "async for"}[type(loop)]
+    header = lines[loop.lineno - 1].strip() if loop.lineno <= len(lines) else ""
+    return LoopPlan(
+        mode="loop", line=loop.lineno, kind=kind, header=header, brackets_loop=brackets
+    )
+
+
+def _calls_step(tree: ast.AST, handle: str) -> bool:
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "step"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == handle
+        ):
+            return True
+    return False
+
+
+def _children(stmt: ast.stmt) -> list[ast.stmt]:
+    """Statements a transparent statement runs right away, in source order."""
+    out: list[ast.stmt] = list(getattr(stmt, "body", []))
+    if isinstance(stmt, ast.Try):
+        for handler in stmt.handlers:
+            out.extend(handler.body)
+    out.extend(getattr(stmt, "orelse", []))
+    out.extend(getattr(stmt, "finalbody", []))
+    return out
+
+
+def _loops_in(body: list[ast.stmt]) -> list[ast.For | ast.While | ast.AsyncFor]:
+    """The loops at the top level of ``body``, looking through with/if/try."""
+    found: list[ast.For | ast.While | ast.AsyncFor] = []
+    for stmt in body:
+        if isinstance(stmt, _LOOPS):
+            found.append(stmt)
+        elif isinstance(stmt, _TRANSPARENT):
+            found.extend(_loops_in(_children(stmt)))
+    return found
+
+
+def _default_loop(body: list[ast.stmt]) -> ast.For | ast.While | ast.AsyncFor | None:
+    loops = _loops_in(body)
+    if not loops:
+        return None
+    loop = loops[0]
+    while True:
+        inner = _loops_in(loop.body)
+        if len(inner) != 1:
+            return loop
+        loop = inner[0]
+
+
+def _loop_at(tree: ast.Module, line: int) -> ast.For | ast.While | ast.AsyncFor:
+    loops = sorted(
+        (node for node in ast.walk(tree) if isinstance(node, _LOOPS)), key=lambda n: n.lineno
+    )
+    for loop in loops:
+        header_end = loop.body[0].lineno - 1 if loop.body[0].lineno > loop.lineno else loop.lineno
+        if loop.lineno <= line <= header_end:
+            return loop
+    where = ", ".join(str(loop.lineno) for loop in loops)
+    hint = f"loops start at line {where}" if loops else "the cell has no for/while loop"
+    raise CaptureError(
+        f"--loop {line}: there is no for/while loop at line {line} of the cell "
+        f"(the %%chakra_trace line is line 1); {hint}."
+    )
+
+
+def _session_call(method: str, anchor: ast.AST) -> ast.Expr:
+    call = ast.Expr(
+        ast.Call(
+            func=ast.Attribute(
+                value=ast.Name(id=SESSION_NAME, ctx=ast.Load()), attr=method, ctx=ast.Load()
+            ),
+            args=[],
+            keywords=[],
+        )
+    )
+    for node in ast.walk(call):
+        ast.copy_location(node, anchor)
+        node.end_lineno, node.end_col_offset = anchor.lineno, anchor.col_offset
+    return call
+
+
+def _wrap_body(loop: ast.For | ast.While | ast.AsyncFor) -> None:
+    handler = ast.ExceptHandler(
+        type=None, name=None, body=[_session_call("_fail", loop), ast.Raise(exc=None, cause=None)]
+    )
+    wrapped = ast.Try(
+        body=loop.body, handlers=[handler], orelse=[], finalbody=[_session_call("step", loop)]
+    )
+    ast.copy_location(handler, loop.body[0])
+    ast.copy_location(handler.body[1], loop.body[0])
+    loop.body = [ast.copy_location(wrapped, loop.body[0])]
+
+
+def _contains(stmt: ast.stmt, target: ast.AST) -> bool:
+    return any(node is target for node in ast.walk(stmt))
+
+
+def _bracket(tree: ast.Module, loop: ast.AST) -> bool:
+    """Start/stop the session around the top-level statement holding ``loop``.
+
+    Returns False (nothing inserted) when that statement only defines code (a
+    ``def``/``class``): then the session runs for the whole cell.
+    """
+    for index, stmt in enumerate(tree.body):
+        if _contains(stmt, loop):
+            if isinstance(stmt, _DEFERRED) or any(
+                isinstance(node, _DEFERRED) and _contains(node, loop) for node in ast.walk(stmt)
+            ):
+                return False
+            tree.body[index : index + 1] = [
+                _session_call("start", stmt),
+                stmt,
+                _session_call("stop", stmt),
+            ]
+            return True
+    return False

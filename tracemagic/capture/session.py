@@ -1,0 +1,495 @@
+"""One capture: torch.profiler and the ET observer around a cell, and the files they leave.
+
+``CaptureSession`` is also the handle the cell sees (``chakra``): the rewritten loop calls
+``step()`` at the end of each iteration, ``start()`` before and ``stop()`` after it.
+Whatever happens in the cell, ``finish()`` stops the profiler, unregisters the ET observer
+and the module hook, writes what was recorded and the manifest, and returns a ``Capture``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ExecutionTraceObserver, ProfilerAction, ProfilerActivity
+
+from tracemagic._version import __version__
+from tracemagic.capture import files
+from tracemagic.capture.config import CaptureConfig
+from tracemagic.capture.loop import LoopPlan
+from tracemagic.capture.naming import ModuleRecorder, find_roots, module_map
+from tracemagic.capture.result import Capture
+from tracemagic.errors import CaptureError
+
+_RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+_ACTIVE: CaptureSession | None = None
+
+#: Column meaning of the memory timeline rows (``MemoryProfileTimeline`` raw format).
+MEMORY_TIMELINE_FORMAT = {
+    "row": ["ts_ns", "action", "bytes", "category"],
+    "time": "ts_ns is Unix-epoch ns (-1: allocated before the capture); the Kineto ts in us "
+    "is (ts_ns - baseTimeNanoseconds) / 1000",
+    "actions": {"1": "PREEXISTING", "2": "CREATE", "3": "INCREMENT_VERSION", "4": "DESTROY"},
+    "categories": [
+        "PARAMETER",
+        "OPTIMIZER_STATE",
+        "INPUT",
+        "TEMPORARY",
+        "ACTIVATION",
+        "GRADIENT",
+        "AUTOGRAD_DETAIL",
+        None,
+    ],
+}
+
+
+def profiler_busy() -> str | None:
+    """Why a new capture cannot start now, or None if nothing else is profiling."""
+    if _ACTIVE is not None:
+        return (
+            "a %%chakra_trace capture is already running (nested capture); "
+            "a cell can be captured by one session at a time."
+        )
+    if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():
+        return (
+            "a torch profiler is already running (a torch.profiler.profile() that was "
+            "started and not stopped); stop it (prof.stop(), or leave its `with` block) first."
+        )
+    return None
+
+
+@dataclass
+class StepRecord:
+    """One ``ProfilerStep#N`` written to a trace.
+
+    ``end`` says how the step ended: ``step`` (the loop stepped), ``loop_exit`` (the
+    loop finished: the step holds only its exit), ``cell_end`` or ``error``.
+    """
+
+    step: int
+    cycle: int
+    complete: bool
+    end: str
+    wall_ms: float
+
+
+@dataclass
+class _Cycle:
+    number: int
+    label: int | None  # the cycle suffix in file names (None with a single cycle)
+    steps: list[StepRecord]
+    kineto: str | None = None
+    memory: str | None = None
+    window: list[torch.nn.Module] = field(default_factory=list)
+
+
+class _Profiler(torch.profiler.profile):
+    """``torch.profiler.profile`` that brackets each recording window with the hook."""
+
+    def __init__(self, recorder: ModuleRecorder, session: CaptureSession, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._recorder = recorder
+        self._session = session
+
+    def start_trace(self) -> None:
+        self._recorder.start()
+        super().start_trace()
+
+    def stop_trace(self) -> None:
+        try:
+            super().stop_trace()
+        finally:
+            self._session._window = self._recorder.stop() or []
+
+
+class CaptureSession:
+    """A capture in progress, and the handle a cell steps with ``chakra.step()``.
+
+    Args:
+        config: the validated options.
+        plan: what the cell's rewrite steps (``LoopPlan``).
+        cell: the cell source, kept in the manifest.
+        line: the magic's argument line, kept in the manifest.
+        namespace: the user namespace, to name models after their variables.
+    """
+
+    def __init__(
+        self,
+        config: CaptureConfig,
+        plan: LoopPlan,
+        *,
+        cell: str = "",
+        line: str = "",
+        namespace: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.plan = plan
+        self.cell = cell
+        self.line = line
+        self.namespace = namespace if namespace is not None else {}
+        self.dir: Path | None = None
+        self.rank, self.world_size = _rank_and_world()
+        self._one_step = plan.mode == "none"
+        self._prof: _Profiler | None = None
+        self._et: ExecutionTraceObserver | None = None
+        self._recorder = ModuleRecorder()
+        self._started = False
+        self._stopped = False
+        self._skip_step = False
+        self._iterations = 0
+        self._t_step = 0.0
+        self._pending: list[StepRecord] = []
+        self._cycles: list[_Cycle] = []
+        self._window: list[torch.nn.Module] = []
+        self._notes: list[str] = []
+        self._created = datetime.now(timezone.utc)
+
+    # -- what the cell sees ------------------------------------------------------------
+    @property
+    def step_num(self) -> int:
+        """The profiler's current step number (``ProfilerStep#N``)."""
+        return self._prof.step_num if self._prof is not None else 0
+
+    @property
+    def recording(self) -> bool:
+        """Whether the current step is being recorded."""
+        return (
+            self._prof is not None
+            and not self._stopped
+            and self._prof.current_action in _RECORDING
+        )
+
+    def step(self) -> None:
+        """End the current step and begin the next (``prof.step()``)."""
+        if self._skip_step:  # the iteration raised: leave its step open, unended
+            self._skip_step = False
+            return
+        self._iterations += 1
+        if self._prof is None or self._stopped:
+            return
+        now = time.perf_counter()
+        if self._prof.current_action in _RECORDING:
+            self._pending.append(
+                StepRecord(
+                    step=self._prof.step_num,
+                    cycle=len(self._cycles) + 1,
+                    complete=True,
+                    end="step",
+                    wall_ms=(now - self._t_step) * 1e3,
+                )
+            )
+        self._prof.step()
+        self._t_step = time.perf_counter()
+        if self.config.repeat and len(self._cycles) >= self.config.repeat:
+            self.stop()  # the schedule is done: no cost for the rest of the loop
+
+    def _fail(self) -> None:
+        """Called by the rewritten loop when an iteration raises: no step() for it."""
+        self._skip_step = True
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def open(self) -> Path:
+        """Check that a capture can run and create its directory, before the cell runs.
+
+        Raises:
+            CaptureError: another profiler is running, or the directory is not writable.
+        """
+        busy = profiler_busy()
+        if busy:
+            raise CaptureError(busy)
+        self.dir = files.make_capture_dir(self.config.out, self.config.name)
+        self._write_manifest(status="running")
+        return self.dir
+
+    def start(self) -> None:
+        """Start the profiler (and ET observer) now; step 0 begins. Idempotent."""
+        global _ACTIVE
+        if self._started:
+            return
+        if self.dir is None:
+            self.open()
+        self._started = True
+        _ACTIVE = self
+        cfg = self.config
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available() and not cfg.cpu_only:
+            activities.append(ProfilerActivity.CUDA)
+        if cfg.et:
+            self._et = ExecutionTraceObserver().register_callback(
+                str(files.partial_path(self.dir / files.et_name(self.rank)))
+            )
+        with warnings.catch_warnings():
+            if self._one_step:  # the whole cell is the one active step: no warmup
+                warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            self._prof = _Profiler(
+                self._recorder,
+                self,
+                activities=activities,
+                schedule=torch.profiler.schedule(**self.schedule),
+                on_trace_ready=self._on_trace_ready,
+                record_shapes=cfg.record_shapes,
+                profile_memory=cfg.profile_memory,
+                with_stack=cfg.with_stack,
+                with_flops=cfg.with_flops,
+                execution_trace_observer=self._et,
+            )
+        self._t_step = time.perf_counter()
+        self._prof.start()
+
+    def stop(self) -> None:
+        """Stop recording now (the loop is over); the rest of the cell is not traced."""
+        self._stop_profiler("cell_end" if self._one_step else "loop_exit")
+
+    @property
+    def schedule(self) -> dict[str, int]:
+        """The ``torch.profiler.schedule`` arguments in effect."""
+        if self._one_step:
+            return {"wait": 0, "warmup": 0, "active": 1, "repeat": 1, "skip_first": 0}
+        c = self.config
+        out = {"wait": c.wait, "warmup": c.warmup, "active": c.active, "repeat": c.repeat}
+        out["skip_first"] = c.skip_first
+        if c.skip_first_wait:
+            out["skip_first_wait"] = c.skip_first_wait
+        return out
+
+    def finish(self, error: BaseException | None = None) -> Capture:
+        """Stop everything, write what was recorded and the manifest; never raises.
+
+        Args:
+            error: the exception the cell raised, if any (the caller re-raises it).
+        """
+        global _ACTIVE
+        try:
+            self._stop_profiler("error" if error is not None else "cell_end")
+        finally:
+            self._cleanup()
+            if _ACTIVE is self:
+                _ACTIVE = None
+        if error is not None:
+            self._notes.insert(0, self._error_note(error))
+        self._notes.extend(self._schedule_notes(error))
+        manifest = self._manifest(self._status(error), error)
+        assert self.dir is not None
+        try:
+            self._write_manifest(manifest=manifest)
+        except OSError as exc:
+            manifest["notes"].append(f"capture.json could not be written: {exc}")
+        return Capture(self.dir, manifest)
+
+    # -- internals ---------------------------------------------------------------------
+    def _stop_profiler(self, end: str) -> None:
+        if self._prof is None or self._stopped:
+            self._stopped = True
+            return
+        self._stopped = True
+        prof = self._prof
+        if prof.current_action in _RECORDING:
+            self._pending.append(
+                StepRecord(
+                    step=prof.step_num,
+                    cycle=len(self._cycles) + 1,
+                    complete=self._one_step and end == "cell_end",
+                    end=end,
+                    wall_ms=(time.perf_counter() - self._t_step) * 1e3,
+                )
+            )
+        try:
+            prof.stop()
+        except Exception as exc:  # torch failed to stop: make sure nothing stays on
+            self._notes.append(f"torch.profiler failed to stop cleanly: {exc}")
+            if torch._C._autograd._profiler_enabled():
+                with contextlib.suppress(Exception):
+                    torch.autograd._disable_profiler()
+        finally:
+            with contextlib.suppress(Exception):
+                torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
+
+    def _cleanup(self) -> None:
+        """Unregister the module hook and the ET observer; place the ET file."""
+        self._recorder.stop()
+        if self._et is None or self.dir is None:
+            return
+        tmp = files.partial_path(self.dir / files.et_name(self.rank))
+        try:
+            self._et.unregister_callback()
+        except Exception as exc:
+            self._notes.append(f"the execution trace observer failed to finalize: {exc}")
+            with contextlib.suppress(Exception):
+                torch._C._profiler._remove_execution_trace_observer()
+        self._et = None
+        if any(c.steps for c in self._cycles) and tmp.exists():
+            files.place(tmp, self.dir / files.et_name(self.rank))
+        else:
+            tmp.unlink(missing_ok=True)
+
+    def _on_trace_ready(self, prof: torch.profiler.profile) -> None:
+        """Write one cycle's Kineto trace and memory timeline (never raises into the loop)."""
+        assert self.dir is not None
+        number = len(self._cycles) + 1
+        label = None if self.config.repeat == 1 or self._one_step else number
+        cycle = _Cycle(number, label, steps=self._pending, window=self._window)
+        self._pending, self._window = [], []
+        self._cycles.append(cycle)
+        gz = self.config.gzip
+        try:
+            name = files.kineto_name(self.rank, label, gz)
+            files.write_with(self.dir / name, prof.export_chrome_trace, gz=gz)
+            cycle.kineto = name
+        except Exception as exc:
+            self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
+        if self.config.records_memory_categories:
+            try:
+                cycle.memory = self._write_memory_timeline(prof, label)
+            except Exception as exc:
+                self._notes.append(
+                    f"cycle {cycle.number}: no memory timeline (torch could not classify "
+                    f"the allocations: {type(exc).__name__}: {exc})"
+                )
+
+    def _write_memory_timeline(self, prof: torch.profiler.profile, label: int | None) -> str:
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        assert self.dir is not None
+        device = "cuda:0" if ProfilerActivity.CUDA in prof.activities else "cpu"
+        name = files.memory_name(self.rank, label, self.config.gzip)
+        timeline = MemoryProfileTimeline(prof._memory_profile())
+        files.write_with(
+            self.dir / name,
+            lambda path: timeline.export_memory_timeline_raw(path, device),
+            gz=self.config.gzip,
+        )
+        return name
+
+    def _status(self, error: BaseException | None) -> str:
+        steps = [s for c in self._cycles for s in c.steps]
+        complete = [s for s in steps if s.complete]
+        if not steps:
+            return "failed" if error is not None else "empty"
+        cycles = self.config.repeat or len(self._cycles)
+        expected = self.schedule["active"] * cycles
+        if error is not None or len(complete) < expected:
+            return "partial"
+        return "complete"
+
+    def _error_note(self, error: BaseException) -> str:
+        recorded = sum(s.complete for c in self._cycles for s in c.steps)
+        where = f" in step {self.step_num}" if self._prof is not None else " before the loop"
+        return (
+            f"the cell raised {type(error).__name__}{where}; {recorded} complete step(s) "
+            "recorded before it were written (partial capture)."
+        )
+
+    def _schedule_notes(self, error: BaseException | None) -> list[str]:
+        if self._one_step or self.plan.mode == "none" or not self._started:
+            return []
+        steps = [s for c in self._cycles for s in c.steps]
+        before = self.config.steps_before_first_active
+        c = self.config
+        if not steps and error is None:
+            return [
+                f"no trace written: the loop ran {self._iterations} iteration(s), but the "
+                f"schedule records nothing before iteration {before + 1} (skip_first "
+                f"{c.skip_first} + wait {0 if c.skip_first_wait else c.wait} + warmup "
+                f"{c.warmup} = {before} steps come first). Run at least {before + 1} "
+                "iterations, or lower --skip-first/--wait/--warmup."
+            ]
+        notes = []
+        last = self._cycles[-1] if self._cycles else None
+        if last is not None and error is None:
+            complete = sum(s.complete for s in last.steps)
+            if complete < c.active:
+                notes.append(
+                    f"only {complete} of --active {c.active} steps were recorded in cycle "
+                    f"{last.number}: the loop ended after {self._iterations} iteration(s)."
+                )
+        for s in steps:
+            if s.end == "loop_exit":
+                notes.append(f"ProfilerStep#{s.step} holds only the loop's exit (incomplete).")
+        return notes
+
+    def _manifest(self, status: str, error: BaseException | None) -> dict[str, Any]:
+        assert self.dir is not None
+        written = [c for c in self._cycles if c.kineto]
+        entries: list[dict[str, Any]] = []
+        for c in written:
+            entries.append({"path": c.kineto, "kind": "kineto", "rank": self.rank, "cycle": c.label})
+            if c.memory:
+                entries.append(
+                    {"path": c.memory, "kind": "memory_timeline", "rank": self.rank, "cycle": c.label}
+                )
+        et = files.et_name(self.rank)
+        if (self.dir / et).exists():
+            entries.append({"path": et, "kind": "execution_trace", "rank": self.rank})
+        for entry in entries:
+            entry["bytes"] = (self.dir / entry["path"]).stat().st_size
+        entries.append({"path": files.MANIFEST, "kind": "manifest"})
+
+        roots = find_roots(m for c in written for m in c.window)
+        maps = {c.kineto: module_map(c.window, roots, self.namespace) for c in written}
+        first = next(iter(maps.values()), {})
+        manifest = self._base_manifest(status)
+        manifest.update(
+            steps=[asdict(s) for c in self._cycles for s in c.steps],
+            steps_recorded=sum(len(c.steps) for c in self._cycles),
+            iterations=self._iterations,
+            files=entries,
+            modules=first,
+            notes=list(self._notes),
+            error=None if error is None else {"type": type(error).__name__, "message": str(error)},
+        )
+        if any(m != first for m in maps.values()):
+            manifest["modules_by_file"] = maps
+        if any(c.memory for c in written):
+            manifest["memory_timeline"] = MEMORY_TIMELINE_FORMAT
+        return manifest
+
+    def _base_manifest(self, status: str) -> dict[str, Any]:
+        use_cuda = torch.cuda.is_available() and not self.config.cpu_only
+        return {
+            "format": "tracemagic.capture/1",
+            "status": status,
+            "name": self.config.name,
+            "created": self._created.isoformat(timespec="seconds"),
+            "arguments": {"line": self.line, "options": self.config.as_dict()},
+            "schedule": self.schedule,
+            "loop": self.plan.as_dict(),
+            "cell": self.cell,
+            "versions": {
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "tracemagic": __version__,
+                "ipython": getattr(sys.modules.get("IPython"), "__version__", None),
+            },
+            "device": {
+                "type": "cuda" if use_cuda else "cpu",
+                "name": torch.cuda.get_device_name() if use_cuda else platform.processor()
+                or platform.machine(),
+                "activities": ["CPU", "CUDA"] if use_cuda else ["CPU"],
+            },
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+    def _write_manifest(
+        self, *, status: str = "running", manifest: dict[str, Any] | None = None
+    ) -> None:
+        assert self.dir is not None
+        data = manifest if manifest is not None else self._base_manifest(status)
+        files.write_json(self.dir / files.MANIFEST, json.loads(json.dumps(data, default=str)))
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """Rank and world size from ``torch.distributed`` when initialized, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
