@@ -1,0 +1,491 @@
+"""Check that a capture is what MLCommons Chakra's tools accept, without Chakra installed.
+
+Chakra turns a PyTorch Execution Trace (its "host trace") plus the Kineto trace of the same
+steps (its "device trace") into a simulator input in two commands (see ``commands``):
+
+1. ``chakra_trace_link`` joins them: it reads the ET through ``et_replay``'s
+   ``ExecutionTrace`` (schemas ``1.0.1`` and ``1.0.2``/``1.0.3``/``1.0.4``/``1.1.0``/
+   ``1.1.1-chakra.0.0.4``; ``.json`` or ``.json.gz``), takes node id 1 (the process root the
+   observer writes when it is finalized) as the root, and gives each ET operator the
+   duration of the Kineto ``cpu_op``/``user_annotation`` event whose ``Record function id``
+   equals the node's ``rf_id`` (``ProfilerStep#N`` events are skipped).
+2. ``chakra_converter PyTorch`` reads the linked JSON (plain JSON only; it needs
+   ``schema``, ``pid``, ``time``, ``start_ts`` and ``finish_ts``) and accepts the schemas
+   ``1.0.2``, ``1.0.3``, ``1.1.0`` and, since mlcommons/chakra#177 (January 2025),
+   ``1.1.1-chakra.0.0.4``. ``1.0.1`` traces are rejected (mlcommons/chakra#127).
+
+``check`` verifies all of that and reports, per rank, the share of ET operators that will
+get a duration.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import msgspec
+import orjson
+
+from tracemagic.errors import TraceError
+
+__all__ = [
+    "CONVERTER_SCHEMAS",
+    "LINKER_SCHEMAS",
+    "ChakraPair",
+    "ChakraReport",
+    "check",
+    "commands",
+    "find_pairs",
+]
+
+#: ET schemas ``chakra_trace_link`` reads (et_replay ``ExecutionTrace`` node parsers)
+LINKER_SCHEMAS = (
+    "1.0.1",
+    "1.0.2-chakra.0.0.4",
+    "1.0.3-chakra.0.0.4",
+    "1.0.4-chakra.0.0.4",
+    "1.1.0-chakra.0.0.4",
+    "1.1.1-chakra.0.0.4",
+)
+#: ET schemas ``chakra_converter PyTorch`` accepts (``PyTorchNode.SUPPORTED_VERSIONS``;
+#: 1.1.1 since mlcommons/chakra#177)
+CONVERTER_SCHEMAS = (
+    "1.0.2-chakra.0.0.4",
+    "1.0.3-chakra.0.0.4",
+    "1.1.0-chakra.0.0.4",
+    "1.1.1-chakra.0.0.4",
+)
+#: top-level keys the converter copies from the (linked) trace
+REQUIRED_KEYS = ("schema", "pid", "time", "start_ts", "finish_ts", "nodes")
+ROOT_NAMES = (
+    "[pytorch|profiler|execution_trace|process]",
+    "[pytorch|profiler|execution_trace|thread]",
+    "[pytorch|profiler|execution_graph|process]",
+    "[pytorch|profiler|execution_graph|thread]",
+)
+_ET_NAME = re.compile(r"^torch_et_(\d+)\.json(\.gz)?$|^(.*?)[_.]et\.json(\.gz)?$|^host_(\d+)\.json$")
+_KINETO_NAME = re.compile(r"^kineto_trace_(\d+)(?:_cycle\d+)?\.json(\.gz)?$|^(.*?)[_.]trace\.json(\.gz)?$|^device_(\d+)\.json$")
+_RANK = re.compile(r"(?:rank|worker|_)[-_]?(\d+)(?=\D*$)")
+_STEP = re.compile(r"ProfilerStep#(\d+)")
+
+
+@dataclass
+class ChakraPair:
+    """The check of one rank's ET + Kineto pair.
+
+    Attributes:
+        rank: the rank (from the file names, else the position).
+        et_path: the Execution Trace.
+        kineto_path: the Kineto trace.
+        schema: the ET's schema string ('' when unreadable).
+        uncompressed: the ET is plain JSON (the contract; Chakra's converter reads plain JSON).
+        finalized: the ET is valid JSON with ``finish_ts`` and the root node (id 1).
+        linker_accepts: ``schema`` in ``LINKER_SCHEMAS``.
+        converter_accepts: ``schema`` in ``CONVERTER_SCHEMAS``.
+        profiler_steps: the ``ProfilerStep#N`` numbers in the Kineto trace.
+        et_ops: ET operator nodes (not the process/thread roots, not ``ProfilerStep#N``).
+        matched_ops: of those, how many have their ``rf_id`` as a Kineto ``Record function id``.
+        timed_ops: of those, how many Chakra's linker will time (matched on a ``cpu_op`` or
+            ``user_annotation`` event).
+        unmatched: a few ``(node id, name, rf_id)`` that will get no timing.
+        problems: what stops Chakra or loses data (empty when the pair is fine).
+        notes: facts worth knowing that do not stop Chakra.
+    """
+
+    rank: int
+    et_path: Path
+    kineto_path: Path
+    schema: str = ""
+    uncompressed: bool = False
+    finalized: bool = False
+    linker_accepts: bool = False
+    converter_accepts: bool = False
+    profiler_steps: list[int] = field(default_factory=list)
+    et_ops: int = 0
+    matched_ops: int = 0
+    timed_ops: int = 0
+    unmatched: list[tuple[int, str, int | None]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def timed_share(self) -> float:
+        """Share (0..1) of ET operators that will get a duration from Kineto."""
+        return self.timed_ops / self.et_ops if self.et_ops else 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Whether Chakra's link + convert will accept the pair and time every operator."""
+        return not self.problems
+
+
+@dataclass
+class ChakraReport:
+    """The Chakra check of a capture: one ``ChakraPair`` per rank.
+
+    Attributes:
+        source: what was checked.
+        pairs: per-rank results, by rank.
+        problems: capture-level problems (no pair found, unpaired files).
+    """
+
+    source: str
+    pairs: list[ChakraPair] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every rank passes and nothing is unpaired."""
+        return bool(self.pairs) and not self.problems and all(p.ok for p in self.pairs)
+
+    @property
+    def timed_share(self) -> float:
+        """The lowest per-rank share of ET operators that will get timing (0 with no pair)."""
+        return min((p.timed_share for p in self.pairs), default=0.0)
+
+    @property
+    def all_problems(self) -> list[str]:
+        """Capture-level problems, then each rank's, prefixed with the rank."""
+        return list(self.problems) + [f"rank {p.rank}: {m}" for p in self.pairs for m in p.problems]
+
+    def summary(self) -> str:
+        """A few lines for a terminal or a notebook warning."""
+        lines = [f"Chakra check of {self.source}: {'OK' if self.ok else 'PROBLEMS'}"]
+        for p in self.pairs:
+            lines.append(
+                f"  rank {p.rank}: schema {p.schema or '?'}, {p.timed_ops}/{p.et_ops} ET ops timed "
+                f"({p.timed_share:.0%}), ProfilerSteps {p.profiler_steps or 'none'}"
+            )
+            lines += [f"    problem: {m}" for m in p.problems]
+            lines += [f"    note: {m}" for m in p.notes]
+        lines += [f"  problem: {m}" for m in self.problems]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython text display
+        printer.text(self.summary())
+
+
+# -- finding the pairs -------------------------------------------------------------------
+def _rank_of(name: str, pattern: re.Pattern[str]) -> int | None:
+    m = pattern.match(name)
+    if m:
+        for g in m.groups():
+            if g and g.isdigit():
+                return int(g)
+    m = _RANK.search(name.split(".")[0])
+    return int(m.group(1)) if m else None
+
+
+def _is_et(path: Path) -> bool:
+    return bool(_ET_NAME.match(path.name))
+
+
+def _is_kineto(path: Path) -> bool:
+    return bool(_KINETO_NAME.match(path.name)) and not _is_et(path) and ".pfw" not in path.name
+
+
+def find_pairs(capture_dir: str | os.PathLike[str]) -> tuple[list[tuple[int, Path, Path]], list[str]]:
+    """The ``(rank, et, kineto)`` pairs in a directory and what could not be paired.
+
+    Pairs ``torch_et_<rank>.json`` with ``kineto_trace_<rank>.json`` (also ``*_et.json`` with
+    ``*_trace.json`` and Chakra's ``host_<rank>.json``/``device_<rank>.json``); one ET and one
+    Kineto trace in a directory always pair.
+    """
+    folder = Path(capture_dir)
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    ets = [p for p in files if _is_et(p)]
+    kinetos = [p for p in files if _is_kineto(p)]
+    problems: list[str] = []
+    if len(ets) == 1 and len(kinetos) == 1:
+        rank = _rank_of(ets[0].name, _ET_NAME)
+        return [(rank if rank is not None else 0, ets[0], kinetos[0])], problems
+    by_rank_k: dict[int, list[Path]] = {}
+    for k in kinetos:
+        r = _rank_of(k.name, _KINETO_NAME)
+        by_rank_k.setdefault(r if r is not None else -1, []).append(k)
+    pairs = []
+    for et in ets:
+        r = _rank_of(et.name, _ET_NAME)
+        candidates = by_rank_k.pop(r if r is not None else -1, [])
+        if not candidates:
+            problems.append(f"{et.name}: no Kineto trace of the same rank next to it (kineto_trace_{r}.json).")
+            continue
+        if len(candidates) > 1:
+            problems.append(
+                f"{et.name}: several Kineto traces of rank {r} ({', '.join(c.name for c in candidates)}); "
+                "Chakra needs the one recorded in the same steps as the ET. The first one is checked."
+            )
+        pairs.append((r if r is not None else 0, et, candidates[0]))
+    for r, rest in sorted(by_rank_k.items()):
+        problems += [f"{k.name}: no Execution Trace of rank {r} (torch_et_{r}.json); capture with --et." for k in rest]
+    return sorted(pairs), problems
+
+
+# -- reading -----------------------------------------------------------------------------
+class _Args(msgspec.Struct, gc=False):
+    rf_id: Any = msgspec.field(name="Record function id", default=None)
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Any = ""
+    cat: Any = ""
+    name: Any = ""
+    args: _Args | None = None
+
+
+class _Kineto(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] = []  # noqa: N815 - the JSON key
+
+
+_KINETO = msgspec.json.Decoder(_Kineto)
+_KINETO_LIST = msgspec.json.Decoder(list[_Event])
+
+
+def _read_bytes(path: Path) -> tuple[bytes, bool]:
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw), True
+        except (EOFError, OSError) as exc:
+            raise TraceError(f"{path}: the gzip stream is cut off or corrupt ({exc}).", path=str(path)) from None
+    return raw, False
+
+
+def _kineto_ids(path: Path) -> tuple[dict[int, tuple[str, str]], list[int]]:
+    """``Record function id`` -> (cat, name) of the Kineto trace, and its ProfilerStep numbers."""
+    data, _ = _read_bytes(path)
+    try:
+        events = _KINETO_LIST.decode(data) if data.lstrip()[:1] == b"[" else _KINETO.decode(data).traceEvents
+    except msgspec.DecodeError as exc:
+        raise TraceError(f"{path}: not a readable Kineto trace ({exc}).", path=str(path)) from None
+    ids: dict[int, tuple[str, str]] = {}
+    steps: list[int] = []
+    for e in events:
+        if e.ph != "X":
+            continue
+        name = str(e.name)
+        if name.startswith("ProfilerStep#"):
+            try:
+                steps.append(int(name.split("#", 1)[1]))
+            except ValueError:
+                pass
+        if e.args is not None and e.args.rf_id is not None:
+            try:
+                ids.setdefault(int(e.args.rf_id), (str(e.cat), name))
+            except (TypeError, ValueError):
+                continue
+    return ids, sorted(set(steps))
+
+
+def _node_rf_id(node: dict[str, Any]) -> int | None:
+    if "rf_id" in node:
+        value = node["rf_id"]
+    else:
+        value = next((a.get("value") for a in node.get("attrs", []) if isinstance(a, dict) and a.get("name") == "rf_id"), None)
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
+    pair = ChakraPair(rank, et_path, kineto_path)
+    try:
+        raw, compressed = _read_bytes(et_path)
+    except TraceError as exc:
+        pair.problems.append(str(exc))
+        return pair
+    pair.uncompressed = not compressed
+    if compressed:
+        pair.problems.append(
+            f"{et_path.name} is gzip-compressed; keep the ET as plain JSON (chakra_trace_link reads .gz, "
+            "but the pipeline and chakra_converter expect plain JSON): gunzip it."
+        )
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        pair.problems.append(
+            f"{et_path.name} is not valid JSON ({exc}): the ET was not finalized. Unregister the observer "
+            "(et.unregister_callback(), or leave the `with profile(..., execution_trace_observer=et)` "
+            "block) before reading it."
+        )
+        return pair
+    if not isinstance(data, dict) or "nodes" not in data:
+        pair.problems.append(f"{et_path.name} is not a PyTorch Execution Trace (no 'nodes').")
+        return pair
+    pair.schema = str(data.get("schema", ""))
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    nodes = [n for n in data.get("nodes", []) if isinstance(n, dict)]
+    has_root = any(n.get("id") == 1 for n in nodes)
+    pair.finalized = "finish_ts" in data and has_root
+    if not pair.finalized:
+        pair.problems.append(
+            f"{et_path.name} was not finalized by its observer (no 'finish_ts'"
+            + ("" if has_root else " and no root node 1")
+            + "); chakra_trace_link and chakra_converter need both. Unregister the observer before reading."
+        )
+    elif missing:
+        pair.problems.append(f"{et_path.name} lacks {', '.join(missing)}, which chakra_converter reads.")
+    pair.linker_accepts = pair.schema in LINKER_SCHEMAS
+    pair.converter_accepts = pair.schema in CONVERTER_SCHEMAS
+    if not pair.linker_accepts:
+        pair.problems.append(
+            f"schema {pair.schema!r} is not one chakra_trace_link reads ({', '.join(LINKER_SCHEMAS)})."
+        )
+    elif not pair.converter_accepts:
+        pair.problems.append(
+            f"schema {pair.schema!r} links, but chakra_converter rejects it ('Unsupported schema version', "
+            f"mlcommons/chakra#127); it accepts {', '.join(CONVERTER_SCHEMAS)}: record with a newer torch (2.5+ writes 1.1.1-chakra.0.0.4)."
+        )
+    try:
+        ids, steps = _kineto_ids(kineto_path)
+    except TraceError as exc:
+        pair.problems.append(str(exc))
+        return pair
+    pair.profiler_steps = steps
+    if not steps:
+        pair.problems.append(
+            f"{kineto_path.name} has no ProfilerStep#N: call prof.step() once per iteration "
+            "(Chakra segments iterations by it)."
+        )
+    if not ids:
+        pair.problems.append(
+            f"{kineto_path.name} carries no 'Record function id' (torch < 2.1, or the ET observer was not "
+            "running while it recorded); chakra_trace_link cannot time any ET operator."
+        )
+    ops = [n for n in nodes if str(n.get("name", "")) not in ROOT_NAMES and not str(n.get("name", "")).startswith("ProfilerStep#")]
+    pair.et_ops = len(ops)
+    for node in ops:
+        rf_id = _node_rf_id(node)
+        hit = ids.get(rf_id) if rf_id is not None else None
+        if hit is None:
+            if len(pair.unmatched) < 10:
+                pair.unmatched.append((int(node.get("id", -1)), str(node.get("name", "")), rf_id))
+            continue
+        pair.matched_ops += 1
+        if hit[0] in ("cpu_op", "user_annotation"):
+            pair.timed_ops += 1
+    if ids and pair.et_ops and pair.timed_ops < pair.et_ops:
+        pair.problems.append(
+            f"{pair.et_ops - pair.timed_ops} of {pair.et_ops} ET operators ({1 - pair.timed_share:.0%}) have no "
+            "Kineto event with their rf_id and will get no duration: the ET and the Kineto trace are not of "
+            "the same steps. Record both with profile(..., execution_trace_observer=et)."
+        )
+    et_steps = sorted({int(m.group(1)) for n in nodes if (m := _STEP.match(str(n.get("name", ""))))})
+    if et_steps and steps and not set(et_steps) <= set(steps):
+        pair.problems.append(f"the ET holds ProfilerStep {et_steps} but the Kineto trace {steps}: not the same steps.")
+    pair.notes.append(f"ET steps {et_steps or 'none'}; Kineto steps {steps or 'none'}.")
+    return pair
+
+
+def _as_pair(source: Any, kineto: Any) -> tuple[Path, Path] | None:
+    if kineto is not None:
+        return Path(source), Path(kineto)
+    if isinstance(source, (tuple, list)) and len(source) == 2:
+        a, b = Path(source[0]), Path(source[1])
+        return (a, b) if _is_et(a) or not _is_et(b) else (b, a)
+    return None
+
+
+def check(
+    capture_dir: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    kineto: str | os.PathLike[str] | None = None,
+) -> ChakraReport:
+    """Check a capture against what ``chakra_trace_link`` and ``chakra_converter`` accept.
+
+    Args:
+        capture_dir: a capture directory (one ``torch_et_<rank>.json`` +
+            ``kineto_trace_<rank>.json`` pair per rank), or an ET file (with ``kineto``),
+            or an ``(et, kineto)`` pair of paths.
+        kineto: the Kineto trace when ``capture_dir`` is an ET file.
+
+    Returns:
+        A ``ChakraReport`` (``.ok``, ``.timed_share``, ``.pairs``, ``.summary()``). Problems
+        are reported, not raised.
+
+    Raises:
+        TraceError: the path does not exist.
+    """
+    pair = _as_pair(capture_dir, kineto)
+    if pair is not None:
+        for p in pair:
+            if not p.is_file():
+                raise TraceError(f"{p}: no such file.", path=str(p))
+        rank = _rank_of(pair[0].name, _ET_NAME)
+        report = ChakraReport(f"{pair[0]} + {pair[1]}")
+        report.pairs.append(_check_pair(rank if rank is not None else 0, *pair))
+        return report
+    folder = Path(capture_dir)  # type: ignore[arg-type]
+    if not folder.exists():
+        raise TraceError(f"{folder}: no such file or directory.", path=str(folder))
+    if folder.is_file():
+        raise TraceError(
+            f"{folder}: a single file; pass the capture directory, or the ET and its Kineto trace: "
+            "check(et_path, kineto_path).",
+            path=str(folder),
+        )
+    report = ChakraReport(str(folder))
+    pairs, problems = find_pairs(folder)
+    report.problems += problems
+    if not pairs:
+        report.problems.append(
+            f"{folder}: no Execution Trace + Kineto trace pair (torch_et_<rank>.json + "
+            "kineto_trace_<rank>.json). Capture with `%%chakra_trace --et`."
+        )
+    report.pairs = [_check_pair(r, e, k) for r, e, k in pairs]
+    return report
+
+
+def commands(
+    capture_dir: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str] | None = None,
+    kineto: str | os.PathLike[str] | None = None,
+) -> list[str]:
+    """The ``chakra_trace_link`` and ``chakra_converter`` command lines for a capture.
+
+    Per rank: link the ET (host trace) with the Kineto trace (device trace) into
+    ``<out>/chakra_host_device_<rank>.json``, then convert that into ``<out>/chakra.<rank>.et``
+    (the ``<prefix>.<npu id>.et`` naming ASTRA-sim reads). Flags as in Chakra's current CLI
+    (``src/trace_link/trace_link.py``, ``src/converter/converter.py``).
+
+    Args:
+        capture_dir: a capture directory, an ET file (with ``kineto``) or an ``(et, kineto)`` pair.
+        out_dir: where Chakra should write (default: ``<capture_dir>/chakra``).
+        kineto: the Kineto trace when ``capture_dir`` is an ET file.
+
+    Raises:
+        TraceError: no pair was found.
+    """
+    pair = _as_pair(capture_dir, kineto)
+    if pair is not None:
+        rank = _rank_of(pair[0].name, _ET_NAME)
+        pairs = [(rank if rank is not None else 0, pair[0], pair[1])]
+        base = pair[0].parent
+    else:
+        base = Path(capture_dir)  # type: ignore[arg-type]
+        if not base.is_dir():
+            raise TraceError(f"{base}: not a capture directory.", path=str(base))
+        pairs, _ = find_pairs(base)
+    if not pairs:
+        raise TraceError(f"{base}: no torch_et_<rank>.json + kineto_trace_<rank>.json pair to give Chakra.", path=str(base))
+    out = Path(out_dir) if out_dir is not None else base / "chakra"
+    q = shlex.quote
+    lines = [f"mkdir -p {q(str(out))}"]
+    for rank, et, k in pairs:
+        linked = out / f"chakra_host_device_{rank}.json"
+        lines.append(
+            f"chakra_trace_link --rank {rank} --chakra-host-trace {q(str(et))} "
+            f"--chakra-device-trace {q(str(k))} --output-file {q(str(linked))}"
+        )
+    for rank, _, _ in pairs:
+        linked = out / f"chakra_host_device_{rank}.json"
+        lines.append(f"chakra_converter PyTorch --input {q(str(linked))} --output {q(str(out / f'chakra.{rank}.et'))}")
+    return lines
