@@ -92,14 +92,22 @@ def write_json(final: Path, data: Any, gz: bool = False) -> None:
 
 
 def write_with(final: Path, write: Callable[[str], None], gz: bool = False) -> None:
-    """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically."""
-    raw = final.with_name(f".{final.name}.raw.partial")
+    """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically.
+
+    The exporter writes into the hidden ``.partial/`` folder under the file's own name
+    (Kineto records that name as ``traceName``), and the file is moved out when done.
+    """
+    staging = final.parent / ".partial"
+    staging.mkdir(exist_ok=True)
+    raw = staging / (final.name[: -len(".gz")] if final.name.endswith(".gz") else final.name)
     try:
         write(str(raw))
         place(raw, final, gz=gz)
     finally:
         with contextlib.suppress(FileNotFoundError):
             raw.unlink()
+        with contextlib.suppress(OSError):
+            staging.rmdir()
 
 
 def place(source: Path, final: Path, gz: bool = False) -> None:

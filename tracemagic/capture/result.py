@@ -116,7 +116,8 @@ def _steps_phrase(steps: list[dict[str, Any]], complete: list[dict[str, Any]]) -
     per_step = f", {statistics.median(walls):.2f} ms/step wall (median)" if walls else ""
     extra = len(steps) - len(complete)
     tail = f" + {extra} incomplete" if extra else ""
-    return f"{len(complete)} steps recorded{tail} ({span}){per_step}"
+    plural = "" if len(complete) == 1 else "s"
+    return f"{len(complete)} step{plural} recorded{tail} ({span}){per_step}"
 
 
 def _size(n: int) -> str:

@@ -93,22 +93,27 @@ class _Cycle:
 
 
 class _Profiler(torch.profiler.profile):
-    """``torch.profiler.profile`` that brackets each recording window with the hook."""
+    """``torch.profiler.profile`` that brackets each recording window with the hook.
+
+    Without ``with_stack`` there are no ``nn.Module`` events to name: no hook then.
+    """
 
     def __init__(self, recorder: ModuleRecorder, session: CaptureSession, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._recorder = recorder
+        self._recorder = recorder if self.with_stack else None
         self._session = session
 
     def start_trace(self) -> None:
-        self._recorder.start()
+        if self._recorder is not None:
+            self._recorder.start()
         super().start_trace()
 
     def stop_trace(self) -> None:
         try:
             super().stop_trace()
         finally:
-            self._session._window = self._recorder.stop() or []
+            if self._recorder is not None:
+                self._session._window = self._recorder.stop() or []
 
 
 class CaptureSession:
@@ -334,6 +339,10 @@ class CaptureSession:
     def _on_trace_ready(self, prof: torch.profiler.profile) -> None:
         """Write one cycle's Kineto trace and memory timeline (never raises into the loop)."""
         assert self.dir is not None
+        if self._pending and all(s.end == "loop_exit" for s in self._pending):
+            # the loop ended just as the window opened: a trace of its exit alone is noise
+            self._pending, self._window = [], []
+            return
         number = len(self._cycles) + 1
         label = None if self.config.repeat == 1 or self._one_step else number
         cycle = _Cycle(number, label, steps=self._pending, window=self._window)

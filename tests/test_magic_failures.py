@@ -1,0 +1,211 @@
+"""%%chakra_trace when things go wrong: each failure of the spec, in a real shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+torch = pytest.importorskip("torch")
+
+LOOP = """\
+model = make_mlp()
+ran = []
+for i in range({n}):
+    ran.append(i)
+    model(torch.randn(4, 32)).sum().backward()
+"""
+
+RAISE_AT_5 = """\
+model = make_mlp()
+for i in range(10):
+    model(torch.randn(4, 32)).sum().backward()
+    if i == 5:
+        raise ValueError("bad batch")
+"""
+
+
+def run(ip: Any, line: str, body: str) -> tuple[Any, Any]:
+    with capture_output() as out:
+        result = ip.run_cell(f"%%chakra_trace {line}\n{body}", store_history=True)
+    return result, out
+
+
+def shown(out: Any) -> str:
+    return out.stdout + out.stderr + "".join(o.data.get("text/plain", "") for o in out.outputs)
+
+
+def step_names(path: Path, read_json: Any) -> list[str]:
+    return [
+        e["name"] for e in read_json(path)["traceEvents"]
+        if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")
+    ]
+
+
+def assert_nothing_left_running() -> None:
+    from torch.nn.modules.module import _global_forward_pre_hooks
+
+    from tracemagic.capture import session
+
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert not torch._C._autograd._profiler_enabled()
+    assert not _global_forward_pre_hooks
+    assert session._ACTIVE is None
+
+
+def assert_next_capture_works(ip: Any, read_json: Any) -> None:
+    result, out = run(ip, "--et --no-memory-timeline", LOOP.format(n=5))
+    assert result.success, shown(out)
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "complete"
+    assert len(step_names(capture.dir / "kineto_trace_0.json", read_json)) == 3
+    assert read_json(capture.dir / "torch_et_0.json")["nodes"]
+
+
+def test_exception_mid_loop_writes_partial_and_reraises(ip, read_json):
+    result, out = run(ip, "--et --wait 0 --warmup 1 --active 8", RAISE_AT_5)
+    assert isinstance(result.error_in_exec, ValueError)
+    assert str(result.error_in_exec) == "bad batch"
+    assert_nothing_left_running()
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "partial"
+    m = capture.manifest
+    assert m["error"] == {"type": "ValueError", "message": "bad batch"}
+    assert [(s["step"], s["complete"]) for s in m["steps"]] == [
+        (1, True), (2, True), (3, True), (4, True), (5, False)
+    ]
+    assert m["steps"][-1]["end"] == "error"
+    assert step_names(capture.dir / "kineto_trace_0.json", read_json) == [
+        f"ProfilerStep#{n}" for n in range(1, 6)
+    ]
+    et = read_json(capture.dir / "torch_et_0.json")  # finalized: valid JSON
+    assert et["nodes"]
+    text = shown(out)
+    assert "partial" in text and "ValueError" in text
+    # the user's own traceback, with the cell's own line (the magic line is line 1)
+    assert "line 6" in text and 'raise ValueError("bad batch")' in text
+    assert_next_capture_works(ip, read_json)
+
+
+def test_keyboard_interrupt_is_kept_and_reraised(ip, read_json):
+    body = RAISE_AT_5.replace('raise ValueError("bad batch")', "raise KeyboardInterrupt")
+    result, out = run(ip, "--no-memory-timeline", body)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert_nothing_left_running()
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "partial"
+    assert [s["step"] for s in capture.manifest["steps"] if s["complete"]] == [2, 3, 4]
+    assert_next_capture_works(ip, read_json)
+
+
+def test_exception_during_warmup_records_nothing_and_says_so(ip, read_json):
+    body = RAISE_AT_5.replace("i == 5", "i == 0")
+    result, out = run(ip, "", body)
+    assert isinstance(result.error_in_exec, ValueError)
+    assert_nothing_left_running()
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "failed" and capture.manifest["steps"] == []
+    assert [f["kind"] for f in capture.manifest["files"]] == ["manifest"]
+    assert "ValueError" in shown(out)
+
+
+def test_loop_shorter_than_schedule_says_so_with_numbers(ip):
+    result, out = run(ip, "--skip-first 1 --wait 2 --warmup 1", LOOP.format(n=3))
+    assert result.success  # the cell itself is fine
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "empty"
+    note = capture.manifest["notes"][0]
+    assert "ran 3 iteration(s)" in note and "before iteration 5" in note
+    assert "skip_first 1 + wait 2 + warmup 1 = 4" in note
+    assert note in shown(out)
+
+
+def test_short_loop_is_reported_even_when_quiet(ip):
+    result, out = run(ip, "-q", LOOP.format(n=2))
+    assert result.success
+    assert "no trace written" in out.stderr
+
+
+def test_fewer_than_active_steps_are_kept_and_reported(ip, read_json):
+    result, out = run(ip, "--active 5 --no-memory-timeline", LOOP.format(n=4))
+    assert result.success
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "partial"
+    steps = capture.manifest["steps"]
+    assert [(s["step"], s["complete"], s["end"]) for s in steps] == [
+        (2, True, "step"), (3, True, "step"), (4, False, "loop_exit")
+    ]
+    assert len(step_names(capture.dir / "kineto_trace_0.json", read_json)) == len(steps)
+    text = shown(out)
+    assert "only 2 of --active 5 steps" in text and "after 4 iteration(s)" in text
+
+
+def _usage_error(result: Any) -> str:
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    return str(result.error_in_exec)
+
+
+def test_user_profiler_running_is_refused_before_the_cell_runs(ip):
+    with torch.profiler.profile():
+        result, out = run(ip, "", LOOP.format(n=5))
+    assert "torch profiler is already running" in _usage_error(result)
+    assert "ran" not in ip.user_ns  # the cell did not run at all
+    assert not list(Path("traces").glob("*"))
+
+
+def test_nested_capture_is_refused(ip):
+    body = "get_ipython().run_cell_magic('chakra_trace', '', 'inner = 1')\n"
+    result, out = run(ip, "--no-memory-timeline", body)
+    assert "already running (nested capture)" in _usage_error(result)
+    assert "inner" not in ip.user_ns
+    assert_nothing_left_running()
+
+
+def test_unwritable_output_dir_is_refused(ip, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    result, out = run(ip, f"--out {blocker}/sub", LOOP.format(n=5))
+    message = _usage_error(result)
+    assert "cannot write the capture to --out" in message and str(blocker) in message
+    assert "ran" not in ip.user_ns
+
+
+def test_loop_line_without_loop_is_refused(ip):
+    result, out = run(ip, "--loop 2", LOOP.format(n=5))
+    message = _usage_error(result)
+    assert "--loop 2: there is no for/while loop at line 2" in message
+    assert "loops start at line 4" in message
+    assert "ran" not in ip.user_ns
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("--active 0", "--active must be an integer >= 1, got 0"),
+        ("--wait -1", "--wait must be an integer >= 0, got -1"),
+        ("--bogus", "unrecognized arguments: --bogus"),
+        ("--active three", "--active: invalid int value: 'three'"),
+        ("--name ../x", "--name '../x' is not a plain file name"),
+    ],
+)
+def test_bad_options_raise_usage_error_naming_the_option(ip, line, needle):
+    result, out = run(ip, line, LOOP.format(n=5))
+    assert needle in _usage_error(result)
+    assert "ran" not in ip.user_ns
+    assert not Path("traces").exists()
+
+
+def test_syntax_error_is_the_users_with_cell_lines(ip):
+    result, out = run(ip, "", "x = 1\nfor i in range(3)\n    pass\n")
+    assert isinstance(result.error_in_exec, SyntaxError)
+    assert result.error_in_exec.lineno == 3
+    assert_nothing_left_running()
+
+
+def test_step_call_conflicts_with_loop_option(ip):
+    body = "for i in range(5):\n    chakra.step()\n"
+    result, out = run(ip, "--loop 2", body)
+    assert "already calls chakra.step() itself" in _usage_error(result)
