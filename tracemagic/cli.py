@@ -1,0 +1,214 @@
+"""The ``tracemagic`` command line: ``report``, ``summary``, ``diff`` and ``demo``.
+
+Bad input (a missing file, a damaged trace) prints one line on stderr and exits with
+status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from tracemagic._version import __version__
+from tracemagic.errors import TracemagicError
+
+#: exit status for bad input
+EXIT_USAGE = 2
+#: files larger than this announce their load on stderr
+LARGE_BYTES = 20 * 2**20
+
+
+class _Progress:
+    """Load progress on stderr: one line when the load starts, percentages if the loader
+    reports them (``progress=`` callback) and stderr is a terminal."""
+
+    def __init__(self, path: Path, quiet: bool) -> None:
+        self.path = path
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self.shown = False
+
+    def start(self) -> None:
+        size = _size(self.path)
+        if not self.quiet and size >= LARGE_BYTES:
+            print(f"loading {self.path} ({size / 2**20:,.0f} MiB)…", file=sys.stderr, flush=True)
+            self.shown = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        """Accepts ``(done, total)`` or ``(fraction,)`` and keyword forms of them."""
+        if self.quiet or not self.tty:
+            return
+        done = kwargs.get("done", args[0] if args else None)
+        total = kwargs.get("total", args[1] if len(args) > 1 else None)
+        try:
+            fraction = float(done) / float(total) if total else float(done)
+        except (TypeError, ValueError, ZeroDivisionError):
+            return
+        if 0 <= fraction <= 1:
+            print(f"\rloading {self.path.name}: {100 * fraction:3.0f}%", end="", file=sys.stderr, flush=True)
+            self.shown = True
+
+    def done(self) -> None:
+        if self.shown and not self.quiet:
+            end = "\n" if self.tty else ""
+            print(f"{end}loaded {self.path.name} in {time.monotonic() - self.started:.1f} s", file=sys.stderr, flush=True)
+
+
+def _size(path: Path) -> int:
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _load(path: str, args: argparse.Namespace) -> Any:
+    """``tracemagic.load`` with progress; a missing path is a clear error."""
+    import tracemagic
+
+    target = Path(path).expanduser()
+    if not target.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    progress = _Progress(target, getattr(args, "quiet", False))
+    progress.start()
+    kwargs: dict[str, Any] = {}
+    params = inspect.signature(tracemagic.load).parameters
+    if "progress" in params:
+        kwargs["progress"] = progress
+    if getattr(args, "recover", False):
+        kwargs["recover"] = True
+    if getattr(args, "no_cache", False) and "use_cache" in params:
+        kwargs["use_cache"] = False
+    trace = tracemagic.load(target, **kwargs)
+    progress.done()
+    return trace
+
+
+def _width(args: argparse.Namespace) -> int:
+    return args.width or shutil.get_terminal_size((100, 24)).columns
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tracemagic.views.report import write_report
+
+    trace = _load(args.path, args)
+    other = _load(args.vs, args) if args.vs else None
+    out = Path(args.output) if args.output else Path(f"{Path(args.path).name.split('.')[0] or 'trace'}.report.html")
+    written = write_report(trace, out, other=other)
+    print(f"wrote {written} ({written.stat().st_size / 2**20:.1f} MiB)")
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from tracemagic.views.text import summary
+
+    print(summary(_load(args.path, args), width=_width(args), top=args.top))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from tracemagic.views.text import diff_summary
+
+    a, b = _load(args.a, args), _load(args.b, args)
+    print(diff_summary(a, b, width=_width(args), top=args.top))
+    if args.output:
+        from tracemagic.views.report import write_report
+
+        written = write_report(a, args.output, other=b)
+        print(f"wrote {written}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        demo = importlib.import_module("tracemagic.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "tracemagic.demo":
+            raise
+        print("tracemagic: the demo is not available in this installation", file=sys.stderr)
+        return EXIT_USAGE
+    result = demo.run(Path(args.out_dir))
+    if result is not None:
+        print(result)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tracemagic``."""
+    parser = argparse.ArgumentParser(
+        prog="tracemagic",
+        description="Summaries, HTML reports and diffs of PyTorch profiler (Kineto) traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"tracemagic {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+        p.add_argument("--recover", action="store_true", help="keep what a truncated or damaged trace holds")
+        p.add_argument("--no-cache", action="store_true", help="do not read or write the Parquet cache")
+
+    p = sub.add_parser("report", help="write the standalone HTML report of a trace")
+    p.add_argument("path", help="a trace file (.json, .json.gz, .tar.gz) or a capture/rank directory")
+    p.add_argument("-o", "--output", help="the .html file to write (default: <trace name>.report.html)")
+    p.add_argument("--vs", metavar="OTHER", help="a second trace to compare with (adds the Compare tab)")
+    common(p)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("summary", help="print a text summary: steps, top layers, top ops, peak memory")
+    p.add_argument("path", help="a trace file or directory")
+    p.add_argument("--width", type=int, default=None, help="line width (default: the terminal's)")
+    p.add_argument("--top", type=int, default=10, help="rows in the top-N tables (default 10)")
+    common(p)
+    p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser("diff", help="compare two traces (A is the baseline)")
+    p.add_argument("a", help="the baseline trace")
+    p.add_argument("b", help="the trace compared with it")
+    p.add_argument("--width", type=int, default=None, help="line width (default: the terminal's)")
+    p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    p.add_argument("-o", "--output", help="also write an HTML report with the Compare tab")
+    common(p)
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("demo", help="capture a small model and write its traces and report")
+    p.add_argument("out_dir", nargs="?", default="demo-output", help="where to write (default ./demo-output)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # `tracemagic summary x | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (TracemagicError, OSError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"tracemagic: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - a bug: one line unless --debug/TRACEMAGIC_DEBUG asks for the traceback
+        if os.environ.get("TRACEMAGIC_DEBUG"):
+            raise
+        print(f"tracemagic: internal error: {type(exc).__name__}: {exc} (set TRACEMAGIC_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tracemagic: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Views: plotly figures, the ipywidgets dashboard, the HTML report and the text summary.
+
+They take a ``Trace`` (or the analyses' DataFrames) and never read trace files.
+
+- ``tracemagic.views.figures``: DataFrame -> ``plotly.graph_objects.Figure``.
+- ``Dashboard(trace)``: the inline dashboard (displays as widget + text fallback).
+- ``write_report(trace, path)``: one self-contained HTML file.
+- ``summary(trace)``: the terminal summary.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.views.dashboard import Dashboard
+    from tracemagic.views.report import write_report
+    from tracemagic.views.text import summary
+
+__all__ = ["Dashboard", "summary", "write_report"]
+
+_LAZY = {
+    "Dashboard": "tracemagic.views.dashboard",
+    "write_report": "tracemagic.views.report",
+    "summary": "tracemagic.views.text",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tracemagic.views' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,95 @@
+"""Escaping and number formatting shared by every view.
+
+Every string that comes from a trace (op, kernel and layer names, shapes, file names)
+passes through :func:`esc` before it reaches HTML or a plotly label: plotly renders a
+subset of HTML in labels and hover text, and an ipywidgets ``HTML`` widget sets
+``innerHTML``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+#: display units for times: name -> divisor from µs
+UNITS: dict[str, float] = {"µs": 1.0, "ms": 1000.0, "s": 1_000_000.0}
+
+
+def esc(value: Any) -> str:
+    """Text safe for HTML and plotly labels: ``<``, ``>``, ``&`` and quotes escaped."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return ""
+    return html.escape(str(value), quote=True)
+
+
+def esc_all(values: Iterable[Any]) -> list[str]:
+    """:func:`esc` over a column."""
+    return [esc(v) for v in values]
+
+
+def unit_divisor(unit: str) -> float:
+    """The divisor from µs to ``unit``.
+
+    Raises:
+        ValueError: an unknown unit.
+    """
+    try:
+        return UNITS[unit]
+    except KeyError:
+        raise ValueError(f"unknown time unit {unit!r}; use one of {', '.join(UNITS)}") from None
+
+
+def fmt_time(us: float | None, unit: str | None = None) -> str:
+    """A duration in µs as short text (``12.3 ms``); ``unit`` forces the unit."""
+    if us is None or (isinstance(us, float) and math.isnan(us)):
+        return "–"
+    if unit is None:
+        unit = "s" if abs(us) >= 1e6 else "ms" if abs(us) >= 1e3 else "µs"
+    value = us / unit_divisor(unit)
+    return f"{value:,.3g} {unit}" if abs(value) < 100 else f"{value:,.0f} {unit}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes as short text (``1.5 GiB``)."""
+    if n is None or (isinstance(n, float) and math.isnan(n)) or n is pd.NA:
+        return "–"
+    n = float(n)
+    for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or suffix == "TiB":
+            return f"{n:,.0f} {suffix}" if suffix == "B" else f"{n:,.1f} {suffix}"
+        n /= 1024
+    return f"{n:,.1f} TiB"  # pragma: no cover
+
+
+def fmt_pct(fraction: float) -> str:
+    """A fraction as a percentage (``40%``)."""
+    if fraction is None or math.isnan(fraction):
+        return "–"
+    return f"{100 * fraction:.0f}%"
+
+
+def fmt_cell(value: Any) -> str:
+    """One table cell as plain text (numbers rounded, missing values blank)."""
+    if value is None or value is pd.NA:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else ""
+    if isinstance(value, (float, np.floating)):
+        if math.isnan(value):
+            return ""
+        if float(value).is_integer() and abs(value) < 1e15:
+            return f"{int(value):,}"
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value):,}"
+    return str(value)
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis."""
+    text = str(text)
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"

@@ -1,0 +1,367 @@
+"""The inline dashboard: ipywidgets tabs of plotly figures over sortable, filterable tables.
+
+Figures are shown as plotly's own mime bundle (``application/vnd.plotly.v1+json``) inside
+``widgets.Output``: that renders in JupyterLab, Notebook 7 and VS Code with plotly's
+bundled extension, and needs no ``anywidget`` (which plotly 7's ``FigureWidget`` requires).
+Tables live in Python and only the visible page is sent to the browser, so the widget
+state stays small whatever the trace size. Tabs are built on first view.
+
+Displaying a ``Dashboard`` gives ONE mime bundle: the widget view plus the text summary
+as ``text/plain``, so terminal IPython and frontends without widgets show the summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from tracemagic.views import html, sections, tables
+from tracemagic.views._format import esc, fmt_bytes
+from tracemagic.views.data import TraceData
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace import Trace
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+PAGE_SIZES = (10, 25, 50, 100)
+
+
+def figure_bundle(fig: go.Figure) -> dict[str, Any]:
+    """A figure as a display bundle: plotly's mime type plus a text line."""
+    spec = json.loads(pio.to_json(fig, validate=False))
+    spec["config"] = dict(PLOTLY_CONFIG)
+    title = fig.layout.title.text or "figure"
+    return {PLOTLY_MIME: spec, "text/plain": f"<plotly figure: {title}>"}
+
+
+def figure_output(fig: go.Figure) -> widgets.Output:
+    """An ``Output`` widget holding ``fig`` (works without a running kernel too)."""
+    out = widgets.Output(layout=widgets.Layout(width="100%"))
+    set_figure(out, fig)
+    return out
+
+
+def set_figure(out: widgets.Output, fig: go.Figure) -> None:
+    """Replace what ``out`` shows with ``fig``."""
+    out.outputs = ({"output_type": "display_data", "data": figure_bundle(fig), "metadata": {}},)
+
+
+def figure_of(out: widgets.Output) -> dict[str, Any]:
+    """The plotly figure dict an ``Output`` made by :func:`figure_output` shows."""
+    return out.outputs[0]["data"][PLOTLY_MIME]
+
+
+class TableView:
+    """A sortable, filterable, paginated table widget over a DataFrame kept in Python.
+
+    Args:
+        frame: the rows (already aggregated for display).
+        caption: shown above the table.
+        page_size: rows per page.
+    """
+
+    def __init__(self, frame: pd.DataFrame, caption: str = "", page_size: int = 25) -> None:
+        self.caption = caption
+        self.filter = widgets.Text(placeholder="filter rows…", continuous_update=False, layout=widgets.Layout(width="220px"))
+        self.sort = widgets.Dropdown(description="sort", layout=widgets.Layout(width="240px"))
+        self.descending = widgets.ToggleButton(value=True, description="desc", tooltip="sort descending", layout=widgets.Layout(width="64px"))
+        self.page_size = widgets.Dropdown(options=PAGE_SIZES, value=page_size if page_size in PAGE_SIZES else 25,
+                                          description="rows", layout=widgets.Layout(width="130px"))
+        self.prev = widgets.Button(description="◀", layout=widgets.Layout(width="40px"), tooltip="previous page")
+        self.next = widgets.Button(description="▶", layout=widgets.Layout(width="40px"), tooltip="next page")
+        self.status = widgets.Label()
+        self.html = widgets.HTML()
+        self.page = 0
+        self._quiet = False
+        self.frame = pd.DataFrame()
+        for control in (self.filter, self.sort, self.descending, self.page_size):
+            control.observe(self._changed, names="value")
+        self.prev.on_click(lambda _: self.go(self.page - 1))
+        self.next.on_click(lambda _: self.go(self.page + 1))
+        self.widget = widgets.VBox([
+            widgets.HBox([self.filter, self.sort, self.descending, self.page_size, self.prev, self.next, self.status]),
+            self.html,
+        ])
+        self.set_frame(frame, caption)
+
+    def set_frame(self, frame: pd.DataFrame, caption: str | None = None) -> None:
+        """Show new rows (keeping the filter and, when the column still exists, the sort)."""
+        self.frame = frame.reset_index(drop=True)
+        if caption is not None:
+            self.caption = caption
+        previous = self.sort.value
+        options = [("table order", "")] + [(str(c), str(c)) for c in self.frame.columns]
+        self._quiet = True
+        try:
+            self.sort.options = options
+            self.sort.value = previous if previous in [v for _, v in options] else ""
+        finally:
+            self._quiet = False
+        self.page = 0
+        self.render()
+
+    def view(self) -> pd.DataFrame:
+        """The rows after the text filter and the sort (all pages)."""
+        frame = tables.filter_rows(self.frame, self.filter.value)
+        return tables.sort_rows(frame, self.sort.value or None, ascending=not self.descending.value)
+
+    @property
+    def pages(self) -> int:
+        """How many pages the filtered rows fill."""
+        return max(1, -(-len(self.view()) // int(self.page_size.value)))
+
+    def go(self, page: int) -> None:
+        """Show page ``page`` (clamped to the pages there are)."""
+        self.page = min(max(page, 0), self.pages - 1)
+        self.render()
+
+    def _changed(self, _: Any) -> None:
+        if self._quiet:
+            return
+        self.page = 0
+        self.render()
+
+    def render(self) -> None:
+        """Redraw the visible page."""
+        rows = self.view()
+        size = int(self.page_size.value)
+        pages = max(1, -(-len(rows) // size))
+        self.page = min(self.page, pages - 1)
+        shown = rows.iloc[self.page * size:(self.page + 1) * size]
+        self.html.value = html.style() + html.table(shown, caption=self.caption)
+        self.status.value = f"{len(rows):,} rows" + (f" (of {len(self.frame):,})" if len(rows) != len(self.frame) else "") + \
+            f" · page {self.page + 1}/{pages}"
+        self.prev.disabled = self.page == 0
+        self.next.disabled = self.page >= pages - 1
+
+
+class Dashboard:
+    """The interactive dashboard of one trace (optionally compared with another).
+
+    Args:
+        trace: a loaded ``Trace``.
+        title: the heading (default: the trace's file name).
+        other: a second ``Trace``; adds the Compare tab (this trace is A, ``other`` is B).
+        step: the step selected at first (default: all steps).
+        top: how many bars the top-N charts show.
+        unit: time unit, ``µs`` or ``ms``.
+        force_widget: force (True) or suppress (False) the widget in the display bundle;
+            default: only when running in a kernel, so terminal IPython builds no widget.
+
+    Attributes:
+        data: the analyses' tables (``TraceData``), computed once.
+        keys: the tabs shown, in order.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        *,
+        title: str | None = None,
+        other: Trace | None = None,
+        step: int | None = None,
+        top: int = 15,
+        unit: str = "ms",
+        force_widget: bool | None = None,
+    ) -> None:
+        self.data = trace if isinstance(trace, TraceData) else TraceData(trace)
+        self.other = None if other is None else other if isinstance(other, TraceData) else TraceData(other)
+        self.title = title or (f"{self.data.name} vs {self.other.name}" if self.other else self.data.name)
+        self.state = sections.ViewState(step=step, top=top, unit=unit)
+        self.keys = sections.available(self.data, self.other)
+        self.force_widget = force_widget
+        self._widget: widgets.VBox | None = None
+        self._built: dict[str, tuple[Any, ...]] = {}
+        self._tabs: dict[str, dict[str, Any]] = {}
+        self._text: str | None = None
+        self.on_saved: Callable[[Path], None] | None = None
+
+    # -- content ------------------------------------------------------------------------
+    def _state_key(self, key: str) -> tuple[Any, ...]:
+        step = self.state.step if key in sections.STEP_DEPENDENT else None
+        return (step, self.state.top, self.state.unit)
+
+    def section(self, key: str) -> sections.Section:
+        """The content of tab ``key`` under the current controls."""
+        return sections.build(key, self.data, self.state, self.other)
+
+    def text(self, width: int = 100) -> str:
+        """The text summary (the ``text/plain`` fallback)."""
+        from tracemagic.views.text import summary
+
+        if self._text is None or width != 100:
+            text = summary(self.data, width=width)
+            if self.other is not None:
+                text += f"\n\n(compared with {self.other.name}: see the Compare tab or `tracemagic diff`)"
+            if width != 100:
+                return text
+            self._text = text
+        return self._text
+
+    # -- the widget ---------------------------------------------------------------------
+    @property
+    def widget(self) -> widgets.VBox:
+        """The ipywidgets layout (built on first access, Overview tab rendered)."""
+        if self._widget is None:
+            self._widget = self._build()
+            self._ensure(self.keys[0])
+        return self._widget
+
+    def _build(self) -> widgets.VBox:
+        steps = self.data.step_ids
+        self.step_control = widgets.Dropdown(
+            options=[("all steps", None)] + [(f"step {s}", s) for s in steps],
+            value=self.state.step if self.state.step in steps else None,
+            description="step", layout=widgets.Layout(width="180px"),
+        )
+        self.top_control = widgets.BoundedIntText(value=self.state.top, min=1, max=200, description="top N",
+                                                  layout=widgets.Layout(width="140px"))
+        self.unit_control = widgets.ToggleButtons(options=["µs", "ms"], value=self.state.unit if self.state.unit in ("µs", "ms") else "ms",
+                                                  style={"button_width": "44px"})
+        default_path = f"{Path(self.data.name).name.split('.')[0] or 'trace'}.report.html"
+        self.report_path = widgets.Text(value=default_path, description="report", layout=widgets.Layout(width="300px"))
+        self.save_button = widgets.Button(description="Save HTML report", icon="download", button_style="primary")
+        self.save_status = widgets.HTML()
+        for control in (self.step_control, self.top_control, self.unit_control):
+            control.observe(self._controls_changed, names="value")
+        self.save_button.on_click(lambda _: self.save_report())
+
+        self.tab = widgets.Tab()
+        children = []
+        for key in self.keys:
+            box = widgets.VBox([widgets.HTML("<i>loading…</i>")], layout=widgets.Layout(width="100%"))
+            children.append(box)
+            self._tabs[key] = {"box": box}
+        self.tab.children = children
+        self.tab.titles = tuple(sections.TITLES[k] for k in self.keys)
+        self.tab.observe(lambda _: self._ensure(self.current), names="selected_index")
+        header = widgets.HTML(html.style() + f'<div class="tm-caption" style="font-size:15px">tracemagic · {esc(self.title)}</div>')
+        root = widgets.VBox([
+            header,
+            widgets.HBox([self.step_control, self.top_control, self.unit_control]),
+            widgets.HBox([self.report_path, self.save_button, self.save_status]),
+            self.tab,
+        ])
+        self.tab.selected_index = 0
+        return root
+
+    @property
+    def current(self) -> str:
+        """The key of the selected tab."""
+        return self.keys[self.tab.selected_index or 0]
+
+    def select(self, key: str) -> None:
+        """Select (and build) tab ``key``."""
+        self.widget  # noqa: B018
+        self.tab.selected_index = self.keys.index(key)
+        self._ensure(key)
+
+    def render_all(self) -> None:
+        """Build every tab now (for saving the notebook with all views, and for tests)."""
+        for key in self.keys:
+            self._ensure(key)
+
+    def _controls_changed(self, _: Any) -> None:
+        self.state = sections.ViewState(step=self.step_control.value, top=int(self.top_control.value or 1),
+                                        unit=self.unit_control.value)
+        self._ensure(self.current)
+
+    def _ensure(self, key: str) -> None:
+        """Build or refresh tab ``key`` if the controls changed since it was drawn."""
+        if self._widget is None:
+            self.widget  # noqa: B018 - builds the layout (and the first tab)
+        state = self._state_key(key)
+        if self._built.get(key) == state:
+            return
+        try:
+            section = self.section(key)
+        except Exception as exc:  # noqa: BLE001 - one tab's failure must not break the others
+            self._tabs[key]["box"].children = [widgets.HTML(f"<b>This view failed:</b> {esc(type(exc).__name__)}: {esc(exc)}")]
+            self._built[key] = state
+            return
+        tab = self._tabs[key]
+        top_html = html.facts(section.facts) + html.bullets(section.bullets, "Recommendations" if key == "overview" else "")
+        if "table" not in tab:
+            tab["info"] = widgets.HTML()
+            tab["figures"] = [figure_output(f) for f in section.figures]
+            tab["table"] = TableView(section.table, section.table_title)
+            tab["extra"] = widgets.HTML()
+            tab["box"].children = [tab["info"], *tab["figures"], tab["table"].widget, tab["extra"]]
+        else:
+            for out, fig in zip(tab["figures"], section.figures):
+                set_figure(out, fig)
+            tab["table"].set_frame(section.table, section.table_title)
+        tab["info"].value = html.style() + top_html
+        tab["extra"].value = "".join(html.table(frame, caption=caption, max_rows=50) for caption, frame in section.extra)
+        self._built[key] = state
+
+    def figures(self, key: str) -> list[dict[str, Any]]:
+        """The figure dicts tab ``key`` shows now (building it if needed)."""
+        self._ensure(key)
+        return [figure_of(out) for out in self._tabs[key]["figures"]]
+
+    def table(self, key: str) -> TableView:
+        """The table widget of tab ``key``."""
+        self._ensure(key)
+        return self._tabs[key]["table"]
+
+    def info_html(self, key: str) -> str:
+        """The HTML of tab ``key``'s facts and recommendations."""
+        self._ensure(key)
+        return self._tabs[key]["info"].value
+
+    # -- actions ------------------------------------------------------------------------
+    def save_report(self, path: str | Path | None = None) -> Path | None:
+        """Write the standalone HTML report (the button's action); returns its path, or
+        None after showing the error in the dashboard."""
+        from tracemagic.views.report import write_report
+
+        target = Path(path if path is not None else (self.report_path.value if self._widget else "report.html")).expanduser()
+        try:
+            written = write_report(self.data, target, other=self.other, title=self.title)
+        except Exception as exc:  # noqa: BLE001 - shown to the user, not raised into the event loop
+            if self._widget is not None:
+                self.save_status.value = f'<span style="color:#b00">could not save: {esc(exc)}</span>'
+            if path is not None:
+                raise
+            return None
+        if self._widget is not None:
+            self.save_status.value = f"saved {esc(written)} ({esc(fmt_bytes(written.stat().st_size))})"
+        if self.on_saved is not None:
+            self.on_saved(written)
+        return written
+
+    def widget_state_bytes(self) -> int:
+        """Size of the widget state a notebook would save for this dashboard (bytes of JSON)."""
+        from ipywidgets.embed import dependency_state
+
+        return len(json.dumps(dependency_state(self.widget, drop_defaults=True)).encode())
+
+    # -- display ------------------------------------------------------------------------
+    def _wants_widget(self) -> bool:
+        if self.force_widget is not None:
+            return self.force_widget
+        try:
+            from IPython import get_ipython
+        except ImportError:  # pragma: no cover
+            return False
+        shell = get_ipython()
+        return shell is not None and getattr(shell, "kernel", None) is not None
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle: dict[str, Any] = {}
+        if self._wants_widget():
+            bundle.update(self.widget._repr_mimebundle_())
+        bundle["text/plain"] = self.text()
+        return bundle
+
+    def __repr__(self) -> str:
+        return f"<tracemagic Dashboard: {self.title}, tabs {', '.join(self.keys)}>"
+

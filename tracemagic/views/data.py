@@ -1,0 +1,146 @@
+"""``TraceData``: the analyses' tables of one trace, fetched once and shared by the views.
+
+A view never fails as a whole because one analysis did: a table that raises becomes an
+empty table with the contract's columns, and the error is kept in ``problems`` so the
+view can say what is missing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace import Trace
+
+#: the column contracts of ``tracemagic.analysis`` (used for the empty stand-ins)
+CONTRACT: dict[str, list[str]] = {
+    "ops": ["rank", "row", "name", "kind", "ts", "dur", "self_dur", "thread", "step", "depth", "layer",
+            "input_dims", "input_type", "seq", "rf_id", "external_id"],
+    "kernels": ["rank", "row", "name", "kind", "device", "stream", "ts", "dur", "step", "op", "layer",
+                "correlation", "bytes", "grid", "block", "is_comm"],
+    "steps": ["rank", "step", "ts", "dur", "compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us",
+              "dataloader_us", "cpu_us", "idle_us"],
+    "ranks_table": ["rank", "steps", "step_us", "compute_us", "comm_us", "memcpy_us", "idle_us", "overlap_pct",
+                    "slowest"],
+    "layers": ["rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
+               "bwd_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "memory_growth_bytes",
+               "input_shapes"],
+    "memory": ["rank", "ts", "device", "allocated_bytes", "reserved_bytes", "delta_bytes", "op", "layer", "step"],
+    "shapes": ["rank", "name", "input_dims", "input_type", "calls", "total_us", "mean_us", "self_us", "flops",
+               "tflops_per_s"],
+    "diff": ["level", "name", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status"],
+}
+
+
+class TraceData:
+    """Lazily computed analysis tables of one ``Trace`` (each computed at most once).
+
+    Args:
+        trace: the loaded trace.
+        name: a display name (default: the trace's file name).
+    """
+
+    def __init__(self, trace: Trace, name: str | None = None) -> None:
+        self.trace = trace
+        self.name = name or (Path(str(trace.path)).name if getattr(trace, "path", None) else "trace")
+        self.problems: dict[str, str] = {}
+        self._tables: dict[str, pd.DataFrame] = {}
+
+    def table(self, name: str, *args: Any) -> pd.DataFrame:
+        """The analysis ``name`` (a ``Trace`` method), or an empty stand-in if it failed."""
+        key = name if not args else f"{name}:{id(args[0])}"
+        if key not in self._tables:
+            try:
+                frame = getattr(self.trace, name)(*args)
+            except Exception as exc:  # noqa: BLE001 - one analysis must not take the view down
+                self.problems[name] = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"tracemagic: the {name} analysis failed ({exc}); its view is empty", stacklevel=2)
+                frame = pd.DataFrame(columns=CONTRACT.get(name, []))
+            self._tables[key] = frame
+        return self._tables[key]
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """``trace.steps()``."""
+        return self.table("steps")
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        """``trace.ops()``."""
+        return self.table("ops")
+
+    @property
+    def kernels(self) -> pd.DataFrame:
+        """``trace.kernels()`` (empty without a GPU)."""
+        if not self.has_gpu:
+            return pd.DataFrame(columns=CONTRACT["kernels"])
+        return self.table("kernels")
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        """``trace.layers()``."""
+        return self.table("layers")
+
+    @property
+    def memory(self) -> pd.DataFrame:
+        """``trace.memory()``."""
+        return self.table("memory")
+
+    @property
+    def shapes(self) -> pd.DataFrame:
+        """``trace.shapes()``."""
+        return self.table("shapes")
+
+    @property
+    def ranks_table(self) -> pd.DataFrame:
+        """``trace.ranks_table()``."""
+        return self.table("ranks_table")
+
+    def diff(self, other: TraceData) -> pd.DataFrame:
+        """``trace.diff(other.trace)``."""
+        return self.table("diff", other.trace)
+
+    @cached_property
+    def has_gpu(self) -> bool:
+        """Whether the trace recorded GPU work."""
+        return bool(getattr(self.trace, "has_gpu", False))
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        """The ranks present."""
+        return list(getattr(self.trace, "ranks", [0]))
+
+    @property
+    def several_ranks(self) -> bool:
+        """More than one rank."""
+        return len(self.ranks) > 1
+
+    @cached_property
+    def step_ids(self) -> list[int]:
+        """The ProfilerStep numbers present (any rank), ascending."""
+        steps = self.steps
+        return sorted({int(s) for s in steps["step"]}) if not steps.empty else []
+
+    @cached_property
+    def thread_names(self) -> dict[tuple[int, str], str]:
+        """(rank, thread id) -> the name the trace metadata gives it (``thread 12 (pt_main_thread)``)."""
+        out: dict[tuple[int, str], str] = {}
+        for rank, threads in (self.trace.meta.get("threads") or {}).items() if hasattr(self.trace, "meta") else ():
+            for key, name in (threads or {}).items():
+                tid = str(key).rsplit("/", 1)[-1]
+                if name and str(name).strip():
+                    out[(int(rank), tid)] = str(name).strip()
+        return out
+
+    @cached_property
+    def devices(self) -> list[str]:
+        """Device names: the GPUs from the trace metadata, else ``CPU``."""
+        names = [str(d.get("name") or f"GPU {d.get('id', '?')}") for d in getattr(self.trace, "devices", []) or []]
+        if names:
+            return names
+        return ["GPU"] if self.has_gpu else ["CPU"]

@@ -1,0 +1,251 @@
+"""The tabs of the dashboard and the report: what each shows, built once for both.
+
+A ``Section`` is plain data (figures, one main table, facts, bullet points), so the
+ipywidgets dashboard and the static HTML report draw exactly the same views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from tracemagic.views import figures, insights, tables
+from tracemagic.views._format import fmt_bytes, fmt_time, unit_divisor
+from tracemagic.views.data import TraceData
+
+#: every tab in display order: key -> title
+TITLES: dict[str, str] = {
+    "overview": "Overview",
+    "layers": "Layers",
+    "timeline": "Timeline",
+    "memory": "Memory",
+    "shapes": "Shapes",
+    "kernels": "Kernels",
+    "ranks": "Ranks",
+    "compare": "Compare",
+}
+#: tabs whose content depends on the selected step
+STEP_DEPENDENT = frozenset({"overview", "timeline", "memory"})
+#: columns never worth a table column (row numbers and join keys)
+HIDDEN_COLUMNS = frozenset({"row", "op_row", "parent_row", "seq", "rf_id", "external_id", "correlation", "parent"})
+
+
+@dataclass
+class ViewState:
+    """The dashboard's controls: selected step (None = all), top-N and time unit."""
+
+    step: int | None = None
+    top: int = 15
+    unit: str = "ms"
+
+    def __post_init__(self) -> None:
+        unit_divisor(self.unit)  # validates
+        self.top = max(1, int(self.top))
+
+
+@dataclass
+class Section:
+    """One tab's content.
+
+    Attributes:
+        key: the tab's key (``TITLES``).
+        title: the tab's title.
+        figures: plotly figures, top to bottom.
+        table: the main (sortable, filterable, paginated) table, already display-ready.
+        table_title: a caption for the table.
+        facts: (label, value) pairs shown above the figures.
+        bullets: recommendations or notes, one line each.
+        extra: small static tables (caption, frame) under the main one.
+    """
+
+    key: str
+    title: str
+    figures: list[go.Figure] = field(default_factory=list)
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    table_title: str = ""
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    bullets: list[str] = field(default_factory=list)
+    extra: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+
+
+def available(data: TraceData, other: TraceData | None = None) -> list[str]:
+    """The tab keys to show for this trace: Kernels only with a GPU, Ranks only with
+    several ranks, Compare only with another trace."""
+    keys = ["overview", "layers", "timeline", "memory", "shapes"]
+    if data.has_gpu:
+        keys.append("kernels")
+    if data.several_ranks:
+        keys.append("ranks")
+    if other is not None:
+        keys.append("compare")
+    return keys
+
+
+def display_table(frame: pd.DataFrame, unit: str = "ms") -> pd.DataFrame:
+    """A table ready to show: join-key columns dropped, µs columns converted to ``unit``
+    (and renamed ``*_ms`` etc.), string-like columns as plain text."""
+    if frame.empty and not len(frame.columns):
+        return frame
+    out = frame.drop(columns=[c for c in frame.columns if c in HIDDEN_COLUMNS]).reset_index(drop=True)
+    div = unit_divisor(unit)
+    suffix = {"µs": "us", "ms": "ms", "s": "s"}[unit]
+    renames = {}
+    for column in list(out.columns):
+        if column.endswith("_us") or column in ("ts", "dur", "self_dur", "mean", "step_us"):
+            if pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column]):
+                out[column] = out[column].astype(float) / div
+                base = column.removesuffix("_us")
+                renames[column] = f"{base}_{suffix}"
+        elif isinstance(out[column].dtype, pd.CategoricalDtype):
+            out[column] = out[column].astype("string")
+    return out.rename(columns=renames)
+
+
+def build(key: str, data: TraceData, state: ViewState | None = None, other: TraceData | None = None) -> Section:
+    """The content of tab ``key`` for ``data`` under ``state``.
+
+    Raises:
+        ValueError: an unknown key, or ``compare`` without ``other``.
+    """
+    state = state or ViewState()
+    if key not in TITLES:
+        raise ValueError(f"unknown tab {key!r}; tabs are {', '.join(TITLES)}")
+    builder = globals()[f"_{key}"]
+    if key == "compare":
+        if other is None:
+            raise ValueError("the compare tab needs another trace (other=...)")
+        return builder(data, state, other)
+    return builder(data, state)
+
+
+def _overview(data: TraceData, state: ViewState) -> Section:
+    ops = tables.select_step(data.ops, state.step)
+    steps = data.steps
+    fig = figures.step_breakdown(steps, unit=state.unit)
+    if state.step is not None and fig.data:
+        labels = list(fig.data[0].x)
+        chosen = [i for i, label in enumerate(labels) if label.endswith(f"step {state.step}")]
+        for trace in fig.data:
+            trace.marker.opacity = [1.0 if i in chosen else 0.35 for i in range(len(labels))]
+    section = Section(
+        "overview", TITLES["overview"],
+        figures=[fig, figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
+        table=display_table(tables.step_table(steps), state.unit),
+        table_title="Steps",
+        facts=insights.facts(data),
+        bullets=insights.for_trace(data),
+    )
+    layers = data.layers
+    if not layers.empty:
+        metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
+        top_layers = layers.sort_values(metric, ascending=False).head(state.top)
+        cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us", "gpu_us") if c in top_layers]
+        section.extra.append(("Top layers", display_table(top_layers[cols], state.unit)))
+    section.extra.append((
+        "Top ops" + (f" in step {state.step}" if state.step is not None else ""),
+        display_table(tables.top_ops(ops, state.top), state.unit),
+    ))
+    for name, problem in data.problems.items():
+        section.bullets.append(f"The {name} analysis failed, its view is empty: {problem}")
+    return section
+
+
+def _layers(data: TraceData, state: ViewState) -> Section:
+    layers = data.layers
+    metric = "gpu" if data.has_gpu and not layers.empty and (layers["gpu_us"] > 0).any() else "cpu"
+    return Section(
+        "layers", TITLES["layers"],
+        figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],
+        table=display_table(tables.layers_table(layers), state.unit),
+        table_title="Layers (self = time not in child layers)",
+    )
+
+
+def _timeline(data: TraceData, state: ViewState) -> Section:
+    fig = figures.timeline(data.ops, data.kernels, data.steps, step=state.step, unit=state.unit,
+                           thread_names=data.thread_names)
+    ops = tables.select_step(data.ops, state.step)
+    meta = fig.layout.meta or {}
+    facts = [("events drawn", f"{meta.get('shown', 0):,} of {meta.get('total', 0):,}")] if meta else []
+    if state.step is None and len(data.step_ids) > 1:
+        facts.append(("tip", "pick a step to zoom into one step's window"))
+    return Section(
+        "timeline", TITLES["timeline"], figures=[fig],
+        table=display_table(tables.top_ops(ops), state.unit),
+        table_title="Ops" + (f" in step {state.step}" if state.step is not None else ""),
+        facts=facts,
+    )
+
+
+def _memory(data: TraceData, state: ViewState) -> Section:
+    memory = data.memory
+    peaks = tables.peak_memory(memory)
+    facts = [
+        ((f"rank {r} · " if data.several_ranks else "") + f"peak {d}",
+         f"{fmt_bytes(b)}" + (f" at {fmt_time(float(t))}" if pd.notna(t) else "")
+         + "".join(f" · {v}" for v in (o, lay) if isinstance(v, str) and v))
+        for r, d, b, t, o, lay in zip(peaks["rank"], peaks["device"], peaks["peak_bytes"], peaks["ts"], peaks["op"], peaks["layer"])
+    ]
+    return Section(
+        "memory", TITLES["memory"],
+        figures=[figures.memory_timeline(memory, data.steps, step=state.step, unit=state.unit)],
+        table=display_table(tables.biggest_allocations(tables.select_step(memory, state.step), 5000), state.unit),
+        table_title="Biggest allocations",
+        facts=facts,
+    )
+
+
+def _shapes(data: TraceData, state: ViewState) -> Section:
+    shapes = data.shapes
+    return Section(
+        "shapes", TITLES["shapes"],
+        figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
+        table=display_table(shapes.sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit),
+        table_title="Op × input shapes × dtypes",
+    )
+
+
+def _kernels(data: TraceData, state: ViewState) -> Section:
+    kernels = data.kernels
+    return Section(
+        "kernels", TITLES["kernels"],
+        figures=[figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
+                 figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit)],
+        table=display_table(tables.top_kernels(kernels, by_op=True), state.unit),
+        table_title="Kernels by kernel + launching op",
+    )
+
+
+def _ranks(data: TraceData, state: ViewState) -> Section:
+    ranks = data.ranks_table
+    facts = []
+    if not ranks.empty and "slowest" in ranks and ranks["slowest"].any():
+        slow = ranks[ranks["slowest"].astype(bool)].iloc[0]
+        facts.append(("slowest rank", f"{int(slow['rank'])} ({fmt_time(float(slow['step_us']))} mean step)"))
+    return Section(
+        "ranks", TITLES["ranks"],
+        figures=[figures.rank_breakdown(ranks, unit=state.unit), figures.rank_step_heatmap(data.steps, unit=state.unit)],
+        table=display_table(ranks, state.unit),
+        table_title="Ranks",
+        facts=facts,
+    )
+
+
+def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
+    diff = data.diff(other)
+    facts = [("A", data.name), ("B", other.name)]
+    a, b = tables.step_means(data.steps), tables.step_means(other.steps)
+    if float(a["dur"]) > 0 and float(b["dur"]) > 0:
+        facts.append(("mean step", f"{fmt_time(float(a['dur']))} → {fmt_time(float(b['dur']))} "
+                                   f"({100 * (float(b['dur']) / float(a['dur']) - 1):+.0f}%)"))
+    frame = diff.reindex(diff["delta_us"].abs().sort_values(ascending=False).index) if not diff.empty else diff
+    return Section(
+        "compare", TITLES["compare"],
+        figures=[figures.diff_bars(diff, level="op", top=state.top, unit=state.unit),
+                 figures.diff_bars(diff, level="layer", top=state.top, unit=state.unit)],
+        table=display_table(frame, state.unit),
+        table_title="Ops and layers, A vs B",
+        facts=facts,
+    )

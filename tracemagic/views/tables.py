@@ -1,0 +1,146 @@
+"""Display tables: the analyses' DataFrames aggregated and filtered for showing.
+
+Pure pandas, no drawing and no HTML: the figures, the dashboard, the report and the text
+summary all show these same numbers.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+#: the parts of a step, in stacking order, with their display names (``steps()`` contract)
+STEP_PARTS: dict[str, str] = {
+    "compute_us": "GPU kernels",
+    "comm_us": "communication",
+    "memcpy_us": "memcpy",
+    "memset_us": "memset",
+    "runtime_us": "CUDA runtime",
+    "dataloader_us": "DataLoader",
+    "cpu_us": "CPU (GPU idle)",
+    "idle_us": "idle",
+}
+
+
+def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
+    """CPU ops aggregated by name: calls, total and self time (µs), self share; by self time.
+
+    Annotations and steps are left out (they are not ops), so self times add up without
+    double counting.
+    """
+    cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
+    if ops.empty:
+        return pd.DataFrame(columns=cols)
+    frame = ops[ops["kind"].astype(str) == "cpu_op"] if "kind" in ops else ops
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    out = (
+        frame.assign(name=frame["name"].astype(str))
+        .groupby("name", observed=True)
+        .agg(calls=("dur", "size"), total_us=("dur", "sum"), self_us=("self_dur", "sum"))
+        .reset_index()
+    )
+    out["mean_us"] = out["total_us"] / out["calls"]
+    total_self = float(out["self_us"].sum())
+    out["self_pct"] = 100 * out["self_us"] / total_self if total_self > 0 else 0.0
+    out = out.sort_values(["self_us", "name"], ascending=[False, True], ignore_index=True)
+    return out[cols].head(n) if n else out[cols]
+
+
+def top_kernels(kernels: pd.DataFrame, n: int | None = None, *, by_op: bool = False) -> pd.DataFrame:
+    """GPU kernels (and memcpy/memset) aggregated by name, or by name + launching op."""
+    keys = ["name", "op"] if by_op else ["name"]
+    cols = [*keys, "kind", "calls", "total_us", "mean_us", "max_us", "pct"]
+    if kernels.empty:
+        return pd.DataFrame(columns=cols)
+    frame = kernels.assign(
+        name=kernels["name"].astype(str),
+        kind=kernels["kind"].astype(str),
+        op=kernels["op"].astype("string").fillna("") if "op" in kernels else "",
+    )
+    out = (
+        frame.groupby(keys, observed=True, dropna=False)
+        .agg(kind=("kind", "first"), calls=("dur", "size"), total_us=("dur", "sum"), max_us=("dur", "max"))
+        .reset_index()
+    )
+    out["mean_us"] = out["total_us"] / out["calls"]
+    total = float(out["total_us"].sum())
+    out["pct"] = 100 * out["total_us"] / total if total > 0 else 0.0
+    out = out.sort_values(["total_us", *keys], ascending=[False] + [True] * len(keys), ignore_index=True)
+    return out[cols].head(n) if n else out[cols]
+
+
+def step_means(steps: pd.DataFrame) -> pd.Series:
+    """The mean step: ``dur`` and each part of ``STEP_PARTS`` in µs (zeros for no steps)."""
+    cols = ["dur", *[c for c in STEP_PARTS if c in steps]]
+    if steps.empty:
+        return pd.Series(0.0, index=cols)
+    return steps[cols].astype(float).mean()
+
+
+def select_step(frame: pd.DataFrame, step: int | None) -> pd.DataFrame:
+    """Rows of ``frame`` in ``step`` (all rows for ``None``)."""
+    if step is None or "step" not in frame:
+        return frame
+    return frame[frame["step"] == step]
+
+
+def filter_rows(frame: pd.DataFrame, text: str) -> pd.DataFrame:
+    """Rows where any text column contains ``text`` (case-insensitive; all rows for '')."""
+    text = (text or "").strip().lower()
+    if not text or frame.empty:
+        return frame
+    mask = pd.Series(False, index=frame.index)
+    for column in frame.columns:
+        if frame[column].dtype == object or isinstance(frame[column].dtype, (pd.StringDtype, pd.CategoricalDtype)):
+            mask |= frame[column].astype("string").str.lower().str.contains(text, regex=False).fillna(False)
+    return frame[mask]
+
+
+def sort_rows(frame: pd.DataFrame, column: str | None, ascending: bool = False) -> pd.DataFrame:
+    """``frame`` sorted by ``column`` (unchanged when the column is absent)."""
+    if not column or column not in frame:
+        return frame
+    return frame.sort_values(column, ascending=ascending, kind="stable", na_position="last")
+
+
+def layers_table(layers: pd.DataFrame, rank: int | None = None) -> pd.DataFrame:
+    """The layers table for display: one rank, ordered as a tree (parents before children)."""
+    if layers.empty:
+        return layers
+    frame = layers if rank is None or "rank" not in layers else layers[layers["rank"] == rank]
+    return frame.sort_values(["layer"], kind="stable").reset_index(drop=True)
+
+
+def biggest_allocations(memory: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
+    """The largest positive ``delta_bytes`` (allocations) with their op and layer."""
+    cols = ["rank", "device", "ts", "delta_bytes", "allocated_bytes", "op", "layer", "step"]
+    if memory.empty:
+        return pd.DataFrame(columns=cols)
+    frame = memory[memory["delta_bytes"] > 0]
+    frame = frame.sort_values("delta_bytes", ascending=False, kind="stable")
+    frame = frame[[c for c in cols if c in frame]].reset_index(drop=True)
+    return frame.head(n) if n else frame
+
+
+def peak_memory(memory: pd.DataFrame) -> pd.DataFrame:
+    """One row per (rank, device): the peak allocated bytes and the op/layer reaching it."""
+    cols = ["rank", "device", "peak_bytes", "ts", "op", "layer", "step", "reserved_bytes"]
+    if memory.empty:
+        return pd.DataFrame(columns=cols)
+    idx = memory.groupby(["rank", "device"], observed=True)["allocated_bytes"].idxmax()
+    rows = memory.loc[idx.dropna().to_numpy()]
+    out = rows.rename(columns={"allocated_bytes": "peak_bytes"})
+    for column in cols:
+        if column not in out:
+            out[column] = pd.NA
+    return out[cols].reset_index(drop=True)
+
+
+def step_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Steps with their parts and the GPU-busy share, for display."""
+    if steps.empty:
+        return steps
+    out = steps.copy()
+    busy = sum(out[c] for c in ("compute_us", "comm_us", "memcpy_us", "memset_us") if c in out)
+    out["gpu_busy_pct"] = (100 * busy / out["dur"].where(out["dur"] > 0)).fillna(0.0)
+    return out

@@ -1,0 +1,158 @@
+"""The text summary: steps, top layers, top ops, peak memory and recommendations as a
+terminal table (the dashboard's ``text/plain`` fallback and ``tracemagic summary``)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Sequence
+
+import pandas as pd
+
+from tracemagic.views import insights, tables
+from tracemagic.views._format import fmt_bytes, fmt_time, shorten
+from tracemagic.views.data import TraceData
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace import Trace
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text: object) -> str:
+    """Text safe for a terminal: control characters (ANSI escapes included) become ``?``."""
+    return _CONTROL.sub("?", str(text))
+
+
+def render_table(rows: Sequence[Sequence[object]], headers: Sequence[str], width: int, *, flex: int | None = 0) -> list[str]:
+    """Rows as aligned text lines no wider than ``width``.
+
+    Column ``flex`` (the name column) is left-aligned and cut to fit; the others are
+    right-aligned. ``flex=None``: all right-aligned, nothing cut.
+    """
+    cells = [[clean(c) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    if flex is not None:
+        fixed = sum(w for i, w in enumerate(widths) if i != flex) + 2 * (len(headers) - 1)
+        widths[flex] = max(8, min(widths[flex], width - fixed))
+
+    def line(values: Sequence[str]) -> str:
+        out = []
+        for i, (v, w) in enumerate(zip(values, widths)):
+            v = shorten(v, w)
+            out.append(v.ljust(w) if i == flex else v.rjust(w))
+        return "  ".join(out).rstrip()
+
+    return [line(list(headers)), line(["─" * w for w in widths]), *(line(r) for r in cells)]
+
+
+def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str:
+    """A plain-text summary of a trace.
+
+    Args:
+        trace: a loaded ``Trace`` (or the ``TraceData`` a dashboard already holds).
+        width: the most characters per line.
+        top: rows in the top layers and top ops tables.
+
+    Returns:
+        Lines: a header of facts, the steps with their breakdown, the top layers, the top
+        ops by self time, the peak memory per device and the recommendations.
+    """
+    data = trace if isinstance(trace, TraceData) else TraceData(trace)
+    width = max(int(width), 40)
+    out: list[str] = []
+    title = f"tracemagic · {clean(data.name)}"
+    out += [shorten(title, width), "═" * min(len(title), width)]
+    for label, value in insights.facts(data)[1:]:
+        out.append(shorten(f"{label:>12}: {clean(value)}", width))
+
+    steps = data.steps
+    if not steps.empty:
+        several = data.several_ranks
+        cols = [(c, name) for c, name in tables.STEP_PARTS.items()
+                if c in steps and (steps[c] >= 0.005 * steps["dur"]).any()]
+        headers = (["rank"] if several else []) + ["step", "time"] + [name for _, name in cols]
+        frame = steps.sort_values(["rank", "step"]).head(40)
+        rows = [
+            ([str(int(r["rank"]))] if several else []) + [str(int(r["step"])), fmt_time(float(r["dur"]), "ms")]
+            + [f"{100 * float(r[c]) / float(r['dur']):.0f}%" if float(r["dur"]) > 0 else "–" for c, _ in cols]
+            for _, r in frame.iterrows()
+        ]
+        out += ["", "Steps (share of each step)"] + render_table(rows, headers, width, flex=None)
+        if len(steps) > len(frame):
+            out.append(f"… {len(steps) - len(frame)} more steps")
+
+    layers = data.layers
+    if not layers.empty:
+        metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
+        frame = layers.sort_values(metric, ascending=False).head(top)
+        rows = [[r["layer"], str(r.get("type", "")), f"{int(r['calls']):,}", fmt_time(float(r["cpu_us"]), "ms"),
+                 fmt_time(float(r["gpu_us"]), "ms")] for _, r in frame.iterrows()]
+        out += ["", f"Top layers (by {metric[:3].upper()} time)"] + render_table(rows, ["layer", "type", "calls", "CPU", "GPU"], width)
+
+    ops = tables.top_ops(data.ops, top)
+    if not ops.empty:
+        rows = [[r["name"], f"{int(r['calls']):,}", fmt_time(float(r["self_us"]), "ms"), fmt_time(float(r["total_us"]), "ms"),
+                 f"{float(r['self_pct']):.1f}%"] for _, r in ops.iterrows()]
+        out += ["", "Top ops (by self CPU time)"] + render_table(rows, ["op", "calls", "self", "total", "self %"], width)
+
+    if data.has_gpu:
+        kern = tables.top_kernels(data.kernels, min(top, 5))
+        if not kern.empty:
+            rows = [[r["name"], f"{int(r['calls']):,}", fmt_time(float(r["total_us"]), "ms"), f"{float(r['pct']):.1f}%"]
+                    for _, r in kern.iterrows()]
+            out += ["", "Top kernels (by GPU time)"] + render_table(rows, ["kernel", "calls", "total", "GPU %"], width)
+
+    peaks = tables.peak_memory(data.memory)
+    if not peaks.empty:
+        rows = [[(f"rank {int(r['rank'])} · " if data.several_ranks else "") + str(r["device"]), fmt_bytes(r["peak_bytes"]),
+                 _where(r)] for _, r in peaks.iterrows()]
+        out += ["", "Peak memory"] + render_table(rows, ["device", "peak", "reached in"], width, flex=2)
+
+    tips = insights.for_trace(data)
+    if tips:
+        out += ["", "Recommendations"] + [shorten(f"• {clean(t)}", width) for t in tips]
+    for name, problem in data.problems.items():
+        out.append(shorten(f"! {name} unavailable: {clean(problem)}", width))
+    return "\n".join(out)
+
+
+def _where(row: pd.Series) -> str:
+    parts = [str(v) for v in (row.get("op"), row.get("layer")) if isinstance(v, str) and v]
+    return " in ".join(parts)
+
+
+def diff_summary(a: Trace | TraceData, b: Trace | TraceData, width: int = 100, *, top: int = 15) -> str:
+    """A plain-text comparison of two traces: mean step time and the biggest changes by op
+    and by layer (``trace.diff``), A being the baseline."""
+    da = a if isinstance(a, TraceData) else TraceData(a)
+    db = b if isinstance(b, TraceData) else TraceData(b)
+    width = max(int(width), 40)
+    out = [shorten(f"tracemagic diff · A = {clean(da.name)} · B = {clean(db.name)}", width)]
+    ma, mb = tables.step_means(da.steps), tables.step_means(db.steps)
+    if float(ma["dur"]) > 0 and float(mb["dur"]) > 0:
+        change = 100 * (float(mb["dur"]) / float(ma["dur"]) - 1)
+        out.append(f"mean step: {fmt_time(float(ma['dur']))} → {fmt_time(float(mb['dur']))} ({change:+.1f}%)")
+    diff = da.diff(db)
+    for level in ("op", "layer"):
+        frame = diff[diff["level"] == level] if not diff.empty else diff
+        if frame.empty:
+            continue
+        frame = frame.reindex(frame["delta_us"].abs().sort_values(ascending=False, kind="stable").index).head(top)
+        rows = [[r["name"], str(r["status"]), fmt_time(_num(r["us_a"]), "ms"), fmt_time(_num(r["us_b"]), "ms"),
+                 f"{_num(r['delta_us']) / 1000:+,.3f} ms"] for _, r in frame.iterrows()]
+        out += ["", f"Biggest changes by {level} (B − A)"] + render_table(rows, [level, "status", "A", "B", "Δ"], width)
+    if diff.empty:
+        out.append("no differences found (or the diff analysis is unavailable)")
+    for name, problem in {**da.problems, **db.problems}.items():
+        out.append(shorten(f"! {name} unavailable: {clean(problem)}", width))
+    return "\n".join(out)
+
+
+def _num(value: object) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return 0.0 if number != number else number
