@@ -30,26 +30,86 @@ class TracemagicMagics(Magics):
     # %%chakra_trace
     # ==================================================================================
     @magic_arguments()
-    @argument("--wait", type=int, default=1, metavar="N", help="schedule: steps skipped per cycle before warmup (default 1)")
-    @argument("--warmup", type=int, default=1, metavar="N", help="schedule: warmup steps, traced but discarded (default 1)")
-    @argument("--active", type=int, default=3, metavar="N", help="schedule: steps recorded per cycle, at least 1 (default 3)")
-    @argument("--repeat", type=int, default=1, metavar="N", help="schedule: cycles to record, 0 = until the loop ends; each cycle's trace is kept (default 1)")
-    @argument("--skip-first", type=int, default=0, metavar="N", help="schedule: steps skipped once, before the first cycle (default 0)")
-    @argument("--skip-first-wait", type=int, default=0, metavar="N", help="schedule: if not 0, the first cycle skips its wait steps (default 0)")
-    @argument("--cpu-only", action="store_true", help="record CPU activity only, even when CUDA is available")
-    @argument("--no-shapes", action="store_true", help="do not record input shapes (record_shapes=False)")
-    @argument("--no-memory", action="store_true", help="do not record allocations (profile_memory=False)")
-    @argument("--no-stack", action="store_true", help="no Python stacks (with_stack=False): no nn.Module events, no layer names")
-    @argument("--with-flops", action="store_true", help="estimate FLOPs of matmul/conv ops (with_flops=True)")
-    @argument("--no-memory-timeline", action="store_true", help="skip memory_timeline_<rank>.json (allocation categories)")
-    @argument("--et", action="store_true", help="also write the Execution Trace torch_et_<rank>.json over the same steps (for Chakra)")
-    @argument("--out", default="traces", metavar="DIR", help="directory the capture directory is created in (default ./traces)")
-    @argument("--name", default="capture", metavar="NAME", help="capture directory name: DIR/NAME-<timestamp> (default capture)")
-    @argument("--gzip", action="store_true", help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)")
-    @argument("--loop", type=int, default=None, metavar="LINE", help="step the loop at this line of the cell (the %%%%chakra_trace line is line 1)")
-    @argument("-v", "--var", default=None, metavar="NAME", help="also store the Capture in this user variable")
-    @argument("-o", "--output", action="store_true", help="return the Capture object (like %%timeit -o)")
-    @argument("-q", "--quiet", action="store_true", help="print nothing but problems (a short or failed capture)")
+    @argument(
+        "--wait", type=int, default=1, metavar="N",
+        help="schedule: steps skipped per cycle before warmup (default 1)",
+    )
+    @argument(
+        "--warmup", type=int, default=1, metavar="N",
+        help="schedule: warmup steps, traced but discarded (default 1)",
+    )
+    @argument(
+        "--active", type=int, default=3, metavar="N",
+        help="schedule: steps recorded per cycle, at least 1 (default 3)",
+    )
+    @argument(
+        "--repeat", type=int, default=1, metavar="N",
+        help="schedule: cycles to record, 0 = until the loop ends; one trace per cycle (default 1)",
+    )
+    @argument(
+        "--skip-first", type=int, default=0, metavar="N",
+        help="schedule: steps skipped once, before the first cycle (default 0)",
+    )
+    @argument(
+        "--skip-first-wait", type=int, default=0, metavar="N",
+        help="schedule: if not 0, the first cycle skips its wait steps (default 0)",
+    )
+    @argument(
+        "--cpu-only", action="store_true",
+        help="record CPU activity only, even when CUDA is available",
+    )
+    @argument(
+        "--no-shapes", action="store_true",
+        help="do not record input shapes (record_shapes=False)",
+    )
+    @argument(
+        "--no-memory", action="store_true",
+        help="do not record allocations (profile_memory=False)",
+    )
+    @argument(
+        "--no-stack", action="store_true",
+        help="no Python stacks (with_stack=False): no nn.Module events, no layer names",
+    )
+    @argument(
+        "--with-flops", action="store_true",
+        help="estimate FLOPs of matmul/conv ops (with_flops=True)",
+    )
+    @argument(
+        "--no-memory-timeline", action="store_true",
+        help="skip memory_timeline_<rank>.json (allocation categories)",
+    )
+    @argument(
+        "--et", action="store_true",
+        help="also write the Execution Trace torch_et_<rank>.json over the same steps (for Chakra)",
+    )
+    @argument(
+        "--out", default="traces", metavar="DIR",
+        help="directory the capture directory is created in (default ./traces)",
+    )
+    @argument(
+        "--name", default="capture", metavar="NAME",
+        help="capture directory name: DIR/NAME-<timestamp> (default capture)",
+    )
+    @argument(
+        "--gzip", action="store_true",
+        help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)",
+    )
+    @argument(
+        "--loop", type=int, default=None, metavar="LINE",
+        help="step the loop at this line of the cell (the %%%%chakra_trace line is line 1)",
+    )
+    @argument(
+        "-v", "--var", default=None, metavar="NAME",
+        help="also store the Capture in this user variable",
+    )
+    @argument(
+        "-o", "--output", action="store_true",
+        help="return the Capture object (like %%timeit -o)",
+    )
+    @argument(
+        "-q", "--quiet", action="store_true",
+        help="print nothing but problems (a short or failed capture)",
+    )
     @cell_magic
     def chakra_trace(self, line: str, cell: str) -> Any:
         """Profile this cell's step loop with torch.profiler and write the trace files.

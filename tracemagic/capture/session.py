@@ -331,10 +331,13 @@ class CaptureSession:
             with contextlib.suppress(Exception):
                 torch._C._profiler._remove_execution_trace_observer()
         self._et = None
-        if any(c.steps for c in self._cycles) and tmp.exists():
-            files.place(tmp, self.dir / files.et_name(self.rank))
-        else:
-            tmp.unlink(missing_ok=True)
+        try:
+            if any(c.steps for c in self._cycles) and tmp.exists():
+                files.place(tmp, self.dir / files.et_name(self.rank))
+            else:
+                tmp.unlink(missing_ok=True)
+        except OSError as exc:
+            self._notes.append(f"the execution trace could not be placed: {exc}")
 
     def _on_trace_ready(self, prof: torch.profiler.profile) -> None:
         """Write one cycle's Kineto trace and memory timeline (never raises into the loop)."""
