@@ -1,0 +1,111 @@
+"""Helpers the analyses share: relative time, layer names, name tests and interval unions.
+
+Private to ``tracemagic.analysis``; everything here is vectorized over the events table.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from tracemagic.trace.model import Trace
+from tracemagic.trace.structure import MODULE_PREFIX
+
+_INSTANCE_SUFFIX = re.compile(r"_\d+$")
+#: host-side collective events: ``nccl:all_reduce``, ``gloo:broadcast`` annotations
+HOST_COLLECTIVE = re.compile(r"^(?:nccl|gloo|mpi|ucc|xccl):\w+")
+#: DataLoader iteration: ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``
+_DATALOADER = re.compile("DataLoader")
+
+
+def trace_start(trace: Trace) -> float:
+    """The earliest ``ts`` over all events of all ranks (µs): time zero of every table."""
+    ts = trace.events["ts"].to_numpy()
+    return float(np.nanmin(ts)) if ts.size else 0.0
+
+
+def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
+    """Boolean mask of rows whose categorical name matches ``pattern`` (tested once per name)."""
+    categories = names.cat.categories
+    hit = np.fromiter((bool(pattern.search(str(c))) for c in categories), dtype=bool, count=len(categories))
+    codes = names.cat.codes.to_numpy()
+    return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if hit.size else np.zeros(codes.size, dtype=bool)
+
+
+def is_nccl(names: pd.Series) -> np.ndarray:
+    """Rows whose name contains ``nccl`` (any case): NCCL kernels and annotations."""
+    return names_where(names, re.compile("nccl", re.IGNORECASE))
+
+
+def is_dataloader(trace: Trace) -> np.ndarray:
+    """Ops and annotations of DataLoader iteration (the profiler's own record functions)."""
+    events = trace.events
+    host = events["kind"].isin(("cpu_op", "user_annotation")).to_numpy()
+    return host & names_where(events["name"], _DATALOADER)
+
+
+def names_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Event names at ``rows`` (object array), ``None`` where the row is -1."""
+    names = trace.events["name"].to_numpy(dtype=object)
+    return np.where(rows >= 0, names[np.maximum(rows, 0)], None)
+
+
+def module_labels(trace: Trace) -> dict[str, tuple[str, str]]:
+    """``nn.Module: Linear_0`` -> (layer, type) for every module name in the trace.
+
+    The layer is the model path recorded by the capture (``encoder.0``) when the manifest
+    has one, else the trace's instance name without the prefix (``Linear_0``); the type is
+    the class name.
+    """
+    known = trace.module_names
+    out = {}
+    for name in trace.events["name"].cat.categories:
+        text = str(name)
+        if not text.startswith(MODULE_PREFIX):
+            continue
+        instance = text[len(MODULE_PREFIX) :]
+        entry = known.get(text) or known.get(instance) or {}
+        layer = str(entry.get("path") or instance)
+        kind = str(entry.get("type") or _INSTANCE_SUFFIX.sub("", instance))
+        out[text] = (layer, kind)
+    return out
+
+
+def layers_at(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Layer name and type of the ``nn.Module`` event at each row (``None`` for -1)."""
+    labels = module_labels(trace)
+    names = trace.events["name"]
+    categories = names.cat.categories
+    layer_of = np.array([labels.get(str(c), (None, None))[0] for c in categories] + [None], dtype=object)
+    type_of = np.array([labels.get(str(c), (None, None))[1] for c in categories] + [None], dtype=object)
+    codes = names.cat.codes.to_numpy()
+    at = np.where(module_rows >= 0, codes[np.maximum(module_rows, 0)], -1)
+    return layer_of[at], type_of[at]
+
+
+def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int) -> np.ndarray:
+    """Length of the union of intervals ``[start, end)`` per group id (0..groups-1).
+
+    Sort by (group, start); each interval adds what extends past the running maximum end
+    of the earlier intervals of its group. Vectorized, O(n log n).
+    """
+    keep = end > start
+    group, start, end = group[keep], start[keep], end[keep]
+    if group.size == 0:
+        return np.zeros(groups)
+    order = np.lexsort((start, group))
+    group, start, end = group[order], start[order], end[order]
+    reach = pd.Series(end).groupby(group).cummax().to_numpy()
+    previous = np.empty_like(reach)
+    previous[0] = -np.inf
+    previous[1:] = reach[:-1]
+    previous[1:][group[1:] != group[:-1]] = -np.inf
+    added = np.maximum(end - np.maximum(start, previous), 0.0)
+    return np.bincount(group, weights=added, minlength=groups)
+
+
+def text(values: pd.Series | np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """Values as pandas' string dtype, missing ones (None, NaN) as NA: one text type everywhere."""
+    return pd.array(np.asarray(values, dtype=object), dtype="str")
