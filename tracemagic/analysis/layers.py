@@ -1,0 +1,340 @@
+"""``layers()``: time, GPU time and memory growth per ``nn.Module`` instance, forward and backward.
+
+A layer is one ``nn.Module`` instance: the ``nn.Module: <Class>_<k>`` python_function
+events of a ``with_stack`` trace. Forward time is the module events' own time; backward
+time is that of the outermost autograd ops (``autograd::engine::evaluate_function: ...``)
+whose forward op (same autograd sequence number) ran inside the layer. Each stretch of host
+time goes to at most one layer, so self times plus the unattributed rest add up to the
+step time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from tracemagic.analysis._common import layers_at, names_where, text
+from tracemagic.trace.model import Trace
+from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS
+from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate
+
+#: outermost op of each autograd node run by the engine
+BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
+#: ``Input Dims`` text with at least one tensor of one or more dimensions
+TENSOR_DIMS = re.compile(r"\[\d")
+#: GPU activity that counts as GPU time
+GPU_TIME_KINDS = ("kernel", "memcpy", "memset")
+COLUMNS = (
+    "rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
+    "fwd_self_cpu_us", "bwd_cpu_us", "bwd_self_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us",
+    "bwd_gpu_us", "memory_growth_bytes", "input_shapes", "module",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Which layer each event's time belongs to.
+
+    Attributes:
+        module: per events row, the ``nn.Module`` event row whose layer gets the row's time:
+            the innermost enclosing module for forward work, the module of the matching
+            forward op for work inside a backward op; -1 for none.
+        backward: per events row, whether it lies inside an outermost backward op.
+        root: per events row, the outermost backward op enclosing it (itself included), -1.
+        is_module: per events row, whether it is an ``nn.Module`` event.
+        module_parent: per events row, the ``nn.Module`` event enclosing a module event, -1.
+        in_scope: per events row, inside a ProfilerStep (or the rank has no steps).
+    """
+
+    module: np.ndarray
+    backward: np.ndarray
+    root: np.ndarray
+    is_module: np.ndarray
+    module_parent: np.ndarray
+    in_scope: np.ndarray
+
+
+def thread_keys(events: pd.DataFrame) -> np.ndarray:
+    """One int64 per row naming its (rank, pid, tid): events nest only within one key."""
+    rank = events["rank"].to_numpy().astype(np.int64)
+    pid = events["pid"].cat.codes.to_numpy().astype(np.int64) + 1
+    tid = events["tid"].cat.codes.to_numpy().astype(np.int64) + 1
+    return (rank << 42) | (pid << 21) | tid
+
+
+def in_scope(events: pd.DataFrame) -> np.ndarray:
+    """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
+    rank = events["rank"].to_numpy()
+    stepped = np.unique(rank[(events["kind"] == "step").to_numpy()])
+    return (events["step"].to_numpy() >= 0) | ~np.isin(rank, stepped)
+
+
+def enclosing(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """The innermost CPU duration event on the same thread that contains each row's ``ts``.
+
+    Meant for instants (``[memory]`` events), which the loader does not nest; -1 where none.
+    """
+    out = np.full(rows.size, -1, dtype=np.int64)
+    if rows.size == 0:
+        return out
+    kinds = events["kind"].to_numpy()
+    cand = np.flatnonzero(np.isin(kinds, CPU_KINDS) & (events["ph"] == "X").to_numpy())
+    keys = thread_keys(events)
+    ts = events["ts"].to_numpy()
+    end = ts + events["dur"].to_numpy()
+    parent = events["parent"].to_numpy()
+    order = np.lexsort((-end[cand], ts[cand], keys[cand]))
+    cand = cand[order]
+    cand_keys = keys[cand]
+    query_keys = keys[rows]
+    for key in np.unique(query_keys):  # one pass per thread
+        lo, hi = np.searchsorted(cand_keys, [key, key + 1])
+        if lo == hi:
+            continue
+        where = np.flatnonzero(query_keys == key)
+        pos = np.searchsorted(ts[cand[lo:hi]], ts[rows[where]], side="right") - 1
+        out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
+    target = ts[rows] - NEST_TOLERANCE_US
+    climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
+    while climb.any():  # one round per nesting level
+        out[climb] = parent[out[climb]]
+        climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
+    return out
+
+
+def attribution(trace: Trace) -> Attribution:
+    """Attribute every event to a layer: forward by module nesting, backward by sequence number.
+
+    Backward ops count only when outermost (not inside another backward op) and outside
+    any module event (autograd work inside a module's forward is that module's forward
+    time). A backward op goes to the layer of the latest earlier forward op with the same
+    ``Sequence number``: the op that created its autograd node. Module events inside a
+    backward op (activation recomputation) count as that backward op's time.
+    """
+    events = trace.events
+    n = len(events)
+    kinds = events["kind"].to_numpy()
+    parent = events["parent"].to_numpy()
+    depth = events["depth"].to_numpy()
+    module = events["module"].to_numpy()
+    is_op = kinds == "cpu_op"
+    fwd_tid = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)
+    is_bwd = is_op & (names_where(events["name"], BACKWARD_OP) | (fwd_tid > 0))
+    above = enclosing_of_kind(parent, depth, is_bwd, np.arange(n))
+    is_root = is_bwd & (above < 0) & (module < 0)
+    root = propagate(parent, depth, is_root)
+    seq = events["seq"].to_numpy(dtype=np.int64, na_value=-1)
+    ts = events["ts"].to_numpy()
+    rank = events["rank"].to_numpy().astype(np.int64)
+    roots = np.flatnonzero(is_root & (seq >= 0))
+    forward = np.flatnonzero(is_op & ~is_bwd & (seq >= 0) & (root < 0))
+    matched = np.full(n, -1, dtype=np.int64)
+    if roots.size and forward.size:
+        left = pd.DataFrame({"ts": ts[roots], "rank": rank[roots], "seq": seq[roots], "row": roots})
+        right = pd.DataFrame({"ts": ts[forward], "rank": rank[forward], "seq": seq[forward], "fwd": module[forward]})
+        joined = pd.merge_asof(
+            left.sort_values("ts", kind="stable"),
+            right.sort_values("ts", kind="stable"),
+            on="ts",
+            by=["rank", "seq"],
+            direction="backward",
+        )
+        matched[joined["row"].to_numpy()] = joined["fwd"].fillna(-1).to_numpy(dtype=np.int64)
+    backward = root >= 0
+    layer = np.where(backward, matched[np.maximum(root, 0)], module)
+    names = events["name"]
+    module_names = names.cat.categories.str.startswith(MODULE_PREFIX)
+    is_module = (kinds == "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
+    module_parent = np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1)
+    return Attribution(layer, backward, root, is_module, module_parent, in_scope(events))
+
+
+def step_time(trace: Trace) -> dict[int, float]:
+    """Per rank: the summed ProfilerStep durations, else the span of its CPU and GPU events."""
+    events = trace.events
+    kinds = events["kind"].to_numpy()
+    rank = events["rank"].to_numpy()
+    out = {}
+    for r in trace.ranks:
+        mine = rank == r
+        steps = events.loc[mine & (kinds == "step"), ["name", "dur"]].drop_duplicates("name")
+        if len(steps):
+            out[r] = float(steps["dur"].sum())
+            continue
+        timed = mine & np.isin(kinds, CPU_KINDS + GPU_KINDS) & (events["ph"] == "X").to_numpy()
+        ts = events["ts"].to_numpy()[timed]
+        end = ts + events["dur"].to_numpy()[timed]
+        out[r] = float(end.max() - ts.min()) if ts.size else 0.0
+    return out
+
+
+def _rollup(start: np.ndarray, weights: np.ndarray, layer_of: np.ndarray, up: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Self and inclusive sums per layer of weights placed at module event rows ``start``.
+
+    ``up`` is each module event's enclosing module event; inclusive sums walk it upwards.
+    """
+    ok = start >= 0
+    start, weights = start[ok], weights[ok].astype(np.float64)
+    own = np.bincount(layer_of[start], weights=weights, minlength=count)
+    total = np.zeros(count)
+    while start.size:  # one round per module nesting level
+        total += np.bincount(layer_of[start], weights=weights, minlength=count)
+        start = up[start]
+        keep = start >= 0
+        start, weights = start[keep], weights[keep]
+    return own, total
+
+
+def _first_op_dims(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
+    """Input dims (text) of the first cpu_op with a tensor input inside each module call row."""
+    out = np.full(calls.size, None, dtype=object)
+    tensor_input = names_where(events["input_dims"], TENSOR_DIMS)
+    ops = np.flatnonzero((events["kind"] == "cpu_op").to_numpy() & tensor_input)
+    if ops.size == 0 or calls.size == 0:
+        return out
+    keys = thread_keys(events)
+    ts = events["ts"].to_numpy()
+    dur = events["dur"].to_numpy()
+    dims = events["input_dims"].to_numpy(dtype=object)
+    ops = ops[np.lexsort((-dur[ops], ts[ops], keys[ops]))]
+    op_keys = keys[ops]
+    for key in np.unique(keys[calls]):  # one pass per thread
+        lo, hi = np.searchsorted(op_keys, [key, key + 1])
+        where = np.flatnonzero(keys[calls] == key)
+        if lo == hi:
+            continue
+        mine = ops[lo:hi]
+        pos = np.searchsorted(ts[mine], ts[calls[where]] - NEST_TOLERANCE_US, side="left")
+        ok = pos < mine.size
+        first = mine[np.minimum(pos, mine.size - 1)]
+        ok &= ts[first] <= ts[calls[where]] + dur[calls[where]]
+        out[where[ok]] = dims[first[ok]]
+    return np.array([None if pd.isna(v) else str(v) for v in out], dtype=object)
+
+
+def memory_growth(trace: Trace, att: Attribution) -> tuple[np.ndarray, np.ndarray]:
+    """Module event row enclosing each in-scope forward ``[memory]`` event, and its delta."""
+    events = trace.events
+    rows = np.flatnonzero((events["kind"] == "memory").to_numpy() & att.in_scope)
+    holder = enclosing(events, rows)
+    ok = holder >= 0
+    rows, holder = rows[ok], holder[ok]
+    fwd = ~att.backward[holder]
+    return att.module[holder[fwd]], events["bytes"].to_numpy(dtype=np.float64, na_value=0.0)[rows[fwd]]
+
+
+def layers(trace: Trace) -> pd.DataFrame:
+    """One row per layer (``nn.Module`` instance) per rank, in order of first call.
+
+    Columns: ``rank``; ``layer`` (model path from the capture, else ``Linear_0``); ``type``;
+    ``depth`` (0 for a top-level module) and ``parent`` (enclosing layer, None at the top),
+    from the first call; ``calls``; ``fwd_cpu_us`` (summed module event durations) and
+    ``fwd_self_cpu_us`` (minus child module events); ``bwd_self_cpu_us`` (outermost backward
+    ops whose forward op ran directly in this layer) and ``bwd_cpu_us`` (with its
+    sublayers'); ``cpu_us`` = fwd + bwd and ``self_cpu_us`` = fwd self + bwd self;
+    ``self_gpu_us`` (kernels, memcpy, memset launched directly from the layer, forward or
+    backward), ``gpu_us`` (with sublayers'), ``fwd_gpu_us``, ``bwd_gpu_us`` (inclusive);
+    ``memory_growth_bytes`` (summed allocation deltas inside the forward calls, all devices);
+    ``input_shapes`` (input dims of the first op of the first call); ``module`` (the trace's
+    ``nn.Module: X_k`` name). Only work inside ProfilerSteps counts when the trace has them.
+
+    ``df.attrs``: ``step_us`` {rank: summed step durations (the trace span without steps)},
+    ``unattributed_us`` {rank: host time in no layer}, ``overlap_us`` {rank: attributed time
+    beyond the step time, from threads running at once; 0 normally}, so that per rank
+    ``sum(self_cpu_us) + unattributed_us - overlap_us == step_us``; ``gpu_us`` and
+    ``gpu_unattributed_us`` {rank: ...} likewise for GPU time.
+    """
+    events = trace.events
+    att = attribution(trace)
+    scope = att.in_scope
+    modules = np.flatnonzero(att.is_module & (att.root < 0))
+    rank = events["rank"].to_numpy()
+    dur = events["dur"].to_numpy()
+    ts = events["ts"].to_numpy()
+    codes = events["name"].cat.codes.to_numpy()
+    layer_id, keys = pd.factorize(pd.MultiIndex.from_arrays([rank[modules], codes[modules]]), sort=False)
+    count = len(keys)
+    layer_of = np.full(len(events), -1, dtype=np.int64)
+    layer_of[modules] = layer_id
+    calls_rows = modules[scope[modules]]
+    calls = np.bincount(layer_of[calls_rows], minlength=count)
+    fwd_cpu = np.bincount(layer_of[calls_rows], weights=dur[calls_rows], minlength=count)
+    children = calls_rows[att.module_parent[calls_rows] >= 0]
+    child_time = np.bincount(att.module_parent[children], weights=dur[children], minlength=len(events))
+    fwd_self = np.bincount(layer_of[calls_rows], weights=dur[calls_rows] - child_time[calls_rows], minlength=count)
+    up = att.module_parent
+    roots = np.flatnonzero((att.root == np.arange(len(events))) & scope)
+    bwd_self, bwd_cpu = _rollup(att.module[roots], dur[roots], layer_of, up, count)
+    kinds = events["kind"].to_numpy()
+    launch = events["launch"].to_numpy()
+    gpu_all = np.flatnonzero(np.isin(kinds, GPU_TIME_KINDS) & scope)
+    gpu = gpu_all[launch[gpu_all] >= 0]
+    gpu_layer = att.module[launch[gpu]]
+    gpu_bwd = att.backward[launch[gpu]]
+    fwd_gpu_self, fwd_gpu = _rollup(np.where(gpu_bwd, -1, gpu_layer), dur[gpu], layer_of, up, count)
+    bwd_gpu_self, bwd_gpu = _rollup(np.where(gpu_bwd, gpu_layer, -1), dur[gpu], layer_of, up, count)
+    _, growth = _rollup(*memory_growth(trace, att), layer_of, up, count)
+
+    used = (calls > 0) | (bwd_cpu > 0) | (bwd_gpu > 0)
+    first = pd.Series(ts[calls_rows]).groupby(layer_of[calls_rows]).idxmin()
+    first_row = np.full(count, -1, dtype=np.int64)
+    first_row[first.index.to_numpy()] = calls_rows[first.to_numpy()]
+    any_row = pd.Series(modules).groupby(layer_id).first()
+    first_row = np.where(first_row >= 0, first_row, any_row.reindex(range(count)).to_numpy())
+    parent_row = up[first_row]
+    depth = np.zeros(count, dtype=np.int64)
+    cur = parent_row.copy()
+    while (cur >= 0).any():  # one round per nesting level
+        depth += cur >= 0
+        cur = np.where(cur >= 0, up[np.maximum(cur, 0)], -1)
+    name, kind = layers_at(trace, first_row)
+    parent_name, _ = layers_at(trace, parent_row)
+    trace_name = events["name"].to_numpy(dtype=object)[first_row]
+    table = pd.DataFrame(
+        {
+            "rank": np.asarray([k[0] for k in keys], dtype=np.int32),
+            "layer": text(name),
+            "type": text(kind),
+            "depth": depth,
+            "parent": text(parent_name),
+            "calls": calls,
+            "cpu_us": fwd_cpu + bwd_cpu,
+            "self_cpu_us": fwd_self + bwd_self,
+            "fwd_cpu_us": fwd_cpu,
+            "fwd_self_cpu_us": fwd_self,
+            "bwd_cpu_us": bwd_cpu,
+            "bwd_self_cpu_us": bwd_self,
+            "gpu_us": fwd_gpu + bwd_gpu,
+            "self_gpu_us": fwd_gpu_self + bwd_gpu_self,
+            "fwd_gpu_us": fwd_gpu,
+            "bwd_gpu_us": bwd_gpu,
+            "memory_growth_bytes": growth.astype(np.int64),
+            "input_shapes": text(_first_op_dims(events, first_row)),
+            "module": text(trace_name),
+            "_ts": ts[first_row],
+        },
+        columns=[*COLUMNS, "_ts"],
+    )
+    table = table[used].sort_values(["rank", "_ts"], kind="stable").drop(columns="_ts").reset_index(drop=True)
+    _totals(trace, table, gpu_all, dur)
+    return table
+
+
+def _totals(trace: Trace, table: pd.DataFrame, gpu: np.ndarray, dur: np.ndarray) -> None:
+    """Fill ``table.attrs`` with per-rank step time and what no layer got."""
+    steps = step_time(trace)
+    rank = trace.events["rank"].to_numpy()
+    attrs: dict[str, dict[int, float]] = {k: {} for k in ("step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us")}
+    for r in trace.ranks:
+        mine = table[table["rank"] == r]
+        attributed = float(mine["self_cpu_us"].sum())
+        attrs["step_us"][r] = steps.get(r, 0.0)
+        attrs["unattributed_us"][r] = max(steps.get(r, 0.0) - attributed, 0.0)
+        attrs["overlap_us"][r] = max(attributed - steps.get(r, 0.0), 0.0)
+        gpu_total = float(dur[gpu[rank[gpu] == r]].sum())
+        attrs["gpu_us"][r] = gpu_total
+        attrs["gpu_unattributed_us"][r] = max(gpu_total - float(mine["self_gpu_us"].sum()), 0.0)
+    table.attrs.update(attrs)
