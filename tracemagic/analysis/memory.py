@@ -1,0 +1,279 @@
+"""``memory()``: the allocator timeline per device, its peaks, the biggest allocations, and
+the timeline stacked by category (parameter, activation, gradient, ...) when the capture
+recorded torch's memory profile next to the Kineto trace."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from tracemagic.analysis._common import layers_at, names_at, text, trace_start
+from tracemagic.analysis.layers import attribution, enclosing
+from tracemagic.trace.model import Trace
+
+#: c10 ``DeviceType`` numbers -> torch device names (ROCm builds report HIP = 6; torch calls it cuda)
+DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "cuda", 12: "xpu", 13: "mps", 15: "hpu", 19: "mtia", 20: "privateuseone"}
+#: category index of ``MemoryProfileTimeline.export_memory_timeline_raw`` rows, in torch's order
+CATEGORIES = (
+    "parameter",
+    "optimizer_state",
+    "input",
+    "temporary",
+    "activation",
+    "gradient",
+    "autograd_detail",
+    "unknown",
+)
+_KINETO_FILE = re.compile(r"kineto_trace_(\d+)(_cycle\d+)?\.json(?:\.gz)?$")
+_TIMELINE_FILE = re.compile(r"memory_timeline_(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
+#: a timeline this far (µs) outside the Kineto trace is on another clock
+_CLOCK_SLACK_US = 60e6
+
+
+def device_names(device_type: pd.Series, device: pd.Series) -> np.ndarray:
+    """``'cpu'``, ``'cuda:0'``, ... from the ``Device Type`` and ``Device Id`` args."""
+    kind = device_type.to_numpy(dtype=np.int64, na_value=-1)
+    index = device.to_numpy(dtype=np.int64, na_value=-1)
+    pairs, inverse = np.unique(np.stack([kind, index]), axis=1, return_inverse=True)
+    labels = []
+    for k, i in pairs.T:
+        name = DEVICE_TYPES.get(int(k), f"device{int(k)}")
+        labels.append(name if name == "cpu" or i < 0 else f"{name}:{int(i)}")
+    return np.asarray(labels, dtype=object)[inverse.reshape(-1)] if labels else np.array([], dtype=object)
+
+
+def memory(trace: Trace) -> pd.DataFrame:
+    """Every ``[memory]`` event, one row each, ordered by rank and time.
+
+    Columns: ``rank``; ``ts`` (µs since the trace's start); ``device`` ('cpu', 'cuda:N');
+    ``allocated_bytes`` (the allocator's ``Total Allocated`` after the event); ``reserved_bytes``
+    (``Total Reserved``, NA where not recorded); ``delta_bytes`` (signed: + allocation,
+    - free); ``op`` (innermost enclosing CPU op, None if none) and ``op_row``; ``layer``
+    (the layer the time belongs to, backward work included: see ``layers()``); ``phase``
+    ('forward' | 'backward', None outside layers and backward ops); ``step`` (-1 outside
+    steps); ``addr``; ``row`` (position in ``trace.events``).
+
+    Traces without totals (older ones) get ``allocated_bytes`` rebuilt per device as the
+    running sum of deltas from 0 at the trace start, raised by the smallest constant that
+    keeps it non-negative (frees of blocks allocated before the capture);
+    ``df.attrs['reconstructed']`` {rank: [devices]} and ``df.attrs['baseline_bytes']``
+    {rank: {device: bytes added}} say where, and ``df.attrs['note']`` says how.
+    """
+    events = trace.events
+    rows = np.flatnonzero((events["kind"] == "memory").to_numpy())
+    picked = events.iloc[rows]
+    holder = enclosing(events, rows)
+    att = attribution(trace)
+    found = holder >= 0
+    safe = np.maximum(holder, 0)
+    op_rows = np.where(found, events["op"].to_numpy()[safe], -1)
+    layer_rows = np.where(found, att.module[safe], -1)
+    backward = found & att.backward[safe]
+    phase = np.where(backward, "backward", np.where(layer_rows >= 0, "forward", None))
+    layer, _ = layers_at(trace, layer_rows)
+    table = pd.DataFrame(
+        {
+            "rank": picked["rank"].to_numpy(),
+            "ts": picked["ts"].to_numpy() - trace_start(trace),
+            "device": text(device_names(picked["device_type"], picked["device"])),
+            "allocated_bytes": picked["total_allocated"].array,
+            "reserved_bytes": picked["total_reserved"].array,
+            "delta_bytes": picked["bytes"].fillna(0).to_numpy(dtype=np.int64),
+            "op": text(names_at(trace, op_rows)),
+            "op_row": op_rows,
+            "layer": text(layer),
+            "phase": text(phase),
+            "step": picked["step"].to_numpy(),
+            "addr": picked["addr"].array,
+            "row": rows,
+        }
+    )
+    table = table.sort_values(["rank", "ts", "row"], kind="stable").reset_index(drop=True)
+    return _fill_allocated(table)
+
+
+def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
+    """Rebuild ``allocated_bytes`` from deltas on devices whose events carry no totals."""
+    keys = [table["rank"], table["device"]]
+    missing = table["allocated_bytes"].isna().groupby(keys).transform("all").to_numpy()
+    running = table["delta_bytes"].groupby(keys).cumsum()
+    baseline = (-running.groupby(keys).transform("min")).clip(lower=0)
+    rebuilt = (running + baseline).to_numpy(dtype=np.int64)
+    known = table["allocated_bytes"].groupby(keys).ffill().fillna(0).to_numpy(dtype=np.int64)
+    table["allocated_bytes"] = np.where(missing, rebuilt, known)
+    reconstructed: dict[int, list[str]] = {}
+    baselines: dict[int, dict[str, int]] = {}
+    for (rank, device), base in table.loc[missing].assign(b=baseline[missing]).groupby(["rank", "device"])["b"].first().items():
+        reconstructed.setdefault(int(rank), []).append(str(device))
+        baselines.setdefault(int(rank), {})[str(device)] = int(base)
+    table.attrs["reconstructed"] = reconstructed
+    table.attrs["baseline_bytes"] = baselines
+    if reconstructed:
+        table.attrs["note"] = (
+            "the trace records no allocator totals: allocated_bytes is the running sum of the "
+            "deltas from 0 at the trace start, plus baseline_bytes where frees of earlier blocks "
+            "would make it negative"
+        )
+    return table
+
+
+def peaks(trace: Trace) -> pd.DataFrame:
+    """The highest ``allocated_bytes`` per rank, device and step, and over the whole trace.
+
+    Columns: ``rank``, ``device``, ``step`` (Int64; NA for the whole-trace row),
+    ``peak_bytes``, ``peak_reserved_bytes`` (NA where not recorded), ``ts`` (when the peak
+    was first reached), ``op``, ``layer``, ``phase`` (of the event that reached it),
+    ``delta_bytes`` (that event's allocation).
+    """
+    table = trace.memory()
+    columns = ["rank", "device", "step", "peak_bytes", "peak_reserved_bytes", "ts", "op", "layer", "phase", "delta_bytes"]
+    if table.empty:
+        return pd.DataFrame(columns=columns)
+    parts = []
+    for keys, scope in ((["rank", "device", "step"], table[table["step"] >= 0]), (["rank", "device"], table)):
+        if scope.empty:
+            continue
+        grouped = scope.groupby(keys, sort=True)
+        at = table.loc[grouped["allocated_bytes"].idxmax().to_numpy()].reset_index(drop=True)
+        at["peak_reserved_bytes"] = grouped["reserved_bytes"].max().to_numpy()
+        if "step" not in keys:
+            at["step"] = pd.NA
+        parts.append(at)
+    out = pd.concat(parts, ignore_index=True).rename(columns={"allocated_bytes": "peak_bytes"})
+    out["step"] = out["step"].astype("Int64")
+    return out[columns].sort_values(["rank", "device", "step"], kind="stable", na_position="last").reset_index(drop=True)
+
+
+def biggest_allocations(trace: Trace, n: int = 10) -> pd.DataFrame:
+    """The ``n`` largest single allocations, with when (and whether) they were freed.
+
+    Columns: ``rank``, ``ts``, ``device``, ``bytes``, ``op``, ``layer``, ``phase``, ``step``,
+    ``addr``, ``freed_ts`` and ``lifetime_us`` (NA when not freed within the trace or the
+    trace records no addresses).
+    """
+    table = trace.memory()
+    by = ["rank", "device", "addr", "ts", "row"]
+    ordered = table.dropna(subset=["addr"]).sort_values(by, kind="stable")
+    nxt = ordered.shift(-1)
+    freed = (nxt["rank"] == ordered["rank"]) & (nxt["device"] == ordered["device"]) & (nxt["addr"] == ordered["addr"])
+    freed &= nxt["delta_bytes"] < 0
+    table["freed_ts"] = nxt["ts"].where(freed.fillna(False)).reindex(table.index)
+    allocations = table[table["delta_bytes"] > 0].sort_values(["delta_bytes", "ts"], ascending=[False, True], kind="stable")
+    out = allocations.head(n).rename(columns={"delta_bytes": "bytes"})
+    out["lifetime_us"] = out["freed_ts"] - out["ts"]
+    columns = ["rank", "ts", "device", "bytes", "op", "layer", "phase", "step", "addr", "freed_ts", "lifetime_us"]
+    return out[columns].reset_index(drop=True)
+
+
+def timeline_files(trace: Trace) -> list[tuple[int, int | None, Path]]:
+    """(rank, cycle, path) of the memory timelines written next to the trace's Kineto files.
+
+    A capture directory gives all of its timelines; a ``kineto_trace_<rank>[_cycle<k>]``
+    file gives the timeline of the same rank and cycle; any other file gives none.
+    """
+    path = trace.path
+    if path is None:
+        return []
+    path = Path(path)
+    if path.is_dir():
+        folder, wanted = path, None
+    else:
+        match = _KINETO_FILE.search(path.name)
+        if match is None:
+            return []
+        folder, wanted = path.parent, f"memory_timeline_{match.group(1)}{match.group(2) or ''}.json"
+    found = []
+    for candidate in sorted(folder.iterdir()):
+        match = _TIMELINE_FILE.fullmatch(candidate.name)
+        if match is None or (wanted is not None and candidate.name.removesuffix(".gz") != wanted):
+            continue
+        cycle = int(match.group(2)) if match.group(2) else None
+        found.append((int(match.group(1)), cycle, candidate))
+    return found
+
+
+def _read_rows(path: Path) -> np.ndarray:
+    """A raw timeline file's ``[ts_ns, action, bytes, category]`` rows as an (n, 4) int64 array."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    rows = msgspec.json.decode(data)
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+
+
+def stack(rows: np.ndarray) -> pd.DataFrame:
+    """Bytes held per category after each distinct timestamp (ns) of raw timeline rows.
+
+    Rows with ts -1 (allocated before the capture) are placed at the first timestamp.
+    """
+    ts = rows[:, 0].copy()
+    known = ts[ts >= 0]
+    ts[ts < 0] = known.min() if known.size else 0
+    order = np.argsort(ts, kind="stable")
+    ts = ts[order]
+    category = np.clip(rows[order, 3], 0, len(CATEGORIES) - 1)
+    deltas = np.zeros((ts.size, len(CATEGORIES)), dtype=np.int64)
+    deltas[np.arange(ts.size), category] = rows[order, 2]
+    held = np.cumsum(deltas, axis=0)
+    last = np.append(ts[1:] != ts[:-1], True) if ts.size else np.zeros(0, dtype=bool)
+    out = pd.DataFrame(held[last], columns=list(CATEGORIES))
+    out.insert(0, "ts_ns", ts[last])
+    out["total_bytes"] = held[last].sum(axis=1)
+    return out
+
+
+def categories(trace: Trace) -> pd.DataFrame:
+    """The memory timeline stacked by category, from ``memory_timeline_<rank>.json`` files.
+
+    One row per distinct timestamp with the bytes held in each category after it.
+    Columns: ``rank``, ``cycle`` (Int64, NA for single-cycle captures), ``device``, ``ts``
+    (µs since the trace's start), one column per category in stacking order (see
+    ``df.attrs['categories']``: parameter, optimizer_state, input, temporary, activation,
+    gradient, autograd_detail, unknown), ``total_bytes``. Empty, with a ``df.attrs['note']``,
+    when the capture wrote no timeline. Timelines use the wall clock; they are placed on the
+    trace's clock with its ``baseTimeNanoseconds``, else they start at the trace's start
+    (``df.attrs['clock']`` says which).
+    """
+    columns = ["rank", "cycle", "device", "ts", *CATEGORIES, "total_bytes"]
+    files = timeline_files(trace)
+    parts = []
+    clocks = set()
+    t0 = trace_start(trace)
+    events = trace.events
+    end = float((events["ts"] + events["dur"]).max()) - t0 if len(events) else 0.0
+    device = "cuda:0" if trace.has_gpu else "cpu"
+    for rank, cycle, path in files:
+        rows = _read_rows(path)
+        if rows.size == 0:
+            continue
+        part = stack(rows)
+        base = trace.meta.get("ranks", {}).get(rank, {}).get("baseTimeNanoseconds")
+        ts = None
+        if isinstance(base, int):
+            ts = (part["ts_ns"].to_numpy() - base) / 1000.0 - t0
+            if ts[0] < -_CLOCK_SLACK_US or ts[-1] > end + _CLOCK_SLACK_US:
+                ts = None
+        clocks.add("trace" if ts is not None else "own")
+        if ts is None:
+            ts = (part["ts_ns"].to_numpy() - part["ts_ns"].iloc[0]) / 1000.0
+        part = part.drop(columns="ts_ns")
+        part.insert(0, "ts", ts)
+        part.insert(0, "device", device)
+        part.insert(0, "cycle", pd.array([cycle] * len(part), dtype="Int64"))
+        part.insert(0, "rank", rank)
+        parts.append(part)
+    out = pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
+    out.attrs["categories"] = list(CATEGORIES)
+    if not parts:
+        out.attrs["note"] = (
+            "no memory timeline next to this trace: capture with record_shapes, profile_memory "
+            "and with_stack on to have torch classify allocations"
+        )
+    else:
+        out.attrs["clock"] = "trace" if clocks == {"trace"} else "own"
+    return out
