@@ -1,0 +1,403 @@
+"""layers(), memory() (peaks, biggest allocations, categories) and shapes().
+
+Expectations are computed independently from the raw JSON with plain Python loops, on a CPU
+trace captured here from real torch layers and on the real GPU traces in ../shared/traces/.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import tracemagic
+from tracemagic.analysis import memory as memory_mod
+from tracemagic.analysis.shapes import flops
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+TRACELENS = TRACES / "tracelens_normalization_layer_test.json.gz"
+OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
+CONTROL = TRACES / "hta_control.json.gz"
+MI250 = TRACES / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+HTA_TIMELINE = TRACES / "hta_memory_timeline.raw.gz"
+MODULE = "nn.Module: "
+BACKWARD = "autograd::engine::evaluate_function"
+TOL = 0.25
+
+
+class Net(nn.Module):
+    """An MLP and a 2-layer transformer encoder built from torch layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+        layer = nn.TransformerEncoderLayer(32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+    def forward(self, x: Any, seq: Any) -> Any:
+        return self.mlp(x).sum() + self.encoder(seq).sum()
+
+
+def raw_events(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        return json.load(fh)["traceEvents"]
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two training steps of ``Net`` (forward, backward, SGD) profiled on the CPU."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    folder = tmp_path_factory.mktemp("capture")
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, seq = torch.randn(8, 32), torch.randn(4, 10, 32)
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=2),
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=True,
+        with_flops=True,
+    ) as prof:
+        for _ in range(4):
+            model(x, seq).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    path = folder / "kineto_trace_0.json"
+    prof.export_chrome_trace(str(path))
+    MemoryProfileTimeline(prof._memory_profile()).export_memory_timeline_raw(str(folder / "memory_timeline_0.json"), "cpu")
+    torch_flops = {(e.name, str(e.input_shapes)): e.flops for e in prof.events() if e.flops}
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {
+        "path": path,
+        "trace": tracemagic.load(path, use_cache=False),
+        "raw": raw_events(path),
+        "torch_flops": torch_flops,
+        "param_bytes": param_bytes,
+    }
+
+
+@pytest.fixture(scope="module")
+def tracelens() -> dict[str, Any]:
+    return {"trace": tracemagic.load(TRACELENS, use_cache=False), "raw": raw_events(TRACELENS)}
+
+
+# -- independent oracles over raw JSON -------------------------------------------------------
+def steps_of(raw: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    return [(e["ts"], e["ts"] + e["dur"]) for e in raw if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+
+
+def inside_steps(e: dict[str, Any], steps: list[tuple[float, float]]) -> bool:
+    return not steps or any(a <= e["ts"] <= b + TOL for a, b in steps)
+
+
+def modules_of(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in raw if e.get("cat") == "python_function" and e["name"].startswith(MODULE)]
+
+
+def innermost(containers: list[dict[str, Any]], tid: Any, t: float) -> dict[str, Any] | None:
+    """The latest-starting (innermost) event on ``tid`` whose span holds time ``t``."""
+    best = None
+    for e in containers:
+        if e["tid"] == tid and e["ts"] - TOL <= t <= e["ts"] + e["dur"] + TOL:
+            if best is None or (e["ts"], -e["dur"]) > (best["ts"], -best["dur"]):
+                best = e
+    return best
+
+
+def backward_by_module(raw: list[dict[str, Any]]) -> dict[str, float]:
+    """Outermost backward op time per module name, by sequence number (loop oracle)."""
+    steps = steps_of(raw)
+    mods = modules_of(raw)
+    bwd = [e for e in raw if e.get("ph") == "X" and e["name"].startswith(BACKWARD)]
+    fwd = [
+        e
+        for e in raw
+        if e.get("cat") == "cpu_op"
+        and "Sequence number" in e.get("args", {})
+        and not e["args"].get("Fwd thread id")
+        and not e["name"].startswith(BACKWARD)
+        and innermost(bwd, e["tid"], e["ts"]) is None
+    ]
+    out: dict[str, float] = defaultdict(float)
+    for e in bwd:
+        nested = any(o is not e and o["tid"] == e["tid"] and o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in bwd)
+        if nested or innermost(mods, e["tid"], e["ts"]) is not None or not inside_steps(e, steps):
+            continue
+        seq = e["args"].get("Sequence number")
+        before = [f for f in fwd if f["args"]["Sequence number"] == seq and f["ts"] <= e["ts"]]
+        if seq is None or not before:
+            continue
+        creator = max(before, key=lambda f: f["ts"])
+        holder = innermost(mods, creator["tid"], creator["ts"])
+        if holder is not None:
+            out[holder["name"][len(MODULE) :]] += e["dur"]
+    return out
+
+
+def by_layer(df: Any) -> dict[str, dict[str, Any]]:
+    return {row["layer"]: row for row in df.to_dict("records")}
+
+
+# -- layers -------------------------------------------------------------------------------
+def test_layers_tree_and_calls(captured: dict[str, Any]) -> None:
+    df = captured["trace"].layers()
+    rows = by_layer(df)
+    assert list(df["layer"][:4]) == ["Net_0", "Sequential_0", "Linear_0", "ReLU_0"]
+    assert rows["Net_0"]["depth"] == 0 and pd.isna(rows["Net_0"]["parent"])
+    assert (rows["Linear_0"]["parent"], rows["Linear_0"]["depth"], rows["Linear_0"]["type"]) == ("Sequential_0", 2, "Linear")
+    assert (rows["MultiheadAttention_1"]["parent"], rows["MultiheadAttention_1"]["depth"]) == ("TransformerEncoderLayer_1", 3)
+    assert set(df["calls"]) == {2}  # two active steps, one call each
+    assert rows["Linear_0"]["input_shapes"] == "[[8, 32], [64, 32], [64]]"
+    assert rows["TransformerEncoder_0"]["input_shapes"].startswith("[[4, 10, 32]")
+
+
+def test_layer_time_equals_its_module_events(captured: dict[str, Any]) -> None:
+    raw, df = captured["raw"], captured["trace"].layers()
+    mods = [e for e in modules_of(raw) if inside_steps(e, steps_of(raw))]
+    total: dict[str, float] = defaultdict(float)
+    child: dict[str, float] = defaultdict(float)
+    for e in mods:
+        name = e["name"][len(MODULE) :]
+        total[name] += e["dur"]
+        holder = innermost([m for m in mods if m is not e and m["dur"] >= e["dur"]], e["tid"], e["ts"])
+        if holder is not None:
+            child[holder["name"][len(MODULE) :]] += e["dur"]
+    rows = by_layer(df)
+    assert set(rows) == set(total)
+    for name, us in total.items():
+        assert rows[name]["fwd_cpu_us"] == pytest.approx(us, abs=1e-3)
+        assert rows[name]["fwd_self_cpu_us"] == pytest.approx(us - child[name], abs=1e-3)
+        assert rows[name]["cpu_us"] == pytest.approx(rows[name]["fwd_cpu_us"] + rows[name]["bwd_cpu_us"])
+        assert rows[name]["self_cpu_us"] == pytest.approx(rows[name]["fwd_self_cpu_us"] + rows[name]["bwd_self_cpu_us"])
+
+
+@pytest.mark.parametrize("which", ["captured", "tracelens"])
+def test_backward_goes_to_the_forward_layer(which: str, request: pytest.FixtureRequest) -> None:
+    data = request.getfixturevalue(which)
+    expected = backward_by_module(data["raw"])
+    rows = by_layer(data["trace"].layers())
+    assert expected and sum(expected.values()) > 0
+    for name, row in rows.items():
+        assert row["bwd_self_cpu_us"] == pytest.approx(expected.get(name, 0.0), abs=1e-3), name
+    leaves = [r for n, r in rows.items() if n.startswith(("Linear_", "LayerNorm_", "BatchNorm2d_", "RMSNorm_"))]
+    assert leaves and all(r["bwd_self_cpu_us"] > 0 for r in leaves)
+
+
+@pytest.mark.parametrize("which", ["captured", "tracelens"])
+def test_self_times_add_up_to_the_step_time(which: str, request: pytest.FixtureRequest) -> None:
+    data = request.getfixturevalue(which)
+    raw, df = data["raw"], data["trace"].layers()
+    steps = steps_of(raw)
+    if steps:
+        step_us = sum(b - a for a, b in steps)
+    else:
+        timed = [e for e in raw if e.get("ph") == "X" and e.get("cat") not in ("Trace", "")]
+        step_us = max(e["ts"] + e["dur"] for e in timed) - min(e["ts"] for e in timed)
+    attrs = df.attrs
+    assert attrs["step_us"][0] == pytest.approx(step_us, abs=1e-2)
+    assert attrs["unattributed_us"][0] >= 0 and attrs["overlap_us"][0] == 0
+    assert df["self_cpu_us"].sum() + attrs["unattributed_us"][0] == pytest.approx(step_us, abs=1e-2)
+    assert (df["self_cpu_us"] <= df["cpu_us"] + 1e-6).all() and (df["self_cpu_us"] >= 0).all()
+
+
+def test_gpu_time_of_layers(tracelens: dict[str, Any]) -> None:
+    raw, df = tracelens["raw"], tracelens["trace"].layers()
+    runtime = {e["args"]["correlation"]: e for e in raw if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    gpu = [e for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    mods = modules_of(raw)
+    forward: dict[str, float] = defaultdict(float)
+    for k in gpu:
+        launch = runtime.get(k["args"].get("correlation"))
+        holder = launch and innermost(mods, launch["tid"], launch["ts"])
+        if holder:
+            forward[holder["name"][len(MODULE) :]] += k["dur"]
+    rows = by_layer(df)
+    for name in ("BatchNorm2d_0", "LayerNorm_1", "RMSNorm_0", "MSELoss_0"):
+        assert rows[name]["fwd_gpu_us"] == pytest.approx(forward[name], abs=1e-3)
+        assert rows[name]["bwd_gpu_us"] > 0
+    children = df[df["parent"] == "Net_0"]
+    net = rows["Net_0"]
+    assert net["gpu_us"] == pytest.approx(net["self_gpu_us"] + children["gpu_us"].sum())
+    total = sum(k["dur"] for k in gpu)
+    assert df.attrs["gpu_us"][0] == pytest.approx(total)
+    assert df["self_gpu_us"].sum() + df.attrs["gpu_unattributed_us"][0] == pytest.approx(total)
+
+
+def test_memory_growth_of_layers(captured: dict[str, Any]) -> None:
+    raw, rows = captured["raw"], by_layer(captured["trace"].layers())
+    steps = steps_of(raw)
+    mods = modules_of(raw)
+    memory = [e for e in raw if e["name"] == "[memory]" and inside_steps(e, steps)]
+    for name in ("Linear_0", "MultiheadAttention_0", "TransformerEncoderLayer_1", "Net_0"):
+        calls = [m for m in mods if m["name"] == MODULE + name]
+        grown = sum(e["args"]["Bytes"] for e in memory for m in calls if m["tid"] == e["tid"] and m["ts"] <= e["ts"] <= m["ts"] + m["dur"])
+        assert rows[name]["memory_growth_bytes"] == grown, name
+
+
+def test_layer_names_from_the_capture_manifest(captured: dict[str, Any], tmp_path: Path) -> None:
+    shutil.copy(captured["path"], tmp_path / "kineto_trace_0.json")
+    manifest = {"modules": {"nn.Module: Linear_0": {"path": "mlp.0", "type": "Linear"}, "nn.Module: Net_0": {"path": "", "type": "Net"}}}
+    (tmp_path / "capture.json").write_text(json.dumps(manifest))
+    df = tracemagic.load(tmp_path, use_cache=False).layers()
+    assert "mlp.0" in set(df["layer"]) and "Linear_0" not in set(df["layer"])
+    assert df.loc[df["layer"] == "mlp.0", "module"].item() == "nn.Module: Linear_0"
+
+
+def test_no_modules_means_no_layers_but_the_step_time(kineto_raw_control: dict[str, Any]) -> None:
+    trace, raw = kineto_raw_control["trace"], kineto_raw_control["raw"]
+    df = trace.layers()
+    step_us = sum(b - a for a, b in steps_of(raw))
+    assert df.empty and "self_cpu_us" in df.columns
+    assert df.attrs["step_us"][3] == pytest.approx(step_us) == df.attrs["unattributed_us"][3]
+
+
+@pytest.fixture(scope="module")
+def kineto_raw_control() -> dict[str, Any]:
+    return {"trace": tracemagic.load(CONTROL, use_cache=False), "raw": raw_events(CONTROL)}
+
+
+# -- memory -------------------------------------------------------------------------------
+def test_memory_with_totals(tracelens: dict[str, Any]) -> None:
+    raw, trace = tracelens["raw"], tracelens["trace"]
+    mem = sorted((e for e in raw if e["name"] == "[memory]"), key=lambda e: e["ts"])
+    df = trace.memory()
+    assert len(df) == len(mem) == 475
+    assert set(df["device"]) == {"cpu", "cuda:0"}  # Device Type 6 (HIP) is torch's cuda
+    peak: dict[str, int] = defaultdict(int)
+    for e in mem:
+        device = "cpu" if e["args"]["Device Type"] == 0 else f"cuda:{e['args']['Device Id']}"
+        peak[device] = max(peak[device], e["args"]["Total Allocated"])
+    got = memory_mod.peaks(trace)
+    whole = got[got["step"].isna()].set_index("device")["peak_bytes"].to_dict()
+    assert whole == dict(peak)
+    assert df["delta_bytes"].sum() == sum(e["args"]["Bytes"] for e in mem)
+    assert df["ts"].is_monotonic_increasing and df["ts"].min() >= 0
+    assert not df.attrs["reconstructed"]
+    assert df["layer"].notna().sum() > 400  # nearly every allocation happens in a layer
+
+
+def test_memory_reconstructed_from_deltas() -> None:
+    trace = tracemagic.load(OLD, use_cache=False)
+    raw = sorted((e for e in raw_events(OLD) if e["name"] == "[memory]"), key=lambda e: e["ts"])
+    df = trace.memory()
+    assert len(df) == len(raw) == 12838
+    assert df.attrs["reconstructed"] == {0: ["cpu", "cuda:0"]} and "running sum" in df.attrs["note"]
+    for device, kind in (("cpu", 0), ("cuda:0", 1)):
+        running, low, high = 0, 0, 0
+        for e in raw:
+            if e["args"]["Device Type"] == kind:
+                running += e["args"]["Bytes"]
+                low, high = min(low, running), max(high, running)
+        mine = df[df["device"] == device]
+        assert mine["allocated_bytes"].max() == high - low
+        assert mine["allocated_bytes"].min() >= 0
+        assert df.attrs["baseline_bytes"][0][device] == -low
+    peaks = memory_mod.peaks(trace)
+    assert sorted(peaks["step"].dropna()) == sorted(list(range(5, 11)) * 2)
+
+
+def test_memory_op_layer_and_step(captured: dict[str, Any]) -> None:
+    trace = captured["trace"]
+    df = trace.memory()
+    raw = [e for e in captured["raw"] if e["name"] == "[memory]"]
+    assert len(df) == len(raw) and df["device"].eq("cpu").all()
+    assert df["allocated_bytes"].max() == max(e["args"]["Total Allocated"] for e in raw)
+    first = df[(df["layer"] == "Linear_0") & (df["delta_bytes"] > 0)].iloc[0]
+    assert first["op"] == "aten::addmm" and first["phase"] == "forward" and first["step"] in (2, 3)
+    assert set(df.loc[df["phase"] == "backward", "layer"].dropna()) >= {"Linear_0", "Linear_1"}
+    peaks = memory_mod.peaks(trace)
+    assert list(peaks["step"].fillna(-1)) == [2, 3, -1]  # two steps, then the whole trace
+    assert peaks["peak_bytes"].iloc[-1] == df["allocated_bytes"].max()
+
+
+def test_biggest_allocations(captured: dict[str, Any]) -> None:
+    big = memory_mod.biggest_allocations(captured["trace"], 5)
+    deltas = sorted((e["args"]["Bytes"] for e in captured["raw"] if e["name"] == "[memory]"), reverse=True)
+    assert list(big["bytes"]) == deltas[:5]
+    freed = big.dropna(subset=["freed_ts"])
+    assert len(freed) and (freed["lifetime_us"] > 0).all()
+
+
+def test_memory_categories(captured: dict[str, Any]) -> None:
+    df = memory_mod.categories(captured["trace"])
+    rows = json.loads((captured["path"].parent / "memory_timeline_0.json").read_text())
+    assert df.attrs["clock"] == "trace" and df["cycle"].isna().all()
+    assert df["ts"].is_monotonic_increasing
+    assert df["ts"].iloc[-1] <= captured["trace"].memory()["ts"].max() + 1
+    start = min(r[0] for r in rows if r[0] >= 0)  # ts -1 (allocated before) counts as the start
+    assert len(df) == len({r[0] if r[0] >= 0 else start for r in rows})
+    assert df["total_bytes"].iloc[-1] == sum(r[2] for r in rows)
+    assert df["parameter"].iloc[0] == captured["param_bytes"]
+    assert df["gradient"].max() > 0 and df["activation"].max() > 0
+    assert (df[df.attrs["categories"]].sum(axis=1) == df["total_bytes"]).all()
+
+
+def test_memory_categories_absent_or_foreign(tmp_path: Path) -> None:
+    empty = memory_mod.categories(tracemagic.load(MI250, use_cache=False))
+    assert empty.empty and "no memory timeline" in empty.attrs["note"]
+    shutil.copy(MI250, tmp_path / "kineto_trace_0.json.gz")
+    shutil.copy(HTA_TIMELINE, tmp_path / "memory_timeline_0.json.gz")
+    df = memory_mod.categories(tracemagic.load(tmp_path / "kineto_trace_0.json.gz", use_cache=False))
+    rows = json.loads(gzip.decompress(HTA_TIMELINE.read_bytes()))
+    assert df.attrs["clock"] == "own" and df["ts"].iloc[0] == 0
+    assert df["total_bytes"].iloc[-1] == sum(r[2] for r in rows)
+    assert df["device"].eq("cuda:0").all()
+
+
+# -- shapes -------------------------------------------------------------------------------
+def test_linear_flops_match_torch(captured: dict[str, Any]) -> None:
+    df = captured["trace"].shapes()
+    addmm = df[(df["name"] == "aten::addmm") & (df["input_dims"] == "[[64], [8, 32], [32, 64], [], []]")].iloc[0]
+    linear = df[(df["name"] == "aten::linear") & (df["input_dims"] == "[[8, 32], [64, 32], [64]]")].iloc[0]
+    assert addmm["flops"] == linear["flops"] == 2 * 8 * 64 * 32
+    assert addmm["flops"] == captured["torch_flops"][("aten::addmm", "[[64], [8, 32], [32, 64], [], []]")]
+    assert addmm["tflops_per_s"] == pytest.approx(addmm["flops"] * addmm["calls"] / addmm["total_us"] / 1e6)
+    checked = 0
+    for (name, dims), value in captured["torch_flops"].items():
+        hit = df[(df["name"] == name) & (df["input_dims"] == dims)]
+        if name in ("aten::addmm", "aten::mm", "aten::bmm") and len(hit):
+            assert hit["flops"].iloc[0] == value, (name, dims)
+            checked += 1
+    assert checked >= 3
+    sdpa = df[df["name"] == "aten::scaled_dot_product_attention"].iloc[0]
+    assert sdpa["flops"] == 4 * 4 * 4 * 10 * 10 * 8  # 2·(B·H)·L·S·(E + Ev)
+
+
+def test_shapes_groups_cover_every_op(kineto_raw_control: dict[str, Any]) -> None:
+    raw, df = kineto_raw_control["raw"], kineto_raw_control["trace"].shapes()
+    ops = [e for e in raw if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "Operator")]
+    assert df["calls"].sum() == len(ops)
+    assert df["total_us"].sum() == pytest.approx(sum(e["dur"] for e in ops))
+    key = defaultdict(int)
+    for e in ops:
+        key[(e["name"], json.dumps(e["args"].get("Input Dims")) if "Input Dims" in e["args"] else None)] += 1
+    assert len(df) >= len(key) * 0.99
+    assert (df["mean_us"] * df["calls"]).sum() == pytest.approx(df["total_us"].sum())
+    mm = df[df["flops_source"] == "shapes"]
+    assert len(mm) and (mm["tflops_per_s"] > 0).all() and (mm["gpu_us"] > 0).all()
+
+
+def test_flop_rules() -> None:
+    assert flops("aten::matmul", "[[2, 3, 4, 5], [5, 6]]") == 2 * 2 * 3 * 4 * 6 * 5
+    assert flops("aten::matmul", "[[5], [5]]") == 10
+    assert flops("aten::bmm", "[[7, 4, 5], [7, 5, 6]]") == 2 * 7 * 4 * 6 * 5
+    assert flops("aten::baddbmm", "[[7, 4, 6], [7, 4, 5], [7, 5, 6], [], []]") == 2 * 7 * 4 * 6 * 5
+    assert flops("aten::linear", "[[2, 10, 32], [64, 32], [64]]") == 2 * 20 * 64 * 32
+    assert flops("aten::conv2d", "[[2, 3, 8, 8], [4, 3, 3, 3], [4], [], [], [], []]") == 2 * 2 * 4 * 3 * 9 * 64
+    assert flops("aten::mm", "[[2, 3], [4, 5]]") is None  # mismatched inner dims
+    assert flops("aten::relu", "[[2, 3]]") is None and flops("aten::mm", None) is None
