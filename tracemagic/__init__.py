@@ -23,6 +23,7 @@ __all__ = [
     "Trace",
     "TraceError",
     "__version__",
+    "capture",
     "load",
     "load_ipython_extension",
     "unload_ipython_extension",
@@ -31,6 +32,7 @@ __all__ = [
 # public name -> module that defines it (imported on first access)
 _LAZY = {
     "Trace": "tracemagic.trace",
+    "capture": "tracemagic.capture",  # the subpackage itself, callable: capture(**options)
     "load": "tracemagic.trace",
 }
 
@@ -39,7 +41,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tracemagic' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
+    imported = import_module(module)
+    value = imported if module == f"{__name__}.{name}" else getattr(imported, name)
     globals()[name] = value
     return value
 

@@ -7,7 +7,9 @@ torch is imported only when ``CaptureSession`` is first used.
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tracemagic.capture.config import CaptureConfig
@@ -15,6 +17,7 @@ from tracemagic.capture.loop import LoopPlan, PreparedCell, prepare_cell
 from tracemagic.capture.result import Capture
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.capture.api import ScriptCapture
     from tracemagic.capture.session import CaptureSession
 
 __all__ = ["Capture", "CaptureConfig", "CaptureSession", "LoopPlan", "PreparedCell", "prepare_cell"]
@@ -24,3 +27,13 @@ def __getattr__(name: str) -> Any:
     if name == "CaptureSession":
         return import_module("tracemagic.capture.session").CaptureSession
     raise AttributeError(f"module 'tracemagic.capture' has no attribute {name!r}")
+
+
+class _CallableModule(ModuleType):
+    """This package is also ``tracemagic.capture(**options)`` (see ``capture.api``)."""
+
+    def __call__(self, **options: Any) -> ScriptCapture:
+        return import_module("tracemagic.capture.api").capture(**options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
