@@ -1,0 +1,223 @@
+"""DFTracer ``.pfw`` export, read-back and the ``on_trace_ready`` handler (``tracemagic.export.dftracer``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tracemagic
+from tracemagic.errors import TraceError
+from tracemagic.export import dftracer
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "traces"
+VENVS = ROOT / "bench" / "out" / "venvs"
+
+
+def throwaway_venv(name: str, requirements: list[str]) -> Path:
+    """A venv under bench/out/venvs/<name> with ``requirements``, made once and reused.
+
+    torch is pinned (constraint) so nothing can pull a CUDA build. Fails the test, with
+    pip's own words, when the packages cannot be installed here.
+    """
+    venv = VENVS / name
+    python = venv / "bin" / "python"
+    stamp = venv / ".tracemagic-stamp"
+    wanted = "\n".join(requirements)
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    VENVS.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pin = VENVS / "torch-constraint.txt"
+    pin.write_text("torch==2.13.0\n")
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "-c", str(pin), *requirements],
+        capture_output=True, text=True, timeout=900,
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"could not install {requirements} into {venv} for the interop check "
+            f"(deselect with -m 'not slow' on an offline machine):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    stamp.write_text(wanted)
+    return python
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[tracemagic.Trace, float, float]:
+    """A fresh CPU capture with memory, and the wall clock (µs) around it."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    folder = tmp_path_factory.mktemp("pfw")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    before = time.time() * 1e6
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=1, active=2),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(folder / "trace.json")),
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=True,
+    ) as prof:
+        for _ in range(3):
+            model(torch.randn(32, 16)).sum().backward()
+            prof.step()
+    after = time.time() * 1e6
+    return tracemagic.load(folder / "trace.json", use_cache=False), before, after
+
+
+def read_lines(path: Path) -> list[str]:
+    raw = path.read_bytes()
+    if path.name.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    return raw.decode().splitlines()
+
+
+def test_format_is_dftracers(cpu_trace, tmp_path: Path) -> None:
+    trace, before, after = cpu_trace
+    path = dftracer.to_pfw(trace, tmp_path / "run.pfw")
+    lines = read_lines(path)
+    assert lines[0] == "[" and lines[-1] != "]"  # DFTracer: opening bracket only
+    events = [json.loads(line) for line in lines[1:]]
+    meta = [e for e in events if e["ph"] == "M"]
+    ops = [e for e in events if e["ph"] == "X"]
+    assert {m["name"] for m in meta} >= {"HH", "process_name"}
+    assert [e["id"] for e in events] == list(range(len(events)))
+    assert {e["cat"] for e in ops} == {"PP"}
+    for e in ops:
+        assert isinstance(e["ts"], int) and isinstance(e["dur"], int) and e["dur"] >= 0
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        assert e["args"]["device"] == "cpu" and "hhash" in e["args"]
+    # on the wall clock, inside the capture's window, not near zero
+    ts = np.array([e["ts"] for e in ops])
+    assert before - 1e6 <= ts.min() and ts.max() <= after + 1e6
+    linear = next(e for e in ops if e["name"] == "aten::linear")
+    assert json.loads(linear["args"]["input_shapes"]) == [[32, 16], [64, 16], [64]]
+    assert linear["args"]["module"].startswith("Linear_")
+    assert any(e["args"].get("cpu_memory", 0) > 0 for e in ops)
+    assert not any(e["name"].startswith("<built-in") for e in ops)  # only nn.Module python frames
+
+
+def test_round_trip_plain_and_gz(cpu_trace, tmp_path: Path) -> None:
+    trace, _, _ = cpu_trace
+    offset = dftracer.wall_clock_offset_us(trace, 0)
+    assert offset > 1.5e15  # baseTimeNanoseconds on torch 2.13
+    for name in ("a.pfw", "a.pfw.gz"):
+        path = dftracer.to_pfw(trace, tmp_path / name)
+        back = dftracer.pfw_trace(path)
+        assert back.path == path
+        events = dftracer.read_pfw(path)
+        kinds = ("cpu_op", "step", "memory")
+        for kind in kinds:
+            assert (events["kind"] == kind).sum() == (trace.events["kind"] == kind).sum()
+        orig = trace.events[trace.events["kind"] == "cpu_op"].sort_values("ts")
+        got = events[events["kind"] == "cpu_op"].sort_values("ts")
+        assert list(got["name"].astype(str)) == list(orig["name"].astype(str))
+        assert np.allclose(got["ts"].to_numpy(), np.floor(orig["ts"].to_numpy() + offset), atol=1)
+        assert (got["rf_id"].to_numpy() == orig["rf_id"].to_numpy()).all()
+        shapes = [[None if v is None or v != v else json.loads(v) for v in f["input_dims"]] for f in (got, orig)]
+        assert shapes[0] == shapes[1] and any(shapes[0])
+        mem = events[events["kind"] == "memory"]
+        assert mem["total_allocated"].notna().all() and mem["bytes"].notna().all()
+        assert set(events["step"]) - {-1} == set(trace.events["step"]) - {-1} == {1, 2}
+    assert (tmp_path / "a.pfw.gz").read_bytes()[:2] == b"\x1f\x8b"
+
+
+def test_real_gpu_traces_round_trip(tmp_path: Path) -> None:
+    for name, epoch_from_base in (("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", True), ("hta_benchmark_simple_add_trace.json.gz", False)):
+        trace = tracemagic.load(SHARED / name)
+        path = dftracer.to_pfw(trace, tmp_path / name.replace(".json.gz", ".pfw.gz"))
+        back = dftracer.read_pfw(path)
+        for kind in ("kernel", "memcpy", "cpu_op"):
+            assert (back["kind"] == kind).sum() == (trace.events["kind"] == kind).sum()
+        assert back["ts"].min() > 1.5e15  # epoch µs either from baseTimeNanoseconds or as written
+        kern = back[back["kind"] == "kernel"]
+        assert kern["device"].notna().all() and kern["stream"].notna().all()
+        assert (dftracer.wall_clock_offset_us(trace, trace.ranks[0]) > 0) == epoch_from_base
+
+
+def test_trace_handler_writes_each_cycle(tmp_path: Path) -> None:
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    out = tmp_path / "pfw"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=0, active=1, repeat=2),
+        on_trace_ready=dftracer.trace_handler(out, worker_name="w0"),
+    ) as prof:
+        for _ in range(3):
+            torch.randn(64, 64) @ torch.randn(64, 64)
+            prof.step()
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["w0.1.pfw.gz", "w0.2.pfw.gz"]
+    names = set(dftracer.read_pfw(out / files[0])["name"].astype(str))
+    assert "aten::mm" in names
+
+
+def test_bad_input(cpu_trace, tmp_path: Path) -> None:
+    trace, _, _ = cpu_trace
+    with pytest.raises(ValueError, match=r"\.pfw"):
+        dftracer.to_pfw(trace, tmp_path / "x.json")
+    with pytest.raises(ValueError, match="kinds"):
+        dftracer.to_pfw(trace, tmp_path / "x.pfw", kinds=("cpu_ops",))
+    (tmp_path / "bad.pfw").write_text("[\n{not json}\n")
+    with pytest.raises(TraceError, match="not JSON"):
+        dftracer.read_pfw(tmp_path / "bad.pfw")
+    (tmp_path / "empty.pfw").write_text("[\n")
+    with pytest.raises(TraceError, match="no events"):
+        dftracer.read_pfw(tmp_path / "empty.pfw")
+    with pytest.raises(TraceError, match="no such"):
+        dftracer.read_pfw(tmp_path / "missing.pfw")
+
+
+def test_foreign_dftracer_events_load(tmp_path: Path) -> None:
+    path = tmp_path / "posix.pfw"
+    path.write_text(
+        "[\n"
+        '{"id":0,"name":"open","cat":"POSIX","pid":1,"tid":1,"ts":1698080323781412,"dur":3430,"ph":"X","args":{"fname":"/x"}}\n'
+        '{"id":1,"name":"read","cat":"POSIX","pid":1,"tid":1,"ts":1698080323785831,"dur":24,"ph":"X","args":{"ret":131072}}\n'
+    )
+    events = dftracer.read_pfw(path)
+    assert list(events["name"].astype(str)) == ["open", "read"]
+    assert list(events["cat"].astype(str)) == ["POSIX", "POSIX"] and list(events["dur"]) == [3430, 24]
+
+
+@pytest.mark.slow
+def test_dftracer_own_tools_read_our_output(cpu_trace, tmp_path: Path) -> None:
+    """dftracer-utils (DFTracer's analysis reader, from PyPI) reads our .pfw.gz."""
+    trace, _, _ = cpu_trace
+    path = dftracer.to_pfw(trace, tmp_path / "run.pfw.gz")
+    python = throwaway_venv("dftracer", ["dftracer-utils==0.0.14", "pydftracer==2.0.6"])
+    script = (
+        "import json, sys\n"
+        "from dftracer.utils import TraceViewer\n"
+        "df = TraceViewer(sys.argv[1], index_path=sys.argv[2]).collect()\n"
+        "cols = ['name', 'cat', 'ts', 'dur', 'args.device', 'args.kind']\n"
+        "print(json.dumps({'rows': len(df), 'columns': df.columns,"
+        " 'head': {c: df[c].to_list()[:50] for c in cols}}))\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", script, str(path), str(tmp_path / "index")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "DFTRACER_UTILS_LOG_LEVEL": "error"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    ops = [json.loads(x) for x in read_lines(path)[1:] if '"ph":"X"' in x]
+    assert result["rows"] == len(ops)
+    head = result["head"]
+    assert head["name"] == [e["name"] for e in ops][:50]
+    assert set(head["cat"]) == {"PP"} and head["ts"] == [e["ts"] for e in ops][:50]
+    assert "args.input_shapes" in result["columns"] and "args.cpu_memory" in result["columns"]
+    validate = subprocess.run(
+        [str(python.parent / "dftracer_validate"), "--files", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert "1 passed, 0 failed" in validate.stdout + validate.stderr
