@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from importlib import import_module
 from pathlib import Path
@@ -120,6 +121,19 @@ class Trace:
         """The memory timeline per device."""
         return self._analysis("memory", "memory")
 
+    def memory_peaks(self) -> pd.DataFrame:
+        """Peak allocated bytes per device and step, with the op and layer that reached it."""
+        return self._analysis("memory", "peaks")
+
+    def biggest_allocations(self, n: int = 10) -> pd.DataFrame:
+        """The ``n`` largest allocations with their op, layer and lifetime."""
+        return self._analysis("memory", "biggest_allocations", n)
+
+    def memory_categories(self) -> pd.DataFrame:
+        """Memory over time stacked by category (parameter, gradient, activation, ...);
+        empty unless the capture recorded ``memory_timeline_<rank>.json``."""
+        return self._analysis("memory", "categories")
+
     def shapes(self) -> pd.DataFrame:
         """Op x input shapes x dtypes with calls, time and FLOPs."""
         return self._analysis("shapes", "shapes")
@@ -137,3 +151,26 @@ class Trace:
         from tracemagic.analysis.diff import diff
 
         return diff(self, other)
+
+    # -- outputs (thin, lazily imported conveniences) ------------------------------------
+    def report(self, path: str | os.PathLike[str], other: "Trace | None" = None) -> Path:
+        """Write the self-contained HTML report (``tracemagic.views.report.write_report``).
+
+        Args:
+            path: the ``.html`` file to write (its folder is created).
+            other: a second trace: adds the Compare section (this trace is A).
+
+        Returns:
+            The path written.
+        """
+        # The one place the model imports a view: a lazy, thin convenience so that
+        # ``trace.report(...)`` works; the model itself never draws.
+        from tracemagic.views.report import write_report
+
+        return write_report(self, path, other=other)
+
+    def to_pfw(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+        """Write the events as DFTracer ``.pfw``/``.pfw.gz`` (``tracemagic.export.dftracer.to_pfw``)."""
+        from tracemagic.export.dftracer import to_pfw
+
+        return to_pfw(self, path, **kwargs)
