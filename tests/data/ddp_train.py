@@ -1,13 +1,15 @@
 """A small DDP training job (gloo, CPU) captured with ``tracemagic.capture``.
 
 Run it with ``torchrun --nproc_per_node=2 tests/data/ddp_train.py --out DIR``. Options
-make one rank slow (``--slow-rank 1 --slow-ms 50``: it sleeps in each step), raise
+``--plain`` runs without ``tracemagic.capture`` (for ``-m tracemagic run -- ddp_train.py``).
+Options make one rank slow (``--slow-rank 1 --slow-ms 50``: it sleeps in each step), raise
 (``--fail-rank R --fail-step K``) or die without cleanup (``--crash-rank R``, ``os._exit``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -20,7 +22,8 @@ import tracemagic
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default="traces")
+    parser.add_argument("--plain", action="store_true")
     parser.add_argument("--name", default="ddp")
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--slow-rank", type=int, default=-1)
@@ -45,8 +48,8 @@ def main() -> None:
         no_memory_timeline=True, timeout=args.timeout,
     )
     try:
-        with cap:
-            for i, (x, y) in enumerate(cap.steps(batches)):
+        with contextlib.nullcontext() if args.plain else cap:
+            for i, (x, y) in enumerate(batches if args.plain else cap.steps(batches)):
                 if rank == args.crash_rank and i == args.fail_step:
                     os._exit(3)  # dies like a killed process: no files, no manifest
                 if rank == args.fail_rank and i == args.fail_step:
@@ -57,7 +60,8 @@ def main() -> None:
                 loss.backward()
                 opt.step()
                 opt.zero_grad()
-        print(f"rank {rank}: {cap.result!r}", flush=True)
+        if not args.plain:
+            print(f"rank {rank}: {cap.result!r}", flush=True)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -146,6 +146,11 @@ class ScriptCapture:
             self._session.stop()
 
     @property
+    def running(self) -> bool:
+        """Whether a capture is in progress (started, not finished)."""
+        return self._session is not None
+
+    @property
     def recording(self) -> bool:
         """Whether the current step is being recorded."""
         return self._session is not None and self._session.recording

@@ -1,0 +1,203 @@
+"""``python -m tracemagic run [options] -- script.py [args]``: capture a script without editing it.
+
+The script runs as ``__main__`` (``runpy``, with its own ``sys.argv``). A step is an
+optimizer step: a global ``Optimizer.step`` post-hook (``register_optimizer_step_post_hook``)
+starts the capture at the first step of the first optimizer that steps, and ends a step at
+each of its later steps, so the set-up (model, data, process group) stays out of the trace
+and the schedule counts from the first optimizer step. ``--whole`` records the whole script
+as one step instead (for scripts without an optimizer).
+
+Every rank of a job, with the directory shared as ``tracemagic.capture`` does::
+
+    torchrun --nproc_per_node=2 -m tracemagic run --active 3 -- train.py --epochs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tracemagic.capture.api import ScriptCapture, config_from_options
+from tracemagic.errors import CaptureError
+
+__all__ = ["build_parser", "main"]
+
+PROG = "python -m tracemagic run"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``run`` options: the magic's capture options, then ``-- script.py args``."""
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run a Python script under a tracemagic capture; each optimizer step is a step.",
+        epilog="Under torchrun: torchrun --nproc_per_node=2 -m tracemagic run -- train.py ARGS",
+    )
+    add = p.add_argument
+    add("--wait", type=int, default=1, metavar="N", help="schedule: steps skipped per cycle before warmup (default 1)")
+    add("--warmup", type=int, default=1, metavar="N", help="schedule: warmup steps (default 1)")
+    add("--active", type=int, default=3, metavar="N", help="schedule: steps recorded per cycle (default 3)")
+    add("--repeat", type=int, default=1, metavar="N", help="schedule: cycles to record, 0 = until the script ends (default 1)")
+    add("--skip-first", type=int, default=0, metavar="N", help="schedule: steps skipped once, first (default 0)")
+    add("--skip-first-wait", type=int, default=0, metavar="N", help="schedule: the first cycle skips its wait steps if not 0")
+    add("--cpu-only", action="store_true", help="record CPU activity only, even when CUDA is available")
+    add("--no-shapes", action="store_true", help="do not record input shapes")
+    add("--no-memory", action="store_true", help="do not record allocations")
+    add("--no-stack", action="store_true", help="no Python stacks: no nn.Module events, no layer names")
+    add("--with-flops", action="store_true", help="estimate FLOPs of matmul/conv ops")
+    add("--no-memory-timeline", action="store_true", help="skip memory_timeline_<rank>.json")
+    add("--et", action="store_true", help="also write the Execution Trace torch_et_<rank>.json (for Chakra)")
+    add("--out", default="traces", metavar="DIR", help="directory the capture directory is created in (default ./traces)")
+    add("--name", default="capture", metavar="NAME", help="capture directory name: DIR/NAME-<timestamp> (default capture)")
+    add("--gzip", action="store_true", help="write kineto_trace_<rank>.json.gz")
+    add("--whole", action="store_true", help="record the whole script as one step (no optimizer-step hook)")
+    add("--timeout", type=float, default=300.0, metavar="S", help="seconds rank 0 waits for the other ranks (default 300)")
+    add("-q", "--quiet", action="store_true", help="print nothing but problems")
+    add("-m", dest="module", metavar="MODULE", help="run a module (like python -m MODULE) instead of a script")
+    add("target", nargs=argparse.REMAINDER, help="-- script.py [args...]")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``[options] -- script.py [args]`` under a capture; return the exit status.
+
+    Args:
+        argv: the arguments after ``run`` (default ``sys.argv[1:]``).
+
+    Returns:
+        The script's exit status (1 when it raised, 2 for bad options).
+    """
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    target = list(args.target)
+    if target[:1] == ["--"]:
+        target = target[1:]
+    if args.module is None and not target:
+        parser.error("name the script to run: ... run [options] -- script.py [args]")
+    try:
+        cap = ScriptCapture(
+            config_from_options(
+                wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat,
+                skip_first=args.skip_first, skip_first_wait=args.skip_first_wait,
+                cpu_only=args.cpu_only, no_shapes=args.no_shapes, no_memory=args.no_memory,
+                no_stack=args.no_stack, with_flops=args.with_flops,
+                no_memory_timeline=args.no_memory_timeline, et=args.et,
+                out=args.out, name=args.name, gzip=args.gzip,
+            ),
+            timeout=args.timeout,
+            whole=args.whole,
+        )
+    except CaptureError as exc:
+        parser.error(str(exc))
+    if args.module is not None:
+        return _Runner(cap, args.quiet).run_module(args.module, target)
+    script = Path(target[0])
+    if not script.is_file():
+        parser.error(f"no such script: {target[0]}")
+    return _Runner(cap, args.quiet).run_script(script, target[1:])
+
+
+class _Runner:
+    """Runs one script under ``cap``, stepping it on optimizer steps."""
+
+    def __init__(self, cap: ScriptCapture, quiet: bool) -> None:
+        self.cap = cap
+        self.quiet = quiet
+        self.source: str | None = None
+        self._optimizer: int | None = None
+        self._handle: Any = None
+
+    def run_script(self, script: Path, args: list[str]) -> int:
+        path = str(script.resolve())
+        self.source = path
+        return self._run(lambda: runpy.run_path(path, run_name="__main__"), [str(script), *args],
+                         str(script.resolve().parent))
+
+    def run_module(self, module: str, args: list[str]) -> int:
+        return self._run(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True),
+                         [module, *args], os.getcwd())
+
+    def _run(self, call: Any, argv: list[str], path0: str) -> int:
+        saved_argv, saved_path = sys.argv[:], sys.path[:]
+        sys.argv = argv
+        sys.path.insert(0, path0)
+        error: BaseException | None = None
+        status = 0
+        try:
+            if self.cap.whole:
+                self.cap.start(namespace={})
+            else:
+                self._hook()
+            call()
+        except SystemExit as exc:
+            status = _exit_status(exc.code)
+            error = exc if status else None
+        except BaseException as exc:  # the script failed: keep its files, print the error
+            error, status = exc, 1
+            if not isinstance(exc, KeyboardInterrupt):
+                traceback.print_exc()
+            else:
+                status = 130
+        finally:
+            if self._handle is not None:
+                self._handle.remove()
+            sys.argv, sys.path[:] = saved_argv, saved_path
+        self._finish(error)
+        return status
+
+    def _hook(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handle = register_optimizer_step_post_hook(self._on_step)
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._optimizer is None:
+            self._optimizer = id(optimizer)
+            self.cap.start(namespace=self._script_namespace(sys._getframe(1)))
+        elif id(optimizer) == self._optimizer and self.cap.running:
+            self.cap.step()
+
+    def _script_namespace(self, frame: FrameType | None) -> dict[str, Any]:
+        """The variables of the innermost frame of the script (to name its models)."""
+        import torch
+
+        torch_dir = os.path.dirname(torch.__file__)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name == self.source or (self.source is None and not name.startswith(torch_dir)):
+                return {**frame.f_globals, **frame.f_locals}
+            frame = frame.f_back
+        return {}
+
+    def _finish(self, error: BaseException | None) -> None:
+        cap = self.cap
+        if not cap.running:
+            if cap.result is None and not cap.whole:
+                print(
+                    f"{PROG}: the script made no optimizer step, so nothing was captured; "
+                    "use --whole to record the whole script as one step.",
+                    file=sys.stderr,
+                )
+            return
+        result = cap.finish(error)
+        if cap.rank == 0 or result.status != "complete":
+            out = sys.stderr if result.status != "complete" else sys.stdout
+            if not self.quiet or out is sys.stderr:
+                print(f"{PROG}: {result.status}, {len(result.steps)} step(s) -> {result.dir}", file=out)
+                for note in result.manifest.get("notes", []):
+                    print(f"  note: {note}", file=out)
+
+
+def _exit_status(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
