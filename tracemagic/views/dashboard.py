@@ -253,6 +253,13 @@ class Dashboard:
         return root
 
     @property
+    def controls(self) -> dict[str, widgets.Widget]:
+        """The control widgets: ``step``, ``top``, ``unit``, ``report_path``, ``save``, ``tabs``."""
+        self.widget  # noqa: B018 - builds them
+        return {"step": self.step_control, "top": self.top_control, "unit": self.unit_control,
+                "report_path": self.report_path, "save": self.save_button, "tabs": self.tab}
+
+    @property
     def current(self) -> str:
         """The key of the selected tab."""
         return self.keys[self.tab.selected_index or 0]

@@ -216,7 +216,7 @@ def _clip(frame: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
     if frame.empty:
         return frame
     end = frame["ts"] + frame["dur"]
-    return frame[(end >= lo) & (frame["ts"] <= hi)]
+    return frame[(end > lo) & (frame["ts"] < hi)]
 
 
 def timeline(

@@ -15,6 +15,9 @@ from tracemagic.views.data import TraceData
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
 
+#: short column names of the step parts for narrow terminals
+SHORT_PARTS = {"compute_us": "kernels", "comm_us": "comm", "memcpy_us": "memcpy", "memset_us": "memset",
+               "runtime_us": "runtime", "dataloader_us": "data", "cpu_us": "CPU only", "idle_us": "idle"}
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -44,7 +47,8 @@ def render_table(rows: Sequence[Sequence[object]], headers: Sequence[str], width
             out.append(v.ljust(w) if i == flex else v.rjust(w))
         return "  ".join(out).rstrip()
 
-    return [line(list(headers)), line(["─" * w for w in widths]), *(line(r) for r in cells)]
+    lines = [line(list(headers)), line(["─" * w for w in widths]), *(line(r) for r in cells)]
+    return [shorten(text, width) for text in lines]
 
 
 def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str:
@@ -72,14 +76,15 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
         several = data.several_ranks
         cols = [(c, name) for c, name in tables.STEP_PARTS.items()
                 if c in steps and (steps[c] >= 0.005 * steps["dur"]).any()]
-        headers = (["rank"] if several else []) + ["step", "time"] + [name for _, name in cols]
+        headers = (["rank"] if several else []) + ["step", "time"] + [SHORT_PARTS.get(c, name) for c, name in cols]
         frame = steps.sort_values(["rank", "step"]).head(40)
         rows = [
             ([str(int(r["rank"]))] if several else []) + [str(int(r["step"])), fmt_time(float(r["dur"]), "ms")]
             + [f"{100 * float(r[c]) / float(r['dur']):.0f}%" if float(r["dur"]) > 0 else "–" for c, _ in cols]
             for _, r in frame.iterrows()
         ]
-        out += ["", "Steps (share of each step)"] + render_table(rows, headers, width, flex=None)
+        caption = "Steps (share of each step; kernels = GPU kernels, CPU only = host work, GPU idle)"
+        out += ["", shorten(caption, width)] + render_table(rows, headers, width, flex=None)
         if len(steps) > len(frame):
             out.append(f"… {len(steps) - len(frame)} more steps")
 

@@ -1,0 +1,628 @@
+"""Views: figures on their data, the dashboard's widgets and state, the text summary, the
+report file. Figures are checked on hand-made tables that follow the analysis contracts
+and on real traces (a CPU capture made here, GPU, multi-rank and old-format traces)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tracemagic
+from tracemagic.views import figures, sections, tables
+from tracemagic.views.dashboard import PLOTLY_MIME, Dashboard
+from tracemagic.views.data import CONTRACT, TraceData
+from tracemagic.views.report import write_report
+from tracemagic.views.text import diff_summary, render_table, summary
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+if not TRACES.is_dir():  # the checkout may sit elsewhere; the shared folder is beside it
+    TRACES = Path("/work/shared/traces")
+GPU = TRACES / "hta_nccl_data.json.gz"
+MULTI = TRACES / "param_dlrm_kineto.tar.gz"
+OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
+EVIL_SCRIPT = "<script>window.__pwned=1</script>"
+EVIL_IMG = '<img src=x onerror="window.__pwned=1">'
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+# -- hand-made tables (the analysis contracts) --------------------------------------------------
+def make_steps(n: int = 3, ranks: int = 1) -> pd.DataFrame:
+    rows = []
+    for r in range(ranks):
+        t = 0.0
+        for s in range(n):
+            parts = {"compute_us": 600.0 + 10 * s + 5 * r, "comm_us": 100.0, "memcpy_us": 50.0, "memset_us": 0.0,
+                     "runtime_us": 20.0, "dataloader_us": 80.0, "cpu_us": 100.0, "idle_us": 50.0}
+            dur = sum(parts.values())
+            rows.append({"rank": r, "step": s + 1, "ts": t, "dur": dur, **parts})
+            t += dur
+    return pd.DataFrame(rows)
+
+
+def make_ops(names: list[str] | None = None, n_per: int = 4) -> pd.DataFrame:
+    names = names or ["aten::addmm", "aten::copy_", "aten::relu"]
+    rows, row = [], 0
+    for s in (1, 2, 3):
+        t = (s - 1) * 1000.0
+        for name in names:
+            for _ in range(n_per):
+                rows.append({"rank": 0, "row": row, "name": name, "kind": "cpu_op", "ts": t, "dur": 20.0 + len(name),
+                             "self_dur": 10.0 + len(name), "thread": "1", "step": s, "depth": 0, "layer": "model.fc1",
+                             "input_dims": "[[16, 32]]", "input_type": "['float']", "seq": None, "rf_id": None,
+                             "external_id": None})
+                row += 1
+                t += 40.0
+    return pd.DataFrame(rows)
+
+
+def make_kernels(n: int = 50) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    return pd.DataFrame({
+        "rank": 0, "row": np.arange(n), "name": [f"kernel_{i % 5}" for i in range(n)],
+        "kind": ["memcpy" if i % 10 == 0 else "kernel" for i in range(n)], "device": 0, "stream": 7,
+        "ts": np.sort(rng.uniform(0, 3000, n)), "dur": rng.uniform(1, 30, n), "step": 1, "op": "aten::addmm",
+        "layer": "model.fc1", "correlation": np.arange(n), "bytes": None, "grid": "[1, 1, 1]", "block": "[128, 1, 1]",
+        "is_comm": False,
+    })
+
+
+def make_memory(n: int = 5000) -> pd.DataFrame:
+    delta = np.where(np.arange(n) % 2 == 0, 1024 * 1024, -1024 * 1024 + 1000).astype(np.int64)
+    delta[n // 3] = 300 * 2**20  # the peak
+    delta[n // 3 + 1] = -300 * 2**20
+    allocated = np.cumsum(delta) + 2**30
+    return pd.DataFrame({
+        "rank": 0, "ts": np.linspace(0, 3000, n), "device": "cuda:0", "allocated_bytes": allocated,
+        "reserved_bytes": allocated + 2**28, "delta_bytes": delta,
+        "op": ["aten::empty"] * n, "layer": ["model.fc1"] * n, "step": np.repeat([1, 2, 3], -(-n // 3))[:n],
+    }).assign(op=lambda f: f["op"].where(f.index != n // 3, "aten::bigalloc"))
+
+
+def make_layers() -> pd.DataFrame:
+    rows = [
+        ("model", "Net", 0, "", 100.0, 10.0), ("model.enc", "Encoder", 1, "model", 60.0, 20.0),
+        ("model.enc.0", "Linear", 2, "model.enc", 25.0, 25.0), ("model.enc.1", "Linear", 2, "model.enc", 15.0, 15.0),
+        ("model.head", "Linear", 1, "model", 30.0, 30.0),
+    ]
+    return pd.DataFrame([{
+        "rank": 0, "layer": l, "type": t, "depth": d, "parent": p, "calls": 3, "cpu_us": c, "self_cpu_us": sc,
+        "fwd_cpu_us": c / 3, "bwd_cpu_us": 2 * c / 3, "gpu_us": c / 2, "self_gpu_us": sc / 2, "fwd_gpu_us": 0.0,
+        "bwd_gpu_us": 0.0, "memory_growth_bytes": 0, "input_shapes": "[[16, 32]]",
+    } for l, t, d, p, c, sc in rows])
+
+
+def decoded(obj: Any) -> Any:
+    """A figure dict with plotly's typed arrays ({'dtype', 'bdata'}) decoded to lists."""
+    if isinstance(obj, dict):
+        if "bdata" in obj and "dtype" in obj:
+            return figures_decode(obj).tolist()
+        return {k: decoded(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [decoded(v) for v in obj]
+    return obj
+
+
+def as_dict(fig: Any) -> dict[str, Any]:
+    """``fig.to_dict()`` (or a figure dict from a widget) with typed arrays decoded."""
+    return decoded(fig.to_dict() if hasattr(fig, "to_dict") else fig)
+
+
+def all_strings(obj: Any) -> list[str]:
+    """Every string inside a figure dict."""
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in all_strings(v)]
+    if isinstance(obj, (list, tuple)):
+        return [s for v in obj for s in all_strings(v)]
+    if isinstance(obj, np.ndarray) and obj.dtype == object:
+        return [s for v in obj.tolist() for s in all_strings(v)]
+    return []
+
+
+# -- figures on hand-made data ----------------------------------------------------------------
+def test_step_breakdown_stacks_the_parts_per_step() -> None:
+    steps = make_steps()
+    fig = as_dict(figures.step_breakdown(steps, unit="ms"))
+    nonzero = [c for c in tables.STEP_PARTS if (steps[c] > 0).any()]
+    assert len(fig["data"]) == len(nonzero) and "memset" not in [t["name"] for t in fig["data"]]
+    assert fig["layout"]["barmode"] == "stack"
+    assert fig["layout"]["xaxis"]["title"]["text"] == "step"
+    assert fig["layout"]["yaxis"]["title"]["text"] == "time (ms)"
+    compute = next(t for t in fig["data"] if t["name"] == "GPU kernels")
+    assert list(compute["x"]) == ["step 1", "step 2", "step 3"]
+    np.testing.assert_allclose(compute["y"], steps["compute_us"] / 1000)
+    # the stack adds up to the step time
+    total = np.sum([np.asarray(t["y"], float) for t in fig["data"]], axis=0)
+    np.testing.assert_allclose(total, steps["dur"] / 1000)
+    us = as_dict(figures.step_breakdown(steps, unit="µs"))
+    assert us["layout"]["yaxis"]["title"]["text"] == "time (µs)"
+    np.testing.assert_allclose(us["data"][0]["y"], steps[nonzero[0]])
+
+
+def test_step_breakdown_labels_ranks_and_handles_no_steps() -> None:
+    fig = figures.step_breakdown(make_steps(2, ranks=2))
+    assert list(fig.data[0].x) == ["r0 · step 1", "r0 · step 2", "r1 · step 1", "r1 · step 2"]
+    empty = figures.step_breakdown(pd.DataFrame(columns=CONTRACT["steps"]))
+    assert not empty.data and "No ProfilerStep" in empty.layout.annotations[0].text
+
+
+def test_top_ops_bar_matches_the_table_and_escapes_names() -> None:
+    ops = make_ops(["aten::addmm", EVIL_SCRIPT, EVIL_IMG])
+    fig = figures.top_ops_bar(ops, top=2, unit="µs")
+    table = tables.top_ops(ops, 2)
+    (bar,) = fig.data
+    np.testing.assert_allclose(bar.x, table["self_us"].to_numpy()[::-1])
+    strings = all_strings(fig.to_dict())
+    assert not any("<script" in s or "<img" in s for s in strings)
+    assert any("&lt;script&gt;" in s for s in strings)
+    assert fig.layout.xaxis.title.text == "self time (µs)"
+
+
+def test_top_ops_counts_self_time_once() -> None:
+    ops = make_ops()
+    table = tables.top_ops(ops)
+    assert table["self_us"].sum() == pytest.approx(ops["self_dur"].sum())
+    assert table["self_pct"].sum() == pytest.approx(100)
+    assert list(table["calls"]) == [12, 12, 12]
+
+
+def test_timeline_lanes_and_downsampling() -> None:
+    n = 20_000
+    rng = np.random.default_rng(1)
+    ts = np.sort(rng.uniform(0, 1e6, n))
+    ops = pd.DataFrame({
+        "rank": 0, "row": np.arange(n), "name": [f"op{i % 7}" for i in range(n)], "kind": "cpu_op", "ts": ts,
+        "dur": rng.uniform(1, 40, n), "self_dur": 1.0, "thread": "11", "step": 1, "depth": 0, "layer": None,
+    })
+    kernels = make_kernels(200)
+    steps = pd.DataFrame({"rank": [0], "step": [1], "ts": [0.0], "dur": [1e6]})
+    fig = figures.timeline(ops, kernels, steps, max_events=600, bins=100, thread_names={(0, "11"): "thread 11 (main)"})
+    meta = fig.layout.meta
+    assert meta["total"] == n + 200 + 1
+    assert meta["shown"] <= 600 + 10
+    names = [t.name for t in fig.data]
+    assert "aggregated" in names and "cpu_op" in names and "kernel" in names
+    lanes = list(fig.layout.yaxis.categoryarray)
+    assert lanes[0] == "steps" and lanes[1] == "thread 11 (main)" and lanes[-1].startswith("GPU 0 stream 7")
+    # the longest events are the ones drawn
+    cpu = next(t for t in fig.data if t.name == "cpu_op")
+    assert min(cpu.x) * 1000 >= np.sort(ops["dur"])[-len(cpu.x)] - 1e-6
+    agg = next(t for t in fig.data if t.name == "aggregated")
+    assert len(agg.x) <= 2 * 100  # one bar per lane and bin at most
+    assert fig.layout.xaxis.title.text == "time since window start (ms)"
+    # a small window keeps only its events
+    win = figures.timeline(ops, kernels, steps, window=(0.0, 1000.0))
+    assert win.layout.meta["total"] < 100
+
+
+def test_timeline_step_window() -> None:
+    ops, steps = make_ops(), make_steps()
+    steps["ts"] = [0.0, 1000.0, 2000.0]
+    steps["dur"] = 1000.0
+    fig = figures.timeline(ops, None, steps, step=2)
+    assert fig.layout.meta["window"] == [1000.0, 2000.0]
+    assert "step 2" in fig.layout.title.text
+    drawn = sum(len(t.x) for t in fig.data)
+    assert drawn == fig.layout.meta["shown"] == ((ops["ts"] + ops["dur"] > 1000) & (ops["ts"] < 2000)).sum() + 1
+
+
+def test_memory_timeline_keeps_the_peak_and_names_it() -> None:
+    memory, steps = make_memory(), make_steps()
+    steps["ts"] = [0.0, 1000.0, 2000.0]
+    fig = figures.memory_timeline(memory, steps, max_points=400)
+    alloc = next(t for t in fig.data if t.name.endswith("allocated"))
+    assert len(alloc.x) <= 420
+    scale = 2**30  # GiB: peak > 1 GiB
+    assert max(alloc.y) == pytest.approx(memory["allocated_bytes"].max() / scale)
+    assert fig.layout.yaxis.title.text == "memory (GiB)"
+    (note,) = [a for a in fig.layout.annotations if a.text.startswith("peak")]
+    assert "aten::bigalloc" in note.text and "model.fc1" in note.text
+    assert len([s for s in fig.layout.shapes if s.type == "line"]) == 3  # step boundaries
+    assert any(t.name.endswith("reserved") for t in fig.data)
+    one = figures.memory_timeline(memory, steps, step=2)
+    assert max(next(t for t in one.data if t.name.endswith("allocated")).x) <= memory.loc[memory.step == 2, "ts"].max() / 1000
+
+
+def test_layers_tree_is_a_consistent_hierarchy() -> None:
+    layers = make_layers()
+    fig = figures.layers_tree(layers, metric="cpu")
+    (tree,) = fig.data
+    assert tree.type == "icicle" and tree.branchvalues == "remainder"
+    assert list(tree.ids) == list(layers["layer"])
+    assert list(tree.parents) == list(layers["parent"])
+    np.testing.assert_allclose(tree.values, layers["self_cpu_us"])
+    # pruning keeps the ancestors of what it keeps
+    small = figures.layers_tree(layers, max_nodes=1, style="sunburst").data[0]
+    assert small.type == "sunburst" and set(small.ids) == {"model"}
+    small2 = figures.layers_tree(layers.assign(cpu_us=[1, 2, 100, 3, 4]), max_nodes=1).data[0]
+    assert set(small2.ids) == {"model", "model.enc", "model.enc.0"}
+
+
+def test_kernel_rank_shapes_and_diff_figures() -> None:
+    kernels = make_kernels()
+    fig = figures.top_kernels_bar(kernels, top=3, unit="µs")
+    table = tables.top_kernels(kernels, 3)
+    np.testing.assert_allclose(fig.data[0].x, table["total_us"].to_numpy()[::-1])
+    assert fig.layout.xaxis.title.text == "GPU time (µs)"
+    assert len(figures.top_kernels_bar(kernels, by_op=True).data[0].y) == 5
+
+    ranks = pd.DataFrame({"rank": [0, 1, 2], "steps": 3, "step_us": [100.0, 150.0, 110.0], "compute_us": [60.0, 60, 60],
+                          "comm_us": [20.0, 70, 30], "memcpy_us": [5.0, 5, 5], "idle_us": [15.0, 15, 15],
+                          "overlap_pct": 0.0, "slowest": [False, True, False]})
+    fig = figures.rank_breakdown(ranks)
+    assert list(fig.data[0].x) == ["rank 0", "rank 1 (slowest)", "rank 2"]
+    assert any(a.text == "slowest" for a in fig.layout.annotations)
+    heat = figures.rank_step_heatmap(make_steps(3, ranks=2)).data[0]
+    assert np.asarray(heat.z).shape == (2, 3)
+
+    shapes = pd.DataFrame({"rank": 0, "name": ["aten::mm", "aten::add"], "input_dims": ["[[2, 3], [3, 4]]", "[[4]]"],
+                           "input_type": ["['float', 'float']", "['float']"], "calls": [3, 1], "total_us": [30.0, 5.0],
+                           "mean_us": [10.0, 5.0], "self_us": [30.0, 5.0], "flops": [72.0, None], "tflops_per_s": [1e-6, None]})
+    fig = figures.shapes_bar(shapes, unit="µs")
+    np.testing.assert_allclose(fig.data[0].x, [5.0, 30.0])
+
+    diff = pd.DataFrame({"level": ["op", "op", "op", "layer"], "name": ["a", "b", "c", "m"], "calls_a": 1, "calls_b": 1,
+                         "us_a": [10.0, 50.0, None, 5.0], "us_b": [30.0, 20.0, 7.0, 5.0], "delta_us": [20.0, -30.0, 7.0, 0.0],
+                         "ratio": [3.0, 0.4, None, 1.0], "status": ["slower", "faster", "added", "same"]})
+    fig = figures.diff_bars(diff, level="op", top=2)
+    assert sorted(t.name for t in fig.data) == ["faster", "slower"]
+    assert fig.layout.xaxis.title.text == "change in time (ms)"
+
+
+# -- the text summary -----------------------------------------------------------------------
+def test_render_table_fits_the_width_and_cleans_control_characters() -> None:
+    lines = render_table([["x" * 300 + "\x1b[31m", "1"]], ["name", "n"], width=50)
+    assert all(len(line) <= 50 for line in lines)
+    assert "\x1b" not in "".join(lines)
+
+
+# -- real traces ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cpu_capture(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A CPU capture made here with torch.profiler directly (shapes, memory, stack)."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    path = tmp_path_factory.mktemp("cpu") / "cpu_trace.json"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
+                 schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(4):
+            loss = model(torch.randn(16, 32)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.step()
+    return tracemagic.load(path, use_cache=False)
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Any:
+    return tracemagic.load(GPU)
+
+
+@pytest.fixture(scope="module")
+def multi() -> Any:
+    return tracemagic.load(MULTI)
+
+
+@pytest.fixture(scope="module")
+def old() -> Any:
+    return tracemagic.load(OLD)
+
+
+@pytest.fixture(params=["cpu_capture", "gpu", "multi", "old"])
+def any_trace(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue(request.param)
+
+
+def test_dashboard_tabs_follow_the_trace(cpu_capture: Any, gpu: Any, multi: Any, old: Any) -> None:
+    base = ["overview", "layers", "timeline", "memory", "shapes"]
+    assert Dashboard(cpu_capture).keys == base
+    assert Dashboard(gpu).keys == [*base, "kernels"]
+    assert Dashboard(old).keys == [*base, "kernels"]
+    assert Dashboard(multi).keys == [*base, "kernels", "ranks"]
+    assert Dashboard(gpu, other=old).keys == [*base, "kernels", "compare"]
+    dash = Dashboard(multi)
+    assert dash.widget.children[-1].titles == ("Overview", "Layers", "Timeline", "Memory", "Shapes", "Kernels", "Ranks")
+
+
+def test_every_tab_renders_figures_and_a_table(any_trace: Any) -> None:
+    dash = Dashboard(any_trace)
+    dash.render_all()
+    for key in dash.keys:
+        figs = dash.figures(key)
+        assert figs, key
+        for fig in figs:
+            assert "data" in fig and "layout" in fig
+        assert "<table" in dash.table(key).html.value or "no rows" in dash.table(key).html.value
+    assert dash.figures("overview")[0]["layout"]["title"]["text"] in ("Step time breakdown",)
+
+
+def test_overview_figure_values_equal_the_steps_table(any_trace: Any) -> None:
+    dash = Dashboard(any_trace)
+    steps = any_trace.steps().sort_values(["rank", "step"])
+    fig = dash.figures("overview")[0]
+    if steps.empty:
+        assert not fig["data"]
+        return
+    y = {t["name"]: np.asarray(t["y"], float) for t in as_dict(fig)["data"]}
+    np.testing.assert_allclose(y["GPU kernels"] if "GPU kernels" in y else y[next(iter(y))],
+                               steps["compute_us" if "GPU kernels" in y else _col(next(iter(y)))].to_numpy() / 1000)
+    np.testing.assert_allclose(np.sum(list(y.values()), axis=0), steps["dur"].to_numpy() / 1000, rtol=1e-6, atol=1e-6)
+
+
+def _col(name: str) -> str:
+    return {v: k for k, v in tables.STEP_PARTS.items()}[name]
+
+
+def figures_decode(values: Any) -> Any:
+    """Plotly JSON may carry typed arrays as {'dtype', 'bdata'}; decode them."""
+    if isinstance(values, dict) and "bdata" in values:
+        import base64
+
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=np.dtype(values["dtype"]))
+    return values
+
+
+def test_step_selector_changes_timeline_memory_and_overview(gpu: Any) -> None:
+    dash = Dashboard(gpu)
+    steps = gpu.steps()
+    step = int(steps["step"].iloc[1])
+    assert [v for _, v in dash.controls["step"].options] == [None, *sorted(steps["step"])]
+    dash.select("timeline")
+    before = dash.figures("timeline")[0]["layout"]["meta"]["window"]
+    dash.controls["step"].value = step
+    after = dash.figures("timeline")[0]["layout"]["meta"]["window"]
+    row = steps[steps["step"] == step].iloc[0]
+    assert after == pytest.approx([row["ts"], row["ts"] + row["dur"]])
+    assert after != before
+    assert f"step {step}" in dash.figures("timeline")[0]["layout"]["title"]["text"]
+    assert f"step {step}" in dash.figures("memory")[0]["layout"]["title"]["text"]
+    overview = dash.figures("overview")
+    assert overview[0]["data"][0]["marker"]["opacity"].count(1.0) == 1
+    ops_in_step = tables.top_ops(tables.select_step(gpu.ops(), step), 15)
+    np.testing.assert_allclose(sorted(as_dict(overview[1])["data"][0]["x"]), sorted(ops_in_step["self_us"] / 1000))
+
+
+def test_units_and_top_n_controls(gpu: Any) -> None:
+    dash = Dashboard(gpu)
+    dash.controls["top"].value = 5
+    assert len(as_dict(dash.figures("overview")[1])["data"][0]["y"]) == 5
+    dash.controls["unit"].value = "µs"
+    fig = dash.figures("overview")[0]
+    assert fig["layout"]["yaxis"]["title"]["text"] == "time (µs)"
+    assert "dur_us" in dash.table("overview").frame.columns
+
+
+def test_table_view_filters_sorts_and_pages(gpu: Any) -> None:
+    dash = Dashboard(gpu)
+    table = dash.table("timeline")  # ops aggregated by name
+    total = len(table.frame)
+    assert total > 25 and table.pages == -(-total // 25)
+    assert table.html.value.count("<tr>") == 25 + 1
+    table.next.click()
+    assert table.page == 1 and "page 2/" in table.status.value
+    table.filter.value = "aten::copy_"
+    assert table.page == 0 and set(table.view()["name"]) == {"aten::copy_"}
+    table.filter.value = ""
+    table.sort.value = "calls"
+    table.descending.value = True
+    calls = table.view()["calls"].to_list()
+    assert calls == sorted(calls, reverse=True)
+    table.descending.value = False
+    assert table.view()["calls"].to_list() == sorted(calls)
+
+
+def test_mimebundle_carries_widget_and_text(gpu: Any) -> None:
+    dash = Dashboard(gpu, force_widget=True)
+    bundle = dash._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "application/vnd.jupyter.widget-view+json"}
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == dash.widget.model_id
+    assert bundle["text/plain"] == summary(gpu)
+    # outside a kernel (terminal IPython, this test) only the text is sent, no widget is built
+    plain = Dashboard(gpu)
+    assert set(plain._repr_mimebundle_()) == {"text/plain"} and plain._widget is None
+
+
+def test_figures_in_outputs_use_plotly_mime(gpu: Any) -> None:
+    dash = Dashboard(gpu)
+    out = dash._tabs["overview"]["figures"][0] if dash.widget else None
+    (entry,) = out.outputs
+    assert entry["output_type"] == "display_data" and PLOTLY_MIME in entry["data"]
+    assert entry["data"][PLOTLY_MIME]["config"]["displaylogo"] is False
+
+
+def test_payload_stays_small(gpu: Any) -> None:
+    dash = Dashboard(gpu)
+    dash.render_all()
+    assert dash.widget_state_bytes() < 3 * 2**20
+    assert len(json.dumps(dash.figures("timeline")[0])) < 1.5 * 2**20
+
+
+def test_compare_tab(gpu: Any, old: Any) -> None:
+    dash = Dashboard(gpu, other=old)
+    figs = dash.figures("compare")
+    assert len(figs) == 2
+    info = dash.info_html("compare")
+    assert "hta_nccl_data.json.gz" in info and "kineto_worker0" in info
+    text = diff_summary(gpu, old, width=90)
+    assert text.splitlines()[0].startswith("tracemagic diff")
+    assert all(len(line) <= 90 for line in text.splitlines())
+
+
+def test_summary_text(any_trace: Any) -> None:
+    text = summary(any_trace, width=80)
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert lines[0].startswith("tracemagic · ")
+    assert "Top ops (by self CPU time)" in text
+    if not any_trace.steps().empty:
+        assert "Steps (share of each step" in text and "mean step" in text
+
+
+def test_summary_of_a_gpu_trace_names_its_top_ops_and_kernels(gpu: Any) -> None:
+    text = summary(gpu, width=120)
+    top = tables.top_ops(gpu.ops(), 1)["name"].iloc[0]
+    assert top in text and "Top kernels" in text and "A100" in text
+
+
+def test_recommendations_from_numbers() -> None:
+    from tracemagic.views.insights import recommendations
+
+    steps = make_steps()
+    steps["dataloader_us"] = steps["dur"] * 0.3
+    steps["idle_us"] = steps["dur"] * 0.2
+    ops = make_ops(["aten::copy_", "aten::relu"])
+    ops.loc[ops["name"] == "aten::copy_", "self_dur"] = 1000.0
+    tips = recommendations(steps, ops, make_kernels(), None)
+    assert any(t.startswith("DataLoader takes") for t in tips)
+    assert any(t.startswith("aten::copy_ is") and "of CPU time" in t for t in tips)
+    ranks = pd.DataFrame({"rank": [0, 1, 2], "step_us": [100.0, 140.0, 100.0]})
+    assert any(t.startswith("Rank 1 is 40% slower") for t in recommendations(steps, ops, None, None, ranks))
+    # a GPU idle most of the step is reported with its share
+    idle = make_steps()
+    idle[["compute_us", "comm_us", "memcpy_us"]] = 0.0
+    idle["cpu_us"] = idle["dur"] - idle[[c for c in tables.STEP_PARTS if c != "cpu_us"]].sum(axis=1)
+    assert any(t.startswith("GPU idle 100% of the step") for t in recommendations(idle, ops, make_kernels(), None))
+
+
+def test_failed_analysis_leaves_an_empty_view(gpu: Any) -> None:
+    class Broken:
+        def __init__(self, trace: Any) -> None:
+            self._t = trace
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "memory":
+                def fail() -> None:
+                    raise RuntimeError("boom")
+                return fail
+            return getattr(self._t, name)
+
+    dash = Dashboard(Broken(gpu))
+    dash.render_all()
+    assert "memory" in dash.data.problems and "boom" in dash.data.problems["memory"]
+    assert "No memory events" in json.dumps(dash.figures("memory")[0])
+    assert "boom" in dash.text()
+
+
+# -- escaping (XSS) ----------------------------------------------------------------------------
+def evil_trace_file(folder: Path) -> Path:
+    """A small Kineto trace whose op, kernel and thread names are HTML/JS payloads."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": EVIL_IMG}},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "pid": 1, "tid": 1, "ts": 1000, "dur": 1000},
+    ]
+    t = 10
+    for step in (0, 1000):
+        for i, name in enumerate([EVIL_SCRIPT, EVIL_IMG, "aten::mm"]):
+            events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": step + t + 200 * i, "dur": 150,
+                           "args": {"Input Dims": [[2, 3]], "Input type": [EVIL_SCRIPT], "External id": step + i}})
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": step + t + 200 * i + 10, "dur": 5, "args": {"correlation": step + i + 1}})
+            events.append({"ph": "X", "cat": "kernel", "name": f"{name}_kernel", "pid": 0, "tid": 7,
+                           "ts": step + t + 200 * i + 20, "dur": 50,
+                           "args": {"device": 0, "stream": 7, "correlation": step + i + 1, "External id": step + i}})
+            events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1,
+                           "ts": step + t + 200 * i + 1, "args": {"Device Type": 1, "Device Id": 0, "Bytes": 4096 * (i + 1),
+                                                                  "Total Allocated": 4096 * (i + 2), "Total Reserved": 2**20,
+                                                                  "Addr": 1234 + i}})
+    path = folder / "evil_trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": EVIL_SCRIPT}],
+                                "traceEvents": events}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def evil(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return tracemagic.load(evil_trace_file(tmp_path_factory.mktemp("evil")), use_cache=False)
+
+
+RAW = re.compile(r"<\s*(script|img)", re.I)
+
+
+def test_dashboard_escapes_every_trace_string(evil: Any) -> None:
+    dash = Dashboard(evil, other=evil)
+    dash.render_all()
+    htmls = [w.value for w in _walk(dash.widget) if hasattr(w, "value") and isinstance(w.value, str)]
+    assert any("&lt;script&gt;" in h for h in htmls)  # the names are shown, escaped
+    for value in htmls:
+        assert not re.search(r"<script>window|<img src=x", value), value[:200]
+    for key in dash.keys:
+        for fig in dash.figures(key):
+            assert not any(RAW.search(s) for s in all_strings(fig)), key
+
+
+def _walk(widget: Any) -> list[Any]:
+    out = [widget]
+    for child in getattr(widget, "children", ()) or ():
+        out += _walk(child)
+    return out
+
+
+def test_report_escapes_every_trace_string(evil: Any, tmp_path: Path) -> None:
+    path = write_report(evil, tmp_path / "evil.html")
+    text = path.read_text()
+    assert "window.__pwned" in text  # the names are in the file...
+    assert EVIL_SCRIPT not in text and EVIL_IMG not in text  # ...but never as markup
+    assert not re.search(r"<script>window|<img src=x", text)
+
+
+# -- the report file ---------------------------------------------------------------------------
+def test_write_report_is_self_contained_and_atomic(gpu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "sub" / "gpu.html"
+    written = write_report(gpu, out)
+    assert written == out.absolute() and out.is_file()
+    text = out.read_text()
+    assert text.count("plotly.js v") <= 2 and "Plotly.newPlot" in text  # plotly.js inlined once
+    assert not re.search(r"<script[^>]+src=", text)  # (plotly.js mentions its CDN in a string it never fetches)
+    assert "<link" not in text
+    for key in sections.available(TraceData(gpu)):
+        assert f'id="tab-{key}"' in text
+    assert [p.name for p in out.parent.iterdir()] == ["gpu.html"]  # no temporary file left
+    # a failed write leaves the old file intact
+    before = out.read_bytes()
+    import tracemagic.views.report as report
+
+    def fail(*_: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_report(gpu, out)
+    assert out.read_bytes() == before
+    assert [p.name for p in out.parent.iterdir()] == ["gpu.html"]
+
+
+def test_dashboard_save_button_writes_the_report(gpu: Any, tmp_path: Path) -> None:
+    dash = Dashboard(gpu)
+    dash.controls["report_path"].value = str(tmp_path / "saved.html")
+    seen = []
+    dash.on_saved = seen.append
+    dash.controls["save"].click()
+    assert (tmp_path / "saved.html").is_file() and seen == [tmp_path / "saved.html"]
+    assert "saved" in dash.save_status.value
+    dash.controls["report_path"].value = str(tmp_path / "no" / "\0bad.html")
+    dash.controls["save"].click()
+    assert "could not save" in dash.save_status.value
+
+
+def test_views_do_not_read_files() -> None:
+    """Views take tables, never trace files: no JSON parsing or opening of paths in them."""
+    folder = Path(sections.__file__).parent
+    for source in folder.glob("*.py"):
+        text = source.read_text()
+        assert "json.load(" not in text and "open(" not in text.replace("fdopen(", ""), source.name
+        assert "tracemagic.trace." not in text.replace("from tracemagic.trace import Trace", ""), source.name
