@@ -1,0 +1,334 @@
+"""Capture under torch.distributed and the analysis of every rank.
+
+Real jobs: ``torchrun`` (gloo, CPU, loopback) runs ``tests/data/ddp_train.py`` with
+``tracemagic.capture`` (one rank slow; and one rank raising while another dies), and the
+same script unedited under ``torchrun -m tracemagic run``. The three jobs start together in
+one module fixture, so the file costs about one job's time. Real multi-rank GPU traces
+(8-rank DLRM, NCCL) are checked against figures computed here from the raw JSON.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracemagic
+from tracemagic.capture import distributed
+from tracemagic.capture.api import ScriptCapture, config_from_options
+from tracemagic.errors import CaptureError
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "data" / "ddp_train.py"
+TRACES = ROOT.parent / "shared" / "traces"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+SLOW_RANK = 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(nproc: int, *args: str, out: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [
+        str(TORCHRUN), f"--nproc_per_node={nproc}", "--master-addr=127.0.0.1",
+        f"--master-port={_free_port()}", *args,
+    ]
+    log = open(out.with_suffix(".log"), "w")  # noqa: SIM115 - closed by the fixture
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three torchrun jobs, run at once: ``slow``, ``broken`` and ``cli`` (exit code, dir)."""
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun is not installed next to this Python")
+    base = tmp_path_factory.mktemp("ddp")
+    specs = {
+        "slow": (2, [str(SCRIPT), "--slow-rank", str(SLOW_RANK), "--slow-ms", "50"]),
+        "broken": (3, [str(SCRIPT), "--fail-rank", "1", "--crash-rank", "2", "--timeout", "20"]),
+        "cli": (2, ["-m", "tracemagic", "run", "--no-memory-timeline", "--name", "cli", "--out",
+                    str(base / "cli"), "--", str(SCRIPT), "--plain", "--iterations", "7"]),
+    }
+    procs = {}
+    for name, (nproc, args) in specs.items():
+        out = base / name
+        if name != "cli":
+            args = [*args, "--out", str(out)]
+        procs[name] = (_torchrun(nproc, *args, out=out), out)
+    results = {}
+    for name, (proc, out) in procs.items():
+        try:
+            code = proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
+        log = out.with_suffix(".log").read_text()
+        dirs = sorted(out.glob("*-*")) if out.exists() else []
+        results[name] = {"code": code, "log": log, "dir": dirs[0] if len(dirs) == 1 else None, "dirs": dirs}
+    return results
+
+
+def _job(jobs: dict[str, Any], name: str, ok: bool = True) -> dict[str, Any]:
+    job = jobs[name]
+    assert job["code"] is not None, f"{name}: torchrun timed out\n{job['log'][-3000:]}"
+    assert (job["code"] == 0) == ok, f"{name}: exit {job['code']}\n{job['log'][-3000:]}"
+    assert job["dir"] is not None, f"{name}: expected ONE capture directory, got {job['dirs']}"
+    return job
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / "capture.json").read_text())
+
+
+# -- a job with a slow rank ------------------------------------------------------------
+def test_ranks_share_one_directory_and_rank0_lists_all(jobs: dict[str, Any]) -> None:
+    directory = _job(jobs, "slow")["dir"]
+    manifest = _manifest(directory)
+    assert manifest["status"] == "complete"
+    assert manifest["world_size"] == 2 and manifest["missing_ranks"] == [] and manifest["failed_ranks"] == []
+    assert set(manifest["ranks"]) == {"0", "1"}
+    kineto = sorted(e["path"] for e in manifest["files"] if e["kind"] == "kineto")
+    assert kineto == ["kineto_trace_0.json", "kineto_trace_1.json"]
+    assert all((directory / path).is_file() for path in kineto)
+    for rank in (0, 1):
+        info = json.loads((directory / f"kineto_trace_{rank}.json").read_text())["distributedInfo"]
+        assert (info["backend"], info["rank"], info["world_size"]) == ("gloo", rank, 2)
+
+
+def test_gloo_allreduce_found_on_both_ranks_with_equal_steps(jobs: dict[str, Any]) -> None:
+    directory = _job(jobs, "slow")["dir"]
+    for rank in (0, 1):  # what torch writes for a gloo all-reduce, in the raw files
+        events = json.loads((directory / f"kineto_trace_{rank}.json").read_text())["traceEvents"]
+        names = {(e.get("cat"), e.get("name")) for e in events}
+        assert ("user_annotation", "gloo:all_reduce") in names  # on gloo's worker thread
+        assert ("cpu_op", "c10d::allreduce_") in names  # the op on the main thread
+    trace = tracemagic.load(directory, use_cache=False)
+    assert trace.ranks == [0, 1]
+    steps = trace.steps()
+    counts = steps.groupby("rank")["step"].apply(list)
+    assert counts[0] == counts[1] == [2, 3, 4]
+    from tracemagic.analysis.ranks import collectives
+
+    table = collectives(trace)
+    reduce = table[table["collective"] == "all_reduce"]
+    assert set(reduce["rank"]) == {0, 1}
+    assert (reduce.groupby("step")["rank"].nunique() == 2).all()  # matched in every step
+    assert set(reduce["source"]) == {"annotation"}
+
+
+def test_slow_rank_is_the_straggler(jobs: dict[str, Any]) -> None:
+    trace = tracemagic.load(_job(jobs, "slow")["dir"])
+    table = trace.ranks_table().set_index("rank")
+    assert bool(table.loc[SLOW_RANK, "slowest"])
+    assert table.loc[SLOW_RANK, "straggler_steps"] == 3
+    # the other rank waits ~50 ms per step in its all-reduce for the slow one
+    assert table.loc[1 - SLOW_RANK, "wait_us"] > 30_000 > table.loc[SLOW_RANK, "wait_us"]
+    from tracemagic.analysis.ranks import stragglers
+
+    assert set(stragglers(trace)["rank"]) == {SLOW_RANK}
+
+
+# -- a job where rank 1 raises and rank 2 dies ------------------------------------------
+def test_failed_rank_keeps_its_trace_and_missing_rank_is_named(jobs: dict[str, Any]) -> None:
+    job = _job(jobs, "broken", ok=False)
+    directory = job["dir"]
+    manifest = _manifest(directory)
+    assert manifest["status"] == "partial"
+    assert manifest["missing_ranks"] == [2], job["log"][-3000:]
+    assert 1 in manifest["failed_ranks"]
+    error = manifest["ranks"]["1"]["error"]
+    assert error["type"] in ("RuntimeError", "SystemExit")  # SystemExit: torchrun's SIGTERM won
+    assert (directory / "kineto_trace_0.json").is_file() and (directory / "kineto_trace_1.json").is_file()
+    assert not (directory / "kineto_trace_2.json").exists()
+    assert any("rank 2 did not finish" in note for note in manifest["notes"])
+    trace = tracemagic.load(directory, use_cache=False)
+    assert trace.ranks == [0, 1]
+
+
+# -- the unedited script under torchrun -m tracemagic run ------------------------------
+def test_run_recipe_captures_every_rank(jobs: dict[str, Any]) -> None:
+    job = _job(jobs, "cli")
+    manifest = _manifest(job["dir"])
+    assert manifest["status"] == "complete", job["log"][-3000:]
+    assert sorted(manifest["ranks"]) == ["0", "1"]
+    assert manifest["modules"]["nn.Module: DistributedDataParallel_0"]["path"] == "model"
+    trace = tracemagic.load(job["dir"])
+    assert trace.steps().groupby("rank").size().tolist() == [3, 3]
+
+
+# -- in this process ---------------------------------------------------------------------
+def test_capture_is_the_callable_package() -> None:
+    cap = tracemagic.capture(active=2, no_stack=True)
+    assert isinstance(cap, ScriptCapture) and cap.config.with_stack is False
+    assert "capture" in tracemagic.__all__
+    assert tracemagic.capture.CaptureSession.__name__ == "CaptureSession"
+    with pytest.raises(CaptureError, match="unknown option 'loop_line'"):
+        config_from_options(loop_line=3)
+    with pytest.raises(CaptureError, match="--active"):
+        tracemagic.capture(active=0)
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+def test_block_error_propagates_after_files_are_written(tmp_path: Path) -> None:
+    import torch
+
+    model = torch.nn.Linear(8, 4)
+    cap = tracemagic.capture(wait=0, warmup=0, active=3, out=tmp_path, no_memory_timeline=True)
+    with pytest.raises(ZeroDivisionError):
+        with cap:
+            for i in cap.steps(range(5)):
+                model(torch.randn(2, 8)).sum().backward()
+                if i == 2:
+                    1 / 0
+    assert not cap.running
+    manifest = _manifest(cap.dir)
+    assert manifest["status"] == "partial" and manifest["error"]["type"] == "ZeroDivisionError"
+    assert [s["step"] for s in manifest["steps"]] == [0, 1, 2]
+    assert (cap.dir / "kineto_trace_0.json").is_file()
+    assert manifest["modules"]["nn.Module: Linear_0"]["path"] == "model"  # named from the caller
+
+
+def test_decorator_runs_one_capture_per_call(tmp_path: Path) -> None:
+    import torch
+
+    cap = tracemagic.capture(out=tmp_path, whole=True, no_memory_timeline=True, no_stack=True)
+
+    @cap
+    def work(n: int) -> int:
+        torch.ones(n).sum()
+        return n
+
+    assert work(3) == 3 and cap.result is not None and cap.result.status == "complete"
+    first = cap.dir
+    assert work(4) == 4 and cap.dir != first and len(list(tmp_path.iterdir())) == 2
+
+
+def test_merge_names_missing_and_failed_ranks() -> None:
+    part = {"status": "complete", "rank": 0, "files": [{"path": "kineto_trace_0.json", "kind": "kineto", "rank": 0}],
+            "steps": [{"step": 2}], "steps_recorded": 1, "notes": [], "error": None, "modules": {}}
+    failed = {**part, "rank": 1, "status": "partial", "error": {"type": "RuntimeError", "message": "x"},
+              "files": [{"path": "kineto_trace_1.json", "kind": "kineto", "rank": 1}]}
+    running = {"status": "running", "rank": 3}
+    merged = distributed.merge({0: part, 1: failed, 3: running}, world=4)
+    assert merged["status"] == "partial"
+    assert merged["missing_ranks"] == [2, 3] and merged["failed_ranks"] == [1]
+    assert "rank" not in merged and merged["steps"] == [{"step": 2}]
+    assert [e["path"] for e in merged["files"] if e["kind"] == "kineto"] == ["kineto_trace_0.json", "kineto_trace_1.json"]
+    assert distributed.merge({0: part}, world=1)["status"] == "complete"
+
+
+def test_run_needs_a_script(capsys: pytest.CaptureFixture[str]) -> None:
+    from tracemagic.capture.run import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--active", "2"])
+    assert exc.value.code == 2 and "name the script" in capsys.readouterr().err
+
+
+# -- real multi-rank GPU traces against the raw JSON -------------------------------------
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def _oracle(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per step: duration, and kernel time by category, from the events alone.
+
+    Kernels are clipped to the step's wall interval; compute is the union of non-NCCL
+    kernels, comm what NCCL kernels add to it (compute wins where both run).
+    """
+    steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")}
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    out: dict[str, Any] = {
+        "kernel_us": sum(e["dur"] for e in kernels),
+        "nccl_us": sum(e["dur"] for e in kernels if "nccl" in e["name"].lower()),
+        "steps": {},
+    }
+    for step, (start, end) in steps.items():
+        compute, comm = [], []
+        for e in kernels:
+            # a GPU event belongs to the step of its launch; without one, to its own time's
+            at = launches.get(e.get("args", {}).get("correlation"), e["ts"])
+            if not start <= at < end:
+                continue
+            span = (min(max(e["ts"], start), end), min(max(e["ts"] + e["dur"], start), end))
+            (comm if "nccl" in e["name"].lower() else compute).append(span)
+        both = _union(compute + comm)
+        out["steps"][step] = {
+            "dur": end - start,
+            "compute_us": _union(compute),
+            "comm_us": both - _union(compute),
+            "overlap_us": _union(compute) + _union(comm) - both,
+            "comm_total_us": _union(comm),
+        }
+    return out
+
+
+def _check(trace: Any, raw: dict[int, list[dict[str, Any]]]) -> None:
+    kernels = trace.kernels()
+    kernels = kernels[kernels["kind"] == "kernel"]
+    steps = trace.steps().set_index(["rank", "step"])
+    table = trace.ranks_table().set_index("rank")
+    assert trace.ranks == sorted(raw)
+    for rank, events in raw.items():
+        want = _oracle(events)
+        mine = kernels[kernels["rank"] == rank]
+        assert mine["dur"].sum() == pytest.approx(want["kernel_us"], abs=1e-3)
+        assert mine.loc[mine["is_comm"], "dur"].sum() == pytest.approx(want["nccl_us"], abs=1e-3)
+        assert sorted(steps.loc[rank].index) == sorted(want["steps"])
+        overlap = comm_total = 0.0
+        for step, figures in want["steps"].items():
+            row = steps.loc[(rank, step)]
+            for column in ("dur", "compute_us", "comm_us"):
+                assert row[column] == pytest.approx(figures[column], abs=0.05), (rank, step, column)
+            overlap += figures["overlap_us"]
+            comm_total += figures["comm_total_us"]
+        durations = [f["dur"] for f in want["steps"].values()]
+        assert table.loc[rank, "step_us"] == pytest.approx(sum(durations) / len(durations), abs=0.05)
+        assert table.loc[rank, "overlap_pct"] == pytest.approx(100 * overlap / comm_total, abs=1e-3)
+
+
+def test_dlrm_eight_ranks_match_the_raw_json() -> None:
+    path = TRACES / "param_dlrm_kineto.tar.gz"
+    if not path.exists():
+        pytest.skip("shared DLRM traces not present")
+    raw = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                data = json.load(tar.extractfile(member))
+                raw[data["distributedInfo"]["rank"]] = data["traceEvents"]
+    assert sorted(raw) == list(range(8))
+    trace = tracemagic.load(path, use_cache=False)
+    _check(trace, raw)
+    table = trace.ranks_table()
+    assert table["slowest"].sum() == 1
+
+
+def test_nccl_trace_matches_the_raw_json() -> None:
+    path = TRACES / "hta_nccl_data.json.gz"
+    if not path.exists():
+        pytest.skip("shared NCCL trace not present")
+    with gzip.open(path) as fh:
+        data = json.load(fh)
+    trace = tracemagic.load(path, use_cache=False)
+    _check(trace, {data["distributedInfo"]["rank"]: data["traceEvents"]})
