@@ -1,0 +1,217 @@
+"""The HTML report and the dashboard's HTML in a real browser (Debian's chromium driven by
+Playwright): every tab's figure renders, no console errors, no network, screenshots kept in
+``artifacts/``, and trace strings carrying ``<script>``/``onerror=`` run nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+import tracemagic
+from tracemagic.views.dashboard import Dashboard
+from tracemagic.views.report import write_report
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+TRACES = Path("/work/shared/traces")
+if not TRACES.is_dir():  # pragma: no cover
+    TRACES = ROOT.parent / "shared" / "traces"
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+if not Path(CHROMIUM).exists() and not shutil.which("chromium"):  # pragma: no cover
+    pytest.skip("Debian's chromium is not installed", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+class Page:
+    """A page that records console errors, page errors and every non-file request."""
+
+    def __init__(self, browser: Any) -> None:
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+        def route(r: Any) -> None:
+            if r.request.url.startswith(("file:", "data:", "blob:", "about:")):
+                r.continue_()
+            else:
+                self.requests.append(r.request.url)
+                r.abort()
+
+        self.page.route("**/*", route)
+
+    def close(self) -> None:
+        self.page.close()
+
+
+def cpu_capture(folder: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    path = folder / "cpu_trace.json"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
+                 schedule=schedule(wait=0, warmup=1, active=2),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(3):
+            model(torch.randn(16, 32)).sum().backward()
+            prof.step()
+    return path
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("reports")
+    gpu = tracemagic.load(TRACES / "hta_nccl_data.json.gz")
+    cpu = tracemagic.load(cpu_capture(folder), use_cache=False)
+    return {"gpu": write_report(gpu, folder / "gpu.html"), "cpu": write_report(cpu, folder / "cpu.html")}
+
+
+@pytest.mark.parametrize("name", ["gpu", "cpu"])
+def test_every_tab_renders_its_figures(browser: Any, reports: dict[str, Path], name: str) -> None:
+    page = Page(browser)
+    try:
+        page.page.goto(reports[name].as_uri())
+        buttons = page.page.locator("nav button")
+        keys = [buttons.nth(i).get_attribute("data-tab") for i in range(buttons.count())]
+        expected = ["overview", "layers", "timeline", "memory", "shapes"] + (["kernels"] if name == "gpu" else [])
+        assert keys == expected
+        ARTIFACTS.mkdir(exist_ok=True)
+        for i, key in enumerate(keys):
+            buttons.nth(i).click()
+            section = page.page.locator(f"#tab-{key}")
+            assert section.is_visible()
+            figures = section.locator("div.plotly-graph-div")
+            plots = section.locator(".js-plotly-plot")
+            plots.first.locator(".main-svg").first.wait_for(timeout=10_000)
+            assert plots.count() == figures.count() >= 1, key
+            assert section.locator(".js-plotly-plot .main-svg").count() >= plots.count()
+            assert section.locator("table.tm-table").count() >= 1, key
+            page.page.screenshot(path=str(ARTIFACTS / f"report-{name}-{key}.png"))
+        assert page.errors == []
+        assert page.requests == []
+    finally:
+        page.close()
+
+
+def test_report_table_filters_sorts_and_pages(browser: Any, reports: dict[str, Path]) -> None:
+    page = Page(browser)
+    try:
+        page.page.goto(reports["gpu"].as_uri())
+        page.page.locator('nav button[data-tab="timeline"]').click()
+        box = page.page.locator("#tab-timeline .tm-tablebox")
+        rows = box.locator("tbody tr")
+        assert rows.count() == 25
+        info = box.locator(".tm-info")
+        assert "page 1/" in info.inner_text()
+        box.locator("button.tm-next").click()
+        assert "page 2/" in info.inner_text()
+        box.locator("input.tm-filter").fill("aten::copy_")
+        assert rows.count() == 1 and rows.first.locator("td").first.inner_text() == "aten::copy_"
+        box.locator("input.tm-filter").fill("")
+        calls_header = box.locator("th", has_text="calls")
+        calls_header.click()  # numbers sort descending first
+        col = [h.inner_text().split(" ")[0] for h in box.locator("th").all()].index("calls")
+        values = [int(r.locator("td").nth(col).inner_text().replace(",", "")) for r in rows.all()]
+        assert values == sorted(values, reverse=True)
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+# -- XSS: names that are markup must not run -----------------------------------------------------
+@pytest.fixture(scope="module")
+def evil(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from test_views import evil_trace_file
+
+    return tracemagic.load(evil_trace_file(tmp_path_factory.mktemp("evil")), use_cache=False)
+
+
+def _hover_everything(page: Any) -> None:
+    """Move the mouse over every plot so hover labels (which render HTML) are drawn."""
+    for plot in page.locator(".js-plotly-plot:visible").all():
+        box = plot.bounding_box()
+        if not box:
+            continue
+        for fx in (0.2, 0.35, 0.5, 0.65, 0.8):
+            for fy in (0.3, 0.5, 0.7):
+                page.mouse.move(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
+
+
+def test_report_runs_nothing_from_trace_strings(browser: Any, evil: Any, tmp_path: Path) -> None:
+    path = write_report(evil, tmp_path / "evil.html", other=evil)
+    page = Page(browser)
+    try:
+        page.page.goto(path.as_uri())
+        for button in page.page.locator("nav button").all():
+            button.click()
+            _hover_everything(page.page)
+            page.page.locator(".tm-filter:visible").first.fill("script") if page.page.locator(".tm-filter:visible").count() else None
+        assert page.page.evaluate("typeof window.__pwned") == "undefined"
+        # the names are displayed as text
+        assert "<script>window.__pwned=1</script>" in page.page.locator("body").inner_text()
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_dashboard_html_runs_nothing_from_trace_strings(browser: Any, evil: Any) -> None:
+    """The dashboard's HTML widgets (set as innerHTML by ipywidgets) and its plotly figures."""
+    from plotly.offline import get_plotlyjs
+
+    dash = Dashboard(evil, other=evil)
+    dash.render_all()
+    fragments = [w.value for w in _walk(dash.widget) if type(w).__name__ == "HTML"]
+    specs = [fig for key in dash.keys for fig in dash.figures(key)]
+    page = Page(browser)
+    try:
+        page.page.set_content("<html><body><div id='root'></div></body></html>")
+        page.page.add_script_tag(content=get_plotlyjs())
+        # control: the same payload unescaped does run, so the check below can see it
+        page.page.evaluate("s => { const d = document.createElement('div'); d.innerHTML = s; document.body.append(d); }",
+                           '<img src=x onerror="window.__control=1">')
+        page.page.wait_for_function("window.__control === 1", timeout=5_000)
+        page.page.evaluate(
+            """fragments => { for (const f of fragments) { const d = document.createElement('div');
+                 d.innerHTML = f; document.getElementById('root').append(d); } }""",
+            fragments,
+        )
+        for i, spec in enumerate(specs):
+            page.page.evaluate(
+                """([i, spec]) => { const d = document.createElement('div'); d.id = 'fig' + i;
+                     d.style.width = '900px'; d.style.height = '450px'; document.body.append(d);
+                     return Plotly.newPlot(d, spec.data, spec.layout, spec.config || {}); }""",
+                [i, json.loads(json.dumps(spec))],
+            )
+        _hover_everything(page.page)
+        page.page.wait_for_timeout(300)
+        assert page.page.evaluate("typeof window.__pwned") == "undefined"
+        assert "<script>window.__pwned=1</script>" in page.page.locator("#root").inner_text()
+    finally:
+        page.close()
+
+
+def _walk(widget: Any) -> list[Any]:
+    out = [widget]
+    for child in getattr(widget, "children", ()) or ():
+        out += _walk(child)
+    return out
