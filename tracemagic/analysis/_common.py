@@ -73,16 +73,54 @@ def module_labels(trace: Trace) -> dict[str, tuple[str, str]]:
     return out
 
 
-def layers_at(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Layer name and type of the ``nn.Module`` event at each row (``None`` for -1)."""
+def _per_name(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Layer and type for every category of the ``name`` column (None for non-modules)."""
     labels = module_labels(trace)
-    names = trace.events["name"]
-    categories = names.cat.categories
+    categories = trace.events["name"].cat.categories
     layer_of = np.array([labels.get(str(c), (None, None))[0] for c in categories] + [None], dtype=object)
     type_of = np.array([labels.get(str(c), (None, None))[1] for c in categories] + [None], dtype=object)
-    codes = names.cat.codes.to_numpy()
-    at = np.where(module_rows >= 0, codes[np.maximum(module_rows, 0)], -1)
+    return layer_of, type_of
+
+
+def _codes_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    codes = trace.events["name"].cat.codes.to_numpy()
+    return np.where(rows >= 0, codes[np.maximum(rows, 0)], -1)
+
+
+def layers_at(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Layer name and type of the ``nn.Module`` event at each row (``None`` for -1)."""
+    layer_of, type_of = _per_name(trace)
+    at = _codes_at(trace, module_rows)
     return layer_of[at], type_of[at]
+
+
+def _categorical(per_code: np.ndarray, at: np.ndarray) -> pd.Categorical:
+    """``per_code[at]`` as a categorical, built from codes (no per-row string work)."""
+    present = np.array([v is not None for v in per_code])
+    categories, index = np.unique(per_code[present].astype(str), return_inverse=True)
+    recode = np.full(per_code.size, -1, dtype=np.int64)
+    recode[np.flatnonzero(present)] = index
+    return pd.Categorical.from_codes(recode[at], categories=categories).remove_unused_categories()
+
+
+def layer_labels(trace: Trace, module_rows: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
+    """``layers_at`` as categoricals, for per-event tables of millions of rows."""
+    layer_of, type_of = _per_name(trace)
+    at = _codes_at(trace, module_rows)
+    return _categorical(layer_of, at), _categorical(type_of, at)
+
+
+def name_labels(trace: Trace, rows: np.ndarray) -> pd.Categorical:
+    """Event names at ``rows`` as a categorical (missing where the row is -1)."""
+    names = trace.events["name"].array
+    return pd.Categorical.from_codes(_codes_at(trace, rows), dtype=names.dtype).remove_unused_categories()
+
+
+def labels(values: pd.Series) -> pd.Categorical:
+    """A column of repeated strings as a categorical without unused categories."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return values.array.remove_unused_categories()
+    return pd.Categorical(np.asarray(values, dtype=object))
 
 
 def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import is_nccl, layers_at, names_at, text, trace_start
+from tracemagic.analysis._common import is_nccl, labels, layer_labels, name_labels, trace_start
 from tracemagic.trace.model import Trace
 
 #: the GPU activity kinds listed, in ``kind`` column order
@@ -24,33 +24,33 @@ def kernels(trace: Trace) -> pd.DataFrame:
     launched it, NA if unknown) and ``op_row``; ``layer``, ``layer_type`` (the enclosing
     ``nn.Module`` at launch, NA outside modules); ``correlation``; ``bytes`` (memcpy/memset
     size); ``grid``, ``block`` (JSON text); ``collective`` (NCCL kernels' ``Collective name``
-    arg, when recorded); ``is_comm`` (an NCCL kernel).
+    arg, when recorded); ``is_comm`` (an NCCL kernel). Text columns are categoricals.
     """
     events = trace.events
     rows = np.flatnonzero(events["kind"].isin(KINDS).to_numpy() & (events["ph"] == "X").to_numpy())
     picked = events.iloc[rows]
     op_rows = picked["op"].to_numpy()
-    layer, layer_type = layers_at(trace, picked["module"].to_numpy())
+    layer, layer_type = layer_labels(trace, picked["module"].to_numpy())
     return pd.DataFrame(
         {
             "rank": picked["rank"].to_numpy(),
             "row": rows,
-            "name": text(picked["name"]),
-            "kind": pd.Categorical(picked["kind"].astype(str), categories=list(KINDS)),
+            "name": labels(picked["name"]),
+            "kind": picked["kind"].array.set_categories(list(KINDS)),
             "device": picked["device"].array,
             "stream": picked["stream"].array,
             "ts": picked["ts"].to_numpy() - trace_start(trace),
             "dur": picked["dur"].to_numpy(),
             "step": picked["step"].to_numpy(),
-            "op": text(names_at(trace, op_rows)),
+            "op": name_labels(trace, op_rows),
             "op_row": op_rows,
-            "layer": text(layer),
-            "layer_type": text(layer_type),
+            "layer": layer,
+            "layer_type": layer_type,
             "correlation": picked["correlation"].array,
             "bytes": picked["bytes"].array,
-            "grid": text(picked["grid"]),
-            "block": text(picked["block"]),
-            "collective": text(picked["collective"]),
+            "grid": labels(picked["grid"]),
+            "block": labels(picked["block"]),
+            "collective": labels(picked["collective"]),
             "is_comm": (picked["kind"] == "kernel").to_numpy() & is_nccl(picked["name"]),
         }
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import layers_at, text, trace_start
+from tracemagic.analysis._common import labels, layer_labels, trace_start
 from tracemagic.trace.model import Trace
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
@@ -22,29 +22,29 @@ def ops(trace: Trace) -> pd.DataFrame:
     ``parent`` (row of the enclosing CPU event, -1 at top level); ``layer``, ``layer_type``
     (innermost enclosing ``nn.Module``, NA outside modules); ``input_dims``,
     ``input_type`` (JSON text as recorded); ``seq`` (autograd sequence number, links a
-    forward op to its backward); ``rf_id``; ``external_id``.
+    forward op to its backward); ``rf_id``; ``external_id``. Text columns are categoricals.
     """
     events = trace.events
     rows = np.flatnonzero(events["kind"].isin(KINDS).to_numpy() & (events["ph"] == "X").to_numpy())
     picked = events.iloc[rows]
-    layer, layer_type = layers_at(trace, picked["module"].to_numpy())
+    layer, layer_type = layer_labels(trace, picked["module"].to_numpy())
     return pd.DataFrame(
         {
             "rank": picked["rank"].to_numpy(),
             "row": rows,
-            "name": text(picked["name"]),
-            "kind": pd.Categorical(picked["kind"].astype(str), categories=list(KINDS)),
+            "name": labels(picked["name"]),
+            "kind": picked["kind"].array.set_categories(list(KINDS)),
             "ts": picked["ts"].to_numpy() - trace_start(trace),
             "dur": picked["dur"].to_numpy(),
             "self_dur": picked["self_dur"].to_numpy(),
-            "thread": text(picked["tid"]),
+            "thread": labels(picked["tid"]),
             "step": picked["step"].to_numpy(),
             "depth": picked["depth"].to_numpy(),
             "parent": picked["parent"].to_numpy(),
-            "layer": text(layer),
-            "layer_type": text(layer_type),
-            "input_dims": text(picked["input_dims"]),
-            "input_type": text(picked["input_type"]),
+            "layer": layer,
+            "layer_type": layer_type,
+            "input_dims": labels(picked["input_dims"]),
+            "input_type": labels(picked["input_type"]),
             "seq": picked["seq"].array,
             "rf_id": picked["rf_id"].array,
             "external_id": picked["external_id"].array,
