@@ -1,0 +1,203 @@
+"""``ranks()``: per-rank step time and breakdown, communication overlap, collectives, stragglers.
+
+Steps are compared by number across ranks. Collectives are matched across ranks by
+(step, collective, n-th of that collective in the step); a rank's wait in a collective is
+how much later the last rank arrived, and the straggler of a step is the rank the others
+wait for (not the one with the longest step: waiting makes a step long).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from tracemagic.analysis import steps as steps_module
+from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length
+from tracemagic.trace.model import Trace
+
+_KERNEL_COLLECTIVE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+_MEANS = ("compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us")
+
+
+def _collective_events(trace: Trace) -> tuple[np.ndarray, list[str], str]:
+    """Rows of the collectives, their names, and which kind of event they are.
+
+    The first kind present wins, so one collective is never counted twice: NCCL kernels
+    (GPU arrival), else host annotations (``nccl:all_reduce``, ``gloo:broadcast``), else
+    ``record_param_comms`` ops.
+    """
+    events = trace.events
+    kinds = events["kind"].to_numpy()
+    timed = (events["ph"] == "X").to_numpy()
+    host = timed & np.isin(kinds, ("cpu_op", "user_annotation"))
+    rows = np.flatnonzero(timed & (kinds == "kernel") & is_nccl(events["name"]))
+    source = "kernel"
+    if not rows.size:
+        rows = np.flatnonzero(host & names_where(events["name"], HOST_COLLECTIVE))
+        source = "annotation"
+    if not rows.size:
+        rows = np.flatnonzero(host & (events["name"] == "record_param_comms").to_numpy())
+        source = "record_param_comms"
+    names = events["name"].iloc[rows].to_numpy(dtype=object)
+    given = events["collective"].iloc[rows].to_numpy(dtype=object)
+    labels = []
+    for name, recorded in zip(names, given):  # one per collective: a few per step
+        if source == "kernel":
+            match = _KERNEL_COLLECTIVE.search(str(name))
+            fallback = match.group(1) if match else str(name)
+            labels.append(str(recorded) if isinstance(recorded, str) else fallback)
+        else:
+            labels.append(str(name).split(":", 1)[1] if source == "annotation" else str(recorded))
+    return rows, labels, source
+
+
+def collectives(trace: Trace) -> pd.DataFrame:
+    """Every collective on every rank, matched across ranks, with each rank's wait.
+
+    Columns: ``rank``, ``step``, ``collective`` (name as recorded), ``seq`` (n-th of that
+    collective in the step on that rank, from 0), ``ts`` (µs since the trace's start),
+    ``dur``, ``arrival_us`` (start minus the rank's step start: the step-aligned clock),
+    ``wait_us`` (the latest matched rank's arrival minus this rank's: time spent waiting
+    for the slowest, on the ranks' common clock), ``excess_us`` (duration minus the shortest matched duration: the same
+    wait estimated without any clock, since a blocking collective ends together on all
+    ranks), ``ranks`` (how many ranks have this collective), ``source`` (kernel |
+    annotation | record_param_comms). Wait columns are NaN where only one rank has it.
+    Collectives outside every step window are left out.
+
+    The common clock is the trace's own (ranks of a job record synchronized wall-clock
+    times), corrected for NCCL kernels by each rank's offset estimated from collective
+    ends (``df.attrs['clock_offset_us']``). Step starts are no common clock: ranks begin a
+    step at different moments, and that lateness is what a straggler is.
+    """
+    rows, labels, source = _collective_events(trace)
+    frame = steps_module.windows(trace)
+    window = steps_module.window_of(trace, frame)[rows]
+    events = trace.events
+    ts = events["ts"].to_numpy()[rows]
+    out = pd.DataFrame(
+        {
+            "rank": events["rank"].to_numpy()[rows],
+            "step": events["step"].to_numpy()[rows],
+            "collective": text(np.asarray(labels, dtype=object)),
+            "ts": ts - trace_start(trace),
+            "dur": events["dur"].to_numpy()[rows],
+            "arrival_us": ts - frame["start"].to_numpy()[np.maximum(window, 0)],
+            "key": [re.sub(r"[^a-z0-9]", "", label.lower()) for label in labels],
+        }
+    )[window >= 0]
+    out = out.sort_values(["rank", "step", "ts"], kind="stable")
+    out.insert(3, "seq", out.groupby(["rank", "step", "key"]).cumcount())
+    match = out.groupby(["step", "key", "seq"])
+    count = match["rank"].transform("size")
+    shared = count > 1
+    offsets = _clock_offsets(out, match, shared) if source == "kernel" else pd.Series(dtype=float)
+    arrival = out["ts"] - out["rank"].map(offsets).fillna(0.0)
+    out["wait_us"] = (arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(shared)
+    out["excess_us"] = (out["dur"] - match["dur"].transform("min")).where(shared)
+    out["ranks"] = count.to_numpy()
+    out["source"] = source
+    out = out.drop(columns="key").sort_values(["step", "ts", "rank"], kind="stable").reset_index(drop=True)
+    out.attrs["clock_offset_us"] = {int(rank): float(value) for rank, value in offsets.items()}
+    return out
+
+
+def _clock_offsets(out: pd.DataFrame, match: pd.core.groupby.DataFrameGroupBy, shared: pd.Series) -> pd.Series:
+    """Per rank: how far its clock runs ahead of the others (µs), from NCCL kernel ends.
+
+    A blocking NCCL collective ends at the same moment on every rank, so the median gap
+    between a rank's end and the median end of each matched collective is its clock offset
+    (near 0 when ranks share a clock).
+    """
+    end = out["ts"] + out["dur"]
+    lag = end - end.groupby([out["step"], out["key"], out["seq"]]).transform("median")
+    return lag[shared].groupby(out["rank"][shared]).median()
+
+
+def stragglers(trace: Trace) -> pd.DataFrame:
+    """The straggler of each step: the rank the others wait for.
+
+    Where collectives are matched across ranks in a step, the straggler is the rank with
+    the least total wait in them (it arrives last); otherwise the rank with the longest
+    step. One row per step present on two or more ranks.
+
+    Columns: ``step``, ``rank`` (the straggler), ``by`` (collectives | step_time),
+    ``step_us`` (its step time), ``median_step_us`` (over ranks), ``wait_us`` (its total
+    collective wait in the step), ``median_wait_us`` (over ranks).
+    """
+    return _stragglers(trace.steps(), collectives(trace))
+
+
+def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
+    waits = found.groupby(["rank", "step"])["wait_us"].sum(min_count=1).rename("wait_us")
+    table = steps[["rank", "step", "dur"]].join(waits, on=["rank", "step"])
+    rows = []
+    for step, group in table.groupby("step"):  # one per step
+        if len(group) < 2:
+            continue
+        by_wait = group["wait_us"].notna().sum() >= 2
+        pick = group.loc[group["wait_us"].idxmin()] if by_wait else group.loc[group["dur"].idxmax()]
+        rows.append(
+            {
+                "step": int(step),
+                "rank": int(pick["rank"]),
+                "by": "collectives" if by_wait else "step_time",
+                "step_us": float(pick["dur"]),
+                "median_step_us": float(group["dur"].median()),
+                "wait_us": float(pick["wait_us"]),
+                "median_wait_us": float(group["wait_us"].median()),
+            }
+        )
+    columns = ["step", "rank", "by", "step_us", "median_step_us", "wait_us", "median_wait_us"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def overlap(trace: Trace) -> pd.Series:
+    """Per rank: % of communication-kernel time during which a compute kernel also runs.
+
+    Computed over the GPU activity of the steps, clipped to the step windows; NaN for a
+    rank without communication kernels.
+    """
+    frame = steps_module.windows(trace)
+    masks = steps_module.category_masks(trace)
+    window = steps_module.window_of(trace, frame)
+    comm_kernels = masks["comm_us"] & (trace.events["kind"] == "kernel").to_numpy()
+    ranks = frame["rank"].to_numpy()
+    measured = []
+    for rows in (np.flatnonzero(comm_kernels), np.flatnonzero(masks["compute_us"])):
+        group, start, end = steps_module.clipped(trace, frame, window, rows)
+        measured.append((group, start, end))
+    comm = union_length(*measured[0], len(frame))
+    compute = union_length(*measured[1], len(frame))
+    both = union_length(*(np.concatenate(c) for c in zip(*measured)), len(frame))
+    shared = pd.Series(comm + compute - both).groupby(ranks).sum()
+    comm_total = pd.Series(comm).groupby(ranks).sum()
+    return (100.0 * shared / comm_total.where(comm_total > 0)).rename("overlap_pct")
+
+
+def ranks(trace: Trace) -> pd.DataFrame:
+    """One row per rank: mean step time and breakdown, overlap, waits, the slowest rank.
+
+    Columns: ``rank``; ``steps`` (count); ``step_us`` (mean step time); the mean per step
+    of ``compute_us``, ``comm_us``, ``memcpy_us``, ``memset_us``, ``runtime_us``,
+    ``dataloader_us``, ``cpu_us``, ``idle_us`` (see ``steps()``; they add up to
+    ``step_us``); ``overlap_pct`` (% of communication-kernel time overlapped by compute
+    kernels, NaN without communication kernels); ``wait_us`` (mean per step of the time
+    spent waiting for other ranks in collectives, NaN when none are matched);
+    ``straggler_steps`` (steps in which this rank was the straggler, see ``stragglers``);
+    ``slowest`` (bool: the rank that was the straggler most often, ties broken by the
+    longer mean step; with a single rank, that rank).
+    """
+    table = trace.steps()
+    grouped = table.groupby("rank")
+    out = grouped.agg(steps=("step", "size"), step_us=("dur", "mean"), **{m: (m, "mean") for m in _MEANS})
+    out = out.join(overlap(trace))
+    found = collectives(trace)
+    waits = found.groupby(["rank", "step"])["wait_us"].sum(min_count=1)
+    out["wait_us"] = waits.groupby(level="rank").mean().reindex(out.index)
+    late = _stragglers(table, found)["rank"].value_counts()
+    out["straggler_steps"] = late.reindex(out.index, fill_value=0).astype(np.int64)
+    order = out.sort_values(["straggler_steps", "step_us"], ascending=False, kind="stable")
+    out["slowest"] = out.index == order.index[0] if len(out) else []
+    return out.reset_index()
