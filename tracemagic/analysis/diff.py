@@ -1,0 +1,103 @@
+"""``diff(a, b)``: two traces compared op by op, kernel by kernel and layer by layer.
+
+Like HTA's trace diff and the TensorBoard plugin's Diff Run: each name's call count and
+total time in ``a`` and ``b`` (all ranks together), with a verdict.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tracemagic.analysis._common import text
+from tracemagic.trace.model import Trace
+
+#: relative change in time below which a name counts as ``same``
+TOLERANCE = 0.05
+_COLUMNS = ["level", "name", "type", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status", "gpu_us_a", "gpu_us_b"]
+
+
+def _ops(trace: Trace) -> pd.DataFrame:
+    """Per CPU op name: calls, total (inclusive) CPU time, and GPU time of what it launched."""
+    ops = trace.ops()
+    ops = ops[ops["kind"] == "cpu_op"]
+    table = ops.groupby("name", observed=True).agg(calls=("dur", "size"), us=("dur", "sum"))
+    table.index = table.index.astype(str)
+    launched = trace.kernels().groupby("op", observed=True)["dur"].sum()
+    launched.index = launched.index.astype(str)
+    table["gpu_us"] = launched.reindex(table.index).fillna(0.0)
+    return table
+
+
+def _kernels(trace: Trace) -> pd.DataFrame:
+    """Per GPU kernel / memcpy / memset name: calls and total GPU time."""
+    kernels = trace.kernels()
+    table = kernels.groupby("name", observed=True).agg(calls=("dur", "size"), us=("dur", "sum"))
+    table.index = table.index.astype(str)
+    table["gpu_us"] = table["us"]
+    return table
+
+
+def _layers(trace: Trace) -> pd.DataFrame:
+    """Per layer: calls, CPU and GPU time (from ``layers()``), with the layer's type."""
+    layers = trace.layers()
+    return layers.groupby("layer").agg(
+        type=("type", "first"), calls=("calls", "sum"), us=("cpu_us", "sum"), gpu_us=("gpu_us", "sum")
+    )
+
+
+def _compare(level: str, a: pd.DataFrame, b: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    both = a.join(b, how="outer", suffixes=("_a", "_b"))
+    out = pd.DataFrame(
+        {
+            "level": level,
+            "name": both.index.astype(str),
+            "type": text(both["type_a"].fillna(both["type_b"])) if "type_a" in both else text([None] * len(both)),
+            "calls_a": both["calls_a"].fillna(0).astype("int64"),
+            "calls_b": both["calls_b"].fillna(0).astype("int64"),
+            "us_a": both["us_a"].fillna(0.0),
+            "us_b": both["us_b"].fillna(0.0),
+            "gpu_us_a": both["gpu_us_a"].fillna(0.0),
+            "gpu_us_b": both["gpu_us_b"].fillna(0.0),
+        }
+    )
+    out["delta_us"] = out["us_b"] - out["us_a"]
+    out["ratio"] = out["us_b"] / out["us_a"].where(out["us_a"] > 0)
+    status = pd.Series("same", index=out.index, dtype="str")
+    status[out["ratio"] > 1 + tolerance] = "slower"
+    status[out["ratio"] < 1 - tolerance] = "faster"
+    status[out["calls_a"] == 0] = "added"
+    status[out["calls_b"] == 0] = "removed"
+    out["status"] = status
+    return out
+
+
+def diff(a: Trace, b: Trace, tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """Compare trace ``b`` with trace ``a`` by op name, kernel name and layer.
+
+    Args:
+        a: the reference trace.
+        b: the trace compared with it.
+        tolerance: relative change in total time within which a name is ``same``.
+
+    Returns:
+        One row per (level, name): ``level`` (op | kernel | layer; kernel rows only when a
+        trace has GPU activity, layer rows only when a trace has ``nn.Module`` events);
+        ``name``; ``type`` (a layer's class, NA otherwise); ``calls_a``, ``calls_b``;
+        ``us_a``, ``us_b`` (total µs over all ranks: inclusive CPU time for ops and layers,
+        GPU time for kernels); ``delta_us`` (b - a); ``ratio`` (b / a, NaN when a is 0);
+        ``status`` (added: only in b | removed: only in a | slower | faster | same);
+        ``gpu_us_a``, ``gpu_us_b`` (GPU time launched by the op, as the innermost op at
+        launch, or by the layer). Rows are sorted
+        by level, then by the size of the change.
+    """
+    parts = [_compare("op", _ops(a), _ops(b), tolerance)]
+    if a.has_gpu or b.has_gpu:
+        parts.append(_compare("kernel", _kernels(a), _kernels(b), tolerance))
+    layers_a, layers_b = _layers(a), _layers(b)
+    if len(layers_a) or len(layers_b):
+        parts.append(_compare("layer", layers_a, layers_b, tolerance))
+    out = pd.concat(parts, ignore_index=True)
+    order = out["level"].map({"op": 0, "kernel": 1, "layer": 2})
+    out = out.assign(_level=order, _size=out["delta_us"].abs())
+    out = out.sort_values(["_level", "_size"], ascending=[True, False], kind="stable")
+    return out[_COLUMNS].reset_index(drop=True)
