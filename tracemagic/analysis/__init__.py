@@ -17,7 +17,11 @@ Column contracts (views rely on these names):
   ``dataloader_us``, ``cpu_us`` (host ops with the GPU idle), ``idle_us``; they add up to
   ``dur``.
 - ``ranks()``: ``rank, steps, step_us, compute_us, comm_us, memcpy_us, idle_us,
-  overlap_pct, slowest`` (bool).
+  overlap_pct, slowest`` (bool: the rank the others wait for most often, see
+  ``ranks.stragglers``; not simply the longest step, since waiting lengthens a step).
+  Same module: ``collectives(trace)`` (``rank, step, collective, seq, ts, dur,
+  arrival_us, wait_us, excess_us, ranks, source``) and ``stragglers(trace)`` (``step,
+  rank, by, step_us, median_step_us, wait_us, median_wait_us``).
 - ``layers()``: ``rank, layer, type, depth, parent, calls, cpu_us, self_cpu_us, fwd_cpu_us,
   bwd_cpu_us, gpu_us, self_gpu_us, fwd_gpu_us, bwd_gpu_us, memory_growth_bytes,
   input_shapes``; ``df.attrs['unattributed_us']`` and ``df.attrs['step_us']`` per rank.
@@ -25,6 +29,6 @@ Column contracts (views rely on these names):
   delta_bytes, op, layer, step``.
 - ``shapes()``: ``rank, name, input_dims, input_type, calls, total_us, mean_us, self_us,
   flops, tflops_per_s``.
-- ``diff(a, b)``: ``level ('op' | 'layer'), name, calls_a, calls_b, us_a, us_b, delta_us,
-  ratio, status ('added' | 'removed' | 'faster' | 'slower' | 'same')``.
+- ``diff(a, b)``: ``level ('op' | 'kernel' | 'layer'), name, calls_a, calls_b, us_a, us_b,
+  delta_us, ratio, status ('added' | 'removed' | 'faster' | 'slower' | 'same')``.
 """
