@@ -1,0 +1,536 @@
+"""ops / kernels / steps / ranks / diff on every real trace and on a CPU trace captured here.
+
+Expectations come from the raw JSON (plain ``json``/``gzip``/``tarfile``), never from the
+loader: counts and sums directly, the step breakdown through an independent sweep line
+(one boundary at a time, the highest-priority active activity wins) instead of the
+analyses' vectorized interval unions.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import math
+import tarfile
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tracemagic
+from tracemagic.trace.model import Trace
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+KINETO_FILES = [
+    "hta_benchmark_simple_add_trace.json.gz",
+    "hta_control.json.gz",
+    "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "hta_nccl_data.json.gz",
+    "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+    "hta_triton_example.json.gz",
+    "kineto_worker0.1623143089861.pt.trace.json.gz",
+    "param_dlrm_kineto.tar.gz",
+    "tracelens_normalization_layer_test.json.gz",
+]
+PARTS = ["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us"]
+CONTRACTS = {
+    "ops": "rank row name kind ts dur self_dur thread step depth layer input_dims input_type seq rf_id external_id",
+    "kernels": "rank row name kind device stream ts dur step op layer correlation bytes grid block is_comm",
+    "steps": "rank step ts dur " + " ".join(PARTS) + " idle_us",
+    "ranks_table": "rank steps step_us compute_us comm_us memcpy_us idle_us overlap_pct slowest",
+}
+RAW_KIND = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "runtime": "runtime",
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+}
+
+pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason="the shared real traces are not here")
+
+
+# -- independent expectations from the raw JSON ----------------------------------------------
+def raw_ranks(name: str) -> dict[int, list[dict[str, Any]]]:
+    """rank -> timed events (X and instants) of a trace file, read with the standard library."""
+    path = TRACES / name
+    docs = []
+    if name.endswith(".tar.gz"):
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.name.endswith(".json"):
+                    docs.append(json.load(tar.extractfile(member)))
+    else:
+        with gzip.open(path, "rt") as fh:
+            docs.append(json.load(fh))
+    out = {}
+    for doc in docs:
+        rank = int((doc.get("distributedInfo") or {}).get("rank", 0))
+        out[rank] = [e for e in doc["traceEvents"] if e.get("ph") in ("X", "i", "I") and "ts" in e]
+    return out
+
+
+def kind(event: dict[str, Any]) -> str | None:
+    return RAW_KIND.get(str(event.get("cat", "")).lower())
+
+
+def raw_steps(events: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(number, start, duration) of the ProfilerSteps, by start."""
+    steps = {}
+    for e in events:
+        if e["ph"] == "X" and str(e.get("name", "")).startswith("ProfilerStep#") and kind(e) in ("cpu_op", "user_annotation"):
+            steps.setdefault(int(e["name"].split("#")[1]), (float(e["ts"]), float(e.get("dur", 0))))
+    return sorted(((n, s, t) for n, (s, t) in steps.items()), key=lambda x: x[1])
+
+
+def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Step number -> partition of its wall time, by a sweep line over the raw events.
+
+    Times are shifted to the rank's first event: float64 sums of epoch-µs times would
+    round each end to ~0.001 µs.
+    """
+    origin = min(float(e["ts"]) for e in events)
+    steps = [(n, start - origin, start - origin + dur) for n, start, dur in raw_steps(events)]
+    if not steps:
+        steps = [(-1, 0.0, max(float(e["ts"]) - origin + float(e.get("dur", 0)) for e in events))]
+    starts = [start for _, start, _ in steps]
+
+    def step_at(t: float) -> int | None:
+        i = bisect.bisect_right(starts, t) - 1
+        return steps[i][0] if i >= 0 and t <= steps[i][2] + 0.25 else None
+
+    launched = {
+        e["args"]["correlation"]: float(e["ts"]) - origin
+        for e in events
+        if kind(e) == "runtime" and "correlation" in e.get("args", {})
+    }
+    per_step: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    for e in events:
+        k, name, dur = kind(e), str(e.get("name", "")), float(e.get("dur", 0))
+        if e["ph"] != "X" or dur <= 0:
+            continue
+        if k == "kernel":
+            category = 1 if "nccl" in name.lower() else 0
+        elif k in ("memcpy", "memset"):
+            category = 2 if k == "memcpy" else 3
+        elif k == "runtime":
+            category = 4
+        elif k in ("cpu_op", "user_annotation") and "DataLoader" in name:  # not Python frames
+            category = 5
+        elif k == "cpu_op" and not name.startswith("ProfilerStep#"):
+            category = 6
+        else:
+            continue
+        ts = float(e["ts"]) - origin
+        step = None
+        if category <= 3:
+            corr = (e.get("args") or {}).get("correlation")
+            if corr in launched:
+                step = step_at(launched[corr])
+        if step is None:
+            step = step_at(ts)
+        if step is not None:
+            per_step[step].append((ts, ts + dur, category))
+    out = {}
+    for number, start, end in steps:
+        marks = []
+        for s, t, category in per_step[number]:
+            s, t = min(max(s, start), end), min(max(t, start), end)
+            if t > s:
+                marks += [(s, 1, category), (t, -1, category)]
+        marks.sort()
+        active, totals, last = [0] * 7, [0.0] * 8, start
+        for t, delta, category in marks:
+            top = next((c for c in range(7) if active[c]), 7)
+            totals[top] += t - last
+            last = t
+            active[category] += delta
+        totals[7] += end - last
+        out[number] = dict(zip(PARTS + ["idle_us"], totals)) | {"dur": end - start}
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, Trace]:
+    return {name: tracemagic.load(TRACES / name) for name in KINETO_FILES}
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, dict[int, list[dict[str, Any]]]]:
+    return {name: raw_ranks(name) for name in KINETO_FILES}
+
+
+# -- contracts ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["param_dlrm_kineto.tar.gz", "tracelens_normalization_layer_test.json.gz"])
+def test_tables_keep_the_column_contracts(loaded: dict[str, Trace], name: str) -> None:
+    trace = loaded[name]
+    for method, columns in CONTRACTS.items():
+        table = getattr(trace, method)()
+        assert set(columns.split()) <= set(table.columns), method
+    assert {"level", "name", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status"} <= set(trace.diff(trace).columns)
+
+
+# -- kernels ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", KINETO_FILES)
+def test_kernels_match_the_raw_trace(loaded: dict[str, Trace], raw: dict, name: str) -> None:
+    table = loaded[name].kernels()
+    for rank, events in raw[name].items():
+        mine = table[table["rank"] == rank]
+        for k in ("kernel", "memcpy", "memset"):
+            expected = [e for e in events if e["ph"] == "X" and kind(e) == k]
+            got = mine[mine["kind"] == k]
+            assert len(got) == len(expected), (rank, k)
+            assert got["dur"].sum() == pytest.approx(sum(float(e.get("dur", 0)) for e in expected), rel=1e-9, abs=1e-6)
+            sizes = [e["args"]["bytes"] for e in expected if "bytes" in e.get("args", {})]
+            assert got["bytes"].notna().sum() == len(sizes)
+            assert got["bytes"].sum() == sum(sizes)
+        nccl = [e for e in events if kind(e) == "kernel" and "nccl" in e["name"].lower()]
+        assert int(mine["is_comm"].sum()) == len(nccl), rank
+        assert sorted(mine.loc[mine["is_comm"], "dur"]) == pytest.approx(sorted(float(e["dur"]) for e in nccl))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", "hta_triton_example.json.gz", "tracelens_normalization_layer_test.json.gz"],
+)
+def test_kernels_name_the_innermost_op_around_their_launch(loaded: dict[str, Trace], raw: dict, name: str) -> None:
+    events = raw[name][0]
+    runtime = {e["args"]["correlation"]: e for e in events if kind(e) == "runtime" and "correlation" in e.get("args", {})}
+    ops = [e for e in events if e["ph"] == "X" and kind(e) == "cpu_op"]
+    expected = []
+    for e in events:
+        if e["ph"] == "X" and kind(e) in ("kernel", "memcpy", "memset"):
+            launch = runtime.get(e["args"].get("correlation"))
+            around = [
+                o
+                for o in ops
+                if launch is not None
+                and o["tid"] == launch["tid"]
+                and o["ts"] <= launch["ts"]
+                and launch["ts"] + launch["dur"] <= o["ts"] + o["dur"] + 0.25
+            ]
+            inner = min(around, key=lambda o: (o["dur"], -o["ts"])) if around else None
+            expected.append(inner["name"] if inner else None)
+    table = loaded[name].kernels()
+    assert len(expected) == len(table) and any(expected)
+    assert [None if pd.isna(v) else v for v in table["op"]] == expected
+
+
+# -- steps --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", KINETO_FILES)
+def test_steps_match_the_raw_profiler_steps(loaded: dict[str, Trace], raw: dict, name: str) -> None:
+    table = loaded[name].steps()
+    start = min(float(e["ts"]) for events in raw[name].values() for e in events)
+    for rank, events in raw[name].items():
+        mine = table[table["rank"] == rank]
+        expected = raw_steps(events)
+        if not expected:
+            assert mine["step"].tolist() == [-1]
+            assert "no ProfilerStep" in table.attrs["note"]
+            end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events)
+            first = min(float(e["ts"]) for e in events)
+            assert mine["dur"].iloc[0] == pytest.approx(end - first)
+            continue
+        assert "note" not in table.attrs
+        assert mine["step"].tolist() == [n for n, _, _ in expected]
+        assert mine["dur"].tolist() == [d for _, _, d in expected]
+        assert mine["ts"].to_numpy() == pytest.approx([s - start for _, s, _ in expected], abs=1e-3)
+
+
+@pytest.mark.parametrize("name", KINETO_FILES)
+def test_step_breakdown_matches_a_sweep_line_and_adds_up(loaded: dict[str, Trace], raw: dict, name: str) -> None:
+    table = loaded[name].steps()
+    parts = table[PARTS + ["idle_us"]]
+    assert (parts.to_numpy() >= -1e-9).all()
+    np.testing.assert_allclose(parts.sum(axis=1), table["dur"], rtol=1e-12, atol=1e-6)
+    for rank, events in raw[name].items():
+        expected = sweep_breakdown(events)
+        for _, row in table[table["rank"] == rank].iterrows():
+            want = expected[int(row["step"])]
+            for column in PARTS + ["idle_us", "dur"]:
+                assert row[column] == pytest.approx(want[column], rel=1e-9, abs=1e-3), (rank, row["step"], column)
+
+
+def test_gpu_work_is_clipped_to_the_step_that_launched_it(tmp_path: Path) -> None:
+    """A hand-made trace whose every overlap is known: priorities, clipping, exact sums."""
+
+    def x(name: str, cat: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    gpu = {"pid": 0, "tid": 7}
+    events = [
+        x("ProfilerStep#3", "user_annotation", 1000, 100),
+        x("aten::mm", "cpu_op", 1000, 70),
+        x("cudaLaunchKernel", "cuda_runtime", 1000, 15, correlation=1),
+        x("cudaLaunchKernel", "cuda_runtime", 1020, 5, correlation=2),
+        x("cudaMemcpyAsync", "cuda_runtime", 1040, 5, correlation=3),
+        x("cudaLaunchKernel", "cuda_runtime", 1090, 5, correlation=4),
+        x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "user_annotation", 1075, 10),
+        x("gemm", "kernel", 1010, 20, correlation=1) | gpu,
+        x("ncclKernel_AllReduce_RING_LL_Sum_float", "kernel", 1020, 30, correlation=2) | gpu,
+        x("Memcpy HtoD", "gpu_memcpy", 1045, 15, correlation=3, bytes=64) | gpu,
+        x("late", "kernel", 1095, 40, correlation=4) | gpu,  # runs past the step's end
+        x("ProfilerStep#4", "user_annotation", 1100, 50),
+    ]
+    path = tmp_path / "made.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    table = tracemagic.load(path, use_cache=False).steps().set_index("step")
+    first = table.loc[3]
+    # compute 1010-1030 + 1095-1100; comm 1030-1050; memcpy 1050-1060; runtime 1000-1010;
+    # cpu 1060-1070; dataloader 1075-1085; runtime 1090-1095; idle 1070-1075 + 1085-1090
+    assert first[PARTS + ["idle_us"]].tolist() == [25.0, 20.0, 10.0, 0.0, 15.0, 10.0, 10.0, 10.0]
+    assert table.loc[4, "compute_us"] == 0.0 and table.loc[4, "idle_us"] == 50.0
+
+
+# -- ranks and collectives ------------------------------------------------------------------
+def nccl_kernels(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted((e for e in events if kind(e) == "kernel" and "nccl" in e["name"].lower()), key=lambda e: e["ts"])
+
+
+def test_ranks_of_the_eight_rank_dlrm_trace(loaded: dict[str, Trace], raw: dict) -> None:
+    name = "param_dlrm_kineto.tar.gz"
+    trace, ranks = loaded[name], raw[name]
+    table = trace.ranks_table().set_index("rank")
+    assert sorted(table.index) == list(range(8)) == trace.ranks
+    for rank, events in ranks.items():
+        ((_, start, dur),) = raw_steps(events)
+        end = start + dur
+        want = sweep_breakdown(events)[10]
+        row = table.loc[rank]
+        assert row["steps"] == 1 and row["step_us"] == dur
+        for column in ("compute_us", "comm_us", "memcpy_us", "idle_us"):
+            assert row[column] == pytest.approx(want[column], abs=1e-3)
+        # overlap: NCCL time during which another kernel runs, by brute force on 1 µs ticks
+        comm = [(e["ts"], e["ts"] + e["dur"]) for e in nccl_kernels(events)]
+        compute = [(e["ts"], e["ts"] + e["dur"]) for e in events if kind(e) == "kernel" and "nccl" not in e["name"].lower()]
+        ticks = np.arange(start, end)
+        in_comm = np.zeros(ticks.size, dtype=bool)
+        in_compute = np.zeros(ticks.size, dtype=bool)
+        for s, t in comm:
+            in_comm |= (ticks >= s) & (ticks < t)
+        for s, t in compute:
+            in_compute |= (ticks >= s) & (ticks < t)
+        assert row["overlap_pct"] == pytest.approx(100 * (in_comm & in_compute).sum() / in_comm.sum(), abs=0.5)
+
+    # collectives: the n-th NCCL kernel of every rank is one collective; its true straggler
+    # starts it last, and everyone leaves together (one wall clock across the node)
+    found = trace._analysis("ranks", "collectives")
+    per_rank = {rank: nccl_kernels(events) for rank, events in ranks.items()}
+    assert {len(v) for v in per_rank.values()} == {8}
+    assert len(found) == 64 and (found["ranks"] == 8).all() and (found["source"] == "kernel").all()
+    waits = Counter()
+    for n in range(8):
+        starts = {rank: kernels[n]["ts"] for rank, kernels in per_rank.items()}
+        ends = [k[n]["ts"] + k[n]["dur"] for k in per_rank.values()]
+        assert max(ends) - min(ends) < 10
+        for rank, s in starts.items():
+            waits[rank] += max(starts.values()) - s
+    got = found.groupby("rank")["wait_us"].sum()
+    for rank in range(8):
+        assert got[rank] == pytest.approx(waits[rank], abs=10)
+    assert (found.groupby(["collective", "seq"])["wait_us"].min().abs() < 5).all()
+    straggler = min(waits, key=waits.get)
+    assert trace._analysis("ranks", "stragglers")["rank"].tolist() == [straggler]
+    assert table["slowest"].sum() == 1 and table.loc[straggler, "slowest"]
+    # the straggler has the SHORTEST step here: it came late, the others waited for it
+    assert table.loc[straggler, "step_us"] == table["step_us"].min()
+
+
+def test_collectives_match_across_ranks_and_correct_clock_offsets(tmp_path: Path) -> None:
+    """Two ranks whose clocks differ by 5 ms; rank 1 reaches each all-reduce 300 µs late."""
+    for rank, (clock, late) in enumerate([(0.0, 0.0), (5000.0, 300.0)]):
+        events = [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": clock + 1000 * n, "dur": 900}
+            for n in (1, 2)
+        ]
+        for n in (1, 2):
+            for k, start in enumerate((100.0, 500.0)):
+                begin = clock + 1000 * n + start + late
+                end = clock + 1000 * n + start + 350.0  # all leave together
+                events += [
+                    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": begin - 10, "dur": 5, "args": {"correlation": 10 * n + k}},
+                    {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "pid": 0, "tid": 7, "ts": begin, "dur": end - begin, "args": {"correlation": 10 * n + k}},
+                ]
+        doc = {"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": events}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    trace = tracemagic.load(tmp_path, use_cache=False, workers=1)
+    found = trace._analysis("ranks", "collectives")
+    assert len(found) == 8 and set(found["collective"]) == {"AllReduce"} and (found["ranks"] == 2).all()
+    assert found.attrs["clock_offset_us"][1] - found.attrs["clock_offset_us"][0] == pytest.approx(5000.0)
+    by_rank = found.groupby("rank")
+    assert by_rank["wait_us"].max().tolist() == pytest.approx([300.0, 0.0])
+    assert by_rank["excess_us"].max().tolist() == pytest.approx([300.0, 0.0])
+    assert found.sort_values(["rank", "ts"])["arrival_us"].tolist() == pytest.approx([100, 500] * 2 + [400, 800] * 2)
+    late = trace._analysis("ranks", "stragglers")
+    assert late["step"].tolist() == [1, 2] and late["rank"].tolist() == [1, 1] and set(late["by"]) == {"collectives"}
+    table = trace.ranks_table().set_index("rank")
+    assert table["slowest"].tolist() == [False, True] and table["straggler_steps"].tolist() == [0, 2]
+    assert table.loc[0, "wait_us"] == pytest.approx(600.0) and table.loc[1, "wait_us"] == 0
+
+
+@pytest.mark.parametrize("name", ["hta_nccl_data.json.gz", "hta_control.json.gz"])
+def test_single_rank_of_a_job_has_collectives_but_no_waits(loaded: dict[str, Trace], raw: dict, name: str) -> None:
+    trace = loaded[name]
+    ((rank, events),) = raw[name].items()
+    found = trace._analysis("ranks", "collectives")
+    assert len(found) == len(nccl_kernels(events)) > 0
+    assert found["wait_us"].isna().all() and (found["ranks"] == 1).all()
+    table = trace.ranks_table()
+    assert table["rank"].tolist() == [rank] and table["slowest"].tolist() == [True]
+    assert 0 < table["overlap_pct"].iloc[0] < 100
+    assert trace._analysis("ranks", "stragglers").empty
+
+
+# -- diff -----------------------------------------------------------------------------------
+def test_diff_of_a_trace_with_itself_is_all_same(loaded: dict[str, Trace], raw: dict) -> None:
+    name = "hta_control.json.gz"
+    table = loaded[name].diff(loaded[name])
+    assert set(table["status"]) == {"same"} and (table["delta_us"] == 0).all()
+    assert set(table["level"]) >= {"op", "kernel"}
+    ops = table[table["level"] == "op"].set_index("name")
+    (events,) = raw[name].values()
+    calls = Counter(e["name"] for e in events if e["ph"] == "X" and kind(e) == "cpu_op")
+    assert ops["calls_a"].to_dict() == dict(calls)
+
+
+def test_diff_of_two_traces_finds_added_removed_and_changed(loaded: dict[str, Trace]) -> None:
+    a, b = loaded["hta_control.json.gz"], loaded["kineto_worker0.1623143089861.pt.trace.json.gz"]
+    table = a.diff(b)
+    ops = table[table["level"] == "op"].set_index("name")
+    assert ops.loc["Optimizer.step#SGD.step", "status"] == "added"  # ResNet's SGD, not in a
+    assert ops.loc["record_param_comms", "status"] == "removed"  # a's NCCL, not in b
+    kernels = table[table["level"] == "kernel"]
+    assert {"added", "removed"} <= set(kernels["status"])
+    both = table[(table["calls_a"] > 0) & (table["calls_b"] > 0)]
+    assert set(both["status"]) <= {"faster", "slower", "same"}
+    assert (both.loc[both["status"] == "slower", "ratio"] > 1.05).all()
+    assert (both.loc[both["status"] == "faster", "ratio"] < 0.95).all()
+    assert table["status"].map({"added": 1, "removed": 1}).fillna(0).sum() == ((table["calls_a"] == 0) | (table["calls_b"] == 0)).sum()
+
+
+# -- a CPU trace captured here from a real model --------------------------------------------
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trace, Path]:
+    """Three active steps of a small MLP trained from a DataLoader, on the CPU."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    data = torch.utils.data.TensorDataset(torch.randn(96, 16), torch.randint(0, 4, (96,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path_factory.mktemp("capture") / "kineto_trace_0.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=3),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=True,
+    ) as prof:
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            prof.step()
+    return tracemagic.load(path, use_cache=False), path
+
+
+def test_captured_cpu_trace_steps_and_ops(captured: tuple[Trace, Path]) -> None:
+    trace, path = captured
+    events = json.loads(path.read_text())["traceEvents"]
+    steps = trace.steps()
+    expected = raw_steps(events)
+    assert len(expected) == 3 and steps["step"].tolist() == [n for n, _, _ in expected]
+    assert steps[["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us"]].to_numpy().sum() == 0
+    assert (steps["dataloader_us"] > 0).all() and (steps["cpu_us"] > 0).all()
+    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["dur"], rtol=1e-12)
+    want = sweep_breakdown(events)
+    for _, row in steps.iterrows():
+        assert row["cpu_us"] == pytest.approx(want[int(row["step"])]["cpu_us"], abs=1e-3)
+        assert row["dataloader_us"] == pytest.approx(want[int(row["step"])]["dataloader_us"], abs=1e-3)
+
+    ops = trace.ops()
+    raw_ops = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+    assert len(ops) == len(raw_ops)
+    assert (ops["self_dur"] <= ops["dur"] + 1e-9).all()
+    top = ops[(ops["depth"] == 0) & (ops["kind"] != "step")]
+    assert top["step"].isin(steps["step"]).all()
+    # aten::linear ops run inside the nn.Module events of the two Linear layers
+    linear = ops[ops["name"] == "aten::linear"]
+    assert len(linear) == 6 and set(linear["layer"]) == {"Linear_0", "Linear_1"} and set(linear["layer_type"]) == {"Linear"}
+    assert linear["input_dims"].str.startswith("[[16, ").all()
+    assert trace.kernels().empty and list(trace.kernels().columns)[:5] == ["rank", "row", "name", "kind", "device"]
+    table = trace.ranks_table()
+    assert table["slowest"].tolist() == [True] and math.isnan(table["overlap_pct"].iloc[0])
+    assert table["step_us"].iloc[0] == pytest.approx(steps["dur"].mean())
+
+
+def test_layer_names_come_from_the_capture_manifest(captured: tuple[Trace, Path]) -> None:
+    trace, _ = captured
+    modules = {"nn.Module: Linear_0": {"path": "net.0", "type": "Linear"}, "nn.Module: Linear_1": {"path": "net.2", "type": "Linear"}}
+    named = Trace(trace.events, trace.flows, trace.meta, manifest={"modules": modules})
+    linear = named.ops().query("name == 'aten::linear'")
+    assert set(linear["layer"]) == {"net.0", "net.2"}
+    assert named.ops().query("name == 'aten::relu'")["layer"].eq("ReLU_0").all()
+
+
+def test_captured_trace_diffed_layer_by_layer(captured: tuple[Trace, Path], loaded: dict[str, Trace], raw: dict) -> None:
+    trace, path = captured
+    table = trace.diff(trace)
+    assert set(table["status"]) == {"same"} and set(table["level"]) == {"op", "layer"}
+    assert table.loc[table["name"] == "aten::linear", "calls_a"].tolist() == [6]
+    events = json.loads(path.read_text())["traceEvents"]
+    module_calls = Counter(e["name"].removeprefix("nn.Module: ") for e in events if str(e.get("name")).startswith("nn.Module: "))
+    layers = table[table["level"] == "layer"].set_index("name")
+    assert layers.loc["Linear_0", "calls_a"] == module_calls["Linear_0"] == 3
+    assert layers.loc["Linear_0", "type"] == "Linear"
+
+    other = loaded["tracelens_normalization_layer_test.json.gz"]
+    versus = trace.diff(other)
+    layers = versus[versus["level"] == "layer"].set_index("name")
+    assert layers.loc["Linear_0", "status"] == "removed" and layers.loc["BatchNorm2d_0", "status"] == "added"
+    (raw_other,) = raw["tracelens_normalization_layer_test.json.gz"].values()
+    assert layers.loc["BatchNorm2d_0", "calls_b"] == sum(e.get("name") == "nn.Module: BatchNorm2d_0" for e in raw_other)
+    assert set(versus["level"]) == {"op", "kernel", "layer"}
+
+
+def test_gloo_collectives_on_a_cpu_rank(tmp_path: Path) -> None:
+    """A one-process gloo group: host time in collectives is communication on a CPU rank."""
+    torch = pytest.importorskip("torch")
+    dist = torch.distributed
+    from torch.profiler import profile, schedule
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed unavailable or already in use")
+    path = tmp_path / "kineto_trace_0.json"
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with profile(schedule=schedule(wait=0, warmup=1, active=2), on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+            for _ in range(3):
+                tensor = torch.ones(1 << 16)
+                dist.all_reduce(tensor)
+                dist.broadcast(tensor, src=0)
+                prof.step()
+    finally:
+        dist.destroy_process_group()
+    trace = tracemagic.load(path, use_cache=False)
+    events = json.loads(path.read_text())["traceEvents"]
+    expected = [e for e in events if e.get("ph") == "X" and str(e.get("name")).startswith("gloo:")]
+    found = trace._analysis("ranks", "collectives")
+    assert len(found) == len(expected) == 4 and set(found["source"]) == {"annotation"}
+    assert set(found["collective"]) == {"all_reduce", "broadcast"} and found["wait_us"].isna().all()
+    steps = trace.steps()
+    assert (steps["comm_us"] > 0).all() and steps["compute_us"].sum() == 0
+    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["dur"], rtol=1e-12)
