@@ -38,7 +38,7 @@ def windows(trace: Trace) -> pd.DataFrame:
     """
     events = trace.events
     is_step = (events["kind"] == "step").to_numpy()
-    names = events["name"].to_numpy(dtype=object)[is_step]
+    names = events["name"][is_step].to_numpy(dtype=object)
     frame = pd.DataFrame(
         {
             "rank": events["rank"].to_numpy()[is_step],
