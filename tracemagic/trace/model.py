@@ -146,6 +146,14 @@ class Trace:
         """Per-rank step time, compute, communication and idle; slowest rank marked."""
         return self._analysis("ranks", "ranks")
 
+    def collectives(self) -> pd.DataFrame:
+        """Collectives matched across ranks (same collective, same step) with each rank's wait."""
+        return self._analysis("ranks", "collectives")
+
+    def stragglers(self) -> pd.DataFrame:
+        """The rank the others waited for, per step."""
+        return self._analysis("ranks", "stragglers")
+
     def diff(self, other: "Trace") -> pd.DataFrame:
         """This trace compared with ``other`` op by op and layer by layer."""
         from tracemagic.analysis.diff import diff
