@@ -1,0 +1,193 @@
+"""Trimmed Chrome/Perfetto export, TensorBoard names, and HolisticTraceAnalysis reading our traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tracemagic
+from tracemagic.errors import TraceError
+from tracemagic.export import chrome
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "traces"
+VENVS = ROOT / "bench" / "out" / "venvs"
+#: HTA 0.5 breaks on pandas 3: its own environment, torch pinned so nothing pulls CUDA wheels
+HTA_REQUIREMENTS = ["holistictraceanalysis==0.5.0", "pandas<3"]
+
+
+def throwaway_venv(name: str, requirements: list[str]) -> Path:
+    """A venv under bench/out/venvs/<name> with ``requirements``, made once and reused.
+
+    Fails the test, with pip's own words, when the packages cannot be installed here.
+    """
+    venv = VENVS / name
+    python = venv / "bin" / "python"
+    stamp = venv / ".tracemagic-stamp"
+    wanted = "\n".join(requirements)
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    VENVS.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pin = VENVS / "torch-constraint.txt"
+    pin.write_text("torch==2.13.0\n")
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "-c", str(pin), *requirements],
+        capture_output=True, text=True, timeout=900,
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"could not install {requirements} into {venv} for the HTA check "
+            f"(deselect with -m 'not slow' on an offline machine):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    stamp.write_text(wanted)
+    return python
+
+
+@pytest.fixture(scope="module")
+def cpu_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A torch 2.13 CPU trace of 3 active steps, as torch.profiler writes it."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    path = tmp_path_factory.mktemp("cpu") / "kineto_trace_0.json"
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=1, active=3),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+        record_shapes=True,
+        with_stack=True,
+    ) as prof:
+        for _ in range(4):
+            model(torch.randn(8, 16)).sum().backward()
+            prof.step()
+    return path
+
+
+def test_tb_name() -> None:
+    assert chrome.tb_name("worker0", 1623143089861) == "worker0.1623143089861.pt.trace.json"
+    assert chrome.tb_name("w", 5, gz=True) == "w.5.pt.trace.json.gz"
+    assert re.fullmatch(r".+_\d+\.\d{13}\.pt\.trace\.json", chrome.tb_name())
+    with pytest.raises(ValueError):
+        chrome.tb_name("a/b")
+    # tracemagic and torch's own reader both recognise the name as a trace
+    from tracemagic.trace.read import is_trace_name
+
+    assert is_trace_name(chrome.tb_name("w", 1, gz=True))
+
+
+def test_step_cut_keeps_gpu_work_and_metadata(tmp_path: Path) -> None:
+    trace = tracemagic.load(SHARED / "hta_nccl_data.json.gz")
+    (out,) = chrome.to_chrome_trace(trace, tmp_path / "step5.json.gz", steps=[5])
+    cut = tracemagic.load(out, use_cache=False)
+    ev, orig = cut.events, trace.events
+    assert set(ev.loc[ev["kind"] == "step", "name"].astype(str)) == {"ProfilerStep#5"}
+    for kind in ("kernel", "runtime", "memcpy"):
+        want = ((orig["kind"] == kind) & (orig["step"] == 5)).sum()
+        assert (ev["kind"] == kind).sum() == want > 0
+    assert (ev.loc[ev["kind"] == "kernel", "launch"] >= 0).all()  # every kernel with its launch
+    assert ev["collective"].notna().sum() > 0  # NCCL args copied byte for byte
+    assert len(cut.flows) > 0 and cut.devices == trace.devices
+    top = json.loads(gzip.decompress(out.read_bytes()))
+    assert top["distributedInfo"]["rank"] == 0 and "baseTimeNanoseconds" in top
+    assert out.stat().st_size < (SHARED / "hta_nccl_data.json.gz").stat().st_size
+
+
+def test_max_events_and_whole_copy(tmp_path: Path) -> None:
+    trace = tracemagic.load(SHARED / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    (whole,) = chrome.to_chrome_trace(trace, tmp_path / "all.json")
+    back = tracemagic.load(whole, use_cache=False)
+    assert len(back.events) == len(trace.events) and len(back.flows) == len(trace.flows)
+    (small,) = chrome.to_chrome_trace(trace, tmp_path / "small.json", max_events=60)
+    cut = tracemagic.load(small, use_cache=False)
+    assert len(cut.events) <= 60 and (cut.events["kind"] == "step").sum() >= 1
+    with pytest.raises(ValueError, match="ProfilerStep"):
+        chrome.to_chrome_trace(trace, tmp_path / "x.json", steps=[99])
+    with pytest.raises(ValueError, match="max_events"):
+        chrome.to_chrome_trace(trace, tmp_path / "x.json", max_events=0)
+
+
+def test_ns_and_old_and_multirank_traces(tmp_path: Path) -> None:
+    ns = tracemagic.load(SHARED / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+    first = int(ns.events.loc[ns.events["kind"] == "step", "step"].min())
+    (out,) = chrome.to_chrome_trace(ns, tmp_path / "ns.json.gz", steps=[first])
+    cut = tracemagic.load(out, use_cache=False)
+    assert (cut.events["kind"] == "kernel").sum() == ((ns.events["kind"] == "kernel") & (ns.events["step"] == first)).sum()
+    ranks = tracemagic.load(SHARED / "param_dlrm_kineto.tar.gz")
+    step = int(ranks.events.loc[ranks.events["kind"] == "step", "step"].min())
+    files = chrome.to_chrome_trace(ranks, tmp_path / "dlrm", steps=[step])
+    assert [f.name for f in files] == [f"rank{r}.pt.trace.json" for r in range(8)]
+    again = tracemagic.load(tmp_path / "dlrm", use_cache=False)
+    assert again.ranks == list(range(8))
+
+
+def test_cpu_capture_cut(cpu_capture: Path, tmp_path: Path) -> None:
+    trace = tracemagic.load(cpu_capture, use_cache=False)
+    (out,) = chrome.to_chrome_trace(trace, tmp_path / "cpu.json", steps=[2])
+    cut = tracemagic.load(out, use_cache=False)
+    ops = cut.events[cut.events["kind"] == "cpu_op"]
+    assert len(ops) == ((trace.events["kind"] == "cpu_op") & (trace.events["step"] == 2)).sum()
+    assert set(ops["step"]) == {2}
+    shutil.copy(cpu_capture, tmp_path / "moved.json")
+    moved = tracemagic.load(tmp_path / "moved.json", use_cache=False)
+    (tmp_path / "moved.json").unlink()
+    with pytest.raises(TraceError):
+        chrome.to_chrome_trace(moved, tmp_path / "y.json")
+
+
+HTA_SCRIPT = r"""
+import json, sys
+from hta.trace_analysis import TraceAnalysis
+out = {}
+for folder in sys.argv[1:]:
+    analysis = TraceAnalysis(trace_dir=folder)
+    ranks = analysis.t.get_ranks()
+    df = analysis.t.get_trace(ranks[0])
+    names = analysis.t.symbol_table.get_sym_table()
+    result = {"ranks": ranks, "rows": len(df), "iterations": analysis.t.get_iterations(ranks[0]),
+              "cpu_ops": int((df["cat"].map(lambda c: names[c]) == "cpu_op").sum())}
+    if (df["stream"] > 0).any():
+        tb = analysis.get_temporal_breakdown(visualize=False)
+        result["kernel_time"] = float(tb["kernel_time(us)"].iloc[0])
+    out[folder] = result
+print(json.dumps(out, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+"""
+
+
+@pytest.mark.slow
+def test_hta_reads_our_traces(cpu_capture: Path, tmp_path: Path) -> None:
+    """HolisticTraceAnalysis (in its own pandas<3 venv) loads a CPU capture unchanged and
+    the shared GPU traces after a round trip through to_chrome_trace."""
+    python = throwaway_venv("hta", HTA_REQUIREMENTS)
+    folders = {}
+    cpu_dir = tmp_path / "cpu"
+    cpu_dir.mkdir()
+    shutil.copy(cpu_capture, cpu_dir / cpu_capture.name)  # unchanged, as torch wrote it
+    folders["cpu"] = cpu_dir
+    for name, steps in (("hta_nccl_data.json.gz", [4]), ("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", None)):
+        trace = tracemagic.load(SHARED / name)
+        folder = tmp_path / name.split(".")[0]
+        chrome.to_chrome_trace(trace, folder / chrome.tb_name("worker0", 1, gz=True), steps=steps)
+        folders[name] = folder
+    done = subprocess.run(
+        [str(python), "-c", HTA_SCRIPT, *map(str, folders.values())], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    cpu = result[str(cpu_dir)]
+    ours = tracemagic.load(cpu_capture, use_cache=False)
+    steps = set(ours.events.loc[ours.events["kind"] == "step", "step"])
+    assert cpu["ranks"] == [0] and steps == {1, 2, 3}
+    assert len(cpu["iterations"]) >= 2 and set(cpu["iterations"]) <= steps  # HTA drops the last step
+    assert cpu["cpu_ops"] == (ours.events["kind"] == "cpu_op").sum()
+    for name in ("hta_nccl_data.json.gz", "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"):
+        gpu = result[str(folders[name])]
+        assert gpu["ranks"] == [0] and gpu["rows"] > 100 and gpu["kernel_time"] > 0

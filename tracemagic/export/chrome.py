@@ -1,0 +1,280 @@
+"""Viewer-sized Chrome/Perfetto traces cut from a big one, and TensorBoard-style file names.
+
+Perfetto's web UI handles traces up to a few hundred MB (chrome://tracing much less); a
+capture of many steps on a GPU easily exceeds that. ``to_chrome_trace`` keeps chosen
+``ProfilerStep``s: every host event inside them, the GPU events their runtime calls
+launched (even when the kernel ran after the step ended), the flows between kept events,
+and all metadata (process/thread names, ``deviceProperties``, ``distributedInfo``,
+``baseTimeNanoseconds``). Events are copied byte for byte from the original file, so any
+tool that read the original (HTA, TraceLens, Perfetto) reads the cut.
+
+Open a result in https://ui.perfetto.dev ("Open trace file"); for files over ~1 GB use
+Perfetto's ``trace_processor --httpd FILE`` and open the UI with ``?rpc_port=9001``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import socket
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import msgspec
+import numpy as np
+import orjson
+
+from tracemagic.errors import TraceError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace.model import Trace
+
+__all__ = ["to_chrome_trace", "tb_name"]
+
+#: event categories that run on a GPU (old and new spellings)
+_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "gpu_user_annotation"}
+#: what is dropped first when ``max_events`` bites (lowest priority first)
+_PRIORITY = {"python_function": 0, "python": 0, "cpu_instant_event": 1}
+
+
+def tb_name(worker: str | None = None, ts: int | None = None, *, gz: bool = False) -> str:
+    """A file name as ``torch.profiler.tensorboard_trace_handler`` writes it.
+
+    ``<worker>.<ts>.pt.trace.json[.gz]``: ``worker`` defaults to ``<hostname>_<pid>`` and
+    ``ts`` to the current time in milliseconds, as torch does.
+
+    Raises:
+        ValueError: a worker name containing a path separator.
+    """
+    worker = worker if worker is not None else f"{socket.gethostname()}_{os.getpid()}"
+    if not worker or "/" in worker or os.sep in worker:
+        raise ValueError(f"worker name {worker!r} must be a plain file-name part")
+    ts = int(time.time() * 1000) if ts is None else int(ts)
+    return f"{worker}.{ts}.pt.trace.json" + (".gz" if gz else "")
+
+
+class _Light(msgspec.Struct, gc=False):
+    ph: Any = ""
+    cat: Any = ""
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    id: Any = None
+    args: Any = None
+
+
+class _Top(msgspec.Struct, gc=False):
+    traceEvents: list[msgspec.Raw] = []  # noqa: N815 - the JSON key
+
+
+_TOP_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_EVENTS_RAW = msgspec.json.Decoder(list[msgspec.Raw])
+_LIGHT = msgspec.json.Decoder(_Light)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    source: str
+    meta: dict[str, msgspec.Raw]
+    raw: list[msgspec.Raw]
+    events: list[_Light]
+
+
+def _read_source(source: str) -> bytes:
+    if "!" in source and not Path(source).exists():
+        archive, member = source.split("!", 1)
+        with tarfile.open(archive) as tar:
+            handle = tar.extractfile(member)
+            if handle is None:
+                raise TraceError(f"{source}: not a file in the archive.", path=source)
+            data = handle.read()
+    else:
+        data = Path(source).read_bytes()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+def _load_rank(rank: int, source: str) -> _Rank:
+    data = _read_source(source)
+    if data.lstrip()[:1] == b"[":
+        meta: dict[str, msgspec.Raw] = {}
+        raw = _EVENTS_RAW.decode(data)
+    else:
+        top = _TOP_RAW.decode(data)
+        meta = {k: v for k, v in top.items() if k != "traceEvents"}
+        raw = _EVENTS_RAW.decode(top.get("traceEvents", msgspec.Raw(b"[]")))
+    return _Rank(rank, source, meta, raw, [_LIGHT.decode(r) for r in raw])
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _arg(event: _Light, key: str) -> Any:
+    return event.args.get(key) if isinstance(event.args, dict) else None
+
+
+def _select(rank: _Rank, windows: list[tuple[float, float]] | None, max_events: int | None) -> list[int]:
+    """Indexes of the raw events to keep."""
+    events = rank.events
+    n = len(events)
+    ts = np.array([_num(e.ts) for e in events])
+    dur = np.nan_to_num(np.array([_num(e.dur) for e in events]))
+    ph = np.array([str(e.ph) for e in events])
+    cats = np.array([str(e.cat).lower() for e in events])
+    is_gpu = np.isin(cats, list(_GPU_CATS))
+    is_flow = np.isin(ph, ["s", "f", "t"])
+    is_meta = ph == "M"
+    timed = ~is_flow & ~is_meta
+    if windows is None:
+        keep = timed.copy()
+        inside = np.ones(n, dtype=bool)
+    else:
+        scale = 1000.0 if np.nanmedian(ts[timed]) > 1e17 else 1.0  # ns traces (the loader works in µs)
+        inside = np.zeros(n, dtype=bool)
+        for start, end in windows:
+            inside |= (ts >= (start - 0.5) * scale) & (ts <= (end + 0.5) * scale)
+        keep = inside & timed & ~is_gpu
+        corr = {c for i in np.flatnonzero(keep) if (c := _arg(events[i], "correlation")) is not None}
+        launched = np.array([bool(is_gpu[i]) and _arg(events[i], "correlation") in corr for i in range(n)], dtype=bool)
+        keep |= launched | (inside & is_gpu)
+    trimmed = max_events is not None and int(keep.sum()) > max_events
+    if trimmed:
+        keep = _trim(keep, dur, cats, int(max_events))  # type: ignore[arg-type]
+    # flows: those between kept events (ac2g ids are correlation ids), or all in the window
+    ids: set[Any] = set()
+    for i in np.flatnonzero(keep):
+        for key in ("correlation", "External id", "external id"):
+            value = _arg(events[i], key)
+            if value is not None:
+                ids.add(value)
+    flows = np.array([bool(is_flow[i]) and (events[i].id in ids or (not trimmed and bool(inside[i]))) for i in range(n)], dtype=bool)
+    return np.flatnonzero(keep | flows | is_meta).tolist()
+
+
+def _trim(keep: np.ndarray, dur: np.ndarray, cats: np.ndarray, max_events: int) -> np.ndarray:
+    """Keep ``max_events`` events, dropping python frames first, then the shortest ops."""
+    candidates = np.flatnonzero(keep)
+    priority = np.array([_PRIORITY.get(c, 2) for c in cats[candidates]])
+    order = np.lexsort((-dur[candidates], -priority))
+    out = np.zeros_like(keep)
+    out[candidates[order[:max_events]]] = True
+    return out
+
+
+def _step_windows(trace: "Trace", rank: int, steps: Iterable[int]) -> list[tuple[float, float]]:
+    ev = trace.events
+    sel = (ev["rank"].to_numpy() == rank) & (ev["kind"].astype(str).to_numpy() == "step")
+    rows = np.flatnonzero(sel)
+    numbers = ev["step"].to_numpy()[rows]
+    wanted = set(int(s) for s in steps)
+    available = sorted(set(int(s) for s in numbers))
+    missing = wanted - set(available)
+    if missing:
+        raise ValueError(f"rank {rank}: no ProfilerStep {sorted(missing)} in this trace (steps: {available or 'none'})")
+    ts = ev["ts"].to_numpy()[rows]
+    end = ts + ev["dur"].to_numpy()[rows]
+    return [(float(a), float(b)) for a, b, s in zip(ts, end, numbers) if int(s) in wanted]
+
+
+def _steps_that_fit(trace: "Trace", rank: int, max_events: int) -> list[int] | None:
+    """The first consecutive steps whose events fit in ``max_events`` (at least one), or
+    None when the trace has no ProfilerStep."""
+    ev = trace.events
+    mine = ev["rank"].to_numpy() == rank
+    step = ev["step"].to_numpy()[mine]
+    numbers = sorted(set(int(s) for s in step[ev["kind"].astype(str).to_numpy()[mine] == "step"]))
+    if not numbers:
+        return None
+    counts = {int(k): int(v) for k, v in zip(*np.unique(step[step >= 0], return_counts=True))}
+    chosen: list[int] = []
+    total = 0
+    for number in numbers:
+        total += counts.get(number, 0)
+        if chosen and total > max_events:
+            break
+        chosen.append(number)
+    return chosen
+
+
+def _write(path: Path, rank: _Rank, keep: list[int], world: int) -> None:
+    meta = dict(rank.meta)
+    parts = []
+    if "distributedInfo" not in meta:
+        # HTA finds a file's rank with the regex '"rank":\s+(\d+)' (note the space)
+        parts.append(f'"distributedInfo": {{"rank": {rank.rank}, "world_size": {world}}}'.encode())
+    for key, value in meta.items():
+        parts.append(orjson.dumps(key) + b": " + bytes(value))
+    body = b",\n".join(bytes(rank.raw[i]) for i in keep)
+    blob = b"{\n" + b",\n".join(parts + [b'"traceEvents": [\n' + body + b"\n]"]) + b"\n}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(tmp, "wb", compresslevel=6) as fh:
+                fh.write(blob)
+        else:
+            tmp.write_bytes(blob)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def to_chrome_trace(
+    trace: "Trace",
+    path: str | os.PathLike[str],
+    steps: Iterable[int] | None = None,
+    max_events: int | None = None,
+) -> list[Path]:
+    """Write a trimmed Chrome/Perfetto trace (``.json`` or ``.json.gz``) per rank.
+
+    Args:
+        trace: a loaded ``Trace`` (its original files are re-read, so they must still exist).
+        path: the output file for a single-rank trace; for several ranks, a directory that
+            receives ``rank<r>.pt.trace.json[.gz]`` (gzip when ``path`` ends in ``.gz``).
+        steps: ``ProfilerStep`` numbers to keep (default: the whole trace, or with
+            ``max_events`` the first steps that fit).
+        max_events: an upper bound on timed events per rank. Without ``steps``, whole steps
+            are kept from the first on while they fit; whatever still exceeds the bound is
+            cut, python frames first, then the shortest events. Metadata events and the
+            flows between kept events come on top.
+
+    Returns:
+        The files written, by rank.
+
+    Raises:
+        ValueError: a step that is not in the trace, or ``max_events`` < 1.
+        TraceError: the trace's source files cannot be read any more.
+    """
+    path = Path(path)
+    ranks = trace.ranks
+    steps = None if steps is None else sorted(set(int(s) for s in steps))
+    if max_events is not None and max_events < 1:
+        raise ValueError("max_events must be positive")
+    sources = {r: trace.meta.get("ranks", {}).get(r, {}).get("source") for r in ranks}
+    missing = [r for r, s in sources.items() if not s]
+    if missing:
+        raise TraceError(f"ranks {missing}: the trace does not record which file they came from; load it from a file.")
+    gz = path.name.endswith(".gz")
+    written = []
+    for r in ranks:
+        chosen = steps if steps is not None else (_steps_that_fit(trace, r, max_events) if max_events else None)
+        windows = _step_windows(trace, r, chosen) if chosen is not None else None
+        try:
+            loaded = _load_rank(r, str(sources[r]))
+        except (OSError, msgspec.DecodeError) as exc:
+            raise TraceError(f"{sources[r]}: cannot re-read the original trace ({exc}).", path=str(sources[r])) from None
+        keep = _select(loaded, windows, max_events)
+        out = path if len(ranks) == 1 else path / f"rank{r}.pt.trace.json{'.gz' if gz else ''}"
+        _write(out, loaded, keep, world=len(ranks))
+        written.append(out)
+    return written
