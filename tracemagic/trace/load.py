@@ -122,11 +122,27 @@ def _manifest(path: Path) -> tuple[dict[str, Any] | None, list[Path] | None]:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise TraceError(f"{manifest_path}: unreadable capture manifest ({exc}).", path=str(manifest_path)) from None
-    files = manifest.get("files", {})
-    listed = files.get("kineto") if isinstance(files, dict) else None
-    if isinstance(listed, list) and listed:
-        return manifest, [path / name for name in listed if (path / name).is_file()] or None
-    return manifest, None
+    return manifest, _manifest_kineto(path, manifest.get("files"))
+
+
+def _manifest_kineto(path: Path, files: Any) -> list[Path] | None:
+    """The Kineto files a manifest lists that exist, or None (then the folder is scanned).
+
+    ``%%chakra_trace`` writes ``files: [{path, kind, rank, cycle, bytes}]`` (the Kineto
+    traces have ``kind: "kineto"``, whatever their names, e.g. ``--tb-names``); a
+    ``files: {"kineto": [names]}`` mapping is read too.
+    """
+    if isinstance(files, dict):
+        names = files.get("kineto")
+    elif isinstance(files, list):
+        names = [e.get("path") for e in files if isinstance(e, dict) and e.get("kind") == "kineto"]
+    else:
+        names = None
+    if not isinstance(names, list):
+        return None
+    # plain names only: a manifest from someone else cannot point outside its folder
+    found = [path / n for n in names if isinstance(n, str) and Path(n).name == n and (path / n).is_file()]
+    return found or None
 
 
 def load(
