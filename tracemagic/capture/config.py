@@ -38,6 +38,7 @@ class CaptureConfig:
     out: Path = Path("traces")
     name: str = "capture"
     gzip: bool = False
+    tb_names: bool = False
     loop_line: int | None = None
     handle: str = "chakra"
 

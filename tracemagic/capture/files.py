@@ -12,6 +12,8 @@ import gzip
 import json
 import os
 import shutil
+import socket
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +28,18 @@ def kineto_name(rank: int, cycle: int | None, gz: bool) -> str:
     """``kineto_trace_<rank>[_cycle<k>].json[.gz]``; the cycle only with several cycles."""
     suffix = f"_cycle{cycle}" if cycle is not None else ""
     return f"kineto_trace_{rank}{suffix}.json" + (".gz" if gz else "")
+
+
+def tb_worker() -> str:
+    """``<hostname>_<pid>``: ``tensorboard_trace_handler``'s default worker name."""
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+def tb_name(worker: str, ts: int | None = None, gz: bool = False) -> str:
+    """``<worker>.<ts>.pt.trace.json[.gz]``, as ``torch.profiler.tensorboard_trace_handler``
+    names its files (``ts``: ``time.time_ns()`` when the trace is written)."""
+    stamp = time.time_ns() if ts is None else ts
+    return f"{worker}.{stamp}.pt.trace.json" + (".gz" if gz else "")
 
 
 def et_name(rank: int) -> str:

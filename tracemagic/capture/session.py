@@ -157,6 +157,7 @@ class CaptureSession:
         self._window: list[torch.nn.Module] = []
         self._notes: list[str] = []
         self._created = datetime.now(timezone.utc)
+        self._worker = files.tb_worker()
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -353,7 +354,10 @@ class CaptureSession:
         self._cycles.append(cycle)
         gz = self.config.gzip
         try:
-            name = files.kineto_name(self.rank, label, gz)
+            if self.config.tb_names:
+                name = files.tb_name(self._worker, gz=gz)
+            else:
+                name = files.kineto_name(self.rank, label, gz)
             files.write_with(self.dir / name, prof.export_chrome_trace, gz=gz)
             cycle.kineto = name
         except Exception as exc:
