@@ -6,17 +6,18 @@ the user namespace inside a ``CaptureSession`` and displays the resulting ``Capt
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
 from tracemagic.capture.config import CaptureConfig
-from tracemagic.errors import CaptureError
+from tracemagic.errors import CaptureError, TraceError
 
 #: Where the last capture is kept in the user namespace.
 LAST_CAPTURE = "_chakra_capture"
@@ -95,6 +96,20 @@ class TracemagicMagics(Magics):
         help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)",
     )
     @argument(
+        "--tb-names", action="store_true",
+        help="name the Kineto traces <worker>.<ts>.pt.trace.json[.gz] like "
+        "tensorboard_trace_handler (worker: <hostname>_<pid>)",
+    )
+    @argument(
+        "--report", default=None, metavar="PATH",
+        help="after the cell, write the self-contained HTML report to PATH",
+    )
+    @argument(
+        "--pfw", action="store_true",
+        help="after the cell, write the events as DFTracer dftracer_<rank>.pfw "
+        "(.pfw.gz with --gzip) next to the trace",
+    )
+    @argument(
         "--loop", type=int, default=None, metavar="LINE",
         help="step the loop at this line of the cell (the %%%%chakra_trace line is line 1)",
     )
@@ -124,13 +139,24 @@ class TracemagicMagics(Magics):
         the session (``chakra.step()``, ``chakra.stop()``, ``chakra.recording``).
 
         Files, in ``DIR/NAME-<timestamp>/``: ``kineto_trace_<rank>.json`` (one per
-        cycle with ``--repeat``), ``torch_et_<rank>.json`` with ``--et``,
-        ``memory_timeline_<rank>.json`` (allocation categories) and ``capture.json``
-        (options, cell, versions, device, steps, files, layer names).
+        cycle with ``--repeat``; ``<hostname>_<pid>.<ts>.pt.trace.json`` with
+        ``--tb-names``, as ``tensorboard_trace_handler`` names them),
+        ``torch_et_<rank>.json`` with ``--et``, ``memory_timeline_<rank>.json``
+        (allocation categories), ``dftracer_<rank>.pfw`` with ``--pfw`` (DFTracer's
+        format, wall-clock timestamps) and ``capture.json`` (options, cell, versions,
+        device, steps, files, layer names).
 
-        After the cell a summary is displayed and the capture is kept in
-        ``_chakra_capture``. If the cell raises (or is interrupted), the steps recorded
-        so far are written and the error is raised again, so "Run All" stops.
+        With ``--et`` the pair is checked against what Chakra's ``chakra_trace_link``
+        and ``chakra_converter`` accept (``tracemagic.export.chakra.check``): the result
+        goes in ``capture.json`` (``chakra_check``) and one warning line is printed when
+        some ET ops will get no timing. ``--report PATH`` also writes the standalone HTML
+        report.
+
+        After the cell the dashboard is displayed (in a terminal: its text summary
+        under the capture's status and files) and the capture is kept in
+        ``_chakra_capture`` (``%chakra_report`` with no path shows it again). If the
+        cell raises (or is interrupted), the steps recorded so far are written and shown
+        and the error is raised again, so "Run All" stops.
 
         Example::
 
@@ -145,6 +171,7 @@ class TracemagicMagics(Magics):
 
         args = parse_argstring(self.chakra_trace, line)
         try:
+            _check_outputs(args)
             config = _config(args)
             prepared = prepare_cell(
                 self.shell, line, cell, loop_line=config.loop_line, handle=config.handle
@@ -170,24 +197,73 @@ class TracemagicMagics(Magics):
             if prepared.last_expr is not None:
                 value = eval(prepared.last_expr, self.shell.user_global_ns, ns)
         except BaseException as exc:
-            self._publish(session.finish(error=exc), args)
+            capture = self._keep(session.finish(error=exc), args)
+            try:
+                self._after(capture, args)
+                self._publish(capture, args)
+            except BaseException as problem:  # noqa: BLE001 - never hide the cell's own error
+                print(f"chakra_trace: could not show the capture ({type(problem).__name__}: "
+                      f"{problem})", file=sys.stderr)
             raise
         finally:
             for name in exposed:
                 ns.pop(name, None)
             ns.update(saved)
-        capture = self._publish(session.finish(), args)
+        capture = self._keep(session.finish(), args)
+        self._after(capture, args)
+        self._publish(capture, args)
         if args.output:
             if value is not None:
                 display(value)
             return capture
         return value
 
-    def _publish(self, capture: Any, args: Any) -> Any:
-        """Keep the capture in the user namespace and show it (or only its problems)."""
+    def _after(self, capture: Any, args: Any) -> None:
+        """The outputs asked for besides the trace: Chakra check, ``.pfw``, HTML report.
+
+        Each one that fails says so in one line on stderr; the capture is kept either way.
+        """
+        say = (lambda _msg: None) if args.quiet else (lambda msg: print(f"chakra_trace: {msg}"))
+        if args.et and any(e.get("kind") == "execution_trace" for e in capture.manifest.get("files", [])):
+            try:
+                report = capture.chakra_check()
+            except Exception as exc:  # noqa: BLE001 - a check must not lose the capture
+                _warn(f"the Chakra check failed ({type(exc).__name__}: {exc})")
+            else:
+                if report.timed_share < 1 or not report.ok:
+                    untimed = ", ".join(f"rank {p.rank}: {p.et_ops - p.timed_ops} of {p.et_ops}"
+                                        for p in report.pairs if p.timed_ops < p.et_ops)
+                    problems = report.all_problems
+                    _warn(
+                        f"Chakra: only {report.timed_share:.1%} of the ET ops will get timing"
+                        + (f" ({untimed} untimed)" if untimed else "")
+                        + (f"; {problems[0]}" if problems else "")
+                        + "; see capture.json 'chakra_check'"
+                    )
+        wanted = [flag for flag, on in (("--pfw", args.pfw), ("--report", args.report)) if on]
+        if wanted and not capture.has_trace:
+            _warn(f"no trace was written, so {' and '.join(wanted)} wrote nothing")
+            return
+        if args.pfw:
+            try:
+                say(f"wrote {capture.to_pfw()}")
+            except Exception as exc:  # noqa: BLE001
+                _warn(f"--pfw failed ({type(exc).__name__}: {exc})")
+        if args.report:
+            try:
+                say(f"wrote {capture.report(Path(args.report).expanduser())}")
+            except Exception as exc:  # noqa: BLE001
+                _warn(f"--report {args.report} failed ({type(exc).__name__}: {exc})")
+
+    def _keep(self, capture: Any, args: Any) -> Any:
+        """Keep the capture in the user namespace (first: whatever happens next)."""
         self.shell.user_ns[LAST_CAPTURE] = capture
         if args.var:
             self.shell.user_ns[args.var] = capture
+        return capture
+
+    def _publish(self, capture: Any, args: Any) -> Any:
+        """Show the capture (or only its problems)."""
         if args.quiet or args.output:
             if capture.status != "complete":
                 for note in capture.manifest.get("notes", []):
@@ -201,6 +277,93 @@ class TracemagicMagics(Magics):
     # ==================================================================================
     # %chakra_report  (the views' line magic goes here; %%chakra_trace ends above)
     # ==================================================================================
+    @magic_arguments()
+    @argument(
+        "path", nargs="?", default=None, metavar="PATH",
+        help="a Kineto trace (.json, .json.gz), a capture directory, a directory of rank "
+        "traces or a .tar[.gz] of them, or the name of a variable holding a Capture, a "
+        "Trace or a path (default: the last capture, _chakra_capture)",
+    )
+    @argument("--vs", default=None, metavar="B", help="compare with trace B (same forms as PATH): adds the Compare tab")
+    @argument("--step", type=int, default=None, metavar="N", help="select ProfilerStep#N at first (default: all steps)")
+    @argument("--top", type=int, default=15, metavar="N", help="bars in the top-N charts (default 15)")
+    @argument("--unit", default="ms", choices=("ms", "us", "µs"), help="time unit: ms (default) or us")
+    @argument("--report", default=None, metavar="OUT.html", help="also write the standalone HTML report to OUT.html")
+    @argument("-o", "--output", action="store_true",
+              help="return the Dashboard instead of displaying it (it displays as the cell's result)")
+    @no_var_expand
+    @line_magic
+    def chakra_report(self, line: str) -> Any:
+        """Show the dashboard of any trace: a file, a capture directory, a tar of ranks.
+
+        ``%chakra_report`` alone shows the last ``%%chakra_trace`` capture again;
+        ``%chakra_report A --vs B`` adds the Compare tab (A against B). Paths are taken
+        literally (no ``$var``/``{expr}`` expansion); to use a Python variable, give its
+        name: ``%chakra_report cap`` with ``cap`` a ``Capture``, ``Trace`` or path.
+        Unreadable traces raise ``UsageError`` with the reason (no traceback).
+
+        Example::
+
+            %chakra_report traces/capture-20260101-120000 --vs baseline.json.gz --unit us
+        """
+        from tracemagic.views import Dashboard
+
+        args = parse_argstring(self.chakra_report, line)
+        if args.top < 1:
+            raise UsageError(f"%chakra_report: --top must be at least 1, got {args.top}.")
+        trace, title = self._report_source(args.path, "PATH")
+        other = None
+        if args.vs is not None:
+            other, other_title = self._report_source(args.vs, "--vs")
+            title = f"{title} vs {other_title}"
+        unit = "µs" if args.unit == "us" else args.unit
+        dashboard = Dashboard(trace, title=title, other=other, step=args.step, top=args.top, unit=unit)
+        if args.step is not None and args.step not in dashboard.data.step_ids:
+            steps = ", ".join(str(s) for s in dashboard.data.step_ids) or "none"
+            raise UsageError(f"%chakra_report: --step {args.step} is not in {title} (its steps: {steps}).")
+        if args.report:
+            try:
+                written = dashboard.save_report(Path(args.report).expanduser())
+            except OSError as exc:
+                raise UsageError(f"%chakra_report: cannot write --report {args.report!r}: {exc}") from None
+            print(f"chakra_report: wrote {written}")
+        if args.output:
+            return dashboard
+        display(dashboard)
+        return None
+
+    def _report_source(self, spec: str | None, option: str) -> tuple[Any, str]:
+        """``(trace, title)`` for a PATH/--vs value; bad input -> ``UsageError``."""
+        import tracemagic
+        from tracemagic.capture.result import Capture
+
+        ns = self.shell.user_ns
+        value: Any = spec
+        if spec is None:
+            value = ns.get(LAST_CAPTURE)
+            if value is None:
+                raise UsageError(
+                    "%chakra_report: no PATH given and no capture yet. Run a %%chakra_trace "
+                    "cell first, or pass a trace file, a capture directory or a tar."
+                )
+        elif not Path(spec).expanduser().exists() and spec.isidentifier() and spec in ns:
+            value = ns[spec]
+        try:
+            if isinstance(value, Capture):
+                return value.trace, value.title
+            if isinstance(value, tracemagic.Trace):
+                return value, Path(str(value.path)).name if value.path else "trace"
+            if isinstance(value, (str, os.PathLike)):
+                path = Path(value).expanduser()
+                return tracemagic.load(path), path.name
+        except TraceError as exc:
+            raise UsageError(f"%chakra_report: {exc}") from None
+        except OSError as exc:
+            raise UsageError(f"%chakra_report: cannot read {value}: {exc}") from None
+        raise UsageError(
+            f"%chakra_report: {option} {spec!r} is a {type(value).__name__}; pass a path, or "
+            "a variable holding a Capture, a Trace or a path."
+        )
 
 
 def _config(args: Any) -> CaptureConfig:
@@ -222,8 +385,30 @@ def _config(args: Any) -> CaptureConfig:
         out=Path(args.out).expanduser(),
         name=args.name,
         gzip=args.gzip,
+        tb_names=args.tb_names,
         loop_line=args.loop,
     )
+
+
+def _check_outputs(args: Any) -> None:
+    """Check ``--report``/``--pfw`` before the cell runs (CaptureError naming the option)."""
+    if args.report:
+        target = Path(args.report).expanduser()
+        if target.is_dir():
+            raise CaptureError(f"--report {args.report!r} is a directory; name the .html file to write.")
+        parent = next((p for p in target.absolute().parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise CaptureError(f"--report {args.report!r}: {parent} is not a writable directory.")
+    if args.pfw:
+        try:
+            from tracemagic.export.dftracer import to_pfw  # noqa: F401
+        except ImportError as exc:
+            raise CaptureError(f"--pfw needs tracemagic.export.dftracer.to_pfw ({exc}).") from None
+
+
+def _warn(message: str) -> None:
+    """One line on stderr (shown even with -q: these are problems)."""
+    print(f"chakra_trace: {message}", file=sys.stderr)
 
 
 def register(ipython: Any) -> None:

@@ -182,3 +182,12 @@ class Trace:
         from tracemagic.export.dftracer import to_pfw
 
         return to_pfw(self, path, **kwargs)
+
+    def to_chrome_trace(
+        self, path: str | os.PathLike[str], steps: Any = None, **kwargs: Any
+    ) -> list[Path]:
+        """Write a trimmed Chrome/Perfetto trace per rank, e.g. only some steps of a trace
+        too large for the viewers (``tracemagic.export.chrome.to_chrome_trace``)."""
+        from tracemagic.export.chrome import to_chrome_trace
+
+        return to_chrome_trace(self, path, steps=steps, **kwargs)
