@@ -310,18 +310,7 @@ def timeline(
     shown = pd.concat(kept)
     fig = go.Figure()
     lane_labels = {lane: esc(shorten(lane, 48)) for lane in lanes}
-    for kind, group in shown.groupby("kind", sort=False):
-        fig.add_bar(
-            orientation="h",
-            name=esc(kind),
-            y=[lane_labels[l] for l in group["lane"]],
-            base=(group["ts"].to_numpy() - lo) / div,
-            x=group["dur"].to_numpy() / div,
-            marker_color=KIND_COLORS.get(kind, "#bcbd22"),
-            customdata=np.stack([esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div], axis=-1),
-            hovertemplate=f"%{{customdata[0]}}<br>%{{customdata[2]:.3f}} {unit}<br>%{{customdata[1]}}<extra></extra>",
-        )
-    if rest:
+    if rest:  # drawn first: below the individual events
         agg = _busy_bins(pd.concat(rest), lo, hi, bins)
         if not agg.empty:
             fig.add_bar(
@@ -334,6 +323,22 @@ def timeline(
                 customdata=np.stack([agg["count"], 100 * agg["busy"]], axis=-1),
                 hovertemplate="%{customdata[0]} short events<br>busy %{customdata[1]:.0f}%<extra>aggregated</extra>",
             )
+    # outer events first, nested ones drawn on top of them and narrower (a flame graph per lane)
+    draw_order = {"step": 0, "user_annotation": 1, "cpu_op": 2}
+    kinds = sorted(shown["kind"].unique(), key=lambda k: (draw_order.get(k, 3), k))
+    for kind in kinds:
+        group = shown[shown["kind"] == kind].sort_values(["depth", "ts"], kind="stable")
+        fig.add_bar(
+            orientation="h",
+            name=esc(kind),
+            width=0.8 * 0.8 ** np.clip(group["depth"].to_numpy(dtype=float), 0, 6),
+            y=[lane_labels[l] for l in group["lane"]],
+            base=(group["ts"].to_numpy() - lo) / div,
+            x=group["dur"].to_numpy() / div,
+            marker_color=KIND_COLORS.get(kind, "#bcbd22"),
+            customdata=np.stack([esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div], axis=-1),
+            hovertemplate=f"%{{customdata[0]}}<br>%{{customdata[2]:.3f}} {unit}<br>%{{customdata[1]}}<extra></extra>",
+        )
     fig.update_layout(
         barmode="overlay",
         meta={"shown": int(len(shown)), "total": int(total), "window": [lo, hi]},
@@ -470,8 +475,12 @@ def memory_timeline(
         bounds = sorted(set(steps["ts"].tolist()))
         if step is not None:
             bounds = [float(t) for t in steps.loc[steps["step"] == step, "ts"]]
-        for t in bounds[:200]:
-            fig.add_vline(x=float(t) / div, line={"color": "#aaaaaa", "width": 1, "dash": "dash"})
+        # one layout update: add_vline per boundary is quadratic in plotly
+        fig.update_layout(shapes=[
+            {"type": "line", "xref": "x", "yref": "paper", "x0": float(t) / div, "x1": float(t) / div, "y0": 0, "y1": 1,
+             "line": {"color": "#aaaaaa", "width": 1, "dash": "dash"}}
+            for t in bounds[:200]
+        ])
     return _layout(fig, title, f"time since trace start ({unit})", f"memory ({suffix})")
 
 
