@@ -154,7 +154,7 @@ for folder in sys.argv[1:]:
     names = analysis.t.symbol_table.get_sym_table()
     result = {"ranks": ranks, "rows": len(df), "iterations": analysis.t.get_iterations(ranks[0]),
               "cpu_ops": int((df["cat"].map(lambda c: names[c]) == "cpu_op").sum())}
-    if (df["stream"] > 0).any():
+    if (df["stream"] >= 0).any():
         tb = analysis.get_temporal_breakdown(visualize=False)
         result["kernel_time"] = float(tb["kernel_time(us)"].iloc[0])
     out[folder] = result
