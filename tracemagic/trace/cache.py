@@ -1,7 +1,9 @@
 """Parquet cache of parsed traces, so reopening a trace is near-instant.
 
 The cache lies next to the trace (``.<name>.tracemagic.parquet``) or, when that folder is
-read-only, in the user cache directory. Its key is every source file's path, size and
+read-only, in the user cache directory. A folder counts as read-only when it has no write
+permission bits even if the process could write there anyway (root ignores the bits): a
+shared, read-only trace folder is never written into. Its key is every source file's path, size and
 mtime plus the cache format version: a changed file is parsed again. Only Parquet and
 JSON are read back: nothing from a cache or a trace is ever executed.
 """
@@ -20,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 #: bump when the events table's columns or meaning change
-FORMAT = 1
+FORMAT = 2
 _META_KEY = b"tracemagic"
 
 
@@ -40,12 +42,31 @@ def key_for(path: Path, files: list[Path] | None, recover: bool) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def _locations(path: Path, cache_dir: str | os.PathLike[str] | None) -> list[Path]:
+def writable(folder: Path) -> bool:
+    """Whether we may write into ``folder``: it has write bits and we have write access."""
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & 0o222) and os.access(folder, os.W_OK)
+
+
+def _locations(path: Path, cache_dir: str | os.PathLike[str] | None, *, for_write: bool = False) -> list[Path]:
+    """Where the cache of ``path`` may lie: beside it (if that folder is writable), else
+    ``cache_dir`` or the user cache directory."""
     folder = path if path.is_dir() else path.parent
     stem = path.name if not path.is_dir() else "traces"
     beside = folder / f".{stem}.tracemagic.parquet"
     elsewhere = Path(cache_dir) if cache_dir is not None else user_cache_dir()
-    return [beside, elsewhere / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]}.parquet"]
+    other = elsewhere / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]}.parquet"
+    if for_write and not writable(folder):
+        return [other]
+    return [beside, other]
+
+
+def locations(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The cache files ``load(path)`` would read, in order (for tools and tests)."""
+    return _locations(Path(path), cache_dir)
 
 
 def read(key: str, path: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | None:
@@ -54,17 +75,36 @@ def read(key: str, path: Path, cache_dir: str | os.PathLike[str] | None) -> tupl
         if not location.is_file():
             continue
         try:
-            table = pq.read_table(location)
-            stored = json.loads(table.schema.metadata[_META_KEY])
-            if stored.get("key") != key:
+            schema = pq.read_schema(location)
+            stored = json.loads((schema.metadata or {})[_META_KEY])
+            if not isinstance(stored, dict) or stored.get("key") != key:
                 continue
-            flows = pd.read_parquet(location.with_suffix(".flows.parquet"))
-        except (OSError, KeyError, ValueError, pa.ArrowException):
-            continue
-        meta = stored["meta"]
-        for section in ("ranks", "processes", "threads"):
-            meta[section] = {int(k): v for k, v in meta.get(section, {}).items()}
-        return table.to_pandas(), flows, meta
+            events = _frame(pq.read_table(location))
+            flows = _frame(pq.read_table(location.with_suffix(".flows.parquet")))
+            meta = stored["meta"]
+            for section in ("ranks", "processes", "threads"):
+                meta[section] = {int(k): v for k, v in meta.get(section, {}).items()}
+        except (OSError, KeyError, ValueError, TypeError, AttributeError, pa.ArrowException):
+            continue  # missing, damaged or foreign: parse the trace again
+        return events, flows, meta
+
+
+def _frame(table: pa.Table) -> pd.DataFrame:
+    """The table as the frame a fresh parse makes: categoricals with object-dtype categories
+    (Arrow gives pandas' ``str`` dtype, and a plain object column for an all-missing one)."""
+    frame = table.to_pandas()
+    pandas_meta = table.schema.pandas_metadata or {}
+    categorical = {c.get("name") for c in pandas_meta.get("columns", []) if c.get("pandas_type") == "categorical"}
+    for column in frame.columns:
+        values = frame[column]
+        if isinstance(values.dtype, pd.CategoricalDtype):
+            if values.cat.categories.dtype != object:
+                frame[column] = pd.Categorical.from_codes(
+                    values.cat.codes.to_numpy(), categories=pd.Index(values.cat.categories, dtype=object), validate=False
+                )
+        elif column in categorical:
+            frame[column] = pd.Categorical(values.astype(object), categories=pd.Index(sorted(set(values.dropna())), dtype=object))
+    return frame
 
 
 def _write_atomic(table: pa.Table, target: Path) -> None:
@@ -92,7 +132,7 @@ def write(
     table = pa.Table.from_pandas(events, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: payload})
     flow_table = pa.Table.from_pandas(flows, preserve_index=False)
-    for location in _locations(path, cache_dir):
+    for location in _locations(path, cache_dir, for_write=True):
         try:
             _write_atomic(flow_table, location.with_suffix(".flows.parquet"))
             _write_atomic(table, location)

@@ -15,14 +15,18 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from tracemagic.errors import TraceError
-from tracemagic.trace import cache, normalize, structure
+from tracemagic.trace import cache, normalize, parse, structure
 from tracemagic.trace.model import Trace
-from tracemagic.trace.parse import ParsedTrace, parse_events
-from tracemagic.trace.read import Source, rank_files, read_sources, sniff
+from tracemagic.trace.parse import ParsedTrace
+from tracemagic.trace.progress import Aggregate, Progress, bar_for
+from tracemagic.trace.read import Source, file_source, rank_files, read_sources
 
 #: row-number columns that must be shifted when ranks are stacked
 ROW_COLUMNS = ("parent", "launch", "op", "module")
 MANIFEST = "capture.json"
+#: parse rank files in worker processes only above this many bytes in all (a worker
+#: costs ~1 s of imports; small ranks are parsed faster one after another)
+PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 
 
 def _prepare(parsed: ParsedTrace) -> ParsedTrace:
@@ -40,24 +44,14 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
         nbytes = events["bytes"].copy()
         nbytes[memory] = events["mem_bytes"][memory]
         events["bytes"] = nbytes
-    events.drop(columns=["mem_bytes", "device_id"], inplace=True)
+    events = parsed.events = events.drop(columns=["mem_bytes", "device_id"])
     structure.add_structure(events)
     return parsed
 
 
-def parse_source(source: Source, recover: bool = False) -> ParsedTrace:
-    """Parse and prepare one file's bytes."""
-    sniff(source.data, source.name)
-    parsed = parse_events(source.data, source.name, recover=recover or source.truncated_gzip)
-    if source.truncated_gzip:
-        if not recover:
-            raise TraceError(
-                f"{source.name}: the gzip stream is cut off (the file is truncated). "
-                "Pass recover=True to tracemagic.load to keep the events before the cut.",
-                path=source.name,
-                offset=len(source.data),
-            )
-        parsed.warnings.append(f"{source.name}: gzip stream truncated; recovered what it held")
+def parse_source(source: Source, recover: bool = False, progress: Progress | None = None) -> ParsedTrace:
+    """Parse and prepare one file."""
+    parsed = parse.parse_source(source, recover=recover, progress=progress)
     parsed.meta["source"] = source.name
     parsed.meta.setdefault("rank_hint", source.rank_hint)
     return _prepare(parsed)
@@ -66,8 +60,7 @@ def parse_source(source: Source, recover: bool = False) -> ParsedTrace:
 def _parse_path(args: tuple[str, bool]) -> ParsedTrace:
     """Worker entry: parse one rank file in a child process."""
     path, recover = args
-    (source,) = read_sources(Path(path))
-    return parse_source(source, recover)
+    return parse_source(file_source(Path(path)), recover)
 
 
 def _assign_ranks(parsed: list[ParsedTrace]) -> list[int]:
@@ -152,6 +145,7 @@ def load(
     cache_dir: str | os.PathLike[str] | None = None,
     use_cache: bool = True,
     workers: int | None = None,
+    progress: bool | Progress | None = None,
 ) -> Trace:
     """Load a Kineto trace into an analysis-ready ``Trace``.
 
@@ -159,11 +153,14 @@ def load(
         path: a ``.json``/``.json.gz`` trace, a ``.tar``/``.tar.gz`` of rank traces, a
             capture directory written by ``%%chakra_trace``, or a directory of rank traces.
         recover: keep the events before the damage of a truncated or corrupt file
-            instead of raising ``TraceError``.
+            instead of raising ``TraceError`` (a warning in ``trace.warnings`` says where).
         cache_dir: where to keep the Parquet cache when the trace's folder is read-only
-            (default: the user cache directory).
+            (default: ``$XDG_CACHE_HOME/tracemagic``).
         use_cache: read and write the Parquet cache (invalidated when the file changes).
-        workers: processes for parsing several rank files (default: up to the cores).
+        workers: processes for parsing several large rank files (default: up to the cores).
+        progress: ``None`` shows a progress bar (a widget in a notebook, a line on a
+            terminal's stderr) for inputs over 50 MB; ``True`` always, ``False`` never; or a
+            callable ``progress(done_bytes, total_bytes)`` called as the files are read.
 
     Raises:
         TraceError: the path holds no Kineto trace, or a damaged one (naming the file and
@@ -175,16 +172,21 @@ def load(
         manifest, files = _manifest(path)
         if files is None:
             files = rank_files(path)
+    elif not path.exists():
+        raise TraceError(f"{path}: no such file or directory.", path=str(path))
     key = cache.key_for(path, files, recover)
     if use_cache:
         hit = cache.read(key, path, cache_dir)
         if hit is not None:
             events, flows, meta = hit
             return Trace(events, flows, meta, path=path, manifest=manifest)
+    sources = [file_source(p) for p in files] if files is not None else read_sources(path)
+    total = sum(s.size for s in sources)
+    callback = bar_for(progress, total, path.name)
     if files is not None:
-        parsed = _parse_files(files, recover, workers)
+        parsed = _parse_files(sources, recover, workers, callback, total)
     else:
-        parsed = [parse_source(s, recover) for s in read_sources(path)]
+        parsed = _parse_sources(sources, recover, callback, total)
     ranks = _assign_ranks(parsed)
     events, flows = _stack(parsed, ranks)
     meta = {
@@ -196,14 +198,32 @@ def load(
     }
     if use_cache:
         cache.write(key, path, cache_dir, events, flows, meta)
+    if callback is not None:
+        callback(total, total)
     return Trace(events, flows, meta, path=path, manifest=manifest)
 
 
-def _parse_files(paths: list[Path], recover: bool, workers: int | None) -> list[ParsedTrace]:
-    """Parse rank files, in parallel processes when there are several (one file in memory
-    per worker, so many large ranks do not all sit in memory at once)."""
-    limit = min(workers or os.cpu_count() or 1, len(paths))
-    if limit > 1:
+def _parse_sources(sources: list[Source], recover: bool, callback: Progress | None, total: int) -> list[ParsedTrace]:
+    """Parse sources one after another, reporting progress over all of them."""
+    if callback is None:
+        return [parse_source(s, recover) for s in sources]
+    overall = Aggregate(callback, total)
+    return [parse_source(s, recover, overall.file(s.size)) for s in sources]
+
+
+def _parse_files(
+    sources: list[Source], recover: bool, workers: int | None, callback: Progress | None, total: int
+) -> list[ParsedTrace]:
+    """Parse rank files, in parallel processes when there are several large ones (one file
+    in memory per worker, so many large ranks do not all sit in memory at once)."""
+    limit = min(workers or os.cpu_count() or 1, len(sources))
+    if limit > 1 and (total >= PARALLEL_MIN_BYTES or workers):
+        overall = Aggregate(callback, total) if callback is not None else None
+        results: list[ParsedTrace] = []
         with ProcessPoolExecutor(max_workers=limit, mp_context=get_context("spawn")) as pool:
-            return list(pool.map(_parse_path, [(str(p), recover) for p in paths]))
-    return [_parse_path((str(p), recover)) for p in paths]
+            for source, parsed in zip(sources, pool.map(_parse_path, [(s.name, recover) for s in sources])):
+                results.append(parsed)
+                if overall is not None:
+                    overall.advance(source.size)
+        return results
+    return _parse_sources(sources, recover, callback, total)

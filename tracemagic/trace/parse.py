@@ -1,9 +1,18 @@
-"""Parse one Kineto trace's bytes into typed columns (no per-event Python dicts).
+"""Parse one Kineto trace into typed columns (no per-event Python dicts, bounded memory).
 
-msgspec decodes the events straight into slotted structs that keep only the fields the
-analyses use (measured 2-3x faster than ``orjson.loads`` building dicts, see
-``bench/bench_load.py``); columns are then pulled out with C-level ``attrgetter`` maps
-and repeated strings become categoricals.
+The ``traceEvents`` array is decoded in chunks of a few MB, straight from the (streamed,
+decompressed) file: msgspec decodes each chunk into slotted structs that keep only the
+fields the analyses use (several times faster than ``orjson.loads`` building dicts, see
+``bench/bench_load.py``), the chunk's columns are pulled out with C-level ``attrgetter``
+maps into compact numpy arrays, and the structs are dropped before the next chunk. Repeated
+strings are interned into categorical codes as they come. So peak memory is the final
+columns plus one chunk, not the whole JSON plus millions of Python objects.
+
+Chunks are cut at ``}`` ``,`` ``{`` boundaries; a cut is accepted only when the chunk
+decodes as a list of events, which a cut inside a string or a nested object never does
+(its prefix cannot be complete JSON), so the cutting is exact for any valid JSON. Damage
+(truncation, garbage) is located by msgspec's byte offset; ``recover=True`` keeps the
+events before it. Odd layouts fall back to decoding the whole document at once.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import msgspec
 import numpy as np
@@ -23,6 +32,14 @@ import pandas as pd
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import normalize
+from tracemagic.trace.read import ByteStream, Source, sniff
+
+#: bytes of events decoded at once (peak memory holds about one chunk's Python objects)
+CHUNK_BYTES = 8 << 20
+#: how many cut candidates to try before falling back to the whole-document path
+_MAX_CUT_TRIES = 16
+#: progress callback: (bytes read from the file so far, the file's size)
+Progress = Callable[[int, int], None]
 
 _NULL = msgspec.Raw(b"null")
 
@@ -64,6 +81,9 @@ class _Args(msgspec.Struct, gc=False):
     sort_index: Any = None
 
 
+_EMPTY_ARGS = _Args()
+
+
 class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: Any = ""
@@ -73,8 +93,7 @@ class _Event(msgspec.Struct, gc=False):
     ts: float = math.nan
     dur: float = 0.0
     id: Any = None
-    bp: Any = None
-    args: _Args | None = None
+    args: _Args = msgspec.field(default_factory=_Args)
 
 
 class _LooseEvent(msgspec.Struct, gc=False):
@@ -88,43 +107,54 @@ class _LooseEvent(msgspec.Struct, gc=False):
     ts: Any = math.nan
     dur: Any = 0.0
     id: Any = None
-    bp: Any = None
-    args: _Args | None = None
+    args: Any = None
 
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _LOOSE_EVENTS = msgspec.json.Decoder(list[_LooseEvent])
+_ONE_ARGS = msgspec.json.Decoder(_Args)
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 
 #: event columns pulled from every X/i event
 _BASE = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
-#: args columns: (column name, struct field, pandas dtype)
-_ARG_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("external_id", "external_id", "Int64"),
-    ("correlation", "correlation", "Int64"),
-    ("device", "device", "Int64"),
-    ("stream", "stream", "Int64"),
-    ("rf_id", "rf_id", "Int64"),
-    ("seq", "seq", "Int64"),
-    ("fwd_tid", "fwd_tid", "Int64"),
-    ("python_id", "python_id", "Int64"),
-    ("python_parent_id", "python_parent_id", "Int64"),
-    ("bytes", "nbytes", "Int64"),
-    ("mem_bytes", "mem_bytes", "Int64"),
-    ("total_allocated", "total_allocated", "Int64"),
-    ("total_reserved", "total_reserved", "Int64"),
-    ("device_id", "device_id", "Int64"),
-    ("device_type", "device_type", "Int64"),
-    ("addr", "addr", "Int64"),
-    ("flops", "flops", "Float64"),
-    ("group_size", "group_size", "Int64"),
-    ("in_nelems", "in_nelems", "Int64"),
-    ("out_nelems", "out_nelems", "Int64"),
+_BASE_GETTER = attrgetter(*_BASE)
+_ARGS_GETTER = attrgetter("args")
+#: args columns: (column name, struct field, floating?)
+_ARG_COLUMNS: tuple[tuple[str, str, bool], ...] = (
+    ("external_id", "external_id", False),
+    ("correlation", "correlation", False),
+    ("device", "device", False),
+    ("stream", "stream", False),
+    ("rf_id", "rf_id", False),
+    ("seq", "seq", False),
+    ("fwd_tid", "fwd_tid", False),
+    ("python_id", "python_id", False),
+    ("python_parent_id", "python_parent_id", False),
+    ("bytes", "nbytes", False),
+    ("mem_bytes", "mem_bytes", False),
+    ("total_allocated", "total_allocated", False),
+    ("total_reserved", "total_reserved", False),
+    ("device_id", "device_id", False),
+    ("device_type", "device_type", False),
+    ("addr", "addr", False),
+    ("flops", "flops", True),
+    ("group_size", "group_size", False),
+    ("in_nelems", "in_nelems", False),
+    ("out_nelems", "out_nelems", False),
 )
 _ARG_STRINGS = ("collective", "pg_name", "dtype")
 _ARG_RAW = ("input_dims", "input_type", "grid", "block", "pg_ranks")
+_ARG_FIELDS = tuple(f for _, f, _ in _ARG_COLUMNS) + _ARG_STRINGS + _ARG_RAW + ("external_id_old",)
+_ARG_GETTER = attrgetter(*_ARG_FIELDS)
+_TIMED = frozenset(("X", "i", "I"))
+_FLOWS = frozenset(("s", "f", "t"))
 _BAD_OFFSET = re.compile(r"\(byte (\d+)\)|at byte (\d+)")
+_NEXT_EVENT = re.compile(rb"\}\s*,\s*\{")
+_LAST_EVENT = re.compile(rb"\}\s*\]")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_WS = b" \t\r\n"
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 @dataclass
@@ -163,84 +193,12 @@ def _literal(value: Any) -> Any:
     if isinstance(value, str) and value[:1] in "{[":
         try:
             return ast.literal_eval(value)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
             try:
                 return _ANY.decode(value)
             except msgspec.DecodeError:
                 return value
     return value
-
-
-def _split_top(data: bytes, name: str, recover: bool) -> tuple[msgspec.Raw | bytes, dict[str, Any], list[str]]:
-    """The raw traceEvents array and the decoded metadata around it."""
-    warnings: list[str] = []
-    if data.lstrip()[:1] == b"[":
-        return data, {}, warnings
-    try:
-        top = _TOP.decode(data)
-    except msgspec.DecodeError as exc:
-        offset = _offset_of(exc)
-        if not recover:
-            where = f" at byte {offset}" if offset is not None else ""
-            raise TraceError(
-                f"{name}: the trace is truncated or corrupt{where} ({exc}). "
-                "Pass recover=True to tracemagic.load to keep the events before the damage.",
-                path=name,
-                offset=offset,
-            ) from None
-        events, meta = _recover(data, name, offset)
-        warnings.append(
-            f"{name}: damaged at byte {offset}; recovered the events before it."
-        )
-        return events, meta, warnings
-    if "traceEvents" not in top:
-        raise TraceError(
-            f"{name}: a JSON object without 'traceEvents'; not a Kineto trace "
-            f"(its keys: {', '.join(list(top)[:8])}).",
-            path=name,
-        )
-    meta = {}
-    for key, raw in top.items():
-        if key == "traceEvents":
-            continue
-        try:
-            meta[key] = _literal(_ANY.decode(raw))
-        except msgspec.DecodeError:  # pragma: no cover - top-level already validated
-            meta[key] = None
-    return top["traceEvents"], meta, warnings
-
-
-def _recover(data: bytes, name: str, offset: int | None) -> tuple[bytes, dict[str, Any]]:
-    """Cut a damaged trace at the last complete event before the damage."""
-    start = data.find(b"\"traceEvents\"")
-    bracket = data.find(b"[", start) if start >= 0 else -1
-    if bracket < 0:
-        raise TraceError(f"{name}: damaged before any event; nothing to recover.", path=name, offset=offset)
-    meta: dict[str, Any] = {}
-    head = data[:start].rstrip().rstrip(b",") + b"}"
-    try:
-        meta = {k: _literal(v) for k, v in _ANY.decode(head).items()}
-    except (msgspec.DecodeError, AttributeError):
-        meta = {}
-    end = offset if offset is not None else len(data)
-    boundary = re.compile(rb"\}\s*,\s*\{")
-    cuts = [m.start() + 1 for m in boundary.finditer(data, bracket, end)]
-    for cut in reversed(cuts[-64:]):
-        candidate = data[bracket:cut] + b"]"
-        try:
-            _LOOSE_EVENTS.decode(candidate)
-        except msgspec.DecodeError:
-            continue
-        return candidate, meta
-    raise TraceError(f"{name}: no complete event before the damage at byte {offset}.", path=name, offset=offset)
-
-
-def _int_column(values: list[Any], dtype: str) -> pd.api.extensions.ExtensionArray:
-    """Nullable numbers from a list with Nones; hex strings ('0x0') and junk become NA."""
-    try:
-        return pd.array(values, dtype=dtype)
-    except (TypeError, ValueError):
-        return pd.array([_to_number(v) for v in values], dtype=dtype)
 
 
 def _to_number(value: Any) -> int | float | None:
@@ -260,109 +218,597 @@ def _to_number(value: Any) -> int | float | None:
     return None
 
 
+# -- columns -------------------------------------------------------------------------------
+
+
+class _Interner:
+    """Labels -> categorical codes, shared by all chunks of a column (insertion order)."""
+
+    __slots__ = ("index", "labels", "raw")
+
+    def __init__(self, raw: bool = False) -> None:
+        self.index: dict[str, int] = {}
+        self.labels: list[str] = []
+        self.raw = raw  # values are JSON text as bytes; b"null" is missing
+
+    def codes(self, values: Any, n: int) -> np.ndarray:
+        objects = _objects(values, n)
+        codes, uniques = pd.factorize(objects, use_na_sentinel=True)
+        if len(uniques) == 0:
+            return np.full(n, -1, dtype=np.int32)
+        lookup = np.fromiter(map(self._code, uniques), dtype=np.int32, count=len(uniques))
+        out = lookup[codes]
+        out[codes < 0] = -1
+        return out
+
+    def _code(self, value: Any) -> int:
+        if self.raw:
+            if value == b"null":
+                return -1
+            label = value.decode("utf-8", "replace")
+        else:
+            label = value if type(value) is str else str(value)
+        code = self.index.get(label)
+        if code is None:
+            code = self.index[label] = len(self.labels)
+            self.labels.append(label)
+        return code
+
+    def categorical(self, codes: np.ndarray) -> pd.Categorical:
+        return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype=object), validate=False)
+
+
+def _objects(values: Any, n: int) -> np.ndarray:
+    """A 1-d object array of ``n`` values (``np.array`` is ~20x faster than ``fromiter``, but
+    would make a 2-d array of equal-length lists)."""
+    if isinstance(values, (tuple, list)):
+        objects = np.array(values, dtype=object)
+        if objects.ndim == 1:
+            return objects
+    return np.fromiter(values, dtype=object, count=n)
+
+
+def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, missing mask) of a column of JSON numbers with Nones; None if all missing.
+
+    Hex strings ('0x7f..') and numeric strings are read as numbers; anything else is missing.
+    """
+    n = len(col)
+    nones = col.count(None)
+    if nones == n:
+        return None
+    dtype = np.float64 if floating else np.int64
+    objects = _objects(col, n)
+    mask = np.equal(objects, None) if nones else np.zeros(n, dtype=bool)
+    if nones:
+        objects[mask] = 0
+    try:
+        return objects.astype(dtype), mask
+    except (TypeError, ValueError, OverflowError):
+        pass
+    values = np.zeros(n, dtype=dtype)
+    mask = np.ones(n, dtype=bool)
+    for i, raw in enumerate(col):
+        number = _to_number(raw)
+        if number is None or (not floating and (isinstance(number, float) or abs(number) > _INT64_MAX)):
+            if not floating and isinstance(number, float) and math.isfinite(number):
+                number = int(number)
+            else:
+                continue
+        values[i] = number
+        mask[i] = False
+    return values, mask
+
+
+class _Builder:
+    """Accumulates the columns of one trace, chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.cats = {c: _Interner() for c in ("ph", "cat", "name", "pid", "tid") + _ARG_STRINGS}
+        self.cats.update({c: _Interner(raw=True) for c in _ARG_RAW})
+        self.codes: dict[str, list[np.ndarray]] = {c: [] for c in self.cats}
+        self.floats: dict[str, list[np.ndarray]] = {"ts": [], "dur": []}
+        self.numbers: dict[str, list[tuple[int, tuple[np.ndarray, np.ndarray] | None]]] = {
+            c: [] for c, _, _ in _ARG_COLUMNS
+        }
+        self.flow_cats = {c: _Interner() for c in ("ph", "cat", "pid", "tid")}
+        self.flow_parts: dict[str, list[Any]] = {c: [] for c in ("ph", "cat", "pid", "tid", "id", "ts")}
+        self.processes: dict[str, str] = {}
+        self.threads: dict[tuple[str, str], str] = {}
+
+    def add(self, events: list[Any]) -> None:
+        timed = [e for e in events if e.ph in _TIMED]
+        if len(timed) != len(events):
+            self._flows([e for e in events if e.ph in _FLOWS])
+            self._names([e for e in events if e.ph == "M"])
+        n = len(timed)
+        if not n:
+            return
+        ph, cat, name, pid, tid, ts, dur = zip(*map(_BASE_GETTER, timed))
+        for column, values in (("ph", ph), ("cat", cat), ("name", name), ("pid", pid), ("tid", tid)):
+            self.codes[column].append(self.cats[column].codes(values, n))
+        self.floats["ts"].append(np.array(ts, dtype=np.float64))
+        self.floats["dur"].append(np.nan_to_num(np.array(dur, dtype=np.float64)))
+        args = zip(*map(_ARG_GETTER, map(_ARGS_GETTER, timed)))
+        columns = dict(zip(_ARG_FIELDS, args))
+        old = columns.pop("external_id_old")
+        if old.count(None) != n:
+            columns["external_id"] = tuple(o if v is None else v for v, o in zip(columns["external_id"], old))
+        for column, source, floating in _ARG_COLUMNS:
+            self.numbers[column].append((n, _numbers(columns[source], floating)))
+        for column in _ARG_STRINGS:
+            values = columns[column]
+            self.codes[column].append(
+                np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n)
+            )
+        for column in _ARG_RAW:
+            values = columns[column]
+            if values.count(_NULL) == n:
+                self.codes[column].append(np.full(n, -1, dtype=np.int32))
+            else:
+                self.codes[column].append(self.cats[column].codes(list(map(bytes, values)), n))
+        self.n += n
+
+    def _flows(self, flows: list[Any]) -> None:
+        if not flows:
+            return
+        n = len(flows)
+        for column in ("ph", "cat", "pid", "tid"):
+            self.flow_parts[column].append(self.flow_cats[column].codes(map(attrgetter(column), flows), n))
+        self.flow_parts["ts"].append(np.array([_to_number(e.ts) if not isinstance(e.ts, float) else e.ts for e in flows], dtype=np.float64))
+        self.flow_parts["id"].append(_numbers(tuple(e.id for e in flows), False) or (np.zeros(n, np.int64), np.ones(n, bool)))
+
+    def _names(self, meta_events: list[Any]) -> None:
+        for event in meta_events:
+            args = event.args if isinstance(event.args, _Args) else _EMPTY_ARGS
+            value = args.meta_name
+            if event.name == "process_name" and value is not None:
+                self.processes[str(event.pid)] = str(value)
+            elif event.name == "process_labels" and args.labels:
+                self.processes[str(event.pid)] = f"{self.processes.get(str(event.pid), '')} {args.labels}".strip()
+            elif event.name == "thread_name" and value is not None:
+                self.threads[(str(event.pid), str(event.tid))] = str(value)
+
+    def finish(self, meta: dict[str, Any], warnings: list[str]) -> ParsedTrace:
+        frame: dict[str, Any] = {}
+        for column in ("ph", "cat", "name", "pid", "tid"):
+            frame[column] = self._categorical(column)
+        for column in ("ts", "dur"):
+            parts = self.floats[column]
+            frame[column] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
+        for column, _, floating in _ARG_COLUMNS:
+            frame[column] = _masked(self.numbers[column], self.n, floating)
+        for column in _ARG_STRINGS + _ARG_RAW:
+            frame[column] = self._categorical(column)
+        table = pd.DataFrame(frame, copy=False)
+
+        fp = self.flow_parts
+        flows = pd.DataFrame(
+            {
+                "ph": self._flow_categorical("ph"),
+                "cat": self._flow_categorical("cat"),
+                "id": _masked([(len(v), (v, m)) for v, m in fp["id"]], sum(len(v) for v, _ in fp["id"]), False),
+                "pid": self._flow_categorical("pid"),
+                "tid": self._flow_categorical("tid"),
+                "ts": np.concatenate(fp["ts"]) if fp["ts"] else np.zeros(0, dtype=np.float64),
+            }
+        )
+        return ParsedTrace(table, flows, normalize.metadata(meta), self.processes, self.threads, warnings)
+
+    def _categorical(self, column: str) -> pd.Categorical:
+        parts = self.codes[column]
+        codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        return self.cats[column].categorical(codes)
+
+    def _flow_categorical(self, column: str) -> pd.Categorical:
+        parts = self.flow_parts[column]
+        codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        return self.flow_cats[column].categorical(codes)
+
+
+def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: int, floating: bool) -> Any:
+    """A nullable Int64/Float64 array from chunk parts (None parts are all missing)."""
+    dtype = np.float64 if floating else np.int64
+    if all(p is None for _, p in parts):
+        values, mask = np.zeros(n, dtype=dtype), np.ones(n, dtype=bool)
+    else:
+        values = np.concatenate([p[0] if p is not None else np.zeros(k, dtype=dtype) for k, p in parts])
+        mask = np.concatenate([p[1] if p is not None else np.ones(k, dtype=bool) for k, p in parts])
+    if floating:
+        return pd.arrays.FloatingArray(values, mask)
+    return pd.arrays.IntegerArray(values, mask)
+
+
 def categorical(values: list[Any] | np.ndarray) -> pd.Categorical:
     """Strings interned as an unsorted categorical (mixed int/str ids become strings)."""
-    codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=True)
-    labels = ["" if u is None else str(u) for u in uniques]
-    if len(set(labels)) != len(labels):  # 7 and "7" both present: merge them
-        remap = {label: i for i, label in reversed(list(enumerate(labels)))}
-        order = sorted(set(labels), key=remap.__getitem__)
-        index = {label: i for i, label in enumerate(order)}
-        lookup = np.array([index[label] for label in labels] + [-1], dtype=np.int64)
-        codes = lookup[codes]
-        labels = order
-    return pd.Categorical.from_codes(codes, categories=pd.Index(labels, dtype=object))
+    interner = _Interner()
+    return interner.categorical(interner.codes(values, len(values)))
 
 
-def _raw_strings(raws: list[msgspec.Raw]) -> list[str | None]:
-    return [None if r is _NULL or bytes(r) == b"null" else bytes(r).decode() for r in raws]
+# -- decoding ------------------------------------------------------------------------------
 
 
-def parse_events(data: bytes, name: str, *, recover: bool = False) -> ParsedTrace:
-    """Decode one trace's bytes into an events table, a flows table and metadata.
+def _decode_events(data: Any, name: str) -> list[Any]:
+    """A JSON array of events -> structs (typed fast path, loose fallback).
 
-    Raises:
-        TraceError: the JSON is damaged (with the byte offset) or not a Kineto trace.
+    Raises msgspec.DecodeError for malformed JSON (the caller locates it).
     """
-    with _gc_paused():
-        raw_events, meta, warnings = _split_top(data, name, recover)
-        try:
-            events = _EVENTS.decode(raw_events)
-        except msgspec.ValidationError:
-            events = _decode_loose(raw_events, name)
-        except msgspec.DecodeError as exc:
-            raise TraceError(f"{name}: corrupt traceEvents ({exc}).", path=name, offset=_offset_of(exc)) from None
-        return _columns(events, meta, warnings)
-
-
-def _decode_loose(raw: msgspec.Raw | bytes, name: str) -> list[Any]:
     try:
-        events = _LOOSE_EVENTS.decode(raw)
+        return _EVENTS.decode(data)
+    except msgspec.ValidationError:
+        pass
+    try:
+        events = _LOOSE_EVENTS.decode(data)
     except msgspec.ValidationError as exc:
         raise TraceError(f"{name}: an event has an unreadable shape ({exc}).", path=name) from None
     for event in events:
-        event.ts = _to_number(event.ts)
-        event.dur = _to_number(event.dur) or 0.0
-        if event.ts is None:
-            event.ts = math.nan
+        event.ph = event.ph if isinstance(event.ph, str) else str(event.ph)
+        ts = _to_number(event.ts)
+        event.ts = float(ts) if ts is not None else math.nan
+        event.dur = float(_to_number(event.dur) or 0.0)
+        event.args = _loose_args(event.args)
     return events
 
 
-def _columns(events: list[Any], meta: dict[str, Any], warnings: list[str]) -> ParsedTrace:
-    timed = [e for e in events if e.ph == "X" or e.ph == "i" or e.ph == "I"]
-    flow_events = [e for e in events if e.ph == "s" or e.ph == "f" or e.ph == "t"]
-    processes, threads = _names([e for e in events if e.ph == "M"])
-
-    ph, cat, name, pid, tid, ts, dur = (list(c) for c in zip(*map(attrgetter(*_BASE), timed))) if timed else ([] for _ in _BASE)
-    frame: dict[str, Any] = {
-        "ph": categorical(ph),
-        "cat": categorical(cat),
-        "name": categorical(name),
-        "pid": categorical(pid),
-        "tid": categorical(tid),
-        "ts": np.asarray(ts, dtype=np.float64),
-        "dur": np.nan_to_num(np.asarray(dur, dtype=np.float64)),
-    }
-    args = [e.args for e in timed]
-    fields = tuple(f for _, f, _ in _ARG_COLUMNS) + _ARG_STRINGS + _ARG_RAW + ("external_id_old",)
-    empty = (None,) * (len(fields) - len(_ARG_RAW) - 1) + (_NULL,) * len(_ARG_RAW) + (None,)
-    getter = attrgetter(*fields)
-    rows = [getter(a) if a is not None else empty for a in args]
-    columns = dict(zip(fields, (list(c) for c in zip(*rows)))) if rows else {f: [] for f in fields}
-    old = columns.pop("external_id_old")
-    if any(v is not None for v in old):
-        columns["external_id"] = [n if n is not None else o for n, o in zip(columns["external_id"], old)]
-    for column, source, dtype in _ARG_COLUMNS:
-        frame[column] = _int_column(columns[source], dtype)
-    for column in _ARG_STRINGS:
-        frame[column] = categorical(columns[column])
-    for column in _ARG_RAW:
-        frame[column] = categorical(_raw_strings(columns[column]))
-    table = pd.DataFrame(frame)
-
-    flows = pd.DataFrame(
-        {
-            "ph": categorical([e.ph for e in flow_events]),
-            "cat": categorical([e.cat for e in flow_events]),
-            "id": _int_column([_to_number(e.id) if isinstance(e.id, str) else e.id for e in flow_events], "Int64"),
-            "pid": categorical([e.pid for e in flow_events]),
-            "tid": categorical([e.tid for e in flow_events]),
-            "ts": np.asarray([e.ts for e in flow_events], dtype=np.float64),
-        }
-    )
-    meta = normalize.metadata(meta)
-    return ParsedTrace(table, flows, meta, processes, threads, warnings)
+def _loose_args(value: Any) -> _Args:
+    if not isinstance(value, dict):
+        return _EMPTY_ARGS
+    try:
+        return _ONE_ARGS.decode(msgspec.json.encode(value))
+    except msgspec.ValidationError:
+        return _EMPTY_ARGS
 
 
-def _names(meta_events: list[Any]) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
-    processes: dict[str, str] = {}
-    threads: dict[tuple[str, str], str] = {}
-    for event in meta_events:
-        value = event.args.meta_name if event.args is not None else None
-        if event.name == "process_name" and value is not None:
-            processes[str(event.pid)] = str(value)
-        elif event.name == "process_labels" and event.args is not None and event.args.labels:
-            processes[str(event.pid)] = f"{processes.get(str(event.pid), '')} {event.args.labels}".strip()
-        elif event.name == "thread_name" and value is not None:
-            threads[(str(event.pid), str(event.tid))] = str(value)
-    return processes, threads
+class _Damage(Exception):
+    """The JSON is broken at ``offset`` (absolute, in the decompressed bytes)."""
+
+    def __init__(self, offset: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.offset = offset
+        self.reason = reason
+
+
+class _Fallback(Exception):
+    """The streaming path cannot handle this layout: decode the whole document instead."""
+
+
+class _StreamParser:
+    """Cuts the traceEvents array of a byte stream into chunks and decodes them."""
+
+    def __init__(self, source: Source, stream: ByteStream, recover: bool, progress: Progress | None, chunk: int) -> None:
+        self.source = source
+        self.name = source.name
+        self.stream = stream
+        self.recover = recover
+        self.progress = progress
+        self.chunk = chunk
+        self.buf = bytearray()
+        self.base = 0  # absolute offset of buf[0]
+        self.eof = False
+        self.builder = _Builder()
+        self.meta: dict[str, Any] = {}
+        self.warnings: list[str] = []
+
+    # -- input --------------------------------------------------------------------------
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        block = self.stream.read()
+        if not block:
+            self.eof = True
+            return False
+        self.buf = self.buf + block if self.buf else bytearray(block)
+        return True
+
+    def _drop(self, count: int) -> None:
+        """Forget the first ``count`` bytes (a new buffer: decoded Raw values may still view the old one)."""
+        self.buf = self.buf[count:]
+        self.base += count
+
+    def _report(self) -> None:
+        if self.progress is not None:
+            self.progress(min(self.stream.consumed, self.source.size), self.source.size)
+
+    # -- the document -----------------------------------------------------------------
+    def run(self) -> ParsedTrace:
+        self._more()
+        sniff(bytes(self.buf[: 1 << 20]), self.name)
+        self._find_events()
+        while True:
+            while not self.eof and len(self.buf) < self.chunk:
+                self._more()
+            if self.eof:
+                self._last_chunk()
+                break
+            if not self._next_chunk():
+                break
+            self._report()
+        if self.stream.truncated and not self.recover:
+            raise TraceError(
+                f"{self.name}: the gzip stream is cut off (the file is truncated after "
+                f"{self.base + len(self.buf)} bytes of JSON). Pass recover=True to "
+                "tracemagic.load to keep the events before the cut.",
+                path=self.name,
+                offset=self.base + len(self.buf),
+            )
+        if self.stream.truncated:
+            self.warnings.append(f"{self.name}: gzip stream truncated; recovered what it held")
+        self._report()
+        return self.builder.finish(self.meta, self.warnings)
+
+    def _find_events(self) -> None:
+        """Move to the '[' of the events array; decode the metadata before it."""
+        start = len(self.buf) - len(self.buf.lstrip(b"\xef\xbb\xbf" + _WS))
+        if self.buf[start : start + 1] == b"[":
+            self._drop(start)
+            return
+        while True:
+            key = self.buf.find(b'"traceEvents"', start)
+            match = _EVENTS_KEY.match(self.buf, key) if key >= 0 else None
+            if match is not None and self.buf[key - 1 : key] != b"\\":
+                break
+            if key >= 0 and len(self.buf) - key > 64:  # odd spacing or a string that says traceEvents
+                raise _Fallback
+            if not self._more() or len(self.buf) > (256 << 20):
+                raise _Fallback
+        head = bytes(self.buf[start:key]).rstrip(_WS)
+        if head.endswith(b","):
+            head = head[:-1]
+        if head.strip(_WS) != b"{":
+            try:
+                top = _ANY.decode(head + b"}")
+            except msgspec.DecodeError:
+                raise _Fallback from None
+            self.meta.update({k: _literal(v) for k, v in top.items()})
+        self._drop(match.end() - 1)
+
+    def _decode_at(self, end: int) -> list[Any]:
+        """Decode buf[0:end] + ']' as events (buf[0] is the '[' or the ',' before the chunk)."""
+        buf = self.buf
+        buf[0] = 0x5B  # '['
+        saved = buf[end] if end < len(buf) else None
+        try:
+            if saved is None:
+                return _decode_events(bytes(buf) + b"]", self.name)
+            buf[end] = 0x5D  # ']'
+            with memoryview(buf) as view:
+                return _decode_events(view[: end + 1], self.name)
+        finally:
+            if saved is not None:
+                buf[end] = saved
+
+    def _try_cut(self, end: int) -> list[Any] | None:
+        """Events of buf[:end]; None when the cut is not between two events."""
+        try:
+            return self._decode_at(end)
+        except msgspec.DecodeError as exc:
+            where = _offset_of(exc)
+            if where is None or where >= end:
+                return None  # error at the end of the chunk: the cut was inside an event
+            raise _Damage(self.base + where, str(exc)) from None
+
+    def _next_chunk(self) -> bool:
+        """Decode one chunk ending near ``self.chunk``; False when the parse stopped (recovered)."""
+        tries = 0
+        for limit in (min(len(self.buf), self.chunk), len(self.buf)):
+            pos = limit
+            while tries < _MAX_CUT_TRIES:
+                pos = self.buf.rfind(b"}", 1, pos)
+                if pos < 0:
+                    break
+                if _NEXT_EVENT.match(self.buf, pos) is None:
+                    continue
+                tries += 1
+                try:
+                    events = self._try_cut(pos + 1)
+                except _Damage as damage:
+                    return self._damaged(damage)
+                if events is None:
+                    continue
+                self.builder.add(events)
+                del events
+                self._drop(self.buf.index(b",", pos + 1))
+                return True
+        if tries < _MAX_CUT_TRIES and len(self.buf) < (256 << 20) and self._more():
+            return True  # no boundary yet (one enormous event): read on
+        raise _Fallback
+
+    def _last_chunk(self) -> None:
+        """The end of the document: the last events, the ']' and the metadata after it."""
+        body = self.buf[1:].lstrip(_WS)
+        if body[:1] == b"]":  # no (more) events
+            close = len(self.buf) - len(body)
+        else:
+            close = -1
+            tries = 0
+            for match in _LAST_EVENT.finditer(self.buf):
+                tries += 1
+                try:
+                    events = self._try_cut(match.start() + 1)
+                except _Damage as damage:
+                    self._damaged(damage)
+                    return
+                if events is not None:
+                    self.builder.add(events)
+                    del events
+                    close = match.end() - 1
+                    break
+                if tries >= _MAX_CUT_TRIES:
+                    raise _Fallback
+            if close < 0:
+                self._damaged(self._locate_end_damage())
+                return
+        tail = bytes(self.buf[close + 1 :]).strip(_WS)
+        if tail in (b"", b"}"):
+            return
+        if tail[:1] == b",":
+            try:
+                extra = _ANY.decode(b"{" + tail[1:])
+            except msgspec.DecodeError as exc:
+                where = _offset_of(exc)
+                offset = self.base + close + 1 + (where if where is not None else len(tail))
+                if not self.recover:
+                    raise self._error(offset, f"the metadata after the events is damaged ({exc})") from None
+                self.warnings.append(f"{self.name}: damaged after the events (byte {offset}); metadata after them lost")
+                return
+            if isinstance(extra, dict):
+                self.meta.update({k: _literal(v) for k, v in extra.items()})
+                return
+        raise _Fallback
+
+    def _locate_end_damage(self) -> _Damage:
+        """Where the remainder of the document breaks (it has no complete end)."""
+        self.buf[0] = 0x5B  # '[' (it may hold the ',' before the next event)
+        try:
+            _ANY.decode(self.buf)
+        except msgspec.DecodeError as exc:
+            where = _offset_of(exc)
+            if where is None:  # truncated: the data just ends
+                return _Damage(self.base + len(self.buf), "the file ends inside the events (truncated)")
+            return _Damage(self.base + where, str(exc))
+        return _Damage(self.base + len(self.buf), "the events array is not closed")
+
+    def _error(self, offset: int | None, reason: str) -> TraceError:
+        cut = " (the gzip stream is cut off)" if self.stream.truncated else ""
+        where = f" at byte {offset}" if offset is not None else ""
+        return TraceError(
+            f"{self.name}: the trace is truncated or corrupt{where}{cut}: {reason}. "
+            "Pass recover=True to tracemagic.load to keep the events before the damage.",
+            path=self.name,
+            offset=offset,
+        )
+
+    def _damaged(self, damage: _Damage) -> bool:
+        """Raise, or keep the complete events before the damage (recover=True); stops the parse."""
+        if not self.recover:
+            raise self._error(damage.offset, damage.reason)
+        limit = len(self.buf) if damage.offset is None else max(0, damage.offset - self.base)
+        pos = limit
+        kept = False
+        for _ in range(64):
+            pos = self.buf.rfind(b"}", 1, pos)
+            if pos < 0:
+                break
+            try:
+                events = self._decode_at(pos + 1)
+            except msgspec.DecodeError:
+                continue
+            self.builder.add(events)
+            kept = True
+            break
+        if not kept and self.builder.n == 0 and not self.builder.flow_parts["ts"]:
+            raise TraceError(
+                f"{self.name}: damaged at byte {damage.offset} before any complete event; nothing to recover.",
+                path=self.name,
+                offset=damage.offset,
+            )
+        self.warnings.append(
+            f"{self.name}: damaged at byte {damage.offset} ({damage.reason}); recovered the {self.builder.n} events before it"
+        )
+        self.eof = True
+        return False
+
+
+def _parse_whole(data: bytes, name: str, recover: bool) -> ParsedTrace:
+    """The slow, simple path: decode the whole document at once."""
+    warnings: list[str] = []
+    start = len(data) - len(data.lstrip(b"\xef\xbb\xbf" + _WS))
+    builder = _Builder()
+    if data[start : start + 1] == b"[":
+        raw_events: Any = data
+        meta: dict[str, Any] = {}
+    else:
+        try:
+            top = _TOP.decode(data)
+        except msgspec.DecodeError as exc:
+            offset = _offset_of(exc)
+            if offset is None:
+                offset = len(data)
+            if not recover:
+                raise TraceError(
+                    f"{name}: the trace is truncated or corrupt at byte {offset} ({exc}). "
+                    "Pass recover=True to tracemagic.load to keep the events before the damage.",
+                    path=name,
+                    offset=offset,
+                ) from None
+            raw_events, meta = _recover_whole(data, name, offset)
+            warnings.append(f"{name}: damaged at byte {offset}; recovered the events before it.")
+        else:
+            if not isinstance(top, dict) or "traceEvents" not in top:
+                raise TraceError(
+                    f"{name}: a JSON object without 'traceEvents'; not a Kineto trace "
+                    f"(its keys: {', '.join(list(top)[:8]) or 'none'}).",
+                    path=name,
+                )
+            meta = {}
+            for key, raw in top.items():
+                if key != "traceEvents":
+                    meta[key] = _literal(_ANY.decode(raw))
+            raw_events = top["traceEvents"]
+    try:
+        events = _decode_events(raw_events, name)
+    except msgspec.DecodeError as exc:
+        raise TraceError(f"{name}: corrupt traceEvents ({exc}).", path=name, offset=_offset_of(exc)) from None
+    builder.add(events)
+    return builder.finish(meta, warnings)
+
+
+def _recover_whole(data: bytes, name: str, offset: int) -> tuple[bytes, dict[str, Any]]:
+    start = data.find(b'"traceEvents"')
+    bracket = data.find(b"[", start) if start >= 0 else -1
+    if bracket < 0:
+        raise TraceError(f"{name}: damaged at byte {offset} before any event; nothing to recover.", path=name, offset=offset)
+    meta: dict[str, Any] = {}
+    head = data[:start].rstrip().rstrip(b",") + b"}"
+    try:
+        meta = {k: _literal(v) for k, v in _ANY.decode(head).items()}
+    except (msgspec.DecodeError, AttributeError):
+        meta = {}
+    cuts = [m.start() + 1 for m in _NEXT_EVENT.finditer(data, bracket, offset)]
+    for cut in reversed(cuts[-64:]):
+        candidate = data[bracket:cut] + b"]"
+        try:
+            _LOOSE_EVENTS.decode(candidate)
+        except msgspec.DecodeError:
+            continue
+        return candidate, meta
+    raise TraceError(f"{name}: no complete event before the damage at byte {offset}.", path=name, offset=offset)
+
+
+def parse_source(
+    source: Source, *, recover: bool = False, progress: Progress | None = None, chunk: int | None = None
+) -> ParsedTrace:
+    """Decode one trace file into an events table, a flows table and metadata.
+
+    Raises:
+        TraceError: the JSON is damaged (with the byte offset), empty, or not a Kineto trace.
+    """
+    chunk = chunk or CHUNK_BYTES
+    with _gc_paused():
+        try:
+            with ByteStream(source, block=chunk) as stream:
+                return _StreamParser(source, stream, recover, progress, chunk).run()
+        except _Fallback:
+            pass
+        with ByteStream(source, block=chunk) as stream:
+            data = stream.read_all()
+            truncated = stream.truncated
+        parsed = _parse_whole(data, source.name, recover or truncated)
+        if truncated:
+            if not recover:
+                raise TraceError(
+                    f"{source.name}: the gzip stream is cut off (the file is truncated). "
+                    "Pass recover=True to tracemagic.load to keep the events before the cut.",
+                    path=source.name,
+                    offset=len(data),
+                )
+            parsed.warnings.append(f"{source.name}: gzip stream truncated; recovered what it held")
+        if progress is not None:
+            progress(source.size, source.size)
+        return parsed
+
+
+def parse_events(data: bytes, name: str, *, recover: bool = False) -> ParsedTrace:
+    """Decode one trace's bytes (plain or gzip) into an events table, flows and metadata."""
+    return parse_source(Source.from_bytes(name, data), recover=recover)

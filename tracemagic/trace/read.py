@@ -1,17 +1,20 @@
-"""Find the trace files behind a path and read their bytes (plain, gzip, tar, directories).
+"""Find the trace files behind a path and stream their bytes (plain, gzip, tar, directories).
 
 Nothing here parses JSON beyond sniffing what a file is, so a wrong file (an Execution
-Trace, a memory-timeline dump) is named before any heavy work starts.
+Trace, a memory-timeline dump) is named before any heavy work starts. Files are read block
+by block and gzip is decompressed as a stream, so a large trace never sits in memory twice
+(compressed and decompressed) nor whole.
 """
 
 from __future__ import annotations
 
-import gzip
+import io
 import re
 import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Callable
 
 from tracemagic.errors import TraceError
 
@@ -19,16 +22,114 @@ from tracemagic.errors import TraceError
 _TRACE_NAME = re.compile(r"(\.pt\.trace\.json|kineto_trace_\d+(_\w+)?\.json|trace.*\.json|\.json)(\.gz)?$")
 _NOT_KINETO = re.compile(r"(torch_et_|_et\.json|\.et\.json|memory_timeline|capture\.json|\.pfw)")
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|kineto_trace_)[-_]?(\d+)", re.IGNORECASE)
+#: compressed bytes fed to zlib per step (a trace compresses ~10-30x)
+_GZIP_STEP = 1 << 18
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
 class Source:
-    """One trace file's bytes, where they came from, and the rank its name suggests."""
+    """One trace file: how to open it, its (on-disk) size, and the rank its name suggests."""
 
     name: str
-    data: bytes
+    opener: Callable[[], IO[bytes]]
+    size: int
     rank_hint: int | None
-    truncated_gzip: bool = False
+
+    @classmethod
+    def from_bytes(cls, name: str, data: bytes, rank_hint: int | None = None) -> "Source":
+        """A source over bytes already in memory (tests, tar members)."""
+        return cls(name, lambda: io.BytesIO(data), len(data), rank_hint)
+
+
+class ByteStream:
+    """The decompressed bytes of a source, block by block.
+
+    ``read()`` gives the next block (``b""`` at the end); ``consumed`` counts the bytes
+    taken from the file (for progress), ``truncated`` tells a cut-off gzip stream.
+    """
+
+    def __init__(self, source: Source, block: int = 8 << 20) -> None:
+        self.source = source
+        self.block = block
+        self.consumed = 0
+        self.truncated = False
+        self._handle = source.opener()
+        first = self._handle.read(2)
+        self.consumed = len(first)
+        self._gzip = first == _GZIP_MAGIC
+        self._pending = first
+        self._decomp = zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzip else None
+        self._done = False
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> "ByteStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read(self) -> bytes:
+        """The next block of (decompressed) bytes; ``b""`` when the source is exhausted."""
+        if self._done:
+            return b""
+        if not self._gzip:
+            more = self._handle.read(self.block - len(self._pending))
+            self.consumed += len(more)
+            data = self._pending + more
+            self._pending = b""
+            if not data:
+                self._done = True
+            return data
+        return self._read_gzip()
+
+    def _read_gzip(self) -> bytes:
+        assert self._decomp is not None
+        out: list[bytes] = []
+        size = 0
+        while size < self.block:
+            raw = self._pending
+            if not raw:
+                raw = self._handle.read(_GZIP_STEP)
+                self.consumed += len(raw)
+            self._pending = b""
+            if not raw:
+                if not self._decomp.eof:
+                    self.truncated = True
+                self._done = True
+                break
+            try:
+                chunk = self._decomp.decompress(raw)
+            except zlib.error as exc:
+                raise TraceError(
+                    f"{self.source.name}: the gzip data is corrupt ({exc}) after "
+                    f"{self.consumed} compressed bytes; the file cannot be read. Re-copy or "
+                    "re-record the trace.",
+                    path=self.source.name,
+                ) from None
+            out.append(chunk)
+            size += len(chunk)
+            if self._decomp.eof:
+                rest = self._decomp.unused_data
+                if not rest:
+                    rest = self._handle.read(2)
+                    self.consumed += len(rest)
+                if rest[:2] == _GZIP_MAGIC:  # a multi-member gzip file: go on
+                    self._decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    self._pending = rest
+                else:  # the end (trailing junk is ignored, like gzip(1) with a warning)
+                    self._done = True
+                    break
+        return b"".join(out)
+
+    def read_all(self) -> bytes:
+        """Everything that is left (used on the slow paths: damaged files, odd layouts)."""
+        parts = []
+        while block := self.read():
+            parts.append(block)
+        return b"".join(parts)
 
 
 def rank_from_name(name: str) -> int | None:
@@ -41,29 +142,6 @@ def is_trace_name(name: str) -> bool:
     """Whether a file name in a directory or tar looks like a Kineto trace."""
     base = Path(name).name
     return bool(_TRACE_NAME.search(base)) and not _NOT_KINETO.search(base)
-
-
-def _gunzip(raw: bytes, name: str) -> tuple[bytes, bool]:
-    """Decompress gzip bytes; a cut-off stream gives what it held and a flag."""
-    try:
-        return gzip.decompress(raw), False
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            data = decomp.decompress(raw)
-        except zlib.error:
-            raise TraceError(
-                f"{name}: the gzip data is corrupt ({exc}); the file cannot be read. "
-                "Re-copy or re-record the trace.",
-                path=name,
-            ) from None
-        return data, True
-
-
-def _decode_bytes(raw: bytes, name: str) -> tuple[bytes, bool]:
-    if raw[:2] == b"\x1f\x8b":
-        return _gunzip(raw, name)
-    return raw, False
 
 
 def rank_files(path: Path) -> list[Path]:
@@ -82,6 +160,11 @@ def rank_files(path: Path) -> list[Path]:
     return files
 
 
+def file_source(path: Path) -> Source:
+    """A source reading ``path`` from disk."""
+    return Source(str(path), lambda: open(path, "rb"), path.stat().st_size, rank_from_name(path.name))
+
+
 def read_sources(path: Path) -> list[Source]:
     """Every Kineto trace behind ``path``: a file, a .tar/.tar.gz, or a directory of ranks.
 
@@ -91,46 +174,42 @@ def read_sources(path: Path) -> list[Source]:
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
     if path.is_dir():
-        return [_read_file(p) for p in rank_files(path)]
+        return [file_source(p) for p in rank_files(path)]
     if _is_tar(path):
         return _read_tar(path)
-    return [_read_file(path)]
+    return [file_source(path)]
 
 
 def _is_tar(path: Path) -> bool:
     return path.name.lower().endswith((".tar", ".tar.gz", ".tgz"))
 
 
-def _read_file(path: Path) -> Source:
-    raw = path.read_bytes()
-    data, cut = _decode_bytes(raw, str(path))
-    return Source(str(path), data, rank_from_name(path.name), cut)
-
-
 def _read_tar(path: Path) -> list[Source]:
+    """The trace members of a tar, read into memory one by one (members are rank files)."""
     try:
         archive = tarfile.open(path)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise TraceError(f"{path}: not a readable tar archive ({exc}).", path=str(path)) from None
     sources = []
-    with archive:
-        for member in archive.getmembers():
-            if not member.isfile() or not is_trace_name(member.name):
-                continue
-            handle = archive.extractfile(member)
-            if handle is None:  # pragma: no cover - isfile() members always extract
-                continue
-            name = f"{path}!{member.name}"
-            data, cut = _decode_bytes(handle.read(), name)
-            sources.append(Source(name, data, rank_from_name(member.name), cut))
+    try:
+        with archive:
+            for member in archive:
+                if not member.isfile() or not is_trace_name(member.name):
+                    continue
+                handle = archive.extractfile(member)
+                if handle is None:  # pragma: no cover - isfile() members always extract
+                    continue
+                sources.append(Source.from_bytes(f"{path}!{member.name}", handle.read(), rank_from_name(member.name)))
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise TraceError(f"{path}: the tar archive is damaged ({exc}).", path=str(path)) from None
     if not sources:
         raise TraceError(f"{path}: the archive holds no Kineto trace.", path=str(path))
     return sources
 
 
-def sniff(data: bytes, name: str) -> None:
-    """Raise a clear TraceError when ``data`` is JSON of another kind than a Kineto trace."""
-    head = data[:4096].lstrip()
+def sniff(head: bytes, name: str) -> None:
+    """Raise a clear TraceError when the file's first block is not a Kineto trace's."""
+    head = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if not head:
         raise TraceError(f"{name}: the file is empty.", path=name, offset=0)
     if head[:1] == b"[":
@@ -150,7 +229,7 @@ def sniff(data: bytes, name: str) -> None:
             path=name,
             offset=0,
         )
-    if b'"traceEvents"' not in data[:1 << 20] and re.search(rb'"schema"\s*:', head) and b'"nodes"' in data:
+    if b'"traceEvents"' not in head and re.search(rb'"schema"\s*:', head[:4096]) and b'"nodes"' in head:
         raise TraceError(
             f"{name}: this is a PyTorch Execution Trace (torch_et), not a Kineto trace. "
             "Pass the Kineto trace recorded with it (kineto_trace_<rank>.json); tracemagic "

@@ -1,0 +1,702 @@
+"""``tracemagic.load`` on every real trace in ``../shared/traces`` and on damaged, odd and
+hand-made ones. Expectations are computed here from the raw JSON with the standard
+library, independently of the loader's own parsing."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import stat
+import tarfile
+import zlib
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tracemagic
+from tracemagic.errors import TraceError
+from tracemagic.trace import cache, parse, progress
+
+TRACES = Path(__file__).parents[1].parent / "shared" / "traces"
+MISSING = (
+    f"the real traces folder {TRACES} is missing: these tests need ../shared/traces "
+    "next to the repository (see shared/traces/README.md)"
+)
+FILES = sorted(p.name for p in TRACES.iterdir() if p.name != "README.md") if TRACES.is_dir() else [MISSING]
+NOT_KINETO = {
+    "hta_benchmark_simple_add_et.json.gz": "Execution Trace",
+    "hta_memory_timeline.raw.gz": "memory-timeline",
+}
+#: the category -> kind mapping, written out here again (old and new spellings)
+KIND = {
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "python_function": "python_function",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "runtime": "runtime",
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
+    "gpu_user_annotation": "gpu_annotation",
+}
+
+
+def trace_path(name: str) -> Path:
+    if not TRACES.is_dir():
+        pytest.fail(MISSING)
+    path = TRACES / name
+    assert path.is_file(), f"{path} is missing from ../shared/traces"
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own user cache directory (nothing written to ~/.cache)."""
+    home = tmp_path_factory.mktemp("xdg-cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return home
+
+
+# -- independent expectations from the raw JSON --------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def raw_docs(name: str) -> tuple[tuple[str, Any], ...]:
+    """(member name, decoded JSON) of each trace inside a file (a tar holds several)."""
+    path = trace_path(name)
+    if name.endswith(".tar.gz"):
+        with tarfile.open(path) as archive:
+            return tuple(
+                (m.name, json.loads(archive.extractfile(m).read()))  # type: ignore[union-attr]
+                for m in archive.getmembers()
+                if m.isfile()
+            )
+    return ((name, json.loads(gzip.decompress(path.read_bytes()))),)
+
+
+@lru_cache(maxsize=None)
+def loaded(name: str) -> tracemagic.Trace:
+    """The real trace, loaded once for all the tests that only read it."""
+    return tracemagic.load(trace_path(name), use_cache=False)
+
+
+def expected_kind(event: dict[str, Any]) -> str:
+    name = str(event.get("name", ""))
+    if event.get("ph") != "X" and name == "[memory]":
+        return "memory"
+    kind = KIND.get(str(event.get("cat", "")).lower(), "other")
+    if name.startswith("ProfilerStep#") and kind in ("cpu_op", "user_annotation"):
+        return "step"
+    return kind
+
+
+def timed(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("ph") in ("X", "i", "I")]
+
+
+def kind_counts(events: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(expected_kind(e) for e in timed(events))
+
+
+def count_complete_events(data: bytes) -> int:
+    """X/i events that are complete before the damage in ``data``, read with the stdlib."""
+    decoder = json.JSONDecoder()
+    start = data.find(b"[", data.find(b'"traceEvents"')) + 1
+    text = data[start:].decode("utf-8", "replace")
+    pos, count = 0, 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            event, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return count
+        if isinstance(event, dict) and event.get("ph") in ("X", "i", "I"):
+            count += 1
+
+
+def write_trace(path: Path, events: list[dict[str, Any]], **meta: Any) -> Path:
+    path.write_text(json.dumps({"schemaVersion": 1, **meta, "traceEvents": events}, indent=1))
+    return path
+
+
+# -- every real trace ----------------------------------------------------------------------
+
+
+def test_the_real_traces_folder_is_there() -> None:
+    assert TRACES.is_dir(), MISSING
+    assert len(FILES) >= 11, f"expected the 11 traces of shared/traces/README.md, found {FILES}"
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_real_trace_loads_or_says_what_it_is(name: str) -> None:
+    path = trace_path(name)
+    if name in NOT_KINETO:
+        with pytest.raises(TraceError) as info:
+            tracemagic.load(path, use_cache=False)
+        assert NOT_KINETO[name] in str(info.value)
+        assert str(path) in str(info.value)
+        return
+    trace = loaded(name)
+    events = trace.events
+    docs = raw_docs(name)
+    raw = [e for _, doc in docs for e in doc["traceEvents"]]
+    # one row per X/i event, and the kinds of old and new category names
+    assert len(events) == len(timed(raw))
+    got = events["kind"].value_counts()
+    for kind, n in kind_counts(raw).items():
+        if kind != "other":
+            assert got.get(kind, 0) == n, (kind, got.get(kind, 0), n)
+    # memory events, steps and kernels, counted and summed from the raw JSON
+    memory = [e for e in raw if e.get("name") == "[memory]" and e.get("ph") != "X"]
+    assert int((events["kind"] == "memory").sum()) == len(memory)
+    steps = [e for e in raw if expected_kind(e) == "step"]
+    assert int((events["kind"] == "step").sum()) == len(steps)
+    kernels = [e for e in raw if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"]
+    got_kernels = events[events["kind"] == "kernel"]
+    assert len(got_kernels) == len(kernels)
+    assert got_kernels["dur"].sum() == pytest.approx(sum(float(e["dur"]) for e in kernels), rel=1e-9)
+    # self time never exceeds the duration, nor goes negative
+    assert (events["self_dur"] <= events["dur"] + 1e-6).all()
+    assert (events["self_dur"] >= 0).all()
+    assert trace.ranks == sorted(set(events["rank"].tolist()))
+
+
+EXPECTED_STEPS = {
+    "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz": 2,
+    "hta_nccl_data.json.gz": 3,
+    "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz": 5,
+    "hta_control.json.gz": 6,
+    "kineto_worker0.1623143089861.pt.trace.json.gz": 6,
+    "param_dlrm_kineto.tar.gz": 8,
+    "hta_triton_example.json.gz": 1,
+    "tracelens_normalization_layer_test.json.gz": 0,
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_STEPS))
+def test_profiler_steps_and_memory_counts(name: str) -> None:
+    trace = loaded(name)
+    events = trace.events
+    assert int((events["kind"] == "step").sum()) == EXPECTED_STEPS[name]
+    step_rows = events[events["kind"] == "step"]
+    assert all(n.startswith("ProfilerStep#") for n in step_rows["name"].astype(str))
+    # the step column holds the step numbers written in the names
+    numbers = {int(n.split("#")[1]) for n in step_rows["name"].astype(str)}
+    assert numbers <= set(events["step"].unique().tolist())
+
+
+def test_old_memory_events_without_totals() -> None:
+    name = "kineto_worker0.1623143089861.pt.trace.json.gz"
+    trace = loaded(name)
+    memory = trace.events[trace.events["kind"] == "memory"]
+    (_, doc), = raw_docs(name)
+    raw = [e for e in doc["traceEvents"] if e.get("name") == "[memory]"]
+    assert len(memory) == len(raw) == 12838
+    assert memory["total_allocated"].isna().all()  # the old format has no totals
+    assert int(memory["bytes"].sum()) == sum(int(e["args"]["Bytes"]) for e in raw)
+
+
+def test_new_memory_events_with_totals() -> None:
+    name = "tracelens_normalization_layer_test.json.gz"
+    trace = loaded(name)
+    memory = trace.events[trace.events["kind"] == "memory"]
+    (_, doc), = raw_docs(name)
+    raw = [e for e in doc["traceEvents"] if e.get("name") == "[memory]"]
+    assert len(memory) == len(raw) == 475
+    assert memory["total_allocated"].max() == max(e["args"]["Total Allocated"] for e in raw)
+    assert memory["device"].tolist() == [e["args"]["Device Id"] for e in raw]
+
+
+def test_ns_resolution_trace_is_in_microseconds() -> None:
+    """``displayTimeUnit: ns`` is a display hint: the ts values are float µs (~1.7e15 since
+    the epoch) at ns resolution, and durations are µs. Nothing is divided by 1000."""
+    name = "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    (_, doc), = raw_docs(name)
+    assert doc["displayTimeUnit"] == "ns"
+    raw = timed(doc["traceEvents"])
+    ts = np.array([float(e["ts"]) for e in raw])
+    assert 1e15 < np.median(ts) < 2e15  # µs since 1970 = 2024; as ns it would be 1970
+    trace = loaded(name)
+    np.testing.assert_array_equal(trace.events["ts"].to_numpy(), ts)
+    np.testing.assert_array_equal(trace.events["dur"].to_numpy(), [float(e.get("dur", 0)) for e in raw])
+    assert not any("nanosecond" in w for w in trace.warnings)
+    # ns resolution survives: fractional µs are kept
+    assert (trace.events["ts"] % 1 != 0).any()
+    steps = trace.events[trace.events["kind"] == "step"]
+    assert steps["dur"].between(1e3, 60e6).all()  # a step lasts ms to s, in µs
+
+
+def test_true_nanosecond_timestamps_are_converted(tmp_path: Path) -> None:
+    base = 1_700_000_000_000_000_000  # ns since the epoch
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": base, "dur": 5000},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": base + 10_000, "dur": 2000},
+    ]
+    trace = tracemagic.load(write_trace(tmp_path / "ns.json", events), use_cache=False)
+    assert trace.events["dur"].tolist() == [5.0, 2.0]
+    assert trace.events["ts"].iloc[1] - trace.events["ts"].iloc[0] == pytest.approx(10.0)
+    assert any("nanoseconds" in w for w in trace.warnings)
+
+
+@pytest.mark.parametrize(
+    ("name", "flow_cat"),
+    [("hta_control.json.gz", "async_cpu_to_gpu"), ("hta_nccl_data.json.gz", "ac2g")],
+)
+def test_gpu_events_are_linked_to_their_launch(name: str, flow_cat: str) -> None:
+    (_, doc), = raw_docs(name)
+    raw = doc["traceEvents"]
+    assert any(e.get("cat") == flow_cat for e in raw if e.get("ph") in ("s", "f"))
+    runtime_corr = {
+        e["args"]["correlation"]
+        for e in raw
+        if e.get("ph") == "X" and KIND.get(str(e.get("cat", "")).lower()) == "runtime" and "correlation" in e.get("args", {})
+    }
+    gpu = [e for e in raw if e.get("ph") == "X" and KIND.get(str(e.get("cat", "")).lower()) in ("kernel", "memcpy", "memset")]
+    expected_linked = sum(1 for e in gpu if e.get("args", {}).get("correlation") in runtime_corr)
+    trace = loaded(name)
+    events = trace.events
+    on_gpu = events[events["kind"].isin(["kernel", "memcpy", "memset"])]
+    assert int((on_gpu["launch"] >= 0).sum()) == expected_linked > 0
+    launched = on_gpu[on_gpu["launch"] >= 0]
+    launchers = events.iloc[launched["launch"].to_numpy()]
+    assert (launchers["kind"] == "runtime").all()
+    assert (launchers["correlation"].to_numpy() == launched["correlation"].to_numpy()).all()
+    assert set(trace.flows["cat"].astype(str)) >= {flow_cat}
+
+
+@pytest.mark.parametrize("name", ["hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", "tracelens_normalization_layer_test.json.gz"])
+def test_amd_traces_and_empty_device_names(name: str, tmp_path: Path) -> None:
+    trace = loaded(name)
+    assert trace.devices and all(d["name"] for d in trace.devices)
+    assert trace.has_gpu
+    # the same trace with the empty device names some ROCm versions write
+    (_, doc), = raw_docs(name)
+    doc = json.loads(json.dumps(doc))
+    for item in doc["deviceProperties"]:
+        item["name"] = ""
+    path = tmp_path / "amd_empty_names.json"
+    path.write_text(json.dumps(doc))
+    blank = tracemagic.load(path, use_cache=False)
+    assert [d["id"] for d in blank.devices] == [d["id"] for d in trace.devices]
+    assert all(d["name"] == "unnamed GPU" for d in blank.devices)
+    assert len(blank.events) == len(trace.events)
+
+
+# -- ranks ---------------------------------------------------------------------------------
+
+
+def test_rank_from_distributed_info_dict() -> None:
+    trace = loaded("hta_control.json.gz")
+    (_, doc), = raw_docs("hta_control.json.gz")
+    assert trace.ranks == [doc["distributedInfo"]["rank"]] == [3]
+    assert set(trace.events["rank"].unique().tolist()) == {3}
+    assert trace.meta["ranks"][3]["world_size"] == 8
+
+
+def test_rank_from_distributed_info_python_repr(tmp_path: Path) -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0}]
+    path = write_trace(tmp_path / "repr.json", events, distributedInfo="{'backend': 'nccl', 'rank': 5, 'world_size': 8}")
+    trace = tracemagic.load(path, use_cache=False)
+    assert trace.ranks == [5]
+    assert trace.meta["ranks"][5]["world_size"] == 8
+
+
+def _tar_ranks() -> dict[int, int]:
+    """rank -> number of X/i events, from each tar member's own distributedInfo."""
+    return {doc["distributedInfo"]["rank"]: len(timed(doc["traceEvents"])) for _, doc in raw_docs("param_dlrm_kineto.tar.gz")}
+
+
+def test_eight_rank_tar() -> None:
+    expected = _tar_ranks()
+    assert sorted(expected) == list(range(8))
+    trace = loaded("param_dlrm_kineto.tar.gz")
+    assert trace.ranks == list(range(8))
+    assert trace.events.groupby("rank").size().to_dict() == expected
+    # row columns point inside their own rank after stacking
+    for column in ("parent", "launch", "op", "module"):
+        rows = trace.events[column].to_numpy()
+        has = rows >= 0
+        assert (trace.events["rank"].to_numpy()[rows[has]] == trace.events["rank"].to_numpy()[has]).all()
+
+
+def test_directory_of_ranks(tmp_path: Path) -> None:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for member, doc in raw_docs("param_dlrm_kineto.tar.gz"):
+        (folder / Path(member).name).write_text(json.dumps(doc))
+    trace = tracemagic.load(folder, use_cache=False)
+    assert trace.ranks == list(range(8))
+    assert trace.events.groupby("rank").size().to_dict() == _tar_ranks()
+
+
+def test_rank_from_file_name_without_distributed_info(tmp_path: Path) -> None:
+    folder = tmp_path / "named"
+    folder.mkdir()
+    for rank in (2, 6):
+        events = [{"ph": "X", "cat": "cpu_op", "name": f"op{rank}", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0}]
+        write_trace(folder / f"run_rank-{rank}.pt.trace.json", events)
+    trace = tracemagic.load(folder, use_cache=False)
+    assert trace.ranks == [2, 6]
+    by_rank = trace.events.set_index("rank")["name"].astype(str).to_dict()
+    assert by_rank == {2: "op2", 6: "op6"}
+    single = write_trace(tmp_path / "plain.json", [{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}])
+    assert tracemagic.load(single, use_cache=False).ranks == [0]
+
+
+# -- damaged and wrong files ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain_json() -> bytes:
+    """A real trace as plain JSON (2.5 MB; its metadata lies before and after the events)."""
+    return gzip.decompress(trace_path("tracelens_normalization_layer_test.json.gz").read_bytes())
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9, 0.9999])
+@pytest.mark.parametrize("chunk", [None, 64 * 1024])
+def test_truncated_json(plain_json: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fraction: float, chunk: int | None) -> None:
+    if chunk:
+        monkeypatch.setattr(parse, "CHUNK_BYTES", chunk)
+    cut = int(len(plain_json) * fraction)
+    path = tmp_path / "cut.json"
+    path.write_bytes(plain_json[:cut])
+    with pytest.raises(TraceError) as info:
+        tracemagic.load(path, use_cache=False)
+    error = info.value
+    assert str(path) in str(error)
+    assert error.offset is not None and 0 < error.offset <= cut
+    assert f"byte {error.offset}" in str(error)
+    assert "recover=True" in str(error)
+    recovered = tracemagic.load(path, use_cache=False, recover=True)
+    assert len(recovered.events) == count_complete_events(plain_json[:cut]) > 0
+    assert any("damaged" in w for w in recovered.warnings)
+
+
+def test_truncated_in_the_metadata_before_the_events(plain_json: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "head.json"
+    path.write_bytes(plain_json[:200])
+    for recover in (False, True):
+        with pytest.raises(TraceError) as info:
+            tracemagic.load(path, use_cache=False, recover=recover)
+        assert str(path) in str(info.value) and info.value.offset is not None
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    name = "hta_nccl_data.json.gz"
+    raw = trace_path(name).read_bytes()
+    cut = raw[: int(len(raw) * 0.6)]
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(cut)
+    with pytest.raises(TraceError) as info:
+        tracemagic.load(path, use_cache=False)
+    assert str(path) in str(info.value)
+    assert "gzip" in str(info.value)
+    assert info.value.offset is not None and f"byte {info.value.offset}" in str(info.value)
+    held = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(cut)
+    assert info.value.offset == len(held)
+    recovered = tracemagic.load(path, use_cache=False, recover=True)
+    assert len(recovered.events) == count_complete_events(held) > 0
+    assert any("gzip" in w for w in recovered.warnings)
+
+
+def test_garbage_in_the_middle(plain_json: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 256 * 1024)
+    middle = plain_json.index(b"},\n  {", len(plain_json) // 2) + 2
+    damaged = plain_json[:middle] + b"#garbage#" + plain_json[middle:]
+    path = tmp_path / "garbage.json"
+    path.write_bytes(damaged)
+    with pytest.raises(TraceError) as info:
+        tracemagic.load(path, use_cache=False)
+    assert str(path) in str(info.value)
+    assert middle <= info.value.offset <= middle + 9
+    recovered = tracemagic.load(path, use_cache=False, recover=True)
+    assert len(recovered.events) == count_complete_events(damaged[:middle])
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"", "empty"),
+        (b"   \n ", "empty"),
+        (b"\x00\x01\x02garbage\xff", "not a JSON trace"),
+        (b"PK\x03\x04 a zip file", "not a JSON trace"),
+        (b'{"schemaVersion": 1, "deviceProperties": []}', "without 'traceEvents'"),
+        (b"{}", "without 'traceEvents'"),
+        (b'{"traceEvents": 5}', "unreadable"),
+    ],
+)
+def test_wrong_files_get_a_clear_error(tmp_path: Path, content: bytes, says: str) -> None:
+    path = tmp_path / "wrong.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceError) as info:
+        tracemagic.load(path, use_cache=False)
+    assert says in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="no such file"):
+        tracemagic.load(tmp_path / "nope.json")
+
+
+def test_directory_without_traces(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(TraceError, match="holds no Kineto trace"):
+        tracemagic.load(tmp_path)
+
+
+# -- layouts the chunked parser must cut exactly -------------------------------------------
+
+
+def _tricky_events() -> list[dict[str, Any]]:
+    events = []
+    for i in range(3000):
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": ["aten::mm", 'weird },{ "name": }] [{', "x\\"][i % 3],
+                "pid": 7,
+                "tid": 7,
+                "ts": 1000.0 + 10 * i,
+                "dur": 5.0,
+                "args": {"External id": i, "Input Dims": [[i % 5, 3], []], "nested": [{"a": {"b": [1, {"c": 2}]}}]},
+            }
+        )
+        if i % 7 == 0:
+            events.append({"ph": "s", "cat": "ac2g", "id": i, "pid": 7, "tid": 7, "ts": 1000.0 + 10 * i})
+    return events
+
+
+@pytest.mark.parametrize("layout", ["compact", "pretty", "array"])
+def test_chunk_cutting_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 16 * 1024)
+    events = _tricky_events()
+    doc: Any = events if layout == "array" else {"traceEvents": events, "traceName": "after, the events ]}"}
+    text = json.dumps(doc, indent=None if layout == "compact" else 2, separators=(",", ":") if layout == "compact" else None)
+    path = tmp_path / f"{layout}.json"
+    path.write_text(text)
+    trace = tracemagic.load(path, use_cache=False)
+    x = [e for e in events if e["ph"] == "X"]
+    assert trace.events["name"].astype(str).tolist() == [e["name"] for e in x]
+    assert trace.events["external_id"].tolist() == [e["args"]["External id"] for e in x]
+    assert [json.loads(t) for t in trace.events["input_dims"].astype(str)] == [e["args"]["Input Dims"] for e in x]
+    assert len(trace.flows) == sum(1 for e in events if e["ph"] == "s")
+    if layout != "array":
+        assert trace.meta["ranks"][0]["traceName"] == "after, the events ]}"
+
+
+def test_chunked_and_whole_parse_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = trace_path("hta_nccl_data.json.gz")
+    whole = loaded("hta_nccl_data.json.gz")
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 100 * 1024)
+    chunked = tracemagic.load(path, use_cache=False)
+    pd.testing.assert_frame_equal(whole.events, chunked.events)
+    pd.testing.assert_frame_equal(whole.flows, chunked.flows)
+
+
+def test_odd_types_take_the_loose_path(tmp_path: Path) -> None:
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "a", "pid": "1", "tid": 1, "ts": "100.5", "dur": "3", "args": {"External id": "0x10"}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": "stream 7", "ts": 101, "dur": 1, "args": None},
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 102, "args": {"Bytes": 64, "Device Id": -1}},
+    ]
+    trace = tracemagic.load(write_trace(tmp_path / "odd.json", events), use_cache=False)
+    assert trace.events["ts"].tolist() == [100.5, 101.0, 102.0]
+    assert trace.events["external_id"].tolist()[0] == 16
+    assert trace.events["stream"].tolist()[1] == 7
+    assert trace.events["kind"].astype(str).tolist() == ["cpu_op", "kernel", "memory"]
+
+
+# -- cache ---------------------------------------------------------------------------------
+
+
+class ParseSpy:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        real = parse.parse_source
+
+        def spy(source: Any, **kwargs: Any) -> Any:
+            self.calls.append(source.name)
+            return real(source, **kwargs)
+
+        monkeypatch.setattr(parse, "parse_source", spy)
+
+
+@pytest.fixture
+def copied_trace(tmp_path: Path) -> Path:
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    path = folder / "nccl.json.gz"
+    shutil.copyfile(trace_path("hta_nccl_data.json.gz"), path)
+    return path
+
+
+def test_second_load_comes_from_the_cache(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = ParseSpy(monkeypatch)
+    first = tracemagic.load(copied_trace)
+    assert spy.calls == [str(copied_trace)]
+    beside = cache.locations(copied_trace)[0]
+    assert beside.parent == copied_trace.parent and beside.is_file()
+    second = tracemagic.load(copied_trace)
+    assert spy.calls == [str(copied_trace)]  # not parsed again
+    pd.testing.assert_frame_equal(first.events, second.events)
+    pd.testing.assert_frame_equal(first.flows, second.flows)
+    assert second.ranks == first.ranks and second.devices == first.devices
+
+
+def test_touching_or_changing_the_file_invalidates_the_cache(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = ParseSpy(monkeypatch)
+    tracemagic.load(copied_trace)
+    stat_ = copied_trace.stat()
+    os.utime(copied_trace, ns=(stat_.st_atime_ns, stat_.st_mtime_ns + 1_000_000_000))
+    tracemagic.load(copied_trace)
+    assert len(spy.calls) == 2
+    small = [{"ph": "X", "cat": "cpu_op", "name": "only", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+    copied_trace.write_bytes(gzip.compress(json.dumps({"traceEvents": small}).encode()))
+    changed = tracemagic.load(copied_trace)
+    assert len(spy.calls) == 3
+    assert changed.events["name"].astype(str).tolist() == ["only"]
+
+
+def test_read_only_folder_caches_in_the_user_cache(copied_trace: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    folder = copied_trace.parent
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
+    try:
+        spy = ParseSpy(monkeypatch)
+        tracemagic.load(copied_trace)
+        tracemagic.load(copied_trace)
+        assert len(spy.calls) == 1
+        assert sorted(p.name for p in folder.iterdir()) == ["nccl.json.gz"]  # nothing written beside it
+        stored = list((xdg / "tracemagic").glob("*.parquet"))
+        assert stored and cache.locations(copied_trace)[1] in stored
+    finally:
+        folder.chmod(0o755)
+
+
+def test_explicit_cache_dir(copied_trace: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    folder = copied_trace.parent
+    folder.chmod(0o555)
+    try:
+        tracemagic.load(copied_trace, cache_dir=tmp_path / "mine")
+        assert list((tmp_path / "mine").glob("*.parquet"))
+    finally:
+        folder.chmod(0o755)
+
+
+def test_damaged_cache_is_ignored(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = tracemagic.load(copied_trace)
+    beside = cache.locations(copied_trace)[0]
+    data = beside.read_bytes()
+    beside.write_bytes(data[: len(data) // 2])
+    spy = ParseSpy(monkeypatch)
+    again = tracemagic.load(copied_trace)
+    assert len(spy.calls) == 1
+    pd.testing.assert_frame_equal(first.events, again.events)
+    beside.write_bytes(b"not parquet at all")
+    assert len(tracemagic.load(copied_trace).events) == len(first.events)
+
+
+def test_use_cache_false_writes_nothing(copied_trace: Path) -> None:
+    tracemagic.load(copied_trace, use_cache=False)
+    assert sorted(p.name for p in copied_trace.parent.iterdir()) == ["nccl.json.gz"]
+
+
+# -- nesting -------------------------------------------------------------------------------
+
+
+def test_nesting_and_self_time(tmp_path: Path) -> None:
+    t0 = 4_438_756_392_079.031  # µs since boot, as recent Kineto writes them
+    def op(name: str, start: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": round(t0 + start, 3), "dur": dur}
+
+    events = [
+        op("A", 0.0, 100.0),
+        op("B", 10.0, 40.0),  # in A
+        op("C", 20.0, 10.0),  # in B
+        op("D", 60.0, 40.1),  # in A, ends 0.1 µs after A (imperfect nesting)
+        op("E", 100.5, 19.5),  # after A
+        op("F", 5.0, 50.0, tid=2),  # another thread: its own tree
+        op("G", 6.0, 4.0, tid=2),
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t0 + 12.0, "dur": 30.0},
+    ]
+    trace = tracemagic.load(write_trace(tmp_path / "nest.json", events), use_cache=False)
+    ev = trace.events
+    names = ev["name"].astype(str).tolist()
+    parent = {names[i]: (names[p] if p >= 0 else None) for i, p in enumerate(ev["parent"].tolist())}
+    assert parent == {"A": None, "B": "A", "C": "B", "D": "A", "E": None, "F": None, "G": "F", "k": None}
+    depth = dict(zip(names, ev["depth"].tolist()))
+    assert depth == {"A": 0, "B": 1, "C": 2, "D": 1, "E": 0, "F": 0, "G": 1, "k": -1}
+    self_dur = dict(zip(names, ev["self_dur"].tolist()))
+    expected = {"A": 100.0 - 40.0 - 40.1, "B": 30.0, "C": 10.0, "D": 40.1, "E": 19.5, "F": 46.0, "G": 4.0, "k": 30.0}
+    assert self_dur == pytest.approx(expected, abs=1e-6)
+    # the self times of a tree add up to its root's duration (nothing counted twice)
+    assert self_dur["A"] + self_dur["B"] + self_dur["C"] + self_dur["D"] == pytest.approx(100.0, abs=1e-6)
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+def test_progress_callback(plain_json: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 128 * 1024)
+    path = tmp_path / "p.json"
+    path.write_bytes(plain_json)
+    calls: list[tuple[int, int]] = []
+    tracemagic.load(path, use_cache=False, progress=lambda done, total: calls.append((done, total)))
+    assert len(calls) > 5
+    assert all(total == len(plain_json) for _, total in calls)
+    dones = [done for done, _ in calls]
+    assert dones == sorted(dones) and dones[-1] == len(plain_json)
+
+
+def test_progress_over_several_files(tmp_path: Path) -> None:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for member, doc in raw_docs("param_dlrm_kineto.tar.gz")[:3]:
+        (folder / Path(member).name).write_text(json.dumps(doc))
+    total = sum(p.stat().st_size for p in folder.iterdir())
+    calls: list[tuple[int, int]] = []
+    tracemagic.load(folder, use_cache=False, progress=lambda d, t: calls.append((d, t)))
+    assert calls[-1] == (total, total)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_progress_bars() -> None:
+    assert progress.bar_for(None, 1000, "small") is None  # quick loads show nothing
+    assert progress.bar_for(False, 10**10, "x") is None
+    callback = lambda d, t: None  # noqa: E731
+    assert progress.bar_for(callback, 10, "x") is callback
+    assert not progress.in_widget_kernel()  # pytest is no kernel
+    out = io.StringIO()
+    bar = progress.TerminalBar("big.json", out, interval=0.0)
+    bar(50, 100)
+    bar(100, 100)
+    text = out.getvalue()
+    assert "50%" in text and "100%" in text and "big.json" in text and text.endswith("\n")
+    assert isinstance(progress.bar_for(True, 10, "x"), progress.TerminalBar)
+
+
+def test_widget_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ipywidgets")
+    shown: list[Any] = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    bar = progress.WidgetBar("big.json")
+    assert shown, "the bar is displayed"
+    bar(30, 100)
+    bar(100, 100)
+    assert bar._bar.value == 1.0
