@@ -1,0 +1,294 @@
+"""Chisel-compatible model profiling: ``@capture_model`` and ``parse_model_trace``.
+
+Chisel (Herdora's ``chisel-cli``) profiles every ``forward`` of a decorated model class,
+writes ``{model_name}_forward_{NNN:03d}.json`` Kineto traces and summarises them per layer
+as ``{model_name, trace_file, layer_stats: {layer: {total_time_us, call_count, shapes,
+operations}}}``. Its summary sums every ``cpu_op``'s duration, so nested ops
+(``aten::linear`` around ``aten::addmm``) count twice, and finds layers through a
+``Stack`` arg current torch no longer writes (every op lands in ``Unknown_<op>``).
+
+Here the same API and dict shape come from tracemagic's layer attribution: a layer is an
+``nn.Module`` instance named by its attribute path (``encoder.layers.0.linear1``, from a
+``<trace>.modules.json`` written next to each trace), ``total_time_us`` is the host time
+spent in the layer itself (nested layers are not counted in their parents, so the values
+add up to the forward time), and ops nested in other ops are listed but not re-counted.
+Set ``TRACEMAGIC_DISABLE=1`` to turn the decorator into a no-op in production.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace.model import Trace
+
+__all__ = ["DISABLE_ENV", "capture_model", "format_layer_summary", "parse_model_trace"]
+
+#: set to 1/true/yes to make ``capture_model`` a no-op
+DISABLE_ENV = "TRACEMAGIC_DISABLE"
+MODULE_PREFIX = "nn.Module: "
+_DIMS = re.compile(r"\[\d")
+T = TypeVar("T", bound=type)
+
+
+def _disabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _sidecar(trace_file: Path) -> Path:
+    name = trace_file.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix):
+            return trace_file.with_name(name[: -len(suffix)] + ".modules.json")
+    return trace_file.with_name(name + ".modules.json")
+
+
+def capture_model(
+    model_name: str | None = None,
+    record_shapes: bool = True,
+    profile_memory: bool = True,
+    **profiler_kwargs: Any,
+) -> Callable[[T], T]:
+    """Class decorator: profile every ``forward`` of the model and print a per-layer table.
+
+    Each call writes ``<trace_dir>/{model_name}_forward_{NNN:03d}.json`` (NNN counts calls
+    per instance from 001) and ``...modules.json`` (trace module names -> attribute paths).
+
+    Args:
+        model_name: the trace file prefix (default: the class name).
+        record_shapes: record input shapes (``torch.profiler.profile`` argument).
+        profile_memory: record allocations.
+        **profiler_kwargs: more ``torch.profiler.profile`` arguments, plus ``trace_dir``
+            (default ``$TRACEMAGIC_TRACE_DIR`` or ``./traces``) and ``verbose`` (print the
+            table, default True).
+
+    Returns:
+        The decorator; with ``TRACEMAGIC_DISABLE=1`` it returns the class unchanged, and a
+        class decorated while enabled skips profiling while the variable is set.
+
+    Raises:
+        TypeError: the decorated object is not an ``nn.Module`` subclass.
+    """
+    trace_dir = Path(profiler_kwargs.pop("trace_dir", None) or os.environ.get("TRACEMAGIC_TRACE_DIR", "traces"))
+    verbose = bool(profiler_kwargs.pop("verbose", True))
+    profiler_kwargs.setdefault("with_stack", True)  # nn.Module events come from the python tracer
+
+    def decorate(cls: T) -> T:
+        import torch
+
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise TypeError(f"@capture_model decorates an nn.Module subclass, not {cls!r}")
+        if _disabled():
+            return cls
+        name = model_name or cls.__name__
+        original = cls.forward
+
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _disabled() or torch.autograd.profiler._is_profiler_enabled:
+                if not _disabled() and not getattr(self, "_tracemagic_warned", False):
+                    warnings.warn(
+                        f"@capture_model({name}): a profiler is already running (e.g. %%chakra_trace); "
+                        "this forward pass is not profiled separately.",
+                        stacklevel=2,
+                    )
+                    self._tracemagic_warned = True
+                return original(self, *args, **kwargs)
+            return _profiled_forward(self, original, name, trace_dir, record_shapes, profile_memory, verbose, profiler_kwargs, args, kwargs)
+
+        forward.__doc__ = original.__doc__
+        forward.__wrapped__ = original  # type: ignore[attr-defined]
+        return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})  # type: ignore[return-value]
+
+    return decorate
+
+
+def _profiled_forward(
+    model: Any,
+    original: Callable[..., Any],
+    name: str,
+    trace_dir: Path,
+    record_shapes: bool,
+    profile_memory: bool,
+    verbose: bool,
+    profiler_kwargs: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from tracemagic.capture.naming import ModuleRecorder, module_map
+
+    count = getattr(model, "_tracemagic_calls", 0) + 1
+    model._tracemagic_calls = count
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    trace_file = trace_dir / f"{name}_forward_{count:03d}.json"
+    options = dict(profiler_kwargs)
+    options.setdefault("activities", [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
+    recorder = ModuleRecorder()
+    with profile(record_shapes=record_shapes, profile_memory=profile_memory, **options) as prof:
+        recorder.start()
+        try:
+            result = original(model, *args, **kwargs)
+        finally:
+            recorder.stop()
+    prof.export_chrome_trace(str(trace_file))
+    # the model's own call is not seen by the hook (forward is called directly here)
+    window = [model] + [m for m in (recorder.windows[-1] if recorder.windows else []) if m is not model]
+    modules = module_map(window, [model], {name: model})  # the model itself is named `name`
+    _sidecar(trace_file).write_text(json.dumps(modules, indent=1))
+    print(f"[capture_model] {name} forward pass #{count} -> {trace_file}", file=sys.stdout)
+    if verbose:
+        stats = parse_model_trace(trace_file, name)
+        print(format_layer_summary(stats), file=sys.stdout)
+    return result
+
+
+def _load(trace_file: Path) -> "Trace":
+    from tracemagic.trace.load import load
+
+    trace = load(trace_file, use_cache=False)
+    sidecar = _sidecar(trace_file)
+    if trace.manifest is None and sidecar.is_file():
+        try:
+            trace.manifest = {"modules": json.loads(sidecar.read_text())}
+        except (OSError, json.JSONDecodeError):
+            pass
+    return trace
+
+
+def _shape_tuples(dims_text: Any) -> list[tuple[int, ...]]:
+    if not isinstance(dims_text, str) or not _DIMS.search(dims_text):
+        return []
+    try:
+        dims = json.loads(dims_text)
+    except json.JSONDecodeError:
+        return []
+    out = []
+    for d in dims if isinstance(dims, list) else []:
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            out.append(tuple(d))
+    return out
+
+
+def _layer_names(trace: "Trace") -> dict[str, str]:
+    """``nn.Module: Linear_0`` -> attribute path (or ``Linear_0`` without names)."""
+    names = {}
+    for key, info in trace.module_names.items():
+        path = info.get("path") if isinstance(info, dict) else None
+        if path:
+            names[key] = str(path)
+    return names
+
+
+def parse_model_trace(trace_file: str | os.PathLike[str], model_name: str = "Unknown") -> dict[str, Any]:
+    """Per-layer statistics of a model trace, in Chisel's dict shape.
+
+    Args:
+        trace_file: a Kineto trace (``capture_model`` output, or any ``with_stack`` trace).
+        model_name: the model's name, copied into the result.
+
+    Returns:
+        ``{"model_name", "trace_file", "layer_stats": {layer: {"total_time_us",
+        "call_count", "shapes", "operations", ...}}}``: ``total_time_us`` is the layer's own
+        host time (µs, int; nested layers counted only in themselves), ``shapes`` a set of
+        input-shape tuples and ``operations`` a set of op names run directly in the layer.
+        Extra keys: ``inclusive_time_us``, ``gpu_time_us``, ``type``. Time outside every
+        layer is reported under ``"(no layer)"`` when there is any.
+
+    Raises:
+        TraceError: the file is missing or not a Kineto trace (Chisel returned None; a
+            clear error is more useful).
+    """
+    path = Path(trace_file)
+    trace = _load(path)
+    ev = trace.events
+    names = _layer_names(trace)
+    kind = ev["kind"].astype(str).to_numpy()
+    ev_names = ev["name"].astype(str).to_numpy()
+    module = ev["module"].to_numpy()
+    is_module = (kind == "python_function") & np.char.startswith(ev_names.astype(str), MODULE_PREFIX)
+
+    def layer_of(row: int) -> str:
+        key = ev_names[row]
+        return names.get(key, key[len(MODULE_PREFIX):])
+
+    stats: dict[str, dict[str, Any]] = {}
+    try:
+        table = trace.layers()
+    except (ImportError, AttributeError, KeyError):  # pragma: no cover - analysis not available
+        table = None
+    if table is not None and len(table):
+        for row in table.itertuples(index=False):
+            key = str(getattr(row, "module", "") or "")
+            layer = names.get(key, str(row.layer))
+            stats[layer] = {
+                "total_time_us": int(round(float(row.fwd_self_cpu_us) + float(row.bwd_self_cpu_us))),
+                "call_count": int(row.calls),
+                "shapes": set(),
+                "operations": set(),
+                "inclusive_time_us": int(round(float(row.cpu_us))),
+                "gpu_time_us": int(round(float(row.gpu_us))),
+                "type": str(row.type),
+            }
+    else:  # self time of module events straight from the events table
+        dur = ev["dur"].to_numpy()
+        parent_module = np.where(ev["parent"].to_numpy() >= 0, module[np.maximum(ev["parent"].to_numpy(), 0)], -1)
+        for row in np.flatnonzero(is_module):
+            layer = layer_of(int(row))
+            entry = stats.setdefault(layer, {"total_time_us": 0, "call_count": 0, "shapes": set(), "operations": set(),
+                                             "inclusive_time_us": 0, "gpu_time_us": 0, "type": layer.split("_")[0]})
+            entry["call_count"] += 1
+            entry["inclusive_time_us"] += int(round(dur[row]))
+            children = np.flatnonzero(is_module & (parent_module == row))
+            entry["total_time_us"] += int(round(dur[row] - dur[children].sum()))
+    ops = np.flatnonzero(kind == "cpu_op")
+    dims = ev["input_dims"].astype(object).to_numpy()
+    op_parent = ev["parent"].to_numpy()
+    nested = np.zeros(len(ev), dtype=bool)
+    nested[ops] = np.isin(op_parent[ops], ops)
+    unattributed = 0.0
+    dur = ev["dur"].to_numpy()
+    for row in ops:
+        m = module[row]
+        if m < 0:
+            if not nested[row]:  # an outermost op outside every layer
+                unattributed += float(dur[row])
+            continue
+        layer = layer_of(int(m))
+        entry = stats.setdefault(layer, {"total_time_us": 0, "call_count": 0, "shapes": set(), "operations": set(),
+                                         "inclusive_time_us": 0, "gpu_time_us": 0, "type": ""})
+        entry["operations"].add(ev_names[row])
+        entry["shapes"].update(_shape_tuples(dims[row]))
+    if unattributed > 0 and stats:
+        stats["(no layer)"] = {"total_time_us": int(round(unattributed)), "call_count": 0, "shapes": set(),
+                               "operations": set(), "inclusive_time_us": int(round(unattributed)), "gpu_time_us": 0, "type": ""}
+    return {"model_name": model_name, "trace_file": str(trace_file), "layer_stats": stats}
+
+
+def format_layer_summary(analysis: dict[str, Any]) -> str:
+    """Chisel's per-layer table (layer, calls, total and average ms, shapes) as text."""
+    stats = analysis.get("layer_stats") or {}
+    if not stats:
+        return "No layer information found in trace (profile with with_stack=True)."
+    rows = sorted(stats.items(), key=lambda kv: kv[1]["total_time_us"], reverse=True)
+    width = max(25, max(len(k) for k in stats) + 1)
+    lines = [f"{'Layer':<{width}} {'Calls':<8} {'Total Time (ms)':<15} {'Avg Time (ms)':<15} {'Shapes':<20}", "─" * (width + 60)]
+    for layer, s in rows:
+        total_ms = s["total_time_us"] / 1000
+        avg_ms = total_ms / s["call_count"] if s["call_count"] else 0.0
+        shapes = sorted(s["shapes"])
+        shape_text = ", ".join(str(x) for x in shapes) if len(shapes) <= 2 else f"{len(shapes)} unique shapes"
+        lines.append(f"{layer:<{width}} {s['call_count']:<8} {total_ms:<15.3f} {avg_ms:<15.3f} {shape_text:<20}")
+    total = sum(s["total_time_us"] for s in stats.values()) / 1000
+    lines += ["─" * (width + 60), f"{'TOTAL':<{width}} {'':<8} {total:<15.3f}"]
+    return "\n".join(lines)
