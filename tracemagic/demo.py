@@ -37,8 +37,14 @@ def run(out_dir: str | Path = "demo-output", notebook: str | Path | None = None,
     Raises:
         nbclient.exceptions.CellExecutionError: a cell of the notebook failed.
     """
-    import nbformat
-    from nbclient import NotebookClient
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+    except ImportError as exc:
+        raise ImportError(
+            f"the demo runs a notebook and needs nbclient ({exc}); install it with "
+            "pip install 'tracemagic[demo]'"
+        ) from None
 
     stream = stream or sys.stdout
     out = Path(out_dir).resolve()
