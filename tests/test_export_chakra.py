@@ -146,3 +146,20 @@ def test_commands_use_chakras_current_flags(two_ranks: Path, tmp_path: Path) -> 
     ]
     single = chakra.commands(two_ranks / "torch_et_1.json", kineto=two_ranks / "kineto_trace_1.json")
     assert "--rank 1" in single[1] and str(two_ranks / "chakra") in single[0]
+
+
+def test_capture_made_by_tracemagic_passes(tmp_path: Path) -> None:
+    """``tracemagic.capture(et=True)`` (what ``%%chakra_trace --et`` runs) gives Chakra a valid pair."""
+    from tracemagic.capture.api import capture as tm_capture
+    from tracemagic.export import et
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    with tm_capture(active=2, et=True, out=str(tmp_path)) as cap:
+        for _ in cap.steps(range(5)):
+            model(torch.randn(4, 8)).sum().backward()
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    report = chakra.check(folder)
+    assert report.ok and report.timed_share == 1.0, report.summary()
+    assert len(report.pairs[0].profiler_steps) == 2
+    nodes, edges = et.et_graph(folder, step=report.pairs[0].profiler_steps[0])
+    assert "aten::linear" in set(nodes["name"]) and len(edges) > 0 and nodes["dur"].notna().all()
