@@ -119,9 +119,7 @@ def test_gloo_allreduce_found_on_both_ranks_with_equal_steps(jobs: dict[str, Any
     steps = trace.steps()
     counts = steps.groupby("rank")["step"].apply(list)
     assert counts[0] == counts[1] == [2, 3, 4]
-    from tracemagic.analysis.ranks import collectives
-
-    table = collectives(trace)
+    table = trace.collectives()
     reduce = table[table["collective"] == "all_reduce"]
     assert set(reduce["rank"]) == {0, 1}
     assert (reduce.groupby("step")["rank"].nunique() == 2).all()  # matched in every step
@@ -135,9 +133,7 @@ def test_slow_rank_is_the_straggler(jobs: dict[str, Any]) -> None:
     assert table.loc[SLOW_RANK, "straggler_steps"] == 3
     # the other rank waits ~50 ms per step in its all-reduce for the slow one
     assert table.loc[1 - SLOW_RANK, "wait_us"] > 30_000 > table.loc[SLOW_RANK, "wait_us"]
-    from tracemagic.analysis.ranks import stragglers
-
-    assert set(stragglers(trace)["rank"]) == {SLOW_RANK}
+    assert set(trace.stragglers()["rank"]) == {SLOW_RANK}
 
 
 # -- a job where rank 1 raises and rank 2 dies ------------------------------------------
