@@ -170,7 +170,7 @@ class ScriptCapture:
         Raises:
             CaptureError: a capture is already running, or the directory is unusable.
         """
-        from tracemagic.capture.session import CaptureSession, profiler_busy
+        from tracemagic.capture.session import profiler_busy
 
         if self._session is not None:
             raise CaptureError("this capture is already running (a capture cannot be nested in itself).")
@@ -227,9 +227,11 @@ class ScriptCapture:
     def _merge(self, own: Capture, failed: bool) -> Capture:
         """Rank 0 waits for the others (unless its own block failed); any rank merges."""
         assert self.dir is not None
-        if self.rank == 0 and not failed:
-            with contextlib.suppress(BaseException):  # a SIGTERM while waiting: merge now
-                distributed.wait_for_ranks(self.dir, self.world_size, self.timeout)
+        if self.rank == 0 and not failed:  # a SIGTERM (torchrun stopping the job) ends the wait
+            with contextlib.suppress(KeyboardInterrupt):
+                distributed.wait_for_ranks(
+                    self.dir, self.world_size, self.timeout, cancelled=lambda: self._signals.pending
+                )
         try:
             manifest = distributed.write_merged_manifest(self.dir, self.world_size)
         except OSError as exc:
@@ -315,6 +317,11 @@ class _TermAsExit:
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self._pending = True
+
+    @property
+    def pending(self) -> bool:
+        """Whether a SIGTERM arrived while the files were being written."""
+        return self._pending
 
     def defer(self) -> None:
         if self._installed:

@@ -19,7 +19,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -162,8 +162,16 @@ def read_parts(directory: Path, world: int) -> dict[int, dict[str, Any]]:
     return parts
 
 
-def wait_for_ranks(directory: Path, world: int, timeout: float, poll: float = 0.05) -> list[int]:
+def wait_for_ranks(
+    directory: Path,
+    world: int,
+    timeout: float,
+    poll: float = 0.05,
+    cancelled: Callable[[], bool] | None = None,
+) -> list[int]:
     """Wait until every rank has finished (written its final manifest) or ``timeout`` passes.
+
+    ``cancelled()`` returning True ends the wait early (the job is being stopped).
 
     Returns:
         The ranks that have not finished, ascending (empty when all are done).
@@ -172,7 +180,7 @@ def wait_for_ranks(directory: Path, world: int, timeout: float, poll: float = 0.
     while True:
         parts = read_parts(directory, world)
         pending = [r for r in range(world) if parts.get(r, {}).get("status", "running") == "running"]
-        if not pending or time.monotonic() >= deadline:
+        if not pending or time.monotonic() >= deadline or (cancelled is not None and cancelled()):
             return pending
         time.sleep(poll)
 
