@@ -20,7 +20,7 @@ browser:
 	bash scripts/install_chromium.sh
 
 demo: $(STAMP)
-	$(VPY) -m tracemagic demo --out demo-output
+	$(VPY) -m tracemagic demo demo-output
 
 test: $(STAMP) browser
 	$(VPY) -m pytest -ra $(PYTEST_ARGS)

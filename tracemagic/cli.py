@@ -1,4 +1,4 @@
-"""The ``tracemagic`` command line: ``report``, ``summary``, ``diff`` and ``demo``.
+"""The ``tracemagic`` command line: ``report``, ``summary``, ``diff``, ``demo`` and ``run``.
 
 Bad input (a missing file, a damaged trace) prints one line on stderr and exits with
 status 2, without a traceback.
@@ -7,7 +7,6 @@ status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import os
 import shutil
@@ -129,16 +128,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    try:
-        demo = importlib.import_module("tracemagic.demo")
-    except ModuleNotFoundError as exc:
-        if exc.name != "tracemagic.demo":
-            raise
-        print("tracemagic: the demo is not available in this installation", file=sys.stderr)
-        return EXIT_USAGE
-    result = demo.run(Path(args.out_dir))
-    if result is not None:
-        print(result)
+    from tracemagic.demo import run
+
+    run(Path(args.out_dir))
     return 0
 
 
@@ -146,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tracemagic``."""
     parser = argparse.ArgumentParser(
         prog="tracemagic",
-        description="Summaries, HTML reports and diffs of PyTorch profiler (Kineto) traces.",
+        description="Summaries, HTML reports and diffs of PyTorch profiler (Kineto) traces; capture of scripts.",
     )
     parser.add_argument("--version", action="version", version=f"tracemagic {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -180,14 +172,22 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser("demo", help="capture a small model and write its traces and report")
+    p = sub.add_parser("demo", help="run the quickstart notebook headless: capture a small model, print its summary")
     p.add_argument("out_dir", nargs="?", default="demo-output", help="where to write (default ./demo-output)")
     p.set_defaults(func=cmd_demo)
+
+    # listed for --help only: main() hands `run ...` to tracemagic.capture.run before parsing
+    sub.add_parser("run", help="capture a script: tracemagic run [options] -- script.py [args] (see run --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # its own parser: everything after `--` belongs to the script
+        from tracemagic.capture.run import main as run_main
+
+        return run_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
