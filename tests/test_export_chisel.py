@@ -63,7 +63,8 @@ def test_layer_stats_shape_and_no_double_counting(tmp_path: Path) -> None:
     assert stats["encoder.1"]["operations"] >= {"aten::relu"}
     # self times add up to the forward time: nested layers and nested ops counted once
     total = sum(s["total_time_us"] for s in stats.values())
-    assert abs(total - stats["TinyNet"]["inclusive_time_us"]) <= len(stats) + 1
+    inclusive = stats["TinyNet"]["inclusive_time_us"] + stats.get("(no layer)", {}).get("total_time_us", 0)
+    assert abs(total - inclusive) <= max(len(stats) + 1, 0.02 * inclusive), stats
     # Chisel's sum over every cpu_op counts aten::addmm inside aten::linear twice
     events = json.loads(trace_file.read_text())["traceEvents"]
     naive = sum(e.get("dur", 0) for e in events if e.get("cat") == "cpu_op")
