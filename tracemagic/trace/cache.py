@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -90,20 +91,23 @@ def read(key: str, path: Path, cache_dir: str | os.PathLike[str] | None) -> tupl
 
 
 def _frame(table: pa.Table) -> pd.DataFrame:
-    """The table as the frame a fresh parse makes: categoricals with object-dtype categories
-    (Arrow gives pandas' ``str`` dtype, and a plain object column for an all-missing one)."""
-    frame = table.to_pandas()
+    """The table as the frame a fresh parse makes (categoricals with ``str`` categories,
+    also for an all-missing column, which Arrow would give back as plain objects)."""
     pandas_meta = table.schema.pandas_metadata or {}
     categorical = {c.get("name") for c in pandas_meta.get("columns", []) if c.get("pandas_type") == "categorical"}
-    for column in frame.columns:
+    frame = table.to_pandas(split_blocks=True)
+    for column in categorical & set(frame.columns):
         values = frame[column]
         if isinstance(values.dtype, pd.CategoricalDtype):
-            if values.cat.categories.dtype != object:
+            if values.cat.categories.dtype == object:
                 frame[column] = pd.Categorical.from_codes(
-                    values.cat.codes.to_numpy(), categories=pd.Index(values.cat.categories, dtype=object), validate=False
+                    values.cat.codes.to_numpy(), categories=pd.Index(values.cat.categories, dtype="str"), validate=False
                 )
-        elif column in categorical:
-            frame[column] = pd.Categorical(values.astype(object), categories=pd.Index(sorted(set(values.dropna())), dtype=object))
+        elif values.isna().all():
+            codes = np.full(len(values), -1, dtype=np.int8)
+            frame[column] = pd.Categorical.from_codes(codes, categories=pd.Index([], dtype="str"), validate=False)
+        else:
+            frame[column] = pd.Categorical(values.astype(object))
     return frame
 
 

@@ -67,7 +67,7 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         is_step = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(step_names))
         on_cpu = np.isin(codes, [KINDS.index("cpu_op"), KINDS.index("user_annotation")])
         codes = np.where(is_step & on_cpu, KINDS.index("step"), codes)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype=object))
+    return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"))
 
 
 def timestamps_in_ns(ts: np.ndarray) -> bool:

@@ -255,7 +255,7 @@ class _Interner:
         return code
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
-        return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype=object), validate=False)
+        return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype="str"), validate=False)
 
 
 def _objects(values: Any, n: int) -> np.ndarray:
