@@ -539,9 +539,35 @@ def evil_trace_file(folder: Path) -> Path:
                            "ts": step + t + 200 * i + 1, "args": {"Device Type": 1, "Device Id": 0, "Bytes": 4096 * (i + 1),
                                                                   "Total Allocated": 4096 * (i + 2), "Total Reserved": 2**20,
                                                                   "Addr": 1234 + i}})
+    for step in (0, 1000):  # a layer whose name is markup, around the step's ops
+        events.append({"ph": "X", "cat": "python_function", "name": f"nn.Module: {EVIL_IMG}_0", "pid": 1, "tid": 1,
+                       "ts": step + 5, "dur": 700})
     path = folder / "evil_trace.json"
     path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": EVIL_SCRIPT}],
                                 "traceEvents": events}))
+    evil_et_file(folder / "evil_et.json")
+    return path
+
+
+def evil_et_file(path: Path) -> Path:
+    """An Execution Trace (schema 1.0.1) beside the evil trace: op names, schemas and types are markup."""
+    def node(id_: int, name: str, parent: int, rf_id: int, schema: str = "", ins: list[Any] | None = None,
+             outs: list[Any] | None = None) -> dict[str, Any]:
+        return {"name": name, "id": id_, "rf_id": rf_id, "parent": parent, "fw_parent": 0, "seq_id": -1, "scope": 0,
+                "tid": 1, "fw_tid": 0, "op_schema": schema, "inputs": ins or [], "input_shapes": [[2, 3]] if ins else [],
+                "input_types": [f"Tensor({EVIL_SCRIPT})"] if ins else [], "outputs": outs or [],
+                "output_shapes": [[2, 3]] if outs else [], "output_types": ["Tensor(float)"] if outs else []}
+
+    tensor = [10, 11, 0, 6, 4, "cpu"]
+    nodes = [
+        node(1, "[pytorch|profiler|execution_trace|process]", 1, 0),
+        node(2, "[pytorch|profiler|execution_trace|thread]", 1, 0),
+        node(3, "ProfilerStep#1", 2, 0),
+        node(4, EVIL_SCRIPT, 3, 1, f"{EVIL_SCRIPT}(Tensor x) -> Tensor", outs=[tensor]),
+        node(5, EVIL_IMG, 3, 2, f"{EVIL_IMG}(Tensor x) -> Tensor", ins=[tensor], outs=[[12, 13, 0, 6, 4, "cpu"]]),
+    ]
+    path.write_text(json.dumps({"schema": "1.0.1", "pid": 1, "time": "2026-01-01 00:00:00", "start_ts": 0,
+                                "finish_ts": 1, "nodes": nodes}))
     return path
 
 
@@ -554,8 +580,15 @@ RAW = re.compile(r"<\s*(script|img)", re.I)
 
 
 def test_dashboard_escapes_every_trace_string(evil: Any) -> None:
-    dash = Dashboard(evil, other=evil)
+    dash = Dashboard(evil, other=evil, interactive=True)
+    assert "graph" in dash.keys and not evil.layers().empty  # the ET graph and the layer tree are covered
     dash.render_all()
+    assert any("&lt;img" in row[0] for t in dash.figures("graph")[0]["data"] if "customdata" in t
+               for row in t["customdata"] if isinstance(row, list))
+    assert "&lt;img" in dash._tabs["layers"]["side"].value
+    zoom = dash.zoomable("timeline")
+    zoom.set_range(0.0, 0.5)  # a redrawn window is escaped too
+    assert zoom.redraws == 1
     htmls = [w.value for w in _walk(dash.widget) if hasattr(w, "value") and isinstance(w.value, str)]
     assert any("&lt;script&gt;" in h for h in htmls)  # the names are shown, escaped
     for value in htmls:
@@ -626,3 +659,318 @@ def test_views_do_not_read_files() -> None:
         text = source.read_text()
         assert "json.load(" not in text and "open(" not in text.replace("fdopen(", ""), source.name
         assert "tracemagic.trace." not in text.replace("from tracemagic.trace import Trace", ""), source.name
+
+
+# -- the Timeline's zoom: re-sampled to the visible range ---------------------------------------
+def write_big_trace(path: Path, events: int, steps: int = 10) -> Path:
+    """A Kineto-format trace of ``events`` short CPU ops on two threads in ``steps`` steps."""
+    per = events // steps
+    parts, ts = [], 0
+    for s in range(steps):
+        parts.append('{"ph":"X","cat":"user_annotation","name":"ProfilerStep#%d","pid":1,"tid":1,"ts":%d,"dur":%d}'
+                     % (s, ts, 2 * per))
+        parts.extend(
+            '{"ph":"X","cat":"cpu_op","name":"aten::op%d","pid":1,"tid":%d,"ts":%d,"dur":%d}'
+            % (i % 17, 1 + i % 2, ts + 1 + 2 * (i // 2) * 2, 1 + (i % 5 == 0))
+            for i in range(per)
+        )
+        ts += 2 * per + 10
+    path.write_text('{"schemaVersion":1,"traceEvents":[' + ",".join(parts) + "]}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A trace of a million events, loaded with the public loader."""
+    path = write_big_trace(tmp_path_factory.mktemp("big") / "big_trace.json", 1_000_000)
+    return tracemagic.load(path, use_cache=False)
+
+
+def _drawn(widget: Any) -> list[Any]:
+    return [t for t in widget.data if t.name not in ("extent", "aggregated")]
+
+
+@pytest.mark.slow
+def test_timeline_zoom_redraws_the_visible_window_of_a_million_events(big: Any) -> None:
+    from tracemagic.views.sections import TIMELINE_MAX_EVENTS
+    from tracemagic.views.zoom import ZoomableFigure
+
+    assert len(big.events) > 1_000_000
+    dash = Dashboard(big, interactive=True)
+    zoom = dash.zoomable("timeline")
+    assert isinstance(zoom, ZoomableFigure) and type(zoom.widget).__name__ == "FigureWidget"
+    assert zoom.widget in _walk(dash.widget)  # the FigureWidget is what the tab shows
+    meta = zoom.widget.layout.meta
+    assert meta["total"] == len(big.events) and meta["shown"] <= TIMELINE_MAX_EVENTS + 10
+    before = [list(t.base) for t in _drawn(zoom.widget)]
+    # zoom to 1 ms (x is in ms since the base window's start): every event of it is drawn
+    zoom.set_range(100.0, 101.0)
+    lo, hi = zoom.origin + 100_000.0, zoom.origin + 101_000.0
+    meta = zoom.widget.layout.meta
+    assert meta["window"] == pytest.approx([lo, hi]) and zoom.window == pytest.approx((lo, hi))
+    assert zoom.redraws == 1
+    ops = big.ops()
+    inside = ((ops["ts"] + ops["dur"] > lo) & (ops["ts"] < hi)).sum()
+    assert meta["total"] == inside and meta["shown"] == inside <= TIMELINE_MAX_EVENTS
+    drawn = _drawn(zoom.widget)
+    assert [list(t.base) for t in drawn] != before
+    assert sum(len(t.x) for t in drawn) == inside
+    for trace in drawn:  # every bar drawn overlaps the visible range (x in ms from the origin)
+        start, length = np.asarray(trace.base, float), np.asarray(trace.x, float)
+        assert ((start + length >= 100.0 - 1e-9) & (start <= 101.0 + 1e-9)).all()
+    assert not next(t for t in zoom.widget.data if t.name == "aggregated").x  # nothing to aggregate here
+    # a wide window stays under the cap, the rest aggregated
+    zoom.set_range(0.0, 1000.0)
+    meta = zoom.widget.layout.meta
+    assert meta["total"] > 400_000 and meta["shown"] <= TIMELINE_MAX_EVENTS + 10
+    assert sum(len(t.x) for t in _drawn(zoom.widget)) == meta["shown"]
+    assert len(next(t for t in zoom.widget.data if t.name == "aggregated").x) > 0
+    # the same range again (the frontend echoing it) draws nothing new
+    zoom.set_range(0.0, 1000.0)
+    assert zoom.redraws == 2
+    # the payload of the widget stays small at every zoom
+    assert len(json.dumps(dash.figures("timeline")[0])) < 1.5 * 2**20
+
+
+def test_zoom_is_debounced_in_an_event_loop(gpu: Any) -> None:
+    import asyncio
+
+    from tracemagic.views.zoom import ZoomableFigure
+
+    fig = sections.build("timeline", TraceData(gpu))
+    calls = []
+
+    def rebuild(window: tuple[float, float]) -> Any:
+        calls.append(window)
+        return fig.rebuild[0](window)
+
+    async def scroll() -> ZoomableFigure:
+        zoom = ZoomableFigure(fig.figures[0], rebuild, unit_divisor=1000.0, debounce_s=0.05)
+        for end in (50.0, 40.0, 30.0, 20.0):  # a burst of scroll-zoom events
+            zoom.set_range(10.0, end)
+        assert calls == []  # nothing drawn yet
+        await asyncio.sleep(0.2)
+        return zoom
+
+    zoom = asyncio.run(scroll())
+    assert len(calls) == 1 and zoom.redraws == 1
+    assert calls[0] == pytest.approx((zoom.origin + 10_000.0, zoom.origin + 20_000.0))
+    # an invisible 'extent' trace spans the base window, so double-click (autorange) returns to it
+    extent = next(t for t in zoom.widget.data if t.name == "extent")
+    assert list(extent.x) == pytest.approx([(b - zoom.origin) / 1000.0 for b in zoom.base])
+
+
+def test_timeline_step_change_reuses_the_widget_and_static_fallback(gpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    dash = Dashboard(gpu, interactive=True)
+    zoom = dash.zoomable("timeline")
+    zoom.set_range(0.0, 1.0)
+    step = int(gpu.steps()["step"].iloc[1])
+    dash.controls["step"].value = step
+    again = dash.zoomable("timeline")
+    assert again is zoom and zoom.redraws == 1  # one FigureWidget per tab, new content
+    row = gpu.steps().set_index("step").loc[step]
+    assert zoom.base == pytest.approx((row["ts"], row["ts"] + row["dur"])) == tuple(zoom.widget.layout.meta["window"])
+    assert zoom.widget.layout.xaxis.autorange is True and f"step {step}" in zoom.widget.layout.title.text
+    # without anywidget (or switched off) the Timeline is the static Output figure
+    static = Dashboard(gpu, interactive=False)
+    assert static.zoomable("timeline") is None
+    (out,) = static._tabs["timeline"]["figures"]
+    assert PLOTLY_MIME in out.outputs[0]["data"]
+    monkeypatch.setenv("TRACEMAGIC_FIGUREWIDGET", "0")
+    assert Dashboard(gpu).zoomable("timeline") is None
+
+
+def test_every_tab_keeps_a_plotly_figure_per_slot(gpu: Any) -> None:
+    """Every figure reaches the page as a plotly figure (a FigureWidget or plotly's mime
+    bundle), so each renders a .js-plotly-plot element in JupyterLab."""
+    dash = Dashboard(gpu, interactive=True)
+    dash.render_all()
+    for key in dash.keys:
+        for slot in dash._tabs[key]["figures"]:
+            widget = getattr(slot, "widget", slot)
+            assert type(widget).__name__ == "FigureWidget" or PLOTLY_MIME in widget.outputs[0]["data"], key
+
+
+# -- the Graph tab (Execution Trace op graph) ---------------------------------------------------
+HTA_PAIR = (TRACES / "hta_benchmark_simple_add_trace.json.gz", TRACES / "hta_benchmark_simple_add_et.json.gz")
+
+
+def make_graph(n: int = 6) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A diamond a -> (b, c) -> d plus a chain d -> e -> f ..."""
+    nodes = pd.DataFrame({
+        "id": np.arange(1, n + 1) * 10, "name": [f"aten::op{i}" for i in range(n)], "op_schema": "aten::op(Tensor x) -> Tensor",
+        "parent": 1, "depth": 0, "step": 3, "rf_id": np.arange(n), "input_shapes": "[[2,3]]", "input_types": '["Tensor(float)"]',
+        "output_shapes": "[[2,3]]", "output_types": '["Tensor(float)"]', "row": np.arange(n), "ts": 0.0,
+        "dur": [float(10 * (i + 1)) for i in range(n - 1)] + [np.nan], "self_dur": 1.0,
+    })
+    pairs = [(10, 20), (10, 30), (20, 40), (30, 40)] + [(10 * i, 10 * (i + 1)) for i in range(4, n)]
+    edges = pd.DataFrame({"src": [a for a, _ in pairs], "dst": [b for _, b in pairs], "tensor": "1:1", "bytes": 24})
+    return nodes, edges
+
+
+def test_op_graph_layers_by_topological_depth_and_caps_nodes() -> None:
+    nodes, edges = make_graph(6)
+    fig = figures.op_graph(nodes, edges, step=3, unit="µs")
+    meta = fig.layout.meta
+    assert meta == {"shown": 6, "total": 6, "edges": 6, "levels": 5}
+    timed = next(t for t in fig.data if t.name == "ops")
+    untimed = next(t for t in fig.data if t.name == "ops without timing")
+    assert list(timed.x) == [0, 1, 1, 2, 3] and list(untimed.x) == [4]  # a, (b c), d, e, f
+    assert sorted(timed.y[1:3]) == [-0.5, 0.5]  # b and c side by side
+    np.testing.assert_allclose(timed.marker.color, [10, 20, 30, 40, 50])  # µs
+    lines = next(t for t in fig.data if t.name == "dependencies")
+    assert sum(v is None for v in lines.x) == 6
+    assert "op_schema" not in timed.hovertemplate and "aten::op(Tensor x) -&gt; Tensor" in timed.customdata[0][1]
+    assert "step 3" in fig.layout.title.text
+    capped = figures.op_graph(*make_graph(30), max_nodes=10)
+    assert capped.layout.meta["shown"] == 10 and capped.layout.meta["total"] == 30
+    assert capped.layout.meta["edges"] == 10  # only edges between drawn ops
+    assert any("first 10 of 30 ops" in a.text for a in capped.layout.annotations)
+    assert "no operators" in figures.op_graph(nodes.iloc[:0], edges.iloc[:0]).layout.annotations[0].text.lower()
+
+
+def test_graph_tab_on_the_hta_et_pair(tmp_path: Path) -> None:
+    from tracemagic.export.et import et_graph
+
+    for source, name in zip(HTA_PAIR, ("simple_add_trace.json.gz", "simple_add_et.json.gz")):
+        (tmp_path / name).write_bytes(source.read_bytes())
+    trace = tracemagic.load(tmp_path / "simple_add_trace.json.gz", use_cache=False)
+    dash = Dashboard(trace)
+    assert dash.keys[-1] == "graph"
+    nodes, edges = et_graph(trace)
+    (fig,) = dash.figures("graph")
+    assert fig["layout"]["meta"] == {"shown": len(nodes), "total": len(nodes), "edges": len(edges),
+                                     "levels": fig["layout"]["meta"]["levels"]}
+    names = [row[0] for t in as_dict(fig)["data"] if t.get("name", "").startswith("ops") for row in t["customdata"]]
+    assert sorted(names) == sorted(nodes["name"])
+    table = dash.table("graph").frame
+    assert len(table) == len(nodes) and {"op_schema", "input_shapes", "dur_ms", "reads_from", "feeds"} <= set(table.columns)
+    assert table["reads_from"].sum() == len(edges)
+    assert "timed by Kineto" in dash.info_html("graph")
+    # the shared folder's lone ET is not taken for every trace beside it
+    assert "graph" not in Dashboard(tracemagic.load(GPU)).keys
+
+
+def test_graph_memory_categories_and_spans_of_a_chakra_trace_et_capture(ip: Any, tmp_path: Path) -> None:
+    from IPython.utils.capture import capture_output
+
+    from tracemagic.export.et import et_graph
+
+    with capture_output():
+        result = ip.run_cell(
+            "%%chakra_trace --et\nmodel = make_mlp()\nopt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+            "for i in range(5):\n    model(torch.randn(8, 32)).sum().backward()\n    opt.step()\n    opt.zero_grad()\n"
+        )
+    assert result.success
+    capture = ip.user_ns["_chakra_capture"]
+    assert (capture.dir / "torch_et_0.json").is_file()
+    dash = Dashboard(capture.trace)
+    assert dash.keys == ["overview", "layers", "timeline", "memory", "shapes", "graph"]
+    steps = dash.data.et_steps
+    assert steps == sorted(int(s) for s in capture.trace.steps()["step"])
+    # default: the first step; the step selector picks another
+    (fig,) = dash.figures("graph")
+    nodes, edges = et_graph(capture.dir, step=steps[0])
+    assert fig["layout"]["meta"]["shown"] == len(nodes) and fig["layout"]["meta"]["edges"] == len(edges) > 0
+    assert f"step {steps[0]}" in fig["layout"]["title"]["text"]
+    assert {"aten::linear", "aten::relu"} <= {row[0] for t in as_dict(fig)["data"] if t.get("name") == "ops" for row in t["customdata"]}
+    dash.controls["step"].value = steps[-1]
+    assert f"step {steps[-1]}" in dash.figures("graph")[0]["layout"]["title"]["text"]
+    assert "100%" in dash.info_html("graph")  # every ET op timed by Kineto
+    # Memory: layer spans under the curve, and the profile by category
+    memory = dash.figures("memory")
+    assert [f["layout"]["title"]["text"] for f in memory] == [f"Memory — step {steps[-1]}", f"Memory by category — step {steps[-1]}"]
+    lanes = {t["name"]: t for t in as_dict(memory[0])["data"] if t["name"].startswith("layer ")}
+    assert set(lanes) == {"layer forward", "layer backward"}
+    spans = dash.data.layer_spans
+    in_step = spans[spans["step"] == steps[-1]]
+    assert len(lanes["layer forward"]["x"]) == (in_step["phase"] == "forward").sum() == 5  # the MLP's 5 layers
+    assert {row[0] for row in lanes["layer forward"]["customdata"]} == set(in_step["layer"])
+    categories = {t["name"] for t in as_dict(memory[1])["data"]}
+    assert {"parameter", "gradient"} <= categories
+    # the report has the Graph tab too
+    text = write_report(dash.data, tmp_path / "et.html").read_text()
+    assert 'id="tab-graph"' in text and "Execution Trace op graph" in text
+
+
+def test_layer_spans_are_the_top_level_layers(cpu_capture: Any) -> None:
+    from tracemagic.analysis.spans import layer_spans
+
+    spans = layer_spans(cpu_capture)
+    layers = cpu_capture.layers()
+    top = set(layers.loc[layers["depth"] == 1, "layer"])
+    assert set(spans["layer"]) == top and set(spans["phase"]) == {"forward", "backward"}
+    steps = cpu_capture.steps()
+    for step, group in spans.groupby("step"):  # inside their step, in time order, not overlapping per phase
+        row = steps[steps["step"] == step].iloc[0]
+        assert (group["ts"] >= row["ts"] - 1).all() and (group["ts"] + group["dur"] <= row["ts"] + row["dur"] + 1).all()
+        assert (group["phase"] == "forward").sum() == len(top)
+    fwd = spans[spans["phase"] == "forward"].groupby("layer")["dur"].sum()
+    np.testing.assert_allclose(fwd.sort_index(), layers.set_index("layer").loc[sorted(top), "fwd_cpu_us"], atol=0.01)
+    assert list(layer_spans(cpu_capture, depth=0)["layer"].unique()) == list(layers.loc[layers["depth"] == 0, "layer"])
+
+
+def test_memory_timeline_lane_of_layer_spans() -> None:
+    memory, steps = make_memory(), make_steps()
+    steps["ts"] = [0.0, 1000.0, 2000.0]
+    spans = pd.DataFrame({"rank": 0, "layer": ["model.enc", EVIL_IMG, "model.enc"], "type": "X",
+                          "phase": ["forward", "forward", "backward"], "ts": [100.0, 400.0, 700.0],
+                          "dur": [200.0, 100.0, 250.0], "step": 1, "calls": 1})
+    fig = figures.memory_timeline(memory, steps, spans=spans, max_points=400)
+    fwd = next(t for t in fig.data if t.name == "layer forward")
+    bwd = next(t for t in fig.data if t.name == "layer backward")
+    assert fwd.yaxis == bwd.yaxis == "y2" and list(fwd.base) == [0.1, 0.4] and list(bwd.x) == [0.25]
+    assert fig.layout.yaxis.title.text == "memory (GiB)" and fig.layout.xaxis2.title.text == "time since trace start (ms)"
+    assert fig.layout.meta == {"spans": 3, "spans_total": 3}
+    assert not any(RAW.search(s) for s in all_strings(fig.to_dict()))
+    assert len(figures.memory_timeline(memory, steps, spans=spans, step=2).data) == 2  # no spans in step 2: no lane
+
+
+def test_memory_categories_figure() -> None:
+    ts = np.linspace(0, 3000, 50)
+    cats = pd.DataFrame({"rank": 0, "cycle": pd.array([pd.NA] * 50, dtype="Int64"), "device": "cpu", "ts": ts,
+                         "parameter": 1000.0, "optimizer_state": 0.0, "input": 10.0, "temporary": 0.0,
+                         "activation": np.arange(50) * 10.0, "gradient": 500.0, "autograd_detail": 0.0, "unknown": 0.0})
+    cats["total_bytes"] = cats[["parameter", "input", "activation", "gradient"]].sum(axis=1)
+    fig = figures.memory_categories(cats, unit="ms")
+    assert [t.name for t in fig.data] == ["parameter", "input", "activation", "gradient"]
+    assert {t.stackgroup for t in fig.data} == {"categories"}
+    np.testing.assert_allclose(next(t for t in fig.data if t.name == "activation").y, cats["activation"] / 1024)
+    steps = make_steps()
+    steps["ts"] = [0.0, 1000.0, 2000.0]
+    steps["dur"] = 1000.0
+    one = figures.memory_categories(cats, steps, step=2)
+    assert min(one.data[0].x) >= 1.0 and max(one.data[0].x) <= 2.0
+    empty_note = pd.DataFrame(columns=cats.columns)
+    empty_note.attrs["note"] = "no memory timeline was recorded"
+    assert "no memory timeline" in figures.memory_categories(empty_note).layout.annotations[0].text
+
+
+# -- the Layers tab's tree table -------------------------------------------------------------
+def test_layer_tree_nests_expands_and_escapes() -> None:
+    from tracemagic.views.html import layer_tree
+
+    layers = make_layers()
+    layers.loc[layers["layer"] == "model.head", "layer"] = f"model.{EVIL_SCRIPT}"
+    text = layer_tree(layers, unit="µs", open_depth=1)
+    assert text.count("<details") == 2  # model and model.enc have children
+    assert text.count("<details open>") == 1  # the root is open, the rest collapsed
+    assert text.count('class="tm-leaf"') == 3
+    assert EVIL_SCRIPT not in text and "&lt;script&gt;" in text
+    # children under their parent, heaviest first
+    assert text.index('title="model.enc"') < text.index('title="model.enc.0"') < text.index('title="model.enc.1"')
+    assert ">100.000<" in text and ">60.000<" in text  # totals in µs
+    small = layer_tree(layers.assign(cpu_us=[1, 2, 100, 3, 4]), max_nodes=1)
+    assert "model.enc.0" in small and "model.enc.1" not in small and "2 lighter layers not listed" in small
+
+
+def test_layers_tab_shows_the_tree_beside_the_icicle(cpu_capture: Any, tmp_path: Path) -> None:
+    import ipywidgets as widgets
+
+    dash = Dashboard(cpu_capture)
+    dash.select("layers")
+    box = dash._tabs["layers"]["box"]
+    (row,) = [c for c in box.children if isinstance(c, widgets.HBox)]
+    assert row.children[0] is dash._tabs["layers"]["figures"][0] and "<details" in row.children[1].value
+    text = write_report(cpu_capture, tmp_path / "cpu.html").read_text()
+    assert '<div class="tm-side">' in text and "<details open>" in text

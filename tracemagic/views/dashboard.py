@@ -1,8 +1,11 @@
 """The inline dashboard: ipywidgets tabs of plotly figures over sortable, filterable tables.
 
-Figures are shown as plotly's own mime bundle (``application/vnd.plotly.v1+json``) inside
-``widgets.Output``: that renders in JupyterLab, Notebook 7 and VS Code with plotly's
-bundled extension, and needs no ``anywidget`` (which plotly 7's ``FigureWidget`` requires).
+Most figures are shown as plotly's own mime bundle (``application/vnd.plotly.v1+json``)
+inside ``widgets.Output``: that renders in JupyterLab, Notebook 7 and VS Code with plotly's
+bundled extension. The Timeline is a ``go.FigureWidget`` (plotly 7: an ``anywidget``) whose
+events are drawn again for the visible range when the user zooms or pans
+(:class:`~tracemagic.views.zoom.ZoomableFigure`); without anywidget, or with
+``interactive=False`` / ``TRACEMAGIC_FIGUREWIDGET=0``, it falls back to the static figure.
 Tables live in Python and only the visible page is sent to the browser, so the widget
 state stays small whatever the trace size. Tabs are built on first view.
 
@@ -22,8 +25,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from tracemagic.views import html, sections, tables
-from tracemagic.views._format import esc, fmt_bytes
+from tracemagic.views._format import esc, fmt_bytes, unit_divisor
 from tracemagic.views.data import TraceData
+from tracemagic.views.zoom import ZoomableFigure, figure_widget_available
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
@@ -53,9 +57,19 @@ def set_figure(out: widgets.Output, fig: go.Figure) -> None:
     out.outputs = ({"output_type": "display_data", "data": figure_bundle(fig), "metadata": {}},)
 
 
-def figure_of(out: widgets.Output) -> dict[str, Any]:
-    """The plotly figure dict an ``Output`` made by :func:`figure_output` shows."""
+def figure_of(out: widgets.Output | ZoomableFigure) -> dict[str, Any]:
+    """The plotly figure dict an ``Output`` made by :func:`figure_output` (or a zoomable
+    figure widget) shows."""
+    if isinstance(out, ZoomableFigure):
+        spec = json.loads(pio.to_json(out.widget, validate=False))
+        spec["config"] = dict(PLOTLY_CONFIG)
+        return spec
     return out.outputs[0]["data"][PLOTLY_MIME]
+
+
+def slot_widget(slot: widgets.Output | ZoomableFigure) -> widgets.Widget:
+    """The widget that shows a figure slot."""
+    return slot.widget if isinstance(slot, ZoomableFigure) else slot
 
 
 class TableView:
@@ -154,6 +168,9 @@ class Dashboard:
         unit: time unit, ``µs`` or ``ms``.
         force_widget: force (True) or suppress (False) the widget in the display bundle;
             default: only when running in a kernel, so terminal IPython builds no widget.
+        interactive: draw the Timeline as a ``FigureWidget`` that re-samples its events
+            to the visible range on zoom and pan (default: when anywidget is installed
+            and ``TRACEMAGIC_FIGUREWIDGET`` is not ``0``); False keeps static figures.
 
     Attributes:
         data: the analyses' tables (``TraceData``), computed once.
@@ -170,7 +187,9 @@ class Dashboard:
         top: int = 15,
         unit: str = "ms",
         force_widget: bool | None = None,
+        interactive: bool | None = None,
     ) -> None:
+        self.interactive = figure_widget_available() if interactive is None else bool(interactive)
         self.data = trace if isinstance(trace, TraceData) else TraceData(trace)
         self.other = None if other is None else other if isinstance(other, TraceData) else TraceData(other)
         self.title = title or (f"{self.data.name} vs {self.other.name}" if self.other else self.data.name)
@@ -295,19 +314,58 @@ class Dashboard:
             return
         tab = self._tabs[key]
         top_html = html.facts(section.facts) + html.bullets(section.bullets, "Recommendations" if key == "overview" else "")
-        if "table" not in tab:
+        first = "table" not in tab
+        if first:
             tab["info"] = widgets.HTML()
-            tab["figures"] = [figure_output(f) for f in section.figures]
+            tab["figures"] = []
+            tab["side"] = widgets.HTML(layout=widgets.Layout(flex="2 1 380px", min_width="380px", overflow="auto"))
             tab["table"] = TableView(section.table, section.table_title)
             tab["extra"] = widgets.HTML()
-            tab["box"].children = [tab["info"], *tab["figures"], tab["table"].widget, tab["extra"]]
         else:
-            for out, fig in zip(tab["figures"], section.figures):
-                set_figure(out, fig)
             tab["table"].set_frame(section.table, section.table_title)
+        old_slots = tab["figures"]
+        slots = [self._slot(fig, section.rebuild.get(i), old_slots[i] if i < len(old_slots) else None)
+                 for i, fig in enumerate(section.figures)]
+        for stale in old_slots[len(slots):]:
+            if isinstance(stale, ZoomableFigure):
+                stale.close()
+        tab["figures"] = slots
+        tab["side"].value = section.side
+        shown = [slot_widget(s) for s in slots]
+        if section.side and shown:  # the side panel (the Layers tab's tree table) beside the first figure
+            shown[0].layout.flex = "3 1 480px"
+            shown[0].layout.width = "auto"
+            shown = [widgets.HBox([shown[0], tab["side"]], layout=widgets.Layout(width="100%", align_items="flex-start")),
+                     *shown[1:]]
+        tab["box"].children = [tab["info"], *shown, tab["table"].widget, tab["extra"]]
         tab["info"].value = html.style() + top_html
         tab["extra"].value = "".join(html.table(frame, caption=caption, max_rows=50) for caption, frame in section.extra)
         self._built[key] = state
+
+    def _slot(self, fig: go.Figure, rebuild: Callable[[tuple[float, float]], go.Figure] | None,
+              old: widgets.Output | ZoomableFigure | None) -> widgets.Output | ZoomableFigure:
+        """The widget for one figure: a zoomable ``FigureWidget`` where the section can draw
+        the figure again for a window (and widgets are interactive), else an ``Output``."""
+        if rebuild is not None and self.interactive:
+            if isinstance(old, ZoomableFigure):  # same widget, new content (one FigureWidget per tab)
+                old.reset(fig, rebuild, unit_divisor=unit_divisor(self.state.unit))
+                return old
+            try:
+                return ZoomableFigure(fig, rebuild, unit_divisor=unit_divisor(self.state.unit), config=PLOTLY_CONFIG)
+            except ImportError:  # anywidget missing after all: the static figure
+                self.interactive = False
+        if isinstance(old, ZoomableFigure):
+            old.close()
+            old = None
+        if isinstance(old, widgets.Output):
+            set_figure(old, fig)
+            return old
+        return figure_output(fig)
+
+    def zoomable(self, key: str) -> ZoomableFigure | None:
+        """Tab ``key``'s zoomable figure (the Timeline's), or None where it is static."""
+        self._ensure(key)
+        return next((s for s in self._tabs[key]["figures"] if isinstance(s, ZoomableFigure)), None)
 
     def figures(self, key: str) -> list[dict[str, Any]]:
         """The figure dicts tab ``key`` shows now (building it if needed)."""

@@ -7,10 +7,11 @@ view can say what is missing.
 
 from __future__ import annotations
 
+import re
 import warnings
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 
@@ -34,7 +35,15 @@ CONTRACT: dict[str, list[str]] = {
     "shapes": ["rank", "name", "input_dims", "input_type", "calls", "total_us", "mean_us", "self_us", "flops",
                "tflops_per_s"],
     "diff": ["level", "name", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status"],
+    "memory_categories": ["rank", "cycle", "device", "ts", "parameter", "optimizer_state", "input", "temporary",
+                          "activation", "gradient", "autograd_detail", "unknown", "total_bytes"],
+    "layer_spans": ["rank", "layer", "type", "phase", "ts", "dur", "step", "calls"],
+    "et_graph": ["id", "name", "op_schema", "parent", "depth", "step", "rf_id", "input_shapes", "input_types",
+                 "output_shapes", "output_types", "row", "ts", "dur", "self_dur"],
+    "et_edges": ["src", "dst", "tensor", "bytes"],
 }
+#: Execution Trace files of a capture directory (``--et``)
+_CAPTURE_ET = re.compile(r"torch_et_\d+\.json(\.gz)?$")
 
 
 class TraceData:
@@ -51,12 +60,13 @@ class TraceData:
         self.problems: dict[str, str] = {}
         self._tables: dict[str, pd.DataFrame] = {}
 
-    def table(self, name: str, *args: Any) -> pd.DataFrame:
-        """The analysis ``name`` (a ``Trace`` method), or an empty stand-in if it failed."""
+    def table(self, name: str, *args: Any, compute: Callable[[], pd.DataFrame] | None = None) -> pd.DataFrame:
+        """The analysis ``name`` (a ``Trace`` method, or ``compute()``), or an empty
+        stand-in if it failed."""
         key = name if not args else f"{name}:{id(args[0])}"
         if key not in self._tables:
             try:
-                frame = getattr(self.trace, name)(*args)
+                frame = compute() if compute is not None else getattr(self.trace, name)(*args)
             except Exception as exc:  # noqa: BLE001 - one analysis must not take the view down
                 self.problems[name] = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"tracemagic: the {name} analysis failed ({exc}); its view is empty", stacklevel=2)
@@ -100,6 +110,75 @@ class TraceData:
     def ranks_table(self) -> pd.DataFrame:
         """``trace.ranks_table()``."""
         return self.table("ranks_table")
+
+    @property
+    def memory_categories(self) -> pd.DataFrame:
+        """``trace.memory_categories()`` (empty unless the capture wrote a memory timeline)."""
+        if not hasattr(self.trace, "memory_categories"):
+            return pd.DataFrame(columns=CONTRACT["memory_categories"])
+        return self.table("memory_categories")
+
+    @property
+    def layer_spans(self) -> pd.DataFrame:
+        """Forward/backward time spans of the top-level layers (``analysis.spans.layer_spans``)."""
+        def compute() -> pd.DataFrame:
+            from tracemagic.analysis.spans import layer_spans
+
+            return layer_spans(self.trace)
+
+        if not hasattr(self.trace, "events"):
+            return pd.DataFrame(columns=CONTRACT["layer_spans"])
+        return self.table("layer_spans", compute=compute)
+
+    @cached_property
+    def has_et(self) -> bool:
+        """Whether an Execution Trace lies next to the trace under a matching name: a capture
+        directory with ``torch_et_<rank>.json``, ``kineto_trace_<rank>.json`` beside
+        ``torch_et_<rank>.json``, or ``<stem>_trace.json`` beside ``<stem>_et.json``
+        (a lone ET elsewhere in the folder is not assumed to belong to this trace)."""
+        path = getattr(self.trace, "path", None)
+        if path is None:
+            return False
+        path = Path(str(path))
+        try:
+            if path.is_dir():
+                return any(_CAPTURE_ET.match(p.name) for p in path.iterdir() if p.is_file())
+            names = []
+            m = re.match(r"kineto_trace_(\d+)", path.name)
+            if m:
+                names.append(f"torch_et_{m.group(1)}.json")
+            m = re.match(r"(.+?)[_.-]?(?:kineto_)?trace\.json(?:\.gz)?$", path.name)
+            if m:
+                names.append(f"{m.group(1)}_et.json")
+            return any((path.parent / n).is_file() or (path.parent / f"{n}.gz").is_file() for n in names)
+        except OSError:
+            return False
+
+    def et_graph(self, step: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The Execution Trace's op graph (``tracemagic.export.et.et_graph``), read once for
+        all steps and cut to ``step`` here (an edge is kept when both its ops are)."""
+        def compute() -> pd.DataFrame:
+            from tracemagic.export.et import et_graph
+
+            nodes, edges = et_graph(self.trace)
+            self._tables["et_edges"] = edges
+            return nodes
+
+        nodes = self.table("et_graph", compute=compute)
+        edges = self._tables.get("et_edges", pd.DataFrame(columns=CONTRACT["et_edges"]))
+        if nodes.empty:
+            return pd.DataFrame(columns=CONTRACT["et_graph"]), pd.DataFrame(columns=CONTRACT["et_edges"])
+        if step is not None:
+            nodes = nodes[nodes["step"] == step]
+            ids = set(nodes["id"].tolist())
+            edges = edges[edges["src"].isin(ids) & edges["dst"].isin(ids)]
+        return nodes.reset_index(drop=True), edges.reset_index(drop=True)
+
+    @property
+    def et_steps(self) -> list[int]:
+        """The ProfilerSteps the Execution Trace covers (ascending; empty without steps)."""
+        nodes, _ = self.et_graph()
+        return sorted({int(s) for s in nodes["step"] if int(s) >= 0}) if not nodes.empty else []
 
     def diff(self, other: TraceData) -> pd.DataFrame:
         """``trace.diff(other.trace)``."""

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tracemagic.views import tables
-from tracemagic.views._format import esc, esc_all, fmt_bytes, shorten, unit_divisor
+from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, shorten, unit_divisor
 
 TEMPLATE = "plotly_white"
 #: colors of the step parts (``tables.STEP_PARTS`` order)
@@ -212,11 +212,30 @@ def _window(steps: pd.DataFrame | None, step: int | None, frames: list[pd.DataFr
     return (min(starts), max(ends)) if starts else (0.0, 1.0)
 
 
-def _clip(frame: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
+def _overlaps(frame: pd.DataFrame, lo: float, hi: float) -> np.ndarray:
+    """Positions of the rows of ``frame`` that overlap ``[lo, hi)``."""
     if frame.empty:
-        return frame
-    end = frame["ts"] + frame["dur"]
-    return frame[(end > lo) & (frame["ts"] < hi)]
+        return np.empty(0, dtype=np.int64)
+    ts = frame["ts"].to_numpy(dtype=float)
+    end = ts + frame["dur"].to_numpy(dtype=float)
+    return np.flatnonzero((end > lo) & (ts < hi))
+
+
+def _codes(values: pd.Series, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Integer codes of ``values`` at ``rows`` and the text of each code (no per-row strings)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        codes = values.cat.codes.to_numpy()[rows].astype(np.int64)
+        cats = ["" if pd.isna(c) else str(c) for c in values.cat.categories]
+        return np.where(codes < 0, len(cats), codes), [*cats, "?"]
+    codes, uniques = pd.factorize(values.to_numpy()[rows], use_na_sentinel=True)
+    cats = ["" if pd.isna(c) else str(c) for c in uniques]
+    return np.where(codes < 0, len(cats), codes).astype(np.int64), [*cats, "?"]
+
+
+def _text_at(values: pd.Series, rows: np.ndarray) -> list[str]:
+    """``values`` at ``rows`` as text ('' where missing): only the drawn rows are converted."""
+    return ["" if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else str(v)
+            for v in values.iloc[rows].tolist()]
 
 
 def timeline(
@@ -226,6 +245,7 @@ def timeline(
     *,
     step: int | None = None,
     window: tuple[float, float] | None = None,
+    origin: float | None = None,
     max_events: int = 3000,
     bins: int = 200,
     unit: str = "ms",
@@ -235,7 +255,9 @@ def timeline(
 
     To stay responsive on millions of events, each lane keeps only its longest events in
     the window (``max_events`` over all lanes) and the rest become busy-time bins (one bar
-    per bin, colored by how busy the lane was).
+    per bin, colored by how busy the lane was). Lanes, selection and bins are computed on
+    integer codes; text is made only for the events drawn, so a window of a trace of
+    millions of events is drawn in a fraction of a second.
 
     Args:
         ops: ``trace.ops()``.
@@ -243,6 +265,9 @@ def timeline(
         steps: ``trace.steps()``, drawn as a lane and used to find ``step``'s window.
         step: show only this step's time window.
         window: (start, end) in µs since the trace start; overrides ``step``.
+        origin: the time (µs since the trace start) the x axis counts from (default: the
+            window's start). A zoomed view keeps the origin of the view it zooms into, so
+            its x values stay comparable.
         max_events: the most individual events drawn.
         bins: busy-time bins per lane for the events not drawn individually.
         unit: time unit of the x axis.
@@ -250,74 +275,119 @@ def timeline(
 
     Returns:
         Horizontal ``Bar`` traces, one per event kind, plus ``aggregated`` bins when needed.
-        ``layout.meta`` holds ``{"shown": n, "total": n, "window": [lo, hi]}``.
+        ``layout.meta`` holds ``{"shown": n, "total": n, "window": [lo, hi], "origin": t}``.
     """
     kernels = kernels if kernels is not None else pd.DataFrame(columns=["rank", "ts", "dur"])
     steps_df = steps if steps is not None else pd.DataFrame(columns=["rank", "step", "ts", "dur"])
     lo, hi = window if window is not None else _window(steps_df, step, [ops, kernels])
+    lo, hi = float(lo), float(hi)
+    if not hi > lo:
+        hi = lo + 1e-3
+    origin = lo if origin is None else float(origin)
     div = unit_divisor(unit)
-    several = len(set(ops.get("rank", pd.Series([0])).tolist()) | set(kernels.get("rank", pd.Series([0])).tolist())) > 1
+    ranks_seen = set(pd.unique(ops["rank"])) if "rank" in ops and len(ops) else {0}
+    if "rank" in kernels and len(kernels):
+        ranks_seen |= set(pd.unique(kernels["rank"]))
+    several = len(ranks_seen) > 1
+    names = thread_names or {}
 
-    parts = []
-    cpu = _clip(ops, lo, hi)
-    if steps is not None and not cpu.empty:
-        cpu = cpu[cpu["kind"].astype(str) != "step"]  # drawn in the steps lane
-    if not cpu.empty:
-        names = thread_names or {}
-        lane_keys = [names.get((int(r), str(t)), f"thread {t}") for r, t in zip(cpu["rank"], cpu["thread"].astype(str))]
-        parts.append(pd.DataFrame({
-            "rank": cpu["rank"].to_numpy(), "lane_key": lane_keys, "gpu": False,
-            "kind": cpu["kind"].astype(str).to_numpy(), "name": cpu["name"].astype(str).to_numpy(),
-            "ts": cpu["ts"].to_numpy(dtype=float), "dur": cpu["dur"].to_numpy(dtype=float),
-            "depth": cpu["depth"].to_numpy(), "info": cpu["layer"].astype("string").fillna("").to_numpy(),
-        }))
-    gpu = _clip(kernels, lo, hi)
-    if not gpu.empty:
-        parts.append(pd.DataFrame({
-            "rank": gpu["rank"].to_numpy(),
-            "lane_key": [f"GPU {d} stream {s}" for d, s in zip(gpu["device"].astype("string").fillna("?"), gpu["stream"].astype("string").fillna("?"))],
-            "gpu": True, "kind": gpu["kind"].astype(str).to_numpy(), "name": gpu["name"].astype(str).to_numpy(),
-            "ts": gpu["ts"].to_numpy(dtype=float), "dur": gpu["dur"].to_numpy(dtype=float), "depth": 0,
-            "info": ("launched by " + gpu["op"].astype("string").fillna("?")).to_numpy(),
-        }))
-    step_rows = _clip(steps_df, lo, hi)
-    if not step_rows.empty:
-        parts.append(pd.DataFrame({
-            "rank": step_rows["rank"].to_numpy(), "lane_key": "steps", "gpu": False, "kind": "step",
-            "name": [f"ProfilerStep#{int(s)}" for s in step_rows["step"]],
-            "ts": step_rows["ts"].to_numpy(dtype=float), "dur": step_rows["dur"].to_numpy(dtype=float), "depth": -1, "info": "",
-        }))
+    # lanes: (rank, order, name) -> id; order 0 steps, 1 CPU threads, 2 GPU streams
+    lane_ids: dict[tuple[int, int, str], int] = {}
+
+    def lane_of(rank: int, order: int, name: str) -> int:
+        return lane_ids.setdefault((int(rank), order, name), len(lane_ids))
+
+    # per source: positions in its frame and their lane, as arrays
+    sources: list[tuple[str, pd.DataFrame, np.ndarray, np.ndarray]] = []
+    cpu_rows = _overlaps(ops, lo, hi)
+    if steps is not None and len(cpu_rows):
+        cpu_rows = cpu_rows[(ops["kind"].to_numpy()[cpu_rows] != "step")]  # drawn in the steps lane
+    if len(cpu_rows):
+        rank = ops["rank"].to_numpy()[cpu_rows].astype(np.int64)
+        code, cats = _codes(ops["thread"], cpu_rows)
+        key = rank * (len(cats) + 1) + code
+        uniq, inverse = np.unique(key, return_inverse=True)
+        lane_map = np.array([
+            lane_of(k // (len(cats) + 1), 1, names.get((int(k // (len(cats) + 1)), cats[k % (len(cats) + 1)]),
+                                                       f"thread {cats[k % (len(cats) + 1)]}"))
+            for k in uniq
+        ], dtype=np.int64)
+        sources.append(("cpu", ops, cpu_rows, lane_map[inverse.reshape(-1)]))
+    gpu_rows = _overlaps(kernels, lo, hi)
+    if len(gpu_rows):
+        rank = kernels["rank"].to_numpy()[gpu_rows].astype(np.int64)
+        dcode, dcats = _codes(kernels["device"], gpu_rows)
+        scode, scats = _codes(kernels["stream"], gpu_rows)
+        nd, ns = len(dcats) + 1, len(scats) + 1
+        key = (rank * nd + dcode) * ns + scode
+        uniq, inverse = np.unique(key, return_inverse=True)
+        lane_map = np.array([
+            lane_of(k // (nd * ns), 2, f"GPU {dcats[(k // ns) % nd] or '?'} stream {scats[k % ns] or '?'}") for k in uniq
+        ], dtype=np.int64)
+        sources.append(("gpu", kernels, gpu_rows, lane_map[inverse.reshape(-1)]))
+    step_rows = _overlaps(steps_df, lo, hi)
+    if len(step_rows):
+        lane_map = np.array([lane_of(r, 0, "steps") for r in steps_df["rank"].to_numpy()[step_rows]], dtype=np.int64)
+        sources.append(("step", steps_df, step_rows, lane_map))
     title = "Timeline" + (f" — step {step}" if step is not None and window is None else "")
-    if not parts:
+    if not sources:
         return empty("No events in this window.", title)
-    ev = pd.concat(parts, ignore_index=True)
-    ev["lane"] = [
-        (f"rank {r} · {k}" if several else str(k)) for r, k in zip(ev["rank"], ev["lane_key"])
-    ]
+
+    lane = np.concatenate([s[3] for s in sources])
+    ts = np.concatenate([s[1]["ts"].to_numpy(dtype=float)[s[2]] for s in sources])
+    dur = np.concatenate([s[1]["dur"].to_numpy(dtype=float)[s[2]] for s in sources])
+    depth = np.concatenate([
+        s[1]["depth"].to_numpy(dtype=float)[s[2]] if s[0] == "cpu" else np.full(len(s[2]), 0.0 if s[0] == "gpu" else -1.0)
+        for s in sources
+    ])
+    total = len(lane)
     # lane order: per rank, steps, then CPU threads, then GPU streams
-    order = ev.assign(o=np.where(ev["lane_key"] == "steps", 0, np.where(ev["gpu"], 2, 1)))
-    lanes = order.drop_duplicates("lane").sort_values(["rank", "o", "lane"])["lane"].tolist()
-    total = len(ev)
-    per_lane = max(10, max_events // max(len(lanes), 1))
-    kept, rest = [], []
-    for lane, group in ev.groupby("lane", sort=False):
-        if len(group) <= per_lane:
-            kept.append(group)
+    keys = sorted(lane_ids, key=lambda k: (k[0], k[1], k[2]))
+    lane_label = {lane_ids[k]: (f"rank {k[0]} · {k[2]}" if several else k[2]) for k in keys}
+    per_lane = max(10, max_events // max(len(keys), 1))
+    # the longest ``per_lane`` events of each lane, by one sort over all lanes
+    order = np.lexsort((-dur, lane))
+    sorted_lane = lane[order]
+    first = np.searchsorted(sorted_lane, sorted_lane, side="left")
+    keep = np.zeros(total, dtype=bool)
+    keep[order[(np.arange(total) - first) < per_lane]] = True
+
+    # text only for the events drawn
+    offsets = np.cumsum([0] + [len(s[2]) for s in sources])
+    pieces = []
+    for (kind, frame, rows, _), start in zip(sources, offsets[:-1]):
+        mine = np.flatnonzero(keep[start:start + len(rows)])
+        if not len(mine):
+            continue
+        at = rows[mine]
+        if kind == "cpu":
+            kinds = _text_at(frame["kind"], at)
+            label = _text_at(frame["name"], at)
+            info = _text_at(frame["layer"], at) if "layer" in frame else [""] * len(at)
+        elif kind == "gpu":
+            kinds = _text_at(frame["kind"], at)
+            label = _text_at(frame["name"], at)
+            info = ["launched by " + (o or "?") for o in (_text_at(frame["op"], at) if "op" in frame else [""] * len(at))]
         else:
-            top = group.nlargest(per_lane, "dur")
-            kept.append(top)
-            rest.append(group.drop(top.index))
-    shown = pd.concat(kept)
+            kinds = ["step"] * len(at)
+            label = [f"ProfilerStep#{int(s)}" for s in frame["step"].to_numpy()[at]]
+            info = [""] * len(at)
+        idx = start + mine
+        pieces.append(pd.DataFrame({"lane": lane[idx], "kind": kinds, "name": label, "ts": ts[idx], "dur": dur[idx],
+                                    "depth": depth[idx], "info": info}))
+    shown = pd.concat(pieces, ignore_index=True)
     fig = go.Figure()
-    lane_labels = {lane: esc(shorten(lane, 48)) for lane in lanes}
-    if rest:  # drawn first: below the individual events
-        agg = _busy_bins(pd.concat(rest), lo, hi, bins)
+    lane_labels = {i: esc(shorten(text, 48)) for i, text in lane_label.items()}
+    rest = ~keep & (depth <= 0)  # nested CPU events are inside their parents' time
+    dropped = int((~keep).sum())
+    if dropped:  # drawn first: below the individual events
+        agg = _busy_bins(lane[rest], ts[rest], dur[rest], lo, hi, bins)
         if not agg.empty:
             fig.add_bar(
                 orientation="h",
                 name="aggregated",
-                y=[lane_labels[l] for l in agg["lane"]],
-                base=(agg["start"].to_numpy() - lo) / div,
+                y=[lane_labels[int(i)] for i in agg["lane"]],
+                base=(agg["start"].to_numpy() - origin) / div,
                 x=np.full(len(agg), (hi - lo) / bins / div),
                 marker_color=[f"rgba(90,90,90,{0.15 + 0.75 * b:.2f})" for b in agg["busy"]],
                 customdata=np.stack([agg["count"], 100 * agg["busy"]], axis=-1),
@@ -332,8 +402,8 @@ def timeline(
             orientation="h",
             name=esc(kind),
             width=0.8 * 0.8 ** np.clip(group["depth"].to_numpy(dtype=float), 0, 6),
-            y=[lane_labels[l] for l in group["lane"]],
-            base=(group["ts"].to_numpy() - lo) / div,
+            y=[lane_labels[int(i)] for i in group["lane"]],
+            base=(group["ts"].to_numpy() - origin) / div,
             x=group["dur"].to_numpy() / div,
             marker_color=KIND_COLORS.get(kind, "#bcbd22"),
             customdata=np.stack([esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div], axis=-1),
@@ -341,11 +411,11 @@ def timeline(
         )
     fig.update_layout(
         barmode="overlay",
-        meta={"shown": int(len(shown)), "total": int(total), "window": [lo, hi]},
-        yaxis={"categoryorder": "array", "categoryarray": [lane_labels[l] for l in lanes], "autorange": "reversed"},
+        meta={"shown": int(len(shown)), "total": int(total), "window": [lo, hi], "origin": origin},
+        yaxis={"categoryorder": "array", "categoryarray": [lane_labels[lane_ids[k]] for k in keys], "autorange": "reversed"},
     )
-    _layout(fig, title, f"time since window start ({unit})", None, height=max(300, 34 * len(lanes) + 120))
-    if rest:
+    _layout(fig, title, f"time since window start ({unit})", None, height=max(300, 34 * len(keys) + 120))
+    if dropped:
         fig.add_annotation(
             text=f"{len(shown):,} of {total:,} events drawn; the rest are aggregated (grey bins)",
             showarrow=False, xref="paper", yref="paper", x=0, y=-0.18, xanchor="left", font={"size": 11},
@@ -353,40 +423,40 @@ def timeline(
     return fig
 
 
-def _busy_bins(rest: pd.DataFrame, lo: float, hi: float, bins: int) -> pd.DataFrame:
+def _busy_bins(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray, lo: float, hi: float, bins: int) -> pd.DataFrame:
     """Per lane and bin: events not drawn and the fraction of the bin they keep busy.
 
-    CPU events nested in others (depth > 0) are left out so time is not counted twice;
-    each event's duration is split over the bins it covers.
+    Each event's duration is split over the bins it covers (the caller leaves out nested
+    CPU events so time is not counted twice).
     """
-    rest = rest[rest["depth"] <= 0]
-    if rest.empty:
+    if not len(lane):
         return pd.DataFrame(columns=["lane", "start", "busy", "count"])
     width = (hi - lo) / bins
     edges = lo + width * np.arange(bins + 1)
     out = []
-    for lane, group in rest.groupby("lane", sort=False):
-        start = np.clip(group["ts"].to_numpy(), lo, hi)
-        end = np.clip(group["ts"].to_numpy() + group["dur"].to_numpy(), lo, hi)
-        # busy time per bin = integral of the coverage, via cumulative starts/ends
+    order = np.argsort(lane, kind="stable")
+    lane, ts, dur = lane[order], ts[order], dur[order]
+    bounds = np.flatnonzero(np.diff(lane)) + 1
+    for s, e in zip(np.r_[0, bounds], np.r_[bounds, len(lane)]):
+        start = np.clip(ts[s:e], lo, hi)
+        end = np.clip(ts[s:e] + dur[s:e], lo, hi)
+        # busy time per bin = integral of the coverage
         busy = np.zeros(bins)
-        for s, e in ((start, end),):
-            cs = np.searchsorted(edges, s, side="right") - 1
-            ce = np.searchsorted(edges, e, side="right") - 1
-            cs, ce = np.clip(cs, 0, bins - 1), np.clip(ce, 0, bins - 1)
-            same = cs == ce
-            np.add.at(busy, cs[same], (e - s)[same])
-            d = ~same
-            np.add.at(busy, cs[d], edges[cs[d] + 1] - s[d])
-            np.add.at(busy, ce[d], e[d] - edges[ce[d]])
-            # whole bins between
-            full = np.zeros(bins + 1)
-            np.add.at(full, cs[d] + 1, 1)
-            np.add.at(full, ce[d], -1)
-            busy += np.cumsum(full)[:bins] * width
-        counts = np.bincount(np.clip(np.searchsorted(edges, start, side="right") - 1, 0, bins - 1), minlength=bins)
+        cs = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, bins - 1)
+        ce = np.clip(np.searchsorted(edges, end, side="right") - 1, 0, bins - 1)
+        same = cs == ce
+        np.add.at(busy, cs[same], (end - start)[same])
+        d = ~same
+        np.add.at(busy, cs[d], edges[cs[d] + 1] - start[d])
+        np.add.at(busy, ce[d], end[d] - edges[ce[d]])
+        full = np.zeros(bins + 1)  # whole bins between
+        np.add.at(full, cs[d] + 1, 1)
+        np.add.at(full, ce[d], -1)
+        busy += np.cumsum(full)[:bins] * width
+        counts = np.bincount(cs, minlength=bins)
         nz = np.nonzero(counts)[0]
-        out.append(pd.DataFrame({"lane": lane, "start": edges[nz], "busy": np.minimum(busy[nz] / width, 1.0), "count": counts[nz]}))
+        out.append(pd.DataFrame({"lane": lane[s], "start": edges[nz], "busy": np.minimum(busy[nz] / width, 1.0),
+                                 "count": counts[nz]}))
     return pd.concat(out, ignore_index=True)
 
 
@@ -411,24 +481,55 @@ def _byte_scale(peak: float) -> tuple[float, str]:
     return (1024**3, "GiB") if peak >= 1024**3 else (1024**2, "MiB") if peak >= 1024**2 else (1024, "KiB")
 
 
+#: colors of layer spans (cycled per layer)
+LAYER_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
+                "#eeca3b")
+#: colors of the allocation categories of torch's memory profile
+CATEGORY_COLORS = {
+    "parameter": "#4c78a8", "optimizer_state": "#9d755d", "input": "#72b7b2", "temporary": "#bab0ac",
+    "activation": "#f58518", "gradient": "#54a24b", "autograd_detail": "#b279a2", "unknown": "#e45756",
+}
+
+
+def _spans_in(spans: pd.DataFrame | None, lo: float, hi: float, rank: int | None, step: int | None,
+              max_spans: int) -> pd.DataFrame:
+    """The layer spans to draw: in ``[lo, hi]`` (and ``step``, ``rank``), the longest ``max_spans``."""
+    if spans is None or spans.empty:
+        return pd.DataFrame(columns=["rank", "layer", "phase", "ts", "dur", "step", "calls"])
+    if rank is not None:
+        spans = spans[spans["rank"] == rank]
+    spans = tables.select_step(spans, step)
+    end = spans["ts"] + spans["dur"]
+    spans = spans[(end >= lo) & (spans["ts"] <= hi)]
+    if len(spans) > max_spans:
+        spans = spans.nlargest(max_spans, "dur").sort_values("ts", kind="stable")
+    return spans
+
+
 def memory_timeline(
     memory: pd.DataFrame,
     steps: pd.DataFrame | None = None,
     *,
+    spans: pd.DataFrame | None = None,
     step: int | None = None,
     rank: int | None = None,
     max_points: int = 3000,
+    max_spans: int = 400,
     unit: str = "ms",
 ) -> go.Figure:
     """Allocated (solid) and reserved (dotted) bytes over time per device, step boundaries
-    as vertical lines, and each device's peak marked with the op and layer that reached it.
+    as vertical lines, each device's peak marked with the op and layer that reached it, and
+    (given ``spans``) a lane under the curve with the top-level layers' forward and
+    backward spans.
 
     Args:
         memory: ``trace.memory()``.
         steps: ``trace.steps()`` for the step boundaries.
+        spans: ``layer_spans()`` (``rank, layer, phase, ts, dur, step``); None: no lane.
         step: only this step's events.
         rank: only this rank (default: every rank, one line per rank and device).
         max_points: the most points per line (each bin keeps its min and max).
+        max_spans: the most layer spans drawn (the longest ones).
         unit: time unit of the x axis (time since the trace start).
     """
     title = "Memory" + (f" — step {step}" if step is not None else "")
@@ -441,7 +542,15 @@ def memory_timeline(
     div = unit_divisor(unit)
     scale, suffix = _byte_scale(float(memory[["allocated_bytes", "reserved_bytes"]].max().max() or 0))
     several = memory["rank"].nunique() > 1
-    fig = go.Figure()
+    lane = _spans_in(spans, float(memory["ts"].min()), float(memory["ts"].max()),
+                     rank if rank is not None else (None if several else int(memory["rank"].iloc[0])), step, max_spans)
+    if not lane.empty:
+        from plotly.subplots import make_subplots
+
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.82, 0.18], vertical_spacing=0.03)
+    else:
+        fig = go.Figure()
+    row = {"row": 1, "col": 1} if not lane.empty else {}
     for (rank_, device), group in memory.sort_values("ts").groupby(["rank", "device"], observed=True, sort=True):
         label = esc(f"rank {rank_} · {device}" if several else f"{device}")
         small = _downsample_extremes(group, "allocated_bytes", max_points)
@@ -453,6 +562,7 @@ def memory_timeline(
             line={"shape": "hv"},
             customdata=np.stack([esc_all(small["op"].astype("string").fillna("")), esc_all(small["layer"].astype("string").fillna(""))], axis=-1),
             hovertemplate=f"%{{y:.2f}} {suffix}<br>%{{customdata[0]}}<br>%{{customdata[1]}}<extra>{label}</extra>",
+            **row,
         )
         if group["reserved_bytes"].notna().any() and (group["reserved_bytes"] > 0).any():
             small_r = _downsample_extremes(group, "reserved_bytes", max_points)
@@ -463,14 +573,39 @@ def memory_timeline(
                 mode="lines",
                 line={"shape": "hv", "dash": "dot"},
                 hovertemplate=f"reserved %{{y:.2f}} {suffix}<extra>{label}</extra>",
+                **row,
             )
         peak = group.loc[group["allocated_bytes"].idxmax()]
         where = " in ".join(esc(shorten(v, 50)) for v in (peak["op"], peak["layer"]) if isinstance(v, str) and v)
         fig.add_annotation(
-            x=float(peak["ts"]) / div, y=float(peak["allocated_bytes"]) / scale,
+            x=float(peak["ts"]) / div, y=float(peak["allocated_bytes"]) / scale, xref="x", yref="y",
             text=f"peak {fmt_bytes(peak['allocated_bytes'])}" + (f": {where}" if where else ""),
             showarrow=True, arrowhead=2, ax=0, ay=-30,
         )
+    if not lane.empty:
+        names = list(dict.fromkeys(lane["layer"].astype(str)))
+        color = {n: LAYER_COLORS[i % len(LAYER_COLORS)] for i, n in enumerate(names)}
+        for phase in ("forward", "backward"):
+            part = lane[lane["phase"] == phase]
+            if part.empty:
+                continue
+            layer_names = part["layer"].astype(str).tolist()
+            fig.add_bar(
+                orientation="h", name=f"layer {phase}", legendgroup="layers",
+                y=[phase] * len(part), base=part["ts"].to_numpy(dtype=float) / div,
+                x=part["dur"].to_numpy(dtype=float) / div,
+                marker={"color": [color[n] for n in layer_names], "opacity": 0.85 if phase == "forward" else 0.55,
+                        "line": {"width": 0}},
+                text=[esc(shorten(n.rsplit(".", 1)[-1], 24)) for n in layer_names],
+                textposition="inside", insidetextanchor="middle", textfont={"size": 10},
+                customdata=np.stack([esc_all(layer_names), part["dur"].to_numpy(dtype=float) / div,
+                                     part["calls"].to_numpy() if "calls" in part else np.ones(len(part))], axis=-1),
+                hovertemplate=f"%{{customdata[0]}} ({phase})<br>%{{customdata[1]:.3f}} {unit}<extra></extra>",
+                row=2, col=1,
+            )
+        fig.update_layout(barmode="overlay", uniformtext={"minsize": 8, "mode": "hide"})
+        fig.update_yaxes(categoryorder="array", categoryarray=["forward", "backward"], autorange="reversed",
+                         row=2, col=1, showgrid=False, title_text="layers")
     if steps is not None and not steps.empty:
         bounds = sorted(set(steps["ts"].tolist()))
         if step is not None:
@@ -481,7 +616,71 @@ def memory_timeline(
              "line": {"color": "#aaaaaa", "width": 1, "dash": "dash"}}
             for t in bounds[:200]
         ])
-    return _layout(fig, title, f"time since trace start ({unit})", f"memory ({suffix})")
+    fig = _layout(fig, title, None, None, height=480 if not lane.empty else 420)
+    fig.update_yaxes(title_text=f"memory ({suffix})", **row)
+    fig.update_xaxes(title_text=f"time since trace start ({unit})", **({"row": 2, "col": 1} if not lane.empty else {}))
+    fig.update_layout(meta={"spans": int(len(lane)), "spans_total": int(0 if spans is None else len(spans))})
+    return fig
+
+
+def memory_categories(
+    categories: pd.DataFrame,
+    steps: pd.DataFrame | None = None,
+    *,
+    step: int | None = None,
+    rank: int | None = None,
+    max_points: int = 2000,
+    unit: str = "ms",
+) -> go.Figure:
+    """Memory stacked by allocation category (parameter, optimizer state, activation,
+    gradient, ...) over time, from ``trace.memory_categories()``.
+
+    Args:
+        categories: ``trace.memory_categories()``.
+        steps: ``trace.steps()``, for ``step``'s window.
+        step: only this step's time window.
+        rank: the rank drawn (default: the lowest); one device (the first).
+        max_points: the most points drawn (each bin keeps the extremes of the total).
+        unit: time unit of the x axis.
+    """
+    title = "Memory by category" + (f" — step {step}" if step is not None else "")
+    if categories is None or categories.empty:
+        note = (categories.attrs.get("note") if categories is not None else None) or \
+            "No memory profile by category: capture with the memory timeline on (memory_timeline_<rank>.json)."
+        return empty(note, title)
+    frame = categories
+    rank = int(frame["rank"].min()) if rank is None else rank
+    frame = frame[frame["rank"] == rank]
+    if "device" in frame and len(frame):
+        frame = frame[frame["device"] == frame["device"].iloc[0]]
+    if step is not None and steps is not None and not steps.empty:
+        rows = steps[(steps["step"] == step) & (steps["rank"] == rank)] if "rank" in steps else steps[steps["step"] == step]
+        if not rows.empty:
+            lo, hi = float(rows["ts"].min()), float((rows["ts"] + rows["dur"]).max())
+            frame = frame[(frame["ts"] >= lo) & (frame["ts"] <= hi)]
+    if frame.empty:
+        return empty("No memory profile samples in this window.", title)
+    frame = _downsample_extremes(frame.sort_values("ts", kind="stable"), "total_bytes", max_points)
+    names = [c for c in (categories.attrs.get("categories") or CATEGORY_COLORS) if c in frame]
+    scale, suffix = _byte_scale(float(frame["total_bytes"].max() or 0))
+    div = unit_divisor(unit)
+    fig = go.Figure()
+    x = frame["ts"].to_numpy(dtype=float) / div
+    for name in names:
+        values = frame[name].to_numpy(dtype=float)
+        if not np.nansum(values) > 0:
+            continue
+        fig.add_scatter(
+            name=esc(name.replace("_", " ")), x=x, y=values / scale, mode="lines", stackgroup="categories",
+            line={"shape": "hv", "width": 0.5, "color": CATEGORY_COLORS.get(name)},
+            hovertemplate=f"{esc(name)}: %{{y:.2f}} {suffix}<extra></extra>",
+        )
+    clock = categories.attrs.get("clock")
+    fig = _layout(fig, title, f"time since trace start ({unit})", f"memory ({suffix})")
+    if clock == "own":
+        fig.add_annotation(text="the memory profile's clock could not be matched to the trace: its time starts at 0",
+                           showarrow=False, xref="paper", yref="paper", x=0, y=-0.2, xanchor="left", font={"size": 11})
+    return fig
 
 
 # -- Shapes -----------------------------------------------------------------------------------
@@ -591,6 +790,127 @@ def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "d
     return _layout(fig, title, "step", "rank", height=max(260, 28 * len(grid) + 140))
 
 
+# -- Execution Trace graph --------------------------------------------------------------------
+def _graph_levels(ids: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Topological depth of each node (longest path from a node without inputs).
+
+    ET node ids grow in execution order, so producers come before consumers: one pass in
+    id order settles every level. An edge against that order (none in a well-formed ET) is
+    drawn but does not move its target.
+    """
+    pos = {int(i): k for k, i in enumerate(ids)}
+    level = np.zeros(len(ids), dtype=np.int64)
+    pairs = sorted((pos[int(s)], pos[int(d)]) for s, d in zip(src, dst) if int(s) in pos and int(d) in pos)
+    by_dst: dict[int, list[int]] = {}
+    for s, d in pairs:
+        if s < d:
+            by_dst.setdefault(d, []).append(s)
+    for d in range(len(ids)):
+        for s in by_dst.get(d, ()):
+            level[d] = max(level[d], level[s] + 1)
+    return level
+
+
+def op_graph(
+    nodes: pd.DataFrame,
+    edges: pd.DataFrame,
+    *,
+    step: int | None = None,
+    max_nodes: int = 300,
+    unit: str = "ms",
+) -> go.Figure:
+    """The Execution Trace's operator graph as a layered DAG: one column per topological
+    depth (an op sits one column right of the latest op whose output it reads), data
+    dependencies as lines, ops colored by their Kineto duration.
+
+    Args:
+        nodes: ``et_graph(...)[0]`` (``id, name, op_schema, input_shapes, input_types,
+            output_shapes, output_types, dur``, ...).
+        edges: ``et_graph(...)[1]`` (``src, dst, tensor, bytes``).
+        step: the ProfilerStep shown (for the title).
+        max_nodes: the most ops drawn: the first ones in execution order (a prefix of the
+            graph, so every edge drawn joins two drawn ops); a note says how many were left out.
+        unit: time unit of the durations.
+
+    Returns:
+        A line trace ``dependencies`` and marker traces ``ops`` (with Kineto timing) and
+        ``ops without timing``. ``layout.meta``: ``{"shown", "total", "edges", "levels"}``.
+    """
+    title = "Execution Trace op graph" + (f" — step {step}" if step is not None else "")
+    if nodes is None or nodes.empty:
+        return empty("The Execution Trace has no operators here.", title)
+    total = len(nodes)
+    nodes = nodes.sort_values("id", kind="stable").head(max_nodes).reset_index(drop=True)
+    ids = nodes["id"].to_numpy(dtype=np.int64)
+    kept = set(ids.tolist())
+    edges = edges[edges["src"].isin(kept) & edges["dst"].isin(kept)] if not edges.empty else edges
+    level = _graph_levels(ids, edges["src"].to_numpy(), edges["dst"].to_numpy()) if len(edges) else np.zeros(len(ids), np.int64)
+    # rows within a column: in execution order, centered on 0
+    ypos = np.zeros(len(ids), dtype=float)
+    for lv in np.unique(level):
+        members = np.flatnonzero(level == lv)
+        ypos[members] = np.arange(len(members)) - (len(members) - 1) / 2
+    at = {int(i): k for k, i in enumerate(ids)}
+    div = unit_divisor(unit)
+    fig = go.Figure()
+    if len(edges):
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        for s, d in zip(edges["src"].to_numpy(), edges["dst"].to_numpy()):
+            a, b = at[int(s)], at[int(d)]
+            xs += [float(level[a]), float(level[b]), None]
+            ys += [float(ypos[a]), float(ypos[b]), None]
+        fig.add_scatter(x=xs, y=ys, mode="lines", name="dependencies", hoverinfo="skip",
+                        line={"color": "rgba(120,120,120,0.45)", "width": 1})
+    dur = nodes["dur"].to_numpy(dtype=float) if "dur" in nodes else np.full(len(nodes), np.nan)
+    indeg = pd.Series(edges["dst"].to_numpy()).value_counts() if len(edges) else pd.Series(dtype=int)
+    outdeg = pd.Series(edges["src"].to_numpy()).value_counts() if len(edges) else pd.Series(dtype=int)
+
+    def column(name: str) -> list[str]:
+        return esc_all(shorten(v, 160) for v in nodes[name].astype("string").fillna("")) if name in nodes else [""] * len(nodes)
+
+    custom = np.stack([
+        esc_all(nodes["name"].astype(str)), column("op_schema"), column("input_shapes"), column("input_types"),
+        column("output_shapes"), column("output_types"),
+        [fmt_time(d) if not np.isnan(d) else "no Kineto match" for d in dur],
+        [str(int(indeg.get(i, 0))) for i in ids], [str(int(outdeg.get(i, 0))) for i in ids], [str(i) for i in ids],
+    ], axis=-1)
+    hover = ("<b>%{customdata[0]}</b> (ET node %{customdata[9]})<br>%{customdata[1]}<br>"
+             "inputs %{customdata[2]} %{customdata[3]}<br>outputs %{customdata[4]} %{customdata[5]}<br>"
+             "duration %{customdata[6]}<br>reads from %{customdata[7]} op(s), feeds %{customdata[8]}<extra></extra>")
+    labels = [esc(shorten(str(n).removeprefix("aten::"), 18)) for n in nodes["name"]]
+    show_text = len(nodes) <= 60
+    timed = ~np.isnan(dur)
+    if timed.any():
+        fig.add_scatter(
+            x=level[timed], y=ypos[timed], mode="markers+text" if show_text else "markers", name="ops",
+            text=[labels[i] for i in np.flatnonzero(timed)], textposition="top center", textfont={"size": 9},
+            marker={"size": 12, "color": dur[timed] / div, "colorscale": "Viridis", "showscale": True,
+                    "colorbar": {"title": {"text": unit}, "thickness": 12}, "line": {"width": 0.5, "color": "#333"}},
+            customdata=custom[timed], hovertemplate=hover,
+        )
+    if (~timed).any():
+        fig.add_scatter(
+            x=level[~timed], y=ypos[~timed], mode="markers+text" if show_text else "markers", name="ops without timing",
+            text=[labels[i] for i in np.flatnonzero(~timed)], textposition="top center", textfont={"size": 9},
+            marker={"size": 11, "color": "#c7c7c7", "symbol": "diamond", "line": {"width": 0.5, "color": "#333"}},
+            customdata=custom[~timed], hovertemplate=hover,
+        )
+    widest = int(np.bincount(level).max()) if len(level) else 1
+    fig.update_xaxes(title_text="topological depth (data dependencies, left to right)", showgrid=False, zeroline=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(meta={"shown": int(len(nodes)), "total": int(total), "edges": int(len(edges)),
+                            "levels": int(level.max() + 1 if len(level) else 0)})
+    _layout(fig, title + f" ({len(nodes):,} ops, {len(edges):,} dependencies)", None, None,
+            height=int(min(900, max(380, 22 * widest + 140))))
+    if total > len(nodes):
+        fig.add_annotation(
+            text=f"showing the first {len(nodes):,} of {total:,} ops in execution order; pick a step or see the table for the rest",
+            showarrow=False, xref="paper", yref="paper", x=0, y=-0.14, xanchor="left", font={"size": 11, "color": "#b00"},
+        )
+    return fig
+
+
 # -- Compare ----------------------------------------------------------------------------------
 def diff_bars(diff: pd.DataFrame, *, level: str = "op", top: int = 20, unit: str = "ms") -> go.Figure:
     """Horizontal bars of the ``top`` changes (by |delta|) between two traces at ``level``."""
@@ -620,7 +940,9 @@ __all__ = [
     "diff_bars",
     "empty",
     "layers_tree",
+    "memory_categories",
     "memory_timeline",
+    "op_graph",
     "rank_breakdown",
     "rank_step_heatmap",
     "shapes_bar",

@@ -66,3 +66,106 @@ def bullets(lines: Sequence[str], caption: str = "") -> str:
 def style() -> str:
     """The ``<style>`` element the fragments rely on."""
     return f"<style>{CSS}</style>"
+
+
+TREE_CSS = """
+.tm-tree{font:12px/1.4 system-ui,sans-serif;border:1px solid #eee;max-height:520px;overflow:auto;min-width:420px}
+.tm-tree details>summary{list-style:none;cursor:pointer}
+.tm-tree details>summary::-webkit-details-marker{display:none}
+.tm-tree .tm-row{display:grid;grid-template-columns:minmax(14em,1fr) repeat(5,6.5em);gap:0 6px;padding:1px 6px;
+  border-bottom:1px solid #f0f0f0;white-space:nowrap}
+.tm-tree .tm-row>span{overflow:hidden;text-overflow:ellipsis;text-align:right}
+.tm-tree .tm-row>span.tm-name{text-align:left}
+.tm-tree .tm-head{font-weight:600;background:#f5f5f5;position:sticky;top:0}
+.tm-tree summary .tm-name::before{content:"\\25b8\\00a0";color:#888}
+.tm-tree details[open]>summary .tm-name::before{content:"\\25be\\00a0"}
+.tm-tree .tm-leaf .tm-name::before{content:"\\00a0\\00a0\\00a0"}
+.tm-tree .tm-type{color:#888}
+"""
+
+
+def layer_tree(
+    layers: pd.DataFrame,
+    *,
+    metric: str = "cpu",
+    unit: str = "ms",
+    rank: int | None = None,
+    max_nodes: int = 500,
+    open_depth: int = 1,
+) -> str:
+    """The module hierarchy as an expand/collapse tree table (nested ``<details>``, no script).
+
+    Each row: layer (attribute name, class), total and self time, forward and backward
+    time, calls. Children are ordered by total time; the ``max_nodes`` heaviest layers are
+    kept with their ancestors. Every name is escaped.
+
+    Args:
+        layers: ``trace.layers()``.
+        metric: ``cpu`` or ``gpu`` time.
+        unit: time unit of the columns.
+        rank: the rank shown (default: the lowest).
+        max_nodes: the most layers listed.
+        open_depth: levels open at first (0: all collapsed).
+    """
+    from tracemagic.views._format import shorten, unit_divisor
+
+    if layers is None or layers.empty:
+        return '<div class="tm-tree"><i>no layers: record with with_stack=True to see nn.Module names</i></div>'
+    if "rank" in layers:
+        layers = layers[layers["rank"] == (int(layers["rank"].min()) if rank is None else rank)]
+    total_col, self_col = f"{metric}_us", f"self_{metric}_us"
+    fwd_col, bwd_col = f"fwd_{metric}_us", f"bwd_{metric}_us"
+    frame = layers.assign(layer=layers["layer"].astype(str),
+                          parent=layers["parent"].astype("string").fillna("").astype(str)).drop_duplicates("layer")
+    known = set(frame["layer"])
+    frame.loc[~frame["parent"].isin(known), "parent"] = ""
+    dropped = 0
+    if len(frame) > max_nodes:
+        keep = set(frame.nlargest(max_nodes, total_col)["layer"])
+        parents = dict(zip(frame["layer"], frame["parent"]))
+        for name in list(keep):
+            p = parents.get(name, "")
+            while p and p not in keep:
+                keep.add(p)
+                p = parents.get(p, "")
+        dropped = len(frame) - len(keep)
+        frame = frame[frame["layer"].isin(keep)]
+    div = unit_divisor(unit)
+    children: dict[str, list[dict]] = {}
+    for record in frame.sort_values(total_col, ascending=False, kind="stable").to_dict("records"):
+        children.setdefault(record["parent"], []).append(record)
+
+    def num(value: object) -> str:
+        try:
+            v = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return ""
+        return "" if v != v else f"{v / div:,.3f}"
+
+    def row(record: dict, depth: int) -> str:
+        name = record["layer"]
+        short = name.rsplit(".", 1)[-1] if record["parent"] and name.startswith(record["parent"] + ".") else name
+        kind = record.get("type")
+        cells = (
+            f'<span class="tm-name" style="padding-left:{1.1 * depth:.1f}em" title="{esc(name)}">{esc(shorten(short, 60))}'
+            + (f' <span class="tm-type">{esc(kind)}</span>' if isinstance(kind, str) and kind else "") + "</span>"
+            + "".join(f"<span>{num(record.get(c))}</span>" for c in (total_col, self_col, fwd_col, bwd_col))
+            + f"<span>{esc(fmt_cell(record.get('calls')))}</span>"
+        )
+        return f'<div class="tm-row">{cells}</div>'
+
+    def node(record: dict, depth: int) -> str:
+        kids = children.get(record["layer"], [])
+        if not kids:
+            return f'<div class="tm-leaf">{row(record, depth)}</div>'
+        inner = "".join(node(k, depth + 1) for k in kids)
+        opened = " open" if depth < open_depth else ""
+        return f"<details{opened}><summary>{row(record, depth)}</summary>{inner}</details>"
+
+    head = (f'<div class="tm-row tm-head"><span class="tm-name">layer</span><span>total {esc(unit)}</span>'
+            f"<span>self {esc(unit)}</span><span>fwd {esc(unit)}</span><span>bwd {esc(unit)}</span><span>calls</span></div>")
+    body = "".join(node(r, 0) for r in children.get("", []))
+    note = f'<div class="tm-caption">{dropped:,} lighter layers not listed</div>' if dropped else ""
+    return (f"<style>{TREE_CSS}</style>"
+            f'<div class="tm-caption">Layer tree ({esc(metric.upper())} time; click a row to expand or collapse)</div>'
+            f'<div class="tm-tree">{head}{body}</div>{note}')

@@ -48,6 +48,8 @@ main{padding:8px 20px 40px}
 .tm-tools{display:flex;gap:8px;align-items:center;font-size:12px;margin:4px 0}
 .tm-tools input{width:220px;padding:2px 6px}
 .tm-scroll{max-height:520px;overflow:auto;border:1px solid #eee}
+.tm-beside{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
+.tm-beside>.tm-main{flex:3 1 520px;min-width:0}.tm-beside>.tm-side{flex:2 1 380px;min-width:0}
 """
 
 _SCRIPT = """
@@ -183,7 +185,10 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
             section = sections.Section(key, sections.TITLES[key], bullets=[f"This view failed: {type(exc).__name__}: {exc}"])
         parts = [html.facts(section.facts), html.bullets(section.bullets, "Recommendations" if key == "overview" else "")]
         for i, fig in enumerate(section.figures):
-            parts.append(figure_block(fig, f"fig-{key}-{i}", nonce, include_plotlyjs=not plotly_included))
+            block = figure_block(fig, f"fig-{key}-{i}", nonce, include_plotlyjs=not plotly_included)
+            if i == 0 and section.side:  # the side panel (the Layers tab's tree table) beside the first figure
+                block = f'<div class="tm-beside"><div class="tm-main">{block}</div><div class="tm-side">{section.side}</div></div>'
+            parts.append(block)
             plotly_included = True
         if len(section.table.columns):
             parts.append(table_block(section.table, section.table_title, nonce))

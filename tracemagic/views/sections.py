@@ -7,11 +7,12 @@ ipywidgets dashboard and the static HTML report draw exactly the same views.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from tracemagic.views import figures, insights, tables
+from tracemagic.views import figures, html, insights, tables
 from tracemagic.views._format import fmt_bytes, fmt_time, unit_divisor
 from tracemagic.views.data import TraceData
 
@@ -24,10 +25,15 @@ TITLES: dict[str, str] = {
     "shapes": "Shapes",
     "kernels": "Kernels",
     "ranks": "Ranks",
+    "graph": "Graph",
     "compare": "Compare",
 }
 #: tabs whose content depends on the selected step
-STEP_DEPENDENT = frozenset({"overview", "timeline", "memory"})
+STEP_DEPENDENT = frozenset({"overview", "timeline", "memory", "graph"})
+#: the most ops the Graph tab draws (the rest are listed in its table)
+GRAPH_MAX_NODES = 300
+#: the most events the Timeline draws, at any zoom
+TIMELINE_MAX_EVENTS = 3000
 #: columns never worth a table column (row numbers and join keys)
 HIDDEN_COLUMNS = frozenset({"row", "op_row", "parent_row", "seq", "rf_id", "external_id", "correlation", "parent"})
 
@@ -58,6 +64,10 @@ class Section:
         facts: (label, value) pairs shown above the figures.
         bullets: recommendations or notes, one line each.
         extra: small static tables (caption, frame) under the main one.
+        side: escaped HTML shown beside the first figure (the Layers tab's tree table).
+        rebuild: figure index -> a function drawing that figure again for a time window
+            ``(start, end)`` in µs since the trace start (the Timeline's zoom); the
+            dashboard calls it when the visible range changes.
     """
 
     key: str
@@ -68,16 +78,21 @@ class Section:
     facts: list[tuple[str, str]] = field(default_factory=list)
     bullets: list[str] = field(default_factory=list)
     extra: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    side: str = ""
+    rebuild: dict[int, Callable[[tuple[float, float]], go.Figure]] = field(default_factory=dict)
 
 
 def available(data: TraceData, other: TraceData | None = None) -> list[str]:
     """The tab keys to show for this trace: Kernels only with a GPU, Ranks only with
-    several ranks, Compare only with another trace."""
+    several ranks, Graph only with an Execution Trace next to the trace, Compare only
+    with another trace."""
     keys = ["overview", "layers", "timeline", "memory", "shapes"]
     if data.has_gpu:
         keys.append("kernels")
     if data.several_ranks:
         keys.append("ranks")
+    if data.has_et:
+        keys.append("graph")
     if other is not None:
         keys.append("compare")
     return keys
@@ -160,22 +175,44 @@ def _layers(data: TraceData, state: ViewState) -> Section:
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],
         table=display_table(tables.layers_table(layers), state.unit),
         table_title="Layers (self = time not in child layers)",
+        side=html.layer_tree(layers, metric=metric, unit=state.unit) if not layers.empty else "",
     )
+
+
+def _numeric(frame: pd.DataFrame, columns: tuple[str, ...] = ("ts", "dur", "depth", "rank")) -> pd.DataFrame:
+    """``frame`` with its time columns as plain numpy floats (fast to slice again and again)."""
+    present = {c: frame[c].to_numpy(dtype=float) for c in columns if c in frame and c != "rank"}
+    if "rank" in frame:
+        present["rank"] = frame["rank"].to_numpy(dtype="int64", na_value=0)
+    return frame.assign(**present) if present and len(frame) else frame
 
 
 def _timeline(data: TraceData, state: ViewState) -> Section:
     fig = figures.timeline(data.ops, data.kernels, data.steps, step=state.step, unit=state.unit,
-                           thread_names=data.thread_names)
+                           thread_names=data.thread_names, max_events=TIMELINE_MAX_EVENTS)
     ops = tables.select_step(data.ops, state.step)
     meta = fig.layout.meta or {}
     facts = [("events drawn", f"{meta.get('shown', 0):,} of {meta.get('total', 0):,}")] if meta else []
     if state.step is None and len(data.step_ids) > 1:
         facts.append(("tip", "pick a step to zoom into one step's window"))
+    rebuild: dict[int, Callable[[tuple[float, float]], go.Figure]] = {}
+    if meta and "origin" in meta:
+        origin, unit, names = float(meta["origin"]), state.unit, data.thread_names
+        frames: dict[str, pd.DataFrame] = {}
+
+        def redraw(window: tuple[float, float]) -> go.Figure:
+            if not frames:  # once: numeric copies, so each zoom only slices arrays
+                frames.update(ops=_numeric(data.ops), kernels=_numeric(data.kernels), steps=data.steps)
+            return figures.timeline(frames["ops"], frames["kernels"], frames["steps"], window=window, origin=origin,
+                                    unit=unit, thread_names=names, max_events=TIMELINE_MAX_EVENTS)
+
+        rebuild[0] = redraw
     return Section(
         "timeline", TITLES["timeline"], figures=[fig],
         table=display_table(tables.top_ops(ops), state.unit),
         table_title="Ops" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
+        rebuild=rebuild,
     )
 
 
@@ -188,9 +225,18 @@ def _memory(data: TraceData, state: ViewState) -> Section:
          + "".join(f" · {v}" for v in (o, lay) if isinstance(v, str) and v))
         for r, d, b, t, o, lay in zip(peaks["rank"], peaks["device"], peaks["peak_bytes"], peaks["ts"], peaks["op"], peaks["layer"])
     ]
+    spans = data.layer_spans if not memory.empty else None
+    figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit)]
+    categories = data.memory_categories
+    if not categories.empty:
+        figs.append(figures.memory_categories(categories, data.steps, step=state.step, unit=state.unit))
+    meta = figs[0].layout.meta or {}
+    if meta.get("spans"):
+        facts.append(("layer spans", f"{meta['spans']:,} forward/backward spans of the top-level layers"
+                      + (f" (the longest of {meta['spans_total']:,})" if meta.get("spans_total", 0) > meta["spans"] else "")))
     return Section(
         "memory", TITLES["memory"],
-        figures=[figures.memory_timeline(memory, data.steps, step=state.step, unit=state.unit)],
+        figures=figs,
         table=display_table(tables.biggest_allocations(tables.select_step(memory, state.step), 5000), state.unit),
         table_title="Biggest allocations",
         facts=facts,
@@ -230,6 +276,42 @@ def _ranks(data: TraceData, state: ViewState) -> Section:
         table=display_table(ranks, state.unit),
         table_title="Ranks",
         facts=facts,
+    )
+
+
+def _graph(data: TraceData, state: ViewState) -> Section:
+    steps = data.et_steps
+    facts: list[tuple[str, str]] = []
+    if state.step is not None and state.step in steps:
+        step: int | None = state.step
+    elif steps:
+        step = steps[0]
+        facts.append(("step", f"{step} (" + (f"step {state.step} is not in the Execution Trace; " if state.step is not None
+                                            else "") + "pick a step to see another)"))
+    else:
+        step = None
+    nodes, edges = data.et_graph(step)
+    if "et_graph" in data.problems:
+        facts.append(("Execution Trace", f"could not be read: {data.problems['et_graph']}"))
+    total = len(nodes)
+    if total:
+        timed = int(nodes["dur"].notna().sum()) if "dur" in nodes else 0
+        facts += [("ops", f"{total:,} (outermost operators" + (f"; the first {GRAPH_MAX_NODES:,} drawn" if total > GRAPH_MAX_NODES else "") + ")"),
+                  ("data dependencies", f"{len(edges):,}"),
+                  ("timed by Kineto", f"{timed:,} of {total:,} ({100 * timed / total:.0f}%)")]
+    fig = figures.op_graph(nodes, edges, step=step, max_nodes=GRAPH_MAX_NODES, unit=state.unit)
+    table = nodes.copy()
+    if total:
+        table["reads_from"] = table["id"].map(edges["dst"].value_counts()).fillna(0).astype(int)
+        table["feeds"] = table["id"].map(edges["src"].value_counts()).fillna(0).astype(int)
+        table = table.drop(columns=[c for c in ("ts", "row", "depth", "step") if c in table])
+    return Section(
+        "graph", TITLES["graph"], figures=[fig],
+        table=display_table(table, state.unit),
+        table_title="Execution Trace ops" + (f" in step {step}" if step is not None else ""),
+        facts=facts,
+        bullets=["Ops are the Execution Trace's outermost operators; a line joins an op to the op that produced a "
+                 "tensor it reads (Chakra's data dependencies); colors are durations from the Kineto trace."],
     )
 
 
