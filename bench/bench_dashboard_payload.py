@@ -4,7 +4,8 @@ The views aggregate (top-K events per timeline lane plus busy bins, min/max-pres
 memory curves, tables aggregated by name and paginated in Python), so what reaches the
 browser should stay at a few MB whatever the trace size. This prints, per trace: trace
 bytes and events, load and build times, the widget state a saved notebook would hold
-(total and per tab), and the report's bytes with and without the inlined plotly.js.
+(total and per tab), the Timeline's zoom (time to redraw a window and its figure's size),
+and the report's bytes with and without the inlined plotly.js.
 
 Usage: ``.venv/bin/python bench/bench_dashboard_payload.py [TRACE ...]``. Without
 arguments: the biggest ``bench/out/*.json`` (from ``bench/make_traces.py``), else
@@ -64,6 +65,22 @@ def bench(path: Path) -> dict[str, float]:
         box = dash._tabs[key]["box"]
         tab_bytes = len(json.dumps(dependency_state(box, drop_defaults=True)).encode())
         print(f"    {key:<12}  {mib(tab_bytes)}")
+
+    zoom = dash.zoomable("timeline")
+    if zoom is not None:
+        # the Timeline is a FigureWidget: its anywidget ESM (plotly.js) is sent once per
+        # dashboard when displayed live; a zoom redraws only the visible window
+        esm = len(str(zoom.widget._esm).encode())
+        print(f"  timeline widget ESM (live, once) {mib(esm)}")
+        lo, hi = zoom.base
+        for fraction in (0.5, 0.01, 0.0001):
+            end = (lo - zoom.origin + fraction * (hi - lo)) / zoom.div
+            t = time.perf_counter()
+            zoom.set_range(0.0, end)
+            meta = zoom.widget.layout.meta
+            spec = len(json.dumps(dash.figures("timeline")[0]).encode())
+            print(f"  zoom to {fraction:>7.2%}  {time.perf_counter() - t:6.2f} s   {meta['shown']:,} of "
+                  f"{meta['total']:,} events drawn, figure {mib(spec)}")
 
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -215,3 +215,40 @@ def _walk(widget: Any) -> list[Any]:
     for child in getattr(widget, "children", ()) or ():
         out += _walk(child)
     return out
+
+
+def test_report_graph_tab_and_layer_tree(browser: Any, reports: dict[str, Path], tmp_path: Path) -> None:
+    """The ET op graph of the shared HTA pair renders; the layer tree expands and collapses."""
+    for source, name in (("hta_benchmark_simple_add_trace.json.gz", "add_trace.json.gz"),
+                         ("hta_benchmark_simple_add_et.json.gz", "add_et.json.gz")):
+        (tmp_path / name).write_bytes((TRACES / source).read_bytes())
+    path = write_report(tracemagic.load(tmp_path / "add_trace.json.gz", use_cache=False), tmp_path / "et.html")
+    page = Page(browser)
+    try:
+        page.page.goto(path.as_uri())
+        page.page.locator('nav button[data-tab="graph"]').click()
+        section = page.page.locator("#tab-graph")
+        section.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=10_000)
+        assert section.locator(".js-plotly-plot .scatterlayer .point").count() == 10  # the ten ET ops
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.page.screenshot(path=str(ARTIFACTS / "report-et-graph.png"))
+        assert page.errors == []
+    finally:
+        page.close()
+    page = Page(browser)
+    try:
+        page.page.goto(reports["cpu"].as_uri())
+        page.page.locator('nav button[data-tab="layers"]').click()
+        tree = page.page.locator("#tab-layers .tm-side .tm-tree")
+        root = tree.locator("details").first
+        assert root.get_attribute("open") is not None
+        leaf = tree.locator(".tm-leaf").first
+        assert leaf.is_visible()
+        root.locator("summary").first.click()  # collapse
+        assert root.get_attribute("open") is None and not leaf.is_visible()
+        root.locator("summary").first.click()  # expand again
+        assert leaf.is_visible()
+        page.page.screenshot(path=str(ARTIFACTS / "report-cpu-layer-tree.png"))
+        assert page.errors == []
+    finally:
+        page.close()

@@ -897,7 +897,8 @@ def op_graph(
             customdata=custom[~timed], hovertemplate=hover,
         )
     widest = int(np.bincount(level).max()) if len(level) else 1
-    fig.update_xaxes(title_text="topological depth (data dependencies, left to right)", showgrid=False, zeroline=False)
+    fig.update_xaxes(title_text="topological depth (data dependencies, left to right)", showgrid=False, zeroline=False,
+                     dtick=1)
     fig.update_yaxes(visible=False)
     fig.update_layout(meta={"shown": int(len(nodes)), "total": int(total), "edges": int(len(edges)),
                             "levels": int(level.max() + 1 if len(level) else 0)})
