@@ -447,6 +447,15 @@ def test_wrong_files_get_a_clear_error(tmp_path: Path, content: bytes, says: str
     assert str(path) in str(info.value)
 
 
+def test_truncated_tar(tmp_path: Path) -> None:
+    raw = trace_path("param_dlrm_kineto.tar.gz").read_bytes()
+    path = tmp_path / "cut.tar.gz"
+    path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(TraceError) as info:
+        tracemagic.load(path, use_cache=False)
+    assert str(path) in str(info.value)
+
+
 def test_missing_path(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no such file"):
         tracemagic.load(tmp_path / "nope.json")

@@ -60,7 +60,7 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     )
     codes = lookup[events["cat"].cat.codes.to_numpy()]
     names = events["name"]
-    is_memory = (events["ph"].to_numpy() != "X") & (names == "[memory]").to_numpy()
+    is_memory = (events["ph"] != "X").to_numpy() & (names == "[memory]").to_numpy()
     codes = np.where(is_memory, KINDS.index("memory"), codes)
     step_names = names.cat.categories.str.startswith("ProfilerStep#")
     if step_names.any():
@@ -68,6 +68,19 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         on_cpu = np.isin(codes, [KINDS.index("cpu_op"), KINDS.index("user_annotation")])
         codes = np.where(is_step & on_cpu, KINDS.index("step"), codes)
     return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"))
+
+
+def kind_codes(events: pd.DataFrame) -> np.ndarray:
+    """Every event's kind as its index in ``KINDS`` (no strings materialized)."""
+    kind = events["kind"]
+    cats = kind.cat.categories
+    lookup = np.array([KINDS.index(str(c)) if str(c) in KINDS else KINDS.index("other") for c in cats] + [-1], dtype=np.int8)
+    return lookup[kind.cat.codes.to_numpy()]
+
+
+def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
+    """Boolean mask of the events whose kind is one of ``kinds``."""
+    return np.isin(kind_codes(events), [KINDS.index(k) for k in kinds])
 
 
 def timestamps_in_ns(ts: np.ndarray) -> bool:

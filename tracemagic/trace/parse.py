@@ -278,6 +278,18 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
     if nones == n:
         return None
     dtype = np.float64 if floating else np.int64
+    try:  # fast path: numbers and Nones (-> nan) straight into float64
+        floats = np.array(col, dtype=np.float64)
+    except (TypeError, ValueError):
+        floats = None
+    if floats is not None and floats.ndim == 1:
+        mask = np.isnan(floats)
+        if floating:
+            return floats, mask
+        finite = floats[~mask]
+        if finite.size == 0 or (np.abs(finite).max() < 2**53 and np.array_equal(finite, np.round(finite))):
+            floats[mask] = 0
+            return floats.astype(np.int64), mask
     objects = _objects(col, n)
     mask = np.equal(objects, None) if nones else np.zeros(n, dtype=bool)
     if nones:

@@ -13,6 +13,7 @@ import re
 import tarfile
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Callable
 
@@ -54,8 +55,11 @@ class ByteStream:
         self.block = block
         self.consumed = 0
         self.truncated = False
-        self._handle = source.opener()
-        first = self._handle.read(2)
+        try:
+            self._handle = source.opener()
+            first = self._handle.read(2)
+        except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+            raise TraceError(f"{source.name}: the file cannot be read ({exc}).", path=source.name) from None
         self.consumed = len(first)
         self._gzip = first == _GZIP_MAGIC
         self._pending = first
@@ -73,6 +77,18 @@ class ByteStream:
 
     def read(self) -> bytes:
         """The next block of (decompressed) bytes; ``b""`` when the source is exhausted."""
+        try:
+            return self._read()
+        except TraceError:
+            raise
+        except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+            raise TraceError(
+                f"{self.source.name}: the file cannot be read after {self.consumed} bytes ({exc}); "
+                "it is truncated or damaged.",
+                path=self.source.name,
+            ) from None
+
+    def _read(self) -> bytes:
         if self._done:
             return b""
         if not self._gzip:
@@ -184,27 +200,42 @@ def _is_tar(path: Path) -> bool:
     return path.name.lower().endswith((".tar", ".tar.gz", ".tgz"))
 
 
+class _Member(io.RawIOBase):
+    """One tar member as a stream that closes its archive with it."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        super().__init__()
+        self._archive = tarfile.open(path)
+        handle = self._archive.extractfile(name)
+        if handle is None:  # pragma: no cover - only regular files are listed
+            raise TraceError(f"{path}!{name}: not a regular file.", path=str(path))
+        self._handle = handle
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return self._handle.read(size)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._handle.close()
+            self._archive.close()
+        super().close()
+
+
 def _read_tar(path: Path) -> list[Source]:
-    """The trace members of a tar, read into memory one by one (members are rank files)."""
+    """The trace members of a tar; each is read (streamed) only when it is parsed."""
     try:
-        archive = tarfile.open(path)
+        with tarfile.open(path) as archive:
+            members = [m for m in archive if m.isfile() and is_trace_name(m.name)]
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise TraceError(f"{path}: not a readable tar archive ({exc}).", path=str(path)) from None
-    sources = []
-    try:
-        with archive:
-            for member in archive:
-                if not member.isfile() or not is_trace_name(member.name):
-                    continue
-                handle = archive.extractfile(member)
-                if handle is None:  # pragma: no cover - isfile() members always extract
-                    continue
-                sources.append(Source.from_bytes(f"{path}!{member.name}", handle.read(), rank_from_name(member.name)))
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-        raise TraceError(f"{path}: the tar archive is damaged ({exc}).", path=str(path)) from None
-    if not sources:
+    if not members:
         raise TraceError(f"{path}: the archive holds no Kineto trace.", path=str(path))
-    return sources
+    return [
+        Source(f"{path}!{m.name}", partial(_Member, path, m.name), m.size, rank_from_name(m.name)) for m in members
+    ]
 
 
 def sniff(head: bytes, name: str) -> None:

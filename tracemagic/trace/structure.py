@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS
+from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, KINDS, kind_codes
 
 #: ends closer than this (µs) count as equal: JSON floats of epoch-µs times carry ~0.1 µs error
 NEST_TOLERANCE_US = 0.25
@@ -114,11 +114,12 @@ def step_numbers(events: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     GPU events are given the step of the runtime call that launched them later
     (see ``launches``); here they are placed by their own time.
     """
-    kinds = events["kind"].to_numpy()
-    step_rows = np.flatnonzero(kinds == "step")
+    step_rows = np.flatnonzero(kind_codes(events) == KINDS.index("step"))
+    names = events["name"]
+    step_names = names.cat.categories.take(names.cat.codes.to_numpy()[step_rows]) if step_rows.size else []
     steps = pd.DataFrame(
         {
-            "step": [int(_STEP_NUMBER.match(str(n)).group(1)) for n in events["name"].to_numpy()[step_rows]],
+            "step": [int(_STEP_NUMBER.match(str(n)).group(1)) for n in step_names],
             "row": step_rows,
             "ts": events["ts"].to_numpy()[step_rows],
             "dur": events["dur"].to_numpy()[step_rows],
@@ -139,10 +140,11 @@ def step_numbers(events: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
 
 def launches(events: pd.DataFrame) -> np.ndarray:
     """Row of the runtime call that launched each GPU event (by correlation id), else -1."""
-    kinds = events["kind"].to_numpy()
+    kinds = kind_codes(events)
     launch = np.full(len(events), -1, dtype=np.int64)
-    runtime_rows = np.flatnonzero((kinds == "runtime") & events["correlation"].notna().to_numpy())
-    gpu_rows = np.flatnonzero(np.isin(kinds, GPU_KINDS) & events["correlation"].notna().to_numpy())
+    has_corr = events["correlation"].notna().to_numpy()
+    runtime_rows = np.flatnonzero((kinds == KINDS.index("runtime")) & has_corr)
+    gpu_rows = np.flatnonzero(np.isin(kinds, [KINDS.index(k) for k in GPU_KINDS]) & has_corr)
     if runtime_rows.size == 0 or gpu_rows.size == 0:
         return launch
     corr = events["correlation"].to_numpy(dtype=np.int64, na_value=-1)
@@ -166,12 +168,12 @@ def add_structure(events: pd.DataFrame) -> pd.DataFrame:
     parent, depth, self_dur = nest(events, t0)
     step, _ = step_numbers(events)
     launch = launches(events)
-    kinds = events["kind"].to_numpy()
+    kinds = kind_codes(events)
     names = events["name"]
-    module_names = names.cat.categories.str.startswith(MODULE_PREFIX)
-    is_module = (kinds == "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
+    module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
+    is_module = (kinds == KINDS.index("python_function")) & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
     module = propagate(parent, depth, is_module)
-    is_op = kinds == "cpu_op"
+    is_op = kinds == KINDS.index("cpu_op")
     op = propagate(parent, depth, is_op)
     has_launch = launch >= 0
     rows = np.flatnonzero(has_launch)
