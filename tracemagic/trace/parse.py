@@ -120,6 +120,7 @@ _ANY = msgspec.json.Decoder()
 _BASE = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
 _BASE_GETTER = attrgetter(*_BASE)
 _ARGS_GETTER = attrgetter("args")
+_FLOW_GETTER = attrgetter("ph", "cat", "pid", "tid", "id", "ts")
 #: args columns: (column name, struct field, floating?)
 _ARG_COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("external_id", "external_id", False),
@@ -366,10 +367,11 @@ class _Builder:
         if not flows:
             return
         n = len(flows)
-        for column in ("ph", "cat", "pid", "tid"):
-            self.flow_parts[column].append(self.flow_cats[column].codes(map(attrgetter(column), flows), n))
-        self.flow_parts["ts"].append(np.array([_to_number(e.ts) if not isinstance(e.ts, float) else e.ts for e in flows], dtype=np.float64))
-        self.flow_parts["id"].append(_numbers(tuple(e.id for e in flows), False) or (np.zeros(n, np.int64), np.ones(n, bool)))
+        ph, cat, pid, tid, ids, ts = zip(*map(_FLOW_GETTER, flows))
+        for column, values in (("ph", ph), ("cat", cat), ("pid", pid), ("tid", tid)):
+            self.flow_parts[column].append(self.flow_cats[column].codes(values, n))
+        self.flow_parts["ts"].append(np.array(ts, dtype=np.float64))
+        self.flow_parts["id"].append(_numbers(ids, False) or (np.zeros(n, np.int64), np.ones(n, bool)))
 
     def _names(self, meta_events: list[Any]) -> None:
         for event in meta_events:
