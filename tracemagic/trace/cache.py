@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 #: bump when the events table's columns or meaning change
-FORMAT = 2
+FORMAT = 3
 _META_KEY = b"tracemagic"
 
 
@@ -80,7 +80,7 @@ def read(key: str, path: Path, cache_dir: str | os.PathLike[str] | None) -> tupl
             stored = json.loads((schema.metadata or {})[_META_KEY])
             if not isinstance(stored, dict) or stored.get("key") != key:
                 continue
-            events = _frame(pq.read_table(location))
+            events = _restore(_frame(pq.read_table(location)), stored)
             flows = _frame(pq.read_table(location.with_suffix(".flows.parquet")))
             meta = stored["meta"]
             for section in ("ranks", "processes", "threads"):
@@ -95,7 +95,7 @@ def _frame(table: pa.Table) -> pd.DataFrame:
     also for an all-missing column, which Arrow would give back as plain objects)."""
     pandas_meta = table.schema.pandas_metadata or {}
     categorical = {c.get("name") for c in pandas_meta.get("columns", []) if c.get("pandas_type") == "categorical"}
-    frame = table.to_pandas(split_blocks=True)
+    frame = table.to_pandas(split_blocks=True, self_destruct=True)
     for column in categorical & set(frame.columns):
         values = frame[column]
         if isinstance(values.dtype, pd.CategoricalDtype):
@@ -109,6 +109,36 @@ def _frame(table: pa.Table) -> pd.DataFrame:
         else:
             frame[column] = pd.Categorical(values.astype(object))
     return frame
+
+
+def _all_missing(events: pd.DataFrame) -> dict[str, str]:
+    """Columns with no value at all (most args columns of a CPU trace): not stored, remade on read."""
+    out = {}
+    for column in events.columns:
+        dtype = events[column].dtype
+        if isinstance(dtype, pd.CategoricalDtype):
+            if len(dtype.categories) == 0:
+                out[column] = "category"
+        elif str(dtype) in ("Int64", "Float64") and not events[column].notna().any():
+            out[column] = str(dtype)
+    return out
+
+
+def _restore(frame: pd.DataFrame, stored: dict[str, Any]) -> pd.DataFrame:
+    """Put back the all-missing columns ``write`` left out, in the original column order."""
+    missing: dict[str, str] = stored.get("missing") or {}
+    if not missing:
+        return frame
+    n = len(frame)
+    for column, dtype in missing.items():
+        if dtype == "category":
+            codes = np.full(n, -1, dtype=np.int8)
+            frame[column] = pd.Categorical.from_codes(codes, categories=pd.Index([], dtype="str"), validate=False)
+        elif dtype == "Float64":
+            frame[column] = pd.arrays.FloatingArray(np.zeros(n, dtype=np.float64), np.ones(n, dtype=bool))
+        else:
+            frame[column] = pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+    return frame[stored["columns"]]
 
 
 def _write_atomic(table: pa.Table, target: Path) -> None:
@@ -132,8 +162,9 @@ def write(
     meta: dict[str, Any],
 ) -> Path | None:
     """Store the tables; first beside the trace, else in the user cache. None if neither works."""
-    payload = json.dumps({"key": key, "meta": meta}, default=str).encode()
-    table = pa.Table.from_pandas(events, preserve_index=False)
+    missing = _all_missing(events)
+    payload = json.dumps({"key": key, "meta": meta, "columns": list(events.columns), "missing": missing}, default=str).encode()
+    table = pa.Table.from_pandas(events.drop(columns=list(missing)), preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: payload})
     flow_table = pa.Table.from_pandas(flows, preserve_index=False)
     for location in _locations(path, cache_dir, for_write=True):
