@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from packaging.requirements import Requirement
@@ -162,7 +163,7 @@ def test_notebooks_the_badge_opens_exist() -> None:
     assert (ROOT / "notebooks" / "quickstart.ipynb").is_file()
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for url in re.findall(r"https://mybinder\.org/v2/gh/[^)\s\]]+", readme):
-        path = re.search(r"urlpath=lab/tree/([^&)\s]+)", url)
+        path = re.search(r"urlpath=lab/tree/([^&)\s]+)", unquote(url))
         assert path, f"the Binder link should open JupyterLab on a notebook (urlpath=lab/tree/...): {url}"
         assert (ROOT / path[1]).is_file(), f"{url} opens {path[1]}, which does not exist"
 
