@@ -46,7 +46,7 @@ def _layers(trace: Trace) -> pd.DataFrame:
 
 
 def _compare(level: str, a: pd.DataFrame, b: pd.DataFrame, tolerance: float) -> pd.DataFrame:
-    both = a.join(b, how="outer", suffixes=("_a", "_b"))
+    both = a.join(b, how="outer", lsuffix="_a", rsuffix="_b")  # suffixes= needs pandas 3.1
     out = pd.DataFrame(
         {
             "level": level,
