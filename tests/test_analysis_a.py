@@ -180,6 +180,36 @@ def test_tables_keep_the_column_contracts(loaded: dict[str, Trace], name: str) -
     assert {"level", "name", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status"} <= set(trace.diff(trace).columns)
 
 
+def documented_contracts() -> dict[str, list[str]]:
+    """Table -> its column list, as ``tracemagic/analysis/__init__.py`` documents it."""
+    import re
+
+    import tracemagic.analysis
+
+    text = " ".join(tracemagic.analysis.__doc__.split())
+    found = re.findall(r"- ``(\w+)\([^)]*\)``(?: \(``[\w.()]+``\))?: ``([\w, ]+)``", text)
+    return {name: [c.strip() for c in columns.split(",")] for name, columns in found}
+
+
+@pytest.mark.parametrize("name", ["param_dlrm_kineto.tar.gz", "tracelens_normalization_layer_test.json.gz"])
+def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], name: str) -> None:
+    from tracemagic.analysis.spans import layer_spans
+
+    trace = loaded[name]
+    tables = {
+        "ops": trace.ops(), "kernels": trace.kernels(), "steps": trace.steps(), "ranks": trace.ranks_table(),
+        "collectives": trace.collectives(), "stragglers": trace.stragglers(), "layers": trace.layers(),
+        "layer_spans": layer_spans(trace), "memory": trace.memory(), "memory_peaks": trace.memory_peaks(),
+        "biggest_allocations": trace.biggest_allocations(), "memory_categories": trace.memory_categories(),
+        "shapes": trace.shapes(), "diff": trace.diff(trace),
+    }
+    contracts = documented_contracts()
+    assert set(contracts) == set(tables)
+    for table, columns in contracts.items():
+        assert list(tables[table].columns) == columns, table
+    assert set(tables["layers"].attrs) == {"step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us"}
+
+
 # -- kernels ------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", KINETO_FILES)
 def test_kernels_match_the_raw_trace(loaded: dict[str, Trace], raw: dict, name: str) -> None:
