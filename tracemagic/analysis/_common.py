@@ -1,4 +1,5 @@
-"""Helpers the analyses share: relative time, layer names, name tests and interval unions.
+"""Helpers the analyses share: relative time, event selection, threads and nesting, layer
+names, name tests, sums up a nesting tree and interval unions.
 
 Private to ``tracemagic.analysis``; everything here is vectorized over the events table.
 """
@@ -11,8 +12,11 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace.model import Trace
-from tracemagic.trace.structure import MODULE_PREFIX
+from tracemagic.trace.normalize import CPU_KINDS
+from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US
 
+#: GPU activity with a duration on the device: what counts as GPU time
+GPU_ACTIVITY = ("kernel", "memcpy", "memset")
 _INSTANCE_SUFFIX = re.compile(r"_\d+$")
 #: host-side collective events: ``nccl:all_reduce``, ``gloo:broadcast`` annotations
 HOST_COLLECTIVE = re.compile(r"^(?:nccl|gloo|mpi|ucc|xccl):\w+")
@@ -24,6 +28,85 @@ def trace_start(trace: Trace) -> float:
     """The earliest ``ts`` over all events of all ranks (µs): time zero of every table."""
     ts = trace.events["ts"].to_numpy()
     return float(np.nanmin(ts)) if ts.size else 0.0
+
+
+def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
+    """Rows of the duration (``X``) events of the given kinds, in table order."""
+    return np.flatnonzero(events["kind"].isin(kinds).to_numpy() & (events["ph"] == "X").to_numpy())
+
+
+def thread_keys(events: pd.DataFrame) -> np.ndarray:
+    """One int64 per row naming its (rank, pid, tid): events nest only within one key."""
+    rank = events["rank"].to_numpy().astype(np.int64)
+    pid = events["pid"].cat.codes.to_numpy().astype(np.int64) + 1
+    tid = events["tid"].cat.codes.to_numpy().astype(np.int64) + 1
+    return (rank << 42) | (pid << 21) | tid
+
+
+def in_scope(events: pd.DataFrame) -> np.ndarray:
+    """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
+    rank = events["rank"].to_numpy()
+    stepped = np.unique(rank[(events["kind"] == "step").to_numpy()])
+    return (events["step"].to_numpy() >= 0) | ~np.isin(rank, stepped)
+
+
+def enclosing(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """The innermost CPU duration event on the same thread that contains each row's ``ts``.
+
+    Meant for instants (``[memory]`` events), which the loader does not nest; -1 where none.
+    """
+    out = np.full(rows.size, -1, dtype=np.int64)
+    if rows.size == 0:
+        return out
+    cand = timed_rows(events, CPU_KINDS)
+    keys = thread_keys(events)
+    ts = events["ts"].to_numpy()
+    end = ts + events["dur"].to_numpy()
+    parent = events["parent"].to_numpy()
+    order = np.lexsort((-end[cand], ts[cand], keys[cand]))
+    cand = cand[order]
+    cand_keys = keys[cand]
+    query_keys = keys[rows]
+    for key in np.unique(query_keys):  # one pass per thread
+        lo, hi = np.searchsorted(cand_keys, [key, key + 1])
+        if lo == hi:
+            continue
+        where = np.flatnonzero(query_keys == key)
+        pos = np.searchsorted(ts[cand[lo:hi]], ts[rows[where]], side="right") - 1
+        out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
+    target = ts[rows] - NEST_TOLERANCE_US
+    climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
+    while climb.any():  # one round per nesting level
+        out[climb] = parent[out[climb]]
+        climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
+    return out
+
+
+def nesting_depth(up: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """How many ancestors each of ``rows`` has along ``up`` (row -> enclosing row, -1 at the top)."""
+    depth = np.zeros(rows.size, dtype=np.int64)
+    cur = up[rows]
+    while (cur >= 0).any():  # one round per nesting level
+        depth += cur >= 0
+        cur = np.where(cur >= 0, up[np.maximum(cur, 0)], -1)
+    return depth
+
+
+def rollup(start: np.ndarray, weights: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Per row of ``up``: the weights placed at rows ``start`` (-1: nowhere) on it or below it.
+
+    ``up`` maps a row to its enclosing row (-1 at the top); each weight is added to its
+    start row and to every ancestor, one vectorized round per nesting level.
+    """
+    keep = start >= 0
+    at, weights = start[keep], np.asarray(weights, dtype=np.float64)[keep]
+    total = np.zeros(up.size)
+    while at.size:  # one round per nesting level
+        total += np.bincount(at, weights=weights, minlength=up.size)
+        at = up[at]
+        keep = at >= 0
+        at, weights = at[keep], weights[keep]
+    return total
 
 
 def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import is_nccl, labels, layer_labels, name_labels, trace_start
+from tracemagic.analysis._common import GPU_ACTIVITY, is_nccl, labels, layer_labels, name_labels, timed_rows, trace_start
 from tracemagic.trace.model import Trace
 
 #: the GPU activity kinds listed, in ``kind`` column order
-KINDS = ("kernel", "memcpy", "memset")
+KINDS = GPU_ACTIVITY
 
 
 def kernels(trace: Trace) -> pd.DataFrame:
@@ -27,7 +26,7 @@ def kernels(trace: Trace) -> pd.DataFrame:
     arg, when recorded); ``is_comm`` (an NCCL kernel). Text columns are categoricals.
     """
     events = trace.events
-    rows = np.flatnonzero(events["kind"].isin(KINDS).to_numpy() & (events["ph"] == "X").to_numpy())
+    rows = timed_rows(events, KINDS)
     picked = events.iloc[rows]
     op_rows = picked["op"].to_numpy()
     layer, layer_type = layer_labels(trace, picked["module"].to_numpy())

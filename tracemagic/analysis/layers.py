@@ -16,7 +16,17 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import layers_at, names_where, text
+from tracemagic.analysis._common import (
+    GPU_ACTIVITY,
+    enclosing,
+    in_scope,
+    layers_at,
+    names_where,
+    nesting_depth,
+    rollup,
+    text,
+    thread_keys,
+)
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS
 from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate
@@ -25,8 +35,6 @@ from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosi
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
 #: ``Input Dims`` text with at least one tensor of one or more dimensions
 TENSOR_DIMS = re.compile(r"\[\d")
-#: GPU activity that counts as GPU time
-GPU_TIME_KINDS = ("kernel", "memcpy", "memset")
 COLUMNS = (
     "rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
     "fwd_self_cpu_us", "bwd_cpu_us", "bwd_self_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us",
@@ -55,54 +63,6 @@ class Attribution:
     is_module: np.ndarray
     module_parent: np.ndarray
     in_scope: np.ndarray
-
-
-def thread_keys(events: pd.DataFrame) -> np.ndarray:
-    """One int64 per row naming its (rank, pid, tid): events nest only within one key."""
-    rank = events["rank"].to_numpy().astype(np.int64)
-    pid = events["pid"].cat.codes.to_numpy().astype(np.int64) + 1
-    tid = events["tid"].cat.codes.to_numpy().astype(np.int64) + 1
-    return (rank << 42) | (pid << 21) | tid
-
-
-def in_scope(events: pd.DataFrame) -> np.ndarray:
-    """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
-    rank = events["rank"].to_numpy()
-    stepped = np.unique(rank[(events["kind"] == "step").to_numpy()])
-    return (events["step"].to_numpy() >= 0) | ~np.isin(rank, stepped)
-
-
-def enclosing(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """The innermost CPU duration event on the same thread that contains each row's ``ts``.
-
-    Meant for instants (``[memory]`` events), which the loader does not nest; -1 where none.
-    """
-    out = np.full(rows.size, -1, dtype=np.int64)
-    if rows.size == 0:
-        return out
-    kinds = events["kind"].to_numpy()
-    cand = np.flatnonzero(np.isin(kinds, CPU_KINDS) & (events["ph"] == "X").to_numpy())
-    keys = thread_keys(events)
-    ts = events["ts"].to_numpy()
-    end = ts + events["dur"].to_numpy()
-    parent = events["parent"].to_numpy()
-    order = np.lexsort((-end[cand], ts[cand], keys[cand]))
-    cand = cand[order]
-    cand_keys = keys[cand]
-    query_keys = keys[rows]
-    for key in np.unique(query_keys):  # one pass per thread
-        lo, hi = np.searchsorted(cand_keys, [key, key + 1])
-        if lo == hi:
-            continue
-        where = np.flatnonzero(query_keys == key)
-        pos = np.searchsorted(ts[cand[lo:hi]], ts[rows[where]], side="right") - 1
-        out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
-    target = ts[rows] - NEST_TOLERANCE_US
-    climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
-    while climb.any():  # one round per nesting level
-        out[climb] = parent[out[climb]]
-        climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
-    return out
 
 
 def attribution(trace: Trace) -> Attribution:
@@ -177,15 +137,10 @@ def _rollup(start: np.ndarray, weights: np.ndarray, layer_of: np.ndarray, up: np
     ``up`` is each module event's enclosing module event; inclusive sums walk it upwards.
     """
     ok = start >= 0
-    start, weights = start[ok], weights[ok].astype(np.float64)
-    own = np.bincount(layer_of[start], weights=weights, minlength=count)
-    total = np.zeros(count)
-    while start.size:  # one round per module nesting level
-        total += np.bincount(layer_of[start], weights=weights, minlength=count)
-        start = up[start]
-        keep = start >= 0
-        start, weights = start[keep], weights[keep]
-    return own, total
+    own = np.bincount(layer_of[start[ok]], weights=np.asarray(weights, dtype=np.float64)[ok], minlength=count)
+    inclusive = rollup(start, weights, up)
+    rows = np.flatnonzero(layer_of >= 0)
+    return own, np.bincount(layer_of[rows], weights=inclusive[rows], minlength=count)
 
 
 def _first_op_dims(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
@@ -270,7 +225,7 @@ def layers(trace: Trace) -> pd.DataFrame:
     bwd_self, bwd_cpu = _rollup(att.module[roots], dur[roots], layer_of, up, count)
     kinds = events["kind"].to_numpy()
     launch = events["launch"].to_numpy()
-    gpu_all = np.flatnonzero(np.isin(kinds, GPU_TIME_KINDS) & scope)
+    gpu_all = np.flatnonzero(np.isin(kinds, GPU_ACTIVITY) & scope)
     gpu = gpu_all[launch[gpu_all] >= 0]
     gpu_layer = att.module[launch[gpu]]
     gpu_bwd = att.backward[launch[gpu]]
@@ -285,11 +240,7 @@ def layers(trace: Trace) -> pd.DataFrame:
     any_row = pd.Series(modules).groupby(layer_id).first()
     first_row = np.where(first_row >= 0, first_row, any_row.reindex(range(count)).to_numpy())
     parent_row = up[first_row]
-    depth = np.zeros(count, dtype=np.int64)
-    cur = parent_row.copy()
-    while (cur >= 0).any():  # one round per nesting level
-        depth += cur >= 0
-        cur = np.where(cur >= 0, up[np.maximum(cur, 0)], -1)
+    depth = nesting_depth(up, first_row)
     name, kind = layers_at(trace, first_row)
     parent_name, _ = layers_at(trace, parent_row)
     trace_name = events["name"].to_numpy(dtype=object)[first_row]

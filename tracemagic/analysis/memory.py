@@ -12,8 +12,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import layers_at, names_at, text, trace_start
-from tracemagic.analysis.layers import attribution, enclosing
+from tracemagic.analysis._common import enclosing, layers_at, names_at, text, trace_start
+from tracemagic.analysis.layers import attribution
 from tracemagic.trace.model import Trace
 
 #: c10 ``DeviceType`` numbers -> torch device names (ROCm builds report HIP = 6; torch calls it cuda)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import labels, layer_labels, trace_start
+from tracemagic.analysis._common import labels, layer_labels, timed_rows, trace_start
 from tracemagic.trace.model import Trace
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
@@ -25,7 +24,7 @@ def ops(trace: Trace) -> pd.DataFrame:
     forward op to its backward); ``rf_id``; ``external_id``. Text columns are categoricals.
     """
     events = trace.events
-    rows = np.flatnonzero(events["kind"].isin(KINDS).to_numpy() & (events["ph"] == "X").to_numpy())
+    rows = timed_rows(events, KINDS)
     picked = events.iloc[rows]
     layer, layer_type = layer_labels(trace, picked["module"].to_numpy())
     return pd.DataFrame(

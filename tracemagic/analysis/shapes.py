@@ -9,8 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import text
-from tracemagic.analysis.layers import GPU_TIME_KINDS
+from tracemagic.analysis._common import GPU_ACTIVITY, rollup, text
 from tracemagic.trace.model import Trace
 
 Dims = list[list[int]]
@@ -100,18 +99,8 @@ def flops(name: str, input_dims: str | None) -> float | None:
 
 def gpu_time(events: pd.DataFrame) -> np.ndarray:
     """Per events row: duration of the GPU work (kernels, memcpy, memset) launched inside it."""
-    n = len(events)
-    gpu = np.flatnonzero(events["kind"].isin(GPU_TIME_KINDS).to_numpy() & (events["launch"] >= 0).to_numpy())
-    parent = events["parent"].to_numpy()
-    at = events["launch"].to_numpy()[gpu]
-    weight = events["dur"].to_numpy()[gpu]
-    total = np.zeros(n)
-    while at.size:  # one round per nesting level
-        total += np.bincount(at, weights=weight, minlength=n)
-        at = parent[at]
-        keep = at >= 0
-        at, weight = at[keep], weight[keep]
-    return total
+    gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"] >= 0).to_numpy())
+    return rollup(events["launch"].to_numpy()[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
 
 
 def shapes(trace: Trace) -> pd.DataFrame:

@@ -12,21 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import layers_at, text, trace_start
+from tracemagic.analysis._common import layers_at, nesting_depth, text, trace_start
 from tracemagic.analysis.layers import attribution
 from tracemagic.trace.model import Trace
 
 COLUMNS = ("rank", "layer", "type", "phase", "ts", "dur", "step", "calls")
-
-
-def _module_depth(up: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Nesting depth (0 = outermost module) of module event ``rows``."""
-    depth = np.zeros(rows.size, dtype=np.int64)
-    cur = up[rows]
-    while (cur >= 0).any():  # one round per nesting level
-        depth += cur >= 0
-        cur = np.where(cur >= 0, up[np.maximum(cur, 0)], -1)
-    return depth
 
 
 def layer_spans(trace: Trace, depth: int | None = None) -> pd.DataFrame:
@@ -59,7 +49,7 @@ def layer_spans(trace: Trace, depth: int | None = None) -> pd.DataFrame:
     step = events["step"].to_numpy()
     codes = events["name"].cat.codes.to_numpy()
     mdepth = np.full(len(events), -1, dtype=np.int64)
-    mdepth[modules] = _module_depth(up, modules)
+    mdepth[modules] = nesting_depth(up, modules)
     target = {}
     for r in np.unique(rank[modules]):
         mine = modules[rank[modules] == r]

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
+from tracemagic.analysis._common import GPU_ACTIVITY, HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
 from tracemagic.trace.model import Trace
 
 #: breakdown columns in priority order (a higher one wins where activities overlap)
@@ -79,7 +79,7 @@ def category_masks(trace: Trace) -> dict[str, np.ndarray]:
     kernel = duration & (kinds == "kernel")
     nccl = is_nccl(events["name"])
     ranks = events["rank"].to_numpy()
-    gpu_ranks = np.unique(ranks[np.isin(kinds, ("kernel", "memcpy", "memset"))])
+    gpu_ranks = np.unique(ranks[np.isin(kinds, GPU_ACTIVITY)])
     cpu_only = ~np.isin(ranks, gpu_ranks)
     host = duration & np.isin(kinds, ("cpu_op", "user_annotation"))
     host_comm = host & cpu_only & (
