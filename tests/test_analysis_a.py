@@ -448,6 +448,17 @@ def test_diff_of_two_traces_finds_added_removed_and_changed(loaded: dict[str, Tr
     assert table["status"].map({"added": 1, "removed": 1}).fillna(0).sum() == ((table["calls_a"] == 0) | (table["calls_b"] == 0)).sum()
 
 
+def test_diff_verdict_is_by_presence_not_by_call_count() -> None:
+    """A layer whose forward ran before the steps has 0 calls but backward time: not 'added'."""
+    from tracemagic.analysis.diff import _compare
+
+    a = pd.DataFrame({"calls": [0, 3], "us": [10.0, 5.0], "gpu_us": [0.0, 0.0]}, index=["bwd_only", "gone"])
+    b = pd.DataFrame({"calls": [2, 1], "us": [30.0, 1.0], "gpu_us": [0.0, 0.0]}, index=["bwd_only", "new"])
+    table = _compare("layer", a, b, 0.05).set_index("name")
+    assert table["status"].to_dict() == {"bwd_only": "slower", "gone": "removed", "new": "added"}
+    assert table.loc["bwd_only", "ratio"] == 3.0 and table.loc["new", "calls_a"] == 0 and table.loc["gone", "us_b"] == 0
+
+
 # -- a CPU trace captured here from a real model --------------------------------------------
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trace, Path]:

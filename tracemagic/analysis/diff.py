@@ -46,7 +46,13 @@ def _layers(trace: Trace) -> pd.DataFrame:
 
 
 def _compare(level: str, a: pd.DataFrame, b: pd.DataFrame, tolerance: float) -> pd.DataFrame:
-    both = a.join(b, how="outer", lsuffix="_a", rsuffix="_b")  # suffixes= needs pandas 3.1
+    """One row per name of ``a`` or ``b`` (tables indexed by name with ``calls``, ``us``,
+    ``gpu_us`` and optionally ``type``): both sides, the change and its verdict.
+
+    ``added``/``removed`` mean present in only one table, not a call count of 0: a layer
+    with backward time but no forward call in the steps is still there.
+    """
+    both = a.merge(b, how="outer", left_index=True, right_index=True, suffixes=("_a", "_b"), indicator="_side")
     out = pd.DataFrame(
         {
             "level": level,
@@ -65,8 +71,9 @@ def _compare(level: str, a: pd.DataFrame, b: pd.DataFrame, tolerance: float) -> 
     status = pd.Series("same", index=out.index, dtype="str")
     status[out["ratio"] > 1 + tolerance] = "slower"
     status[out["ratio"] < 1 - tolerance] = "faster"
-    status[out["calls_a"] == 0] = "added"
-    status[out["calls_b"] == 0] = "removed"
+    side = both["_side"].to_numpy()
+    status[side == "right_only"] = "added"
+    status[side == "left_only"] = "removed"
     out["status"] = status
     return out
 
