@@ -15,7 +15,7 @@ import pytest
 
 import tracemagic
 from tracemagic.views import figures, sections, tables
-from tracemagic.views.dashboard import PLOTLY_MIME, Dashboard
+from tracemagic.views.dashboard import ALL_STEPS, PLOTLY_MIME, Dashboard
 from tracemagic.views.data import CONTRACT, TraceData
 from tracemagic.views.report import write_report
 from tracemagic.views.text import diff_summary, render_table, summary
@@ -380,7 +380,8 @@ def test_step_selector_changes_timeline_memory_and_overview(gpu: Any) -> None:
     dash = Dashboard(gpu)
     steps = gpu.steps()
     step = int(steps["step"].iloc[1])
-    assert [v for _, v in dash.controls["step"].options] == [None, *sorted(steps["step"])]
+    assert [v for _, v in dash.controls["step"].options] == [ALL_STEPS, *sorted(steps["step"])]
+    assert dash.controls["step"].value == ALL_STEPS  # "all steps" shows (ipywidgets 8 blanks a None value)
     dash.select("timeline")
     before = dash.figures("timeline")[0]["layout"]["meta"]["window"]
     dash.controls["step"].value = step

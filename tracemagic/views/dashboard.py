@@ -33,7 +33,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
-PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+# not "responsive": in JupyterLab's plotly renderer a responsive figure drops its height
+# and collapses to 0 px inside an ipywidgets Output
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": False}
+#: the step selector's value for "all steps" (ipywidgets 8 shows a None value as blank)
+ALL_STEPS = "all"
 PAGE_SIZES = (10, 25, 50, 100)
 
 
@@ -236,8 +240,8 @@ class Dashboard:
     def _build(self) -> widgets.VBox:
         steps = self.data.step_ids
         self.step_control = widgets.Dropdown(
-            options=[("all steps", None)] + [(f"step {s}", s) for s in steps],
-            value=self.state.step if self.state.step in steps else None,
+            options=[("all steps", ALL_STEPS)] + [(f"step {s}", s) for s in steps],
+            value=self.state.step if self.state.step in steps else ALL_STEPS,
             description="step", layout=widgets.Layout(width="180px"),
         )
         self.top_control = widgets.BoundedIntText(value=self.state.top, min=1, max=200, description="top N",
@@ -295,7 +299,8 @@ class Dashboard:
             self._ensure(key)
 
     def _controls_changed(self, _: Any) -> None:
-        self.state = sections.ViewState(step=self.step_control.value, top=int(self.top_control.value or 1),
+        step = self.step_control.value
+        self.state = sections.ViewState(step=None if step == ALL_STEPS else step, top=int(self.top_control.value or 1),
                                         unit=self.unit_control.value)
         self._ensure(self.current)
 
