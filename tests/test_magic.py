@@ -279,6 +279,17 @@ y.shape
     assert len(step_events(kineto_events(capture.dir / "kineto_trace_0.json"))) == 1
 
 
+def test_cell_without_loop_is_complete_whatever_the_schedule_options(ip):
+    # the cell is the one active step: --repeat/--active do not make it "partial"
+    body = "model = make_mlp()\ny = model(torch.randn(4, 32))\n"
+    result, out = run(ip, "--repeat 2 --active 4 --no-memory-timeline", body)
+    assert result.success, out.stdout
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "complete", capture.manifest["notes"]
+    assert capture.manifest["schedule"]["repeat"] == 1
+    assert [f["path"] for f in capture.manifest["files"]] == ["kineto_trace_0.json", "capture.json"]
+
+
 def test_magics_and_shell_commands_work_inside_the_cell(ip):
     body = """\
 model = make_mlp()

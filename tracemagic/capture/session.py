@@ -390,8 +390,8 @@ class CaptureSession:
         complete = [s for s in steps if s.complete]
         if not steps:
             return "failed" if error is not None else "empty"
-        cycles = self.config.repeat or len(self._cycles)
-        expected = self.schedule["active"] * cycles
+        schedule = self.schedule  # the one-step schedule of a cell without a loop, too
+        expected = schedule["active"] * (schedule["repeat"] or len(self._cycles))
         if error is not None or len(complete) < expected:
             return "partial"
         return "complete"
@@ -405,7 +405,7 @@ class CaptureSession:
         )
 
     def _schedule_notes(self, error: BaseException | None) -> list[str]:
-        if self._one_step or self.plan.mode == "none" or not self._started:
+        if self._one_step or not self._started:
             return []
         steps = [s for c in self._cycles for s in c.steps]
         before = self.config.steps_before_first_active
