@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import tracemagic
@@ -339,6 +340,43 @@ def test_help_documents_every_option(ip):
     with capture_output() as out:
         ip.run_cell("%%chakra_trace?")
     assert "--active" in out.stdout
+
+
+def _option_groups() -> list[list[str]]:
+    """The option strings of each %%chakra_trace argument (``["-o", "--output"]``, ...)."""
+    return [a.option_strings for a in TracemagicMagics.chakra_trace.parser._actions]
+
+
+def _mentions(text: str, option: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text) is not None
+
+
+def test_help_and_readme_table_list_every_option_the_magic_parses():
+    groups = _option_groups()
+    assert len(groups) >= 23
+    doc = TracemagicMagics.chakra_trace.__doc__
+    assert doc.lstrip(": \n").startswith("%%chakra_trace [--wait N]")
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("Options (`%%chakra_trace?`")
+    table = readme[start : readme.index("\n\n", readme.index("|", start))]
+    for group in groups:
+        assert all(_mentions(doc, option) for option in group), group
+        assert any(_mentions(table, option) for option in group), group
+
+
+def test_run_command_takes_the_same_capture_options():
+    from tracemagic.capture.run import build_parser
+
+    run_options = {s for a in build_parser()._actions for s in a.option_strings}
+    magic_only = {"--tb-names", "--report", "--pfw", "--loop", "-v", "--var", "-o", "--output"}
+    assert {s for group in _option_groups() for s in group} - magic_only <= run_options
+
+
+def test_var_must_be_a_variable_name(ip):
+    result, out = run(ip, "-v cap.x", "ran = True\n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "-v 'cap.x' is not a Python variable name" in str(result.error_in_exec)
+    assert "ran" not in ip.user_ns and not Path("traces").exists()
 
 
 def test_register_is_idempotent(ip):

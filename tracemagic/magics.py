@@ -6,6 +6,7 @@ the user namespace inside a ``CaptureSession`` and displays the resulting ``Capt
 
 from __future__ import annotations
 
+import keyword
 import os
 import sys
 from pathlib import Path
@@ -16,11 +17,19 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from tracemagic.capture.config import CaptureConfig
+from tracemagic.capture.config import OPTIONS, config_from_args
 from tracemagic.errors import CaptureError, TraceError
 
 #: Where the last capture is kept in the user namespace.
 LAST_CAPTURE = "_chakra_capture"
+
+
+def _capture_options(magic: Any) -> Any:
+    """Add the capture options shared with ``tracemagic run`` (``capture.config.OPTIONS``)
+    to ``magic``'s arguments, in their order."""
+    for flags, spec in reversed(OPTIONS):  # decorators apply bottom-up
+        magic = argument(*flags, **spec)(magic)
+    return magic
 
 
 @magics_class
@@ -30,71 +39,8 @@ class TracemagicMagics(Magics):
     # ==================================================================================
     # %%chakra_trace
     # ==================================================================================
-    @magic_arguments()
-    @argument(
-        "--wait", type=int, default=1, metavar="N",
-        help="schedule: steps skipped per cycle before warmup (default 1)",
-    )
-    @argument(
-        "--warmup", type=int, default=1, metavar="N",
-        help="schedule: warmup steps, traced but discarded (default 1)",
-    )
-    @argument(
-        "--active", type=int, default=3, metavar="N",
-        help="schedule: steps recorded per cycle, at least 1 (default 3)",
-    )
-    @argument(
-        "--repeat", type=int, default=1, metavar="N",
-        help="schedule: cycles to record, 0 = until the loop ends; one trace per cycle (default 1)",
-    )
-    @argument(
-        "--skip-first", type=int, default=0, metavar="N",
-        help="schedule: steps skipped once, before the first cycle (default 0)",
-    )
-    @argument(
-        "--skip-first-wait", type=int, default=0, metavar="N",
-        help="schedule: if not 0, the first cycle skips its wait steps (default 0)",
-    )
-    @argument(
-        "--cpu-only", action="store_true",
-        help="record CPU activity only, even when CUDA is available",
-    )
-    @argument(
-        "--no-shapes", action="store_true",
-        help="do not record input shapes (record_shapes=False)",
-    )
-    @argument(
-        "--no-memory", action="store_true",
-        help="do not record allocations (profile_memory=False)",
-    )
-    @argument(
-        "--no-stack", action="store_true",
-        help="no Python stacks (with_stack=False): no nn.Module events, no layer names",
-    )
-    @argument(
-        "--with-flops", action="store_true",
-        help="estimate FLOPs of matmul/conv ops (with_flops=True)",
-    )
-    @argument(
-        "--no-memory-timeline", action="store_true",
-        help="skip memory_timeline_<rank>.json (allocation categories)",
-    )
-    @argument(
-        "--et", action="store_true",
-        help="also write the Execution Trace torch_et_<rank>.json over the same steps (for Chakra)",
-    )
-    @argument(
-        "--out", default="traces", metavar="DIR",
-        help="directory the capture directory is created in (default ./traces)",
-    )
-    @argument(
-        "--name", default="capture", metavar="NAME",
-        help="capture directory name: DIR/NAME-<timestamp> (default capture)",
-    )
-    @argument(
-        "--gzip", action="store_true",
-        help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)",
-    )
+    @magic_arguments(name="%chakra_trace")  # the usage line reads %%chakra_trace
+    @_capture_options
     @argument(
         "--tb-names", action="store_true",
         help="name the Kineto traces <worker>.<ts>.pt.trace.json[.gz] like "
@@ -172,7 +118,7 @@ class TracemagicMagics(Magics):
         args = parse_argstring(self.chakra_trace, line)
         try:
             _check_outputs(args)
-            config = _config(args)
+            config = config_from_args(args, loop_line=args.loop, tb_names=args.tb_names)
             prepared = prepare_cell(
                 self.shell, line, cell, loop_line=config.loop_line, handle=config.handle
             )
@@ -366,32 +312,10 @@ class TracemagicMagics(Magics):
         )
 
 
-def _config(args: Any) -> CaptureConfig:
-    """Options parsed by magic_arguments -> validated ``CaptureConfig``."""
-    return CaptureConfig(
-        wait=args.wait,
-        warmup=args.warmup,
-        active=args.active,
-        repeat=args.repeat,
-        skip_first=args.skip_first,
-        skip_first_wait=args.skip_first_wait,
-        cpu_only=args.cpu_only,
-        record_shapes=not args.no_shapes,
-        profile_memory=not args.no_memory,
-        with_stack=not args.no_stack,
-        with_flops=args.with_flops,
-        memory_timeline=not args.no_memory_timeline,
-        et=args.et,
-        out=Path(args.out).expanduser(),
-        name=args.name,
-        gzip=args.gzip,
-        tb_names=args.tb_names,
-        loop_line=args.loop,
-    )
-
-
 def _check_outputs(args: Any) -> None:
-    """Check ``--report``/``--pfw`` before the cell runs (CaptureError naming the option)."""
+    """Check ``-v``/``--report``/``--pfw`` before the cell runs (CaptureError naming the option)."""
+    if args.var is not None and (not args.var.isidentifier() or keyword.iskeyword(args.var)):
+        raise CaptureError(f"-v {args.var!r} is not a Python variable name.")
     if args.report:
         target = Path(args.report).expanduser()
         if target.is_dir():

@@ -31,7 +31,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracemagic.capture import distributed
-from tracemagic.capture.config import CaptureConfig
+from tracemagic.capture.config import CaptureConfig, config_from_options
 from tracemagic.capture.loop import LoopPlan
 from tracemagic.capture.result import Capture
 from tracemagic.errors import CaptureError
@@ -43,16 +43,6 @@ __all__ = ["ScriptCapture", "capture"]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: ``CaptureConfig`` fields that make no sense outside a notebook cell.
-_CELL_ONLY = {"loop_line", "handle"}
-#: The magic's option spellings, accepted too (``no_shapes=True`` = ``record_shapes=False``).
-_NEGATED = {
-    "no_shapes": "record_shapes",
-    "no_memory": "profile_memory",
-    "no_stack": "with_stack",
-    "no_memory_timeline": "memory_timeline",
-}
 
 
 def capture(
@@ -70,33 +60,12 @@ def capture(
             ``active``, ``repeat``, ``skip_first``, ``skip_first_wait``, ``cpu_only``,
             ``record_shapes`` (or ``no_shapes``), ``profile_memory`` (``no_memory``),
             ``with_stack`` (``no_stack``), ``with_flops``, ``memory_timeline``
-            (``no_memory_timeline``), ``et``, ``out``, ``name``, ``gzip``.
+            (``no_memory_timeline``), ``et``, ``out``, ``name``, ``gzip``, ``tb_names``.
 
     Raises:
         CaptureError: an unknown or invalid option.
     """
     return ScriptCapture(config_from_options(**options), timeout=timeout, whole=whole)
-
-
-def config_from_options(**options: Any) -> CaptureConfig:
-    """The validated ``CaptureConfig`` for the magic's options given as keywords.
-
-    Raises:
-        CaptureError: an unknown option (naming the valid ones) or an invalid value.
-    """
-    fields = {f.name for f in dataclasses.fields(CaptureConfig)} - _CELL_ONLY
-    values: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in _NEGATED:
-            values[_NEGATED[key]] = not value
-        elif key in fields:
-            values[key] = value
-        else:
-            known = ", ".join(sorted(fields | set(_NEGATED)))
-            raise CaptureError(f"tracemagic.capture: unknown option {key!r}; the options are: {known}.")
-    if "out" in values:
-        values["out"] = Path(values["out"]).expanduser()
-    return CaptureConfig(**values)
 
 
 class ScriptCapture:

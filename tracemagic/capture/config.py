@@ -1,7 +1,13 @@
-"""The options of one capture, validated once, before any user code runs."""
+"""The options of one capture, validated once, before any user code runs.
+
+``OPTIONS`` spells the capture options once, as argparse arguments, for both the
+``%%chakra_trace`` magic and ``python -m tracemagic run``; ``config_from_options`` turns
+them (or the keywords of ``tracemagic.capture(...)``) into a validated ``CaptureConfig``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -89,3 +95,98 @@ class CaptureConfig:
         out = dataclasses.asdict(self)
         out["out"] = str(self.out)
         return out
+
+
+#: The capture options of ``%%chakra_trace`` and ``python -m tracemagic run``, in help
+#: order: ``(flags, add_argument keywords)``. Each one's argparse ``dest`` is a keyword of
+#: ``config_from_options``.
+OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("--wait",), dict(type=int, default=1, metavar="N",
+                       help="schedule: steps skipped per cycle before warmup (default 1)")),
+    (("--warmup",), dict(type=int, default=1, metavar="N",
+                         help="schedule: warmup steps, traced but discarded (default 1)")),
+    (("--active",), dict(type=int, default=3, metavar="N",
+                         help="schedule: steps recorded per cycle, at least 1 (default 3)")),
+    (("--repeat",), dict(type=int, default=1, metavar="N",
+                         help="schedule: cycles to record, 0 = until the steps end; "
+                         "one trace per cycle (default 1)")),
+    (("--skip-first",), dict(type=int, default=0, metavar="N",
+                             help="schedule: steps skipped once, before the first cycle (default 0)")),
+    (("--skip-first-wait",), dict(type=int, default=0, metavar="N",
+                                  help="schedule: if not 0, the first cycle skips its wait steps (default 0)")),
+    (("--cpu-only",), dict(action="store_true",
+                           help="record CPU activity only, even when CUDA is available")),
+    (("--no-shapes",), dict(action="store_true",
+                            help="do not record input shapes (record_shapes=False)")),
+    (("--no-memory",), dict(action="store_true",
+                            help="do not record allocations (profile_memory=False)")),
+    (("--no-stack",), dict(action="store_true",
+                           help="no Python stacks (with_stack=False): no nn.Module events, no layer names")),
+    (("--with-flops",), dict(action="store_true",
+                             help="estimate FLOPs of matmul/conv ops (with_flops=True)")),
+    (("--no-memory-timeline",), dict(action="store_true",
+                                     help="skip memory_timeline_<rank>.json (allocation categories)")),
+    (("--et",), dict(action="store_true",
+                     help="also write the Execution Trace torch_et_<rank>.json over the same steps "
+                     "(for Chakra)")),
+    (("--out",), dict(default="traces", metavar="DIR",
+                      help="directory the capture directory is created in (default ./traces)")),
+    (("--name",), dict(default="capture", metavar="NAME",
+                       help="capture directory name: DIR/NAME-<timestamp> (default capture)")),
+    (("--gzip",), dict(action="store_true",
+                       help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)")),
+)
+
+#: ``CaptureConfig`` fields that make no sense outside a notebook cell.
+_CELL_ONLY = {"loop_line", "handle"}
+#: The option spellings that negate a field (``no_shapes=True`` = ``record_shapes=False``).
+_NEGATED = {
+    "no_shapes": "record_shapes",
+    "no_memory": "profile_memory",
+    "no_stack": "with_stack",
+    "no_memory_timeline": "memory_timeline",
+}
+
+
+def option_dests() -> list[str]:
+    """The argparse ``dest`` of each of ``OPTIONS`` (``skip_first``, ``no_shapes``, ...)."""
+    return [flags[0].lstrip("-").replace("-", "_") for flags, _ in OPTIONS]
+
+
+def config_from_options(**options: Any) -> CaptureConfig:
+    """The validated ``CaptureConfig`` for the capture options given as keywords.
+
+    Takes the field names (``record_shapes=False``) and the option spellings
+    (``no_shapes=True``) alike; ``out`` may be a string (``~`` is expanded).
+
+    Raises:
+        CaptureError: an unknown option (naming the valid ones) or an invalid value.
+    """
+    fields = {f.name for f in dataclasses.fields(CaptureConfig)} - _CELL_ONLY
+    values: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in _NEGATED:
+            values[_NEGATED[key]] = not value
+        elif key in fields:
+            values[key] = value
+        else:
+            known = ", ".join(sorted(fields | set(_NEGATED)))
+            raise CaptureError(f"tracemagic.capture: unknown option {key!r}; the options are: {known}.")
+    if "out" in values:
+        values["out"] = Path(values["out"]).expanduser()
+    return CaptureConfig(**values)
+
+
+def config_from_args(args: argparse.Namespace, **fields: Any) -> CaptureConfig:
+    """The validated ``CaptureConfig`` for ``OPTIONS`` parsed by argparse.
+
+    Args:
+        args: the parsed arguments (attributes other than ``OPTIONS``' are ignored).
+        **fields: ``CaptureConfig`` fields set by options of the caller's own
+            (the magic's ``loop_line``, ``tb_names``).
+
+    Raises:
+        CaptureError: an invalid value, naming the option.
+    """
+    config = config_from_options(**{dest: getattr(args, dest) for dest in option_dests()})
+    return dataclasses.replace(config, **fields) if fields else config

@@ -24,7 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tracemagic.capture.api import ScriptCapture, config_from_options
+from tracemagic.capture.api import ScriptCapture
+from tracemagic.capture.config import OPTIONS, config_from_args
 from tracemagic.errors import CaptureError
 
 __all__ = ["build_parser", "main"]
@@ -39,23 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a Python script under a tracemagic capture; each optimizer step is a step.",
         epilog="Under torchrun: torchrun --nproc_per_node=2 -m tracemagic run -- train.py ARGS",
     )
+    for flags, spec in OPTIONS:
+        p.add_argument(*flags, **spec)
     add = p.add_argument
-    add("--wait", type=int, default=1, metavar="N", help="schedule: steps skipped per cycle before warmup (default 1)")
-    add("--warmup", type=int, default=1, metavar="N", help="schedule: warmup steps (default 1)")
-    add("--active", type=int, default=3, metavar="N", help="schedule: steps recorded per cycle (default 3)")
-    add("--repeat", type=int, default=1, metavar="N", help="schedule: cycles to record, 0 = until the script ends (default 1)")
-    add("--skip-first", type=int, default=0, metavar="N", help="schedule: steps skipped once, first (default 0)")
-    add("--skip-first-wait", type=int, default=0, metavar="N", help="schedule: the first cycle skips its wait steps if not 0")
-    add("--cpu-only", action="store_true", help="record CPU activity only, even when CUDA is available")
-    add("--no-shapes", action="store_true", help="do not record input shapes")
-    add("--no-memory", action="store_true", help="do not record allocations")
-    add("--no-stack", action="store_true", help="no Python stacks: no nn.Module events, no layer names")
-    add("--with-flops", action="store_true", help="estimate FLOPs of matmul/conv ops")
-    add("--no-memory-timeline", action="store_true", help="skip memory_timeline_<rank>.json")
-    add("--et", action="store_true", help="also write the Execution Trace torch_et_<rank>.json (for Chakra)")
-    add("--out", default="traces", metavar="DIR", help="directory the capture directory is created in (default ./traces)")
-    add("--name", default="capture", metavar="NAME", help="capture directory name: DIR/NAME-<timestamp> (default capture)")
-    add("--gzip", action="store_true", help="write kineto_trace_<rank>.json.gz")
     add("--whole", action="store_true", help="record the whole script as one step (no optimizer-step hook)")
     add("--timeout", type=float, default=300.0, metavar="S", help="seconds rank 0 waits for the other ranks (default 300)")
     add("-q", "--quiet", action="store_true", help="print nothing but problems")
@@ -82,14 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("name the script to run: ... run [options] -- script.py [args]")
     try:
         cap = ScriptCapture(
-            config_from_options(
-                wait=args.wait, warmup=args.warmup, active=args.active, repeat=args.repeat,
-                skip_first=args.skip_first, skip_first_wait=args.skip_first_wait,
-                cpu_only=args.cpu_only, no_shapes=args.no_shapes, no_memory=args.no_memory,
-                no_stack=args.no_stack, with_flops=args.with_flops,
-                no_memory_timeline=args.no_memory_timeline, et=args.et,
-                out=args.out, name=args.name, gzip=args.gzip,
-            ),
+            config_from_args(args),
             timeout=args.timeout,
             whole=args.whole,
         )
