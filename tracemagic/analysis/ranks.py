@@ -21,7 +21,17 @@ _KERNEL_COLLECTIVE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE
 _MEANS = ("compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us")
 
 
-def _collective_events(trace: Trace) -> tuple[np.ndarray, list[str], str]:
+def _label(name: str, recorded: object, source: str) -> str:
+    """A collective's name: the recorded ``Collective name`` arg, else from the event name."""
+    if source == "kernel":
+        if isinstance(recorded, str):
+            return recorded
+        match = _KERNEL_COLLECTIVE.search(name)
+        return match.group(1) if match else name
+    return name.split(":", 1)[1] if source == "annotation" else str(recorded)
+
+
+def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, str]:
     """Rows of the collectives, their names, and which kind of event they are.
 
     The first kind present wins, so one collective is never counted twice: NCCL kernels
@@ -40,16 +50,10 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, list[str], str]:
     if not rows.size:
         rows = np.flatnonzero(host & (events["name"] == "record_param_comms").to_numpy())
         source = "record_param_comms"
-    names = events["name"].iloc[rows].to_numpy(dtype=object)
-    given = events["collective"].iloc[rows].to_numpy(dtype=object)
-    labels = []
-    for name, recorded in zip(names, given):  # one per collective: a few per step
-        if source == "kernel":
-            match = _KERNEL_COLLECTIVE.search(str(name))
-            fallback = match.group(1) if match else str(name)
-            labels.append(str(recorded) if isinstance(recorded, str) else fallback)
-        else:
-            labels.append(str(name).split(":", 1)[1] if source == "annotation" else str(recorded))
+    pairs = pd.MultiIndex.from_arrays([events["name"].iloc[rows], events["collective"].iloc[rows]])
+    codes, distinct = pd.factorize(pairs)
+    named = np.array([_label(str(name), given, source) for name, given in distinct], dtype=object)  # per distinct name
+    labels = named[codes] if codes.size else np.array([], dtype=object)
     return rows, labels, source
 
 
@@ -84,7 +88,7 @@ def collectives(trace: Trace) -> pd.DataFrame:
             "ts": ts - trace_start(trace),
             "dur": events["dur"].to_numpy()[rows],
             "arrival_us": ts - frame["start"].to_numpy()[np.maximum(window, 0)],
-            "key": [re.sub(r"[^a-z0-9]", "", label.lower()) for label in labels],
+            "key": pd.Series(labels, dtype=object).str.lower().str.replace(r"[^a-z0-9]", "", regex=True).to_numpy(),
         }
     )[window >= 0]
     out = out.sort_values(["rank", "step", "ts"], kind="stable")
