@@ -387,3 +387,24 @@ def test_trace_to_chrome_trace_keeps_the_steps_asked_for(ip, kineto_events):
     (written,) = result.result
     steps = [e["name"] for e in kineto_events(written) if str(e.get("name", "")).startswith("ProfilerStep#")]
     assert steps == ["ProfilerStep#3"]
+
+
+def test_tb_names_rank_comes_from_the_manifest_not_the_host_name(ip, monkeypatch):
+    # a host name with digits (gpu-worker-12) must not be read as rank 12
+    monkeypatch.setattr("socket.gethostname", lambda: "gpu-worker-12")
+    cap, _ = capture(ip, "--no-memory-timeline --tb-names")
+    (name,) = kineto_entries(cap)
+    assert name.startswith("gpu-worker-12_")
+    assert tracemagic.load(cap.dir, use_cache=False).ranks == [0]
+
+
+def test_load_reads_pfw_written_by_the_pfw_option(ip):
+    cap, _ = capture(ip, "--no-memory-timeline --pfw --gzip")
+    back = tracemagic.load(cap.dir / "dftracer_0.pfw.gz", use_cache=False)
+    def framework_events(events):  # ops, steps, and the nn.Module frames (.pfw keeps no other Python frames)
+        names = events["name"].astype(str)
+        keep = events["kind"].isin(("cpu_op", "user_annotation", "step")) | names.str.startswith("nn.Module: ")
+        return sorted(names[keep])
+
+    assert framework_events(back.events) == framework_events(cap.trace.events)
+    assert back.steps()["step"].tolist() == cap.trace.steps()["step"].tolist()

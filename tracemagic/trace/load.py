@@ -19,6 +19,7 @@ from tracemagic.trace import cache, normalize, parse, structure
 from tracemagic.trace.model import Trace
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.progress import Aggregate, Progress, bar_for
+from tracemagic.trace.pfw import is_pfw, pfw_to_kineto
 from tracemagic.trace.read import Source, file_source, rank_files, read_sources
 
 #: row-number columns that must be shifted when ranks are stacked
@@ -57,10 +58,10 @@ def parse_source(source: Source, recover: bool = False, progress: Progress | Non
     return _prepare(parsed)
 
 
-def _parse_path(args: tuple[str, bool]) -> ParsedTrace:
+def _parse_path(args: tuple[str, int | None, bool]) -> ParsedTrace:
     """Worker entry: parse one rank file in a child process."""
-    path, recover = args
-    return parse_source(file_source(Path(path)), recover)
+    path, rank, recover = args
+    return parse_source(file_source(Path(path), rank), recover)
 
 
 def _assign_ranks(parsed: list[ParsedTrace]) -> list[int]:
@@ -106,8 +107,8 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
     return concat(events), concat(flows)
 
 
-def _manifest(path: Path) -> tuple[dict[str, Any] | None, list[Path] | None]:
-    """A capture directory's manifest and the Kineto files it lists."""
+def _manifest(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | None] | None]:
+    """A capture directory's manifest and the Kineto files it lists, with their ranks."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         return None, None
@@ -118,23 +119,27 @@ def _manifest(path: Path) -> tuple[dict[str, Any] | None, list[Path] | None]:
     return manifest, _manifest_kineto(path, manifest.get("files"))
 
 
-def _manifest_kineto(path: Path, files: Any) -> list[Path] | None:
-    """The Kineto files a manifest lists that exist, or None (then the folder is scanned).
+def _manifest_kineto(path: Path, files: Any) -> dict[Path, int | None] | None:
+    """The Kineto files a manifest lists that exist, with the rank it gives each, or None
+    (then the folder is scanned).
 
     ``%%chakra_trace`` writes ``files: [{path, kind, rank, cycle, bytes}]`` (the Kineto
-    traces have ``kind: "kineto"``, whatever their names, e.g. ``--tb-names``); a
-    ``files: {"kineto": [names]}`` mapping is read too.
+    traces have ``kind: "kineto"``, whatever their names, e.g. ``--tb-names``, so the
+    manifest's rank is trusted over a number in the name); a ``files: {"kineto": [names]}``
+    mapping is read too.
     """
-    if isinstance(files, dict):
-        names = files.get("kineto")
+    if isinstance(files, dict) and isinstance(files.get("kineto"), list):
+        entries = [(name, None) for name in files["kineto"]]
     elif isinstance(files, list):
-        names = [e.get("path") for e in files if isinstance(e, dict) and e.get("kind") == "kineto"]
+        entries = [(e.get("path"), e.get("rank")) for e in files if isinstance(e, dict) and e.get("kind") == "kineto"]
     else:
-        names = None
-    if not isinstance(names, list):
         return None
     # plain names only: a manifest from someone else cannot point outside its folder
-    found = [path / n for n in names if isinstance(n, str) and Path(n).name == n and (path / n).is_file()]
+    found = {
+        path / name: rank if isinstance(rank, int) else None
+        for name, rank in entries
+        if isinstance(name, str) and Path(name).name == name and (path / name).is_file()
+    }
     return found or None
 
 
@@ -167,20 +172,26 @@ def load(
             byte offset), or another kind of file (an Execution Trace, a memory timeline).
     """
     path = Path(path)
-    manifest, files = (None, None)
+    manifest, listed = (None, None)
     if path.is_dir():
-        manifest, files = _manifest(path)
-        if files is None:
-            files = rank_files(path)
+        manifest, listed = _manifest(path)
+        if listed is None:
+            listed = {p: None for p in rank_files(path)}
     elif not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
+    files = list(listed) if listed is not None else None
     key = cache.key_for(path, files, recover)
     if use_cache:
         hit = cache.read(key, path, cache_dir)
         if hit is not None:
             events, flows, meta = hit
             return Trace(events, flows, meta, path=path, manifest=manifest)
-    sources = [file_source(p) for p in files] if files is not None else read_sources(path)
+    if listed is not None:
+        sources = [file_source(p, rank) for p, rank in listed.items()]
+    elif is_pfw(path.name):
+        sources = [Source.from_bytes(str(path), pfw_to_kineto(path))]
+    else:
+        sources = read_sources(path)
     total = sum(s.size for s in sources)
     callback = bar_for(progress, total, path.name)
     if files is not None:
@@ -221,7 +232,7 @@ def _parse_files(
         overall = Aggregate(callback, total) if callback is not None else None
         results: list[ParsedTrace] = []
         with ProcessPoolExecutor(max_workers=limit, mp_context=get_context("spawn")) as pool:
-            for source, parsed in zip(sources, pool.map(_parse_path, [(s.name, recover) for s in sources])):
+            for source, parsed in zip(sources, pool.map(_parse_path, [(s.name, s.rank_hint, recover) for s in sources])):
                 results.append(parsed)
                 if overall is not None:
                     overall.advance(source.size)

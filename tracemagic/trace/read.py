@@ -176,9 +176,10 @@ def rank_files(path: Path) -> list[Path]:
     return files
 
 
-def file_source(path: Path) -> Source:
-    """A source reading ``path`` from disk."""
-    return Source(str(path), lambda: open(path, "rb"), path.stat().st_size, rank_from_name(path.name))
+def file_source(path: Path, rank: int | None = None) -> Source:
+    """A source reading ``path`` from disk; its rank is ``rank`` if known, else the name's."""
+    hint = rank if rank is not None else rank_from_name(path.name)
+    return Source(str(path), lambda: open(path, "rb"), path.stat().st_size, hint)
 
 
 def read_sources(path: Path) -> list[Source]:
