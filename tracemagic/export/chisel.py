@@ -35,7 +35,6 @@ __all__ = ["DISABLE_ENV", "capture_model", "format_layer_summary", "parse_model_
 
 #: set to 1/true/yes to make ``capture_model`` a no-op
 DISABLE_ENV = "TRACEMAGIC_DISABLE"
-MODULE_PREFIX = "nn.Module: "
 _DIMS = re.compile(r"\[\d")
 T = TypeVar("T", bound=type)
 
@@ -180,14 +179,9 @@ def _shape_tuples(dims_text: Any) -> list[tuple[int, ...]]:
     return out
 
 
-def _layer_names(trace: "Trace") -> dict[str, str]:
-    """``nn.Module: Linear_0`` -> attribute path (or ``Linear_0`` without names)."""
-    names = {}
-    for key, info in trace.module_names.items():
-        path = info.get("path") if isinstance(info, dict) else None
-        if path:
-            names[key] = str(path)
-    return names
+def _entry(layer_type: str = "") -> dict[str, Any]:
+    return {"total_time_us": 0, "call_count": 0, "shapes": set(), "operations": set(),
+            "inclusive_time_us": 0, "gpu_time_us": 0, "type": layer_type}
 
 
 def parse_model_trace(trace_file: str | os.PathLike[str], model_name: str = "Unknown") -> dict[str, Any]:
@@ -201,9 +195,10 @@ def parse_model_trace(trace_file: str | os.PathLike[str], model_name: str = "Unk
         ``{"model_name", "trace_file", "layer_stats": {layer: {"total_time_us",
         "call_count", "shapes", "operations", ...}}}``: ``total_time_us`` is the layer's own
         host time (µs, int; nested layers counted only in themselves), ``shapes`` a set of
-        input-shape tuples and ``operations`` a set of op names run directly in the layer.
-        Extra keys: ``inclusive_time_us``, ``gpu_time_us``, ``type``. Time outside every
-        layer is reported under ``"(no layer)"`` when there is any.
+        input-shape tuples and ``operations`` a set of op names run in the layer (nested
+        ops included, each op in its innermost layer). Extra keys: ``inclusive_time_us``,
+        ``gpu_time_us``, ``type``. Time of the outermost ops outside every layer is
+        reported under ``"(no layer)"`` when there is any.
 
     Raises:
         TraceError: the file is missing or not a Kineto trace (Chisel returned None; a
@@ -212,66 +207,25 @@ def parse_model_trace(trace_file: str | os.PathLike[str], model_name: str = "Unk
     path = Path(trace_file)
     trace = _load(path)
     ev = trace.events
-    names = _layer_names(trace)
-    kind = ev["kind"].astype(str).to_numpy()
-    ev_names = ev["name"].astype(str).to_numpy()
-    module = ev["module"].to_numpy()
-    is_module = (kind == "python_function") & np.char.startswith(ev_names.astype(str), MODULE_PREFIX)
-
-    def layer_of(row: int) -> str:
-        key = ev_names[row]
-        return names.get(key, key[len(MODULE_PREFIX):])
-
     stats: dict[str, dict[str, Any]] = {}
-    try:
-        table = trace.layers()
-    except (ImportError, AttributeError, KeyError):  # pragma: no cover - analysis not available
-        table = None
-    if table is not None and len(table):
-        for row in table.itertuples(index=False):
-            key = str(getattr(row, "module", "") or "")
-            layer = names.get(key, str(row.layer))
-            stats[layer] = {
-                "total_time_us": int(round(float(row.fwd_self_cpu_us) + float(row.bwd_self_cpu_us))),
-                "call_count": int(row.calls),
-                "shapes": set(),
-                "operations": set(),
-                "inclusive_time_us": int(round(float(row.cpu_us))),
-                "gpu_time_us": int(round(float(row.gpu_us))),
-                "type": str(row.type),
-            }
-    else:  # self time of module events straight from the events table
-        dur = ev["dur"].to_numpy()
-        parent_module = np.where(ev["parent"].to_numpy() >= 0, module[np.maximum(ev["parent"].to_numpy(), 0)], -1)
-        for row in np.flatnonzero(is_module):
-            layer = layer_of(int(row))
-            entry = stats.setdefault(layer, {"total_time_us": 0, "call_count": 0, "shapes": set(), "operations": set(),
-                                             "inclusive_time_us": 0, "gpu_time_us": 0, "type": layer.split("_")[0]})
-            entry["call_count"] += 1
-            entry["inclusive_time_us"] += int(round(dur[row]))
-            children = np.flatnonzero(is_module & (parent_module == row))
-            entry["total_time_us"] += int(round(dur[row] - dur[children].sum()))
-    ops = np.flatnonzero(kind == "cpu_op")
-    dims = ev["input_dims"].astype(object).to_numpy()
-    op_parent = ev["parent"].to_numpy()
-    nested = np.zeros(len(ev), dtype=bool)
-    nested[ops] = np.isin(op_parent[ops], ops)
-    unattributed = 0.0
-    dur = ev["dur"].to_numpy()
-    for row in ops:
-        m = module[row]
-        if m < 0:
-            if not nested[row]:  # an outermost op outside every layer
-                unattributed += float(dur[row])
-            continue
-        layer = layer_of(int(m))
-        entry = stats.setdefault(layer, {"total_time_us": 0, "call_count": 0, "shapes": set(), "operations": set(),
-                                         "inclusive_time_us": 0, "gpu_time_us": 0, "type": ""})
-        entry["operations"].add(ev_names[row])
-        entry["shapes"].update(_shape_tuples(dims[row]))
+    for row in trace.layers().itertuples(index=False):
+        entry = stats[str(row.layer)] = _entry(str(row.type))
+        entry["total_time_us"] = int(round(float(row.self_cpu_us)))
+        entry["call_count"] = int(row.calls)
+        entry["inclusive_time_us"] = int(round(float(row.cpu_us)))
+        entry["gpu_time_us"] = int(round(float(row.gpu_us)))
+    ops = trace.ops()
+    ops = ops[(ops["kind"] == "cpu_op").to_numpy()]
+    found = ops.loc[ops["layer"].notna().to_numpy(), ["layer", "name", "input_dims"]].astype(object)
+    for name, op in found[["layer", "name"]].drop_duplicates().itertuples(index=False):  # per distinct pair
+        stats.setdefault(name, _entry())["operations"].add(str(op))
+    for name, dims in found[["layer", "input_dims"]].dropna().drop_duplicates().itertuples(index=False):
+        stats.setdefault(name, _entry())["shapes"].update(_shape_tuples(dims))
+    parent = ops["parent"].to_numpy()
+    in_op = (parent >= 0) & (ev["kind"].to_numpy()[np.maximum(parent, 0)] == "cpu_op")
+    unattributed = float(ops.loc[ops["layer"].isna().to_numpy() & ~in_op, "dur"].sum())
     if unattributed > 0 and stats:
-        stats["(no layer)"] = {"total_time_us": int(round(unattributed)), "call_count": 0, "shapes": set(),
-                               "operations": set(), "inclusive_time_us": int(round(unattributed)), "gpu_time_us": 0, "type": ""}
+        stats["(no layer)"] = _entry() | {"total_time_us": int(round(unattributed)), "inclusive_time_us": int(round(unattributed))}
     return {"model_name": model_name, "trace_file": str(trace_file), "layer_stats": stats}
 
 
