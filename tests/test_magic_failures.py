@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +211,54 @@ def test_step_call_conflicts_with_loop_option(ip):
     body = "for i in range(5):\n    chakra.step()\n"
     result, out = run(ip, "--loop 2", body)
     assert "already calls chakra.step() itself" in _usage_error(result)
+
+
+# -- atomic writes: nothing half-written under a final name ----------------------------
+def test_export_failing_mid_write_leaves_no_trace_file_and_says_so(ip, read_json, monkeypatch):
+    def half_then_fail(self: Any, path: str) -> None:
+        Path(path).write_text('{"traceEvents": [')
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", half_then_fail)
+    result, out = run(ip, "--no-memory-timeline", LOOP.format(n=5))
+    assert result.success, shown(out)
+    capture = ip.user_ns["_chakra_capture"]
+    assert sorted(p.name for p in capture.dir.iterdir()) == ["capture.json"]  # no hidden leftovers
+    assert not capture.has_trace
+    assert any("the Kineto trace was not written: disk full" in n for n in capture.manifest["notes"])
+    assert "disk full" in shown(out)
+    monkeypatch.undo()
+    assert_next_capture_works(ip, read_json)
+
+
+def test_atomic_writers_keep_the_old_file_or_none_when_the_write_fails(tmp_path):
+    from tracemagic.capture import files
+
+    target = tmp_path / "capture.json"
+    files.write_json(target, {"v": 1})
+    looped: dict[str, Any] = {"v": 2}
+    looped["self"] = looped  # json.dump fails half-way through
+    with pytest.raises(ValueError, match="Circular reference"):
+        files.write_json(target, looped)
+    assert json.loads(target.read_text()) == {"v": 1}
+    with pytest.raises(RuntimeError, match="exporter failed"):
+        files.write_with(tmp_path / "k.json.gz", _write_then_raise, gz=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.json"]
+
+
+def test_writers_sharing_a_directory_do_not_remove_each_others_staging(tmp_path):
+    # two ranks exporting into one capture directory at the same time (here: nested)
+    from tracemagic.capture import files
+
+    def outer(path: str) -> None:
+        files.write_with(tmp_path / "kineto_trace_1.json", lambda p: Path(p).write_text("[1]"))
+        Path(path).write_text("[0]")  # the staging folder must still be there
+
+    files.write_with(tmp_path / "kineto_trace_0.json.gz", outer, gz=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kineto_trace_0.json.gz", "kineto_trace_1.json"]
+    assert gzip.decompress((tmp_path / "kineto_trace_0.json.gz").read_bytes()) == b"[0]"
+
+
+def _write_then_raise(path: str) -> None:
+    Path(path).write_text("{half")
+    raise RuntimeError("exporter failed")

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -108,20 +109,17 @@ def write_json(final: Path, data: Any, gz: bool = False) -> None:
 def write_with(final: Path, write: Callable[[str], None], gz: bool = False) -> None:
     """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically.
 
-    The exporter writes into the hidden ``.partial/`` folder under the file's own name
-    (Kineto records that name as ``traceName``), and the file is moved out when done.
+    The exporter writes into a hidden staging folder of its own (``.partial-*``: ranks
+    sharing the directory never remove one another's) under the file's own name (Kineto
+    records that name as ``traceName``), and the file is moved out when done.
     """
-    staging = final.parent / ".partial"
-    staging.mkdir(exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=final.parent))
     raw = staging / (final.name[: -len(".gz")] if final.name.endswith(".gz") else final.name)
     try:
         write(str(raw))
         place(raw, final, gz=gz)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            raw.unlink()
-        with contextlib.suppress(OSError):
-            staging.rmdir()
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def place(source: Path, final: Path, gz: bool = False) -> None:
