@@ -394,3 +394,62 @@ def test_no_stack_flag_records_no_module_names(ip):
     assert "memory_timeline" not in capture.manifest  # torch needs all three to classify
     opts = capture.manifest["arguments"]["options"]
     assert (opts["with_stack"], opts["record_shapes"], opts["profile_memory"]) == (False,) * 3
+
+
+def test_no_shapes_and_no_memory_leave_their_events_out(ip, kineto_events):
+    def events_of(line: str) -> list[dict[str, Any]]:
+        result, out = run(ip, f"--no-memory-timeline {line}", TRAIN_MLP.format(n=5))
+        assert result.success, out.stdout
+        return kineto_events(ip.user_ns["_chakra_capture"].dir / "kineto_trace_0.json")
+
+    def has_shapes(events: list[dict[str, Any]]) -> bool:
+        return any("Input Dims" in e.get("args", {}) for e in events if e.get("cat") == "cpu_op")
+
+    def has_memory(events: list[dict[str, Any]]) -> bool:
+        return any(e.get("name") == "[memory]" for e in events)
+
+    default = events_of("")
+    assert has_shapes(default) and has_memory(default)
+    no_shapes = events_of("--no-shapes")
+    assert not has_shapes(no_shapes) and has_memory(no_shapes)
+    no_memory = events_of("--no-memory")
+    assert has_shapes(no_memory) and not has_memory(no_memory)
+
+
+def test_skip_first_and_skip_first_wait_move_the_recorded_steps(ip, kineto_events):
+    line = "--skip-first 1 --skip-first-wait 1 --wait 2 --warmup 1 --active 2 --no-memory-timeline"
+    result, out = run(ip, line, TRAIN_MLP.format(n=6))
+    assert result.success, out.stdout
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.manifest["schedule"] == {
+        "wait": 2, "warmup": 1, "active": 2, "repeat": 1, "skip_first": 1, "skip_first_wait": 1
+    }
+    # step 0 skipped once, no wait in the first cycle, step 1 warms up: 2 and 3 are recorded
+    assert [s["step"] for s in capture.manifest["steps"]] == [2, 3]
+    names = [e["name"] for e in step_events(kineto_events(capture.dir / "kineto_trace_0.json"))]
+    assert names == ["ProfilerStep#2", "ProfilerStep#3"]
+
+
+def test_cpu_only_records_no_device_activity(ip, kineto_events):
+    result, out = run(ip, "--cpu-only --no-memory-timeline", TRAIN_MLP.format(n=5))
+    assert result.success, out.stdout
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.manifest["arguments"]["options"]["cpu_only"] is True
+    assert capture.manifest["device"]["activities"] == ["CPU"]
+    assert capture.manifest["device"]["type"] == "cpu"
+    device_cats = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"}
+    events = kineto_events(capture.dir / "kineto_trace_0.json")
+    assert not [e for e in events if e.get("cat") in device_cats]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_is_recorded_by_default_when_available(ip, kineto_events):
+    body = TRAIN_MLP.format(n=5).replace("make_mlp()", "make_mlp().cuda()").replace(
+        "torch.randn(8, 32)", "torch.randn(8, 32, device='cuda')"
+    )
+    result, out = run(ip, "--no-memory-timeline", body)
+    assert result.success, out.stdout
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.manifest["device"]["activities"] == ["CPU", "CUDA"]
+    events = kineto_events(capture.dir / "kineto_trace_0.json")
+    assert any(e.get("cat") == "kernel" for e in events)
