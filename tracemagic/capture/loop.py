@@ -276,9 +276,7 @@ def _bracket(tree: ast.Module, loop: ast.AST) -> bool:
     """
     for index, stmt in enumerate(tree.body):
         if _contains(stmt, loop):
-            if isinstance(stmt, _DEFERRED) or any(
-                isinstance(node, _DEFERRED) and _contains(node, loop) for node in ast.walk(stmt)
-            ):
+            if any(isinstance(node, _DEFERRED) and _contains(node, loop) for node in ast.walk(stmt)):
                 return False
             tree.body[index : index + 1] = [
                 _session_call("start", stmt),

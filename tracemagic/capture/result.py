@@ -183,12 +183,6 @@ class Capture:
     def _layer_lines(self, top: int) -> list[str]:
         if not self.has_trace:
             return []
-        # The loader (tracemagic.trace) is developed alongside the capture; until it
-        # provides ``load`` the summary simply has no layer table.
-        try:
-            from tracemagic.trace import load  # noqa: F401
-        except (ImportError, AttributeError):
-            return []
         try:
             layers = self.trace.layers()
             rows = layers.sort_values("self_cpu_us", ascending=False).head(top)
@@ -239,9 +233,10 @@ def _steps_phrase(steps: list[dict[str, Any]], complete: list[dict[str, Any]]) -
     return f"{len(complete)} step{plural} recorded{tail} ({span}){per_step}"
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+def _size(n: float) -> str:
+    """``n`` bytes in B, kB, MB or GB (powers of 1000)."""
+    for unit in ("B", "kB", "MB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n} B"
+    return f"{n:.1f} GB"
