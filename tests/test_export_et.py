@@ -132,3 +132,15 @@ def test_find_et_names(tmp_path: Path) -> None:
         (tmp_path / name).write_text("{}")
     assert et.find_et(tmp_path / "kineto_trace_3.json") == tmp_path / "torch_et_3.json"
     assert et.find_et(tmp_path / "x_trace.json.gz") == tmp_path / "x_et.json.gz"
+
+
+def test_cut_off_gzip_et_is_a_trace_error_in_reader_and_check(tmp_path: Path) -> None:
+    from tracemagic.export import chakra
+
+    whole = HTA_ET.read_bytes()
+    cut = tmp_path / "torch_et_0.json.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(TraceError, match="cut off or corrupt"):
+        et.read_et(cut)
+    pair = chakra.check(cut, HTA_KINETO).pairs[0]
+    assert len(pair.problems) == 1 and "cut off or corrupt" in pair.problems[0] and str(cut) in pair.problems[0]

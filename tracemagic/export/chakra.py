@@ -20,7 +20,6 @@ get a duration.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import shlex
@@ -32,6 +31,8 @@ import msgspec
 import orjson
 
 from tracemagic.errors import TraceError
+from tracemagic.export._files import read_bytes
+from tracemagic.export.et import ROOT_NAMES, STEP_NAME
 
 __all__ = [
     "CONVERTER_SCHEMAS",
@@ -62,16 +63,9 @@ CONVERTER_SCHEMAS = (
 )
 #: top-level keys the converter copies from the (linked) trace
 REQUIRED_KEYS = ("schema", "pid", "time", "start_ts", "finish_ts", "nodes")
-ROOT_NAMES = (
-    "[pytorch|profiler|execution_trace|process]",
-    "[pytorch|profiler|execution_trace|thread]",
-    "[pytorch|profiler|execution_graph|process]",
-    "[pytorch|profiler|execution_graph|thread]",
-)
 _ET_NAME = re.compile(r"^torch_et_(\d+)\.json(\.gz)?$|^(.*?)[_.]et\.json(\.gz)?$|^host_(\d+)\.json$")
 _KINETO_NAME = re.compile(r"^kineto_trace_(\d+)(?:_cycle\d+)?\.json(\.gz)?$|^(.*?)[_.]trace\.json(\.gz)?$|^device_(\d+)\.json$")
 _RANK = re.compile(r"(?:rank|worker|_)[-_]?(\d+)(?=\D*$)")
-_STEP = re.compile(r"ProfilerStep#(\d+)")
 
 
 @dataclass
@@ -249,19 +243,9 @@ _KINETO = msgspec.json.Decoder(_Kineto)
 _KINETO_LIST = msgspec.json.Decoder(list[_Event])
 
 
-def _read_bytes(path: Path) -> tuple[bytes, bool]:
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw), True
-        except (EOFError, OSError) as exc:
-            raise TraceError(f"{path}: the gzip stream is cut off or corrupt ({exc}).", path=str(path)) from None
-    return raw, False
-
-
 def _kineto_ids(path: Path) -> tuple[dict[int, tuple[str, str]], list[int]]:
     """``Record function id`` -> (cat, name) of the Kineto trace, and its ProfilerStep numbers."""
-    data, _ = _read_bytes(path)
+    data, _ = read_bytes(path)
     try:
         events = _KINETO_LIST.decode(data) if data.lstrip()[:1] == b"[" else _KINETO.decode(data).traceEvents
     except msgspec.DecodeError as exc:
@@ -299,7 +283,7 @@ def _node_rf_id(node: dict[str, Any]) -> int | None:
 def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
     pair = ChakraPair(rank, et_path, kineto_path)
     try:
-        raw, compressed = _read_bytes(et_path)
+        raw, compressed = read_bytes(et_path)
     except TraceError as exc:
         pair.problems.append(str(exc))
         return pair
@@ -379,7 +363,7 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
             "Kineto event with their rf_id and will get no duration: the ET and the Kineto trace are not of "
             "the same steps. Record both with profile(..., execution_trace_observer=et)."
         )
-    et_steps = sorted({int(m.group(1)) for n in nodes if (m := _STEP.match(str(n.get("name", ""))))})
+    et_steps = sorted({int(m.group(1)) for n in nodes if (m := STEP_NAME.match(str(n.get("name", ""))))})
     if et_steps and steps and not set(et_steps) <= set(steps):
         pair.problems.append(f"the ET holds ProfilerStep {et_steps} but the Kineto trace {steps}: not the same steps.")
     pair.notes.append(f"ET steps {et_steps or 'none'}; Kineto steps {steps or 'none'}.")

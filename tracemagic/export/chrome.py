@@ -68,10 +68,6 @@ class _Light(msgspec.Struct, gc=False):
     args: Any = None
 
 
-class _Top(msgspec.Struct, gc=False):
-    traceEvents: list[msgspec.Raw] = []  # noqa: N815 - the JSON key
-
-
 _TOP_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS_RAW = msgspec.json.Decoder(list[msgspec.Raw])
 _LIGHT = msgspec.json.Decoder(_Light)

@@ -40,6 +40,7 @@ import orjson
 import pandas as pd
 
 from tracemagic.errors import TraceError
+from tracemagic.trace.structure import MODULE_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
@@ -98,7 +99,7 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
     names = ev["name"].astype(str).to_numpy()
     keep = np.isin(kind, kinds)
     if "python_function" in kinds:  # only the nn.Module frames: the layers
-        keep &= (kind != "python_function") | np.char.startswith(names.astype(str), "nn.Module: ")
+        keep &= (kind != "python_function") | np.char.startswith(names.astype(str), MODULE_PREFIX)
     host = str(next((m.get("host_name") for m in trace.meta.get("ranks", {}).values() if m.get("host_name")), "")) or socket.gethostname()
     hhash = zlib.crc32(host.encode()) & 0x7FFFFFFF
     memory_in = _memory_inside(trace)
@@ -155,7 +156,7 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
             if step >= 0:
                 args["step"] = step
             if module_row[r] >= 0 and kind[r] != "python_function":
-                args["module"] = module_names[module_row[r]][len("nn.Module: "):]
+                args["module"] = module_names[module_row[r]][len(MODULE_PREFIX):]
             yield orjson.dumps({
                 "id": next_id, "name": names[r], "cat": CATEGORY, "pid": pid, "tid": tid,
                 "ts": int(start[j]), "dur": int(max(end[j] - start[j], 0)), "ph": "X", "args": args,

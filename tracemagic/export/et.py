@@ -15,7 +15,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,6 +24,7 @@ import orjson
 import pandas as pd
 
 from tracemagic.errors import TraceError
+from tracemagic.export._files import read_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
@@ -37,7 +38,8 @@ ROOT_NAMES = (
     "[pytorch|profiler|execution_graph|process]",
     "[pytorch|profiler|execution_graph|thread]",
 )
-_STEP = re.compile(r"ProfilerStep#(\d+)")
+#: a ``ProfilerStep#N`` node or event name
+STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
 _RANK = re.compile(r"(?:rank|worker|_et_|et_)[-_.]?(\d+)", re.IGNORECASE)
 
 #: columns of ``ExecutionTrace.nodes`` (see ``read_et``)
@@ -69,7 +71,6 @@ class ExecutionTrace:
     meta: dict[str, Any]
     nodes: pd.DataFrame
     rank: int = 0
-    warnings: list[str] = field(default_factory=list)
 
     @property
     def schema(self) -> str:
@@ -78,12 +79,7 @@ class ExecutionTrace:
 
 
 def _load_json(path: Path) -> Any:
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError) as exc:
-            raise TraceError(f"{path}: the gzip stream is cut off or corrupt ({exc}).", path=str(path)) from None
+    raw, _ = read_bytes(path)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -164,7 +160,7 @@ def _steps_of(nodes: pd.DataFrame) -> np.ndarray:
     """The ``ProfilerStep#N`` enclosing each node (-1 outside any)."""
     index = {int(i): k for k, i in enumerate(nodes["id"].to_numpy())}
     parents = nodes["parent"].to_numpy()
-    own = np.array([int(m.group(1)) if (m := _STEP.match(n)) else -1 for n in nodes["name"]], dtype=np.int64)
+    own = np.array([int(m.group(1)) if (m := STEP_NAME.match(n)) else -1 for n in nodes["name"]], dtype=np.int64)
     step = own.copy()
     # walk up: ids are assigned on entry, so a parent's id is smaller; resolve in id order
     order = np.argsort(nodes["id"].to_numpy(), kind="stable")
