@@ -168,7 +168,7 @@ def _trim(keep: np.ndarray, dur: np.ndarray, cats: np.ndarray, max_events: int) 
 
 def _step_windows(trace: "Trace", rank: int, steps: Iterable[int]) -> list[tuple[float, float]]:
     ev = trace.events
-    sel = (ev["rank"].to_numpy() == rank) & (ev["kind"].astype(str).to_numpy() == "step")
+    sel = (ev["rank"].to_numpy() == rank) & (ev["kind"] == "step").to_numpy()
     rows = np.flatnonzero(sel)
     numbers = ev["step"].to_numpy()[rows]
     wanted = set(int(s) for s in steps)
@@ -187,7 +187,7 @@ def _steps_that_fit(trace: "Trace", rank: int, max_events: int) -> list[int] | N
     ev = trace.events
     mine = ev["rank"].to_numpy() == rank
     step = ev["step"].to_numpy()[mine]
-    numbers = sorted(set(int(s) for s in step[ev["kind"].astype(str).to_numpy()[mine] == "step"]))
+    numbers = sorted(set(int(s) for s in step[(ev["kind"] == "step").to_numpy()[mine]]))
     if not numbers:
         return None
     counts = {int(k): int(v) for k, v in zip(*np.unique(step[step >= 0], return_counts=True))}

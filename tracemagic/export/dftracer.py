@@ -112,7 +112,6 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
     obj = {c: ev[c].astype(object).to_numpy() for c in (
         "cat", "pid", "tid", "device", "stream", "rf_id", "external_id", "correlation", "bytes",
         "total_allocated", "total_reserved", "input_dims", "input_type", "seq", "flops")}
-    module_names = ev["name"].astype(str).to_numpy()
     module_row = ev["module"].to_numpy()
     for rank in sorted(set(cols["rank"][keep].tolist())):
         offset = wall_clock_offset_us(trace, rank) if offset_us is None else float(offset_us)
@@ -156,7 +155,7 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
             if step >= 0:
                 args["step"] = step
             if module_row[r] >= 0 and kind[r] != "python_function":
-                args["module"] = module_names[module_row[r]][len(MODULE_PREFIX):]
+                args["module"] = names[module_row[r]][len(MODULE_PREFIX):]
             yield orjson.dumps({
                 "id": next_id, "name": names[r], "cat": CATEGORY, "pid": pid, "tid": tid,
                 "ts": int(start[j]), "dur": int(max(end[j] - start[j], 0)), "ph": "X", "args": args,
