@@ -262,3 +262,23 @@ def test_writers_sharing_a_directory_do_not_remove_each_others_staging(tmp_path)
 def _write_then_raise(path: str) -> None:
     Path(path).write_text("{half")
     raise RuntimeError("exporter failed")
+
+
+def test_manifest_bookkeeping_failure_never_hides_the_users_exception(ip, read_json, monkeypatch):
+    from tracemagic.capture import session
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("naming failed")
+
+    monkeypatch.setattr(session, "module_map", broken)
+    result, out = run(ip, "--no-memory-timeline --wait 0", RAISE_AT_5)
+    assert isinstance(result.error_in_exec, ValueError)  # the cell's own error, not ours
+    assert_nothing_left_running()
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "partial"
+    assert capture.manifest["error"] == {"type": "ValueError", "message": "bad batch"}
+    assert any("capture.json is incomplete (RuntimeError: naming failed)" in n
+               for n in capture.manifest["notes"])
+    assert read_json(capture.dir / "capture.json")["status"] == "partial"
+    monkeypatch.undo()
+    assert_next_capture_works(ip, read_json)

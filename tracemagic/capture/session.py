@@ -283,7 +283,16 @@ class CaptureSession:
         if error is not None:
             self._notes.insert(0, self._error_note(error))
         self._notes.extend(self._schedule_notes(error))
-        manifest = self._manifest(self._status(error), error)
+        status = self._status(error)
+        try:
+            manifest = self._manifest(status, error)
+        except Exception as exc:  # noqa: BLE001 - never lose the cell's own error to bookkeeping
+            manifest = self._base_manifest(status)
+            manifest.update(
+                files=[{"path": files.MANIFEST, "kind": "manifest"}],
+                notes=[*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
+                error=_error_entry(error),
+            )
         assert self.dir is not None
         try:
             self._write_manifest(manifest=manifest)
@@ -460,7 +469,7 @@ class CaptureSession:
             files=entries,
             modules=first,
             notes=list(self._notes),
-            error=None if error is None else {"type": type(error).__name__, "message": str(error)},
+            error=_error_entry(error),
         )
         if any(m != first for m in maps.values()):
             manifest["modules_by_file"] = maps
@@ -501,6 +510,11 @@ class CaptureSession:
         assert self.dir is not None
         data = manifest if manifest is not None else self._base_manifest(status)
         files.write_json(self.dir / files.MANIFEST, json.loads(json.dumps(data, default=str)))
+
+
+def _error_entry(error: BaseException | None) -> dict[str, str] | None:
+    """The manifest's ``error``: the cell's exception type and message, or None."""
+    return None if error is None else {"type": type(error).__name__, "message": str(error)}
 
 
 def _rank_and_world() -> tuple[int, int]:
