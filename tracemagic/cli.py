@@ -7,7 +7,6 @@ status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import shutil
 import sys
@@ -20,45 +19,8 @@ from tracemagic.errors import TracemagicError
 
 #: exit status for bad input
 EXIT_USAGE = 2
-#: files larger than this announce their load on stderr
+#: loads of this many bytes or more show progress on stderr
 LARGE_BYTES = 20 * 2**20
-
-
-class _Progress:
-    """Load progress on stderr: one line when the load starts, percentages if the loader
-    reports them (``progress=`` callback) and stderr is a terminal."""
-
-    def __init__(self, path: Path, quiet: bool) -> None:
-        self.path = path
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self.started = time.monotonic()
-        self.shown = False
-
-    def start(self) -> None:
-        size = _size(self.path)
-        if not self.quiet and size >= LARGE_BYTES:
-            print(f"loading {self.path} ({size / 2**20:,.0f} MiB)…", file=sys.stderr, flush=True)
-            self.shown = True
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        """Accepts ``(done, total)`` or ``(fraction,)`` and keyword forms of them."""
-        if self.quiet or not self.tty:
-            return
-        done = kwargs.get("done", args[0] if args else None)
-        total = kwargs.get("total", args[1] if len(args) > 1 else None)
-        try:
-            fraction = float(done) / float(total) if total else float(done)
-        except (TypeError, ValueError, ZeroDivisionError):
-            return
-        if 0 <= fraction <= 1:
-            print(f"\rloading {self.path.name}: {100 * fraction:3.0f}%", end="", file=sys.stderr, flush=True)
-            self.shown = True
-
-    def done(self) -> None:
-        if self.shown and not self.quiet:
-            end = "\n" if self.tty else ""
-            print(f"{end}loaded {self.path.name} in {time.monotonic() - self.started:.1f} s", file=sys.stderr, flush=True)
 
 
 def _size(path: Path) -> int:
@@ -71,24 +33,25 @@ def _size(path: Path) -> int:
 
 
 def _load(path: str, args: argparse.Namespace) -> Any:
-    """``tracemagic.load`` with progress; a missing path is a clear error."""
+    """``tracemagic.load`` of ``path``; a missing path is a clear error.
+
+    A load of ``LARGE_BYTES`` or more shows progress on stderr (unless ``--quiet``): the
+    loader's own bar on a terminal, else a line when it starts and one when it ends.
+    """
     import tracemagic
 
     target = Path(path).expanduser()
     if not target.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
-    progress = _Progress(target, getattr(args, "quiet", False))
-    progress.start()
-    kwargs: dict[str, Any] = {}
-    params = inspect.signature(tracemagic.load).parameters
-    if "progress" in params:
-        kwargs["progress"] = progress
-    if getattr(args, "recover", False):
-        kwargs["recover"] = True
-    if getattr(args, "no_cache", False) and "use_cache" in params:
-        kwargs["use_cache"] = False
-    trace = tracemagic.load(target, **kwargs)
-    progress.done()
+    size = _size(target)
+    large = not args.quiet and size >= LARGE_BYTES
+    tty = sys.stderr.isatty()
+    if large and not tty:
+        print(f"loading {target} ({size / 2**20:,.0f} MiB)…", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    trace = tracemagic.load(target, progress=large and tty, recover=args.recover, use_cache=not args.no_cache)
+    if large and not tty:
+        print(f"loaded {target.name} in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     return trace
 
 
