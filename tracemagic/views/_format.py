@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Any, Iterable
 
 import numpy as np
@@ -93,3 +94,46 @@ def shorten(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters with an ellipsis."""
     text = str(text)
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+_NAMESPACE = re.compile(r"(?:\(anonymous namespace\)|[A-Za-z_]\w*)::")
+
+
+def kernel_label(name: str, limit: int = 60) -> str:
+    """A GPU kernel's name short enough for a chart label or a terminal column: the
+    ``void`` return type, the argument list and namespaces dropped, template arguments
+    kept (they tell instances apart): ``void at::native::vectorized_elementwise_kernel<4,
+    at::native::CUDAFunctor_add<float>, ...>(int, ...)`` becomes
+    ``vectorized_elementwise_kernel<4, CUDAFunctor_add<float>, ...>``. Names that are not
+    C++ signatures (``Memcpy DtoD (Device -> Device)``, mangled names) are only cut."""
+    text = str(name).strip()
+    if text.startswith("void "):
+        text = text[5:]
+        depth = 0
+        for i, char in enumerate(text):
+            if char == "<":
+                depth += 1
+            elif char == ">":
+                depth -= 1
+            elif char == "(" and depth == 0 and i:
+                text = text[:i]
+                break
+        text = _NAMESPACE.sub("", text)
+    elif re.fullmatch(r"[A-Za-z_]\w*\(.*\)", text, flags=re.S):  # a C function: ncclKernel_...(ncclDevComm*, ...)
+        text = text[: text.index("(")]
+    return shorten(text, limit)
+
+
+def unique_labels(labels: Iterable[str]) -> list[str]:
+    """``labels`` made distinct for a category axis, the first of each left as it is and
+    the repeats numbered (``name (2)``), so bars whose shortened labels coincide stay apart."""
+    seen: set[str] = set()
+    out = []
+    for label in labels:
+        candidate, n = label, 1
+        while candidate in seen:
+            n += 1
+            candidate = f"{label} ({n})"
+        seen.add(candidate)
+        out.append(candidate)
+    return out

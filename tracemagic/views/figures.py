@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tracemagic.views import tables
-from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, shorten, unit_divisor
+from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, kernel_label, shorten, unique_labels, unit_divisor
 
 TEMPLATE = "plotly_white"
 #: colors of the step parts (``tables.STEP_PARTS`` order)
@@ -92,7 +92,7 @@ def step_breakdown(steps: pd.DataFrame, *, unit: str = "ms", rank: int | None = 
     steps = steps.sort_values(["rank", "step"] if "rank" in steps else ["step"])
     labels = _step_labels(steps)
     fig = go.Figure()
-    for column, name in tables.STEP_PARTS.items():
+    for column, name in tables.part_names(steps).items():
         if column not in steps or not (steps[column] > 0).any():
             continue
         values = steps[column].to_numpy(dtype=float) / div
@@ -159,23 +159,8 @@ def layers_tree(
     title = f"Layers by {metric.upper()} time"
     if layers.empty:
         return empty("No layers: record with with_stack=True to see nn.Module names.", title)
-    if "rank" in layers:
-        rank = int(layers["rank"].min()) if rank is None else rank
-        layers = layers[layers["rank"] == rank]
     total_col, self_col = f"{metric}_us", f"self_{metric}_us"
-    frame = layers.assign(layer=layers["layer"].astype(str), parent=layers["parent"].astype("string").fillna("").astype(str))
-    frame = frame.drop_duplicates("layer")
-    known = set(frame["layer"])
-    frame.loc[~frame["parent"].isin(known), "parent"] = ""
-    if len(frame) > max_nodes:
-        keep = set(frame.nlargest(max_nodes, total_col)["layer"])
-        parents = dict(zip(frame["layer"], frame["parent"]))
-        for name in list(keep):
-            p = parents.get(name, "")
-            while p and p not in keep:
-                keep.add(p)
-                p = parents.get(p, "")
-        frame = frame[frame["layer"].isin(keep)]
+    frame, _ = tables.layer_hierarchy(layers, by=total_col, rank=rank, max_nodes=max_nodes)
     div = unit_divisor(unit)
     ids = esc_all(frame["layer"])
     labels = [esc(shorten(name.rsplit(".", 1)[-1] or name, 40)) for name in frame["layer"]]
@@ -196,6 +181,7 @@ def layers_tree(
             hovertemplate=f"%{{customdata[0]}} (%{{customdata[1]}})<br>total %{{customdata[2]:.3f}} {unit}"
             f"<br>self %{{customdata[3]:.3f}} {unit}<br>%{{customdata[4]}} calls<extra></extra>",
             maxdepth=6,
+            root={"color": "#e8e8e8"},
         )
     )
     return _layout(fig, title, height=520)
@@ -591,7 +577,7 @@ def memory_timeline(
                 continue
             layer_names = part["layer"].astype(str).tolist()
             fig.add_bar(
-                orientation="h", name=f"layer {phase}", legendgroup="layers",
+                orientation="h", name=f"layer {phase}", showlegend=False,
                 y=[phase] * len(part), base=part["ts"].to_numpy(dtype=float) / div,
                 x=part["dur"].to_numpy(dtype=float) / div,
                 marker={"color": [color[n] for n in layer_names], "opacity": 0.85 if phase == "forward" else 0.55,
@@ -603,6 +589,11 @@ def memory_timeline(
                 hovertemplate=f"%{{customdata[0]}} ({phase})<br>%{{customdata[1]:.3f}} {unit}<extra></extra>",
                 row=2, col=1,
             )
+        # the legend keys the colors, which are per layer (the lane's rows are the phases)
+        for name in names[:len(LAYER_COLORS)]:
+            fig.add_bar(orientation="h", name=esc(shorten(name.rsplit(".", 1)[-1], 24)), x=[None], y=["forward"],
+                        marker={"color": color[name]}, hoverinfo="skip", legendgroup="layers",
+                        legendgrouptitle={"text": "layers"} if name == names[0] else None, row=2, col=1)
         fig.update_layout(barmode="overlay", uniformtext={"minsize": 8, "mode": "hide"})
         fig.update_yaxes(categoryorder="array", categoryarray=["forward", "backward"], autorange="reversed",
                          row=2, col=1, showgrid=False, title_text="layers")
@@ -690,11 +681,12 @@ def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric:
     if shapes.empty:
         return empty("No input shapes: record with record_shapes=True.", title)
     div = unit_divisor(unit)
-    table = shapes.sort_values(metric, ascending=False, kind="stable").head(top).iloc[::-1]
-    labels = [
-        esc(shorten(f"{n} {d}", 70)) + f" #{i}"
-        for i, (n, d) in enumerate(zip(table["name"].astype(str), table["input_dims"].astype("string").fillna("")))
-    ]
+    table = shapes.sort_values(metric, ascending=False, kind="stable").head(top)
+    labels = unique_labels(
+        esc(shorten(f"{n} {d}".strip(), 70))
+        for n, d in zip(table["name"].astype(str), table["input_dims"].astype("string").fillna(""))
+    )[::-1]
+    table = table.iloc[::-1]
     flops = table["tflops_per_s"].astype(float).fillna(0.0) if "tflops_per_s" in table else pd.Series(0.0, index=table.index)
     fig = go.Figure(
         go.Bar(
@@ -722,12 +714,15 @@ def top_kernels_bar(kernels: pd.DataFrame, *, top: int = 15, by_op: bool = False
     if table.empty:
         return empty("No GPU kernels in this trace.", title)
     div = unit_divisor(unit)
+    names = [(kernel_label(n, 50 if by_op else 60) if k == "kernel" else shorten(n, 60))
+             + (f" ← {shorten(o, 30)}" if by_op and o else "")
+             for n, k, o in zip(table["name"], table["kind"], table.get("op", [""] * len(table)))]
+    labels = unique_labels(esc(n) for n in names)[::-1]
     table = table.iloc[::-1]
-    names = [shorten(n, 60) + (f" ← {shorten(o, 30)}" if by_op and o else "") for n, o in zip(table["name"], table.get("op", [""] * len(table)))]
     fig = go.Figure(
         go.Bar(
             orientation="h",
-            y=[esc(n) + f" #{i}" for i, n in enumerate(names)],
+            y=labels,
             x=table["total_us"].to_numpy(dtype=float) / div,
             marker_color=[KIND_COLORS.get(k, "#2ca02c") for k in table["kind"]],
             customdata=np.stack([esc_all(table["name"]), table["calls"].astype(int), table["pct"]], axis=-1),
@@ -739,33 +734,32 @@ def top_kernels_bar(kernels: pd.DataFrame, *, top: int = 15, by_op: bool = False
 
 
 # -- Ranks ------------------------------------------------------------------------------------
-RANK_PARTS = {"compute_us": "compute", "comm_us": "communication", "memcpy_us": "memcpy", "idle_us": "idle"}
-
-
 def rank_breakdown(ranks: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
-    """Stacked bar per rank of mean step time (compute, communication, memcpy, idle), the
-    slowest rank labelled and outlined."""
+    """Stacked bar per rank of the mean step's parts (the same parts and colors as
+    :func:`step_breakdown`), the straggler (``slowest``: the rank the others wait for,
+    often the one with the *shortest* step) labelled."""
     title = "Per-rank breakdown (mean step)"
     if ranks.empty:
         return empty("No ranks.", title)
     div = unit_divisor(unit)
     ranks = ranks.sort_values("rank")
     slow = ranks["slowest"].astype(bool).to_numpy() if "slowest" in ranks else np.zeros(len(ranks), bool)
-    labels = [f"rank {int(r)}" + (" (slowest)" if s else "") for r, s in zip(ranks["rank"], slow)]
+    labels = [f"rank {int(r)}" + (" (straggler)" if s else "") for r, s in zip(ranks["rank"], slow)]
     fig = go.Figure()
-    for column, name in RANK_PARTS.items():
-        if column in ranks:
+    parts = tables.part_names(ranks)
+    for column, name in parts.items():
+        if column in ranks and (ranks[column] > 0).any():
             fig.add_bar(name=name, x=labels, y=ranks[column].to_numpy(dtype=float) / div, marker_color=PART_COLORS[column],
                         hovertemplate=f"%{{x}}<br>{name} %{{y:.3f}} {unit}<extra></extra>")
-    other = ranks["step_us"] - sum(ranks[c] for c in RANK_PARTS if c in ranks)
+    other = ranks["step_us"] - sum(ranks[c] for c in parts if c in ranks)
     if (other > 1e-6 * ranks["step_us"].abs().max()).any():
-        fig.add_bar(name="other", x=labels, y=np.maximum(other.to_numpy(dtype=float), 0) / div, marker_color="#1f77b4",
+        fig.add_bar(name="other", x=labels, y=np.maximum(other.to_numpy(dtype=float), 0) / div, marker_color="#7f7f7f",
                     hovertemplate=f"%{{x}}<br>other %{{y:.3f}} {unit}<extra></extra>")
     fig.update_layout(barmode="stack")
     for label, is_slow, total in zip(labels, slow, ranks["step_us"]):
         if is_slow:
-            fig.add_annotation(x=label, y=float(total) / div, text="slowest", showarrow=True, arrowhead=2, ay=-30,
-                               font={"color": "#d62728"})
+            fig.add_annotation(x=label, y=float(total) / div, text="the others wait for it", showarrow=True, arrowhead=2,
+                               ay=-30, font={"color": "#d62728"})
     return _layout(fig, title, "rank", f"mean step time ({unit})")
 
 
@@ -916,11 +910,11 @@ def op_graph(
 def diff_bars(diff: pd.DataFrame, *, level: str = "op", top: int = 20, unit: str = "ms") -> go.Figure:
     """Horizontal bars of the ``top`` changes (by |delta|) between two traces at ``level``."""
     title = f"Biggest changes by {level} (B − A)"
-    frame = diff[diff["level"] == level] if "level" in diff else diff
+    frame = tables.biggest_changes(diff, level, top)
     if frame.empty:
         return empty("Nothing to compare at this level.", title)
     div = unit_divisor(unit)
-    frame = frame.reindex(frame["delta_us"].abs().sort_values(ascending=False, kind="stable").index).head(top).iloc[::-1]
+    frame = frame.iloc[::-1]
     fig = go.Figure()
     for status, group in frame.groupby("status", sort=False):
         fig.add_bar(
