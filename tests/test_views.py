@@ -258,8 +258,10 @@ def test_kernel_rank_shapes_and_diff_figures() -> None:
                           "comm_us": [20.0, 70, 30], "memcpy_us": [5.0, 5, 5], "idle_us": [15.0, 15, 15],
                           "overlap_pct": 0.0, "slowest": [False, True, False]})
     fig = figures.rank_breakdown(ranks)
-    assert list(fig.data[0].x) == ["rank 0", "rank 1 (slowest)", "rank 2"]
-    assert any(a.text == "slowest" for a in fig.layout.annotations)
+    assert list(fig.data[0].x) == ["rank 0", "rank 1 (straggler)", "rank 2"]
+    assert any(a.text == "the others wait for it" for a in fig.layout.annotations)
+    # the same parts, names and colors as the step breakdown
+    assert [t.name for t in fig.data] == ["GPU kernels", "communication", "memcpy", "idle"]
     heat = figures.rank_step_heatmap(make_steps(3, ranks=2)).data[0]
     assert np.asarray(heat.z).shape == (2, 3)
 
@@ -275,6 +277,41 @@ def test_kernel_rank_shapes_and_diff_figures() -> None:
     fig = figures.diff_bars(diff, level="op", top=2)
     assert sorted(t.name for t in fig.data) == ["faster", "slower"]
     assert fig.layout.xaxis.title.text == "change in time (ms)"
+
+
+def test_bar_labels_are_readable_and_distinct() -> None:
+    from tracemagic.views._format import kernel_label
+
+    assert kernel_label("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+                        "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+                        200) == "vectorized_elementwise_kernel<4, CUDAFunctor_add<float>, Array<char*, 3> >"
+    assert kernel_label("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)") == \
+        "ncclKernel_AllReduce_RING_LL_Sum_float"
+    assert kernel_label("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD (Device -> Device)"
+    # two kernels whose short labels coincide stay two bars; no other label is numbered
+    kernels = make_kernels(40).assign(kind="kernel", name=[f"void ns::k<{'x' * 80}{i % 2}>(int)" for i in range(40)])
+    (bar,) = figures.top_kernels_bar(kernels, top=5).data
+    assert len(set(bar.y)) == len(bar.y) == 2
+    assert [y.endswith(" (2)") for y in bar.y] == [True, False]  # drawn bottom-up: the heavier one is plain
+    shapes = pd.DataFrame({"rank": 0, "name": ["aten::mm", "aten::add"], "input_dims": ["[[2, 3], [3, 4]]", ""],
+                           "input_type": "", "calls": 1, "total_us": [30.0, 5.0]})
+    assert list(figures.shapes_bar(shapes).data[0].y) == ["aten::add", "aten::mm [[2, 3], [3, 4]]"]
+
+
+def test_layers_table_lists_parents_before_children() -> None:
+    layers = pd.DataFrame({"rank": 0, "layer": ["Sequential_0", "Linear_0", "ReLU_0", "Linear_1"],
+                           "parent": [None, "Sequential_0", "Sequential_0", "Sequential_0"]})
+    assert list(tables.layers_table(layers)["layer"]) == ["Sequential_0", "Linear_0", "ReLU_0", "Linear_1"]
+    shuffled = make_layers().iloc[[4, 2, 0, 3, 1]]  # model.head, model.enc.0, model, model.enc.1, model.enc
+    assert list(tables.layers_table(shuffled)["layer"]) == ["model", "model.head", "model.enc", "model.enc.0", "model.enc.1"]
+
+
+def test_cpu_only_steps_name_host_time_cpu_ops() -> None:
+    steps = make_steps()
+    steps[list(tables.GPU_PARTS)] = 0.0
+    names = [t.name for t in figures.step_breakdown(steps).data]
+    assert "CPU ops" in names and "CPU (GPU idle)" not in names
+    assert "CPU (GPU idle)" in [t.name for t in figures.step_breakdown(make_steps()).data]
 
 
 # -- the text summary -----------------------------------------------------------------------
@@ -359,12 +396,12 @@ def test_overview_figure_values_equal_the_steps_table(any_trace: Any) -> None:
         return
     y = {t["name"]: np.asarray(t["y"], float) for t in as_dict(fig)["data"]}
     np.testing.assert_allclose(y["GPU kernels"] if "GPU kernels" in y else y[next(iter(y))],
-                               steps["compute_us" if "GPU kernels" in y else _col(next(iter(y)))].to_numpy() / 1000)
+                               steps["compute_us" if "GPU kernels" in y else _col(next(iter(y)), steps)].to_numpy() / 1000)
     np.testing.assert_allclose(np.sum(list(y.values()), axis=0), steps["dur"].to_numpy() / 1000, rtol=1e-6, atol=1e-6)
 
 
-def _col(name: str) -> str:
-    return {v: k for k, v in tables.STEP_PARTS.items()}[name]
+def _col(name: str, steps: pd.DataFrame) -> str:
+    return {v: k for k, v in tables.part_names(steps).items()}[name]
 
 
 def figures_decode(values: Any) -> Any:
@@ -492,6 +529,13 @@ def test_recommendations_from_numbers() -> None:
     assert any(t.startswith("aten::copy_ is") and "of CPU time" in t for t in tips)
     ranks = pd.DataFrame({"rank": [0, 1, 2], "step_us": [100.0, 140.0, 100.0]})
     assert any(t.startswith("Rank 1 is 40% slower") for t in recommendations(steps, ops, None, None, ranks))
+    # with collective waits, the straggler is the rank the others wait for, not the longest step
+    ranks = pd.DataFrame({"rank": [0, 1, 2], "step_us": [100.0, 140.0, 90.0], "wait_us": [20.0, 50.0, 2.0],
+                          "slowest": [False, False, True]})
+    (late,) = [t for t in recommendations(steps, ops, None, None, ranks) if t.startswith("Rank")]
+    assert late.startswith("Rank 2 is the straggler")
+    # the others' median wait 35 µs against its 2 µs: 33 µs of the 100 µs median step
+    assert "(35 µs per step for the median rank, 2 µs for rank 2, 33% of the median step)" in late
     # a GPU idle most of the step is reported with its share
     idle = make_steps()
     idle[["compute_us", "comm_us", "memcpy_us"]] = 0.0

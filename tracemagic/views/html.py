@@ -9,7 +9,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from tracemagic.views._format import esc, fmt_cell
+from tracemagic.views import tables
+from tracemagic.views._format import esc, fmt_cell, shorten, unit_divisor
 
 CSS = """
 .tm-table{border-collapse:collapse;font:12px/1.35 system-ui,sans-serif;margin:4px 0}
@@ -72,7 +73,7 @@ TREE_CSS = """
 .tm-tree{font:12px/1.4 system-ui,sans-serif;border:1px solid #eee;max-height:520px;overflow:auto;min-width:420px}
 .tm-tree details>summary{list-style:none;cursor:pointer}
 .tm-tree details>summary::-webkit-details-marker{display:none}
-.tm-tree .tm-row{display:grid;grid-template-columns:minmax(14em,1fr) repeat(5,6.5em);gap:0 6px;padding:1px 6px;
+.tm-tree .tm-row{display:grid;grid-template-columns:minmax(9em,1fr) repeat(5,5.5em);gap:0 6px;padding:1px 6px;
   border-bottom:1px solid #f0f0f0;white-space:nowrap}
 .tm-tree .tm-row>span{overflow:hidden;text-overflow:ellipsis;text-align:right}
 .tm-tree .tm-row>span.tm-name{text-align:left}
@@ -107,29 +108,11 @@ def layer_tree(
         max_nodes: the most layers listed.
         open_depth: levels open at first (0: all collapsed).
     """
-    from tracemagic.views._format import shorten, unit_divisor
-
     if layers is None or layers.empty:
         return '<div class="tm-tree"><i>no layers: record with with_stack=True to see nn.Module names</i></div>'
-    if "rank" in layers:
-        layers = layers[layers["rank"] == (int(layers["rank"].min()) if rank is None else rank)]
     total_col, self_col = f"{metric}_us", f"self_{metric}_us"
     fwd_col, bwd_col = f"fwd_{metric}_us", f"bwd_{metric}_us"
-    frame = layers.assign(layer=layers["layer"].astype(str),
-                          parent=layers["parent"].astype("string").fillna("").astype(str)).drop_duplicates("layer")
-    known = set(frame["layer"])
-    frame.loc[~frame["parent"].isin(known), "parent"] = ""
-    dropped = 0
-    if len(frame) > max_nodes:
-        keep = set(frame.nlargest(max_nodes, total_col)["layer"])
-        parents = dict(zip(frame["layer"], frame["parent"]))
-        for name in list(keep):
-            p = parents.get(name, "")
-            while p and p not in keep:
-                keep.add(p)
-                p = parents.get(p, "")
-        dropped = len(frame) - len(keep)
-        frame = frame[frame["layer"].isin(keep)]
+    frame, dropped = tables.layer_hierarchy(layers, by=total_col, rank=rank, max_nodes=max_nodes)
     div = unit_divisor(unit)
     children: dict[str, list[dict]] = {}
     for record in frame.sort_values(total_col, ascending=False, kind="stable").to_dict("records"):

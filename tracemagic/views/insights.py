@@ -45,6 +45,7 @@ def recommendations(
         limit: the most recommendations returned.
     """
     found: list[tuple[float, str]] = []  # (weight, text)
+    dataloader_said = False
     has_gpu = kernels is not None and not kernels.empty
     if not steps.empty and float(steps["dur"].sum()) > 0:
         mean = tables.step_means(steps)
@@ -63,6 +64,7 @@ def recommendations(
                 found.append((share["comm_us"], f"Communication takes {fmt_pct(share['comm_us'])} of the step: "
                                                 "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent."))
         if share["dataloader_us"] >= 0.1:
+            dataloader_said = True
             found.append((share["dataloader_us"] + 0.05, f"DataLoader takes {fmt_pct(share['dataloader_us'])} of the "
                                                          "step: raise num_workers, use pin_memory and persistent_workers."))
         durs = steps["dur"].astype(float)
@@ -75,7 +77,7 @@ def recommendations(
     if not top.empty and float(top["self_us"].sum()) > 0:
         first = top.iloc[0]
         pct = float(first["self_pct"]) / 100
-        if pct >= 0.2:
+        if pct >= 0.2 and not (dataloader_said and "DataLoader" in str(first["name"])):  # said already
             advice = OP_ADVICE.get(str(first["name"]), "look at its callers in the Layers and Timeline tabs")
             found.append((pct * 0.9, f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time "
                                      f"({int(first['calls']):,} calls): {advice}."))
@@ -85,12 +87,9 @@ def recommendations(
         if len(kern) / n_steps >= 1000 and float(kern["dur"].mean()) < 10:
             found.append((0.3, f"{len(kern) // n_steps:,} kernels per step averaging {fmt_time(float(kern['dur'].mean()))}: "
                                "launch overhead dominates; fuse with torch.compile or CUDA graphs."))
-    if ranks is not None and len(ranks) > 1 and float(ranks["step_us"].median()) > 0:
-        worst = ranks.loc[ranks["step_us"].idxmax()]
-        excess = float(worst["step_us"]) / float(ranks["step_us"].median()) - 1
-        if excess >= 0.05:
-            found.append((excess + 0.1, f"Rank {int(worst['rank'])} is {fmt_pct(excess)} slower than the median rank: "
-                                        "the others wait for it at each collective; check its data and placement."))
+    late = straggler(ranks) if ranks is not None else None
+    if late is not None and late[0] >= 0.05:
+        found.append((late[0] + 0.1, f"{late[1]}; check its data, placement and load balance."))
     if memory is not None and not memory.empty:
         peaks = tables.peak_memory(memory)
         gpu = peaks[peaks["device"].astype(str) != "cpu"]
@@ -109,12 +108,45 @@ def recommendations(
     return [text for _, text in found[:limit]]
 
 
+def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
+    """The rank the others wait for, from ``trace.ranks_table()``: (its cost as a share of
+    the median step, a sentence saying so), or None for fewer than two ranks.
+
+    Where collectives were matched across ranks (``wait_us``), the straggler is the rank
+    marked ``slowest`` (it waits least: it arrives last) and its cost is how much longer
+    the others wait; its own step is often the *shortest*, since waiting makes a step
+    long. Without that, the rank with the longest mean step.
+    """
+    if len(ranks) < 2 or not float(ranks["step_us"].median()) > 0:
+        return None
+    median_step = float(ranks["step_us"].median())
+    waits = ranks["wait_us"].astype(float) if "wait_us" in ranks else pd.Series(float("nan"), index=ranks.index)
+    if "slowest" in ranks and ranks["slowest"].astype(bool).any() and waits.notna().sum() >= 2:
+        late = ranks[ranks["slowest"].astype(bool)].iloc[0]
+        others = float(waits.drop(late.name).median())
+        its = float(waits[late.name]) if pd.notna(waits[late.name]) else 0.0
+        cost = max(others - its, 0.0) / median_step
+        return cost, (f"Rank {int(late['rank'])} is the straggler: the other ranks wait for it in collectives "
+                      f"({fmt_time(others)} per step for the median rank, {fmt_time(its)} for rank {int(late['rank'])}, "
+                      f"{fmt_pct(cost)} of the median step)")
+    worst = ranks.loc[ranks["step_us"].idxmax()]
+    excess = float(worst["step_us"]) / median_step - 1
+    return excess, (f"Rank {int(worst['rank'])} is {fmt_pct(excess)} slower than the median rank: the others wait for "
+                    "it at each collective")
+
+
 def facts(data: TraceData) -> list[tuple[str, str]]:
     """Headline (label, value) pairs for the Overview: devices, ranks, steps, step time,
     GPU busy share, peak memory, events."""
     out: list[tuple[str, str]] = [("trace", data.name)]
     counts = pd.Series(data.devices).value_counts()
-    out.append(("devices", ", ".join(f"{n} × {name}" if n > 1 else name for name, n in counts.items())))
+    devices = ", ".join(f"{n} × {name}" if n > 1 else name for name, n in counts.items())
+    kernels = data.kernels
+    if len(data.devices) > 1 and not kernels.empty:  # the metadata lists every GPU the process could see
+        used = sorted({int(d) for d in kernels["device"].dropna()})
+        if 0 < len(used) < len(data.devices):
+            devices += f" visible; work on GPU {', '.join(map(str, used))}"
+    out.append(("devices", devices))
     if data.several_ranks:
         out.append(("ranks", f"{len(data.ranks)} ({', '.join(map(str, data.ranks[:16]))}{'…' if len(data.ranks) > 16 else ''})"))
     steps = data.steps
@@ -124,7 +156,7 @@ def facts(data: TraceData) -> list[tuple[str, str]]:
         mean = tables.step_means(steps)
         out.append(("steps", f"{len(data.step_ids)} ({', '.join(map(str, data.step_ids[:12]))}{'…' if len(data.step_ids) > 12 else ''})"))
         out.append(("mean step", fmt_time(float(mean["dur"]))))
-        parts = [(name, float(mean.get(col, 0.0)) / float(mean["dur"])) for col, name in tables.STEP_PARTS.items()
+        parts = [(name, float(mean.get(col, 0.0)) / float(mean["dur"])) for col, name in tables.part_names(steps).items()
                  if col in mean and float(mean["dur"]) > 0 and float(mean.get(col, 0.0)) >= 0.005 * float(mean["dur"])]
         out.append(("breakdown", ", ".join(f"{name} {fmt_pct(p)}" for name, p in sorted(parts, key=lambda x: -x[1]))))
     peaks = tables.peak_memory(data.memory)

@@ -109,7 +109,7 @@ def display_table(frame: pd.DataFrame, unit: str = "ms") -> pd.DataFrame:
     renames = {}
     for column in list(out.columns):
         if column.endswith("_us") or column in ("ts", "dur", "self_dur", "mean", "step_us"):
-            if pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column]):
+            if out.empty or (pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column])):
                 out[column] = out[column].astype(float) / div
                 base = column.removesuffix("_us")
                 renames[column] = f"{base}_{suffix}"
@@ -156,7 +156,8 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     if not layers.empty:
         metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
         top_layers = layers.sort_values(metric, ascending=False).head(state.top)
-        cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us", "gpu_us") if c in top_layers]
+        cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us") + (("gpu_us",) if data.has_gpu else ())
+                if c in top_layers]
         section.extra.append(("Top layers", display_table(top_layers[cols], state.unit)))
     section.extra.append((
         "Top ops" + (f" in step {state.step}" if state.step is not None else ""),
@@ -245,11 +246,15 @@ def _memory(data: TraceData, state: ViewState) -> Section:
 
 def _shapes(data: TraceData, state: ViewState) -> Section:
     shapes = data.shapes
+    facts = []
+    if not shapes.empty and not shapes["input_dims"].astype("string").fillna("").str.len().gt(0).any():
+        facts.append(("input shapes", "none in this trace (recorded without record_shapes=True): ops by name only"))
     return Section(
         "shapes", TITLES["shapes"],
         figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
         table=display_table(shapes.sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit),
         table_title="Op × input shapes × dtypes",
+        facts=facts,
     )
 
 
@@ -267,9 +272,9 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
 def _ranks(data: TraceData, state: ViewState) -> Section:
     ranks = data.ranks_table
     facts = []
-    if not ranks.empty and "slowest" in ranks and ranks["slowest"].any():
-        slow = ranks[ranks["slowest"].astype(bool)].iloc[0]
-        facts.append(("slowest rank", f"{int(slow['rank'])} ({fmt_time(float(slow['step_us']))} mean step)"))
+    straggler = insights.straggler(ranks)
+    if straggler is not None:
+        facts.append(("straggler", straggler[1]))
     return Section(
         "ranks", TITLES["ranks"],
         figures=[figures.rank_breakdown(ranks, unit=state.unit), figures.rank_step_heatmap(data.steps, unit=state.unit)],
@@ -322,7 +327,7 @@ def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
     if float(a["dur"]) > 0 and float(b["dur"]) > 0:
         facts.append(("mean step", f"{fmt_time(float(a['dur']))} → {fmt_time(float(b['dur']))} "
                                    f"({100 * (float(b['dur']) / float(a['dur']) - 1):+.0f}%)"))
-    frame = diff.reindex(diff["delta_us"].abs().sort_values(ascending=False).index) if not diff.empty else diff
+    frame = tables.biggest_changes(diff)
     return Section(
         "compare", TITLES["compare"],
         figures=[figures.diff_bars(diff, level="op", top=state.top, unit=state.unit),

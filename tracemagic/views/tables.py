@@ -19,6 +19,16 @@ STEP_PARTS: dict[str, str] = {
     "cpu_us": "CPU (GPU idle)",
     "idle_us": "idle",
 }
+#: step parts that only a GPU has (CUDA runtime calls are the host driving one)
+GPU_PARTS = ("compute_us", "memcpy_us", "memset_us", "runtime_us")
+
+
+def part_names(steps: pd.DataFrame) -> dict[str, str]:
+    """``STEP_PARTS`` named for this trace (``steps()`` or ``ranks_table()``): without any
+    GPU activity the host's op time is ``CPU ops``, as there is no GPU to be idle."""
+    if steps.empty or any((steps[c] > 0).any() for c in GPU_PARTS if c in steps):
+        return STEP_PARTS
+    return {**STEP_PARTS, "cpu_us": "CPU ops"}
 
 
 def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
@@ -77,6 +87,16 @@ def step_means(steps: pd.DataFrame) -> pd.Series:
     return steps[cols].astype(float).mean()
 
 
+def biggest_changes(diff: pd.DataFrame, level: str | None = None, n: int | None = None) -> pd.DataFrame:
+    """Rows of ``trace.diff()`` (only ``level``'s, ``op`` or ``layer``, if given) by the size
+    of their change ``|delta_us|``, largest first; the first ``n``."""
+    frame = diff[diff["level"] == level] if level is not None and "level" in diff else diff
+    if frame.empty:
+        return frame
+    frame = frame.reindex(frame["delta_us"].abs().sort_values(ascending=False, kind="stable").index)
+    return frame.head(n) if n else frame
+
+
 def select_step(frame: pd.DataFrame, step: int | None) -> pd.DataFrame:
     """Rows of ``frame`` in ``step`` (all rows for ``None``)."""
     if step is None or "step" not in frame:
@@ -104,11 +124,69 @@ def sort_rows(frame: pd.DataFrame, column: str | None, ascending: bool = False) 
 
 
 def layers_table(layers: pd.DataFrame, rank: int | None = None) -> pd.DataFrame:
-    """The layers table for display: one rank, ordered as a tree (parents before children)."""
+    """The layers table for display: one rank (every rank for ``None``), ordered as a tree:
+    each layer right after its parent, siblings in the analysis' order (first call)."""
     if layers.empty:
         return layers
     frame = layers if rank is None or "rank" not in layers else layers[layers["rank"] == rank]
-    return frame.sort_values(["layer"], kind="stable").reset_index(drop=True)
+    frame = frame.reset_index(drop=True)
+    ranks = frame["rank"].tolist() if "rank" in frame else [0] * len(frame)
+    names = frame["layer"].astype(str).tolist()
+    parents = frame["parent"].astype("string").fillna("").astype(str).tolist()
+    position = {(r, n): i for i, (r, n) in reversed(list(enumerate(zip(ranks, names))))}
+    children: dict[int, list[int]] = {}
+    roots = []
+    for i, (r, p) in enumerate(zip(ranks, parents)):
+        parent = position.get((r, p))
+        if parent is None or parent == i:
+            roots.append(i)
+        else:
+            children.setdefault(parent, []).append(i)
+    order: list[int] = []
+    seen: set[int] = set()
+    stack = roots[::-1]
+    while stack:
+        i = stack.pop()
+        if i in seen:  # a cycle in damaged data: each row once
+            continue
+        seen.add(i)
+        order.append(i)
+        stack.extend(children.get(i, [])[::-1])
+    order += [i for i in range(len(frame)) if i not in seen]
+    if "rank" in frame:  # ranks stay in blocks, lowest first
+        order.sort(key=lambda i: ranks[i])
+    return frame.iloc[order].reset_index(drop=True)
+
+
+def layer_hierarchy(layers: pd.DataFrame, *, by: str, rank: int | None = None,
+                    max_nodes: int | None = None) -> tuple[pd.DataFrame, int]:
+    """One rank's layers ready to draw as a tree, and how many were left out.
+
+    ``layer`` and ``parent`` become plain text (a parent missing from the table becomes
+    ``''``, a root), a repeated layer is kept once, and beyond ``max_nodes`` only the
+    heaviest layers by column ``by`` are kept, with all their ancestors.
+
+    Args:
+        layers: ``trace.layers()``.
+        by: the column ranking the layers (``cpu_us``, ``gpu_us``).
+        rank: the rank kept (default: the lowest).
+        max_nodes: the most layers kept (None: all).
+    """
+    if "rank" in layers and len(layers):
+        layers = layers[layers["rank"] == (int(layers["rank"].min()) if rank is None else rank)]
+    frame = layers.assign(layer=layers["layer"].astype(str),
+                          parent=layers["parent"].astype("string").fillna("").astype(str)).drop_duplicates("layer")
+    frame.loc[~frame["parent"].isin(set(frame["layer"])), "parent"] = ""
+    if max_nodes is None or len(frame) <= max_nodes:
+        return frame, 0
+    keep = set(frame.nlargest(max_nodes, by)["layer"])
+    parents = dict(zip(frame["layer"], frame["parent"]))
+    for name in list(keep):
+        parent = parents.get(name, "")
+        while parent and parent not in keep:
+            keep.add(parent)
+            parent = parents.get(parent, "")
+    return frame[frame["layer"].isin(keep)], len(frame) - len(keep)
 
 
 def biggest_allocations(memory: pd.DataFrame, n: int | None = None) -> pd.DataFrame:

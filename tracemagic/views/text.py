@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 import pandas as pd
 
 from tracemagic.views import insights, tables
-from tracemagic.views._format import fmt_bytes, fmt_time, shorten
+from tracemagic.views._format import fmt_bytes, fmt_time, kernel_label, shorten
 from tracemagic.views.data import TraceData
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,16 +74,17 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
     steps = data.steps
     if not steps.empty:
         several = data.several_ranks
-        cols = [(c, name) for c, name in tables.STEP_PARTS.items()
-                if c in steps and (steps[c] >= 0.005 * steps["dur"]).any()]
-        headers = (["rank"] if several else []) + ["step", "time"] + [SHORT_PARTS.get(c, name) for c, name in cols]
+        gpu = tables.part_names(steps) is tables.STEP_PARTS
+        short = SHORT_PARTS if gpu else {**SHORT_PARTS, "cpu_us": "CPU ops"}
+        cols = [c for c in tables.STEP_PARTS if c in steps and (steps[c] >= 0.005 * steps["dur"]).any()]
+        headers = (["rank"] if several else []) + ["step", "time"] + [short[c] for c in cols]
         frame = steps.sort_values(["rank", "step"]).head(40)
         rows = [
             ([str(int(r["rank"]))] if several else []) + [str(int(r["step"])), fmt_time(float(r["dur"]), "ms")]
-            + [f"{100 * float(r[c]) / float(r['dur']):.0f}%" if float(r["dur"]) > 0 else "–" for c, _ in cols]
+            + [f"{100 * float(r[c]) / float(r['dur']):.0f}%" if float(r["dur"]) > 0 else "–" for c in cols]
             for _, r in frame.iterrows()
         ]
-        caption = "Steps (share of each step; kernels = GPU kernels, CPU only = host work, GPU idle)"
+        caption = "Steps (share of each step" + ("; kernels = GPU kernels, CPU only = host work, GPU idle)" if gpu else ")")
         out += ["", shorten(caption, width)] + render_table(rows, headers, width, flex=None)
         if len(steps) > len(frame):
             out.append(f"… {len(steps) - len(frame)} more steps")
@@ -92,9 +93,11 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
     if not layers.empty:
         metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
         frame = layers.sort_values(metric, ascending=False).head(top)
-        rows = [[r["layer"], str(r.get("type", "")), f"{int(r['calls']):,}", fmt_time(float(r["cpu_us"]), "ms"),
-                 fmt_time(float(r["gpu_us"]), "ms")] for _, r in frame.iterrows()]
-        out += ["", f"Top layers (by {metric[:3].upper()} time)"] + render_table(rows, ["layer", "type", "calls", "CPU", "GPU"], width)
+        gpu = data.has_gpu  # a CPU-only trace has no GPU column to show
+        rows = [[r["layer"], str(r.get("type", "")), f"{int(r['calls']):,}", fmt_time(float(r["cpu_us"]), "ms")]
+                + ([fmt_time(float(r["gpu_us"]), "ms")] if gpu else []) for _, r in frame.iterrows()]
+        headers = ["layer", "type", "calls", "CPU"] + (["GPU"] if gpu else [])
+        out += ["", f"Top layers (by {metric[:3].upper()} time)"] + render_table(rows, headers, width)
 
     ops = tables.top_ops(data.ops, top)
     if not ops.empty:
@@ -105,7 +108,7 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
     if data.has_gpu:
         kern = tables.top_kernels(data.kernels, min(top, 5))
         if not kern.empty:
-            rows = [[r["name"], f"{int(r['calls']):,}", fmt_time(float(r["total_us"]), "ms"), f"{float(r['pct']):.1f}%"]
+            rows = [[kernel_label(r["name"], width) if r["kind"] == "kernel" else r["name"], f"{int(r['calls']):,}", fmt_time(float(r["total_us"]), "ms"), f"{float(r['pct']):.1f}%"]
                     for _, r in kern.iterrows()]
             out += ["", "Top kernels (by GPU time)"] + render_table(rows, ["kernel", "calls", "total", "GPU %"], width)
 
@@ -141,10 +144,9 @@ def diff_summary(a: Trace | TraceData, b: Trace | TraceData, width: int = 100, *
         out.append(f"mean step: {fmt_time(float(ma['dur']))} → {fmt_time(float(mb['dur']))} ({change:+.1f}%)")
     diff = da.diff(db)
     for level in ("op", "layer"):
-        frame = diff[diff["level"] == level] if not diff.empty else diff
+        frame = tables.biggest_changes(diff, level, top)
         if frame.empty:
             continue
-        frame = frame.reindex(frame["delta_us"].abs().sort_values(ascending=False, kind="stable").index).head(top)
         rows = [[r["name"], str(r["status"]), fmt_time(_num(r["us_a"]), "ms"), fmt_time(_num(r["us_b"]), "ms"),
                  f"{_num(r['delta_us']) / 1000:+,.3f} ms"] for _, r in frame.iterrows()]
         out += ["", f"Biggest changes by {level} (B − A)"] + render_table(rows, [level, "status", "A", "B", "Δ"], width)
