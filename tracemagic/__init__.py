@@ -24,8 +24,10 @@ __all__ = [
     "TraceError",
     "__version__",
     "capture",
+    "capture_model",
     "load",
     "load_ipython_extension",
+    "parse_model_trace",
     "unload_ipython_extension",
 ]
 
@@ -33,7 +35,9 @@ __all__ = [
 _LAZY = {
     "Trace": "tracemagic.trace",
     "capture": "tracemagic.capture",  # the subpackage itself, callable: capture(**options)
+    "capture_model": "tracemagic.export.chisel",
     "load": "tracemagic.trace",
+    "parse_model_trace": "tracemagic.export.chisel",
 }
 
 

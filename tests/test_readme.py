@@ -1,0 +1,59 @@
+"""The README stays true to the code: every option, API name and command it shows exists."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import tracemagic
+from tracemagic.trace.model import Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _magic_options(ip, magic: str) -> list[set[str]]:
+    """The option strings of each option of a magic's magic_arguments parser."""
+    function = ip.find_cell_magic(magic) or ip.find_line_magic(magic)
+    parser = function.__func__.parser if hasattr(function, "__func__") else function.parser
+    return [set(action.option_strings) for action in parser._actions if "--help" not in action.option_strings]
+
+
+def test_every_magic_option_in_the_readme_exists(ip) -> None:
+    documented = set(re.findall(r"%%chakra_trace[^\n`]*", README))
+    used = {opt for line in documented for opt in re.findall(r"(--[a-z][a-z-]+)", line)}
+    table = re.findall(r"^\| (`-.*?) \|", README, flags=re.M)
+    used |= {opt for row in table for opt in re.findall(r"`(--?[a-z][a-z-]*)", row)}
+    options = _magic_options(ip, "chakra_trace")
+    known = set().union(*options)
+    assert used and used <= known, sorted(used - known)
+    # and the README lists every option the magic has (by its short or long name)
+    missing = [sorted(names) for names in options if not names & used]
+    assert not missing, missing
+
+
+def test_every_trace_method_and_module_function_in_the_readme_exists() -> None:
+    for method in set(re.findall(r"\btrace\.([a-z_]+)\(", README)):
+        assert callable(getattr(Trace, method, None)), method
+    for name in set(re.findall(r"\btracemagic\.([a-z_]+)\(", README)):
+        assert callable(getattr(tracemagic, name, None)), name
+    for dotted in set(re.findall(r"`?(tracemagic\.export\.[a-z_]+\.[a-z_]+)\(", README)):
+        module, _, function = dotted.rpartition(".")
+        assert callable(getattr(__import__(module, fromlist=[function]), function, None)), dotted
+
+
+def test_every_cli_command_in_the_readme_exists() -> None:
+    commands = set(re.findall(r"^\s*(?:torchrun .*? -m )?tracemagic ([a-z]+)\b", README, flags=re.M))
+    assert {"summary", "report", "diff"} <= commands
+    for command in commands:
+        done = subprocess.run([sys.executable, "-m", "tracemagic", command, "--help"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stderr)
+
+
+def test_the_two_commands_are_make_targets() -> None:
+    assert "make demo" in README and "make test" in README
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo:", makefile, flags=re.M) and re.search(r"^test:", makefile, flags=re.M)
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
