@@ -280,6 +280,13 @@ y.shape
     assert len(step_events(kineto_events(capture.dir / "kineto_trace_0.json"))) == 1
 
 
+def test_trailing_semicolon_hides_the_value_as_in_any_cell(ip):
+    result, out = run(ip, "-q --no-memory-timeline", TRAIN_MLP.format(n=5) + "i;\n")
+    assert result.success, out.stdout
+    assert result.result is None and shown(out) == ""
+    assert ip.user_ns["_chakra_capture"].status == "complete"
+
+
 def test_cell_without_loop_is_complete_whatever_the_schedule_options(ip):
     # the cell is the one active step: --repeat/--active do not make it "partial"
     body = "model = make_mlp()\ny = model(torch.randn(4, 32))\n"

@@ -130,3 +130,11 @@ def test_prepare_cell_splits_the_last_expression(ip):
     ns: dict = {}
     exec(prepared.body, ns)
     assert eval(prepared.last_expr, ns) == 42
+
+
+def test_prepare_cell_a_trailing_semicolon_hides_the_value(ip):
+    prepared = prepare_cell(ip, "", "x = 2\nx * 21;  # quiet\n", loop_line=None, handle="chakra")
+    assert prepared.last_expr is None
+    ns: dict = {}
+    exec(prepared.body, ns)  # the expression still runs
+    assert ns["x"] == 2

@@ -22,6 +22,8 @@ tracebacks, ``--loop LINE`` and the messages all agree with what the user sees.
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any, Literal
@@ -85,7 +87,7 @@ class PreparedCell:
     Attributes:
         body: code of every statement but a trailing expression.
         last_expr: code of the trailing expression (``eval`` mode), if any, so its
-            value can still be displayed.
+            value can still be displayed (none when the cell ends with ``;``).
         plan: what gets stepped.
         filename: the name the code was compiled under (registered in ``linecache``).
     """
@@ -125,13 +127,24 @@ def prepare_cell(
     tree = shell.transform_ast(tree)
 
     last_expr = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(source):
         last_expr = ast.Expression(tree.body.pop().value)
 
     plan = instrument(tree, display.splitlines(), loop_line=loop_line, handle=handle)
     body = shell.compile(tree, filename, "exec")
     expr = shell.compile(last_expr, filename, "eval") if last_expr is not None else None
     return PreparedCell(body=body, last_expr=expr, plan=plan, filename=filename)
+
+
+def _ends_with_semicolon(source: str) -> bool:
+    """Whether the last token of ``source`` is ``;`` (its value is then not displayed)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    ignored = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    last = next((t for t in reversed(tokens) if t.type not in ignored), None)
+    return last is not None and last.type == tokenize.OP and last.string == ";"
 
 
 def instrument(
