@@ -1,0 +1,31 @@
+"""The public API: everything in ``__all__`` resolves, and nothing heavy loads on import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import tracemagic
+
+
+def test_all_names_resolve() -> None:
+    for name in tracemagic.__all__:
+        assert getattr(tracemagic, name) is not None, name
+    assert set(tracemagic._LAZY) <= set(tracemagic.__all__)
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    try:
+        tracemagic.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("expected AttributeError")
+
+
+def test_import_is_light() -> None:
+    """``%load_ext tracemagic`` should not pay for torch, pandas or plotly until they are used."""
+    code = "import sys, tracemagic; print(sorted(m for m in ('torch', 'pandas', 'plotly', 'ipywidgets') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
