@@ -104,6 +104,7 @@ def test_et_covers_exactly_the_kineto_steps(ip, kineto_events, read_json):
     kinds = {f["kind"] for f in capture.manifest["files"]}
     assert kinds == {"kineto", "execution_trace", "memory_timeline", "manifest"}
     assert not list(capture.dir.glob("*.partial"))  # no temporary file left behind
+    assert not [p.name for p in capture.dir.iterdir() if "partial" in p.name]  # nor staging folder
     from torch.nn.modules.module import _global_forward_pre_hooks
 
     assert not _global_forward_pre_hooks
