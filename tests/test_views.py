@@ -312,6 +312,8 @@ def test_cpu_only_steps_name_host_time_cpu_ops() -> None:
     names = [t.name for t in figures.step_breakdown(steps).data]
     assert "CPU ops" in names and "CPU (GPU idle)" not in names
     assert "CPU (GPU idle)" in [t.name for t in figures.step_breakdown(make_steps()).data]
+    shown = tables.step_table(steps).columns
+    assert "cpu_us" in shown and not {*tables.GPU_PARTS, "gpu_busy_pct"} & set(shown)
 
 
 # -- the text summary -----------------------------------------------------------------------

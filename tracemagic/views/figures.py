@@ -755,7 +755,7 @@ def rank_breakdown(ranks: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
     if (other > 1e-6 * ranks["step_us"].abs().max()).any():
         fig.add_bar(name="other", x=labels, y=np.maximum(other.to_numpy(dtype=float), 0) / div, marker_color="#7f7f7f",
                     hovertemplate=f"%{{x}}<br>other %{{y:.3f}} {unit}<extra></extra>")
-    fig.update_layout(barmode="stack")
+    fig.update_layout(barmode="stack", legend_traceorder="normal")
     for label, is_slow, total in zip(labels, slow, ranks["step_us"]):
         if is_slow:
             fig.add_annotation(x=label, y=float(total) / div, text="the others wait for it", showarrow=True, arrowhead=2,

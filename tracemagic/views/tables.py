@@ -215,9 +215,12 @@ def peak_memory(memory: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Steps with their parts and the GPU-busy share, for display."""
+    """Steps with their parts and the GPU-busy share, for display (a trace without GPU
+    activity shows neither the GPU parts nor the share)."""
     if steps.empty:
         return steps
+    if part_names(steps) is not STEP_PARTS:
+        return steps.drop(columns=[c for c in GPU_PARTS if c in steps])
     out = steps.copy()
     busy = sum(out[c] for c in ("compute_us", "comm_us", "memcpy_us", "memset_us") if c in out)
     out["gpu_busy_pct"] = (100 * busy / out["dur"].where(out["dur"] > 0)).fillna(0.0)
