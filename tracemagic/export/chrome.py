@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import gzip
 import os
-import socket
 import tarfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -27,6 +25,7 @@ import msgspec
 import numpy as np
 import orjson
 
+from tracemagic.capture import files
 from tracemagic.errors import TraceError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,16 +43,15 @@ def tb_name(worker: str | None = None, ts: int | None = None, *, gz: bool = Fals
     """A file name as ``torch.profiler.tensorboard_trace_handler`` writes it.
 
     ``<worker>.<ts>.pt.trace.json[.gz]``: ``worker`` defaults to ``<hostname>_<pid>`` and
-    ``ts`` to the current time in milliseconds, as torch does.
+    ``ts`` to ``time.time_ns()``, as torch 2.13 does (the capture names files the same way).
 
     Raises:
         ValueError: a worker name containing a path separator.
     """
-    worker = worker if worker is not None else f"{socket.gethostname()}_{os.getpid()}"
+    worker = worker if worker is not None else files.tb_worker()
     if not worker or "/" in worker or os.sep in worker:
         raise ValueError(f"worker name {worker!r} must be a plain file-name part")
-    ts = int(time.time() * 1000) if ts is None else int(ts)
-    return f"{worker}.{ts}.pt.trace.json" + (".gz" if gz else "")
+    return files.tb_name(worker, ts, gz)
 
 
 class _Light(msgspec.Struct, gc=False):
