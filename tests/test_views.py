@@ -214,6 +214,52 @@ def test_timeline_step_window() -> None:
     assert drawn == fig.layout.meta["shown"] == ((ops["ts"] + ops["dur"] > 1000) & (ops["ts"] < 2000)).sum() + 1
 
 
+def make_spans(n_steps: int = 3, per_step: int = 4, step_us: float = 1000.0) -> pd.DataFrame:
+    """``layer_spans()`` rows: per step, forward then backward spans of ``per_step`` layers."""
+    rows = []
+    for s in range(n_steps):
+        for i in range(per_step):
+            rows.append((0, f"encoder.block{i}", "Block", "forward", s * step_us + 10 + 50 * i, 40.0, s + 1, 1))
+            rows.append((0, f"encoder.block{i}", "Block", "backward", s * step_us + 900 - 50 * i, 40.0, s + 1, 2))
+    return pd.DataFrame(rows, columns=CONTRACT["layer_spans"])
+
+
+def _layer_bars(fig: Any) -> list[dict[str, Any]]:
+    return [t for t in as_dict(fig)["data"] if str(t.get("name", "")).startswith("layer ")]
+
+
+def test_timeline_layers_lane_follows_window_cap_and_phase() -> None:
+    ops, steps, spans = make_ops(), make_steps(), make_spans()
+    steps["ts"] = [0.0, 1000.0, 2000.0]
+    steps["dur"] = 1000.0
+    fig = figures.timeline(ops, None, steps, spans=spans, window=(0.0, 3000.0))
+    assert list(fig.layout.yaxis.categoryarray)[:2] == ["steps", "layers"]
+    bars = {t["name"]: t for t in _layer_bars(fig)}
+    assert set(bars) == {"layer forward", "layer backward"}
+    assert bars["layer forward"]["marker"]["color"] != bars["layer backward"]["marker"]["color"]
+    assert all(y == "layers" for t in bars.values() for y in t["y"])
+    assert sorted(row[0] for t in bars.values() for row in t["customdata"]) == sorted(spans["layer"])
+    # a step's window keeps only that step's spans
+    one = figures.timeline(ops, None, steps, spans=spans, step=2)
+    drawn = [row[0] for t in _layer_bars(one) for row in t["customdata"]]
+    assert len(drawn) == (spans["step"] == 2).sum()
+    for trace in _layer_bars(one):
+        start, length = np.asarray(trace["base"], float), np.asarray(trace["x"], float)
+        assert ((start + length > 0) & (start < 1.0)).all()  # ms from the window's start
+    # the per-lane cap applies to the layers lane; the rest are binned in it
+    many = make_spans(n_steps=1, per_step=2000, step_us=1e6)
+    many["ts"] = np.arange(len(many)) * 50.0
+    capped = figures.timeline(ops, None, steps, spans=many, window=(0.0, 3000.0 + 50.0 * len(many)), max_events=300)
+    shown = sum(len(t["x"]) for t in _layer_bars(capped))
+    assert 10 <= shown <= 300
+    agg = next(t for t in as_dict(capped)["data"] if t["name"] == "aggregated")
+    assert "layers" in agg["y"]
+    # no spans, or none in the window: no (empty) layers lane
+    for none in (None, spans.iloc[:0], spans.assign(ts=spans["ts"] + 1e7)):
+        fig = figures.timeline(ops, None, steps, spans=none, window=(0.0, 3000.0))
+        assert "layers" not in list(fig.layout.yaxis.categoryarray) and not _layer_bars(fig)
+
+
 def test_memory_timeline_keeps_the_peak_and_names_it() -> None:
     memory, steps = make_memory(), make_steps()
     steps["ts"] = [0.0, 1000.0, 2000.0]
@@ -364,6 +410,39 @@ def old() -> Any:
 @pytest.fixture(params=["cpu_capture", "gpu", "multi", "old"])
 def any_trace(request: pytest.FixtureRequest) -> Any:
     return request.getfixturevalue(request.param)
+
+
+def test_timeline_layers_lane_of_a_cpu_capture(cpu_capture: Any, gpu: Any) -> None:
+    data = TraceData(cpu_capture)
+    spans = data.layer_spans
+    assert not spans.empty and set(spans["phase"]) == {"forward", "backward"}
+    section = sections.build("timeline", data)
+    fig = as_dict(section.figures[0])
+    lanes = fig["layout"]["yaxis"]["categoryarray"]
+    assert lanes[0] == "steps" and lanes[1] == "layers" and lanes[2].startswith("thread ")
+    bars = _layer_bars(fig)
+    names = [row[0] for t in bars for row in t["customdata"]]
+    assert sorted(names) == sorted(spans["layer"])  # one bar per span, named by its layer path
+    assert {t["name"] for t in bars} == {"layer forward", "layer backward"}
+    lo, hi = fig["layout"]["meta"]["window"]
+    origin = fig["layout"]["meta"]["origin"]
+    for trace in bars:
+        start = np.asarray(trace["base"], float) * 1000 + origin
+        end = start + np.asarray(trace["x"], float) * 1000
+        assert ((end > lo - 1e-6) & (start < hi + 1e-6)).all()
+    # the step selector and a zoom redraw keep the spans of their window only
+    step = int(data.steps["step"].iloc[1])
+    row = data.steps.set_index("step").loc[step]
+    one = as_dict(sections.build("timeline", data, sections.ViewState(step=step)).figures[0])
+    assert sorted(row[0] for t in _layer_bars(one) for row in t["customdata"]) == sorted(
+        spans.loc[(spans["ts"] + spans["dur"] > row["ts"]) & (spans["ts"] < row["ts"] + row["dur"]), "layer"])
+    first = spans.iloc[0]
+    zoomed = as_dict(section.rebuild[0]((float(first["ts"]), float(first["ts"] + first["dur"] / 2))))
+    assert [row[0] for t in _layer_bars(zoomed) for row in t["customdata"]] == [first["layer"]]
+    # a trace without module events has no (empty) layers lane
+    assert TraceData(gpu).layer_spans.empty
+    plain = as_dict(sections.build("timeline", TraceData(gpu)).figures[0])
+    assert "layers" not in plain["layout"]["yaxis"]["categoryarray"] and not _layer_bars(plain)
 
 
 def test_dashboard_tabs_follow_the_trace(cpu_capture: Any, gpu: Any, multi: Any, old: Any) -> None:

@@ -37,6 +37,8 @@ KIND_COLORS = {
     "kernel": "#2ca02c",
     "memcpy": "#ff7f0e",
     "memset": "#e6ab02",
+    "layer forward": "#8c6bb1",
+    "layer backward": "#e377c2",
 }
 STATUS_COLORS = {"slower": "#d62728", "faster": "#2ca02c", "added": "#ff7f0e", "removed": "#1f77b4", "same": "#c7c7c7"}
 
@@ -236,8 +238,10 @@ def timeline(
     bins: int = 200,
     unit: str = "ms",
     thread_names: Mapping[tuple[int, str], str] | None = None,
+    spans: pd.DataFrame | None = None,
 ) -> go.Figure:
-    """Steps, CPU ops (per rank and thread) and GPU work (per rank and stream) on a time axis.
+    """Steps, layers, CPU ops (per rank and thread) and GPU work (per rank and stream) on a
+    time axis.
 
     To stay responsive on millions of events, each lane keeps only its longest events in
     the window (``max_events`` over all lanes) and the rest become busy-time bins (one bar
@@ -258,6 +262,9 @@ def timeline(
         bins: busy-time bins per lane for the events not drawn individually.
         unit: time unit of the x axis.
         thread_names: (rank, thread id) -> lane name (default ``thread <id>``).
+        spans: ``layer_spans()`` (``rank, layer, phase, ts, dur``): a ``layers`` lane per
+            rank, under its steps, with a bar per forward or backward span of a top-level
+            layer; None or empty: no lane.
 
     Returns:
         Horizontal ``Bar`` traces, one per event kind, plus ``aggregated`` bins when needed.
@@ -277,7 +284,7 @@ def timeline(
     several = len(ranks_seen) > 1
     names = thread_names or {}
 
-    # lanes: (rank, order, name) -> id; order 0 steps, 1 CPU threads, 2 GPU streams
+    # lanes: (rank, order, name) -> id; order 0 steps, 1 layers, 2 CPU threads, 3 GPU streams
     lane_ids: dict[tuple[int, int, str], int] = {}
 
     def lane_of(rank: int, order: int, name: str) -> int:
@@ -294,7 +301,7 @@ def timeline(
         key = rank * (len(cats) + 1) + code
         uniq, inverse = np.unique(key, return_inverse=True)
         lane_map = np.array([
-            lane_of(k // (len(cats) + 1), 1, names.get((int(k // (len(cats) + 1)), cats[k % (len(cats) + 1)]),
+            lane_of(k // (len(cats) + 1), 2, names.get((int(k // (len(cats) + 1)), cats[k % (len(cats) + 1)]),
                                                        f"thread {cats[k % (len(cats) + 1)]}"))
             for k in uniq
         ], dtype=np.int64)
@@ -308,13 +315,18 @@ def timeline(
         key = (rank * nd + dcode) * ns + scode
         uniq, inverse = np.unique(key, return_inverse=True)
         lane_map = np.array([
-            lane_of(k // (nd * ns), 2, f"GPU {dcats[(k // ns) % nd] or '?'} stream {scats[k % ns] or '?'}") for k in uniq
+            lane_of(k // (nd * ns), 3, f"GPU {dcats[(k // ns) % nd] or '?'} stream {scats[k % ns] or '?'}") for k in uniq
         ], dtype=np.int64)
         sources.append(("gpu", kernels, gpu_rows, lane_map[inverse.reshape(-1)]))
     step_rows = _overlaps(steps_df, lo, hi)
     if len(step_rows):
         lane_map = np.array([lane_of(r, 0, "steps") for r in steps_df["rank"].to_numpy()[step_rows]], dtype=np.int64)
         sources.append(("step", steps_df, step_rows, lane_map))
+    spans_df = spans if spans is not None else pd.DataFrame(columns=["rank", "layer", "phase", "ts", "dur"])
+    span_rows = _overlaps(spans_df, lo, hi)
+    if len(span_rows):
+        lane_map = np.array([lane_of(r, 1, "layers") for r in spans_df["rank"].to_numpy()[span_rows]], dtype=np.int64)
+        sources.append(("layer", spans_df, span_rows, lane_map))
     title = "Timeline" + (f" — step {step}" if step is not None and window is None else "")
     if not sources:
         return empty("No events in this window.", title)
@@ -323,11 +335,11 @@ def timeline(
     ts = np.concatenate([s[1]["ts"].to_numpy(dtype=float)[s[2]] for s in sources])
     dur = np.concatenate([s[1]["dur"].to_numpy(dtype=float)[s[2]] for s in sources])
     depth = np.concatenate([
-        s[1]["depth"].to_numpy(dtype=float)[s[2]] if s[0] == "cpu" else np.full(len(s[2]), 0.0 if s[0] == "gpu" else -1.0)
+        s[1]["depth"].to_numpy(dtype=float)[s[2]] if s[0] == "cpu" else np.full(len(s[2]), -1.0 if s[0] == "step" else 0.0)
         for s in sources
     ])
     total = len(lane)
-    # lane order: per rank, steps, then CPU threads, then GPU streams
+    # lane order: per rank, steps, then layers, then CPU threads, then GPU streams
     keys = sorted(lane_ids, key=lambda k: (k[0], k[1], k[2]))
     lane_label = {lane_ids[k]: (f"rank {k[0]} · {k[2]}" if several else k[2]) for k in keys}
     per_lane = max(10, max_events // max(len(keys), 1))
@@ -354,6 +366,12 @@ def timeline(
             kinds = _text_at(frame["kind"], at)
             label = _text_at(frame["name"], at)
             info = ["launched by " + (o or "?") for o in (_text_at(frame["op"], at) if "op" in frame else [""] * len(at))]
+        elif kind == "layer":
+            phases = _text_at(frame["phase"], at)
+            kinds = [f"layer {p}" for p in phases]
+            label = _text_at(frame["layer"], at)
+            types = _text_at(frame["type"], at) if "type" in frame else [""] * len(at)
+            info = [f"{p} · {t}" if t else p for p, t in zip(phases, types)]
         else:
             kinds = ["step"] * len(at)
             label = [f"ProfilerStep#{int(s)}" for s in frame["step"].to_numpy()[at]]
@@ -380,10 +398,12 @@ def timeline(
                 hovertemplate="%{customdata[0]} short events<br>busy %{customdata[1]:.0f}%<extra>aggregated</extra>",
             )
     # outer events first, nested ones drawn on top of them and narrower (a flame graph per lane)
-    draw_order = {"step": 0, "user_annotation": 1, "cpu_op": 2}
-    kinds = sorted(shown["kind"].unique(), key=lambda k: (draw_order.get(k, 3), k))
+    draw_order = {"step": 0, "layer forward": 1, "layer backward": 2, "user_annotation": 3, "cpu_op": 4}
+    kinds = sorted(shown["kind"].unique(), key=lambda k: (draw_order.get(k, 5), k))
     for kind in kinds:
         group = shown[shown["kind"] == kind].sort_values(["depth", "ts"], kind="stable")
+        named = {"text": [esc(shorten(n.rsplit(".", 1)[-1], 24)) for n in group["name"]], "textposition": "inside",
+                 "insidetextanchor": "middle", "textangle": 0, "textfont": {"size": 10}} if kind.startswith("layer ") else {}
         fig.add_bar(
             orientation="h",
             name=esc(kind),
@@ -394,9 +414,11 @@ def timeline(
             marker_color=KIND_COLORS.get(kind, "#bcbd22"),
             customdata=np.stack([esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div], axis=-1),
             hovertemplate=f"%{{customdata[0]}}<br>%{{customdata[2]:.3f}} {unit}<br>%{{customdata[1]}}<extra></extra>",
+            **named,
         )
     fig.update_layout(
         barmode="overlay",
+        uniformtext={"minsize": 8, "mode": "hide"},
         meta={"shown": int(len(shown)), "total": int(total), "window": [lo, hi], "origin": origin},
         yaxis={"categoryorder": "array", "categoryarray": [lane_labels[lane_ids[k]] for k in keys], "autorange": "reversed"},
     )

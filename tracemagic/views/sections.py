@@ -189,8 +189,9 @@ def _numeric(frame: pd.DataFrame, columns: tuple[str, ...] = ("ts", "dur", "dept
 
 
 def _timeline(data: TraceData, state: ViewState) -> Section:
+    spans = data.layer_spans
     fig = figures.timeline(data.ops, data.kernels, data.steps, step=state.step, unit=state.unit,
-                           thread_names=data.thread_names, max_events=TIMELINE_MAX_EVENTS)
+                           thread_names=data.thread_names, max_events=TIMELINE_MAX_EVENTS, spans=spans)
     ops = tables.select_step(data.ops, state.step)
     meta = fig.layout.meta or {}
     facts = [("events drawn", f"{meta.get('shown', 0):,} of {meta.get('total', 0):,}")] if meta else []
@@ -205,7 +206,7 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
             if not frames:  # once: numeric copies, so each zoom only slices arrays
                 frames.update(ops=_numeric(data.ops), kernels=_numeric(data.kernels), steps=data.steps)
             return figures.timeline(frames["ops"], frames["kernels"], frames["steps"], window=window, origin=origin,
-                                    unit=unit, thread_names=names, max_events=TIMELINE_MAX_EVENTS)
+                                    unit=unit, thread_names=names, max_events=TIMELINE_MAX_EVENTS, spans=spans)
 
         rebuild[0] = redraw
     return Section(
