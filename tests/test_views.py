@@ -316,6 +316,12 @@ def test_kernel_rank_shapes_and_diff_figures() -> None:
                            "mean_us": [10.0, 5.0], "self_us": [30.0, 5.0], "flops": [72.0, None], "tflops_per_s": [1e-6, None]})
     fig = figures.shapes_bar(shapes, unit="µs")
     np.testing.assert_allclose(fig.data[0].x, [5.0, 30.0])
+    # unknown FLOPs read n/a in the hover, not 0 TFLOP/s
+    bar = as_dict(fig)["data"][0]
+    assert [row[4] for row in bar["customdata"]] == ["n/a", "1e-06 TFLOP/s"]
+    assert "%{customdata[4]}<extra>" in bar["hovertemplate"] and "TFLOP/s<extra>" not in bar["hovertemplate"]
+    no_rates = figures.shapes_bar(shapes.drop(columns=["tflops_per_s"]))
+    assert {row[4] for row in as_dict(no_rates)["data"][0]["customdata"]} == {"n/a"}
 
     diff = pd.DataFrame({"level": ["op", "op", "op", "layer"], "name": ["a", "b", "c", "m"], "calls_a": 1, "calls_b": 1,
                          "us_a": [10.0, 50.0, None, 5.0], "us_b": [30.0, 20.0, 7.0, 5.0], "delta_us": [20.0, -30.0, 7.0, 0.0],

@@ -709,7 +709,8 @@ def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric:
         for n, d in zip(table["name"].astype(str), table["input_dims"].astype("string").fillna(""))
     )[::-1]
     table = table.iloc[::-1]
-    flops = table["tflops_per_s"].astype(float).fillna(0.0) if "tflops_per_s" in table else pd.Series(0.0, index=table.index)
+    rates = table["tflops_per_s"].astype(float) if "tflops_per_s" in table else pd.Series(np.nan, index=table.index)
+    flops = ["n/a" if not np.isfinite(v) else f"{v:.3g} TFLOP/s" for v in rates]  # unknown FLOPs are not 0
     fig = go.Figure(
         go.Bar(
             orientation="h",
@@ -720,7 +721,7 @@ def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric:
                 table["calls"].astype(int), flops,
             ], axis=-1),
             hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
-            f"<br>%{{customdata[3]}} calls, %{{x:.3f}} {unit}<br>%{{customdata[4]:.2f}} TFLOP/s<extra></extra>",
+            f"<br>%{{customdata[3]}} calls, %{{x:.3f}} {unit}<br>%{{customdata[4]}}<extra></extra>",
             marker_color=KIND_COLORS["cpu_op"],
         )
     )
