@@ -375,6 +375,33 @@ def test_render_table_fits_the_width_and_cleans_control_characters() -> None:
     assert "\x1b" not in "".join(lines)
 
 
+#: invisible characters that reorder or hide terminal text (Trojan Source, CVE-2021-42574)
+SPOOF = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200b\u200e\u200f\u2060\ufeff\u061c\u00ad"
+
+
+def test_clean_strips_bidi_and_invisible_format_characters(tmp_path: Path) -> None:
+    from tracemagic.views.text import clean
+
+    name = "aten::mm\u202e)lanigiro(\u202c \u2066admin\u2069\u200b✓ café Ω"
+    assert clean(name) == "aten::mm)lanigiro( admin✓ café Ω"  # visible text kept, non-ASCII included
+    assert clean("a\u2028b\u2029c\x1b[31m") == "a?b?c?[31m"
+    assert not set(clean(SPOOF)) and clean("plain") == "plain"
+    lines = render_table([[f"evil{SPOOF}op", "1"]], ["name", "n"], width=60)
+    assert not set("".join(lines)) & set(SPOOF) and "evilop" in lines[2]
+    # end to end: a trace whose op, thread and layer names carry them
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": f"main{SPOOF}"}},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "python_function", "name": "nn.Module: Lin\u202eear_0", "pid": 1, "tid": 1, "ts": 5,
+         "dur": 900},
+        {"ph": "X", "cat": "cpu_op", "name": f"aten::\u202emm{SPOOF}", "pid": 1, "tid": 1, "ts": 10, "dur": 800},
+    ]
+    path = tmp_path / "spoof_trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    text = summary(tracemagic.load(path, use_cache=False), width=120)
+    assert "aten::mm" in text and not set(text) & set(SPOOF)
+
+
 # -- real traces ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cpu_capture(tmp_path_factory: pytest.TempPathFactory) -> Any:

@@ -4,6 +4,7 @@ terminal table (the dashboard's ``text/plain`` fallback and ``tracemagic summary
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
@@ -18,12 +19,19 @@ if TYPE_CHECKING:  # pragma: no cover
 #: short column names of the step parts for narrow terminals
 SHORT_PARTS = {"compute_us": "kernels", "comm_us": "comm", "memcpy_us": "memcpy", "memset_us": "memset",
                "runtime_us": "runtime", "dataloader_us": "data", "cpu_us": "CPU only", "idle_us": "idle"}
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def clean(text: object) -> str:
-    """Text safe for a terminal: control characters (ANSI escapes included) become ``?``."""
-    return _CONTROL.sub("?", str(text))
+    """Text safe for a terminal: control characters (ANSI escapes included) and the line
+    and paragraph separators become ``?``; invisible format characters (Unicode category
+    ``Cf``: the bidirectional embeddings, overrides and isolates U+202A–U+202E and
+    U+2066–U+2069, marks, zero-width characters, the BOM, ...) are removed, so a name
+    cannot reorder or hide the text shown around it."""
+    text = _CONTROL.sub("?", str(text))
+    if text.isascii():
+        return text
+    return "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
 
 
 def render_table(rows: Sequence[Sequence[object]], headers: Sequence[str], width: int, *, flex: int | None = 0) -> list[str]:
