@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 nn = torch.nn
 
 

@@ -57,7 +57,7 @@ RAW_KIND = {
     "user_annotation": "user_annotation",
 }
 
-pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason="the shared real traces are not here")
+assert TRACES.is_dir(), f"the real traces are missing: {TRACES} (the shared folder beside the checkout)"
 
 
 # -- independent expectations from the raw JSON ----------------------------------------------
@@ -463,7 +463,8 @@ def test_diff_verdict_is_by_presence_not_by_call_count() -> None:
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trace, Path]:
     """Three active steps of a small MLP trained from a DataLoader, on the CPU."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.manual_seed(0)
@@ -549,12 +550,12 @@ def test_captured_trace_diffed_layer_by_layer(captured: tuple[Trace, Path], load
 
 def test_gloo_collectives_on_a_cpu_rank(tmp_path: Path) -> None:
     """A one-process gloo group: host time in collectives is communication on a CPU rank."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     dist = torch.distributed
     from torch.profiler import profile, schedule
 
-    if not dist.is_available() or dist.is_initialized():
-        pytest.skip("torch.distributed unavailable or already in use")
+    assert dist.is_available() and not dist.is_initialized(), "torch.distributed is unavailable or already in use"
     path = tmp_path / "kineto_trace_0.json"
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

@@ -20,7 +20,7 @@ import tracemagic
 from tracemagic.analysis import memory as memory_mod
 from tracemagic.analysis.shapes import flops
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 nn = torch.nn
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -12,9 +12,7 @@ import pytest
 
 from tracemagic.cli import build_parser, main
 
-TRACES = Path("/work/shared/traces")
-if not TRACES.is_dir():  # pragma: no cover
-    TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 GPU = TRACES / "hta_nccl_data.json.gz"
 MULTI = TRACES / "param_dlrm_kineto.tar.gz"
 OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"

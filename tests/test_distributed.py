@@ -52,8 +52,7 @@ def _torchrun(nproc: int, *args: str, out: Path) -> subprocess.Popen[str]:
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Three torchrun jobs, run at once: ``slow``, ``broken`` and ``cli`` (exit code, dir)."""
-    if not TORCHRUN.exists():
-        pytest.skip("torchrun is not installed next to this Python")
+    assert TORCHRUN.exists(), f"torchrun is not installed next to this Python ({TORCHRUN})"
     base = tmp_path_factory.mktemp("ddp")
     specs = {
         "slow": (2, [str(SCRIPT), "--slow-rank", str(SLOW_RANK), "--slow-ms", "50"]),
@@ -305,8 +304,7 @@ def _check(trace: Any, raw: dict[int, list[dict[str, Any]]]) -> None:
 
 def test_dlrm_eight_ranks_match_the_raw_json() -> None:
     path = TRACES / "param_dlrm_kineto.tar.gz"
-    if not path.exists():
-        pytest.skip("shared DLRM traces not present")
+    assert path.exists(), f"{path} is missing from the shared traces"
     raw = {}
     with tarfile.open(path) as tar:
         for member in tar.getmembers():
@@ -322,8 +320,7 @@ def test_dlrm_eight_ranks_match_the_raw_json() -> None:
 
 def test_nccl_trace_matches_the_raw_json() -> None:
     path = TRACES / "hta_nccl_data.json.gz"
-    if not path.exists():
-        pytest.skip("shared NCCL trace not present")
+    assert path.exists(), f"{path} is missing from the shared traces"
     with gzip.open(path) as fh:
         data = json.load(fh)
     trace = tracemagic.load(path, use_cache=False)

@@ -10,7 +10,7 @@ import pytest
 from tracemagic.errors import TraceError
 from tracemagic.export import chisel
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 nn = torch.nn
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 

@@ -17,7 +17,7 @@ import tracemagic
 from tracemagic.errors import TraceError
 from tracemagic.export import dftracer
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 VENVS = ROOT / "bench" / "out" / "venvs"

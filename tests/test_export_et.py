@@ -11,7 +11,7 @@ import tracemagic
 from tracemagic.errors import TraceError
 from tracemagic.export import et
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 HTA_ET = SHARED / "hta_benchmark_simple_add_et.json.gz"
 HTA_KINETO = SHARED / "hta_benchmark_simple_add_trace.json.gz"

@@ -44,9 +44,9 @@ CHROMIUM_ARGS = [
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-sync_api = pytest.importorskip("playwright.sync_api")
-if not CHROMIUM.exists():  # pragma: no cover - the project's setup installs it
-    pytest.skip("Debian chromium is not installed (make browser)", allow_module_level=True)
+import playwright.sync_api as sync_api  # noqa: E402
+
+assert CHROMIUM.exists(), f"Debian's chromium is not installed at {CHROMIUM}: run `make browser`"
 
 
 # ------------------------------------------------------------------------------------------

@@ -701,7 +701,6 @@ def test_progress_bars() -> None:
 
 
 def test_widget_bar(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("ipywidgets")
     shown: list[Any] = []
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
     bar = progress.WidgetBar("big.json")

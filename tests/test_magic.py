@@ -14,7 +14,7 @@ import tracemagic
 from tracemagic.capture import Capture
 from tracemagic.magics import TracemagicMagics, register
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 
 TRAIN_MLP = """\
 model = make_mlp()

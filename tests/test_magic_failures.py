@@ -11,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 
 LOOP = """\
 model = make_mlp()

@@ -5,7 +5,6 @@ Playwright): every tab's figure renders, no console errors, no network, screensh
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,13 +21,11 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run"]
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
-TRACES = Path("/work/shared/traces")
-if not TRACES.is_dir():  # pragma: no cover
-    TRACES = ROOT.parent / "shared" / "traces"
+TRACES = ROOT.parent / "shared" / "traces"
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-if not Path(CHROMIUM).exists() and not shutil.which("chromium"):  # pragma: no cover
-    pytest.skip("Debian's chromium is not installed", allow_module_level=True)
+import playwright.sync_api as playwright_api  # noqa: E402
+
+assert Path(CHROMIUM).exists(), f"Debian's chromium is not installed at {CHROMIUM}: run `make browser`"
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +60,8 @@ class Page:
 
 
 def cpu_capture(folder: Path) -> Path:
-    torch = pytest.importorskip("torch")
+    import torch
+
     from torch.profiler import ProfilerActivity, profile, schedule
 
     path = folder / "cpu_trace.json"

@@ -20,7 +20,7 @@ from tracemagic.capture import Capture
 from tracemagic.errors import TraceError
 from tracemagic.magics import TracemagicMagics
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -380,7 +380,6 @@ def test_help_documents_the_new_options(ip):
 
 
 def test_trace_to_chrome_trace_keeps_the_steps_asked_for(ip, kineto_events):
-    pytest.importorskip("tracemagic.export.chrome")
     capture(ip, "--no-memory-timeline -q -v cap")
     result, out = run(ip, "cap.trace.to_chrome_trace('step3.json', steps=[3])")
     assert result.success, shown(out)
