@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 #: bump when the events table's columns or meaning change
-FORMAT = 3
+FORMAT = 4
 _META_KEY = b"tracemagic"
 
 

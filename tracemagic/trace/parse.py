@@ -60,6 +60,7 @@ class _Args(msgspec.Struct, gc=False):
     python_parent_id: Any = msgspec.field(name="Python parent id", default=None)
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NULL)
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=_NULL)
+    concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=_NULL)
     mem_bytes: Any = msgspec.field(name="Bytes", default=None)
     nbytes: Any = msgspec.field(name="bytes", default=None)
     total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
@@ -146,7 +147,7 @@ _ARG_COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("out_nelems", "out_nelems", False),
 )
 _ARG_STRINGS = ("collective", "pg_name", "dtype")
-_ARG_RAW = ("input_dims", "input_type", "grid", "block", "pg_ranks")
+_ARG_RAW = ("input_dims", "input_type", "concrete_inputs", "grid", "block", "pg_ranks")
 _ARG_FIELDS = tuple(f for _, f, _ in _ARG_COLUMNS) + _ARG_STRINGS + _ARG_RAW + ("external_id_old",)
 _ARG_GETTER = attrgetter(*_ARG_FIELDS)
 _TIMED = frozenset(("X", "i", "I"))
