@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -401,3 +402,147 @@ def test_flop_rules() -> None:
     assert flops("aten::conv2d", "[[2, 3, 8, 8], [4, 3, 3, 3], [4], [], [], [], []]") == 2 * 2 * 4 * 3 * 9 * 64
     assert flops("aten::mm", "[[2, 3], [4, 5]]") is None  # mismatched inner dims
     assert flops("aten::relu", "[[2, 3]]") is None and flops("aten::mm", None) is None
+
+
+# -- backward attribution: fwdbwd flows, sequence numbers as the fallback ---------------------
+def backward_links(trace: Any) -> tuple[Any, Any, Any]:
+    """Outermost backward op rows, and their layer (module row) by flows and by seq alone."""
+    import numpy as np
+
+    from tracemagic.analysis.layers import attribution
+
+    by_flow, by_seq = attribution(trace), attribution(trace, flows=False)
+    roots = np.flatnonzero(by_flow.root == np.arange(by_flow.root.size))
+    return roots, by_flow.module[roots], by_seq.module[roots]
+
+
+@pytest.mark.parametrize("which", ["captured", "tracelens", "mi250"])
+def test_flows_and_sequence_numbers_agree_on_single_threaded_forwards(which: str, request: pytest.FixtureRequest) -> None:
+    trace = tracemagic.load(MI250, use_cache=False) if which == "mi250" else request.getfixturevalue(which)["trace"]
+    flows = trace.flows
+    fwdbwd = flows[(flows["cat"].astype(str) == "fwdbwd").to_numpy()]
+    assert len(fwdbwd) > 0
+    # a flow's ts is the ts of a CPU op on its thread: start at a forward op, end at a backward op
+    events = trace.events
+    ops = events[(events["kind"] == "cpu_op").to_numpy()]
+    at = set(zip(ops["rank"], ops["pid"].astype(str), ops["tid"].astype(str), ops["ts"]))
+    assert all(k in at for k in zip(fwdbwd["rank"], fwdbwd["pid"].astype(str), fwdbwd["tid"].astype(str), fwdbwd["ts"]))
+    roots, by_flow, by_seq = backward_links(trace)
+    assert roots.size and (by_flow >= 0).any() or which == "mi250"
+    assert (by_flow == by_seq).all()
+
+
+def two_thread_trace(path: Path, with_flows: bool = True) -> Path:
+    """Two threads run forward passes with colliding sequence numbers; fwdbwd flows link them.
+
+    Thread 1 runs Linear_0 (op seq 5) then its backward last; thread 2 runs Linear_1 (op seq
+    5, later) and its backward first. The latest earlier forward op with seq 5 is thread 2's
+    for both backward ops, so seq alone gives both to Linear_1; the flows give one each.
+    """
+
+    def x(name: str, cat: str, tid: int, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    def flow(ph: str, tid: int, ts: float, ident: int) -> dict[str, Any]:
+        event = {"ph": ph, "cat": "fwdbwd", "name": "fwdbwd", "id": ident, "pid": 100, "tid": tid, "ts": ts}
+        return event | ({"bp": "e"} if ph == "f" else {})
+
+    events = [
+        x("ProfilerStep#1", "user_annotation", 1, 0, 1000),
+        x("nn.Module: Linear_0", "python_function", 1, 10, 100),
+        x("aten::linear", "cpu_op", 1, 20, 50, **{"Sequence number": 5, "Fwd thread id": 0}),
+        x("nn.Module: Linear_1", "python_function", 2, 40, 100),
+        x("aten::linear", "cpu_op", 2, 50, 50, **{"Sequence number": 5, "Fwd thread id": 0}),
+        x(f"{BACKWARD}: AddmmBackward0", "cpu_op", 2, 300, 40, **{"Sequence number": 5, "Fwd thread id": 2}),
+        x("AddmmBackward0", "cpu_op", 2, 301, 30, **{"Sequence number": 5, "Fwd thread id": 2}),
+        x(f"{BACKWARD}: AddmmBackward0", "cpu_op", 1, 500, 70, **{"Sequence number": 5, "Fwd thread id": 1}),
+        x("AddmmBackward0", "cpu_op", 1, 501, 60, **{"Sequence number": 5, "Fwd thread id": 1}),
+        flow("s", 1, 20, 1),
+        flow("f", 1, 501, 1),
+        flow("s", 2, 50, 2),
+        flow("f", 2, 301, 2),
+    ]
+    events = [e for e in events if with_flows or e["ph"] == "X"]
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_flows_attribute_backward_across_threads_with_colliding_sequence_numbers(tmp_path: Path) -> None:
+    trace = tracemagic.load(two_thread_trace(tmp_path / "two_threads.json"), use_cache=False)
+    rows = by_layer(trace.layers())
+    assert rows["Linear_0"]["bwd_cpu_us"] == pytest.approx(70.0)
+    assert rows["Linear_1"]["bwd_cpu_us"] == pytest.approx(40.0)
+    assert rows["Linear_0"]["fwd_cpu_us"] == pytest.approx(100.0)
+    roots, by_flow, by_seq = backward_links(trace)
+    names = trace.events["name"].to_numpy(dtype=object)
+    assert roots.size == 2
+    tids = trace.events["tid"].astype(str).to_numpy()[roots]
+    assert dict(zip(tids, names[by_flow])) == {"1": "nn.Module: Linear_0", "2": "nn.Module: Linear_1"}
+    assert list(names[by_seq]) == ["nn.Module: Linear_1"] * 2  # seq alone: both to thread 2's layer
+    # without the flows (an old trace) the sequence numbers are the fallback
+    old = tracemagic.load(two_thread_trace(tmp_path / "no_flows.json", with_flows=False), use_cache=False)
+    assert "Linear_0" not in by_layer(old.layers()) or by_layer(old.layers())["Linear_0"]["bwd_cpu_us"] == 0
+    assert by_layer(old.layers())["Linear_1"]["bwd_cpu_us"] == pytest.approx(110.0)
+
+
+def test_conv_flops_exact_from_concrete_inputs(tmp_path: Path) -> None:
+    """Strided, dilated, grouped and transposed convs: FLOPs from the real output size."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    strided = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+    dilated = nn.Conv2d(8, 8, 3, dilation=2, padding=1, bias=False)
+    grouped = nn.Conv2d(8, 12, (3, 1), groups=4, stride=(1, 2))
+    up = nn.ConvTranspose2d(12, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
+    layers = [strided, dilated, grouped, up]
+    model = nn.Sequential(*layers).eval()
+    x = torch.randn(2, 3, 17, 19)
+    inputs, outputs = [], []
+    with torch.no_grad():
+        h = x
+        for layer in layers:
+            inputs.append(list(h.shape))
+            h = layer(h)
+            outputs.append(list(h.shape))
+        with FlopCounterMode(display=False) as counter:
+            model(x)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+            model(x)
+    path = tmp_path / "conv.json"
+    prof.export_chrome_trace(str(path))
+    df = tracemagic.load(path, use_cache=False).shapes()
+
+    def expected(layer: nn.Module, inp: list[int], out: list[int]) -> int:
+        n, c_in, c_out, k = inp[0], layer.in_channels, layer.out_channels, math.prod(layer.kernel_size)
+        if layer.transposed:  # torch counts a transposed conv per input position
+            return 2 * n * math.prod(inp[2:]) * c_in * (c_out // layer.groups) * k
+        spatial = [
+            (i + 2 * p - d * (kk - 1) - 1) // s + 1
+            for i, p, d, kk, s in zip(inp[2:], layer.padding, layer.dilation, layer.kernel_size, layer.stride)
+        ]
+        assert spatial == out[2:]  # the textbook size is the real one
+        return 2 * n * c_out * math.prod(out[2:]) * (c_in // layer.groups) * k
+
+    want = [expected(layer, i, o) for layer, i, o in zip(layers, inputs, outputs)]
+    assert want[0] < 2 * 2 * 8 * 3 * 9 * 17 * 19 / 3  # the old same-size estimate was ~4x too big
+    for name in ("aten::convolution", "aten::_convolution"):
+        rows = df[df["name"] == name]
+        got = {str(json.loads(d)[0]): f for d, f in zip(rows["input_dims"], rows["flops"])}
+        assert len(rows) == 4 and (rows["flops_source"] == "shapes").all()
+        assert [got[str(i)] for i in inputs] == want
+    conv2d = df[df["name"] == "aten::conv2d"].sort_values("input_dims")
+    assert (conv2d["flops_source"] == "shapes").all()
+    assert sorted(conv2d["flops"]) == sorted(want[:3])
+    assert df[df["name"] == "aten::conv_transpose2d"]["flops"].tolist() == [want[3]]
+    # torch's own counts: FlopCounterMode (all four) and with_flops (conv2d only)
+    assert counter.get_total_flops() == sum(want)
+    torch_conv2d = sorted(e.flops for e in prof.key_averages(group_by_input_shape=True) if e.key == "aten::conv2d")
+    assert torch_conv2d == sorted(want[:3])
+    # without Concrete Inputs the estimate (input-sized output) is all there is
+    dims = "[[2, 3, 17, 19], [8, 3, 3, 3], [8], [], [], [], []]"
+    assert flops("aten::conv2d", dims) == 2 * 2 * 8 * 3 * 9 * 17 * 19
+    assert flops("aten::conv2d", dims, '["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "1"]') == want[0]
+    assert flops("aten::conv2d", dims, '["", "", "", "[2]", "[1]", "1", "1"]') == want[0]  # broadcast
+    assert flops("aten::conv2d", dims, '["", "", "", "[1, 1]", "same", "[1, 1]", "1"]') == 2 * 2 * 8 * 3 * 9 * 17 * 19
+    assert flops("aten::conv2d", dims, '["", "", "", "[1, 1]", "valid", "[1, 1]", "1"]') == 2 * 2 * 8 * 3 * 9 * 15 * 17
+    assert flops("aten::conv2d", dims, '["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "2"]') == 2 * 2 * 8 * 3 * 9 * 17 * 19

@@ -46,8 +46,8 @@ Column contracts (views rely on these names; each list is complete and in order,
 - ``memory_categories()`` (``memory.categories``): ``rank, cycle, device, ts, parameter,
   optimizer_state, input, temporary, activation, gradient, autograd_detail, unknown,
   total_bytes``.
-- ``shapes()``: ``rank, name, input_dims, input_type, calls, total_us, mean_us, self_us,
-  gpu_us, flops, tflops_per_s, flops_source``.
+- ``shapes()``: ``rank, name, input_dims, input_type, concrete_inputs, calls, total_us,
+  mean_us, self_us, gpu_us, flops, tflops_per_s, flops_source``.
 - ``diff(a, b)``: ``level, name, type, calls_a, calls_b, us_a, us_b, delta_us, ratio,
   status, gpu_us_a, gpu_us_b`` — ``level`` is 'op' | 'kernel' | 'layer', ``status``
   'added' | 'removed' | 'faster' | 'slower' | 'same'.

@@ -42,15 +42,99 @@ def _linear(dims: Dims) -> float | None:
 
 
 def _convolution(dims: Dims) -> float | None:
-    """2 · N · C_out · (C_in / groups) · kernel volume · output positions.
+    """2 · N · C_out · (C_in / groups) · kernel volume · output positions, estimated.
 
-    The output size is not in ``Input Dims``; it is taken equal to the input's spatial
-    size ('same' padding, stride 1), an estimate for strided or unpadded convolutions.
+    Without the op's stride and padding (``Concrete Inputs``) the output size is not known;
+    it is taken equal to the input's spatial size ('same' padding, stride 1), which
+    overstates strided convolutions. (For a transposed convolution this is its exact count,
+    see ``_conv_exact``.)
     """
     if len(dims) < 2 or len(dims[0]) < 3 or len(dims[1]) != len(dims[0]):
         return None
     x, w = dims[0], dims[1]
     return 2.0 * x[0] * w[0] * w[1] * math.prod(w[2:]) * math.prod(x[2:])
+
+
+def _conv_transpose(dims: Dims, _args: list[str] | None = None) -> float | None:
+    """Transposed conv, torch's count: 2 · N · input positions · C_in · (C_out / groups) · kernel.
+
+    The weight is [C_in, C_out / groups, k...]; every input position is multiplied into
+    C_out / groups channels by every kernel tap, whatever the stride, padding or output size,
+    so the shapes alone fix it (``torch.utils.flop_counter.conv_flop_count``).
+    """
+    if len(dims) < 2 or len(dims[0]) < 3 or len(dims[1]) != len(dims[0]):
+        return None
+    x, w = dims[0], dims[1]
+    return 2.0 * x[0] * math.prod(x[2:]) * w[0] * w[1] * math.prod(w[2:])
+
+
+def _arg(args: list[str], i: int) -> object:
+    """Argument ``i`` of ``Concrete Inputs`` ('[2, 2]', '1', 'False', 'same') as a value; None if absent."""
+    if i >= len(args) or not isinstance(args[i], str) or not args[i].strip():
+        return None
+    raw = args[i].strip()
+    if raw in ("True", "False"):
+        return raw == "True"
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.strip("'\"")
+
+
+def _ints(value: object, n: int) -> list[int] | None:
+    """An int or int list broadcast to ``n`` spatial dims (torch's ``int[2]`` accepts one value)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value] * n
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value * n if len(value) == 1 else value if len(value) == n else None
+    return None
+
+
+#: op -> positions in ``Concrete Inputs`` of (stride, padding, dilation, transposed, groups);
+#: transposed None: the op is never transposed
+_CONV_ARGS: dict[str, tuple[int, int, int, int | None, int]] = {
+    "aten::convolution": (3, 4, 5, 6, 8),
+    "aten::_convolution": (3, 4, 5, 6, 8),
+    "aten::conv1d": (3, 4, 5, None, 6),
+    "aten::conv2d": (3, 4, 5, None, 6),
+    "aten::conv3d": (3, 4, 5, None, 6),
+}
+
+
+def _conv_exact(name: str, dims: Dims, args: list[str]) -> float | None:
+    """Conv FLOPs from the real output size, torch's ``with_flops``/``FlopCounterMode`` count.
+
+    out = ⌊(in + 2·pad − dil·(k − 1) − 1) / stride⌋ + 1 per spatial dim ('valid' padding is 0,
+    'same' keeps the input size); FLOPs = 2 · N · C_out · out positions · (C_in / groups) ·
+    kernel volume, with weight [C_out, C_in / groups, k...]. Multiplies and adds only: the
+    bias is not counted, as in torch. A transposed convolution counts per input position
+    (``_conv_transpose``). None where the arguments are missing or do not fit the shapes.
+    """
+    if len(dims) < 2 or len(dims[0]) < 3 or len(dims[1]) != len(dims[0]):
+        return None
+    i_stride, i_pad, i_dil, i_transposed, i_groups = _CONV_ARGS[name]
+    if i_transposed is not None:
+        transposed = _arg(args, i_transposed)
+        if not isinstance(transposed, bool):
+            return None
+        if transposed:
+            return _conv_transpose(dims)
+    x, w = dims[0], dims[1]
+    n = len(x) - 2
+    stride, dilation, groups = _ints(_arg(args, i_stride), n), _ints(_arg(args, i_dil), n), _arg(args, i_groups)
+    padding = _arg(args, i_pad)
+    if stride is None or dilation is None or not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        return None
+    if padding == "same":
+        out = list(x[2:])
+    else:
+        pad = [0] * n if padding == "valid" else _ints(padding, n)
+        if pad is None or min(stride) < 1:
+            return None
+        out = [(i + 2 * p - d * (k - 1) - 1) // s + 1 for i, p, d, k, s in zip(x[2:], pad, dilation, w[2:], stride)]
+    if min(out) < 1 or w[1] * groups != x[1]:
+        return None
+    return 2.0 * x[0] * w[0] * math.prod(out) * w[1] * math.prod(w[2:])
 
 
 def _attention(dims: Dims) -> float | None:
@@ -75,26 +159,42 @@ FLOP_RULES: dict[str, Callable[[Dims], float | None]] = {
     "aten::conv1d": _convolution,
     "aten::conv2d": _convolution,
     "aten::conv3d": _convolution,
+    "aten::conv_transpose1d": _conv_transpose,
+    "aten::conv_transpose2d": _conv_transpose,
+    "aten::conv_transpose3d": _conv_transpose,
     "aten::scaled_dot_product_attention": _attention,
     "aten::_scaled_dot_product_flash_attention": _attention,
     "aten::_scaled_dot_product_efficient_attention": _attention,
     "aten::_scaled_dot_product_cudnn_attention": _attention,
     "aten::_scaled_dot_product_flash_attention_for_cpu": _attention,
 }
-#: rules whose result is an estimate (output size assumed)
-ESTIMATED = {"aten::convolution", "aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d"}
+#: rules whose result is an estimate (output size assumed) unless ``Concrete Inputs`` fix it
+ESTIMATED = set(_CONV_ARGS)
 
 
-def flops(name: str, input_dims: str | None) -> float | None:
-    """FLOPs of one call of op ``name`` with ``Input Dims`` text, None where shapes don't fix it."""
+def flops_with_source(name: str, input_dims: str | None, concrete_inputs: str | None = None) -> tuple[float | None, str | None]:
+    """FLOPs of one call and how they were had: ('shapes' exact | 'estimate' | None, None if unknown)."""
     rule = FLOP_RULES.get(name)
     if rule is None or not input_dims:
-        return None
+        return None, None
     try:
         dims = json.loads(input_dims)
-        return rule(dims)
+        if name in ESTIMATED and concrete_inputs:
+            args = json.loads(concrete_inputs)
+            exact = _conv_exact(name, dims, args) if isinstance(args, list) else None
+            if exact is not None:
+                return exact, "shapes"
+        value = rule(dims)
     except (ValueError, TypeError, IndexError):
-        return None
+        return None, None
+    if value is None:
+        return None, None
+    return value, "estimate" if name in ESTIMATED else "shapes"
+
+
+def flops(name: str, input_dims: str | None, concrete_inputs: str | None = None) -> float | None:
+    """FLOPs of one call of op ``name`` with ``Input Dims`` (and ``Concrete Inputs``) text, None where they don't fix it."""
+    return flops_with_source(name, input_dims, concrete_inputs)[0]
 
 
 def gpu_time(events: pd.DataFrame) -> np.ndarray:
@@ -106,22 +206,25 @@ def gpu_time(events: pd.DataFrame) -> np.ndarray:
 def shapes(trace: Trace) -> pd.DataFrame:
     """CPU ops grouped by rank, name, input dims and input types, busiest first.
 
-    Columns: ``rank``, ``name``, ``input_dims``, ``input_type`` (JSON text as recorded, NA
-    without ``record_shapes``); ``calls``; ``total_us``, ``mean_us``, ``self_us`` (summed
+    Columns: ``rank``, ``name``, ``input_dims``, ``input_type``, ``concrete_inputs`` (JSON
+    text as recorded, NA without ``record_shapes``; ``concrete_inputs`` holds the scalar and
+    list arguments, which torch writes since 2.x); ``calls``; ``total_us``, ``mean_us``, ``self_us`` (summed
     self time); ``gpu_us`` (kernels, memcpy and memset launched inside the calls, nested
     ops included); ``flops`` (per call: the trace's own ``flops`` arg when ``with_flops``
     wrote it, else computed from the shapes for matmul, linear, bmm, conv and attention
     ops, NA otherwise); ``tflops_per_s`` (calls × flops / time: GPU time where the op
     launched GPU work, else host time); ``flops_source``
-    ('trace' | 'shapes' | 'estimate' for conv, whose output size is assumed equal to the
-    input's). Nested ops each count their own FLOPs (``aten::linear`` and the
+    ('trace' | 'shapes' | 'estimate': a conv without ``concrete_inputs``, whose stride and
+    padding are unknown, so its output size is assumed equal to the input's; with them the
+    output size is computed exactly and the source is 'shapes'). Conv FLOPs count as torch's
+    ``with_flops`` does: no bias, transposed convs per input position. Nested ops each count their own FLOPs (``aten::linear`` and the
     ``aten::addmm`` inside it), so do not sum ``flops`` across rows.
     """
     events = trace.events
     picked = (events["kind"] == "cpu_op").to_numpy() & (events["ph"] == "X").to_numpy()
-    ops = events.loc[picked, ["rank", "name", "input_dims", "input_type", "dur", "self_dur", "flops"]]
+    ops = events.loc[picked, ["rank", "name", "input_dims", "input_type", "concrete_inputs", "dur", "self_dur", "flops"]]
     ops["gpu_us"] = gpu_time(events)[picked]
-    keys = ["rank", "name", "input_dims", "input_type"]
+    keys = ["rank", "name", "input_dims", "input_type", "concrete_inputs"]
     grouped = ops.groupby(keys, observed=True, dropna=False, sort=False)
     table = grouped.agg(
         calls=("dur", "size"),
@@ -131,19 +234,18 @@ def shapes(trace: Trace) -> pd.DataFrame:
         trace_flops=("flops", "mean"),
     ).reset_index()
     table["mean_us"] = table["total_us"] / table["calls"]
-    computed = [
-        flops(str(name), None if pd.isna(dims) else str(dims))
-        for name, dims in zip(table["name"], table["input_dims"], strict=True)
+    pairs = [
+        flops_with_source(str(name), None if pd.isna(dims) else str(dims), None if pd.isna(args) else str(args))
+        for name, dims, args in zip(table["name"], table["input_dims"], table["concrete_inputs"], strict=True)
     ]
-    computed = pd.Series(pd.array(computed, dtype="Float64"), index=table.index)
+    computed = pd.Series(pd.array([v for v, _ in pairs], dtype="Float64"), index=table.index)
     own = table["trace_flops"].astype("Float64")
     table["flops"] = own.fillna(computed)
-    source = np.where(own.notna(), "trace", np.where(computed.notna(), "shapes", None))
-    source = np.where((source == "shapes") & table["name"].isin(ESTIMATED).to_numpy(), "estimate", source)
+    source = np.where(own.notna(), "trace", np.array([s for _, s in pairs], dtype=object))
     table["flops_source"] = text(source)
     seconds = table["gpu_us"].where(table["gpu_us"] > 0, table["total_us"]) * 1e-6
     table["tflops_per_s"] = (table["flops"] * table["calls"] / seconds / 1e12).where(seconds > 0)
-    for column in ("name", "input_dims", "input_type"):
+    for column in ("name", "input_dims", "input_type", "concrete_inputs"):
         table[column] = text(table[column])
     columns = ["rank", *keys[1:], "calls", "total_us", "mean_us", "self_us", "gpu_us", "flops", "tflops_per_s", "flops_source"]
     return table[columns].sort_values(["rank", "total_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
