@@ -55,31 +55,56 @@ def enclosing(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
 
     Meant for instants (``[memory]`` events), which the loader does not nest; -1 where none.
     """
-    out = np.full(rows.size, -1, dtype=np.int64)
     if rows.size == 0:
+        return np.full(0, -1, dtype=np.int64)
+    ts = events["ts"].to_numpy()
+    return enclosing_at(events, thread_keys(events)[rows], ts[rows], timed_rows(events, CPU_KINDS))
+
+
+def enclosing_at(events: pd.DataFrame, keys: np.ndarray, at: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """The innermost of the rows ``cand`` on thread ``keys`` (see ``thread_keys``) containing ``at``.
+
+    One ``searchsorted`` per thread over the candidates' start times; of events starting at
+    the same time the shortest wins. Where that one ended before ``at`` the search climbs
+    the nesting (``parent``, which may leave ``cand``). -1 where none.
+    """
+    out = np.full(keys.size, -1, dtype=np.int64)
+    if keys.size == 0 or cand.size == 0:
         return out
-    cand = timed_rows(events, CPU_KINDS)
-    keys = thread_keys(events)
+    all_keys = thread_keys(events)
     ts = events["ts"].to_numpy()
     end = ts + events["dur"].to_numpy()
     parent = events["parent"].to_numpy()
-    order = np.lexsort((-end[cand], ts[cand], keys[cand]))
+    order = np.lexsort((-end[cand], ts[cand], all_keys[cand]))
     cand = cand[order]
-    cand_keys = keys[cand]
-    query_keys = keys[rows]
-    for key in np.unique(query_keys):  # one pass per thread
+    cand_keys = all_keys[cand]
+    for key in np.unique(keys):  # one pass per thread
         lo, hi = np.searchsorted(cand_keys, [key, key + 1])
         if lo == hi:
             continue
-        where = np.flatnonzero(query_keys == key)
-        pos = np.searchsorted(ts[cand[lo:hi]], ts[rows[where]], side="right") - 1
+        where = np.flatnonzero(keys == key)
+        pos = np.searchsorted(ts[cand[lo:hi]], at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
-    target = ts[rows] - NEST_TOLERANCE_US
+    target = at - NEST_TOLERANCE_US
     climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
     while climb.any():  # one round per nesting level
         out[climb] = parent[out[climb]]
         climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
     return out
+
+
+def flow_thread_keys(events: pd.DataFrame, flows: pd.DataFrame) -> np.ndarray:
+    """``thread_keys`` of the events' thread for each flow row; -1 where no event has its pid/tid."""
+    codes = []
+    for column in ("pid", "tid"):
+        known = pd.Index(events[column].cat.categories.astype(str))
+        lookup = known.get_indexer(flows[column].cat.categories.astype(str))
+        flow_codes = flows[column].cat.codes.to_numpy()
+        found = (flow_codes >= 0) & (lookup.size > 0)
+        codes.append(np.where(found, lookup[np.maximum(flow_codes, 0)] if lookup.size else -1, -1).astype(np.int64))
+    pid, tid = codes
+    rank = flows["rank"].to_numpy().astype(np.int64)
+    return np.where((pid >= 0) & (tid >= 0), (rank << 42) | ((pid + 1) << 21) | (tid + 1), -1)
 
 
 def nesting_depth(up: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -3,7 +3,9 @@
 A layer is one ``nn.Module`` instance: the ``nn.Module: <Class>_<k>`` python_function
 events of a ``with_stack`` trace. Forward time is the module events' own time; backward
 time is that of the outermost autograd ops (``autograd::engine::evaluate_function: ...``)
-whose forward op (same autograd sequence number) ran inside the layer. Each stretch of host
+whose forward op ran inside the layer: the op at the start of the ``fwdbwd`` flow that ends
+at the backward op, or, for traces without those flows, the op with the same autograd
+sequence number. Each stretch of host
 time goes to at most one layer, so self times plus the unattributed rest add up to the
 step time.
 """
@@ -19,6 +21,8 @@ import pandas as pd
 from tracemagic.analysis._common import (
     GPU_ACTIVITY,
     enclosing,
+    enclosing_at,
+    flow_thread_keys,
     in_scope,
     layers_at,
     names_where,
@@ -65,14 +69,17 @@ class Attribution:
     in_scope: np.ndarray
 
 
-def attribution(trace: Trace) -> Attribution:
-    """Attribute every event to a layer: forward by module nesting, backward by sequence number.
+def attribution(trace: Trace, flows: bool = True) -> Attribution:
+    """Attribute every event to a layer: forward by module nesting, backward by its forward op.
 
     Backward ops count only when outermost (not inside another backward op) and outside
     any module event (autograd work inside a module's forward is that module's forward
-    time). A backward op goes to the layer of the latest earlier forward op with the same
-    ``Sequence number``: the op that created its autograd node. Module events inside a
-    backward op (activation recomputation) count as that backward op's time.
+    time). A backward op goes to the layer of the forward op that created its autograd
+    node: the op at the start of a ``fwdbwd`` flow ending on the backward op or an op
+    inside it (exact, even with forward passes on several threads), else (traces without
+    flows, or ``flows=False``) the latest earlier forward op with the same ``Sequence
+    number`` on the rank (sequence numbers are per thread, so they can collide). Module
+    events inside a backward op (activation recomputation) count as that backward op's time.
     """
     events = trace.events
     n = len(events)
@@ -89,9 +96,10 @@ def attribution(trace: Trace) -> Attribution:
     seq = events["seq"].to_numpy(dtype=np.int64, na_value=-1)
     ts = events["ts"].to_numpy()
     rank = events["rank"].to_numpy().astype(np.int64)
-    roots = np.flatnonzero(is_root & (seq >= 0))
+    linked = _flow_links(trace, root, is_op) if flows else np.full(n, -2, dtype=np.int64)
+    roots = np.flatnonzero(is_root & (seq >= 0) & (linked == -2))
     forward = np.flatnonzero(is_op & ~is_bwd & (seq >= 0) & (root < 0))
-    matched = np.full(n, -1, dtype=np.int64)
+    matched = np.where(linked >= 0, module[np.maximum(linked, 0)], -1)
     if roots.size and forward.size:
         left = pd.DataFrame({"ts": ts[roots], "rank": rank[roots], "seq": seq[roots], "row": roots})
         right = pd.DataFrame({"ts": ts[forward], "rank": rank[forward], "seq": seq[forward], "fwd": module[forward]})
@@ -110,6 +118,38 @@ def attribution(trace: Trace) -> Attribution:
     is_module = (kinds == "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
     module_parent = np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1)
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events))
+
+
+def _flow_links(trace: Trace, root: np.ndarray, is_op: np.ndarray) -> np.ndarray:
+    """Per events row: the forward op row linked to it by a ``fwdbwd`` flow, -2 for none.
+
+    Set only on outermost backward ops: the flow end is located on the CPU op at its
+    (rank, pid, tid, ts), the flow start on the forward op there, and the end's outermost
+    backward op gets the start's op. A start that lands on no op, or inside backward work,
+    leaves -1 (linked, but to no forward op). Vectorized: one ``searchsorted`` per thread.
+    """
+    events = trace.events
+    out = np.full(len(events), -2, dtype=np.int64)
+    flows = trace.flows
+    if flows.empty or "cat" not in flows:
+        return out
+    fwdbwd = flows[(flows["cat"].astype(str) == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()]
+    if fwdbwd.empty:
+        return out
+    ops = np.flatnonzero(is_op & (events["ph"] == "X").to_numpy())
+    at = enclosing_at(events, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), ops)
+    ph = fwdbwd["ph"].astype(str).to_numpy()
+    table = pd.DataFrame({"rank": fwdbwd["rank"].to_numpy(), "id": fwdbwd["id"].to_numpy(dtype=np.int64), "row": at})
+    start = table[ph == "s"].drop_duplicates(["rank", "id"])
+    finish = table[ph == "f"].drop_duplicates(["rank", "id"])
+    pairs = finish.merge(start, on=["rank", "id"], suffixes=("_bwd", "_fwd"))
+    bwd = pairs["row_bwd"].to_numpy(dtype=np.int64)
+    fwd = pairs["row_fwd"].to_numpy(dtype=np.int64)
+    bwd_root = np.where(bwd >= 0, root[np.maximum(bwd, 0)], -1)
+    fwd = np.where((fwd >= 0) & (root[np.maximum(fwd, 0)] < 0), fwd, -1)
+    keep = bwd_root >= 0
+    out[bwd_root[keep]] = fwd[keep]
+    return out
 
 
 def step_time(trace: Trace) -> dict[int, float]:
