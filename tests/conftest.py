@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -140,3 +142,42 @@ def kineto_events(read_json: Callable[[Path], Any]) -> Callable[[Path], list[dic
         return read_json(path)["traceEvents"]
 
     return events
+
+
+#: throwaway venvs for third-party tools (HTA, DFTracer) that cannot share .venv
+VENVS = Path(__file__).resolve().parents[1] / "bench" / "out" / "venvs"
+
+
+def _throwaway_venv(name: str, requirements: list[str]) -> Path:
+    """A venv under bench/out/venvs/<name> with ``requirements``, made once and reused.
+
+    torch is pinned (constraint) so nothing can pull a CUDA build. Fails the test, with
+    pip's own words, when the packages cannot be installed here.
+    """
+    venv = VENVS / name
+    python = venv / "bin" / "python"
+    stamp = venv / ".tracemagic-stamp"
+    wanted = "\n".join(requirements)
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    VENVS.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pin = VENVS / "torch-constraint.txt"
+    pin.write_text("torch==2.13.0\n")
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "-c", str(pin), *requirements],
+        capture_output=True, text=True, timeout=900,
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"could not install {requirements} into {venv} for the {name} check "
+            f"(deselect with -m 'not slow' on an offline machine):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    stamp.write_text(wanted)
+    return python
+
+
+@pytest.fixture(scope="session")
+def throwaway_venv() -> Callable[[str, list[str]], Path]:
+    """``throwaway_venv(name, requirements)``: the python of a cached tool venv."""
+    return _throwaway_venv

@@ -19,37 +19,9 @@ from tracemagic.export import chrome
 import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
-VENVS = ROOT / "bench" / "out" / "venvs"
 #: HTA 0.5 breaks on pandas 3: its own environment, torch pinned so nothing pulls CUDA wheels
 HTA_REQUIREMENTS = ["holistictraceanalysis==0.5.0", "pandas<3"]
 
-
-def throwaway_venv(name: str, requirements: list[str]) -> Path:
-    """A venv under bench/out/venvs/<name> with ``requirements``, made once and reused.
-
-    Fails the test, with pip's own words, when the packages cannot be installed here.
-    """
-    venv = VENVS / name
-    python = venv / "bin" / "python"
-    stamp = venv / ".tracemagic-stamp"
-    wanted = "\n".join(requirements)
-    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
-        return python
-    VENVS.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    pin = VENVS / "torch-constraint.txt"
-    pin.write_text("torch==2.13.0\n")
-    done = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "-c", str(pin), *requirements],
-        capture_output=True, text=True, timeout=900,
-    )
-    if done.returncode != 0:
-        pytest.fail(
-            f"could not install {requirements} into {venv} for the HTA check "
-            f"(deselect with -m 'not slow' on an offline machine):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-    stamp.write_text(wanted)
-    return python
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +135,7 @@ print(json.dumps(out, default=lambda v: v.item() if hasattr(v, "item") else str(
 
 
 @pytest.mark.slow
-def test_hta_reads_our_traces(cpu_capture: Path, tmp_path: Path) -> None:
+def test_hta_reads_our_traces(cpu_capture: Path, tmp_path: Path, throwaway_venv) -> None:
     """HolisticTraceAnalysis (in its own pandas<3 venv) loads a CPU capture unchanged and
     the shared GPU traces after a round trip through to_chrome_trace."""
     python = throwaway_venv("hta", HTA_REQUIREMENTS)

@@ -20,36 +20,7 @@ from tracemagic.export import dftracer
 import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
-VENVS = ROOT / "bench" / "out" / "venvs"
 
-
-def throwaway_venv(name: str, requirements: list[str]) -> Path:
-    """A venv under bench/out/venvs/<name> with ``requirements``, made once and reused.
-
-    torch is pinned (constraint) so nothing can pull a CUDA build. Fails the test, with
-    pip's own words, when the packages cannot be installed here.
-    """
-    venv = VENVS / name
-    python = venv / "bin" / "python"
-    stamp = venv / ".tracemagic-stamp"
-    wanted = "\n".join(requirements)
-    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
-        return python
-    VENVS.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    pin = VENVS / "torch-constraint.txt"
-    pin.write_text("torch==2.13.0\n")
-    done = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "-c", str(pin), *requirements],
-        capture_output=True, text=True, timeout=900,
-    )
-    if done.returncode != 0:
-        pytest.fail(
-            f"could not install {requirements} into {venv} for the interop check "
-            f"(deselect with -m 'not slow' on an offline machine):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-    stamp.write_text(wanted)
-    return python
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +163,7 @@ def test_foreign_dftracer_events_load(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_dftracer_own_tools_read_our_output(cpu_trace, tmp_path: Path) -> None:
+def test_dftracer_own_tools_read_our_output(cpu_trace, tmp_path: Path, throwaway_venv) -> None:
     """dftracer-utils (DFTracer's analysis reader, from PyPI) reads our .pfw.gz."""
     trace, _, _ = cpu_trace
     path = dftracer.to_pfw(trace, tmp_path / "run.pfw.gz")
