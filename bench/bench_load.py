@@ -8,7 +8,7 @@ noisy, so baseline and candidate always alternate and ratios are of medians):
   of the file's bytes (read beforehand, not timed): the parsers alone, no tables;
 - ``tracemagic.load(use_cache=False)`` (reading included), then ``ops()``, ``kernels()``,
   ``steps()``, ``layers()``, ``memory()`` (each only if its analysis module exists);
-- the same reopened from the Parquet cache;
+- the same reopened from the Arrow cache;
 - HolisticTraceAnalysis ``TraceAnalysis(trace_dir=...)`` on the same file, in a throwaway
   venv (``bench/out/hta-venv``, created here: HTA breaks on pandas 3, so it gets
   ``pandas<3``; torch is pinned to 2.13.0 in the constraints so nothing pulls CUDA wheels).
@@ -113,7 +113,7 @@ def _worker(kind: str, path: Path) -> dict[str, object]:
 
 
 def _warm_up() -> None:
-    """Load a tiny trace through both paths first, so lazy imports (pyarrow.parquet, the
+    """Load a tiny trace through both paths first, so lazy imports (pyarrow.ipc, the
     analysis modules) are not timed: the numbers are those of a session in use."""
     import tempfile
 

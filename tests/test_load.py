@@ -565,6 +565,19 @@ def test_second_load_comes_from_the_cache(copied_trace: Path, monkeypatch: pytes
     pd.testing.assert_frame_equal(first.events, second.events)
     pd.testing.assert_frame_equal(first.flows, second.flows)
     assert second.ranks == first.ranks and second.devices == first.devices
+    # the cached columns are the user's to edit, as a parsed trace's are
+    second.events.loc[second.events["dur"] > 0, "dur"] = 0.0
+    second.events["external_id"] = second.events["external_id"].fillna(-1)
+    assert (second.events["dur"] == 0).all()
+
+
+def test_a_cache_in_the_old_parquet_format_is_replaced(copied_trace: Path) -> None:
+    beside = cache.locations(copied_trace)[0]
+    old = [beside.with_suffix(".parquet"), beside.with_suffix(".flows.parquet")]
+    for path in old:
+        path.write_bytes(b"PAR1 from an earlier tracemagic")
+    tracemagic.load(copied_trace)
+    assert beside.is_file() and not any(path.exists() for path in old)
 
 
 def test_touching_or_changing_the_file_invalidates_the_cache(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -592,7 +605,7 @@ def test_read_only_folder_caches_in_the_user_cache(copied_trace: Path, monkeypat
         tracemagic.load(copied_trace)
         assert len(spy.calls) == 1
         assert sorted(p.name for p in folder.iterdir()) == ["nccl.json.gz"]  # nothing written beside it
-        stored = list((xdg / "tracemagic").glob("*.parquet"))
+        stored = list((xdg / "tracemagic").glob("*.arrow"))
         assert stored and cache.locations(copied_trace)[1] in stored
     finally:
         folder.chmod(0o755)
@@ -603,7 +616,7 @@ def test_explicit_cache_dir(copied_trace: Path, monkeypatch: pytest.MonkeyPatch,
     folder.chmod(0o555)
     try:
         tracemagic.load(copied_trace, cache_dir=tmp_path / "mine")
-        assert list((tmp_path / "mine").glob("*.parquet"))
+        assert list((tmp_path / "mine").glob("*.arrow"))
     finally:
         folder.chmod(0o755)
 
@@ -617,7 +630,7 @@ def test_damaged_cache_is_ignored(copied_trace: Path, monkeypatch: pytest.Monkey
     again = tracemagic.load(copied_trace)
     assert len(spy.calls) == 1
     pd.testing.assert_frame_equal(first.events, again.events)
-    beside.write_bytes(b"not parquet at all")
+    beside.write_bytes(b"not an arrow file at all")
     assert len(tracemagic.load(copied_trace).events) == len(first.events)
 
 

@@ -306,8 +306,8 @@ def test_loader_reads_the_manifest_files_and_ignores_caches(ip):
     (name,) = kineto_entries(cap)
     assert TB_NAME.match(name) and not name.endswith(".gz")
     n = len(cap.trace.events)  # loaded once by the display: the cache lies next to it now
-    caches = sorted(p.name for p in cap.dir.glob(".*.tracemagic*.parquet"))
-    assert caches, "the loader keeps its Parquet cache next to the trace"
+    caches = sorted(p.name for p in cap.dir.glob(".*.tracemagic*.arrow"))
+    assert caches, "the loader keeps its cache next to the trace"
     assert not any(p.name in caches for p in cap.files)
     # a stray trace in the folder is not loaded: the manifest says which files are the capture's
     shutil.copy(cap.dir / name, cap.dir / "unrelated_trace.json")

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
         p.add_argument("--recover", action="store_true", help="keep what a truncated or damaged trace holds")
-        p.add_argument("--no-cache", action="store_true", help="do not read or write the Parquet cache")
+        p.add_argument("--no-cache", action="store_true", help="do not read or write the trace cache")
 
     p = sub.add_parser("report", help="write the standalone HTML report of a trace")
     p.add_argument("path", help="a trace file (.json, .json.gz, .tar.gz) or a capture/rank directory")

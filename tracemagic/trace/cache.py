@@ -1,11 +1,16 @@
-"""Parquet cache of parsed traces, so reopening a trace is near-instant.
+"""Arrow cache of parsed traces, so reopening a trace is near-instant.
 
-The cache lies next to the trace (``.<name>.tracemagic.parquet``) or, when that folder is
+The cache lies next to the trace (``.<name>.tracemagic.arrow``) or, when that folder is
 read-only, in the user cache directory. A folder counts as read-only when it has no write
 permission bits even if the process could write there anyway (root ignores the bits): a
 shared, read-only trace folder is never written into. Its key is every source file's path, size and
-mtime plus the cache format version: a changed file is parsed again. Only Parquet and
-JSON are read back: nothing from a cache or a trace is ever executed.
+mtime plus the cache format version: a changed file is parsed again.
+
+The format is the Arrow IPC file (Feather v2) with LZ4 buffers: a few times smaller than
+the JSON, and it decodes straight into the numpy buffers pandas holds, with no
+per-row work (Parquet's page decoding made reopening several times slower; see
+``bench/bench_load.py``). Only Arrow data and JSON metadata are read back: nothing from a
+cache or a trace is ever executed.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 #: bump when the events table's columns or meaning change
-FORMAT = 4
+FORMAT = 5
+SUFFIX = ".tracemagic.arrow"
+FLOWS_SUFFIX = ".flows.arrow"
 _META_KEY = b"tracemagic"
+_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 def user_cache_dir() -> Path:
@@ -57,9 +64,9 @@ def _locations(path: Path, cache_dir: str | os.PathLike[str] | None, *, for_writ
     ``cache_dir`` or the user cache directory."""
     folder = path if path.is_dir() else path.parent
     stem = path.name if not path.is_dir() else "traces"
-    beside = folder / f".{stem}.tracemagic.parquet"
+    beside = folder / f".{stem}{SUFFIX}"
     elsewhere = Path(cache_dir) if cache_dir is not None else user_cache_dir()
-    other = elsewhere / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]}.parquet"
+    other = elsewhere / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]}.arrow"
     if for_write and not writable(folder):
         return [other]
     return [beside, other]
@@ -70,75 +77,102 @@ def locations(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | 
     return _locations(Path(path), cache_dir)
 
 
+def _flows_path(location: Path) -> Path:
+    return location.with_suffix(FLOWS_SUFFIX)
+
+
 def read(key: str, path: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | None:
     """The cached tables for ``key``, or None (missing, stale or unreadable)."""
     for location in _locations(path, cache_dir):
         if not location.is_file():
             continue
         try:
-            schema = pq.read_schema(location)
-            stored = json.loads((schema.metadata or {})[_META_KEY])
-            if not isinstance(stored, dict) or stored.get("key") != key:
-                continue
-            events = _restore(_frame(pq.read_table(location)), stored)
-            flows = _frame(pq.read_table(location.with_suffix(".flows.parquet")))
+            with pa.OSFile(str(location)) as file:
+                reader = pa.ipc.open_file(file)
+                stored = json.loads((reader.schema.metadata or {})[_META_KEY])
+                if not isinstance(stored, dict) or stored.get("key") != key:
+                    continue
+                events = _frame(reader.read_all(), stored)
+            with pa.OSFile(str(_flows_path(location))) as file:
+                flows_reader = pa.ipc.open_file(file)
+                flows = _frame(flows_reader.read_all(), json.loads((flows_reader.schema.metadata or {})[_META_KEY]))
             meta = stored["meta"]
             for section in ("ranks", "processes", "threads"):
                 meta[section] = {int(k): v for k, v in meta.get(section, {}).items()}
         except (OSError, KeyError, ValueError, TypeError, AttributeError, pa.ArrowException):
             continue  # missing, damaged or foreign: parse the trace again
         return events, flows, meta
+    return None
 
 
-def _frame(table: pa.Table) -> pd.DataFrame:
-    """The table as the frame a fresh parse makes (categoricals with ``str`` categories,
-    also for an all-missing column, which Arrow would give back as plain objects)."""
-    pandas_meta = table.schema.pandas_metadata or {}
-    categorical = {c.get("name") for c in pandas_meta.get("columns", []) if c.get("pandas_type") == "categorical"}
-    frame = table.to_pandas(split_blocks=True, self_destruct=True)
-    for column in categorical & set(frame.columns):
-        values = frame[column]
-        if isinstance(values.dtype, pd.CategoricalDtype):
-            if values.cat.categories.dtype == object:
-                frame[column] = pd.Categorical.from_codes(
-                    values.cat.codes.to_numpy(), categories=pd.Index(values.cat.categories, dtype="str"), validate=False
-                )
-        elif values.isna().all():
-            codes = np.full(len(values), -1, dtype=np.int8)
-            frame[column] = pd.Categorical.from_codes(codes, categories=pd.Index([], dtype="str"), validate=False)
-        else:
-            frame[column] = pd.Categorical(values.astype(object))
-    return frame
+def _numbers(array: pa.Array, nullable: bool) -> Any:
+    """A numeric Arrow column as writable numpy, or a nullable ``Int64``/``Float64`` array."""
+    kind = array.type
+    width = kind.bit_width // 8
+    values = np.frombuffer(array.buffers()[1], dtype=kind.to_pandas_dtype(), count=len(array), offset=array.offset * width).copy()
+    if not nullable:
+        return values
+    if array.null_count:
+        mask = array.is_null().to_numpy(zero_copy_only=False)
+    else:
+        mask = np.zeros(len(array), dtype=bool)
+    return pd.arrays.FloatingArray(values, mask) if pa.types.is_floating(kind) else pd.arrays.IntegerArray(values, mask)
 
 
-def _all_missing(events: pd.DataFrame) -> dict[str, str]:
-    """Columns with no value at all (most args columns of a CPU trace): not stored, remade on read."""
-    out = {}
-    for column in events.columns:
-        dtype = events[column].dtype
+def _column(array: pa.Array, nullable: bool) -> Any:
+    """One Arrow column as the array a fresh parse makes (categoricals with ``str``
+    categories, nullable ``Int64``/``Float64``, writable numpy), each buffer copied once."""
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        codes = array.indices.to_numpy(zero_copy_only=False)
+        if array.null_count:
+            codes = np.where(array.is_valid().to_numpy(zero_copy_only=False), codes, -1)
+        categories = pd.Index(array.dictionary.to_pylist(), dtype="str")
+        return pd.Categorical.from_codes(codes, categories=categories, validate=False)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return _numbers(array, nullable)
+    return array.to_pandas()
+
+
+def _all_missing_column(dtype: str, n: int) -> Any:
+    if dtype == "category":
+        return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), categories=pd.Index([], dtype="str"), validate=False)
+    if dtype == "Float64":
+        return pd.arrays.FloatingArray(np.zeros(n, dtype=np.float64), np.ones(n, dtype=bool))
+    return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+
+
+def _frame(table: pa.Table, layout: dict[str, Any]) -> pd.DataFrame:
+    """The table as the frame a fresh parse makes: the all-missing columns ``write`` left
+    out put back, in the original column order."""
+    nullable = set(layout.get("nullable") or ())
+    data: dict[str, Any] = {}
+    for name, chunked in zip(table.column_names, table.columns):
+        array = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+        data[name] = _column(array, name in nullable)
+    for name, dtype in (layout.get("missing") or {}).items():
+        data[name] = _all_missing_column(dtype, table.num_rows)
+    return pd.DataFrame({name: data[name] for name in layout.get("columns") or list(data)}, copy=False)
+
+
+def _layout(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The columns worth storing, and how to rebuild the frame: its column order, the
+    nullable numeric columns, and the all-missing columns (most args columns of a CPU
+    trace), which are not stored but remade on read."""
+    missing: dict[str, str] = {}
+    nullable: list[str] = []
+    for column in frame.columns:
+        dtype = frame[column].dtype
         if isinstance(dtype, pd.CategoricalDtype):
             if len(dtype.categories) == 0:
-                out[column] = "category"
-        elif str(dtype) in ("Int64", "Float64") and not events[column].notna().any():
-            out[column] = str(dtype)
-    return out
-
-
-def _restore(frame: pd.DataFrame, stored: dict[str, Any]) -> pd.DataFrame:
-    """Put back the all-missing columns ``write`` left out, in the original column order."""
-    missing: dict[str, str] = stored.get("missing") or {}
-    if not missing:
-        return frame
-    n = len(frame)
-    for column, dtype in missing.items():
-        if dtype == "category":
-            codes = np.full(n, -1, dtype=np.int8)
-            frame[column] = pd.Categorical.from_codes(codes, categories=pd.Index([], dtype="str"), validate=False)
-        elif dtype == "Float64":
-            frame[column] = pd.arrays.FloatingArray(np.zeros(n, dtype=np.float64), np.ones(n, dtype=bool))
-        else:
-            frame[column] = pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
-    return frame[stored["columns"]]
+                missing[column] = "category"
+        elif str(dtype) in ("Int64", "Float64"):
+            if frame[column].notna().any():
+                nullable.append(column)
+            else:
+                missing[column] = str(dtype)
+    layout = {"columns": list(frame.columns), "missing": missing, "nullable": nullable}
+    return frame.drop(columns=list(missing)), layout
 
 
 def _write_atomic(table: pa.Table, target: Path) -> None:
@@ -146,11 +180,18 @@ def _write_atomic(table: pa.Table, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema, options=_OPTIONS) as writer:
+            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _table(frame: pd.DataFrame, stored: dict[str, Any]) -> pa.Table:
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    payload = json.dumps(stored, default=str).encode()
+    return table.replace_schema_metadata({_META_KEY: payload})
 
 
 def write(
@@ -162,16 +203,25 @@ def write(
     meta: dict[str, Any],
 ) -> Path | None:
     """Store the tables; first beside the trace, else in the user cache. None if neither works."""
-    missing = _all_missing(events)
-    payload = json.dumps({"key": key, "meta": meta, "columns": list(events.columns), "missing": missing}, default=str).encode()
-    table = pa.Table.from_pandas(events.drop(columns=list(missing)), preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: payload})
-    flow_table = pa.Table.from_pandas(flows, preserve_index=False)
+    kept, layout = _layout(events)
+    table = _table(kept, {"key": key, "meta": meta, **layout})
+    flow_kept, flow_layout = _layout(flows)
+    flow_table = _table(flow_kept, flow_layout)
     for location in _locations(path, cache_dir, for_write=True):
         try:
-            _write_atomic(flow_table, location.with_suffix(".flows.parquet"))
+            _write_atomic(flow_table, _flows_path(location))
             _write_atomic(table, location)
         except OSError:
             continue
+        _forget_parquet(location)
         return location
     return None
+
+
+def _forget_parquet(location: Path) -> None:
+    """Remove a cache in the earlier Parquet format from this place (it is never read again)."""
+    for old in (location.with_suffix(".parquet"), location.with_suffix(".flows.parquet")):
+        try:
+            old.unlink(missing_ok=True)
+        except OSError:
+            pass

@@ -1,5 +1,5 @@
 """``tracemagic.load``: any Kineto trace (file, gzip, tar, capture directory, rank directory)
-into one analysis-ready events table, cached as Parquet next to the file."""
+into one analysis-ready events table, cached (Arrow IPC) next to the file."""
 
 from __future__ import annotations
 
@@ -159,9 +159,9 @@ def load(
             capture directory written by ``%%chakra_trace``, or a directory of rank traces.
         recover: keep the events before the damage of a truncated or corrupt file
             instead of raising ``TraceError`` (a warning in ``trace.warnings`` says where).
-        cache_dir: where to keep the Parquet cache when the trace's folder is read-only
+        cache_dir: where to keep the cache when the trace's folder is read-only
             (default: ``$XDG_CACHE_HOME/tracemagic``).
-        use_cache: read and write the Parquet cache (invalidated when the file changes).
+        use_cache: read and write the cache (invalidated when the file changes).
         workers: processes for parsing several large rank files (default: up to the cores).
         progress: ``None`` shows a progress bar (a widget in a notebook, a line on a
             terminal's stderr) for inputs over 50 MB; ``True`` always, ``False`` never; or a
