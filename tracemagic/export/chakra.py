@@ -21,7 +21,6 @@ get a duration.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ import orjson
 from tracemagic.errors import TraceError
 from tracemagic.export._files import read_bytes
 from tracemagic.export.et import ROOT_NAMES, STEP_NAME
+from tracemagic.trace import pairing
 
 __all__ = [
     "CONVERTER_SCHEMAS",
@@ -63,9 +63,6 @@ CONVERTER_SCHEMAS = (
 )
 #: top-level keys the converter copies from the (linked) trace
 REQUIRED_KEYS = ("schema", "pid", "time", "start_ts", "finish_ts", "nodes")
-_ET_NAME = re.compile(r"^torch_et_(\d+)\.json(\.gz)?$|^(.*?)[_.]et\.json(\.gz)?$|^host_(\d+)\.json$")
-_KINETO_NAME = re.compile(r"^kineto_trace_(\d+)(?:_cycle\d+)?\.json(\.gz)?$|^(.*?)[_.]trace\.json(\.gz)?$|^device_(\d+)\.json$")
-_RANK = re.compile(r"(?:rank|worker|_)[-_]?(\d+)(?=\D*$)")
 
 
 @dataclass
@@ -168,59 +165,14 @@ class ChakraReport:
 
 
 # -- finding the pairs -------------------------------------------------------------------
-def _rank_of(name: str, pattern: re.Pattern[str]) -> int | None:
-    m = pattern.match(name)
-    if m:
-        for g in m.groups():
-            if g and g.isdigit():
-                return int(g)
-    m = _RANK.search(name.split(".")[0])
-    return int(m.group(1)) if m else None
-
-
-def _is_et(path: Path) -> bool:
-    return bool(_ET_NAME.match(path.name))
-
-
-def _is_kineto(path: Path) -> bool:
-    return bool(_KINETO_NAME.match(path.name)) and not _is_et(path) and ".pfw" not in path.name
-
-
 def find_pairs(capture_dir: str | os.PathLike[str]) -> tuple[list[tuple[int, Path, Path]], list[str]]:
     """The ``(rank, et, kineto)`` pairs in a directory and what could not be paired.
 
     Pairs ``torch_et_<rank>.json`` with ``kineto_trace_<rank>.json`` (also ``*_et.json`` with
     ``*_trace.json`` and Chakra's ``host_<rank>.json``/``device_<rank>.json``); one ET and one
-    Kineto trace in a directory always pair.
+    Kineto trace in a directory always pair. See ``tracemagic.trace.pairing.pairs``.
     """
-    folder = Path(capture_dir)
-    files = sorted(p for p in folder.iterdir() if p.is_file())
-    ets = [p for p in files if _is_et(p)]
-    kinetos = [p for p in files if _is_kineto(p)]
-    problems: list[str] = []
-    if len(ets) == 1 and len(kinetos) == 1:
-        rank = _rank_of(ets[0].name, _ET_NAME)
-        return [(rank if rank is not None else 0, ets[0], kinetos[0])], problems
-    by_rank_k: dict[int, list[Path]] = {}
-    for k in kinetos:
-        r = _rank_of(k.name, _KINETO_NAME)
-        by_rank_k.setdefault(r if r is not None else -1, []).append(k)
-    pairs = []
-    for et in ets:
-        r = _rank_of(et.name, _ET_NAME)
-        candidates = by_rank_k.pop(r if r is not None else -1, [])
-        if not candidates:
-            problems.append(f"{et.name}: no Kineto trace of the same rank next to it (kineto_trace_{r}.json).")
-            continue
-        if len(candidates) > 1:
-            problems.append(
-                f"{et.name}: several Kineto traces of rank {r} ({', '.join(c.name for c in candidates)}); "
-                "Chakra needs the one recorded in the same steps as the ET. The first one is checked."
-            )
-        pairs.append((r if r is not None else 0, et, candidates[0]))
-    for r, rest in sorted(by_rank_k.items()):
-        problems += [f"{k.name}: no Execution Trace of rank {r} (torch_et_{r}.json); capture with --et." for k in rest]
-    return sorted(pairs), problems
+    return pairing.pairs(capture_dir)
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -375,7 +327,7 @@ def _as_pair(source: Any, kineto: Any) -> tuple[Path, Path] | None:
         return Path(source), Path(kineto)
     if isinstance(source, (tuple, list)) and len(source) == 2:
         a, b = Path(source[0]), Path(source[1])
-        return (a, b) if _is_et(a) or not _is_et(b) else (b, a)
+        return (a, b) if pairing.is_et_name(a.name) or not pairing.is_et_name(b.name) else (b, a)
     return None
 
 
@@ -403,7 +355,7 @@ def check(
         for p in pair:
             if not p.is_file():
                 raise TraceError(f"{p}: no such file.", path=str(p))
-        rank = _rank_of(pair[0].name, _ET_NAME)
+        rank = pairing.rank_of(pair[0].name)
         report = ChakraReport(f"{pair[0]} + {pair[1]}")
         report.pairs.append(_check_pair(rank if rank is not None else 0, *pair))
         return report
@@ -450,7 +402,7 @@ def commands(
     """
     pair = _as_pair(capture_dir, kineto)
     if pair is not None:
-        rank = _rank_of(pair[0].name, _ET_NAME)
+        rank = pairing.rank_of(pair[0].name)
         pairs = [(rank if rank is not None else 0, pair[0], pair[1])]
         base = pair[0].parent
     else:

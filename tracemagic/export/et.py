@@ -25,6 +25,7 @@ import pandas as pd
 
 from tracemagic.errors import TraceError
 from tracemagic.export._files import read_bytes
+from tracemagic.trace import pairing
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
@@ -206,30 +207,9 @@ def find_et(kineto_path: str | os.PathLike[str]) -> Path | None:
 
     ``kineto_trace_<rank>[_cycle<k>].json[.gz]`` pairs with ``torch_et_<rank>.json[.gz]``;
     ``<stem>_trace.json[.gz]`` with ``<stem>_et.json[.gz]``; in a directory holding one ET
-    and one Kineto trace, those two pair.
+    and one Kineto trace, those two pair. See ``tracemagic.trace.pairing.et_for``.
     """
-    kineto = Path(kineto_path)
-    folder = kineto.parent
-    name = kineto.name
-    candidates: list[str] = []
-    m = re.match(r"kineto_trace_(\d+)", name)
-    if m:
-        candidates += [f"torch_et_{m.group(1)}.json", f"torch_et_{m.group(1)}.json.gz"]
-    m = re.match(r"(.*?)[_.-]?(?:kineto_)?trace(\.json(?:\.gz)?)$", name)
-    if m and m.group(1):
-        candidates += [f"{m.group(1)}_et.json", f"{m.group(1)}_et.json.gz", f"{m.group(1)}.et.json"]
-    for candidate in candidates:
-        if (folder / candidate).is_file():
-            return folder / candidate
-    if folder.is_dir():
-        ets = [p for p in folder.iterdir() if p.is_file() and _looks_like_et_name(p.name)]
-        if len(ets) == 1:
-            return ets[0]
-    return None
-
-
-def _looks_like_et_name(name: str) -> bool:
-    return bool(re.search(r"(torch_et_\d+|[_.]et)\.json(\.gz)?$|^et[_.].*\.json(\.gz)?$|^host_\d+\.json$", name))
+    return pairing.et_for(kineto_path)
 
 
 def _resolve(source: "Trace | str | os.PathLike[str]") -> tuple[list[ExecutionTrace], "Trace | None"]:
@@ -246,7 +226,7 @@ def _resolve(source: "Trace | str | os.PathLike[str]") -> tuple[list[ExecutionTr
         trace = None
         if base.is_file() and _is_et_file(base):
             et = read_et(base)
-            kineto = _kineto_for(base)
+            kineto = pairing.kineto_for(base)
             return [et], (_load(kineto) if kineto is not None else None)
     base = Path(base)
     ets = _ets_in(base)
@@ -273,7 +253,7 @@ def _load(path: Path) -> "Trace":
 
 
 def _is_et_file(path: Path) -> bool:
-    if _looks_like_et_name(path.name):
+    if pairing.is_et_name(path.name):
         return True
     try:
         with gzip.open(path, "rb") if path.read_bytes()[:2] == b"\x1f\x8b" else open(path, "rb") as fh:
@@ -283,25 +263,9 @@ def _is_et_file(path: Path) -> bool:
     return b'"schema"' in head and b'"nodes"' in head and b'"traceEvents"' not in head
 
 
-def _kineto_for(et_path: Path) -> Path | None:
-    m = re.match(r"torch_et_(\d+)", et_path.name)
-    folder = et_path.parent
-    names: list[str] = []
-    if m:
-        names += [f"kineto_trace_{m.group(1)}.json", f"kineto_trace_{m.group(1)}.json.gz"]
-    m = re.match(r"(.*?)[_.]et\.json(\.gz)?$", et_path.name)
-    if m:
-        names += [f"{m.group(1)}_trace.json", f"{m.group(1)}_trace.json.gz"]
-    for n in names:
-        if (folder / n).is_file():
-            return folder / n
-    return None
-
-
 def _ets_in(base: Path) -> list[ExecutionTrace]:
     if base.is_dir():
-        files = sorted(p for p in base.iterdir() if p.is_file() and _looks_like_et_name(p.name) and _is_et_file(p))
-        return [read_et(p) for p in files]
+        return [read_et(p) for p in pairing.ets_in(base)]
     found = find_et(base)
     return [read_et(found)] if found is not None else []
 

@@ -7,13 +7,14 @@ view can say what is missing.
 
 from __future__ import annotations
 
-import re
 import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
+
+from tracemagic.trace import pairing
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
@@ -42,8 +43,6 @@ CONTRACT: dict[str, list[str]] = {
                  "output_shapes", "output_types", "row", "ts", "dur", "self_dur"],
     "et_edges": ["src", "dst", "tensor", "bytes"],
 }
-#: Execution Trace files of a capture directory (``--et``)
-_CAPTURE_ET = re.compile(r"torch_et_\d+\.json(\.gz)?$")
 
 
 class TraceData:
@@ -135,22 +134,16 @@ class TraceData:
         """Whether an Execution Trace lies next to the trace under a matching name: a capture
         directory with ``torch_et_<rank>.json``, ``kineto_trace_<rank>.json`` beside
         ``torch_et_<rank>.json``, or ``<stem>_trace.json`` beside ``<stem>_et.json``
-        (a lone ET elsewhere in the folder is not assumed to belong to this trace)."""
+        (a lone ET elsewhere in the folder is not assumed to belong to this trace; the
+        names are ``pairing``'s)."""
         path = getattr(self.trace, "path", None)
         if path is None:
             return False
         path = Path(str(path))
         try:
             if path.is_dir():
-                return any(_CAPTURE_ET.match(p.name) for p in path.iterdir() if p.is_file())
-            names = []
-            m = re.match(r"kineto_trace_(\d+)", path.name)
-            if m:
-                names.append(f"torch_et_{m.group(1)}.json")
-            m = re.match(r"(.+?)[_.-]?(?:kineto_)?trace\.json(?:\.gz)?$", path.name)
-            if m:
-                names.append(f"{m.group(1)}_et.json")
-            return any((path.parent / n).is_file() or (path.parent / f"{n}.gz").is_file() for n in names)
+                return bool(pairing.capture_ets(path))
+            return pairing.et_for(path, lone=False) is not None
         except OSError:
             return False
 
