@@ -15,7 +15,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from tracemagic.errors import TraceError
-from tracemagic.trace import cache, normalize, parse, structure
+from tracemagic.trace import cache, normalize, parse, split, structure
 from tracemagic.trace.model import Trace
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.progress import Aggregate, Progress, bar_for
@@ -50,9 +50,13 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
     return parsed
 
 
-def parse_source(source: Source, recover: bool = False, progress: Progress | None = None) -> ParsedTrace:
-    """Parse and prepare one file."""
-    parsed = parse.parse_source(source, recover=recover, progress=progress)
+def parse_source(
+    source: Source, recover: bool = False, progress: Progress | None = None, workers: int | None = None
+) -> ParsedTrace:
+    """Parse and prepare one file (a large plain file on two cores, see ``trace.split``)."""
+    parsed = split.parse_split(source, progress) if split.can_split(source, workers) else None
+    if parsed is None:
+        parsed = parse.parse_source(source, recover=recover, progress=progress)
     parsed.meta["source"] = source.name
     parsed.meta.setdefault("rank_hint", source.rank_hint)
     return _prepare(parsed)
@@ -61,7 +65,7 @@ def parse_source(source: Source, recover: bool = False, progress: Progress | Non
 def _parse_path(args: tuple[str, int | None, bool]) -> ParsedTrace:
     """Worker entry: parse one rank file in a child process."""
     path, rank, recover = args
-    return parse_source(file_source(Path(path), rank), recover)
+    return parse_source(file_source(Path(path), rank), recover, workers=1)
 
 
 def _assign_ranks(parsed: list[ParsedTrace]) -> list[int]:
@@ -162,7 +166,9 @@ def load(
         cache_dir: where to keep the cache when the trace's folder is read-only
             (default: ``$XDG_CACHE_HOME/tracemagic``).
         use_cache: read and write the cache (invalidated when the file changes).
-        workers: processes for parsing several large rank files (default: up to the cores).
+        workers: processes to parse with (default: as the cores allow): a large plain
+            JSON file is split across two, several large rank files go to a pool; ``1``
+            parses in this process only.
         progress: ``None`` shows a progress bar (a widget in a notebook, a line on a
             terminal's stderr) for inputs over 50 MB; ``True`` always, ``False`` never; or a
             callable ``progress(done_bytes, total_bytes)`` called as the files are read.
@@ -197,7 +203,7 @@ def load(
     if files is not None:
         parsed = _parse_files(sources, recover, workers, callback, total)
     else:
-        parsed = _parse_sources(sources, recover, callback, total)
+        parsed = _parse_sources(sources, recover, callback, total, workers)
     ranks = _assign_ranks(parsed)
     events, flows = _stack(parsed, ranks)
     meta = {
@@ -214,12 +220,14 @@ def load(
     return Trace(events, flows, meta, path=path, manifest=manifest)
 
 
-def _parse_sources(sources: list[Source], recover: bool, callback: Progress | None, total: int) -> list[ParsedTrace]:
+def _parse_sources(
+    sources: list[Source], recover: bool, callback: Progress | None, total: int, workers: int | None = None
+) -> list[ParsedTrace]:
     """Parse sources one after another, reporting progress over all of them."""
     if callback is None:
-        return [parse_source(s, recover) for s in sources]
+        return [parse_source(s, recover, workers=workers) for s in sources]
     overall = Aggregate(callback, total)
-    return [parse_source(s, recover, overall.file(s.size)) for s in sources]
+    return [parse_source(s, recover, overall.file(s.size), workers) for s in sources]
 
 
 def _parse_files(
@@ -237,4 +245,4 @@ def _parse_files(
                 if overall is not None:
                     overall.advance(source.size)
         return results
-    return _parse_sources(sources, recover, callback, total)
+    return _parse_sources(sources, recover, callback, total, workers)

@@ -251,6 +251,10 @@ class _Interner:
             label = value.decode("utf-8", "replace")
         else:
             label = value if type(value) is str else str(value)
+        return self.intern(label)
+
+    def intern(self, label: str) -> int:
+        """The code of ``label``, added if new."""
         code = self.index.get(label)
         if code is None:
             code = self.index[label] = len(self.labels)
@@ -259,6 +263,13 @@ class _Interner:
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype="str"), validate=False)
+
+    def recode(self, other: "_Interner", parts: list[np.ndarray]) -> list[np.ndarray]:
+        """Codes of ``other`` (another chunk run's interner) turned into this one's."""
+        if not other.labels:
+            return parts
+        remap = np.fromiter(map(self.intern, other.labels), dtype=np.int32, count=len(other.labels))
+        return [np.where(codes >= 0, remap[codes], -1).astype(np.int32) for codes in parts]
 
 
 def _objects(values: Any, n: int) -> np.ndarray:
@@ -364,6 +375,22 @@ class _Builder:
             else:
                 self.codes[column].append(self.cats[column].codes(list(map(bytes, values)), n))
         self.n += n
+
+    def extend(self, other: "_Builder") -> None:
+        """Append the events ``other`` read after this builder's (a later part of the file)."""
+        for column, interner in other.cats.items():
+            self.codes[column] += self.cats[column].recode(interner, other.codes[column])
+        for column, parts in other.floats.items():
+            self.floats[column] += parts
+        for column, numbers in other.numbers.items():
+            self.numbers[column] += numbers
+        for column, interner in other.flow_cats.items():
+            self.flow_parts[column] += self.flow_cats[column].recode(interner, other.flow_parts[column])
+        for column in ("id", "ts"):
+            self.flow_parts[column] += other.flow_parts[column]
+        self.processes.update(other.processes)
+        self.threads.update(other.threads)
+        self.n += other.n
 
     def _flows(self, flows: list[Any]) -> None:
         if not flows:
@@ -476,6 +503,24 @@ def _loose_args(value: Any) -> _Args:
         return _EMPTY_ARGS
 
 
+@dataclass
+class Part:
+    """The decoded columns of a file, or of a stretch of one, before they become tables."""
+
+    builder: _Builder
+    meta: dict[str, Any]
+    warnings: list[str]
+
+    def extend(self, later: "Part") -> None:
+        """Append a part that follows this one in the same file."""
+        self.builder.extend(later.builder)
+        self.meta.update(later.meta)
+        self.warnings += later.warnings
+
+    def finish(self) -> ParsedTrace:
+        return self.builder.finish(self.meta, self.warnings)
+
+
 class _Damage(Exception):
     """The JSON is broken at ``offset`` (absolute, in the decompressed bytes)."""
 
@@ -485,14 +530,16 @@ class _Damage(Exception):
         self.reason = reason
 
 
-class _Fallback(Exception):
+class Unstreamable(Exception):
     """The streaming path cannot handle this layout: decode the whole document instead."""
 
 
 class _StreamParser:
     """Cuts the traceEvents array of a byte stream into chunks and decodes them."""
 
-    def __init__(self, source: Source, stream: ByteStream, recover: bool, progress: Progress | None, chunk: int) -> None:
+    def __init__(
+        self, source: Source, stream: ByteStream, recover: bool, progress: Progress | None, chunk: int, base: int = 0
+    ) -> None:
         self.source = source
         self.name = source.name
         self.stream = stream
@@ -500,7 +547,7 @@ class _StreamParser:
         self.progress = progress
         self.chunk = chunk
         self.buf = bytearray()
-        self.base = 0  # absolute offset of buf[0]
+        self.base = base  # absolute offset of buf[0] in the file
         self.eof = False
         self.builder = _Builder()
         self.meta: dict[str, Any] = {}
@@ -528,6 +575,10 @@ class _StreamParser:
 
     # -- the document -----------------------------------------------------------------
     def run(self) -> ParsedTrace:
+        return self.read().finish()
+
+    def read(self) -> "Part":
+        """Decode the whole stream into columns (not yet a table)."""
         self._more()
         sniff(bytes(self.buf[: 1 << 20]), self.name)
         self._find_events()
@@ -551,7 +602,7 @@ class _StreamParser:
         if self.stream.truncated:
             self.warnings.append(f"{self.name}: gzip stream truncated; recovered what it held")
         self._report()
-        return self.builder.finish(self.meta, self.warnings)
+        return Part(self.builder, self.meta, self.warnings)
 
     def _find_events(self) -> None:
         """Move to the '[' of the events array; decode the metadata before it."""
@@ -565,9 +616,9 @@ class _StreamParser:
             if match is not None and self.buf[key - 1 : key] != b"\\":
                 break
             if key >= 0 and len(self.buf) - key > 64:  # odd spacing or a string that says traceEvents
-                raise _Fallback
+                raise Unstreamable
             if not self._more() or len(self.buf) > (256 << 20):
-                raise _Fallback
+                raise Unstreamable
         head = bytes(self.buf[start:key]).rstrip(_WS)
         if head.endswith(b","):
             head = head[:-1]
@@ -575,7 +626,7 @@ class _StreamParser:
             try:
                 top = _ANY.decode(head + b"}")
             except msgspec.DecodeError:
-                raise _Fallback from None
+                raise Unstreamable from None
             self.meta.update({k: _literal(v) for k, v in top.items()})
         self._drop(match.end() - 1)
 
@@ -628,7 +679,7 @@ class _StreamParser:
                 return True
         if tries < _MAX_CUT_TRIES and len(self.buf) < (256 << 20) and self._more():
             return True  # no boundary yet (one enormous event): read on
-        raise _Fallback
+        raise Unstreamable
 
     def _last_chunk(self) -> None:
         """The end of the document: the last events, the ']' and the metadata after it."""
@@ -651,7 +702,7 @@ class _StreamParser:
                     close = match.end() - 1
                     break
                 if tries >= _MAX_CUT_TRIES:
-                    raise _Fallback
+                    raise Unstreamable
             if close < 0:
                 self._damaged(self._locate_end_damage())
                 return
@@ -671,7 +722,7 @@ class _StreamParser:
             if isinstance(extra, dict):
                 self.meta.update({k: _literal(v) for k, v in extra.items()})
                 return
-        raise _Fallback
+        raise Unstreamable
 
     def _locate_end_damage(self) -> _Damage:
         """Where the remainder of the document breaks (it has no complete end)."""
@@ -805,7 +856,7 @@ def parse_source(
         try:
             with ByteStream(source, block=chunk) as stream:
                 return _StreamParser(source, stream, recover, progress, chunk).run()
-        except _Fallback:
+        except Unstreamable:
             pass
         with ByteStream(source, block=chunk) as stream:
             data = stream.read_all()
@@ -823,6 +874,22 @@ def parse_source(
         if progress is not None:
             progress(source.size, source.size)
         return parsed
+
+
+def read_part(source: Source, *, base: int = 0, chunk: int | None = None, progress: Progress | None = None) -> Part:
+    """Stream-decode ``source`` into columns, strictly (no recovery, no whole-document
+    fallback): used on stretches of one file parsed side by side (``trace.split``).
+
+    Args:
+        base: the file offset of the source's first byte, so damage is located in the file.
+
+    Raises:
+        TraceError: the JSON is damaged.
+        Unstreamable: a layout only the whole-document path reads.
+    """
+    chunk = chunk or CHUNK_BYTES
+    with _gc_paused(), ByteStream(source, block=chunk) as stream:
+        return _StreamParser(source, stream, False, progress, chunk, base).read()
 
 
 def parse_events(data: bytes, name: str, *, recover: bool = False) -> ParsedTrace:

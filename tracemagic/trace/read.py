@@ -36,6 +36,8 @@ class Source:
     opener: Callable[[], IO[bytes]]
     size: int
     rank_hint: int | None
+    #: the file on disk, when the source is one (not a tar member or bytes)
+    path: Path | None = None
 
     @classmethod
     def from_bytes(cls, name: str, data: bytes, rank_hint: int | None = None) -> "Source":
@@ -179,7 +181,7 @@ def rank_files(path: Path) -> list[Path]:
 def file_source(path: Path, rank: int | None = None) -> Source:
     """A source reading ``path`` from disk; its rank is ``rank`` if known, else the name's."""
     hint = rank if rank is not None else rank_from_name(path.name)
-    return Source(str(path), lambda: open(path, "rb"), path.stat().st_size, hint)
+    return Source(str(path), lambda: open(path, "rb"), path.stat().st_size, hint, path)
 
 
 def read_sources(path: Path) -> list[Source]:

@@ -1,0 +1,197 @@
+"""A large plain trace is parsed on two cores (``tracemagic.trace.split``): the result must
+be exactly the one-process parse's, for real traces, for cuts that land inside strings or
+nested values, for damaged files, and when the child fails or hangs."""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import tracemagic
+from tracemagic.errors import TraceError
+from tracemagic.trace import parse, split
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+load_module = importlib.import_module("tracemagic.trace.load")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+def plain(name: str, tmp_path: Path) -> Path:
+    """A real trace from ../shared/traces, decompressed (only plain files are split)."""
+    source = TRACES / name
+    if not source.is_file():
+        pytest.fail(f"{source} is missing: these tests need ../shared/traces next to the repository")
+    path = tmp_path / name.removesuffix(".gz")
+    path.write_bytes(gzip.decompress(source.read_bytes()))
+    return path
+
+
+class SplitSpy:
+    """Counts split parses and whether each gave a result (or fell back)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.results: list[bool] = []
+        real = split.parse_split
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            parsed = real(*args, **kwargs)
+            self.results.append(parsed is not None)
+            return parsed
+
+        monkeypatch.setattr(split, "parse_split", spy)
+
+
+def assert_same(a: tracemagic.Trace, b: tracemagic.Trace) -> None:
+    pd.testing.assert_frame_equal(a.events, b.events)
+    pd.testing.assert_frame_equal(a.flows, b.flows)
+    assert a.meta == b.meta
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hta_nccl_data.json.gz",  # GPU kernels, NCCL, flows, metadata before and after the events
+        "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz",  # AMD
+        "kineto_worker0.1623143089861.pt.trace.json.gz",  # an old trace, 35 MB: split by default
+    ],
+)
+def test_split_parse_equals_the_one_process_parse(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = plain(name, tmp_path)
+    if path.stat().st_size < split.SPLIT_MIN_BYTES:
+        monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    spy = SplitSpy(monkeypatch)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    assert spy.results == []
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.results == [True], "the file was parsed in two processes"
+    assert_same(alone, both)
+    assert len(both.events) > 0
+
+
+@pytest.mark.parametrize("share", [0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95])
+@pytest.mark.parametrize("layout", ["compact", "pretty"])
+def test_cuts_inside_strings_and_nested_values_fall_back(
+    share: float, layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Names and args full of ``}, {`` (also arrays of objects inside args) put candidate
+    cuts inside events; the split either proves its cut or parses in one process."""
+    events = []
+    for i in range(2000):
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": ["aten::mm", 'weird }, { "name": }] [{', "x\\"][i % 3],
+                "pid": 1,
+                "tid": 1,
+                "ts": 10.0 * i,
+                "dur": 5.0,
+                "args": {"External id": i, "objects": [{"a": i}, {"b": [{"c": 1}, {"d": 2}]}] * 3},
+            }
+        )
+    doc = {"schemaVersion": 1, "traceEvents": events, "traceName": "after }, { the events"}
+    text = json.dumps(doc, indent=None if layout == "compact" else 2, separators=(",", ":") if layout == "compact" else None)
+    path = tmp_path / "tricky.json"
+    path.write_text(text)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "CHILD_SHARE", share)
+    spy = SplitSpy(monkeypatch)
+    both = tracemagic.load(path, use_cache=False)
+    assert len(spy.results) == 1
+    assert both.events["name"].astype(str).tolist() == [e["name"] for e in events]
+    assert both.events["external_id"].tolist() == list(range(2000))
+    assert both.meta["ranks"][0]["traceName"] == "after }, { the events"
+    assert_same(tracemagic.load(path, use_cache=False, workers=1), both)
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.7, 0.999])
+def test_damaged_files_report_as_the_one_process_parse(fraction: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = plain("hta_nccl_data.json.gz", tmp_path).read_bytes()
+    path = tmp_path / "cut.json"
+    path.write_bytes(data[: int(len(data) * fraction)] + b"garbage")
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    with pytest.raises(TraceError) as alone:
+        tracemagic.load(path, use_cache=False, workers=1)
+    with pytest.raises(TraceError) as both:
+        tracemagic.load(path, use_cache=False)
+    assert str(both.value) == str(alone.value) and both.value.offset == alone.value.offset
+    assert_same(
+        tracemagic.load(path, use_cache=False, workers=1, recover=True), tracemagic.load(path, use_cache=False, recover=True)
+    )
+
+
+def _children() -> set[int]:
+    """Our live child processes (zombies included)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid():
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("failure", ["raises", "dies", "hangs"])
+def test_a_failing_child_means_a_one_process_parse(failure: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = plain("hta_nccl_data.json.gz", tmp_path)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "_GRACE_S", 2.0)
+    real = parse.read_part
+
+    def broken(source: Any, **kwargs: Any) -> Any:
+        if kwargs.get("base", 0) > 0:  # the child's stretch
+            if failure == "raises":
+                raise MemoryError("no room")
+            if failure == "dies":
+                os._exit(9)
+            time.sleep(600)
+        return real(source, **kwargs)
+
+    monkeypatch.setattr(parse, "read_part", broken)
+    spy = SplitSpy(monkeypatch)
+    before = _children()
+    started = time.monotonic()
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.results == [False], "the split gave up"
+    assert time.monotonic() - started < 60
+    assert_same(alone, both)
+    assert _children() == before, "the child was reaped (killed when it hung)"
+
+
+def test_progress_runs_to_the_whole_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = plain("hta_nccl_data.json.gz", tmp_path)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 256 * 1024)
+    seen: list[tuple[int, int]] = []
+    tracemagic.load(path, use_cache=False, progress=lambda done, total: seen.append((done, total)))
+    size = path.stat().st_size
+    assert len(seen) > 5 and all(total == size for _, total in seen)
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == size and done[len(done) // 2] < size
+
+
+def test_gzip_files_and_workers_1_are_not_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    source = TRACES / "hta_nccl_data.json.gz"
+    spy = SplitSpy(monkeypatch)
+    tracemagic.load(source, use_cache=False)
+    assert spy.results == [False], "a gzip stream has no middle to seek to"
+    path = plain("hta_nccl_data.json.gz", tmp_path)
+    tracemagic.load(path, use_cache=False, workers=1)
+    assert spy.results == [False]
