@@ -225,24 +225,34 @@ def _to_number(value: Any) -> int | float | None:
 
 
 class _Interner:
-    """Labels -> categorical codes, shared by all chunks of a column (insertion order)."""
+    """Labels -> categorical codes, shared by all chunks of a column (insertion order).
 
-    __slots__ = ("index", "labels", "raw")
+    Values are looked up in a dict keyed by the decoded value itself (a C-level ``map``
+    over the chunk), so only values not seen before cost Python work.
+    """
+
+    __slots__ = ("index", "labels", "raw", "seen")
 
     def __init__(self, raw: bool = False) -> None:
         self.index: dict[str, int] = {}
         self.labels: list[str] = []
         self.raw = raw  # values are JSON text as bytes; b"null" is missing
+        self.seen: dict[Any, int] = {b"null": -1} if raw else {None: -1}
 
     def codes(self, values: Any, n: int) -> np.ndarray:
-        objects = _objects(values, n)
-        codes, uniques = pd.factorize(objects, use_na_sentinel=True)
-        if len(uniques) == 0:
-            return np.full(n, -1, dtype=np.int32)
-        lookup = np.fromiter(map(self._code, uniques), dtype=np.int32, count=len(uniques))
-        out = lookup[codes]
-        out[codes < 0] = -1
-        return out
+        seen = self.seen
+        try:
+            found = list(map(seen.get, values))
+        except TypeError:  # an unhashable value (a list where a string belongs)
+            values = [v if isinstance(v, (str, int, float, bytes)) or v is None else str(v) for v in values]
+            found = list(map(seen.get, values))
+        try:
+            return np.array(found, dtype=np.int32)
+        except TypeError:  # some values not seen before (their lookup gave None)
+            pass
+        for value in dict.fromkeys(v for v, c in zip(values, found) if c is None):  # in order
+            seen[value] = self._code(value)
+        return np.array(list(map(seen.__getitem__, values)), dtype=np.int32)
 
     def _code(self, value: Any) -> int:
         if self.raw:
