@@ -61,6 +61,18 @@ def enclosing(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return enclosing_at(events, thread_keys(events)[rows], ts[rows], timed_rows(events, CPU_KINDS))
 
 
+def memory_holders(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the ``[memory]`` events and the CPU event around each (``enclosing``), -1
+    where none; computed once per trace (the memory and layers tables both need them)."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        rows = np.flatnonzero((events["kind"] == "memory").to_numpy())
+        return rows, enclosing(events, rows)
+
+    return trace.shared("memory_holders", compute)
+
+
 def enclosing_at(events: pd.DataFrame, keys: np.ndarray, at: np.ndarray, cand: np.ndarray) -> np.ndarray:
     """The innermost of the rows ``cand`` on thread ``keys`` (see ``thread_keys``) containing ``at``.
 
@@ -156,8 +168,9 @@ def is_dataloader(trace: Trace) -> np.ndarray:
 
 def names_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Event names at ``rows`` (object array), ``None`` where the row is -1."""
-    names = trace.events["name"].to_numpy(dtype=object)
-    return np.where(rows >= 0, names[np.maximum(rows, 0)], None)
+    names = trace.events["name"]
+    categories = np.append(np.asarray(names.cat.categories, dtype=object), None)
+    return categories[_codes_at(trace, rows)]
 
 
 def module_labels(trace: Trace) -> dict[str, tuple[str, str]]:

@@ -20,11 +20,12 @@ import pandas as pd
 
 from tracemagic.analysis._common import (
     GPU_ACTIVITY,
-    enclosing,
     enclosing_at,
     flow_thread_keys,
     in_scope,
     layers_at,
+    memory_holders,
+    names_at,
     names_where,
     nesting_depth,
     rollup,
@@ -32,7 +33,7 @@ from tracemagic.analysis._common import (
     thread_keys,
 )
 from tracemagic.trace.model import Trace
-from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS
+from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate
 
 #: outermost op of each autograd node run by the engine
@@ -70,6 +71,12 @@ class Attribution:
 
 
 def attribution(trace: Trace, flows: bool = True) -> Attribution:
+    """Attribute every event to a layer: forward by module nesting, backward by its forward op
+    (computed once per trace and flag; see ``_attribution``)."""
+    return trace.shared(f"attribution:{flows}", lambda: _attribution(trace, flows))
+
+
+def _attribution(trace: Trace, flows: bool) -> Attribution:
     """Attribute every event to a layer: forward by module nesting, backward by its forward op.
 
     Backward ops count only when outermost (not inside another backward op) and outside
@@ -83,11 +90,10 @@ def attribution(trace: Trace, flows: bool = True) -> Attribution:
     """
     events = trace.events
     n = len(events)
-    kinds = events["kind"].to_numpy()
     parent = events["parent"].to_numpy()
     depth = events["depth"].to_numpy()
     module = events["module"].to_numpy()
-    is_op = kinds == "cpu_op"
+    is_op = kind_mask(events, "cpu_op")
     fwd_tid = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)
     is_bwd = is_op & (names_where(events["name"], BACKWARD_OP) | (fwd_tid > 0))
     above = enclosing_of_kind(parent, depth, is_bwd, np.arange(n))
@@ -115,7 +121,7 @@ def attribution(trace: Trace, flows: bool = True) -> Attribution:
     layer = np.where(backward, matched[np.maximum(root, 0)], module)
     names = events["name"]
     module_names = names.cat.categories.str.startswith(MODULE_PREFIX)
-    is_module = (kinds == "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
+    is_module = kind_mask(events, "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
     module_parent = np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1)
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events))
 
@@ -155,16 +161,17 @@ def _flow_links(trace: Trace, root: np.ndarray, is_op: np.ndarray) -> np.ndarray
 def step_time(trace: Trace) -> dict[int, float]:
     """Per rank: the summed ProfilerStep durations, else the span of its CPU and GPU events."""
     events = trace.events
-    kinds = events["kind"].to_numpy()
     rank = events["rank"].to_numpy()
+    is_step = kind_mask(events, "step")
+    is_timed = kind_mask(events, *CPU_KINDS + GPU_KINDS) & (events["ph"] == "X").to_numpy()
     out = {}
     for r in trace.ranks:
         mine = rank == r
-        steps = events.loc[mine & (kinds == "step"), ["name", "dur"]].drop_duplicates("name")
+        steps = events.loc[mine & is_step, ["name", "dur"]].drop_duplicates("name")
         if len(steps):
             out[r] = float(steps["dur"].sum())
             continue
-        timed = mine & np.isin(kinds, CPU_KINDS + GPU_KINDS) & (events["ph"] == "X").to_numpy()
+        timed = mine & is_timed
         ts = events["ts"].to_numpy()[timed]
         end = ts + events["dur"].to_numpy()[timed]
         out[r] = float(end.max() - ts.min()) if ts.size else 0.0
@@ -184,16 +191,18 @@ def _rollup(start: np.ndarray, weights: np.ndarray, layer_of: np.ndarray, up: np
 
 
 def _first_op_dims(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
-    """Input dims (text) of the first cpu_op with a tensor input inside each module call row."""
-    out = np.full(calls.size, None, dtype=object)
+    """Input dims (text, None if none) of the first cpu_op with a tensor input inside each
+    module call row."""
+    categories = np.append(np.asarray(events["input_dims"].cat.categories, dtype=object), None)
+    out = np.full(calls.size, -1, dtype=np.int64)
     tensor_input = names_where(events["input_dims"], TENSOR_DIMS)
     ops = np.flatnonzero((events["kind"] == "cpu_op").to_numpy() & tensor_input)
     if ops.size == 0 or calls.size == 0:
-        return out
+        return categories[out]
     keys = thread_keys(events)
     ts = events["ts"].to_numpy()
     dur = events["dur"].to_numpy()
-    dims = events["input_dims"].to_numpy(dtype=object)
+    dims = events["input_dims"].cat.codes.to_numpy()
     ops = ops[np.lexsort((-dur[ops], ts[ops], keys[ops]))]
     op_keys = keys[ops]
     for key in np.unique(keys[calls]):  # one pass per thread
@@ -207,14 +216,15 @@ def _first_op_dims(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
         first = mine[np.minimum(pos, mine.size - 1)]
         ok &= ts[first] <= ts[calls[where]] + dur[calls[where]]
         out[where[ok]] = dims[first[ok]]
-    return np.array([None if pd.isna(v) else str(v) for v in out], dtype=object)
+    return categories[out]
 
 
 def memory_growth(trace: Trace, att: Attribution) -> tuple[np.ndarray, np.ndarray]:
     """Module event row enclosing each in-scope forward ``[memory]`` event, and its delta."""
     events = trace.events
-    rows = np.flatnonzero((events["kind"] == "memory").to_numpy() & att.in_scope)
-    holder = enclosing(events, rows)
+    rows, holder = memory_holders(trace)
+    scope = att.in_scope[rows]
+    rows, holder = rows[scope], holder[scope]
     ok = holder >= 0
     rows, holder = rows[ok], holder[ok]
     fwd = ~att.backward[holder]
@@ -263,9 +273,8 @@ def layers(trace: Trace) -> pd.DataFrame:
     up = att.module_parent
     roots = np.flatnonzero((att.root == np.arange(len(events))) & scope)
     bwd_self, bwd_cpu = _rollup(att.module[roots], dur[roots], layer_of, up, count)
-    kinds = events["kind"].to_numpy()
     launch = events["launch"].to_numpy()
-    gpu_all = np.flatnonzero(np.isin(kinds, GPU_ACTIVITY) & scope)
+    gpu_all = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & scope)
     gpu = gpu_all[launch[gpu_all] >= 0]
     gpu_layer = att.module[launch[gpu]]
     gpu_bwd = att.backward[launch[gpu]]
@@ -283,7 +292,7 @@ def layers(trace: Trace) -> pd.DataFrame:
     depth = nesting_depth(up, first_row)
     name, kind = layers_at(trace, first_row)
     parent_name, _ = layers_at(trace, parent_row)
-    trace_name = events["name"].to_numpy(dtype=object)[first_row]
+    trace_name = names_at(trace, first_row)
     table = pd.DataFrame(
         {
             "rank": np.asarray([k[0] for k in keys], dtype=np.int32),

@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import enclosing, layers_at, names_at, text, trace_start
+from tracemagic.analysis._common import layers_at, memory_holders, names_at, text, trace_start
 from tracemagic.analysis.layers import attribution
 from tracemagic.trace.model import Trace
 
@@ -39,9 +39,9 @@ def device_names(device_type: pd.Series, device: pd.Series) -> np.ndarray:
     """``'cpu'``, ``'cuda:0'``, ... from the ``Device Type`` and ``Device Id`` args."""
     kind = device_type.to_numpy(dtype=np.int64, na_value=-1)
     index = device.to_numpy(dtype=np.int64, na_value=-1)
-    pairs, inverse = np.unique(np.stack([kind, index]), axis=1, return_inverse=True)
+    keys, inverse = np.unique((kind << 32) + index + 1, return_inverse=True)
     labels = []
-    for k, i in pairs.T:
+    for k, i in zip(keys >> 32, (keys & 0xFFFFFFFF) - 1):
         name = DEVICE_TYPES.get(int(k), f"device{int(k)}")
         labels.append(name if name == "cpu" or i < 0 else f"{name}:{int(i)}")
     return np.asarray(labels, dtype=object)[inverse.reshape(-1)] if labels else np.array([], dtype=object)
@@ -65,9 +65,8 @@ def memory(trace: Trace) -> pd.DataFrame:
     {rank: {device: bytes added}} say where, and ``df.attrs['note']`` says how.
     """
     events = trace.events
-    rows = np.flatnonzero((events["kind"] == "memory").to_numpy())
+    rows, holder = memory_holders(trace)
     picked = events.iloc[rows]
-    holder = enclosing(events, rows)
     att = attribution(trace)
     found = holder >= 0
     safe = np.maximum(holder, 0)

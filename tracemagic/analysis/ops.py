@@ -9,6 +9,9 @@ from tracemagic.trace.model import Trace
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
 KINDS = ("cpu_op", "user_annotation", "step")
+#: the events columns the table is made of (only these are gathered)
+_USED = ["rank", "name", "kind", "ts", "dur", "self_dur", "tid", "step", "depth", "parent", "module",
+         "input_dims", "input_type", "seq", "rf_id", "external_id"]
 
 
 def ops(trace: Trace) -> pd.DataFrame:
@@ -25,7 +28,7 @@ def ops(trace: Trace) -> pd.DataFrame:
     """
     events = trace.events
     rows = timed_rows(events, KINDS)
-    picked = events.iloc[rows]
+    picked = events[_USED].iloc[rows]
     layer, layer_type = layer_labels(trace, picked["module"].to_numpy())
     return pd.DataFrame(
         {

@@ -16,6 +16,7 @@ import pandas as pd
 from tracemagic.analysis import steps as steps_module
 from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length
 from tracemagic.trace.model import Trace
+from tracemagic.trace.normalize import kind_mask
 
 _KERNEL_COLLECTIVE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 _MEANS = ("compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us")
@@ -39,10 +40,9 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, str]:
     ``record_param_comms`` ops.
     """
     events = trace.events
-    kinds = events["kind"].to_numpy()
     timed = (events["ph"] == "X").to_numpy()
-    host = timed & np.isin(kinds, ("cpu_op", "user_annotation"))
-    rows = np.flatnonzero(timed & (kinds == "kernel") & is_nccl(events["name"]))
+    host = timed & kind_mask(events, "cpu_op", "user_annotation")
+    rows = np.flatnonzero(timed & kind_mask(events, "kernel") & is_nccl(events["name"]))
     source = "kernel"
     if not rows.size:
         rows = np.flatnonzero(host & names_where(events["name"], HOST_COLLECTIVE))

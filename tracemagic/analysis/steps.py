@@ -14,6 +14,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import GPU_ACTIVITY, HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
 from tracemagic.trace.model import Trace
+from tracemagic.trace.normalize import kind_mask
 
 #: breakdown columns in priority order (a higher one wins where activities overlap)
 CATEGORIES = (
@@ -74,25 +75,24 @@ def window_of(trace: Trace, frame: pd.DataFrame) -> np.ndarray:
 def category_masks(trace: Trace) -> dict[str, np.ndarray]:
     """Which events feed each breakdown category (before priorities are applied)."""
     events = trace.events
-    kinds = events["kind"].to_numpy()
     duration = (events["ph"] == "X").to_numpy() & (events["dur"].to_numpy() > 0)
-    kernel = duration & (kinds == "kernel")
+    kernel = duration & kind_mask(events, "kernel")
     nccl = is_nccl(events["name"])
     ranks = events["rank"].to_numpy()
-    gpu_ranks = np.unique(ranks[np.isin(kinds, GPU_ACTIVITY)])
+    gpu_ranks = np.unique(ranks[kind_mask(events, *GPU_ACTIVITY)])
     cpu_only = ~np.isin(ranks, gpu_ranks)
-    host = duration & np.isin(kinds, ("cpu_op", "user_annotation"))
+    host = duration & kind_mask(events, "cpu_op", "user_annotation")
     host_comm = host & cpu_only & (
         names_where(events["name"], HOST_COLLECTIVE) | (events["name"] == "record_param_comms").to_numpy()
     )
     return {
         "compute_us": kernel & ~nccl,
         "comm_us": (kernel & nccl) | host_comm,
-        "memcpy_us": duration & (kinds == "memcpy"),
-        "memset_us": duration & (kinds == "memset"),
-        "runtime_us": duration & (kinds == "runtime"),
+        "memcpy_us": duration & kind_mask(events, "memcpy"),
+        "memset_us": duration & kind_mask(events, "memset"),
+        "runtime_us": duration & kind_mask(events, "runtime"),
         "dataloader_us": duration & is_dataloader(trace),
-        "cpu_us": duration & (kinds == "cpu_op"),
+        "cpu_us": duration & kind_mask(events, "cpu_op"),
     }
 
 

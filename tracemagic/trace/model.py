@@ -10,7 +10,7 @@ import os
 from functools import cached_property
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pandas as pd
 
@@ -32,6 +32,7 @@ import pandas as pd
 #: per argument, ``''`` for tensors and None), ``grid``, ``block``, ``pg_ranks`` (JSON text
 #: as written).
 EVENT_COLUMNS_DOC = __doc__
+T = TypeVar("T")
 
 
 class Trace:
@@ -60,6 +61,7 @@ class Trace:
         self.path = path
         self.manifest = manifest
         self._memo: dict[tuple[Any, ...], pd.DataFrame] = {}
+        self._shared: dict[str, Any] = {}
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -100,6 +102,13 @@ class Trace:
         return f"<Trace{where}: {len(self.ranks)} rank(s), {parts or 'no events'}>"
 
     # -- analyses (DataFrame out, see tracemagic.analysis) ---------------------------------
+    def shared(self, key: str, compute: Callable[[], T]) -> T:
+        """An intermediate result several analyses use (layer attribution, the ops around
+        memory events), computed once per trace; treat it as read-only."""
+        if key not in self._shared:
+            self._shared[key] = compute()
+        return self._shared[key]
+
     def _analysis(self, module: str, function: str, *args: Any, **kwargs: Any) -> pd.DataFrame:
         key = (module, function, args, tuple(sorted(kwargs.items())))
         if key not in self._memo:
