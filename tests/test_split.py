@@ -18,6 +18,7 @@ import pytest
 import tracemagic
 from tracemagic.errors import TraceError
 from tracemagic.trace import parse, split
+from tracemagic.trace.read import file_source
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 load_module = importlib.import_module("tracemagic.trace.load")
@@ -186,12 +187,40 @@ def test_progress_runs_to_the_whole_file(tmp_path: Path, monkeypatch: pytest.Mon
     assert done == sorted(done) and done[-1] == size and done[len(done) // 2] < size
 
 
-def test_gzip_files_and_workers_1_are_not_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gzip_files_are_split_after_decompressing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
-    source = TRACES / "hta_nccl_data.json.gz"
+    source = TRACES / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    path = tmp_path / source.name
+    path.write_bytes(source.read_bytes())
     spy = SplitSpy(monkeypatch)
-    tracemagic.load(source, use_cache=False)
-    assert spy.results == [False], "a gzip stream has no middle to seek to"
-    path = plain("hta_nccl_data.json.gz", tmp_path)
-    tracemagic.load(path, use_cache=False, workers=1)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    assert spy.results == [], "workers=1 parses in this process only"
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.results == [True]
+    assert_same(alone, both)
+
+
+def test_a_truncated_gzip_file_is_reported_as_the_one_process_parse_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    data = (TRACES / "hta_nccl_data.json.gz").read_bytes()
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(data[: len(data) * 2 // 3])
+    spy = SplitSpy(monkeypatch)
+    with pytest.raises(TraceError) as both:
+        tracemagic.load(path, use_cache=False)
     assert spy.results == [False]
+    with pytest.raises(TraceError) as alone:
+        tracemagic.load(path, use_cache=False, workers=1)
+    assert str(both.value) == str(alone.value)
+    assert_same(
+        tracemagic.load(path, use_cache=False, workers=1, recover=True), tracemagic.load(path, use_cache=False, recover=True)
+    )
+
+
+def test_the_size_threshold_reads_the_gzip_trailer(tmp_path: Path) -> None:
+    source = TRACES / "hta_control.json.gz"  # 1.8 MB of gzip, 35 MB of JSON
+    path = tmp_path / source.name
+    path.write_bytes(source.read_bytes())
+    assert split._json_size(path, path.stat().st_size) == len(gzip.decompress(source.read_bytes()))
+    assert split.can_split(file_source(path), None) == (split.SPLIT_MIN_BYTES <= 35 << 20)
+    assert not split.can_split(file_source(path), 1)

@@ -2,8 +2,10 @@
 events while a forked child reads the rest, and the child's columns are appended.
 
 Decoding is CPU-bound Python (msgspec structs to numpy columns), so one process is the
-limit; splitting a plain JSON file at an event boundary near its middle halves the wall
-time (``bench/bench_load.py``). The split is proven, not guessed: the parent decodes
+limit; splitting the JSON at an event boundary near its middle nearly halves the wall
+time (``bench/bench_load.py``). A plain file is read in place by both processes, a gzip
+file is decompressed into memory first (its stream has no middle to seek to), and the
+child sees those bytes through the fork. The split is proven, not guessed: the parent decodes
 everything before the cut as a complete list of events, which a cut inside a string or a
 nested value never is. Anything unexpected (no fork, a damaged file, an odd layout, a
 child that fails or hangs) falls back to the one-process parse, so the result is always
@@ -26,15 +28,16 @@ import signal
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import parse
 from tracemagic.trace.parse import ParsedTrace, Progress
-from tracemagic.trace.read import Source
+from tracemagic.trace.read import ByteStream, Source
 
-#: plain files at least this large are split (below it the fork and merge cost more than
+#: files of at least this much JSON are split (below it the fork and merge cost more than
 #: they save)
 SPLIT_MIN_BYTES = 16 << 20
 #: the child's share of the events bytes (the parent also merges and finishes the table)
@@ -46,14 +49,18 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-class _Range(io.RawIOBase):
-    """Bytes ``[start, stop)`` of a file, with ``prefix``/``suffix`` bytes around them."""
+#: ``read_at(offset, size)``: bytes of the JSON (a plain file's, or decompressed gzip)
+ReadAt = Callable[[int, int], bytes]
 
-    def __init__(self, path: Path, start: int, stop: int, prefix: bytes = b"", suffix: bytes = b"") -> None:
+
+class _Slice(io.RawIOBase):
+    """Bytes ``[start, stop)`` of the JSON, with ``prefix``/``suffix`` bytes around them."""
+
+    def __init__(self, read_at: ReadAt, start: int, stop: int, prefix: bytes = b"", suffix: bytes = b"") -> None:
         super().__init__()
-        self._file = open(path, "rb")
-        self._file.seek(start)
-        self._left = stop - start
+        self._read_at = read_at
+        self._pos = start
+        self._stop = stop
         self._prefix = prefix
         self._suffix = suffix
 
@@ -63,23 +70,19 @@ class _Range(io.RawIOBase):
     def read(self, size: int = -1) -> bytes:
         size = size if size is not None and size >= 0 else 1 << 62
         head, self._prefix = self._prefix[:size], self._prefix[size:]
-        want = size - len(head)
-        body = self._file.read(min(want, self._left)) if want and self._left else b""
-        self._left -= len(body)
+        take = min(size - len(head), self._stop - self._pos)
+        body = self._read_at(self._pos, take) if take > 0 else b""
+        self._pos += len(body)
+        room = size - len(head) - len(body)
         tail = b""
-        if self._left == 0 and len(head) + len(body) < size:
-            tail, self._suffix = self._suffix[: size - len(head) - len(body)], self._suffix[size - len(head) - len(body) :]
+        if self._pos >= self._stop and room > 0:
+            tail, self._suffix = self._suffix[:room], self._suffix[room:]
         return head + body + tail
-
-    def close(self) -> None:
-        if not self.closed:
-            self._file.close()
-        super().close()
 
 
 def can_split(source: Source, workers: int | None) -> bool:
-    """Whether ``source`` is a plain JSON file worth parsing in two processes here."""
-    if source.path is None or source.size < SPLIT_MIN_BYTES or (workers is not None and workers < 2):
+    """Whether ``source`` is a JSON file (plain or gzip) worth parsing in two processes here."""
+    if source.path is None or (workers is not None and workers < 2):
         return False
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return False  # fork is unsafe on macOS and missing on Windows
@@ -87,23 +90,57 @@ def can_split(source: Source, workers: int | None) -> bool:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return cores >= 2
+    return cores >= 2 and _json_size(source.path, source.size) >= SPLIT_MIN_BYTES
 
 
-def _cut(path: Path, size: int) -> tuple[int, int] | None:
+def _json_size(path: Path, size: int) -> int:
+    """The JSON's size: the file's, or for gzip the size its trailer records (mod 4 GiB;
+    a trailer smaller than the file means more, so the file's size x 10 stands in)."""
+    try:
+        with open(path, "rb") as file:
+            if file.read(2) != _GZIP_MAGIC:
+                return size
+            file.seek(-4, os.SEEK_END)
+            recorded = int.from_bytes(file.read(4), "little")
+    except OSError:
+        return 0
+    return recorded if recorded >= size else size * 10
+
+
+@contextmanager
+def _contents(source: Source) -> Iterator[tuple[ReadAt, int] | None]:
+    """``(read_at, size)`` over the JSON: a plain file read in place with ``pread`` (which
+    the forked child can share), a gzip file decompressed into memory; None for a damaged
+    gzip stream (the one-process parse reports it)."""
+    assert source.path is not None
+    fd = os.open(source.path, os.O_RDONLY)
+    try:
+        if os.pread(fd, 2, 0) != _GZIP_MAGIC:
+            yield (lambda offset, size: os.pread(fd, size, offset)), os.fstat(fd).st_size
+            return
+    finally:
+        os.close(fd)
+    try:
+        with ByteStream(source, block=8 << 20) as stream:
+            data = stream.read_all()
+            truncated = stream.truncated
+    except TraceError:
+        truncated = True
+    if truncated:
+        yield None
+        return
+    view = memoryview(data)
+    yield (lambda offset, size: bytes(view[offset : offset + size])), len(data)
+
+
+def _cut(read_at: ReadAt, size: int) -> tuple[int, int] | None:
     """``(end, start)``: the first stretch is ``[0, end)`` (it ends with an event's ``}``),
     the second starts at the next event's ``{``; None when no boundary is found."""
-    with open(path, "rb") as file:
-        head = file.read(1 << 20)
-        if head[:2] == _GZIP_MAGIC:
-            return None
-        match = _EVENTS_KEY.search(head)
-        if match is None:
-            return None
-        target = max(match.end(), int(size * (1 - CHILD_SHARE)))
-        file.seek(target)
-        window = file.read(4 << 20)
-    boundary = _BOUNDARY.search(window)
+    match = _EVENTS_KEY.search(read_at(0, 1 << 20))
+    if match is None:
+        return None
+    target = max(match.end(), int(size * (1 - CHILD_SHARE)))
+    boundary = _BOUNDARY.search(read_at(target, 4 << 20))
     if boundary is None:
         return None
     return target + boundary.start() + 1, target + boundary.end() - 1
@@ -116,14 +153,18 @@ def parse_split(source: Source, progress: Progress | None = None) -> ParsedTrace
     Progress is reported from the parent's stretch, scaled to the whole file (the two
     stretches are read at the same pace).
     """
-    assert source.path is not None
-    path = source.path
-    cut = _cut(path, source.size)
+    with _contents(source) as contents:
+        return _parse_split(source, contents, progress) if contents is not None else None
+
+
+def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progress | None) -> ParsedTrace | None:
+    read_at, size = contents
+    cut = _cut(read_at, size)
     if cut is None:
         return None
     end, start = cut
-    first = Source(source.name, lambda: _Range(path, 0, end, suffix=b"]"), end + 1, source.rank_hint, None)
-    rest = Source(source.name, lambda: _Range(path, start, source.size, prefix=b"["), source.size - start + 1, source.rank_hint, None)
+    first = Source(source.name, lambda: _Slice(read_at, 0, end, suffix=b"]"), end + 1, source.rank_hint)
+    rest = Source(source.name, lambda: _Slice(read_at, start, size, prefix=b"["), size - start + 1, source.rank_hint)
     child = _Child(lambda: parse.read_part(rest, base=start - 1))
     try:
         began = time.monotonic()
