@@ -224,3 +224,37 @@ def test_the_size_threshold_reads_the_gzip_trailer(tmp_path: Path) -> None:
     assert split._json_size(path, path.stat().st_size) == len(gzip.decompress(source.read_bytes()))
     assert split.can_split(file_source(path), None) == (split.SPLIT_MIN_BYTES <= 35 << 20)
     assert not split.can_split(file_source(path), 1)
+
+
+def test_split_inside_a_jupyter_kernel(tmp_path: Path) -> None:
+    """A kernel has threads (heartbeat, IOPub) and an output stream the child must never
+    touch: the split parse there gives the same trace, prints nothing, and the kernel
+    goes on working."""
+    import nbclient
+    import nbformat
+
+    path = plain("hta_nccl_data.json.gz", tmp_path)
+    cells = [
+        "import importlib, os, tracemagic\n"
+        "split = importlib.import_module('tracemagic.trace.split')\n"
+        "split.SPLIT_MIN_BYTES = 0\n"
+        "calls = []\n"
+        "real = split.parse_split\n"
+        "def spy(*a, **k):\n"
+        "    parsed = real(*a, **k)\n"
+        "    calls.append(parsed is not None)\n"
+        "    return parsed\n"
+        "split.parse_split = spy\n"
+        f"both = tracemagic.load({str(path)!r}, use_cache=False)\n"
+        f"alone = tracemagic.load({str(path)!r}, use_cache=False, workers=1)",
+        "import pandas as pd\n"
+        "pd.testing.assert_frame_equal(both.events, alone.events)\n"
+        "pd.testing.assert_frame_equal(both.flows, alone.flows)\n"
+        "assert both.meta == alone.meta and calls == [True], calls\n"
+        "print('same', len(both.events), os.getpid())",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    assert nb.cells[0].outputs == [], "the parse (and its child) wrote nothing to the notebook"
+    printed = "".join(o.get("text", "") for o in nb.cells[1].outputs)
+    assert printed.startswith("same ") and int(printed.split()[1]) > 0
