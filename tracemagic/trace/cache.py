@@ -124,9 +124,8 @@ def _column(array: pa.Array, nullable: bool) -> Any:
     categories, nullable ``Int64``/``Float64``, writable numpy), each buffer copied once."""
     kind = array.type
     if pa.types.is_dictionary(kind):
-        codes = array.indices.to_numpy(zero_copy_only=False)
-        if array.null_count:
-            codes = np.where(array.is_valid().to_numpy(zero_copy_only=False), codes, -1)
+        indices = array.indices.fill_null(-1) if array.null_count else array.indices
+        codes = indices.to_numpy(zero_copy_only=False)
         categories = pd.Index(array.dictionary.to_pylist(), dtype="str")
         return pd.Categorical.from_codes(codes, categories=categories, validate=False)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
