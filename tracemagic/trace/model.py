@@ -10,7 +10,7 @@ import os
 from functools import cached_property
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Hashable, TypeVar
 
 import pandas as pd
 
@@ -60,8 +60,7 @@ class Trace:
         self.meta = meta
         self.path = path
         self.manifest = manifest
-        self._memo: dict[tuple[Any, ...], pd.DataFrame] = {}
-        self._shared: dict[str, Any] = {}
+        self._shared: dict[Hashable, Any] = {}
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -102,19 +101,17 @@ class Trace:
         return f"<Trace{where}: {len(self.ranks)} rank(s), {parts or 'no events'}>"
 
     # -- analyses (DataFrame out, see tracemagic.analysis) ---------------------------------
-    def shared(self, key: str, compute: Callable[[], T]) -> T:
-        """An intermediate result several analyses use (layer attribution, the ops around
-        memory events), computed once per trace; treat it as read-only."""
+    def shared(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """A result computed once per trace: the tables, and intermediates several analyses
+        use (layer attribution, the ops around memory events); treat it as read-only."""
         if key not in self._shared:
             self._shared[key] = compute()
         return self._shared[key]
 
     def _analysis(self, module: str, function: str, *args: Any, **kwargs: Any) -> pd.DataFrame:
+        fn = getattr(import_module(f"tracemagic.analysis.{module}"), function)
         key = (module, function, args, tuple(sorted(kwargs.items())))
-        if key not in self._memo:
-            fn = getattr(import_module(f"tracemagic.analysis.{module}"), function)
-            self._memo[key] = fn(self, *args, **kwargs)
-        return self._memo[key].copy()
+        return self.shared(key, lambda: fn(self, *args, **kwargs)).copy()
 
     def ops(self) -> pd.DataFrame:
         """Every CPU op and annotation (see ``tracemagic.analysis.ops``)."""
