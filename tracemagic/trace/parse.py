@@ -255,9 +255,8 @@ class _Interner:
         return np.array(list(map(seen.__getitem__, values)), dtype=np.int32)
 
     def _code(self, value: Any) -> int:
+        """The code of a value not seen before (missing values are in ``seen`` from the start)."""
         if self.raw:
-            if value == b"null":
-                return -1
             label = value.decode("utf-8", "replace")
         else:
             label = value if type(value) is str else str(value)
