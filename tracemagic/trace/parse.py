@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import json
 import math
 import re
 from contextlib import contextmanager
@@ -33,6 +34,11 @@ import pandas as pd
 from tracemagic.errors import TraceError
 from tracemagic.trace import normalize
 from tracemagic.trace.read import ByteStream, Source, sniff
+
+try:  # the C scanner (setup.py builds it where a compiler is found)
+    from tracemagic.trace import _scan
+except ImportError:  # pragma: no cover - installed without a C compiler: msgspec alone
+    _scan = None
 
 #: bytes of events decoded at once (peak memory holds about one chunk's Python objects;
 #: 1-8 MB measured alike in speed, smaller is lighter)
@@ -147,6 +153,8 @@ _ARG_COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("out_nelems", "out_nelems", False),
 )
 _ARG_STRINGS = ("collective", "pg_name", "dtype")
+#: the text columns of timed events, in the C scanner's order
+_TEXT = ("ph", "cat", "name", "pid", "tid") + _ARG_STRINGS
 _ARG_RAW = ("input_dims", "input_type", "concrete_inputs", "grid", "block", "pg_ranks")
 _ARG_FIELDS = tuple(f for _, f, _ in _ARG_COLUMNS) + _ARG_STRINGS + _ARG_RAW + ("external_id_old",)
 _ARG_GETTER = attrgetter(*_ARG_FIELDS)
@@ -257,7 +265,7 @@ class _Interner:
     def _code(self, value: Any) -> int:
         """The code of a value not seen before (missing values are in ``seen`` from the start)."""
         if self.raw:
-            label = value.decode("utf-8", "replace")
+            label = _json_text(value)
         else:
             label = value if type(value) is str else str(value)
         return self.intern(label)
@@ -270,6 +278,14 @@ class _Interner:
             self.labels.append(label)
         return code
 
+    def remap(self, codes: bytes, values: list[Any]) -> np.ndarray:
+        """Codes of a chunk the C scanner interned on its own (``codes`` index ``values``)."""
+        local = np.frombuffer(codes, dtype=np.int32)
+        if not values:
+            return local
+        table = np.append(self.codes(values, len(values)), np.int32(-1))  # -1 stays missing
+        return table[local]
+
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype="str"), validate=False)
 
@@ -279,6 +295,15 @@ class _Interner:
             return parts
         remap = np.fromiter(map(self.intern, other.labels), dtype=np.int32, count=len(other.labels))
         return [np.where(codes >= 0, remap[codes], -1).astype(np.int32) for codes in parts]
+
+
+def _json_text(raw: bytes) -> str:
+    """A JSON value as text in one spelling, ``json.dumps``'s (``[[8, 32], [64]]``, as Kineto
+    writes it), whoever wrote it and whichever parser read it."""
+    try:
+        return json.dumps(_ANY.decode(raw), ensure_ascii=False)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return raw.decode("utf-8", "replace")
 
 
 def _objects(values: Any, n: int) -> np.ndarray:
@@ -340,7 +365,7 @@ class _Builder:
 
     def __init__(self) -> None:
         self.n = 0
-        self.cats = {c: _Interner() for c in ("ph", "cat", "name", "pid", "tid") + _ARG_STRINGS}
+        self.cats = {c: _Interner() for c in _TEXT}
         self.cats.update({c: _Interner(raw=True) for c in _ARG_RAW})
         self.codes: dict[str, list[np.ndarray]] = {c: [] for c in self.cats}
         self.floats: dict[str, list[np.ndarray]] = {"ts": [], "dur": []}
@@ -352,7 +377,11 @@ class _Builder:
         self.processes: dict[str, str] = {}
         self.threads: dict[tuple[str, str], str] = {}
 
-    def add(self, events: list[Any]) -> None:
+    def add(self, events: list[Any] | tuple[Any, ...]) -> None:
+        """Append a chunk: msgspec's event structs, or the C scanner's columns (a tuple)."""
+        if type(events) is tuple:
+            self._add_scanned(events)
+            return
         timed = [e for e in events if e.ph in _TIMED]
         if len(timed) != len(events):
             self._flows([e for e in events if e.ph in _FLOWS])
@@ -383,6 +412,27 @@ class _Builder:
                 self.codes[column].append(np.full(n, -1, dtype=np.int32))
             else:
                 self.codes[column].append(self.cats[column].codes(list(map(bytes, values)), n))
+        self.n += n
+
+    def _add_scanned(self, columns: tuple[Any, ...]) -> None:
+        n, text, raw, ts, dur, numbers, (n_flows, flow_text, flow_id, flow_ts), names = columns
+        if names:
+            self._names([_Event("M", "", name, pid, tid, args=_Args(meta_name=label, labels=labels))
+                         for name, pid, tid, label, labels in names])
+        if n_flows:
+            for column, (codes, values) in zip(("ph", "cat", "pid", "tid"), flow_text):
+                self.flow_parts[column].append(self.flow_cats[column].remap(codes, values))
+            self.flow_parts["ts"].append(np.frombuffer(flow_ts, dtype=np.float64))
+            ids = _scanned_numbers(flow_id, False)
+            self.flow_parts["id"].append(ids or (np.zeros(n_flows, np.int64), np.ones(n_flows, bool)))
+        if not n:
+            return
+        for column, (codes, values) in zip(_TEXT + _ARG_RAW, text + raw):
+            self.codes[column].append(self.cats[column].remap(codes, values))
+        self.floats["ts"].append(np.frombuffer(ts, dtype=np.float64))
+        self.floats["dur"].append(np.frombuffer(dur, dtype=np.float64))
+        for (column, _, floating), part in zip(_ARG_COLUMNS, numbers):
+            self.numbers[column].append((n, _scanned_numbers(part, floating)))
         self.n += n
 
     def extend(self, other: "_Builder") -> None:
@@ -459,6 +509,14 @@ class _Builder:
         return self.flow_cats[column].categorical(codes)
 
 
+def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, missing mask) of a number column from the C scanner (None: all missing)."""
+    if part is None:
+        return None
+    values, missing = part
+    return np.frombuffer(values, dtype=np.float64 if floating else np.int64), np.frombuffer(missing, dtype=bool)
+
+
 def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: int, floating: bool) -> Any:
     """A nullable Int64/Float64 array from chunk parts (None parts are all missing)."""
     dtype = np.float64 if floating else np.int64
@@ -481,11 +539,16 @@ def categorical(values: list[Any] | np.ndarray) -> pd.Categorical:
 # -- decoding ------------------------------------------------------------------------------
 
 
-def _decode_events(data: Any, name: str) -> list[Any]:
-    """A JSON array of events -> structs (typed fast path, loose fallback).
+def _decode_events(data: Any, name: str) -> list[Any] | tuple[Any, ...]:
+    """A JSON array of events -> the C scanner's columns, or structs (typed fast path,
+    loose fallback) where the scanner leaves the array to msgspec.
 
     Raises msgspec.DecodeError for malformed JSON (the caller locates it).
     """
+    if _scan is not None:
+        columns = _scan.scan(data)
+        if columns is not None:
+            return columns
     try:
         return _EVENTS.decode(data)
     except msgspec.ValidationError:

@@ -1,0 +1,650 @@
+/* Kineto events (one JSON array) -> the typed columns parse._Builder keeps, in C.
+ *
+ * Why: the msgspec path makes one Python object per event and per field and then pulls
+ * the columns out of them; that is most of the load time of a large trace. Here yyjson
+ * (vendored, vendor/yyjson) parses a chunk and one pass over its events fills the
+ * columns directly, with the strings of each column interned per chunk, so Python work
+ * is per distinct value, not per event.
+ *
+ * Contract: scan(buffer) returns the chunk's columns, or None whenever the chunk holds
+ * anything this code does not read exactly as the msgspec path does (malformed JSON, an
+ * event that is not an object, a number where text belongs, a string where a number
+ * belongs, ...). On None the caller decodes the chunk with msgspec, so errors, offsets
+ * and odd traces keep that path's behaviour; this is only ever a faster route to the
+ * same columns (tests/test_scan.py compares the two on every shared trace).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "yyjson.h"
+
+/* -- interning: distinct JSON values of one column, in first-seen order -------------- */
+
+typedef struct {
+    yyjson_val **values; /* distinct values, first-seen order */
+    Py_ssize_t count, cap;
+    int32_t *slots; /* open addressing: index into values, -1 empty */
+    uint64_t *hashes;
+    Py_ssize_t nslots;
+} Interner;
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+}
+
+static uint64_t hash_bytes(uint64_t h, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static uint64_t hash_value(yyjson_val *v, int depth) {
+    uint64_t h = mix(0xcbf29ce484222325ULL, yyjson_get_tag(v) & 0xff);
+    if (depth > 64) return h;
+    switch (yyjson_get_type(v)) {
+        case YYJSON_TYPE_STR:
+        case YYJSON_TYPE_RAW: /* a number beyond 64 bits, as text */
+            return hash_bytes(h, yyjson_get_str(v), yyjson_get_len(v));
+        case YYJSON_TYPE_NUM:
+            return mix(h, v->uni.u64);
+        case YYJSON_TYPE_ARR: {
+            size_t i, max;
+            yyjson_val *item;
+            yyjson_arr_foreach(v, i, max, item) h = mix(h, hash_value(item, depth + 1));
+            return h;
+        }
+        case YYJSON_TYPE_OBJ: {
+            size_t i, max;
+            yyjson_val *key, *item;
+            yyjson_obj_foreach(v, i, max, key, item) {
+                h = mix(h, hash_value(key, depth + 1));
+                h = mix(h, hash_value(item, depth + 1));
+            }
+            return h;
+        }
+        default:
+            return h;
+    }
+}
+
+/* Same JSON value, same spelling of its numbers (1 and 1.0 stay apart; Python merges them). */
+static int same_value(yyjson_val *a, yyjson_val *b) {
+    if ((yyjson_get_tag(a) & 0xff) != (yyjson_get_tag(b) & 0xff)) return 0;
+    switch (yyjson_get_type(a)) {
+        case YYJSON_TYPE_STR:
+        case YYJSON_TYPE_RAW:
+            return yyjson_get_len(a) == yyjson_get_len(b) &&
+                   memcmp(yyjson_get_str(a), yyjson_get_str(b), yyjson_get_len(a)) == 0;
+        case YYJSON_TYPE_NUM:
+            return a->uni.u64 == b->uni.u64;
+        case YYJSON_TYPE_ARR: {
+            if (yyjson_arr_size(a) != yyjson_arr_size(b)) return 0;
+            yyjson_val *x = yyjson_arr_get_first(a), *y = yyjson_arr_get_first(b);
+            for (size_t i = 0, n = yyjson_arr_size(a); i < n; i++) {
+                if (!same_value(x, y)) return 0;
+                x = unsafe_yyjson_get_next(x);
+                y = unsafe_yyjson_get_next(y);
+            }
+            return 1;
+        }
+        case YYJSON_TYPE_OBJ: {
+            if (yyjson_obj_size(a) != yyjson_obj_size(b)) return 0;
+            yyjson_val *x = (yyjson_val *)unsafe_yyjson_get_first(a);
+            yyjson_val *y = (yyjson_val *)unsafe_yyjson_get_first(b);
+            for (size_t i = 0, n = yyjson_obj_size(a) * 2; i < n; i++) { /* key, value, key, ... */
+                if (!same_value(x, y)) return 0;
+                x = unsafe_yyjson_get_next(x);
+                y = unsafe_yyjson_get_next(y);
+            }
+            return 1;
+        }
+        default:
+            return 1; /* null, true, false: the tag says it all */
+    }
+}
+
+static int interner_init(Interner *t) {
+    t->count = 0;
+    t->cap = 64;
+    t->nslots = 128;
+    t->values = malloc(sizeof(yyjson_val *) * t->cap);
+    t->slots = malloc(sizeof(int32_t) * t->nslots);
+    t->hashes = malloc(sizeof(uint64_t) * t->cap);
+    if (!t->values || !t->slots || !t->hashes) return -1;
+    memset(t->slots, 0xff, sizeof(int32_t) * t->nslots);
+    return 0;
+}
+
+static void interner_free(Interner *t) {
+    free(t->values);
+    free(t->slots);
+    free(t->hashes);
+}
+
+static int interner_grow(Interner *t) {
+    Py_ssize_t nslots = t->nslots * 2;
+    int32_t *slots = malloc(sizeof(int32_t) * nslots);
+    if (!slots) return -1;
+    memset(slots, 0xff, sizeof(int32_t) * nslots);
+    for (Py_ssize_t i = 0; i < t->count; i++) {
+        Py_ssize_t s = (Py_ssize_t)(t->hashes[i] & (uint64_t)(nslots - 1));
+        while (slots[s] >= 0) s = (s + 1) & (nslots - 1);
+        slots[s] = (int32_t)i;
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->nslots = nslots;
+    return 0;
+}
+
+/* The code of v (-1 on allocation failure; the caller bails). */
+static int32_t intern(Interner *t, yyjson_val *v) {
+    uint64_t h = hash_value(v, 0);
+    Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)(t->nslots - 1));
+    while (t->slots[s] >= 0) {
+        int32_t i = t->slots[s];
+        if (t->hashes[i] == h && same_value(t->values[i], v)) return i;
+        s = (s + 1) & (t->nslots - 1);
+    }
+    if (t->count == t->cap) {
+        Py_ssize_t cap = t->cap * 2;
+        yyjson_val **values = realloc(t->values, sizeof(yyjson_val *) * cap);
+        if (!values) return -1;
+        t->values = values;
+        uint64_t *hashes = realloc(t->hashes, sizeof(uint64_t) * cap);
+        if (!hashes) return -1;
+        t->hashes = hashes;
+        t->cap = cap;
+    }
+    int32_t code = (int32_t)t->count++;
+    t->values[code] = v;
+    t->hashes[code] = h;
+    t->slots[s] = code;
+    if (t->count * 2 > t->nslots && interner_grow(t) < 0) return -1;
+    return code;
+}
+
+/* -- the columns ----------------------------------------------------------------------- */
+
+/* Text columns of timed events, in parse._Builder's order: ph, cat, name, pid, tid, then
+ * _ARG_STRINGS (collective, pg_name, dtype): interned as decoded values. */
+enum { S_PH, S_CAT, S_NAME, S_PID, S_TID, S_COLLECTIVE, S_PG_NAME, S_DTYPE, N_TEXT };
+/* parse._ARG_RAW: interned as JSON text. */
+enum { R_INPUT_DIMS, R_INPUT_TYPE, R_CONCRETE, R_GRID, R_BLOCK, R_PG_RANKS, N_RAW };
+/* parse._ARG_COLUMNS, in order; only A_FLOPS is floating. */
+enum {
+    A_EXTERNAL_ID, A_CORRELATION, A_DEVICE, A_STREAM, A_RF_ID, A_SEQ, A_FWD_TID, A_PYTHON_ID,
+    A_PYTHON_PARENT_ID, A_BYTES, A_MEM_BYTES, A_TOTAL_ALLOCATED, A_TOTAL_RESERVED, A_DEVICE_ID,
+    A_DEVICE_TYPE, A_ADDR, A_FLOPS, A_GROUP_SIZE, A_IN_NELEMS, A_OUT_NELEMS, N_NUMBERS
+};
+/* args keys beyond the number columns */
+enum {
+    K_EXTERNAL_ID_OLD = N_NUMBERS, K_COLLECTIVE, K_PG_NAME, K_DTYPE, K_INPUT_DIMS, K_INPUT_TYPE,
+    K_CONCRETE, K_GRID, K_BLOCK, K_PG_RANKS, K_META_NAME, K_LABELS, N_ARG_KEYS
+};
+
+typedef struct {
+    const char *key;
+    int slot;
+} Key;
+
+static const Key ARG_KEYS[] = {
+    {"External id", A_EXTERNAL_ID}, {"correlation", A_CORRELATION}, {"device", A_DEVICE},
+    {"stream", A_STREAM}, {"Record function id", A_RF_ID}, {"Sequence number", A_SEQ},
+    {"Fwd thread id", A_FWD_TID}, {"Python id", A_PYTHON_ID}, {"Python parent id", A_PYTHON_PARENT_ID},
+    {"bytes", A_BYTES}, {"Bytes", A_MEM_BYTES}, {"Total Allocated", A_TOTAL_ALLOCATED},
+    {"Total Reserved", A_TOTAL_RESERVED}, {"Device Id", A_DEVICE_ID}, {"Device Type", A_DEVICE_TYPE},
+    {"Addr", A_ADDR}, {"flops", A_FLOPS}, {"Group size", A_GROUP_SIZE}, {"In msg nelems", A_IN_NELEMS},
+    {"Out msg nelems", A_OUT_NELEMS}, {"external id", K_EXTERNAL_ID_OLD},
+    {"Collective name", K_COLLECTIVE}, {"Process Group Name", K_PG_NAME}, {"dtype", K_DTYPE},
+    {"Input Dims", K_INPUT_DIMS}, {"Input type", K_INPUT_TYPE}, {"Concrete Inputs", K_CONCRETE},
+    {"grid", K_GRID}, {"block", K_BLOCK}, {"Process Group Ranks", K_PG_RANKS}, {"name", K_META_NAME},
+    {"labels", K_LABELS},
+};
+#define N_KEY_TABLE ((int)(sizeof(ARG_KEYS) / sizeof(ARG_KEYS[0])))
+
+enum { E_PH, E_CAT, E_NAME, E_PID, E_TID, E_TS, E_DUR, E_ID, E_ARGS, N_EVENT_KEYS };
+static const Key EVENT_KEYS[] = {
+    {"ph", E_PH}, {"cat", E_CAT}, {"name", E_NAME}, {"pid", E_PID}, {"tid", E_TID},
+    {"ts", E_TS}, {"dur", E_DUR}, {"id", E_ID}, {"args", E_ARGS},
+};
+
+/* Keys sorted by length: a key is compared only with the known keys of its length. */
+#define MAX_KEY 32
+static signed char arg_by_len[MAX_KEY + 1][8];
+static signed char event_by_len[MAX_KEY + 1][8];
+
+static void index_keys(const Key *keys, int n, signed char table[][8]) {
+    memset(table, 0xff, (MAX_KEY + 1) * 8);
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(keys[i].key);
+        for (int j = 0; j < 8; j++)
+            if (table[len][j] < 0) {
+                table[len][j] = (signed char)i;
+                break;
+            }
+    }
+}
+
+static int lookup(yyjson_val *key, const Key *keys, signed char table[][8]) {
+    size_t len = yyjson_get_len(key);
+    if (len > MAX_KEY) return -1;
+    const char *s = yyjson_get_str(key);
+    for (int j = 0; j < 8 && table[len][j] >= 0; j++) {
+        const Key *k = &keys[(int)table[len][j]];
+        if (memcmp(k->key, s, len) == 0) return k->slot;
+    }
+    return -1;
+}
+
+/* A missing cat or name reads as "" (the msgspec structs' default). */
+static yyjson_val EMPTY_STR = {YYJSON_TYPE_STR | YYJSON_SUBTYPE_NONE, {.str = ""}};
+
+typedef struct {
+    Interner text[N_TEXT];
+    Interner raw[N_RAW];
+    Interner flow_text[4]; /* ph, cat, pid, tid */
+    int32_t *text_codes[N_TEXT];
+    int32_t *raw_codes[N_RAW];
+    int32_t *flow_codes[4];
+    double *ts, *dur, *flow_ts;
+    int64_t *numbers[N_NUMBERS]; /* A_FLOPS holds doubles (same width) */
+    uint8_t *missing[N_NUMBERS];
+    int present[N_NUMBERS];
+    int64_t *flow_id;
+    uint8_t *flow_id_missing;
+    int flow_id_present;
+    Py_ssize_t n, n_flows;
+    PyObject *names; /* list of (name, pid, tid, args name, args labels) of "M" events */
+} Columns;
+
+#define BAIL (-2) /* not handled here: the caller takes the msgspec path */
+
+static int code_of(Interner *t, yyjson_val *v, int32_t *out, int text) {
+    if (v == NULL || yyjson_is_null(v)) {
+        *out = -1;
+        return 0;
+    }
+    if (text && !(yyjson_is_str(v) || yyjson_is_num(v) || yyjson_is_bool(v)))
+        return BAIL; /* a list where a string belongs, or a number too big for 64 bits */
+    int32_t code = intern(t, v);
+    if (code < 0) return BAIL;
+    *out = code;
+    return 0;
+}
+
+/* Integers written as text, as AMD traces do ("0x0", "2560"): hex digits after "0x", or
+ * decimal digits without a leading zero, fitting int64 (what int(text, 0) reads alike);
+ * -1 for any other text. */
+static int text_int(const char *s, size_t n, int64_t *out) {
+    uint64_t value = 0;
+    if (n > 2 && s[0] == '0' && s[1] == 'x') {
+        if (n > 18) return -1; /* over 16 hex digits */
+        for (size_t i = 2; i < n; i++) {
+            char ch = s[i];
+            int digit = ch >= '0' && ch <= '9' ? ch - '0'
+                        : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                        : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+            if (digit < 0) return -1;
+            value = value * 16 + (uint64_t)digit;
+        }
+    } else {
+        if (n == 0 || n > 18 || (s[0] == '0' && n > 1)) return -1; /* 18 digits fit */
+        for (size_t i = 0; i < n; i++) {
+            if (s[i] < '0' || s[i] > '9') return -1;
+            value = value * 10 + (uint64_t)(s[i] - '0');
+        }
+    }
+    if (value > (uint64_t)INT64_MAX) return -1;
+    *out = (int64_t)value;
+    return 0;
+}
+
+/* An integer column value: JSON integers that fit int64, integers as text, or null. */
+static int int_of(yyjson_val *v, int64_t *out, uint8_t *missing) {
+    if (v == NULL || yyjson_is_null(v)) {
+        *out = 0;
+        *missing = 1;
+        return 0;
+    }
+    if (yyjson_is_sint(v)) {
+        *out = yyjson_get_sint(v);
+    } else if (yyjson_is_uint(v) && yyjson_get_uint(v) <= (uint64_t)INT64_MAX) {
+        *out = (int64_t)yyjson_get_uint(v);
+    } else if (!yyjson_is_str(v) || text_int(yyjson_get_str(v), yyjson_get_len(v), out) < 0) {
+        return BAIL; /* floats, bools, huge, other text: parse._numbers' slower rules */
+    }
+    *missing = 0;
+    return 1;
+}
+
+static int float_of(yyjson_val *v, double *out, uint8_t *missing) {
+    if (v == NULL || yyjson_is_null(v)) {
+        *out = NAN;
+        *missing = 1;
+        return 0;
+    }
+    if (!yyjson_is_num(v)) return BAIL;
+    *out = yyjson_get_num(v);
+    *missing = 0;
+    return 1;
+}
+
+static PyObject *scalar_object(yyjson_val *v) {
+    if (v == NULL || yyjson_is_null(v)) Py_RETURN_NONE;
+    switch (yyjson_get_tag(v) & 0xff) {
+        case YYJSON_TYPE_STR | YYJSON_SUBTYPE_NONE:
+        case YYJSON_TYPE_STR | YYJSON_SUBTYPE_NOESC:
+            return PyUnicode_DecodeUTF8(yyjson_get_str(v), (Py_ssize_t)yyjson_get_len(v), NULL);
+        case YYJSON_TYPE_NUM | YYJSON_SUBTYPE_UINT:
+            return PyLong_FromUnsignedLongLong(yyjson_get_uint(v));
+        case YYJSON_TYPE_NUM | YYJSON_SUBTYPE_SINT:
+            return PyLong_FromLongLong(yyjson_get_sint(v));
+        case YYJSON_TYPE_NUM | YYJSON_SUBTYPE_REAL:
+            return PyFloat_FromDouble(yyjson_get_real(v));
+        case YYJSON_TYPE_BOOL | YYJSON_SUBTYPE_TRUE:
+            Py_RETURN_TRUE;
+        case YYJSON_TYPE_BOOL | YYJSON_SUBTYPE_FALSE:
+            Py_RETURN_FALSE;
+        default:
+            return NULL; /* arrays, objects: not a scalar (no exception set) */
+    }
+}
+
+static int add_names(Columns *c, yyjson_val **ev, yyjson_val **args) {
+    yyjson_val *parts[5] = {ev[E_NAME] ? ev[E_NAME] : &EMPTY_STR, ev[E_PID], ev[E_TID],
+                            args[K_META_NAME], args[K_LABELS]};
+    PyObject *row = PyTuple_New(5);
+    if (row == NULL) return -1;
+    for (int i = 0; i < 5; i++) {
+        PyObject *item = scalar_object(parts[i]);
+        if (item == NULL) {
+            Py_DECREF(row);
+            if (PyErr_Occurred()) PyErr_Clear();
+            return BAIL;
+        }
+        PyTuple_SET_ITEM(row, i, item);
+    }
+    int rc = PyList_Append(c->names, row);
+    Py_DECREF(row);
+    return rc;
+}
+
+static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
+    Py_ssize_t i = c->n;
+    yyjson_val *text[N_TEXT] = {ev[E_PH], ev[E_CAT] ? ev[E_CAT] : &EMPTY_STR,
+                                ev[E_NAME] ? ev[E_NAME] : &EMPTY_STR, ev[E_PID], ev[E_TID],
+                                args[K_COLLECTIVE], args[K_PG_NAME], args[K_DTYPE]};
+    for (int k = 0; k < N_TEXT; k++)
+        if (code_of(&c->text[k], text[k], &c->text_codes[k][i], 1)) return BAIL;
+    yyjson_val *raw[N_RAW] = {args[K_INPUT_DIMS], args[K_INPUT_TYPE], args[K_CONCRETE],
+                              args[K_GRID], args[K_BLOCK], args[K_PG_RANKS]};
+    for (int k = 0; k < N_RAW; k++)
+        if (code_of(&c->raw[k], raw[k], &c->raw_codes[k][i], 0)) return BAIL;
+    uint8_t none;
+    if (float_of(ev[E_TS], &c->ts[i], &none) == BAIL) return BAIL;
+    if (float_of(ev[E_DUR], &c->dur[i], &none) == BAIL) return BAIL;
+    if (none) c->dur[i] = 0.0;
+    if (args[A_EXTERNAL_ID] == NULL || yyjson_is_null(args[A_EXTERNAL_ID]))
+        args[A_EXTERNAL_ID] = args[K_EXTERNAL_ID_OLD];
+    for (int k = 0; k < N_NUMBERS; k++) {
+        int rc;
+        if (k == A_FLOPS) {
+            double value;
+            rc = float_of(args[k], &value, &c->missing[k][i]);
+            memcpy(&c->numbers[k][i], &value, sizeof(value));
+        } else {
+            rc = int_of(args[k], &c->numbers[k][i], &c->missing[k][i]);
+        }
+        if (rc == BAIL) return BAIL;
+        c->present[k] |= rc;
+    }
+    c->n++;
+    return 0;
+}
+
+static int add_flow(Columns *c, yyjson_val **ev) {
+    Py_ssize_t i = c->n_flows;
+    yyjson_val *text[4] = {ev[E_PH], ev[E_CAT] ? ev[E_CAT] : &EMPTY_STR, ev[E_PID], ev[E_TID]};
+    for (int k = 0; k < 4; k++)
+        if (code_of(&c->flow_text[k], text[k], &c->flow_codes[k][i], 1)) return BAIL;
+    uint8_t none;
+    if (float_of(ev[E_TS], &c->flow_ts[i], &none) == BAIL) return BAIL;
+    int rc = int_of(ev[E_ID], &c->flow_id[i], &c->flow_id_missing[i]);
+    if (rc == BAIL) return BAIL;
+    c->flow_id_present |= rc;
+    c->n_flows++;
+    return 0;
+}
+
+static yyjson_val NO_ARGS_OBJ = {YYJSON_TYPE_OBJ, {.u64 = 0}};
+
+static int add_event(Columns *c, yyjson_val *event) {
+    if (!yyjson_is_obj(event)) return BAIL;
+    yyjson_val *ev[N_EVENT_KEYS] = {0};
+    yyjson_val *args[N_ARG_KEYS] = {0};
+    size_t i, max;
+    yyjson_val *key, *val;
+    yyjson_obj_foreach(event, i, max, key, val) {
+        int slot = lookup(key, EVENT_KEYS, event_by_len);
+        if (slot >= 0) ev[slot] = val; /* a repeated key: the last one wins, as in msgspec */
+    }
+    yyjson_val *ph = ev[E_PH];
+    if (ph == NULL) return 0; /* ph "" (the default): neither timed, flow nor metadata */
+    if (!yyjson_is_str(ph)) return BAIL;
+    if (ev[E_TS] && !yyjson_is_num(ev[E_TS])) return BAIL;
+    if (ev[E_DUR] && !yyjson_is_num(ev[E_DUR])) return BAIL;
+    yyjson_val *a = ev[E_ARGS] ? ev[E_ARGS] : &NO_ARGS_OBJ;
+    if (!yyjson_is_obj(a)) return BAIL;
+    if (ev[E_ARGS]) {
+        yyjson_obj_foreach(a, i, max, key, val) {
+            int slot = lookup(key, ARG_KEYS, arg_by_len);
+            if (slot >= 0) args[slot] = val;
+        }
+    }
+    size_t len = yyjson_get_len(ph);
+    const char *p = yyjson_get_str(ph);
+    if (len == 1 && (p[0] == 'X' || p[0] == 'i' || p[0] == 'I')) return add_timed(c, ev, args);
+    if (len == 1 && (p[0] == 's' || p[0] == 'f' || p[0] == 't')) return add_flow(c, ev);
+    if (len == 1 && p[0] == 'M') return add_names(c, ev, args);
+    return 0;
+}
+
+/* -- to Python ------------------------------------------------------------------------- */
+
+static PyObject *array_bytes(const void *data, Py_ssize_t n, size_t width) {
+    return PyBytes_FromStringAndSize((const char *)data, n * (Py_ssize_t)width);
+}
+
+/* (codes as int32 bytes, [distinct values]) of one interned column. */
+static PyObject *interned(Interner *t, int32_t *codes, Py_ssize_t n, int raw) {
+    PyObject *values = PyList_New(t->count);
+    if (values == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < t->count; i++) {
+        PyObject *item;
+        if (raw) {
+            size_t len = 0;
+            char *text = yyjson_val_write(t->values[i], YYJSON_WRITE_NOFLAG, &len);
+            if (text == NULL) {
+                Py_DECREF(values);
+                return PyErr_NoMemory();
+            }
+            item = PyBytes_FromStringAndSize(text, (Py_ssize_t)len);
+            free(text);
+        } else {
+            item = scalar_object(t->values[i]);
+            if (item == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "not a scalar");
+        }
+        if (item == NULL) {
+            Py_DECREF(values);
+            return NULL;
+        }
+        PyList_SET_ITEM(values, i, item);
+    }
+    return Py_BuildValue("(NN)", array_bytes(codes, n, sizeof(int32_t)), values);
+}
+
+static PyObject *numbers(int64_t *values, uint8_t *missing, int present, Py_ssize_t n) {
+    if (!present) Py_RETURN_NONE;
+    return Py_BuildValue("(NN)", array_bytes(values, n, sizeof(int64_t)), array_bytes(missing, n, 1));
+}
+
+static PyObject *to_python(Columns *c) {
+    PyObject *text = PyTuple_New(N_TEXT), *raw = PyTuple_New(N_RAW), *nums = PyTuple_New(N_NUMBERS);
+    PyObject *flow_text = PyTuple_New(4);
+    if (!text || !raw || !nums || !flow_text) goto fail;
+    for (int k = 0; k < N_TEXT; k++) {
+        PyObject *col = interned(&c->text[k], c->text_codes[k], c->n, 0);
+        if (col == NULL) goto fail;
+        PyTuple_SET_ITEM(text, k, col);
+    }
+    for (int k = 0; k < N_RAW; k++) {
+        PyObject *col = interned(&c->raw[k], c->raw_codes[k], c->n, 1);
+        if (col == NULL) goto fail;
+        PyTuple_SET_ITEM(raw, k, col);
+    }
+    for (int k = 0; k < N_NUMBERS; k++) {
+        PyObject *col = numbers(c->numbers[k], c->missing[k], c->present[k], c->n);
+        if (col == NULL) goto fail;
+        PyTuple_SET_ITEM(nums, k, col);
+    }
+    for (int k = 0; k < 4; k++) {
+        PyObject *col = interned(&c->flow_text[k], c->flow_codes[k], c->n_flows, 0);
+        if (col == NULL) goto fail;
+        PyTuple_SET_ITEM(flow_text, k, col);
+    }
+    Py_INCREF(c->names);
+    return Py_BuildValue("(nNNNNN(nNNN)N)", c->n, text, raw, array_bytes(c->ts, c->n, sizeof(double)),
+                         array_bytes(c->dur, c->n, sizeof(double)), nums, c->n_flows, flow_text,
+                         numbers(c->flow_id, c->flow_id_missing, c->flow_id_present, c->n_flows),
+                         array_bytes(c->flow_ts, c->n_flows, sizeof(double)), c->names);
+fail:
+    Py_XDECREF(text);
+    Py_XDECREF(raw);
+    Py_XDECREF(nums);
+    Py_XDECREF(flow_text);
+    return NULL;
+}
+
+/* -- allocation -------------------------------------------------------------------------- */
+
+static void columns_free(Columns *c) {
+    for (int k = 0; k < N_TEXT; k++) {
+        interner_free(&c->text[k]);
+        free(c->text_codes[k]);
+    }
+    for (int k = 0; k < N_RAW; k++) {
+        interner_free(&c->raw[k]);
+        free(c->raw_codes[k]);
+    }
+    for (int k = 0; k < 4; k++) {
+        interner_free(&c->flow_text[k]);
+        free(c->flow_codes[k]);
+    }
+    for (int k = 0; k < N_NUMBERS; k++) {
+        free(c->numbers[k]);
+        free(c->missing[k]);
+    }
+    free(c->ts);
+    free(c->dur);
+    free(c->flow_ts);
+    free(c->flow_id);
+    free(c->flow_id_missing);
+    Py_XDECREF(c->names);
+}
+
+static int columns_init(Columns *c, size_t n) {
+    memset(c, 0, sizeof(*c));
+    size_t m = n ? n : 1;
+    int bad = 0;
+    for (int k = 0; k < N_TEXT; k++) {
+        bad |= interner_init(&c->text[k]);
+        bad |= (c->text_codes[k] = malloc(m * sizeof(int32_t))) == NULL;
+    }
+    for (int k = 0; k < N_RAW; k++) {
+        bad |= interner_init(&c->raw[k]);
+        bad |= (c->raw_codes[k] = malloc(m * sizeof(int32_t))) == NULL;
+    }
+    for (int k = 0; k < 4; k++) {
+        bad |= interner_init(&c->flow_text[k]);
+        bad |= (c->flow_codes[k] = malloc(m * sizeof(int32_t))) == NULL;
+    }
+    for (int k = 0; k < N_NUMBERS; k++) {
+        bad |= (c->numbers[k] = malloc(m * sizeof(int64_t))) == NULL;
+        bad |= (c->missing[k] = malloc(m)) == NULL;
+    }
+    bad |= (c->ts = malloc(m * sizeof(double))) == NULL;
+    bad |= (c->dur = malloc(m * sizeof(double))) == NULL;
+    bad |= (c->flow_ts = malloc(m * sizeof(double))) == NULL;
+    bad |= (c->flow_id = malloc(m * sizeof(int64_t))) == NULL;
+    bad |= (c->flow_id_missing = malloc(m)) == NULL;
+    bad |= (c->names = PyList_New(0)) == NULL;
+    return bad ? -1 : 0;
+}
+
+/* -- the module -------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(scan_doc,
+             "scan(data) -> columns | None\n\n"
+             "The columns of a JSON array of Kineto events, or None where the msgspec path\n"
+             "must decode it (malformed JSON or a value of an unexpected type).");
+
+static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    yyjson_read_err err;
+    yyjson_doc *doc;
+    Py_BEGIN_ALLOW_THREADS
+    /* numbers beyond 64 bits stay text (as a RAW value): they take the msgspec path */
+    doc = yyjson_read_opts((char *)view.buf, (size_t)view.len, YYJSON_READ_BIGNUM_AS_RAW, NULL, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (doc == NULL) Py_RETURN_NONE;
+    yyjson_val *root = yyjson_doc_get_root(doc);
+    if (!yyjson_is_arr(root)) {
+        yyjson_doc_free(doc);
+        Py_RETURN_NONE;
+    }
+    Columns c;
+    PyObject *result = NULL;
+    if (columns_init(&c, yyjson_arr_size(root)) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t i, max;
+    yyjson_val *event;
+    yyjson_arr_foreach(root, i, max, event) {
+        int rc = add_event(&c, event);
+        if (rc == BAIL) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (rc < 0) goto done;
+    }
+    result = to_python(&c);
+done:
+    columns_free(&c);
+    yyjson_doc_free(doc);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_O, scan_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_scan",
+    "Kineto events -> typed columns in C (yyjson); see tracemagic/trace/_scan.c.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    index_keys(ARG_KEYS, N_KEY_TABLE, arg_by_len);
+    index_keys(EVENT_KEYS, N_EVENT_KEYS, event_by_len);
+    return PyModule_Create(&module);
+}
