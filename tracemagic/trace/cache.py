@@ -109,7 +109,10 @@ def _numbers(array: pa.Array, nullable: bool) -> Any:
     """A numeric Arrow column as writable numpy, or a nullable ``Int64``/``Float64`` array."""
     kind = array.type
     width = kind.bit_width // 8
-    values = np.frombuffer(array.buffers()[1], dtype=kind.to_pandas_dtype(), count=len(array), offset=array.offset * width).copy()
+    buffer = array.buffers()[1]
+    values = np.frombuffer(buffer, dtype=kind.to_pandas_dtype(), count=len(array), offset=array.offset * width)
+    if not buffer.is_mutable:  # LZ4 decompressed into a fresh buffer, which numpy may write
+        values = values.copy()
     if not nullable:
         return values
     if array.null_count:
@@ -121,7 +124,7 @@ def _numbers(array: pa.Array, nullable: bool) -> Any:
 
 def _column(array: pa.Array, nullable: bool) -> Any:
     """One Arrow column as the array a fresh parse makes (categoricals with ``str``
-    categories, nullable ``Int64``/``Float64``, writable numpy), each buffer copied once."""
+    categories, nullable ``Int64``/``Float64``, writable numpy)."""
     kind = array.type
     if pa.types.is_dictionary(kind):
         indices = array.indices.fill_null(-1) if array.null_count else array.indices
