@@ -173,6 +173,17 @@ def names_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return categories[_codes_at(trace, rows)]
 
 
+def name_text(trace: Trace, rows: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``text(names_at(trace, rows))``, made from the name codes."""
+    return text_take(np.asarray(trace.events["name"].cat.categories, dtype=object), _codes_at(trace, rows))
+
+
+def layer_text(trace: Trace, module_rows: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``text`` of the layer names ``layers_at`` gives, made from the name codes."""
+    layer_of, _ = _per_name(trace)
+    return text_take(layer_of[:-1], _codes_at(trace, module_rows))
+
+
 def module_labels(trace: Trace) -> dict[str, tuple[str, str]]:
     """``nn.Module: Linear_0`` -> (layer, type) for every module name in the trace.
 
@@ -256,7 +267,11 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
         return np.zeros(groups)
     order = np.lexsort((start, group))
     group, start, end = group[order], start[order], end[order]
-    reach = pd.Series(end).groupby(group).cummax().to_numpy()
+    # running maximum per group in one pass: each group is lifted above all earlier ones,
+    # and the row holding each maximum gives its exact value back
+    lifted = end + group * (float(end.max() - min(start.min(), 0.0)) + 1.0)
+    top = np.maximum.accumulate(lifted)
+    reach = end[np.maximum.accumulate(np.where(lifted == top, np.arange(end.size), 0))]
     previous = np.empty_like(reach)
     previous[0] = -np.inf
     previous[1:] = reach[:-1]
@@ -268,3 +283,9 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
 def text(values: pd.Series | np.ndarray) -> pd.api.extensions.ExtensionArray:
     """Values as pandas' string dtype, missing ones (None, NaN) as NA: one text type everywhere."""
     return pd.array(np.asarray(values, dtype=object), dtype="str")
+
+
+def text_take(labels: np.ndarray, at: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``text(labels[at])`` for per-row tables: ``labels`` are few (per code, None for none),
+    ``at`` indexes them (-1: missing), so no string is made per row."""
+    return text(labels).take(at, allow_fill=True)

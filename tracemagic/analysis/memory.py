@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import layers_at, memory_holders, names_at, text, trace_start
+from tracemagic.analysis._common import layer_text, memory_holders, name_text, text_take, trace_start
 from tracemagic.analysis.layers import attribution
 from tracemagic.trace.model import Trace
 
@@ -33,10 +33,13 @@ _KINETO_FILE = re.compile(r"kineto_trace_(\d+)(_cycle\d+)?\.json(?:\.gz)?$")
 _TIMELINE_FILE = re.compile(r"memory_timeline_(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
 #: a timeline this far (µs) outside the Kineto trace is on another clock
 _CLOCK_SLACK_US = 60e6
+#: the events columns the memory table is made of (only these are gathered)
+_USED = ["rank", "ts", "device_type", "device", "total_allocated", "total_reserved", "bytes", "step", "addr"]
 
 
-def device_names(device_type: pd.Series, device: pd.Series) -> np.ndarray:
-    """``'cpu'``, ``'cuda:0'``, ... from the ``Device Type`` and ``Device Id`` args."""
+def device_names(device_type: pd.Series, device: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``'cpu'``, ``'cuda:0'``, ... from the ``Device Type`` and ``Device Id`` args: the
+    distinct names (object array) and, per row, the index of its name."""
     kind = device_type.to_numpy(dtype=np.int64, na_value=-1)
     index = device.to_numpy(dtype=np.int64, na_value=-1)
     keys, inverse = np.unique((kind << 32) + index + 1, return_inverse=True)
@@ -44,7 +47,7 @@ def device_names(device_type: pd.Series, device: pd.Series) -> np.ndarray:
     for k, i in zip(keys >> 32, (keys & 0xFFFFFFFF) - 1):
         name = DEVICE_TYPES.get(int(k), f"device{int(k)}")
         labels.append(name if name == "cpu" or i < 0 else f"{name}:{int(i)}")
-    return np.asarray(labels, dtype=object)[inverse.reshape(-1)] if labels else np.array([], dtype=object)
+    return np.asarray(labels, dtype=object), inverse.reshape(-1)
 
 
 def memory(trace: Trace) -> pd.DataFrame:
@@ -66,39 +69,43 @@ def memory(trace: Trace) -> pd.DataFrame:
     """
     events = trace.events
     rows, holder = memory_holders(trace)
-    picked = events.iloc[rows]
+    picked = events[_USED].iloc[rows]
     att = attribution(trace)
     found = holder >= 0
     safe = np.maximum(holder, 0)
     op_rows = np.where(found, events["op"].to_numpy()[safe], -1)
     layer_rows = np.where(found, att.module[safe], -1)
     backward = found & att.backward[safe]
-    phase = np.where(backward, "backward", np.where(layer_rows >= 0, "forward", None))
-    layer, _ = layers_at(trace, layer_rows)
+    phase = np.where(backward, 1, np.where(layer_rows >= 0, 0, -1))
+    devices, device = device_names(picked["device_type"], picked["device"])
+    rank = picked["rank"].to_numpy()
     table = pd.DataFrame(
         {
-            "rank": picked["rank"].to_numpy(),
+            "rank": rank,
             "ts": picked["ts"].to_numpy() - trace_start(trace),
-            "device": text(device_names(picked["device_type"], picked["device"])),
+            "device": text_take(devices, device),
             "allocated_bytes": picked["total_allocated"].array,
             "reserved_bytes": picked["total_reserved"].array,
             "delta_bytes": picked["bytes"].fillna(0).to_numpy(dtype=np.int64),
-            "op": text(names_at(trace, op_rows)),
+            "op": name_text(trace, op_rows),
             "op_row": op_rows,
-            "layer": text(layer),
-            "phase": text(phase),
+            "layer": layer_text(trace, layer_rows),
+            "phase": text_take(np.array(["forward", "backward"], dtype=object), phase),
             "step": picked["step"].to_numpy(),
             "addr": picked["addr"].array,
             "row": rows,
+            "_device": rank.astype(np.int64) * (len(devices) + 1) + device,  # one key per (rank, device)
         }
     )
     table = table.sort_values(["rank", "ts", "row"], kind="stable").reset_index(drop=True)
     return _fill_allocated(table)
 
 
+
 def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
-    """Rebuild ``allocated_bytes`` from deltas on devices whose events carry no totals."""
-    keys = [table["rank"], table["device"]]
+    """Rebuild ``allocated_bytes`` from deltas on devices whose events carry no totals
+    (``table['_device']`` keys the (rank, device) pairs; it is dropped here)."""
+    keys = table.pop("_device")
     missing = table["allocated_bytes"].isna().groupby(keys).transform("all").to_numpy()
     running = table["delta_bytes"].groupby(keys).cumsum()
     baseline = (-running.groupby(keys).transform("min")).clip(lower=0)

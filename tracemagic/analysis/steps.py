@@ -68,8 +68,12 @@ def windows(trace: Trace) -> pd.DataFrame:
 def window_of(trace: Trace, frame: pd.DataFrame) -> np.ndarray:
     """Index into ``frame`` (a ``windows`` table) of each event's (rank, step), else -1."""
     events = trace.events
-    key = pd.MultiIndex.from_arrays([frame["rank"].to_numpy(), frame["step"].to_numpy()])
-    return key.get_indexer(pd.MultiIndex.from_arrays([events["rank"].to_numpy(), events["step"].to_numpy()]))
+
+    def key(rank: np.ndarray, step: np.ndarray) -> np.ndarray:  # steps are >= -1
+        return (rank.astype(np.int64) << 40) + step.astype(np.int64) + 1
+
+    known = pd.Index(key(frame["rank"].to_numpy(), frame["step"].to_numpy()))
+    return known.get_indexer(key(events["rank"].to_numpy(), events["step"].to_numpy()))
 
 
 def category_masks(trace: Trace) -> dict[str, np.ndarray]:
