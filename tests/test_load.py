@@ -569,6 +569,10 @@ def test_second_load_comes_from_the_cache(copied_trace: Path, monkeypatch: pytes
     second.events.loc[second.events["dur"] > 0, "dur"] = 0.0
     second.events["external_id"] = second.events["external_id"].fillna(-1)
     assert (second.events["dur"] == 0).all()
+    # ... in their own copy: the mapped cache file is unchanged
+    third = tracemagic.load(copied_trace)
+    assert spy.calls == [str(copied_trace)]
+    pd.testing.assert_frame_equal(first.events, third.events)
 
 
 def test_a_cache_in_the_old_parquet_format_is_replaced(copied_trace: Path) -> None:

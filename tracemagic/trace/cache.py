@@ -6,32 +6,34 @@ permission bits even if the process could write there anyway (root ignores the b
 shared, read-only trace folder is never written into. Its key is every source file's path, size and
 mtime plus the cache format version: a changed file is parsed again.
 
-The format is the Arrow IPC file (Feather v2) with LZ4 buffers: a few times smaller than
-the JSON, and it decodes straight into the numpy buffers pandas holds, with no
-per-row work (Parquet's page decoding made reopening several times slower; see
-``bench/bench_load.py``). Only Arrow data and JSON metadata are read back: nothing from a
-cache or a trace is ever executed.
+The format is the Arrow IPC file (Feather v2), uncompressed, so a cache is opened by
+mapping it into memory: the numeric columns are the mapped file itself (a private,
+copy-on-write mapping, so they stay writable and edits never reach the file), with no
+decoding and no per-row work. It takes about half the JSON's size on disk; LZ4 made it
+~8x smaller but reopening several times slower, as slow as a third of a fresh parse
+(``bench/bench_load.py``), and Parquet slower still. Only Arrow data and JSON metadata
+are read back: nothing from a cache or a trace is ever executed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 #: bump when the events table's columns or meaning change
-FORMAT = 5
+FORMAT = 6
 SUFFIX = ".tracemagic.arrow"
 FLOWS_SUFFIX = ".flows.arrow"
 _META_KEY = b"tracemagic"
-_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 def user_cache_dir() -> Path:
@@ -87,15 +89,13 @@ def read(key: str, path: Path, cache_dir: str | os.PathLike[str] | None) -> tupl
         if not location.is_file():
             continue
         try:
-            with pa.OSFile(str(location)) as file:
-                reader = pa.ipc.open_file(file)
-                stored = json.loads((reader.schema.metadata or {})[_META_KEY])
-                if not isinstance(stored, dict) or stored.get("key") != key:
-                    continue
-                events = _frame(reader.read_all(), stored)
-            with pa.OSFile(str(_flows_path(location))) as file:
-                flows_reader = pa.ipc.open_file(file)
-                flows = _frame(flows_reader.read_all(), json.loads((flows_reader.schema.metadata or {})[_META_KEY]))
+            events_file = _Mapped(location)
+            stored = events_file.layout()
+            if not isinstance(stored, dict) or stored.get("key") != key:
+                continue
+            events = events_file.frame(stored)
+            flows_file = _Mapped(_flows_path(location))
+            flows = flows_file.frame(flows_file.layout())
             meta = stored["meta"]
             for section in ("ranks", "processes", "threads"):
                 meta[section] = {int(k): v for k, v in meta.get(section, {}).items()}
@@ -105,24 +105,46 @@ def read(key: str, path: Path, cache_dir: str | os.PathLike[str] | None) -> tupl
     return None
 
 
-def _numbers(array: pa.Array, nullable: bool) -> Any:
-    """A numeric Arrow column as writable numpy, or a nullable ``Int64``/``Float64`` array."""
-    kind = array.type
-    width = kind.bit_width // 8
-    buffer = array.buffers()[1]
-    values = np.frombuffer(buffer, dtype=kind.to_pandas_dtype(), count=len(array), offset=array.offset * width)
-    if not buffer.is_mutable:  # LZ4 decompressed into a fresh buffer, which numpy may write
-        values = values.copy()
+class _Mapped:
+    """An Arrow IPC file mapped copy-on-write: its columns read in place, and writable."""
+
+    def __init__(self, path: Path) -> None:
+        with open(path, "rb") as handle:
+            self.memory = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+        self.buffer = pa.py_buffer(self.memory)
+        self.reader = pa.ipc.open_file(pa.BufferReader(self.buffer))
+
+    def layout(self) -> Any:
+        """The JSON the writer stored with the table (key, metadata, how to rebuild it)."""
+        return json.loads((self.reader.schema.metadata or {})[_META_KEY])
+
+    def frame(self, layout: dict[str, Any]) -> pd.DataFrame:
+        return _frame(self.reader.read_all(), layout, self._values)
+
+    def _values(self, array: pa.Array) -> np.ndarray:
+        """A numeric column's values as writable numpy: a view of the mapping where the
+        column lies in it, else a copy."""
+        kind = array.type
+        dtype = np.dtype(kind.to_pandas_dtype())
+        data = array.buffers()[1]
+        offset = data.address - self.buffer.address + array.offset * dtype.itemsize
+        if 0 <= offset and offset + len(array) * dtype.itemsize <= self.buffer.size:
+            return np.frombuffer(self.memory, dtype=dtype, count=len(array), offset=offset)
+        return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize).copy()
+
+
+def _numbers(values: np.ndarray, array: pa.Array, nullable: bool) -> Any:
+    """A numeric Arrow column (``values``: its data) as numpy, or a nullable ``Int64``/``Float64`` array."""
     if not nullable:
         return values
     if array.null_count:
         mask = array.is_null().to_numpy(zero_copy_only=False)
     else:
         mask = np.zeros(len(array), dtype=bool)
-    return pd.arrays.FloatingArray(values, mask) if pa.types.is_floating(kind) else pd.arrays.IntegerArray(values, mask)
+    return pd.arrays.FloatingArray(values, mask) if pa.types.is_floating(array.type) else pd.arrays.IntegerArray(values, mask)
 
 
-def _column(array: pa.Array, nullable: bool) -> Any:
+def _column(array: pa.Array, nullable: bool, values: Callable[[pa.Array], np.ndarray]) -> Any:
     """One Arrow column as the array a fresh parse makes (categoricals with ``str``
     categories, nullable ``Int64``/``Float64``, writable numpy)."""
     kind = array.type
@@ -132,7 +154,7 @@ def _column(array: pa.Array, nullable: bool) -> Any:
         categories = pd.Index(array.dictionary.to_pylist(), dtype="str")
         return pd.Categorical.from_codes(codes, categories=categories, validate=False)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        return _numbers(array, nullable)
+        return _numbers(values(array), array, nullable)
     return array.to_pandas()
 
 
@@ -144,14 +166,14 @@ def _all_missing_column(dtype: str, n: int) -> Any:
     return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
 
 
-def _frame(table: pa.Table, layout: dict[str, Any]) -> pd.DataFrame:
+def _frame(table: pa.Table, layout: dict[str, Any], values: Callable[[pa.Array], np.ndarray]) -> pd.DataFrame:
     """The table as the frame a fresh parse makes: the all-missing columns ``write`` left
     out put back, in the original column order."""
     nullable = set(layout.get("nullable") or ())
     data: dict[str, Any] = {}
     for name, chunked in zip(table.column_names, table.columns):
         array = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
-        data[name] = _column(array, name in nullable)
+        data[name] = _column(array, name in nullable, values)
     for name, dtype in (layout.get("missing") or {}).items():
         data[name] = _all_missing_column(dtype, table.num_rows)
     return pd.DataFrame({name: data[name] for name in layout.get("columns") or list(data)}, copy=False)
@@ -182,7 +204,7 @@ def _write_atomic(table: pa.Table, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema, options=_OPTIONS) as writer:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=max(table.num_rows, 1))
         os.replace(tmp, target)
     finally:
