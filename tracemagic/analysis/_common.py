@@ -50,46 +50,57 @@ def in_scope(events: pd.DataFrame) -> np.ndarray:
     return (events["step"].to_numpy() >= 0) | ~np.isin(rank, stepped)
 
 
-def enclosing(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """The innermost CPU duration event on the same thread that contains each row's ``ts``.
+def thread_keys_of(trace: Trace) -> np.ndarray:
+    """``thread_keys`` of ``trace.events``, computed once per trace."""
+    return trace.shared("thread_keys", lambda: thread_keys(trace.events))
 
-    Meant for instants (``[memory]`` events), which the loader does not nest; -1 where none.
-    """
-    if rows.size == 0:
-        return np.full(0, -1, dtype=np.int64)
-    ts = events["ts"].to_numpy()
-    return enclosing_at(events, thread_keys(events)[rows], ts[rows], timed_rows(events, CPU_KINDS))
+
+def _cpu_by_thread(trace: Trace) -> np.ndarray:
+    """Rows of the CPU duration events sorted by (thread, start, longest first): the order
+    ``enclosing_at`` searches in, computed once per trace."""
+
+    def compute() -> np.ndarray:
+        events = trace.events
+        rows = timed_rows(events, CPU_KINDS)
+        ts = events["ts"].to_numpy()
+        end = ts + events["dur"].to_numpy()
+        return rows[np.lexsort((-end[rows], ts[rows], thread_keys_of(trace)[rows]))]
+
+    return trace.shared("cpu_by_thread", compute)
 
 
 def memory_holders(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of the ``[memory]`` events and the CPU event around each (``enclosing``), -1
-    where none; computed once per trace (the memory and layers tables both need them)."""
+    """Rows of the ``[memory]`` events and the innermost CPU duration event on the same
+    thread containing each (-1 where none; the loader does not nest instants); computed
+    once per trace (the memory and layers tables both need them)."""
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
         events = trace.events
         rows = np.flatnonzero((events["kind"] == "memory").to_numpy())
-        return rows, enclosing(events, rows)
+        return rows, enclosing_at(trace, thread_keys_of(trace)[rows], events["ts"].to_numpy()[rows])
 
     return trace.shared("memory_holders", compute)
 
 
-def enclosing_at(events: pd.DataFrame, keys: np.ndarray, at: np.ndarray, cand: np.ndarray) -> np.ndarray:
-    """The innermost of the rows ``cand`` on thread ``keys`` (see ``thread_keys``) containing ``at``.
+def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
+    """The innermost CPU duration event on thread ``keys`` (see ``thread_keys``) containing
+    ``at``; ``among`` (a mask over the events) narrows the candidates.
 
     One ``searchsorted`` per thread over the candidates' start times; of events starting at
     the same time the shortest wins. Where that one ended before ``at`` the search climbs
-    the nesting (``parent``, which may leave ``cand``). -1 where none.
+    the nesting (``parent``, which may leave the candidates). -1 where none.
     """
     out = np.full(keys.size, -1, dtype=np.int64)
+    cand = _cpu_by_thread(trace)
+    if among is not None:
+        cand = cand[among[cand]]
     if keys.size == 0 or cand.size == 0:
         return out
-    all_keys = thread_keys(events)
+    events = trace.events
     ts = events["ts"].to_numpy()
     end = ts + events["dur"].to_numpy()
     parent = events["parent"].to_numpy()
-    order = np.lexsort((-end[cand], ts[cand], all_keys[cand]))
-    cand = cand[order]
-    cand_keys = all_keys[cand]
+    cand_keys = thread_keys_of(trace)[cand]
     for key in np.unique(keys):  # one pass per thread
         lo, hi = np.searchsorted(cand_keys, [key, key + 1])
         if lo == hi:

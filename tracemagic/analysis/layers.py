@@ -30,7 +30,7 @@ from tracemagic.analysis._common import (
     nesting_depth,
     rollup,
     text,
-    thread_keys,
+    thread_keys_of,
 )
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
@@ -142,8 +142,7 @@ def _flow_links(trace: Trace, root: np.ndarray, is_op: np.ndarray) -> np.ndarray
     fwdbwd = flows[(flows["cat"].astype(str) == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()]
     if fwdbwd.empty:
         return out
-    ops = np.flatnonzero(is_op & (events["ph"] == "X").to_numpy())
-    at = enclosing_at(events, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), ops)
+    at = enclosing_at(trace, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), is_op)
     ph = fwdbwd["ph"].astype(str).to_numpy()
     table = pd.DataFrame({"rank": fwdbwd["rank"].to_numpy(), "id": fwdbwd["id"].to_numpy(dtype=np.int64), "row": at})
     start = table[ph == "s"].drop_duplicates(["rank", "id"])
@@ -190,16 +189,17 @@ def _rollup(start: np.ndarray, weights: np.ndarray, layer_of: np.ndarray, up: np
     return own, np.bincount(layer_of[rows], weights=inclusive[rows], minlength=count)
 
 
-def _first_op_dims(events: pd.DataFrame, calls: np.ndarray) -> np.ndarray:
+def _first_op_dims(trace: Trace, calls: np.ndarray) -> np.ndarray:
     """Input dims (text, None if none) of the first cpu_op with a tensor input inside each
     module call row."""
+    events = trace.events
     categories = np.append(np.asarray(events["input_dims"].cat.categories, dtype=object), None)
     out = np.full(calls.size, -1, dtype=np.int64)
     tensor_input = names_where(events["input_dims"], TENSOR_DIMS)
     ops = np.flatnonzero((events["kind"] == "cpu_op").to_numpy() & tensor_input)
     if ops.size == 0 or calls.size == 0:
         return categories[out]
-    keys = thread_keys(events)
+    keys = thread_keys_of(trace)
     ts = events["ts"].to_numpy()
     dur = events["dur"].to_numpy()
     dims = events["input_dims"].cat.codes.to_numpy()
@@ -312,7 +312,7 @@ def layers(trace: Trace) -> pd.DataFrame:
             "fwd_gpu_us": fwd_gpu,
             "bwd_gpu_us": bwd_gpu,
             "memory_growth_bytes": growth.astype(np.int64),
-            "input_shapes": text(_first_op_dims(events, first_row)),
+            "input_shapes": text(_first_op_dims(trace, first_row)),
             "module": text(trace_name),
             "_ts": ts[first_row],
         },

@@ -79,8 +79,10 @@ def kind_codes(events: pd.DataFrame) -> np.ndarray:
 
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
-    """Boolean mask of the events whose kind is one of ``kinds``."""
-    return np.isin(kind_codes(events), [KINDS.index(k) for k in kinds])
+    """Boolean mask of the events whose kind is one of ``kinds`` (decided once per category)."""
+    kind = events["kind"]
+    hit = [(str(c) if str(c) in KINDS else "other") in kinds for c in kind.cat.categories]
+    return np.array(hit + [False])[kind.cat.codes.to_numpy()]
 
 
 def timestamps_in_ns(ts: np.ndarray) -> bool:
