@@ -1,6 +1,7 @@
-"""The C scanner (tracemagic/trace/_scan.c, with the vendored yyjson) as an optional
-extension: where it cannot be compiled, tracemagic installs without it and parses with
-msgspec alone (the same columns, slower)."""
+"""Two optional C extensions: the scanner (tracemagic/trace/_scan.c, with the vendored
+yyjson) and the one-pass nesting (tracemagic/trace/_nesting.c). Where they cannot be
+compiled, tracemagic installs without them and uses msgspec and numpy alone (the same
+tables, slower)."""
 
 from setuptools import Extension, setup
 
@@ -11,6 +12,7 @@ setup(
             sources=["tracemagic/trace/_scan.c", "vendor/yyjson/yyjson.c"],
             include_dirs=["vendor/yyjson"],
             optional=True,
-        )
+        ),
+        Extension("tracemagic.trace._nesting", sources=["tracemagic/trace/_nesting.c"], optional=True),
     ]
 )

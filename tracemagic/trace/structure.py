@@ -13,6 +13,11 @@ import pandas as pd
 
 from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, KINDS, kind_codes
 
+try:  # the one-pass nesting in C (setup.py builds it where a compiler is found)
+    from tracemagic.trace import _nesting
+except ImportError:  # pragma: no cover - installed without a C compiler: numpy alone
+    _nesting = None
+
 #: ends closer than this (µs) count as equal: JSON floats of epoch-µs times carry ~0.1 µs error
 NEST_TOLERANCE_US = 0.25
 MODULE_PREFIX = "nn.Module: "
@@ -51,6 +56,26 @@ def previous_enclosing(group: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.where(valid, parent, -1)
 
 
+def nest_sorted(group: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows sorted by (group, start, -end): each row's parent (``previous_enclosing``)
+    and depth (0 at the top); in one pass in C where built, else with numpy."""
+    if _nesting is not None:
+        parent = np.empty(end.size, dtype=np.int64)
+        depth = np.empty(end.size, dtype=np.int32)
+        _nesting.nest_sorted(
+            np.ascontiguousarray(group, dtype=np.int64), np.ascontiguousarray(end, dtype=np.float64),
+            NEST_TOLERANCE_US, parent, depth,
+        )
+        return parent, depth
+    parent = previous_enclosing(group, end)
+    depth = np.zeros(end.size, dtype=np.int32)
+    while True:  # one round per nesting level; parents precede children, so it ends
+        deeper = np.where(parent >= 0, depth[np.maximum(parent, 0)] + 1, 0)
+        if np.array_equal(deeper, depth):
+            return parent, depth
+        depth = deeper
+
+
 def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parent row, depth and self time (µs) of every CPU-side duration event.
 
@@ -70,19 +95,11 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     end = start + dur[rows]
     group = events["pid"].cat.codes.to_numpy()[rows].astype(np.int64) * 1_000_003 + events["tid"].cat.codes.to_numpy()[rows]
     order = np.lexsort((-end, start, group))
-    sorted_parent = previous_enclosing(group[order], end[order])
+    sorted_parent, d = nest_sorted(group[order], end[order])
     local = np.full(rows.size, -1, dtype=np.int64)
     has = sorted_parent >= 0
     local[order[has]] = order[sorted_parent[has]]
     parent[rows] = np.where(local >= 0, rows[np.maximum(local, 0)], -1)
-    # depth: walk parents level by level (in sorted order parents come first)
-    d = np.zeros(rows.size, dtype=np.int32)
-    sp = np.where(has, sorted_parent, -1)
-    while True:  # one round per nesting level; parents precede children, so it ends
-        nd = np.where(sp >= 0, d[np.maximum(sp, 0)] + 1, 0)
-        if np.array_equal(nd, d):
-            break
-        d = nd
     depth[rows[order]] = d
     child_time = np.bincount(parent[rows][parent[rows] >= 0], weights=dur[rows][parent[rows] >= 0], minlength=n)
     self_dur[rows] = np.maximum(dur[rows] - child_time[rows], 0.0)

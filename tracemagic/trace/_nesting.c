@@ -1,0 +1,70 @@
+/* The parent and depth of each CPU duration event, in one pass with a stack per thread.
+ *
+ * Why: structure.previous_enclosing answers the same question with numpy (binary lifting,
+ * O(n log n) over ~18 full passes), which was the largest part of preparing a large trace;
+ * this is O(n). structure.nest uses it when it is built and that code otherwise
+ * (tests/test_scan.py compares the two on every shared trace).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+PyDoc_STRVAR(nest_sorted_doc,
+             "nest_sorted(group, end, tolerance, parent, depth)\n\n"
+             "For rows sorted by (group, start, -end) (int64 and float64 buffers), fill\n"
+             "parent (int64: the nearest earlier row of the same group whose end is at least\n"
+             "this row's end minus tolerance, else -1) and depth (int32: its parent's + 1).");
+
+static PyObject *nest_sorted(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer group, end, parent, depth;
+    double tolerance;
+    if (!PyArg_ParseTuple(args, "y*y*dw*w*", &group, &end, &tolerance, &parent, &depth)) return NULL;
+    Py_ssize_t n = group.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    int64_t *stack = NULL;
+    if (end.len != n * (Py_ssize_t)sizeof(double) || parent.len != n * (Py_ssize_t)sizeof(int64_t) ||
+        depth.len != n * (Py_ssize_t)sizeof(int32_t)) {
+        PyErr_SetString(PyExc_ValueError, "nest_sorted: buffers of different lengths");
+        goto done;
+    }
+    stack = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *g = group.buf;
+    const double *e = end.buf;
+    int64_t *up = parent.buf;
+    int32_t *level = depth.buf;
+    Py_ssize_t top = 0; /* stack size */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0 && g[i] != g[i - 1]) top = 0; /* a new thread */
+        double target = e[i] - tolerance;
+        /* a row that ends before this one's end cannot enclose it nor anything after it */
+        while (top > 0 && !(e[stack[top - 1]] >= target)) top--;
+        up[i] = top > 0 ? stack[top - 1] : -1;
+        level[i] = top > 0 ? level[stack[top - 1]] + 1 : 0;
+        stack[top++] = i;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    free(stack);
+    PyBuffer_Release(&group);
+    PyBuffer_Release(&end);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&depth);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"nest_sorted", nest_sorted, METH_VARARGS, nest_sorted_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_nesting", "Nesting of CPU events in one pass; see tracemagic/trace/_nesting.c.", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__nesting(void) { return PyModule_Create(&module); }
