@@ -1,9 +1,11 @@
-/* The parent and depth of each CPU duration event, in one pass with a stack per thread.
+/* Nesting of CPU events in one pass: each event's parent and depth (a stack per thread),
+ * and each event's innermost enclosing event of a kind (memoized climbs up the parents).
  *
- * Why: structure.previous_enclosing answers the same question with numpy (binary lifting,
- * O(n log n) over ~18 full passes), which was the largest part of preparing a large trace;
- * this is O(n). structure.nest uses it when it is built and that code otherwise
- * (tests/test_scan.py compares the two on every shared trace).
+ * Why: structure.previous_enclosing and structure.propagate answer the same questions
+ * with numpy (binary lifting over ~18 full passes; one pass per nesting level), which was
+ * the largest part of preparing a large trace and of attributing it to layers; these are
+ * O(n). structure uses them where built and its numpy code otherwise (tests/test_scan.py
+ * compares the two on every shared trace).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -57,8 +59,63 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(propagate_doc,
+             "propagate(parent, is_anchor, out)\n\n"
+             "Fill out (int64) with the row of each row's innermost enclosing anchor, itself\n"
+             "included, following parent (int64, -1 at the top), else -1; is_anchor: bool.");
+
+static PyObject *propagate(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer parent, anchor, out;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &parent, &anchor, &out)) return NULL;
+    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    int64_t *path = NULL;
+    uint8_t *known = NULL;
+    if (anchor.len != n || out.len != n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "propagate: buffers of different lengths");
+        goto done;
+    }
+    path = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    known = calloc((size_t)(n ? n : 1), 1);
+    if (path == NULL || known == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *up = parent.buf;
+    const uint8_t *is_anchor = anchor.buf;
+    int64_t *found = out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* climb to an anchor, a row already answered, or the top; then answer the path */
+        Py_ssize_t len = 0;
+        int64_t j = i;
+        while (j >= 0 && j < n && !known[j] && !is_anchor[j] && len < n) {
+            path[len++] = j;
+            j = up[j];
+        }
+        int64_t value = (j < 0 || j >= n || len >= n) ? -1 : is_anchor[j] ? j : found[j];
+        if (j >= 0 && j < n && is_anchor[j]) {
+            found[j] = j;
+            known[j] = 1;
+        }
+        while (len > 0) {
+            int64_t k = path[--len];
+            found[k] = value;
+            known[k] = 1;
+        }
+    }
+    result = Py_NewRef(Py_None);
+done:
+    free(path);
+    free(known);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&anchor);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"nest_sorted", nest_sorted, METH_VARARGS, nest_sorted_doc},
+    {"propagate", propagate, METH_VARARGS, propagate_doc},
     {NULL, NULL, 0, NULL},
 };
 

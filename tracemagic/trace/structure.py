@@ -108,6 +108,10 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def propagate(parent: np.ndarray, depth: np.ndarray, is_anchor: np.ndarray) -> np.ndarray:
     """Row of the innermost enclosing anchor event (itself included), else -1."""
+    if _nesting is not None:
+        out = np.empty(parent.size, dtype=np.int64)
+        _nesting.propagate(np.ascontiguousarray(parent, dtype=np.int64), np.ascontiguousarray(is_anchor, dtype=bool), out)
+        return out
     out = np.where(is_anchor, np.arange(parent.size), -1)
     if parent.size == 0:
         return out
