@@ -259,7 +259,8 @@ typedef struct {
     uint8_t *flow_id_missing;
     int flow_id_present;
     Py_ssize_t n, n_flows;
-    PyObject *names; /* list of (name, pid, tid, args name, args labels) of "M" events */
+    yyjson_val **names; /* per "M" event: name, pid, tid, args name, args labels */
+    Py_ssize_t n_names, names_cap;
 } Columns;
 
 #define BAIL (-2) /* not handled here: the caller takes the msgspec path */
@@ -355,23 +356,25 @@ static PyObject *scalar_object(yyjson_val *v) {
     }
 }
 
+static int is_scalar(yyjson_val *v) {
+    return v == NULL || yyjson_is_null(v) || yyjson_is_str(v) || yyjson_is_num(v) || yyjson_is_bool(v);
+}
+
+/* Keep an "M" event's naming fields (made Python objects once the GIL is held again). */
 static int add_names(Columns *c, yyjson_val **ev, yyjson_val **args) {
     yyjson_val *parts[5] = {ev[E_NAME] ? ev[E_NAME] : &EMPTY_STR, ev[E_PID], ev[E_TID],
                             args[K_META_NAME], args[K_LABELS]};
-    PyObject *row = PyTuple_New(5);
-    if (row == NULL) return -1;
-    for (int i = 0; i < 5; i++) {
-        PyObject *item = scalar_object(parts[i]);
-        if (item == NULL) {
-            Py_DECREF(row);
-            if (PyErr_Occurred()) PyErr_Clear();
-            return BAIL;
-        }
-        PyTuple_SET_ITEM(row, i, item);
+    for (int i = 0; i < 5; i++)
+        if (!is_scalar(parts[i])) return BAIL;
+    if (c->n_names == c->names_cap) {
+        Py_ssize_t cap = c->names_cap ? c->names_cap * 2 : 16;
+        yyjson_val **grown = realloc(c->names, sizeof(yyjson_val *) * 5 * (size_t)cap);
+        if (grown == NULL) return BAIL;
+        c->names = grown;
+        c->names_cap = cap;
     }
-    int rc = PyList_Append(c->names, row);
-    Py_DECREF(row);
-    return rc;
+    memcpy(&c->names[5 * c->n_names++], parts, sizeof(parts));
+    return 0;
 }
 
 static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
@@ -493,10 +496,29 @@ static PyObject *numbers(int64_t *values, uint8_t *missing, int present, Py_ssiz
     return Py_BuildValue("(NN)", array_bytes(values, n, sizeof(int64_t)), array_bytes(missing, n, 1));
 }
 
+static PyObject *names_list(Columns *c) {
+    PyObject *names = PyList_New(c->n_names);
+    if (names == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < c->n_names; i++) {
+        PyObject *row = PyTuple_New(5);
+        if (row == NULL) goto fail;
+        PyList_SET_ITEM(names, i, row);
+        for (int k = 0; k < 5; k++) {
+            PyObject *item = scalar_object(c->names[5 * i + k]);
+            if (item == NULL) goto fail;
+            PyTuple_SET_ITEM(row, k, item);
+        }
+    }
+    return names;
+fail:
+    Py_DECREF(names);
+    return NULL;
+}
+
 static PyObject *to_python(Columns *c) {
     PyObject *text = PyTuple_New(N_TEXT), *raw = PyTuple_New(N_RAW), *nums = PyTuple_New(N_NUMBERS);
-    PyObject *flow_text = PyTuple_New(4);
-    if (!text || !raw || !nums || !flow_text) goto fail;
+    PyObject *flow_text = PyTuple_New(4), *names = names_list(c);
+    if (!text || !raw || !nums || !flow_text || !names) goto fail;
     for (int k = 0; k < N_TEXT; k++) {
         PyObject *col = interned(&c->text[k], c->text_codes[k], c->n, 0);
         if (col == NULL) goto fail;
@@ -517,12 +539,12 @@ static PyObject *to_python(Columns *c) {
         if (col == NULL) goto fail;
         PyTuple_SET_ITEM(flow_text, k, col);
     }
-    Py_INCREF(c->names);
     return Py_BuildValue("(nNNNNN(nNNN)N)", c->n, text, raw, array_bytes(c->ts, c->n, sizeof(double)),
                          array_bytes(c->dur, c->n, sizeof(double)), nums, c->n_flows, flow_text,
                          numbers(c->flow_id, c->flow_id_missing, c->flow_id_present, c->n_flows),
-                         array_bytes(c->flow_ts, c->n_flows, sizeof(double)), c->names);
+                         array_bytes(c->flow_ts, c->n_flows, sizeof(double)), names);
 fail:
+    Py_XDECREF(names);
     Py_XDECREF(text);
     Py_XDECREF(raw);
     Py_XDECREF(nums);
@@ -554,7 +576,7 @@ static void columns_free(Columns *c) {
     free(c->flow_ts);
     free(c->flow_id);
     free(c->flow_id_missing);
-    Py_XDECREF(c->names);
+    free(c->names);
 }
 
 static int columns_init(Columns *c, size_t n) {
@@ -582,7 +604,6 @@ static int columns_init(Columns *c, size_t n) {
     bad |= (c->flow_ts = malloc(m * sizeof(double))) == NULL;
     bad |= (c->flow_id = malloc(m * sizeof(int64_t))) == NULL;
     bad |= (c->flow_id_missing = malloc(m)) == NULL;
-    bad |= (c->names = PyList_New(0)) == NULL;
     return bad ? -1 : 0;
 }
 
@@ -596,39 +617,46 @@ PyDoc_STRVAR(scan_doc,
 static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    yyjson_read_err err;
     yyjson_doc *doc;
+    Columns c;
+    int status = 0; /* 0 done, BAIL, or -1 out of memory */
+    /* everything up to the Python objects runs without the GIL: chunks of one trace can
+     * be scanned on several threads at once (trace.split) */
     Py_BEGIN_ALLOW_THREADS
+    yyjson_read_err err;
     /* numbers beyond 64 bits stay text (as a RAW value): they take the msgspec path */
     doc = yyjson_read_opts((char *)view.buf, (size_t)view.len, YYJSON_READ_BIGNUM_AS_RAW, NULL, &err);
+    yyjson_val *root = doc ? yyjson_doc_get_root(doc) : NULL;
+    if (root == NULL || !yyjson_is_arr(root)) {
+        status = BAIL;
+        memset(&c, 0, sizeof(c));
+    } else if (columns_init(&c, yyjson_arr_size(root)) < 0) {
+        status = -1;
+    } else {
+        size_t i, max;
+        yyjson_val *event;
+        yyjson_arr_foreach(root, i, max, event) {
+            if (add_event(&c, event) == BAIL) {
+                status = BAIL;
+                break;
+            }
+        }
+    }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    if (doc == NULL) Py_RETURN_NONE;
-    yyjson_val *root = yyjson_doc_get_root(doc);
-    if (!yyjson_is_arr(root)) {
-        yyjson_doc_free(doc);
-        Py_RETURN_NONE;
-    }
-    Columns c;
     PyObject *result = NULL;
-    if (columns_init(&c, yyjson_arr_size(root)) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    size_t i, max;
-    yyjson_val *event;
-    yyjson_arr_foreach(root, i, max, event) {
-        int rc = add_event(&c, event);
-        if (rc == BAIL) {
-            result = Py_NewRef(Py_None);
-            goto done;
+    if (status == 0) {
+        result = to_python(&c);
+        if (result == NULL && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            PyErr_Clear(); /* text that is not valid UTF-8 for Python: the msgspec path says */
+            status = BAIL;
         }
-        if (rc < 0) goto done;
+    } else if (status == -1) {
+        PyErr_NoMemory();
     }
-    result = to_python(&c);
-done:
+    if (status == BAIL) result = Py_NewRef(Py_None);
     columns_free(&c);
-    yyjson_doc_free(doc);
+    if (doc) yyjson_doc_free(doc);
     return result;
 }
 

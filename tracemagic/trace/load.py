@@ -53,7 +53,7 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
 def parse_source(
     source: Source, recover: bool = False, progress: Progress | None = None, workers: int | None = None
 ) -> ParsedTrace:
-    """Parse and prepare one file (a large plain file on two cores, see ``trace.split``)."""
+    """Parse and prepare one file (a large one on two threads, see ``trace.split``)."""
     parsed = split.parse_split(source, progress) if split.can_split(source, workers) else None
     if parsed is None:
         parsed = parse.parse_source(source, recover=recover, progress=progress)
@@ -166,9 +166,9 @@ def load(
         cache_dir: where to keep the cache when the trace's folder is read-only
             (default: ``$XDG_CACHE_HOME/tracemagic``).
         use_cache: read and write the cache (invalidated when the file changes).
-        workers: processes to parse with (default: as the cores allow): a large plain
-            JSON file is split across two, several large rank files go to a pool; ``1``
-            parses in this process only.
+        workers: how many cores to parse with (default: as many as there are): a large
+            JSON file is read by two threads, several large rank files go to a pool of
+            processes; ``1`` parses in this thread only.
         progress: ``None`` shows a progress bar (a widget in a notebook, a line on a
             terminal's stderr) for inputs over 50 MB; ``True`` always, ``False`` never; or a
             callable ``progress(done_bytes, total_bytes)`` called as the files are read.

@@ -539,6 +539,11 @@ def categorical(values: list[Any] | np.ndarray) -> pd.Categorical:
 # -- decoding ------------------------------------------------------------------------------
 
 
+def scans_in_c() -> bool:
+    """Whether the C scanner is built (it decodes without holding the GIL)."""
+    return _scan is not None
+
+
 def _decode_events(data: Any, name: str) -> list[Any] | tuple[Any, ...]:
     """A JSON array of events -> the C scanner's columns, or structs (typed fast path,
     loose fallback) where the scanner leaves the array to msgspec.

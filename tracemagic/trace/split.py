@@ -1,33 +1,22 @@
-"""Parse one large trace file on two cores: this process reads the first stretch of the
-events while a forked child reads the rest, and the child's columns are appended.
+"""Parse one large trace file on two cores: this thread reads the first stretch of the
+events while a second thread reads the rest, and the second stretch's columns are appended.
 
-Decoding is CPU-bound Python (msgspec structs to numpy columns), so one process is the
-limit; splitting the JSON at an event boundary near its middle nearly halves the wall
-time (``bench/bench_load.py``). A plain file is read in place by both processes, a gzip
-file is decompressed into memory first (its stream has no middle to seek to), and the
-child sees those bytes through the fork. The split is proven, not guessed: the parent decodes
-everything before the cut as a complete list of events, which a cut inside a string or a
-nested value never is. Anything unexpected (no fork, a damaged file, an odd layout, a
-child that fails or hangs) falls back to the one-process parse, so the result is always
-exactly what it would have been.
-
-The child is forked, not spawned: it starts in milliseconds with everything imported,
-only decodes bytes into arrays, never writes to the terminal or the notebook, and sends
-its columns back over a pipe (pickle between our own two processes; nothing read from a
-file is ever unpickled).
+The C scanner (``parse``, ``_scan.c``) does most of its work without the GIL, so two
+threads scanning two stretches of one file run side by side; with the msgspec path alone
+(no scanner built) they would not, and the file is parsed in one thread. A plain file is
+read in place by both threads, a gzip file is decompressed into memory first (its stream
+has no middle to seek to). The split is proven, not guessed: the first stretch decodes as
+a complete list of events, which a cut inside a string or a nested value never is.
+Anything unexpected (a damaged file, an odd layout, a stretch that fails) falls back to
+the one-thread parse, so the result is always exactly what it would have been.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import pickle
 import re
-import select
-import signal
-import sys
-import time
-import warnings
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -37,13 +26,12 @@ from tracemagic.trace import parse
 from tracemagic.trace.parse import ParsedTrace, Progress
 from tracemagic.trace.read import ByteStream, Source
 
-#: files of at least this much JSON are split (below it the fork and merge cost more than
-#: they save)
+
+#: files of at least this much JSON are split (below it the thread and merge cost more
+#: than they save)
 SPLIT_MIN_BYTES = 16 << 20
-#: the child's share of the events bytes (the parent also merges and finishes the table)
-CHILD_SHARE = 0.5
-#: how long to wait for the child beyond the parent's own time, before parsing alone
-_GRACE_S = 30.0
+#: the second thread's share of the events bytes
+SECOND_SHARE = 0.5
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -81,11 +69,9 @@ class _Slice(io.RawIOBase):
 
 
 def can_split(source: Source, workers: int | None) -> bool:
-    """Whether ``source`` is a JSON file (plain or gzip) worth parsing in two processes here."""
-    if source.path is None or (workers is not None and workers < 2):
+    """Whether ``source`` is a JSON file (plain or gzip) worth parsing on two threads here."""
+    if source.path is None or (workers is not None and workers < 2) or not parse.scans_in_c():
         return False
-    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-        return False  # fork is unsafe on macOS and missing on Windows
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -139,7 +125,7 @@ def _cut(read_at: ReadAt, size: int) -> tuple[int, int] | None:
     match = _EVENTS_KEY.search(read_at(0, 1 << 20))
     if match is None:
         return None
-    target = max(match.end(), int(size * (1 - CHILD_SHARE)))
+    target = max(match.end(), int(size * (1 - SECOND_SHARE)))
     boundary = _BOUNDARY.search(read_at(target, 4 << 20))
     if boundary is None:
         return None
@@ -147,10 +133,10 @@ def _cut(read_at: ReadAt, size: int) -> tuple[int, int] | None:
 
 
 def parse_split(source: Source, progress: Progress | None = None) -> ParsedTrace | None:
-    """Parse ``source`` in two processes; None when it cannot be, and then the caller
-    parses it whole (which also reports damage exactly where the one-process parse would).
+    """Parse ``source`` on two threads; None when it cannot be, and then the caller parses
+    it whole (which also reports damage exactly where the one-thread parse would).
 
-    Progress is reported from the parent's stretch, scaled to the whole file (the two
+    Progress is reported from this thread's stretch, scaled to the whole file (the two
     stretches are read at the same pace).
     """
     with _contents(source) as contents:
@@ -165,96 +151,58 @@ def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progres
     end, start = cut
     first = Source(source.name, lambda: _Slice(read_at, 0, end, suffix=b"]"), end + 1, source.rank_hint)
     rest = Source(source.name, lambda: _Slice(read_at, start, size, prefix=b"["), size - start + 1, source.rank_hint)
-    child = _Child(lambda: parse.read_part(rest, base=start - 1))
+    second = _Second(lambda stop: parse.read_part(rest, base=start - 1, progress=stop))
+    scaled: Progress | None = None
+    if progress is not None:
+        report = progress
+
+        def scaled(done: int, total: int) -> None:
+            report(min(source.size, done * source.size // max(total, 1)), source.size)
+
     try:
-        began = time.monotonic()
-        scaled: Progress | None = None
-        if progress is not None:
-            report = progress
-
-            def scaled(done: int, total: int) -> None:
-                report(min(source.size, done * source.size // max(total, 1)), source.size)
-
-        try:
-            part = parse.read_part(first, progress=scaled)
-        except (TraceError, parse.Unstreamable):
-            return None  # damage or an odd layout: the whole-file parse says what and where
-        later = child.result(timeout=_GRACE_S + 2 * (time.monotonic() - began))
-    finally:
-        child.stop()
+        part = parse.read_part(first, progress=scaled)
+    except (TraceError, parse.Unstreamable):
+        second.cancel()
+        return None  # damage or an odd layout: the whole-file parse says what and where
+    except BaseException:  # the user interrupted: do not wait for the second stretch
+        second.cancel()
+        raise
+    later = second.result()
     if later is None:
         return None
     part.extend(later)
     return part.finish()
 
 
-class _Child:
-    """A forked process running ``work`` and sending back its pickled result."""
+class _Cancelled(Exception):
+    """Raised in the second thread at its next chunk once its result is not wanted."""
 
-    def __init__(self, work: Callable[[], Any]) -> None:
-        read_end, write_end = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # "fork() in a multi-threaded process"
-            pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child (coverage does not follow forks)
-            os.close(read_end)
-            _run_child(work, write_end)
-        os.close(write_end)
-        self.pid = pid
-        self.fd = read_end
 
-    def result(self, timeout: float) -> Any | None:
-        """The child's result, or None when it failed or did not answer in time."""
-        deadline = time.monotonic() + timeout
-        blocks = []
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
-                return None
-            block = os.read(self.fd, 1 << 20)
-            if not block:
-                break
-            blocks.append(block)
+class _Second:
+    """``work`` on a second thread; ``work(stop)`` reports progress to ``stop``, which
+    raises ``_Cancelled`` after ``cancel()``, so an unwanted parse ends at its next chunk."""
+
+    def __init__(self, work: Callable[[Progress], Any]) -> None:
+        self._work = work
+        self._wanted = True
+        self._value: Any = None
+        self._thread = threading.Thread(target=self._run, name="tracemagic-parse", daemon=True)
+        self._thread.start()
+
+    def _stop(self, done: int, total: int) -> None:
+        if not self._wanted:
+            raise _Cancelled
+
+    def _run(self) -> None:
         try:
-            status, value = pickle.loads(b"".join(blocks))
-        except Exception:  # noqa: BLE001 - a child that died mid-write: parse alone
-            return None
-        return value if status == "ok" else None
+            self._value = self._work(self._stop)
+        except BaseException:  # noqa: BLE001 - any failure: the caller parses in one thread
+            self._value = None
 
-    def stop(self) -> None:
-        """Close the pipe, end the child if it still runs, and reap it."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        if self.pid > 0:
-            try:
-                done, _ = os.waitpid(self.pid, os.WNOHANG)
-                if done == 0:
-                    os.kill(self.pid, signal.SIGKILL)
-                    os.waitpid(self.pid, 0)
-            except (ChildProcessError, ProcessLookupError):
-                pass
-            self.pid = -1
+    def cancel(self) -> None:
+        self._wanted = False
 
-
-def _run_child(work: Callable[[], Any], fd: int) -> None:  # pragma: no cover - runs in the child
-    """Do ``work`` quietly and write ``(status, value)`` to ``fd``; never returns."""
-    code = 0
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        sys.stdout = sys.stderr = open(devnull, "w", closefd=False)
-        warnings.simplefilter("ignore")
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        try:
-            payload: tuple[str, Any] = ("ok", work())
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which parses alone
-            payload = ("error", f"{type(exc).__name__}: {exc}")
-        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-        with open(fd, "wb", closefd=True) as pipe:
-            pipe.write(data)
-    except BaseException:  # noqa: BLE001
-        code = 1
-    finally:
-        os._exit(code)
+    def result(self) -> Any | None:
+        """The second stretch's part, or None when it failed."""
+        self._thread.join()
+        return self._value
