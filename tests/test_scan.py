@@ -1,0 +1,296 @@
+"""The C code of the loader (``trace/_scan.c``, ``trace/_nesting.c``) is only a faster
+route to what the Python code computes: same events, flows, names and tables on every
+shared trace and on a trace captured here from a real model, and the msgspec path for
+whatever the scanner does not read exactly as it does."""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tracemagic
+from tracemagic.trace import parse, structure
+from tracemagic.trace.read import Source
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+KINETO = sorted(p.name for p in TRACES.glob("*.gz") if "_et." not in p.name and "memory_timeline" not in p.name)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+def test_the_c_code_is_built() -> None:
+    """setup.py builds both extensions where a C compiler is found, as on this machine."""
+    for module in ("tracemagic.trace._scan", "tracemagic.trace._nesting"):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:  # pragma: no cover - a broken install
+            pytest.fail(f"{module} is not built ({exc}): install a C compiler and reinstall tracemagic")
+    assert parse.scans_in_c()
+
+
+def without_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse, "_scan", None)
+    monkeypatch.setattr(structure, "_nesting", None)
+
+
+def load_both(path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[tracemagic.Trace, tracemagic.Trace]:
+    fast = tracemagic.load(path, use_cache=False, **kwargs)
+    with monkeypatch.context() as m:
+        without_c(m)
+        slow = tracemagic.load(path, use_cache=False, **kwargs)
+    return fast, slow
+
+
+def assert_same_trace(a: tracemagic.Trace, b: tracemagic.Trace, tables: bool = True) -> None:
+    pd.testing.assert_frame_equal(a.events, b.events)
+    pd.testing.assert_frame_equal(a.flows, b.flows)
+    assert a.meta == b.meta
+    if tables:
+        for table in ("ops", "kernels", "steps", "layers", "memory", "shapes"):
+            pd.testing.assert_frame_equal(getattr(a, table)(), getattr(b, table)(), obj=table)
+
+
+class ScanSpy:
+    """Counts the chunks the scanner read and those it left to msgspec."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.read = 0
+        self.left = 0
+        real = parse._scan
+
+        class Spy:
+            @staticmethod
+            def scan(data: Any) -> Any:
+                columns = real.scan(data)
+                if columns is None:
+                    self.left += 1
+                else:
+                    self.read += 1
+                return columns
+
+        monkeypatch.setattr(parse, "_scan", Spy)
+
+
+@pytest.mark.parametrize("name", KINETO)
+def test_every_shared_trace_loads_the_same_with_and_without_c(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = ScanSpy(monkeypatch)
+    fast = tracemagic.load(TRACES / name, use_cache=False)
+    assert spy.read > 0 and spy.left == 0, "the scanner read every chunk of a real trace"
+    with monkeypatch.context() as m:
+        without_c(m)
+        slow = tracemagic.load(TRACES / name, use_cache=False)
+    assert_same_trace(fast, slow)
+    assert len(fast.events) > 0
+
+
+def test_a_captured_model_trace_loads_the_same(transformer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real transformer step loop with shapes, memory and stacks (every args column the
+    scanner reads from CPU traces, fwdbwd flows, nn.Module events)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = transformer
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    tokens = torch.randint(0, 50, (4, 12))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(tokens).sum().backward()
+            optimizer.step()
+            prof.step()
+    path = tmp_path / "transformer.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    fast, slow = load_both(path, monkeypatch)
+    assert_same_trace(fast, slow)
+    assert (fast.events["kind"] == "memory").sum() > 0 and fast.layers()["layer"].notna().all()
+    assert fast.events["input_dims"].notna().sum() > 0
+
+
+def event(**fields: Any) -> dict[str, Any]:
+    base = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0}
+    return {**base, **fields}
+
+
+#: events the scanner reads itself (a chunk of them gives columns)
+READ = {
+    "hex and decimal text ids (AMD)": [event(args={"External id": "0x1f", "stream": "0x0", "correlation": "2560"})],
+    "ns integers as timestamps": [event(ts=1790857026000000000, dur=1500)],
+    "a missing cat and name": [{"ph": "X", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}],
+    "escapes and non-ASCII names": [event(name='aten::add_\\"x\\" \u00e9\u4e2d \U0001f600 \\n')],
+    "ids as text and numbers": [event(pid="Spans", tid="PyTorch Profiler"), event(pid=7, tid=-3)],
+    "input dims in any spacing": [
+        event(args={"Input Dims": [[8, 32], [64, 32]]}),
+        {**event(), "args": json.loads('{"Input Dims": [[8,32],[64,32]], "Input type": ["float","float"]}')},
+    ],
+    "a repeated key (the last wins)": [event(name="first")],  # duplicated in the text below
+    "names and labels of processes and threads": [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+        {"ph": "M", "name": "process_labels", "pid": 1, "tid": 0, "args": {"labels": "CPU"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}},
+        event(),
+    ],
+    "flows and unknown phases": [
+        event(),
+        {"ph": "s", "cat": "fwdbwd", "id": 4, "pid": 1, "tid": 1, "ts": 10.0},
+        {"ph": "f", "cat": "fwdbwd", "id": 4, "pid": 1, "tid": 1, "ts": 12.0, "bp": "e"},
+        {"ph": "C", "name": "counter", "pid": 1, "ts": 11.0, "args": {"v": 3}},
+        {"ph": "b", "name": "async", "id": "0x1", "pid": 1, "ts": 11.0},
+    ],
+    "memory events": [
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 12.0, "s": "t",
+         "args": {"Total Reserved": 2048, "Total Allocated": 512, "Bytes": -256, "Addr": 94000000, "Device Type": 0, "Device Id": -1}},
+    ],
+    "flops as floats": [event(args={"flops": 1.5e9}), event(args={"flops": 12})],
+}
+#: events the scanner leaves to msgspec (the chunk gives None)
+LEFT = {
+    "a float in an integer column": [event(args={"External id": 1.5})],
+    "a bool in an integer column": [event(args={"Sequence number": True})],
+    "an id beyond 64 bits": [event(args={"External id": 2**70})],
+    "a list as a name": [event(name=["a", "b"])],
+    "a timestamp as text": [event(ts="12.5")],
+    "args that are not an object": [event(args=[1, 2])],
+    "a flow id as text": [event(), {"ph": "s", "cat": "fwdbwd", "id": "x4", "pid": 1, "tid": 1, "ts": 10.0}],
+    "an event that is not an object": [event(), 3],
+}
+
+
+def write_events(path: Path, events: list[Any]) -> Path:
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events}, ensure_ascii=False)
+    if path.stem == "a repeated key (the last wins)":
+        text = text.replace('"name": "first"', '"name": "first", "name": "second"', 1)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(READ))
+def test_values_the_scanner_reads_give_the_msgspec_columns(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_events(tmp_path / f"{case}.json", READ[case])
+    spy = ScanSpy(monkeypatch)
+    fast = tracemagic.load(path, use_cache=False)
+    assert (spy.read, spy.left) == (1, 0)
+    with monkeypatch.context() as m:
+        without_c(m)
+        slow = tracemagic.load(path, use_cache=False)
+    assert_same_trace(fast, slow, tables=False)
+    if case == "a repeated key (the last wins)":
+        assert fast.events["name"].astype(str).tolist() == ["second"]
+    if case == "input dims in any spacing":
+        assert fast.events["input_dims"].astype(str).tolist() == ["[[8, 32], [64, 32]]"] * 2
+
+
+@pytest.mark.parametrize("case", sorted(LEFT))
+def test_values_the_scanner_leaves_take_the_msgspec_path(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_events(tmp_path / f"{case}.json", LEFT[case])
+    spy = ScanSpy(monkeypatch)
+    try:
+        fast = tracemagic.load(path, use_cache=False)
+    except tracemagic.TraceError as exc:
+        with monkeypatch.context() as m:
+            without_c(m)
+            with pytest.raises(tracemagic.TraceError) as slow_exc:
+                tracemagic.load(path, use_cache=False)
+        assert str(exc) == str(slow_exc.value)
+        return
+    assert spy.left == 1
+    with monkeypatch.context() as m:
+        without_c(m)
+        slow = tracemagic.load(path, use_cache=False)
+    assert_same_trace(fast, slow, tables=False)
+
+
+def test_malformed_json_is_left_to_msgspec() -> None:
+    from tracemagic.trace import _scan
+
+    assert _scan.scan(b'[{"ph": "X", "name": "a"}]') is not None
+    for broken in (b'[{"ph": "X", "name": "a}]', b'[{"ph": "X"},]', b'{"ph": "X"}', b"", b"[NaN]", b'["\xff"]'):
+        assert _scan.scan(broken) is None, broken
+
+
+def test_damage_is_reported_as_msgspec_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = gzip.decompress((TRACES / "hta_nccl_data.json.gz").read_bytes())
+    path = tmp_path / "cut.json"
+    path.write_bytes(data[: len(data) // 2] + b"garbage")
+    with pytest.raises(tracemagic.TraceError) as fast:
+        tracemagic.load(path, use_cache=False, workers=1)
+    with monkeypatch.context() as m:
+        without_c(m)
+        with pytest.raises(tracemagic.TraceError) as slow:
+            tracemagic.load(path, use_cache=False, workers=1)
+    assert str(fast.value) == str(slow.value) and fast.value.offset == slow.value.offset
+    a, b = load_both(path, monkeypatch, recover=True, workers=1)
+    assert_same_trace(a, b, tables=False)
+
+
+def test_chunks_parsed_on_two_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scanner runs without the GIL (trace.split relies on it): many threads scanning
+    at once give each its own, correct columns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = gzip.decompress((TRACES / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz").read_bytes())
+    expected = parse.parse_source(Source.from_bytes("rank0", data)).events
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: parse.parse_source(Source.from_bytes("rank0", data), chunk=256 * 1024).events, range(4)))
+    for events in results:
+        pd.testing.assert_frame_equal(events, expected)
+
+
+def test_one_pass_nesting_equals_the_numpy_nesting() -> None:
+    """Random nests per thread, with ends a little past their parent's (within and beyond
+    the tolerance), equal starts and zero durations."""
+    from tracemagic.trace import _nesting
+
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        n = int(rng.integers(1, 400))
+        group = np.sort(rng.integers(0, 4, n)).astype(np.int64)
+        start = np.round(rng.uniform(0, 100, n), 1)
+        end = start + np.round(rng.exponential(10, n), 1) * (rng.random(n) > 0.1)
+        jitter = rng.choice([0.0, 0.1, 0.2, 0.3], n)
+        end = end + jitter
+        order = np.lexsort((-end, start, group))
+        group, end = group[order], end[order]
+        parent = np.empty(n, dtype=np.int64)
+        depth = np.empty(n, dtype=np.int32)
+        _nesting.nest_sorted(group, end, structure.NEST_TOLERANCE_US, parent, depth)
+        expected = structure.previous_enclosing(group, end)
+        np.testing.assert_array_equal(parent, expected)
+        levels = np.zeros(n, dtype=np.int32)
+        for i in range(n):  # parents come first in this order
+            levels[i] = levels[parent[i]] + 1 if parent[i] >= 0 else 0
+        np.testing.assert_array_equal(depth, levels)
+
+
+def test_one_pass_propagate_equals_the_numpy_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        n = int(rng.integers(1, 500))
+        parent = np.full(n, -1, dtype=np.int64)
+        depth = np.full(n, -1, dtype=np.int32)
+        nested = rng.random(n) > 0.2  # the rest are outside the nesting (GPU events, instants)
+        for i in np.flatnonzero(nested):
+            earlier = np.flatnonzero(nested[:i])
+            if earlier.size and rng.random() > 0.2:
+                parent[i] = rng.choice(earlier)
+                depth[i] = depth[parent[i]] + 1
+            else:
+                depth[i] = 0
+        anchor = rng.random(n) > 0.7
+        shuffle = rng.permutation(n)  # rows in any order, parents anywhere
+        inverse = np.argsort(shuffle)
+        p = np.where(parent[shuffle] >= 0, inverse[np.maximum(parent[shuffle], 0)], -1)
+        fast = structure.propagate(p, depth[shuffle], anchor[shuffle])
+        with monkeypatch.context() as m:
+            m.setattr(structure, "_nesting", None)
+            slow = structure.propagate(p, depth[shuffle], anchor[shuffle])
+        np.testing.assert_array_equal(fast, slow)
