@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test venv browser clean
 
-$(STAMP): pyproject.toml constraints.txt scripts/setup_venv.sh
+$(STAMP): pyproject.toml setup.py constraints.txt scripts/setup_venv.sh tracemagic/trace/_scan.c tracemagic/trace/_nesting.c
 	PY=$(PY) bash scripts/setup_venv.sh
 	touch $(STAMP)
 

@@ -10,6 +10,8 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS
@@ -243,7 +245,7 @@ def _categorical(per_code: np.ndarray, at: np.ndarray) -> pd.Categorical:
     categories, index = np.unique(per_code[present].astype(str), return_inverse=True)
     recode = np.full(per_code.size, -1, dtype=np.int64)
     recode[np.flatnonzero(present)] = index
-    return pd.Categorical.from_codes(recode[at], categories=categories).remove_unused_categories()
+    return without_unused(pd.Categorical.from_codes(recode[at], categories=categories))
 
 
 def layer_labels(trace: Trace, module_rows: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
@@ -256,13 +258,24 @@ def layer_labels(trace: Trace, module_rows: np.ndarray) -> tuple[pd.Categorical,
 def name_labels(trace: Trace, rows: np.ndarray) -> pd.Categorical:
     """Event names at ``rows`` as a categorical (missing where the row is -1)."""
     names = trace.events["name"].array
-    return pd.Categorical.from_codes(_codes_at(trace, rows), dtype=names.dtype).remove_unused_categories()
+    return without_unused(pd.Categorical.from_codes(_codes_at(trace, rows), dtype=names.dtype))
+
+
+def without_unused(values: pd.Categorical) -> pd.Categorical:
+    """``values.remove_unused_categories()`` by counting codes instead of sorting them."""
+    codes = values.codes
+    used = np.bincount(codes[codes >= 0], minlength=len(values.categories)) > 0
+    if used.all():
+        return values
+    remap = np.full(used.size + 1, -1, dtype=np.int64)  # the last entry maps -1 (missing)
+    remap[np.flatnonzero(used)] = np.arange(int(used.sum()))
+    return pd.Categorical.from_codes(remap[codes], categories=values.categories[used], validate=False)
 
 
 def labels(values: pd.Series) -> pd.Categorical:
     """A column of repeated strings as a categorical without unused categories."""
     if isinstance(values.dtype, pd.CategoricalDtype):
-        return values.array.remove_unused_categories()
+        return without_unused(values.array)
     return pd.Categorical(np.asarray(values, dtype=object))
 
 
@@ -298,5 +311,6 @@ def text(values: pd.Series | np.ndarray) -> pd.api.extensions.ExtensionArray:
 
 def text_take(labels: np.ndarray, at: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """``text(labels[at])`` for per-row tables: ``labels`` are few (per code, None for none),
-    ``at`` indexes them (-1: missing), so no string is made per row."""
-    return text(labels).take(at, allow_fill=True)
+    ``at`` indexes them (-1: missing), so no string is made per row (Arrow's take)."""
+    taken = pc.take(pa.array(labels, type=pa.large_string()), pa.array(at, mask=at < 0))
+    return pd.array(taken, dtype="str")
