@@ -14,6 +14,7 @@ the one-thread parse, so the result is always exactly what it would have been.
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import re
 import threading
@@ -95,17 +96,15 @@ def _json_size(path: Path, size: int) -> int:
 
 @contextmanager
 def _contents(source: Source) -> Iterator[tuple[ReadAt, int] | None]:
-    """``(read_at, size)`` over the JSON: a plain file read in place with ``pread`` (which
-    the forked child can share), a gzip file decompressed into memory; None for a damaged
-    gzip stream (the one-process parse reports it)."""
+    """``(read_at, size)`` over the JSON: a plain file mapped into memory (both threads
+    read their stretch from it), a gzip file decompressed into memory; None for a damaged
+    gzip stream (the one-thread parse reports it)."""
     assert source.path is not None
-    fd = os.open(source.path, os.O_RDONLY)
-    try:
-        if os.pread(fd, 2, 0) != _GZIP_MAGIC:
-            yield (lambda offset, size: os.pread(fd, size, offset)), os.fstat(fd).st_size
+    with open(source.path, "rb") as file:
+        if file.read(2) != _GZIP_MAGIC:
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                yield (lambda offset, size: mapped[offset : offset + size]), len(mapped)
             return
-    finally:
-        os.close(fd)
     try:
         with ByteStream(source, block=8 << 20) as stream:
             data = stream.read_all()
