@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -277,3 +278,16 @@ def test_split_inside_a_jupyter_kernel(tmp_path: Path) -> None:
     assert nb.cells[0].outputs == [], "the parse (both threads) wrote nothing to the notebook"
     printed = "".join(o.get("text", "") for o in nb.cells[1].outputs)
     assert printed.startswith("same ") and int(printed.split()[1]) > 0
+
+
+def test_split_without_pread_reads_under_a_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows has no ``os.pread``: the two threads then share one file handle."""
+    path = plain("hta_nccl_data.json.gz", tmp_path)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 256 * 1024)  # many reads from both threads
+    monkeypatch.delattr(os, "pread")
+    spy = SplitSpy(monkeypatch)
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.results == [True]
+    assert_same(alone, both)

@@ -14,13 +14,12 @@ the one-thread parse, so the result is always exactly what it would have been.
 from __future__ import annotations
 
 import io
-import mmap
 import os
 import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import parse
@@ -96,14 +95,13 @@ def _json_size(path: Path, size: int) -> int:
 
 @contextmanager
 def _contents(source: Source) -> Iterator[tuple[ReadAt, int] | None]:
-    """``(read_at, size)`` over the JSON: a plain file mapped into memory (both threads
-    read their stretch from it), a gzip file decompressed into memory; None for a damaged
-    gzip stream (the one-thread parse reports it)."""
+    """``(read_at, size)`` over the JSON: a plain file read in place (both threads read
+    their stretch from it), a gzip file decompressed into memory; None for a damaged gzip
+    stream (the one-thread parse reports it)."""
     assert source.path is not None
     with open(source.path, "rb") as file:
         if file.read(2) != _GZIP_MAGIC:
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                yield (lambda offset, size: mapped[offset : offset + size]), len(mapped)
+            yield _reader(file), os.fstat(file.fileno()).st_size
             return
     try:
         with ByteStream(source, block=8 << 20) as stream:
@@ -116,6 +114,23 @@ def _contents(source: Source) -> Iterator[tuple[ReadAt, int] | None]:
         return
     view = memoryview(data)
     yield (lambda offset, size: bytes(view[offset : offset + size])), len(data)
+
+
+def _reader(file: BinaryIO) -> ReadAt:
+    """``read_at`` over an open file for two threads: ``pread`` where there is one (it
+    keeps no file position, and measured faster than a memory map here), else seek and
+    read under a lock."""
+    if hasattr(os, "pread"):
+        fd = file.fileno()
+        return lambda offset, size: os.pread(fd, size, offset)
+    lock = threading.Lock()
+
+    def read_at(offset: int, size: int) -> bytes:
+        with lock:
+            file.seek(offset)
+            return file.read(size)
+
+    return read_at
 
 
 def _cut(read_at: ReadAt, size: int) -> tuple[int, int] | None:
