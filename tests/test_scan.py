@@ -1,7 +1,8 @@
-"""The C code of the loader (``trace/_scan.c``, ``trace/_nesting.c``) is only a faster
-route to what the Python code computes: same events, flows, names and tables on every
-shared trace and on a trace captured here from a real model, and the msgspec path for
-whatever the scanner does not read exactly as it does."""
+"""The loader's fast paths (the C code in ``trace/_scan.c`` and ``trace/_nesting.c``, and
+``structure.sort_by_thread``) are only faster routes to what the plain Python code
+computes: same events, flows, names and tables on every shared trace and on a trace
+captured here from a real model, and the msgspec path for whatever the scanner does not
+read exactly as it does."""
 
 from __future__ import annotations
 
@@ -294,3 +295,18 @@ def test_one_pass_propagate_equals_the_numpy_propagate(monkeypatch: pytest.Monke
             m.setattr(structure, "_nesting", None)
             slow = structure.propagate(p, depth[shuffle], anchor[shuffle])
         np.testing.assert_array_equal(fast, slow)
+
+
+def test_sort_by_thread_is_lexsort() -> None:
+    """Nearly sorted starts with ties, NaN starts and ends, few and many groups."""
+    rng = np.random.default_rng(3)
+    for groups in (1, 3, 40000):
+        for _ in range(10):
+            n = int(rng.integers(1, 3000))
+            group = rng.integers(0, groups, n).astype(np.int64) * 1_000_003
+            start = np.sort(np.round(rng.uniform(0, 50, n), 0)) + rng.choice([0.0, 0.0, 0.0, 5.0, -3.0], n)
+            start[rng.random(n) < 0.02] = np.nan
+            end = start + np.round(rng.exponential(3, n), 0)
+            end[rng.random(n) < 0.02] = np.nan
+            np.testing.assert_array_equal(structure.sort_by_thread(group, start, -end), np.lexsort((-end, start, group)))
+            np.testing.assert_array_equal(structure.sort_by_thread(group, start), np.lexsort((start, group)))

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS
-from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US
+from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, sort_by_thread
 
 #: GPU activity with a duration on the device: what counts as GPU time
 GPU_ACTIVITY = ("kernel", "memcpy", "memset")
@@ -66,7 +66,7 @@ def _cpu_by_thread(trace: Trace) -> np.ndarray:
         rows = timed_rows(events, CPU_KINDS)
         ts = events["ts"].to_numpy()
         end = ts + events["dur"].to_numpy()
-        return rows[np.lexsort((-end[rows], ts[rows], thread_keys_of(trace)[rows]))]
+        return rows[sort_by_thread(thread_keys_of(trace)[rows], ts[rows], -end[rows])]
 
     return trace.shared("cpu_by_thread", compute)
 
@@ -289,7 +289,7 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
     group, start, end = group[keep], start[keep], end[keep]
     if group.size == 0:
         return np.zeros(groups)
-    order = np.lexsort((start, group))
+    order = sort_by_thread(group, start)
     group, start, end = group[order], start[order], end[order]
     # running maximum per group in one pass: each group is lifted above all earlier ones,
     # and the row holding each maximum gives its exact value back

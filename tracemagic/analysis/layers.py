@@ -34,7 +34,7 @@ from tracemagic.analysis._common import (
 )
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
-from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate
+from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate, sort_by_thread
 
 #: outermost op of each autograd node run by the engine
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
@@ -139,14 +139,13 @@ def _flow_links(trace: Trace, root: np.ndarray, is_op: np.ndarray) -> np.ndarray
     flows = trace.flows
     if flows.empty or "cat" not in flows:
         return out
-    fwdbwd = flows[(flows["cat"].astype(str) == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()]
+    fwdbwd = flows[(flows["cat"] == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()]
     if fwdbwd.empty:
         return out
     at = enclosing_at(trace, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), is_op)
-    ph = fwdbwd["ph"].astype(str).to_numpy()
     table = pd.DataFrame({"rank": fwdbwd["rank"].to_numpy(), "id": fwdbwd["id"].to_numpy(dtype=np.int64), "row": at})
-    start = table[ph == "s"].drop_duplicates(["rank", "id"])
-    finish = table[ph == "f"].drop_duplicates(["rank", "id"])
+    start = table[(fwdbwd["ph"] == "s").to_numpy()].drop_duplicates(["rank", "id"])
+    finish = table[(fwdbwd["ph"] == "f").to_numpy()].drop_duplicates(["rank", "id"])
     pairs = finish.merge(start, on=["rank", "id"], suffixes=("_bwd", "_fwd"))
     bwd = pairs["row_bwd"].to_numpy(dtype=np.int64)
     fwd = pairs["row_fwd"].to_numpy(dtype=np.int64)
@@ -203,7 +202,7 @@ def _first_op_dims(trace: Trace, calls: np.ndarray) -> np.ndarray:
     ts = events["ts"].to_numpy()
     dur = events["dur"].to_numpy()
     dims = events["input_dims"].cat.codes.to_numpy()
-    ops = ops[np.lexsort((-dur[ops], ts[ops], keys[ops]))]
+    ops = ops[sort_by_thread(keys[ops], ts[ops], -dur[ops])]
     op_keys = keys[ops]
     for key in np.unique(keys[calls]):  # one pass per thread
         lo, hi = np.searchsorted(op_keys, [key, key + 1])

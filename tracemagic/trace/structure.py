@@ -24,6 +24,24 @@ MODULE_PREFIX = "nn.Module: "
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
 
 
+def sort_by_thread(group: np.ndarray, start: np.ndarray, then: np.ndarray | None = None) -> np.ndarray:
+    """The order of rows by (``group``, ``start``, ``then``): ``np.lexsort((then, start,
+    group))``, ~2x faster on trace data, whose starts are nearly sorted already (a stable
+    sort of them is close to linear) and whose groups (threads) are few."""
+    order = np.argsort(start, kind="stable")
+    if then is not None and order.size > 1:
+        ordered = start[order]
+        same = (ordered[1:] == ordered[:-1]) | (np.isnan(ordered[1:]) & np.isnan(ordered[:-1]))
+        if same.any():  # runs of equal starts: by ``then`` within each run
+            tied = np.flatnonzero(np.append(False, same) | np.append(same, False))
+            run = np.cumsum(np.append(True, ~same))[tied]
+            rows = order[tied]
+            order[tied] = rows[np.lexsort((then[rows], run))]
+    codes, uniques = pd.factorize(group[order], sort=True)
+    dense = codes.astype(np.int16 if len(uniques) < 2**15 else np.int64)  # int16 sorts by radix
+    return order[np.argsort(dense, kind="stable")]
+
+
 def previous_enclosing(group: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For rows sorted by (group, start, -end): the nearest earlier row of the same group
     whose end is not before this row's end (its parent), else -1.
@@ -94,7 +112,7 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     start = events["ts"].to_numpy()[rows] - t0
     end = start + dur[rows]
     group = events["pid"].cat.codes.to_numpy()[rows].astype(np.int64) * 1_000_003 + events["tid"].cat.codes.to_numpy()[rows]
-    order = np.lexsort((-end, start, group))
+    order = sort_by_thread(group, start, -end)
     sorted_parent, d = nest_sorted(group[order], end[order])
     local = np.full(rows.size, -1, dtype=np.int64)
     has = sorted_parent >= 0
