@@ -5,6 +5,7 @@ library, independently of the loader's own parsing."""
 from __future__ import annotations
 
 import gzip
+import importlib
 import io
 import json
 import os
@@ -534,15 +535,18 @@ def test_odd_types_take_the_loose_path(tmp_path: Path) -> None:
 
 
 class ParseSpy:
+    """Records every file the loader parses (on one thread or two)."""
+
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[str] = []
-        real = parse.parse_source
+        loader = importlib.import_module("tracemagic.trace.load")
+        real = loader.parse_source
 
-        def spy(source: Any, **kwargs: Any) -> Any:
+        def spy(source: Any, *args: Any, **kwargs: Any) -> Any:
             self.calls.append(source.name)
-            return real(source, **kwargs)
+            return real(source, *args, **kwargs)
 
-        monkeypatch.setattr(parse, "parse_source", spy)
+        monkeypatch.setattr(loader, "parse_source", spy)
 
 
 @pytest.fixture
