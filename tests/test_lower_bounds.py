@@ -149,8 +149,10 @@ def lower_bound_venv(config: pytest.Config, pins: list[str]) -> tuple[Path, dict
             [py, "-m", "pip", "install", "-q", "--only-binary=:all:", *pins],
             env=env, timeout=1200, what=f"pip install {' '.join(pins)}",
         )
-        _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], env=env, timeout=600,
-             what="pip install --no-deps -e . (tracemagic)")
+        # no C build here: it would rewrite, in the source tree, the extensions the running
+        # suite has loaded; the editable install finds the ones the main venv built there
+        _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], env={**env, "TRACEMAGIC_NO_C": "1"},
+             timeout=600, what="pip install --no-deps -e . (tracemagic)")
         names = [p.split("==")[0] for p in pins] + ["tracemagic"]
         probe = "import importlib.metadata as m, json, sys; print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))"
         versions = json.loads(_run([py, "-c", probe, *names], env=env, timeout=120, what="reading versions").strip().splitlines()[-1])
