@@ -13,10 +13,8 @@ noisy, so baseline and candidate always alternate and ratios are of medians):
   venv (``bench/out/hta-venv``, created here: HTA breaks on pandas 3, so it gets
   ``pandas<3``; torch is pinned to 2.13.0 in the constraints so nothing pulls CUDA wheels).
 
-Peak memory is each worker's peak RSS (``ru_maxrss``) plus what the child process the
-loader forks (to parse a large file on two cores) adds beyond the pages it shares with
-its parent at the fork (its peak RSS minus the parent's RSS after imports), also shown
-minus the RSS after imports, against the JSON size. Targets (issue 3), judged on the ~100 MB trace: load into
+Peak memory is each worker's peak RSS (``ru_maxrss``; the loader parses a large file on two
+threads of the one process), also shown minus the RSS after imports, against the JSON size. Targets (issue 3), judged on the ~100 MB trace: load into
 analysis-ready tables >= 20x faster than HTA and no slower than ``orjson.loads``; peak
 memory <= 3x the JSON size; reopening from cache >= 10x faster than the first load.
 
@@ -54,13 +52,6 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _child_rss_mb() -> float:
-    """Peak RSS of the process's children (the loader's forked parse child), 0 if none."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-
 def _worker(kind: str, path: Path) -> dict[str, object]:
     import gc
 
@@ -95,7 +86,6 @@ def _worker(kind: str, path: Path) -> dict[str, object]:
 
     _warm_up()
     base = _rss_mb()
-    children_before = _child_rss_mb()
     gc.collect()
     start = time.perf_counter()
     trace = tracemagic.load(path, use_cache=(kind == "cached"), progress=False)
@@ -116,9 +106,7 @@ def _worker(kind: str, path: Path) -> dict[str, object]:
         "seconds": load_s,
         "tables_s": sum(v for v in tables.values() if v == v),
         "tables": tables,
-        # the forked parse child starts sharing our resident pages (``base``: its RSS at
-        # the fork); what it adds beyond them is its own memory, on top of our peak
-        "peak_mb": _rss_mb() + (max(0.0, _child_rss_mb() - base) if _child_rss_mb() > children_before else 0.0),
+        "peak_mb": _rss_mb(),
         "base_mb": base,
         "events": len(trace.events),
     }
