@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracemagic.trace.model import Trace
-from tracemagic.trace.normalize import CPU_KINDS
+from tracemagic.trace.normalize import CPU_KINDS, kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, sort_by_thread
 
 #: GPU activity with a duration on the device: what counts as GPU time
@@ -34,7 +34,7 @@ def trace_start(trace: Trace) -> float:
 
 def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
     """Rows of the duration (``X``) events of the given kinds, in table order."""
-    return np.flatnonzero(events["kind"].isin(kinds).to_numpy() & (events["ph"] == "X").to_numpy())
+    return np.flatnonzero(kind_mask(events, *kinds) & (events["ph"] == "X").to_numpy())
 
 
 def thread_keys(events: pd.DataFrame) -> np.ndarray:
@@ -219,12 +219,17 @@ def module_labels(trace: Trace) -> dict[str, tuple[str, str]]:
 
 
 def _per_name(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """Layer and type for every category of the ``name`` column (None for non-modules)."""
-    labels = module_labels(trace)
-    categories = trace.events["name"].cat.categories
-    layer_of = np.array([labels.get(str(c), (None, None))[0] for c in categories] + [None], dtype=object)
-    type_of = np.array([labels.get(str(c), (None, None))[1] for c in categories] + [None], dtype=object)
-    return layer_of, type_of
+    """Layer and type for every category of the ``name`` column (None for non-modules),
+    computed once per trace."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        labels = module_labels(trace)
+        categories = trace.events["name"].cat.categories
+        layer_of = np.array([labels.get(str(c), (None, None))[0] for c in categories] + [None], dtype=object)
+        type_of = np.array([labels.get(str(c), (None, None))[1] for c in categories] + [None], dtype=object)
+        return layer_of, type_of
+
+    return trace.shared("layer_per_name", compute)
 
 
 def _codes_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
