@@ -101,7 +101,6 @@ def memory(trace: Trace) -> pd.DataFrame:
     return _fill_allocated(table)
 
 
-
 def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
     """Rebuild ``allocated_bytes`` from deltas on devices whose events carry no totals
     (``table['_device']`` keys the (rank, device) pairs; it is dropped here)."""

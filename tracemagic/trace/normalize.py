@@ -70,19 +70,22 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"))
 
 
+def _kind_per_category(events: pd.DataFrame) -> np.ndarray:
+    """The ``KINDS`` index of each category of ``events['kind']`` (unknown ones are
+    ``other``), then -1 for a missing kind: indexed by the column's codes."""
+    categories = events["kind"].cat.categories
+    return np.array([KINDS.index(str(c) if str(c) in KINDS else "other") for c in categories] + [-1], dtype=np.int8)
+
+
 def kind_codes(events: pd.DataFrame) -> np.ndarray:
     """Every event's kind as its index in ``KINDS`` (no strings materialized)."""
-    kind = events["kind"]
-    cats = kind.cat.categories
-    lookup = np.array([KINDS.index(str(c)) if str(c) in KINDS else KINDS.index("other") for c in cats] + [-1], dtype=np.int8)
-    return lookup[kind.cat.codes.to_numpy()]
+    return _kind_per_category(events)[events["kind"].cat.codes.to_numpy()]
 
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
     """Boolean mask of the events whose kind is one of ``kinds`` (decided once per category)."""
-    kind = events["kind"]
-    hit = [(str(c) if str(c) in KINDS else "other") in kinds for c in kind.cat.categories]
-    return np.array(hit + [False])[kind.cat.codes.to_numpy()]
+    hit = np.isin(_kind_per_category(events), [KINDS.index(k) for k in kinds])
+    return hit[events["kind"].cat.codes.to_numpy()]
 
 
 def timestamps_in_ns(ts: np.ndarray) -> bool:

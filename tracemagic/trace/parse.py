@@ -422,7 +422,7 @@ class _Builder:
             self._names([_Event("M", "", name, pid, tid, args=_Args(meta_name=label, labels=labels))
                          for name, pid, tid, label, labels in names])
         if n_flows:
-            for column, (codes, values) in zip(("ph", "cat", "pid", "tid"), flow_text):
+            for column, (codes, values) in zip(self.flow_cats, flow_text):
                 self.flow_parts[column].append(self.flow_cats[column].remap(codes, values))
             self.flow_parts["ts"].append(np.frombuffer(flow_ts, dtype=np.float64))
             ids = _scanned_numbers(flow_id, False)
