@@ -152,6 +152,16 @@ READ = {
          "args": {"Total Reserved": 2048, "Total Allocated": 512, "Bytes": -256, "Addr": 94000000, "Device Type": 0, "Device Id": -1}},
     ],
     "flops as floats": [event(args={"flops": 1.5e9}), event(args={"flops": 12})],
+    "old and new external id keys, and nulls": [
+        event(args={"External id": None, "external id": 5}),
+        event(args={"external id": 6}),
+        event(args={"External id": 7, "external id": 8}),
+        event(args={"Sequence number": None, "Fwd thread id": 3}),
+    ],
+    "a repeated args key (the last wins)": [event(args={"Sequence number": 1}), event(args={"Sequence number": 2})],
+    "keys that differ from known ones inside": [  # same length, first and last eight bytes
+        event(args={"Record fXnction id": 5, "Python parXnt id": 6, "Sequence numbXr": 7}),
+    ],
 }
 #: events the scanner leaves to msgspec (the chunk gives None)
 LEFT = {
@@ -170,6 +180,9 @@ def write_events(path: Path, events: list[Any]) -> Path:
     text = json.dumps({"schemaVersion": 1, "traceEvents": events}, ensure_ascii=False)
     if path.stem == "a repeated key (the last wins)":
         text = text.replace('"name": "first"', '"name": "first", "name": "second"', 1)
+    if path.stem == "a repeated args key (the last wins)":
+        text = text.replace('"Sequence number": 1', '"Sequence number": 1, "Sequence number": 3', 1)
+        text = text.replace('"Sequence number": 2', '"Sequence number": 2, "Sequence number": null', 1)
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -188,6 +201,13 @@ def test_values_the_scanner_reads_give_the_msgspec_columns(case: str, tmp_path: 
         assert fast.events["name"].astype(str).tolist() == ["second"]
     if case == "input dims in any spacing":
         assert fast.events["input_dims"].astype(str).tolist() == ["[[8, 32], [64, 32]]"] * 2
+    if case == "old and new external id keys, and nulls":
+        assert fast.events["external_id"].tolist() == [5, 6, 7, pd.NA]
+        assert fast.events["fwd_tid"].tolist() == [pd.NA, pd.NA, pd.NA, 3]
+    if case == "a repeated args key (the last wins)":
+        assert fast.events["seq"].tolist() == [3, pd.NA]
+    if case == "keys that differ from known ones inside":
+        assert fast.events[["rf_id", "python_parent_id", "seq"]].isna().all(axis=None)
 
 
 @pytest.mark.parametrize("case", sorted(LEFT))

@@ -30,6 +30,7 @@ typedef struct {
     int32_t *slots; /* open addressing: index into values, -1 empty */
     uint64_t *hashes;
     Py_ssize_t nslots;
+    int32_t last; /* the code found last: neighbouring events often share a value */
 } Interner;
 
 static uint64_t mix(uint64_t h, uint64_t v) {
@@ -37,9 +38,32 @@ static uint64_t mix(uint64_t h, uint64_t v) {
     return h;
 }
 
+/* Eight bytes at a time, then the tail; murmur3's finalizer spreads them to the low bits
+ * the slot mask keeps. */
 static uint64_t hash_bytes(uint64_t h, const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
-    return h;
+    h ^= n * 0x9e3779b97f4a7c15ULL;
+    for (; n >= 8; s += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
+    }
+    uint64_t tail = 0;
+    for (size_t i = 0; i < n; i++) tail |= (uint64_t)(unsigned char)s[i] << (8 * i);
+    h = (h ^ tail) * 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 33);
+}
+
+/* Short strings compare faster in a loop than through a call to memcmp. */
+static inline int same_bytes(const char *a, const char *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
+static inline int same_string(yyjson_val *a, yyjson_val *b) {
+    return (yyjson_get_tag(a) & 0xff) == (yyjson_get_tag(b) & 0xff) && yyjson_get_len(a) == yyjson_get_len(b) &&
+           same_bytes(yyjson_get_str(a), yyjson_get_str(b), yyjson_get_len(a));
 }
 
 static uint64_t hash_value(yyjson_val *v, int depth) {
@@ -78,7 +102,7 @@ static int same_value(yyjson_val *a, yyjson_val *b) {
         case YYJSON_TYPE_STR:
         case YYJSON_TYPE_RAW:
             return yyjson_get_len(a) == yyjson_get_len(b) &&
-                   memcmp(yyjson_get_str(a), yyjson_get_str(b), yyjson_get_len(a)) == 0;
+                   same_bytes(yyjson_get_str(a), yyjson_get_str(b), yyjson_get_len(a));
         case YYJSON_TYPE_NUM:
             return a->uni.u64 == b->uni.u64;
         case YYJSON_TYPE_ARR: {
@@ -111,6 +135,7 @@ static int interner_init(Interner *t) {
     t->count = 0;
     t->cap = 64;
     t->nslots = 128;
+    t->last = -1;
     t->values = malloc(sizeof(yyjson_val *) * t->cap);
     t->slots = malloc(sizeof(int32_t) * t->nslots);
     t->hashes = malloc(sizeof(uint64_t) * t->cap);
@@ -143,11 +168,13 @@ static int interner_grow(Interner *t) {
 
 /* The code of v (-1 on allocation failure; the caller bails). */
 static int32_t intern(Interner *t, yyjson_val *v) {
+    if (t->last >= 0 && yyjson_is_str(v) && same_string(t->values[t->last], v)) return t->last;
     uint64_t h = hash_value(v, 0);
     Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)(t->nslots - 1));
     while (t->slots[s] >= 0) {
         int32_t i = t->slots[s];
-        if (t->hashes[i] == h && same_value(t->values[i], v)) return i;
+        if (t->hashes[i] == h && (yyjson_is_str(v) ? same_string(t->values[i], v) : same_value(t->values[i], v)))
+            return t->last = i;
         s = (s + 1) & (t->nslots - 1);
     }
     if (t->count == t->cap) {
@@ -165,7 +192,7 @@ static int32_t intern(Interner *t, yyjson_val *v) {
     t->hashes[code] = h;
     t->slots[s] = code;
     if (t->count * 2 > t->nslots && interner_grow(t) < 0) return -1;
-    return code;
+    return t->last = code;
 }
 
 /* -- the columns ----------------------------------------------------------------------- */
@@ -213,30 +240,56 @@ static const Key EVENT_KEYS[] = {
     {"ts", E_TS}, {"dur", E_DUR}, {"id", E_ID}, {"args", E_ARGS},
 };
 
-/* Keys sorted by length: a key is compared only with the known keys of its length. */
+/* Keys sorted by length: a key is compared only with the known keys of its length, by
+ * its first and last eight bytes (all of it up to 16 bytes; the middle of longer ones is
+ * compared once those match). */
 #define MAX_KEY 32
-static signed char arg_by_len[MAX_KEY + 1][8];
-static signed char event_by_len[MAX_KEY + 1][8];
+typedef struct {
+    uint64_t head, tail;
+    const char *key;
+    int slot;
+} KeyWords;
+static KeyWords arg_by_len[MAX_KEY + 1][8];
+static KeyWords event_by_len[MAX_KEY + 1][8];
 
-static void index_keys(const Key *keys, int n, signed char table[][8]) {
-    memset(table, 0xff, (MAX_KEY + 1) * 8);
+static inline uint64_t key_head(const char *s, size_t n) {
+    uint64_t w = 0;
+    if (n >= 8) {
+        memcpy(&w, s, 8);
+    } else {
+        for (size_t i = 0; i < n; i++) w |= (uint64_t)(unsigned char)s[i] << (8 * i);
+    }
+    return w;
+}
+
+static inline uint64_t key_tail(const char *s, size_t n) {
+    uint64_t w = 0;
+    if (n >= 8) memcpy(&w, s + n - 8, 8);
+    return w;
+}
+
+static void index_keys(const Key *keys, int n, KeyWords table[][8]) {
+    for (int len = 0; len <= MAX_KEY; len++)
+        for (int j = 0; j < 8; j++) table[len][j].slot = -1;
     for (int i = 0; i < n; i++) {
         size_t len = strlen(keys[i].key);
         for (int j = 0; j < 8; j++)
-            if (table[len][j] < 0) {
-                table[len][j] = (signed char)i;
+            if (table[len][j].slot < 0) {
+                table[len][j] = (KeyWords){key_head(keys[i].key, len), key_tail(keys[i].key, len), keys[i].key, keys[i].slot};
                 break;
             }
     }
 }
 
-static int lookup(yyjson_val *key, const Key *keys, signed char table[][8]) {
+static inline int lookup(yyjson_val *key, KeyWords table[][8]) {
     size_t len = yyjson_get_len(key);
     if (len > MAX_KEY) return -1;
     const char *s = yyjson_get_str(key);
-    for (int j = 0; j < 8 && table[len][j] >= 0; j++) {
-        const Key *k = &keys[(int)table[len][j]];
-        if (memcmp(k->key, s, len) == 0) return k->slot;
+    uint64_t head = key_head(s, len), tail = key_tail(s, len);
+    for (int j = 0; j < 8 && table[len][j].slot >= 0; j++) {
+        const KeyWords *k = &table[len][j];
+        if (k->head == head && k->tail == tail && (len <= 16 || same_bytes(k->key + 8, s + 8, len - 16)))
+            return k->slot;
     }
     return -1;
 }
@@ -261,6 +314,9 @@ typedef struct {
     Py_ssize_t n, n_flows;
     yyjson_val **names; /* per "M" event: name, pid, tid, args name, args labels */
     Py_ssize_t n_names, names_cap;
+    yyjson_val *args[N_ARG_KEYS]; /* the current event's args by slot */
+    int set[N_ARG_KEYS + 1];      /* the slots of args it set */
+    int n_set;
 } Columns;
 
 #define BAIL (-2) /* not handled here: the caller takes the msgspec path */
@@ -392,10 +448,14 @@ static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
     if (float_of(ev[E_TS], &c->ts[i], &none) == BAIL) return BAIL;
     if (float_of(ev[E_DUR], &c->dur[i], &none) == BAIL) return BAIL;
     if (none) c->dur[i] = 0.0;
-    if (args[A_EXTERNAL_ID] == NULL || yyjson_is_null(args[A_EXTERNAL_ID]))
+    if (args[A_EXTERNAL_ID] == NULL || yyjson_is_null(args[A_EXTERNAL_ID])) {
         args[A_EXTERNAL_ID] = args[K_EXTERNAL_ID_OLD];
-    for (int k = 0; k < N_NUMBERS; k++) {
-        int rc;
+        if (args[A_EXTERNAL_ID] != NULL) c->set[c->n_set++] = A_EXTERNAL_ID;
+    }
+    /* the number columns start all missing (columns_init): only the keys present count */
+    for (int j = 0; j < c->n_set; j++) {
+        int k = c->set[j], rc;
+        if (k >= N_NUMBERS || args[k] == NULL) continue;
         if (k == A_FLOPS) {
             double value;
             rc = float_of(args[k], &value, &c->missing[k][i]);
@@ -426,14 +486,14 @@ static int add_flow(Columns *c, yyjson_val **ev) {
 
 static yyjson_val NO_ARGS_OBJ = {YYJSON_TYPE_OBJ, {.u64 = 0}};
 
-static int add_event(Columns *c, yyjson_val *event) {
+static int add_event_args(Columns *c, yyjson_val *event) {
     if (!yyjson_is_obj(event)) return BAIL;
     yyjson_val *ev[N_EVENT_KEYS] = {0};
-    yyjson_val *args[N_ARG_KEYS] = {0};
+    yyjson_val **args = c->args;
     size_t i, max;
     yyjson_val *key, *val;
     yyjson_obj_foreach(event, i, max, key, val) {
-        int slot = lookup(key, EVENT_KEYS, event_by_len);
+        int slot = lookup(key, event_by_len);
         if (slot >= 0) ev[slot] = val; /* a repeated key: the last one wins, as in msgspec */
     }
     yyjson_val *ph = ev[E_PH];
@@ -445,8 +505,10 @@ static int add_event(Columns *c, yyjson_val *event) {
     if (!yyjson_is_obj(a)) return BAIL;
     if (ev[E_ARGS]) {
         yyjson_obj_foreach(a, i, max, key, val) {
-            int slot = lookup(key, ARG_KEYS, arg_by_len);
-            if (slot >= 0) args[slot] = val;
+            int slot = lookup(key, arg_by_len);
+            if (slot < 0) continue;
+            if (args[slot] == NULL) c->set[c->n_set++] = slot;
+            args[slot] = val;
         }
     }
     size_t len = yyjson_get_len(ph);
@@ -455,6 +517,15 @@ static int add_event(Columns *c, yyjson_val *event) {
     if (len == 1 && (p[0] == 's' || p[0] == 'f' || p[0] == 't')) return add_flow(c, ev);
     if (len == 1 && p[0] == 'M') return add_names(c, ev, args);
     return 0;
+}
+
+/* One event into the columns. c->args holds its args by slot, all NULL between events:
+ * only the slots it set are cleared (cheaper than clearing them all for every event). */
+static int add_event(Columns *c, yyjson_val *event) {
+    int rc = add_event_args(c, event);
+    for (int j = 0; j < c->n_set; j++) c->args[c->set[j]] = NULL;
+    c->n_set = 0;
+    return rc;
 }
 
 /* -- to Python ------------------------------------------------------------------------- */
@@ -595,9 +666,10 @@ static int columns_init(Columns *c, size_t n) {
         bad |= interner_init(&c->flow_text[k]);
         bad |= (c->flow_codes[k] = malloc(m * sizeof(int32_t))) == NULL;
     }
-    for (int k = 0; k < N_NUMBERS; k++) {
-        bad |= (c->numbers[k] = malloc(m * sizeof(int64_t))) == NULL;
+    for (int k = 0; k < N_NUMBERS; k++) { /* all missing until a value is read */
+        bad |= (c->numbers[k] = calloc(m, sizeof(int64_t))) == NULL;
         bad |= (c->missing[k] = malloc(m)) == NULL;
+        if (c->missing[k]) memset(c->missing[k], 1, m);
     }
     bad |= (c->ts = malloc(m * sizeof(double))) == NULL;
     bad |= (c->dur = malloc(m * sizeof(double))) == NULL;
