@@ -82,13 +82,39 @@ def test_split_parse_equals_the_one_process_parse(name: str, tmp_path: Path, mon
     assert len(both.events) > 0
 
 
-@pytest.mark.parametrize("share", [0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95])
+def test_stretches_are_taken_by_both_threads_and_joined_in_file_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is cut into many stretches; each thread takes the next one when it is free,
+    so both read some, and the joined columns are the one-thread parse's."""
+    path = plain("hta_nccl_data.json.gz", tmp_path)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "STRETCH_BYTES", path.stat().st_size // 12)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 128 * 1024)
+    taken: list[tuple[str, int]] = []
+    real = parse.read_part
+
+    def slow(source: Any, **kwargs: Any) -> Any:
+        taken.append((threading.current_thread().name, kwargs["base"]))
+        time.sleep(0.02)  # neither thread can take every stretch before the other starts
+        return real(source, **kwargs)
+
+    monkeypatch.setattr(parse, "read_part", slow)
+    both = tracemagic.load(path, use_cache=False)
+    assert len(taken) == 12
+    assert {name for name, _ in taken} == {"MainThread", "tracemagic-parse"}
+    bases = sorted(base for _, base in taken)
+    assert bases[0] == 0 and len(set(bases)) == 12, "every stretch read once"
+    assert_same(alone, both)
+
+
+@pytest.mark.parametrize("share", [0.03, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95])
 @pytest.mark.parametrize("layout", ["compact", "pretty"])
 def test_cuts_inside_strings_and_nested_values_fall_back(
     share: float, layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Names and args full of ``}, {`` (also arrays of objects inside args) put candidate
-    cuts inside events; the split either proves its cut or parses in one thread."""
+    cuts inside events; the split either proves its cuts or parses in one thread (stretches
+    of ``share`` of the file: from 2 to 16 of them)."""
     events = []
     for i in range(2000):
         events.append(
@@ -108,7 +134,7 @@ def test_cuts_inside_strings_and_nested_values_fall_back(
     path = tmp_path / "tricky.json"
     path.write_text(text)
     monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
-    monkeypatch.setattr(split, "SECOND_SHARE", share)
+    monkeypatch.setattr(split, "STRETCH_BYTES", int(len(text) * share))
     spy = SplitSpy(monkeypatch)
     both = tracemagic.load(path, use_cache=False)
     assert len(spy.results) == 1
@@ -145,7 +171,7 @@ def test_a_failing_second_thread_means_a_one_thread_parse(tmp_path: Path, monkey
     real = parse.read_part
 
     def broken(source: Any, **kwargs: Any) -> Any:
-        if kwargs.get("base", 0) > 0:  # the second thread's stretch
+        if threading.current_thread().name == "tracemagic-parse":
             raise MemoryError("no room")
         return real(source, **kwargs)
 
@@ -165,7 +191,7 @@ def test_an_interrupt_reaches_the_user_and_stops_the_second_thread(tmp_path: Pat
     chunks: list[int] = []
 
     def interrupted(source: Any, **kwargs: Any) -> Any:
-        if kwargs.get("base", 0) > 0:  # the second thread's stretch: count its chunks
+        if threading.current_thread().name == "tracemagic-parse":  # count its chunks
             stop = kwargs["progress"]
 
             def counting(done: int, total: int) -> None:

@@ -1,12 +1,15 @@
-"""Parse one large trace file on two cores: this thread reads the first stretch of the
-events while a second thread reads the rest, and the second stretch's columns are appended.
+"""Parse one large trace file on two cores: the events are cut into stretches of a few MB,
+this thread and a second one each take the next unread stretch until none is left, and the
+stretches' columns are joined in file order. Taking stretches as they come keeps both
+threads busy to the end, whatever the events cost to read in each part of the file (a
+stretch of operators with shapes takes ~1.5x as long as one of memory events).
 
 The C scanner (``parse``, ``_scan.c``) does most of its work without the GIL, so two
 threads scanning two stretches of one file run side by side; with the msgspec path alone
 (no scanner built) they would not, and the file is parsed in one thread. A plain file is
 read in place by both threads, a gzip file is decompressed into memory first (its stream
-has no middle to seek to). The split is proven, not guessed: the first stretch decodes as
-a complete list of events, which a cut inside a string or a nested value never is.
+has no middle to seek to). The cuts are proven, not guessed: each stretch decodes as a
+complete list of events, which one cut inside a string or a nested value never does.
 Anything unexpected (a damaged file, an odd layout, a stretch that fails) falls back to
 the one-thread parse, so the result is always exactly what it would have been.
 """
@@ -30,8 +33,9 @@ from tracemagic.trace.read import ByteStream, Source
 #: files of at least this much JSON are split (a 10 MB trace loads ~20% faster split;
 #: below a few MB the merge costs about what the second thread saves)
 SPLIT_MIN_BYTES = 4 << 20
-#: the second thread's share of the events bytes
-SECOND_SHARE = 0.5
+#: the events are cut into stretches of about this many bytes (at most MAX_STRETCHES)
+STRETCH_BYTES = 8 << 20
+MAX_STRETCHES = 16
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -133,25 +137,32 @@ def _reader(file: BinaryIO) -> ReadAt:
     return read_at
 
 
-def _cut(read_at: ReadAt, size: int) -> tuple[int, int] | None:
-    """``(end, start)``: the first stretch is ``[0, end)`` (it ends with an event's ``}``),
-    the second starts at the next event's ``{``; None when no boundary is found."""
+def _cuts(read_at: ReadAt, size: int) -> list[tuple[int, int]] | None:
+    """``[(start, stop)]`` of each stretch: the first from byte 0 to an event's ``}``, each
+    later one from the next event's ``{``, the last to the end; None when no boundary is found."""
     match = _EVENTS_KEY.search(read_at(0, 1 << 20))
     if match is None:
         return None
-    target = max(match.end(), int(size * (1 - SECOND_SHARE)))
-    boundary = _BOUNDARY.search(read_at(target, 4 << 20))
-    if boundary is None:
+    count = max(2, min(MAX_STRETCHES, size // STRETCH_BYTES))
+    stretches: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, count):
+        target = max(match.end(), start + 1, size * i // count)
+        boundary = _BOUNDARY.search(read_at(target, 64 << 10)) or _BOUNDARY.search(read_at(target, 4 << 20))
+        if boundary is None:
+            break
+        stretches.append((start, target + boundary.start() + 1))
+        start = target + boundary.end() - 1
+    if not stretches:
         return None
-    return target + boundary.start() + 1, target + boundary.end() - 1
+    return stretches + [(start, size)]
 
 
 def parse_split(source: Source, progress: Progress | None = None) -> ParsedTrace | None:
     """Parse ``source`` on two threads; None when it cannot be, and then the caller parses
     it whole (which also reports damage exactly where the one-thread parse would).
 
-    Progress is reported from this thread's stretch, scaled to the whole file (the two
-    stretches are read at the same pace).
+    Progress is reported from this thread, counting the bytes both threads have read.
     """
     with _contents(source) as contents:
         return _parse_split(source, contents, progress) if contents is not None else None
@@ -159,33 +170,89 @@ def parse_split(source: Source, progress: Progress | None = None) -> ParsedTrace
 
 def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progress | None) -> ParsedTrace | None:
     read_at, size = contents
-    cut = _cut(read_at, size)
-    if cut is None:
+    cuts = _cuts(read_at, size)
+    if cuts is None:
         return None
-    end, start = cut
-    first = Source(source.name, lambda: _Slice(read_at, 0, end, suffix=b"]"), end + 1, source.rank_hint)
-    rest = Source(source.name, lambda: _Slice(read_at, start, size, prefix=b"["), size - start + 1, source.rank_hint)
-    second = _Second(lambda stop: parse.read_part(rest, base=start - 1, progress=stop))
-    scaled: Progress | None = None
-    if progress is not None:
-        report = progress
-
-        def scaled(done: int, total: int) -> None:
-            report(min(source.size, done * source.size // max(total, 1)), source.size)
-
+    stretches = _Stretches(read_at, size, cuts, source)
+    second = _Second(stretches.take_all)
     try:
-        part = parse.read_part(first, progress=scaled)
+        stretches.take_all(_Reporter(stretches, source.size, progress))
     except (TraceError, parse.Unstreamable):
         second.cancel()
         return None  # damage or an odd layout: the whole-file parse says what and where
-    except BaseException:  # the user interrupted: do not wait for the second stretch
+    except BaseException:  # the user interrupted: do not wait for the second thread
         second.cancel()
         raise
-    later = second.result()
-    if later is None:
+    if not second.finished() or None in stretches.parts:
         return None
-    part.extend(later)
-    return part.finish()
+    if progress is not None:
+        progress(source.size, source.size)
+    first, *later = stretches.parts
+    assert first is not None
+    for part in later:
+        assert part is not None
+        first.extend(part)
+    return first.finish()
+
+
+class _Stretches:
+    """The stretches of one file, handed out in file order to whichever thread asks next."""
+
+    def __init__(self, read_at: ReadAt, size: int, cuts: list[tuple[int, int]], source: Source) -> None:
+        last = len(cuts) - 1
+        self.sources = [
+            Source(
+                source.name,
+                lambda start=start, stop=stop, i=i: _Slice(
+                    read_at, start, stop, prefix=b"[" if i else b"", suffix=b"]" if i < last else b""
+                ),
+                stop - start + (i > 0) + (i < last),
+                source.rank_hint,
+            )
+            for i, (start, stop) in enumerate(cuts)
+        ]
+        self.bases = [start - 1 if i else 0 for i, (start, _) in enumerate(cuts)]
+        self.parts: list[parse.Part | None] = [None] * len(cuts)
+        self.done = [0] * len(cuts)  # bytes read of each stretch, for progress
+        self._next = 0
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def _take(self) -> int | None:
+        with self._lock:
+            index = self._next
+            self._next += 1
+        return index if index < len(self.sources) and not self._failed else None
+
+    def take_all(self, progress: Callable[[int, int], None]) -> None:
+        """Parse stretches until none is left (or a stretch failed on either thread);
+        ``progress(done, total)`` after each chunk."""
+        while (index := self._take()) is not None:
+
+            def report(done: int, total: int, index: int = index) -> None:
+                self.done[index] = done
+                progress(done, total)
+
+            try:
+                self.parts[index] = parse.read_part(self.sources[index], base=self.bases[index], progress=report)
+            except BaseException:
+                self._failed = True  # the other thread takes no further stretch
+                raise
+
+
+class _Reporter:
+    """This thread's progress callback: both threads' bytes read so far, of the whole file."""
+
+    def __init__(self, stretches: _Stretches, size: int, progress: Progress | None) -> None:
+        self._stretches = stretches
+        self._size = size
+        self._total = max(sum(s.size for s in stretches.sources), 1)
+        self._progress = progress
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._progress is not None:
+            read = sum(self._stretches.done)
+            self._progress(min(self._size, read * self._size // self._total), self._size)
 
 
 class _Cancelled(Exception):
@@ -199,7 +266,7 @@ class _Second:
     def __init__(self, work: Callable[[Progress], Any]) -> None:
         self._work = work
         self._wanted = True
-        self._value: Any = None
+        self._ok = False
         self._thread = threading.Thread(target=self._run, name="tracemagic-parse", daemon=True)
         self._thread.start()
 
@@ -209,14 +276,15 @@ class _Second:
 
     def _run(self) -> None:
         try:
-            self._value = self._work(self._stop)
+            self._work(self._stop)
+            self._ok = True
         except BaseException:  # noqa: BLE001 - any failure: the caller parses in one thread
-            self._value = None
+            self._ok = False
 
     def cancel(self) -> None:
         self._wanted = False
 
-    def result(self) -> Any | None:
-        """The second stretch's part, or None when it failed."""
+    def finished(self) -> bool:
+        """Wait for the thread; whether its work ran to the end without failing."""
         self._thread.join()
-        return self._value
+        return self._ok
