@@ -24,6 +24,7 @@ import gc
 import json
 import math
 import re
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -280,23 +281,17 @@ class _Interner:
             self.labels.append(label)
         return code
 
-    def remap(self, codes: bytes, values: list[Any]) -> np.ndarray:
-        """Codes of a chunk the C scanner interned on its own (``codes`` index ``values``)."""
+    def remap(self, codes: bytes, values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Codes of a chunk the C scanner interned on its own (``codes`` index ``values``),
+        and the codes of ``values`` (the chunk's distinct values in the order it met them)."""
         local = np.frombuffer(codes, dtype=np.int32)
         if not values:
-            return local
+            return local, np.zeros(0, dtype=np.int32)
         table = np.append(self.codes(values, len(values)), np.int32(-1))  # -1 stays missing
-        return table[local]
+        return table[local], table[:-1]
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype="str"), validate=False)
-
-    def recode(self, other: "_Interner", parts: list[np.ndarray]) -> list[np.ndarray]:
-        """Codes of ``other`` (another chunk run's interner) turned into this one's."""
-        if not other.labels:
-            return parts
-        remap = np.fromiter(map(self.intern, other.labels), dtype=np.int32, count=len(other.labels))
-        return [np.where(codes >= 0, remap[codes], -1).astype(np.int32) for codes in parts]
 
 
 def _json_text(raw: bytes) -> str:
@@ -362,25 +357,53 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
     return values, mask
 
 
+class Interners:
+    """The distinct values of one file's text columns. The builders of its stretches, read
+    on two threads (``trace.split``), share one: their codes then need no recoding when the
+    stretches are joined, and each value is decoded once. ``lock`` guards the sharing."""
+
+    def __init__(self) -> None:
+        self.cats = {c: _Interner() for c in _TEXT}
+        self.cats.update({c: _Interner(raw=True) for c in _ARG_RAW})
+        self.flow_cats = {c: _Interner() for c in ("ph", "cat", "pid", "tid")}
+        self.lock = threading.Lock()
+
+
 class _Builder:
     """Accumulates the columns of one trace, chunk by chunk."""
 
-    def __init__(self) -> None:
+    def __init__(self, interners: Interners | None = None) -> None:
         self.n = 0
-        self.cats = {c: _Interner() for c in _TEXT}
-        self.cats.update({c: _Interner(raw=True) for c in _ARG_RAW})
+        self.interners = interners or Interners()
+        self.cats = self.interners.cats
         self.codes: dict[str, list[np.ndarray]] = {c: [] for c in self.cats}
         self.floats: dict[str, list[np.ndarray]] = {"ts": [], "dur": []}
         self.numbers: dict[str, list[tuple[int, tuple[np.ndarray, np.ndarray] | None]]] = {
             c: [] for c, _, _ in _ARG_COLUMNS
         }
-        self.flow_cats = {c: _Interner() for c in ("ph", "cat", "pid", "tid")}
+        self.flow_cats = self.interners.flow_cats
         self.flow_parts: dict[str, list[Any]] = {c: [] for c in ("ph", "cat", "pid", "tid", "id", "ts")}
         self.processes: dict[str, str] = {}
         self.threads: dict[tuple[str, str], str] = {}
+        # with shared interners, codes follow the order the threads met values in: the
+        # distinct codes of each chunk (in its own order) put them back in file order
+        self.firsts: dict[str, list[np.ndarray]] | None = None
+        if interners is not None:
+            self.firsts = {c: [] for c in [*self.cats, *(f"flow {c}" for c in self.flow_cats)]}
+
+    def _keep(self, column: str, codes: np.ndarray, firsts: np.ndarray | None = None) -> None:
+        """Append a chunk's codes of a text column (``flow X`` for the flows' columns)."""
+        parts = self.flow_parts[column[5:]] if column.startswith("flow ") else self.codes[column]
+        parts.append(codes)
+        if self.firsts is not None:
+            self.firsts[column].append(pd.unique(codes[codes >= 0]) if firsts is None else firsts)
 
     def add(self, events: list[Any] | tuple[Any, ...]) -> None:
         """Append a chunk: msgspec's event structs, or the C scanner's columns (a tuple)."""
+        with self.interners.lock:
+            self._add(events)
+
+    def _add(self, events: list[Any] | tuple[Any, ...]) -> None:
         if type(events) is tuple:
             self._add_scanned(events)
             return
@@ -393,7 +416,7 @@ class _Builder:
             return
         ph, cat, name, pid, tid, ts, dur = zip(*map(_BASE_GETTER, timed))
         for column, values in (("ph", ph), ("cat", cat), ("name", name), ("pid", pid), ("tid", tid)):
-            self.codes[column].append(self.cats[column].codes(values, n))
+            self._keep(column, self.cats[column].codes(values, n))
         self.floats["ts"].append(np.array(ts, dtype=np.float64))
         self.floats["dur"].append(np.nan_to_num(np.array(dur, dtype=np.float64)))
         args = zip(*map(_ARG_GETTER, map(_ARGS_GETTER, timed)))
@@ -405,15 +428,13 @@ class _Builder:
             self.numbers[column].append((n, _numbers(columns[source], floating)))
         for column in _ARG_STRINGS:
             values = columns[column]
-            self.codes[column].append(
-                np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n)
-            )
+            self._keep(column, np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n))
         for column in _ARG_RAW:
             values = columns[column]
             if values.count(_NULL) == n:
-                self.codes[column].append(np.full(n, -1, dtype=np.int32))
+                self._keep(column, np.full(n, -1, dtype=np.int32))
             else:
-                self.codes[column].append(self.cats[column].codes(list(map(bytes, values)), n))
+                self._keep(column, self.cats[column].codes(list(map(bytes, values)), n))
         self.n += n
 
     def _add_scanned(self, columns: tuple[Any, ...]) -> None:
@@ -423,14 +444,14 @@ class _Builder:
                          for name, pid, tid, label, labels in names])
         if n_flows:
             for column, (codes, values) in zip(self.flow_cats, flow_text):
-                self.flow_parts[column].append(self.flow_cats[column].remap(codes, values))
+                self._keep(f"flow {column}", *self.flow_cats[column].remap(codes, values))
             self.flow_parts["ts"].append(np.frombuffer(flow_ts, dtype=np.float64))
             ids = _scanned_numbers(flow_id, False)
             self.flow_parts["id"].append(ids or (np.zeros(n_flows, np.int64), np.ones(n_flows, bool)))
         if not n:
             return
         for column, (codes, values) in zip(_TEXT + _ARG_RAW, text + raw):
-            self.codes[column].append(self.cats[column].remap(codes, values))
+            self._keep(column, *self.cats[column].remap(codes, values))
         self.floats["ts"].append(np.frombuffer(ts, dtype=np.float64))
         self.floats["dur"].append(np.frombuffer(dur, dtype=np.float64))
         for (column, _, floating), part in zip(_ARG_COLUMNS, numbers):
@@ -439,16 +460,19 @@ class _Builder:
 
     def extend(self, other: "_Builder") -> None:
         """Append the events ``other`` read after this builder's (a later part of the file)."""
-        for column, interner in other.cats.items():
-            self.codes[column] += self.cats[column].recode(interner, other.codes[column])
+        if other.interners is not self.interners:
+            raise ValueError("only parts read with the same Interners can be joined")
+        for column in self.codes:
+            self.codes[column] += other.codes[column]
         for column, parts in other.floats.items():
             self.floats[column] += parts
         for column, numbers in other.numbers.items():
             self.numbers[column] += numbers
-        for column, interner in other.flow_cats.items():
-            self.flow_parts[column] += self.flow_cats[column].recode(interner, other.flow_parts[column])
-        for column in ("id", "ts"):
+        for column in self.flow_parts:
             self.flow_parts[column] += other.flow_parts[column]
+        if self.firsts is not None and other.firsts is not None:
+            for column, firsts in other.firsts.items():
+                self.firsts[column] += firsts
         self.processes.update(other.processes)
         self.threads.update(other.threads)
         self.n += other.n
@@ -459,7 +483,7 @@ class _Builder:
         n = len(flows)
         ph, cat, pid, tid, ids, ts = zip(*map(_FLOW_GETTER, flows))
         for column, values in (("ph", ph), ("cat", cat), ("pid", pid), ("tid", tid)):
-            self.flow_parts[column].append(self.flow_cats[column].codes(values, n))
+            self._keep(f"flow {column}", self.flow_cats[column].codes(values, n))
         self.flow_parts["ts"].append(np.array(ts, dtype=np.float64))
         self.flow_parts["id"].append(_numbers(ids, False) or (np.zeros(n, np.int64), np.ones(n, bool)))
 
@@ -502,13 +526,29 @@ class _Builder:
 
     def _categorical(self, column: str) -> pd.Categorical:
         parts = self.codes[column]
-        codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        return self.cats[column].categorical(codes)
+        return self._in_file_order(column, self.cats[column], np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32))
 
     def _flow_categorical(self, column: str) -> pd.Categorical:
         parts = self.flow_parts[column]
         codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        return self.flow_cats[column].categorical(codes)
+        return self._in_file_order(f"flow {column}", self.flow_cats[column], codes)
+
+    def _in_file_order(self, column: str, interner: _Interner, codes: np.ndarray) -> pd.Categorical:
+        """The column as a categorical whose categories are in the order the file first has
+        them, as a one-thread parse makes them, however the threads met them."""
+        if self.firsts is None or not self.firsts[column]:
+            return interner.categorical(codes)
+        count = len(interner.labels)
+        distinct, first = np.unique(np.concatenate(self.firsts[column]), return_index=True)
+        order = distinct[np.argsort(first, kind="stable")]
+        if len(order) < count:  # values no chunk had (none expected): after the others
+            order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
+        if (order == np.arange(count)).all():
+            return interner.categorical(codes)
+        renumber = np.full(count + 1, -1, dtype=np.int32)  # the last: missing stays -1
+        renumber[order] = np.arange(count, dtype=np.int32)
+        categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
+        return pd.Categorical.from_codes(renumber[codes], categories=categories, validate=False)
 
 
 def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -591,7 +631,7 @@ class Part:
     warnings: list[str]
 
     def extend(self, later: "Part") -> None:
-        """Append a part that follows this one in the same file."""
+        """Append a part that follows this one in the same file (read with the same ``Interners``)."""
         self.builder.extend(later.builder)
         self.meta.update(later.meta)
         self.warnings += later.warnings
@@ -617,7 +657,14 @@ class _StreamParser:
     """Cuts the traceEvents array of a byte stream into chunks and decodes them."""
 
     def __init__(
-        self, source: Source, stream: ByteStream, recover: bool, progress: Progress | None, chunk: int, base: int = 0
+        self,
+        source: Source,
+        stream: ByteStream,
+        recover: bool,
+        progress: Progress | None,
+        chunk: int,
+        base: int = 0,
+        interners: Interners | None = None,
     ) -> None:
         self.source = source
         self.name = source.name
@@ -628,7 +675,7 @@ class _StreamParser:
         self.buf = bytearray()
         self.base = base  # absolute offset of buf[0] in the file
         self.eof = False
-        self.builder = _Builder()
+        self.builder = _Builder(interners)
         self.meta: dict[str, Any] = {}
         self.warnings: list[str] = []
 
@@ -955,12 +1002,20 @@ def parse_source(
         return parsed
 
 
-def read_part(source: Source, *, base: int = 0, chunk: int | None = None, progress: Progress | None = None) -> Part:
+def read_part(
+    source: Source,
+    *,
+    base: int = 0,
+    chunk: int | None = None,
+    progress: Progress | None = None,
+    interners: Interners | None = None,
+) -> Part:
     """Stream-decode ``source`` into columns, strictly (no recovery, no whole-document
     fallback): used on stretches of one file parsed side by side (``trace.split``).
 
     Args:
         base: the file offset of the source's first byte, so damage is located in the file.
+        interners: shared with the other stretches of the file (see ``Interners``).
 
     Raises:
         TraceError: the JSON is damaged.
@@ -968,7 +1023,7 @@ def read_part(source: Source, *, base: int = 0, chunk: int | None = None, progre
     """
     chunk = chunk or CHUNK_BYTES
     with _gc_paused(), ByteStream(source, block=chunk) as stream:
-        return _StreamParser(source, stream, False, progress, chunk, base).read()
+        return _StreamParser(source, stream, False, progress, chunk, base, interners).read()
 
 
 def parse_events(data: bytes, name: str, *, recover: bool = False) -> ParsedTrace:

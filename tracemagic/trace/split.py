@@ -213,6 +213,7 @@ class _Stretches:
         ]
         self.bases = [start - 1 if i else 0 for i, (start, _) in enumerate(cuts)]
         self.parts: list[parse.Part | None] = [None] * len(cuts)
+        self.interners = parse.Interners()
         self.done = [0] * len(cuts)  # bytes read of each stretch, for progress
         self._next = 0
         self._failed = False
@@ -234,7 +235,9 @@ class _Stretches:
                 progress(done, total)
 
             try:
-                self.parts[index] = parse.read_part(self.sources[index], base=self.bases[index], progress=report)
+                self.parts[index] = parse.read_part(
+                    self.sources[index], base=self.bases[index], progress=report, interners=self.interners
+                )
             except BaseException:
                 self._failed = True  # the other thread takes no further stretch
                 raise
