@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tracemagic.trace.columns import all_missing
+
 #: bump when the events table's columns or meaning change
 FORMAT = 6
 SUFFIX = ".tracemagic.arrow"
@@ -161,9 +163,7 @@ def _column(array: pa.Array, nullable: bool, values: Callable[[pa.Array], np.nda
 def _all_missing_column(dtype: str, n: int) -> Any:
     if dtype == "category":
         return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), categories=pd.Index([], dtype="str"), validate=False)
-    if dtype == "Float64":
-        return pd.arrays.FloatingArray(np.zeros(n, dtype=np.float64), np.ones(n, dtype=bool))
-    return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+    return all_missing(n, floating=dtype == "Float64")
 
 
 def _frame(table: pa.Table, layout: dict[str, Any], values: Callable[[pa.Array], np.ndarray]) -> pd.DataFrame:

@@ -36,6 +36,7 @@ import pandas as pd
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import normalize
+from tracemagic.trace.columns import all_missing
 from tracemagic.trace.read import ByteStream, Source, sniff
 
 try:  # the C scanner (setup.py builds it where a compiler is found)
@@ -563,10 +564,9 @@ def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: in
     """A nullable Int64/Float64 array from chunk parts (None parts are all missing)."""
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
-        values, mask = np.zeros(n, dtype=dtype), np.ones(n, dtype=bool)
-    else:
-        values = np.concatenate([p[0] if p is not None else np.zeros(k, dtype=dtype) for k, p in parts])
-        mask = np.concatenate([p[1] if p is not None else np.ones(k, dtype=bool) for k, p in parts])
+        return all_missing(n, floating)
+    values = np.concatenate([p[0] if p is not None else np.zeros(k, dtype=dtype) for k, p in parts])
+    mask = np.concatenate([p[1] if p is not None else np.ones(k, dtype=bool) for k, p in parts])
     if floating:
         return pd.arrays.FloatingArray(values, mask)
     return pd.arrays.IntegerArray(values, mask)
