@@ -8,6 +8,7 @@ import gzip
 import importlib
 import io
 import json
+import pickle
 import os
 import shutil
 import stat
@@ -577,6 +578,24 @@ def test_second_load_comes_from_the_cache(copied_trace: Path, monkeypatch: pytes
     third = tracemagic.load(copied_trace)
     assert spy.calls == [str(copied_trace)]
     pd.testing.assert_frame_equal(first.events, third.events)
+
+
+def test_all_missing_columns_are_missing_writable_and_picklable_parsed_or_cached(tmp_path: Path) -> None:
+    """A CPU trace has no stream, device or collective fields: those columns are all
+    missing (and backed by lazily zeroed pages); they must behave as any column."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}", "pid": 1, "tid": 1, "ts": float(i), "dur": 0.5}
+              for i in range(20_000)]
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    parsed, cached = tracemagic.load(path), tracemagic.load(path)
+    for trace in (parsed, cached):
+        for column, dtype in (("stream", "Int64"), ("flops", "Float64")):
+            values = trace.events[column]
+            assert str(values.dtype) == dtype and values.isna().all() and len(values) == 20_000
+            assert pickle.loads(pickle.dumps(values)).equals(values)
+        trace.events.loc[trace.events.index[:3], "stream"] = 7
+        assert trace.events["stream"].notna().sum() == 3 and trace.events["stream"].iloc[2] == 7
+    assert tracemagic.load(path).events["stream"].isna().all(), "the cache is unchanged"
 
 
 def test_a_cache_in_the_old_parquet_format_is_replaced(copied_trace: Path) -> None:
