@@ -540,8 +540,7 @@ class _Builder:
         if self.firsts is None or not self.firsts[column]:
             return interner.categorical(codes)
         count = len(interner.labels)
-        distinct, first = np.unique(np.concatenate(self.firsts[column]), return_index=True)
-        order = distinct[np.argsort(first, kind="stable")]
+        order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
         if len(order) < count:  # values no chunk had (none expected): after the others
             order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
         if (order == np.arange(count)).all():
