@@ -25,7 +25,7 @@ import pytest
 
 import tracemagic
 from tracemagic.errors import TraceError
-from tracemagic.trace import cache, parse, progress
+from tracemagic.trace import cache, parse, progress, structure
 
 TRACES = Path(__file__).parents[1].parent / "shared" / "traces"
 MISSING = (
@@ -596,6 +596,23 @@ def test_all_missing_columns_are_missing_writable_and_picklable_parsed_or_cached
         trace.events.loc[trace.events.index[:3], "stream"] = 7
         assert trace.events["stream"].notna().sum() == 3 and trace.events["stream"].iloc[2] == 7
     assert tracemagic.load(path).events["stream"].isna().all(), "the cache is unchanged"
+
+
+@pytest.mark.parametrize(
+    "name", ["param_dlrm_kineto.tar.gz", "hta_nccl_data.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"]
+)
+def test_load_hands_the_nesting_order_to_the_analyses(name: str, tmp_path: Path) -> None:
+    """Nesting sorts the CPU events by thread and time; ``load`` passes that order on (the
+    analyses search in it), and it is exactly the order they compute from a cached trace."""
+    path = tmp_path / name
+    shutil.copyfile(trace_path(name), path)
+    fresh = tracemagic.load(path)
+    handed = fresh.shared("cpu_by_thread", lambda: None)
+    assert handed is not None and handed.size > 0
+    np.testing.assert_array_equal(handed, structure.cpu_by_thread(fresh.events))
+    cached = tracemagic.load(path)  # computes the order when an analysis asks
+    pd.testing.assert_frame_equal(fresh.layers(), cached.layers())
+    pd.testing.assert_frame_equal(fresh.memory(), cached.memory())
 
 
 def test_a_cache_in_the_old_parquet_format_is_replaced(copied_trace: Path) -> None:

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracemagic.trace.model import Trace
-from tracemagic.trace.normalize import CPU_KINDS, kind_mask
-from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, sort_by_thread
+from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, cpu_by_thread, sort_by_thread, thread_keys
 
 #: GPU activity with a duration on the device: what counts as GPU time
 GPU_ACTIVITY = ("kernel", "memcpy", "memset")
@@ -37,14 +37,6 @@ def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
     return np.flatnonzero(kind_mask(events, *kinds) & (events["ph"] == "X").to_numpy())
 
 
-def thread_keys(events: pd.DataFrame) -> np.ndarray:
-    """One int64 per row naming its (rank, pid, tid): events nest only within one key."""
-    rank = events["rank"].to_numpy().astype(np.int64)
-    pid = events["pid"].cat.codes.to_numpy().astype(np.int64) + 1
-    tid = events["tid"].cat.codes.to_numpy().astype(np.int64) + 1
-    return (rank << 42) | (pid << 21) | tid
-
-
 def in_scope(events: pd.DataFrame) -> np.ndarray:
     """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
     rank = events["rank"].to_numpy()
@@ -58,17 +50,9 @@ def thread_keys_of(trace: Trace) -> np.ndarray:
 
 
 def _cpu_by_thread(trace: Trace) -> np.ndarray:
-    """Rows of the CPU duration events sorted by (thread, start, longest first): the order
-    ``enclosing_at`` searches in, computed once per trace."""
-
-    def compute() -> np.ndarray:
-        events = trace.events
-        rows = timed_rows(events, CPU_KINDS)
-        ts = events["ts"].to_numpy()
-        end = ts + events["dur"].to_numpy()
-        return rows[sort_by_thread(thread_keys_of(trace)[rows], ts[rows], -end[rows])]
-
-    return trace.shared("cpu_by_thread", compute)
+    """``structure.cpu_by_thread`` of the trace (the order ``enclosing_at`` searches in),
+    computed once per trace; ``load`` hands over the one nesting made."""
+    return trace.shared("cpu_by_thread", lambda: cpu_by_thread(trace.events))
 
 
 def memory_holders(trace: Trace) -> tuple[np.ndarray, np.ndarray]:

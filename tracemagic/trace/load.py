@@ -46,7 +46,7 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
         nbytes[memory] = events["mem_bytes"][memory]
         events["bytes"] = nbytes
     events = parsed.events = events.drop(columns=["mem_bytes", "device_id"])
-    structure.add_structure(events)
+    parsed.cpu_by_thread = structure.add_structure(events)
     return parsed
 
 
@@ -94,9 +94,11 @@ def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray | None]:
+    """The ranks' events and flows stacked in rank order (row columns shifted to match),
+    and their ``cpu_by_thread`` rows (None if a rank lacks them)."""
     offset = 0
-    events, flows = [], []
+    events, flows, orders = [], [], []
     for p, rank in sorted(zip(parsed, ranks), key=lambda pr: pr[1]):
         frame = p.events
         frame.insert(0, "rank", np.full(len(frame), rank, dtype=np.int32))
@@ -104,11 +106,14 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
             for column in ROW_COLUMNS:
                 values = frame[column].to_numpy()
                 frame[column] = np.where(values >= 0, values + offset, -1)
+        orders.append(p.cpu_by_thread + offset if p.cpu_by_thread is not None else None)
         offset += len(frame)
         events.append(frame)
         p.flows.insert(0, "rank", np.full(len(p.flows), rank, dtype=np.int32))
         flows.append(p.flows)
-    return concat(events), concat(flows)
+    # threads are keyed by rank first, so the ranks' orders one after another are the whole's
+    order = np.concatenate(orders) if orders and all(o is not None for o in orders) else None
+    return concat(events), concat(flows), order
 
 
 def _manifest(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | None] | None]:
@@ -205,7 +210,7 @@ def load(
     else:
         parsed = _parse_sources(sources, recover, callback, total, workers)
     ranks = _assign_ranks(parsed)
-    events, flows = _stack(parsed, ranks)
+    events, flows, cpu_order = _stack(parsed, ranks)
     meta = {
         "path": str(path),
         "ranks": {rank: p.meta for p, rank in zip(parsed, ranks)},
@@ -217,7 +222,10 @@ def load(
         cache.write(key, path, cache_dir, events, flows, meta)
     if callback is not None:
         callback(total, total)
-    return Trace(events, flows, meta, path=path, manifest=manifest)
+    trace = Trace(events, flows, meta, path=path, manifest=manifest)
+    if cpu_order is not None:  # nesting sorted them already: the analyses need not again
+        trace.shared("cpu_by_thread", lambda: cpu_order)
+    return trace
 
 
 def _parse_sources(

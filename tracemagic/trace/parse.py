@@ -182,6 +182,8 @@ class ParsedTrace:
     processes: dict[str, str] = field(default_factory=dict)
     threads: dict[tuple[str, str], str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: the CPU duration events' rows in nesting order (``structure.cpu_by_thread``), once prepared
+    cpu_by_thread: np.ndarray | None = None
 
 
 @contextmanager

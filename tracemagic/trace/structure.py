@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, KINDS, kind_codes
+from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, KINDS, kind_codes, kind_mask
 
 try:  # the one-pass nesting in C (setup.py builds it where a compiler is found)
     from tracemagic.trace import _nesting
@@ -94,8 +94,32 @@ def nest_sorted(group: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndar
         depth = deeper
 
 
-def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Parent row, depth and self time (µs) of every CPU-side duration event.
+def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
+    """One int64 per row (of ``rows``, default all) naming its (rank, pid, tid): events
+    nest only within one key; keys order threads by rank, then pid and tid codes."""
+    pid = events["pid"].cat.codes.to_numpy()
+    tid = events["tid"].cat.codes.to_numpy()
+    rank = events["rank"].to_numpy() if "rank" in events else None  # one rank before stacking
+    if rows is not None:
+        pid, tid, rank = pid[rows], tid[rows], (rank[rows] if rank is not None else None)
+    keys = (pid.astype(np.int64) + 1) << 21
+    keys |= tid.astype(np.int64) + 1
+    if rank is not None:
+        keys |= rank.astype(np.int64) << 42
+    return keys
+
+
+def cpu_by_thread(events: pd.DataFrame) -> np.ndarray:
+    """Rows of the CPU duration events sorted by (thread, start, longest first): the order
+    nesting walks and ``enclosing_at`` searches (a trace made by ``load`` has it already)."""
+    rows = np.flatnonzero(kind_mask(events, *CPU_KINDS) & (events["ph"] == "X").to_numpy())
+    ts = events["ts"].to_numpy()[rows]
+    return rows[sort_by_thread(thread_keys(events, rows), ts, -(ts + events["dur"].to_numpy()[rows]))]
+
+
+def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Parent row, depth and self time (µs) of every CPU-side duration event, and the
+    ``cpu_by_thread`` order it walked.
 
     Events nest per (pid, tid); GPU events and instants get parent -1, depth -1 and
     self time equal to their duration.
@@ -105,23 +129,18 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     depth = np.full(n, -1, dtype=np.int32)
     dur = events["dur"].to_numpy()
     self_dur = dur.copy()
-    cpu = events["kind"].isin(CPU_KINDS).to_numpy() & (events["ph"] == "X").to_numpy()
-    rows = np.flatnonzero(cpu)
-    if rows.size == 0:
-        return parent, depth, self_dur
-    start = events["ts"].to_numpy()[rows] - t0
-    end = start + dur[rows]
-    group = events["pid"].cat.codes.to_numpy()[rows].astype(np.int64) * 1_000_003 + events["tid"].cat.codes.to_numpy()[rows]
-    order = sort_by_thread(group, start, -end)
-    sorted_parent, d = nest_sorted(group[order], end[order])
-    local = np.full(rows.size, -1, dtype=np.int64)
+    ordered = cpu_by_thread(events)
+    if ordered.size == 0:
+        return parent, depth, self_dur, ordered
+    end = (events["ts"].to_numpy()[ordered] - t0) + dur[ordered]  # from t0: epoch-µs floats are coarse
+    sorted_parent, d = nest_sorted(thread_keys(events, ordered), end)
     has = sorted_parent >= 0
-    local[order[has]] = order[sorted_parent[has]]
-    parent[rows] = np.where(local >= 0, rows[np.maximum(local, 0)], -1)
-    depth[rows[order]] = d
-    child_time = np.bincount(parent[rows][parent[rows] >= 0], weights=dur[rows][parent[rows] >= 0], minlength=n)
-    self_dur[rows] = np.maximum(dur[rows] - child_time[rows], 0.0)
-    return parent, depth, self_dur
+    parent[ordered[has]] = ordered[sorted_parent[has]]
+    depth[ordered] = d
+    rows = ordered[has]
+    child_time = np.bincount(parent[rows], weights=dur[rows], minlength=n)
+    self_dur[ordered] = np.maximum(dur[ordered] - child_time[ordered], 0.0)
+    return parent, depth, self_dur, ordered
 
 
 def propagate(parent: np.ndarray, depth: np.ndarray, is_anchor: np.ndarray) -> np.ndarray:
@@ -195,8 +214,9 @@ def launches(events: pd.DataFrame) -> np.ndarray:
     return launch
 
 
-def add_structure(events: pd.DataFrame) -> pd.DataFrame:
-    """Add ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and ``module``.
+def add_structure(events: pd.DataFrame) -> np.ndarray:
+    """Add ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and ``module``;
+    return the ``cpu_by_thread`` rows (the analyses search in that order too).
 
     ``op`` is the CPU op that launched a GPU event (or a runtime call's enclosing op);
     ``module`` the innermost ``nn.Module`` event enclosing a CPU event or a GPU event's
@@ -204,7 +224,7 @@ def add_structure(events: pd.DataFrame) -> pd.DataFrame:
     """
     ts = events["ts"].to_numpy()
     t0 = float(np.nanmin(ts)) if len(ts) else 0.0
-    parent, depth, self_dur = nest(events, t0)
+    parent, depth, self_dur, ordered = nest(events, t0)
     step, _ = step_numbers(events)
     launch = launches(events)
     kinds = kind_codes(events)
@@ -226,4 +246,4 @@ def add_structure(events: pd.DataFrame) -> pd.DataFrame:
     events["launch"] = launch
     events["op"] = op
     events["module"] = module
-    return events
+    return ordered
