@@ -173,7 +173,7 @@ def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progres
     cuts = _cuts(read_at, size)
     if cuts is None:
         return None
-    stretches = _Stretches(read_at, size, cuts, source)
+    stretches = _Stretches(read_at, cuts, source)
     second = _Second(stretches.take_all)
     try:
         stretches.take_all(_Reporter(stretches, source.size, progress))
@@ -198,7 +198,7 @@ def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progres
 class _Stretches:
     """The stretches of one file, handed out in file order to whichever thread asks next."""
 
-    def __init__(self, read_at: ReadAt, size: int, cuts: list[tuple[int, int]], source: Source) -> None:
+    def __init__(self, read_at: ReadAt, cuts: list[tuple[int, int]], source: Source) -> None:
         last = len(cuts) - 1
         self.sources = [
             Source(
