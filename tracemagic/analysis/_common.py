@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracemagic.trace.model import Trace
-from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, cpu_by_thread, sort_by_thread, thread_keys
 
 #: GPU activity with a duration on the device: what counts as GPU time
@@ -30,11 +29,6 @@ def trace_start(trace: Trace) -> float:
     """The earliest ``ts`` over all events of all ranks (µs): time zero of every table."""
     ts = trace.events["ts"].to_numpy()
     return float(np.nanmin(ts)) if ts.size else 0.0
-
-
-def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
-    """Rows of the duration (``X``) events of the given kinds, in table order."""
-    return np.flatnonzero(kind_mask(events, *kinds) & (events["ph"] == "X").to_numpy())
 
 
 def in_scope(events: pd.DataFrame) -> np.ndarray:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, is_nccl, labels, layer_labels, name_labels, timed_rows, trace_start
+from tracemagic.analysis._common import GPU_ACTIVITY, is_nccl, labels, layer_labels, name_labels, trace_start
 from tracemagic.trace.model import Trace
+from tracemagic.trace.structure import timed_rows
 
 #: the GPU activity kinds listed, in ``kind`` column order
 KINDS = GPU_ACTIVITY

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracemagic.analysis._common import labels, layer_labels, timed_rows, trace_start
+from tracemagic.analysis._common import labels, layer_labels, trace_start
 from tracemagic.trace.model import Trace
+from tracemagic.trace.structure import timed_rows
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
 KINDS = ("cpu_op", "user_annotation", "step")

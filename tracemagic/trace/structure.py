@@ -109,12 +109,24 @@ def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndar
     return keys
 
 
+def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
+    """Rows of the duration (``X``) events of the given kinds, in table order."""
+    return np.flatnonzero(kind_mask(events, *kinds) & (events["ph"] == "X").to_numpy())
+
+
 def cpu_by_thread(events: pd.DataFrame) -> np.ndarray:
     """Rows of the CPU duration events sorted by (thread, start, longest first): the order
     nesting walks and ``enclosing_at`` searches (a trace made by ``load`` has it already)."""
-    rows = np.flatnonzero(kind_mask(events, *CPU_KINDS) & (events["ph"] == "X").to_numpy())
+    return _cpu_by_thread_keyed(events)[0]
+
+
+def _cpu_by_thread_keyed(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """``cpu_by_thread`` and the ``thread_keys`` of its rows, in its order."""
+    rows = timed_rows(events, CPU_KINDS)
+    keys = thread_keys(events, rows)
     ts = events["ts"].to_numpy()[rows]
-    return rows[sort_by_thread(thread_keys(events, rows), ts, -(ts + events["dur"].to_numpy()[rows]))]
+    order = sort_by_thread(keys, ts, -(ts + events["dur"].to_numpy()[rows]))
+    return rows[order], keys[order]
 
 
 def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -129,11 +141,11 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     depth = np.full(n, -1, dtype=np.int32)
     dur = events["dur"].to_numpy()
     self_dur = dur.copy()
-    ordered = cpu_by_thread(events)
+    ordered, keys = _cpu_by_thread_keyed(events)
     if ordered.size == 0:
         return parent, depth, self_dur, ordered
     end = (events["ts"].to_numpy()[ordered] - t0) + dur[ordered]  # from t0: epoch-µs floats are coarse
-    sorted_parent, d = nest_sorted(thread_keys(events, ordered), end)
+    sorted_parent, d = nest_sorted(keys, end)
     has = sorted_parent >= 0
     parent[ordered[has]] = ordered[sorted_parent[has]]
     depth[ordered] = d
