@@ -8,6 +8,8 @@ Everything here is generic so any test module can reuse it:
 - ``mlp`` / ``cnn`` / ``transformer``: fresh small models (CPU, seconds to run).
 - ``read_json``: read a ``.json`` or ``.json.gz`` file.
 - ``kineto_events``: the ``traceEvents`` of a Kineto trace file.
+- ``traces``: the folder of real GPU traces recorded elsewhere (``tests/data/traces``, read
+  only: a test that loads one passes a temporary cache folder or works on a copy).
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ import pytest
 
 import torch  # noqa: E402
 nn = torch.nn
+
+#: real Kineto traces recorded on GPU machines by other projects (see its README)
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
+
+
+@pytest.fixture(scope="session")
+def traces() -> Path:
+    """``tests/data/traces``: the real traces; never write into it."""
+    return TRACES
 
 
 def make_mlp() -> Any:
