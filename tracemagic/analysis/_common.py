@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracemagic.trace.model import Trace
-from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, cpu_by_thread, sort_by_thread, thread_keys
+from tracemagic.trace.structure import MODULE_PREFIX, NEST_START_MARGIN_US, cpu_by_thread, sort_by_thread, thread_keys
 
 #: GPU activity with a duration on the device: what counts as GPU time
 GPU_ACTIVITY = ("kernel", "memcpy", "memset")
@@ -66,8 +66,11 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
     """The innermost CPU duration event on thread ``keys`` (see ``thread_keys``) containing
     ``at``; ``among`` (a mask over the events) narrows the candidates.
 
-    One ``searchsorted`` per thread over the candidates' start times; of events starting at
-    the same time the shortest wins. Where that one ended before ``at`` the search climbs
+    An event contains the moments from its start up to (not including) its end, as it
+    contains its children (``structure.previous_enclosing``): a moment at an event's end
+    belongs to what comes after it, one at its start to it even when it lasts 0 µs.
+    One ``searchsorted`` per thread over the candidates' start times; of events starting
+    at the same time the shortest wins. Where that one ended by ``at`` the search climbs
     the nesting (``parent``, which may leave the candidates). -1 where none.
     """
     out = np.full(keys.size, -1, dtype=np.int64)
@@ -77,7 +80,9 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
     if keys.size == 0 or cand.size == 0:
         return out
     events = trace.events
-    ts = events["ts"].to_numpy()
+    t0 = trace_start(trace)
+    ts = events["ts"].to_numpy() - t0  # from t0: epoch-µs floats are coarse
+    at = at - t0
     end = ts + events["dur"].to_numpy()
     parent = events["parent"].to_numpy()
     cand_keys = thread_keys_of(trace)[cand]
@@ -88,11 +93,15 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
         where = np.flatnonzero(keys == key)
         pos = np.searchsorted(ts[cand[lo:hi]], at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
-    target = at - NEST_TOLERANCE_US
-    climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
+
+    def ended(rows: np.ndarray) -> np.ndarray:
+        held = np.maximum(rows, 0)
+        return (rows >= 0) & (end[held] < at + NEST_START_MARGIN_US) & (ts[held] != at)
+
+    climb = ended(out)
     while climb.any():  # one round per nesting level
         out[climb] = parent[out[climb]]
-        climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
+        climb = ended(out)
     return out
 
 
