@@ -14,7 +14,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracemagic.trace.model import Trace
-from tracemagic.trace.structure import MODULE_PREFIX, NEST_START_MARGIN_US, cpu_by_thread, sort_by_thread, thread_keys
+from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.structure import (
+    MODULE_PREFIX,
+    NEST_START_MARGIN_US,
+    cpu_by_thread,
+    enclosing_of_kind,
+    propagate,
+    sort_by_thread,
+    thread_keys,
+)
 
 #: GPU activity with a duration on the device: what counts as GPU time
 GPU_ACTIVITY = ("kernel", "memcpy", "memset")
@@ -103,6 +112,33 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
         out[climb] = parent[out[climb]]
         climb = ended(out)
     return out
+
+
+def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU op rows, and for each the row of the top of its call chain (-1: in none);
+    computed once per trace.
+
+    A call chain is an op the program called and every op it runs inside (``aten::conv2d``
+    -> ``aten::convolution`` -> ``aten::_convolution`` -> ``aten::mkldnn_convolution``), so
+    one convolution is one chain. Its top is the outermost op with recorded input shapes:
+    wrappers that record none (``autograd::engine::evaluate_function: ...``, annotations
+    that old traces file as ops, like ``Optimizer.step#SGD.step``) top no chain, and their
+    own time is in none. In a trace without ``record_shapes`` every outermost op is a top.
+    """
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        is_op = kind_mask(events, "cpu_op") & (events["ph"] == "X").to_numpy()
+        shaped = is_op & events["input_dims"].notna().to_numpy()
+        anchor = shaped if shaped.any() else is_op
+        parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
+        anchors = np.flatnonzero(anchor)
+        is_top = np.zeros(len(events), dtype=bool)
+        is_top[anchors[enclosing_of_kind(parent, depth, anchor, anchors) < 0]] = True
+        rows = np.flatnonzero(is_op)
+        return rows, propagate(parent, depth, is_top)[rows]
+
+    return trace.shared("call_chains", compute)
 
 
 def flow_thread_keys(events: pd.DataFrame, flows: pd.DataFrame) -> np.ndarray:
