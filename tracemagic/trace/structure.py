@@ -135,8 +135,9 @@ def _cpu_by_thread_keyed(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """``cpu_by_thread`` and the ``thread_keys`` of its rows, in its order."""
     rows = timed_rows(events, CPU_KINDS)
     keys = thread_keys(events, rows)
-    ts = events["ts"].to_numpy()[rows]
-    order = sort_by_thread(keys, ts, -(ts + events["dur"].to_numpy()[rows]))
+    # of equal starts the longer first: by duration, which is exact, where an epoch-µs end
+    # (ts + dur) is rounded to 0.25 µs
+    order = sort_by_thread(keys, events["ts"].to_numpy()[rows], -events["dur"].to_numpy()[rows])
     return rows[order], keys[order]
 
 
