@@ -428,16 +428,21 @@ def test_diff_of_a_trace_with_itself_is_all_same(loaded: dict[str, Trace], raw: 
     assert set(table["status"]) == {"same"} and (table["delta_us"] == 0).all()
     assert set(table["level"]) >= {"op", "kernel"}
     ops = table[table["level"] == "op"].set_index("name")
-    (events,) = raw[name].values()
-    calls = Counter(e["name"] for e in events if e["ph"] == "X" and kind(e) == "cpu_op")
-    assert ops["calls_a"].to_dict() == dict(calls)
+    # op rows are call chains: the outermost op with shapes, the ops it runs inside it
+    from test_nesting import chain_oracle, table_events
+
+    events = table_events(TRACES / name)
+    chains = chain_oracle(events)
+    assert ops["calls_a"].to_dict() == dict(Counter(events[top]["name"] for top in chains))
+    assert ops["us_a"].sum() == pytest.approx(sum(c["dur"] for c in chains.values()))
 
 
 def test_diff_of_two_traces_finds_added_removed_and_changed(loaded: dict[str, Trace]) -> None:
     a, b = loaded["hta_control.json.gz"], loaded["kineto_worker0.1623143089861.pt.trace.json.gz"]
     table = a.diff(b)
     ops = table[table["level"] == "op"].set_index("name")
-    assert ops.loc["Optimizer.step#SGD.step", "status"] == "added"  # ResNet's SGD, not in a
+    assert ops.loc["aten::conv2d", "status"] == "added"  # ResNet's convolutions, not in a
+    assert "aten::cudnn_convolution" not in ops.index  # inside aten::conv2d's chains
     assert ops.loc["record_param_comms", "status"] == "removed"  # a's NCCL, not in b
     kernels = table[table["level"] == "kernel"]
     assert {"added", "removed"} <= set(kernels["status"])

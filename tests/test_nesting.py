@@ -236,19 +236,26 @@ def test_self_time_is_torchs_self_cpu(cnn_trace: dict[str, Any]) -> None:
 def chain_oracle(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per call-chain top (index into ``events``): its key and the chain's self and GPU time.
 
-    The top is the outermost op with recorded ``Input Dims`` (every outermost op where
-    none has them); its chain is every op nested in it.
+    The top is the outermost op that records ``Input Dims`` or holds no op that does
+    (wrappers around ops with shapes are no top); its chain is every op nested in it.
     """
     want = oracle(events)
     parent = want["parent"]
     ops = [i for i, e in enumerate(events) if e["ph"] == "X" and str(e.get("cat", "")).lower() in OP_CATS
            and not str(e.get("name", "")).startswith("ProfilerStep#")]
-    shaped = {i for i in ops if "Input Dims" in events[i].get("args", {})} or set(ops)
+    shaped = {i for i in ops if "Input Dims" in events[i].get("args", {})}
+    wrappers = set()
+    for i in shaped:
+        at = parent[i]
+        while at >= 0:
+            wrappers.add(at)
+            at = parent[at]
+    candidates = {i for i in ops if i in shaped or i not in wrappers}
 
     def top_of(i: int) -> int:
-        found, at = (i if i in shaped else -1), parent[i]
+        found, at = -1, i
         while at >= 0:
-            if at in shaped:
+            if at in candidates:
                 found = at
             at = parent[at]
         return found

@@ -48,9 +48,9 @@ Column contracts (views rely on these names; each list is complete and in order,
   total_bytes``.
 - ``shapes()``: ``rank, name, input_dims, input_type, concrete_inputs, calls, total_us,
   mean_us, self_us, gpu_us, flops, tflops_per_s, flops_source`` — one row per top op of
-  a call chain (the outermost op with recorded shapes, and every op it runs: one
-  convolution is one ``aten::conv2d`` row, not four), ranked by ``total_us``; ``self_us``
-  sums the self time of every op of the chains.
+  a call chain (the outermost op with recorded shapes, or with none and none inside, and
+  every op it runs: one convolution is one ``aten::conv2d`` row, not four), ranked by
+  ``total_us``; ``self_us`` sums the self time of every op of the chains.
 - ``diff(a, b)``: ``level, name, type, calls_a, calls_b, us_a, us_b, delta_us, ratio,
   status, gpu_us_a, gpu_us_b`` — ``level`` is 'op' | 'kernel' | 'layer', ``status``
   'added' | 'removed' | 'faster' | 'slower' | 'same'; op rows are call-chain tops, as in

@@ -120,21 +120,24 @@ def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
     A call chain is an op the program called and every op it runs inside (``aten::conv2d``
     -> ``aten::convolution`` -> ``aten::_convolution`` -> ``aten::mkldnn_convolution``), so
-    one convolution is one chain. Its top is the outermost op with recorded input shapes:
-    wrappers that record none (``autograd::engine::evaluate_function: ...``, annotations
-    that old traces file as ops, like ``Optimizer.step#SGD.step``) top no chain, and their
-    own time is in none. In a trace without ``record_shapes`` every outermost op is a top.
+    one convolution is one chain. Its top is the outermost op with recorded input shapes
+    or, of ops that record none, the outermost that holds no op with shapes
+    (``record_param_comms`` in traces that left its shapes out). Wrappers around ops with
+    shapes (``autograd::engine::evaluate_function: ...``, annotations that old traces file
+    as ops, like ``Optimizer.step#SGD.step``) top no chain, and their own time is in none.
+    In a trace without ``record_shapes`` every outermost op is a top.
     """
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
         events = trace.events
         is_op = kind_mask(events, "cpu_op") & (events["ph"] == "X").to_numpy()
-        shaped = is_op & events["input_dims"].notna().to_numpy()
-        anchor = shaped if shaped.any() else is_op
         parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
-        anchors = np.flatnonzero(anchor)
+        shaped = is_op & events["input_dims"].notna().to_numpy()
+        holds_shapes = rollup(np.flatnonzero(shaped), np.ones(int(shaped.sum())), parent) > 0  # itself or inside
+        candidate = shaped | (is_op & ~holds_shapes)
+        at = np.flatnonzero(candidate)
         is_top = np.zeros(len(events), dtype=bool)
-        is_top[anchors[enclosing_of_kind(parent, depth, anchor, anchors) < 0]] = True
+        is_top[at[enclosing_of_kind(parent, depth, candidate, at) < 0]] = True
         rows = np.flatnonzero(is_op)
         return rows, propagate(parent, depth, is_top)[rows]
 

@@ -233,7 +233,8 @@ def shapes(trace: Trace) -> pd.DataFrame:
     busiest first.
 
     One row per distinct top op of a call chain (see ``_common.call_chains``: the outermost
-    op with recorded shapes and the ops it runs inside), so one convolution is one row
+    op with recorded shapes, or with none and no op with shapes inside, and the ops it runs
+    inside), so one convolution is one row
     (``aten::conv2d``), never also ``aten::convolution``, ``aten::_convolution`` and
     ``aten::mkldnn_convolution``; chains never overlap, so ``total_us`` adds up and ranks
     them. Columns: ``rank``, ``name``, ``input_dims``, ``input_type``,
