@@ -369,6 +369,16 @@ def test_ranks_of_the_eight_rank_dlrm_trace(loaded: dict[str, Trace], raw: dict)
     for rank in range(8):
         assert got[rank] == pytest.approx(waits[rank], abs=10)
     assert (found.groupby(["collective", "seq"])["wait_us"].min().abs() < 5).all()
+    # the SendRecv kernels are all-to-alls (the host launched them in nccl:all_to_all), so
+    # they end together like the all-reduces and count for the clock and excess_us
+    for events in ranks.values():
+        annotations = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "nccl:all_to_all"]
+        launches = {e["args"]["correlation"]: e for e in events if kind(e) == "runtime" and "correlation" in e.get("args", {})}
+        for k in nccl_kernels(events):
+            if "SendRecv" in k["name"]:
+                at = launches[k["args"]["correlation"]]
+                assert any(tid == at["tid"] and a <= at["ts"] < b for tid, a, b in annotations)
+    assert found["excess_us"].notna().all() and (found["collective"] == "SendRecv").sum() == 40
     straggler = min(waits, key=waits.get)
     assert trace._analysis("ranks", "stragglers")["rank"].tolist() == [straggler]
     assert table["slowest"].sum() == 1 and table.loc[straggler, "slowest"]
@@ -406,6 +416,61 @@ def test_collectives_match_across_ranks_and_correct_clock_offsets(tmp_path: Path
     table = trace.ranks_table().set_index("rank")
     assert table["slowest"].tolist() == [False, True] and table["straggler_steps"].tolist() == [0, 2]
     assert table.loc[0, "wait_us"] == pytest.approx(600.0) and table.loc[1, "wait_us"] == 0
+
+
+def test_clock_correction_ignores_point_to_point_kernels(tmp_path: Path) -> None:
+    """Three ranks with clocks 5 ms apart. Per step an all-reduce and a SendRecv launched by
+    ``nccl:all_to_all`` end together; three SendRecv kernels with no all-to-all around them
+    (pipeline sends and receives) and a broadcast end at different times on each rank."""
+    clocks, late = [0.0, 5000.0, -2000.0], [0.0, 50.0, 120.0]
+    true_starts: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for rank in range(3):
+        clock = clocks[rank]
+        events = [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": clock + 1000 * n, "dur": 900}
+            for n in (1, 2)
+        ]
+        corr = 0
+
+        def launch(kernel: str, begin: float, end: float, around: str | None = None) -> None:
+            nonlocal corr
+            corr += 1
+            runtime = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": clock + begin - 10, "dur": 5, "args": {"correlation": corr}}
+            if around:
+                events.append({"ph": "X", "cat": "user_annotation", "name": around, "pid": 1, "tid": 1, "ts": clock + begin - 12, "dur": 9})
+            events.append(runtime)
+            events.append({"ph": "X", "cat": "kernel", "name": f"ncclDevKernel_{kernel}(ncclDevComm*, unsigned long, ncclWork*)", "pid": 0, "tid": 7,
+                           "ts": clock + begin, "dur": end - begin, "args": {"correlation": corr}})
+
+        for n in (1, 2):
+            base = 1000.0 * n
+            launch("AllReduce_Sum_f32_RING_LL", base + 100 + late[rank], base + 300)
+            true_starts[(n, "AllReduce")].append(base + 100 + late[rank])
+            launch("SendRecv", base + 320 + late[rank] / 2, base + 400, around="nccl:all_to_all")
+            for j in range(3):  # point to point: each rank's transfer ends on its own
+                begin = base + 450 + 40 * j + 7 * rank
+                launch("SendRecv", begin, begin + 10 + 30 * rank)
+            launch("Broadcast_RING_LL_Sum_int8_t", base + 700 + 5 * rank, base + 760 + 20 * rank)
+            true_starts[(n, "Broadcast")].append(base + 700 + 5 * rank)
+        doc = {"distributedInfo": {"rank": rank, "world_size": 3}, "traceEvents": events}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    trace = tracemagic.load(tmp_path, use_cache=False, workers=1)
+    found = trace._analysis("ranks", "collectives")
+    assert len(found) == 3 * 2 * 6 and (found["ranks"] == 3).all()
+    offset = found.attrs["clock_offset_us"]
+    assert [offset[r] - offset[0] for r in range(3)] == pytest.approx([c - clocks[0] for c in clocks], abs=1e-9)
+    for (step, name), starts in true_starts.items():
+        rows = found[(found["step"] == step) & (found["collective"] == name)].sort_values("rank")
+        assert rows["wait_us"].tolist() == pytest.approx([max(starts) - s for s in starts], abs=1e-9), (step, name)
+    allreduce = found[found["collective"] == "AllReduce"].sort_values(["step", "rank"])
+    durations = [200.0 - x for x in late]
+    assert allreduce["excess_us"].tolist() == pytest.approx([d - min(durations) for d in durations] * 2)
+    sendrecv = found[found["collective"] == "SendRecv"]
+    all_to_all, p2p = sendrecv[sendrecv["seq"] == 0], sendrecv[sendrecv["seq"] > 0]
+    assert all_to_all["wait_us"].notna().all() and all_to_all["excess_us"].notna().all()
+    assert len(p2p) == 18 and p2p["wait_us"].isna().all() and p2p["excess_us"].isna().all()
+    broadcast = found[found["collective"] == "Broadcast"]
+    assert broadcast["wait_us"].notna().all() and broadcast["excess_us"].isna().all()
 
 
 @pytest.mark.parametrize("name", ["hta_nccl_data.json.gz", "hta_control.json.gz"])
