@@ -17,14 +17,21 @@ Column contracts (views rely on these names; each list is complete and in order,
 - ``kernels()``: ``rank, row, name, kind, device, stream, ts, dur, step, op, op_row, layer,
   layer_type, correlation, bytes, grid, block, collective, is_comm`` — ``kind`` is
   kernel | memcpy | memset.
-- ``steps()``: ``rank, step, ts, dur, compute_us, comm_us, memcpy_us, memset_us,
-  runtime_us, dataloader_us, cpu_us, idle_us`` — a partition of ``dur``: ``compute_us``
-  (GPU kernels), ``comm_us`` (collectives), ``memcpy_us``, ``memset_us``, ``runtime_us``,
-  ``dataloader_us``, ``cpu_us`` (host ops with nothing above running), ``idle_us``; they
-  add up to ``dur``.
+- ``steps()``: ``rank, step, ts, dur, window_ts, window_dur, compute_us, comm_us,
+  memcpy_us, memset_us, runtime_us, dataloader_us, cpu_us, idle_us, gpu_busy_us,
+  gpu_idle_us`` — ``ts``/``dur`` are the host ProfilerStep; ``window_ts``/``window_dur``
+  the step's device window (the TensorBoard plugin's rule: extended to the end of the GPU
+  work the step launched; the host step on CPU-only traces). The window is partitioned by
+  ``compute_us`` (GPU kernels), ``comm_us`` (collectives), ``memcpy_us``, ``memset_us``,
+  ``runtime_us``, ``dataloader_us``, ``cpu_us`` (host ops with nothing above running),
+  ``idle_us``: they add up to ``window_dur``. ``gpu_busy_us`` is the union of all GPU
+  activity in the window, ``gpu_idle_us = window_dur - gpu_busy_us`` (NaN without a GPU);
+  ``df.attrs['unlaunched']``: {rank: {"events", "us"}} of GPU work in flight when
+  profiling began (no launching call in the trace), which belongs to no step.
 - ``ranks()`` (``trace.ranks_table()``): ``rank, steps, step_us, compute_us, comm_us,
-  memcpy_us, memset_us, runtime_us, dataloader_us, cpu_us, idle_us, overlap_pct, wait_us,
-  straggler_steps, slowest`` (bool: the rank the others wait for most often, see
+  memcpy_us, memset_us, runtime_us, dataloader_us, cpu_us, idle_us, gpu_idle_pct,
+  overlap_pct, wait_us, straggler_steps, slowest`` (``step_us`` is the mean device window;
+  ``slowest`` is a bool: the rank the others wait for most often, see
   ``ranks.stragglers``; not simply the longest step, since waiting lengthens a step).
 - ``collectives()`` (``ranks.collectives``): ``rank, step, collective, seq, ts, dur,
   arrival_us, wait_us, excess_us, ranks, source``.

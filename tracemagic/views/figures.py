@@ -76,7 +76,8 @@ def _step_labels(steps: pd.DataFrame) -> list[str]:
 
 # -- Overview ---------------------------------------------------------------------------------
 def step_breakdown(steps: pd.DataFrame, *, unit: str = "ms", rank: int | None = None) -> go.Figure:
-    """Stacked bar per step of the step-time parts (GPU kernels, communication, memcpy, ...).
+    """Stacked bar per step of the parts of its device window (GPU kernels, communication,
+    memcpy, ...; ``steps()``'s partition of ``window_dur``).
 
     Args:
         steps: ``trace.steps()``.
@@ -103,7 +104,7 @@ def step_breakdown(steps: pd.DataFrame, *, unit: str = "ms", rank: int | None = 
             x=labels,
             y=values,
             marker_color=PART_COLORS[column],
-            customdata=100 * steps[column].to_numpy(dtype=float) / np.maximum(steps["dur"].to_numpy(dtype=float), 1e-9),
+            customdata=100 * steps[column].to_numpy(dtype=float) / np.maximum(steps["window_dur"].to_numpy(dtype=float), 1e-9),
             hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} {unit} (%{{customdata:.0f}}%)<extra></extra>",
         )
     fig.update_layout(barmode="stack", legend_traceorder="normal")

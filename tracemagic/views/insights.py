@@ -47,13 +47,12 @@ def recommendations(
     found: list[tuple[float, str]] = []  # (weight, text)
     dataloader_said = False
     has_gpu = kernels is not None and not kernels.empty
-    if not steps.empty and float(steps["dur"].sum()) > 0:
+    if not steps.empty and float(steps["window_dur"].sum()) > 0:
         mean = tables.step_means(steps)
-        dur = float(mean["dur"])
+        dur = float(mean["step_us"])
         share = {c: float(mean.get(c, 0.0)) / dur for c in tables.STEP_PARTS}
-        if has_gpu:
-            busy = sum(share[c] for c in ("compute_us", "comm_us", "memcpy_us", "memset_us"))
-            idle = 1.0 - busy
+        if has_gpu and mean["gpu_idle_us"] == mean["gpu_idle_us"]:  # NaN: no GPU on these ranks
+            idle = float(mean["gpu_idle_us"]) / dur
             if idle >= 0.2:
                 found.append((idle, f"GPU idle {fmt_pct(idle)} of the step: the GPU waits for the CPU; bigger "
                                     "batches, fewer syncs, CUDA graphs or torch.compile keep it busy."))
@@ -67,10 +66,10 @@ def recommendations(
             dataloader_said = True
             found.append((share["dataloader_us"] + 0.05, f"DataLoader takes {fmt_pct(share['dataloader_us'])} of the "
                                                          "step: raise num_workers, use pin_memory and persistent_workers."))
-        durs = steps["dur"].astype(float)
+        durs = steps["window_dur"].astype(float)
         if len(durs) >= 3 and durs.median() > 0 and durs.max() > 1.5 * durs.median():
             slow = steps.loc[durs.idxmax()]
-            found.append((0.15, f"Step {int(slow['step'])} takes {fmt_time(float(slow['dur']))}, "
+            found.append((0.15, f"Step {int(slow['step'])} takes {fmt_time(float(slow['window_dur']))}, "
                                 f"{durs.max() / durs.median():.1f}× the median step ({fmt_time(float(durs.median()))}): "
                                 "warm-up, recompilation or a data stall."))
     top = tables.top_ops(ops, 3)
@@ -155,10 +154,19 @@ def facts(data: TraceData) -> list[tuple[str, str]]:
     else:
         mean = tables.step_means(steps)
         out.append(("steps", f"{len(data.step_ids)} ({', '.join(map(str, data.step_ids[:12]))}{'…' if len(data.step_ids) > 12 else ''})"))
-        out.append(("mean step", fmt_time(float(mean["dur"]))))
-        parts = [(name, float(mean.get(col, 0.0)) / float(mean["dur"])) for col, name in tables.part_names(steps).items()
-                 if col in mean and float(mean["dur"]) > 0 and float(mean.get(col, 0.0)) >= 0.005 * float(mean["dur"])]
+        step_us = float(mean["step_us"])
+        out.append(("mean step", fmt_time(step_us)))
+        parts = [(name, float(mean.get(col, 0.0)) / step_us) for col, name in tables.part_names(steps).items()
+                 if col in mean and step_us > 0 and float(mean.get(col, 0.0)) >= 0.005 * step_us]
         out.append(("breakdown", ", ".join(f"{name} {fmt_pct(p)}" for name, p in sorted(parts, key=lambda x: -x[1]))))
+        if step_us > 0 and mean["gpu_busy_us"] == mean["gpu_busy_us"]:  # NaN without a GPU
+            busy = float(mean["gpu_busy_us"]) / step_us
+            out.append(("GPU", f"busy {fmt_pct(busy)}, idle {fmt_pct(1.0 - busy)} of the step"))
+        unlaunched = steps.attrs.get("unlaunched") or {}
+        if unlaunched:
+            events = sum(int(v["events"]) for v in unlaunched.values())
+            us = sum(float(v["us"]) for v in unlaunched.values())
+            out.append(("in flight", f"{events:,} GPU events ({fmt_time(us)}) running when profiling began, in no step"))
     peaks = tables.peak_memory(data.memory)
     if not peaks.empty:
         top = peaks.sort_values("peak_bytes", ascending=False).head(4)

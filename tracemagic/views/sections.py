@@ -325,9 +325,9 @@ def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
     diff = data.diff(other)
     facts = [("A", data.name), ("B", other.name)]
     a, b = tables.step_means(data.steps), tables.step_means(other.steps)
-    if float(a["dur"]) > 0 and float(b["dur"]) > 0:
-        facts.append(("mean step", f"{fmt_time(float(a['dur']))} → {fmt_time(float(b['dur']))} "
-                                   f"({100 * (float(b['dur']) / float(a['dur']) - 1):+.0f}%)"))
+    if float(a["step_us"]) > 0 and float(b["step_us"]) > 0:
+        facts.append(("mean step", f"{fmt_time(float(a['step_us']))} → {fmt_time(float(b['step_us']))} "
+                                   f"({100 * (float(b['step_us']) / float(a['step_us']) - 1):+.0f}%)"))
     frame = tables.biggest_changes(diff)
     return Section(
         "compare", TITLES["compare"],
