@@ -787,8 +787,9 @@ def rank_breakdown(ranks: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
     return _layout(fig, title, "rank", f"mean step time ({unit})")
 
 
-def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "dur") -> go.Figure:
-    """Rank × step heatmap of ``column`` (step time by default)."""
+def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "window_dur") -> go.Figure:
+    """Rank × step heatmap of ``column`` (step time by default: the device window, as the
+    Ranks breakdown and ``ranks_table()``'s ``step_us``)."""
     title = "Step time per rank and step"
     if steps.empty:
         return empty("No ProfilerStep in this trace.", title)
