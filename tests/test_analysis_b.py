@@ -286,6 +286,13 @@ def test_memory_with_totals(tracelens: dict[str, Any]) -> None:
     got = memory_mod.peaks(trace)
     whole = got[got["step"].isna()].set_index("device")["peak_bytes"].to_dict()
     assert whole == dict(peak)
+    # what was allocated before the capture: the first event's total less its own allocation
+    start: dict[str, int] = {}
+    for e in mem:
+        device = "cpu" if e["args"]["Device Type"] == 0 else f"cuda:{e['args']['Device Id']}"
+        start.setdefault(device, e["args"]["Total Allocated"] - e["args"]["Bytes"])
+    assert got[got["step"].isna()].set_index("device")["start_bytes"].to_dict() == start
+    assert start["cuda:0"] > 0
     assert df["delta_bytes"].sum() == sum(e["args"]["Bytes"] for e in mem)
     assert df["ts"].is_monotonic_increasing and df["ts"].min() >= 0
     assert not df.attrs["reconstructed"]
@@ -342,9 +349,18 @@ def test_memory_categories(captured: dict[str, Any]) -> None:
     assert df["ts"].iloc[-1] <= captured["trace"].memory()["ts"].max() + 1
     start = min(r[0] for r in rows if r[0] >= 0)  # ts -1 (allocated before) counts as the start
     assert len(df) == len({r[0] if r[0] >= 0 else start for r in rows})
-    assert df["total_bytes"].iloc[-1] == sum(r[2] for r in rows)
-    assert df["parameter"].iloc[0] == captured["param_bytes"]
+    # on the allocator's scale: after each timestamp the stack holds what Total Allocated says
+    base = json.loads(captured["path"].read_text())["baseTimeNanoseconds"]
+    memory = sorted((e["ts"], e["args"]["Total Allocated"]) for e in captured["raw"] if e["name"] == "[memory]")
+    stamps = sorted({r[0] for r in rows if r[0] >= 0})
+    allocator = [next(total for ts, total in reversed(memory) if ts <= (ns - base) / 1000 + 1e-3) for ns in stamps]
+    assert df["total_bytes"].tolist() == allocator
+    # the parameters existed before the capture: in the stack where the allocator counted them, else set aside
+    uncounted = df.attrs["uncounted"].get(0, {})
+    assert df["parameter"].iloc[0] + uncounted.get("parameter", 0) == captured["param_bytes"]
+    assert (df["before_capture"] >= 0).all() and df["before_capture"].nunique() == 1
     assert df["gradient"].max() > 0 and df["activation"].max() > 0
+    assert df.attrs["categories"][0] == "before_capture"
     assert (df[df.attrs["categories"]].sum(axis=1) == df["total_bytes"]).all()
 
 

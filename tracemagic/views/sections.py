@@ -149,16 +149,17 @@ def _overview(data: TraceData, state: ViewState) -> Section:
         figures=[fig, figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
         table=display_table(tables.step_table(steps), state.unit),
         table_title="Steps",
-        facts=insights.facts(data),
-        bullets=insights.for_trace(data),
+        facts=insights.facts(data, state.step),
+        bullets=insights.for_trace(data, step=state.step),
     )
-    layers = data.layers
+    layers = data.layers_in(state.step)
     if not layers.empty:
         metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
         top_layers = layers.sort_values(metric, ascending=False).head(state.top)
         cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us") + (("gpu_us",) if data.has_gpu else ())
                 if c in top_layers]
-        section.extra.append(("Top layers", display_table(top_layers[cols], state.unit)))
+        section.extra.append(("Top layers" + (f" in step {state.step}" if state.step is not None else ""),
+                              display_table(top_layers[cols], state.unit)))
     section.extra.append((
         "Top ops" + (f" in step {state.step}" if state.step is not None else ""),
         display_table(tables.top_ops(ops, state.top), state.unit),
@@ -220,18 +221,26 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
 
 def _memory(data: TraceData, state: ViewState) -> Section:
     memory = data.memory
-    peaks = tables.peak_memory(memory)
+    peaks = tables.peaks_of(data.memory_peaks, state.step)
     facts = [
-        ((f"rank {r} · " if data.several_ranks else "") + f"peak {d}",
-         f"{fmt_bytes(b)}" + (f" at {fmt_time(float(t))}" if pd.notna(t) else "")
-         + "".join(f" · {v}" for v in (o, lay) if isinstance(v, str) and v))
-        for r, d, b, t, o, lay in zip(peaks["rank"], peaks["device"], peaks["peak_bytes"], peaks["ts"], peaks["op"], peaks["layer"])
+        ((f"rank {row['rank']} · " if data.several_ranks else "") + f"peak {row['device']}"
+         + (f" in step {state.step}" if state.step is not None else ""),
+         insights.peak_text(row, state.step, device=False)
+         + (f" at {fmt_time(float(row['ts']))}" if pd.notna(row["ts"]) else "")
+         + "".join(f" · {v}" for v in (row["op"], row["layer"]) if isinstance(v, str) and v))
+        for _, row in peaks.iterrows()
     ]
     spans = data.layer_spans if not memory.empty else None
-    figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit)]
+    figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit, peaks=peaks)]
     categories = data.memory_categories
     if not categories.empty:
         figs.append(figures.memory_categories(categories, data.steps, step=state.step, unit=state.unit))
+    uncounted = categories.attrs.get("uncounted") or {}
+    for rank, held in uncounted.items():
+        facts.append(((f"rank {rank} · " if data.several_ranks else "") + "not in the allocator's totals",
+                      ", ".join(f"{name.replace('_', ' ')} {fmt_bytes(b)}" for name, b in held.items())
+                      + " of tensors made before the capture (the CPU allocator counts only blocks allocated while "
+                      "profiling)"))
     meta = figs[0].layout.meta or {}
     if meta.get("spans"):
         facts.append(("layer spans", f"{meta['spans']:,} forward/backward spans of the top-level layers"
@@ -239,8 +248,8 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     return Section(
         "memory", TITLES["memory"],
         figures=figs,
-        table=display_table(tables.biggest_allocations(tables.select_step(memory, state.step), 5000), state.unit),
-        table_title="Biggest allocations",
+        table=display_table(tables.select_step(data.allocations, state.step).head(5000), state.unit),
+        table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
     )
 
