@@ -210,6 +210,10 @@ def test_step_selector_filters_every_widget(capture: Any) -> None:
     assert abs(at - (first_peak["ts"] - origin)) <= 0.005 * at + 1
     assert in_bytes(dict(overview.facts)[f"peak memory in step {step}"])[0] == shown_peak
     assert f"peak cpu in step {step}" in dash.info_html("memory")
+    # the Layers tab too; the Shapes tab says it shows every step
+    table = dash.table("layers").frame
+    assert sorted(table["calls"]) == sorted(modules.values()) and f"in step {step}" in dash.table("layers").caption
+    assert "all steps" in dict(dash.section("shapes").facts)["steps"]
     # the timeline shows this step's window
     dash.select("timeline")
     lo_shown, hi_shown = dash.figures("timeline")[0]["layout"]["meta"]["window"]
@@ -295,3 +299,24 @@ def test_recommendations_of_a_capture_quote_the_overview(capture: Any) -> None:
     check_quoted(dash.section("overview"))
     dash.controls["step"].value = 3
     check_quoted(dash.section("overview"))
+
+
+def test_step_selector_filters_the_kernels_tab(tmp_path: Path) -> None:
+    raw = raw_json(NCCL)
+    steps = profiler_steps(raw)
+    launches = {e["args"]["correlation"]: e["ts"] for e in raw["traceEvents"]
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    per_step: dict[int, int] = {}
+    for e in raw["traceEvents"]:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X":
+            ts = launches.get(e["args"].get("correlation"))
+            for number, row in steps.items():
+                if ts is not None and row["ts"] <= ts <= row["ts"] + row["dur"]:
+                    per_step[number] = per_step.get(number, 0) + 1
+    dash = Dashboard(tracemagic.load(NCCL, cache_dir=tmp_path))
+    step = sorted(steps)[1]
+    dash.controls["step"].value = step
+    table = dash.table("kernels")
+    assert int(table.frame["calls"].sum()) == per_step[step] and f"in step {step}" in table.caption
+    dash.controls["step"].value = "all"
+    assert int(dash.table("kernels").frame["calls"].sum()) >= sum(per_step.values()) > per_step[step]

@@ -28,8 +28,10 @@ TITLES: dict[str, str] = {
     "graph": "Graph",
     "compare": "Compare",
 }
-#: tabs whose content depends on the selected step
-STEP_DEPENDENT = frozenset({"overview", "timeline", "memory", "graph"})
+#: tabs whose content depends on the selected step: all (those in ``WHOLE_TRACE`` say so)
+STEP_DEPENDENT = frozenset(TITLES)
+#: tabs that show every step whatever the selector says (their facts say so while a step is selected)
+WHOLE_TRACE = frozenset({"shapes", "ranks", "compare"})
 #: the most ops the Graph tab draws (the rest are listed in its table)
 GRAPH_MAX_NODES = 300
 #: the most events the Timeline draws, at any zoom
@@ -131,8 +133,12 @@ def build(key: str, data: TraceData, state: ViewState | None = None, other: Trac
     if key == "compare":
         if other is None:
             raise ValueError("the compare tab needs another trace (other=...)")
-        return builder(data, state, other)
-    return builder(data, state)
+        section = builder(data, state, other)
+    else:
+        section = builder(data, state)
+    if key in WHOLE_TRACE and state.step is not None:
+        section.facts.insert(0, ("steps", f"all steps: this tab does not follow the step selector (step {state.step})"))
+    return section
 
 
 def _overview(data: TraceData, state: ViewState) -> Section:
@@ -170,13 +176,14 @@ def _overview(data: TraceData, state: ViewState) -> Section:
 
 
 def _layers(data: TraceData, state: ViewState) -> Section:
-    layers = data.layers
+    layers = data.layers_in(state.step)
     metric = "gpu" if data.has_gpu and not layers.empty and (layers["gpu_us"] > 0).any() else "cpu"
     return Section(
         "layers", TITLES["layers"],
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],
         table=display_table(tables.layers_table(layers), state.unit),
-        table_title="Layers (self = time not in child layers)",
+        table_title="Layers" + (f" in step {state.step}" if state.step is not None else "")
+        + " (self = time not in child layers)",
         side=html.layer_tree(layers, metric=metric, unit=state.unit) if not layers.empty else "",
     )
 
@@ -269,13 +276,13 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
 
 
 def _kernels(data: TraceData, state: ViewState) -> Section:
-    kernels = data.kernels
+    kernels = tables.select_step(data.kernels, state.step)
     return Section(
         "kernels", TITLES["kernels"],
         figures=[figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
                  figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit)],
         table=display_table(tables.top_kernels(kernels, by_op=True), state.unit),
-        table_title="Kernels by kernel + launching op",
+        table_title="Kernels by kernel + launching op" + (f" in step {state.step}" if state.step is not None else ""),
     )
 
 
