@@ -364,6 +364,43 @@ def test_memory_categories(captured: dict[str, Any]) -> None:
     assert (df[df.attrs["categories"]].sum(axis=1) == df["total_bytes"]).all()
 
 
+def test_memory_categories_keep_the_tensors_the_allocator_counted(tmp_path: Path) -> None:
+    """Tensors made in an earlier profiled session are in the CPU allocator's totals: the
+    stack keeps them in their category, and what else it held is the before-capture band."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        torch.manual_seed(0)
+        model = nn.Linear(256, 256)
+        x = torch.randn(16, 256)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+                 record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        for _ in range(3):
+            model(x).sum().backward()
+            model.zero_grad()
+            prof.step()
+    path = tmp_path / "kineto_trace_0.json"
+    prof.export_chrome_trace(str(path))
+    MemoryProfileTimeline(prof._memory_profile()).export_memory_timeline_raw(str(tmp_path / "memory_timeline_0.json"), "cpu")
+    df = memory_mod.categories(tracemagic.load(path, use_cache=False))
+    raw = json.loads(path.read_text())
+    rows = json.loads((tmp_path / "memory_timeline_0.json").read_text())
+    memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"]["Bytes"]) for e in raw["traceEvents"]
+                    if e.get("name") == "[memory]")
+    start = memory[0][1] - memory[0][2]
+    before = sum(r[2] for r in rows if r[0] < 0)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert before >= param_bytes and start >= before  # the earlier session counted them
+    assert df.attrs["uncounted"] == {}
+    assert df["parameter"].iloc[0] == param_bytes
+    assert (df["before_capture"] == start - before).all()
+    stamps = sorted({r[0] for r in rows if r[0] >= 0})
+    base = raw["baseTimeNanoseconds"]
+    allocator = [next(total for ts, total, _ in reversed(memory) if ts <= (ns - base) / 1000 + 1e-3) for ns in stamps]
+    assert df["total_bytes"].tolist() == allocator
+
+
 def test_memory_categories_absent_or_foreign(tmp_path: Path) -> None:
     empty = memory_mod.categories(tracemagic.load(MI250, use_cache=False))
     assert empty.empty and "no memory timeline" in empty.attrs["note"]

@@ -190,7 +190,8 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
     if not peaks.empty:
         top = peaks.sort_values("peak_bytes", ascending=False).head(4)
         out.append(("peak memory" + (f" in step {step}" if step is not None else ""),
-                    "; ".join(peak_text(row, step) for _, row in top.iterrows())))
+                    "; ".join((f"rank {row['rank']} · " if data.several_ranks else "") + peak_text(row, step)
+                              for _, row in top.iterrows())))
     events = getattr(data.trace, "events", None)
     if events is not None:
         out.append(("events", f"{len(events):,}"))

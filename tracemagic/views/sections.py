@@ -110,7 +110,7 @@ def display_table(frame: pd.DataFrame, unit: str = "ms") -> pd.DataFrame:
     suffix = {"µs": "us", "ms": "ms", "s": "s"}[unit]
     renames = {}
     for column in list(out.columns):
-        if column.endswith("_us") or column in ("ts", "dur", "self_dur", "mean", "step_us"):
+        if column.endswith(("_us", "_ts")) or column in ("ts", "dur", "self_dur", "mean", "step_us"):
             if out.empty or (pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column])):
                 out[column] = out[column].astype(float) / div
                 base = column.removesuffix("_us")
