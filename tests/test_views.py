@@ -261,7 +261,7 @@ def test_timeline_layers_lane_follows_window_cap_and_phase() -> None:
 def test_memory_timeline_keeps_the_peak_and_names_it() -> None:
     memory, steps = make_memory(), make_steps()
     steps["ts"] = [0.0, 1000.0, 2000.0]
-    top = memory.loc[[memory["allocated_bytes"].idxmax()]].rename(columns={"allocated_bytes": "peak_bytes"})
+    top = memory.loc[[memory["allocated_bytes"].idxmax()]].rename(columns={"allocated_bytes": "peak_bytes"}).assign(step=pd.NA)
     fig = figures.memory_timeline(memory, steps, max_points=400, peaks=top)
     alloc = next(t for t in fig.data if t.name.endswith("allocated"))
     assert len(alloc.x) <= 420

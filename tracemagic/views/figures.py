@@ -540,8 +540,8 @@ def memory_timeline(
         max_points: the most points per line (each bin keeps its min and max).
         max_spans: the most layer spans drawn (the longest ones).
         unit: time unit of the x axis (time since the trace start).
-        peaks: the ``trace.memory_peaks()`` rows to mark (those of ``step``: see
-            ``tables.peaks_of``); None marks none.
+        peaks: ``trace.memory_peaks()``: the peaks of ``step`` (of the whole trace for
+            None) are marked; None marks none.
     """
     title = "Memory" + (f" — step {step}" if step is not None else "")
     if rank is not None:
@@ -586,7 +586,7 @@ def memory_timeline(
                 hovertemplate=f"reserved %{{y:.2f}} {suffix}<extra>{label}</extra>",
                 **row,
             )
-    marked = pd.DataFrame() if peaks is None or peaks.empty else peaks
+    marked = pd.DataFrame() if peaks is None or peaks.empty else tables.peaks_of(peaks, step)
     if rank is not None and not marked.empty:
         marked = marked[marked["rank"] == rank]
     for _, peak in marked.iterrows():

@@ -238,7 +238,7 @@ def _memory(data: TraceData, state: ViewState) -> Section:
         for _, row in peaks.iterrows()
     ]
     spans = data.layer_spans if not memory.empty else None
-    figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit, peaks=peaks)]
+    figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit, peaks=data.memory_peaks)]
     categories = data.memory_categories
     if not categories.empty:
         figs.append(figures.memory_categories(categories, data.steps, step=state.step, unit=state.unit))
