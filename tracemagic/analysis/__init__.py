@@ -46,13 +46,16 @@ Column contracts (views rely on these names; each list is complete and in order,
   calls``.
 - ``memory()``: ``rank, ts, device, allocated_bytes, reserved_bytes, delta_bytes, op,
   op_row, layer, phase, step, addr, row`` — ``device`` is 'cpu' | 'cuda:N'.
-- ``memory_peaks()`` (``memory.peaks``): ``rank, device, step, peak_bytes,
-  peak_reserved_bytes, ts, op, layer, phase, delta_bytes``.
+- ``memory_peaks()`` (``memory.peaks``): ``rank, device, step, peak_bytes, start_bytes,
+  peak_reserved_bytes, ts, op, layer, phase, delta_bytes`` — ``peak_bytes`` is the highest
+  ``Total Allocated`` recorded in the step (or the whole capture: ``step`` NA),
+  ``start_bytes`` what was already allocated when it began.
 - ``biggest_allocations()``: ``rank, ts, device, bytes, op, layer, phase, step, addr,
   freed_ts, lifetime_us``.
-- ``memory_categories()`` (``memory.categories``): ``rank, cycle, device, ts, parameter,
-  optimizer_state, input, temporary, activation, gradient, autograd_detail, unknown,
-  total_bytes``.
+- ``memory_categories()`` (``memory.categories``): ``rank, cycle, device, ts,
+  before_capture, parameter, optimizer_state, input, temporary, activation, gradient,
+  autograd_detail, unknown, total_bytes`` — on the allocator's scale: ``total_bytes``
+  equals ``memory()``'s ``allocated_bytes`` at the same time.
 - ``shapes()``: ``rank, name, input_dims, input_type, concrete_inputs, calls, total_us,
   mean_us, self_us, gpu_us, flops, tflops_per_s, flops_source``.
 - ``diff(a, b)``: ``level, name, type, calls_a, calls_b, us_a, us_b, delta_us, ratio,

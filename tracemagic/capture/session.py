@@ -255,8 +255,10 @@ class CaptureSession:
                 with_flops=cfg.with_flops,
                 execution_trace_observer=self._et,
             )
-        self._t_step = time.perf_counter()
         self._prof.start()
+        # ProfilerStep#0 begins at the end of start(): its wall time is measured from here,
+        # not from before the profiler's own set-up
+        self._t_step = time.perf_counter()
 
     def stop(self) -> None:
         """Stop recording now (the loop is over); the rest of the cell is not traced."""

@@ -192,29 +192,13 @@ def layer_hierarchy(layers: pd.DataFrame, *, by: str, rank: int | None = None,
     return frame[frame["layer"].isin(keep)], len(frame) - len(keep)
 
 
-def biggest_allocations(memory: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
-    """The largest positive ``delta_bytes`` (allocations) with their op and layer."""
-    cols = ["rank", "device", "ts", "delta_bytes", "allocated_bytes", "op", "layer", "step"]
-    if memory.empty:
-        return pd.DataFrame(columns=cols)
-    frame = memory[memory["delta_bytes"] > 0]
-    frame = frame.sort_values("delta_bytes", ascending=False, kind="stable")
-    frame = frame[[c for c in cols if c in frame]].reset_index(drop=True)
-    return frame.head(n) if n else frame
-
-
-def peak_memory(memory: pd.DataFrame) -> pd.DataFrame:
-    """One row per (rank, device): the peak allocated bytes and the op/layer reaching it."""
-    cols = ["rank", "device", "peak_bytes", "ts", "op", "layer", "step", "reserved_bytes"]
-    if memory.empty:
-        return pd.DataFrame(columns=cols)
-    idx = memory.groupby(["rank", "device"], observed=True)["allocated_bytes"].idxmax()
-    rows = memory.loc[idx.dropna().to_numpy()]
-    out = rows.rename(columns={"allocated_bytes": "peak_bytes"})
-    for column in cols:
-        if column not in out:
-            out[column] = pd.NA
-    return out[cols].reset_index(drop=True)
+def peaks_of(peaks: pd.DataFrame, step: int | None = None) -> pd.DataFrame:
+    """The rows of ``trace.memory_peaks()`` for ``step``: its own per (rank, device), or the
+    whole-trace rows (``step`` NA) for None."""
+    if peaks.empty:
+        return peaks
+    rows = peaks["step"].isna() if step is None else peaks["step"].eq(step).fillna(False)
+    return peaks[rows.to_numpy(dtype=bool)].reset_index(drop=True)
 
 
 def step_table(steps: pd.DataFrame) -> pd.DataFrame:

@@ -121,11 +121,12 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
                     for _, r in kern.iterrows()]
             out += ["", "Top kernels (by GPU time)"] + render_table(rows, ["kernel", "calls", "total", "GPU %"], width)
 
-    peaks = tables.peak_memory(data.memory)
+    peaks = tables.peaks_of(data.memory_peaks)
     if not peaks.empty:
         rows = [[(f"rank {int(r['rank'])} · " if data.several_ranks else "") + str(r["device"]), fmt_bytes(r["peak_bytes"]),
-                 _where(r)] for _, r in peaks.iterrows()]
-        out += ["", "Peak memory"] + render_table(rows, ["device", "peak", "reached in"], width, flex=2)
+                 fmt_bytes(r["start_bytes"]), _where(r)] for _, r in peaks.iterrows()]
+        out += ["", "Peak memory (allocated; at start = already allocated when the capture began)"]
+        out += render_table(rows, ["device", "peak", "at start", "reached in"], width, flex=3)
 
     tips = insights.for_trace(data)
     if tips:
