@@ -313,3 +313,19 @@ def test_the_traceback_arrow_points_at_the_failing_line(ip, body):
     assert plain[1] == "y = 1 / 0"
     traced = arrows("%%chakra_trace --wait 0 --warmup 1 --active 1 -q --no-memory-timeline\n" + body)
     assert traced[-1] == (plain[0] + 1, plain[1])
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("for i in range(4):\n    x = i\nundefined_after\n", "raised NameError after the loop"),
+        ("undefined_before\nfor i in range(4):\n    x = i\n", "raised NameError before the loop"),
+        ("for i in range(6):\n    if i == 3:\n        undefined_in\n", "raised NameError in step 3"),
+    ],
+    ids=["after", "before", "inside"],
+)
+def test_the_note_says_where_the_error_came_from(ip, body, said):
+    result, out = run(ip, "--wait 0 --warmup 1 --active 4 --no-memory-timeline", body)
+    assert isinstance(result.error_in_exec, NameError)
+    notes = ip.user_ns["_chakra_capture"].manifest["notes"]
+    assert any(said in note for note in notes), notes
