@@ -150,7 +150,8 @@ def test_the_overview_and_advice_of_the_gpu_bound_trace_tell_the_truth(tmp_path:
     data = TraceData(tracemagic.load(TRACES / name, use_cache=False))
     facts = dict(insights.facts(data))
     assert facts["GPU"].startswith(f"busy {100 * busy:.0f}%"), facts["GPU"]
-    assert facts["mean step"] == f"{total / len(ref['windows']) / 1000:.1f} ms"
+    lengths = sorted(b - a for _, a, b in ref["windows"])
+    assert facts["mean step"] == f"{total / len(lengths) / 1000:.1f} ms (median {lengths[len(lengths) // 2] / 1000:.1f} ms)"
     shown = text.summary(data)
     assert f"GPU kernels {100 * sum(ref['compute']) / total:.0f}%" in facts["breakdown"]
     assert "GPU idle" not in " ".join(insights.for_trace(data)) and "waits for the CPU" not in shown
@@ -172,3 +173,15 @@ def test_ranks_table_means_the_device_windows(tmp_path: Path) -> None:
         close(row["gpu_idle_pct"], 100 * (1 - sum(ref["busy"]) / sum(windows)), "GPU idle %")
         parts = ["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us"]
         close(float(row[parts].sum()), row["step_us"], "parts add up to the mean step")
+
+
+def test_a_trace_without_profiler_steps_says_so(tmp_path: Path) -> None:
+    """The MI300X trace has no ProfilerStep (checked in the raw JSON): the Overview says so
+    instead of listing one step numbered -1."""
+    from tracemagic.views import insights
+    from tracemagic.views.data import TraceData
+
+    name = "tracelens_normalization_layer_test.json.gz"
+    assert not any(str(e.get("name", "")).startswith("ProfilerStep#") for e in _raw(name))
+    facts = dict(insights.facts(TraceData(tracemagic.load(TRACES / name, use_cache=False))))
+    assert facts["steps"] == "none (no ProfilerStep: the whole trace is one span)"

@@ -156,6 +156,7 @@ class CaptureSession:
         self._started = False
         self._stopped = False
         self._skip_step = False
+        self._failed_step: int | None = None  # the step whose iteration raised
         self._iterations = 0
         self._t_step = 0.0
         self._pending: list[StepRecord] = []
@@ -208,6 +209,7 @@ class CaptureSession:
     def _fail(self) -> None:
         """Called by the rewritten loop when an iteration raises: no step() for it."""
         self._skip_step = True
+        self._failed_step = self.step_num
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self) -> Path:
@@ -416,7 +418,14 @@ class CaptureSession:
 
     def _error_note(self, error: BaseException) -> str:
         recorded = sum(s.complete for c in self._cycles for s in c.steps)
-        where = f" in step {self.step_num}" if self._prof is not None else " before the loop"
+        if self._failed_step is not None:  # an iteration of the stepped loop raised
+            where = f" in step {self._failed_step}"
+        elif self._prof is None:
+            where = " before the loop"
+        elif self._stopped and self.plan.mode == "loop":
+            where = " after the loop (every step it ran was ended)"
+        else:
+            where = f" in step {self.step_num}"
         return (
             f"the cell raised {type(error).__name__}{where}; {recorded} complete step(s) "
             "recorded before it were written (partial capture)."

@@ -166,7 +166,11 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
     else:
         chosen = tables.select_step(steps, step)
         mean = tables.step_means(chosen)
-        listed = f"{len(data.step_ids)} ({', '.join(map(str, data.step_ids[:12]))}{'…' if len(data.step_ids) > 12 else ''})"
+        numbered = [s for s in data.step_ids if s >= 0]
+        listed = f"{len(numbered)} ({', '.join(map(str, numbered[:12]))}{'…' if len(numbered) > 12 else ''})"
+        if len(numbered) < len(data.step_ids):  # step -1: a rank without ProfilerStep, one span
+            listed = ("none (no ProfilerStep: the whole trace is one span)" if not numbered
+                      else listed + "; ranks without ProfilerStep: one span each (step -1)")
         if data.loop_exit_steps:
             listed += (f"; step {', '.join(map(str, data.loop_exit_steps))} holds only the loop's exit and is not "
                        "counted")
