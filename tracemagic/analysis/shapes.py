@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, rollup, text
-from tracemagic.trace.structure import enclosing_of_kind
 from tracemagic.trace.model import Trace
+from tracemagic.trace.structure import enclosing_of_kind
 
 Dims = list[list[int]]
 
@@ -234,10 +234,9 @@ def shapes(trace: Trace) -> pd.DataFrame:
 
     One row per distinct top op of a call chain (see ``_common.call_chains``: the outermost
     op with recorded shapes, or with none and no op with shapes inside, and the ops it runs
-    inside), so one convolution is one row
-    (``aten::conv2d``), never also ``aten::convolution``, ``aten::_convolution`` and
-    ``aten::mkldnn_convolution``; chains never overlap, so ``total_us`` adds up and ranks
-    them. Columns: ``rank``, ``name``, ``input_dims``, ``input_type``,
+    inside), so one convolution is one row (``aten::conv2d``), never also
+    ``aten::convolution``, ``aten::_convolution`` and ``aten::mkldnn_convolution``; chains
+    never overlap, so ``total_us`` adds up and ranks them. Columns: ``rank``, ``name``, ``input_dims``, ``input_type``,
     ``concrete_inputs`` (the top op's, JSON text as recorded, NA without
     ``record_shapes``; ``concrete_inputs`` holds the scalar and list arguments, which torch
     writes since 2.x); ``calls``; ``total_us`` (the top op's duration, summed), ``mean_us``,

@@ -22,8 +22,8 @@ except ImportError:  # pragma: no cover - installed without a C compiler: numpy 
 #: epoch-µs times carry ~0.1 µs error
 NEST_TOLERANCE_US = 0.25
 #: a child starts at least this much (µs) before its parent ends: half the nanosecond
-#: resolution of the finest traces, so float noise never nests an event that starts at (or
-#: after) another's end, however short it is, under it (it is a sibling)
+#: resolution of the finest traces, so float noise cannot make an event that starts at (or
+#: after) another's end, however short, its child: it is a sibling
 NEST_START_MARGIN_US = 0.0005
 MODULE_PREFIX = "nn.Module: "
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
