@@ -109,6 +109,11 @@ class ScriptCapture:
             yield item
             self.step()
 
+    def note(self, message: str) -> None:
+        """Add a line to the capture's manifest ``notes`` (ignored when not running)."""
+        if self._session is not None:
+            self._session.note(message)
+
     def stop(self) -> None:
         """Stop recording now (the rest of the block is not traced)."""
         if self._session is not None:
@@ -143,7 +148,7 @@ class ScriptCapture:
 
         if self._session is not None:
             raise CaptureError("this capture is already running (a capture cannot be nested in itself).")
-        busy = profiler_busy()
+        busy = profiler_busy(et=self.config.et)
         if busy:
             raise CaptureError(busy)
         self.result = None

@@ -43,9 +43,11 @@ def tb_name(worker: str, ts: int | None = None, gz: bool = False) -> str:
     return f"{worker}.{stamp}.pt.trace.json" + (".gz" if gz else "")
 
 
-def et_name(rank: int) -> str:
-    """``torch_et_<rank>.json``: always plain JSON, as Chakra's linker reads it."""
-    return f"torch_et_{rank}.json"
+def et_name(rank: int, cycle: int | None = None) -> str:
+    """``torch_et_<rank>[_cycle<k>].json``: always plain JSON, as Chakra's linker reads it;
+    one per cycle, like the Kineto trace it pairs with (``kineto_name``)."""
+    suffix = f"_cycle{cycle}" if cycle is not None else ""
+    return f"torch_et_{rank}{suffix}.json"
 
 
 def memory_name(rank: int, cycle: int | None, gz: bool) -> str:

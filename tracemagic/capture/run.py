@@ -2,10 +2,20 @@
 
 The script runs as ``__main__`` (``runpy``, with its own ``sys.argv``). A step is an
 optimizer step: a global ``Optimizer.step`` post-hook (``register_optimizer_step_post_hook``)
-starts the capture at the first step of the first optimizer that steps, and ends a step at
-each of its later steps, so the set-up (model, data, process group) stays out of the trace
-and the schedule counts from the first optimizer step. ``--whole`` records the whole script
-as one step instead (for scripts without an optimizer).
+starts the capture at the first step of the first optimizer that steps, so the set-up
+(model, data, process group) stays out of the trace and the schedule counts from the first
+optimizer step. ``--whole`` records the whole script as one step instead (for scripts
+without an optimizer).
+
+A step ends when that optimizer's ``step()`` has returned, never inside it: the post-hook
+runs inside torch's ``Optimizer.step#...`` record function, and ending the profiler step
+(or an ET/Kineto window) there leaves that record function open, so the Execution Trace
+never writes its node and Chakra drops every optimizer op under it. So at its first step
+the optimizer's ``step`` is wrapped on the instance (``optimizer.step = wrapper``, the way
+torch's LR schedulers wrap it), and the wrapper calls ``prof.step()`` after the real
+``step()`` returns. The script is not edited; the wrapper is removed when it ends. A call
+that bypasses the instance attribute (``type(opt).step(opt)``, a bound method saved before
+the first step) still ends the step from the hook, with a note in the manifest.
 
 Every rank of a job, with the directory shared as ``tracemagic.capture`` does::
 
@@ -15,6 +25,7 @@ Every rank of a job, with the directory shared as ``tracemagic.capture`` does::
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import runpy
 import sys
@@ -92,6 +103,9 @@ class _Runner:
         self.source: str | None = None
         self._optimizer: int | None = None
         self._handle: Any = None
+        self._wrapped: Any = None  # the optimizer whose ``step`` is wrapped
+        self._inside = 0  # wrapped step() calls in progress
+        self._bypassed = False
 
     def run_script(self, script: Path, args: list[str]) -> int:
         path = str(script.resolve())
@@ -118,6 +132,9 @@ class _Runner:
         except SystemExit as exc:
             status = _exit_status(exc.code)
             error = exc if status else None
+        except CaptureError as exc:  # the capture could not start (at the first optimizer step)
+            error, status = exc, 2
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
         except BaseException as exc:  # the script failed: keep its files, print the error
             error, status = exc, 1
             if not isinstance(exc, KeyboardInterrupt):
@@ -127,6 +144,7 @@ class _Runner:
         finally:
             if self._handle is not None:
                 self._handle.remove()
+            self._unwrap()
             sys.argv, sys.path[:] = saved_argv, saved_path
         self._finish(error)
         return status
@@ -140,8 +158,49 @@ class _Runner:
         if self._optimizer is None:
             self._optimizer = id(optimizer)
             self.cap.start(namespace=self._script_namespace(sys._getframe(1)))
-        elif id(optimizer) == self._optimizer and self.cap.running:
+            self._wrap(optimizer)
+        elif id(optimizer) == self._optimizer and self.cap.running and not self._inside:
+            # step() was called without the wrapper: end the step here, inside it
+            if not self._bypassed:
+                self._bypassed = True
+                self.cap.note(
+                    "the optimizer's step() was called without tracemagic's wrapper (a bound "
+                    "method saved before the first step, or type(opt).step(opt)), so steps end "
+                    "inside Optimizer.step: with --et the ET's last optimizer step is incomplete."
+                )
             self.cap.step()
+
+    def _wrap(self, optimizer: Any) -> None:
+        """Make ``optimizer.step`` end the profiler step once the real step has returned."""
+        inner = optimizer.step  # the bound method, or an LR scheduler's wrapper of it
+
+        @functools.wraps(inner)  # keeps ``_wrapped_by_lr_sched``: no scheduler warning
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self._inside += 1
+            try:
+                out = inner(*args, **kwargs)
+            finally:
+                self._inside -= 1
+            if self.cap.running:
+                self.cap.step()
+            return out
+
+        step._tracemagic_inner = inner  # type: ignore[attr-defined]
+        optimizer.step = step
+        self._wrapped = optimizer
+
+    def _unwrap(self) -> None:
+        optimizer, self._wrapped = self._wrapped, None
+        if optimizer is None:
+            return
+        current = optimizer.__dict__.get("step")
+        if getattr(current, "_tracemagic_inner", None) is None:
+            return  # wrapped again since (an LR scheduler made later): leave it
+        inner = current._tracemagic_inner
+        if getattr(inner, "__self__", None) is optimizer and getattr(inner, "__func__", None) is type(optimizer).step:
+            del optimizer.step  # it was the class's method: back to the class attribute
+        else:
+            optimizer.step = inner
 
     def _script_namespace(self, frame: FrameType | None) -> dict[str, Any]:
         """The variables of the innermost frame of the script (to name its models)."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -52,8 +54,13 @@ MEMORY_TIMELINE_FORMAT = {
 }
 
 
-def profiler_busy() -> str | None:
-    """Why a new capture cannot start now, or None if nothing else is profiling."""
+def profiler_busy(et: bool = False) -> str | None:
+    """Why a new capture cannot start now, or None if nothing else is profiling.
+
+    Args:
+        et: the capture records an Execution Trace (then another registered
+            ExecutionTraceObserver is a reason too).
+    """
     if _ACTIVE is not None:
         return (
             "a %%chakra_trace capture is already running (nested capture); "
@@ -64,6 +71,8 @@ def profiler_busy() -> str | None:
             "a torch profiler is already running (a torch.profiler.profile() that was "
             "started and not stopped); stop it (prof.stop(), or leave its `with` block) first."
         )
+    if et and not et_observer_free():
+        return ET_OBSERVER_BUSY
     return None
 
 
@@ -89,6 +98,7 @@ class _Cycle:
     steps: list[StepRecord]
     kineto: str | None = None
     memory: str | None = None
+    et: str | None = None
     window: list[torch.nn.Module] = field(default_factory=list)
 
 
@@ -152,6 +162,7 @@ class CaptureSession:
         self._one_step = plan.mode == "none"
         self._prof: _Profiler | None = None
         self._et: ExecutionTraceObserver | None = None
+        self._et_label: int | None = None  # the cycle label of the ET being recorded
         self._recorder = ModuleRecorder()
         self._started = False
         self._stopped = False
@@ -206,6 +217,10 @@ class CaptureSession:
         if self.config.repeat and len(self._cycles) >= self.config.repeat:
             self.stop()  # the schedule is done: no cost for the rest of the loop
 
+    def note(self, message: str) -> None:
+        """Add a line to the manifest's ``notes``."""
+        self._notes.append(message)
+
     def _fail(self) -> None:
         """Called by the rewritten loop when an iteration raises: no step() for it."""
         self._skip_step = True
@@ -218,7 +233,7 @@ class CaptureSession:
         Raises:
             CaptureError: another profiler is running, or the directory is not writable.
         """
-        busy = profiler_busy()
+        busy = profiler_busy(et=self.config.et)
         if busy:
             raise CaptureError(busy)
         self.dir = files.make_capture_dir(self.config.out, self.config.name)
@@ -239,9 +254,7 @@ class CaptureSession:
         if torch.cuda.is_available() and not cfg.cpu_only:
             activities.append(ProfilerActivity.CUDA)
         if cfg.et:
-            self._et = ExecutionTraceObserver().register_callback(
-                str(files.partial_path(self.dir / files.et_name(self.rank)))
-            )
+            self._open_et(1)
         with warnings.catch_warnings():
             if self._one_step:  # the whole cell is the one active step: no warmup
                 warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
@@ -340,11 +353,35 @@ class CaptureSession:
                 torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
 
     def _cleanup(self) -> None:
-        """Unregister the module hook and the ET observer; place the ET file."""
+        """Unregister the module hook, and the ET observer of a cycle that never ended."""
         self._recorder.stop()
-        if self._et is None or self.dir is None:
+        self._close_et(None)
+
+    # -- the Execution Trace: one per cycle, like the Kineto trace ------------------------
+    def _cycle_label(self, number: int) -> int | None:
+        """The cycle suffix in file names (None with a single cycle)."""
+        return None if self.config.repeat == 1 or self._one_step else number
+
+    def _et_partial(self, label: int | None) -> Path:
+        assert self.dir is not None
+        return files.partial_path(self.dir / files.et_name(self.rank, label))
+
+    def _open_et(self, number: int) -> None:
+        """Register the ET observer of cycle ``number`` (torch starts it with the cycle)."""
+        self._et_label = self._cycle_label(number)
+        self._et = register_et_observer(self._et_partial(self._et_label))
+        if self._prof is not None:
+            self._prof.execution_trace_observer = self._et
+
+    def _close_et(self, cycle: _Cycle | None) -> None:
+        """Finalize the current ET; keep it as ``cycle``'s, or delete it (``cycle`` None).
+
+        The profiler has stopped the observer by then (``stop_trace`` runs before
+        ``on_trace_ready``), so the ET holds exactly the cycle's steps.
+        """
+        if self._et is None:
             return
-        tmp = files.partial_path(self.dir / files.et_name(self.rank))
+        tmp = self._et_partial(self._et_label)
         try:
             self._et.unregister_callback()
         except Exception as exc:
@@ -352,9 +389,13 @@ class CaptureSession:
             with contextlib.suppress(Exception):
                 torch._C._profiler._remove_execution_trace_observer()
         self._et = None
+        if self._prof is not None:
+            self._prof.execution_trace_observer = None
         try:
-            if any(c.steps for c in self._cycles) and tmp.exists():
-                files.place(tmp, self.dir / files.et_name(self.rank))
+            if cycle is not None and cycle.steps and tmp.exists():
+                name = files.et_name(self.rank, self._et_label)
+                files.place(tmp, tmp.with_name(name))
+                cycle.et = name
             else:
                 tmp.unlink(missing_ok=True)
         except OSError as exc:
@@ -366,9 +407,10 @@ class CaptureSession:
         if self._pending and all(s.end == "loop_exit" for s in self._pending):
             # the loop ended just as the window opened: a trace of its exit alone is noise
             self._pending, self._window = [], []
+            self._close_et(None)
             return
         number = len(self._cycles) + 1
-        label = None if self.config.repeat == 1 or self._one_step else number
+        label = self._cycle_label(number)
         cycle = _Cycle(number, label, steps=self._pending, window=self._window)
         self._pending, self._window = [], []
         self._cycles.append(cycle)
@@ -390,6 +432,13 @@ class CaptureSession:
                     f"cycle {cycle.number}: no memory timeline (torch could not classify "
                     f"the allocations: {type(exc).__name__}: {exc})"
                 )
+        if self._et is not None:
+            self._close_et(cycle)
+            if not self._stopped and (self.config.repeat == 0 or number < self.config.repeat):
+                try:
+                    self._open_et(number + 1)
+                except CaptureError as exc:
+                    self._notes.append(f"cycles after {number} have no execution trace: {exc}")
 
     def _write_memory_timeline(self, prof: torch.profiler.profile, label: int | None) -> str:
         from torch.profiler._memory_profiler import MemoryProfileTimeline
@@ -469,9 +518,9 @@ class CaptureSession:
                 entries.append(
                     {"path": c.memory, "kind": "memory_timeline", "rank": self.rank, "cycle": c.label}
                 )
-        et = files.et_name(self.rank)
-        if (self.dir / et).exists():
-            entries.append({"path": et, "kind": "execution_trace", "rank": self.rank})
+        for c in self._cycles:
+            if c.et:
+                entries.append({"path": c.et, "kind": "execution_trace", "rank": self.rank, "cycle": c.label})
         for entry in entries:
             entry["bytes"] = (self.dir / entry["path"]).stat().st_size
         entries.append({"path": files.MANIFEST, "kind": "manifest"})
@@ -529,6 +578,44 @@ class CaptureSession:
         assert self.dir is not None
         data = manifest if manifest is not None else self._base_manifest(status)
         files.write_json(self.dir / files.MANIFEST, json.loads(json.dumps(data, default=str)))
+
+
+#: why ``--et`` cannot record while another ExecutionTraceObserver is registered
+ET_OBSERVER_BUSY = (
+    "--et: an ExecutionTraceObserver is already registered in this process (yours, or "
+    "ENABLE_PYTORCH_EXECUTION_TRACE=1's). torch keeps one per process, so this capture would "
+    "write no Execution Trace. Finalize yours first (observer.unregister_callback()), or drop "
+    "--et and pass your observer to torch.profiler.profile(execution_trace_observer=...)."
+)
+
+
+def register_et_observer(path: Path) -> ExecutionTraceObserver:
+    """An ``ExecutionTraceObserver`` registered to write ``path``.
+
+    Raises:
+        CaptureError: another observer is registered (``ET_OBSERVER_BUSY``); it is left as it was.
+    """
+    observer = ExecutionTraceObserver().register_callback(str(path))
+    if not path.exists():
+        # torch creates the file on registration; it did not: it kept the observer that was
+        # already there (and only warned). Unregistering ours, as its __del__ would, removes
+        # THAT one, so ours is marked as never registered.
+        observer._registered = False
+        raise CaptureError(ET_OBSERVER_BUSY)
+    return observer
+
+
+def et_observer_free() -> bool:
+    """Whether no ExecutionTraceObserver is registered (probed by registering one of ours
+    for an instant; another one is left untouched)."""
+    folder = Path(tempfile.mkdtemp(prefix="tracemagic-et-probe-"))
+    try:
+        register_et_observer(folder / "probe.json").unregister_callback()
+    except CaptureError:
+        return False
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _error_entry(error: BaseException | None) -> dict[str, str] | None:

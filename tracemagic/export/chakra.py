@@ -5,17 +5,22 @@ steps (its "device trace") into a simulator input in two commands (see ``command
 
 1. ``chakra_trace_link`` joins them: it reads the ET through ``et_replay``'s
    ``ExecutionTrace`` (schemas ``1.0.1`` and ``1.0.2``/``1.0.3``/``1.0.4``/``1.1.0``/
-   ``1.1.1-chakra.0.0.4``; ``.json`` or ``.json.gz``), takes node id 1 (the process root the
-   observer writes when it is finalized) as the root, and gives each ET operator the
-   duration of the Kineto ``cpu_op``/``user_annotation`` event whose ``Record function id``
-   equals the node's ``rf_id`` (``ProfilerStep#N`` events are skipped).
+   ``1.1.1-chakra.0.0.4``), takes node id 1 (the process root the observer writes when it
+   is finalized) as the root, keeps only the nodes whose parent chain (``ctrl_deps``, or
+   ``parent`` in ``1.0.1``) reaches it, and gives each ET operator the duration of the
+   Kineto ``cpu_op``/``user_annotation`` event whose ``Record function id`` equals the
+   node's ``rf_id`` (``ProfilerStep#N`` events are skipped). It writes its output from the
+   ET re-read with a plain ``open()``, so the ET must be plain JSON, not gzip.
 2. ``chakra_converter PyTorch`` reads the linked JSON (plain JSON only; it needs
    ``schema``, ``pid``, ``time``, ``start_ts`` and ``finish_ts``) and accepts the schemas
    ``1.0.2``, ``1.0.3``, ``1.1.0`` and, since mlcommons/chakra#177 (January 2025),
    ``1.1.1-chakra.0.0.4``. ``1.0.1`` traces are rejected (mlcommons/chakra#127).
 
-``check`` verifies all of that and reports, per rank, the share of ET operators that will
-get a duration.
+``check`` verifies all of that and reports, per rank (and per cycle of a ``--repeat``
+capture), the share of ET operators that will get a duration: reached from the root AND
+matched in Kineto. A node whose parent was never written (a record function still open
+when the observer stopped: a profiler step ended inside ``optimizer.step()``) is an orphan;
+Chakra drops it and everything under it.
 """
 
 from __future__ import annotations
@@ -63,6 +68,10 @@ CONVERTER_SCHEMAS = (
 )
 #: top-level keys the converter copies from the (linked) trace
 REQUIRED_KEYS = ("schema", "pid", "time", "start_ts", "finish_ts", "nodes")
+#: ET metadata nodes that are no operator and that Kineto never holds: torch records the
+#: process-group configuration when the observer starts, before Kineto does (the converter
+#: reads it for the communicator groups)
+METADATA_NAMES = ("## process_group:init ##",)
 
 
 @dataclass
@@ -72,6 +81,7 @@ class ChakraPair:
     Attributes:
         rank: the rank (from the file names, else the position).
         et_path: the Execution Trace.
+        cycle: the cycle of a ``--repeat`` capture (``torch_et_<rank>_cycle<k>.json``), else None.
         kineto_path: the Kineto trace.
         schema: the ET's schema string ('' when unreadable).
         uncompressed: the ET is plain JSON (the contract; Chakra's converter reads plain JSON).
@@ -79,11 +89,15 @@ class ChakraPair:
         linker_accepts: ``schema`` in ``LINKER_SCHEMAS``.
         converter_accepts: ``schema`` in ``CONVERTER_SCHEMAS``.
         profiler_steps: the ``ProfilerStep#N`` numbers in the Kineto trace.
-        et_ops: ET operator nodes (not the process/thread roots, not ``ProfilerStep#N``).
+        et_ops: ET operator nodes (not the process/thread roots, not ``ProfilerStep#N``, not
+            ``## process_group:init ##``).
+        orphan_ops: of those, how many have a parent chain that does not reach the root
+            (node 1): Chakra drops them.
         matched_ops: of those, how many have their ``rf_id`` as a Kineto ``Record function id``.
-        timed_ops: of those, how many Chakra's linker will time (matched on a ``cpu_op`` or
-            ``user_annotation`` event).
+        timed_ops: of those, how many Chakra's linker will time (reached from the root and
+            matched on a ``cpu_op`` or ``user_annotation`` event).
         unmatched: a few ``(node id, name, rf_id)`` that will get no timing.
+        orphans: a few ``(node id, name, missing parent id)`` that Chakra drops.
         problems: what stops Chakra or loses data (empty when the pair is fine).
         notes: facts worth knowing that do not stop Chakra.
     """
@@ -91,6 +105,7 @@ class ChakraPair:
     rank: int
     et_path: Path
     kineto_path: Path
+    cycle: int | None = None
     schema: str = ""
     uncompressed: bool = False
     finalized: bool = False
@@ -98,9 +113,11 @@ class ChakraPair:
     converter_accepts: bool = False
     profiler_steps: list[int] = field(default_factory=list)
     et_ops: int = 0
+    orphan_ops: int = 0
     matched_ops: int = 0
     timed_ops: int = 0
     unmatched: list[tuple[int, str, int | None]] = field(default_factory=list)
+    orphans: list[tuple[int, str, int]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -113,6 +130,11 @@ class ChakraPair:
     def ok(self) -> bool:
         """Whether Chakra's link + convert will accept the pair and time every operator."""
         return not self.problems
+
+    @property
+    def label(self) -> str:
+        """``rank R`` or ``rank R cycle K``."""
+        return f"rank {self.rank}" + (f" cycle {self.cycle}" if self.cycle is not None else "")
 
 
 @dataclass
@@ -142,14 +164,14 @@ class ChakraReport:
     @property
     def all_problems(self) -> list[str]:
         """Capture-level problems, then each rank's, prefixed with the rank."""
-        return list(self.problems) + [f"rank {p.rank}: {m}" for p in self.pairs for m in p.problems]
+        return list(self.problems) + [f"{p.label}: {m}" for p in self.pairs for m in p.problems]
 
     def summary(self) -> str:
         """A few lines for a terminal or a notebook warning."""
         lines = [f"Chakra check of {self.source}: {'OK' if self.ok else 'PROBLEMS'}"]
         for p in self.pairs:
             lines.append(
-                f"  rank {p.rank}: schema {p.schema or '?'}, {p.timed_ops}/{p.et_ops} ET ops timed "
+                f"  {p.label}: schema {p.schema or '?'}, {p.timed_ops}/{p.et_ops} ET ops timed "
                 f"({p.timed_share:.0%}), ProfilerSteps {p.profiler_steps or 'none'}"
             )
             lines += [f"    problem: {m}" for m in p.problems]
@@ -168,9 +190,9 @@ class ChakraReport:
 def find_pairs(capture_dir: str | os.PathLike[str]) -> tuple[list[tuple[int, Path, Path]], list[str]]:
     """The ``(rank, et, kineto)`` pairs in a directory and what could not be paired.
 
-    Pairs ``torch_et_<rank>.json`` with ``kineto_trace_<rank>.json`` (also ``*_et.json`` with
-    ``*_trace.json`` and Chakra's ``host_<rank>.json``/``device_<rank>.json``); one ET and one
-    Kineto trace in a directory always pair. See ``tracemagic.trace.pairing.pairs``.
+    Pairs ``torch_et_<rank>[_cycle<k>].json`` with ``kineto_trace_<rank>[_cycle<k>].json`` (also
+    ``*_et.json`` with ``*_trace.json`` and Chakra's ``host_<rank>.json``/``device_<rank>.json``);
+    one ET and one Kineto trace in a directory always pair. See ``tracemagic.trace.pairing.pairs``.
     """
     return pairing.pairs(capture_dir)
 
@@ -232,8 +254,32 @@ def _node_rf_id(node: dict[str, Any]) -> int | None:
         return None
 
 
+def _parent(node: dict[str, Any]) -> Any:
+    """The enclosing node's id: ``ctrl_deps`` (schema 1.0.2+) or ``parent`` (1.0.1)."""
+    return node["ctrl_deps"] if "ctrl_deps" in node else node.get("parent")
+
+
+def _rooted(nodes: list[dict[str, Any]]) -> tuple[set[Any], dict[Any, Any]]:
+    """The ids whose parent chain reaches node 1, and each other id's first missing ancestor."""
+    parent = {n.get("id"): _parent(n) for n in nodes}
+    rooted: set[Any] = {1} if 1 in parent else set()
+    missing: dict[Any, Any] = {}
+    for start in parent:
+        chain: list[Any] = []
+        node = start
+        while node not in rooted and node not in missing and node in parent and node not in chain:
+            chain.append(node)
+            node = parent[node]
+        if node in rooted:
+            rooted.update(chain)
+        else:  # a parent never written (or a cycle): the whole chain is cut off
+            lost = missing.get(node, node)
+            missing.update(dict.fromkeys(chain, lost))
+    return rooted, missing
+
+
 def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
-    pair = ChakraPair(rank, et_path, kineto_path)
+    pair = ChakraPair(rank, et_path, kineto_path, cycle=pairing.cycle_of(et_path.name))
     try:
         raw, compressed = read_bytes(et_path)
     except TraceError as exc:
@@ -242,8 +288,8 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
     pair.uncompressed = not compressed
     if compressed:
         pair.problems.append(
-            f"{et_path.name} is gzip-compressed; keep the ET as plain JSON (chakra_trace_link reads .gz, "
-            "but the pipeline and chakra_converter expect plain JSON): gunzip it."
+            f"{et_path.name} is gzip-compressed: chakra_trace_link re-reads the ET with a plain open() to "
+            "write its output and fails on gzip. Keep the ET as plain JSON: gunzip it."
         )
     try:
         data = orjson.loads(raw)
@@ -297,9 +343,19 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
             f"{kineto_path.name} carries no 'Record function id' (torch < 2.1, or the ET observer was not "
             "running while it recorded); chakra_trace_link cannot time any ET operator."
         )
-    ops = [n for n in nodes if str(n.get("name", "")) not in ROOT_NAMES and not str(n.get("name", "")).startswith("ProfilerStep#")]
+    skip = (*ROOT_NAMES, *METADATA_NAMES)
+    ops = [n for n in nodes if str(n.get("name", "")) not in skip and not str(n.get("name", "")).startswith("ProfilerStep#")]
+    rooted, missing = _rooted(nodes) if pair.finalized else (set(), {})
     pair.et_ops = len(ops)
+    lost: set[int] = set()
     for node in ops:
+        node_id = node.get("id")
+        reached = node_id in rooted
+        if not reached and pair.finalized:
+            pair.orphan_ops += 1
+            lost.add(int(missing.get(node_id, -1)))
+            if len(pair.orphans) < 10:
+                pair.orphans.append((int(node_id or -1), str(node.get("name", "")), int(missing.get(node_id, -1))))
         rf_id = _node_rf_id(node)
         hit = ids.get(rf_id) if rf_id is not None else None
         if hit is None:
@@ -307,13 +363,23 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
                 pair.unmatched.append((int(node.get("id", -1)), str(node.get("name", "")), rf_id))
             continue
         pair.matched_ops += 1
-        if hit[0] in ("cpu_op", "user_annotation"):
+        if hit[0] in ("cpu_op", "user_annotation") and reached:
             pair.timed_ops += 1
-    if ids and pair.et_ops and pair.timed_ops < pair.et_ops:
+    if pair.orphan_ops:
         pair.problems.append(
-            f"{pair.et_ops - pair.timed_ops} of {pair.et_ops} ET operators ({1 - pair.timed_share:.0%}) have no "
-            "Kineto event with their rf_id and will get no duration: the ET and the Kineto trace are not of "
-            "the same steps. Record both with profile(..., execution_trace_observer=et)."
+            f"{pair.orphan_ops} of {pair.et_ops} ET operators have a parent chain that does not reach the root "
+            f"(node 1): their ancestor node{'s' if len(lost) > 1 else ''} {', '.join(map(str, sorted(lost)))} "
+            f"{'were' if len(lost) > 1 else 'was'} never written, because the observer "
+            "stopped while it was still open (a profiler step ended inside it, e.g. prof.step() in an optimizer "
+            "step hook). chakra_trace_link and chakra_converter drop these operators. Call prof.step() after "
+            "optimizer.step() has returned (`tracemagic run` does)."
+        )
+    unmatched = pair.et_ops - pair.matched_ops
+    if ids and unmatched:
+        pair.problems.append(
+            f"{unmatched} of {pair.et_ops} ET operators ({unmatched / pair.et_ops:.0%}) have no Kineto event with "
+            "their rf_id and will get no duration: the ET and the Kineto trace are not of the same steps. "
+            "Record both with profile(..., execution_trace_observer=et)."
         )
     et_steps = sorted({int(m.group(1)) for n in nodes if (m := STEP_NAME.match(str(n.get("name", ""))))})
     if et_steps and steps and not set(et_steps) <= set(steps):
@@ -339,8 +405,9 @@ def check(
 
     Args:
         capture_dir: a capture directory (one ``torch_et_<rank>.json`` +
-            ``kineto_trace_<rank>.json`` pair per rank), or an ET file (with ``kineto``),
-            or an ``(et, kineto)`` pair of paths.
+            ``kineto_trace_<rank>.json`` pair per rank, or per rank and cycle:
+            ``torch_et_<rank>_cycle<k>.json`` + ``kineto_trace_<rank>_cycle<k>.json``), or an
+            ET file (with ``kineto``), or an ``(et, kineto)`` pair of paths.
         kineto: the Kineto trace when ``capture_dir`` is an ET file.
 
     Returns:
@@ -387,10 +454,13 @@ def commands(
 ) -> list[str]:
     """The ``chakra_trace_link`` and ``chakra_converter`` command lines for a capture.
 
-    Per rank: link the ET (host trace) with the Kineto trace (device trace) into
-    ``<out>/chakra_host_device_<rank>.json``, then convert that into ``<out>/chakra.<rank>.et``
-    (the ``<prefix>.<npu id>.et`` naming ASTRA-sim reads). Flags as in Chakra's current CLI
-    (``src/trace_link/trace_link.py``, ``src/converter/converter.py``).
+    Per rank (and per cycle of a ``--repeat`` capture): link the ET (host trace) with the
+    Kineto trace of the same steps (device trace) into
+    ``<out>/chakra_host_device_<rank>[_cycle<k>].json``, then convert that into
+    ``<out>/chakra[_cycle<k>].<rank>.et`` (the ``<prefix>.<npu id>.et`` naming ASTRA-sim reads:
+    one prefix per cycle). Every path is absolute, so the lines run from any directory.
+    Flags as in Chakra's current CLI (``src/trace_link/trace_link.py``,
+    ``src/converter/converter.py``).
 
     Args:
         capture_dir: a capture directory, an ET file (with ``kineto``) or an ``(et, kineto)`` pair.
@@ -412,16 +482,17 @@ def commands(
         pairs, _ = find_pairs(base)
     if not pairs:
         raise TraceError(f"{base}: no torch_et_<rank>.json + kineto_trace_<rank>.json pair to give Chakra.", path=str(base))
-    out = Path(out_dir) if out_dir is not None else base / "chakra"
+    out = (Path(out_dir) if out_dir is not None else base / "chakra").resolve()
     q = shlex.quote
     lines = [f"mkdir -p {q(str(out))}"]
+    converts = []
     for rank, et, k in pairs:
-        linked = out / f"chakra_host_device_{rank}.json"
+        cycle = pairing.cycle_of(et.name)
+        tag = f"_cycle{cycle}" if cycle is not None else ""
+        linked = out / f"chakra_host_device_{rank}{tag}.json"
         lines.append(
-            f"chakra_trace_link --rank {rank} --chakra-host-trace {q(str(et))} "
-            f"--chakra-device-trace {q(str(k))} --output-file {q(str(linked))}"
+            f"chakra_trace_link --rank {rank} --chakra-host-trace {q(str(et.resolve()))} "
+            f"--chakra-device-trace {q(str(k.resolve()))} --output-file {q(str(linked))}"
         )
-    for rank, _, _ in pairs:
-        linked = out / f"chakra_host_device_{rank}.json"
-        lines.append(f"chakra_converter PyTorch --input {q(str(linked))} --output {q(str(out / f'chakra.{rank}.et'))}")
-    return lines
+        converts.append(f"chakra_converter PyTorch --input {q(str(linked))} --output {q(str(out / f'chakra{tag}.{rank}.et'))}")
+    return lines + converts

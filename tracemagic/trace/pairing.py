@@ -1,6 +1,8 @@
 """Which Execution Trace (ET) goes with which Kineto trace, judged by file names only.
 
-- ``torch_et_<rank>.json[.gz]`` with ``kineto_trace_<rank>[_cycle<k>].json[.gz]`` (a capture);
+- ``torch_et_<rank>_cycle<k>.json`` with ``kineto_trace_<rank>_cycle<k>.json[.gz]`` (a
+  capture with ``--repeat``: one pair per cycle), and ``torch_et_<rank>.json[.gz]`` with
+  ``kineto_trace_<rank>[_cycle<k>].json[.gz]`` (a capture);
 - ``<stem>_et.json[.gz]`` (or ``<stem>.et.json``) with ``<stem>_trace.json[.gz]``;
 - in ``pairs``, by rank, so also Chakra's ``host_<rank>.json`` with ``device_<rank>.json``.
 
@@ -14,13 +16,15 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["capture_ets", "et_for", "ets_in", "is_et_name", "is_kineto_name", "kineto_for", "pairs", "rank_of"]
+__all__ = [
+    "capture_ets", "cycle_of", "et_for", "ets_in", "is_et_name", "is_kineto_name", "kineto_for", "pairs", "rank_of",
+]
 
 #: an ET file name; the digit groups, where there are any, are the rank
 _ET_NAME = re.compile(
-    r"^(?:torch_et_(\d+)|(.*?)[_.]et)\.json(?:\.gz)?$"
+    r"^(?:torch_et_(\d+)(?:_cycle\d+)?|(.*?)[_.]et)\.json(?:\.gz)?$"
     r"|^host_(\d+)\.json$"
-    r"|^.*?torch_et_(\d+)\.json(?:\.gz)?$"
+    r"|^.*?torch_et_(\d+)(?:_cycle\d+)?\.json(?:\.gz)?$"
     r"|^et[_.].*\.json(?:\.gz)?$"
 )
 #: a Kineto trace file name (an ET name wins where both match)
@@ -28,7 +32,9 @@ _KINETO_NAME = re.compile(
     r"^kineto_trace_(\d+)(?:_cycle\d+)?\.json(?:\.gz)?$|^(.*?)[_.]trace\.json(?:\.gz)?$|^device_(\d+)\.json$"
 )
 #: the ETs tracemagic's capture writes
-_CAPTURE_ET = re.compile(r"^torch_et_\d+\.json(?:\.gz)?$")
+_CAPTURE_ET = re.compile(r"^torch_et_\d+(?:_cycle\d+)?\.json(?:\.gz)?$")
+#: the cycle of a capture's per-cycle file
+_CYCLE = re.compile(r"^(?:torch_et|kineto_trace)_\d+_cycle(\d+)\.json(?:\.gz)?$")
 #: a rank in any other name: ``rank3``, ``worker_3``, ``_3`` (the last number)
 _RANK = re.compile(r"(?:rank|worker|_)[-_]?(\d+)(?=\D*$)")
 
@@ -71,6 +77,16 @@ def rank_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def cycle_of(name: str) -> int | None:
+    """The ``<k>`` of ``torch_et_<rank>_cycle<k>`` / ``kineto_trace_<rank>_cycle<k>``, else None.
+
+    Args:
+        name: a file name (no folder).
+    """
+    m = _CYCLE.match(name)
+    return int(m.group(1)) if m else None
+
+
 def ets_in(folder: str | os.PathLike[str]) -> list[Path]:
     """The files in a folder named as Execution Traces, sorted.
 
@@ -81,7 +97,7 @@ def ets_in(folder: str | os.PathLike[str]) -> list[Path]:
 
 
 def capture_ets(folder: str | os.PathLike[str]) -> list[Path]:
-    """The ``torch_et_<rank>.json[.gz]`` files in a folder (what a capture writes), sorted.
+    """The ``torch_et_<rank>[_cycle<k>].json[.gz]`` files in a folder (what a capture writes), sorted.
 
     Args:
         folder: a directory.
@@ -97,6 +113,7 @@ def et_for(kineto_path: str | os.PathLike[str], *, lone: bool = True) -> Path | 
         lone: also take the folder's only ET-named file when no name matches.
 
     Returns:
+        ``torch_et_<rank>_cycle<k>.json`` for ``kineto_trace_<rank>_cycle<k>.json[.gz]``, else
         ``torch_et_<rank>.json[.gz]`` for ``kineto_trace_<rank>[_cycle<k>].json[.gz]``;
         ``<stem>_et.json[.gz]`` or ``<stem>.et.json`` for ``<stem>[_]trace.json[.gz]``
         (also ``<stem>_kineto_trace.json``); with ``lone``, the only ET in the folder;
@@ -107,6 +124,9 @@ def et_for(kineto_path: str | os.PathLike[str], *, lone: bool = True) -> Path | 
     candidates: list[str] = []
     m = re.match(r"kineto_trace_(\d+)", name)
     if m:
+        cycle = cycle_of(name)
+        if cycle is not None:
+            candidates += [f"torch_et_{m.group(1)}_cycle{cycle}.json", f"torch_et_{m.group(1)}_cycle{cycle}.json.gz"]
         candidates += [f"torch_et_{m.group(1)}.json", f"torch_et_{m.group(1)}.json.gz"]
     m = re.match(r"(.*?)[_.-]?(?:kineto_)?trace(\.json(?:\.gz)?)$", name)
     if m and m.group(1):
@@ -129,7 +149,7 @@ def kineto_for(et_path: str | os.PathLike[str]) -> Path | None:
         et_path: the ET file.
 
     Returns:
-        ``kineto_trace_<rank>.json[.gz]`` for ``torch_et_<rank>...``;
+        ``kineto_trace_<rank>[_cycle<k>].json[.gz]`` for ``torch_et_<rank>[_cycle<k>]...``;
         ``<stem>_trace.json[.gz]`` for ``<stem>_et.json[.gz]``/``<stem>.et.json[.gz]``; else None.
     """
     et = Path(et_path)
@@ -137,7 +157,9 @@ def kineto_for(et_path: str | os.PathLike[str]) -> Path | None:
     names: list[str] = []
     m = re.match(r"torch_et_(\d+)", et.name)
     if m:
-        names += [f"kineto_trace_{m.group(1)}.json", f"kineto_trace_{m.group(1)}.json.gz"]
+        cycle = cycle_of(et.name)
+        stem = f"kineto_trace_{m.group(1)}" + (f"_cycle{cycle}" if cycle is not None else "")
+        names += [f"{stem}.json", f"{stem}.json.gz"]
     m = re.match(r"(.*?)[_.]et\.json(\.gz)?$", et.name)
     if m:
         names += [f"{m.group(1)}_trace.json", f"{m.group(1)}_trace.json.gz"]
@@ -151,14 +173,16 @@ def pairs(folder: str | os.PathLike[str]) -> tuple[list[tuple[int, Path, Path]],
     """The ``(rank, et, kineto)`` pairs in a directory and what could not be paired.
 
     One ET and one Kineto trace in the directory always pair. Otherwise each ET takes the
-    Kineto trace of the same rank (``rank_of``; names without a rank pair with each other).
+    Kineto trace of the same rank (``rank_of``; names without a rank pair with each other),
+    and a per-cycle ET (``torch_et_<rank>_cycle<k>``) the Kineto trace of the same rank and
+    cycle (``cycle_of``).
 
     Args:
         folder: a capture directory.
 
     Returns:
-        The pairs sorted by rank (rank 0 where the name has none), and one line per ET or
-        Kineto trace left without a partner or with several.
+        The pairs sorted by rank, then cycle (rank 0 where the name has none), and one line
+        per ET or Kineto trace left without a partner or with several.
     """
     files = sorted(p for p in Path(folder).iterdir() if p.is_file())
     ets = [p for p in files if is_et_name(p.name)]
@@ -172,9 +196,20 @@ def pairs(folder: str | os.PathLike[str]) -> tuple[list[tuple[int, Path, Path]],
         r = rank_of(k.name)
         by_rank.setdefault(r if r is not None else -1, []).append(k)
     found = []
-    for et in ets:
+    # per-cycle ETs first: each takes its own cycle's trace; an ET without a cycle the rest
+    for et in sorted(ets, key=lambda p: cycle_of(p.name) is None):
         r = rank_of(et.name)
-        candidates = by_rank.pop(r if r is not None else -1, [])
+        key = r if r is not None else -1
+        cycle = cycle_of(et.name)
+        if cycle is None:
+            candidates = by_rank.pop(key, [])
+        else:
+            candidates = [k for k in by_rank.get(key, []) if cycle_of(k.name) == cycle]
+            by_rank[key] = [k for k in by_rank.get(key, []) if k not in candidates]
+        if not candidates and cycle is not None:
+            problems.append(f"{et.name}: no Kineto trace of the same rank and cycle next to it "
+                            f"(kineto_trace_{r}_cycle{cycle}.json).")
+            continue
         if not candidates:
             problems.append(f"{et.name}: no Kineto trace of the same rank next to it (kineto_trace_{r}.json).")
             continue
@@ -186,4 +221,4 @@ def pairs(folder: str | os.PathLike[str]) -> tuple[list[tuple[int, Path, Path]],
         found.append((r if r is not None else 0, et, candidates[0]))
     for r, rest in sorted(by_rank.items()):
         problems += [f"{k.name}: no Execution Trace of rank {r} (torch_et_{r}.json); capture with --et." for k in rest]
-    return sorted(found), problems
+    return sorted(found, key=lambda t: (t[0], cycle_of(t[1].name) or 0, t[1].name)), problems
