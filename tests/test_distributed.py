@@ -58,7 +58,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     specs = {
         "slow": (2, [str(SCRIPT), "--slow-rank", str(SLOW_RANK), "--slow-ms", "50"]),
         "broken": (3, [str(SCRIPT), "--fail-rank", "1", "--crash-rank", "2", "--timeout", "20"]),
-        "cli": (2, ["-m", "tracemagic", "run", "--no-memory-timeline", "--name", "cli", "--out",
+        "cli": (2, ["-m", "tracemagic", "run", "--no-memory-timeline", "--et", "--name", "cli", "--out",
                     str(base / "cli"), "--", str(SCRIPT), "--plain", "--iterations", "7"]),
     }
     procs = {}
@@ -162,6 +162,40 @@ def test_run_recipe_captures_every_rank(jobs: dict[str, Any]) -> None:
     assert manifest["modules"]["nn.Module: DistributedDataParallel_0"]["path"] == "model"
     trace = tracemagic.load(job["dir"])
     assert trace.steps().groupby("rank").size().tolist() == [3, 3]
+
+
+def test_run_et_under_torchrun_times_every_op_of_every_rank(jobs: dict[str, Any]) -> None:
+    """Each rank's ET: every node under the root, each optimizer step written inside its
+    ProfilerStep, every operator's rf_id in that rank's Kineto trace (from the raw JSON);
+    the process-group node torch adds under torchrun is metadata, not a mismatch."""
+    from tracemagic.export import chakra
+
+    directory = _job(jobs, "cli")["dir"]
+    for rank in (0, 1):
+        nodes = {n["id"]: n for n in json.loads((directory / f"torch_et_{rank}.json").read_text())["nodes"]}
+        parents = {i: n["ctrl_deps"] for i, n in nodes.items()}
+        chains = {}
+        for start in nodes:
+            i, chain = start, [start]
+            while i != 1:
+                i = parents.get(i)
+                assert i is not None and i not in chain, "a node whose parent chain misses the root"
+                chain.append(i)
+            chains[start] = chain
+        steps = [i for i, n in nodes.items() if n["name"] == "Optimizer.step#SGD.step"]
+        assert len(steps) == 3  # each written, so closed, below a ProfilerStep
+        assert all(any(nodes[a]["name"].startswith("ProfilerStep#") for a in chains[i]) for i in steps)
+        events = json.loads((directory / f"kineto_trace_{rank}.json").read_text())["traceEvents"]
+        kineto = {e["args"]["Record function id"] for e in events
+                  if e.get("cat") in ("cpu_op", "user_annotation") and "Record function id" in e.get("args", {})}
+        rf = {i: next(a["value"] for a in n["attrs"] if a["name"] == "rf_id") for i, n in nodes.items()}
+        ops = [i for i, n in nodes.items() if not n["name"].startswith(("[pytorch|profiler", "ProfilerStep#"))]
+        metadata = [i for i in ops if nodes[i]["name"] == "## process_group:init ##"]
+        assert metadata and all(rf[i] not in kineto for i in metadata)  # recorded before Kineto starts
+        assert all(rf[i] in kineto for i in ops if i not in metadata)
+    report = chakra.check(directory)
+    assert report.ok and report.timed_share == 1.0, report.summary()
+    assert [p.rank for p in report.pairs] == [0, 1]
 
 
 # -- in this process ---------------------------------------------------------------------

@@ -84,6 +84,25 @@ def test_default_capture_writes_trace_memory_and_manifest(ip, kineto_events, rea
     assert "3 steps recorded" in shown(out)  # displayed after the cell
 
 
+def test_et_refused_beside_a_users_observer(ip, read_json):
+    """A notebook that registered its own ExecutionTraceObserver: --et says so before the cell
+    runs, writes nothing, and the user's observer still records and finalizes its file."""
+    ip.run_cell("from torch.profiler import ExecutionTraceObserver\n"
+                "obs = ExecutionTraceObserver().register_callback('mine_et.json')")
+    try:
+        result, out = run(ip, "--et", TRAIN_MLP.format(n=5))
+        assert isinstance(result.error_in_exec, UsageError), out.stdout
+        assert "ExecutionTraceObserver is already registered" in str(result.error_in_exec)
+        assert "model" not in ip.user_ns  # refused before the cell ran
+        assert not Path("traces").exists()
+        assert ip.user_ns["obs"].is_registered
+        ip.run_cell("obs.start(); torch.mm(torch.ones(2, 2), torch.ones(2, 2)); obs.stop()")
+    finally:
+        ip.run_cell("obs.unregister_callback()")
+    data = read_json(Path("mine_et.json"))
+    assert "finish_ts" in data and "aten::mm" in {n["name"] for n in data["nodes"]}
+
+
 def test_et_covers_exactly_the_kineto_steps(ip, kineto_events, read_json):
     result, out = run(ip, "--et", TRAIN_MLP.format(n=5))
     assert result.success, out.stdout
