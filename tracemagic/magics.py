@@ -87,13 +87,17 @@ class TracemagicMagics(Magics):
         Files, in ``DIR/NAME-<timestamp>/``: ``kineto_trace_<rank>.json`` (one per
         cycle with ``--repeat``; ``<hostname>_<pid>.<ts>.pt.trace.json`` with
         ``--tb-names``, as ``tensorboard_trace_handler`` names them),
-        ``torch_et_<rank>.json`` with ``--et``, ``memory_timeline_<rank>.json``
+        ``torch_et_<rank>.json`` with ``--et`` (one per cycle, like the Kineto trace,
+        with ``--repeat``; refused while another ``ExecutionTraceObserver`` is
+        registered, as torch keeps one per process), ``memory_timeline_<rank>.json``
         (allocation categories), ``dftracer_<rank>.pfw`` with ``--pfw`` (DFTracer's
         format, wall-clock timestamps) and ``capture.json`` (options, cell, versions,
         device, steps, files, layer names).
 
         With ``--et`` the pair is checked against what Chakra's ``chakra_trace_link``
-        and ``chakra_converter`` accept (``tracemagic.export.chakra.check``): the result
+        and ``chakra_converter`` accept (``tracemagic.export.chakra.check``: schema, plain
+        JSON, every ET op's parent chain reaching the root and its ``rf_id`` in Kineto;
+        ``tracemagic.export.chakra.commands`` prints the command lines): the result
         goes in ``capture.json`` (``chakra_check``) and one warning line is printed when
         some ET ops will get no timing. ``--report PATH`` also writes the standalone HTML
         report.
@@ -177,7 +181,7 @@ class TracemagicMagics(Magics):
                 _warn(f"the Chakra check failed ({type(exc).__name__}: {exc})")
             else:
                 if report.timed_share < 1 or not report.ok:
-                    untimed = ", ".join(f"rank {p.rank}: {p.et_ops - p.timed_ops} of {p.et_ops}"
+                    untimed = ", ".join(f"{p.label}: {p.et_ops - p.timed_ops} of {p.et_ops}"
                                         for p in report.pairs if p.timed_ops < p.et_ops)
                     problems = report.all_problems
                     _warn(

@@ -128,7 +128,7 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                                      help="skip memory_timeline_<rank>.json (allocation categories)")),
     (("--et",), dict(action="store_true",
                      help="also write the Execution Trace torch_et_<rank>.json over the same steps "
-                     "(for Chakra)")),
+                     "(for Chakra; one per cycle with --repeat)")),
     (("--out",), dict(default="traces", metavar="DIR",
                       help="directory the capture directory is created in (default ./traces)")),
     (("--name",), dict(default="capture", metavar="NAME",

@@ -129,14 +129,17 @@ class Capture:
             "pairs": [
                 {
                     "rank": p.rank,
+                    "cycle": p.cycle,
                     "et": p.et_path.name,
                     "kineto": p.kineto_path.name,
                     "schema": p.schema,
                     "et_ops": p.et_ops,
                     "matched_ops": p.matched_ops,
                     "timed_ops": p.timed_ops,
+                    "orphan_ops": p.orphan_ops,
                     "profiler_steps": p.profiler_steps,
                     "unmatched": [list(u) for u in p.unmatched[:10]],
+                    "orphans": [list(o) for o in p.orphans[:10]],
                     "notes": p.notes,
                 }
                 for p in report.pairs
