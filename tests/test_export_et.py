@@ -144,3 +144,47 @@ def test_cut_off_gzip_et_is_a_trace_error_in_reader_and_check(tmp_path: Path) ->
         et.read_et(cut)
     pair = chakra.check(cut, HTA_KINETO).pairs[0]
     assert len(pair.problems) == 1 and "cut off or corrupt" in pair.problems[0] and str(cut) in pair.problems[0]
+
+
+def test_one_et_per_cycle_gives_each_step_its_own_cycles_graph(tmp_path: Path) -> None:
+    """``--repeat 2 --et``: node ids restart in each cycle's ET; a step's graph (export and the
+    dashboard's) holds that cycle's nodes, as the raw ET names them, and edges among them."""
+    from tracemagic.views.data import TraceData
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with tracemagic.capture(wait=0, warmup=1, active=2, repeat=2, et=True, out=tmp_path,
+                            no_memory_timeline=True) as cap:
+        for _ in cap.steps(range(7)):
+            model(torch.randn(8, 16)).sum().backward()
+    raw = {}
+    for k in (1, 2):
+        nodes = json.loads((cap.dir / f"torch_et_0_cycle{k}.json").read_text())["nodes"]
+        raw[k] = {n["id"]: (n["name"], next(a["value"] for a in n["attrs"] if a["name"] == "rf_id")) for n in nodes}
+        steps = {int(n["name"].split("#")[1]) for n in nodes if n["name"].startswith("ProfilerStep#")}
+        assert len(steps) == 2
+        raw[k]["steps"] = steps
+    assert raw[1]["steps"].isdisjoint(raw[2]["steps"]) and set(raw[1]) & set(raw[2])  # ids repeat
+    trace = tracemagic.load(cap.dir, use_cache=False)
+    view = TraceData(trace)
+    for k in (1, 2):
+        for step in raw[k]["steps"]:
+            for nodes, edges in (et.et_graph(cap.dir, step=step), view.et_graph(step)):
+                assert len(nodes) and (nodes["step"] == step).all()
+                for i, name, rf in zip(nodes["id"], nodes["name"], nodes["rf_id"]):
+                    assert raw[k][int(i)] == (name, rf)
+                ids = set(nodes["id"])
+                assert len(edges) and set(edges["src"]) <= ids and set(edges["dst"]) <= ids
+    # the whole capture's graph is the cycles' graphs side by side, as each ET file alone gives it
+    alone = [et.et_graph(cap.dir / f"torch_et_0_cycle{k}.json") for k in (1, 2)]
+    everything, edges = et.et_graph(cap.dir)
+    assert sorted(set(everything["step"])) == sorted(raw[1]["steps"] | raw[2]["steps"])
+    assert list(everything["id"]) == [i for n, _ in alone for i in n["id"]]
+    assert list(everything["depth"]) == [d for n, _ in alone for d in n["depth"]]
+    assert sorted(map(tuple, edges[["src", "dst", "tensor"]].to_numpy().tolist())) == sorted(
+        tuple(r) for _, e in alone for r in e[["src", "dst", "tensor"]].to_numpy().tolist())
+    for k, (nodes, edges) in zip((1, 2), alone):
+        step = min(raw[k]["steps"])
+        cut = nodes[nodes["step"] == step]
+        shown, shown_edges = view.et_graph(step)
+        assert list(shown["id"]) == list(cut["id"])
+        assert len(shown_edges) == len(edges[edges["src"].isin(cut["id"]) & edges["dst"].isin(cut["id"])])

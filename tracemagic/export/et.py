@@ -360,6 +360,9 @@ def et_graph(
         input_shapes, input_types, output_shapes, output_types, row, ts, dur, self_dur``
         (times µs, NaN where Kineto has no match). ``edges``: ``src, dst, tensor, bytes``,
         one row per tensor an op reads that an earlier op wrote (producer -> consumer).
+        A ``--repeat`` capture has one ET per cycle, whose node ids each start again at 1:
+        each cycle's graph is built on its own (no edge crosses cycles), so ids repeat
+        across cycles when ``step`` is None; pass ``step`` for one cycle's graph.
 
     Raises:
         TraceError: no ET found, or ``step`` is not in it.
@@ -376,6 +379,16 @@ def et_graph(
         if step not in available:
             raise TraceError(f"ProfilerStep#{step} is not in the Execution Trace (steps there: {available or 'none'}).")
         ops = ops[ops["step"] == step].reset_index(drop=True)
+    # one block per ET file (et_ops stacks them, each in increasing id order)
+    starts = np.flatnonzero(np.diff(ops["id"].to_numpy()) <= 0) + 1
+    parts = [_graph(ops.iloc[b].reset_index(drop=True), level) for b in np.split(np.arange(len(ops)), starts)]
+    nodes = pd.concat([n for n, _ in parts], ignore_index=True)
+    edges = pd.concat([e for _, e in parts], ignore_index=True)
+    return nodes, edges
+
+
+def _graph(ops: pd.DataFrame, level: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``et_graph`` of one ET's operators (ids unique)."""
     index = {int(i): k for k, i in enumerate(ops["id"].to_numpy())}
     is_op = ops["is_op"].to_numpy()
     parent = ops["parent"].to_numpy()

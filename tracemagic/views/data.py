@@ -183,7 +183,8 @@ class TraceData:
 
     def et_graph(self, step: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The Execution Trace's op graph (``tracemagic.export.et.et_graph``), read once for
-        all steps and cut to ``step`` here (an edge is kept when both its ops are)."""
+        all steps and cut to ``step`` here (an edge is kept when both its ops are; with one
+        ET per cycle, whose ids repeat, the step's own graph is asked for instead)."""
         def compute() -> pd.DataFrame:
             from tracemagic.export.et import et_graph
 
@@ -195,6 +196,19 @@ class TraceData:
         edges = self._tables.get("et_edges", pd.DataFrame(columns=CONTRACT["et_edges"]))
         if nodes.empty:
             return pd.DataFrame(columns=CONTRACT["et_graph"]), pd.DataFrame(columns=CONTRACT["et_edges"])
+        if step is not None and nodes["id"].duplicated().any():  # one ET per cycle
+            def one_step() -> pd.DataFrame:
+                from tracemagic.export.et import et_graph
+
+                nodes, edges = et_graph(self.trace, step=step)
+                self._tables[f"et_edges#{step}"] = edges
+                return nodes
+
+            nodes = self.table(f"et_graph#{step}", compute=one_step)
+            edges = self._tables.get(f"et_edges#{step}", pd.DataFrame(columns=CONTRACT["et_edges"]))
+            if nodes.empty:
+                return pd.DataFrame(columns=CONTRACT["et_graph"]), pd.DataFrame(columns=CONTRACT["et_edges"])
+            return nodes.reset_index(drop=True), edges.reset_index(drop=True)
         if step is not None:
             nodes = nodes[nodes["step"] == step]
             ids = set(nodes["id"].tolist())
