@@ -259,6 +259,48 @@ def test_merge_names_missing_and_failed_ranks() -> None:
     assert distributed.merge({0: part}, world=1)["status"] == "complete"
 
 
+def test_run_steps_after_the_optimizer_returns_and_leaves_it_as_it_was(tmp_path: Path) -> None:
+    """`run` wraps the optimizer's step on the instance: each ProfilerStep ends after an
+    Optimizer.step has ended; an LR scheduler made before it keeps working without warning;
+    the script's optimizer gets its own step back afterwards."""
+    import warnings
+
+    from tracemagic.capture.run import main
+
+    script = tmp_path / "sched.py"
+    script.write_text(
+        "import builtins, torch\n"
+        "model = torch.nn.Linear(8, 4)\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=0.1)\n"
+        "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)\n"
+        "for _ in range(7):\n"
+        "    opt.zero_grad()\n"
+        "    model(torch.randn(2, 8)).sum().backward()\n"
+        "    opt.step()\n"
+        "    sched.step()\n"
+        "builtins._tm_test = (opt, sched)\n"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message=".*Profiler.*")
+        assert main(["-q", "--no-memory-timeline", "--no-stack", "--out", str(tmp_path / "out"), "--", str(script)]) == 0
+    import builtins
+
+    opt, sched = builtins.__dict__.pop("_tm_test")
+    assert sched.get_last_lr() == [pytest.approx(0.1 * 0.5**7)]  # stepped 7 times, after opt.step
+    assert getattr(opt.step, "_wrapped_by_lr_sched", False)  # the scheduler's wrapper is back
+    assert not hasattr(opt.step, "_tracemagic_inner")
+    (folder,) = (tmp_path / "out").iterdir()
+    events = json.loads((folder / "kineto_trace_0.json").read_text())["traceEvents"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                   if e.get("ph") == "X" and (e["name"].startswith("ProfilerStep#") or e["name"].startswith("Optimizer.step#")))
+    steps = [s for s in spans if s[2].startswith("ProfilerStep#")]
+    optimizer = [s for s in spans if s[2].startswith("Optimizer.step#")]
+    assert len(steps) == len(optimizer) == 3
+    for (start, end, _), (o_start, o_end, _) in zip(steps, optimizer):
+        assert start <= o_start and o_end <= end  # the optimizer step lies inside its ProfilerStep
+
+
 def test_run_needs_a_script(capsys: pytest.CaptureFixture[str]) -> None:
     from tracemagic.capture.run import main
 
