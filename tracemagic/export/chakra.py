@@ -81,8 +81,8 @@ class ChakraPair:
     Attributes:
         rank: the rank (from the file names, else the position).
         et_path: the Execution Trace.
-        cycle: the cycle of a ``--repeat`` capture (``torch_et_<rank>_cycle<k>.json``), else None.
         kineto_path: the Kineto trace.
+        cycle: the cycle of a ``--repeat`` capture (``torch_et_<rank>_cycle<k>.json``), else None.
         schema: the ET's schema string ('' when unreadable).
         uncompressed: the ET is plain JSON (the contract; Chakra's converter reads plain JSON).
         finalized: the ET is valid JSON with ``finish_ts`` and the root node (id 1).
