@@ -165,37 +165,54 @@ def test_run_recipe_captures_every_rank(jobs: dict[str, Any]) -> None:
 
 
 def test_run_et_under_torchrun_times_every_op_of_every_rank(jobs: dict[str, Any]) -> None:
-    """Each rank's ET: every node under the root, each optimizer step written inside its
-    ProfilerStep, every operator's rf_id in that rank's Kineto trace (from the raw JSON);
-    the process-group node torch adds under torchrun is metadata, not a mismatch."""
+    """Each rank's ET, from the raw JSON: each optimizer step written inside its ProfilerStep,
+    every operator's rf_id in that rank's Kineto trace, and every node under the root; the
+    process-group node torch adds under torchrun is metadata, not a mismatch.
+
+    One exception is torch's, not the capture's: the ET makes an asynchronous gloo collective
+    running on gloo's thread the parent of the main thread's ops, and when that collective is
+    still open as the window closes (a loaded machine) its node is never written. Those
+    orphans are allowed only under such a collective, and check() must count exactly them.
+    """
     from tracemagic.export import chakra
 
     directory = _job(jobs, "cli")["dir"]
+    orphans_by_rank = {}
     for rank in (0, 1):
         nodes = {n["id"]: n for n in json.loads((directory / f"torch_et_{rank}.json").read_text())["nodes"]}
-        parents = {i: n["ctrl_deps"] for i, n in nodes.items()}
-        chains = {}
+        events = json.loads((directory / f"kineto_trace_{rank}.json").read_text())["traceEvents"]
+        by_rf = {e["args"]["Record function id"]: e for e in events if e.get("ph") == "X"
+                 and e.get("cat") in ("cpu_op", "user_annotation") and "Record function id" in e.get("args", {})}
+        rf = {i: next(a["value"] for a in n["attrs"] if a["name"] == "rf_id") for i, n in nodes.items()}
+        chains, orphans = {}, {}
         for start in nodes:
             i, chain = start, [start]
-            while i != 1:
-                i = parents.get(i)
-                assert i is not None and i not in chain, "a node whose parent chain misses the root"
+            while i != 1 and i in nodes and nodes[i]["ctrl_deps"] not in chain:
+                i = nodes[i]["ctrl_deps"]
                 chain.append(i)
             chains[start] = chain
+            if chain[-1] != 1:
+                orphans[start] = chain[-1] if chain[-1] not in nodes else None
+        assert None not in orphans.values(), "a parent cycle in the ET"
+        main_tid = by_rf[rf[next(i for i, n in nodes.items() if n["name"].startswith("ProfilerStep#"))]]["tid"]
+        for lost in set(orphans.values()):  # its rf_id: the last one before its first orphan's that the ET lacks
+            first = min(rf[i] for i, m in orphans.items() if m == lost)
+            missing = by_rf[max(r for r in by_rf if r < first and r not in set(rf.values()))]
+            assert missing["name"].startswith("gloo:") and missing["tid"] != main_tid, missing
+        orphans_by_rank[rank] = len(orphans)
         steps = [i for i, n in nodes.items() if n["name"] == "Optimizer.step#SGD.step"]
         assert len(steps) == 3  # each written, so closed, below a ProfilerStep
-        assert all(any(nodes[a]["name"].startswith("ProfilerStep#") for a in chains[i]) for i in steps)
-        events = json.loads((directory / f"kineto_trace_{rank}.json").read_text())["traceEvents"]
-        kineto = {e["args"]["Record function id"] for e in events
-                  if e.get("cat") in ("cpu_op", "user_annotation") and "Record function id" in e.get("args", {})}
-        rf = {i: next(a["value"] for a in n["attrs"] if a["name"] == "rf_id") for i, n in nodes.items()}
+        assert all(any(nodes[a]["name"].startswith("ProfilerStep#") for a in chains[i]) for i in steps if i not in orphans)
         ops = [i for i, n in nodes.items() if not n["name"].startswith(("[pytorch|profiler", "ProfilerStep#"))]
         metadata = [i for i in ops if nodes[i]["name"] == "## process_group:init ##"]
-        assert metadata and all(rf[i] not in kineto for i in metadata)  # recorded before Kineto starts
-        assert all(rf[i] in kineto for i in ops if i not in metadata)
+        assert metadata and all(rf[i] not in by_rf for i in metadata)  # recorded before Kineto starts
+        assert all(rf[i] in by_rf for i in ops if i not in metadata)
     report = chakra.check(directory)
-    assert report.ok and report.timed_share == 1.0, report.summary()
     assert [p.rank for p in report.pairs] == [0, 1]
+    assert [p.orphan_ops for p in report.pairs] == [orphans_by_rank[0], orphans_by_rank[1]]
+    assert all(p.lost == (["gloo:all_reduce"] if p.orphan_ops else []) for p in report.pairs)
+    assert report.ok == (not any(orphans_by_rank.values())), report.summary()
+    assert all(p.timed_ops == p.et_ops - p.orphan_ops for p in report.pairs)
 
 
 # -- in this process ---------------------------------------------------------------------

@@ -98,6 +98,8 @@ class ChakraPair:
             matched on a ``cpu_op`` or ``user_annotation`` event).
         unmatched: a few ``(node id, name, rf_id)`` that will get no timing.
         orphans: a few ``(node id, name, missing parent id)`` that Chakra drops.
+        lost: the Kineto names of the missing ancestors where the Kineto trace has them
+            (the record function with an rf_id the ET lacks, just before the orphans').
         problems: what stops Chakra or loses data (empty when the pair is fine).
         notes: facts worth knowing that do not stop Chakra.
     """
@@ -118,6 +120,7 @@ class ChakraPair:
     timed_ops: int = 0
     unmatched: list[tuple[int, str, int | None]] = field(default_factory=list)
     orphans: list[tuple[int, str, int]] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -278,6 +281,29 @@ def _rooted(nodes: list[dict[str, Any]]) -> tuple[set[Any], dict[Any, Any]]:
     return rooted, missing
 
 
+def _lost_names(
+    nodes: list[dict[str, Any]], orphans: list[tuple[int, str, int]], ids: dict[int, tuple[str, str]]
+) -> list[str]:
+    """Kineto's names for the ancestors the ET never wrote.
+
+    rf_ids are handed out as record functions begin, so a missing ancestor's rf_id is the
+    last one before its first orphan's that the ET does not hold but Kineto does.
+    """
+    by_id = {n.get("id"): n for n in nodes}
+    in_et = {r for n in nodes if (r := _node_rf_id(n)) is not None}
+    firsts: dict[int, int] = {}
+    for node_id, _, missing in orphans:
+        rf = _node_rf_id(by_id.get(node_id, {}))
+        if rf is not None:
+            firsts[missing] = min(rf, firsts.get(missing, rf))
+    names = []
+    for first in firsts.values():
+        before = [r for r in ids if r < first and r not in in_et]
+        if before:
+            names.append(ids[max(before)][1])
+    return sorted(set(names))
+
+
 def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
     pair = ChakraPair(rank, et_path, kineto_path, cycle=pairing.cycle_of(et_path.name))
     try:
@@ -348,14 +374,14 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
     rooted, missing = _rooted(nodes) if pair.finalized else (set(), {})
     pair.et_ops = len(ops)
     lost: set[int] = set()
+    orphans: list[tuple[int, str, int]] = []
     for node in ops:
         node_id = node.get("id")
         reached = node_id in rooted
         if not reached and pair.finalized:
             pair.orphan_ops += 1
             lost.add(int(missing.get(node_id, -1)))
-            if len(pair.orphans) < 10:
-                pair.orphans.append((int(node_id or -1), str(node.get("name", "")), int(missing.get(node_id, -1))))
+            orphans.append((int(node_id or -1), str(node.get("name", "")), int(missing.get(node_id, -1))))
         rf_id = _node_rf_id(node)
         hit = ids.get(rf_id) if rf_id is not None else None
         if hit is None:
@@ -366,13 +392,17 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
         if hit[0] in ("cpu_op", "user_annotation") and reached:
             pair.timed_ops += 1
     if pair.orphan_ops:
+        pair.orphans = orphans[:10]
+        pair.lost = _lost_names(nodes, orphans, ids)
+        named = f" (in Kineto: {', '.join(repr(n) for n in pair.lost)})" if pair.lost else ""
         pair.problems.append(
             f"{pair.orphan_ops} of {pair.et_ops} ET operators have a parent chain that does not reach the root "
-            f"(node 1): their ancestor node{'s' if len(lost) > 1 else ''} {', '.join(map(str, sorted(lost)))} "
-            f"{'were' if len(lost) > 1 else 'was'} never written, because the observer "
-            "stopped while it was still open (a profiler step ended inside it, e.g. prof.step() in an optimizer "
-            "step hook). chakra_trace_link and chakra_converter drop these operators. Call prof.step() after "
-            "optimizer.step() has returned (`tracemagic run` does)."
+            f"(node 1): their ancestor node{'s' if len(lost) > 1 else ''} {', '.join(map(str, sorted(lost)))}{named} "
+            f"{'were' if len(lost) > 1 else 'was'} never written, its record function still open when the observer "
+            "stopped. chakra_trace_link and chakra_converter drop these operators. A profiler step that ends "
+            "inside optimizer.step() does this (call prof.step() after it returns, as `tracemagic run` does); so "
+            "does an asynchronous collective still running on a communication thread as the window closes "
+            "(torch's ET makes it the parent of the main thread's ops)."
         )
     unmatched = pair.et_ops - pair.matched_ops
     if ids and unmatched:
