@@ -285,6 +285,7 @@ def test_check_reports_ops_orphaned_by_a_step_inside_the_optimizer(tmp_path: Pat
     assert not report.ok and pair.orphan_ops == len(orphans)
     assert pair.timed_ops == len(raw["timed"]) < pair.et_ops == len(raw["ops"])
     assert any("does not reach the root" in p for p in pair.problems)
+    assert pair.lost == ["Optimizer.step#AdamW.step"]  # the missing node, named from Kineto
 
 
 def test_run_et_repeat_writes_one_linkable_pair_per_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
