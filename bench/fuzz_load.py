@@ -374,9 +374,16 @@ def worker(seed_dir: Path, seed: int, indices: list[int]) -> None:
 
     warnings.simplefilter("ignore")
     seeds = sorted(seed_dir.glob("seed_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    # the harness's own check (tests/test_fuzz.py): die or stall on purpose at one mutant
+    crash_at = int(os.environ.get("TRACEMAGIC_FUZZ_CRASH_AT", -1))
+    hang_at = int(os.environ.get("TRACEMAGIC_FUZZ_HANG_AT", -1))
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
         for index in indices:
             print(f"start {index}", flush=True)
+            if index == crash_at:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if index == hang_at:
+                time.sleep(3600)
             print(json.dumps(run_one(seeds, seed, index, Path(tmp))), flush=True)
 
 

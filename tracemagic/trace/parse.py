@@ -94,6 +94,8 @@ class _Args(msgspec.Struct, gc=False):
 
 
 _EMPTY_ARGS = _Args()
+#: the JSON key of each ``_Args`` field (for messages)
+_ARG_KEY = {f.name: f.encode_name for f in msgspec.structs.fields(_Args)}
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -130,6 +132,8 @@ _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 #: ``_ANY`` that reads numbers beyond float64 (as inf) instead of failing
 _BIG = msgspec.json.Decoder(float_hook=float)
+#: the trace's metadata: numbers beyond float64 stay text
+_META = msgspec.json.Decoder(float_hook=lambda text: _float_or_text(text))
 
 #: event columns pulled from every X/i event
 _BASE = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
@@ -287,7 +291,7 @@ def _literal(value: Any) -> Any:
             parsed = ast.literal_eval(value)
         except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
             try:
-                return _decode(_ANY, value.encode("utf-8", "surrogatepass"))
+                return _decode(_META, value.encode("utf-8", "surrogatepass"))
             except msgspec.DecodeError:
                 return value
         try:
@@ -494,8 +498,8 @@ class _Builder:
         }
         self.flow_cats = self.interners.flow_cats
         self.flow_parts: dict[str, list[Any]] = {c: [] for c in ("ph", "cat", "pid", "tid", "id", "ts")}
-        #: per number column: values present that are not numbers fitting it (left missing)
-        self.dropped: dict[str, int] = {}
+        #: per (JSON field, floating): values present that are not numbers fitting the column (left missing)
+        self.dropped: dict[tuple[str, bool], int] = {}
         self.processes: dict[str, str] = {}
         self.threads: dict[tuple[str, str], str] = {}
         # with shared interners, codes follow the order the threads met values in: the
@@ -538,7 +542,7 @@ class _Builder:
         if old.count(None) != n:
             columns["external_id"] = tuple(o if v is None else v for v, o in zip(columns["external_id"], old))
         for column, source, floating in _ARG_COLUMNS:
-            self.numbers[column].append((n, self._numbers(column, columns[source], floating)))
+            self.numbers[column].append((n, self._numbers(f"args {_ARG_KEY[source]!r}", columns[source], floating)))
         for column in _ARG_STRINGS:
             values = columns[column]
             self._keep(column, np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n))
@@ -588,8 +592,8 @@ class _Builder:
                 self.firsts[column] += firsts
         self.processes.update(other.processes)
         self.threads.update(other.threads)
-        for column, count in other.dropped.items():
-            self.dropped[column] = self.dropped.get(column, 0) + count
+        for key, count in other.dropped.items():
+            self.dropped[key] = self.dropped.get(key, 0) + count
         self.n += other.n
 
     def _flows(self, flows: list[Any]) -> None:
@@ -600,15 +604,15 @@ class _Builder:
         for column, values in (("ph", ph), ("cat", cat), ("pid", pid), ("tid", tid)):
             self._keep(f"flow {column}", self.flow_cats[column].codes(values, n))
         self.flow_parts["ts"].append(np.array(ts, dtype=np.float64))
-        self.flow_parts["id"].append(self._numbers("flow id", ids, False) or (np.zeros(n, np.int64), np.ones(n, bool)))
+        self.flow_parts["id"].append(self._numbers("the flow events' 'id'", ids, False) or (np.zeros(n, np.int64), np.ones(n, bool)))
 
-    def _numbers(self, column: str, values: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
-        """``_numbers(values, floating)``, counting the values it had to leave missing."""
+    def _numbers(self, field: str, values: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """``_numbers(values, floating)``, counting the values of ``field`` it left missing."""
         part = _numbers(values, floating)
         if part is not None:
             lost = int(part[1].sum()) - values.count(None)
             if lost:
-                self.dropped[column] = self.dropped.get(column, 0) + lost
+                self.dropped[field, floating] = self.dropped.get((field, floating), 0) + lost
         return part
 
     def _names(self, meta_events: list[Any]) -> None:
@@ -647,9 +651,9 @@ class _Builder:
             }
         )
         warnings = list(dict.fromkeys(warnings))  # a chunk decoded twice notes its repairs twice
-        for column, count in self.dropped.items():
-            kind = "float64" if column == "flops" else "int64"
-            warnings.append(f"{count} values of {column!r} are not numbers that fit {kind}; left missing")
+        for (where, floating), count in self.dropped.items():
+            kind = "float64" if floating else "int64"
+            warnings.append(f"{count} values of {where} are not numbers that fit {kind}; left missing")
         return ParsedTrace(table, flows, normalize.metadata(meta), self.processes, self.threads, warnings)
 
     def _categorical(self, column: str) -> pd.Categorical:
@@ -879,7 +883,7 @@ class _StreamParser:
             head = head[:-1]
         if head.strip(_WS) != b"{":
             try:
-                top = _decode(_ANY, head + b"}", self.warnings, self.base + start)
+                top = _decode(_META, head + b"}", self.warnings, self.base + start)
             except msgspec.DecodeError:
                 raise Unstreamable from None
             if not isinstance(top, dict):
@@ -968,7 +972,7 @@ class _StreamParser:
             return
         if tail[:1] == b",":
             try:
-                extra = _decode(_ANY, b"{" + tail[1:], self.warnings, self.base + close + 1)
+                extra = _decode(_META, b"{" + tail[1:], self.warnings, self.base + close + 1)
             except msgspec.DecodeError as exc:
                 where = _offset_of(exc)
                 offset = self.base + close + 1 + (where if where is not None else len(tail))
@@ -1068,7 +1072,7 @@ def _parse_whole(data: bytes, name: str, recover: bool) -> ParsedTrace:
             meta = {}
             for key, raw in top.items():
                 if key != "traceEvents":
-                    meta[key] = _literal(_decode(_ANY, raw, warnings))
+                    meta[key] = _literal(_decode(_META, raw, warnings))
             raw_events = top["traceEvents"]
     try:
         events = _decode_events(raw_events, name, warnings)
@@ -1086,7 +1090,7 @@ def _recover_whole(data: bytes, name: str, offset: int) -> tuple[bytes, dict[str
     meta: dict[str, Any] = {}
     head = data[:start].rstrip().rstrip(b",") + b"}"
     try:
-        meta = {k: _literal(v) for k, v in _decode(_ANY, head).items()}
+        meta = {k: _literal(v) for k, v in _decode(_META, head).items()}
     except (msgspec.DecodeError, AttributeError):
         meta = {}
     cuts = [m.start() + 1 for m in _NEXT_EVENT.finditer(data, bracket, offset)]
