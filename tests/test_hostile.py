@@ -216,6 +216,9 @@ def test_numbers_beyond_int64_and_float64(field: str, value: str, tmp_path: Path
     assert len(events) == 2
     if field in ("pid", "tid"):  # kept as the text it is
         assert str(events[field].iloc[0]) == value
+    elif field == "dur":  # no duration: 0, said so
+        assert events["dur"].tolist() == [0.0, 5.0]
+        assert any("1 events after byte" in w and "dur that is not a finite number" in w for w in trace.warnings)
     elif args_field:  # does not fit the column: missing, with a warning
         column = {"External id": "external_id", "Sequence number": "seq"}.get(field, field)
         assert pd.isna(events[column].iloc[0])

@@ -737,12 +737,17 @@ def _decode_events(data: Any, name: str, notes: list[str] | None = None, base: i
         events = _decode(_LOOSE_EVENTS, data, notes, base)
     except msgspec.ValidationError as exc:
         raise TraceError(f"{name}: an event has an unreadable shape ({exc}).", path=name) from None
+    odd_durations = 0
     for event in events:
         event.ph = event.ph if isinstance(event.ph, str) else str(event.ph)
         ts = _finite(event.ts)
-        event.ts = ts if ts is not None else math.nan
-        event.dur = _finite(event.dur) or 0.0
+        event.ts = ts if ts is not None else math.nan  # left out later, with a warning
+        dur = _finite(event.dur)
+        odd_durations += dur is None and event.dur is not None
+        event.dur = dur or 0.0
         event.args = _loose_args(event.args)
+    if odd_durations and notes is not None:
+        notes.append(f"{odd_durations} events after byte {base} have a dur that is not a finite number; read as 0")
     return events
 
 
