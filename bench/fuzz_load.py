@@ -194,6 +194,13 @@ def _hostile_value(rng: random.Random) -> Any:
     return "x" * rng.randint(0, 300)
 
 
+def _args(event: dict[str, Any]) -> dict[str, Any]:
+    """The event's args, made an object if they are not one."""
+    if not isinstance(event.get("args"), dict):
+        event["args"] = {}
+    return event["args"]
+
+
 def _event_mutation(rng: random.Random, doc: dict[str, Any]) -> None:
     """One mutation of the decoded trace (events or metadata)."""
     events = doc.get("traceEvents")
@@ -213,9 +220,7 @@ def _event_mutation(rng: random.Random, doc: dict[str, Any]) -> None:
     elif kind == 2:  # hostile args values
         key = rng.choice(ARG_KEYS)
         for event in picked:
-            args = event.setdefault("args", {})
-            if isinstance(args, dict):
-                args[key] = _hostile_value(rng)
+            _args(event)[key] = _hostile_value(rng)
     elif kind == 3:  # odd phases
         for event in picked:
             event["ph"] = rng.choice(("X", "i", "I", "s", "f", "t", "M", "B", "E", "C", "b", "e", "", "XX"))
@@ -247,7 +252,7 @@ def _event_mutation(rng: random.Random, doc: dict[str, Any]) -> None:
             event["cat"] = rng.choice(("cpu_op", "user_annotation"))
             if rng.random() < 0.5:
                 event.pop("ts", None)
-                event.setdefault("args", {})["Sequence number"] = rng.randint(0, 5)
+                _args(event)["Sequence number"] = rng.randint(0, 5)
     else:  # nested events: children that end after their parents, zero durations
         for event in picked:
             if "dur" in event:
