@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import tb_reference
 import tracemagic
 from tracemagic.trace.model import Trace
 
@@ -40,8 +41,8 @@ PARTS = ["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "datal
 CONTRACTS = {
     "ops": "rank row name kind ts dur self_dur thread step depth layer input_dims input_type seq rf_id external_id",
     "kernels": "rank row name kind device stream ts dur step op layer correlation bytes grid block is_comm",
-    "steps": "rank step ts dur " + " ".join(PARTS) + " idle_us",
-    "ranks_table": "rank steps step_us compute_us comm_us memcpy_us idle_us overlap_pct slowest",
+    "steps": "rank step ts dur window_ts window_dur " + " ".join(PARTS) + " idle_us gpu_busy_us gpu_idle_us",
+    "ranks_table": "rank steps step_us compute_us comm_us memcpy_us idle_us gpu_idle_pct overlap_pct slowest",
 }
 RAW_KIND = {
     "kernel": "kernel",
@@ -94,27 +95,17 @@ def raw_steps(events: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
 
 
 def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
-    """Step number -> partition of its wall time, by a sweep line over the raw events.
+    """Step number -> partition of its device window, by a sweep line over the raw events.
 
-    Times are shifted to the rank's first event: float64 sums of epoch-µs times would
-    round each end to ~0.001 µs.
+    The windows are the TensorBoard plugin's (``tb_reference``); inside one, every event
+    counts by time, whichever step launched it. Times are shifted to the rank's first event:
+    float64 sums of epoch-µs times would round each end to ~0.001 µs.
     """
     origin = min(float(e["ts"]) for e in events)
-    steps = [(n, start - origin, start - origin + dur) for n, start, dur in raw_steps(events)]
+    steps = tb_reference.device_windows(events, origin)
     if not steps:
         steps = [(-1, 0.0, max(float(e["ts"]) - origin + float(e.get("dur", 0)) for e in events))]
-    starts = [start for _, start, _ in steps]
-
-    def step_at(t: float) -> int | None:
-        i = bisect.bisect_right(starts, t) - 1
-        return steps[i][0] if i >= 0 and t <= steps[i][2] + 0.25 else None
-
-    launched = {
-        e["args"]["correlation"]: float(e["ts"]) - origin
-        for e in events
-        if kind(e) == "runtime" and "correlation" in e.get("args", {})
-    }
-    per_step: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    marked: list[tuple[float, float, int]] = []
     for e in events:
         k, name, dur = kind(e), str(e.get("name", "")), float(e.get("dur", 0))
         if e["ph"] != "X" or dur <= 0:
@@ -132,19 +123,11 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
         else:
             continue
         ts = float(e["ts"]) - origin
-        step = None
-        if category <= 3:
-            corr = (e.get("args") or {}).get("correlation")
-            if corr in launched:
-                step = step_at(launched[corr])
-        if step is None:
-            step = step_at(ts)
-        if step is not None:
-            per_step[step].append((ts, ts + dur, category))
+        marked.append((ts, ts + dur, category))
     out = {}
     for number, start, end in steps:
         marks = []
-        for s, t, category in per_step[number]:
+        for s, t, category in marked:
             s, t = min(max(s, start), end), min(max(t, start), end)
             if t > s:
                 marks += [(s, 1, category), (t, -1, category)]
@@ -156,7 +139,7 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
             last = t
             active[category] += delta
         totals[7] += end - last
-        out[number] = dict(zip(PARTS + ["idle_us"], totals)) | {"dur": end - start}
+        out[number] = dict(zip(PARTS + ["idle_us"], totals)) | {"window_dur": end - start}
     return out
 
 
@@ -271,7 +254,7 @@ def test_steps_match_the_raw_profiler_steps(loaded: dict[str, Trace], raw: dict,
             first = min(float(e["ts"]) for e in events)
             assert mine["dur"].iloc[0] == pytest.approx(end - first)
             continue
-        assert "note" not in table.attrs
+        assert "no ProfilerStep" not in table.attrs.get("note", "")
         assert mine["step"].tolist() == [n for n, _, _ in expected]
         assert mine["dur"].tolist() == [d for _, _, d in expected]
         assert mine["ts"].to_numpy() == pytest.approx([s - start for _, s, _ in expected], abs=1e-3)
@@ -282,17 +265,17 @@ def test_step_breakdown_matches_a_sweep_line_and_adds_up(loaded: dict[str, Trace
     table = loaded[name].steps()
     parts = table[PARTS + ["idle_us"]]
     assert (parts.to_numpy() >= -1e-9).all()
-    np.testing.assert_allclose(parts.sum(axis=1), table["dur"], rtol=1e-12, atol=1e-6)
+    np.testing.assert_allclose(parts.sum(axis=1), table["window_dur"], rtol=1e-12, atol=1e-6)
     for rank, events in raw[name].items():
         expected = sweep_breakdown(events)
         for _, row in table[table["rank"] == rank].iterrows():
             want = expected[int(row["step"])]
-            for column in PARTS + ["idle_us", "dur"]:
+            for column in PARTS + ["idle_us", "window_dur"]:
                 assert row[column] == pytest.approx(want[column], rel=1e-9, abs=1e-3), (rank, row["step"], column)
 
 
-def test_gpu_work_is_clipped_to_the_step_that_launched_it(tmp_path: Path) -> None:
-    """A hand-made trace whose every overlap is known: priorities, clipping, exact sums."""
+def test_a_step_window_runs_to_the_end_of_the_gpu_work_it_launched(tmp_path: Path) -> None:
+    """A hand-made trace whose every overlap is known: priorities, device windows, exact sums."""
 
     def x(name: str, cat: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
         return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
@@ -316,10 +299,15 @@ def test_gpu_work_is_clipped_to_the_step_that_launched_it(tmp_path: Path) -> Non
     path.write_text(json.dumps({"traceEvents": events}))
     table = tracemagic.load(path, use_cache=False).steps().set_index("step")
     first = table.loc[3]
-    # compute 1010-1030 + 1095-1100; comm 1030-1050; memcpy 1050-1060; runtime 1000-1010;
+    # the window of step 3 runs to the end of "late" (1135), step 4's from there to its host end;
+    # compute 1010-1030 + 1095-1135; comm 1030-1050; memcpy 1050-1060; runtime 1000-1010;
     # cpu 1060-1070; dataloader 1075-1085; runtime 1090-1095; idle 1070-1075 + 1085-1090
-    assert first[PARTS + ["idle_us"]].tolist() == [25.0, 20.0, 10.0, 0.0, 15.0, 10.0, 10.0, 10.0]
-    assert table.loc[4, "compute_us"] == 0.0 and table.loc[4, "idle_us"] == 50.0
+    assert (first["dur"], first["window_ts"], first["window_dur"]) == (100.0, 0.0, 135.0)
+    assert first[PARTS + ["idle_us"]].tolist() == [60.0, 20.0, 10.0, 0.0, 15.0, 10.0, 10.0, 10.0]
+    assert (first["gpu_busy_us"], first["gpu_idle_us"]) == (90.0, 45.0)  # 1010-1060 and 1095-1135
+    second = table.loc[4]
+    assert (second["dur"], second["window_ts"], second["window_dur"]) == (50.0, 135.0, 15.0)
+    assert second["compute_us"] == 0.0 and second["idle_us"] == 15.0 and second["gpu_idle_us"] == 15.0
 
 
 # -- ranks and collectives ------------------------------------------------------------------
@@ -333,17 +321,17 @@ def test_ranks_of_the_eight_rank_dlrm_trace(loaded: dict[str, Trace], raw: dict)
     table = trace.ranks_table().set_index("rank")
     assert sorted(table.index) == list(range(8)) == trace.ranks
     for rank, events in ranks.items():
-        ((_, start, dur),) = raw_steps(events)
-        end = start + dur
+        origin = min(float(e["ts"]) for e in events)
+        ((_, start, end),) = tb_reference.device_windows(events, origin)
         want = sweep_breakdown(events)[10]
         row = table.loc[rank]
-        assert row["steps"] == 1 and row["step_us"] == dur
+        assert row["steps"] == 1 and row["step_us"] == pytest.approx(end - start, abs=1e-3)
         for column in ("compute_us", "comm_us", "memcpy_us", "idle_us"):
             assert row[column] == pytest.approx(want[column], abs=1e-3)
         # overlap: NCCL time during which another kernel runs, by brute force on 1 µs ticks
         comm = [(e["ts"], e["ts"] + e["dur"]) for e in nccl_kernels(events)]
         compute = [(e["ts"], e["ts"] + e["dur"]) for e in events if kind(e) == "kernel" and "nccl" not in e["name"].lower()]
-        ticks = np.arange(start, end)
+        ticks = origin + np.arange(start, end)
         in_comm = np.zeros(ticks.size, dtype=bool)
         in_compute = np.zeros(ticks.size, dtype=bool)
         for s, t in comm:
@@ -369,6 +357,16 @@ def test_ranks_of_the_eight_rank_dlrm_trace(loaded: dict[str, Trace], raw: dict)
     for rank in range(8):
         assert got[rank] == pytest.approx(waits[rank], abs=10)
     assert (found.groupby(["collective", "seq"])["wait_us"].min().abs() < 5).all()
+    # the SendRecv kernels are all-to-alls (the host launched them in nccl:all_to_all), so
+    # they end together like the all-reduces and count for the clock and excess_us
+    for events in ranks.values():
+        annotations = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "nccl:all_to_all"]
+        launches = {e["args"]["correlation"]: e for e in events if kind(e) == "runtime" and "correlation" in e.get("args", {})}
+        for k in nccl_kernels(events):
+            if "SendRecv" in k["name"]:
+                at = launches[k["args"]["correlation"]]
+                assert any(tid == at["tid"] and a <= at["ts"] < b for tid, a, b in annotations)
+    assert found["excess_us"].notna().all() and (found["collective"] == "SendRecv").sum() == 40
     straggler = min(waits, key=waits.get)
     assert trace._analysis("ranks", "stragglers")["rank"].tolist() == [straggler]
     assert table["slowest"].sum() == 1 and table.loc[straggler, "slowest"]
@@ -408,6 +406,61 @@ def test_collectives_match_across_ranks_and_correct_clock_offsets(tmp_path: Path
     assert table.loc[0, "wait_us"] == pytest.approx(600.0) and table.loc[1, "wait_us"] == 0
 
 
+def test_clock_correction_ignores_point_to_point_kernels(tmp_path: Path) -> None:
+    """Three ranks with clocks 5 ms apart. Per step an all-reduce and a SendRecv launched by
+    ``nccl:all_to_all`` end together; three SendRecv kernels with no all-to-all around them
+    (pipeline sends and receives) and a broadcast end at different times on each rank."""
+    clocks, late = [0.0, 5000.0, -2000.0], [0.0, 50.0, 120.0]
+    true_starts: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for rank in range(3):
+        clock = clocks[rank]
+        events = [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": clock + 1000 * n, "dur": 900}
+            for n in (1, 2)
+        ]
+        corr = 0
+
+        def launch(kernel: str, begin: float, end: float, around: str | None = None) -> None:
+            nonlocal corr
+            corr += 1
+            runtime = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": clock + begin - 10, "dur": 5, "args": {"correlation": corr}}
+            if around:
+                events.append({"ph": "X", "cat": "user_annotation", "name": around, "pid": 1, "tid": 1, "ts": clock + begin - 12, "dur": 9})
+            events.append(runtime)
+            events.append({"ph": "X", "cat": "kernel", "name": f"ncclDevKernel_{kernel}(ncclDevComm*, unsigned long, ncclWork*)", "pid": 0, "tid": 7,
+                           "ts": clock + begin, "dur": end - begin, "args": {"correlation": corr}})
+
+        for n in (1, 2):
+            base = 1000.0 * n
+            launch("AllReduce_Sum_f32_RING_LL", base + 100 + late[rank], base + 300)
+            true_starts[(n, "AllReduce")].append(base + 100 + late[rank])
+            launch("SendRecv", base + 320 + late[rank] / 2, base + 400, around="nccl:all_to_all")
+            for j in range(3):  # point to point: each rank's transfer ends on its own
+                begin = base + 450 + 40 * j + 7 * rank
+                launch("SendRecv", begin, begin + 10 + 30 * rank)
+            launch("Broadcast_RING_LL_Sum_int8_t", base + 700 + 5 * rank, base + 760 + 20 * rank)
+            true_starts[(n, "Broadcast")].append(base + 700 + 5 * rank)
+        doc = {"distributedInfo": {"rank": rank, "world_size": 3}, "traceEvents": events}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    trace = tracemagic.load(tmp_path, use_cache=False, workers=1)
+    found = trace._analysis("ranks", "collectives")
+    assert len(found) == 3 * 2 * 6 and (found["ranks"] == 3).all()
+    offset = found.attrs["clock_offset_us"]
+    assert [offset[r] - offset[0] for r in range(3)] == pytest.approx([c - clocks[0] for c in clocks], abs=1e-9)
+    for (step, name), starts in true_starts.items():
+        rows = found[(found["step"] == step) & (found["collective"] == name)].sort_values("rank")
+        assert rows["wait_us"].tolist() == pytest.approx([max(starts) - s for s in starts], abs=1e-9), (step, name)
+    allreduce = found[found["collective"] == "AllReduce"].sort_values(["step", "rank"])
+    durations = [200.0 - x for x in late]
+    assert allreduce["excess_us"].tolist() == pytest.approx([d - min(durations) for d in durations] * 2)
+    sendrecv = found[found["collective"] == "SendRecv"]
+    all_to_all, p2p = sendrecv[sendrecv["seq"] == 0], sendrecv[sendrecv["seq"] > 0]
+    assert all_to_all["wait_us"].notna().all() and all_to_all["excess_us"].notna().all()
+    assert len(p2p) == 18 and p2p["wait_us"].isna().all() and p2p["excess_us"].isna().all()
+    broadcast = found[found["collective"] == "Broadcast"]
+    assert broadcast["wait_us"].notna().all() and broadcast["excess_us"].isna().all()
+
+
 @pytest.mark.parametrize("name", ["hta_nccl_data.json.gz", "hta_control.json.gz"])
 def test_single_rank_of_a_job_has_collectives_but_no_waits(loaded: dict[str, Trace], raw: dict, name: str) -> None:
     trace = loaded[name]
@@ -428,16 +481,21 @@ def test_diff_of_a_trace_with_itself_is_all_same(loaded: dict[str, Trace], raw: 
     assert set(table["status"]) == {"same"} and (table["delta_us"] == 0).all()
     assert set(table["level"]) >= {"op", "kernel"}
     ops = table[table["level"] == "op"].set_index("name")
-    (events,) = raw[name].values()
-    calls = Counter(e["name"] for e in events if e["ph"] == "X" and kind(e) == "cpu_op")
-    assert ops["calls_a"].to_dict() == dict(calls)
+    # op rows are call chains: the outermost op with shapes, the ops it runs inside it
+    from test_nesting import chain_oracle, table_events
+
+    events = table_events(TRACES / name)
+    chains = chain_oracle(events)
+    assert ops["calls_a"].to_dict() == dict(Counter(events[top]["name"] for top in chains))
+    assert ops["us_a"].sum() == pytest.approx(sum(c["dur"] for c in chains.values()))
 
 
 def test_diff_of_two_traces_finds_added_removed_and_changed(loaded: dict[str, Trace]) -> None:
     a, b = loaded["hta_control.json.gz"], loaded["kineto_worker0.1623143089861.pt.trace.json.gz"]
     table = a.diff(b)
     ops = table[table["level"] == "op"].set_index("name")
-    assert ops.loc["Optimizer.step#SGD.step", "status"] == "added"  # ResNet's SGD, not in a
+    assert ops.loc["aten::conv2d", "status"] == "added"  # ResNet's convolutions, not in a
+    assert "aten::cudnn_convolution" not in ops.index  # inside aten::conv2d's chains
     assert ops.loc["record_param_comms", "status"] == "removed"  # a's NCCL, not in b
     kernels = table[table["level"] == "kernel"]
     assert {"added", "removed"} <= set(kernels["status"])
@@ -497,7 +555,8 @@ def test_captured_cpu_trace_steps_and_ops(captured: tuple[Trace, Path]) -> None:
     assert len(expected) == 3 and steps["step"].tolist() == [n for n, _, _ in expected]
     assert steps[["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us"]].to_numpy().sum() == 0
     assert (steps["dataloader_us"] > 0).all() and (steps["cpu_us"] > 0).all()
-    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["dur"], rtol=1e-12)
+    np.testing.assert_allclose(steps["window_dur"], steps["dur"])  # no GPU: the window is the host step
+    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["window_dur"], rtol=1e-12)
     want = sweep_breakdown(events)
     for _, row in steps.iterrows():
         assert row["cpu_us"] == pytest.approx(want[int(row["step"])]["cpu_us"], abs=1e-3)
@@ -516,7 +575,7 @@ def test_captured_cpu_trace_steps_and_ops(captured: tuple[Trace, Path]) -> None:
     assert trace.kernels().empty and list(trace.kernels().columns)[:5] == ["rank", "row", "name", "kind", "device"]
     table = trace.ranks_table()
     assert table["slowest"].tolist() == [True] and math.isnan(table["overlap_pct"].iloc[0])
-    assert table["step_us"].iloc[0] == pytest.approx(steps["dur"].mean())
+    assert table["step_us"].iloc[0] == pytest.approx(steps["window_dur"].mean())
 
 
 def test_layer_names_come_from_the_capture_manifest(captured: tuple[Trace, Path]) -> None:
@@ -575,4 +634,4 @@ def test_gloo_collectives_on_a_cpu_rank(tmp_path: Path) -> None:
     assert set(found["collective"]) == {"all_reduce", "broadcast"} and found["wait_us"].isna().all()
     steps = trace.steps()
     assert (steps["comm_us"] > 0).all() and steps["compute_us"].sum() == 0
-    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["dur"], rtol=1e-12)
+    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["window_dur"], rtol=1e-12)

@@ -286,6 +286,13 @@ def test_memory_with_totals(tracelens: dict[str, Any]) -> None:
     got = memory_mod.peaks(trace)
     whole = got[got["step"].isna()].set_index("device")["peak_bytes"].to_dict()
     assert whole == dict(peak)
+    # what was allocated before the capture: the first event's total less its own allocation
+    start: dict[str, int] = {}
+    for e in mem:
+        device = "cpu" if e["args"]["Device Type"] == 0 else f"cuda:{e['args']['Device Id']}"
+        start.setdefault(device, e["args"]["Total Allocated"] - e["args"]["Bytes"])
+    assert got[got["step"].isna()].set_index("device")["start_bytes"].to_dict() == start
+    assert start["cuda:0"] > 0
     assert df["delta_bytes"].sum() == sum(e["args"]["Bytes"] for e in mem)
     assert df["ts"].is_monotonic_increasing and df["ts"].min() >= 0
     assert not df.attrs["reconstructed"]
@@ -342,10 +349,56 @@ def test_memory_categories(captured: dict[str, Any]) -> None:
     assert df["ts"].iloc[-1] <= captured["trace"].memory()["ts"].max() + 1
     start = min(r[0] for r in rows if r[0] >= 0)  # ts -1 (allocated before) counts as the start
     assert len(df) == len({r[0] if r[0] >= 0 else start for r in rows})
-    assert df["total_bytes"].iloc[-1] == sum(r[2] for r in rows)
-    assert df["parameter"].iloc[0] == captured["param_bytes"]
+    # on the allocator's scale: after each timestamp the stack holds what Total Allocated says
+    base = json.loads(captured["path"].read_text())["baseTimeNanoseconds"]
+    memory = sorted((e["ts"], e["args"]["Total Allocated"]) for e in captured["raw"] if e["name"] == "[memory]")
+    stamps = sorted({r[0] for r in rows if r[0] >= 0})
+    allocator = [next(total for ts, total in reversed(memory) if ts <= (ns - base) / 1000 + 1e-3) for ns in stamps]
+    assert df["total_bytes"].tolist() == allocator
+    # the parameters existed before the capture: in the stack where the allocator counted them, else set aside
+    uncounted = df.attrs["uncounted"].get(0, {})
+    assert df["parameter"].iloc[0] + uncounted.get("parameter", 0) == captured["param_bytes"]
+    assert (df["before_capture"] >= 0).all() and df["before_capture"].nunique() == 1
     assert df["gradient"].max() > 0 and df["activation"].max() > 0
+    assert df.attrs["categories"][0] == "before_capture"
     assert (df[df.attrs["categories"]].sum(axis=1) == df["total_bytes"]).all()
+
+
+def test_memory_categories_keep_the_tensors_the_allocator_counted(tmp_path: Path) -> None:
+    """Tensors made in an earlier profiled session are in the CPU allocator's totals: the
+    stack keeps them in their category, and what else it held is the before-capture band."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        torch.manual_seed(0)
+        model = nn.Linear(256, 256)
+        x = torch.randn(16, 256)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+                 record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        for _ in range(3):
+            model(x).sum().backward()
+            model.zero_grad()
+            prof.step()
+    path = tmp_path / "kineto_trace_0.json"
+    prof.export_chrome_trace(str(path))
+    MemoryProfileTimeline(prof._memory_profile()).export_memory_timeline_raw(str(tmp_path / "memory_timeline_0.json"), "cpu")
+    df = memory_mod.categories(tracemagic.load(path, use_cache=False))
+    raw = json.loads(path.read_text())
+    rows = json.loads((tmp_path / "memory_timeline_0.json").read_text())
+    memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"]["Bytes"]) for e in raw["traceEvents"]
+                    if e.get("name") == "[memory]")
+    start = memory[0][1] - memory[0][2]
+    before = sum(r[2] for r in rows if r[0] < 0)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert before >= param_bytes and start >= before  # the earlier session counted them
+    assert df.attrs["uncounted"] == {}
+    assert df["parameter"].iloc[0] == param_bytes
+    assert (df["before_capture"] == start - before).all()
+    stamps = sorted({r[0] for r in rows if r[0] >= 0})
+    base = raw["baseTimeNanoseconds"]
+    allocator = [next(total for ts, total, _ in reversed(memory) if ts <= (ns - base) / 1000 + 1e-3) for ns in stamps]
+    assert df["total_bytes"].tolist() == allocator
 
 
 def test_memory_categories_absent_or_foreign(tmp_path: Path) -> None:
@@ -362,32 +415,38 @@ def test_memory_categories_absent_or_foreign(tmp_path: Path) -> None:
 
 # -- shapes -------------------------------------------------------------------------------
 def test_linear_flops_match_torch(captured: dict[str, Any]) -> None:
+    """A call chain's FLOPs are its top op's (aten::linear), else those of the outermost ops
+    inside that have some (the two aten::mm of AddmmBackward0): torch's own counts."""
     df = captured["trace"].shapes()
-    addmm = df[(df["name"] == "aten::addmm") & (df["input_dims"] == "[[64], [8, 32], [32, 64], [], []]")].iloc[0]
+    torch_flops = captured["torch_flops"]
     linear = df[(df["name"] == "aten::linear") & (df["input_dims"] == "[[8, 32], [64, 32], [64]]")].iloc[0]
-    assert addmm["flops"] == linear["flops"] == 2 * 8 * 64 * 32
-    assert addmm["flops"] == captured["torch_flops"][("aten::addmm", "[[64], [8, 32], [32, 64], [], []]")]
-    assert addmm["tflops_per_s"] == pytest.approx(addmm["flops"] * addmm["calls"] / addmm["total_us"] / 1e6)
+    assert linear["flops"] == 2 * 8 * 64 * 32 == torch_flops[("aten::addmm", "[[64], [8, 32], [32, 64], [], []]")]
+    assert linear["tflops_per_s"] == pytest.approx(linear["flops"] * linear["calls"] / linear["total_us"] / 1e6)
     checked = 0
-    for (name, dims), value in captured["torch_flops"].items():
-        hit = df[(df["name"] == name) & (df["input_dims"] == dims)]
-        if name in ("aten::addmm", "aten::mm", "aten::bmm") and len(hit):
-            assert hit["flops"].iloc[0] == value, (name, dims)
-            checked += 1
-    assert checked >= 3
+    for _, row in df[df["name"] == "aten::linear"].iterrows():  # the addmm or mm each one runs
+        x, w = json.loads(row["input_dims"])[:2]
+        m = math.prod(x[:-1])
+        ran = torch_flops.get(("aten::addmm", str([[w[0]], [m, w[1]], [w[1], w[0]], [], []])))
+        ran = ran or torch_flops.get(("aten::mm", str([[m, w[1]], [w[1], w[0]]])))
+        assert row["flops"] == 2 * m * w[0] * w[1] == ran, row["input_dims"]
+        checked += 1
+    assert checked >= 5
+    backward = df[(df["name"] == "AddmmBackward0") & (df["input_dims"] == "[[8, 16]]")].iloc[0]
+    assert backward["flops"] == torch_flops[("aten::mm", "[[8, 16], [16, 64]]")] + torch_flops[("aten::mm", "[[16, 8], [8, 64]]")]
+    assert not set(df["name"]) & {"aten::addmm", "aten::mm"}  # inside the chains above
     sdpa = df[df["name"] == "aten::scaled_dot_product_attention"].iloc[0]
     assert sdpa["flops"] == 4 * 4 * 4 * 10 * 10 * 8  # 2·(B·H)·L·S·(E + Ev)
 
 
-def test_shapes_groups_cover_every_op(kineto_raw_control: dict[str, Any]) -> None:
-    raw, df = kineto_raw_control["raw"], kineto_raw_control["trace"].shapes()
-    ops = [e for e in raw if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "Operator")]
-    assert df["calls"].sum() == len(ops)
-    assert df["total_us"].sum() == pytest.approx(sum(e["dur"] for e in ops))
-    key = defaultdict(int)
-    for e in ops:
-        key[(e["name"], json.dumps(e["args"].get("Input Dims")) if "Input Dims" in e["args"] else None)] += 1
-    assert len(df) >= len(key) * 0.99
+def test_shapes_groups_cover_every_call_chain(kineto_raw_control: dict[str, Any]) -> None:
+    from test_nesting import chain_oracle, table_events
+
+    chains = chain_oracle(table_events(CONTROL))
+    df = kineto_raw_control["trace"].shapes()
+    assert df["calls"].sum() == len(chains)
+    assert df["total_us"].sum() == pytest.approx(sum(c["dur"] for c in chains.values()))
+    assert df["self_us"].sum() == pytest.approx(sum(c["self"] for c in chains.values()))
+    assert len(df) == len({c["key"] for c in chains.values()})
     assert (df["mean_us"] * df["calls"]).sum() == pytest.approx(df["total_us"].sum())
     mm = df[df["flops_source"] == "shapes"]
     assert len(mm) and (mm["tflops_per_s"] > 0).all() and (mm["gpu_us"] > 0).all()
@@ -525,11 +584,14 @@ def test_conv_flops_exact_from_concrete_inputs(tmp_path: Path) -> None:
 
     want = [expected(layer, i, o) for layer, i, o in zip(layers, inputs, outputs)]
     assert want[0] < 2 * 2 * 8 * 3 * 9 * 17 * 19 / 3  # the old same-size estimate was ~4x too big
+    # the rule on the ops each conv runs (shapes() lists only the op the model called)
+    events = json.loads(path.read_text())["traceEvents"]
     for name in ("aten::convolution", "aten::_convolution"):
-        rows = df[df["name"] == name]
-        got = {str(json.loads(d)[0]): f for d, f in zip(rows["input_dims"], rows["flops"])}
-        assert len(rows) == 4 and (rows["flops_source"] == "shapes").all()
-        assert [got[str(i)] for i in inputs] == want
+        calls = [e for e in events if e.get("name") == name]
+        got = {str(e["args"]["Input Dims"][0]): flops(name, json.dumps(e["args"]["Input Dims"]), json.dumps(e["args"]["Concrete Inputs"]))
+               for e in calls}
+        assert len(calls) == 4 and [got[str(i)] for i in inputs] == want
+    assert not set(df["name"]) & {"aten::convolution", "aten::_convolution"}
     conv2d = df[df["name"] == "aten::conv2d"].sort_values("input_dims")
     assert (conv2d["flops_source"] == "shapes").all()
     assert sorted(conv2d["flops"]) == sorted(want[:3])

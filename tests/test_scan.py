@@ -268,7 +268,8 @@ def test_chunks_parsed_on_two_threads_at_once(monkeypatch: pytest.MonkeyPatch) -
 
 def test_one_pass_nesting_equals_the_numpy_nesting() -> None:
     """Random nests per thread, with ends a little past their parent's (within and beyond
-    the tolerance), equal starts and zero durations."""
+    the tolerance), short events starting at or just before another's end, equal starts
+    and zero durations."""
     from tracemagic.trace import _nesting
 
     rng = np.random.default_rng(7)
@@ -279,12 +280,16 @@ def test_one_pass_nesting_equals_the_numpy_nesting() -> None:
         end = start + np.round(rng.exponential(10, n), 1) * (rng.random(n) > 0.1)
         jitter = rng.choice([0.0, 0.1, 0.2, 0.3], n)
         end = end + jitter
+        short = rng.random(n) < 0.3  # tiny events starting at, or 1 ns before, an earlier one's end
+        earlier = rng.integers(0, n, n)
+        start = np.where(short, end[earlier] - rng.choice([0.0, 0.001], n), start)
+        end = np.where(short, start + rng.choice([0.0, 0.05, 0.2], n), end)
         order = np.lexsort((-end, start, group))
-        group, end = group[order], end[order]
+        group, start, end = group[order], start[order], end[order]
         parent = np.empty(n, dtype=np.int64)
         depth = np.empty(n, dtype=np.int32)
-        _nesting.nest_sorted(group, end, structure.NEST_TOLERANCE_US, parent, depth)
-        expected = structure.previous_enclosing(group, end)
+        _nesting.nest_sorted(group, start, end, structure.NEST_TOLERANCE_US, structure.NEST_START_MARGIN_US, parent, depth)
+        expected = structure.previous_enclosing(group, start, end)
         np.testing.assert_array_equal(parent, expected)
         levels = np.zeros(n, dtype=np.int32)
         for i in range(n):  # parents come first in this order

@@ -14,7 +14,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracemagic.trace.model import Trace
-from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, cpu_by_thread, sort_by_thread, thread_keys
+from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.structure import (
+    MODULE_PREFIX,
+    NEST_START_MARGIN_US,
+    cpu_by_thread,
+    enclosing_of_kind,
+    propagate,
+    sort_by_thread,
+    thread_keys,
+)
 
 #: GPU activity with a duration on the device: what counts as GPU time
 GPU_ACTIVITY = ("kernel", "memcpy", "memset")
@@ -66,8 +75,11 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
     """The innermost CPU duration event on thread ``keys`` (see ``thread_keys``) containing
     ``at``; ``among`` (a mask over the events) narrows the candidates.
 
-    One ``searchsorted`` per thread over the candidates' start times; of events starting at
-    the same time the shortest wins. Where that one ended before ``at`` the search climbs
+    An event contains the moments from its start up to (not including) its end, as it
+    contains its children (``structure.previous_enclosing``): a moment at an event's end
+    belongs to what comes after it, one at its start to it even when it lasts 0 µs.
+    One ``searchsorted`` per thread over the candidates' start times; of events starting
+    at the same time the shortest wins. Where that one ended by ``at`` the search climbs
     the nesting (``parent``, which may leave the candidates). -1 where none.
     """
     out = np.full(keys.size, -1, dtype=np.int64)
@@ -77,7 +89,9 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
     if keys.size == 0 or cand.size == 0:
         return out
     events = trace.events
-    ts = events["ts"].to_numpy()
+    t0 = trace_start(trace)
+    ts = events["ts"].to_numpy() - t0  # from t0: epoch-µs floats are coarse
+    at = at - t0
     end = ts + events["dur"].to_numpy()
     parent = events["parent"].to_numpy()
     cand_keys = thread_keys_of(trace)[cand]
@@ -88,12 +102,46 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
         where = np.flatnonzero(keys == key)
         pos = np.searchsorted(ts[cand[lo:hi]], at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
-    target = at - NEST_TOLERANCE_US
-    climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
+
+    def ended(rows: np.ndarray) -> np.ndarray:
+        held = np.maximum(rows, 0)
+        return (rows >= 0) & (end[held] < at + NEST_START_MARGIN_US) & (ts[held] != at)
+
+    climb = ended(out)
     while climb.any():  # one round per nesting level
         out[climb] = parent[out[climb]]
-        climb = (out >= 0) & (end[np.maximum(out, 0)] < target)
+        climb = ended(out)
     return out
+
+
+def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU op rows, and for each the row of the top of its call chain (-1: in none);
+    computed once per trace.
+
+    A call chain is an op the program called and every op it runs inside (``aten::conv2d``
+    -> ``aten::convolution`` -> ``aten::_convolution`` -> ``aten::mkldnn_convolution``), so
+    one convolution is one chain. Its top is the outermost op with recorded input shapes
+    or, of ops that record none, the outermost that holds no op with shapes
+    (``record_param_comms`` in traces that left its shapes out). Wrappers around ops with
+    shapes (``autograd::engine::evaluate_function: ...``, annotations that old traces file
+    as ops, like ``Optimizer.step#SGD.step``) top no chain, and their own time is in none.
+    In a trace without ``record_shapes`` every outermost op is a top.
+    """
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        is_op = kind_mask(events, "cpu_op") & (events["ph"] == "X").to_numpy()
+        parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
+        shaped = is_op & events["input_dims"].notna().to_numpy()
+        holds_shapes = rollup(np.flatnonzero(shaped), np.ones(int(shaped.sum())), parent) > 0  # itself or inside
+        candidate = shaped | (is_op & ~holds_shapes)
+        at = np.flatnonzero(candidate)
+        is_top = np.zeros(len(events), dtype=bool)
+        is_top[at[enclosing_of_kind(parent, depth, candidate, at) < 0]] = True
+        rows = np.flatnonzero(is_op)
+        return rows, propagate(parent, depth, is_top)[rows]
+
+    return trace.shared("call_chains", compute)
 
 
 def flow_thread_keys(events: pd.DataFrame, flows: pd.DataFrame) -> np.ndarray:

@@ -1,14 +1,17 @@
 """``diff(a, b)``: two traces compared op by op, kernel by kernel and layer by layer.
 
 Like HTA's trace diff and the TensorBoard plugin's Diff Run: each name's call count and
-total time in ``a`` and ``b`` (all ranks together), with a verdict.
+total time in ``a`` and ``b`` (all ranks together), with a verdict. Ops are compared by the
+top op of each call chain (``_common.call_chains``, as in ``shapes()``), so one slower
+convolution is one row, not four.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from tracemagic.analysis._common import text
+from tracemagic.analysis._common import call_chains, text
+from tracemagic.analysis.shapes import gpu_time
 from tracemagic.trace.model import Trace
 
 #: relative change in time below which a name counts as ``same``
@@ -17,14 +20,16 @@ _COLUMNS = ["level", "name", "type", "calls_a", "calls_b", "us_a", "us_b", "delt
 
 
 def _ops(trace: Trace) -> pd.DataFrame:
-    """Per CPU op name: calls, total (inclusive) CPU time, and GPU time of what it launched."""
-    ops = trace.ops()
-    ops = ops[ops["kind"] == "cpu_op"]
-    table = ops.groupby("name", observed=True).agg(calls=("dur", "size"), us=("dur", "sum"))
+    """Per name of a call chain's top op: calls, total (inclusive) CPU time, and GPU time
+    launched inside the chains."""
+    events = trace.events
+    rows, top = call_chains(trace)
+    tops = rows[top == rows]
+    chains = pd.DataFrame(
+        {"name": events["name"].to_numpy()[tops], "dur": events["dur"].to_numpy()[tops], "gpu_us": gpu_time(events)[tops]}
+    )
+    table = chains.groupby("name", observed=True).agg(calls=("dur", "size"), us=("dur", "sum"), gpu_us=("gpu_us", "sum"))
     table.index = table.index.astype(str)
-    launched = trace.kernels().groupby("op", observed=True)["dur"].sum()
-    launched.index = launched.index.astype(str)
-    table["gpu_us"] = launched.reindex(table.index).fillna(0.0)
     return table
 
 
@@ -93,8 +98,9 @@ def diff(a: Trace, b: Trace, tolerance: float = TOLERANCE) -> pd.DataFrame:
         ``us_a``, ``us_b`` (total µs over all ranks: inclusive CPU time for ops and layers,
         GPU time for kernels); ``delta_us`` (b - a); ``ratio`` (b / a, NaN when a is 0);
         ``status`` (added: only in b | removed: only in a | slower | faster | same);
-        ``gpu_us_a``, ``gpu_us_b`` (GPU time launched by the op, as the innermost op at
-        launch, or by the layer). Rows are sorted
+        ``gpu_us_a``, ``gpu_us_b`` (GPU time launched inside the op's call chains, or by
+        the layer). Op rows are the top ops of call chains (see ``shapes()``): a
+        convolution is its ``aten::conv2d``, whose time holds the ops it runs. Rows are sorted
         by level, then by the size of the change.
     """
     parts = [_compare("op", _ops(a), _ops(b), tolerance)]

@@ -3,7 +3,11 @@
 Steps are compared by number across ranks. Collectives are matched across ranks by
 (step, collective, n-th of that collective in the step); a rank's wait in a collective is
 how much later the last rank arrived, and the straggler of a step is the rank the others
-wait for (not the one with the longest step: waiting makes a step long).
+wait for (not the one with the longest step: waiting makes a step long). Only collectives
+in which every rank needs every other's data (all-reduce, all-gather, reduce-scatter,
+all-to-all, barrier) end together on all ranks, so only they set the clock correction and
+``excess_us``; point-to-point transfers (send, recv, NCCL's SendRecv kernels outside an
+all-to-all) wait for one peer, which a trace does not name, so they get no wait.
 """
 
 from __future__ import annotations
@@ -17,8 +21,14 @@ from tracemagic.analysis import steps as steps_module
 from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.structure import propagate
 
 _KERNEL_COLLECTIVE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+#: normalized collective names (lower case, letters and digits) of the collectives that end
+#: together on every rank: each rank's result needs every rank's data
+_ENDS_TOGETHER = re.compile(r"allreduce|allgather|reducescatter|alltoall|barrier")
+#: normalized names of point-to-point transfers: each waits for one peer, not for the group
+_POINT_TO_POINT = re.compile(r"^(?:send|recv|sendrecv|isend|irecv|batchisendirecv)$")
 _MEANS = ("compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us")
 
 
@@ -32,8 +42,15 @@ def _label(name: str, recorded: object, source: str) -> str:
     return name.split(":", 1)[1] if source == "annotation" else str(recorded)
 
 
-def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, str]:
-    """Rows of the collectives, their names, and which kind of event they are.
+def _key(names: pd.Series | np.ndarray) -> np.ndarray:
+    """Collective names normalized for matching: lower case, letters and digits only."""
+    return pd.Series(names, dtype=object).astype(str).str.lower().str.replace(r"[^a-z0-9]", "", regex=True).to_numpy()
+
+
+def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """Rows of the collectives, their names, what each does (the normalized name of the
+    operation: a SendRecv kernel launched inside ``nccl:all_to_all`` is an all-to-all), and
+    which kind of event they are.
 
     The first kind present wins, so one collective is never counted twice: NCCL kernels
     (GPU arrival), else host annotations (``nccl:all_reduce``, ``gloo:broadcast``), else
@@ -42,10 +59,11 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, str]:
     events = trace.events
     timed = (events["ph"] == "X").to_numpy()
     host = timed & kind_mask(events, "cpu_op", "user_annotation")
+    host_collective = host & names_where(events["name"], HOST_COLLECTIVE)
     rows = np.flatnonzero(timed & kind_mask(events, "kernel") & is_nccl(events["name"]))
     source = "kernel"
     if not rows.size:
-        rows = np.flatnonzero(host & names_where(events["name"], HOST_COLLECTIVE))
+        rows = np.flatnonzero(host_collective)
         source = "annotation"
     if not rows.size:
         rows = np.flatnonzero(host & (events["name"] == "record_param_comms").to_numpy())
@@ -54,7 +72,19 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, str]:
     codes, distinct = pd.factorize(pairs)
     named = np.array([_label(str(name), given, source) for name, given in distinct], dtype=object)  # per distinct name
     labels = named[codes] if codes.size else np.array([], dtype=object)
-    return rows, labels, source
+    does = _key(labels)
+    recorded = events["collective"].iloc[rows].notna().to_numpy()
+    if source == "kernel" and rows.size and not recorded.all():
+        # what the host asked for: the collective annotation around the kernel's launch
+        parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
+        around = propagate(parent, depth, host_collective)
+        launch = events["launch"].to_numpy()[rows]
+        asked = np.where(launch >= 0, around[np.maximum(launch, 0)], -1)
+        found = ~recorded & (asked >= 0)
+        if found.any():
+            host_names = events["name"].to_numpy()[asked[found]]
+            does[found] = _key(np.array([str(n).split(":", 1)[1] for n in host_names], dtype=object))
+    return rows, labels, does, source
 
 
 def collectives(trace: Trace) -> pd.DataFrame:
@@ -64,18 +94,23 @@ def collectives(trace: Trace) -> pd.DataFrame:
     collective in the step on that rank, from 0), ``ts`` (µs since the trace's start),
     ``dur``, ``arrival_us`` (start minus the rank's step start: the step-aligned clock),
     ``wait_us`` (the latest matched rank's arrival minus this rank's: time spent waiting
-    for the slowest, on the ranks' common clock), ``excess_us`` (duration minus the shortest matched duration: the same
-    wait estimated without any clock, since a blocking collective ends together on all
-    ranks), ``ranks`` (how many ranks have this collective), ``source`` (kernel |
-    annotation | record_param_comms). Wait columns are NaN where only one rank has it.
+    for the slowest, on the ranks' common clock), ``excess_us`` (duration minus the
+    shortest matched duration: the same wait estimated without any clock, since such a
+    collective ends together on all ranks), ``ranks`` (how many ranks have this
+    collective), ``source`` (kernel | annotation | record_param_comms). Wait columns are
+    NaN where only one rank has it, and for point-to-point transfers (send, recv, SendRecv
+    kernels not launched by an all-to-all: their wait is for one peer, which the trace
+    does not name); ``excess_us`` is NaN too for collectives that need not end together
+    (broadcast, reduce, gather, scatter: the root leaves at another time).
     Collectives outside every step window are left out.
 
     The common clock is the trace's own (ranks of a job record synchronized wall-clock
-    times), corrected for NCCL kernels by each rank's offset estimated from collective
-    ends (``df.attrs['clock_offset_us']``). Step starts are no common clock: ranks begin a
-    step at different moments, and that lateness is what a straggler is.
+    times), corrected for NCCL kernels by each rank's offset estimated from the ends of the
+    collectives that end together (all-reduce, all-gather, reduce-scatter, all-to-all,
+    barrier; ``df.attrs['clock_offset_us']``). Step starts are no common clock: ranks begin
+    a step at different moments, and that lateness is what a straggler is.
     """
-    rows, labels, source = _collective_events(trace)
+    rows, labels, does, source = _collective_events(trace)
     frame = steps_module.windows(trace)
     window = steps_module.window_of(trace, frame)[rows]
     events = trace.events
@@ -88,7 +123,9 @@ def collectives(trace: Trace) -> pd.DataFrame:
             "ts": ts - trace_start(trace),
             "dur": events["dur"].to_numpy()[rows],
             "arrival_us": ts - frame["start"].to_numpy()[np.maximum(window, 0)],
-            "key": pd.Series(labels, dtype=object).str.lower().str.replace(r"[^a-z0-9]", "", regex=True).to_numpy(),
+            "key": _key(labels),
+            "together": pd.Series(does, dtype=object).str.contains(_ENDS_TOGETHER).to_numpy(dtype=bool),
+            "p2p": pd.Series(does, dtype=object).str.match(_POINT_TO_POINT).to_numpy(dtype=bool),
         }
     )[window >= 0]
     out = out.sort_values(["rank", "step", "ts"], kind="stable")
@@ -96,27 +133,30 @@ def collectives(trace: Trace) -> pd.DataFrame:
     match = out.groupby(["step", "key", "seq"])
     count = match["rank"].transform("size")
     shared = count > 1
-    offsets = _clock_offsets(out, match, shared) if source == "kernel" else pd.Series(dtype=float)
+    together = shared & out["together"]
+    offsets = _clock_offsets(out, match, together) if source == "kernel" else pd.Series(dtype=float)
     arrival = out["ts"] - out["rank"].map(offsets).fillna(0.0)
-    out["wait_us"] = (arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(shared)
-    out["excess_us"] = (out["dur"] - match["dur"].transform("min")).where(shared)
+    out["wait_us"] = (arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(shared & ~out["p2p"])
+    out["excess_us"] = (out["dur"] - match["dur"].transform("min")).where(together)
     out["ranks"] = count.to_numpy()
     out["source"] = source
-    out = out.drop(columns="key").sort_values(["step", "ts", "rank"], kind="stable").reset_index(drop=True)
+    out = out.drop(columns=["key", "together", "p2p"]).sort_values(["step", "ts", "rank"], kind="stable").reset_index(drop=True)
     out.attrs["clock_offset_us"] = {int(rank): float(value) for rank, value in offsets.items()}
     return out
 
 
-def _clock_offsets(out: pd.DataFrame, match: pd.core.groupby.DataFrameGroupBy, shared: pd.Series) -> pd.Series:
+def _clock_offsets(out: pd.DataFrame, match: pd.core.groupby.DataFrameGroupBy, together: pd.Series) -> pd.Series:
     """Per rank: how far its clock runs ahead of the others (µs), from NCCL kernel ends.
 
-    A blocking NCCL collective ends at the same moment on every rank, so the median gap
-    between a rank's end and the median end of each matched collective is its clock offset
-    (near 0 when ranks share a clock).
+    A collective in which every rank needs every other's data (``together``: matched and
+    of that kind) ends at the same moment on every rank, so the median gap between a
+    rank's end and the median end of each such collective is its clock offset (near 0
+    when ranks share a clock). Other kernels (a send ends when its peer has the data)
+    are no evidence.
     """
     end = out["ts"] + out["dur"]
     lag = end - end.groupby([out["step"], out["key"], out["seq"]]).transform("median")
-    return lag[shared].groupby(out["rank"][shared]).median()
+    return lag[together].groupby(out["rank"][together]).median()
 
 
 def stragglers(trace: Trace) -> pd.DataFrame:
@@ -124,7 +164,8 @@ def stragglers(trace: Trace) -> pd.DataFrame:
 
     Where collectives are matched across ranks in a step, the straggler is the rank with
     the least total wait in them (it arrives last); otherwise the rank with the longest
-    step. One row per step present on two or more ranks.
+    step. One row per step present on two or more ranks. Step times are the device
+    windows' (``steps()``'s ``window_dur``).
 
     Columns: ``step``, ``rank`` (the straggler), ``by`` (collectives | step_time),
     ``step_us`` (its step time), ``median_step_us`` (over ranks), ``wait_us`` (its total
@@ -135,7 +176,7 @@ def stragglers(trace: Trace) -> pd.DataFrame:
 
 def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
     waits = found.groupby(["rank", "step"])["wait_us"].sum(min_count=1).rename("wait_us")
-    table = steps[["rank", "step", "dur"]].join(waits, on=["rank", "step"])
+    table = steps[["rank", "step", "window_dur"]].rename(columns={"window_dur": "dur"}).join(waits, on=["rank", "step"])
     rows = []
     for step, group in table.groupby("step"):  # one per step
         if len(group) < 2:
@@ -160,18 +201,14 @@ def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
 def overlap(trace: Trace) -> pd.Series:
     """Per rank: % of communication-kernel time during which a compute kernel also runs.
 
-    Computed over the GPU activity of the steps, clipped to the step windows; NaN for a
-    rank without communication kernels.
+    Computed over the GPU activity inside the steps' device windows (see ``steps()``);
+    NaN for a rank without communication kernels.
     """
-    frame = steps_module.windows(trace)
+    frame = steps_module.device_windows(trace)
     masks = steps_module.category_masks(trace)
-    window = steps_module.window_of(trace, frame)
     comm_kernels = masks["comm_us"] & (trace.events["kind"] == "kernel").to_numpy()
     ranks = frame["rank"].to_numpy()
-    measured = []
-    for rows in (np.flatnonzero(comm_kernels), np.flatnonzero(masks["compute_us"])):
-        group, start, end = steps_module.clipped(trace, frame, window, rows)
-        measured.append((group, start, end))
+    measured = [steps_module.in_windows(trace, frame, np.flatnonzero(rows)) for rows in (comm_kernels, masks["compute_us"])]
     comm = union_length(*measured[0], len(frame))
     compute = union_length(*measured[1], len(frame))
     both = union_length(*(np.concatenate(c) for c in zip(*measured)), len(frame))
@@ -183,10 +220,11 @@ def overlap(trace: Trace) -> pd.Series:
 def ranks(trace: Trace) -> pd.DataFrame:
     """One row per rank: mean step time and breakdown, overlap, waits, the slowest rank.
 
-    Columns: ``rank``; ``steps`` (count); ``step_us`` (mean step time); the mean per step
-    of ``compute_us``, ``comm_us``, ``memcpy_us``, ``memset_us``, ``runtime_us``,
-    ``dataloader_us``, ``cpu_us``, ``idle_us`` (see ``steps()``; they add up to
-    ``step_us``); ``overlap_pct`` (% of communication-kernel time overlapped by compute
+    Columns: ``rank``; ``steps`` (count); ``step_us`` (mean step time: the device window,
+    ``steps()``'s ``window_dur``); the mean per step of ``compute_us``, ``comm_us``,
+    ``memcpy_us``, ``memset_us``, ``runtime_us``, ``dataloader_us``, ``cpu_us``,
+    ``idle_us`` (see ``steps()``; they add up to ``step_us``); ``gpu_idle_pct`` (% of the
+    windows in which no GPU activity runs, NaN without a GPU); ``overlap_pct`` (% of communication-kernel time overlapped by compute
     kernels, NaN without communication kernels); ``wait_us`` (mean per step of the time
     spent waiting for other ranks in collectives, NaN when none are matched);
     ``straggler_steps`` (steps in which this rank was the straggler, see ``stragglers``);
@@ -195,7 +233,9 @@ def ranks(trace: Trace) -> pd.DataFrame:
     """
     table = trace.steps()
     grouped = table.groupby("rank")
-    out = grouped.agg(steps=("step", "size"), step_us=("dur", "mean"), **{m: (m, "mean") for m in _MEANS})
+    out = grouped.agg(steps=("step", "size"), step_us=("window_dur", "mean"), **{m: (m, "mean") for m in _MEANS})
+    idle, window = grouped["gpu_idle_us"].sum(min_count=1), grouped["window_dur"].sum()
+    out["gpu_idle_pct"] = 100.0 * idle / window.where(window > 0)
     out = out.join(overlap(trace))
     found = collectives(trace)
     waits = found.groupby(["rank", "step"])["wait_us"].sum(min_count=1)

@@ -1,4 +1,5 @@
-"""``shapes()``: CPU ops grouped by name, input shapes and dtypes, with FLOPs where shapes fix them."""
+"""``shapes()``: call chains grouped by their top op's name, input shapes and dtypes, with FLOPs
+where shapes fix them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, rollup, text
+from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, rollup, text
 from tracemagic.trace.model import Trace
+from tracemagic.trace.structure import enclosing_of_kind
 
 Dims = list[list[int]]
 
@@ -203,46 +205,89 @@ def gpu_time(events: pd.DataFrame) -> np.ndarray:
     return rollup(events["launch"].to_numpy()[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
 
 
-def shapes(trace: Trace) -> pd.DataFrame:
-    """CPU ops grouped by rank, name, input dims and input types, busiest first.
+#: how a figure of FLOPs was had, most trusted first: a chain's is its least trusted part's
+_SOURCES = ("trace", "shapes", "estimate")
 
-    Columns: ``rank``, ``name``, ``input_dims``, ``input_type``, ``concrete_inputs`` (JSON
-    text as recorded, NA without ``record_shapes``; ``concrete_inputs`` holds the scalar and
-    list arguments, which torch writes since 2.x); ``calls``; ``total_us``, ``mean_us``, ``self_us`` (summed
-    self time); ``gpu_us`` (kernels, memcpy and memset launched inside the calls, nested
-    ops included); ``flops`` (per call: the trace's own ``flops`` arg when ``with_flops``
-    wrote it, else computed from the shapes for matmul, linear, bmm, conv and attention
-    ops, NA otherwise); ``tflops_per_s`` (calls × flops / time: GPU time where the op
-    launched GPU work, else host time); ``flops_source``
-    ('trace' | 'shapes' | 'estimate': a conv without ``concrete_inputs``, whose stride and
-    padding are unknown, so its output size is assumed equal to the input's; with them the
-    output size is computed exactly and the source is 'shapes'). Conv FLOPs count as torch's
-    ``with_flops`` does: no bias, transposed convs per input position. Nested ops each count their own FLOPs (``aten::linear`` and the
-    ``aten::addmm`` inside it), so do not sum ``flops`` across rows.
+
+def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FLOPs of one call of each of ``rows`` (NaN where unknown) and their source (an index
+    of ``_SOURCES``, -1 where unknown): the trace's own ``flops`` arg, else the shapes'."""
+    value = events["flops"].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+    source = np.where(np.isnan(value), -1, 0)
+    names = events["name"].to_numpy()[rows]
+    dims = events["input_dims"].to_numpy()[rows]
+    args = events["concrete_inputs"].to_numpy()[rows]
+    ruled = np.flatnonzero(np.isnan(value) & pd.Series(names).isin(FLOP_RULES.keys()).to_numpy() & pd.notna(dims))
+    keys = pd.MultiIndex.from_arrays([names[ruled], dims[ruled], pd.Series(args[ruled]).fillna("").to_numpy()])
+    codes, distinct = pd.factorize(keys)
+    found = [flops_with_source(str(n), str(d), str(a) or None) for n, d, a in distinct]
+    per_key = np.array([np.nan if f is None else f for f, _ in found] + [np.nan])
+    per_key_source = np.array([-1 if f is None else _SOURCES.index(str(how)) for f, how in found] + [-1])
+    value[ruled] = per_key[codes]
+    source[ruled] = per_key_source[codes]
+    return value, source
+
+
+def shapes(trace: Trace) -> pd.DataFrame:
+    """Call chains grouped by rank and their top op's name, input dims and input types,
+    busiest first.
+
+    One row per distinct top op of a call chain (see ``_common.call_chains``: the outermost
+    op with recorded shapes, or with none and no op with shapes inside, and the ops it runs
+    inside), so one convolution is one row (``aten::conv2d``), never also
+    ``aten::convolution``, ``aten::_convolution`` and ``aten::mkldnn_convolution``; chains
+    never overlap, so ``total_us`` adds up and ranks them. Columns: ``rank``, ``name``, ``input_dims``, ``input_type``,
+    ``concrete_inputs`` (the top op's, JSON text as recorded, NA without
+    ``record_shapes``; ``concrete_inputs`` holds the scalar and list arguments, which torch
+    writes since 2.x); ``calls``; ``total_us`` (the top op's duration, summed), ``mean_us``,
+    ``self_us`` (the self time of every op of the chains, summed: ``total_us`` less the
+    runtime calls and other non-op events inside); ``gpu_us`` (kernels, memcpy and memset
+    launched inside the chains); ``flops`` (per call: the top op's, the trace's own
+    ``flops`` arg when ``with_flops`` wrote it, else computed from the shapes for matmul,
+    linear, bmm, conv and attention ops; where the top op has none, the sum of its
+    outermost ops that have some, e.g. the two ``aten::mm`` of a linear layer's backward;
+    NA otherwise); ``tflops_per_s`` (calls × flops / time: GPU time where the chain
+    launched GPU work, else host time); ``flops_source`` ('trace' | 'shapes' | 'estimate':
+    a conv without ``concrete_inputs``, whose stride and padding are unknown, so its output
+    size is assumed equal to the input's; with them the output size is computed exactly
+    and the source is 'shapes'; a chain's is its least trusted part's). Conv FLOPs count
+    as torch's ``with_flops`` does: no bias, transposed convs per input position.
     """
     events = trace.events
-    picked = (events["kind"] == "cpu_op").to_numpy() & (events["ph"] == "X").to_numpy()
-    ops = events.loc[picked, ["rank", "name", "input_dims", "input_type", "concrete_inputs", "dur", "self_dur", "flops"]]
-    ops["gpu_us"] = gpu_time(events)[picked]
+    rows, top = call_chains(trace)
+    tops = rows[top == rows]
+    parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
+    n = len(events)
+    inside = top >= 0
+    chain_self = np.bincount(top[inside], weights=events["self_dur"].to_numpy()[rows[inside]], minlength=n)
+    value, source = _op_flops(events, rows)
+    known = np.zeros(n, dtype=bool)
+    known[rows[~np.isnan(value)]] = True
+    outer = inside & known[rows]
+    outer[outer] = enclosing_of_kind(parent, depth, known, rows[outer]) < 0
+    chain_flops = np.bincount(top[outer], weights=value[outer], minlength=n)
+    chain_source = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(chain_source, top[outer], source[outer])
     keys = ["rank", "name", "input_dims", "input_type", "concrete_inputs"]
-    grouped = ops.groupby(keys, observed=True, dropna=False, sort=False)
-    table = grouped.agg(
+    chains = events[keys + ["dur"]].iloc[tops]
+    chains = chains.assign(
+        self_dur=chain_self[tops],
+        gpu_us=gpu_time(events)[tops],
+        chain_flops=np.where(chain_source[tops] >= 0, chain_flops[tops], np.nan),
+        source=chain_source[tops],
+    )
+    table = chains.groupby(keys, observed=True, dropna=False, sort=False).agg(
         calls=("dur", "size"),
         total_us=("dur", "sum"),
         self_us=("self_dur", "sum"),
         gpu_us=("gpu_us", "sum"),
-        trace_flops=("flops", "mean"),
+        flops=("chain_flops", "mean"),
+        source=("source", "max"),
     ).reset_index()
     table["mean_us"] = table["total_us"] / table["calls"]
-    pairs = [
-        flops_with_source(str(name), None if pd.isna(dims) else str(dims), None if pd.isna(args) else str(args))
-        for name, dims, args in zip(table["name"], table["input_dims"], table["concrete_inputs"], strict=True)
-    ]
-    computed = pd.Series(pd.array([v for v, _ in pairs], dtype="Float64"), index=table.index)
-    own = table["trace_flops"].astype("Float64")
-    table["flops"] = own.fillna(computed)
-    source = np.where(own.notna(), "trace", np.array([s for _, s in pairs], dtype=object))
-    table["flops_source"] = text(source)
+    table["flops"] = table["flops"].astype("Float64")
+    named = np.array([*_SOURCES, None], dtype=object)
+    table["flops_source"] = text(named[table["source"].to_numpy()])  # -1: the None at the end
     seconds = table["gpu_us"].where(table["gpu_us"] > 0, table["total_us"]) * 1e-6
     table["tflops_per_s"] = (table["flops"] * table["calls"] / seconds / 1e12).where(seconds > 0)
     for column in ("name", "input_dims", "input_type", "concrete_inputs"):

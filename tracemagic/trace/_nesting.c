@@ -13,20 +13,21 @@
 #include <stdlib.h>
 
 PyDoc_STRVAR(nest_sorted_doc,
-             "nest_sorted(group, end, tolerance, parent, depth)\n\n"
-             "For rows sorted by (group, start, -end) (int64 and float64 buffers), fill\n"
-             "parent (int64: the nearest earlier row of the same group whose end is at least\n"
-             "this row's end minus tolerance, else -1) and depth (int32: its parent's + 1).");
+             "nest_sorted(group, start, end, tolerance, margin, parent, depth)\n\n"
+             "For rows sorted by (group, start, -end) (int64, float64 and float64 buffers), fill\n"
+             "parent (int64: the nearest earlier row of the same group that encloses this one, else\n"
+             "-1) and depth (int32: its parent's + 1). A row encloses a later one that starts with it,\n"
+             "or that ends at most tolerance after it ends and starts at least margin before it ends.");
 
 static PyObject *nest_sorted(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer group, end, parent, depth;
-    double tolerance;
-    if (!PyArg_ParseTuple(args, "y*y*dw*w*", &group, &end, &tolerance, &parent, &depth)) return NULL;
+    Py_buffer group, start, end, parent, depth;
+    double tolerance, margin;
+    if (!PyArg_ParseTuple(args, "y*y*y*ddw*w*", &group, &start, &end, &tolerance, &margin, &parent, &depth)) return NULL;
     Py_ssize_t n = group.len / (Py_ssize_t)sizeof(int64_t);
     PyObject *result = NULL;
     int64_t *stack = NULL;
-    if (end.len != n * (Py_ssize_t)sizeof(double) || parent.len != n * (Py_ssize_t)sizeof(int64_t) ||
-        depth.len != n * (Py_ssize_t)sizeof(int32_t)) {
+    if (start.len != n * (Py_ssize_t)sizeof(double) || end.len != n * (Py_ssize_t)sizeof(double) ||
+        parent.len != n * (Py_ssize_t)sizeof(int64_t) || depth.len != n * (Py_ssize_t)sizeof(int32_t)) {
         PyErr_SetString(PyExc_ValueError, "nest_sorted: buffers of different lengths");
         goto done;
     }
@@ -36,15 +37,22 @@ static PyObject *nest_sorted(PyObject *Py_UNUSED(self), PyObject *args) {
         goto done;
     }
     const int64_t *g = group.buf;
+    const double *s = start.buf;
     const double *e = end.buf;
     int64_t *up = parent.buf;
     int32_t *level = depth.buf;
     Py_ssize_t top = 0; /* stack size */
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i > 0 && g[i] != g[i - 1]) top = 0; /* a new thread */
-        double target = e[i] - tolerance;
-        /* a row that ends before this one's end cannot enclose it nor anything after it */
-        while (top > 0 && !(e[stack[top - 1]] >= target)) top--;
+        int same_thread = i > 0 && g[i] == g[i - 1];
+        if (!same_thread) top = 0; /* a new thread */
+        /* a row starting with the one before it nests in it (on top of the stack); else a
+         * row that ends too early, or before this one starts, cannot enclose it nor
+         * anything after it */
+        if (!(same_thread && s[i] == s[i - 1])) {
+            double target = e[i] - tolerance;
+            if (s[i] + margin > target) target = s[i] + margin;
+            while (top > 0 && !(e[stack[top - 1]] >= target)) top--;
+        }
         up[i] = top > 0 ? stack[top - 1] : -1;
         level[i] = top > 0 ? level[stack[top - 1]] + 1 : 0;
         stack[top++] = i;
@@ -53,6 +61,7 @@ static PyObject *nest_sorted(PyObject *Py_UNUSED(self), PyObject *args) {
 done:
     free(stack);
     PyBuffer_Release(&group);
+    PyBuffer_Release(&start);
     PyBuffer_Release(&end);
     PyBuffer_Release(&parent);
     PyBuffer_Release(&depth);

@@ -32,7 +32,7 @@ import pyarrow as pa
 from tracemagic.trace.columns import all_missing
 
 #: bump when the events table's columns or meaning change
-FORMAT = 6
+FORMAT = 7
 SUFFIX = ".tracemagic.arrow"
 FLOWS_SUFFIX = ".flows.arrow"
 _META_KEY = b"tracemagic"

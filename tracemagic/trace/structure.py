@@ -18,8 +18,13 @@ try:  # the one-pass nesting in C (setup.py builds it where a compiler is found)
 except ImportError:  # pragma: no cover - installed without a C compiler: numpy alone
     _nesting = None
 
-#: ends closer than this (µs) count as equal: JSON floats of epoch-µs times carry ~0.1 µs error
+#: an event that ends at most this much (µs) after another still nests in it: JSON floats of
+#: epoch-µs times carry ~0.1 µs error
 NEST_TOLERANCE_US = 0.25
+#: a child starts at least this much (µs) before its parent ends: half the nanosecond
+#: resolution of the finest traces, so float noise cannot make an event that starts at (or
+#: after) another's end, however short, its child: it is a sibling
+NEST_START_MARGIN_US = 0.0005
 MODULE_PREFIX = "nn.Module: "
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
 
@@ -42,16 +47,19 @@ def sort_by_thread(group: np.ndarray, start: np.ndarray, then: np.ndarray | None
     return order[np.argsort(dense, kind="stable")]
 
 
-def previous_enclosing(group: np.ndarray, end: np.ndarray) -> np.ndarray:
+def previous_enclosing(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For rows sorted by (group, start, -end): the nearest earlier row of the same group
-    whose end is not before this row's end (its parent), else -1.
+    that encloses this one (its parent), else -1.
 
-    Binary lifting over a sparse table of running maxima: O(n log n), vectorized.
+    A row encloses a later one when it ends no more than ``NEST_TOLERANCE_US`` before the
+    later one ends and at least ``NEST_START_MARGIN_US`` after it starts; or when both
+    start together (the sort puts the longer first; zero durations included). Binary
+    lifting over a sparse table of running maxima: O(n log n), vectorized.
     """
     n = end.size
     if n == 0:
         return np.empty(0, dtype=np.int64)
-    target = end - NEST_TOLERANCE_US
+    target = np.maximum(end - NEST_TOLERANCE_US, start + NEST_START_MARGIN_US)
     table = [end]
     span = 1
     while span * 2 <= n:
@@ -61,31 +69,34 @@ def previous_enclosing(group: np.ndarray, end: np.ndarray) -> np.ndarray:
     pos = np.arange(n, dtype=np.int64)  # search window is [.., pos): shrink pos leftwards
     for level in range(len(table) - 1, -1, -1):
         width = 1 << level
-        start = pos - width
-        ok = start >= 0
+        start_at = pos - width
+        ok = start_at >= 0
         maxima = np.full(n, np.inf)
-        maxima[ok] = table[level][start[ok]]
+        maxima[ok] = table[level][start_at[ok]]
         move = ok & (maxima < target)
-        pos = np.where(move, start, pos)
+        pos = np.where(move, start_at, pos)
     parent = pos - 1
     valid = parent >= 0
     valid[valid] &= end[parent[valid]] >= target[valid]
     valid[valid] &= group[parent[valid]] == group[valid]
-    return np.where(valid, parent, -1)
+    parent = np.where(valid, parent, -1)
+    together = np.append(False, (start[1:] == start[:-1]) & (group[1:] == group[:-1]))
+    parent[together] = np.flatnonzero(together) - 1
+    return parent
 
 
-def nest_sorted(group: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nest_sorted(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For rows sorted by (group, start, -end): each row's parent (``previous_enclosing``)
     and depth (0 at the top); in one pass in C where built, else with numpy."""
     if _nesting is not None:
         parent = np.empty(end.size, dtype=np.int64)
         depth = np.empty(end.size, dtype=np.int32)
         _nesting.nest_sorted(
-            np.ascontiguousarray(group, dtype=np.int64), np.ascontiguousarray(end, dtype=np.float64),
-            NEST_TOLERANCE_US, parent, depth,
+            np.ascontiguousarray(group, dtype=np.int64), np.ascontiguousarray(start, dtype=np.float64),
+            np.ascontiguousarray(end, dtype=np.float64), NEST_TOLERANCE_US, NEST_START_MARGIN_US, parent, depth,
         )
         return parent, depth
-    parent = previous_enclosing(group, end)
+    parent = previous_enclosing(group, start, end)
     depth = np.zeros(end.size, dtype=np.int32)
     while True:  # one round per nesting level; parents precede children, so it ends
         deeper = np.where(parent >= 0, depth[np.maximum(parent, 0)] + 1, 0)
@@ -124,8 +135,9 @@ def _cpu_by_thread_keyed(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """``cpu_by_thread`` and the ``thread_keys`` of its rows, in its order."""
     rows = timed_rows(events, CPU_KINDS)
     keys = thread_keys(events, rows)
-    ts = events["ts"].to_numpy()[rows]
-    order = sort_by_thread(keys, ts, -(ts + events["dur"].to_numpy()[rows]))
+    # of equal starts the longer first: by duration, which is exact, where an epoch-µs end
+    # (ts + dur) is rounded to 0.25 µs
+    order = sort_by_thread(keys, events["ts"].to_numpy()[rows], -events["dur"].to_numpy()[rows])
     return rows[order], keys[order]
 
 
@@ -144,8 +156,8 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     ordered, keys = _cpu_by_thread_keyed(events)
     if ordered.size == 0:
         return parent, depth, self_dur, ordered
-    end = (events["ts"].to_numpy()[ordered] - t0) + dur[ordered]  # from t0: epoch-µs floats are coarse
-    sorted_parent, d = nest_sorted(keys, end)
+    start = events["ts"].to_numpy()[ordered] - t0  # from t0: epoch-µs floats are coarse
+    sorted_parent, d = nest_sorted(keys, start, start + dur[ordered])
     has = sorted_parent >= 0
     parent[ordered[has]] = ordered[sorted_parent[has]]
     depth[ordered] = d

@@ -1,0 +1,331 @@
+"""Nesting and what is built on it: each CPU event's parent and depth, self time (``ops()``,
+torch's Self CPU), and call chains (``shapes()``, ``diff()``).
+
+Expectations come from the raw JSON through a nesting written here (one stack per thread,
+plain Python), never from the loader; self time is also checked against torch's own
+``key_averages()`` on a trace captured here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tracemagic
+from conftest import TRACES, make_cnn
+from tracemagic.trace import parse, structure
+
+#: the raw categories of events that run on a CPU thread and nest there
+CPU_CATS = {"cpu_op", "operator", "user_annotation", "python_function", "python", "cuda_runtime", "cuda_driver", "runtime"}
+OP_CATS = {"cpu_op", "operator"}
+GPU_CATS = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"}
+#: the rule, written here again: a child ends at most 0.25 µs after its parent ends (float
+#: error of epoch-µs times), starts at least half a nanosecond before the parent ends, or
+#: starts with it (the longer one first)
+TOLERANCE, MARGIN = 0.25, 0.0005
+PYTHON_HEAVY = [
+    "tracelens_normalization_layer_test.json.gz",  # 6,004 python_function frames
+    "hta_control.json.gz",  # 75k events, integer µs: many 0 µs ops at another's end
+    "kineto_worker0.1623143089861.pt.trace.json.gz",  # old category names
+    "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",  # ns floats of epoch µs
+]
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+# -- the oracle: nesting from the raw JSON -----------------------------------------------------
+def table_events(path: Path) -> list[dict[str, Any]]:
+    """The events a trace's table holds (duration events and instants), in file order."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    return [e for e in events if e.get("ph") in ("X", "i")]
+
+
+def is_cpu(e: dict[str, Any]) -> bool:
+    return e["ph"] == "X" and str(e.get("cat", "")).lower() in CPU_CATS
+
+
+def oracle(events: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Parent (index into ``events``, -1 at the top and off the CPU), depth (-1 off the
+    CPU) and self time (duration less the direct children's) of every event."""
+    t0 = min(e["ts"] for e in events)
+    n = len(events)
+    parent, depth = [-1] * n, [-1] * n
+    self_time = [float(e.get("dur", 0.0)) for e in events]
+    threads: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, e in enumerate(events):
+        if is_cpu(e):
+            threads[(str(e["pid"]), str(e["tid"]))].append(i)
+    for rows in threads.values():
+        start = {i: events[i]["ts"] - t0 for i in rows}
+        end = {i: start[i] + events[i]["dur"] for i in rows}
+        rows.sort(key=lambda i: (start[i], -events[i]["dur"], i))
+        stack: list[int] = []
+        for i in rows:
+            while stack:
+                p = stack[-1]
+                together = start[p] == start[i]
+                inside = end[p] >= end[i] - TOLERANCE and end[p] - start[i] >= MARGIN
+                if together or inside:
+                    break
+                stack.pop()
+            if stack:
+                parent[i] = stack[-1]
+                depth[i] = depth[stack[-1]] + 1
+                self_time[stack[-1]] -= events[i]["dur"]
+            else:
+                depth[i] = 0
+            stack.append(i)
+    return {"parent": parent, "depth": depth, "self": [max(s, 0.0) for s in self_time]}
+
+
+def load_both(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, tracemagic.Trace]:
+    """The trace nested in C and with numpy only."""
+    fast = tracemagic.load(path, use_cache=False)
+    with monkeypatch.context() as m:
+        m.setattr(structure, "_nesting", None)
+        m.setattr(parse, "_scan", None)
+        slow = tracemagic.load(path, use_cache=False)
+    assert structure._nesting is not None, "the C nesting is built (see test_scan.py)"
+    return {"C": fast, "numpy": slow}
+
+
+def assert_same_rows(trace: tracemagic.Trace, events: list[dict[str, Any]]) -> None:
+    """The table's rows are the raw events in file order (so indices compare)."""
+    table = trace.events
+    assert len(table) == len(events)
+    assert table["name"].astype(str).tolist() == [str(e.get("name", "")) for e in events]
+    np.testing.assert_array_equal(table["ts"].to_numpy(), [e["ts"] for e in events])
+
+
+# -- nesting ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", PYTHON_HEAVY)
+def test_nesting_of_real_traces_matches_the_raw_json(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = TRACES / name
+    events = table_events(path)
+    want = oracle(events)
+    start = np.array([e["ts"] for e in events]) - min(e["ts"] for e in events)
+    end = start + np.array([e.get("dur", 0.0) for e in events])
+    for how, trace in load_both(path, monkeypatch).items():
+        assert_same_rows(trace, events)
+        parent = trace.events["parent"].to_numpy()
+        depth = trace.events["depth"].to_numpy()
+        wrong = np.flatnonzero(parent != np.array(want["parent"]))
+        assert wrong.size == 0, f"{how}: {wrong.size} wrong parents, first at row {wrong[:1]}"
+        np.testing.assert_array_equal(depth, want["depth"], err_msg=how)
+        np.testing.assert_allclose(trace.events["self_dur"].to_numpy(), want["self"], atol=1e-6, err_msg=how)
+        # never the child of an event that ended before (or as) it started
+        child = np.flatnonzero(parent >= 0)
+        up = parent[child]
+        assert ((start[child] < end[up]) | (start[child] == start[up])).all(), how
+    assert max(want["depth"]) > 3 and sum(p >= 0 for p in want["parent"]) > 1000
+
+
+def write_trace(path: Path, spans: list[tuple[str, float, float]]) -> Path:
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": 1_000.0 + ts, "dur": dur, "args": {}}
+        for name, ts, dur in spans
+    ]
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_a_short_event_right_after_a_sibling_is_not_its_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A [0, 10) then B [10, 10.5); I [20, 30) then J [30, 30.1), shorter than the tolerance
+    (it used to nest in I); E ending 0.2 µs after A's end (rounding: still A's child), D
+    starting 1 ns before A's end, inside E; a 0 µs chain starting together (F > G) and H, 0 µs at
+    A's end, which starts with B."""
+    spans = [
+        ("A", 0.0, 10.0),
+        ("B", 10.0, 0.5),
+        ("D", 9.999, 0.2),
+        ("E", 9.0, 1.2),
+        ("F", 3.0, 0.0),
+        ("G", 3.0, 0.0),
+        ("H", 10.0, 0.0),
+        ("I", 20.0, 10.0),
+        ("J", 30.0, 0.1),
+    ]
+    path = write_trace(tmp_path / "siblings.json", spans)
+    want = {"A": None, "B": None, "D": "E", "E": "A", "F": "A", "G": "F", "H": "B", "I": None, "J": None}
+    for how, trace in load_both(path, monkeypatch).items():
+        table = trace.events
+        names = table["name"].astype(str).tolist()
+        got = {names[i]: (names[p] if p >= 0 else None) for i, p in enumerate(table["parent"])}
+        assert got == want, how
+        assert dict(zip(names, table["depth"].tolist())) == {"A": 0, "B": 0, "D": 2, "E": 1, "F": 1, "G": 2, "H": 1, "I": 0, "J": 0}, how
+        selfs = dict(zip(names, table["self_dur"]))
+        assert selfs["A"] == pytest.approx(8.8) and selfs["B"] == pytest.approx(0.5) and selfs["I"] == pytest.approx(10.0), how
+
+
+def test_memory_instant_at_an_ops_end_belongs_to_what_follows(tmp_path: Path) -> None:
+    """enclosing_at, the instants' nesting: an allocation at the end of an op is not in it."""
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "outer", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0, "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "first", "pid": 1, "tid": 1, "ts": 10.0, "dur": 10.0, "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "empty", "pid": 1, "tid": 1, "ts": 30.0, "dur": 0.0, "args": {}},
+    ]
+    for at in (15.0, 20.0, 30.0, 100.0):
+        events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": at,
+                       "args": {"Bytes": 64, "Total Allocated": 64, "Total Reserved": 64, "Device Type": 0, "Device Id": -1, "Addr": 1}})
+    path = tmp_path / "memory.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = tracemagic.load(path, use_cache=False)
+    table = trace.memory()
+    assert [None if op != op else str(op) for op in table["op"]] == ["first", "outer", "empty", None]
+
+
+# -- self time: torch's Self CPU ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cnn_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three training steps of the small CNN with stacks (python_function frames), shapes
+    and a record_function block around each step's work."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = make_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 1, 16, 16)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True, record_shapes=True) as prof:
+        for _ in range(3):
+            with record_function("train_step"):
+                optimizer.zero_grad()
+                model(x).sum().backward()
+                optimizer.step()
+            prof.step()
+    path = tmp_path_factory.mktemp("cnn") / "cnn.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    averages = {e.key: e for e in prof.key_averages()}
+    return {"path": path, "averages": averages, "trace": tracemagic.load(path, use_cache=False)}
+
+
+def test_self_time_is_torchs_self_cpu(cnn_trace: dict[str, Any]) -> None:
+    """``ops()`` self time summed by name equals ``key_averages()``'s self CPU time (python
+    frames are function events there and are subtracted like any child), and each row's
+    equals the raw JSON's duration less its direct children's."""
+    trace, averages = cnn_trace["trace"], cnn_trace["averages"]
+    events = table_events(cnn_trace["path"])
+    want = oracle(events)
+    ops = trace.ops()
+    np.testing.assert_allclose(ops["self_dur"].to_numpy(), np.array(want["self"])[ops["row"].to_numpy()], atol=1e-6)
+    assert (ops["kind"] != "cpu_op").any() and any(e.get("cat") == "python_function" for e in events)
+    ours = ops.assign(name=ops["name"].astype(str).str.replace(r"^ProfilerStep#\d+$", "ProfilerStep*", regex=True))
+    by_name = ours.groupby("name")["self_dur"].sum()
+    # (counts may differ: the export holds an op nested in one of its own name, aten::div in
+    # aten::div, that key_averages folds into the outer one, its time included)
+    for name, total in by_name.items():
+        assert total == pytest.approx(averages[name].self_cpu_time_total, rel=0.005, abs=3.0), name
+    assert len(by_name) > 30
+    # where python frames sit inside an op (the record_function block), they are subtracted
+    block = ops[ops["name"] == "train_step"]
+    assert (block["self_dur"] < 0.2 * block["dur"]).all()
+    assert by_name["train_step"] == pytest.approx(averages["train_step"].self_cpu_time_total, rel=0.005, abs=3.0)
+
+
+# -- call chains: shapes() and diff() -------------------------------------------------------------
+def chain_oracle(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per call-chain top (index into ``events``): its key and the chain's self and GPU time.
+
+    The top is the outermost op that records ``Input Dims`` or holds no op that does
+    (wrappers around ops with shapes are no top); its chain is every op nested in it.
+    """
+    want = oracle(events)
+    parent = want["parent"]
+    ops = [i for i, e in enumerate(events) if e["ph"] == "X" and str(e.get("cat", "")).lower() in OP_CATS
+           and not str(e.get("name", "")).startswith("ProfilerStep#")]
+    shaped = {i for i in ops if "Input Dims" in events[i].get("args", {})}
+    wrappers = set()
+    for i in shaped:
+        at = parent[i]
+        while at >= 0:
+            wrappers.add(at)
+            at = parent[at]
+    candidates = {i for i in ops if i in shaped or i not in wrappers}
+
+    def top_of(i: int) -> int:
+        found, at = -1, i
+        while at >= 0:
+            if at in candidates:
+                found = at
+            at = parent[at]
+        return found
+
+    chains: dict[int, dict[str, Any]] = {}
+    for i in ops:
+        top = top_of(i)
+        if top < 0:
+            continue
+        if top not in chains:
+            args = events[top].get("args", {})
+            key = (events[top]["name"], *(json.dumps(args.get(k)) for k in ("Input Dims", "Input type", "Concrete Inputs")))
+            chains[top] = {"key": key, "dur": events[top]["dur"], "self": 0.0, "gpu": 0.0}
+        chains[top]["self"] += want["self"][i]
+    launched = {e["args"]["correlation"]: i for i, e in enumerate(events)
+                if is_cpu(e) and str(e.get("cat")).lower() in ("cuda_runtime", "runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    for e in events:
+        if e["ph"] == "X" and str(e.get("cat", "")).lower() in GPU_CATS and e.get("args", {}).get("correlation") in launched:
+            runtime = launched[e["args"]["correlation"]]
+            holder = parent[runtime]
+            while holder >= 0 and holder not in chains:
+                holder = parent[holder]
+            if holder >= 0:
+                chains[holder]["gpu"] += e["dur"]
+    return chains
+
+
+def table_key(row: Any) -> tuple[str, ...]:
+    def canon(text: Any) -> str:
+        return json.dumps(None if text is None or text != text else json.loads(text))
+
+    return (row["name"], canon(row["input_dims"]), canon(row["input_type"]), canon(row["concrete_inputs"]))
+
+
+@pytest.mark.parametrize("which", ["cnn", "resnet50"])
+def test_shapes_and_diff_rows_are_call_chains(which: str, cnn_trace: dict[str, Any], tmp_path: Path) -> None:
+    if which == "cnn":
+        path, trace = cnn_trace["path"], cnn_trace["trace"]
+    else:
+        path = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
+        trace = tracemagic.load(path, use_cache=False)
+    events = table_events(path)
+    chains = chain_oracle(events)
+    want: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for chain in chains.values():
+        row = want[chain["key"]]
+        row[0] += 1
+        row[1] += chain["dur"]
+        row[2] += chain["self"]
+        row[3] += chain["gpu"]
+    df = trace.shapes()
+    got = {table_key(r): [r["calls"], r["total_us"], r["self_us"], r["gpu_us"]] for _, r in df.iterrows()}
+    assert len(got) == len(df) == len(want)
+    assert set(got) == set(want)
+    for key, (calls, total, self_us, gpu) in want.items():
+        assert got[key][0] == calls, key
+        assert got[key][1:] == pytest.approx([total, self_us, gpu], abs=1e-3), key
+    assert df["total_us"].is_monotonic_decreasing
+    # one convolution, one row: the op the model called, not the ops it runs
+    names = set(df["name"].astype(str))
+    assert "aten::conv2d" in names
+    assert not names & {"aten::convolution", "aten::_convolution", "aten::mkldnn_convolution", "aten::cudnn_convolution"}
+    convs = sum(1 for e in events if e.get("name") == "aten::conv2d")
+    assert df.loc[df["name"] == "aten::conv2d", "calls"].sum() == convs > 0
+    if which == "resnet50":
+        assert df.loc[df["name"] == "aten::conv2d", "gpu_us"].sum() > 0
+        assert df.loc[df["gpu_us"].idxmax(), "name"] in ("aten::conv2d", "CudnnConvolutionBackward")
+
+    table = trace.diff(trace)
+    op_rows = table[table["level"] == "op"].set_index("name")
+    assert op_rows["calls_a"].to_dict() == dict(Counter(events[top]["name"] for top in chains))
+    assert op_rows["us_a"].sum() == pytest.approx(sum(c["dur"] for c in chains.values()))
+    assert op_rows["gpu_us_a"].sum() == pytest.approx(sum(c["gpu"] for c in chains.values()))
