@@ -19,7 +19,9 @@ answering is replaced and the mutant it was on is recorded.
 
 Usage: ``.venv/bin/python bench/fuzz_load.py [--mutants 10000] [--seed 0] [--jobs 2]
 [--batch 100] [--json]`` prints the counts by outcome (and the failures, reproducible
-with ``--only N``); exit status 1 when any failure was found.
+with ``--only N``, written to a folder with ``--save DIR --only N``); exit status 1 when any
+failure was found. ``TRACEMAGIC_FUZZ_CRASH_AT=N`` / ``TRACEMAGIC_FUZZ_HANG_AT=N`` make the
+worker die or stall at mutant N (``tests/test_fuzz.py`` checks the harness reports them).
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import sys
 import tarfile
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
