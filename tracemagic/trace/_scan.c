@@ -66,43 +66,62 @@ static inline int same_string(yyjson_val *a, yyjson_val *b) {
            same_bytes(yyjson_get_str(a), yyjson_get_str(b), yyjson_get_len(a));
 }
 
+/* Values nested deeper than this are left to the msgspec path (which keeps them as text):
+ * the hashing and comparing below recurse, and their depth must be bounded. */
+#define MAX_DEPTH 64
+#define TOO_DEEP 0 /* hash_value's answer for a value nested deeper than MAX_DEPTH */
+
+/* The bytes of a string or of a raw number (a number beyond 64 bits, kept as its text by
+ * YYJSON_READ_BIGNUM_AS_RAW; yyjson_get_str() is NULL for those). */
+static inline const char *text_of(yyjson_val *v) { return unsafe_yyjson_get_str(v); }
+
+/* The hash of v; TOO_DEEP (never a real hash: see below) when it nests too deep. */
 static uint64_t hash_value(yyjson_val *v, int depth) {
     uint64_t h = mix(0xcbf29ce484222325ULL, yyjson_get_tag(v) & 0xff);
-    if (depth > 64) return h;
+    if (depth > MAX_DEPTH) return TOO_DEEP;
     switch (yyjson_get_type(v)) {
         case YYJSON_TYPE_STR:
         case YYJSON_TYPE_RAW: /* a number beyond 64 bits, as text */
-            return hash_bytes(h, yyjson_get_str(v), yyjson_get_len(v));
+            h = hash_bytes(h, text_of(v), yyjson_get_len(v));
+            break;
         case YYJSON_TYPE_NUM:
-            return mix(h, v->uni.u64);
+            h = mix(h, v->uni.u64);
+            break;
         case YYJSON_TYPE_ARR: {
             size_t i, max;
             yyjson_val *item;
-            yyjson_arr_foreach(v, i, max, item) h = mix(h, hash_value(item, depth + 1));
-            return h;
+            yyjson_arr_foreach(v, i, max, item) {
+                uint64_t inner = hash_value(item, depth + 1);
+                if (inner == TOO_DEEP) return TOO_DEEP;
+                h = mix(h, inner);
+            }
+            break;
         }
         case YYJSON_TYPE_OBJ: {
             size_t i, max;
             yyjson_val *key, *item;
             yyjson_obj_foreach(v, i, max, key, item) {
+                uint64_t inner = hash_value(item, depth + 1);
+                if (inner == TOO_DEEP) return TOO_DEEP;
                 h = mix(h, hash_value(key, depth + 1));
-                h = mix(h, hash_value(item, depth + 1));
+                h = mix(h, inner);
             }
-            return h;
+            break;
         }
         default:
-            return h;
+            break;
     }
+    return h == TOO_DEEP ? 1 : h;
 }
 
-/* Same JSON value, same spelling of its numbers (1 and 1.0 stay apart; Python merges them). */
+/* Same JSON value, same spelling of its numbers (1 and 1.0 stay apart; Python merges them).
+ * Only called on values hash_value accepted, so the recursion is at most MAX_DEPTH deep. */
 static int same_value(yyjson_val *a, yyjson_val *b) {
     if ((yyjson_get_tag(a) & 0xff) != (yyjson_get_tag(b) & 0xff)) return 0;
     switch (yyjson_get_type(a)) {
         case YYJSON_TYPE_STR:
         case YYJSON_TYPE_RAW:
-            return yyjson_get_len(a) == yyjson_get_len(b) &&
-                   same_bytes(yyjson_get_str(a), yyjson_get_str(b), yyjson_get_len(a));
+            return yyjson_get_len(a) == yyjson_get_len(b) && same_bytes(text_of(a), text_of(b), yyjson_get_len(a));
         case YYJSON_TYPE_NUM:
             return a->uni.u64 == b->uni.u64;
         case YYJSON_TYPE_ARR: {
@@ -166,10 +185,11 @@ static int interner_grow(Interner *t) {
     return 0;
 }
 
-/* The code of v (-1 on allocation failure; the caller bails). */
+/* The code of v (-1 on allocation failure or a value nested too deep; the caller bails). */
 static int32_t intern(Interner *t, yyjson_val *v) {
     if (t->last >= 0 && yyjson_is_str(v) && same_string(t->values[t->last], v)) return t->last;
     uint64_t h = hash_value(v, 0);
+    if (h == TOO_DEEP) return -1;
     Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)(t->nslots - 1));
     while (t->slots[s] >= 0) {
         int32_t i = t->slots[s];

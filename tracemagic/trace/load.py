@@ -20,7 +20,7 @@ from tracemagic.trace.model import Trace
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.progress import Aggregate, Progress, bar_for
 from tracemagic.trace.pfw import is_pfw, pfw_to_kineto
-from tracemagic.trace.read import Source, file_source, rank_files, read_sources
+from tracemagic.trace.read import Source, default_max_bytes, file_source, inside, rank_files, read_sources, regular_file
 
 #: row-number columns that must be shifted when ranks are stacked
 ROW_COLUMNS = ("parent", "launch", "op", "module")
@@ -32,6 +32,13 @@ PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 
 def _prepare(parsed: ParsedTrace) -> ParsedTrace:
     """Normalize one rank's columns and add the derived structure."""
+    parsed.events, dropped = normalize.without_timeless(parsed.events)
+    parsed.flows, dropped_flows = normalize.without_timeless(parsed.flows)
+    if dropped or dropped_flows:
+        parsed.warnings.append(
+            f"{parsed.meta.get('source')}: {dropped} events and {dropped_flows} flow events without a "
+            "timestamp (ts) left out"
+        )
     events = parsed.events
     events["kind"] = normalize.event_kinds(events)
     if normalize.timestamps_in_ns(events["ts"].to_numpy()):
@@ -62,18 +69,27 @@ def parse_source(
     return _prepare(parsed)
 
 
-def _parse_path(args: tuple[str, int | None, bool]) -> ParsedTrace:
+def _parse_path(args: tuple[str, int | None, bool, int | None]) -> ParsedTrace:
     """Worker entry: parse one rank file in a child process."""
-    path, rank, recover = args
-    return parse_source(file_source(Path(path), rank), recover, workers=1)
+    path, rank, recover, max_bytes = args
+    return parse_source(file_source(Path(path), rank, max_bytes), recover, workers=1)
+
+
+#: ranks are stored as int32
+_MAX_RANK = 2**31 - 1
 
 
 def _assign_ranks(parsed: list[ParsedTrace]) -> list[int]:
+    """Each file's rank: its ``distributedInfo``'s, else its name's, else the first free one
+    (a rank outside 0 .. 2**31-1 is not taken, with a warning)."""
     taken: list[int | None] = []
     for p in parsed:
         rank = p.meta.get("rank")
         if rank is None:
             rank = p.meta.get("rank_hint")
+        if rank is not None and not 0 <= rank <= _MAX_RANK:
+            p.warnings.append(f"{p.meta.get('source')}: rank {rank} is out of range; numbered as the next free rank")
+            rank = None
         taken.append(rank)
     used = {r for r in taken if r is not None}
     free = (r for r in range(len(parsed) + len(used) + 1) if r not in used)
@@ -119,7 +135,7 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
 def _manifest(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | None] | None]:
     """A capture directory's manifest and the Kineto files it lists, with their ranks."""
     manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
+    if not manifest_path.is_file() or not inside(path, [manifest_path])[0]:
         return None, None
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -160,6 +176,7 @@ def load(
     use_cache: bool = True,
     workers: int | None = None,
     progress: bool | Progress | None = None,
+    max_bytes: int | None = None,
 ) -> Trace:
     """Load a Kineto trace into an analysis-ready ``Trace``.
 
@@ -177,38 +194,64 @@ def load(
         progress: ``None`` shows a progress bar (a widget in a notebook, a line on a
             terminal's stderr) for inputs over 50 MB; ``True`` always, ``False`` never; or a
             callable ``progress(done_bytes, total_bytes)`` called as the files are read.
+        max_bytes: the most JSON one load may decompress from ``.gz`` files and archives
+            (default: half the memory available, at least 256 MiB), so a small file that
+            inflates to gigabytes (a decompression bomb) stops with a ``TraceError`` instead
+            of filling the memory; raise it to load a larger trace.
+
+    Only regular files are read (not FIFOs or devices), and in a folder only the files that
+    lie in it (symlinks leading out of it are skipped, with a warning).
 
     Raises:
         TraceError: the path holds no Kineto trace, or a damaged one (naming the file and
-            byte offset), or another kind of file (an Execution Trace, a memory timeline).
+            byte offset), or another kind of file (an Execution Trace, a memory timeline),
+            or more than ``max_bytes`` of JSON.
     """
     path = Path(path)
+    limit = default_max_bytes() if max_bytes is None else max_bytes
     manifest, listed = (None, None)
+    outside: list[Path] = []
     if path.is_dir():
         manifest, listed = _manifest(path)
         if listed is None:
             listed = {p: None for p in rank_files(path)}
+        kept, outside = inside(path, listed)
+        if not kept:
+            raise TraceError(
+                f"{path}: its trace files ({', '.join(p.name for p in outside[:4])}) are symlinks to "
+                "files outside the folder, which tracemagic does not follow. Load the files "
+                "themselves, or copy them into the folder.",
+                path=str(path),
+            )
+        listed = {p: listed[p] for p in kept}
     elif not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
+    else:
+        regular_file(path)
     files = list(listed) if listed is not None else None
-    key = cache.key_for(path, files, recover)
+    key = cache.key_for(path, files, recover) if use_cache else ""
     if use_cache:
         hit = cache.read(key, path, cache_dir)
         if hit is not None:
             events, flows, meta = hit
             return Trace(events, flows, meta, path=path, manifest=manifest)
     if listed is not None:
-        sources = [file_source(p, rank) for p, rank in listed.items()]
+        sources = [file_source(p, rank, limit) for p, rank in listed.items()]
     elif is_pfw(path.name):
-        sources = [Source.from_bytes(str(path), pfw_to_kineto(path))]
+        sources = [Source.from_bytes(str(path), pfw_to_kineto(path, limit))]
     else:
-        sources = read_sources(path)
+        sources = read_sources(path, limit)
     total = sum(s.size for s in sources)
     callback = bar_for(progress, total, path.name)
     if files is not None:
         parsed = _parse_files(sources, recover, workers, callback, total)
     else:
         parsed = _parse_sources(sources, recover, callback, total, workers)
+    if outside:
+        parsed[0].warnings.append(
+            f"{path}: skipped {len(outside)} symlinks to files outside the folder "
+            f"({', '.join(p.name for p in outside[:4])})"
+        )
     ranks = _assign_ranks(parsed)
     events, flows, cpu_order = _stack(parsed, ranks)
     meta = {
@@ -248,7 +291,8 @@ def _parse_files(
         overall = Aggregate(callback, total) if callback is not None else None
         results: list[ParsedTrace] = []
         with ProcessPoolExecutor(max_workers=limit, mp_context=get_context("spawn")) as pool:
-            for source, parsed in zip(sources, pool.map(_parse_path, [(s.name, s.rank_hint, recover) for s in sources])):
+            jobs = [(s.name, s.rank_hint, recover, s.max_bytes) for s in sources]
+            for source, parsed in zip(sources, pool.map(_parse_path, jobs)):
                 results.append(parsed)
                 if overall is not None:
                     overall.advance(source.size)

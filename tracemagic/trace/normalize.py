@@ -8,6 +8,7 @@ AMD traces call the runtime ``hip*``. All of them map to the kinds below.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,10 @@ KINDS = (
 GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation")
 #: kinds that run on a CPU thread and nest there
 CPU_KINDS = ("step", "cpu_op", "user_annotation", "python_function", "runtime")
+#: a step's name: ``ProfilerStep#`` and its number (which fits int64); ``ProfilerStep#abc``
+#: and the like are left as the annotations they are
+STEP_NAME = re.compile(r"ProfilerStep#\d{1,18}(?!\d)")
+_INT64 = 2**63
 
 _CATEGORY_KIND = {
     "cpu_op": "cpu_op",
@@ -63,7 +68,7 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     names = events["name"]
     is_memory = (events["ph"] != "X").to_numpy() & (names == "[memory]").to_numpy()
     codes = np.where(is_memory, KINDS.index("memory"), codes)
-    step_names = names.cat.categories.str.startswith("ProfilerStep#")
+    step_names = np.asarray(names.cat.categories.str.match(STEP_NAME.pattern), dtype=bool)
     if step_names.any():
         is_step = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(step_names))
         on_cpu = np.isin(codes, [KINDS.index("cpu_op"), KINDS.index("user_annotation")])
@@ -102,6 +107,17 @@ def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
     return mask
 
 
+def without_timeless(table: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """``table`` without its rows that have no timestamp (``ts`` missing or not a finite
+    number: such an event cannot be placed in time, nor nested, nor put in a step), and
+    how many were left out."""
+    timed = np.isfinite(table["ts"].to_numpy())
+    dropped = int(timed.size - np.count_nonzero(timed))
+    if not dropped:
+        return table, 0
+    return table[timed].reset_index(drop=True), dropped
+
+
 def timestamps_in_ns(ts: np.ndarray) -> bool:
     """Whether timestamps are nanoseconds (µs epoch times are ~1.7e15; ns ones ~1.7e18)."""
     finite = ts[np.isfinite(ts)]
@@ -110,9 +126,10 @@ def timestamps_in_ns(ts: np.ndarray) -> bool:
 
 def _number(text: Any) -> int | None:
     try:
-        return int(str(text).split()[-1], 0)
+        number = int(str(text).split()[-1], 0)
     except (ValueError, IndexError):
         return None
+    return number if -_INT64 <= number < _INT64 else None
 
 
 def fill_device_and_stream(events: pd.DataFrame) -> None:
@@ -121,8 +138,9 @@ def fill_device_and_stream(events: pd.DataFrame) -> None:
     gpu = kinds.isin(GPU_KINDS).to_numpy()
     if not gpu.any():
         return
-    pid_numbers = pd.array([_number(c) for c in events["pid"].cat.categories], dtype="Int64")
-    tid_numbers = pd.array([_number(c) for c in events["tid"].cat.categories], dtype="Int64")
+    # a last entry, missing, for the events without a pid or tid (code -1)
+    pid_numbers = pd.array([_number(c) for c in events["pid"].cat.categories] + [None], dtype="Int64")
+    tid_numbers = pd.array([_number(c) for c in events["tid"].cat.categories] + [None], dtype="Int64")
     pid_codes = events["pid"].cat.codes.to_numpy()
     tid_codes = events["tid"].cat.codes.to_numpy()
     device = events["device"].copy()
@@ -166,7 +184,9 @@ def metadata(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _int_or_none(value: Any) -> int | None:
+    """An integer that fits int64, else None (also for text, inf and other JSON)."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return number if -_INT64 <= number < _INT64 else None

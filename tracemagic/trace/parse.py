@@ -94,6 +94,8 @@ class _Args(msgspec.Struct, gc=False):
 
 
 _EMPTY_ARGS = _Args()
+#: the JSON key of each ``_Args`` field (for messages)
+_ARG_KEY = {f.name: f.encode_name for f in msgspec.structs.fields(_Args)}
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -123,10 +125,15 @@ class _LooseEvent(msgspec.Struct, gc=False):
 
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
-_LOOSE_EVENTS = msgspec.json.Decoder(list[_LooseEvent])
+#: the loose path reads numbers beyond float64 too (``1e400``: as text, see ``_float_or_text``)
+_LOOSE_EVENTS = msgspec.json.Decoder(list[_LooseEvent], float_hook=lambda text: _float_or_text(text))
 _ONE_ARGS = msgspec.json.Decoder(_Args)
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.json.Decoder()
+#: ``_ANY`` that reads numbers beyond float64 (as inf) instead of failing
+_BIG = msgspec.json.Decoder(float_hook=float)
+#: the trace's metadata: numbers beyond float64 stay text
+_META = msgspec.json.Decoder(float_hook=lambda text: _float_or_text(text))
 
 #: event columns pulled from every X/i event
 _BASE = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
@@ -205,17 +212,109 @@ def _offset_of(exc: Exception) -> int | None:
     return int(match.group(1) or match.group(2))
 
 
+#: values nested deeper than this are replaced by a string before msgspec decodes them (it
+#: recurses, and gives up with RecursionError near Python's recursion limit, ~1,000 levels)
+MAX_NESTING = 200
+_STRUCTURE = re.compile(rb'[\[\]{}"]')
+_STRING_REST = re.compile(rb'(?:[^"\\]|\\.)*"', re.S)
+_TOO_DEEP = b"<nested too deep>"
+_BAD_BYTE = re.compile("[\udc80-\udcff]")
+
+
+def _repair(data: bytes, base: int = 0) -> tuple[bytes, list[str]]:
+    """``data`` made decodable at the same length (so offsets in it stay true): invalid UTF-8
+    bytes become ``?``, values nested deeper than ``MAX_NESTING`` a string; and notes of
+    what was replaced (``base`` is ``data``'s offset in the file)."""
+    notes = []
+    text = data.decode("utf-8", "surrogateescape")
+    bad = _BAD_BYTE.search(text)
+    if bad is not None:
+        offset = base + len(text[: bad.start()].encode("utf-8", "surrogateescape"))
+        count = len(_BAD_BYTE.findall(text))
+        data = _BAD_BYTE.sub("?", text).encode("utf-8")
+        notes.append(f"invalid UTF-8 at byte {offset} ({count} bytes in all read as '?')")
+    out = bytearray(data)
+    depth, deep_from, pos = 0, -1, 0
+    while (match := _STRUCTURE.search(data, pos)) is not None:
+        at = pos = match.start()
+        char = data[at]
+        pos += 1
+        if char == 0x22:  # a string: skip to its end
+            rest = _STRING_REST.match(data, pos)
+            if rest is None:
+                break  # the rest of the data is inside it
+            pos = rest.end()
+        elif char in b"[{":
+            depth += 1
+            if depth == MAX_NESTING + 1:
+                deep_from = at
+        else:
+            if depth == MAX_NESTING + 1 and deep_from >= 0:
+                _blank(out, deep_from, at + 1)
+                deep_from = -1
+            depth -= 1
+    if deep_from >= 0:  # never closed: blank to the end (the data is cut off there)
+        out[deep_from:] = b" " * (len(out) - deep_from)
+    return bytes(out), notes
+
+
+def _blank(out: bytearray, start: int, stop: int) -> None:
+    """Replace ``out[start:stop]`` (a value nested too deep) by the string ``_TOO_DEEP`` and
+    spaces, the same length. No note: where a column reads it, it shows; elsewhere it is
+    skipped, as the C scanner skips it (so no warning can tell the two paths apart)."""
+    text = b'"' + _TOO_DEEP + b'"'
+    if len(text) > stop - start:
+        text = b'""'
+    out[start:stop] = text.ljust(stop - start)
+
+
+def _decode(decoder: Any, data: Any, notes: list[str] | None = None, base: int = 0) -> Any:
+    """``decoder.decode(data)``; where msgspec meets invalid UTF-8 or nesting too deep for it,
+    decoded again from ``_repair``'s copy (``notes`` gets what was replaced).
+
+    Raises msgspec.DecodeError for malformed JSON, as ``decode`` does.
+    """
+    try:
+        return decoder.decode(data)
+    except (UnicodeDecodeError, RecursionError):
+        fixed, done = _repair(bytes(data), base)
+    if notes is not None:
+        notes.extend(done)
+    return decoder.decode(fixed)
+
+
 def _literal(value: Any) -> Any:
-    """Metadata values written as Python reprs (``"{'rank': 2}"``) become objects; never eval."""
+    """Metadata values written as Python reprs (``"{'rank': 2}"``) become objects; never eval.
+    Only values JSON can hold are taken (the cache stores metadata as JSON)."""
     if isinstance(value, str) and value[:1] in "{[":
         try:
-            return ast.literal_eval(value)
+            parsed = ast.literal_eval(value)
         except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
             try:
-                return _ANY.decode(value)
+                return _decode(_META, value.encode("utf-8", "surrogatepass"))
             except msgspec.DecodeError:
                 return value
+        try:
+            return json.loads(json.dumps(parsed, allow_nan=False))
+        except (TypeError, ValueError, RecursionError):
+            return value
     return value
+
+
+def _finite(value: Any) -> float | None:
+    """A JSON number (or numeric text) as a finite float; None for anything else."""
+    number = _to_number(value)
+    try:
+        number = float(number) if number is not None else None
+    except OverflowError:  # an integer beyond float64
+        return None
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _float_or_text(text: str) -> float | str:
+    """msgspec's ``float_hook`` on the loose path: a number beyond float64 (``1e400``) stays text."""
+    value = float(text)
+    return value if math.isfinite(value) else text
 
 
 def _to_number(value: Any) -> int | float | None:
@@ -299,10 +398,15 @@ class _Interner:
 
 def _json_text(raw: bytes) -> str:
     """A JSON value as text in one spelling, ``json.dumps``'s (``[[8, 32], [64]]``, as Kineto
-    writes it), whoever wrote it and whichever parser read it."""
+    writes it), whoever wrote it and whichever parser read it (numbers beyond float64 are
+    ``Infinity``)."""
     try:
-        return json.dumps(_ANY.decode(raw), ensure_ascii=False)
-    except (msgspec.DecodeError, ValueError, TypeError):
+        try:
+            value = _ANY.decode(raw)
+        except msgspec.DecodeError:  # a number beyond float64
+            value = _BIG.decode(raw)
+        return json.dumps(value, ensure_ascii=False)
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError):  # invalid UTF-8, too deep
         return raw.decode("utf-8", "replace")
 
 
@@ -331,7 +435,7 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
     except (TypeError, ValueError):
         floats = None
     if floats is not None and floats.ndim == 1:
-        mask = np.isnan(floats)
+        mask = ~np.isfinite(floats)  # inf: numeric text beyond float64 ("1e400")
         if floating:
             return floats, mask
         finite = floats[~mask]
@@ -343,17 +447,25 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
     if nones:
         objects[mask] = 0
     try:
-        return objects.astype(dtype), mask
+        values = objects.astype(dtype)
     except (TypeError, ValueError, OverflowError):
         pass
+    else:
+        if not floating:
+            return values, mask
+        return values, mask | ~np.isfinite(values)  # numeric text beyond float64 ("1e400")
     values = np.zeros(n, dtype=dtype)
     mask = np.ones(n, dtype=bool)
     for i, raw in enumerate(col):
-        number = _to_number(raw)
-        if number is None or (not floating and (isinstance(number, float) or abs(number) > _INT64_MAX)):
-            if not floating and isinstance(number, float) and math.isfinite(number):
-                number = int(number)
-            else:
+        number = _finite(raw) if floating else _to_number(raw)
+        if number is None:
+            continue
+        if not floating:
+            if isinstance(number, float):
+                if not math.isfinite(number):
+                    continue
+                number = int(number)  # truncated, as astype does
+            if abs(number) > _INT64_MAX:
                 continue
         values[i] = number
         mask[i] = False
@@ -386,6 +498,8 @@ class _Builder:
         }
         self.flow_cats = self.interners.flow_cats
         self.flow_parts: dict[str, list[Any]] = {c: [] for c in ("ph", "cat", "pid", "tid", "id", "ts")}
+        #: per (JSON field, floating): values present that are not numbers fitting the column (left missing)
+        self.dropped: dict[tuple[str, bool], int] = {}
         self.processes: dict[str, str] = {}
         self.threads: dict[tuple[str, str], str] = {}
         # with shared interners, codes follow the order the threads met values in: the
@@ -428,7 +542,7 @@ class _Builder:
         if old.count(None) != n:
             columns["external_id"] = tuple(o if v is None else v for v, o in zip(columns["external_id"], old))
         for column, source, floating in _ARG_COLUMNS:
-            self.numbers[column].append((n, _numbers(columns[source], floating)))
+            self.numbers[column].append((n, self._numbers(f"args {_ARG_KEY[source]!r}", columns[source], floating)))
         for column in _ARG_STRINGS:
             values = columns[column]
             self._keep(column, np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n))
@@ -478,6 +592,8 @@ class _Builder:
                 self.firsts[column] += firsts
         self.processes.update(other.processes)
         self.threads.update(other.threads)
+        for key, count in other.dropped.items():
+            self.dropped[key] = self.dropped.get(key, 0) + count
         self.n += other.n
 
     def _flows(self, flows: list[Any]) -> None:
@@ -488,7 +604,16 @@ class _Builder:
         for column, values in (("ph", ph), ("cat", cat), ("pid", pid), ("tid", tid)):
             self._keep(f"flow {column}", self.flow_cats[column].codes(values, n))
         self.flow_parts["ts"].append(np.array(ts, dtype=np.float64))
-        self.flow_parts["id"].append(_numbers(ids, False) or (np.zeros(n, np.int64), np.ones(n, bool)))
+        self.flow_parts["id"].append(self._numbers("the flow events' 'id'", ids, False) or (np.zeros(n, np.int64), np.ones(n, bool)))
+
+    def _numbers(self, field: str, values: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """``_numbers(values, floating)``, counting the values of ``field`` it left missing."""
+        part = _numbers(values, floating)
+        if part is not None:
+            lost = int(part[1].sum()) - values.count(None)
+            if lost:
+                self.dropped[field, floating] = self.dropped.get((field, floating), 0) + lost
+        return part
 
     def _names(self, meta_events: list[Any]) -> None:
         for event in meta_events:
@@ -525,6 +650,10 @@ class _Builder:
                 "ts": np.concatenate(fp["ts"]) if fp["ts"] else np.zeros(0, dtype=np.float64),
             }
         )
+        warnings = list(dict.fromkeys(warnings))  # a chunk decoded twice notes its repairs twice
+        for (where, floating), count in self.dropped.items():
+            kind = "float64" if floating else "int64"
+            warnings.append(f"{count} values of {where} are not numbers that fit {kind}; left missing")
         return ParsedTrace(table, flows, normalize.metadata(meta), self.processes, self.threads, warnings)
 
     def _categorical(self, column: str) -> pd.Categorical:
@@ -587,9 +716,12 @@ def scans_in_c() -> bool:
     return _scan is not None
 
 
-def _decode_events(data: Any, name: str) -> list[Any] | tuple[Any, ...]:
+def _decode_events(data: Any, name: str, notes: list[str] | None = None, base: int = 0) -> list[Any] | tuple[Any, ...]:
     """A JSON array of events -> the C scanner's columns, or structs (typed fast path,
     loose fallback) where the scanner leaves the array to msgspec.
+
+    ``notes`` gets what had to be repaired to decode it (see ``_decode``; ``base`` is the
+    data's offset in the file).
 
     Raises msgspec.DecodeError for malformed JSON (the caller locates it).
     """
@@ -598,19 +730,24 @@ def _decode_events(data: Any, name: str) -> list[Any] | tuple[Any, ...]:
         if columns is not None:
             return columns
     try:
-        return _EVENTS.decode(data)
+        return _decode(_EVENTS, data, notes, base)
     except msgspec.ValidationError:
         pass
     try:
-        events = _LOOSE_EVENTS.decode(data)
+        events = _decode(_LOOSE_EVENTS, data, notes, base)
     except msgspec.ValidationError as exc:
         raise TraceError(f"{name}: an event has an unreadable shape ({exc}).", path=name) from None
+    odd_durations = 0
     for event in events:
         event.ph = event.ph if isinstance(event.ph, str) else str(event.ph)
-        ts = _to_number(event.ts)
-        event.ts = float(ts) if ts is not None else math.nan
-        event.dur = float(_to_number(event.dur) or 0.0)
+        ts = _finite(event.ts)
+        event.ts = ts if ts is not None else math.nan  # left out later, with a warning
+        dur = _finite(event.dur)
+        odd_durations += dur is None and event.dur is not None
+        event.dur = dur or 0.0
         event.args = _loose_args(event.args)
+    if odd_durations and notes is not None:
+        notes.append(f"{odd_durations} events after byte {base} have a dur that is not a finite number; read as 0")
     return events
 
 
@@ -619,7 +756,7 @@ def _loose_args(value: Any) -> _Args:
         return _EMPTY_ARGS
     try:
         return _ONE_ARGS.decode(msgspec.json.encode(value))
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, msgspec.EncodeError, RecursionError, OverflowError):
         return _EMPTY_ARGS
 
 
@@ -751,9 +888,11 @@ class _StreamParser:
             head = head[:-1]
         if head.strip(_WS) != b"{":
             try:
-                top = _ANY.decode(head + b"}")
+                top = _decode(_META, head + b"}", self.warnings, self.base + start)
             except msgspec.DecodeError:
                 raise Unstreamable from None
+            if not isinstance(top, dict):
+                raise Unstreamable
             self.meta.update({k: _literal(v) for k, v in top.items()})
         self._drop(match.end() - 1)
 
@@ -764,10 +903,10 @@ class _StreamParser:
         saved = buf[end] if end < len(buf) else None
         try:
             if saved is None:
-                return _decode_events(bytes(buf) + b"]", self.name)
+                return _decode_events(bytes(buf) + b"]", self.name, self.warnings, self.base)
             buf[end] = 0x5D  # ']'
             with memoryview(buf) as view:
-                return _decode_events(view[: end + 1], self.name)
+                return _decode_events(view[: end + 1], self.name, self.warnings, self.base)
         finally:
             if saved is not None:
                 buf[end] = saved
@@ -838,7 +977,7 @@ class _StreamParser:
             return
         if tail[:1] == b",":
             try:
-                extra = _ANY.decode(b"{" + tail[1:])
+                extra = _decode(_META, b"{" + tail[1:], self.warnings, self.base + close + 1)
             except msgspec.DecodeError as exc:
                 where = _offset_of(exc)
                 offset = self.base + close + 1 + (where if where is not None else len(tail))
@@ -855,7 +994,7 @@ class _StreamParser:
         """Where the remainder of the document breaks (it has no complete end)."""
         self.buf[0] = 0x5B  # '[' (it may hold the ',' before the next event)
         try:
-            _ANY.decode(self.buf)
+            _decode(_ANY, self.buf)
         except msgspec.DecodeError as exc:
             where = _offset_of(exc)
             if where is None:  # truncated: the data just ends
@@ -914,7 +1053,7 @@ def _parse_whole(data: bytes, name: str, recover: bool) -> ParsedTrace:
         meta: dict[str, Any] = {}
     else:
         try:
-            top = _TOP.decode(data)
+            top = _decode(_TOP, data, warnings)
         except msgspec.DecodeError as exc:
             offset = _offset_of(exc)
             if offset is None:
@@ -938,10 +1077,10 @@ def _parse_whole(data: bytes, name: str, recover: bool) -> ParsedTrace:
             meta = {}
             for key, raw in top.items():
                 if key != "traceEvents":
-                    meta[key] = _literal(_ANY.decode(raw))
+                    meta[key] = _literal(_decode(_META, raw, warnings))
             raw_events = top["traceEvents"]
     try:
-        events = _decode_events(raw_events, name)
+        events = _decode_events(raw_events, name, warnings)
     except msgspec.DecodeError as exc:
         raise TraceError(f"{name}: corrupt traceEvents ({exc}).", path=name, offset=_offset_of(exc)) from None
     builder.add(events)
@@ -956,14 +1095,14 @@ def _recover_whole(data: bytes, name: str, offset: int) -> tuple[bytes, dict[str
     meta: dict[str, Any] = {}
     head = data[:start].rstrip().rstrip(b",") + b"}"
     try:
-        meta = {k: _literal(v) for k, v in _ANY.decode(head).items()}
+        meta = {k: _literal(v) for k, v in _decode(_META, head).items()}
     except (msgspec.DecodeError, AttributeError):
         meta = {}
     cuts = [m.start() + 1 for m in _NEXT_EVENT.finditer(data, bracket, offset)]
     for cut in reversed(cuts[-64:]):
         candidate = data[bracket:cut] + b"]"
         try:
-            _LOOSE_EVENTS.decode(candidate)
+            _decode(_LOOSE_EVENTS, candidate)
         except msgspec.DecodeError:
             continue
         return candidate, meta

@@ -8,8 +8,6 @@ their category and load as kind ``other``. Timestamps stay µs since the epoch.
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import orjson
 
 from tracemagic.errors import TraceError
+from tracemagic.trace.read import ByteStream, file_source
 
 
 def is_pfw(name: str) -> bool:
@@ -24,13 +23,11 @@ def is_pfw(name: str) -> bool:
     return name.lower().endswith((".pfw", ".pfw.gz"))
 
 
-def _pfw_lines(path: Path) -> Iterator[bytes]:
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise TraceError(f"{path}: the gzip stream is cut off or corrupt ({exc}).", path=str(path)) from None
+def _pfw_lines(path: Path, max_bytes: int | None = None) -> Iterator[bytes]:
+    with ByteStream(file_source(path, max_bytes=max_bytes)) as stream:  # decompressed, at most max_bytes
+        raw = stream.read_all()
+        if stream.truncated:
+            raise TraceError(f"{path}: the gzip stream is cut off.", path=str(path))
     for line in raw.splitlines():
         line = line.strip().rstrip(b",")
         if not line or line in (b"[", b"]"):
@@ -93,20 +90,24 @@ def _json_or_text(value: Any) -> Any:
     return value
 
 
-def pfw_to_kineto(path: Path) -> bytes:
+def pfw_to_kineto(path: Path, max_bytes: int | None = None) -> bytes:
     """The events of a ``.pfw`` file as the bytes of an equivalent Kineto trace.
 
+    Args:
+        max_bytes: the most bytes a ``.pfw.gz`` may decompress to (None: no limit).
+
     Raises:
-        TraceError: the file is empty, cut off, or has a line that is not JSON.
+        TraceError: the file is empty, cut off, over ``max_bytes``, or has a line that is not
+            JSON.
     """
     events = []
     ranks: set[int] = set()
-    for number, line in enumerate(_pfw_lines(path), start=1):
+    for number, line in enumerate(_pfw_lines(path, max_bytes), start=1):
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             raise TraceError(f"{path}: event {number} is not JSON ({exc}).", path=str(path)) from None
-        if isinstance(event, dict):
+        if isinstance(event, dict) and isinstance(event.get("args") or {}, dict):
             rank = (event.get("args") or {}).get("rank") if event.get("ph") != "M" else None
             if isinstance(rank, int):
                 ranks.add(rank)

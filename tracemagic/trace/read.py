@@ -4,18 +4,24 @@ Nothing here parses JSON beyond sniffing what a file is, so a wrong file (an Exe
 Trace, a memory-timeline dump) is named before any heavy work starts. Files are read block
 by block and gzip is decompressed as a stream, so a large trace never sits in memory twice
 (compressed and decompressed) nor whole.
+
+Inputs come from other people's machines, so what they can cost is bounded: only regular
+files are opened (a FIFO would block forever), a folder's symlinks that lead out of it are
+not followed, decompression stops at ``max_bytes`` (a 4 MB gzip can inflate to 4 GiB), and
+an archive is read for at most ``MAX_ARCHIVE_ENTRIES`` entries.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
+import stat
 import tarfile
 import zlib
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Iterable
 
 from tracemagic.errors import TraceError
 
@@ -26,6 +32,48 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker|kineto_trace_)[-_]?(\d+)", re.IGNORE
 #: compressed bytes fed to zlib per step (a trace compresses ~10-30x)
 _GZIP_STEP = 1 << 18
 _GZIP_MAGIC = b"\x1f\x8b"
+#: entries of a tar archive read at most (each costs a header read; a tar of thousands of
+#: tiny files is no trace)
+MAX_ARCHIVE_ENTRIES = 10_000
+#: the default ``max_bytes`` is this share of the memory available (the tables of a trace
+#: take about as much memory as its JSON), and at least ``MIN_MAX_BYTES``
+MEMORY_SHARE = 0.5
+MIN_MAX_BYTES = 256 << 20
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now: ``MemAvailable`` (Linux), else the physical memory
+    (``os.sysconf``); None where neither is known."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def default_max_bytes() -> int:
+    """How much JSON one load may decompress by default: half the memory available (at least
+    256 MiB; 8 GiB where the memory is not known)."""
+    memory = available_memory()
+    if memory is None:
+        return 8 << 30
+    return max(int(memory * MEMORY_SHARE), MIN_MAX_BYTES)
+
+
+def _too_big(name: str, limit: int) -> TraceError:
+    return TraceError(
+        f"{name}: decompresses to more than {limit:,} bytes (max_bytes; by default half the memory "
+        "available), more than this machine can load. If the trace is real, pass a larger "
+        "max_bytes= to tracemagic.load (or load it on a machine with more memory); a small "
+        "file that inflates this much is a decompression bomb.",
+        path=name,
+    )
 
 
 @dataclass(frozen=True)
@@ -38,6 +86,8 @@ class Source:
     rank_hint: int | None
     #: the file on disk, when the source is one (not a tar member or bytes)
     path: Path | None = None
+    #: decompressed bytes it may give at most (None: no limit)
+    max_bytes: int | None = None
 
     @classmethod
     def from_bytes(cls, name: str, data: bytes, rank_hint: int | None = None) -> "Source":
@@ -56,6 +106,7 @@ class ByteStream:
         self.source = source
         self.block = block
         self.consumed = 0
+        self.produced = 0  # decompressed bytes given
         self.truncated = False
         try:
             self._handle = source.opener()
@@ -108,18 +159,19 @@ class ByteStream:
         out: list[bytes] = []
         size = 0
         while size < self.block:
-            raw = self._pending
+            raw = self._decomp.unconsumed_tail  # input left over when the last block filled
+            if not raw:
+                raw, self._pending = self._pending, b""
             if not raw:
                 raw = self._handle.read(_GZIP_STEP)
                 self.consumed += len(raw)
-            self._pending = b""
             if not raw:
                 if not self._decomp.eof:
                     self.truncated = True
                 self._done = True
                 break
-            try:
-                chunk = self._decomp.decompress(raw)
+            try:  # at most the rest of the block: a bomb inflates by 1,000x per call
+                chunk = self._decomp.decompress(raw, self.block - size)
             except zlib.error as exc:
                 raise TraceError(
                     f"{self.source.name}: the gzip data is corrupt ({exc}) after "
@@ -129,6 +181,9 @@ class ByteStream:
                 ) from None
             out.append(chunk)
             size += len(chunk)
+            self.produced += len(chunk)
+            if self.source.max_bytes is not None and self.produced > self.source.max_bytes:
+                raise _too_big(self.source.name, self.source.max_bytes)
             if self._decomp.eof:
                 rest = self._decomp.unused_data
                 if not rest:
@@ -178,13 +233,53 @@ def rank_files(path: Path) -> list[Path]:
     return files
 
 
-def file_source(path: Path, rank: int | None = None) -> Source:
-    """A source reading ``path`` from disk; its rank is ``rank`` if known, else the name's."""
+def file_source(path: Path, rank: int | None = None, max_bytes: int | None = None) -> Source:
+    """A source reading ``path`` from disk; its rank is ``rank`` if known, else the name's.
+
+    Raises:
+        TraceError: ``path`` is not a regular file (a FIFO would block the read forever).
+    """
     hint = rank if rank is not None else rank_from_name(path.name)
-    return Source(str(path), lambda: open(path, "rb"), path.stat().st_size, hint, path)
+    size = regular_file(path).st_size
+    return Source(str(path), lambda: open(path, "rb"), size, hint, path, max_bytes)
 
 
-def read_sources(path: Path) -> list[Source]:
+def regular_file(path: Path) -> os.stat_result:
+    """``path``'s stat (symlinks followed) if it is a regular file.
+
+    Raises:
+        TraceError: it is not there, or is a FIFO, socket, device or folder.
+    """
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot be read ({exc.strerror or exc}).", path=str(path)) from None
+    if not stat.S_ISREG(info.st_mode):
+        raise TraceError(
+            f"{path}: not a regular file (a FIFO, socket or device); tracemagic reads trace files "
+            "only. Save the trace to a file and load that.",
+            path=str(path),
+        )
+    return info
+
+
+def inside(folder: Path, files: Iterable[Path]) -> tuple[list[Path], list[Path]]:
+    """The ``files`` of ``folder`` that really lie in it, and those that do not (symlinks that
+    lead out of it: a folder from someone else must not make tracemagic read elsewhere)."""
+    root = folder.resolve()
+    kept: list[Path] = []
+    outside: list[Path] = []
+    for file in files:
+        try:
+            real = file.resolve(strict=True)
+        except (OSError, RuntimeError):  # a broken link or a loop
+            outside.append(file)
+            continue
+        (kept if real.is_relative_to(root) else outside).append(file)
+    return kept, outside
+
+
+def read_sources(path: Path, max_bytes: int | None = None) -> list[Source]:
     """Every Kineto trace behind ``path``: a file, a .tar/.tar.gz, or a directory of ranks.
 
     Raises:
@@ -193,25 +288,50 @@ def read_sources(path: Path) -> list[Source]:
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
     if path.is_dir():
-        return [file_source(p) for p in rank_files(path)]
+        files, _ = inside(path, rank_files(path))
+        return [file_source(p, max_bytes=max_bytes) for p in files]
+    regular_file(path)
     if _is_tar(path):
-        return _read_tar(path)
-    return [file_source(path)]
+        return _read_tar(path, max_bytes)
+    return [file_source(path, max_bytes=max_bytes)]
 
 
 def _is_tar(path: Path) -> bool:
     return path.name.lower().endswith((".tar", ".tar.gz", ".tgz"))
 
 
-class _Member(io.RawIOBase):
-    """One tar member as a stream that closes its archive with it."""
+class _Archive:
+    """A tar archive opened once for all its members. They are read in archive order, so a
+    compressed archive is decompressed about once (opened anew for each member, it would be
+    decompressed from its start every time: hours for thousands of members)."""
 
-    def __init__(self, path: Path, name: str) -> None:
-        super().__init__()
-        self._archive = tarfile.open(path)
-        handle = self._archive.extractfile(name)
+    def __init__(self, path: Path, members: list[tarfile.TarInfo]) -> None:
+        self.path = path
+        self.members = members
+        self._tar: tarfile.TarFile | None = None
+
+    def open(self, member: tarfile.TarInfo) -> IO[bytes]:
+        if self._tar is None:
+            self._tar = tarfile.open(self.path)
+        handle = self._tar.extractfile(member)  # by its TarInfo: by name reads every header first
         if handle is None:  # pragma: no cover - only regular files are listed
-            raise TraceError(f"{path}!{name}: not a regular file.", path=str(path))
+            raise TraceError(f"{self.path}!{member.name}: not a regular file.", path=str(self.path))
+        return _Member(self, member, handle)
+
+    def done(self, member: tarfile.TarInfo) -> None:
+        """A member's stream was closed: after the last member's, close the archive."""
+        if member is self.members[-1] and self._tar is not None:
+            self._tar.close()
+            self._tar = None
+
+
+class _Member(io.RawIOBase):
+    """One tar member as a stream."""
+
+    def __init__(self, archive: _Archive, member: tarfile.TarInfo, handle: IO[bytes]) -> None:
+        super().__init__()
+        self._archive = archive
+        self._member = member
         self._handle = handle
 
     def readable(self) -> bool:
@@ -223,21 +343,40 @@ class _Member(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             self._handle.close()
-            self._archive.close()
+            self._archive.done(self._member)
         super().close()
 
 
-def _read_tar(path: Path) -> list[Source]:
-    """The trace members of a tar; each is read (streamed) only when it is parsed."""
+def _read_tar(path: Path, max_bytes: int | None = None) -> list[Source]:
+    """The trace members of a tar; each is read (streamed) only when it is parsed.
+
+    Raises:
+        TraceError: the archive is damaged, holds no trace, has more than
+            ``MAX_ARCHIVE_ENTRIES`` entries, or its traces hold more than ``max_bytes``.
+    """
+    members: list[tarfile.TarInfo] = []
     try:
         with tarfile.open(path) as archive:
-            members = [m for m in archive if m.isfile() and is_trace_name(m.name)]
+            for count, member in enumerate(archive, 1):
+                if count > MAX_ARCHIVE_ENTRIES:
+                    raise TraceError(
+                        f"{path}: the archive has more than {MAX_ARCHIVE_ENTRIES:,} entries; tracemagic "
+                        "reads archives of rank traces. Extract the traces you want and load their folder.",
+                        path=str(path),
+                    )
+                if member.isfile() and is_trace_name(member.name):
+                    members.append(member)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise TraceError(f"{path}: not a readable tar archive ({exc}).", path=str(path)) from None
     if not members:
         raise TraceError(f"{path}: the archive holds no Kineto trace.", path=str(path))
+    total = sum(m.size for m in members)
+    if max_bytes is not None and total > max_bytes:
+        raise _too_big(f"{path} (its {len(members)} traces)", max_bytes)
+    archive = _Archive(path, members)
     return [
-        Source(f"{path}!{m.name}", partial(_Member, path, m.name), m.size, rank_from_name(m.name)) for m in members
+        Source(f"{path}!{m.name}", lambda m=m: archive.open(m), m.size, rank_from_name(m.name), max_bytes=max_bytes)
+        for m in members
     ]
 
 
