@@ -247,7 +247,7 @@ def _resolve(source: "Trace | str | os.PathLike[str]") -> tuple[list[ExecutionTr
 
 
 def _load(path: Path) -> "Trace":
-    from tracemagic.trace.load import load
+    from tracemagic.trace.loader import load
 
     return load(path)
 

@@ -157,8 +157,15 @@ def rank_from_name(name: str) -> int | None:
 
 
 def is_trace_name(name: str) -> bool:
-    """Whether a file name in a directory or tar looks like a Kineto trace."""
+    """Whether a file name in a directory or tar looks like a Kineto trace.
+
+    Hidden files (caches, editors' lock and swap files, macOS ``._`` resource forks) and
+    editor backups (``~``, ``#...#``, ``.bak``, ``.orig``, ``.swp``) are not: only names
+    that end in ``.json`` or ``.json.gz`` count.
+    """
     base = Path(name).name
+    if base.startswith((".", "#", "~")):
+        return False
     return bool(_TRACE_NAME.search(base)) and not _NOT_KINETO.search(base)
 
 

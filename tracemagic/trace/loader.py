@@ -1,5 +1,5 @@
 """``tracemagic.load``: any Kineto trace (file, gzip, tar, capture directory, rank directory)
-into one analysis-ready events table, cached (Arrow IPC) next to the file."""
+into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``)."""
 
 from __future__ import annotations
 
@@ -168,9 +168,11 @@ def load(
             capture directory written by ``%%chakra_trace``, or a directory of rank traces.
         recover: keep the events before the damage of a truncated or corrupt file
             instead of raising ``TraceError`` (a warning in ``trace.warnings`` says where).
-        cache_dir: where to keep the cache when the trace's folder is read-only
-            (default: ``$XDG_CACHE_HOME/tracemagic``).
-        use_cache: read and write the cache (invalidated when the file changes).
+        cache_dir: the folder to keep the cache in (default: inside a capture directory
+            tracemagic wrote, else ``$TRACEMAGIC_CACHE_DIR`` or ``$XDG_CACHE_HOME/tracemagic``;
+            nothing is ever written next to a trace tracemagic did not write).
+        use_cache: read and write the cache (checked on every open: an edited trace or a
+            damaged cache means a fresh parse).
         workers: how many cores to parse with (default: as many as there are): a large
             JSON file is read by two threads, several large rank files go to a pool of
             processes; ``1`` parses in this thread only.
@@ -191,9 +193,12 @@ def load(
     elif not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
     files = list(listed) if listed is not None else None
-    key = cache.key_for(path, files, recover)
-    if use_cache:
-        hit = cache.read(key, path, cache_dir)
+    try:
+        entry = cache.entry(path, files, recover, cache_dir) if use_cache else None
+    except OSError:  # an unreadable source: parsing it says what is wrong
+        entry = None
+    if entry is not None:
+        hit = cache.read(entry)
         if hit is not None:
             events, flows, meta = hit
             return Trace(events, flows, meta, path=path, manifest=manifest)
@@ -218,8 +223,8 @@ def load(
         "threads": {rank: {f"{k[0]}/{k[1]}": v for k, v in p.threads.items()} for p, rank in zip(parsed, ranks)},
         "warnings": [w for p in parsed for w in p.warnings],
     }
-    if use_cache:
-        cache.write(key, path, cache_dir, events, flows, meta)
+    if entry is not None:
+        cache.write(entry, path, events, flows, meta)
     if callback is not None:
         callback(total, total)
     trace = Trace(events, flows, meta, path=path, manifest=manifest)
