@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.trace.model import Trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 KINETO_FILES = [
     "hta_benchmark_simple_add_trace.json.gz",
     "hta_control.json.gz",
@@ -57,7 +57,7 @@ RAW_KIND = {
     "user_annotation": "user_annotation",
 }
 
-assert TRACES.is_dir(), f"the real traces are missing: {TRACES} (the shared folder beside the checkout)"
+assert TRACES.is_dir(), f"the real traces are missing: {TRACES} (tests/data/traces)"
 
 
 # -- independent expectations from the raw JSON ----------------------------------------------

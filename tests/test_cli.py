@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TRACES
 
 from tracemagic.cli import build_parser, main
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 GPU = TRACES / "hta_nccl_data.json.gz"
 MULTI = TRACES / "param_dlrm_kineto.tar.gz"
 OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"

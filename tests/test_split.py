@@ -15,14 +15,14 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.errors import TraceError
 from tracemagic.trace import parse, split
 from tracemagic.trace.read import file_source
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-load_module = importlib.import_module("tracemagic.trace.load")
+load_module = importlib.import_module("tracemagic.trace.loader")
 
 
 @pytest.fixture(autouse=True)
@@ -31,10 +31,10 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 def plain(name: str, tmp_path: Path) -> Path:
-    """A real trace from ../shared/traces, decompressed (only plain files are split)."""
+    """A real trace from tests/data/traces, decompressed (only plain files are split)."""
     source = TRACES / name
     if not source.is_file():
-        pytest.fail(f"{source} is missing: these tests need ../shared/traces next to the repository")
+        pytest.fail(f"{source} is missing: tests/data/traces is incomplete")
     path = tmp_path / name.removesuffix(".gz")
     path.write_bytes(gzip.decompress(source.read_bytes()))
     return path

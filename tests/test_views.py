@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.views import figures, sections, tables
@@ -20,7 +21,6 @@ from tracemagic.views.data import CONTRACT, TraceData
 from tracemagic.views.report import write_report
 from tracemagic.views.text import diff_summary, render_table, summary
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 GPU = TRACES / "hta_nccl_data.json.gz"
 MULTI = TRACES / "param_dlrm_kineto.tar.gz"
 OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
@@ -1005,7 +1005,7 @@ def test_graph_tab_on_the_hta_et_pair(tmp_path: Path) -> None:
     assert len(table) == len(nodes) and {"op_schema", "input_shapes", "dur_ms", "reads_from", "feeds"} <= set(table.columns)
     assert table["reads_from"].sum() == len(edges)
     assert "timed by Kineto" in dash.info_html("graph")
-    # the shared folder's lone ET is not taken for every trace beside it
+    # the traces folder's lone ET is not taken for every trace beside it
     assert "graph" not in Dashboard(tracemagic.load(GPU)).keys
 
 
