@@ -103,6 +103,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         lines = ["the tests wrote outside their temporary folders:", *changed[:50]]
         if reporter is not None:
+            reporter.write("\n")
             reporter.write_sep("=", "files changed by the suite", red=True)
             for line in lines:
                 reporter.write_line(line)
