@@ -26,7 +26,7 @@ KINETO = sorted(p.name for p in TRACES.glob("*.gz") if "_et." not in p.name and 
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    monkeypatch.setenv("TRACEMAGIC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 
 def test_the_c_code_is_built() -> None:
