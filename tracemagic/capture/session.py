@@ -221,8 +221,7 @@ class CaptureSession:
         global _ACTIVE
         if self._started:
             return
-        if self.dir is None:
-            self.open()
+        directory = self.dir if self.dir is not None else self.open()
         self._started = True
         _ACTIVE = self
         cfg = self.config
@@ -231,7 +230,7 @@ class CaptureSession:
             activities.append(ProfilerActivity.CUDA)
         if cfg.et:
             self._et = ExecutionTraceObserver().register_callback(
-                str(files.partial_path(self.dir / files.et_name(self.rank)))
+                str(files.partial_path(directory / files.et_name(self.rank)))
             )
         with warnings.catch_warnings():
             if self._one_step:  # the whole cell is the one active step: no warmup

@@ -98,7 +98,9 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
     """The ranks' events and flows stacked in rank order (row columns shifted to match),
     and their ``cpu_by_thread`` rows (None if a rank lacks them)."""
     offset = 0
-    events, flows, orders = [], [], []
+    events: list[pd.DataFrame] = []
+    flows: list[pd.DataFrame] = []
+    orders: list[np.ndarray] = []
     for p, rank in sorted(zip(parsed, ranks), key=lambda pr: pr[1]):
         frame = p.events
         frame.insert(0, "rank", np.full(len(frame), rank, dtype=np.int32))
@@ -106,13 +108,14 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
             for column in ROW_COLUMNS:
                 values = frame[column].to_numpy()
                 frame[column] = np.where(values >= 0, values + offset, -1)
-        orders.append(p.cpu_by_thread + offset if p.cpu_by_thread is not None else None)
+        if p.cpu_by_thread is not None:
+            orders.append(p.cpu_by_thread + offset)
         offset += len(frame)
         events.append(frame)
         p.flows.insert(0, "rank", np.full(len(p.flows), rank, dtype=np.int32))
         flows.append(p.flows)
     # threads are keyed by rank first, so the ranks' orders one after another are the whole's
-    order = np.concatenate(orders) if orders and all(o is not None for o in orders) else None
+    order = np.concatenate(orders) if orders and len(orders) == len(parsed) else None
     return concat(events), concat(flows), order
 
 
@@ -137,6 +140,7 @@ def _manifest_kineto(path: Path, files: Any) -> dict[Path, int | None] | None:
     manifest's rank is trusted over a number in the name); a ``files: {"kineto": [names]}``
     mapping is read too.
     """
+    entries: list[tuple[Any, Any]]
     if isinstance(files, dict) and isinstance(files.get("kineto"), list):
         entries = [(name, None) for name in files["kineto"]]
     elif isinstance(files, list):

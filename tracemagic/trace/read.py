@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Callable
+from typing import Callable, Protocol
 
 from tracemagic.errors import TraceError
 
@@ -28,12 +28,20 @@ _GZIP_STEP = 1 << 18
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+class Readable(Protocol):
+    """What a source opens: a binary stream, read front to back and closed."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Source:
     """One trace file: how to open it, its (on-disk) size, and the rank its name suggests."""
 
     name: str
-    opener: Callable[[], IO[bytes]]
+    opener: Callable[[], Readable]
     size: int
     rank_hint: int | None
     #: the file on disk, when the source is one (not a tar member or bytes)

@@ -81,7 +81,7 @@ def recommendations(
             advice = OP_ADVICE.get(str(first["name"]), "look at its callers in the Layers and Timeline tabs")
             found.append((pct * 0.9, f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time "
                                      f"({int(first['calls']):,} calls): {advice}."))
-    if has_gpu:
+    if kernels is not None and has_gpu:
         kern = kernels[kernels["kind"].astype(str) == "kernel"]
         n_steps = max(int(steps["step"].nunique()) if not steps.empty else 1, 1)
         if len(kern) / n_steps >= 1000 and float(kern["dur"].mean()) < 10:
