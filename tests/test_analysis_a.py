@@ -162,7 +162,7 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
 
 @pytest.fixture(scope="module")
 def loaded() -> dict[str, Trace]:
-    return {name: tracemagic.load(TRACES / name) for name in KINETO_FILES}
+    return {name: tracemagic.load(TRACES / name, use_cache=False) for name in KINETO_FILES}
 
 
 @pytest.fixture(scope="module")

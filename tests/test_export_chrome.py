@@ -57,7 +57,7 @@ def test_tb_name() -> None:
 
 
 def test_step_cut_keeps_gpu_work_and_metadata(tmp_path: Path) -> None:
-    trace = tracemagic.load(TRACES / "hta_nccl_data.json.gz")
+    trace = tracemagic.load(TRACES / "hta_nccl_data.json.gz", use_cache=False)
     (out,) = chrome.to_chrome_trace(trace, tmp_path / "step5.json.gz", steps=[5])
     cut = tracemagic.load(out, use_cache=False)
     ev, orig = cut.events, trace.events
@@ -74,7 +74,7 @@ def test_step_cut_keeps_gpu_work_and_metadata(tmp_path: Path) -> None:
 
 
 def test_max_events_and_whole_copy(tmp_path: Path) -> None:
-    trace = tracemagic.load(TRACES / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    trace = tracemagic.load(TRACES / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", use_cache=False)
     (whole,) = chrome.to_chrome_trace(trace, tmp_path / "all.json")
     back = tracemagic.load(whole, use_cache=False)
     assert len(back.events) == len(trace.events) and len(back.flows) == len(trace.flows)
@@ -88,12 +88,12 @@ def test_max_events_and_whole_copy(tmp_path: Path) -> None:
 
 
 def test_ns_and_old_and_multirank_traces(tmp_path: Path) -> None:
-    ns = tracemagic.load(TRACES / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+    ns = tracemagic.load(TRACES / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", use_cache=False)
     first = int(ns.events.loc[ns.events["kind"] == "step", "step"].min())
     (out,) = chrome.to_chrome_trace(ns, tmp_path / "ns.json.gz", steps=[first])
     cut = tracemagic.load(out, use_cache=False)
     assert (cut.events["kind"] == "kernel").sum() == ((ns.events["kind"] == "kernel") & (ns.events["step"] == first)).sum()
-    ranks = tracemagic.load(TRACES / "param_dlrm_kineto.tar.gz")
+    ranks = tracemagic.load(TRACES / "param_dlrm_kineto.tar.gz", use_cache=False)
     step = int(ranks.events.loc[ranks.events["kind"] == "step", "step"].min())
     files = chrome.to_chrome_trace(ranks, tmp_path / "dlrm", steps=[step])
     assert [f.name for f in files] == [f"rank{r}.pt.trace.json" for r in range(8)]
@@ -145,7 +145,7 @@ def test_hta_reads_our_traces(cpu_capture: Path, tmp_path: Path, throwaway_venv)
     shutil.copy(cpu_capture, cpu_dir / cpu_capture.name)  # unchanged, as torch wrote it
     folders["cpu"] = cpu_dir
     for name, steps in (("hta_nccl_data.json.gz", [4]), ("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", None)):
-        trace = tracemagic.load(TRACES / name)
+        trace = tracemagic.load(TRACES / name, use_cache=False)
         folder = tmp_path / name.split(".")[0]
         chrome.to_chrome_trace(trace, folder / chrome.tb_name("worker0", 1, gz=True), steps=steps)
         folders[name] = folder

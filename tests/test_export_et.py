@@ -59,7 +59,7 @@ def test_read_real_hta_et_schema_1_0_1() -> None:
 
 
 def test_hta_pair_joins_by_external_id_with_names_agreeing() -> None:
-    trace = tracemagic.load(HTA_KINETO)
+    trace = tracemagic.load(HTA_KINETO, use_cache=False)
     ops = et.et_ops(trace)
     assert ops.attrs["join_key"] == {0: "external_id"}  # torch < 2.1: no Record function id
     hit = ops[ops["row"] >= 0]

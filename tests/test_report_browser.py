@@ -80,7 +80,7 @@ def cpu_capture(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("reports")
-    gpu = tracemagic.load(TRACES / "hta_nccl_data.json.gz")
+    gpu = tracemagic.load(TRACES / "hta_nccl_data.json.gz", use_cache=False)
     cpu = tracemagic.load(cpu_capture(folder), use_cache=False)
     return {"gpu": write_report(gpu, folder / "gpu.html"), "cpu": write_report(cpu, folder / "cpu.html")}
 

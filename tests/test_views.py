@@ -426,17 +426,17 @@ def cpu_capture(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="module")
 def gpu() -> Any:
-    return tracemagic.load(GPU)
+    return tracemagic.load(GPU, use_cache=False)
 
 
 @pytest.fixture(scope="module")
 def multi() -> Any:
-    return tracemagic.load(MULTI)
+    return tracemagic.load(MULTI, use_cache=False)
 
 
 @pytest.fixture(scope="module")
 def old() -> Any:
-    return tracemagic.load(OLD)
+    return tracemagic.load(OLD, use_cache=False)
 
 
 @pytest.fixture(params=["cpu_capture", "gpu", "multi", "old"])
@@ -1006,7 +1006,7 @@ def test_graph_tab_on_the_hta_et_pair(tmp_path: Path) -> None:
     assert table["reads_from"].sum() == len(edges)
     assert "timed by Kineto" in dash.info_html("graph")
     # the traces folder's lone ET is not taken for every trace beside it
-    assert "graph" not in Dashboard(tracemagic.load(GPU)).keys
+    assert "graph" not in Dashboard(tracemagic.load(GPU, use_cache=False)).keys
 
 
 def test_graph_memory_categories_and_spans_of_a_chakra_trace_et_capture(ip: Any, tmp_path: Path) -> None:

@@ -25,8 +25,9 @@ LARGE_BYTES = 20 * 2**20
 
 def _size(path: Path) -> int:
     try:
-        if path.is_dir():
-            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        if path.is_dir():  # hidden files (a capture's own cache) are not read
+            return sum(p.stat().st_size for p in path.rglob("*")
+                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
         return path.stat().st_size
     except OSError:
         return 0

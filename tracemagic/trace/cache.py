@@ -180,7 +180,9 @@ def entry(path: Path, files: list[Path] | None, recover: bool, cache_dir: PathLi
 
     Raises:
         OSError: a source cannot be read.
+        TraceError: ``$TRACEMAGIC_CACHE_SIZE`` is not a size.
     """
+    max_bytes()  # a bad cap is reported on every load, not only when a cache is written
     sources = tuple(files if files is not None else [path])
     resolved = path.resolve()
     suffix = "-recover" if recover else ""
