@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 from conftest import TRACES
 
+import tb_reference
 import tracemagic
 from tracemagic.trace.model import Trace
 
@@ -40,8 +41,8 @@ PARTS = ["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "datal
 CONTRACTS = {
     "ops": "rank row name kind ts dur self_dur thread step depth layer input_dims input_type seq rf_id external_id",
     "kernels": "rank row name kind device stream ts dur step op layer correlation bytes grid block is_comm",
-    "steps": "rank step ts dur " + " ".join(PARTS) + " idle_us",
-    "ranks_table": "rank steps step_us compute_us comm_us memcpy_us idle_us overlap_pct slowest",
+    "steps": "rank step ts dur window_ts window_dur " + " ".join(PARTS) + " idle_us gpu_busy_us gpu_idle_us",
+    "ranks_table": "rank steps step_us compute_us comm_us memcpy_us idle_us gpu_idle_pct overlap_pct slowest",
 }
 RAW_KIND = {
     "kernel": "kernel",
@@ -94,27 +95,17 @@ def raw_steps(events: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
 
 
 def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
-    """Step number -> partition of its wall time, by a sweep line over the raw events.
+    """Step number -> partition of its device window, by a sweep line over the raw events.
 
-    Times are shifted to the rank's first event: float64 sums of epoch-µs times would
-    round each end to ~0.001 µs.
+    The windows are the TensorBoard plugin's (``tb_reference``); inside one, every event
+    counts by time, whichever step launched it. Times are shifted to the rank's first event:
+    float64 sums of epoch-µs times would round each end to ~0.001 µs.
     """
     origin = min(float(e["ts"]) for e in events)
-    steps = [(n, start - origin, start - origin + dur) for n, start, dur in raw_steps(events)]
+    steps = tb_reference.device_windows(events, origin)
     if not steps:
         steps = [(-1, 0.0, max(float(e["ts"]) - origin + float(e.get("dur", 0)) for e in events))]
-    starts = [start for _, start, _ in steps]
-
-    def step_at(t: float) -> int | None:
-        i = bisect.bisect_right(starts, t) - 1
-        return steps[i][0] if i >= 0 and t <= steps[i][2] + 0.25 else None
-
-    launched = {
-        e["args"]["correlation"]: float(e["ts"]) - origin
-        for e in events
-        if kind(e) == "runtime" and "correlation" in e.get("args", {})
-    }
-    per_step: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    marked: list[tuple[float, float, int]] = []
     for e in events:
         k, name, dur = kind(e), str(e.get("name", "")), float(e.get("dur", 0))
         if e["ph"] != "X" or dur <= 0:
@@ -132,19 +123,11 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
         else:
             continue
         ts = float(e["ts"]) - origin
-        step = None
-        if category <= 3:
-            corr = (e.get("args") or {}).get("correlation")
-            if corr in launched:
-                step = step_at(launched[corr])
-        if step is None:
-            step = step_at(ts)
-        if step is not None:
-            per_step[step].append((ts, ts + dur, category))
+        marked.append((ts, ts + dur, category))
     out = {}
     for number, start, end in steps:
         marks = []
-        for s, t, category in per_step[number]:
+        for s, t, category in marked:
             s, t = min(max(s, start), end), min(max(t, start), end)
             if t > s:
                 marks += [(s, 1, category), (t, -1, category)]
@@ -156,7 +139,7 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
             last = t
             active[category] += delta
         totals[7] += end - last
-        out[number] = dict(zip(PARTS + ["idle_us"], totals)) | {"dur": end - start}
+        out[number] = dict(zip(PARTS + ["idle_us"], totals)) | {"window_dur": end - start}
     return out
 
 
@@ -271,7 +254,7 @@ def test_steps_match_the_raw_profiler_steps(loaded: dict[str, Trace], raw: dict,
             first = min(float(e["ts"]) for e in events)
             assert mine["dur"].iloc[0] == pytest.approx(end - first)
             continue
-        assert "note" not in table.attrs
+        assert "no ProfilerStep" not in table.attrs.get("note", "")
         assert mine["step"].tolist() == [n for n, _, _ in expected]
         assert mine["dur"].tolist() == [d for _, _, d in expected]
         assert mine["ts"].to_numpy() == pytest.approx([s - start for _, s, _ in expected], abs=1e-3)
@@ -282,17 +265,17 @@ def test_step_breakdown_matches_a_sweep_line_and_adds_up(loaded: dict[str, Trace
     table = loaded[name].steps()
     parts = table[PARTS + ["idle_us"]]
     assert (parts.to_numpy() >= -1e-9).all()
-    np.testing.assert_allclose(parts.sum(axis=1), table["dur"], rtol=1e-12, atol=1e-6)
+    np.testing.assert_allclose(parts.sum(axis=1), table["window_dur"], rtol=1e-12, atol=1e-6)
     for rank, events in raw[name].items():
         expected = sweep_breakdown(events)
         for _, row in table[table["rank"] == rank].iterrows():
             want = expected[int(row["step"])]
-            for column in PARTS + ["idle_us", "dur"]:
+            for column in PARTS + ["idle_us", "window_dur"]:
                 assert row[column] == pytest.approx(want[column], rel=1e-9, abs=1e-3), (rank, row["step"], column)
 
 
-def test_gpu_work_is_clipped_to_the_step_that_launched_it(tmp_path: Path) -> None:
-    """A hand-made trace whose every overlap is known: priorities, clipping, exact sums."""
+def test_a_step_window_runs_to_the_end_of_the_gpu_work_it_launched(tmp_path: Path) -> None:
+    """A hand-made trace whose every overlap is known: priorities, device windows, exact sums."""
 
     def x(name: str, cat: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
         return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
@@ -316,10 +299,15 @@ def test_gpu_work_is_clipped_to_the_step_that_launched_it(tmp_path: Path) -> Non
     path.write_text(json.dumps({"traceEvents": events}))
     table = tracemagic.load(path, use_cache=False).steps().set_index("step")
     first = table.loc[3]
-    # compute 1010-1030 + 1095-1100; comm 1030-1050; memcpy 1050-1060; runtime 1000-1010;
+    # the window of step 3 runs to the end of "late" (1135), step 4's from there to its host end;
+    # compute 1010-1030 + 1095-1135; comm 1030-1050; memcpy 1050-1060; runtime 1000-1010;
     # cpu 1060-1070; dataloader 1075-1085; runtime 1090-1095; idle 1070-1075 + 1085-1090
-    assert first[PARTS + ["idle_us"]].tolist() == [25.0, 20.0, 10.0, 0.0, 15.0, 10.0, 10.0, 10.0]
-    assert table.loc[4, "compute_us"] == 0.0 and table.loc[4, "idle_us"] == 50.0
+    assert (first["dur"], first["window_ts"], first["window_dur"]) == (100.0, 0.0, 135.0)
+    assert first[PARTS + ["idle_us"]].tolist() == [60.0, 20.0, 10.0, 0.0, 15.0, 10.0, 10.0, 10.0]
+    assert (first["gpu_busy_us"], first["gpu_idle_us"]) == (90.0, 45.0)  # 1010-1060 and 1095-1135
+    second = table.loc[4]
+    assert (second["dur"], second["window_ts"], second["window_dur"]) == (50.0, 135.0, 15.0)
+    assert second["compute_us"] == 0.0 and second["idle_us"] == 15.0 and second["gpu_idle_us"] == 15.0
 
 
 # -- ranks and collectives ------------------------------------------------------------------
@@ -333,17 +321,17 @@ def test_ranks_of_the_eight_rank_dlrm_trace(loaded: dict[str, Trace], raw: dict)
     table = trace.ranks_table().set_index("rank")
     assert sorted(table.index) == list(range(8)) == trace.ranks
     for rank, events in ranks.items():
-        ((_, start, dur),) = raw_steps(events)
-        end = start + dur
+        origin = min(float(e["ts"]) for e in events)
+        ((_, start, end),) = tb_reference.device_windows(events, origin)
         want = sweep_breakdown(events)[10]
         row = table.loc[rank]
-        assert row["steps"] == 1 and row["step_us"] == dur
+        assert row["steps"] == 1 and row["step_us"] == pytest.approx(end - start, abs=1e-3)
         for column in ("compute_us", "comm_us", "memcpy_us", "idle_us"):
             assert row[column] == pytest.approx(want[column], abs=1e-3)
         # overlap: NCCL time during which another kernel runs, by brute force on 1 µs ticks
         comm = [(e["ts"], e["ts"] + e["dur"]) for e in nccl_kernels(events)]
         compute = [(e["ts"], e["ts"] + e["dur"]) for e in events if kind(e) == "kernel" and "nccl" not in e["name"].lower()]
-        ticks = np.arange(start, end)
+        ticks = origin + np.arange(start, end)
         in_comm = np.zeros(ticks.size, dtype=bool)
         in_compute = np.zeros(ticks.size, dtype=bool)
         for s, t in comm:
@@ -497,7 +485,8 @@ def test_captured_cpu_trace_steps_and_ops(captured: tuple[Trace, Path]) -> None:
     assert len(expected) == 3 and steps["step"].tolist() == [n for n, _, _ in expected]
     assert steps[["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us"]].to_numpy().sum() == 0
     assert (steps["dataloader_us"] > 0).all() and (steps["cpu_us"] > 0).all()
-    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["dur"], rtol=1e-12)
+    np.testing.assert_allclose(steps["window_dur"], steps["dur"])  # no GPU: the window is the host step
+    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["window_dur"], rtol=1e-12)
     want = sweep_breakdown(events)
     for _, row in steps.iterrows():
         assert row["cpu_us"] == pytest.approx(want[int(row["step"])]["cpu_us"], abs=1e-3)
@@ -516,7 +505,7 @@ def test_captured_cpu_trace_steps_and_ops(captured: tuple[Trace, Path]) -> None:
     assert trace.kernels().empty and list(trace.kernels().columns)[:5] == ["rank", "row", "name", "kind", "device"]
     table = trace.ranks_table()
     assert table["slowest"].tolist() == [True] and math.isnan(table["overlap_pct"].iloc[0])
-    assert table["step_us"].iloc[0] == pytest.approx(steps["dur"].mean())
+    assert table["step_us"].iloc[0] == pytest.approx(steps["window_dur"].mean())
 
 
 def test_layer_names_come_from_the_capture_manifest(captured: tuple[Trace, Path]) -> None:
@@ -575,4 +564,4 @@ def test_gloo_collectives_on_a_cpu_rank(tmp_path: Path) -> None:
     assert set(found["collective"]) == {"all_reduce", "broadcast"} and found["wait_us"].isna().all()
     steps = trace.steps()
     assert (steps["comm_us"] > 0).all() and steps["compute_us"].sum() == 0
-    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["dur"], rtol=1e-12)
+    np.testing.assert_allclose(steps[PARTS + ["idle_us"]].sum(axis=1), steps["window_dur"], rtol=1e-12)

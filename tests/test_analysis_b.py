@@ -286,6 +286,13 @@ def test_memory_with_totals(tracelens: dict[str, Any]) -> None:
     got = memory_mod.peaks(trace)
     whole = got[got["step"].isna()].set_index("device")["peak_bytes"].to_dict()
     assert whole == dict(peak)
+    # what was allocated before the capture: the first event's total less its own allocation
+    start: dict[str, int] = {}
+    for e in mem:
+        device = "cpu" if e["args"]["Device Type"] == 0 else f"cuda:{e['args']['Device Id']}"
+        start.setdefault(device, e["args"]["Total Allocated"] - e["args"]["Bytes"])
+    assert got[got["step"].isna()].set_index("device")["start_bytes"].to_dict() == start
+    assert start["cuda:0"] > 0
     assert df["delta_bytes"].sum() == sum(e["args"]["Bytes"] for e in mem)
     assert df["ts"].is_monotonic_increasing and df["ts"].min() >= 0
     assert not df.attrs["reconstructed"]
@@ -342,10 +349,56 @@ def test_memory_categories(captured: dict[str, Any]) -> None:
     assert df["ts"].iloc[-1] <= captured["trace"].memory()["ts"].max() + 1
     start = min(r[0] for r in rows if r[0] >= 0)  # ts -1 (allocated before) counts as the start
     assert len(df) == len({r[0] if r[0] >= 0 else start for r in rows})
-    assert df["total_bytes"].iloc[-1] == sum(r[2] for r in rows)
-    assert df["parameter"].iloc[0] == captured["param_bytes"]
+    # on the allocator's scale: after each timestamp the stack holds what Total Allocated says
+    base = json.loads(captured["path"].read_text())["baseTimeNanoseconds"]
+    memory = sorted((e["ts"], e["args"]["Total Allocated"]) for e in captured["raw"] if e["name"] == "[memory]")
+    stamps = sorted({r[0] for r in rows if r[0] >= 0})
+    allocator = [next(total for ts, total in reversed(memory) if ts <= (ns - base) / 1000 + 1e-3) for ns in stamps]
+    assert df["total_bytes"].tolist() == allocator
+    # the parameters existed before the capture: in the stack where the allocator counted them, else set aside
+    uncounted = df.attrs["uncounted"].get(0, {})
+    assert df["parameter"].iloc[0] + uncounted.get("parameter", 0) == captured["param_bytes"]
+    assert (df["before_capture"] >= 0).all() and df["before_capture"].nunique() == 1
     assert df["gradient"].max() > 0 and df["activation"].max() > 0
+    assert df.attrs["categories"][0] == "before_capture"
     assert (df[df.attrs["categories"]].sum(axis=1) == df["total_bytes"]).all()
+
+
+def test_memory_categories_keep_the_tensors_the_allocator_counted(tmp_path: Path) -> None:
+    """Tensors made in an earlier profiled session are in the CPU allocator's totals: the
+    stack keeps them in their category, and what else it held is the before-capture band."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        torch.manual_seed(0)
+        model = nn.Linear(256, 256)
+        x = torch.randn(16, 256)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+                 record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        for _ in range(3):
+            model(x).sum().backward()
+            model.zero_grad()
+            prof.step()
+    path = tmp_path / "kineto_trace_0.json"
+    prof.export_chrome_trace(str(path))
+    MemoryProfileTimeline(prof._memory_profile()).export_memory_timeline_raw(str(tmp_path / "memory_timeline_0.json"), "cpu")
+    df = memory_mod.categories(tracemagic.load(path, use_cache=False))
+    raw = json.loads(path.read_text())
+    rows = json.loads((tmp_path / "memory_timeline_0.json").read_text())
+    memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"]["Bytes"]) for e in raw["traceEvents"]
+                    if e.get("name") == "[memory]")
+    start = memory[0][1] - memory[0][2]
+    before = sum(r[2] for r in rows if r[0] < 0)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert before >= param_bytes and start >= before  # the earlier session counted them
+    assert df.attrs["uncounted"] == {}
+    assert df["parameter"].iloc[0] == param_bytes
+    assert (df["before_capture"] == start - before).all()
+    stamps = sorted({r[0] for r in rows if r[0] >= 0})
+    base = raw["baseTimeNanoseconds"]
+    allocator = [next(total for ts, total, _ in reversed(memory) if ts <= (ns - base) / 1000 + 1e-3) for ns in stamps]
+    assert df["total_bytes"].tolist() == allocator
 
 
 def test_memory_categories_absent_or_foreign(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from conftest import TRACES
 
+import tb_reference
 import tracemagic
 from tracemagic.capture import distributed
 from tracemagic.capture.api import ScriptCapture, config_from_options
@@ -243,33 +244,30 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 def _oracle(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per step: duration, and kernel time by category, from the events alone.
+    """Per step: host duration, device window, and kernel time by category, from the events alone.
 
-    Kernels are clipped to the step's wall interval; compute is the union of non-NCCL
-    kernels, comm what NCCL kernels add to it (compute wins where both run).
+    The windows are the TensorBoard plugin's (``tb_reference``); kernels count by time
+    inside them; compute is the union of non-NCCL kernels, comm what NCCL kernels add to
+    it (compute wins where both run).
     """
-    steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in events
-             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")}
-    launches = {e["args"]["correlation"]: e["ts"] for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    origin = min(float(e["ts"]) for e in events if "ts" in e)
+    host = {n: end - start for n, start, end in tb_reference.host_steps(events, origin)}
     kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
     out: dict[str, Any] = {
         "kernel_us": sum(e["dur"] for e in kernels),
         "nccl_us": sum(e["dur"] for e in kernels if "nccl" in e["name"].lower()),
         "steps": {},
     }
-    for step, (start, end) in steps.items():
+    for step, start, end in tb_reference.device_windows(events, origin):
         compute, comm = [], []
         for e in kernels:
-            # a GPU event belongs to the step of its launch; without one, to its own time's
-            at = launches.get(e.get("args", {}).get("correlation"), e["ts"])
-            if not start <= at < end:
-                continue
-            span = (min(max(e["ts"], start), end), min(max(e["ts"] + e["dur"], start), end))
+            begin = float(e["ts"]) - origin
+            span = (min(max(begin, start), end), min(max(begin + e["dur"], start), end))
             (comm if "nccl" in e["name"].lower() else compute).append(span)
         both = _union(compute + comm)
         out["steps"][step] = {
-            "dur": end - start,
+            "dur": host[step],
+            "window_dur": end - start,
             "compute_us": _union(compute),
             "comm_us": both - _union(compute),
             "overlap_us": _union(compute) + _union(comm) - both,
@@ -293,11 +291,11 @@ def _check(trace: Any, raw: dict[int, list[dict[str, Any]]]) -> None:
         overlap = comm_total = 0.0
         for step, figures in want["steps"].items():
             row = steps.loc[(rank, step)]
-            for column in ("dur", "compute_us", "comm_us"):
+            for column in ("dur", "window_dur", "compute_us", "comm_us"):
                 assert row[column] == pytest.approx(figures[column], abs=0.05), (rank, step, column)
             overlap += figures["overlap_us"]
             comm_total += figures["comm_total_us"]
-        durations = [f["dur"] for f in want["steps"].values()]
+        durations = [f["window_dur"] for f in want["steps"].values()]
         assert table.loc[rank, "step_us"] == pytest.approx(sum(durations) / len(durations), abs=0.05)
         assert table.loc[rank, "overlap_pct"] == pytest.approx(100 * overlap / comm_total, abs=1e-3)
 

@@ -281,6 +281,18 @@ y.shape
     assert len(step_events(kineto_events(capture.dir / "kineto_trace_0.json"))) == 1
 
 
+def test_cell_without_loop_wall_time_starts_with_the_profiled_step(ip, kineto_events):
+    # the one step's wall time is the profiled step's, not the profiler's set-up before it
+    body = "import time\nmodel = make_mlp()\ntime.sleep(0.05)\ny = model(torch.randn(4, 32))\n"
+    result, out = run(ip, "--no-memory-timeline", body)
+    assert result.success, out.stdout
+    capture = ip.user_ns["_chakra_capture"]
+    (step,) = step_events(kineto_events(capture.dir / "kineto_trace_0.json"))
+    wall = capture.manifest["steps"][0]["wall_ms"]
+    assert 50 <= wall <= step["dur"] / 1000 + 0.02, (wall, step["dur"] / 1000)
+    assert f"{wall:.2f} ms/step wall" in shown(out)
+
+
 def test_trailing_semicolon_hides_the_value_as_in_any_cell(ip):
     result, out = run(ip, "-q --no-memory-timeline", TRAIN_MLP.format(n=5) + "i;\n")
     assert result.success, out.stdout

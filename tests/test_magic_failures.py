@@ -282,3 +282,50 @@ def test_manifest_bookkeeping_failure_never_hides_the_users_exception(ip, read_j
     assert read_json(capture.dir / "capture.json")["status"] == "partial"
     monkeypatch.undo()
     assert_next_capture_works(ip, read_json)
+
+
+TRACEBACK_CASES = {
+    "in the loop body": "for i in range(4):\n    x = i\n    if i == 2:\n        y = 1 / 0\n    x = -i\n",
+    "first statement": "for i in range(4):\n    y = 1 / 0\n",
+    "after continue": "for i in range(4):\n    if i < 2:\n        continue\n    y = 1 / 0\n",
+    "nested loops": "for e in range(2):\n    for i in range(4):\n        if i == 2:\n            y = 1 / 0\n",
+    "while loop": "i = 0\nwhile i < 4:\n    i += 1\n    if i == 3:\n        y = 1 / 0\n",
+    "after the loop": "for i in range(4):\n    x = i\ny = 1 / 0\n",
+}
+
+
+@pytest.mark.parametrize("body", TRACEBACK_CASES.values(), ids=TRACEBACK_CASES.keys())
+def test_the_traceback_arrow_points_at_the_failing_line(ip, body):
+    """The arrow marks the line that raised, as without the magic (one line lower: the
+    %%chakra_trace line is line 1 of the cell)."""
+    import re
+
+    from IPython.utils.capture import capture_output
+
+    def arrows(cell: str) -> list[tuple[int, str]]:
+        with capture_output() as out:
+            ip.run_cell(cell)
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in out.stdout.splitlines()]
+        marked = [line.split("---->", 1)[1].split(None, 1) for line in lines if "---->" in line]
+        return [(int(number), text.strip()) for number, text in marked]
+
+    (plain,) = arrows(body)
+    assert plain[1] == "y = 1 / 0"
+    traced = arrows("%%chakra_trace --wait 0 --warmup 1 --active 1 -q --no-memory-timeline\n" + body)
+    assert traced[-1] == (plain[0] + 1, plain[1])
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("for i in range(4):\n    x = i\nundefined_after\n", "raised NameError after the loop"),
+        ("undefined_before\nfor i in range(4):\n    x = i\n", "raised NameError before the loop"),
+        ("for i in range(6):\n    if i == 3:\n        undefined_in\n", "raised NameError in step 3"),
+    ],
+    ids=["after", "before", "inside"],
+)
+def test_the_note_says_where_the_error_came_from(ip, body, said):
+    result, out = run(ip, "--wait 0 --warmup 1 --active 4 --no-memory-timeline", body)
+    assert isinstance(result.error_in_exec, NameError)
+    notes = ip.user_ns["_chakra_capture"].manifest["notes"]
+    assert any(said in note for note in notes), notes

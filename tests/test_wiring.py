@@ -87,6 +87,17 @@ def test_in_a_kernel_the_capture_displays_the_dashboard_widget(ip, monkeypatch):
     assert display.data["text/plain"].startswith("chakra_trace complete")
 
 
+def test_the_widget_header_shows_the_folder_files_and_notes(ip, monkeypatch):
+    """What the text fallback says about the capture is in the widget too, not hidden."""
+    monkeypatch.setattr(ip, "kernel", object(), raising=False)
+    result, out = run(ip, f"%%chakra_trace --no-memory-timeline\n{train(n=8, fail=5)}")
+    assert isinstance(result.error_in_exec, ValueError)
+    cap = ip.user_ns["_chakra_capture"]
+    header = cap.dashboard.widget.children[0].value
+    assert str(cap.dir) in header and "kineto_trace_0.json" in header and "capture.json" in header
+    assert "chakra_trace partial:" in header and "the cell raised ValueError in step 5" in header
+
+
 def test_partial_capture_says_so_and_still_shows_its_dashboard(ip):
     result, out = run(ip, f"%%chakra_trace --no-memory-timeline\n{train(n=8, fail=5)}")
     assert isinstance(result.error_in_exec, ValueError)  # the user's own error, re-raised

@@ -17,14 +17,21 @@ Column contracts (views rely on these names; each list is complete and in order,
 - ``kernels()``: ``rank, row, name, kind, device, stream, ts, dur, step, op, op_row, layer,
   layer_type, correlation, bytes, grid, block, collective, is_comm`` — ``kind`` is
   kernel | memcpy | memset.
-- ``steps()``: ``rank, step, ts, dur, compute_us, comm_us, memcpy_us, memset_us,
-  runtime_us, dataloader_us, cpu_us, idle_us`` — a partition of ``dur``: ``compute_us``
-  (GPU kernels), ``comm_us`` (collectives), ``memcpy_us``, ``memset_us``, ``runtime_us``,
-  ``dataloader_us``, ``cpu_us`` (host ops with nothing above running), ``idle_us``; they
-  add up to ``dur``.
+- ``steps()``: ``rank, step, ts, dur, window_ts, window_dur, compute_us, comm_us,
+  memcpy_us, memset_us, runtime_us, dataloader_us, cpu_us, idle_us, gpu_busy_us,
+  gpu_idle_us`` — ``ts``/``dur`` are the host ProfilerStep; ``window_ts``/``window_dur``
+  the step's device window (the TensorBoard plugin's rule: extended to the end of the GPU
+  work the step launched; the host step on CPU-only traces). The window is partitioned by
+  ``compute_us`` (GPU kernels), ``comm_us`` (collectives), ``memcpy_us``, ``memset_us``,
+  ``runtime_us``, ``dataloader_us``, ``cpu_us`` (host ops with nothing above running),
+  ``idle_us``: they add up to ``window_dur``. ``gpu_busy_us`` is the union of all GPU
+  activity in the window, ``gpu_idle_us = window_dur - gpu_busy_us`` (NaN without a GPU);
+  ``df.attrs['unlaunched']``: {rank: {"events", "us"}} of GPU work in flight when
+  profiling began (no launching call in the trace), which belongs to no step.
 - ``ranks()`` (``trace.ranks_table()``): ``rank, steps, step_us, compute_us, comm_us,
-  memcpy_us, memset_us, runtime_us, dataloader_us, cpu_us, idle_us, overlap_pct, wait_us,
-  straggler_steps, slowest`` (bool: the rank the others wait for most often, see
+  memcpy_us, memset_us, runtime_us, dataloader_us, cpu_us, idle_us, gpu_idle_pct,
+  overlap_pct, wait_us, straggler_steps, slowest`` (``step_us`` is the mean device window;
+  ``slowest`` is a bool: the rank the others wait for most often, see
   ``ranks.stragglers``; not simply the longest step, since waiting lengthens a step).
 - ``collectives()`` (``ranks.collectives``): ``rank, step, collective, seq, ts, dur,
   arrival_us, wait_us, excess_us, ranks, source``.
@@ -39,13 +46,16 @@ Column contracts (views rely on these names; each list is complete and in order,
   calls``.
 - ``memory()``: ``rank, ts, device, allocated_bytes, reserved_bytes, delta_bytes, op,
   op_row, layer, phase, step, addr, row`` — ``device`` is 'cpu' | 'cuda:N'.
-- ``memory_peaks()`` (``memory.peaks``): ``rank, device, step, peak_bytes,
-  peak_reserved_bytes, ts, op, layer, phase, delta_bytes``.
+- ``memory_peaks()`` (``memory.peaks``): ``rank, device, step, peak_bytes, start_bytes,
+  peak_reserved_bytes, ts, op, layer, phase, delta_bytes`` — ``peak_bytes`` is the highest
+  ``Total Allocated`` recorded in the step (or the whole capture: ``step`` NA),
+  ``start_bytes`` what was already allocated when it began.
 - ``biggest_allocations()``: ``rank, ts, device, bytes, op, layer, phase, step, addr,
   freed_ts, lifetime_us``.
-- ``memory_categories()`` (``memory.categories``): ``rank, cycle, device, ts, parameter,
-  optimizer_state, input, temporary, activation, gradient, autograd_detail, unknown,
-  total_bytes``.
+- ``memory_categories()`` (``memory.categories``): ``rank, cycle, device, ts,
+  before_capture, parameter, optimizer_state, input, temporary, activation, gradient,
+  autograd_detail, unknown, total_bytes`` — on the allocator's scale: ``total_bytes``
+  equals ``memory()``'s ``allocated_bytes`` at the same time.
 - ``shapes()``: ``rank, name, input_dims, input_type, concrete_inputs, calls, total_us,
   mean_us, self_us, gpu_us, flops, tflops_per_s, flops_source``.
 - ``diff(a, b)``: ``level, name, type, calls_a, calls_b, us_a, us_b, delta_us, ratio,

@@ -156,11 +156,14 @@ def _flow_links(trace: Trace, root: np.ndarray, is_op: np.ndarray) -> np.ndarray
     return out
 
 
-def step_time(trace: Trace) -> dict[int, float]:
-    """Per rank: the summed ProfilerStep durations, else the span of its CPU and GPU events."""
+def step_time(trace: Trace, step: int | None = None) -> dict[int, float]:
+    """Per rank: the summed ProfilerStep durations (only step ``step``'s if given), else the
+    span of its CPU and GPU events."""
     events = trace.events
     rank = events["rank"].to_numpy()
     is_step = kind_mask(events, "step")
+    if step is not None:
+        is_step &= events["step"].to_numpy() == step
     is_timed = kind_mask(events, *CPU_KINDS + GPU_KINDS) & (events["ph"] == "X").to_numpy()
     out = {}
     for r in trace.ranks:
@@ -218,11 +221,12 @@ def _first_op_dims(trace: Trace, calls: np.ndarray) -> np.ndarray:
     return categories[out]
 
 
-def memory_growth(trace: Trace, att: Attribution) -> tuple[np.ndarray, np.ndarray]:
-    """Module event row enclosing each in-scope forward ``[memory]`` event, and its delta."""
+def memory_growth(trace: Trace, att: Attribution, in_scope: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Module event row enclosing each in-scope forward ``[memory]`` event, and its delta
+    (``in_scope``: per events row, default ``att.in_scope``)."""
     events = trace.events
     rows, holder = memory_holders(trace)
-    scope = att.in_scope[rows]
+    scope = (att.in_scope if in_scope is None else in_scope)[rows]
     rows, holder = rows[scope], holder[scope]
     ok = holder >= 0
     rows, holder = rows[ok], holder[ok]
@@ -230,8 +234,9 @@ def memory_growth(trace: Trace, att: Attribution) -> tuple[np.ndarray, np.ndarra
     return att.module[holder[fwd]], events["bytes"].to_numpy(dtype=np.float64, na_value=0.0)[rows[fwd]]
 
 
-def layers(trace: Trace) -> pd.DataFrame:
-    """One row per layer (``nn.Module`` instance) per rank, in order of first call.
+def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
+    """One row per layer (``nn.Module`` instance) per rank, in order of first call; with
+    ``step``, only the work of that ProfilerStep counts (and only layers used in it).
 
     Columns: ``rank``; ``layer`` (model path from the capture, else ``Linear_0``); ``type``;
     ``depth`` (0 for a top-level module) and ``parent`` (enclosing layer, None at the top),
@@ -253,7 +258,7 @@ def layers(trace: Trace) -> pd.DataFrame:
     """
     events = trace.events
     att = attribution(trace)
-    scope = att.in_scope
+    scope = att.in_scope if step is None else att.in_scope & (events["step"].to_numpy() == step)
     modules = np.flatnonzero(att.is_module & (att.root < 0))
     rank = events["rank"].to_numpy()
     dur = events["dur"].to_numpy()
@@ -279,7 +284,7 @@ def layers(trace: Trace) -> pd.DataFrame:
     gpu_bwd = att.backward[launch[gpu]]
     fwd_gpu_self, fwd_gpu = _rollup(np.where(gpu_bwd, -1, gpu_layer), dur[gpu], layer_of, up, count)
     bwd_gpu_self, bwd_gpu = _rollup(np.where(gpu_bwd, gpu_layer, -1), dur[gpu], layer_of, up, count)
-    _, growth = _rollup(*memory_growth(trace, att), layer_of, up, count)
+    _, growth = _rollup(*memory_growth(trace, att, scope), layer_of, up, count)
 
     used = (calls > 0) | (bwd_cpu > 0) | (bwd_gpu > 0)
     first = pd.Series(ts[calls_rows]).groupby(layer_of[calls_rows]).idxmin()
@@ -318,13 +323,13 @@ def layers(trace: Trace) -> pd.DataFrame:
         columns=[*COLUMNS, "_ts"],
     )
     table = table[used].sort_values(["rank", "_ts"], kind="stable").drop(columns="_ts").reset_index(drop=True)
-    _totals(trace, table, gpu_all, dur)
+    _totals(trace, table, gpu_all, dur, step)
     return table
 
 
-def _totals(trace: Trace, table: pd.DataFrame, gpu: np.ndarray, dur: np.ndarray) -> None:
+def _totals(trace: Trace, table: pd.DataFrame, gpu: np.ndarray, dur: np.ndarray, step: int | None = None) -> None:
     """Fill ``table.attrs`` with per-rank step time and what no layer got."""
-    steps = step_time(trace)
+    steps = step_time(trace, step)
     rank = trace.events["rank"].to_numpy()
     attrs: dict[str, dict[int, float]] = {k: {} for k in ("step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us")}
     for r in trace.ranks:

@@ -128,15 +128,20 @@ def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def peaks(trace: Trace) -> pd.DataFrame:
-    """The highest ``allocated_bytes`` per rank, device and step, and over the whole trace.
+    """The highest ``allocated_bytes`` per rank, device and step, and over the whole trace,
+    with what was already allocated when that scope began.
 
     Columns: ``rank``, ``device``, ``step`` (Int64; NA for the whole-trace row),
-    ``peak_bytes``, ``peak_reserved_bytes`` (NA where not recorded), ``ts`` (when the peak
-    was first reached), ``op``, ``layer``, ``phase`` (of the event that reached it),
-    ``delta_bytes`` (that event's allocation).
+    ``peak_bytes`` (the highest ``allocated_bytes`` recorded in the scope: the allocator's
+    ``Total Allocated``), ``start_bytes`` (allocated when the scope began, before its first
+    event: that event's ``allocated_bytes`` minus its ``delta_bytes``; memory allocated
+    before the capture for the whole-trace row), ``peak_reserved_bytes`` (NA where not
+    recorded), ``ts`` (when the peak was first reached), ``op``, ``layer``, ``phase`` (of
+    the event that reached it), ``delta_bytes`` (that event's allocation).
     """
     table = trace.memory()
-    columns = ["rank", "device", "step", "peak_bytes", "peak_reserved_bytes", "ts", "op", "layer", "phase", "delta_bytes"]
+    columns = ["rank", "device", "step", "peak_bytes", "start_bytes", "peak_reserved_bytes", "ts", "op", "layer",
+               "phase", "delta_bytes"]
     if table.empty:
         return pd.DataFrame(columns=columns)
     parts = []
@@ -145,6 +150,8 @@ def peaks(trace: Trace) -> pd.DataFrame:
             continue
         grouped = scope.groupby(keys, sort=True)
         at = table.loc[grouped["allocated_bytes"].idxmax().to_numpy()].reset_index(drop=True)
+        first = grouped[["allocated_bytes", "delta_bytes"]].first()  # the table is in time order
+        at["start_bytes"] = (first["allocated_bytes"] - first["delta_bytes"]).to_numpy(dtype=np.int64)
         at["peak_reserved_bytes"] = grouped["reserved_bytes"].max().to_numpy()
         if "step" not in keys:
             at["step"] = pd.NA
@@ -154,8 +161,9 @@ def peaks(trace: Trace) -> pd.DataFrame:
     return out[columns].sort_values(["rank", "device", "step"], kind="stable", na_position="last").reset_index(drop=True)
 
 
-def biggest_allocations(trace: Trace, n: int = 10) -> pd.DataFrame:
-    """The ``n`` largest single allocations, with when (and whether) they were freed.
+def biggest_allocations(trace: Trace, n: int | None = 10) -> pd.DataFrame:
+    """The ``n`` largest single allocations (all of them for None), with when (and
+    whether) they were freed.
 
     Columns: ``rank``, ``ts``, ``device``, ``bytes``, ``op``, ``layer``, ``phase``, ``step``,
     ``addr``, ``freed_ts`` and ``lifetime_us`` (NA when not freed within the trace or the
@@ -169,7 +177,7 @@ def biggest_allocations(trace: Trace, n: int = 10) -> pd.DataFrame:
     freed &= nxt["delta_bytes"] < 0
     table["freed_ts"] = nxt["ts"].where(freed.fillna(False)).reindex(table.index)
     allocations = table[table["delta_bytes"] > 0].sort_values(["delta_bytes", "ts"], ascending=[False, True], kind="stable")
-    out = allocations.head(n).rename(columns={"delta_bytes": "bytes"})
+    out = (allocations if n is None else allocations.head(n)).rename(columns={"delta_bytes": "bytes"})
     out["lifetime_us"] = out["freed_ts"] - out["ts"]
     columns = ["rank", "ts", "device", "bytes", "op", "layer", "phase", "step", "addr", "freed_ts", "lifetime_us"]
     return out[columns].reset_index(drop=True)
@@ -233,25 +241,41 @@ def stack(rows: np.ndarray) -> pd.DataFrame:
 
 
 def categories(trace: Trace) -> pd.DataFrame:
-    """The memory timeline stacked by category, from ``memory_timeline_<rank>.json`` files.
+    """The memory timeline stacked by category, from ``memory_timeline_<rank>.json`` files,
+    on the allocator's scale: its total is ``memory()``'s ``allocated_bytes`` at the same time.
 
     One row per distinct timestamp with the bytes held in each category after it.
     Columns: ``rank``, ``cycle`` (Int64, NA for single-cycle captures), ``device``, ``ts``
-    (µs since the trace's start), one column per category in stacking order (see
-    ``df.attrs['categories']``: parameter, optimizer_state, input, temporary, activation,
-    gradient, autograd_detail, unknown), ``total_bytes``. Empty, with a ``df.attrs['note']``,
-    when the capture wrote no timeline. Timelines use the wall clock; they are placed on the
-    trace's clock with its ``baseTimeNanoseconds``, else they start at the trace's start
-    (``df.attrs['clock']`` says which).
+    (µs since the trace's start), ``before_capture``, one column per category of torch's
+    memory profile (parameter, optimizer_state, input, temporary, activation, gradient,
+    autograd_detail, unknown), ``total_bytes``; ``df.attrs['categories']`` lists the stacked
+    columns in order (``before_capture`` first).
+
+    The profile and the allocator see what existed before the capture differently: the
+    profile lists the tensors the captured ops touched (its rows at ts -1), the allocator
+    counts what it had handed out (``Total Allocated`` before the first ``[memory]`` event:
+    everything on CUDA; on the CPU only blocks allocated while a profiler ran). So
+    ``before_capture`` is the allocator's count at the start minus the profile's
+    pre-existing tensors: memory allocated before the capture that no category covers.
+    Where the allocator counted less than those tensors (the CPU), they are not in its
+    totals and are left out here too; ``df.attrs['uncounted']`` {rank: {category: bytes}}
+    says how much. Empty, with a ``df.attrs['note']``, when the capture wrote no timeline.
+    Timelines use the wall clock; they are placed on the trace's clock with its
+    ``baseTimeNanoseconds``, else they start at the trace's start (``df.attrs['clock']``
+    says which; on their own clock they cannot be matched to the allocator and
+    ``before_capture`` is 0).
     """
-    columns = ["rank", "cycle", "device", "ts", *CATEGORIES, "total_bytes"]
+    stacked = ["before_capture", *CATEGORIES]
+    columns = ["rank", "cycle", "device", "ts", *stacked, "total_bytes"]
     files = timeline_files(trace)
     parts = []
     clocks = set()
+    uncounted: dict[int, dict[str, int]] = {}
     t0 = trace_start(trace)
     events = trace.events
     end = float((events["ts"] + events["dur"]).max()) - t0 if len(events) else 0.0
     device = "cuda:0" if trace.has_gpu else "cpu"
+    memory = trace.memory() if files else None
     for rank, cycle, path in files:
         rows = _read_rows(path)
         if rows.size == 0:
@@ -264,16 +288,35 @@ def categories(trace: Trace) -> pd.DataFrame:
             if ts[0] < -_CLOCK_SLACK_US or ts[-1] > end + _CLOCK_SLACK_US:
                 ts = None
         clocks.add("trace" if ts is not None else "own")
+        before = 0
+        if ts is not None:
+            start = _allocator_start(memory, rank, device, float(ts[0]))
+            if start is not None:
+                early = rows[rows[:, 0] < 0]
+                held = np.bincount(np.clip(early[:, 3], 0, len(CATEGORIES) - 1), weights=early[:, 2],
+                                   minlength=len(CATEGORIES)).astype(np.int64)
+                if held.sum() > start:  # the allocator never counted these tensors: leave them out
+                    for name, bytes_ in zip(CATEGORIES, held):
+                        part[name] -= bytes_
+                        if bytes_:
+                            uncounted.setdefault(rank, {})[name] = uncounted.get(rank, {}).get(name, 0) + int(bytes_)
+                    part["total_bytes"] -= int(held.sum())
+                    before = start
+                else:
+                    before = start - int(held.sum())
         if ts is None:
             ts = (part["ts_ns"].to_numpy() - part["ts_ns"].iloc[0]) / 1000.0
         part = part.drop(columns="ts_ns")
+        part.insert(0, "before_capture", np.int64(before))
+        part["total_bytes"] += before
         part.insert(0, "ts", ts)
         part.insert(0, "device", device)
         part.insert(0, "cycle", pd.array([cycle] * len(part), dtype="Int64"))
         part.insert(0, "rank", rank)
         parts.append(part)
     out = pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
-    out.attrs["categories"] = list(CATEGORIES)
+    out.attrs["categories"] = stacked
+    out.attrs["uncounted"] = uncounted
     if not parts:
         out.attrs["note"] = (
             "no memory timeline next to this trace: capture with record_shapes, profile_memory "
@@ -281,4 +324,23 @@ def categories(trace: Trace) -> pd.DataFrame:
         )
     else:
         out.attrs["clock"] = "trace" if clocks == {"trace"} else "own"
+    if uncounted:
+        out.attrs["note"] = (
+            "tensors that existed before the capture and that the allocator's totals do not count "
+            "(on the CPU it counts only blocks allocated while a profiler ran) are left out: "
+            "see attrs['uncounted']"
+        )
     return out
+
+
+def _allocator_start(memory: pd.DataFrame | None, rank: int, device: str, ts: float) -> int | None:
+    """Bytes the allocator of ``rank``'s ``device`` held just before ``ts`` (µs since the
+    trace start): the first ``[memory]`` event from then on, less its own delta; None
+    without one."""
+    if memory is None or memory.empty:
+        return None
+    mine = memory[(memory["rank"] == rank) & (memory["device"] == device) & (memory["ts"] >= ts - 1.0)]
+    if mine.empty:
+        return None
+    first = mine.iloc[0]
+    return int(first["allocated_bytes"]) - int(first["delta_bytes"])

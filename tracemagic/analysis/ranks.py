@@ -124,7 +124,8 @@ def stragglers(trace: Trace) -> pd.DataFrame:
 
     Where collectives are matched across ranks in a step, the straggler is the rank with
     the least total wait in them (it arrives last); otherwise the rank with the longest
-    step. One row per step present on two or more ranks.
+    step. One row per step present on two or more ranks. Step times are the device
+    windows' (``steps()``'s ``window_dur``).
 
     Columns: ``step``, ``rank`` (the straggler), ``by`` (collectives | step_time),
     ``step_us`` (its step time), ``median_step_us`` (over ranks), ``wait_us`` (its total
@@ -135,7 +136,7 @@ def stragglers(trace: Trace) -> pd.DataFrame:
 
 def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
     waits = found.groupby(["rank", "step"])["wait_us"].sum(min_count=1).rename("wait_us")
-    table = steps[["rank", "step", "dur"]].join(waits, on=["rank", "step"])
+    table = steps[["rank", "step", "window_dur"]].rename(columns={"window_dur": "dur"}).join(waits, on=["rank", "step"])
     rows = []
     for step, group in table.groupby("step"):  # one per step
         if len(group) < 2:
@@ -160,18 +161,14 @@ def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
 def overlap(trace: Trace) -> pd.Series:
     """Per rank: % of communication-kernel time during which a compute kernel also runs.
 
-    Computed over the GPU activity of the steps, clipped to the step windows; NaN for a
-    rank without communication kernels.
+    Computed over the GPU activity inside the steps' device windows (see ``steps()``);
+    NaN for a rank without communication kernels.
     """
-    frame = steps_module.windows(trace)
+    frame = steps_module.device_windows(trace)
     masks = steps_module.category_masks(trace)
-    window = steps_module.window_of(trace, frame)
     comm_kernels = masks["comm_us"] & (trace.events["kind"] == "kernel").to_numpy()
     ranks = frame["rank"].to_numpy()
-    measured = []
-    for rows in (np.flatnonzero(comm_kernels), np.flatnonzero(masks["compute_us"])):
-        group, start, end = steps_module.clipped(trace, frame, window, rows)
-        measured.append((group, start, end))
+    measured = [steps_module.in_windows(trace, frame, np.flatnonzero(rows)) for rows in (comm_kernels, masks["compute_us"])]
     comm = union_length(*measured[0], len(frame))
     compute = union_length(*measured[1], len(frame))
     group, start, end = (np.concatenate(c) for c in zip(*measured))
@@ -184,10 +181,11 @@ def overlap(trace: Trace) -> pd.Series:
 def ranks(trace: Trace) -> pd.DataFrame:
     """One row per rank: mean step time and breakdown, overlap, waits, the slowest rank.
 
-    Columns: ``rank``; ``steps`` (count); ``step_us`` (mean step time); the mean per step
-    of ``compute_us``, ``comm_us``, ``memcpy_us``, ``memset_us``, ``runtime_us``,
-    ``dataloader_us``, ``cpu_us``, ``idle_us`` (see ``steps()``; they add up to
-    ``step_us``); ``overlap_pct`` (% of communication-kernel time overlapped by compute
+    Columns: ``rank``; ``steps`` (count); ``step_us`` (mean step time: the device window,
+    ``steps()``'s ``window_dur``); the mean per step of ``compute_us``, ``comm_us``,
+    ``memcpy_us``, ``memset_us``, ``runtime_us``, ``dataloader_us``, ``cpu_us``,
+    ``idle_us`` (see ``steps()``; they add up to ``step_us``); ``gpu_idle_pct`` (% of the
+    windows in which no GPU activity runs, NaN without a GPU); ``overlap_pct`` (% of communication-kernel time overlapped by compute
     kernels, NaN without communication kernels); ``wait_us`` (mean per step of the time
     spent waiting for other ranks in collectives, NaN when none are matched);
     ``straggler_steps`` (steps in which this rank was the straggler, see ``stragglers``);
@@ -196,7 +194,9 @@ def ranks(trace: Trace) -> pd.DataFrame:
     """
     table = trace.steps()
     grouped = table.groupby("rank")
-    out = grouped.agg(steps=("step", "size"), step_us=("dur", "mean"), **{m: (m, "mean") for m in _MEANS})
+    out = grouped.agg(steps=("step", "size"), step_us=("window_dur", "mean"), **{m: (m, "mean") for m in _MEANS})
+    idle, window = grouped["gpu_idle_us"].sum(min_count=1), grouped["window_dur"].sum()
+    out["gpu_idle_pct"] = 100.0 * idle / window.where(window > 0)
     out = out.join(overlap(trace))
     found = collectives(trace)
     waits = found.groupby(["rank", "step"])["wait_us"].sum(min_count=1)

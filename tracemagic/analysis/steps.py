@@ -1,8 +1,14 @@
-"""``steps()``: one row per ProfilerStep and rank, its wall time partitioned by activity.
+"""``steps()``: one row per ProfilerStep and rank, its device window partitioned by activity.
 
-The partition follows the TensorBoard plugin's step breakdown: every instant of the step's
-wall interval goes to the highest-priority activity running then, in the order of
-``CATEGORIES``; what nothing covers is idle. The parts therefore add up to ``dur``.
+The breakdown follows the TensorBoard plugin's (``torch_tb_profiler``'s ``_find_device_steps``
+and ``_update_steps_duration``), which its users know: a step's **window** starts where the
+previous one ended (or at its host start, whichever is later) and ends when the host step
+ends or, later, when the last device work launched by runtime calls wholly inside the host
+step ends. On a GPU-bound loop the GPU runs behind the host, so the window of step *i* holds
+the GPU work step *i* launched, not the host interval. Every instant of the window goes to
+the highest-priority activity running then (in the order of ``CATEGORIES``), whichever step
+launched it; what nothing covers is idle. The parts therefore add up to ``window_dur``. On
+CPU-only traces the window is the host step.
 """
 
 from __future__ import annotations
@@ -38,10 +44,14 @@ def _step_number(name: object) -> int:
 
 
 _NO_STEPS = "no ProfilerStep in rank(s) {ranks}: one row (step -1) spans each such rank's whole trace"
+_UNLAUNCHED = (
+    "{events:,} GPU event(s) ({us:,.0f} µs) on rank {rank} have no launching runtime call in the trace "
+    "(in flight when profiling began): they belong to no step"
+)
 
 
 def windows(trace: Trace) -> pd.DataFrame:
-    """The step windows: ``rank, step, start`` (µs, the rank's own clock), ``dur``; by rank and time.
+    """The host step windows: ``rank, step, start`` (µs, the rank's own clock), ``dur``; by rank and time.
 
     A rank without any ``ProfilerStep`` gets one window ``step = -1`` over all its events.
     Durations are kept as recorded, not as differences of epoch-µs times (float64 rounds
@@ -86,10 +96,90 @@ def window_of(trace: Trace, frame: pd.DataFrame) -> np.ndarray:
     return known.get_indexer(key(events["rank"].to_numpy(), events["step"].to_numpy()))
 
 
+def _gpu_rows(trace: Trace) -> np.ndarray:
+    """Rows of timed GPU activity (kernels, memcpy, memset) with a known start."""
+    events = trace.events
+    ts = events["ts"].to_numpy()
+    return np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY) & np.isfinite(ts))
+
+
+def _relative(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Every event's start and end in µs since the trace's start (computed once per trace).
+
+    Shifted before adding ``dur``: float64 epoch-µs times round to 0.25 µs, their
+    differences are exact.
+    """
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        start = trace.events["ts"].to_numpy(dtype=np.float64) - trace_start(trace)
+        return start, start + trace.events["dur"].to_numpy(dtype=np.float64)
+
+    return trace.shared("relative_times", compute)
+
+
+def device_windows(trace: Trace) -> pd.DataFrame:
+    """``windows`` with each step's device window: ``window_ts`` (µs since the trace's start)
+    and ``window_dur`` (µs), the TensorBoard plugin's rule (see the module docstring).
+
+    ``df.attrs['unlaunched']`` is {rank: {"events": n, "us": total}} of the GPU activity
+    without a launching runtime call in the trace (work in flight when profiling began);
+    it belongs to no step.
+    """
+    frame = windows(trace)
+    events = trace.events
+    start, end = _relative(trace)
+    gpu = _gpu_rows(trace)
+    gpu_rank = events["rank"].to_numpy()[gpu]
+    gpu_start, gpu_end = start[gpu], end[gpu]
+    launch = events["launch"].to_numpy()[gpu]
+    launch_start = np.where(launch >= 0, start[np.maximum(launch, 0)], np.nan)
+    launch_end = np.where(launch >= 0, end[np.maximum(launch, 0)], np.nan)
+
+    host_dur = frame["dur"].to_numpy(dtype=np.float64)
+    window_ts = frame["start"].to_numpy(dtype=np.float64) - trace_start(trace)
+    window_dur = host_dur.copy()
+    unlaunched: dict[int, dict[str, float]] = {}
+    for rank, where in frame.groupby("rank").indices.items():
+        mine = gpu_rank == rank
+        orphans = mine & (launch < 0)
+        if orphans.any():
+            unlaunched[int(rank)] = {"events": int(orphans.sum()), "us": float((gpu_end - gpu_start)[orphans].sum())}
+        if (frame["step"].to_numpy()[where] < 0).any():
+            continue  # a rank without steps: its one window spans everything already
+        host_start = window_ts[where].copy()
+        host_end = host_start + host_dur[where]
+        # which host step wholly holds each launching runtime call (steps do not overlap)
+        at = np.searchsorted(host_start, launch_start[mine], side="right") - 1
+        inside = (at >= 0) & (launch_end[mine] <= host_end[np.maximum(at, 0)])
+        if not inside.any():
+            continue  # nothing launched inside a step: the windows stay the host steps
+        first_start = np.full(where.size, np.inf)
+        last_end = np.full(where.size, -np.inf)
+        np.minimum.at(first_start, at[inside], gpu_start[mine][inside])
+        np.maximum.at(last_end, at[inside], gpu_end[mine][inside])
+        # the first window starts past device work launched outside every step that ends
+        # before the first step's own device work
+        previous = host_start[0]
+        if np.isfinite(first_start[0]):
+            before = gpu_end[mine][~inside]
+            before = before[before < first_start[0]]
+            if before.size:
+                previous = max(previous, float(before.max()))
+        for i in range(where.size):
+            begin = max(previous, host_start[i])
+            stop = max(host_end[i], last_end[i], begin)
+            if begin != host_start[i] or stop != host_end[i]:
+                window_ts[where[i]], window_dur[where[i]] = begin, stop - begin
+            previous = stop
+    out = frame.assign(window_ts=window_ts, window_dur=window_dur)
+    out.attrs["unlaunched"] = unlaunched
+    return out
+
+
 def category_masks(trace: Trace) -> dict[str, np.ndarray]:
     """Which events feed each breakdown category (before priorities are applied)."""
     events = trace.events
-    duration = (events["ph"] == "X").to_numpy() & (events["dur"].to_numpy() > 0)
+    duration = (events["ph"] == "X").to_numpy() & (events["dur"].to_numpy() > 0) & np.isfinite(events["ts"].to_numpy())
     kernel = duration & kind_mask(events, "kernel")
     nccl = is_nccl(events["name"])
     ranks = events["rank"].to_numpy()
@@ -110,57 +200,87 @@ def category_masks(trace: Trace) -> dict[str, np.ndarray]:
     }
 
 
-def clipped(
-    trace: Trace, frame: pd.DataFrame, window: np.ndarray, rows: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(window index, start, end) of ``rows`` clipped to their step window, µs from its start.
+def in_windows(trace: Trace, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(window index, start, end) of the parts of ``rows`` inside the windows of their rank,
+    µs from the window's start; an event spanning several windows gives one part in each.
 
-    ``window`` is ``window_of(trace, frame)``; rows outside every window are dropped.
+    ``frame`` is a ``device_windows`` table (windows of a rank do not overlap).
     """
-    events = trace.events
-    group = window[rows]
-    inside = group >= 0
-    rows, group = rows[inside], group[inside]
-    origin = frame["start"].to_numpy()[group]
-    length = frame["dur"].to_numpy()[group]
-    start = events["ts"].to_numpy()[rows] - origin
-    end = start + events["dur"].to_numpy()[rows]
-    return group, np.clip(start, 0.0, length), np.clip(end, 0.0, length)
+    rank = trace.events["rank"].to_numpy()[rows]
+    start, end = (times[rows] for times in _relative(trace))
+    win_start = frame["window_ts"].to_numpy(dtype=np.float64)
+    win_end = win_start + frame["window_dur"].to_numpy(dtype=np.float64)
+    groups, starts, ends = [], [], []
+    for r, where in frame.groupby("rank").indices.items():
+        mine = rank == r
+        lo = np.searchsorted(win_end[where], start[mine], side="right")  # first window ending after the start
+        hi = np.searchsorted(win_start[where], end[mine], side="left")  # past the last window starting before the end
+        count = np.maximum(hi - lo, 0)
+        if not count.any():
+            continue
+        part = np.repeat(np.arange(count.size), count)
+        offset = np.arange(part.size) - np.repeat(np.cumsum(count) - count, count)
+        group = where[lo[part] + offset]
+        origin = win_start[group]
+        length = frame["window_dur"].to_numpy(dtype=np.float64)[group]
+        groups.append(group)
+        starts.append(np.clip(start[mine][part] - origin, 0.0, length))
+        ends.append(np.clip(end[mine][part] - origin, 0.0, length))
+    if not groups:
+        return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
+    return np.concatenate(groups), np.concatenate(starts), np.concatenate(ends)
 
 
 def steps(trace: Trace) -> pd.DataFrame:
-    """One row per step and rank: wall time and its partition by activity.
+    """One row per step and rank: host and device time and the device window's partition.
 
     Columns: ``rank``, ``step`` (ProfilerStep number, -1 where a rank has none), ``ts``
-    (start, µs since the trace's start), ``dur`` (µs), then ``CATEGORIES`` and ``idle_us``,
-    which add up to ``dur``. GPU events belong to the step that launched them and are
-    clipped to its wall interval. ``df.attrs['note']`` says when rows span whole traces.
+    (host start, µs since the trace's start), ``dur`` (the host ProfilerStep's µs),
+    ``window_ts``, ``window_dur`` (the device window, see the module docstring), then
+    ``CATEGORIES`` and ``idle_us``, which add up to ``window_dur``; ``gpu_busy_us`` (union of
+    all GPU activity of the rank — kernels, memcpy, memset, every stream — inside the
+    window) and ``gpu_idle_us`` (``window_dur - gpu_busy_us``), NaN on ranks without GPU
+    activity. ``df.attrs['note']`` says when rows span whole traces or when GPU work was in
+    flight when profiling began (``df.attrs['unlaunched']``: {rank: {"events", "us"}}).
     """
-    frame = windows(trace)
+    frame = device_windows(trace)
     groups = len(frame)
     masks = category_masks(trace)
-    window = window_of(trace, frame)
     covered = np.zeros(groups)
     parts: dict[str, np.ndarray] = {}
     so_far: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for name in CATEGORIES:
-        so_far.append(clipped(trace, frame, window, np.flatnonzero(masks[name])))
+        so_far.append(in_windows(trace, frame, np.flatnonzero(masks[name])))
         group, start, end = (np.concatenate(column) for column in zip(*so_far))
         total = union_length(group, start, end, groups)
         parts[name] = total - covered
         covered = total
-    dur = frame["dur"].to_numpy()
+    window_dur = frame["window_dur"].to_numpy(dtype=np.float64)
+    busy = union_length(*in_windows(trace, frame, _gpu_rows(trace)), groups)
+    events = trace.events
+    gpu_ranks = np.unique(events["rank"].to_numpy()[kind_mask(events, *GPU_ACTIVITY)])
+    has_gpu = np.isin(frame["rank"].to_numpy(), gpu_ranks)
     out = pd.DataFrame(
         {
             "rank": frame["rank"].to_numpy(),
             "step": frame["step"].to_numpy(),
             "ts": frame["start"].to_numpy() - trace_start(trace),
-            "dur": dur,
+            "dur": frame["dur"].to_numpy(),
+            "window_ts": frame["window_ts"].to_numpy(),
+            "window_dur": window_dur,
             **parts,
-            "idle_us": dur - covered,
+            "idle_us": window_dur - covered,
+            "gpu_busy_us": np.where(has_gpu, busy, np.nan),
+            "gpu_idle_us": np.where(has_gpu, window_dur - busy, np.nan),
         }
     )
+    notes = []
     bare = sorted(int(r) for r in frame.loc[frame["step"] < 0, "rank"])
     if bare:
-        out.attrs["note"] = _NO_STEPS.format(ranks=", ".join(map(str, bare)))
+        notes.append(_NO_STEPS.format(ranks=", ".join(map(str, bare))))
+    unlaunched = frame.attrs["unlaunched"]
+    notes += [_UNLAUNCHED.format(rank=rank, **found) for rank, found in sorted(unlaunched.items())]
+    if notes:
+        out.attrs["note"] = "; ".join(notes)
+    out.attrs["unlaunched"] = unlaunched
     return out

@@ -83,7 +83,7 @@ class Capture:
         if self._dashboard is None:
             from tracemagic.views import Dashboard
 
-            self._dashboard = Dashboard(self.trace, title=self.title)
+            self._dashboard = Dashboard(self.trace, title=self.title, caption=self._header_lines() + self._note_lines())
         return self._dashboard
 
     # -- outputs next to the trace ---------------------------------------------------------

@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ExecutionTraceObserver, ProfilerAction, ProfilerActivity
 
 from tracemagic._version import __version__
-from tracemagic.capture import files
+from tracemagic.capture import files, notices
 from tracemagic.capture.config import CaptureConfig
 from tracemagic.capture.loop import LoopPlan
 from tracemagic.capture.naming import ModuleRecorder, find_roots, module_map
@@ -103,14 +103,20 @@ class _Profiler(torch.profiler.profile):
         self._recorder = recorder if self.with_stack else None
         self._session = session
 
+    def prepare_trace(self) -> None:
+        with notices.hush(self._session._hidden):
+            super().prepare_trace()
+
     def start_trace(self) -> None:
         if self._recorder is not None:
             self._recorder.start()
-        super().start_trace()
+        with notices.hush(self._session._hidden):
+            super().start_trace()
 
     def stop_trace(self) -> None:
         try:
-            super().stop_trace()
+            with notices.hush(self._session._hidden):
+                super().stop_trace()
         finally:
             if self._recorder is not None:
                 self._session._window = self._recorder.stop() or []
@@ -150,12 +156,14 @@ class CaptureSession:
         self._started = False
         self._stopped = False
         self._skip_step = False
+        self._failed_step: int | None = None  # the step whose iteration raised
         self._iterations = 0
         self._t_step = 0.0
         self._pending: list[StepRecord] = []
         self._cycles: list[_Cycle] = []
         self._window: list[torch.nn.Module] = []
         self._notes: list[str] = []
+        self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
         self._created = datetime.now(timezone.utc)
         self._worker = files.tb_worker()
 
@@ -201,6 +209,7 @@ class CaptureSession:
     def _fail(self) -> None:
         """Called by the rewritten loop when an iteration raises: no step() for it."""
         self._skip_step = True
+        self._failed_step = self.step_num
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self) -> Path:
@@ -247,8 +256,10 @@ class CaptureSession:
                 with_flops=cfg.with_flops,
                 execution_trace_observer=self._et,
             )
-        self._t_step = time.perf_counter()
         self._prof.start()
+        # ProfilerStep#0 begins at the end of start(): its wall time is measured from here,
+        # not from before the profiler's own set-up
+        self._t_step = time.perf_counter()
 
     def stop(self) -> None:
         """Stop recording now (the loop is over); the rest of the cell is not traced."""
@@ -406,7 +417,14 @@ class CaptureSession:
 
     def _error_note(self, error: BaseException) -> str:
         recorded = sum(s.complete for c in self._cycles for s in c.steps)
-        where = f" in step {self.step_num}" if self._prof is not None else " before the loop"
+        if self._failed_step is not None:  # an iteration of the stepped loop raised
+            where = f" in step {self._failed_step}"
+        elif self._prof is None:
+            where = " before the loop"
+        elif self._stopped and self.plan.mode == "loop":
+            where = " after the loop (every step it ran was ended)"
+        else:
+            where = f" in step {self.step_num}"
         return (
             f"the cell raised {type(error).__name__}{where}; {recorded} complete step(s) "
             "recorded before it were written (partial capture)."
@@ -469,6 +487,7 @@ class CaptureSession:
             modules=first,
             notes=list(self._notes),
             error=_error_entry(error),
+            hidden_output=list(self._hidden),
         )
         if any(m != first for m in maps.values()):
             manifest["modules_by_file"] = maps

@@ -122,9 +122,9 @@ class Trace:
         """GPU kernels, memcpy and memset with their launching op and layer."""
         return self._analysis("kernels", "kernels")
 
-    def layers(self) -> pd.DataFrame:
-        """The per-layer (nn.Module instance) table."""
-        return self._analysis("layers", "layers")
+    def layers(self, step: int | None = None) -> pd.DataFrame:
+        """The per-layer (nn.Module instance) table (of one ProfilerStep, given ``step``)."""
+        return self._analysis("layers", "layers") if step is None else self._analysis("layers", "layers", step)
 
     def memory(self) -> pd.DataFrame:
         """The memory timeline per device."""
@@ -134,7 +134,7 @@ class Trace:
         """Peak allocated bytes per device and step, with the op and layer that reached it."""
         return self._analysis("memory", "peaks")
 
-    def biggest_allocations(self, n: int = 10) -> pd.DataFrame:
+    def biggest_allocations(self, n: int | None = 10) -> pd.DataFrame:
         """The ``n`` largest allocations with their op, layer and lifetime."""
         return self._analysis("memory", "biggest_allocations", n)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import ipywidgets as widgets
 import pandas as pd
@@ -175,6 +175,8 @@ class Dashboard:
         interactive: draw the Timeline as a ``FigureWidget`` that re-samples its events
             to the visible range on zoom and pan (default: when anywidget is installed
             and ``TRACEMAGIC_FIGUREWIDGET`` is not ``0``); False keeps static figures.
+        caption: plain-text lines shown under the heading (a capture's status, folder,
+            files and notes), so the widget hides nothing its text fallback says.
 
     Attributes:
         data: the analyses' tables (``TraceData``), computed once.
@@ -192,6 +194,7 @@ class Dashboard:
         unit: str = "ms",
         force_widget: bool | None = None,
         interactive: bool | None = None,
+        caption: Sequence[str] = (),
     ) -> None:
         self.interactive = figure_widget_available() if interactive is None else bool(interactive)
         self.data = trace if isinstance(trace, TraceData) else TraceData(trace)
@@ -200,6 +203,7 @@ class Dashboard:
         self.state = sections.ViewState(step=step, top=top, unit=unit)
         self.keys = sections.available(self.data, self.other)
         self.force_widget = force_widget
+        self.caption = [str(line) for line in caption]
         self._widget: widgets.VBox | None = None
         self._built: dict[str, tuple[Any, ...]] = {}
         self._tabs: dict[str, dict[str, Any]] = {}
@@ -265,7 +269,11 @@ class Dashboard:
         self.tab.children = children
         self.tab.titles = tuple(sections.TITLES[k] for k in self.keys)
         self.tab.observe(lambda _: self._ensure(self.current), names="selected_index")
-        header = widgets.HTML(html.style() + f'<div class="tm-caption" style="font-size:15px">tracemagic · {esc(self.title)}</div>')
+        lines = "".join(f"<div>{esc(line)}</div>" for line in self.caption)
+        header = widgets.HTML(
+            html.style() + f'<div class="tm-caption" style="font-size:15px">tracemagic · {esc(self.title)}</div>'
+            + (f'<div class="tm-caption" style="font-family:monospace;white-space:pre-wrap">{lines}</div>' if lines else "")
+        )
         root = widgets.VBox([
             header,
             widgets.HBox([self.step_control, self.top_control, self.unit_control]),

@@ -25,10 +25,11 @@ CONTRACT: dict[str, list[str]] = {
             "input_dims", "input_type", "seq", "rf_id", "external_id"],
     "kernels": ["rank", "row", "name", "kind", "device", "stream", "ts", "dur", "step", "op", "layer",
                 "correlation", "bytes", "grid", "block", "is_comm"],
-    "steps": ["rank", "step", "ts", "dur", "compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us",
-              "dataloader_us", "cpu_us", "idle_us"],
-    "ranks_table": ["rank", "steps", "step_us", "compute_us", "comm_us", "memcpy_us", "idle_us", "overlap_pct",
-                    "slowest"],
+    "steps": ["rank", "step", "ts", "dur", "window_ts", "window_dur", "compute_us", "comm_us", "memcpy_us",
+              "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us", "gpu_busy_us", "gpu_idle_us"],
+    "ranks_table": ["rank", "steps", "step_us", "compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us",
+                    "dataloader_us", "cpu_us", "idle_us", "gpu_idle_pct", "overlap_pct", "wait_us",
+                    "straggler_steps", "slowest"],
     "layers": ["rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
                "bwd_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "memory_growth_bytes",
                "input_shapes"],
@@ -36,7 +37,11 @@ CONTRACT: dict[str, list[str]] = {
     "shapes": ["rank", "name", "input_dims", "input_type", "calls", "total_us", "mean_us", "self_us", "flops",
                "tflops_per_s"],
     "diff": ["level", "name", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status"],
-    "memory_categories": ["rank", "cycle", "device", "ts", "parameter", "optimizer_state", "input", "temporary",
+    "memory_peaks": ["rank", "device", "step", "peak_bytes", "start_bytes", "peak_reserved_bytes", "ts", "op", "layer",
+                     "phase", "delta_bytes"],
+    "biggest_allocations": ["rank", "ts", "device", "bytes", "op", "layer", "phase", "step", "addr", "freed_ts",
+                            "lifetime_us"],
+    "memory_categories": ["rank", "cycle", "device", "ts", "before_capture", "parameter", "optimizer_state", "input", "temporary",
                           "activation", "gradient", "autograd_detail", "unknown", "total_bytes"],
     "layer_spans": ["rank", "layer", "type", "phase", "ts", "dur", "step", "calls"],
     "et_graph": ["id", "name", "op_schema", "parent", "depth", "step", "rf_id", "input_shapes", "input_types",
@@ -69,14 +74,27 @@ class TraceData:
             except Exception as exc:  # noqa: BLE001 - one analysis must not take the view down
                 self.problems[name] = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"tracemagic: the {name} analysis failed ({exc}); its view is empty", stacklevel=2)
-                frame = pd.DataFrame(columns=CONTRACT.get(name, []))
+                frame = pd.DataFrame(columns=CONTRACT.get(name.split(":")[0], []))
             self._tables[key] = frame
         return self._tables[key]
 
     @property
     def steps(self) -> pd.DataFrame:
-        """``trace.steps()``."""
-        return self.table("steps")
+        """``trace.steps()`` less the steps that hold only the loop's exit
+        (:attr:`loop_exit_steps`): they are not steps of the loop."""
+        steps = self.table("steps")
+        if self.loop_exit_steps and not steps.empty:
+            steps = steps[~steps["step"].isin(self.loop_exit_steps)].reset_index(drop=True)
+        return steps
+
+    @cached_property
+    def loop_exit_steps(self) -> list[int]:
+        """The ProfilerSteps a ``%%chakra_trace`` capture marks as holding only the loop's
+        exit (``capture.json``: ``end`` ``loop_exit``, not complete); empty for other traces."""
+        manifest = getattr(self.trace, "manifest", None) or {}
+        return sorted({int(s["step"]) for s in manifest.get("steps") or []
+                       if isinstance(s, dict) and s.get("end") == "loop_exit" and not s.get("complete")
+                       and isinstance(s.get("step"), int)})
 
     @property
     def ops(self) -> pd.DataFrame:
@@ -99,6 +117,22 @@ class TraceData:
     def memory(self) -> pd.DataFrame:
         """``trace.memory()``."""
         return self.table("memory")
+
+    @property
+    def memory_peaks(self) -> pd.DataFrame:
+        """``trace.memory_peaks()``: per device, each step's and the whole trace's peak."""
+        return self.table("memory_peaks")
+
+    @property
+    def allocations(self) -> pd.DataFrame:
+        """``trace.biggest_allocations(None)``: every allocation, largest first."""
+        return self.table("biggest_allocations", compute=lambda: self.trace.biggest_allocations(None))
+
+    def layers_in(self, step: int | None) -> pd.DataFrame:
+        """``trace.layers(step)``: the layers table of one step (all steps for None)."""
+        if step is None:
+            return self.layers
+        return self.table(f"layers:step {step}", compute=lambda: self.trace.layers(step))
 
     @property
     def shapes(self) -> pd.DataFrame:

@@ -76,7 +76,8 @@ def _step_labels(steps: pd.DataFrame) -> list[str]:
 
 # -- Overview ---------------------------------------------------------------------------------
 def step_breakdown(steps: pd.DataFrame, *, unit: str = "ms", rank: int | None = None) -> go.Figure:
-    """Stacked bar per step of the step-time parts (GPU kernels, communication, memcpy, ...).
+    """Stacked bar per step of the parts of its device window (GPU kernels, communication,
+    memcpy, ...; ``steps()``'s partition of ``window_dur``).
 
     Args:
         steps: ``trace.steps()``.
@@ -103,7 +104,7 @@ def step_breakdown(steps: pd.DataFrame, *, unit: str = "ms", rank: int | None = 
             x=labels,
             y=values,
             marker_color=PART_COLORS[column],
-            customdata=100 * steps[column].to_numpy(dtype=float) / np.maximum(steps["dur"].to_numpy(dtype=float), 1e-9),
+            customdata=100 * steps[column].to_numpy(dtype=float) / np.maximum(steps["window_dur"].to_numpy(dtype=float), 1e-9),
             hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} {unit} (%{{customdata:.0f}}%)<extra></extra>",
         )
     fig.update_layout(barmode="stack", legend_traceorder="normal")
@@ -494,7 +495,7 @@ LAYER_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2"
                 "#eeca3b")
 #: colors of the allocation categories of torch's memory profile
 CATEGORY_COLORS = {
-    "parameter": "#4c78a8", "optimizer_state": "#9d755d", "input": "#72b7b2", "temporary": "#bab0ac",
+    "before_capture": "#d9d9d9", "parameter": "#4c78a8", "optimizer_state": "#9d755d", "input": "#72b7b2", "temporary": "#bab0ac",
     "activation": "#f58518", "gradient": "#54a24b", "autograd_detail": "#b279a2", "unknown": "#e45756",
 }
 
@@ -524,11 +525,12 @@ def memory_timeline(
     max_points: int = 3000,
     max_spans: int = 400,
     unit: str = "ms",
+    peaks: pd.DataFrame | None = None,
 ) -> go.Figure:
     """Allocated (solid) and reserved (dotted) bytes over time per device, step boundaries
-    as vertical lines, each device's peak marked with the op and layer that reached it, and
-    (given ``spans``) a lane under the curve with the top-level layers' forward and
-    backward spans.
+    as vertical lines, each device's peak marked with the op and layer that reached it
+    (given ``peaks``), and (given ``spans``) a lane under the curve with the top-level
+    layers' forward and backward spans.
 
     Args:
         memory: ``trace.memory()``.
@@ -539,6 +541,8 @@ def memory_timeline(
         max_points: the most points per line (each bin keeps its min and max).
         max_spans: the most layer spans drawn (the longest ones).
         unit: time unit of the x axis (time since the trace start).
+        peaks: ``trace.memory_peaks()``: the peaks of ``step`` (of the whole trace for
+            None) are marked; None marks none.
     """
     title = "Memory" + (f" — step {step}" if step is not None else "")
     if rank is not None:
@@ -583,11 +587,14 @@ def memory_timeline(
                 hovertemplate=f"reserved %{{y:.2f}} {suffix}<extra>{label}</extra>",
                 **row,
             )
-        peak = group.loc[group["allocated_bytes"].idxmax()]
+    marked = pd.DataFrame() if peaks is None or peaks.empty else tables.peaks_of(peaks, step)
+    if rank is not None and not marked.empty:
+        marked = marked[marked["rank"] == rank]
+    for _, peak in marked.iterrows():
         where = " in ".join(esc(shorten(v, 50)) for v in (peak["op"], peak["layer"]) if isinstance(v, str) and v)
         fig.add_annotation(
-            x=float(peak["ts"]) / div, y=float(peak["allocated_bytes"]) / scale, xref="x", yref="y",
-            text=f"peak {fmt_bytes(peak['allocated_bytes'])}" + (f": {where}" if where else ""),
+            x=float(peak["ts"]) / div, y=float(peak["peak_bytes"]) / scale, xref="x", yref="y",
+            text=f"peak {fmt_bytes(peak['peak_bytes'])}" + (f": {where}" if where else ""),
             showarrow=True, arrowhead=2, ax=0, ay=-30,
         )
     if not lane.empty:
@@ -786,8 +793,9 @@ def rank_breakdown(ranks: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
     return _layout(fig, title, "rank", f"mean step time ({unit})")
 
 
-def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "dur") -> go.Figure:
-    """Rank × step heatmap of ``column`` (step time by default)."""
+def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "window_dur") -> go.Figure:
+    """Rank × step heatmap of ``column`` (step time by default: the device window, as the
+    Ranks breakdown and ``ranks_table()``'s ``step_us``)."""
     title = "Step time per rank and step"
     if steps.empty:
         return empty("No ProfilerStep in this trace.", title)

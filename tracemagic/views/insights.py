@@ -21,13 +21,22 @@ OP_ADVICE = {
     "cudaDeviceSynchronize": "explicit synchronizations stall the pipeline",
     "aten::nonzero": "nonzero/masked indexing syncs with the GPU",
 }
+#: the same on a trace without GPU work (no device to copy to or wait for)
+CPU_OP_ADVICE = {
+    "aten::copy_": "tensor copies or dtype casts; keep tensors in one dtype and avoid needless copies",
+    "aten::to": "dtype casts or copies; keep tensors in one dtype",
+    "aten::_to_copy": "dtype casts or copies; keep tensors in one dtype",
+    "aten::item": "each .item() turns a tensor into a Python number; keep values as tensors inside the step",
+    "aten::_local_scalar_dense": "each .item() turns a tensor into a Python number; keep values as tensors inside the step",
+    "aten::nonzero": "nonzero/masked indexing makes outputs of data-dependent size",
+}
 
 
 def recommendations(
     steps: pd.DataFrame,
     ops: pd.DataFrame,
     kernels: pd.DataFrame | None = None,
-    memory: pd.DataFrame | None = None,
+    peaks: pd.DataFrame | None = None,
     ranks: pd.DataFrame | None = None,
     *,
     device_memory_bytes: float | None = None,
@@ -39,7 +48,7 @@ def recommendations(
         steps: ``trace.steps()``.
         ops: ``trace.ops()``.
         kernels: ``trace.kernels()`` (None or empty without a GPU).
-        memory: ``trace.memory()``.
+        peaks: ``trace.memory_peaks()`` rows of the scope (``tables.peaks_of``).
         ranks: ``trace.ranks_table()`` (for several ranks).
         device_memory_bytes: the GPU's memory, to flag a peak close to it.
         limit: the most recommendations returned.
@@ -47,13 +56,12 @@ def recommendations(
     found: list[tuple[float, str]] = []  # (weight, text)
     dataloader_said = False
     has_gpu = kernels is not None and not kernels.empty
-    if not steps.empty and float(steps["dur"].sum()) > 0:
+    if not steps.empty and float(steps["window_dur"].sum()) > 0:
         mean = tables.step_means(steps)
-        dur = float(mean["dur"])
+        dur = float(mean["step_us"])
         share = {c: float(mean.get(c, 0.0)) / dur for c in tables.STEP_PARTS}
-        if has_gpu:
-            busy = sum(share[c] for c in ("compute_us", "comm_us", "memcpy_us", "memset_us"))
-            idle = 1.0 - busy
+        if has_gpu and mean["gpu_idle_us"] == mean["gpu_idle_us"]:  # NaN: no GPU on these ranks
+            idle = float(mean["gpu_idle_us"]) / dur
             if idle >= 0.2:
                 found.append((idle, f"GPU idle {fmt_pct(idle)} of the step: the GPU waits for the CPU; bigger "
                                     "batches, fewer syncs, CUDA graphs or torch.compile keep it busy."))
@@ -67,10 +75,10 @@ def recommendations(
             dataloader_said = True
             found.append((share["dataloader_us"] + 0.05, f"DataLoader takes {fmt_pct(share['dataloader_us'])} of the "
                                                          "step: raise num_workers, use pin_memory and persistent_workers."))
-        durs = steps["dur"].astype(float)
+        durs = steps["window_dur"].astype(float)
         if len(durs) >= 3 and durs.median() > 0 and durs.max() > 1.5 * durs.median():
             slow = steps.loc[durs.idxmax()]
-            found.append((0.15, f"Step {int(slow['step'])} takes {fmt_time(float(slow['dur']))}, "
+            found.append((0.15, f"Step {int(slow['step'])} takes {fmt_time(float(slow['window_dur']))}, "
                                 f"{durs.max() / durs.median():.1f}× the median step ({fmt_time(float(durs.median()))}): "
                                 "warm-up, recompilation or a data stall."))
     top = tables.top_ops(ops, 3)
@@ -78,7 +86,8 @@ def recommendations(
         first = top.iloc[0]
         pct = float(first["self_pct"]) / 100
         if pct >= 0.2 and not (dataloader_said and "DataLoader" in str(first["name"])):  # said already
-            advice = OP_ADVICE.get(str(first["name"]), "look at its callers in the Layers and Timeline tabs")
+            advice = (OP_ADVICE if has_gpu else CPU_OP_ADVICE).get(str(first["name"]),
+                                                                   "look at its callers in the Layers and Timeline tabs")
             found.append((pct * 0.9, f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time "
                                      f"({int(first['calls']):,} calls): {advice}."))
     if kernels is not None and has_gpu:
@@ -90,15 +99,14 @@ def recommendations(
     late = straggler(ranks) if ranks is not None else None
     if late is not None and late[0] >= 0.05:
         found.append((late[0] + 0.1, f"{late[1]}; check its data, placement and load balance."))
-    if memory is not None and not memory.empty:
-        peaks = tables.peak_memory(memory)
+    if peaks is not None and not peaks.empty:
         gpu = peaks[peaks["device"].astype(str) != "cpu"]
         if device_memory_bytes and not gpu.empty:
             frac = float(gpu["peak_bytes"].max()) / device_memory_bytes
             if frac >= 0.85:
                 found.append((frac, f"Peak memory is {fmt_pct(frac)} of the GPU's {fmt_bytes(device_memory_bytes)}: "
                                     "activation checkpointing or a smaller batch leaves headroom."))
-        reserved = gpu["reserved_bytes"].astype(float) if not gpu.empty else pd.Series(dtype=float)
+        reserved = gpu["peak_reserved_bytes"].astype(float) if not gpu.empty else pd.Series(dtype=float)
         if not gpu.empty and reserved.notna().any():
             ratio = float(reserved.max()) / max(float(gpu["peak_bytes"].max()), 1.0)
             if ratio >= 1.5 and float(reserved.max()) > 256 * 2**20:
@@ -135,12 +143,15 @@ def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
                     "it at each collective")
 
 
-def facts(data: TraceData) -> list[tuple[str, str]]:
-    """Headline (label, value) pairs for the Overview: devices, ranks, steps, step time,
-    GPU busy share, peak memory, events."""
+def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
+    """Headline (label, value) pairs for the Overview: devices, ranks, steps, step time
+    and its breakdown, kernels, peak memory, events; of one step given ``step``."""
     out: list[tuple[str, str]] = [("trace", data.name)]
     counts = pd.Series(data.devices).value_counts()
     devices = ", ".join(f"{n} × {name}" if n > 1 else name for name, n in counts.items())
+    memory_bytes = device_memory(data)
+    if memory_bytes:
+        devices += f" ({fmt_bytes(memory_bytes)} each)" if len(data.devices) > 1 else f" ({fmt_bytes(memory_bytes)})"
     kernels = data.kernels
     if len(data.devices) > 1 and not kernels.empty:  # the metadata lists every GPU the process could see
         used = sorted({int(d) for d in kernels["device"].dropna()})
@@ -153,27 +164,74 @@ def facts(data: TraceData) -> list[tuple[str, str]]:
     if steps.empty:
         out.append(("steps", "none (no ProfilerStep in the trace)"))
     else:
-        mean = tables.step_means(steps)
-        out.append(("steps", f"{len(data.step_ids)} ({', '.join(map(str, data.step_ids[:12]))}{'…' if len(data.step_ids) > 12 else ''})"))
-        out.append(("mean step", fmt_time(float(mean["dur"]))))
-        parts = [(name, float(mean.get(col, 0.0)) / float(mean["dur"])) for col, name in tables.part_names(steps).items()
-                 if col in mean and float(mean["dur"]) > 0 and float(mean.get(col, 0.0)) >= 0.005 * float(mean["dur"])]
+        chosen = tables.select_step(steps, step)
+        mean = tables.step_means(chosen)
+        numbered = [s for s in data.step_ids if s >= 0]
+        listed = f"{len(numbered)} ({', '.join(map(str, numbered[:12]))}{'…' if len(numbered) > 12 else ''})"
+        if len(numbered) < len(data.step_ids):  # step -1: a rank without ProfilerStep, one span
+            listed = ("none (no ProfilerStep: the whole trace is one span)" if not numbered
+                      else listed + "; ranks without ProfilerStep: one span each (step -1)")
+        if data.loop_exit_steps:
+            listed += (f"; step {', '.join(map(str, data.loop_exit_steps))} holds only the loop's exit and is not "
+                       "counted")
+        out.append(("steps", listed))
+        step_us = float(mean["step_us"])
+        if step is None:
+            durs = steps["window_dur"].astype(float)
+            out.append(("mean step", fmt_time(step_us) + (f" (median {fmt_time(float(durs.median()))})"
+                                                          if len(durs) >= 3 else "")))
+        else:
+            out.append((f"step {step}", fmt_time(step_us) + (" (mean over ranks)" if len(chosen) > 1 else "")))
+        parts = [(name, float(mean.get(col, 0.0)) / step_us) for col, name in tables.part_names(steps).items()
+                 if col in mean and step_us > 0 and float(mean.get(col, 0.0)) >= 0.005 * step_us]
         out.append(("breakdown", ", ".join(f"{name} {fmt_pct(p)}" for name, p in sorted(parts, key=lambda x: -x[1]))))
-    peaks = tables.peak_memory(data.memory)
+        if step_us > 0 and mean["gpu_busy_us"] == mean["gpu_busy_us"]:  # NaN without a GPU
+            busy = float(mean["gpu_busy_us"]) / step_us
+            out.append(("GPU", f"busy {fmt_pct(busy)}, idle {fmt_pct(1.0 - busy)} of the step"))
+        unlaunched = steps.attrs.get("unlaunched") or {}
+        if unlaunched:
+            events = sum(int(v["events"]) for v in unlaunched.values())
+            us = sum(float(v["us"]) for v in unlaunched.values())
+            out.append(("in flight", f"{events:,} GPU events ({fmt_time(us)}) running when profiling began, in no step"))
+    kern = tables.select_step(kernels, step)
+    kern = kern[kern["kind"].astype(str) == "kernel"] if not kern.empty else kern
+    if len(kern):
+        per_step = len(kern) // max(int(tables.select_step(steps, step)["step"].nunique()) if not steps.empty else 1, 1)
+        out.append(("kernels", f"{len(kern):,} ({per_step:,} per step, {fmt_time(float(kern['dur'].mean()))} on average)"))
+    peaks = tables.peaks_of(data.memory_peaks, step)
     if not peaks.empty:
         top = peaks.sort_values("peak_bytes", ascending=False).head(4)
-        out.append(("peak memory", "; ".join(f"{d}: {fmt_bytes(b)}" for d, b in zip(top["device"].astype(str), top["peak_bytes"]))))
-    events = getattr(data.trace, "events", None)
-    if events is not None:
-        out.append(("events", f"{len(events):,}"))
+        out.append(("peak memory" + (f" in step {step}" if step is not None else ""),
+                    "; ".join((f"rank {row['rank']} · " if data.several_ranks else "") + peak_text(row, step)
+                              for _, row in top.iterrows())))
+    table = getattr(data.trace, "events", None)
+    if table is not None:
+        out.append(("events", f"{len(table):,}"))
     return out
 
 
-def for_trace(data: TraceData, limit: int = 6) -> list[str]:
-    """:func:`recommendations` for a ``TraceData``."""
+def peak_text(row: pd.Series, step: int | None = None, *, device: bool = True) -> str:
+    """One ``memory_peaks()`` row as text: the peak, what was allocated before the scope
+    began, and the peak reserved bytes where recorded."""
+    text = (f"{row['device']}: " if device else "") + f"{fmt_bytes(row['peak_bytes'])} ("
+    text += f"{fmt_bytes(row['start_bytes'])} already allocated at the {'capture' if step is None else 'step'}'s start"
+    reserved = row.get("peak_reserved_bytes")
+    if reserved is not None and pd.notna(reserved) and float(reserved) > 0:
+        text += f"; reserved {fmt_bytes(reserved)}"
+    return text + ")"
+
+
+def device_memory(data: TraceData) -> float | None:
+    """The GPU memory the trace's metadata gives (the first device's), or None."""
     devices = getattr(data.trace, "devices", []) or []
-    mem = next((float(d["memory_bytes"]) for d in devices if d.get("memory_bytes")), None)
+    return next((float(d["memory_bytes"]) for d in devices if d.get("memory_bytes")), None)
+
+
+def for_trace(data: TraceData, limit: int = 6, step: int | None = None) -> list[str]:
+    """:func:`recommendations` for a ``TraceData`` (of one step, given ``step``)."""
     return recommendations(
-        data.steps, data.ops, data.kernels if data.has_gpu else None, data.memory,
-        data.ranks_table if data.several_ranks else None, device_memory_bytes=mem, limit=limit,
+        tables.select_step(data.steps, step), tables.select_step(data.ops, step),
+        tables.select_step(data.kernels, step) if data.has_gpu else None, tables.peaks_of(data.memory_peaks, step),
+        data.ranks_table if data.several_ranks and step is None else None, device_memory_bytes=device_memory(data),
+        limit=limit,
     )

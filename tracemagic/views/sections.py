@@ -28,8 +28,10 @@ TITLES: dict[str, str] = {
     "graph": "Graph",
     "compare": "Compare",
 }
-#: tabs whose content depends on the selected step
-STEP_DEPENDENT = frozenset({"overview", "timeline", "memory", "graph"})
+#: tabs whose content depends on the selected step: all (those in ``WHOLE_TRACE`` say so)
+STEP_DEPENDENT = frozenset(TITLES)
+#: tabs that show every step whatever the selector says (their facts say so while a step is selected)
+WHOLE_TRACE = frozenset({"shapes", "ranks", "compare"})
 #: the most ops the Graph tab draws (the rest are listed in its table)
 GRAPH_MAX_NODES = 300
 #: the most events the Timeline draws, at any zoom
@@ -108,7 +110,7 @@ def display_table(frame: pd.DataFrame, unit: str = "ms") -> pd.DataFrame:
     suffix = {"µs": "us", "ms": "ms", "s": "s"}[unit]
     renames = {}
     for column in list(out.columns):
-        if column.endswith("_us") or column in ("ts", "dur", "self_dur", "mean", "step_us"):
+        if column.endswith(("_us", "_ts")) or column in ("ts", "dur", "window_dur", "self_dur", "mean", "step_us"):
             if out.empty or (pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column])):
                 out[column] = out[column].astype(float) / div
                 base = column.removesuffix("_us")
@@ -131,8 +133,12 @@ def build(key: str, data: TraceData, state: ViewState | None = None, other: Trac
     if key == "compare":
         if other is None:
             raise ValueError("the compare tab needs another trace (other=...)")
-        return builder(data, state, other)
-    return builder(data, state)
+        section = builder(data, state, other)
+    else:
+        section = builder(data, state)
+    if key in WHOLE_TRACE and state.step is not None:
+        section.facts.insert(0, ("steps", f"all steps: this tab does not follow the step selector (step {state.step})"))
+    return section
 
 
 def _overview(data: TraceData, state: ViewState) -> Section:
@@ -149,16 +155,17 @@ def _overview(data: TraceData, state: ViewState) -> Section:
         figures=[fig, figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
         table=display_table(tables.step_table(steps), state.unit),
         table_title="Steps",
-        facts=insights.facts(data),
-        bullets=insights.for_trace(data),
+        facts=insights.facts(data, state.step),
+        bullets=insights.for_trace(data, step=state.step),
     )
-    layers = data.layers
+    layers = data.layers_in(state.step)
     if not layers.empty:
         metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
         top_layers = layers.sort_values(metric, ascending=False).head(state.top)
         cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us") + (("gpu_us",) if data.has_gpu else ())
                 if c in top_layers]
-        section.extra.append(("Top layers", display_table(top_layers[cols], state.unit)))
+        section.extra.append(("Top layers" + (f" in step {state.step}" if state.step is not None else ""),
+                              display_table(top_layers[cols], state.unit)))
     section.extra.append((
         "Top ops" + (f" in step {state.step}" if state.step is not None else ""),
         display_table(tables.top_ops(ops, state.top), state.unit),
@@ -169,13 +176,14 @@ def _overview(data: TraceData, state: ViewState) -> Section:
 
 
 def _layers(data: TraceData, state: ViewState) -> Section:
-    layers = data.layers
+    layers = data.layers_in(state.step)
     metric: Literal["cpu", "gpu"] = "gpu" if data.has_gpu and not layers.empty and (layers["gpu_us"] > 0).any() else "cpu"
     return Section(
         "layers", TITLES["layers"],
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],
         table=display_table(tables.layers_table(layers), state.unit),
-        table_title="Layers (self = time not in child layers)",
+        table_title="Layers" + (f" in step {state.step}" if state.step is not None else "")
+        + " (self = time not in child layers)",
         side=html.layer_tree(layers, metric=metric, unit=state.unit) if not layers.empty else "",
     )
 
@@ -220,18 +228,26 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
 
 def _memory(data: TraceData, state: ViewState) -> Section:
     memory = data.memory
-    peaks = tables.peak_memory(memory)
+    peaks = tables.peaks_of(data.memory_peaks, state.step)
     facts = [
-        ((f"rank {r} · " if data.several_ranks else "") + f"peak {d}",
-         f"{fmt_bytes(b)}" + (f" at {fmt_time(float(t))}" if pd.notna(t) else "")
-         + "".join(f" · {v}" for v in (o, lay) if isinstance(v, str) and v))
-        for r, d, b, t, o, lay in zip(peaks["rank"], peaks["device"], peaks["peak_bytes"], peaks["ts"], peaks["op"], peaks["layer"])
+        ((f"rank {row['rank']} · " if data.several_ranks else "") + f"peak {row['device']}"
+         + (f" in step {state.step}" if state.step is not None else ""),
+         insights.peak_text(row, state.step, device=False)
+         + (f" at {fmt_time(float(row['ts']))}" if pd.notna(row["ts"]) else "")
+         + "".join(f" · {v}" for v in (row["op"], row["layer"]) if isinstance(v, str) and v))
+        for _, row in peaks.iterrows()
     ]
     spans = data.layer_spans if not memory.empty else None
-    figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit)]
+    figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit, peaks=data.memory_peaks)]
     categories = data.memory_categories
     if not categories.empty:
         figs.append(figures.memory_categories(categories, data.steps, step=state.step, unit=state.unit))
+    uncounted = categories.attrs.get("uncounted") or {}
+    for rank, held in uncounted.items():
+        facts.append(((f"rank {rank} · " if data.several_ranks else "") + "not in the allocator's totals",
+                      ", ".join(f"{name.replace('_', ' ')} {fmt_bytes(b)}" for name, b in held.items())
+                      + " of tensors made before the capture (the CPU allocator counts only blocks allocated while "
+                      "profiling)"))
     meta = figs[0].layout.meta or {}
     if meta.get("spans"):
         facts.append(("layer spans", f"{meta['spans']:,} forward/backward spans of the top-level layers"
@@ -239,8 +255,8 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     return Section(
         "memory", TITLES["memory"],
         figures=figs,
-        table=display_table(tables.biggest_allocations(tables.select_step(memory, state.step), 5000), state.unit),
-        table_title="Biggest allocations",
+        table=display_table(tables.select_step(data.allocations, state.step).head(5000), state.unit),
+        table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
     )
 
@@ -260,13 +276,13 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
 
 
 def _kernels(data: TraceData, state: ViewState) -> Section:
-    kernels = data.kernels
+    kernels = tables.select_step(data.kernels, state.step)
     return Section(
         "kernels", TITLES["kernels"],
         figures=[figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
                  figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit)],
         table=display_table(tables.top_kernels(kernels, by_op=True), state.unit),
-        table_title="Kernels by kernel + launching op",
+        table_title="Kernels by kernel + launching op" + (f" in step {state.step}" if state.step is not None else ""),
     )
 
 
@@ -325,9 +341,9 @@ def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
     diff = data.diff(other)
     facts = [("A", data.name), ("B", other.name)]
     a, b = tables.step_means(data.steps), tables.step_means(other.steps)
-    if float(a["dur"]) > 0 and float(b["dur"]) > 0:
-        facts.append(("mean step", f"{fmt_time(float(a['dur']))} → {fmt_time(float(b['dur']))} "
-                                   f"({100 * (float(b['dur']) / float(a['dur']) - 1):+.0f}%)"))
+    if float(a["step_us"]) > 0 and float(b["step_us"]) > 0:
+        facts.append(("mean step", f"{fmt_time(float(a['step_us']))} → {fmt_time(float(b['step_us']))} "
+                                   f"({100 * (float(b['step_us']) / float(a['step_us']) - 1):+.0f}%)"))
     frame = tables.biggest_changes(diff)
     return Section(
         "compare", TITLES["compare"],

@@ -80,11 +80,14 @@ def top_kernels(kernels: pd.DataFrame, n: int | None = None, *, by_op: bool = Fa
 
 
 def step_means(steps: pd.DataFrame) -> pd.Series:
-    """The mean step: ``dur`` and each part of ``STEP_PARTS`` in µs (zeros for no steps)."""
-    cols = ["dur", *[c for c in STEP_PARTS if c in steps]]
+    """The mean step in µs: ``step_us`` (the device window, ``steps()``'s ``window_dur``),
+    each part of ``STEP_PARTS`` (they add up to ``step_us``), ``gpu_busy_us`` and
+    ``gpu_idle_us`` (NaN without a GPU); zeros for no steps."""
+    parts = [c for c in STEP_PARTS if c in steps]
     if steps.empty:
-        return pd.Series(0.0, index=cols)
-    return steps[cols].astype(float).mean()
+        return pd.Series(0.0, index=["step_us", *parts, "gpu_busy_us", "gpu_idle_us"])
+    mean = steps[["window_dur", *parts, "gpu_busy_us", "gpu_idle_us"]].astype(float).mean()
+    return mean.rename({"window_dur": "step_us"})
 
 
 def biggest_changes(diff: pd.DataFrame, level: str | None = None, n: int | None = None) -> pd.DataFrame:
@@ -189,39 +192,25 @@ def layer_hierarchy(layers: pd.DataFrame, *, by: str, rank: int | None = None,
     return frame[frame["layer"].isin(keep)], len(frame) - len(keep)
 
 
-def biggest_allocations(memory: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
-    """The largest positive ``delta_bytes`` (allocations) with their op and layer."""
-    cols = ["rank", "device", "ts", "delta_bytes", "allocated_bytes", "op", "layer", "step"]
-    if memory.empty:
-        return pd.DataFrame(columns=cols)
-    frame = memory[memory["delta_bytes"] > 0]
-    frame = frame.sort_values("delta_bytes", ascending=False, kind="stable")
-    frame = frame[[c for c in cols if c in frame]].reset_index(drop=True)
-    return frame.head(n) if n else frame
-
-
-def peak_memory(memory: pd.DataFrame) -> pd.DataFrame:
-    """One row per (rank, device): the peak allocated bytes and the op/layer reaching it."""
-    cols = ["rank", "device", "peak_bytes", "ts", "op", "layer", "step", "reserved_bytes"]
-    if memory.empty:
-        return pd.DataFrame(columns=cols)
-    idx = memory.groupby(["rank", "device"], observed=True)["allocated_bytes"].idxmax()
-    rows = memory.loc[idx.dropna().to_numpy()]
-    out = rows.rename(columns={"allocated_bytes": "peak_bytes"})
-    for column in cols:
-        if column not in out:
-            out[column] = pd.NA
-    return out[cols].reset_index(drop=True)
+def peaks_of(peaks: pd.DataFrame, step: int | None = None) -> pd.DataFrame:
+    """The rows of ``trace.memory_peaks()`` for ``step``: its own per (rank, device), or the
+    whole-trace rows (``step`` NA) for None."""
+    if peaks.empty:
+        return peaks
+    rows = peaks["step"].isna() if step is None else peaks["step"].eq(step).fillna(False)
+    return peaks[rows.to_numpy(dtype=bool)].reset_index(drop=True)
 
 
 def step_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Steps with their parts and the GPU-busy share, for display (a trace without GPU
-    activity shows neither the GPU parts nor the share)."""
+    """Steps with their parts and the GPU-busy share of the device window, for display (a
+    trace without GPU activity shows neither the GPU columns nor the window, which is then
+    the host step)."""
     if steps.empty:
         return steps
     if part_names(steps) is not STEP_PARTS:
-        return steps.drop(columns=[c for c in GPU_PARTS if c in steps])
+        gpu_only = [*GPU_PARTS, "window_ts", "window_dur", "gpu_busy_us", "gpu_idle_us"]
+        return steps.drop(columns=[c for c in gpu_only if c in steps])
     out = steps.copy()
-    busy = sum(out[c] for c in ("compute_us", "comm_us", "memcpy_us", "memset_us") if c in out)
-    out["gpu_busy_pct"] = (100 * busy / out["dur"].where(out["dur"] > 0)).fillna(0.0)
+    window = out["window_dur"].where(out["window_dur"] > 0)
+    out["gpu_busy_pct"] = (100 * out["gpu_busy_us"] / window).fillna(0.0)
     return out

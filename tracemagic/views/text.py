@@ -84,15 +84,16 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
         several = data.several_ranks
         gpu = tables.part_names(steps) is tables.STEP_PARTS
         short = SHORT_PARTS if gpu else {**SHORT_PARTS, "cpu_us": "CPU ops"}
-        cols = [c for c in tables.STEP_PARTS if c in steps and (steps[c] >= 0.005 * steps["dur"]).any()]
+        cols = [c for c in tables.STEP_PARTS if c in steps and (steps[c] >= 0.005 * steps["window_dur"]).any()]
         headers = (["rank"] if several else []) + ["step", "time"] + [short[c] for c in cols]
         frame = steps.sort_values(["rank", "step"]).head(40)
         rows = [
-            ([str(int(r["rank"]))] if several else []) + [str(int(r["step"])), fmt_time(float(r["dur"]), "ms")]
-            + [f"{100 * float(r[c]) / float(r['dur']):.0f}%" if float(r["dur"]) > 0 else "–" for c in cols]
+            ([str(int(r["rank"]))] if several else []) + [str(int(r["step"])), fmt_time(float(r["window_dur"]), "ms")]
+            + [f"{100 * float(r[c]) / float(r['window_dur']):.0f}%" if float(r["window_dur"]) > 0 else "–" for c in cols]
             for _, r in frame.iterrows()
         ]
-        caption = "Steps (share of each step" + ("; kernels = GPU kernels, CPU only = host work, GPU idle)" if gpu else ")")
+        caption = ("Steps (share of each step's device window; kernels = GPU kernels, CPU only = host work, GPU idle)"
+                   if gpu else "Steps (share of each step)")
         out += ["", shorten(caption, width)] + render_table(rows, headers, width, flex=None)
         if len(steps) > len(frame):
             out.append(f"… {len(steps) - len(frame)} more steps")
@@ -120,11 +121,12 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
                     for _, r in kern.iterrows()]
             out += ["", "Top kernels (by GPU time)"] + render_table(rows, ["kernel", "calls", "total", "GPU %"], width)
 
-    peaks = tables.peak_memory(data.memory)
+    peaks = tables.peaks_of(data.memory_peaks)
     if not peaks.empty:
         rows = [[(f"rank {int(r['rank'])} · " if data.several_ranks else "") + str(r["device"]), fmt_bytes(r["peak_bytes"]),
-                 _where(r)] for _, r in peaks.iterrows()]
-        out += ["", "Peak memory"] + render_table(rows, ["device", "peak", "reached in"], width, flex=2)
+                 fmt_bytes(r["start_bytes"]), _where(r)] for _, r in peaks.iterrows()]
+        out += ["", "Peak memory (allocated; at start = already allocated when the capture began)"]
+        out += render_table(rows, ["device", "peak", "at start", "reached in"], width, flex=3)
 
     tips = insights.for_trace(data)
     if tips:
@@ -147,9 +149,9 @@ def diff_summary(a: Trace | TraceData, b: Trace | TraceData, width: int = 100, *
     width = max(int(width), 40)
     out = [shorten(f"tracemagic diff · A = {clean(da.name)} · B = {clean(db.name)}", width)]
     ma, mb = tables.step_means(da.steps), tables.step_means(db.steps)
-    if float(ma["dur"]) > 0 and float(mb["dur"]) > 0:
-        change = 100 * (float(mb["dur"]) / float(ma["dur"]) - 1)
-        out.append(f"mean step: {fmt_time(float(ma['dur']))} → {fmt_time(float(mb['dur']))} ({change:+.1f}%)")
+    if float(ma["step_us"]) > 0 and float(mb["step_us"]) > 0:
+        change = 100 * (float(mb["step_us"]) / float(ma["step_us"]) - 1)
+        out.append(f"mean step: {fmt_time(float(ma['step_us']))} → {fmt_time(float(mb['step_us']))} ({change:+.1f}%)")
     diff = da.diff(db)
     for level in ("op", "layer"):
         frame = tables.biggest_changes(diff, level, top)

@@ -1,0 +1,94 @@
+"""The TensorBoard plugin's device step windows, re-implemented from the raw JSON for tests.
+
+It follows ``torch_tb_profiler/profiler/event_parser.py`` (``_find_device_steps`` and
+``_update_steps_duration``): runtime calls wholly inside a host ProfilerStep own the device
+work they launched (joined by correlation id); a step's window runs from the previous
+window's end (or its host start, if later) to the later of its host end and the end of
+its device work. Independent of tracemagic: the standard library and the raw events only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+KERNEL = {"kernel"}
+MEMCPY = {"gpu_memcpy", "memcpy"}
+MEMSET = {"gpu_memset", "memset"}
+RUNTIME = {"cuda_runtime", "cuda_driver", "runtime"}
+HOST = {"cpu_op", "user_annotation", "operator"}
+GPU = KERNEL | MEMCPY | MEMSET
+
+
+def category(event: dict[str, Any]) -> str:
+    """The event's ``cat`` in lower case (old traces spell them ``Kernel``, ``Runtime``...)."""
+    return str(event.get("cat", "")).lower()
+
+
+def host_steps(events: list[dict[str, Any]], origin: float = 0.0) -> list[tuple[int, float, float]]:
+    """(number, start, end) of the ProfilerSteps, µs after ``origin``, by start; the first of
+    a repeated number."""
+    seen: dict[int, tuple[float, float]] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("ph") == "X" and name.startswith("ProfilerStep#") and category(e) in HOST:
+            start = float(e["ts"]) - origin
+            seen.setdefault(int(name.split("#")[1]), (start, start + float(e.get("dur", 0))))
+    return sorted(((n, s, t) for n, (s, t) in seen.items()), key=lambda x: x[1])
+
+
+def device_windows(events: list[dict[str, Any]], origin: float) -> list[tuple[int, float, float]]:
+    """(number, start, end) of each step's device window, µs after ``origin`` (times are
+    shifted before any sum: float64 epoch-µs times round to 0.25 µs)."""
+    steps = host_steps(events, origin)
+
+    def start_of(e: dict[str, Any]) -> float:
+        return float(e["ts"]) - origin
+
+    def end_of(e: dict[str, Any]) -> float:
+        return float(e["ts"]) - origin + float(e.get("dur", 0))
+
+    timed = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    device = [e for e in timed if category(e) in GPU]
+    by_corr: dict[int, list[dict[str, Any]]] = {}
+    for e in device:
+        corr = (e.get("args") or {}).get("correlation")
+        if corr is not None:
+            by_corr.setdefault(int(corr), []).append(e)
+    runtimes = sorted((start_of(e), end_of(e), id(e)) for e in timed if category(e) in RUNTIME)
+    launched_by = {id(e): by_corr.get(int((e.get("args") or {}).get("correlation", -1)), []) for e in timed if category(e) in RUNTIME}
+    lo = [math.inf] * len(steps)
+    hi = [-math.inf] * len(steps)
+    matched: set[int] = set()
+    i = j = 0
+    while i < len(steps) and j < len(runtimes):  # _find_device_steps: a two-way merge
+        start, end, key = runtimes[j]
+        _, step_start, step_end = steps[i]
+        if start < step_start:  # before the step, or straddling its start
+            j += 1
+        elif end <= step_end:  # wholly inside: the step owns what it launched
+            for d in launched_by[key]:
+                lo[i] = min(lo[i], start_of(d))
+                hi[i] = max(hi[i], end_of(d))
+                matched.add(id(d))
+            j += 1
+        elif start < step_end:  # straddling the step's end
+            j += 1
+        else:
+            i += 1
+    if not steps:
+        return []
+    previous = steps[0][1]
+    if math.isfinite(lo[0]):
+        for d in device:
+            end = end_of(d)
+            if id(d) not in matched and end < lo[0]:
+                previous = max(previous, end)
+    windows = []
+    for k, (number, start, end) in enumerate(steps):  # _update_steps_duration
+        begin = max(previous, start)
+        stop = max(end, hi[k]) if math.isfinite(hi[k]) else end
+        stop = max(stop, begin)
+        windows.append((number, begin, stop))
+        previous = stop
+    return windows

@@ -1,0 +1,187 @@
+"""``steps()`` on real GPU traces: device windows, GPU busy time and their use in the
+Overview, the text summary, the advice and ``ranks_table()``, against the TensorBoard
+plugin's rule re-implemented from the raw JSON in ``tb_reference`` (never our own code)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tracemagic
+from conftest import TRACES
+from tb_reference import GPU, KERNEL, RUNTIME, category, device_windows
+
+#: the GPU-lag trace (V100, ns timestamps), the old-format ResNet-50, NCCL, the big A100 one, AMD
+FILES = [
+    "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+    "kineto_worker0.1623143089861.pt.trace.json.gz",
+    "hta_nccl_data.json.gz",
+    "hta_control.json.gz",
+    "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+]
+
+
+def _raw(name: str) -> list[dict[str, Any]]:
+    with gzip.open(TRACES / name, "rt", encoding="utf-8") as fh:
+        return json.load(fh)["traceEvents"]
+
+
+def _union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of ``intervals`` clipped to [lo, hi)."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
+    total, reach = 0.0, -np.inf
+    for a, b in clipped:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def reference(events: list[dict[str, Any]], origin: float | None = None) -> dict[str, Any]:
+    """The TensorBoard plugin's device step windows and GPU activity, from the raw events, in
+    µs after ``origin`` (default: the first event, the trace's time zero)."""
+    t0 = min(float(e["ts"]) for e in events if e.get("ph") in ("X", "i") and "ts" in e) if origin is None else origin
+    windows = device_windows(events, t0)
+    timed = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    device = [e for e in timed if category(e) in GPU]
+    interval = lambda e: (float(e["ts"]) - t0, float(e["ts"]) - t0 + float(e.get("dur", 0)))  # noqa: E731
+    kernels = [interval(e) for e in timed if category(e) in KERNEL and "nccl" not in e["name"].lower()]
+    nccl = [interval(e) for e in timed if category(e) in KERNEL and "nccl" in e["name"].lower()]
+    gpu = [interval(e) for e in device]
+    launching = {int((r.get("args") or {}).get("correlation", -2)) for r in timed if category(r) in RUNTIME}
+    return {
+        "windows": windows,
+        "busy": [_union(gpu, a, b) for _, a, b in windows],
+        "compute": [_union(kernels, a, b) for _, a, b in windows],
+        "comm": [_union(kernels + nccl, a, b) - _union(kernels, a, b) for _, a, b in windows],
+        "unlaunched": sum(1 for e in device if int((e.get("args") or {}).get("correlation", -1)) not in launching),
+    }
+
+
+def close(ours: float, theirs: float, what: str) -> None:
+    """Within 0.5% (or 1 µs: float64 epoch-µs times round to 0.25 µs)."""
+    assert abs(ours - theirs) <= max(0.005 * abs(theirs), 1.0), f"{what}: ours {ours:.1f} µs, reference {theirs:.1f} µs"
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_device_windows_and_gpu_time_match_the_tensorboard_rule(name: str, tmp_path: Path) -> None:
+    ref = reference(_raw(name))
+    table = tracemagic.load(TRACES / name, use_cache=False).steps()
+    assert table["step"].tolist() == [n for n, _, _ in ref["windows"]]
+    for row, (number, begin, stop), busy, compute, comm in zip(
+        table.itertuples(), ref["windows"], ref["busy"], ref["compute"], ref["comm"]
+    ):
+        close(row.window_ts, begin, f"{name} step {number} window start")
+        close(row.window_dur, stop - begin, f"{name} step {number} window length")
+        close(row.gpu_busy_us, busy, f"{name} step {number} GPU busy")
+        close(row.gpu_idle_us, (stop - begin) - busy, f"{name} step {number} GPU idle")
+        close(row.compute_us, compute, f"{name} step {number} GPU kernels")
+        close(row.comm_us, comm, f"{name} step {number} communication kernels")
+    parts = table[[c for c in table.columns if c.endswith("_us") and not c.startswith("gpu_")]].sum(axis=1)
+    np.testing.assert_allclose(parts, table["window_dur"], rtol=1e-9, atol=1e-6)
+    unlaunched = sum(v["events"] for v in table.attrs["unlaunched"].values())
+    assert unlaunched == ref["unlaunched"]
+
+
+def test_the_gpu_bound_trace_says_the_gpu_is_busy(tmp_path: Path) -> None:
+    """The V100 trace whose GPU runs behind the host: kernels cover ~99% of every step."""
+    name = FILES[0]
+    ref = reference(_raw(name))
+    table = tracemagic.load(TRACES / name, use_cache=False).steps()
+    busy = sum(ref["busy"]) / sum(b - a for _, a, b in ref["windows"])
+    assert busy > 0.9  # the reference itself: this trace is GPU-bound
+    ours = float(table["gpu_busy_us"].sum() / table["window_dur"].sum())
+    close(100 * ours, 100 * busy, "GPU busy share")
+    # every GPU event with a launching call inside a step is inside some window
+    assert float(table["gpu_busy_us"].sum()) > 0.95 * sum(ref["busy"])
+
+
+def test_cpu_only_windows_are_the_host_steps(ip: Any) -> None:
+    """Without a GPU the window is the host ProfilerStep and GPU columns are NaN."""
+    ip.run_cell_magic("chakra_trace", "--active 2 --wait 0 --warmup 1 -q -v cap", "m = make_mlp()\nfor _ in range(4):\n    m(torch.randn(8, 32)).sum().backward()\n")
+    table = ip.user_ns["cap"].trace.steps()
+    assert len(table) == 2
+    np.testing.assert_array_equal(table["window_dur"], table["dur"])
+    np.testing.assert_allclose(table["window_ts"], table["ts"])
+    assert table["gpu_busy_us"].isna().all() and table["gpu_idle_us"].isna().all()
+    parts = table[["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us"]]
+    np.testing.assert_allclose(parts.sum(axis=1), table["dur"], rtol=1e-9)
+
+
+def test_every_rank_of_a_multi_rank_job_gets_its_own_windows(tmp_path: Path) -> None:
+    """DLRM on 8 V100s (a tar of one trace per rank): each rank's windows, GPU busy and
+    communication match the reference computed from that rank's own file."""
+    import tarfile
+
+    table = tracemagic.load(TRACES / "param_dlrm_kineto.tar.gz", use_cache=False).steps()
+    with tarfile.open(TRACES / "param_dlrm_kineto.tar.gz") as archive:
+        members = [m for m in archive.getmembers() if m.isfile() and m.name.endswith(".json")]
+        raws = [json.load(archive.extractfile(m)) for m in members]
+    assert len(raws) == 8 == table["rank"].nunique()
+    t0 = min(float(e["ts"]) for raw in raws for e in raw["traceEvents"] if e.get("ph") in ("X", "i") and "ts" in e)
+    for raw in raws:
+        rank = int(raw["distributedInfo"]["rank"])
+        ref = reference(raw["traceEvents"], t0)
+        mine = table[table["rank"] == rank]
+        assert mine["step"].tolist() == [n for n, _, _ in ref["windows"]]
+        for row, (number, begin, stop), busy, comm in zip(mine.itertuples(), ref["windows"], ref["busy"], ref["comm"]):
+            close(row.window_ts, begin, f"rank {rank} step {number} window start")
+            close(row.window_dur, stop - begin, f"rank {rank} step {number} window length")
+            close(row.gpu_busy_us, busy, f"rank {rank} step {number} GPU busy")
+            close(row.comm_us, comm, f"rank {rank} step {number} communication kernels")
+        assert table.attrs["unlaunched"].get(rank, {"events": 0})["events"] == ref["unlaunched"]
+
+
+def test_the_overview_and_advice_of_the_gpu_bound_trace_tell_the_truth(tmp_path: Path) -> None:
+    """The text summary (the dashboard's fallback, the CLI's output) and the recommendations
+    quote the device-window figures: GPU busy ~98%, and no "GPU waits for the CPU"."""
+    from tracemagic.views import insights, text
+    from tracemagic.views.data import TraceData
+
+    name = FILES[0]
+    ref = reference(_raw(name))
+    total = sum(b - a for _, a, b in ref["windows"])
+    busy = sum(ref["busy"]) / total
+    data = TraceData(tracemagic.load(TRACES / name, use_cache=False))
+    facts = dict(insights.facts(data))
+    assert facts["GPU"].startswith(f"busy {100 * busy:.0f}%"), facts["GPU"]
+    lengths = sorted(b - a for _, a, b in ref["windows"])
+    assert facts["mean step"] == f"{total / len(lengths) / 1000:.1f} ms (median {lengths[len(lengths) // 2] / 1000:.1f} ms)"
+    shown = text.summary(data)
+    assert f"GPU kernels {100 * sum(ref['compute']) / total:.0f}%" in facts["breakdown"]
+    assert "GPU idle" not in " ".join(insights.for_trace(data)) and "waits for the CPU" not in shown
+
+
+def test_ranks_table_means_the_device_windows(tmp_path: Path) -> None:
+    """``ranks_table()`` on the 8-rank DLRM job: mean step and GPU idle share per rank are
+    the reference windows' (one step per rank)."""
+    import tarfile
+
+    table = tracemagic.load(TRACES / "param_dlrm_kineto.tar.gz", use_cache=False).ranks_table()
+    with tarfile.open(TRACES / "param_dlrm_kineto.tar.gz") as archive:
+        raws = [json.load(archive.extractfile(m)) for m in archive.getmembers() if m.isfile() and m.name.endswith(".json")]
+    for raw in raws:
+        ref = reference(raw["traceEvents"])
+        row = table.set_index("rank").loc[int(raw["distributedInfo"]["rank"])]
+        windows = [b - a for _, a, b in ref["windows"]]
+        close(row["step_us"], float(np.mean(windows)), "mean step")
+        close(row["gpu_idle_pct"], 100 * (1 - sum(ref["busy"]) / sum(windows)), "GPU idle %")
+        parts = ["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us"]
+        close(float(row[parts].sum()), row["step_us"], "parts add up to the mean step")
+
+
+def test_a_trace_without_profiler_steps_says_so(tmp_path: Path) -> None:
+    """The MI300X trace has no ProfilerStep (checked in the raw JSON): the Overview says so
+    instead of listing one step numbered -1."""
+    from tracemagic.views import insights
+    from tracemagic.views.data import TraceData
+
+    name = "tracelens_normalization_layer_test.json.gz"
+    assert not any(str(e.get("name", "")).startswith("ProfilerStep#") for e in _raw(name))
+    facts = dict(insights.facts(TraceData(tracemagic.load(TRACES / name, use_cache=False))))
+    assert facts["steps"] == "none (no ProfilerStep: the whole trace is one span)"
