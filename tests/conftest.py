@@ -47,8 +47,9 @@ ARTIFACTS = Path(os.environ.get("TRACEMAGIC_ARTIFACTS") or Path(tempfile.gettemp
 # -- the suite writes nowhere but its temporary folders ------------------------------------
 
 #: what running the suite may leave in the checkout: Python's, pytest's and mypy's caches,
-#: and what installing the checkout makes (its C build, its egg-info)
+#: and what installing the checkout makes (its C build, its egg-info, the built extensions)
 _BYPRODUCTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git", ".venv", "build"}
+_BUILT = (".so", ".pyd")
 _WATCHED = (ROOT, ROOT.parent / "shared")
 _SNAPSHOT = pytest.StashKey[dict[str, tuple[int, int, str]]]()
 _CACHE = pytest.StashKey[Path]()
@@ -66,6 +67,8 @@ def _snapshot() -> dict[str, tuple[int, int, str]]:
             dirs[:] = [d for d in dirs if d not in _BYPRODUCTS and not d.endswith(".egg-info")
                        and not (here == ROOT and d == "shared")]
             for name in files:
+                if name.endswith(_BUILT):
+                    continue
                 path = here / name
                 try:
                     stat = path.stat()
