@@ -52,7 +52,7 @@ _BYPRODUCTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git", ".venv", "
 _BUILT = (".so", ".pyd")
 _WATCHED = (ROOT, ROOT.parent / "shared")
 _SNAPSHOT = pytest.StashKey[dict[str, tuple[int, int, str]]]()
-_CACHE = pytest.StashKey[Path]()
+_CACHE = pytest.StashKey[tuple[Path, str | None]]()
 
 
 def _snapshot() -> dict[str, tuple[int, int, str]]:
@@ -83,8 +83,8 @@ def _snapshot() -> dict[str, tuple[int, int, str]]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Send every trace cache of the session to a temporary folder and note the files."""
     cache = Path(tempfile.mkdtemp(prefix="tracemagic-test-cache-"))
+    session.stash[_CACHE] = (cache, os.environ.get("TRACEMAGIC_CACHE_DIR"))
     os.environ["TRACEMAGIC_CACHE_DIR"] = str(cache)
-    session.stash[_CACHE] = cache
     session.stash[_SNAPSHOT] = _snapshot()
 
 
@@ -92,7 +92,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session if any test wrote into the checkout, ``tests/data`` or ``../shared``."""
     cache = session.stash.get(_CACHE, None)
     if cache is not None:
-        shutil.rmtree(cache, ignore_errors=True)
+        folder, before_session = cache
+        shutil.rmtree(folder, ignore_errors=True)
+        if before_session is None:
+            os.environ.pop("TRACEMAGIC_CACHE_DIR", None)
+        else:
+            os.environ["TRACEMAGIC_CACHE_DIR"] = before_session
     before = session.stash.get(_SNAPSHOT, None)
     if before is None:
         return
