@@ -56,8 +56,8 @@ _CACHE = pytest.StashKey[tuple[Path, str | None]]()
 
 
 def _snapshot() -> dict[str, tuple[int, int, str]]:
-    """Every file of the checkout and of ``../shared`` (byproducts aside): its size and
-    mtime, and for ``tests/data`` and ``../shared`` the SHA-256 of its bytes."""
+    """Every folder and file of the checkout and of ``../shared`` (byproducts aside): a
+    file's size and mtime, and for ``tests/data`` and ``../shared`` the SHA-256 of its bytes."""
     found: dict[str, tuple[int, int, str]] = {}
     for top in _WATCHED:
         if not top.is_dir():
@@ -66,6 +66,7 @@ def _snapshot() -> dict[str, tuple[int, int, str]]:
             here = Path(folder)
             dirs[:] = [d for d in dirs if d not in _BYPRODUCTS and not d.endswith(".egg-info")
                        and not (here == ROOT and d == "shared")]
+            found[f"{here}{os.sep}"] = (0, 0, "folder")  # an empty folder made is a change too
             for name in files:
                 if name.endswith(_BUILT):
                     continue
@@ -205,20 +206,25 @@ def _shell() -> Any:
 
 
 @pytest.fixture
-def ip(_shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The shell, in a fresh working directory, with torch and small models defined."""
-    monkeypatch.chdir(tmp_path)
-    before = set(_shell.user_ns)
-    _shell.user_ns.update(
-        torch=torch,
-        nn=nn,
-        make_mlp=make_mlp,
-        make_cnn=make_cnn,
-        make_transformer=make_transformer,
-    )
-    yield _shell
-    for name in set(_shell.user_ns) - before:
-        del _shell.user_ns[name]
+def ip(_shell: Any, tmp_path: Path) -> Iterator[Any]:
+    """The shell, in a fresh working directory, with torch and small models defined.
+
+    The working directory is changed by a MonkeyPatch of its own: a test's
+    ``monkeypatch.undo()`` must not send its next capture into the checkout's ``./traces``.
+    """
+    with pytest.MonkeyPatch.context() as here:
+        here.chdir(tmp_path)
+        before = set(_shell.user_ns)
+        _shell.user_ns.update(
+            torch=torch,
+            nn=nn,
+            make_mlp=make_mlp,
+            make_cnn=make_cnn,
+            make_transformer=make_transformer,
+        )
+        yield _shell
+        for name in set(_shell.user_ns) - before:
+            del _shell.user_ns[name]
 
 
 @pytest.fixture
