@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(VPY) -m tracemagic demo demo-output
 
 test: $(STAMP) browser
-	$(VPY) -m pytest -ra $(PYTEST_ARGS)
+	$(VPY) -m pytest -ra --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) demo-output artifacts .pytest_cache

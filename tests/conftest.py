@@ -10,14 +10,24 @@ Everything here is generic so any test module can reuse it:
 - ``kineto_events``: the ``traceEvents`` of a Kineto trace file.
 - ``traces``: the folder of real GPU traces recorded elsewhere (``tests/data/traces``, read
   only: a test that loads one passes a temporary cache folder or works on a copy).
+- ``throwaway_venv``: a reused venv for a third-party tool, kept outside the checkout.
+
+The suite writes only into temporary folders: ``TRACEMAGIC_CACHE_DIR`` is set to one for
+the whole session (notebook kernels and subprocesses inherit it), and the session fails
+at its end if ``tests/data``, ``../shared`` or the checkout changed (see
+``pytest_sessionfinish``).
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +37,88 @@ import pytest
 import torch  # noqa: E402
 nn = torch.nn
 
+ROOT = Path(__file__).resolve().parents[1]
 #: real Kineto traces recorded on GPU machines by other projects (see its README)
-TRACES = Path(__file__).resolve().parent / "data" / "traces"
+TRACES = ROOT / "tests" / "data" / "traces"
+#: the browser tests' screenshots: ``$TRACEMAGIC_ARTIFACTS``, else the system temp folder
+ARTIFACTS = Path(os.environ.get("TRACEMAGIC_ARTIFACTS") or Path(tempfile.gettempdir()) / "tracemagic-artifacts")
+
+
+# -- the suite writes nowhere but its temporary folders ------------------------------------
+
+#: what running the suite may leave in the checkout: Python's, pytest's and mypy's caches,
+#: and what installing the checkout makes (its C build, its egg-info, the built extensions)
+_BYPRODUCTS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git", ".venv", "build"}
+_BUILT = (".so", ".pyd")
+_WATCHED = (ROOT, ROOT.parent / "shared")
+_SNAPSHOT = pytest.StashKey[dict[str, tuple[int, int, str]]]()
+_CACHE = pytest.StashKey[tuple[Path, str | None]]()
+
+
+def _snapshot() -> dict[str, tuple[int, int, str]]:
+    """Every folder and file of the checkout and of ``../shared`` (byproducts aside): a
+    file's size and mtime, and for ``tests/data`` and ``../shared`` the SHA-256 of its bytes."""
+    found: dict[str, tuple[int, int, str]] = {}
+    for top in _WATCHED:
+        if not top.is_dir():
+            continue
+        for folder, dirs, files in os.walk(top):
+            here = Path(folder)
+            dirs[:] = [d for d in dirs if d not in _BYPRODUCTS and not d.endswith(".egg-info")
+                       and not (here == ROOT and d == "shared")]
+            found[f"{here}{os.sep}"] = (0, 0, "folder")  # an empty folder made is a change too
+            for name in files:
+                if name.endswith(_BUILT):
+                    continue
+                path = here / name
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                fixed = top != ROOT or TRACES.parent in path.parents
+                digest = hashlib.sha256(path.read_bytes()).hexdigest() if fixed else ""
+                found[str(path)] = (stat.st_size, stat.st_mtime_ns, digest)
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Send every trace cache of the session to a temporary folder and note the files."""
+    cache = Path(tempfile.mkdtemp(prefix="tracemagic-test-cache-"))
+    session.stash[_CACHE] = (cache, os.environ.get("TRACEMAGIC_CACHE_DIR"))
+    os.environ["TRACEMAGIC_CACHE_DIR"] = str(cache)
+    session.stash[_SNAPSHOT] = _snapshot()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session if any test wrote into the checkout, ``tests/data`` or ``../shared``."""
+    cache = session.stash.get(_CACHE, None)
+    if cache is not None:
+        folder, before_session = cache
+        shutil.rmtree(folder, ignore_errors=True)
+        if before_session is None:
+            os.environ.pop("TRACEMAGIC_CACHE_DIR", None)
+        else:
+            os.environ["TRACEMAGIC_CACHE_DIR"] = before_session
+    before = session.stash.get(_SNAPSHOT, None)
+    if before is None:
+        return
+    after = _snapshot()
+    changed = sorted(
+        [f"added    {p}" for p in after.keys() - before.keys()]
+        + [f"removed  {p}" for p in before.keys() - after.keys()]
+        + [f"changed  {p}" for p in before.keys() & after.keys() if before[p] != after[p]]
+    )
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["the tests wrote outside their temporary folders:", *changed[:50]]
+        if reporter is not None:
+            reporter.write("\n")
+            reporter.write_sep("=", "files changed by the suite", red=True)
+            for line in lines:
+                reporter.write_line(line)
+        else:
+            print("\n".join(lines), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -116,20 +206,25 @@ def _shell() -> Any:
 
 
 @pytest.fixture
-def ip(_shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The shell, in a fresh working directory, with torch and small models defined."""
-    monkeypatch.chdir(tmp_path)
-    before = set(_shell.user_ns)
-    _shell.user_ns.update(
-        torch=torch,
-        nn=nn,
-        make_mlp=make_mlp,
-        make_cnn=make_cnn,
-        make_transformer=make_transformer,
-    )
-    yield _shell
-    for name in set(_shell.user_ns) - before:
-        del _shell.user_ns[name]
+def ip(_shell: Any, tmp_path: Path) -> Iterator[Any]:
+    """The shell, in a fresh working directory, with torch and small models defined.
+
+    The working directory is changed by a MonkeyPatch of its own: a test's
+    ``monkeypatch.undo()`` must not send its next capture into the checkout's ``./traces``.
+    """
+    with pytest.MonkeyPatch.context() as here:
+        here.chdir(tmp_path)
+        before = set(_shell.user_ns)
+        _shell.user_ns.update(
+            torch=torch,
+            nn=nn,
+            make_mlp=make_mlp,
+            make_cnn=make_cnn,
+            make_transformer=make_transformer,
+        )
+        yield _shell
+        for name in set(_shell.user_ns) - before:
+            del _shell.user_ns[name]
 
 
 @pytest.fixture
@@ -155,12 +250,17 @@ def kineto_events(read_json: Callable[[Path], Any]) -> Callable[[Path], list[dic
     return events
 
 
-#: throwaway venvs for third-party tools (HTA, DFTracer) that cannot share .venv
-VENVS = Path(__file__).resolve().parents[1] / "bench" / "out" / "venvs"
+#: throwaway venvs for third-party tools (HTA, DFTracer) that cannot share .venv, kept
+#: out of the checkout and reused by later runs and other clones:
+#: ``$TRACEMAGIC_TEST_VENVS``, else ``$XDG_CACHE_HOME/tracemagic-tests/venvs``
+VENVS = Path(
+    os.environ.get("TRACEMAGIC_TEST_VENVS")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracemagic-tests" / "venvs"
+)
 
 
 def _throwaway_venv(name: str, requirements: list[str]) -> Path:
-    """A venv under bench/out/venvs/<name> with ``requirements``, made once and reused.
+    """A venv under ``VENVS/<name>`` with ``requirements``, made once and reused.
 
     torch is pinned (constraint) so nothing can pull a CUDA build. Fails the test, with
     pip's own words, when the packages cannot be installed here.

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tb_reference
 import tracemagic
 from tracemagic.trace.model import Trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 KINETO_FILES = [
     "hta_benchmark_simple_add_trace.json.gz",
     "hta_control.json.gz",
@@ -58,7 +58,7 @@ RAW_KIND = {
     "user_annotation": "user_annotation",
 }
 
-assert TRACES.is_dir(), f"the real traces are missing: {TRACES} (the shared folder beside the checkout)"
+assert TRACES.is_dir(), f"the real traces are missing: {TRACES} (tests/data/traces)"
 
 
 # -- independent expectations from the raw JSON ----------------------------------------------
@@ -145,7 +145,7 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
 
 @pytest.fixture(scope="module")
 def loaded() -> dict[str, Trace]:
-    return {name: tracemagic.load(TRACES / name) for name in KINETO_FILES}
+    return {name: tracemagic.load(TRACES / name, use_cache=False) for name in KINETO_FILES}
 
 
 @pytest.fixture(scope="module")

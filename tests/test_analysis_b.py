@@ -1,7 +1,7 @@
 """layers(), memory() (peaks, biggest allocations, categories) and shapes().
 
 Expectations are computed independently from the raw JSON with plain Python loops, on a CPU
-trace captured here from real torch layers and on the real GPU traces in ../shared/traces/.
+trace captured here from real torch layers and on the real GPU traces in tests/data/traces/.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.analysis import memory as memory_mod
@@ -24,7 +25,6 @@ from tracemagic.analysis.shapes import flops
 import torch  # noqa: E402
 nn = torch.nn
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 TRACELENS = TRACES / "tracelens_normalization_layer_test.json.gz"
 OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
 CONTROL = TRACES / "hta_control.json.gz"

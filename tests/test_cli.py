@@ -9,18 +9,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TRACES
 
 from tracemagic.cli import build_parser, main
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 GPU = TRACES / "hta_nccl_data.json.gz"
 MULTI = TRACES / "param_dlrm_kineto.tar.gz"
 OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore", "COLUMNS": "100"}
+def run(*args: str, cwd: Path | None = None, **more_env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m tracemagic ARGS``; its trace cache is the session's (conftest) unless
+    ``TRACEMAGIC_CACHE_DIR`` is given."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore", "COLUMNS": "100", **more_env}
     env.pop("TRACEMAGIC_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "tracemagic", *args], capture_output=True, text=True, env=env,
                           cwd=cwd, timeout=240)
@@ -116,3 +118,22 @@ def test_demo_calls_the_demo_module(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setitem(sys.modules, "tracemagic.demo", fake)
     assert main(["demo", str(tmp_path / "out")]) == 0
     assert seen == [tmp_path / "out"]
+
+
+def test_cache_info_lists_and_clear_empties_the_user_cache(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    assert run("summary", str(GPU), TRACEMAGIC_CACHE_DIR=str(folder)).returncode == 0
+    assert run("summary", str(OLD), TRACEMAGIC_CACHE_DIR=str(folder)).returncode == 0
+    stored = sum(p.stat().st_size for p in folder.iterdir())
+    info = run("cache", "info", TRACEMAGIC_CACHE_DIR=str(folder), TRACEMAGIC_CACHE_SIZE="500M")
+    assert info.returncode == 0, info.stderr
+    lines = info.stdout.splitlines()
+    assert lines[0] == f"cache folder: {folder}"
+    assert lines[1].startswith(f"2 cached traces, {stored / 2**20:,.1f} MiB of 500.0 MiB")
+    assert str(OLD) in lines[2] and str(GPU) in lines[3], "the most recently used first"
+    cleared = run("cache", "clear", "--cache-dir", str(folder))
+    assert cleared.returncode == 0 and cleared.stdout.startswith(f"removed 2 cached traces ({stored / 2**20:,.1f} MiB)")
+    assert list(folder.iterdir()) == []
+    assert run("cache", "info", TRACEMAGIC_CACHE_DIR=str(folder)).stdout.splitlines()[1].startswith("0 cached traces")
+    bad = run("cache", "info", TRACEMAGIC_CACHE_SIZE="lots")
+    assert bad.returncode == 2 and "TRACEMAGIC_CACHE_SIZE='lots' is not a size" in bad.stderr

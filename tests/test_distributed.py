@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TRACES
 
 import tb_reference
 import tracemagic
@@ -29,7 +30,6 @@ from tracemagic.errors import CaptureError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "data" / "ddp_train.py"
-TRACES = ROOT.parent / "shared" / "traces"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 SLOW_RANK = 1
 
@@ -395,7 +395,7 @@ def _check(trace: Any, raw: dict[int, list[dict[str, Any]]]) -> None:
 
 def test_dlrm_eight_ranks_match_the_raw_json() -> None:
     path = TRACES / "param_dlrm_kineto.tar.gz"
-    assert path.exists(), f"{path} is missing from the shared traces"
+    assert path.exists(), f"{path} is missing from tests/data/traces"
     raw = {}
     with tarfile.open(path) as tar:
         for member in tar.getmembers():
@@ -411,7 +411,7 @@ def test_dlrm_eight_ranks_match_the_raw_json() -> None:
 
 def test_nccl_trace_matches_the_raw_json() -> None:
     path = TRACES / "hta_nccl_data.json.gz"
-    assert path.exists(), f"{path} is missing from the shared traces"
+    assert path.exists(), f"{path} is missing from tests/data/traces"
     with gzip.open(path) as fh:
         data = json.load(fh)
     trace = tracemagic.load(path, use_cache=False)

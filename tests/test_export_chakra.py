@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TRACES
 
 from tracemagic.errors import TraceError
 from tracemagic.export import chakra
 
 import torch  # noqa: E402
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-HTA_ET = SHARED / "hta_benchmark_simple_add_et.json.gz"
-HTA_KINETO = SHARED / "hta_benchmark_simple_add_trace.json.gz"
+HTA_ET = TRACES / "hta_benchmark_simple_add_et.json.gz"
+HTA_KINETO = TRACES / "hta_benchmark_simple_add_trace.json.gz"
 
 
 def capture(folder: Path, rank: int = 0, steps: int = 3, et: bool = True) -> None:

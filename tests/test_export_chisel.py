@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TRACES
 
 from tracemagic.errors import TraceError
 from tracemagic.export import chisel
 
 import torch  # noqa: E402
 nn = torch.nn
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
 def make_class(trace_dir: Path, **options):
@@ -109,7 +109,7 @@ def test_plain_trace_without_names_and_real_gpu_trace(tmp_path: Path) -> None:
     stats = chisel.parse_model_trace(tmp_path / "t.json")["layer_stats"]
     assert {"Sequential_0", "Linear_0", "Linear_1", "ReLU_0"} <= set(stats)
     assert stats["Linear_1"]["shapes"] >= {(3, 8), (2, 8)}
-    gpu = chisel.parse_model_trace(SHARED / "tracelens_normalization_layer_test.json.gz", "norm")["layer_stats"]
+    gpu = chisel.parse_model_trace(TRACES / "tracelens_normalization_layer_test.json.gz", "norm")["layer_stats"]
     assert any(s["gpu_time_us"] > 0 for s in gpu.values())
 
 

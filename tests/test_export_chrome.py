@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.errors import TraceError
@@ -18,7 +19,6 @@ from tracemagic.export import chrome
 
 import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "traces"
 #: HTA 0.5 breaks on pandas 3: its own environment, torch pinned so nothing pulls CUDA wheels
 HTA_REQUIREMENTS = ["holistictraceanalysis==0.5.0", "pandas<3"]
 
@@ -57,7 +57,7 @@ def test_tb_name() -> None:
 
 
 def test_step_cut_keeps_gpu_work_and_metadata(tmp_path: Path) -> None:
-    trace = tracemagic.load(SHARED / "hta_nccl_data.json.gz")
+    trace = tracemagic.load(TRACES / "hta_nccl_data.json.gz", use_cache=False)
     (out,) = chrome.to_chrome_trace(trace, tmp_path / "step5.json.gz", steps=[5])
     cut = tracemagic.load(out, use_cache=False)
     ev, orig = cut.events, trace.events
@@ -70,11 +70,11 @@ def test_step_cut_keeps_gpu_work_and_metadata(tmp_path: Path) -> None:
     assert len(cut.flows) > 0 and cut.devices == trace.devices
     top = json.loads(gzip.decompress(out.read_bytes()))
     assert top["distributedInfo"]["rank"] == 0 and "baseTimeNanoseconds" in top
-    assert out.stat().st_size < (SHARED / "hta_nccl_data.json.gz").stat().st_size
+    assert out.stat().st_size < (TRACES / "hta_nccl_data.json.gz").stat().st_size
 
 
 def test_max_events_and_whole_copy(tmp_path: Path) -> None:
-    trace = tracemagic.load(SHARED / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    trace = tracemagic.load(TRACES / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", use_cache=False)
     (whole,) = chrome.to_chrome_trace(trace, tmp_path / "all.json")
     back = tracemagic.load(whole, use_cache=False)
     assert len(back.events) == len(trace.events) and len(back.flows) == len(trace.flows)
@@ -88,12 +88,12 @@ def test_max_events_and_whole_copy(tmp_path: Path) -> None:
 
 
 def test_ns_and_old_and_multirank_traces(tmp_path: Path) -> None:
-    ns = tracemagic.load(SHARED / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+    ns = tracemagic.load(TRACES / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", use_cache=False)
     first = int(ns.events.loc[ns.events["kind"] == "step", "step"].min())
     (out,) = chrome.to_chrome_trace(ns, tmp_path / "ns.json.gz", steps=[first])
     cut = tracemagic.load(out, use_cache=False)
     assert (cut.events["kind"] == "kernel").sum() == ((ns.events["kind"] == "kernel") & (ns.events["step"] == first)).sum()
-    ranks = tracemagic.load(SHARED / "param_dlrm_kineto.tar.gz")
+    ranks = tracemagic.load(TRACES / "param_dlrm_kineto.tar.gz", use_cache=False)
     step = int(ranks.events.loc[ranks.events["kind"] == "step", "step"].min())
     files = chrome.to_chrome_trace(ranks, tmp_path / "dlrm", steps=[step])
     assert [f.name for f in files] == [f"rank{r}.pt.trace.json" for r in range(8)]
@@ -137,7 +137,7 @@ print(json.dumps(out, default=lambda v: v.item() if hasattr(v, "item") else str(
 @pytest.mark.slow
 def test_hta_reads_our_traces(cpu_capture: Path, tmp_path: Path, throwaway_venv) -> None:
     """HolisticTraceAnalysis (in its own pandas<3 venv) loads a CPU capture unchanged and
-    the shared GPU traces after a round trip through to_chrome_trace."""
+    the real GPU traces after a round trip through to_chrome_trace."""
     python = throwaway_venv("hta", HTA_REQUIREMENTS)
     folders = {}
     cpu_dir = tmp_path / "cpu"
@@ -145,7 +145,7 @@ def test_hta_reads_our_traces(cpu_capture: Path, tmp_path: Path, throwaway_venv)
     shutil.copy(cpu_capture, cpu_dir / cpu_capture.name)  # unchanged, as torch wrote it
     folders["cpu"] = cpu_dir
     for name, steps in (("hta_nccl_data.json.gz", [4]), ("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", None)):
-        trace = tracemagic.load(SHARED / name)
+        trace = tracemagic.load(TRACES / name, use_cache=False)
         folder = tmp_path / name.split(".")[0]
         chrome.to_chrome_trace(trace, folder / chrome.tb_name("worker0", 1, gz=True), steps=steps)
         folders[name] = folder

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.errors import TraceError
@@ -19,7 +20,6 @@ from tracemagic.export import dftracer
 
 import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "traces"
 
 
 
@@ -105,7 +105,7 @@ def test_round_trip_plain_and_gz(cpu_trace, tmp_path: Path) -> None:
 
 def test_real_gpu_traces_round_trip(tmp_path: Path) -> None:
     for name, epoch_from_base in (("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", True), ("hta_benchmark_simple_add_trace.json.gz", False)):
-        trace = tracemagic.load(SHARED / name)
+        trace = tracemagic.load(TRACES / name, use_cache=False)
         path = dftracer.to_pfw(trace, tmp_path / name.replace(".json.gz", ".pfw.gz"))
         back = dftracer.read_pfw(path)
         for kind in ("kernel", "memcpy", "cpu_op"):

@@ -6,15 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.errors import TraceError
 from tracemagic.export import et
 
 import torch  # noqa: E402
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-HTA_ET = SHARED / "hta_benchmark_simple_add_et.json.gz"
-HTA_KINETO = SHARED / "hta_benchmark_simple_add_trace.json.gz"
+HTA_ET = TRACES / "hta_benchmark_simple_add_et.json.gz"
+HTA_KINETO = TRACES / "hta_benchmark_simple_add_trace.json.gz"
 
 
 def capture_pair(folder: Path, steps: int = 3) -> Path:
@@ -59,7 +59,7 @@ def test_read_real_hta_et_schema_1_0_1() -> None:
 
 
 def test_hta_pair_joins_by_external_id_with_names_agreeing() -> None:
-    trace = tracemagic.load(HTA_KINETO)
+    trace = tracemagic.load(HTA_KINETO, use_cache=False)
     ops = et.et_ops(trace)
     assert ops.attrs["join_key"] == {0: "external_id"}  # torch < 2.1: no Record function id
     hit = ops[ops["row"] >= 0]

@@ -11,7 +11,7 @@ Chromium (``/usr/bin/chromium``) to open the notebook and run it with the menu
 - changing the step selector changes the figure of a step-dependent tab;
 - the browser console shows no errors.
 
-Screenshots of each tab go to ``artifacts/jupyterlab/`` (git-ignored). The server (and its
+Screenshots of each tab go to ``jupyterlab/`` in ``conftest.ARTIFACTS`` (a temporary folder). The server (and its
 kernel) is always stopped, by its process group, whatever happens.
 """
 
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import conftest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = ROOT / "artifacts" / "jupyterlab"
+ARTIFACTS = conftest.ARTIFACTS / "jupyterlab"
 NOTEBOOK = "quickstart.ipynb"
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",

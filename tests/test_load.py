@@ -1,4 +1,4 @@
-"""``tracemagic.load`` on every real trace in ``../shared/traces`` and on damaged, odd and
+"""``tracemagic.load`` on every real trace in ``tests/data/traces`` and on damaged, odd and
 hand-made ones. Expectations are computed here from the raw JSON with the standard
 library, independently of the loader's own parsing."""
 
@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import tarfile
+import time
 import zlib
 from collections import Counter
 from functools import lru_cache
@@ -22,17 +23,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.errors import TraceError
 from tracemagic.trace import cache, parse, progress, structure
 
-TRACES = Path(__file__).parents[1].parent / "shared" / "traces"
-MISSING = (
-    f"the real traces folder {TRACES} is missing: these tests need ../shared/traces "
-    "next to the repository (see shared/traces/README.md)"
+MISSING = f"the real traces folder {TRACES} is missing (see tests/data/traces/README.md)"
+#: the traces in it (hidden files and the README are not traces)
+FILES = (
+    sorted(p.name for p in TRACES.iterdir() if p.name != "README.md" and not p.name.startswith("."))
+    if TRACES.is_dir() else [MISSING]
 )
-FILES = sorted(p.name for p in TRACES.iterdir() if p.name != "README.md") if TRACES.is_dir() else [MISSING]
 NOT_KINETO = {
     "hta_benchmark_simple_add_et.json.gz": "Execution Trace",
     "hta_memory_timeline.raw.gz": "memory-timeline",
@@ -59,15 +61,16 @@ def trace_path(name: str) -> Path:
     if not TRACES.is_dir():
         pytest.fail(MISSING)
     path = TRACES / name
-    assert path.is_file(), f"{path} is missing from ../shared/traces"
+    assert path.is_file(), f"{path} is missing from tests/data/traces"
     return path
 
 
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own user cache directory (nothing written to ~/.cache)."""
-    home = tmp_path_factory.mktemp("xdg-cache")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+def user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own user cache folder (nothing written to ~/.cache)."""
+    home = tmp_path_factory.mktemp("user-cache")
+    monkeypatch.setenv("TRACEMAGIC_CACHE_DIR", str(home))
+    monkeypatch.delenv("TRACEMAGIC_CACHE_SIZE", raising=False)
     return home
 
 
@@ -139,7 +142,7 @@ def write_trace(path: Path, events: list[dict[str, Any]], **meta: Any) -> Path:
 
 def test_the_real_traces_folder_is_there() -> None:
     assert TRACES.is_dir(), MISSING
-    assert len(FILES) >= 11, f"expected the 11 traces of shared/traces/README.md, found {FILES}"
+    assert len(FILES) >= 11, f"expected the 11 traces of tests/data/traces/README.md, found {FILES}"
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -540,7 +543,7 @@ class ParseSpy:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[str] = []
-        loader = importlib.import_module("tracemagic.trace.load")
+        loader = importlib.import_module("tracemagic.trace.loader")
         real = loader.parse_source
 
         def spy(source: Any, *args: Any, **kwargs: Any) -> Any:
@@ -559,12 +562,12 @@ def copied_trace(tmp_path: Path) -> Path:
     return path
 
 
-def test_second_load_comes_from_the_cache(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_load_comes_from_the_cache(copied_trace: Path, user_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spy = ParseSpy(monkeypatch)
     first = tracemagic.load(copied_trace)
     assert spy.calls == [str(copied_trace)]
-    beside = cache.locations(copied_trace)[0]
-    assert beside.parent == copied_trace.parent and beside.is_file()
+    seal = cache.locations(copied_trace)[0]
+    assert seal.parent == user_cache and seal.is_file()
     second = tracemagic.load(copied_trace)
     assert spy.calls == [str(copied_trace)]  # not parsed again
     pd.testing.assert_frame_equal(first.events, second.events)
@@ -604,24 +607,13 @@ def test_all_missing_columns_are_missing_writable_and_picklable_parsed_or_cached
 def test_load_hands_the_nesting_order_to_the_analyses(name: str, tmp_path: Path) -> None:
     """Nesting sorts the CPU events by thread and time; ``load`` passes that order on (the
     analyses search in it), and it is exactly the order they compute from a cached trace."""
-    path = tmp_path / name
-    shutil.copyfile(trace_path(name), path)
-    fresh = tracemagic.load(path)
+    fresh = tracemagic.load(trace_path(name), cache_dir=tmp_path)
     handed = fresh.shared("cpu_by_thread", lambda: None)
     assert handed is not None and handed.size > 0
     np.testing.assert_array_equal(handed, structure.cpu_by_thread(fresh.events))
-    cached = tracemagic.load(path)  # computes the order when an analysis asks
+    cached = tracemagic.load(trace_path(name), cache_dir=tmp_path)  # computes the order when an analysis asks
     pd.testing.assert_frame_equal(fresh.layers(), cached.layers())
     pd.testing.assert_frame_equal(fresh.memory(), cached.memory())
-
-
-def test_a_cache_in_the_old_parquet_format_is_replaced(copied_trace: Path) -> None:
-    beside = cache.locations(copied_trace)[0]
-    old = [beside.with_suffix(".parquet"), beside.with_suffix(".flows.parquet")]
-    for path in old:
-        path.write_bytes(b"PAR1 from an earlier tracemagic")
-    tracemagic.load(copied_trace)
-    assert beside.is_file() and not any(path.exists() for path in old)
 
 
 def test_touching_or_changing_the_file_invalidates_the_cache(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -638,49 +630,187 @@ def test_touching_or_changing_the_file_invalidates_the_cache(copied_trace: Path,
     assert changed.events["name"].astype(str).tolist() == ["only"]
 
 
-def test_read_only_folder_caches_in_the_user_cache(copied_trace: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    xdg = tmp_path / "xdg"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+def test_a_same_size_edit_that_keeps_the_mtime_is_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Size and mtime are not enough: the source's bytes are part of its identity."""
+    path = write_trace(tmp_path / "t.json", [
+        {"ph": "X", "cat": "cpu_op", "name": "aaaa", "pid": 1, "tid": 1, "ts": float(i), "dur": 0.5} for i in range(3000)
+    ])
+    spy = ParseSpy(monkeypatch)
+    tracemagic.load(path)
+    before = path.stat()
+    text = path.read_text()
+    middle = text.index('"aaaa"', len(text) // 2)
+    path.write_text(text[:middle] + '"bbbb"' + text[middle + 6:])
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+    edited = tracemagic.load(path)
+    assert len(spy.calls) == 2, "the edited file was parsed again"
+    assert Counter(edited.events["name"].astype(str)) == {"aaaa": 2999, "bbbb": 1}
+    assert len(tracemagic.load(path).events) == 3000 and len(spy.calls) == 2, "and its new cache is used"
+
+
+def test_flipped_bytes_in_a_cache_mean_a_fresh_parse(tmp_path: Path, user_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any single byte of the events, the flows or the seal changed: the trace is parsed
+    again and the tables are exactly a no-cache load's, never silently different ones."""
+    path = tmp_path / "mi250.json.gz"
+    shutil.copyfile(trace_path("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"), path)
+    truth = tracemagic.load(path, use_cache=False)
+    tracemagic.load(path)
+    seal = cache.locations(path)[0]
+    files = [seal.with_suffix(".arrow"), seal.with_suffix(".flows.arrow"), seal]
+    pristine = {f: f.read_bytes() for f in files}
+    rng = np.random.default_rng(14)
+    spy = ParseSpy(monkeypatch)
+    flips = 0
+    for target in files:
+        data = pristine[target]
+        for offset in rng.choice(len(data), size=min(len(data), 60), replace=False):
+            for f, original in pristine.items():
+                f.write_bytes(original)
+            damaged = bytearray(data)
+            damaged[offset] ^= int(rng.integers(1, 256))
+            target.write_bytes(bytes(damaged))
+            reloaded = tracemagic.load(path)
+            flips += 1
+            assert len(spy.calls) == flips, f"{target.name} byte {offset} flipped: the damaged cache was used"
+            pd.testing.assert_frame_equal(reloaded.events, truth.events)
+            pd.testing.assert_frame_equal(reloaded.flows, truth.flows)
+    assert flips == 180
+
+
+def test_a_cache_copied_from_another_trace_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours, theirs = tmp_path / "ours.json.gz", tmp_path / "theirs.json.gz"
+    shutil.copyfile(trace_path("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"), ours)
+    shutil.copyfile(trace_path("hta_triton_example.json.gz"), theirs)
+    truth = tracemagic.load(ours, use_cache=False)
+    tracemagic.load(ours)
+    tracemagic.load(theirs)
+    our_seal, their_seal = cache.locations(ours)[0], cache.locations(theirs)[0]
+    spy = ParseSpy(monkeypatch)
+    for suffixes in ([".flows.arrow"], [".arrow"], [".arrow", ".flows.arrow", ".seal"]):
+        for suffix in suffixes:
+            shutil.copyfile(their_seal.with_suffix(suffix), our_seal.with_suffix(suffix))
+        reloaded = tracemagic.load(ours)
+        assert spy.calls[-1] == str(ours), f"{suffixes} of another trace were used"
+        pd.testing.assert_frame_equal(reloaded.events, truth.events)
+        pd.testing.assert_frame_equal(reloaded.flows, truth.flows)
+    assert len(spy.calls) == 3
+
+
+def test_a_trace_tracemagic_did_not_write_is_cached_in_the_user_cache(
+    copied_trace: Path, user_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Nothing is written next to someone else's trace, in a writable folder or not; the
+    user cache folder is ``TRACEMAGIC_CACHE_DIR``, else ``$XDG_CACHE_HOME/tracemagic``."""
     folder = copied_trace.parent
+    tracemagic.load(copied_trace)
+    assert sorted(p.name for p in folder.iterdir()) == ["nccl.json.gz"]
+    assert len(list(user_cache.glob("*.seal"))) == 1
+    monkeypatch.delenv("TRACEMAGIC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     folder.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
     try:
         spy = ParseSpy(monkeypatch)
         tracemagic.load(copied_trace)
         tracemagic.load(copied_trace)
         assert len(spy.calls) == 1
-        assert sorted(p.name for p in folder.iterdir()) == ["nccl.json.gz"]  # nothing written beside it
-        stored = list((xdg / "tracemagic").glob("*.arrow"))
-        assert stored and cache.locations(copied_trace)[1] in stored
+        assert sorted(p.name for p in folder.iterdir()) == ["nccl.json.gz"]
+        stored = list((tmp_path / "xdg" / "tracemagic").glob("*.seal"))
+        assert stored == cache.locations(copied_trace)
     finally:
         folder.chmod(0o755)
 
 
-def test_explicit_cache_dir(copied_trace: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    folder = copied_trace.parent
-    folder.chmod(0o555)
-    try:
-        tracemagic.load(copied_trace, cache_dir=tmp_path / "mine")
-        assert list((tmp_path / "mine").glob("*.arrow"))
-    finally:
-        folder.chmod(0o755)
+def test_explicit_cache_dir(copied_trace: Path, user_cache: Path, tmp_path: Path) -> None:
+    tracemagic.load(copied_trace, cache_dir=tmp_path / "mine")
+    assert len(list((tmp_path / "mine").glob("*.seal"))) == 1
+    assert not list(user_cache.iterdir())
+
+
+def _capture_folder(folder: Path, manifest: dict[str, Any]) -> Path:
+    folder.mkdir()
+    shutil.copyfile(trace_path("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"), folder / "rank0.pt.trace.json.gz")
+    (folder / "capture.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_capture_directory_tracemagic_wrote_keeps_its_cache_inside(tmp_path: Path, user_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = _capture_folder(tmp_path / "ours", {"versions": {"tracemagic": tracemagic.__version__}})
+    spy = ParseSpy(monkeypatch)
+    first = tracemagic.load(ours)
+    again = tracemagic.load(ours)
+    assert len(spy.calls) == 1
+    pd.testing.assert_frame_equal(first.events, again.events)
+    inside = ours / cache.CAPTURE_FOLDER
+    assert sorted(p.name for p in inside.iterdir()) == ["traces.arrow", "traces.flows.arrow", "traces.seal"]
+    tracemagic.load(ours / "rank0.pt.trace.json.gz")  # one of its files: cached there too
+    assert len(list(inside.glob("*.seal"))) == 2
+    assert not list(user_cache.iterdir())
+    # a capture.json another tool wrote does not make a folder tracemagic's
+    theirs = _capture_folder(tmp_path / "theirs", {"files": {"kineto": ["rank0.pt.trace.json.gz"]}})
+    tracemagic.load(theirs)
+    assert sorted(p.name for p in theirs.iterdir()) == ["capture.json", "rank0.pt.trace.json.gz"]
+    assert len(list(user_cache.glob("*.seal"))) == 1
+
+
+def test_the_user_cache_evicts_the_least_recently_used(tmp_path: Path, user_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = []
+    for i in range(3):
+        events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}-{j}", "pid": 1, "tid": 1, "ts": float(j), "dur": 0.5}
+                  for j in range(2000)]
+        paths.append(write_trace(tmp_path / f"t{i}.json", events))
+    tracemagic.load(paths[0])
+    size = sum(f.stat().st_size for f in user_cache.iterdir())
+    monkeypatch.setenv("TRACEMAGIC_CACHE_SIZE", str(int(size * 2.5)))  # room for two entries
+    tracemagic.load(paths[1])
+    an_hour_ago = time.time() - 3600
+    for f in user_cache.iterdir():
+        os.utime(f, (an_hour_ago, an_hour_ago))
+    tracemagic.load(paths[0])  # used again: now t1 is the least recently used
+    tracemagic.load(paths[2])
+    kept = {e.trace for e in cache.entries(user_cache)}
+    assert kept == {str(paths[0]), str(paths[2])}
+    assert sum(e.bytes for e in cache.entries(user_cache)) <= size * 2.5
+    monkeypatch.setenv("TRACEMAGIC_CACHE_SIZE", "lots")
+    with pytest.raises(TraceError, match="TRACEMAGIC_CACHE_SIZE"):
+        tracemagic.load(paths[1])
 
 
 def test_damaged_cache_is_ignored(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = tracemagic.load(copied_trace)
-    beside = cache.locations(copied_trace)[0]
-    data = beside.read_bytes()
-    beside.write_bytes(data[: len(data) // 2])
+    events_file = cache.locations(copied_trace)[0].with_suffix(".arrow")
+    data = events_file.read_bytes()
+    events_file.write_bytes(data[: len(data) // 2])
     spy = ParseSpy(monkeypatch)
     again = tracemagic.load(copied_trace)
     assert len(spy.calls) == 1
     pd.testing.assert_frame_equal(first.events, again.events)
-    beside.write_bytes(b"not an arrow file at all")
+    events_file.write_bytes(b"not an arrow file at all")
     assert len(tracemagic.load(copied_trace).events) == len(first.events)
 
 
-def test_use_cache_false_writes_nothing(copied_trace: Path) -> None:
+def test_use_cache_false_writes_nothing(copied_trace: Path, user_cache: Path) -> None:
     tracemagic.load(copied_trace, use_cache=False)
     assert sorted(p.name for p in copied_trace.parent.iterdir()) == ["nccl.json.gz"]
+    assert not list(user_cache.iterdir())
+
+
+def test_a_directory_of_ranks_lists_only_traces(tmp_path: Path, user_cache: Path) -> None:
+    """Caches, hidden files and editors' backups beside the ranks are not ranks."""
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in (0, 1):
+        events = [{"ph": "X", "cat": "cpu_op", "name": f"op{rank}", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+        write_trace(folder / f"rank{rank}.json", events)
+    junk = {"rank0.json~": "x", "#rank1.json#": "x", ".rank1.json.swp": "x", "rank0.json.bak": "x",
+            "rank0.json.orig": "x", "._rank0.json": "\x00\x05\x16\x07", ".#rank1.json": "x",
+            ".rank0.json.tracemagic.arrow": "ARROW1", ".hidden.json": "{}", ".hidden.json.gz": "x"}
+    for name, text in junk.items():
+        (folder / name).write_text(text)
+    (folder / "notes.txt").write_text("not a trace")
+    trace = tracemagic.load(folder)
+    assert trace.ranks == [0, 1]
+    assert sorted(trace.events["name"].astype(str)) == ["op0", "op1"]
 
 
 # -- nesting -------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The HTML report and the dashboard's HTML in a real browser (Debian's chromium driven by
 Playwright): every tab's figure renders, no console errors, no network, screenshots kept in
-``artifacts/``, and trace strings carrying ``<script>``/``onerror=`` run nothing."""
+``conftest.ARTIFACTS`` (a temporary folder), and trace strings carrying ``<script>``/``onerror=`` run nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import conftest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.views.dashboard import Dashboard
@@ -20,8 +22,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "artifacts"
-TRACES = ROOT.parent / "shared" / "traces"
+ARTIFACTS = conftest.ARTIFACTS
 
 import playwright.sync_api as playwright_api  # noqa: E402
 
@@ -79,7 +80,7 @@ def cpu_capture(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("reports")
-    gpu = tracemagic.load(TRACES / "hta_nccl_data.json.gz")
+    gpu = tracemagic.load(TRACES / "hta_nccl_data.json.gz", use_cache=False)
     cpu = tracemagic.load(cpu_capture(folder), use_cache=False)
     return {"gpu": write_report(gpu, folder / "gpu.html"), "cpu": write_report(cpu, folder / "cpu.html")}
 
@@ -216,7 +217,7 @@ def _walk(widget: Any) -> list[Any]:
 
 
 def test_report_graph_tab_and_layer_tree(browser: Any, reports: dict[str, Path], tmp_path: Path) -> None:
-    """The ET op graph of the shared HTA pair renders; the layer tree expands and collapses."""
+    """The ET op graph of the real HTA pair renders; the layer tree expands and collapses."""
     for source, name in (("hta_benchmark_simple_add_trace.json.gz", "add_trace.json.gz"),
                          ("hta_benchmark_simple_add_et.json.gz", "add_et.json.gz")):
         (tmp_path / name).write_bytes((TRACES / source).read_bytes())

@@ -1,6 +1,6 @@
 """The loader's fast paths (the C code in ``trace/_scan.c`` and ``trace/_nesting.c``, and
 ``structure.sort_by_thread``) are only faster routes to what the plain Python code
-computes: same events, flows, names and tables on every shared trace and on a trace
+computes: same events, flows, names and tables on every real trace and on a trace
 captured here from a real model, and the msgspec path for whatever the scanner does not
 read exactly as it does."""
 
@@ -15,18 +15,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.trace import parse, structure
 from tracemagic.trace.read import Source
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 KINETO = sorted(p.name for p in TRACES.glob("*.gz") if "_et." not in p.name and "memory_timeline" not in p.name)
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    monkeypatch.setenv("TRACEMAGIC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 
 def test_the_c_code_is_built() -> None:
@@ -83,7 +83,7 @@ class ScanSpy:
 
 
 @pytest.mark.parametrize("name", KINETO)
-def test_every_shared_trace_loads_the_same_with_and_without_c(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_real_trace_loads_the_same_with_and_without_c(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spy = ScanSpy(monkeypatch)
     fast = tracemagic.load(TRACES / name, use_cache=False)
     assert spy.read > 0 and spy.left == 0, "the scanner read every chunk of a real trace"

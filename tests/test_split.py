@@ -9,32 +9,31 @@ import importlib
 import json
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.errors import TraceError
 from tracemagic.trace import parse, split
 from tracemagic.trace.read import file_source
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-load_module = importlib.import_module("tracemagic.trace.load")
+load_module = importlib.import_module("tracemagic.trace.loader")
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    monkeypatch.setenv("TRACEMAGIC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 
 def plain(name: str, tmp_path: Path) -> Path:
-    """A real trace from ../shared/traces, decompressed (only plain files are split)."""
+    """A real trace from tests/data/traces, decompressed (only plain files are split)."""
     source = TRACES / name
     if not source.is_file():
-        pytest.fail(f"{source} is missing: these tests need ../shared/traces next to the repository")
+        pytest.fail(f"{source} is missing: tests/data/traces is incomplete")
     path = tmp_path / name.removesuffix(".gz")
     path.write_bytes(gzip.decompress(source.read_bytes()))
     return path
@@ -92,13 +91,19 @@ def test_stretches_are_taken_by_both_threads_and_joined_in_file_order(tmp_path: 
     monkeypatch.setattr(parse, "CHUNK_BYTES", 128 * 1024)
     taken: list[tuple[str, int]] = []
     real = parse.read_part
+    # each thread parses its first stretch only once the other has taken one too, so
+    # neither can take every stretch before the other starts
+    both_started = threading.Barrier(2, timeout=30)
 
-    def slow(source: Any, **kwargs: Any) -> Any:
-        taken.append((threading.current_thread().name, kwargs["base"]))
-        time.sleep(0.02)  # neither thread can take every stretch before the other starts
+    def gated(source: Any, **kwargs: Any) -> Any:
+        name = threading.current_thread().name
+        first = name not in {n for n, _ in taken}
+        taken.append((name, kwargs["base"]))
+        if first:
+            both_started.wait()
         return real(source, **kwargs)
 
-    monkeypatch.setattr(parse, "read_part", slow)
+    monkeypatch.setattr(parse, "read_part", gated)
     both = tracemagic.load(path, use_cache=False)
     assert len(taken) == 12
     assert {name for name, _ in taken} == {"MainThread", "tracemagic-parse"}
@@ -189,6 +194,12 @@ def test_an_interrupt_reaches_the_user_and_stops_the_second_thread(tmp_path: Pat
     monkeypatch.setattr(parse, "CHUNK_BYTES", 64 * 1024)  # many chunks: the second thread is mid-way
     real = parse.read_part
     chunks: list[int] = []
+    midway, cancelled = threading.Event(), threading.Event()
+    cancel = split._Second.cancel
+
+    def cancel_and_tell(self: Any) -> None:
+        cancel(self)
+        cancelled.set()
 
     def interrupted(source: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name == "tracemagic-parse":  # count its chunks
@@ -196,21 +207,23 @@ def test_an_interrupt_reaches_the_user_and_stops_the_second_thread(tmp_path: Pat
 
             def counting(done: int, total: int) -> None:
                 chunks.append(done)
-                time.sleep(0.05)
+                midway.set()  # the user interrupts now, while this thread is mid-stretch
+                assert cancelled.wait(timeout=30), "the interrupt cancelled the second thread"
                 stop(done, total)
 
             return real(source, **{**kwargs, "progress": counting})
+        assert midway.wait(timeout=30), "the second thread started"
         raise KeyboardInterrupt
 
+    monkeypatch.setattr(split._Second, "cancel", cancel_and_tell)
     monkeypatch.setattr(parse, "read_part", interrupted)
     with pytest.raises(KeyboardInterrupt):
         tracemagic.load(path, use_cache=False)
-    deadline = time.monotonic() + 10
-    while _parse_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    for thread in _parse_threads():
+        thread.join(timeout=30)
     assert not _parse_threads(), "the second thread stopped"
     total = path.stat().st_size // 2 // (64 * 1024)
-    assert len(chunks) < total / 2, "it stopped at its next chunk, not at the end of its stretch"
+    assert total > 10 and len(chunks) == 1, "it stopped at its next chunk, not at the end of its stretch"
 
 
 def test_without_the_c_scanner_there_is_no_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TRACES
 
 import tracemagic
 from tracemagic.views import figures, sections, tables
@@ -20,7 +21,6 @@ from tracemagic.views.data import CONTRACT, TraceData
 from tracemagic.views.report import write_report
 from tracemagic.views.text import diff_summary, render_table, summary
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 GPU = TRACES / "hta_nccl_data.json.gz"
 MULTI = TRACES / "param_dlrm_kineto.tar.gz"
 OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
@@ -432,17 +432,17 @@ def cpu_capture(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="module")
 def gpu() -> Any:
-    return tracemagic.load(GPU)
+    return tracemagic.load(GPU, use_cache=False)
 
 
 @pytest.fixture(scope="module")
 def multi() -> Any:
-    return tracemagic.load(MULTI)
+    return tracemagic.load(MULTI, use_cache=False)
 
 
 @pytest.fixture(scope="module")
 def old() -> Any:
-    return tracemagic.load(OLD)
+    return tracemagic.load(OLD, use_cache=False)
 
 
 @pytest.fixture(params=["cpu_capture", "gpu", "multi", "old"])
@@ -1012,8 +1012,8 @@ def test_graph_tab_on_the_hta_et_pair(tmp_path: Path) -> None:
     assert len(table) == len(nodes) and {"op_schema", "input_shapes", "dur_ms", "reads_from", "feeds"} <= set(table.columns)
     assert table["reads_from"].sum() == len(edges)
     assert "timed by Kineto" in dash.info_html("graph")
-    # the shared folder's lone ET is not taken for every trace beside it
-    assert "graph" not in Dashboard(tracemagic.load(GPU)).keys
+    # the traces folder's lone ET is not taken for every trace beside it
+    assert "graph" not in Dashboard(tracemagic.load(GPU, use_cache=False)).keys
 
 
 def test_graph_memory_categories_and_spans_of_a_chakra_trace_et_capture(ip: Any, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import tracemagic
 from tracemagic.capture import Capture
 from tracemagic.errors import TraceError
 from tracemagic.magics import TracemagicMagics
+from tracemagic.trace import cache
 
 import torch  # noqa: E402
 
@@ -316,9 +317,9 @@ def test_loader_reads_the_manifest_files_and_ignores_caches(ip):
     cap, _ = capture(ip, "--no-memory-timeline --tb-names")
     (name,) = kineto_entries(cap)
     assert TB_NAME.match(name) and not name.endswith(".gz")
-    n = len(cap.trace.events)  # loaded once by the display: the cache lies next to it now
-    caches = sorted(p.name for p in cap.dir.glob(".*.tracemagic*.arrow"))
-    assert caches, "the loader keeps its cache next to the trace"
+    n = len(cap.trace.events)  # loaded once by the display: the capture keeps its cache inside
+    caches = sorted(p.name for p in (cap.dir / cache.CAPTURE_FOLDER).iterdir())
+    assert "traces.seal" in caches, "a capture directory tracemagic wrote keeps its cache inside itself"
     assert not any(p.name in caches for p in cap.files)
     # a stray trace in the folder is not loaded: the manifest says which files are the capture's
     shutil.copy(cap.dir / name, cap.dir / "unrelated_trace.json")
@@ -329,6 +330,7 @@ def test_loader_reads_the_manifest_files_and_ignores_caches(ip):
     manifest = json.loads((cap.dir / "capture.json").read_text())
     manifest["files"] = []
     (cap.dir / "capture.json").write_text(json.dumps(manifest))
+    shutil.copy(cap.dir / name, cap.dir / f".{name}")  # a hidden copy (an editor's) is no rank either
     assert len(tracemagic.load(cap.dir, use_cache=False).events) == n
 
 

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from tracemagic._version import __version__
 from tracemagic.errors import CaptureError, TraceError
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names below
+    from tracemagic.capture.api import capture
+    from tracemagic.export.chisel import capture_model, parse_model_trace
     from tracemagic.trace import Trace, load
 
 __all__ = [

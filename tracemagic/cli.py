@@ -1,4 +1,4 @@
-"""The ``tracemagic`` command line: ``report``, ``summary``, ``diff``, ``demo`` and ``run``.
+"""The ``tracemagic`` command line: ``report``, ``summary``, ``diff``, ``demo``, ``run`` and ``cache``.
 
 Bad input (a missing file, a damaged trace) prints one line on stderr and exits with
 status 2, without a traceback.
@@ -25,8 +25,9 @@ LARGE_BYTES = 20 * 2**20
 
 def _size(path: Path) -> int:
     try:
-        if path.is_dir():
-            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        if path.is_dir():  # hidden files (a capture's own cache) are not read
+            return sum(p.stat().st_size for p in path.rglob("*")
+                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
         return path.stat().st_size
     except OSError:
         return 0
@@ -97,6 +98,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _human(n: int) -> str:
+    """A size in KiB, MiB or GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from tracemagic.trace import cache
+
+    folder = Path(args.cache_dir).expanduser() if args.cache_dir else cache.user_cache_dir()
+    if args.action == "clear":
+        count, freed = cache.clear(folder)
+        print(f"removed {count} cached trace{'s' * (count != 1)} ({_human(freed)}) from {folder}")
+        return 0
+    found = cache.entries(folder)
+    total = sum(e.bytes for e in found)
+    print(f"cache folder: {folder}")
+    print(f"{len(found)} cached trace{'s' * (len(found) != 1)}, {_human(total)} of {_human(cache.max_bytes())} "
+          "(TRACEMAGIC_CACHE_SIZE; the least recently used go first)")
+    for cached in reversed(found):  # most recently used first
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(cached.last_used))
+        print(f"  {_human(cached.bytes):>12}  {used}  {cached.trace or '(unfinished or damaged entry)'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tracemagic``."""
     parser = argparse.ArgumentParser(
@@ -138,6 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the quickstart notebook headless: capture a small model, print its summary")
     p.add_argument("out_dir", nargs="?", default="demo-output", help="where to write (default ./demo-output)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "cache",
+        help="show (info) or empty (clear) the user cache of parsed traces",
+        description="The cache of traces tracemagic did not write lives in the user cache folder "
+        "($TRACEMAGIC_CACHE_DIR, else $XDG_CACHE_HOME/tracemagic, ~/.cache/tracemagic), capped by "
+        "$TRACEMAGIC_CACHE_SIZE (default 4G; the least recently used traces go first). A capture "
+        "directory tracemagic wrote keeps its cache inside itself (.tracemagic-cache/), untouched here.",
+    )
+    p.add_argument("action", choices=["info", "clear"], help="info: list the cached traces; clear: remove them")
+    p.add_argument("--cache-dir", help="another cache folder (as load(cache_dir=...))")
+    p.set_defaults(func=cmd_cache)
 
     # listed for --help only: main() hands `run ...` to tracemagic.capture.run before parsing
     sub.add_parser("run", help="capture a script: tracemagic run [options] -- script.py [args] (see run --help)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
@@ -35,6 +36,9 @@ def _capture_options(magic: Any) -> Any:
 @magics_class
 class TracemagicMagics(Magics):
     """tracemagic's magics (``%%chakra_trace``; ``%chakra_report`` below)."""
+
+    #: the shell they are registered on (``Magics`` allows None; ``register`` always gives one)
+    shell: InteractiveShell
 
     # ==================================================================================
     # %%chakra_trace

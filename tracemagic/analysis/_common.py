@@ -208,7 +208,7 @@ def is_dataloader(trace: Trace) -> np.ndarray:
 def names_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Event names at ``rows`` (object array), ``None`` where the row is -1."""
     names = trace.events["name"]
-    categories = np.append(np.asarray(names.cat.categories, dtype=object), None)
+    categories = np.append(np.asarray(names.cat.categories, dtype=object), [None])
     return categories[_codes_at(trace, rows)]
 
 

@@ -195,7 +195,7 @@ def _first_op_dims(trace: Trace, calls: np.ndarray) -> np.ndarray:
     """Input dims (text, None if none) of the first cpu_op with a tensor input inside each
     module call row."""
     events = trace.events
-    categories = np.append(np.asarray(events["input_dims"].cat.categories, dtype=object), None)
+    categories = np.append(np.asarray(events["input_dims"].cat.categories, dtype=object), [None])
     out = np.full(calls.size, -1, dtype=np.int64)
     tensor_input = names_where(events["input_dims"], TENSOR_DIMS)
     ops = np.flatnonzero((events["kind"] == "cpu_op").to_numpy() & tensor_input)

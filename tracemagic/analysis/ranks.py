@@ -211,7 +211,8 @@ def overlap(trace: Trace) -> pd.Series:
     measured = [steps_module.in_windows(trace, frame, np.flatnonzero(rows)) for rows in (comm_kernels, masks["compute_us"])]
     comm = union_length(*measured[0], len(frame))
     compute = union_length(*measured[1], len(frame))
-    both = union_length(*(np.concatenate(c) for c in zip(*measured)), len(frame))
+    group, start, end = (np.concatenate(c) for c in zip(*measured))
+    both = union_length(group, start, end, len(frame))
     shared = pd.Series(comm + compute - both).groupby(ranks).sum()
     comm_total = pd.Series(comm).groupby(ranks).sum()
     return (100.0 * shared / comm_total.where(comm_total > 0)).rename("overlap_pct")

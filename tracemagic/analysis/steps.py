@@ -33,6 +33,16 @@ CATEGORIES = (
     "cpu_us",  # host in other CPU ops
 )
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
+
+
+def _step_number(name: object) -> int:
+    """N of a ``ProfilerStep#N`` name (the step events are those so named)."""
+    match = _STEP_NUMBER.match(str(name))
+    if match is None:
+        raise ValueError(f"not a ProfilerStep#N name: {name!r}")
+    return int(match.group(1))
+
+
 _NO_STEPS = "no ProfilerStep in rank(s) {ranks}: one row (step -1) spans each such rank's whole trace"
 _UNLAUNCHED = (
     "{events:,} GPU event(s) ({us:,.0f} µs) on rank {rank} have no launching runtime call in the trace "
@@ -53,7 +63,7 @@ def windows(trace: Trace) -> pd.DataFrame:
     frame = pd.DataFrame(
         {
             "rank": events["rank"].to_numpy()[is_step],
-            "step": [int(_STEP_NUMBER.match(str(n)).group(1)) for n in names],
+            "step": [_step_number(n) for n in names],
             "start": events["ts"].to_numpy()[is_step],
             "dur": events["dur"].to_numpy()[is_step],
         }

@@ -33,7 +33,9 @@ class _CallableModule(ModuleType):
     """This package is also ``tracemagic.capture(**options)`` (see ``capture.api``)."""
 
     def __call__(self, **options: Any) -> ScriptCapture:
-        return import_module("tracemagic.capture.api").capture(**options)
+        from tracemagic.capture.api import capture
+
+        return capture(**options)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tracemagic.capture import distributed
 from tracemagic.capture.config import CaptureConfig, config_from_options
@@ -221,7 +221,7 @@ class ScriptCapture:
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> Literal[False]:
         if self._session is not None:
             self.finish(error)
         return False  # the block's exception, if any, propagates
@@ -312,7 +312,7 @@ class _TermAsExit:
 
 
 @functools.cache
-def _rank_session_class() -> type[CaptureSession]:
+def _rank_session_class() -> Callable[..., CaptureSession]:
     """``CaptureSession`` writing into a given directory as a given rank (built on first use,
     as the session imports torch).
 

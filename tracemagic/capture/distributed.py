@@ -99,7 +99,7 @@ def _from_rank0(out: Path, name: str, rank: int, seq: int, timeout: float) -> Pa
         store = None
     if store is not None:
         if rank == 0:
-            store.set(key, "!" + error if error else chosen)
+            store.set(key, "!" + error if error else chosen or "")
         else:
             try:
                 store.wait([key], timedelta(seconds=timeout))

@@ -249,7 +249,7 @@ def _loop_at(tree: ast.Module, line: int) -> ast.For | ast.While | ast.AsyncFor:
     )
 
 
-def _session_call(method: str, anchor: ast.AST) -> ast.Expr:
+def _session_call(method: str, anchor: ast.stmt) -> ast.Expr:
     call = ast.Expr(
         ast.Call(
             func=ast.Attribute(
@@ -261,7 +261,8 @@ def _session_call(method: str, anchor: ast.AST) -> ast.Expr:
     )
     for node in ast.walk(call):
         ast.copy_location(node, anchor)
-        node.end_lineno, node.end_col_offset = anchor.lineno, anchor.col_offset
+        if isinstance(node, (ast.expr, ast.stmt)):  # contexts (Load) carry no position
+            node.end_lineno, node.end_col_offset = anchor.lineno, anchor.col_offset
     return call
 
 

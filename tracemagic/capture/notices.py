@@ -61,7 +61,7 @@ def hush(hidden: list[str]) -> Iterator[None]:
         sink.seek(0)
         text = sink.read().decode("utf-8", "replace")
         sink.close()
-        kept = []
+        kept: list[str] = []
         for line in text.splitlines():
             (hidden if is_notice(line) else kept).append(line)
         if kept:

@@ -153,7 +153,7 @@ def _profiled_forward(
 
 
 def _load(trace_file: Path) -> "Trace":
-    from tracemagic.trace.load import load
+    from tracemagic.trace.loader import load
 
     trace = load(trace_file, use_cache=False)
     sidecar = _sidecar(trace_file)

@@ -254,7 +254,7 @@ def pfw_trace(path: str | os.PathLike[str]) -> "Trace":
     Raises:
         TraceError: the file is missing, empty or has a line that is not JSON.
     """
-    from tracemagic.trace.load import load
+    from tracemagic.trace.loader import load
 
     return load(path)
 
@@ -295,7 +295,7 @@ def trace_handler(
     kinds = tuple(kinds)
 
     def handler(prof: Any) -> Path:
-        from tracemagic.trace.load import load
+        from tracemagic.trace.loader import load
 
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="tracemagic-pfw-") as tmp:

@@ -125,7 +125,7 @@ def _row(node: dict[str, Any], legacy: bool) -> dict[str, Any]:
         outs, out_types, out_shapes = node.get("outputs", []), node.get("output_types", []), node.get("output_shapes", [])
         parent = node.get("parent")
     else:
-        attrs = {a.get("name"): a.get("value") for a in node.get("attrs", []) if isinstance(a, dict)}
+        attrs = {str(a.get("name")): a.get("value") for a in node.get("attrs", []) if isinstance(a, dict)}
         inputs, outputs = node.get("inputs") or {}, node.get("outputs") or {}
         ins, in_types, in_shapes = inputs.get("values", []), inputs.get("types", []), inputs.get("shapes", [])
         outs, out_types, out_shapes = outputs.get("values", []), outputs.get("types", []), outputs.get("shapes", [])
@@ -247,7 +247,7 @@ def _resolve(source: "Trace | str | os.PathLike[str]") -> tuple[list[ExecutionTr
 
 
 def _load(path: Path) -> "Trace":
-    from tracemagic.trace.load import load
+    from tracemagic.trace.loader import load
 
     return load(path)
 

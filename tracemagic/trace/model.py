@@ -106,7 +106,8 @@ class Trace:
         use (layer attribution, the ops around memory events); treat it as read-only."""
         if key not in self._shared:
             self._shared[key] = compute()
-        return self._shared[key]
+        value: T = self._shared[key]
+        return value
 
     def _analysis(self, module: str, function: str, *args: Any, **kwargs: Any) -> pd.DataFrame:
         fn = getattr(import_module(f"tracemagic.analysis.{module}"), function)

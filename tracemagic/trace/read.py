@@ -21,7 +21,7 @@ import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterable
+from typing import IO, Callable, Iterable, Protocol
 
 from tracemagic.errors import TraceError
 
@@ -76,12 +76,20 @@ def _too_big(name: str, limit: int) -> TraceError:
     )
 
 
+class Readable(Protocol):
+    """What a source opens: a binary stream, read front to back and closed."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Source:
     """One trace file: how to open it, its (on-disk) size, and the rank its name suggests."""
 
     name: str
-    opener: Callable[[], IO[bytes]]
+    opener: Callable[[], Readable]
     size: int
     rank_hint: int | None
     #: the file on disk, when the source is one (not a tar member or bytes)
@@ -212,8 +220,15 @@ def rank_from_name(name: str) -> int | None:
 
 
 def is_trace_name(name: str) -> bool:
-    """Whether a file name in a directory or tar looks like a Kineto trace."""
+    """Whether a file name in a directory or tar looks like a Kineto trace.
+
+    Hidden files (caches, editors' lock and swap files, macOS ``._`` resource forks) and
+    editor backups (``~``, ``#...#``, ``.bak``, ``.orig``, ``.swp``) are not: only names
+    that end in ``.json`` or ``.json.gz`` count.
+    """
     base = Path(name).name
+    if base.startswith((".", "#", "~")):
+        return False
     return bool(_TRACE_NAME.search(base)) and not _NOT_KINETO.search(base)
 
 

@@ -21,6 +21,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
@@ -203,9 +204,7 @@ class _Stretches:
         self.sources = [
             Source(
                 source.name,
-                lambda start=start, stop=stop, i=i: _Slice(
-                    read_at, start, stop, prefix=b"[" if i else b"", suffix=b"]" if i < last else b""
-                ),
+                partial(_Slice, read_at, start, stop, prefix=b"[" if i else b"", suffix=b"]" if i < last else b""),
                 stop - start + (i > 0) + (i < last),
                 source.rank_hint,
             )

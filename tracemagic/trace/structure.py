@@ -16,7 +16,7 @@ from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, KINDS, kind_codes, 
 try:  # the one-pass nesting in C (setup.py builds it where a compiler is found)
     from tracemagic.trace import _nesting
 except ImportError:  # pragma: no cover - installed without a C compiler: numpy alone
-    _nesting = None
+    _nesting = None  # type: ignore[assignment]  # the callers test for None
 
 #: an event that ends at most this much (µs) after another still nests in it: JSON floats of
 #: epoch-µs times carry ~0.1 µs error
@@ -27,6 +27,14 @@ NEST_TOLERANCE_US = 0.25
 NEST_START_MARGIN_US = 0.0005
 MODULE_PREFIX = "nn.Module: "
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
+
+
+def _step_number(name: object) -> int:
+    """N of a ``ProfilerStep#N`` name (the step events are those so named)."""
+    match = _STEP_NUMBER.match(str(name))
+    if match is None:
+        raise ValueError(f"not a ProfilerStep#N name: {name!r}")
+    return int(match.group(1))
 
 
 def sort_by_thread(group: np.ndarray, start: np.ndarray, then: np.ndarray | None = None) -> np.ndarray:
@@ -201,7 +209,7 @@ def step_numbers(events: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     step_names = names.cat.categories.take(names.cat.codes.to_numpy()[step_rows]) if step_rows.size else []
     steps = pd.DataFrame(
         {
-            "step": [int(_STEP_NUMBER.match(str(n)).group(1)) for n in step_names],
+            "step": [_step_number(n) for n in step_names],
             "row": step_rows,
             "ts": events["ts"].to_numpy()[step_rows],
             "dur": events["dur"].to_numpy()[step_rows],

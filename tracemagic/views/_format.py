@@ -80,11 +80,12 @@ def fmt_cell(value: Any) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else ""
     if isinstance(value, (float, np.floating)):
-        if math.isnan(value):
+        number = float(value)
+        if math.isnan(number):
             return ""
-        if float(value).is_integer() and abs(value) < 1e15:
-            return f"{int(value):,}"
-        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
+        if number.is_integer() and abs(number) < 1e15:
+            return f"{int(number):,}"
+        return f"{number:,.3f}" if abs(number) < 100 else f"{number:,.1f}"
     if isinstance(value, (int, np.integer)):
         return f"{int(value):,}"
     return str(value)

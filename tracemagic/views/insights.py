@@ -90,7 +90,7 @@ def recommendations(
                                                                    "look at its callers in the Layers and Timeline tabs")
             found.append((pct * 0.9, f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time "
                                      f"({int(first['calls']):,} calls): {advice}."))
-    if has_gpu:
+    if kernels is not None and has_gpu:
         kern = kernels[kernels["kind"].astype(str) == "kernel"]
         n_steps = max(int(steps["step"].nunique()) if not steps.empty else 1, 1)
         if len(kern) / n_steps >= 1000 and float(kern["dur"].mean()) < 10:
@@ -204,9 +204,9 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         out.append(("peak memory" + (f" in step {step}" if step is not None else ""),
                     "; ".join((f"rank {row['rank']} · " if data.several_ranks else "") + peak_text(row, step)
                               for _, row in top.iterrows())))
-    events = getattr(data.trace, "events", None)
-    if events is not None:
-        out.append(("events", f"{len(events):,}"))
+    table = getattr(data.trace, "events", None)
+    if table is not None:
+        out.append(("events", f"{len(table):,}"))
     return out
 
 

@@ -7,7 +7,7 @@ ipywidgets dashboard and the static HTML report draw exactly the same views.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -177,7 +177,7 @@ def _overview(data: TraceData, state: ViewState) -> Section:
 
 def _layers(data: TraceData, state: ViewState) -> Section:
     layers = data.layers_in(state.step)
-    metric = "gpu" if data.has_gpu and not layers.empty and (layers["gpu_us"] > 0).any() else "cpu"
+    metric: Literal["cpu", "gpu"] = "gpu" if data.has_gpu and not layers.empty and (layers["gpu_us"] > 0).any() else "cpu"
     return Section(
         "layers", TITLES["layers"],
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],

@@ -1,5 +1,5 @@
 """``tracemagic.load``: any Kineto trace (file, gzip, tar, capture directory, rank directory)
-into one analysis-ready events table, cached (Arrow IPC) next to the file."""
+into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,9 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
     """The ranks' events and flows stacked in rank order (row columns shifted to match),
     and their ``cpu_by_thread`` rows (None if a rank lacks them)."""
     offset = 0
-    events, flows, orders = [], [], []
+    events: list[pd.DataFrame] = []
+    flows: list[pd.DataFrame] = []
+    orders: list[np.ndarray] = []
     for p, rank in sorted(zip(parsed, ranks), key=lambda pr: pr[1]):
         frame = p.events
         frame.insert(0, "rank", np.full(len(frame), rank, dtype=np.int32))
@@ -122,13 +124,14 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
             for column in ROW_COLUMNS:
                 values = frame[column].to_numpy()
                 frame[column] = np.where(values >= 0, values + offset, -1)
-        orders.append(p.cpu_by_thread + offset if p.cpu_by_thread is not None else None)
+        if p.cpu_by_thread is not None:
+            orders.append(p.cpu_by_thread + offset)
         offset += len(frame)
         events.append(frame)
         p.flows.insert(0, "rank", np.full(len(p.flows), rank, dtype=np.int32))
         flows.append(p.flows)
     # threads are keyed by rank first, so the ranks' orders one after another are the whole's
-    order = np.concatenate(orders) if orders and all(o is not None for o in orders) else None
+    order = np.concatenate(orders) if orders and len(orders) == len(parsed) else None
     return concat(events), concat(flows), order
 
 
@@ -153,6 +156,7 @@ def _manifest_kineto(path: Path, files: Any) -> dict[Path, int | None] | None:
     manifest's rank is trusted over a number in the name); a ``files: {"kineto": [names]}``
     mapping is read too.
     """
+    entries: list[tuple[Any, Any]]
     if isinstance(files, dict) and isinstance(files.get("kineto"), list):
         entries = [(name, None) for name in files["kineto"]]
     elif isinstance(files, list):
@@ -185,9 +189,11 @@ def load(
             capture directory written by ``%%chakra_trace``, or a directory of rank traces.
         recover: keep the events before the damage of a truncated or corrupt file
             instead of raising ``TraceError`` (a warning in ``trace.warnings`` says where).
-        cache_dir: where to keep the cache when the trace's folder is read-only
-            (default: ``$XDG_CACHE_HOME/tracemagic``).
-        use_cache: read and write the cache (invalidated when the file changes).
+        cache_dir: the folder to keep the cache in (default: inside a capture directory
+            tracemagic wrote, else ``$TRACEMAGIC_CACHE_DIR`` or ``$XDG_CACHE_HOME/tracemagic``;
+            nothing is ever written next to a trace tracemagic did not write).
+        use_cache: read and write the cache (checked on every open: an edited trace or a
+            damaged cache means a fresh parse).
         workers: how many cores to parse with (default: as many as there are): a large
             JSON file is read by two threads, several large rank files go to a pool of
             processes; ``1`` parses in this thread only.
@@ -229,9 +235,12 @@ def load(
     else:
         regular_file(path)
     files = list(listed) if listed is not None else None
-    key = cache.key_for(path, files, recover) if use_cache else ""
-    if use_cache:
-        hit = cache.read(key, path, cache_dir)
+    try:
+        entry = cache.entry(path, files, recover, cache_dir) if use_cache else None
+    except OSError:  # an unreadable source: parsing it says what is wrong
+        entry = None
+    if entry is not None:
+        hit = cache.read(entry)
         if hit is not None:
             events, flows, meta = hit
             return Trace(events, flows, meta, path=path, manifest=manifest)
@@ -261,8 +270,8 @@ def load(
         "threads": {rank: {f"{k[0]}/{k[1]}": v for k, v in p.threads.items()} for p, rank in zip(parsed, ranks)},
         "warnings": [w for p in parsed for w in p.warnings],
     }
-    if use_cache:
-        cache.write(key, path, cache_dir, events, flows, meta)
+    if entry is not None:
+        cache.write(entry, path, events, flows, meta)
     if callback is not None:
         callback(total, total)
     trace = Trace(events, flows, meta, path=path, manifest=manifest)
