@@ -418,6 +418,8 @@ def test_long_and_non_utf8_file_names(name: str, tmp_path: Path) -> None:
     trace = tracemagic.load(path, use_cache=False)
     raw = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     assert len(trace.events) == sum(e.get("ph") in ("X", "i", "I") for e in raw)
+    cached = [tracemagic.load(path, cache_dir=tmp_path / "cache") for _ in range(2)]  # written, then read back
+    assert [len(t.events) for t in cached] == [len(trace.events)] * 2 and len(list((tmp_path / "cache").iterdir())) == 3
     broken = tmp_path / ("b" + name)
     broken.write_bytes(b"\x00garbage")
     with pytest.raises(TraceError) as error:

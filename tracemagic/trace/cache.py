@@ -192,7 +192,7 @@ def entry(path: Path, files: list[Path] | None, recover: bool, cache_dir: PathLi
         inner = path.name if resolved != home.resolve() else "traces"
         places.append(home / CAPTURE_FOLDER / f"{inner}{suffix}")
     folder = Path(cache_dir) if cache_dir is not None else user_cache_dir()
-    user = folder / hashlib.sha256(f"{resolved}{suffix}".encode()).hexdigest()[:24]
+    user = folder / hashlib.sha256(os.fsencode(f"{resolved}{suffix}")).hexdigest()[:24]  # any file name
     places.append(user)
     return Entry(tuple(places), sources, recover, identity(list(sources), recover), frozenset([user]))
 
