@@ -190,14 +190,17 @@ class _Runner:
         self._wrapped = optimizer
 
     def _unwrap(self) -> None:
-        optimizer, self._wrapped = self._wrapped, None
+        optimizer: Any = self._wrapped
+        self._wrapped = None
         if optimizer is None:
             return
         current = optimizer.__dict__.get("step")
         if getattr(current, "_tracemagic_inner", None) is None:
             return  # wrapped again since (an LR scheduler made later): leave it
         inner = current._tracemagic_inner
-        if getattr(inner, "__self__", None) is optimizer and getattr(inner, "__func__", None) is type(optimizer).step:
+        class_step = type(optimizer).step
+        bound_here = id(getattr(inner, "__self__", None)) == id(optimizer)  # `is` would narrow optimizer
+        if bound_here and getattr(inner, "__func__", None) is class_step:
             del optimizer.step  # it was the class's method: back to the class attribute
         else:
             optimizer.step = inner

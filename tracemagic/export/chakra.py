@@ -371,7 +371,7 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
         )
     skip = (*ROOT_NAMES, *METADATA_NAMES)
     ops = [n for n in nodes if str(n.get("name", "")) not in skip and not str(n.get("name", "")).startswith("ProfilerStep#")]
-    rooted, missing = _rooted(nodes) if pair.finalized else (set(), {})
+    rooted, first_missing = _rooted(nodes) if pair.finalized else (set(), {})
     pair.et_ops = len(ops)
     lost: set[int] = set()
     orphans: list[tuple[int, str, int]] = []
@@ -380,8 +380,8 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
         reached = node_id in rooted
         if not reached and pair.finalized:
             pair.orphan_ops += 1
-            lost.add(int(missing.get(node_id, -1)))
-            orphans.append((int(node_id or -1), str(node.get("name", "")), int(missing.get(node_id, -1))))
+            lost.add(int(first_missing.get(node_id, -1)))
+            orphans.append((int(node_id or -1), str(node.get("name", "")), int(first_missing.get(node_id, -1))))
         rf_id = _node_rf_id(node)
         hit = ids.get(rf_id) if rf_id is not None else None
         if hit is None:

@@ -13,6 +13,7 @@ an archive is read for at most ``MAX_ARCHIVE_ENTRIES`` entries.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -325,7 +326,7 @@ class _Archive:
         self.members = members
         self._tar: tarfile.TarFile | None = None
 
-    def open(self, member: tarfile.TarInfo) -> IO[bytes]:
+    def open(self, member: tarfile.TarInfo) -> _Member:
         if self._tar is None:
             self._tar = tarfile.open(self.path)
         handle = self._tar.extractfile(member)  # by its TarInfo: by name reads every header first
@@ -388,9 +389,9 @@ def _read_tar(path: Path, max_bytes: int | None = None) -> list[Source]:
     total = sum(m.size for m in members)
     if max_bytes is not None and total > max_bytes:
         raise _too_big(f"{path} (its {len(members)} traces)", max_bytes)
-    archive = _Archive(path, members)
+    reader = _Archive(path, members)
     return [
-        Source(f"{path}!{m.name}", lambda m=m: archive.open(m), m.size, rank_from_name(m.name), max_bytes=max_bytes)
+        Source(f"{path}!{m.name}", functools.partial(reader.open, m), m.size, rank_from_name(m.name), max_bytes=max_bytes)
         for m in members
     ]
 
