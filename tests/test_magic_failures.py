@@ -329,3 +329,56 @@ def test_the_note_says_where_the_error_came_from(ip, body, said):
     assert isinstance(result.error_in_exec, NameError)
     notes = ip.user_ns["_chakra_capture"].manifest["notes"]
     assert any(said in note for note in notes), notes
+
+
+SWITCH_OFF = {
+    "disable_profiler": "torch.autograd._disable_profiler()",
+    "second profiler": "with torch.profiler.profile():\n            torch.randn(4).sum()",
+}
+
+
+@pytest.mark.parametrize("switch", SWITCH_OFF.values(), ids=SWITCH_OFF.keys())
+def test_a_profiler_switched_off_in_the_loop_is_a_failed_capture_not_a_crash(ip, read_json, switch):
+    """Exporting what torch holds after its profiler was switched off under it segfaults
+    the process: the capture says what happened instead, and writes no trace."""
+    body = f"m = make_mlp()\nfor i in range(6):\n    m(torch.randn(4, 32)).sum().backward()\n    if i == 2:\n        {switch}\n"
+    result, out = run(ip, "--wait 0 --warmup 1 --active 3 --no-memory-timeline --et", body)
+    assert result.success, shown(out)
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "failed" and not capture.has_trace
+    assert not (capture.dir / "torch_et_0.json").exists()
+    assert any("the profiler was switched off inside the cell" in n for n in capture.manifest["notes"])
+    assert "switched off" in shown(out)
+    assert_nothing_left_running()
+    assert_next_capture_works(ip, read_json)
+
+
+def test_a_trace_that_cannot_be_written_is_not_a_complete_capture(ip, read_json, monkeypatch):
+    """A full disk: the status follows what is on disk (failed, then partial when only one
+    of two cycles could be written), with the reason."""
+    from tracemagic.capture import files
+
+    real = files.write_with
+    calls = []
+
+    def full_disk(path: Path, *args: Any, **kwargs: Any) -> Any:
+        calls.append(path.name)
+        if len(calls) in failing:
+            raise OSError(28, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(files, "write_with", full_disk)
+    failing = {1, 2}
+    result, out = run(ip, "--wait 0 --warmup 1 --active 2 --no-memory-timeline", LOOP.format(n=5))
+    assert result.success, shown(out)
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "failed" and not capture.has_trace
+    assert any("No space left on device" in n for n in capture.manifest["notes"])
+    calls.clear()
+    failing = {1}
+    result, out = run(ip, "--wait 0 --warmup 1 --active 2 --repeat 2 --no-memory-timeline", LOOP.format(n=9))
+    assert result.success, shown(out)
+    capture = ip.user_ns["_chakra_capture"]
+    assert capture.status == "partial"
+    assert [e["path"] for e in capture.manifest["files"] if e["kind"] == "kineto"] == ["kineto_trace_0_cycle2.json"]
+    assert "chakra_trace partial" in shown(out)

@@ -124,6 +124,10 @@ class _Profiler(torch.profiler.profile):
             super().start_trace()
 
     def stop_trace(self) -> None:
+        if not torch._C._autograd._profiler_enabled():
+            # switched off under us (torch.autograd._disable_profiler(), another profiler):
+            # torch's results are then invalid, and exporting them crashes the process
+            self._session._switched_off = True
         try:
             with notices.hush(self._session._hidden):
                 super().stop_trace()
@@ -174,7 +178,8 @@ class CaptureSession:
         self._cycles: list[_Cycle] = []
         self._window: list[torch.nn.Module] = []
         self._notes: list[str] = []
-        self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
+        self._hidden: list[str] = []
+        self._switched_off = False  # the profiler was switched off inside the current cycle  # torch's own start/stop notices, kept out of the output
         self._created = datetime.now(timezone.utc)
         self._worker = files.tb_worker()
 
@@ -414,6 +419,15 @@ class CaptureSession:
         cycle = _Cycle(number, label, steps=self._pending, window=self._window)
         self._pending, self._window = [], []
         self._cycles.append(cycle)
+        if self._switched_off:
+            self._switched_off = False
+            self._notes.append(
+                f"cycle {cycle.number}: the profiler was switched off inside the cell "
+                "(torch.autograd._disable_profiler() or another profiler started in the loop), "
+                "so torch recorded nothing usable: no trace was written for it."
+            )
+            self._close_et(None)
+            return
         gz = self.config.gzip
         try:
             if self.config.tb_names:
@@ -455,10 +469,15 @@ class CaptureSession:
         return name
 
     def _status(self, error: BaseException | None) -> str:
-        steps = [s for c in self._cycles for s in c.steps]
+        """``complete``, ``partial``, ``failed`` or ``empty``, from what is on disk: steps of a
+        cycle whose trace could not be written do not count."""
+        recorded = [s for c in self._cycles for s in c.steps]
+        steps = [s for c in self._cycles if c.kineto for s in c.steps]
         complete = [s for s in steps if s.complete]
         if not steps:
-            return "failed" if error is not None else "empty"
+            return "failed" if error is not None or recorded else "empty"
+        if len(steps) < len(recorded):
+            return "partial"
         schedule = self.schedule  # the one-step schedule of a cell without a loop, too
         expected = schedule["active"] * (schedule["repeat"] or len(self._cycles))
         if error is not None or len(complete) < expected:
