@@ -123,8 +123,13 @@ def device_windows(trace: Trace) -> pd.DataFrame:
 
     ``df.attrs['unlaunched']`` is {rank: {"events": n, "us": total}} of the GPU activity
     without a launching runtime call in the trace (work in flight when profiling began);
-    it belongs to no step.
+    it belongs to no step. Computed once per trace (``steps`` and ``ranks.overlap`` share
+    it); treat it as read-only.
     """
+    return trace.shared("device_windows", lambda: _device_windows(trace))
+
+
+def _device_windows(trace: Trace) -> pd.DataFrame:
     frame = windows(trace)
     events = trace.events
     start, end = _relative(trace)
@@ -177,7 +182,12 @@ def device_windows(trace: Trace) -> pd.DataFrame:
 
 
 def category_masks(trace: Trace) -> dict[str, np.ndarray]:
-    """Which events feed each breakdown category (before priorities are applied)."""
+    """Which events feed each breakdown category (before priorities are applied); computed
+    once per trace (``steps`` and ``ranks.overlap`` share it), treat it as read-only."""
+    return trace.shared("category_masks", lambda: _category_masks(trace))
+
+
+def _category_masks(trace: Trace) -> dict[str, np.ndarray]:
     events = trace.events
     duration = (events["ph"] == "X").to_numpy() & (events["dur"].to_numpy() > 0) & np.isfinite(events["ts"].to_numpy())
     kernel = duration & kind_mask(events, "kernel")

@@ -161,10 +161,10 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
     if data.several_ranks:
         out.append(("ranks", f"{len(data.ranks)} ({', '.join(map(str, data.ranks[:16]))}{'…' if len(data.ranks) > 16 else ''})"))
     steps = data.steps
+    chosen = tables.select_step(steps, step)
     if steps.empty:
         out.append(("steps", "none (no ProfilerStep in the trace)"))
     else:
-        chosen = tables.select_step(steps, step)
         mean = tables.step_means(chosen)
         numbered = [s for s in data.step_ids if s >= 0]
         listed = f"{len(numbered)} ({', '.join(map(str, numbered[:12]))}{'…' if len(numbered) > 12 else ''})"
@@ -196,7 +196,7 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
     kern = tables.select_step(kernels, step)
     kern = kern[kern["kind"].astype(str) == "kernel"] if not kern.empty else kern
     if len(kern):
-        per_step = len(kern) // max(int(tables.select_step(steps, step)["step"].nunique()) if not steps.empty else 1, 1)
+        per_step = len(kern) // max(int(chosen["step"].nunique()) if not steps.empty else 1, 1)
         out.append(("kernels", f"{len(kern):,} ({per_step:,} per step, {fmt_time(float(kern['dur'].mean()))} on average)"))
     peaks = tables.peaks_of(data.memory_peaks, step)
     if not peaks.empty:
