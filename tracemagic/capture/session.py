@@ -178,8 +178,8 @@ class CaptureSession:
         self._cycles: list[_Cycle] = []
         self._window: list[torch.nn.Module] = []
         self._notes: list[str] = []
-        self._hidden: list[str] = []
-        self._switched_off = False  # the profiler was switched off inside the current cycle  # torch's own start/stop notices, kept out of the output
+        self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
+        self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(timezone.utc)
         self._worker = files.tb_worker()
 
