@@ -52,7 +52,7 @@ def bench(path: Path) -> dict[str, float]:
     t = time.perf_counter()
     trace = tracemagic.load(path)
     load_s = time.perf_counter() - t
-    print(f"  load            {load_s:7.1f} s   {len(trace.events):,} events, {len(trace.ranks)} rank(s)")
+    print(f"  load            {load_s:7.1f} s   {len(trace.events):,} events, {len(trace.rank_ids)} rank(s)")
 
     t = time.perf_counter()
     dash = Dashboard(trace, force_widget=True)

@@ -42,7 +42,7 @@ import tracemagic
 t0 = time.perf_counter()
 trace = tracemagic.load(sys.argv[1], workers=int(sys.argv[2]) or None, use_cache=False)
 wall = time.perf_counter() - t0
-print(f"{wall} {len(trace.events)} {len(trace.ranks)}")
+print(f"{wall} {len(trace.events)} {len(trace.rank_ids)}")
 """
 
 

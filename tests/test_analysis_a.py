@@ -24,7 +24,7 @@ from conftest import TRACES
 
 import tb_reference
 import tracemagic
-from tracemagic.trace.model import Trace
+from tracemagic.facade import Trace
 
 KINETO_FILES = [
     "hta_benchmark_simple_add_trace.json.gz",
@@ -319,7 +319,7 @@ def test_ranks_of_the_eight_rank_dlrm_trace(loaded: dict[str, Trace], raw: dict)
     name = "param_dlrm_kineto.tar.gz"
     trace, ranks = loaded[name], raw[name]
     table = trace.ranks_table().set_index("rank")
-    assert sorted(table.index) == list(range(8)) == trace.ranks
+    assert sorted(table.index) == list(range(8)) == trace.rank_ids
     for rank, events in ranks.items():
         origin = min(float(e["ts"]) for e in events)
         ((_, start, end),) = tb_reference.device_windows(events, origin)
@@ -342,7 +342,7 @@ def test_ranks_of_the_eight_rank_dlrm_trace(loaded: dict[str, Trace], raw: dict)
 
     # collectives: the n-th NCCL kernel of every rank is one collective; its true straggler
     # starts it last, and everyone leaves together (one wall clock across the node)
-    found = trace._analysis("ranks", "collectives")
+    found = trace.collectives()
     per_rank = {rank: nccl_kernels(events) for rank, events in ranks.items()}
     assert {len(v) for v in per_rank.values()} == {8}
     assert len(found) == 64 and (found["ranks"] == 8).all() and (found["source"] == "kernel").all()
@@ -368,7 +368,7 @@ def test_ranks_of_the_eight_rank_dlrm_trace(loaded: dict[str, Trace], raw: dict)
                 assert any(tid == at["tid"] and a <= at["ts"] < b for tid, a, b in annotations)
     assert found["excess_us"].notna().all() and (found["collective"] == "SendRecv").sum() == 40
     straggler = min(waits, key=waits.get)
-    assert trace._analysis("ranks", "stragglers")["rank"].tolist() == [straggler]
+    assert trace.stragglers()["rank"].tolist() == [straggler]
     assert table["slowest"].sum() == 1 and table.loc[straggler, "slowest"]
     # the straggler has the SHORTEST step here: it came late, the others waited for it
     assert table.loc[straggler, "step_us"] == table["step_us"].min()
@@ -392,14 +392,14 @@ def test_collectives_match_across_ranks_and_correct_clock_offsets(tmp_path: Path
         doc = {"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": events}
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
     trace = tracemagic.load(tmp_path, use_cache=False, workers=1)
-    found = trace._analysis("ranks", "collectives")
+    found = trace.collectives()
     assert len(found) == 8 and set(found["collective"]) == {"AllReduce"} and (found["ranks"] == 2).all()
     assert found.attrs["clock_offset_us"][1] - found.attrs["clock_offset_us"][0] == pytest.approx(5000.0)
     by_rank = found.groupby("rank")
     assert by_rank["wait_us"].max().tolist() == pytest.approx([300.0, 0.0])
     assert by_rank["excess_us"].max().tolist() == pytest.approx([300.0, 0.0])
     assert found.sort_values(["rank", "ts"])["arrival_us"].tolist() == pytest.approx([100, 500] * 2 + [400, 800] * 2)
-    late = trace._analysis("ranks", "stragglers")
+    late = trace.stragglers()
     assert late["step"].tolist() == [1, 2] and late["rank"].tolist() == [1, 1] and set(late["by"]) == {"collectives"}
     table = trace.ranks_table().set_index("rank")
     assert table["slowest"].tolist() == [False, True] and table["straggler_steps"].tolist() == [0, 2]
@@ -443,7 +443,7 @@ def test_clock_correction_ignores_point_to_point_kernels(tmp_path: Path) -> None
         doc = {"distributedInfo": {"rank": rank, "world_size": 3}, "traceEvents": events}
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
     trace = tracemagic.load(tmp_path, use_cache=False, workers=1)
-    found = trace._analysis("ranks", "collectives")
+    found = trace.collectives()
     assert len(found) == 3 * 2 * 6 and (found["ranks"] == 3).all()
     offset = found.attrs["clock_offset_us"]
     assert [offset[r] - offset[0] for r in range(3)] == pytest.approx([c - clocks[0] for c in clocks], abs=1e-9)
@@ -465,13 +465,13 @@ def test_clock_correction_ignores_point_to_point_kernels(tmp_path: Path) -> None
 def test_single_rank_of_a_job_has_collectives_but_no_waits(loaded: dict[str, Trace], raw: dict, name: str) -> None:
     trace = loaded[name]
     ((rank, events),) = raw[name].items()
-    found = trace._analysis("ranks", "collectives")
+    found = trace.collectives()
     assert len(found) == len(nccl_kernels(events)) > 0
     assert found["wait_us"].isna().all() and (found["ranks"] == 1).all()
     table = trace.ranks_table()
     assert table["rank"].tolist() == [rank] and table["slowest"].tolist() == [True]
     assert 0 < table["overlap_pct"].iloc[0] < 100
-    assert trace._analysis("ranks", "stragglers").empty
+    assert trace.stragglers().empty
 
 
 # -- diff -----------------------------------------------------------------------------------
@@ -629,7 +629,7 @@ def test_gloo_collectives_on_a_cpu_rank(tmp_path: Path) -> None:
     trace = tracemagic.load(path, use_cache=False)
     events = json.loads(path.read_text())["traceEvents"]
     expected = [e for e in events if e.get("ph") == "X" and str(e.get("name")).startswith("gloo:")]
-    found = trace._analysis("ranks", "collectives")
+    found = trace.collectives()
     assert len(found) == len(expected) == 4 and set(found["source"]) == {"annotation"}
     assert set(found["collective"]) == {"all_reduce", "broadcast"} and found["wait_us"].isna().all()
     steps = trace.steps()

@@ -29,3 +29,24 @@ def test_import_is_light() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_load_gives_the_facade_over_the_data_trace(tmp_path) -> None:
+    """``tracemagic.load`` returns ``tracemagic.Trace``: the data class (``trace.model``)
+    with the analyses as methods; it pickles as itself, and ``ranks()`` is the per-rank
+    table like every other table (``rank_ids`` the ranks present)."""
+    import pickle
+
+    from conftest import TRACES
+
+    from tracemagic.trace.model import Trace as TraceData
+
+    trace = tracemagic.load(TRACES / "hta_nccl_data.json.gz", cache_dir=tmp_path)
+    assert type(trace) is tracemagic.Trace and isinstance(trace, TraceData)
+    ranks = trace.ranks()
+    assert list(ranks["rank"]) == trace.rank_ids and ranks.equals(trace.ranks_table())
+    again = pickle.loads(pickle.dumps(trace))
+    assert type(again) is tracemagic.Trace and again.steps().equals(trace.steps())
+    assert tracemagic.Trace.of(trace) is trace
+    # the data class holds no analysis: a data trace is only data
+    assert not hasattr(TraceData, "steps") and not hasattr(TraceData, "report")

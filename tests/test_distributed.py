@@ -115,7 +115,7 @@ def test_gloo_allreduce_found_on_both_ranks_with_equal_steps(jobs: dict[str, Any
         assert ("user_annotation", "gloo:all_reduce") in names  # on gloo's worker thread
         assert ("cpu_op", "c10d::allreduce_") in names  # the op on the main thread
     trace = tracemagic.load(directory, use_cache=False)
-    assert trace.ranks == [0, 1]
+    assert trace.rank_ids == [0, 1]
     steps = trace.steps()
     counts = steps.groupby("rank")["step"].apply(list)
     assert counts[0] == counts[1] == [2, 3, 4]
@@ -150,7 +150,7 @@ def test_failed_rank_keeps_its_trace_and_missing_rank_is_named(jobs: dict[str, A
     assert not (directory / "kineto_trace_2.json").exists()
     assert any("rank 2 did not finish" in note for note in manifest["notes"])
     trace = tracemagic.load(directory, use_cache=False)
-    assert trace.ranks == [0, 1]
+    assert trace.rank_ids == [0, 1]
 
 
 # -- the unedited script under torchrun -m tracemagic run ------------------------------
@@ -374,7 +374,7 @@ def _check(trace: Any, raw: dict[int, list[dict[str, Any]]]) -> None:
     kernels = kernels[kernels["kind"] == "kernel"]
     steps = trace.steps().set_index(["rank", "step"])
     table = trace.ranks_table().set_index("rank")
-    assert trace.ranks == sorted(raw)
+    assert trace.rank_ids == sorted(raw)
     for rank, events in raw.items():
         want = _oracle(events)
         mine = kernels[kernels["rank"] == rank]

@@ -98,7 +98,7 @@ def test_ns_and_old_and_multirank_traces(tmp_path: Path) -> None:
     files = chrome.to_chrome_trace(ranks, tmp_path / "dlrm", steps=[step])
     assert [f.name for f in files] == [f"rank{r}.pt.trace.json" for r in range(8)]
     again = tracemagic.load(tmp_path / "dlrm", use_cache=False)
-    assert again.ranks == list(range(8))
+    assert again.rank_ids == list(range(8))
 
 
 def test_cpu_capture_cut(cpu_capture: Path, tmp_path: Path) -> None:

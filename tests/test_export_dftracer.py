@@ -113,7 +113,7 @@ def test_real_gpu_traces_round_trip(tmp_path: Path) -> None:
         assert back["ts"].min() > 1.5e15  # epoch µs either from baseTimeNanoseconds or as written
         kern = back[back["kind"] == "kernel"]
         assert kern["device"].notna().all() and kern["stream"].notna().all()
-        assert (dftracer.wall_clock_offset_us(trace, trace.ranks[0]) > 0) == epoch_from_base
+        assert (dftracer.wall_clock_offset_us(trace, trace.rank_ids[0]) > 0) == epoch_from_base
 
 
 def test_trace_handler_writes_each_cycle(tmp_path: Path) -> None:

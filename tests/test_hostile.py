@@ -229,7 +229,7 @@ def test_numbers_beyond_int64_and_float64(field: str, value: str, tmp_path: Path
 def test_distributed_info_rank_out_of_range(rank: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = trace_text([op()], distributedInfo="RANK").replace('"RANK"', '{"rank": %s, "world_size": 2}' % rank)
     trace = loaded(tmp_path, monkeypatch, text)
-    assert trace.ranks == [0]
+    assert trace.rank_ids == [0]
 
 
 def test_no_pid_anywhere_and_one_gpu_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -314,7 +314,7 @@ def test_the_default_limit_loads_the_real_traces(tmp_path: Path) -> None:
     trace = tracemagic.load(TRACES / "param_dlrm_kineto.tar.gz", use_cache=False)
     with tarfile.open(TRACES / "param_dlrm_kineto.tar.gz") as archive:
         ranks = [m for m in archive if m.isfile() and m.name.endswith(".json")]
-    assert trace.ranks == list(range(len(ranks)))
+    assert trace.rank_ids == list(range(len(ranks)))
 
 
 def test_a_bomb_inside_a_tar_is_refused(tmp_path: Path) -> None:
@@ -345,7 +345,7 @@ def test_a_tar_is_read_in_one_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     real = tarfile.open
     monkeypatch.setattr(tarfile, "open", lambda *args, **kwargs: opened.append(args) or real(*args, **kwargs))
     trace = tracemagic.load(path, use_cache=False)
-    assert trace.ranks == list(range(100)) and len(trace.events) == 200
+    assert trace.rank_ids == list(range(100)) and len(trace.events) == 200
     assert len(opened) == 2  # once to list the members, once to read them all
 
 
@@ -379,7 +379,7 @@ def test_a_fifo_in_a_rank_folder_is_not_opened(tmp_path: Path, monkeypatch: pyte
     worker = threading.Thread(target=lambda: result.append(tracemagic.load(tmp_path, use_cache=False)), daemon=True)
     worker.start()
     worker.join(60)
-    assert result and result[0].ranks == [0]
+    assert result and result[0].rank_ids == [0]
 
 
 def test_symlinks_out_of_the_folder_are_not_followed(tmp_path: Path) -> None:
@@ -394,7 +394,7 @@ def test_symlinks_out_of_the_folder_are_not_followed(tmp_path: Path) -> None:
     (folder / "rank0.json").write_text(trace_text([op()]))
     (folder / "rank2.json").symlink_to(folder / "rank0.json")  # inside: followed
     trace = tracemagic.load(folder, use_cache=False)
-    assert trace.ranks == [0, 2]
+    assert trace.rank_ids == [0, 2]
     assert any("skipped 1 symlinks" in w and "rank1.json" in w for w in trace.warnings)
 
 

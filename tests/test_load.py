@@ -176,7 +176,7 @@ def test_every_real_trace_loads_or_says_what_it_is(name: str) -> None:
     # self time never exceeds the duration, nor goes negative
     assert (events["self_dur"] <= events["dur"] + 1e-6).all()
     assert (events["self_dur"] >= 0).all()
-    assert trace.ranks == sorted(set(events["rank"].tolist()))
+    assert trace.rank_ids == sorted(set(events["rank"].tolist()))
 
 
 EXPECTED_STEPS = {
@@ -306,7 +306,7 @@ def test_amd_traces_and_empty_device_names(name: str, tmp_path: Path) -> None:
 def test_rank_from_distributed_info_dict() -> None:
     trace = loaded("hta_control.json.gz")
     (_, doc), = raw_docs("hta_control.json.gz")
-    assert trace.ranks == [doc["distributedInfo"]["rank"]] == [3]
+    assert trace.rank_ids == [doc["distributedInfo"]["rank"]] == [3]
     assert set(trace.events["rank"].unique().tolist()) == {3}
     assert trace.meta["ranks"][3]["world_size"] == 8
 
@@ -315,7 +315,7 @@ def test_rank_from_distributed_info_python_repr(tmp_path: Path) -> None:
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0}]
     path = write_trace(tmp_path / "repr.json", events, distributedInfo="{'backend': 'nccl', 'rank': 5, 'world_size': 8}")
     trace = tracemagic.load(path, use_cache=False)
-    assert trace.ranks == [5]
+    assert trace.rank_ids == [5]
     assert trace.meta["ranks"][5]["world_size"] == 8
 
 
@@ -328,7 +328,7 @@ def test_eight_rank_tar() -> None:
     expected = _tar_ranks()
     assert sorted(expected) == list(range(8))
     trace = loaded("param_dlrm_kineto.tar.gz")
-    assert trace.ranks == list(range(8))
+    assert trace.rank_ids == list(range(8))
     assert trace.events.groupby("rank").size().to_dict() == expected
     # row columns point inside their own rank after stacking
     for column in ("parent", "launch", "op", "module"):
@@ -343,7 +343,7 @@ def test_directory_of_ranks(tmp_path: Path) -> None:
     for member, doc in raw_docs("param_dlrm_kineto.tar.gz"):
         (folder / Path(member).name).write_text(json.dumps(doc))
     trace = tracemagic.load(folder, use_cache=False)
-    assert trace.ranks == list(range(8))
+    assert trace.rank_ids == list(range(8))
     assert trace.events.groupby("rank").size().to_dict() == _tar_ranks()
 
 
@@ -354,11 +354,11 @@ def test_rank_from_file_name_without_distributed_info(tmp_path: Path) -> None:
         events = [{"ph": "X", "cat": "cpu_op", "name": f"op{rank}", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0}]
         write_trace(folder / f"run_rank-{rank}.pt.trace.json", events)
     trace = tracemagic.load(folder, use_cache=False)
-    assert trace.ranks == [2, 6]
+    assert trace.rank_ids == [2, 6]
     by_rank = trace.events.set_index("rank")["name"].astype(str).to_dict()
     assert by_rank == {2: "op2", 6: "op6"}
     single = write_trace(tmp_path / "plain.json", [{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}])
-    assert tracemagic.load(single, use_cache=False).ranks == [0]
+    assert tracemagic.load(single, use_cache=False).rank_ids == [0]
 
 
 # -- damaged and wrong files ---------------------------------------------------------------
@@ -572,7 +572,7 @@ def test_second_load_comes_from_the_cache(copied_trace: Path, user_cache: Path, 
     assert spy.calls == [str(copied_trace)]  # not parsed again
     pd.testing.assert_frame_equal(first.events, second.events)
     pd.testing.assert_frame_equal(first.flows, second.flows)
-    assert second.ranks == first.ranks and second.devices == first.devices
+    assert second.rank_ids == first.rank_ids and second.devices == first.devices
     # the cached columns are the user's to edit, as a parsed trace's are
     second.events.loc[second.events["dur"] > 0, "dur"] = 0.0
     second.events["external_id"] = second.events["external_id"].fillna(-1)
@@ -809,7 +809,7 @@ def test_a_directory_of_ranks_lists_only_traces(tmp_path: Path, user_cache: Path
         (folder / name).write_text(text)
     (folder / "notes.txt").write_text("not a trace")
     trace = tracemagic.load(folder)
-    assert trace.ranks == [0, 1]
+    assert trace.rank_ids == [0, 1]
     assert sorted(trace.events["name"].astype(str)) == ["op0", "op1"]
 
 

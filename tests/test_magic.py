@@ -13,6 +13,7 @@ from IPython.utils.capture import capture_output
 import tracemagic
 from tracemagic.capture import Capture
 from tracemagic.magics import TracemagicMagics, register
+from tracemagic.trace import loader
 
 import torch  # noqa: E402
 
@@ -362,7 +363,7 @@ def test_output_flag_returns_capture_with_lazy_trace(ip, monkeypatch):
     assert all(p.exists() for p in capture.files)
     assert capture.manifest["files"][-1]["path"] == "capture.json"
     loaded: list[Path] = []
-    monkeypatch.setattr(tracemagic, "load", lambda path: loaded.append(path) or "TRACE", raising=False)
+    monkeypatch.setattr(loader, "load", lambda path: loaded.append(path) or "TRACE", raising=False)
     fresh = Capture.from_dir(capture.dir)
     assert fresh.manifest == capture.manifest
     assert fresh.trace == "TRACE" and fresh.trace == "TRACE"  # lazy, then kept

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import tracemagic
-from tracemagic.trace.model import Trace
+from tracemagic.facade import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

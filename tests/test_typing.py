@@ -102,8 +102,8 @@ def test_the_typed_names_are_the_runtime_ones() -> None:
     ``tracemagic.capture`` stays the package (its names import) and is callable."""
     from tracemagic.capture import CaptureConfig
     from tracemagic.capture.api import ScriptCapture
-    from tracemagic.trace.loader import load
+    from tracemagic.facade import Trace, load
 
-    assert tracemagic.load is load
+    assert tracemagic.load is load and tracemagic.Trace is Trace
     assert tracemagic.capture.CaptureConfig is CaptureConfig
     assert isinstance(tracemagic.capture(active=1), ScriptCapture)

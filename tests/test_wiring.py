@@ -19,7 +19,7 @@ import tracemagic
 from tracemagic.capture import Capture
 from tracemagic.errors import TraceError
 from tracemagic.magics import TracemagicMagics
-from tracemagic.trace import cache
+from tracemagic.trace import cache, loader
 
 import torch  # noqa: E402
 
@@ -136,7 +136,7 @@ def test_trace_that_cannot_be_loaded_is_reported_in_the_display(ip, monkeypatch)
     def broken(path: Any, **_: Any) -> Any:
         raise TraceError(f"{path}: damaged at byte 12")
 
-    monkeypatch.setattr(tracemagic, "load", broken, raising=False)
+    monkeypatch.setattr(loader, "load", broken, raising=False)
     cap, out = capture(ip, "--no-memory-timeline")
     text = shown(out)
     assert "chakra_trace complete" in text and "kineto_trace_0.json" in text
@@ -148,7 +148,7 @@ def test_loading_failures_never_hide_the_users_exception(ip, monkeypatch, failur
     def broken(path: Any, **_: Any) -> Any:
         raise failure
 
-    monkeypatch.setattr(tracemagic, "load", broken, raising=False)
+    monkeypatch.setattr(loader, "load", broken, raising=False)
     result, out = run(ip, f"%%chakra_trace --no-memory-timeline --report r.html\n{train(n=8, fail=5)}")
     assert isinstance(result.error_in_exec, ValueError), result.error_in_exec
     assert str(result.error_in_exec) == "bad batch"
@@ -407,7 +407,7 @@ def test_tb_names_rank_comes_from_the_manifest_not_the_host_name(ip, monkeypatch
     cap, _ = capture(ip, "--no-memory-timeline --tb-names")
     (name,) = kineto_entries(cap)
     assert name.startswith("gpu-worker-12_")
-    assert tracemagic.load(cap.dir, use_cache=False).ranks == [0]
+    assert tracemagic.load(cap.dir, use_cache=False).rank_ids == [0]
 
 
 def test_load_reads_pfw_written_by_the_pfw_option(ip):

@@ -9,7 +9,7 @@ The heavy parts (torch, pandas, plotly, ipywidgets) are imported lazily, on firs
 
 from __future__ import annotations
 
-from importlib import import_module
+import sys
 from typing import TYPE_CHECKING, Any
 
 from tracemagic._version import __version__
@@ -18,7 +18,7 @@ from tracemagic.errors import CaptureError, TraceError
 if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names below
     from tracemagic.capture.api import capture
     from tracemagic.export.chisel import capture_model, parse_model_trace
-    from tracemagic.trace import Trace, load
+    from tracemagic.facade import Trace, load
 
 __all__ = [
     "CaptureError",
@@ -33,22 +33,27 @@ __all__ = [
     "unload_ipython_extension",
 ]
 
-# public name -> module that defines it (imported on first access)
-_LAZY = {
-    "Trace": "tracemagic.trace",
-    "capture": "tracemagic.capture",  # the subpackage itself, callable: capture(**options)
-    "capture_model": "tracemagic.export.chisel",
-    "load": "tracemagic.trace",
-    "parse_model_trace": "tracemagic.export.chisel",
-}
+#: the public names imported on first access (the heavy parts load only when used)
+_LAZY = ("Trace", "capture", "capture_model", "load", "parse_model_trace")
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    """``_LAZY``'s names, each imported by an import statement a tool can see."""
+    value: Any
+    if name in ("Trace", "load"):
+        from tracemagic import facade
+
+        value = getattr(facade, name)
+    elif name == "capture":  # the subpackage itself, callable: capture(**options)
+        import tracemagic.capture
+
+        value = sys.modules["tracemagic.capture"]
+    elif name in ("capture_model", "parse_model_trace"):
+        from tracemagic.export import chisel
+
+        value = getattr(chisel, name)
+    else:
         raise AttributeError(f"module 'tracemagic' has no attribute {name!r}")
-    imported = import_module(module)
-    value = imported if module == f"{__name__}.{name}" else getattr(imported, name)
     globals()[name] = value
     return value
 

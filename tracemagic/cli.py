@@ -39,7 +39,7 @@ def _load(path: str, args: argparse.Namespace) -> Any:
     A load of ``LARGE_BYTES`` or more shows progress on stderr (unless ``--quiet``): the
     loader's own bar on a terminal, else a line when it starts and one when it ends.
     """
-    import tracemagic
+    from tracemagic.facade import load
 
     target = Path(path).expanduser()
     if not target.exists():
@@ -50,7 +50,7 @@ def _load(path: str, args: argparse.Namespace) -> Any:
     if large and not tty:
         print(f"loading {target} ({size / 2**20:,.0f} MiB)…", file=sys.stderr, flush=True)
     started = time.monotonic()
-    trace = tracemagic.load(target, progress=large and tty, recover=args.recover, use_cache=not args.no_cache)
+    trace = load(target, progress=large and tty, recover=args.recover, use_cache=not args.no_cache)
     if large and not tty:
         print(f"loaded {target.name} in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     return trace

@@ -67,9 +67,9 @@ def run(out_dir: str | Path = "demo-output", notebook: str | Path | None = None,
 
 
 def _print_layers(capture_dir: Path, stream: TextIO) -> None:
-    import tracemagic
+    from tracemagic.facade import load
 
-    trace = tracemagic.load(capture_dir)
+    trace = load(capture_dir)
     try:
         from tracemagic.views.text import summary
     except ImportError:  # views not installed in this build: print the layer table

@@ -210,7 +210,11 @@ class TracemagicMagics(Magics):
                 _warn(f"--report {args.report} failed ({type(exc).__name__}: {exc})")
 
     def _keep(self, capture: Any, args: Any) -> Any:
-        """Keep the capture in the user namespace (first: whatever happens next)."""
+        """Keep the capture in the user namespace (first: whatever happens next), as the
+        ``tracemagic.facade.Capture`` users get (with its dashboard and outputs)."""
+        from tracemagic.facade import Capture
+
+        capture = Capture.of(capture)
         self.shell.user_ns[LAST_CAPTURE] = capture
         if args.var:
             self.shell.user_ns[args.var] = capture
@@ -288,8 +292,9 @@ class TracemagicMagics(Magics):
 
     def _report_source(self, spec: str | None, option: str) -> tuple[Any, str]:
         """``(trace, title)`` for a PATH/--vs value; bad input -> ``UsageError``."""
-        import tracemagic
         from tracemagic.capture.result import Capture
+        from tracemagic.facade import Trace, load
+        from tracemagic.trace.model import Trace as TraceData
 
         ns = self.shell.user_ns
         value: Any = spec
@@ -304,12 +309,12 @@ class TracemagicMagics(Magics):
             value = ns[spec]
         try:
             if isinstance(value, Capture):
-                return value.trace, value.title
-            if isinstance(value, tracemagic.Trace):
-                return value, Path(str(value.path)).name if value.path else "trace"
+                return Trace.of(value.trace), value.title
+            if isinstance(value, TraceData):
+                return Trace.of(value), Path(str(value.path)).name if value.path else "trace"
             if isinstance(value, (str, os.PathLike)):
                 path = Path(value).expanduser()
-                return tracemagic.load(path), path.name
+                return load(path), path.name
         except TraceError as exc:
             raise UsageError(f"%chakra_report: {exc}") from None
         except OSError as exc:

@@ -28,7 +28,7 @@ Column contracts (views rely on these names; each list is complete and in order,
   activity in the window, ``gpu_idle_us = window_dur - gpu_busy_us`` (NaN without a GPU);
   ``df.attrs['unlaunched']``: {rank: {"events", "us"}} of GPU work in flight when
   profiling began (no launching call in the trace), which belongs to no step.
-- ``ranks()`` (``trace.ranks_table()``): ``rank, steps, step_us, compute_us, comm_us,
+- ``ranks()`` (``trace.ranks()``): ``rank, steps, step_us, compute_us, comm_us,
   memcpy_us, memset_us, runtime_us, dataloader_us, cpu_us, idle_us, gpu_idle_pct,
   overlap_pct, wait_us, straggler_steps, slowest`` (``step_us`` is the mean device window;
   ``slowest`` is a bool: the rank the others wait for most often, see

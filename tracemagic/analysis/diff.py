@@ -11,6 +11,8 @@ from __future__ import annotations
 import pandas as pd
 
 from tracemagic.analysis._common import call_chains, text
+from tracemagic.analysis.kernels import kernels as kernels_table
+from tracemagic.analysis.layers import layers as layers_table
 from tracemagic.analysis.shapes import gpu_time
 from tracemagic.trace.model import Trace
 
@@ -35,7 +37,7 @@ def _ops(trace: Trace) -> pd.DataFrame:
 
 def _kernels(trace: Trace) -> pd.DataFrame:
     """Per GPU kernel / memcpy / memset name: calls and total GPU time."""
-    kernels = trace.kernels()
+    kernels = trace.table(kernels_table)
     table = kernels.groupby("name", observed=True).agg(calls=("dur", "size"), us=("dur", "sum"))
     table.index = table.index.astype(str)
     table["gpu_us"] = table["us"]
@@ -44,7 +46,7 @@ def _kernels(trace: Trace) -> pd.DataFrame:
 
 def _layers(trace: Trace) -> pd.DataFrame:
     """Per layer: calls, CPU and GPU time (from ``layers()``), with the layer's type."""
-    layers = trace.layers()
+    layers = trace.table(layers_table)
     return layers.groupby("layer").agg(
         type=("type", "first"), calls=("calls", "sum"), us=("cpu_us", "sum"), gpu_us=("gpu_us", "sum")
     )

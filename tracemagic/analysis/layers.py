@@ -166,7 +166,7 @@ def step_time(trace: Trace, step: int | None = None) -> dict[int, float]:
         is_step &= events["step"].to_numpy() == step
     is_timed = kind_mask(events, *CPU_KINDS + GPU_KINDS) & (events["ph"] == "X").to_numpy()
     out = {}
-    for r in trace.ranks:
+    for r in trace.rank_ids:
         mine = rank == r
         steps = events.loc[mine & is_step, ["name", "dur"]].drop_duplicates("name")
         if len(steps):
@@ -332,7 +332,7 @@ def _totals(trace: Trace, table: pd.DataFrame, gpu: np.ndarray, dur: np.ndarray,
     steps = step_time(trace, step)
     rank = trace.events["rank"].to_numpy()
     attrs: dict[str, dict[int, float]] = {k: {} for k in ("step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us")}
-    for r in trace.ranks:
+    for r in trace.rank_ids:
         mine = table[table["rank"] == r]
         attributed = float(mine["self_cpu_us"].sum())
         attrs["step_us"][r] = steps.get(r, 0.0)

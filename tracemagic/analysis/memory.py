@@ -4,11 +4,6 @@ recorded torch's memory profile next to the Kineto trace."""
 
 from __future__ import annotations
 
-import gzip
-import re
-from pathlib import Path
-
-import msgspec
 import numpy as np
 import pandas as pd
 
@@ -29,8 +24,6 @@ CATEGORIES = (
     "autograd_detail",
     "unknown",
 )
-_KINETO_FILE = re.compile(r"kineto_trace_(\d+)(_cycle\d+)?\.json(?:\.gz)?$")
-_TIMELINE_FILE = re.compile(r"memory_timeline_(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
 #: a timeline this far (µs) outside the Kineto trace is on another clock
 _CLOCK_SLACK_US = 60e6
 #: the events columns the memory table is made of (only these are gathered)
@@ -139,7 +132,7 @@ def peaks(trace: Trace) -> pd.DataFrame:
     recorded), ``ts`` (when the peak was first reached), ``op``, ``layer``, ``phase`` (of
     the event that reached it), ``delta_bytes`` (that event's allocation).
     """
-    table = trace.memory()
+    table = trace.table(memory)
     columns = ["rank", "device", "step", "peak_bytes", "start_bytes", "peak_reserved_bytes", "ts", "op", "layer",
                "phase", "delta_bytes"]
     if table.empty:
@@ -169,7 +162,7 @@ def biggest_allocations(trace: Trace, n: int | None = 10) -> pd.DataFrame:
     ``addr``, ``freed_ts`` and ``lifetime_us`` (NA when not freed within the trace or the
     trace records no addresses).
     """
-    table = trace.memory()
+    table = trace.table(memory)
     by = ["rank", "device", "addr", "ts", "row"]
     ordered = table.dropna(subset=["addr"]).sort_values(by, kind="stable")
     nxt = ordered.shift(-1)
@@ -181,42 +174,6 @@ def biggest_allocations(trace: Trace, n: int | None = 10) -> pd.DataFrame:
     out["lifetime_us"] = out["freed_ts"] - out["ts"]
     columns = ["rank", "ts", "device", "bytes", "op", "layer", "phase", "step", "addr", "freed_ts", "lifetime_us"]
     return out[columns].reset_index(drop=True)
-
-
-def timeline_files(trace: Trace) -> list[tuple[int, int | None, Path]]:
-    """(rank, cycle, path) of the memory timelines written next to the trace's Kineto files.
-
-    A capture directory gives all of its timelines; a ``kineto_trace_<rank>[_cycle<k>]``
-    file gives the timeline of the same rank and cycle; any other file gives none.
-    """
-    path = trace.path
-    if path is None:
-        return []
-    path = Path(path)
-    if path.is_dir():
-        folder, wanted = path, None
-    else:
-        match = _KINETO_FILE.search(path.name)
-        if match is None:
-            return []
-        folder, wanted = path.parent, f"memory_timeline_{match.group(1)}{match.group(2) or ''}.json"
-    found = []
-    for candidate in sorted(folder.iterdir()):
-        match = _TIMELINE_FILE.fullmatch(candidate.name)
-        if match is None or (wanted is not None and candidate.name.removesuffix(".gz") != wanted):
-            continue
-        cycle = int(match.group(2)) if match.group(2) else None
-        found.append((int(match.group(1)), cycle, candidate))
-    return found
-
-
-def _read_rows(path: Path) -> np.ndarray:
-    """A raw timeline file's ``[ts_ns, action, bytes, category]`` rows as an (n, 4) int64 array."""
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    rows = msgspec.json.decode(data)
-    return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
 
 
 def stack(rows: np.ndarray) -> pd.DataFrame:
@@ -267,7 +224,7 @@ def categories(trace: Trace) -> pd.DataFrame:
     """
     stacked = ["before_capture", *CATEGORIES]
     columns = ["rank", "cycle", "device", "ts", *stacked, "total_bytes"]
-    files = timeline_files(trace)
+    files = trace.artifacts.memory_timelines
     parts = []
     clocks = set()
     uncounted: dict[int, dict[str, int]] = {}
@@ -275,9 +232,8 @@ def categories(trace: Trace) -> pd.DataFrame:
     events = trace.events
     end = float((events["ts"] + events["dur"]).max()) - t0 if len(events) else 0.0
     device = "cuda:0" if trace.has_gpu else "cpu"
-    memory = trace.memory() if files else None
-    for rank, cycle, path in files:
-        rows = _read_rows(path)
+    allocator = trace.table(memory) if files else None
+    for rank, cycle, rows in files:
         if rows.size == 0:
             continue
         part = stack(rows)
@@ -290,7 +246,7 @@ def categories(trace: Trace) -> pd.DataFrame:
         clocks.add("trace" if ts is not None else "own")
         before = 0
         if ts is not None:
-            start = _allocator_start(memory, rank, device, float(ts[0]))
+            start = _allocator_start(allocator, rank, device, float(ts[0]))
             if start is not None:
                 early = rows[rows[:, 0] < 0]
                 held = np.bincount(np.clip(early[:, 3], 0, len(CATEGORIES) - 1), weights=early[:, 2],

@@ -171,7 +171,7 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     ``step_us`` (its step time), ``median_step_us`` (over ranks), ``wait_us`` (its total
     collective wait in the step), ``median_wait_us`` (over ranks).
     """
-    return _stragglers(trace.steps(), collectives(trace))
+    return _stragglers(trace.table(steps_module.steps), collectives(trace))
 
 
 def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
@@ -232,7 +232,7 @@ def ranks(trace: Trace) -> pd.DataFrame:
     ``slowest`` (bool: the rank that was the straggler most often, ties broken by the
     longer mean step; with a single rank, that rank).
     """
-    table = trace.steps()
+    table = trace.table(steps_module.steps)
     grouped = table.groupby("rank")
     out = grouped.agg(steps=("step", "size"), step_us=("window_dur", "mean"), **{m: (m, "mean") for m in _MEANS})
     idle, window = grouped["gpu_idle_us"].sum(min_count=1), grouped["window_dur"].sum()

@@ -69,7 +69,7 @@ def windows(trace: Trace) -> pd.DataFrame:
         }
     )
     frame = frame.sort_values(["rank", "start"], kind="stable").drop_duplicates(["rank", "step"])
-    bare = sorted(set(trace.ranks) - set(frame["rank"]))
+    bare = sorted(set(trace.rank_ids) - set(frame["rank"]))
     if bare:
         timed = events.loc[events["rank"].isin(bare) & events["ts"].notna(), ["rank", "ts", "dur"]]
         start = timed.groupby("rank")["ts"].transform("min")

@@ -8,7 +8,6 @@ torch is imported only when ``CaptureSession`` is first used.
 from __future__ import annotations
 
 import sys
-from importlib import import_module
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +23,10 @@ __all__ = ["Capture", "CaptureConfig", "CaptureSession", "LoopPlan", "PreparedCe
 
 
 def __getattr__(name: str) -> Any:
-    if name == "CaptureSession":
-        return import_module("tracemagic.capture.session").CaptureSession
+    if name == "CaptureSession":  # torch: imported on first use
+        from tracemagic.capture.session import CaptureSession
+
+        return CaptureSession
     raise AttributeError(f"module 'tracemagic.capture' has no attribute {name!r}")
 
 

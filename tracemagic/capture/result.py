@@ -1,19 +1,25 @@
-"""``Capture``: what one ``%%chakra_trace`` run left on disk, and how it displays."""
+"""``Capture``: what one ``%%chakra_trace`` run left on disk (its directory, manifest and
+trace); ``tracemagic.facade.Capture`` adds how it displays (dashboard, report, Chakra check)."""
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracemagic.capture.files import MANIFEST, write_json
 from tracemagic.errors import TraceError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace.model import Trace
+
+CaptureT = TypeVar("CaptureT", bound="Capture")
+
 
 class Capture:
-    """A finished capture: its directory, its files and its manifest.
+    """A finished capture: its directory, its files and its manifest (the data; the
+    magic hands out ``tracemagic.facade.Capture``, which adds the dashboard and outputs).
 
     Everything here is rebuilt from the directory alone (``Capture.from_dir``), so a live
     capture and one loaded later behave the same.
@@ -27,7 +33,17 @@ class Capture:
         self.dir = Path(directory)
         self.manifest = manifest
         self._trace: Any = None
-        self._dashboard: Any = None
+        self._dashboard: Any = None  # built by tracemagic.facade.Capture.dashboard
+
+    @classmethod
+    def of(cls: type[CaptureT], capture: Capture) -> CaptureT:
+        """``capture`` as an instance of ``cls`` (``tracemagic.facade.Capture``), sharing
+        its directory, manifest and loaded trace."""
+        if type(capture) is cls:
+            return capture
+        new = cls.__new__(cls)
+        new.__dict__.update(capture.__dict__)
+        return new
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> Capture:
@@ -61,8 +77,8 @@ class Capture:
         return self.dir.name + ("" if self.status == "complete" else f" ({self.status})")
 
     @property
-    def trace(self) -> Any:
-        """The capture loaded with ``tracemagic.load`` (on first access, then kept).
+    def trace(self) -> Trace:
+        """The capture loaded with ``tracemagic.trace.load`` (on first access, then kept).
 
         Raises:
             TraceError: the capture wrote no trace (the message says why), or it is damaged.
@@ -72,81 +88,11 @@ class Capture:
                 notes = self.manifest.get("notes") or []
                 why = f": {notes[0]}" if notes else ""
                 raise TraceError(f"{self.dir}: this capture ({self.status}) wrote no trace{why}", path=str(self.dir))
-            import tracemagic
+            from tracemagic.trace.loader import load  # pandas: imported on first use
 
-            self._trace = tracemagic.load(self.dir)
-        return self._trace
-
-    @property
-    def dashboard(self) -> Any:
-        """The ``tracemagic.views.Dashboard`` of this capture (built on first access, then kept)."""
-        if self._dashboard is None:
-            from tracemagic.views import Dashboard
-
-            self._dashboard = Dashboard(self.trace, title=self.title, caption=self._header_lines() + self._note_lines())
-        return self._dashboard
-
-    # -- outputs next to the trace ---------------------------------------------------------
-    def report(self, path: str | os.PathLike[str], other: Any = None) -> Path:
-        """Write the standalone HTML report (``Trace.report``); its path goes in the manifest."""
-        written = self.trace.report(path, other=other)
-        self.manifest["report"] = str(written)
-        self.save_manifest()
-        return Path(written)
-
-    def to_pfw(self, path: str | os.PathLike[str] | None = None) -> Path:
-        """Write the profiler events as DFTracer ``.pfw`` (``Trace.to_pfw``).
-
-        Args:
-            path: default ``dftracer_<rank>.pfw`` in the capture directory (``.pfw.gz``
-                when the capture was written with ``--gzip``). A file in the capture
-                directory is listed in the manifest's ``files`` (``kind: "pfw"``).
-        """
-        if path is None:
-            gz = bool(self.manifest.get("arguments", {}).get("options", {}).get("gzip"))
-            path = self.dir / (f"dftracer_{self.manifest.get('rank', 0)}.pfw" + (".gz" if gz else ""))
-        written = Path(self.trace.to_pfw(path))
-        if written.resolve().parent == self.dir.resolve():
-            self._add_file({"path": written.name, "kind": "pfw", "rank": self.manifest.get("rank", 0),
-                            "bytes": written.stat().st_size})
-        self.save_manifest()
-        return written
-
-    def chakra_check(self) -> Any:
-        """Check the ET + Kineto pair(s) against what Chakra's tools accept.
-
-        Runs ``tracemagic.export.chakra.check`` on the directory, records the result in the
-        manifest (``chakra_check``: ``ok``, ``timed_share``, ``problems``, ``pairs``) and
-        returns the ``ChakraReport``.
-        """
-        from tracemagic.export.chakra import check
-
-        report = check(self.dir)
-        self.manifest["chakra_check"] = {
-            "ok": report.ok,
-            "timed_share": round(report.timed_share, 6),
-            "problems": report.all_problems,
-            "pairs": [
-                {
-                    "rank": p.rank,
-                    "cycle": p.cycle,
-                    "et": p.et_path.name,
-                    "kineto": p.kineto_path.name,
-                    "schema": p.schema,
-                    "et_ops": p.et_ops,
-                    "matched_ops": p.matched_ops,
-                    "timed_ops": p.timed_ops,
-                    "orphan_ops": p.orphan_ops,
-                    "profiler_steps": p.profiler_steps,
-                    "unmatched": [list(u) for u in p.unmatched[:10]],
-                    "orphans": [list(o) for o in p.orphans[:10]],
-                    "notes": p.notes,
-                }
-                for p in report.pairs
-            ],
-        }
-        self.save_manifest()
-        return report
+            self._trace = load(self.dir)
+        trace: Trace = self._trace
+        return trace
 
     def save_manifest(self) -> None:
         """Rewrite ``capture.json`` from ``self.manifest`` (atomically: never half-written)."""
@@ -186,8 +132,10 @@ class Capture:
     def _layer_lines(self, top: int) -> list[str]:
         if not self.has_trace:
             return []
+        from tracemagic.analysis.layers import layers as layers_table
+
         try:
-            layers = self.trace.layers()
+            layers = self.trace.table(layers_table)
             rows = layers.sort_values("self_cpu_us", ascending=False).head(top)
         except Exception as exc:  # a display must never raise; say why instead
             return [f"  top layers: unavailable ({type(exc).__name__}: {exc})"]
@@ -198,26 +146,6 @@ class Capture:
                 f"  {int(row.calls)} calls"
             )
         return out
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The capture as the dashboard (a widget in a kernel) with a ``text/plain`` fallback.
-
-        ``text/plain`` always starts with the capture's status, steps, files and notes
-        (a partial or failed capture says so first), then the dashboard's text summary.
-        A capture that wrote no trace shows only that (no dashboard). Never raises: when
-        the trace cannot be loaded or drawn, the text says why instead.
-        """
-        body: list[str] = []
-        bundle: dict[str, Any] = {}
-        if self.has_trace:
-            try:
-                bundle = dict(self.dashboard._repr_mimebundle_(include, exclude))
-                body = ["", bundle.get("text/plain", "")]
-            except Exception as exc:  # noqa: BLE001 - a display must never raise; say why instead
-                bundle = {}
-                body = [f"  dashboard unavailable ({type(exc).__name__}: {exc})"]
-        bundle["text/plain"] = "\n".join(self._header_lines() + self._note_lines() + body)
-        return bundle
 
     def __repr__(self) -> str:
         return f"<Capture {self.status} {len(self.steps)} steps at {str(self.dir)!r}>"

@@ -35,7 +35,7 @@ import msgspec
 import orjson
 
 from tracemagic.errors import TraceError
-from tracemagic.export._files import read_bytes
+from tracemagic.trace._files import read_bytes
 from tracemagic.export.et import ROOT_NAMES, STEP_NAME
 from tracemagic.trace import pairing
 

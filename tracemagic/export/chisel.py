@@ -208,13 +208,16 @@ def parse_model_trace(trace_file: str | os.PathLike[str], model_name: str = "Unk
     trace = _load(path)
     ev = trace.events
     stats: dict[str, dict[str, Any]] = {}
-    for row in trace.layers().itertuples(index=False):
+    from tracemagic.analysis.layers import layers
+    from tracemagic.analysis.ops import ops as ops_table
+
+    for row in trace.table(layers).itertuples(index=False):
         entry = stats[str(row.layer)] = _entry(str(row.type))
         entry["total_time_us"] = int(round(float(row.self_cpu_us)))
         entry["call_count"] = int(row.calls)
         entry["inclusive_time_us"] = int(round(float(row.cpu_us)))
         entry["gpu_time_us"] = int(round(float(row.gpu_us)))
-    ops = trace.ops()
+    ops = trace.table(ops_table)
     ops = ops[(ops["kind"] == "cpu_op").to_numpy()]
     found = ops.loc[ops["layer"].notna().to_numpy(), ["layer", "name", "input_dims"]].astype(object)
     for name, op in found[["layer", "name"]].drop_duplicates().itertuples(index=False):  # per distinct pair

@@ -250,7 +250,7 @@ def to_chrome_trace(
         TraceError: the trace's source files cannot be read any more.
     """
     path = Path(path)
-    ranks = trace.ranks
+    ranks = trace.rank_ids
     steps = None if steps is None else sorted(set(int(s) for s in steps))
     if max_events is not None and max_events < 1:
         raise ValueError("max_events must be positive")

@@ -1,18 +1,19 @@
-"""The ``Trace``: one loaded trace (all its ranks) and the analyses over it.
+"""The ``Trace`` data: one loaded trace (all its ranks), its metadata and artifacts.
 
-``trace.events`` is the normalized table every analysis reads; each analysis is a
-``Trace`` method returning a DataFrame (times in µs) and lives in ``tracemagic.analysis``.
+``trace.events`` is the normalized table every analysis reads. This class holds data only;
+the methods users call (``trace.steps()``, ``trace.report(...)``) are those of
+``tracemagic.facade.Trace``, a subclass above every layer (``tracemagic.load`` returns it).
 """
 
 from __future__ import annotations
 
-import os
 from functools import cached_property
-from importlib import import_module
 from pathlib import Path
 from typing import Any, Callable, Hashable, TypeVar
 
 import pandas as pd
+
+from tracemagic.trace.artifacts import Artifacts
 
 #: The events table: one row per duration (``X``) or instant (``i``) event, all ranks.
 #:
@@ -33,10 +34,12 @@ import pandas as pd
 #: as written).
 EVENT_COLUMNS_DOC = __doc__
 T = TypeVar("T")
+TraceT = TypeVar("TraceT", bound="Trace")
 
 
 class Trace:
-    """A loaded Kineto trace: the normalized events of every rank plus metadata.
+    """A loaded Kineto trace: the normalized events of every rank plus metadata (data
+    only: ``tracemagic.Trace`` adds the analyses and outputs).
 
     Attributes:
         events: the events table (see ``tracemagic.trace.model`` for its columns).
@@ -64,14 +67,14 @@ class Trace:
 
     # -- facts -------------------------------------------------------------------------
     @property
-    def ranks(self) -> list[int]:
-        """The ranks present, ascending."""
+    def rank_ids(self) -> list[int]:
+        """The ranks present, ascending (``trace.ranks()`` is the per-rank table)."""
         return sorted(int(r) for r in self.meta.get("ranks", {0: {}}))
 
     @property
     def devices(self) -> list[dict[str, Any]]:
         """GPU devices named in the trace metadata (first rank's), possibly empty."""
-        for rank in self.ranks:
+        for rank in self.rank_ids:
             devices = self.meta["ranks"][rank].get("devices") or []
             if devices:
                 return devices
@@ -87,6 +90,12 @@ class Trace:
         """What the loader had to repair or convert."""
         return list(self.meta.get("warnings", []))
 
+    @cached_property
+    def artifacts(self) -> Artifacts:
+        """The Execution Traces and memory timelines beside the trace's files (read on
+        first use, then kept): what the analyses read instead of opening files."""
+        return Artifacts(self.path)
+
     @property
     def module_names(self) -> dict[str, dict[str, str]]:
         """Trace module names (``nn.Module: Linear_0``) -> {path, type}, from the capture."""
@@ -98,9 +107,9 @@ class Trace:
         kinds = self.events["kind"].value_counts()
         parts = ", ".join(f"{int(kinds[k])} {k}" for k in ("cpu_op", "kernel", "memory", "step") if kinds.get(k, 0))
         where = f" from {self.path}" if self.path else ""
-        return f"<Trace{where}: {len(self.ranks)} rank(s), {parts or 'no events'}>"
+        return f"<Trace{where}: {len(self.rank_ids)} rank(s), {parts or 'no events'}>"
 
-    # -- analyses (DataFrame out, see tracemagic.analysis) ---------------------------------
+    # -- the shared cache --------------------------------------------------------------
     def shared(self, key: Hashable, compute: Callable[[], T]) -> T:
         """A result computed once per trace: the tables, and intermediates several analyses
         use (layer attribution, the ops around memory events); treat it as read-only."""
@@ -109,94 +118,18 @@ class Trace:
         value: T = self._shared[key]
         return value
 
-    def _analysis(self, module: str, function: str, *args: Any, **kwargs: Any) -> pd.DataFrame:
-        fn = getattr(import_module(f"tracemagic.analysis.{module}"), function)
-        key = (module, function, args, tuple(sorted(kwargs.items())))
-        return self.shared(key, lambda: fn(self, *args, **kwargs)).copy()
+    def table(self, function: Callable[..., pd.DataFrame], *args: Any, **kwargs: Any) -> pd.DataFrame:
+        """``function(self, *args, **kwargs)`` (an analysis), computed once per trace and
+        returned as a copy: the caller may change it freely."""
+        key = (function.__module__.rsplit(".", 1)[-1], function.__name__, args, tuple(sorted(kwargs.items())))
+        return self.shared(key, lambda: function(self, *args, **kwargs)).copy()
 
-    def ops(self) -> pd.DataFrame:
-        """Every CPU op and annotation (see ``tracemagic.analysis.ops``)."""
-        return self._analysis("ops", "ops")
-
-    def kernels(self) -> pd.DataFrame:
-        """GPU kernels, memcpy and memset with their launching op and layer."""
-        return self._analysis("kernels", "kernels")
-
-    def layers(self, step: int | None = None) -> pd.DataFrame:
-        """The per-layer (nn.Module instance) table (of one ProfilerStep, given ``step``)."""
-        return self._analysis("layers", "layers") if step is None else self._analysis("layers", "layers", step)
-
-    def memory(self) -> pd.DataFrame:
-        """The memory timeline per device."""
-        return self._analysis("memory", "memory")
-
-    def memory_peaks(self) -> pd.DataFrame:
-        """Peak allocated bytes per device and step, with the op and layer that reached it."""
-        return self._analysis("memory", "peaks")
-
-    def biggest_allocations(self, n: int | None = 10) -> pd.DataFrame:
-        """The ``n`` largest allocations with their op, layer and lifetime."""
-        return self._analysis("memory", "biggest_allocations", n)
-
-    def memory_categories(self) -> pd.DataFrame:
-        """Memory over time stacked by category (parameter, gradient, activation, ...);
-        empty unless the capture recorded ``memory_timeline_<rank>.json``."""
-        return self._analysis("memory", "categories")
-
-    def shapes(self) -> pd.DataFrame:
-        """Op x input shapes x dtypes with calls, time and FLOPs."""
-        return self._analysis("shapes", "shapes")
-
-    def steps(self) -> pd.DataFrame:
-        """One row per ProfilerStep (per rank) with its time breakdown."""
-        return self._analysis("steps", "steps")
-
-    def ranks_table(self) -> pd.DataFrame:
-        """Per-rank step time, compute, communication and idle; slowest rank marked."""
-        return self._analysis("ranks", "ranks")
-
-    def collectives(self) -> pd.DataFrame:
-        """Collectives matched across ranks (same collective, same step) with each rank's wait."""
-        return self._analysis("ranks", "collectives")
-
-    def stragglers(self) -> pd.DataFrame:
-        """The rank the others waited for, per step."""
-        return self._analysis("ranks", "stragglers")
-
-    def diff(self, other: "Trace") -> pd.DataFrame:
-        """This trace compared with ``other`` op by op and layer by layer."""
-        from tracemagic.analysis.diff import diff
-
-        return diff(self, other)
-
-    # -- outputs (thin, lazily imported conveniences) ------------------------------------
-    def report(self, path: str | os.PathLike[str], other: "Trace | None" = None) -> Path:
-        """Write the self-contained HTML report (``tracemagic.views.report.write_report``).
-
-        Args:
-            path: the ``.html`` file to write (its folder is created).
-            other: a second trace: adds the Compare section (this trace is A).
-
-        Returns:
-            The path written.
-        """
-        # The one place the model imports a view: a lazy, thin convenience so that
-        # ``trace.report(...)`` works; the model itself never draws.
-        from tracemagic.views.report import write_report
-
-        return write_report(self, path, other=other)
-
-    def to_pfw(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
-        """Write the events as DFTracer ``.pfw``/``.pfw.gz`` (``tracemagic.export.dftracer.to_pfw``)."""
-        from tracemagic.export.dftracer import to_pfw
-
-        return to_pfw(self, path, **kwargs)
-
-    def to_chrome_trace(
-        self, path: str | os.PathLike[str], steps: Any = None, **kwargs: Any
-    ) -> list[Path]:
-        """Write a trimmed Chrome/Perfetto trace per rank, e.g. only some steps of a trace
-        too large for the viewers (``tracemagic.export.chrome.to_chrome_trace``)."""
-        from tracemagic.export.chrome import to_chrome_trace
-
-        return to_chrome_trace(self, path, steps=steps, **kwargs)
+    @classmethod
+    def of(cls: type[TraceT], trace: Trace) -> TraceT:
+        """``trace`` as an instance of ``cls`` (the facade ``tracemagic.Trace``): the same
+        tables, metadata and shared cache, nothing copied."""
+        if type(trace) is cls:
+            return trace
+        new = cls.__new__(cls)
+        new.__dict__.update(trace.__dict__)
+        return new

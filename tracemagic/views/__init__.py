@@ -10,7 +10,6 @@ They take a ``Trace`` (or the analyses' DataFrames) and never read trace files.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,17 +19,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Dashboard", "summary", "write_report"]
 
-_LAZY = {
-    "Dashboard": "tracemagic.views.dashboard",
-    "write_report": "tracemagic.views.report",
-    "summary": "tracemagic.views.text",
-}
-
-
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    """``Dashboard``, ``write_report`` and ``summary``, imported on first access."""
+    value: Any
+    if name == "Dashboard":
+        from tracemagic.views.dashboard import Dashboard as value
+    elif name == "write_report":
+        from tracemagic.views.report import write_report as value
+    elif name == "summary":
+        from tracemagic.views.text import summary as value
+    else:
         raise AttributeError(f"module 'tracemagic.views' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
     globals()[name] = value
     return value

@@ -14,10 +14,33 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 
+from tracemagic.analysis import diff as _diff
+from tracemagic.analysis import kernels as _kernels
+from tracemagic.analysis import layers as _layers
+from tracemagic.analysis import memory as _memory
+from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import ranks as _ranks
+from tracemagic.analysis import shapes as _shapes
+from tracemagic.analysis import steps as _steps
 from tracemagic.trace import pairing
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
+
+#: the analyses behind the tables (computed with ``trace.table``: once per trace, shared
+#: with ``tracemagic.Trace``'s methods of the same names)
+ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
+    "ops": _ops.ops,
+    "kernels": _kernels.kernels,
+    "steps": _steps.steps,
+    "ranks_table": _ranks.ranks,
+    "layers": _layers.layers,
+    "memory": _memory.memory,
+    "memory_peaks": _memory.peaks,
+    "biggest_allocations": _memory.biggest_allocations,
+    "memory_categories": _memory.categories,
+    "shapes": _shapes.shapes,
+}
 
 #: the column contracts of ``tracemagic.analysis`` (used for the empty stand-ins)
 CONTRACT: dict[str, list[str]] = {
@@ -65,12 +88,12 @@ class TraceData:
         self._tables: dict[str, pd.DataFrame] = {}
 
     def table(self, name: str, *args: Any, compute: Callable[[], pd.DataFrame] | None = None) -> pd.DataFrame:
-        """The analysis ``name`` (a ``Trace`` method, or ``compute()``), or an empty
-        stand-in if it failed."""
+        """The analysis ``name`` (of ``ANALYSES``, or ``compute()``), or an empty stand-in
+        if it failed."""
         key = name if not args else f"{name}:{id(args[0])}"
         if key not in self._tables:
             try:
-                frame = compute() if compute is not None else getattr(self.trace, name)(*args)
+                frame = compute() if compute is not None else self.trace.table(ANALYSES[name], *args)
             except Exception as exc:  # noqa: BLE001 - one analysis must not take the view down
                 self.problems[name] = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"tracemagic: the {name} analysis failed ({exc}); its view is empty", stacklevel=2)
@@ -126,13 +149,13 @@ class TraceData:
     @property
     def allocations(self) -> pd.DataFrame:
         """``trace.biggest_allocations(None)``: every allocation, largest first."""
-        return self.table("biggest_allocations", compute=lambda: self.trace.biggest_allocations(None))
+        return self.table("biggest_allocations", compute=lambda: self.trace.table(_memory.biggest_allocations, None))
 
     def layers_in(self, step: int | None) -> pd.DataFrame:
         """``trace.layers(step)``: the layers table of one step (all steps for None)."""
         if step is None:
             return self.layers
-        return self.table(f"layers:step {step}", compute=lambda: self.trace.layers(step))
+        return self.table(f"layers:step {step}", compute=lambda: self.trace.table(_layers.layers, step))
 
     @property
     def shapes(self) -> pd.DataFrame:
@@ -147,8 +170,6 @@ class TraceData:
     @property
     def memory_categories(self) -> pd.DataFrame:
         """``trace.memory_categories()`` (empty unless the capture wrote a memory timeline)."""
-        if not hasattr(self.trace, "memory_categories"):
-            return pd.DataFrame(columns=CONTRACT["memory_categories"])
         return self.table("memory_categories")
 
     @property
@@ -182,11 +203,11 @@ class TraceData:
             return False
 
     def et_graph(self, step: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The Execution Trace's op graph (``tracemagic.export.et.et_graph``), read once for
+        """The Execution Trace's op graph (``tracemagic.analysis.et.et_graph``), read once for
         all steps and cut to ``step`` here (an edge is kept when both its ops are; with one
         ET per cycle, whose ids repeat, the step's own graph is asked for instead)."""
         def compute() -> pd.DataFrame:
-            from tracemagic.export.et import et_graph
+            from tracemagic.analysis.et import et_graph
 
             nodes, edges = et_graph(self.trace)
             self._tables["et_edges"] = edges
@@ -198,7 +219,7 @@ class TraceData:
             return pd.DataFrame(columns=CONTRACT["et_graph"]), pd.DataFrame(columns=CONTRACT["et_edges"])
         if step is not None and nodes["id"].duplicated().any():  # one ET per cycle
             def one_step() -> pd.DataFrame:
-                from tracemagic.export.et import et_graph
+                from tracemagic.analysis.et import et_graph
 
                 nodes, edges = et_graph(self.trace, step=step)
                 self._tables[f"et_edges#{step}"] = edges
@@ -223,7 +244,7 @@ class TraceData:
 
     def diff(self, other: TraceData) -> pd.DataFrame:
         """``trace.diff(other.trace)``."""
-        return self.table("diff", other.trace)
+        return self.table(f"diff:{id(other.trace)}", compute=lambda: _diff.diff(self.trace, other.trace))
 
     @cached_property
     def has_gpu(self) -> bool:
@@ -233,7 +254,7 @@ class TraceData:
     @cached_property
     def ranks(self) -> list[int]:
         """The ranks present."""
-        return list(getattr(self.trace, "ranks", [0]))
+        return list(getattr(self.trace, "rank_ids", [0]))
 
     @property
     def several_ranks(self) -> bool:

@@ -795,7 +795,7 @@ def rank_breakdown(ranks: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
 
 def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "window_dur") -> go.Figure:
     """Rank × step heatmap of ``column`` (step time by default: the device window, as the
-    Ranks breakdown and ``ranks_table()``'s ``step_us``)."""
+    Ranks breakdown and ``ranks()``'s ``step_us``)."""
     title = "Step time per rank and step"
     if steps.empty:
         return empty("No ProfilerStep in this trace.", title)

@@ -49,7 +49,7 @@ def recommendations(
         ops: ``trace.ops()``.
         kernels: ``trace.kernels()`` (None or empty without a GPU).
         peaks: ``trace.memory_peaks()`` rows of the scope (``tables.peaks_of``).
-        ranks: ``trace.ranks_table()`` (for several ranks).
+        ranks: ``trace.ranks()`` (for several ranks).
         device_memory_bytes: the GPU's memory, to flag a peak close to it.
         limit: the most recommendations returned.
     """
@@ -117,7 +117,7 @@ def recommendations(
 
 
 def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
-    """The rank the others wait for, from ``trace.ranks_table()``: (its cost as a share of
+    """The rank the others wait for, from ``trace.ranks()``: (its cost as a share of
     the median step, a sentence saying so), or None for fewer than two ranks.
 
     Where collectives were matched across ranks (``wait_us``), the straggler is the rank

@@ -24,7 +24,7 @@ GPU_PARTS = ("compute_us", "memcpy_us", "memset_us", "runtime_us")
 
 
 def part_names(steps: pd.DataFrame) -> dict[str, str]:
-    """``STEP_PARTS`` named for this trace (``steps()`` or ``ranks_table()``): without any
+    """``STEP_PARTS`` named for this trace (``steps()`` or ``ranks()``): without any
     GPU activity the host's op time is ``CPU ops``, as there is no GPU to be idle."""
     if steps.empty or any((steps[c] > 0).any() for c in GPU_PARTS if c in steps):
         return STEP_PARTS

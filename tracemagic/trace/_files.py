@@ -1,4 +1,4 @@
-"""Reading the JSON files the Chakra check and the ET reader open (plain or gzip)."""
+"""Reading the JSON files beside a trace (the Execution Trace, the Chakra check's inputs), plain or gzip."""
 
 from __future__ import annotations
 

@@ -1,0 +1,258 @@
+"""The front door: ``Trace``, ``Capture`` and ``load`` as users get them.
+
+The layers below hold data and functions (``trace`` the data, ``analysis`` the tables,
+``views`` and ``export`` the outputs, ``capture`` the profiler); this module, above them
+all, gathers them into the methods users call (``trace.steps()``, ``trace.report(...)``,
+``capture.dashboard``), with explicit imports: the one place they meet.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from tracemagic.analysis import diff as _diff
+from tracemagic.analysis import kernels as _kernels
+from tracemagic.analysis import layers as _layers
+from tracemagic.analysis import memory as _memory
+from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import ranks as _ranks
+from tracemagic.analysis import shapes as _shapes
+from tracemagic.analysis import steps as _steps
+from tracemagic.capture import result as _result
+from tracemagic.trace import loader as _loader
+from tracemagic.trace import model as _model
+from tracemagic.trace.progress import Progress
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.export.chakra import ChakraReport
+    from tracemagic.views.dashboard import Dashboard
+
+__all__ = ["Capture", "Trace", "load"]
+
+
+class Trace(_model.Trace):
+    """A loaded Kineto trace: its tables (``tracemagic.trace.model.Trace``) and the
+    analyses and outputs over them (each a DataFrame with times in µs, computed once per
+    trace; see ``tracemagic.analysis`` for their columns)."""
+
+    def ops(self) -> pd.DataFrame:
+        """Every CPU op and annotation (see ``tracemagic.analysis.ops``)."""
+        return self.table(_ops.ops)
+
+    def kernels(self) -> pd.DataFrame:
+        """GPU kernels, memcpy and memset with their launching op and layer."""
+        return self.table(_kernels.kernels)
+
+    def layers(self, step: int | None = None) -> pd.DataFrame:
+        """The per-layer (nn.Module instance) table (of one ProfilerStep, given ``step``)."""
+        return self.table(_layers.layers) if step is None else self.table(_layers.layers, step)
+
+    def memory(self) -> pd.DataFrame:
+        """The memory timeline per device."""
+        return self.table(_memory.memory)
+
+    def memory_peaks(self) -> pd.DataFrame:
+        """Peak allocated bytes per device and step, with the op and layer that reached it."""
+        return self.table(_memory.peaks)
+
+    def biggest_allocations(self, n: int | None = 10) -> pd.DataFrame:
+        """The ``n`` largest allocations with their op, layer and lifetime."""
+        return self.table(_memory.biggest_allocations, n)
+
+    def memory_categories(self) -> pd.DataFrame:
+        """Memory over time stacked by category (parameter, gradient, activation, ...);
+        empty unless the capture recorded ``memory_timeline_<rank>.json``."""
+        return self.table(_memory.categories)
+
+    def shapes(self) -> pd.DataFrame:
+        """Op x input shapes x dtypes with calls, time and FLOPs."""
+        return self.table(_shapes.shapes)
+
+    def steps(self) -> pd.DataFrame:
+        """One row per ProfilerStep (per rank) with its time breakdown."""
+        return self.table(_steps.steps)
+
+    def ranks(self) -> pd.DataFrame:
+        """Per-rank step time, compute, communication and idle; slowest rank marked (the
+        rank ids themselves are ``trace.rank_ids``)."""
+        return self.table(_ranks.ranks)
+
+    def ranks_table(self) -> pd.DataFrame:
+        """The same as ``ranks()`` (its earlier name)."""
+        return self.ranks()
+
+    def collectives(self) -> pd.DataFrame:
+        """Collectives matched across ranks (same collective, same step) with each rank's wait."""
+        return self.table(_ranks.collectives)
+
+    def stragglers(self) -> pd.DataFrame:
+        """The rank the others waited for, per step."""
+        return self.table(_ranks.stragglers)
+
+    def diff(self, other: _model.Trace) -> pd.DataFrame:
+        """This trace compared with ``other`` op by op and layer by layer."""
+        return _diff.diff(self, other)
+
+    # -- outputs -------------------------------------------------------------------------
+    def report(self, path: str | os.PathLike[str], other: _model.Trace | None = None) -> Path:
+        """Write the self-contained HTML report (``tracemagic.views.report.write_report``).
+
+        Args:
+            path: the ``.html`` file to write (its folder is created).
+            other: a second trace: adds the Compare section (this trace is A).
+
+        Returns:
+            The path written.
+        """
+        from tracemagic.views.report import write_report  # plotly: imported on first use
+
+        return write_report(self, path, other=None if other is None else Trace.of(other))
+
+    def to_pfw(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+        """Write the events as DFTracer ``.pfw``/``.pfw.gz`` (``tracemagic.export.dftracer.to_pfw``)."""
+        from tracemagic.export.dftracer import to_pfw
+
+        return to_pfw(self, path, **kwargs)
+
+    def to_chrome_trace(
+        self, path: str | os.PathLike[str], steps: Any = None, **kwargs: Any
+    ) -> list[Path]:
+        """Write a trimmed Chrome/Perfetto trace per rank, e.g. only some steps of a trace
+        too large for the viewers (``tracemagic.export.chrome.to_chrome_trace``)."""
+        from tracemagic.export.chrome import to_chrome_trace
+
+        return to_chrome_trace(self, path, steps=steps, **kwargs)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    recover: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    use_cache: bool = True,
+    workers: int | None = None,
+    progress: bool | Progress | None = None,
+    max_bytes: int | None = None,
+) -> Trace:
+    return Trace.of(
+        _loader.load(
+            path, recover=recover, cache_dir=cache_dir, use_cache=use_cache, workers=workers,
+            progress=progress, max_bytes=max_bytes,
+        )
+    )
+
+
+load.__doc__ = _loader.load.__doc__
+
+
+class Capture(_result.Capture):
+    """A finished capture (``tracemagic.capture.result.Capture``) with what it shows: its
+    trace, dashboard, report and Chakra check."""
+
+    @property
+    def trace(self) -> Trace:
+        """The capture loaded with ``tracemagic.load`` (on first access, then kept).
+
+        Raises:
+            TraceError: the capture wrote no trace (the message says why), or it is damaged.
+        """
+        trace = super().trace
+        if not isinstance(trace, Trace):
+            trace = self._trace = Trace.of(trace)
+        return trace
+
+    @property
+    def dashboard(self) -> Dashboard:
+        """The ``tracemagic.views.Dashboard`` of this capture (built on first access, then kept)."""
+        if self._dashboard is None:
+            from tracemagic.views.dashboard import Dashboard  # ipywidgets: imported on first use
+
+            self._dashboard = Dashboard(self.trace, title=self.title, caption=self._header_lines() + self._note_lines())
+        dashboard: Dashboard = self._dashboard
+        return dashboard
+
+    def report(self, path: str | os.PathLike[str], other: _model.Trace | None = None) -> Path:
+        """Write the standalone HTML report (``Trace.report``); its path goes in the manifest."""
+        written = self.trace.report(path, other=other)
+        self.manifest["report"] = str(written)
+        self.save_manifest()
+        return Path(written)
+
+    def to_pfw(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write the profiler events as DFTracer ``.pfw`` (``Trace.to_pfw``).
+
+        Args:
+            path: default ``dftracer_<rank>.pfw`` in the capture directory (``.pfw.gz``
+                when the capture was written with ``--gzip``). A file in the capture
+                directory is listed in the manifest's ``files`` (``kind: "pfw"``).
+        """
+        if path is None:
+            gz = bool(self.manifest.get("arguments", {}).get("options", {}).get("gzip"))
+            path = self.dir / (f"dftracer_{self.manifest.get('rank', 0)}.pfw" + (".gz" if gz else ""))
+        written = Path(self.trace.to_pfw(path))
+        if written.resolve().parent == self.dir.resolve():
+            self._add_file({"path": written.name, "kind": "pfw", "rank": self.manifest.get("rank", 0),
+                            "bytes": written.stat().st_size})
+        self.save_manifest()
+        return written
+
+    def chakra_check(self) -> ChakraReport:
+        """Check the ET + Kineto pair(s) against what Chakra's tools accept.
+
+        Runs ``tracemagic.export.chakra.check`` on the directory, records the result in the
+        manifest (``chakra_check``: ``ok``, ``timed_share``, ``problems``, ``pairs``) and
+        returns the ``ChakraReport``.
+        """
+        from tracemagic.export.chakra import check
+
+        report = check(self.dir)
+        self.manifest["chakra_check"] = {
+            "ok": report.ok,
+            "timed_share": round(report.timed_share, 6),
+            "problems": report.all_problems,
+            "pairs": [
+                {
+                    "rank": p.rank,
+                    "cycle": p.cycle,
+                    "et": p.et_path.name,
+                    "kineto": p.kineto_path.name,
+                    "schema": p.schema,
+                    "et_ops": p.et_ops,
+                    "matched_ops": p.matched_ops,
+                    "timed_ops": p.timed_ops,
+                    "orphan_ops": p.orphan_ops,
+                    "profiler_steps": p.profiler_steps,
+                    "unmatched": [list(u) for u in p.unmatched[:10]],
+                    "orphans": [list(o) for o in p.orphans[:10]],
+                    "notes": p.notes,
+                }
+                for p in report.pairs
+            ],
+        }
+        self.save_manifest()
+        return report
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The capture as the dashboard (a widget in a kernel) with a ``text/plain`` fallback.
+
+        ``text/plain`` always starts with the capture's status, steps, files and notes
+        (a partial or failed capture says so first), then the dashboard's text summary.
+        A capture that wrote no trace shows only that (no dashboard). Never raises: when
+        the trace cannot be loaded or drawn, the text says why instead.
+        """
+        body: list[str] = []
+        bundle: dict[str, Any] = {}
+        if self.has_trace:
+            try:
+                bundle = dict(self.dashboard._repr_mimebundle_(include, exclude))
+                body = ["", bundle.get("text/plain", "")]
+            except Exception as exc:  # noqa: BLE001 - a display must never raise; say why instead
+                bundle = {}
+                body = [f"  dashboard unavailable ({type(exc).__name__}: {exc})"]
+        bundle["text/plain"] = "\n".join(self._header_lines() + self._note_lines() + body)
+        return bundle
+

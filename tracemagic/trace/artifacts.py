@@ -1,0 +1,81 @@
+"""What lies beside a trace's Kineto files: its Execution Traces and memory timelines.
+
+``trace.artifacts`` finds and reads them (on first use, then kept with the trace), so the
+analyses take everything from the ``Trace`` and never open a file themselves.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from functools import cached_property
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from tracemagic.trace import et
+
+_KINETO_FILE = re.compile(r"kineto_trace_(\d+)(_cycle\d+)?\.json(?:\.gz)?$")
+_TIMELINE_FILE = re.compile(r"memory_timeline_(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
+
+
+class Artifacts:
+    """The files beside a trace (a capture or rank directory, or one Kineto file), read
+    on first use.
+
+    Attributes:
+        path: the trace's path (None for a trace built in memory: no artifacts).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = None if path is None else Path(path)
+
+    @cached_property
+    def execution_traces(self) -> list[et.ExecutionTrace]:
+        """The Execution Traces of the capture (one per rank, or per cycle), or the one
+        paired with the Kineto file (``tracemagic.trace.pairing``); empty when none."""
+        return [] if self.path is None else et.next_to(self.path)
+
+    @cached_property
+    def memory_timelines(self) -> list[tuple[int, int | None, np.ndarray]]:
+        """(rank, cycle, rows) of the memory timelines (``memory_timeline_<rank>.json``):
+        the raw ``[ts_ns, action, bytes, category]`` rows as an (n, 4) int64 array."""
+        return [(rank, cycle, _read_rows(path)) for rank, cycle, path in timeline_files(self.path)]
+
+
+def timeline_files(path: Path | None) -> list[tuple[int, int | None, Path]]:
+    """(rank, cycle, path) of the memory timelines written next to the trace's Kineto files.
+
+    A capture directory gives all of its timelines; a ``kineto_trace_<rank>[_cycle<k>]``
+    file gives the timeline of the same rank and cycle; any other file gives none.
+    """
+    if path is None:
+        return []
+    path = Path(path)
+    if path.is_dir():
+        folder, wanted = path, None
+    else:
+        match = _KINETO_FILE.search(path.name)
+        if match is None:
+            return []
+        folder, wanted = path.parent, f"memory_timeline_{match.group(1)}{match.group(2) or ''}.json"
+    found = []
+    for candidate in sorted(folder.iterdir()):
+        match = _TIMELINE_FILE.fullmatch(candidate.name)
+        if match is None or (wanted is not None and candidate.name.removesuffix(".gz") != wanted):
+            continue
+        cycle = int(match.group(2)) if match.group(2) else None
+        found.append((int(match.group(1)), cycle, candidate))
+    return found
+
+
+def _read_rows(path: Path) -> np.ndarray:
+    """A raw timeline file's ``[ts_ns, action, bytes, category]`` rows as an (n, 4) int64 array."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    rows = msgspec.json.decode(data)
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+
+
