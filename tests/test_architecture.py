@@ -74,3 +74,29 @@ def test_no_string_imports() -> None:
     for source in PACKAGE.rglob("*.py"):
         text = source.read_text()
         assert "import_module(" not in text and "__import__(" not in text, source
+
+
+def test_the_format_is_defined_once(tmp_path: Path) -> None:
+    """``trace.layout`` names the files and reads and writes the manifest; the capture side
+    writes those names and the reader finds them (a file of each kind round-trips)."""
+    from tracemagic.capture import files
+    from tracemagic.errors import TraceError
+    from tracemagic.trace import layout, pairing
+    from tracemagic.trace.read import is_trace_name
+
+    assert files.kineto_name is layout.kineto_name and files.MANIFEST == layout.MANIFEST == "capture.json"
+    for rank, cycle in ((0, None), (3, 2)):
+        kineto, et, memory = (layout.kineto_name(rank, cycle, gz=True), layout.et_name(rank, cycle),
+                              layout.memory_name(rank, cycle, gz=False))
+        for pattern, name in ((layout.KINETO_FILE, kineto), (layout.ET_FILE, et), (layout.MEMORY_FILE, memory)):
+            match = pattern.fullmatch(name)
+            assert match and int(match.group(1)) == rank and match.group(2) == (None if cycle is None else str(cycle))
+        assert is_trace_name(kineto) and not is_trace_name(et) and not is_trace_name(memory)
+        assert pairing.is_et_name(et) and pairing.is_kineto_name(kineto)
+    manifest = {"format": layout.MANIFEST_FORMAT, "status": "complete", "when": Path("x")}
+    layout.write_manifest(tmp_path, manifest)
+    assert layout.read_manifest(tmp_path) == {**manifest, "when": "x"}
+    assert not list(tmp_path.glob(".*partial"))  # written under a hidden name, then moved
+    (tmp_path / layout.MANIFEST).write_text("[1, 2]")
+    with pytest.raises(TraceError, match="not a capture manifest"):
+        layout.read_manifest(tmp_path)

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from tracemagic.trace.layout import MANIFEST
+
 #: the notebook the demo runs, relative to the repository root
 NOTEBOOK = Path("notebooks") / "quickstart.ipynb"
 
@@ -58,7 +60,7 @@ def run(out_dir: str | Path = "demo-output", notebook: str | Path | None = None,
     nbformat.write(nb, tmp)
     tmp.replace(executed)
     print(f"executed notebook: {executed}", file=stream)
-    captures = sorted((out / "traces").glob("*/capture.json")) if (out / "traces").is_dir() else []
+    captures = sorted((out / "traces").glob(f"*/{MANIFEST}")) if (out / "traces").is_dir() else []
     for manifest in captures:
         print(f"trace files:       {manifest.parent}", file=stream)
     if captures:

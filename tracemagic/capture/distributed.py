@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -25,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from tracemagic.capture import files
-from tracemagic.errors import CaptureError
+from tracemagic.errors import CaptureError, TraceError
+from tracemagic.trace import layout
 
 #: Folder of the per-rank manifests inside a capture directory.
-RANKS_DIR = "ranks"
+RANKS_DIR = layout.RANKS_DIR
 _STORE_PREFIX = "tracemagic/capture"
 _sequence = itertools.count()
 
@@ -56,7 +56,7 @@ def rank_and_world() -> tuple[int, int, bool]:
 
 def part_path(directory: Path, rank: int) -> Path:
     """Where rank ``rank`` writes its own manifest: ``ranks/<rank>.json``."""
-    return directory / RANKS_DIR / f"{rank}.json"
+    return layout.part_path(directory, rank)
 
 
 def shared_directory(out: Path, name: str, rank: int, world: int, initialized: bool, timeout: float) -> Path:
@@ -149,7 +149,7 @@ def write_part(directory: Path, rank: int, manifest: dict[str, Any]) -> None:
     """Write rank ``rank``'s own manifest (atomically)."""
     path = part_path(directory, rank)
     path.parent.mkdir(exist_ok=True)
-    files.write_json(path, json.loads(json.dumps(manifest, default=str)))
+    layout.write_manifest(path, manifest)
 
 
 def read_parts(directory: Path, world: int) -> dict[int, dict[str, Any]]:
@@ -157,8 +157,8 @@ def read_parts(directory: Path, world: int) -> dict[int, dict[str, Any]]:
     parts = {}
     for rank in range(world):
         path = part_path(directory, rank)
-        with contextlib.suppress(OSError, ValueError):
-            parts[rank] = json.loads(path.read_text(encoding="utf-8"))
+        with contextlib.suppress(TraceError):
+            parts[rank] = dict(layout.read_manifest(path))
     return parts
 
 
@@ -206,7 +206,7 @@ def write_merged_manifest(directory: Path, world: int) -> dict[str, Any]:
     """Merge the per-rank manifests into ``capture.json`` (under a lock) and return it."""
     with _locked(directory):
         manifest = merge(read_parts(directory, world), world)
-        files.write_json(directory / files.MANIFEST, manifest)
+        layout.write_manifest(directory, manifest)
     return manifest
 
 

@@ -1,34 +1,33 @@
-"""Names and atomic writing of a capture's files.
+"""Writing a capture's files: its directory, torch's exporters' output placed atomically.
 
-Every file is written under a hidden temporary name in its final directory and moved
-into place with ``os.replace``, so a reader never sees a half-written file under a final
-name (an interrupted write leaves only a ``.*.partial`` file behind, or nothing).
+The names and the manifest are the format's (``tracemagic.trace.layout``, re-exported
+here): every file is written under a hidden temporary name in its final directory and
+moved into place with ``os.replace``, so a reader never sees a half-written file under a
+final name (an interrupted write leaves only a ``.*.partial`` file behind, or nothing).
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import json
 import os
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from tracemagic.errors import CaptureError
-
-MANIFEST = "capture.json"
-
-
-def kineto_name(rank: int, cycle: int | None, gz: bool) -> str:
-    """``kineto_trace_<rank>[_cycle<k>].json[.gz]``; the cycle only with several cycles."""
-    suffix = f"_cycle{cycle}" if cycle is not None else ""
-    return f"kineto_trace_{rank}{suffix}.json" + (".gz" if gz else "")
+from tracemagic.trace.layout import (  # noqa: F401 - the format's names and writers, used as files.X
+    MANIFEST,
+    atomic_path,
+    et_name,
+    kineto_name,
+    memory_name,
+    partial_path,
+    write_json,
+)
 
 
 def tb_worker() -> str:
@@ -41,24 +40,6 @@ def tb_name(worker: str, ts: int | None = None, gz: bool = False) -> str:
     names its files (``ts``: ``time.time_ns()`` when the trace is written)."""
     stamp = time.time_ns() if ts is None else ts
     return f"{worker}.{stamp}.pt.trace.json" + (".gz" if gz else "")
-
-
-def et_name(rank: int, cycle: int | None = None) -> str:
-    """``torch_et_<rank>[_cycle<k>].json``: always plain JSON, as Chakra's linker reads it;
-    one per cycle, like the Kineto trace it pairs with (``kineto_name``)."""
-    suffix = f"_cycle{cycle}" if cycle is not None else ""
-    return f"torch_et_{rank}{suffix}.json"
-
-
-def memory_name(rank: int, cycle: int | None, gz: bool) -> str:
-    """``memory_timeline_<rank>[_cycle<k>].json[.gz]``."""
-    suffix = f"_cycle{cycle}" if cycle is not None else ""
-    return f"memory_timeline_{rank}{suffix}.json" + (".gz" if gz else "")
-
-
-def partial_path(final: Path) -> Path:
-    """The hidden name a file is written under before it gets its final name."""
-    return final.with_name(f".{final.name}.partial")
 
 
 def make_capture_dir(out: Path, name: str, now: datetime | None = None) -> Path:
@@ -86,26 +67,6 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None) -> Path:
             "Pick a writable directory with --out DIR."
         ) from None
     raise CaptureError(f"too many captures named {name!r} in {str(out)!r} this second.")
-
-
-@contextlib.contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temporary path to write; move it to ``final`` only if the block succeeds."""
-    tmp = partial_path(final)
-    try:
-        yield tmp
-        os.replace(tmp, final)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def write_json(final: Path, data: Any, gz: bool = False) -> None:
-    """Write ``data`` as JSON (gzip-compressed if ``gz``), atomically."""
-    with atomic_path(final) as tmp:
-        opener: Callable[..., Any] = gzip.open if gz else open
-        with opener(tmp, "wt", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=None if gz else 1, default=str)
 
 
 def write_with(final: Path, write: Callable[[str], None], gz: bool = False) -> None:

@@ -3,13 +3,12 @@ trace); ``tracemagic.facade.Capture`` adds how it displays (dashboard, report, C
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tracemagic.capture.files import MANIFEST, write_json
 from tracemagic.errors import TraceError
+from tracemagic.trace.layout import read_manifest, write_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
@@ -49,7 +48,7 @@ class Capture:
     def from_dir(cls, directory: str | Path) -> Capture:
         """Read a capture directory written by ``%%chakra_trace``."""
         path = Path(directory)
-        return cls(path, json.loads((path / MANIFEST).read_text(encoding="utf-8")))
+        return cls(path, dict(read_manifest(path)))
 
     @property
     def files(self) -> list[Path]:
@@ -96,7 +95,7 @@ class Capture:
 
     def save_manifest(self) -> None:
         """Rewrite ``capture.json`` from ``self.manifest`` (atomically: never half-written)."""
-        write_json(self.dir / MANIFEST, json.loads(json.dumps(self.manifest, default=str)))
+        write_manifest(self.dir, self.manifest)
 
     def _add_file(self, entry: dict[str, Any]) -> None:
         entries = [e for e in self.manifest.get("files", []) if e.get("path") != entry["path"]]

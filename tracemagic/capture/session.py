@@ -9,7 +9,6 @@ and the module hook, writes what was recorded and the manifest, and returns a ``
 from __future__ import annotations
 
 import contextlib
-import json
 import platform
 import shutil
 import sys
@@ -31,6 +30,7 @@ from tracemagic.capture.loop import LoopPlan
 from tracemagic.capture.naming import ModuleRecorder, find_roots, module_map
 from tracemagic.capture.result import Capture
 from tracemagic.errors import CaptureError
+from tracemagic.trace import layout
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 _ACTIVE: CaptureSession | None = None
@@ -567,7 +567,7 @@ class CaptureSession:
     def _base_manifest(self, status: str) -> dict[str, Any]:
         use_cuda = torch.cuda.is_available() and not self.config.cpu_only
         return {
-            "format": "tracemagic.capture/1",
+            "format": layout.MANIFEST_FORMAT,
             "status": status,
             "name": self.config.name,
             "created": self._created.isoformat(timespec="seconds"),
@@ -596,7 +596,7 @@ class CaptureSession:
     ) -> None:
         assert self.dir is not None
         data = manifest if manifest is not None else self._base_manifest(status)
-        files.write_json(self.dir / files.MANIFEST, json.loads(json.dumps(data, default=str)))
+        layout.write_manifest(self.dir, data)
 
 
 #: why ``--et`` cannot record while another ExecutionTraceObserver is registered

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from tracemagic.trace import layout
+
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
 
@@ -41,14 +43,6 @@ T = TypeVar("T", bound=type)
 
 def _disabled() -> bool:
     return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _sidecar(trace_file: Path) -> Path:
-    name = trace_file.name
-    for suffix in (".json.gz", ".json"):
-        if name.endswith(suffix):
-            return trace_file.with_name(name[: -len(suffix)] + ".modules.json")
-    return trace_file.with_name(name + ".modules.json")
 
 
 def capture_model(
@@ -144,7 +138,7 @@ def _profiled_forward(
     # the model's own call is not seen by the hook (forward is called directly here)
     window = [model] + [m for m in (recorder.windows[-1] if recorder.windows else []) if m is not model]
     modules = module_map(window, [model], {name: model})  # the model itself is named `name`
-    _sidecar(trace_file).write_text(json.dumps(modules, indent=1))
+    layout.write_json(layout.modules_sidecar(trace_file), modules)
     print(f"[capture_model] {name} forward pass #{count} -> {trace_file}", file=sys.stdout)
     if verbose:
         stats = parse_model_trace(trace_file, name)
@@ -156,7 +150,7 @@ def _load(trace_file: Path) -> "Trace":
     from tracemagic.trace.loader import load
 
     trace = load(trace_file, use_cache=False)
-    sidecar = _sidecar(trace_file)
+    sidecar = layout.modules_sidecar(trace_file)
     if trace.manifest is None and sidecar.is_file():
         try:
             trace.manifest = {"modules": json.loads(sidecar.read_text())}

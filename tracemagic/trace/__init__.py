@@ -1,6 +1,27 @@
-"""Loading Kineto traces into typed pandas tables (``load``, ``Trace``)."""
+"""Loading Kineto traces into typed pandas tables (``load``, ``Trace``: the data).
 
-from tracemagic.trace.loader import load
-from tracemagic.trace.model import Trace
+``load`` and ``Trace`` are imported on first access, so the light modules here (``layout``,
+``pairing``) cost nothing heavy (pandas) to the capture side that imports them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace.loader import load
+    from tracemagic.trace.model import Trace
 
 __all__ = ["Trace", "load"]
+
+
+def __getattr__(name: str) -> Any:
+    value: Any
+    if name == "load":
+        from tracemagic.trace.loader import load as value
+    elif name == "Trace":
+        from tracemagic.trace.model import Trace as value
+    else:
+        raise AttributeError(f"module 'tracemagic.trace' has no attribute {name!r}")
+    globals()[name] = value
+    return value

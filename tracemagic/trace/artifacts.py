@@ -7,17 +7,14 @@ analyses take everything from the ``Trace`` and never open a file themselves.
 from __future__ import annotations
 
 import gzip
-import re
 from functools import cached_property
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
-from tracemagic.trace import et
+from tracemagic.trace import et, layout
 
-_KINETO_FILE = re.compile(r"kineto_trace_(\d+)(_cycle\d+)?\.json(?:\.gz)?$")
-_TIMELINE_FILE = re.compile(r"memory_timeline_(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
 
 
 class Artifacts:
@@ -56,13 +53,14 @@ def timeline_files(path: Path | None) -> list[tuple[int, int | None, Path]]:
     if path.is_dir():
         folder, wanted = path, None
     else:
-        match = _KINETO_FILE.search(path.name)
+        match = layout.KINETO_FILE.search(path.name)
         if match is None:
             return []
-        folder, wanted = path.parent, f"memory_timeline_{match.group(1)}{match.group(2) or ''}.json"
+        cycle = int(match.group(2)) if match.group(2) else None
+        folder, wanted = path.parent, layout.memory_name(int(match.group(1)), cycle, gz=False)
     found = []
     for candidate in sorted(folder.iterdir()):
-        match = _TIMELINE_FILE.fullmatch(candidate.name)
+        match = layout.MEMORY_FILE.fullmatch(candidate.name)
         if match is None or (wanted is not None and candidate.name.removesuffix(".gz") != wanted):
             continue
         cycle = int(match.group(2)) if match.group(2) else None

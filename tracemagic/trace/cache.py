@@ -47,6 +47,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracemagic.errors import TraceError
+from tracemagic.trace import layout
 from tracemagic.trace.columns import all_missing
 
 #: bump when the events table's columns or meaning, or the entry's files, change
@@ -56,7 +57,6 @@ FLOWS_SUFFIX = ".flows.arrow"
 SEAL_SUFFIX = ".seal"
 #: the folder inside a capture directory that holds its cache
 CAPTURE_FOLDER = ".tracemagic-cache"
-MANIFEST = "capture.json"
 #: the user cache's cap unless ``$TRACEMAGIC_CACHE_SIZE`` says otherwise
 DEFAULT_MAX_BYTES = 4 * 2**30
 _META_KEY = b"tracemagic"
@@ -147,8 +147,8 @@ def capture_home(path: Path) -> Path | None:
     (its ``capture.json`` names the tracemagic version that wrote it)."""
     folder = path if path.is_dir() else path.parent
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = layout.read_manifest(folder / layout.MANIFEST)
+    except TraceError:
         return None
     versions = manifest.get("versions") if isinstance(manifest, dict) else None
     return folder if isinstance(versions, dict) and versions.get("tracemagic") else None

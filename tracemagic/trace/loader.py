@@ -3,7 +3,6 @@ into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``).
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -15,7 +14,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from tracemagic.errors import TraceError
-from tracemagic.trace import cache, normalize, parse, split, structure
+from tracemagic.trace import cache, layout, normalize, parse, split, structure
 from tracemagic.trace.model import Trace
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.progress import Aggregate, Progress, bar_for
@@ -24,7 +23,6 @@ from tracemagic.trace.read import Source, default_max_bytes, file_source, inside
 
 #: row-number columns that must be shifted when ranks are stacked
 ROW_COLUMNS = ("parent", "launch", "op", "module")
-MANIFEST = "capture.json"
 #: parse rank files in worker processes only above this many bytes in all (a worker
 #: costs ~1 s of imports; small ranks are parsed faster one after another)
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
@@ -137,13 +135,10 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
 
 def _manifest(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | None] | None]:
     """A capture directory's manifest and the Kineto files it lists, with their ranks."""
-    manifest_path = path / MANIFEST
+    manifest_path = path / layout.MANIFEST
     if not manifest_path.is_file() or not inside(path, [manifest_path])[0]:
         return None, None
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{manifest_path}: unreadable capture manifest ({exc}).", path=str(manifest_path)) from None
+    manifest = dict(layout.read_manifest(manifest_path))
     return manifest, _manifest_kineto(path, manifest.get("files"))
 
 

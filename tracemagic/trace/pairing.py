@@ -16,25 +16,27 @@ import os
 import re
 from pathlib import Path
 
+from tracemagic.trace.layout import ET_FILE, ET_PREFIX, KINETO_PREFIX, et_name, kineto_name
+
 __all__ = [
     "capture_ets", "cycle_of", "et_for", "ets_in", "is_et_name", "is_kineto_name", "kineto_for", "pairs", "rank_of",
 ]
 
 #: an ET file name; the digit groups, where there are any, are the rank
 _ET_NAME = re.compile(
-    r"^(?:torch_et_(\d+)(?:_cycle\d+)?|(.*?)[_.]et)\.json(?:\.gz)?$"
+    rf"^(?:{ET_PREFIX}(\d+)(?:_cycle\d+)?|(.*?)[_.]et)\.json(?:\.gz)?$"
     r"|^host_(\d+)\.json$"
-    r"|^.*?torch_et_(\d+)(?:_cycle\d+)?\.json(?:\.gz)?$"
+    rf"|^.*?{ET_PREFIX}(\d+)(?:_cycle\d+)?\.json(?:\.gz)?$"
     r"|^et[_.].*\.json(?:\.gz)?$"
 )
 #: a Kineto trace file name (an ET name wins where both match)
 _KINETO_NAME = re.compile(
-    r"^kineto_trace_(\d+)(?:_cycle\d+)?\.json(?:\.gz)?$|^(.*?)[_.]trace\.json(?:\.gz)?$|^device_(\d+)\.json$"
+    rf"^{KINETO_PREFIX}(\d+)(?:_cycle\d+)?\.json(?:\.gz)?$|^(.*?)[_.]trace\.json(?:\.gz)?$|^device_(\d+)\.json$"
 )
 #: the ETs tracemagic's capture writes
-_CAPTURE_ET = re.compile(r"^torch_et_\d+(?:_cycle\d+)?\.json(?:\.gz)?$")
+_CAPTURE_ET = ET_FILE
 #: the cycle of a capture's per-cycle file
-_CYCLE = re.compile(r"^(?:torch_et|kineto_trace)_\d+_cycle(\d+)\.json(?:\.gz)?$")
+_CYCLE = re.compile(rf"^(?:{ET_PREFIX}|{KINETO_PREFIX})\d+_cycle(\d+)\.json(?:\.gz)?$")
 #: a rank in any other name: ``rank3``, ``worker_3``, ``_3`` (the last number)
 _RANK = re.compile(r"(?:rank|worker|_)[-_]?(\d+)(?=\D*$)")
 
@@ -122,12 +124,12 @@ def et_for(kineto_path: str | os.PathLike[str], *, lone: bool = True) -> Path | 
     kineto = Path(kineto_path)
     folder, name = kineto.parent, kineto.name
     candidates: list[str] = []
-    m = re.match(r"kineto_trace_(\d+)", name)
+    m = re.match(rf"{KINETO_PREFIX}(\d+)", name)
     if m:
-        cycle = cycle_of(name)
+        rank, cycle = int(m.group(1)), cycle_of(name)
         if cycle is not None:
-            candidates += [f"torch_et_{m.group(1)}_cycle{cycle}.json", f"torch_et_{m.group(1)}_cycle{cycle}.json.gz"]
-        candidates += [f"torch_et_{m.group(1)}.json", f"torch_et_{m.group(1)}.json.gz"]
+            candidates += [et_name(rank, cycle), et_name(rank, cycle) + ".gz"]
+        candidates += [et_name(rank), et_name(rank) + ".gz"]
     m = re.match(r"(.*?)[_.-]?(?:kineto_)?trace(\.json(?:\.gz)?)$", name)
     if m and m.group(1):
         stem = m.group(1)
@@ -155,11 +157,10 @@ def kineto_for(et_path: str | os.PathLike[str]) -> Path | None:
     et = Path(et_path)
     folder = et.parent
     names: list[str] = []
-    m = re.match(r"torch_et_(\d+)", et.name)
+    m = re.match(rf"{ET_PREFIX}(\d+)", et.name)
     if m:
-        cycle = cycle_of(et.name)
-        stem = f"kineto_trace_{m.group(1)}" + (f"_cycle{cycle}" if cycle is not None else "")
-        names += [f"{stem}.json", f"{stem}.json.gz"]
+        rank, cycle = int(m.group(1)), cycle_of(et.name)
+        names += [kineto_name(rank, cycle, gz=False), kineto_name(rank, cycle, gz=True)]
     m = re.match(r"(.*?)[_.]et\.json(\.gz)?$", et.name)
     if m:
         names += [f"{m.group(1)}_trace.json", f"{m.group(1)}_trace.json.gz"]

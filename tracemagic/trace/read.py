@@ -25,11 +25,14 @@ from pathlib import Path
 from typing import IO, Callable, Iterable, Protocol
 
 from tracemagic.errors import TraceError
+from tracemagic.trace.layout import ET_PREFIX, KINETO_PREFIX, MANIFEST, MEMORY_PREFIX
 
 #: file names that hold a Kineto trace inside a directory or tar
-_TRACE_NAME = re.compile(r"(\.pt\.trace\.json|kineto_trace_\d+(_\w+)?\.json|trace.*\.json|\.json)(\.gz)?$")
-_NOT_KINETO = re.compile(r"(torch_et_|_et\.json|\.et\.json|memory_timeline|capture\.json|\.pfw)")
-_RANK_IN_NAME = re.compile(r"(?:rank|worker|kineto_trace_)[-_]?(\d+)", re.IGNORECASE)
+_TRACE_NAME = re.compile(rf"(\.pt\.trace\.json|{KINETO_PREFIX}\d+(_\w+)?\.json|trace.*\.json|\.json)(\.gz)?$")
+_NOT_KINETO = re.compile(
+    rf"({ET_PREFIX}|_et\.json|\.et\.json|{MEMORY_PREFIX.rstrip('_')}|{re.escape(MANIFEST)}|\.pfw)"
+)
+_RANK_IN_NAME = re.compile(rf"(?:rank|worker|{KINETO_PREFIX})[-_]?(\d+)", re.IGNORECASE)
 #: compressed bytes fed to zlib per step (a trace compresses ~10-30x)
 _GZIP_STEP = 1 << 18
 _GZIP_MAGIC = b"\x1f\x8b"

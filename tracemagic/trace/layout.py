@@ -1,0 +1,171 @@
+"""The on-disk format of a capture directory, defined once: file names, the manifest.
+
+A ``%%chakra_trace`` (or ``tracemagic.capture``, or torchrun) capture directory holds::
+
+    kineto_trace_<rank>[_cycle<k>].json[.gz]     the Kineto trace (one per cycle with --repeat)
+    torch_et_<rank>[_cycle<k>].json              the Execution Trace (--et), plain JSON for Chakra
+    memory_timeline_<rank>[_cycle<k>].json[.gz]  torch's raw memory timeline (by category)
+    ranks/<rank>.json                            each rank's own manifest (a job of several ranks)
+    capture.json                                 the manifest (``Manifest``), written last
+
+Every writer (``capture.session``, ``capture.distributed``, ``export.chisel``) and reader
+(``trace.loader``, ``trace.cache``, ``trace.artifacts``, ``trace.pairing``, the magics)
+takes the names and the manifest from here. Files are written under a hidden temporary
+name in their final directory and moved into place with ``os.replace``, so a reader never
+sees a half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypedDict, cast
+
+from tracemagic.errors import TraceError
+
+#: the manifest's file name
+MANIFEST = "capture.json"
+#: the manifest's ``format``: its layout's name and version (a new version for a change
+#: readers must know about)
+MANIFEST_FORMAT = "tracemagic.capture/1"
+#: the folder of the per-rank manifests of a job of several ranks
+RANKS_DIR = "ranks"
+#: the file-name prefixes of a capture's files
+KINETO_PREFIX = "kineto_trace_"
+ET_PREFIX = "torch_et_"
+MEMORY_PREFIX = "memory_timeline_"
+#: ``kineto_trace_<rank>[_cycle<k>].json[.gz]``: groups rank, cycle
+KINETO_FILE = re.compile(KINETO_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
+#: ``torch_et_<rank>[_cycle<k>].json[.gz]``: groups rank, cycle
+ET_FILE = re.compile(ET_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
+#: ``memory_timeline_<rank>[_cycle<k>].json[.gz]``: groups rank, cycle
+MEMORY_FILE = re.compile(MEMORY_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
+
+
+class FileEntry(TypedDict, total=False):
+    """One file of the manifest's ``files`` (``kind``: kineto, et, memory_timeline, pfw,
+    manifest)."""
+
+    path: str
+    kind: str
+    rank: int
+    cycle: int | None
+    bytes: int
+
+
+class Manifest(TypedDict, total=False):
+    """``capture.json``: what a capture did and wrote (every key optional to a reader: a
+    failed capture writes few, other tools' manifests fewer)."""
+
+    format: str
+    status: str  # running, complete, partial, empty, failed
+    name: str
+    created: str
+    arguments: dict[str, Any]
+    schedule: dict[str, Any]
+    loop: dict[str, Any]
+    cell: str
+    versions: dict[str, Any]
+    device: dict[str, Any]
+    rank: int
+    world_size: int
+    steps: list[dict[str, Any]]
+    files: list[FileEntry]
+    modules: dict[str, dict[str, str]]
+    modules_by_file: dict[str, Any]
+    memory_timeline: str
+    notes: list[str]
+    error: dict[str, Any] | None
+    hidden_output: list[str]
+    chakra_check: dict[str, Any]
+    report: str
+
+
+def _cycle(cycle: int | None) -> str:
+    return f"_cycle{cycle}" if cycle is not None else ""
+
+
+def kineto_name(rank: int, cycle: int | None, gz: bool) -> str:
+    """``kineto_trace_<rank>[_cycle<k>].json[.gz]``; the cycle only with several cycles."""
+    return f"{KINETO_PREFIX}{rank}{_cycle(cycle)}.json" + (".gz" if gz else "")
+
+
+def et_name(rank: int, cycle: int | None = None) -> str:
+    """``torch_et_<rank>[_cycle<k>].json``: always plain JSON, as Chakra's linker reads it;
+    one per cycle, like the Kineto trace it pairs with (``kineto_name``)."""
+    return f"{ET_PREFIX}{rank}{_cycle(cycle)}.json"
+
+
+def memory_name(rank: int, cycle: int | None, gz: bool) -> str:
+    """``memory_timeline_<rank>[_cycle<k>].json[.gz]``."""
+    return f"{MEMORY_PREFIX}{rank}{_cycle(cycle)}.json" + (".gz" if gz else "")
+
+
+def part_path(directory: Path, rank: int) -> Path:
+    """Where rank ``rank`` of a job writes its own manifest: ``ranks/<rank>.json``."""
+    return directory / RANKS_DIR / f"{rank}.json"
+
+
+def modules_sidecar(trace_file: Path) -> Path:
+    """``<stem>.modules.json`` beside a ``capture_model`` trace ``<stem>.json[.gz]``: its
+    module names (the manifest's ``modules``)."""
+    name = trace_file.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix):
+            return trace_file.with_name(name[: -len(suffix)] + ".modules.json")
+    return trace_file.with_name(name + ".modules.json")
+
+
+# -- writing, atomically -------------------------------------------------------------------
+def partial_path(final: Path) -> Path:
+    """The hidden name a file is written under before it gets its final name."""
+    return final.with_name(f".{final.name}.partial")
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temporary path to write; move it to ``final`` only if the block succeeds."""
+    tmp = partial_path(final)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_json(final: Path, data: Any, gz: bool = False) -> None:
+    """Write ``data`` as JSON (gzip-compressed if ``gz``), atomically."""
+    with atomic_path(final) as tmp:
+        opener: Callable[..., Any] = gzip.open if gz else open
+        with opener(tmp, "wt", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=None if gz else 1, default=str)
+
+
+def write_manifest(path: Path, manifest: Manifest | dict[str, Any]) -> None:
+    """Write a manifest (``path``: a capture directory, or the file itself, e.g. a rank's
+    ``part_path``) atomically; values JSON cannot hold are written as text."""
+    final = path / MANIFEST if path.is_dir() else path
+    write_json(final, json.loads(json.dumps(manifest, default=str)))
+
+
+# -- reading -------------------------------------------------------------------------------
+def read_manifest(path: Path) -> Manifest:
+    """The manifest of a capture directory (or the manifest file ``path`` itself).
+
+    Raises:
+        TraceError: it is missing, unreadable, or not a JSON object.
+    """
+    file = path / MANIFEST if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{file}: unreadable capture manifest ({exc}).", path=str(file)) from None
+    if not isinstance(data, dict):
+        raise TraceError(f"{file}: not a capture manifest (a JSON object).", path=str(file))
+    return cast(Manifest, data)
