@@ -1136,3 +1136,20 @@ def test_layers_tab_shows_the_tree_beside_the_icicle(cpu_capture: Any, tmp_path:
     assert row.children[0] is dash._tabs["layers"]["figures"][0] and "<details" in row.children[1].value
     text = write_report(cpu_capture, tmp_path / "cpu.html").read_text()
     assert '<div class="tm-side">' in text and "<details open>" in text
+
+
+def test_tabs_are_an_explicit_registry(gpu: Any) -> None:
+    """``sections.TABS`` lists every tab (key, title, availability, builder): what shows is
+    what each tab's ``available`` says, in the registry's order, and each builds."""
+    data = TraceData(gpu)
+    shown = sections.available(data)
+    assert shown == [k for k, tab in sections.TABS.items() if tab.available(data, None)]
+    assert "kernels" in shown and "compare" not in shown  # a GPU trace, nothing to compare
+    assert sections.available(data, TraceData(gpu))[-1] == "compare"
+    for key in shown:
+        section = sections.build(key, data)
+        assert (section.key, section.title) == (key, sections.TABS[key].title)
+    with pytest.raises(ValueError, match="needs another trace"):
+        sections.build("compare", data)
+    with pytest.raises(ValueError, match="unknown tab 'nope'; tabs are overview, layers"):
+        sections.build("nope", data)

@@ -16,22 +16,6 @@ from tracemagic.views import figures, html, insights, tables
 from tracemagic.views._format import fmt_bytes, fmt_time, unit_divisor
 from tracemagic.views.data import TraceData
 
-#: every tab in display order: key -> title
-TITLES: dict[str, str] = {
-    "overview": "Overview",
-    "layers": "Layers",
-    "timeline": "Timeline",
-    "memory": "Memory",
-    "shapes": "Shapes",
-    "kernels": "Kernels",
-    "ranks": "Ranks",
-    "graph": "Graph",
-    "compare": "Compare",
-}
-#: tabs whose content depends on the selected step: all (those in ``WHOLE_TRACE`` say so)
-STEP_DEPENDENT = frozenset(TITLES)
-#: tabs that show every step whatever the selector says (their facts say so while a step is selected)
-WHOLE_TRACE = frozenset({"shapes", "ranks", "compare"})
 #: the most ops the Graph tab draws (the rest are listed in its table)
 GRAPH_MAX_NODES = 300
 #: the most events the Timeline draws, at any zoom
@@ -58,7 +42,7 @@ class Section:
     """One tab's content.
 
     Attributes:
-        key: the tab's key (``TITLES``).
+        key: the tab's key (``TABS``).
         title: the tab's title.
         figures: plotly figures, top to bottom.
         table: the main (sortable, filterable, paginated) table, already display-ready.
@@ -84,20 +68,38 @@ class Section:
     rebuild: dict[int, Callable[[tuple[float, float]], go.Figure]] = field(default_factory=dict)
 
 
+def _always(data: TraceData, other: TraceData | None) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Tab:
+    """One tab of the registry (``TABS``).
+
+    Attributes:
+        key: the tab's key.
+        title: its title.
+        builder: ``builder(data, state)`` -> its ``Section`` (``builder(data, state, other)``
+            with ``needs_other``).
+        available: whether the tab shows for ``(data, other)``.
+        whole_trace: it shows every step whatever the step selector says (its facts say
+            so while a step is selected).
+        needs_other: it compares with another trace (``other``).
+    """
+
+    key: str
+    title: str
+    builder: Callable[..., Section]
+    available: Callable[[TraceData, TraceData | None], bool] = _always
+    whole_trace: bool = False
+    needs_other: bool = False
+
+
 def available(data: TraceData, other: TraceData | None = None) -> list[str]:
-    """The tab keys to show for this trace: Kernels only with a GPU, Ranks only with
-    several ranks, Graph only with an Execution Trace next to the trace, Compare only
-    with another trace."""
-    keys = ["overview", "layers", "timeline", "memory", "shapes"]
-    if data.has_gpu:
-        keys.append("kernels")
-    if data.several_ranks:
-        keys.append("ranks")
-    if data.has_et:
-        keys.append("graph")
-    if other is not None:
-        keys.append("compare")
-    return keys
+    """The tab keys to show for this trace, in display order: Kernels only with a GPU,
+    Ranks only with several ranks, Graph only with an Execution Trace next to the trace,
+    Compare only with another trace (each ``Tab.available``)."""
+    return [key for key, tab in TABS.items() if tab.available(data, other)]
 
 
 def display_table(frame: pd.DataFrame, unit: str = "ms") -> pd.DataFrame:
@@ -127,16 +129,16 @@ def build(key: str, data: TraceData, state: ViewState | None = None, other: Trac
         ValueError: an unknown key, or ``compare`` without ``other``.
     """
     state = state or ViewState()
-    if key not in TITLES:
-        raise ValueError(f"unknown tab {key!r}; tabs are {', '.join(TITLES)}")
-    builder = globals()[f"_{key}"]
-    if key == "compare":
+    tab = TABS.get(key)
+    if tab is None:
+        raise ValueError(f"unknown tab {key!r}; tabs are {', '.join(TABS)}")
+    if tab.needs_other:
         if other is None:
-            raise ValueError("the compare tab needs another trace (other=...)")
-        section = builder(data, state, other)
+            raise ValueError(f"the {key} tab needs another trace (other=...)")
+        section = tab.builder(data, state, other)
     else:
-        section = builder(data, state)
-    if key in WHOLE_TRACE and state.step is not None:
+        section = tab.builder(data, state)
+    if tab.whole_trace and state.step is not None:
         section.facts.insert(0, ("steps", f"all steps: this tab does not follow the step selector (step {state.step})"))
     return section
 
@@ -353,3 +355,24 @@ def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
         table_title="Ops and layers, A vs B",
         facts=facts,
     )
+
+
+#: every tab in display order: key -> ``Tab``
+TABS: dict[str, Tab] = {tab.key: tab for tab in (
+    Tab("overview", "Overview", _overview),
+    Tab("layers", "Layers", _layers),
+    Tab("timeline", "Timeline", _timeline),
+    Tab("memory", "Memory", _memory),
+    Tab("shapes", "Shapes", _shapes, whole_trace=True),
+    Tab("kernels", "Kernels", _kernels, available=lambda data, other: data.has_gpu),
+    Tab("ranks", "Ranks", _ranks, available=lambda data, other: data.several_ranks, whole_trace=True),
+    Tab("graph", "Graph", _graph, available=lambda data, other: data.has_et),
+    Tab("compare", "Compare", _compare, available=lambda data, other: other is not None, whole_trace=True,
+        needs_other=True),
+)}
+#: key -> title, in display order
+TITLES: dict[str, str] = {key: tab.title for key, tab in TABS.items()}
+#: tabs whose content depends on the selected step: all (those in ``WHOLE_TRACE`` say so)
+STEP_DEPENDENT = frozenset(TABS)
+#: tabs that show every step whatever the selector says (their facts say so while a step is selected)
+WHOLE_TRACE = frozenset(key for key, tab in TABS.items() if tab.whole_trace)
