@@ -10,6 +10,7 @@ import pytest
 
 from tracemagic.export import chakra, et
 from tracemagic.trace import pairing
+from tracemagic.trace.artifacts import Artifacts
 from tracemagic.views.data import TraceData
 
 
@@ -22,7 +23,8 @@ def files(folder: Path, *names: str) -> Path:
 
 
 def has_et(path: Path) -> bool:
-    return TraceData(SimpleNamespace(path=path)).has_et  # type: ignore[arg-type]
+    """The views' rule (``TraceData.has_et``: the Graph tab shows)."""
+    return TraceData(SimpleNamespace(artifacts=Artifacts(path))).has_et  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -166,7 +168,7 @@ def test_no_et(tmp_path: Path) -> None:
     assert pairing.kineto_for(d / "torch_et_0.json") == d / "kineto_trace_0.json"
     assert pairing.kineto_for(d / "torch_et_5.json") is None
     assert not has_et(d) and not has_et(d / "kineto_trace_0.json")
-    assert not TraceData(SimpleNamespace(path=None)).has_et  # type: ignore[arg-type]
+    assert not TraceData(SimpleNamespace(artifacts=Artifacts(None))).has_et  # type: ignore[arg-type]
 
 
 def test_pairing_is_the_trace_layer() -> None:

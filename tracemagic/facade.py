@@ -110,7 +110,7 @@ class Trace(_model.Trace):
         """
         from tracemagic.views.report import write_report  # plotly: imported on first use
 
-        return write_report(self, path, other=None if other is None else Trace.of(other))
+        return write_report(self, path, other=other)
 
     def to_pfw(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
         """Write the events as DFTracer ``.pfw``/``.pfw.gz`` (``tracemagic.export.dftracer.to_pfw``)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from tracemagic.trace import et, layout
+from tracemagic.trace import et, layout, pairing
 
 
 
@@ -33,6 +33,22 @@ class Artifacts:
         """The Execution Traces of the capture (one per rank, or per cycle), or the one
         paired with the Kineto file (``tracemagic.trace.pairing``); empty when none."""
         return [] if self.path is None else et.next_to(self.path)
+
+    @cached_property
+    def has_et(self) -> bool:
+        """Whether an Execution Trace lies next to the trace under a matching name (without
+        reading it): a capture directory with ``torch_et_<rank>.json``,
+        ``kineto_trace_<rank>.json`` beside ``torch_et_<rank>.json``, or ``<stem>_trace.json``
+        beside ``<stem>_et.json`` (a lone ET elsewhere in the folder is not assumed to
+        belong to this trace; the names are ``pairing``'s)."""
+        if self.path is None:
+            return False
+        try:
+            if self.path.is_dir():
+                return bool(pairing.capture_ets(self.path))
+            return pairing.et_for(self.path, lone=False) is not None
+        except OSError:
+            return False
 
     @cached_property
     def memory_timelines(self) -> list[tuple[int, int | None, np.ndarray]]:

@@ -22,7 +22,6 @@ from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
-from tracemagic.trace import pairing
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
@@ -186,21 +185,9 @@ class TraceData:
 
     @cached_property
     def has_et(self) -> bool:
-        """Whether an Execution Trace lies next to the trace under a matching name: a capture
-        directory with ``torch_et_<rank>.json``, ``kineto_trace_<rank>.json`` beside
-        ``torch_et_<rank>.json``, or ``<stem>_trace.json`` beside ``<stem>_et.json``
-        (a lone ET elsewhere in the folder is not assumed to belong to this trace; the
-        names are ``pairing``'s)."""
-        path = getattr(self.trace, "path", None)
-        if path is None:
-            return False
-        path = Path(str(path))
-        try:
-            if path.is_dir():
-                return bool(pairing.capture_ets(path))
-            return pairing.et_for(path, lone=False) is not None
-        except OSError:
-            return False
+        """Whether an Execution Trace lies next to the trace under a matching name
+        (``trace.artifacts.has_et``): the Graph tab shows then."""
+        return self.trace.artifacts.has_et
 
     def et_graph(self, step: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The Execution Trace's op graph (``tracemagic.analysis.et.et_graph``), read once for
