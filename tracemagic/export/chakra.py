@@ -35,9 +35,9 @@ import msgspec
 import orjson
 
 from tracemagic.errors import TraceError
-from tracemagic.trace._files import read_bytes
-from tracemagic.export.et import ROOT_NAMES, STEP_NAME
 from tracemagic.trace import pairing
+from tracemagic.trace._files import read_bytes
+from tracemagic.trace.et import ROOT_NAMES, STEP_NAME
 
 __all__ = [
     "CONVERTER_SCHEMAS",

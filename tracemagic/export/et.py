@@ -23,12 +23,11 @@ import pandas as pd
 from tracemagic.analysis import et as analysis
 from tracemagic.errors import TraceError
 from tracemagic.trace import pairing
-from tracemagic.trace.et import NODE_COLUMNS, ROOT_NAMES, STEP_NAME, ExecutionTrace, find_et, is_et_file, next_to, read_et
+from tracemagic.trace.et import ExecutionTrace, find_et, is_et_file, next_to, read_et
 from tracemagic.trace.loader import load
 from tracemagic.trace.model import Trace
 
 __all__ = ["ExecutionTrace", "et_graph", "et_ops", "find_et", "read_et"]
-__all__ += ["NODE_COLUMNS", "ROOT_NAMES", "STEP_NAME"]  # the ET vocabulary, for the Chakra check
 
 
 def _resolve(source: str | os.PathLike[str]) -> tuple[list[ExecutionTrace], Trace | None]:

@@ -6,7 +6,6 @@ analyses take everything from the ``Trace`` and never open a file themselves.
 
 from __future__ import annotations
 
-import gzip
 from functools import cached_property
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import msgspec
 import numpy as np
 
 from tracemagic.trace import et, layout, pairing
-
+from tracemagic.trace._files import read_bytes
 
 
 class Artifacts:
@@ -86,9 +85,7 @@ def timeline_files(path: Path | None) -> list[tuple[int, int | None, Path]]:
 
 def _read_rows(path: Path) -> np.ndarray:
     """A raw timeline file's ``[ts_ns, action, bytes, category]`` rows as an (n, 4) int64 array."""
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+    data, _ = read_bytes(path)
     rows = msgspec.json.decode(data)
     return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
 

@@ -27,8 +27,8 @@ import orjson
 import pandas as pd
 
 from tracemagic.errors import TraceError
-from tracemagic.trace._files import read_bytes
 from tracemagic.trace import pairing
+from tracemagic.trace._files import read_bytes
 
 __all__ = ["ExecutionTrace", "find_et", "next_to", "read_et"]
 
