@@ -246,10 +246,9 @@ def to_pfw(
 
 
 def pfw_trace(path: str | os.PathLike[str]) -> "Trace":
-    """Load a ``.pfw``/``.pfw.gz`` file (ours, or any DFTracer trace) as a ``Trace``.
-
-    The same as ``tracemagic.load(path)``, which reads ``.pfw`` files itself
-    (``tracemagic.trace.pfw``).
+    """Load a ``.pfw``/``.pfw.gz`` file (ours, or any DFTracer trace) as a ``Trace`` (the
+    data: ``tracemagic.load(path)``, which reads ``.pfw`` files itself, gives the same with
+    the analyses as methods; see ``tracemagic.trace.pfw``).
 
     Raises:
         TraceError: the file is missing, empty or has a line that is not JSON.
