@@ -190,7 +190,8 @@ def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], na
     assert set(contracts) == set(tables)
     for table, columns in contracts.items():
         assert list(tables[table].columns) == columns, table
-    assert set(tables["layers"].attrs) == {"step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us"}
+    assert set(tables["layers"].attrs) == {"step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us",
+                                           "compiled_regions", "compiled_layers"}
 
 
 # -- kernels ------------------------------------------------------------------------------

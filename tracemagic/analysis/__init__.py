@@ -41,7 +41,8 @@ Column contracts (views rely on these names; each list is complete and in order,
   fwd_self_cpu_us, bwd_cpu_us, bwd_self_cpu_us, gpu_us, self_gpu_us, fwd_gpu_us,
   bwd_gpu_us, memory_growth_bytes, input_shapes, module``; ``df.attrs``: ``step_us``,
   ``unattributed_us``, ``overlap_us``, ``gpu_us``, ``gpu_unattributed_us`` (each
-  {rank: µs}).
+  {rank: µs}), ``compiled_regions`` ({rank: torch.compile region calls}),
+  ``compiled_layers`` ({rank: [layers running them]}).
 - ``layer_spans()`` (``spans.layer_spans``): ``rank, layer, type, phase, ts, dur, step,
   calls``.
 - ``memory()``: ``rank, ts, device, allocated_bytes, reserved_bytes, delta_bytes, op,

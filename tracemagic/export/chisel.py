@@ -125,7 +125,7 @@ def _profiled_forward(
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from tracemagic.capture.naming import ModuleRecorder, module_map
+    from tracemagic.capture.naming import module_map, recorded_modules, resolve
 
     count = getattr(model, "_tracemagic_calls", 0) + 1
     model._tracemagic_calls = count
@@ -133,16 +133,11 @@ def _profiled_forward(
     trace_file = trace_dir / f"{name}_forward_{count:03d}.json"
     options = dict(profiler_kwargs)
     options.setdefault("activities", [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
-    recorder = ModuleRecorder()
     with profile(record_shapes=record_shapes, profile_memory=profile_memory, **options) as prof:
-        recorder.start()
-        try:
-            result = original(model, *args, **kwargs)
-        finally:
-            recorder.stop()
+        result = original(model, *args, **kwargs)
     prof.export_chrome_trace(str(trace_file))
-    # the model's own call is not seen by the hook (forward is called directly here)
-    window = [model] + [m for m in (recorder.windows[-1] if recorder.windows else []) if m is not model]
+    # the model's own call is on the stack when the tracer starts: torch records it too
+    window = resolve(recorded_modules(prof.profiler), [model]) if prof.with_stack else {}
     modules = module_map(window, [model], {name: model})  # the model itself is named `name`
     _sidecar(trace_file).write_text(json.dumps(modules, indent=1))
     print(f"[capture_model] {name} forward pass #{count} -> {trace_file}", file=sys.stdout)

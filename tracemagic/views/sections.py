@@ -185,7 +185,25 @@ def _layers(data: TraceData, state: ViewState) -> Section:
         table_title="Layers" + (f" in step {state.step}" if state.step is not None else "")
         + " (self = time not in child layers)",
         side=html.layer_tree(layers, metric=metric, unit=state.unit) if not layers.empty else "",
+        bullets=_compiled_note(layers),
     )
+
+
+def _compiled_note(layers: pd.DataFrame) -> list[str]:
+    """What the Layers tab cannot show when the trace ran ``torch.compile``'d code."""
+    regions = sum((layers.attrs.get("compiled_regions") or {}).values())
+    if not regions:
+        return []
+    names = sorted({name for per_rank in (layers.attrs.get("compiled_layers") or {}).values() for name in per_rank})
+    head = f"torch.compile: {regions:,} compiled region call(s)"
+    if not names:
+        return [f"{head}, outside any nn.Module event (a compiled function, or no with_stack): submodule timing "
+                "is not available inside compiled regions, and their ops and kernels belong to no layer."]
+    return [
+        f"{head}, in {', '.join(names)}. Submodule timing is not available inside compiled regions: dynamo "
+        "inlines the submodules into one graph, so their ops and kernels count as the compiled module's own "
+        "time (forward and backward)."
+    ]
 
 
 def _numeric(frame: pd.DataFrame, columns: tuple[str, ...] = ("ts", "dur", "depth", "rank")) -> pd.DataFrame:
