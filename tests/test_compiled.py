@@ -289,3 +289,21 @@ def test_a_compiled_submodule_is_a_layer_at_its_path(tmp_path: Path) -> None:
     backward = total("autograd::engine::evaluate_function: CompiledFunctionBackward")
     assert backward > 0 and layers.loc["body", "bwd_cpu_us"] == pytest.approx(backward, abs=1e-3)
     assert trace.layers().attrs["compiled_layers"] == {0: ["body"]}
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+def test_a_model_held_in_no_variable_is_named_under_its_class(tmp_path: Path) -> None:
+    models = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())]  # no variable holds the model
+    cap = tracemagic.capture(wait=0, warmup=0, active=2, out=tmp_path, no_memory_timeline=True)
+    with cap:
+        for _ in cap.steps(range(2)):
+            models[0](torch.randn(2, 4))
+    assert cap.result is not None
+    modules = cap.result.manifest["modules"]
+    assert {name: (v["path"], v["qualname"]) for name, v in modules.items()} == {
+        "nn.Module: Sequential_0": ("Sequential", "Sequential"),
+        "nn.Module: Linear_0": ("0", "Sequential.0"),
+        "nn.Module: ReLU_0": ("1", "Sequential.1"),
+    }
+    names = {e["name"] for e in _events(cap.dir / "kineto_trace_0.json") if e["name"].startswith("nn.Module: ")}
+    assert names == set(modules)

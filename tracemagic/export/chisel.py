@@ -137,7 +137,10 @@ def _profiled_forward(
         result = original(model, *args, **kwargs)
     prof.export_chrome_trace(str(trace_file))
     # the model's own call is on the stack when the tracer starts: torch records it too
-    window = resolve(recorded_modules(prof.profiler), [model]) if prof.with_stack else {}
+    try:
+        window = resolve(recorded_modules(prof.profiler), [model]) if prof.with_stack else {}
+    except Exception:  # noqa: BLE001 - names are a convenience: never lose the forward's result
+        window = {}
     modules = module_map(window, [model], {name: model})  # the model itself is named `name`
     _sidecar(trace_file).write_text(json.dumps(modules, indent=1))
     print(f"[capture_model] {name} forward pass #{count} -> {trace_file}", file=sys.stdout)
