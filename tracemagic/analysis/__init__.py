@@ -61,6 +61,13 @@ Column contracts (views rely on these names; each list is complete and in order,
   a call chain (the outermost op with recorded shapes, or with none and none inside, and
   every op it runs: one convolution is one ``aten::conv2d`` row, not four), ranked by
   ``total_us``; ``self_us`` sums the self time of every op of the chains.
+- ``efficiency()``: ``rank, name, input_dims, input_type, calls, gpu_us, flops, bytes,
+  intensity, tflops_per_s, tbytes_per_s, peak_tflops, peak_tbytes_per_s, bound,
+  pct_of_roofline, device`` — one row per (rank, op, input dims, dtypes) of the call chains
+  that launched GPU work, most GPU time first; ``flops`` and ``bytes`` per call (as
+  ``shapes()``' ``flops``), rates over ``gpu_us``; ``bound`` 'compute' | 'memory'; peaks
+  from ``devices.PEAKS`` matched by ``deviceProperties`` (or given); ``df.attrs['layers']``
+  the layers of each row's calls.
 - ``diff(a, b)``: ``level, name, type, calls_a, calls_b, us_a, us_b, delta_us, ratio,
   status, gpu_us_a, gpu_us_b`` — ``level`` is 'op' | 'kernel' | 'layer', ``status``
   'added' | 'removed' | 'faster' | 'slower' | 'same'; op rows are call-chain tops, as in

@@ -44,6 +44,9 @@ class DevicePeaks(NamedTuple):
     sms: int
     #: memory of one device, GiB (to tell variants apart)
     memory_gib: float
+    #: last-level cache of one device, MiB (L2; AMD MI300 series: Infinity Cache): an op
+    #: whose data fits in it may be served from it, faster than ``tbytes_per_s``
+    cache_mib: float
     source: str
 
 
@@ -58,23 +61,25 @@ _MI300X = "AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/insti
 _MI325X = "AMD Instinct MI325X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi325x.html), dense figures"
 _MI355X = "AMD Instinct MI355X datasheet (amd.com/en/products/accelerators/instinct/mi350/mi355x.html), dense figures"
 
-#: name, fp64, fp32, tf32, bf16, fp16, fp8 (TFLOP/s), TB/s, SMs/CUs, GiB, source
+#: name, fp64, fp32, tf32, bf16, fp16, fp8 (TFLOP/s), TB/s, SMs/CUs, memory GiB, cache MiB, source.
+#: Caches: the Volta (6 MB), A100 (40 MB) and H100 (50 MB) architecture whitepapers, AMD CDNA2
+#: (8 MB L2 per GCD) and CDNA3/CDNA4 (256 MB Infinity Cache) whitepapers; B200's is not in its datasheet.
 PEAKS: tuple[DevicePeaks, ...] = (
-    DevicePeaks("V100 SXM2", 7.8, 15.7, NAN, NAN, 125.0, NAN, 0.9, 80, 32, _V100),
-    DevicePeaks("V100 PCIe", 7.0, 14.0, NAN, NAN, 112.0, NAN, 0.9, 80, 32, _V100),
-    DevicePeaks("A100 SXM 40GB", 19.5, 19.5, 156.0, 312.0, 312.0, NAN, 1.555, 108, 40, _A100),
-    DevicePeaks("A100 SXM 80GB", 19.5, 19.5, 156.0, 312.0, 312.0, NAN, 2.039, 108, 80, _A100),
-    DevicePeaks("A100 PCIe 40GB", 19.5, 19.5, 156.0, 312.0, 312.0, NAN, 1.555, 108, 40, _A100),
-    DevicePeaks("A100 PCIe 80GB", 19.5, 19.5, 156.0, 312.0, 312.0, NAN, 1.935, 108, 80, _A100),
-    DevicePeaks("H100 SXM", 67.0, 67.0, 494.5, 989.5, 989.5, 1979.0, 3.35, 132, 80, _H100),
-    DevicePeaks("H100 PCIe", 51.0, 51.0, 378.0, 756.0, 756.0, 1513.0, 2.0, 114, 80, _H100),
-    DevicePeaks("H200", 67.0, 67.0, 494.5, 989.5, 989.5, 1979.0, 4.8, 132, 141, _H200),
-    DevicePeaks("B200", 37.0, 75.0, 1125.0, 2250.0, 2250.0, 4500.0, 8.0, 148, 180, _B200),
-    DevicePeaks("MI250X (one GCD)", 47.85, 47.85, NAN, 191.5, 191.5, NAN, 1.6384, 110, 64, _MI250X),
-    DevicePeaks("MI250 (one GCD)", 45.25, 45.25, NAN, 181.0, 181.0, NAN, 1.6384, 104, 64, _MI250),
-    DevicePeaks("MI300X", 163.4, 163.4, 653.7, 1307.4, 1307.4, 2614.9, 5.3, 304, 192, _MI300X),
-    DevicePeaks("MI325X", 163.4, 163.4, 653.7, 1307.4, 1307.4, 2614.9, 6.0, 304, 256, _MI325X),
-    DevicePeaks("MI355X", 78.6, 157.3, NAN, 2516.6, 2516.6, 5033.2, 8.0, 256, 288, _MI355X),
+    DevicePeaks("V100 SXM2", 7.8, 15.7, NAN, NAN, 125.0, NAN, 0.9, 80, 32, 6, _V100),
+    DevicePeaks("V100 PCIe", 7.0, 14.0, NAN, NAN, 112.0, NAN, 0.9, 80, 32, 6, _V100),
+    DevicePeaks("A100 SXM 40GB", 19.5, 19.5, 156.0, 312.0, 312.0, NAN, 1.555, 108, 40, 40, _A100),
+    DevicePeaks("A100 SXM 80GB", 19.5, 19.5, 156.0, 312.0, 312.0, NAN, 2.039, 108, 80, 40, _A100),
+    DevicePeaks("A100 PCIe 40GB", 19.5, 19.5, 156.0, 312.0, 312.0, NAN, 1.555, 108, 40, 40, _A100),
+    DevicePeaks("A100 PCIe 80GB", 19.5, 19.5, 156.0, 312.0, 312.0, NAN, 1.935, 108, 80, 40, _A100),
+    DevicePeaks("H100 SXM", 67.0, 67.0, 494.5, 989.5, 989.5, 1979.0, 3.35, 132, 80, 50, _H100),
+    DevicePeaks("H100 PCIe", 51.0, 51.0, 378.0, 756.0, 756.0, 1513.0, 2.0, 114, 80, 50, _H100),
+    DevicePeaks("H200", 67.0, 67.0, 494.5, 989.5, 989.5, 1979.0, 4.8, 132, 141, 50, _H200),
+    DevicePeaks("B200", 37.0, 75.0, 1125.0, 2250.0, 2250.0, 4500.0, 8.0, 148, 180, NAN, _B200),
+    DevicePeaks("MI250X (one GCD)", 47.85, 47.85, NAN, 191.5, 191.5, NAN, 1.6384, 110, 64, 8, _MI250X),
+    DevicePeaks("MI250 (one GCD)", 45.25, 45.25, NAN, 181.0, 181.0, NAN, 1.6384, 104, 64, 8, _MI250),
+    DevicePeaks("MI300X", 163.4, 163.4, 653.7, 1307.4, 1307.4, 2614.9, 5.3, 304, 192, 256, _MI300X),
+    DevicePeaks("MI325X", 163.4, 163.4, 653.7, 1307.4, 1307.4, 2614.9, 6.0, 304, 256, 256, _MI325X),
+    DevicePeaks("MI355X", 78.6, 157.3, NAN, 2516.6, 2516.6, 5033.2, 8.0, 256, 288, 256, _MI355X),
 )
 #: precisions a peak is given for, in ``DevicePeaks`` order
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")

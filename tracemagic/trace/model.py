@@ -147,6 +147,16 @@ class Trace:
         """Op x input shapes x dtypes with calls, time and FLOPs."""
         return self._analysis("shapes", "shapes")
 
+    def efficiency(self, peaks: Any = None) -> pd.DataFrame:
+        """Op x shapes x dtypes against the device's roofline: FLOPs, bytes, achieved
+        TFLOP/s and TB/s, compute- or memory-bound, % of the roof (``peaks``: the device's
+        own, see ``tracemagic.analysis.efficiency``)."""
+        if peaks is None:
+            return self._analysis("efficiency", "efficiency")
+        from tracemagic.analysis.efficiency import efficiency
+
+        return efficiency(self, peaks)
+
     def steps(self) -> pd.DataFrame:
         """One row per ProfilerStep (per rank) with its time breakdown."""
         return self._analysis("steps", "steps")
