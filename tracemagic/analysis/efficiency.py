@@ -28,8 +28,9 @@ modelled or its shapes do not fix the count — never a guess):
   element forward, 8 backward.
 - Softmax / log-softmax: read the input (backward: grad and output), write one tensor of
   its size; 5 FLOPs per element forward, 3 backward.
-- Elementwise ops (unary, binary, in-place, activation backward): read the inputs, write
-  the broadcast output, 1 FLOP per output element; ``fill_``/``zero_`` write only.
+- Elementwise ops (unary, binary, in-place, activation backward, ``where``): read the
+  inputs, write the broadcast output (the first input's dtype; ``where``: the second's),
+  1 FLOP per output element; ``fill_``/``zero_`` write only.
 - Reductions (sum, mean, amax, ...): read the input, write the reduced output (its size
   from the ``dim`` argument in ``Concrete Inputs``; no dim: one element), 1 FLOP per
   input element.
@@ -119,7 +120,7 @@ _ELEMENTWISE = {
         "sqrt", "rsqrt", "pow", "clamp", "clamp_min", "clamp_max", "hardtanh", "leaky_relu", "nan_to_num",
         "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
         "where", "masked_fill", "addcmul", "addcdiv", "lerp", "reciprocal", "sin", "cos", "erf",
-        "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "bitwise_and",
+        "maximum", "minimum",
     )
     for suffix in ("", "_")
 }  # fmt: skip
@@ -196,16 +197,18 @@ def _like_input(dims: Dims, types: list[str], x: int, per_element: float) -> Cos
     return per_element * n, _read(tensors) + n * ELEMENT_BYTES[types[x]]
 
 
-def _elementwise(dims: Dims, types: list[str]) -> Cost:
-    """Inputs read, the broadcast output written in the first input's dtype; 1 FLOP per element."""
+def _elementwise(name: str, dims: Dims, types: list[str]) -> Cost:
+    """Inputs read, the broadcast output written in the first input's dtype (``where``'s:
+    its second, after the condition); 1 FLOP per element."""
     tensors = _tensors(dims, types)
-    if not tensors or types[0] not in ELEMENT_BYTES:
+    out_type = types[1] if name.startswith("aten::where") and len(types) > 1 else types[0]
+    if not tensors or out_type not in ELEMENT_BYTES:
         return NAN, NAN
     try:
         out = math.prod(np.broadcast_shapes(*(tuple(d) for d, _ in tensors)))
     except ValueError:
         return NAN, NAN
-    return float(out), _read(tensors) + out * ELEMENT_BYTES[types[0]]
+    return float(out), _read(tensors) + out * ELEMENT_BYTES[out_type]
 
 
 def _reduction(dims: Dims, types: list[str], args: list[str]) -> Cost:
@@ -274,7 +277,7 @@ _RULES: dict[str, Callable[[str, Dims, list[str], list[str], float], Cost]] = {
     **{n: lambda name, d, t, a, f: _like_input(d, t, 0, 8.0) for n in _NORM_BWD},
     **{n: lambda name, d, t, a, f: _like_input(d, t, 0, 5.0) for n in _SOFTMAX_FWD},
     **{n: lambda name, d, t, a, f: _like_input(d, t, 0, 3.0) for n in _SOFTMAX_BWD},
-    **{n: lambda name, d, t, a, f: _elementwise(d, t) for n in _ELEMENTWISE},
+    **{n: lambda name, d, t, a, f: _elementwise(name, d, t) for n in _ELEMENTWISE},
     **{n: lambda name, d, t, a, f: _write_only(d, t) for n in _WRITE_ONLY},
     **{n: lambda name, d, t, a, f: _reduction(d, t, a) for n in _REDUCTION},
     **{n: lambda name, d, t, a, f: _embedding(d, t) for n in _EMBEDDING},
