@@ -33,6 +33,7 @@ DEVICES = {
     "kineto_worker0.1623143089861.pt.trace.json.gz": ("V100 SXM2", 0.9, 15.7),
     "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz": ("V100 SXM2", 0.9, 15.7),
     "hta_nccl_data.json.gz": ("A100 SXM 40GB", 1.555, 156.0),
+    "param_dlrm_kineto.tar.gz": ("V100 SXM2", 0.9, 15.7),
 }
 GPU_TRACES = list(DEVICES)[:4]
 SIZE = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "long": 8, "int": 4, "bool": 1, "unsigned char": 1}
@@ -191,7 +192,7 @@ def test_devices_are_recognised_with_their_datasheet_peaks(loaded: dict[str, tra
     assert set(table["device"].dropna()) == {device}
     assert table["peak_tbytes_per_s"].dropna().unique().tolist() == [pytest.approx(bandwidth)]
     float_matrix = table[table["input_type"].str.startswith('["float"') & table["name"].isin(["aten::linear", "aten::mm", "aten::addmm", "AddmmBackward0"])]
-    assert not float_matrix.empty or name in ("tracelens_normalization_layer_test.json.gz", "hta_nccl_data.json.gz", "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+    assert not float_matrix.empty or name in ("tracelens_normalization_layer_test.json.gz", "hta_nccl_data.json.gz", "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", "param_dlrm_kineto.tar.gz")
     assert np.allclose(float_matrix["peak_tflops"].to_numpy(), fp32_matrix)
 
 
@@ -262,7 +263,7 @@ def test_convolutions_without_their_stride_are_left_unknown(loaded: dict[str, tr
     assert convs["flops"].isna().all() and convs["pct_of_roofline"].isna().all()
 
 
-@pytest.mark.parametrize("name", GPU_TRACES)
+@pytest.mark.parametrize("name", [*GPU_TRACES, "param_dlrm_kineto.tar.gz"])
 def test_no_row_runs_above_its_roof_except_from_the_cache(loaded: dict[str, tracemagic.Trace], name: str) -> None:
     table = loaded[name].efficiency()
     device = {p.name: p for p in devices.PEAKS}[DEVICES[name][0]]
