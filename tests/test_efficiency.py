@@ -337,3 +337,44 @@ def test_attention_and_conv_backward_costs_and_peaks_on_a_cpu_trace(tmp_path: Pa
         trace.efficiency(peaks={"bfloat16": 1.0})
     with pytest.raises(TraceError, match="peaks must be"):
         trace.efficiency(peaks=[1.0])  # type: ignore[arg-type]
+
+
+def test_layers_achieved_tflops_and_memory_bound_share_follow_their_ops(loaded: dict[str, tracemagic.Trace], raw: dict[str, RawOps]) -> None:
+    name = "tracelens_normalization_layer_test.json.gz"
+    doc = raw_docs(name)[0]
+    ops = raw[name]
+    start = {(e["pid"], e["tid"], e["ts"]): e for e in doc["traceEvents"] if e.get("cat") == "fwdbwd" and e["ph"] == "s"}
+    by_id = {e["id"]: e for e in start.values()}
+    at = {(e["pid"], e["tid"], float(e["ts"])): i for i, e in enumerate(ops.ops) if "Input Dims" in e.get("args", {}) and ops.is_top(i)}
+    backward_of = {}  # forward op -> the backward chain top the autograd flow leads to
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "fwdbwd" and e["ph"] == "f" and e["id"] in by_id:
+            s = by_id[e["id"]]
+            fwd = next((i for i, o in enumerate(ops.ops) if (o["pid"], o["tid"], o["ts"]) == (s["pid"], s["tid"], s["ts"])), None)
+            bwd = at.get((e["pid"], e["tid"], float(e["ts"])))
+            if fwd is not None and bwd is not None:
+                backward_of[fwd] = bwd
+    layers = loaded[name].layers().set_index("layer")
+    ridge = 163.4 / 5.3  # MI300X FP32 TFLOP/s over TB/s, datasheet
+    checked = 0
+    calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith(("nn.Module: RMSNorm", "nn.Module: LayerNorm")):
+            calls[e["name"].split(": ")[1]].append(e)
+    for layer, modules in calls.items():
+        chains = []
+        for module in modules:
+            lo, hi = float(module["ts"]), float(module["ts"]) + float(module["dur"])
+            inside = [i for i, o in enumerate(ops.ops) if o["tid"] == module["tid"] and lo <= float(o["ts"]) < hi]
+            chains += [i for i in inside if "Input Dims" in ops.ops[i].get("args", {}) and ops.is_top(i)]
+            chains += [backward_of[i] for i in inside if i in backward_of]
+        chains = [i for i in chains if ops.gpu_us(i) > 0]
+        costs = [ops.chain_cost(i) for i in chains]
+        assert chains and None not in costs, layer
+        gpu = sum(ops.gpu_us(i) for i in chains)
+        row = layers.loc[layer]
+        assert row["gpu_us"] == pytest.approx(gpu, rel=1e-9)
+        assert row["tflops_per_s"] * row["gpu_us"] * 1e6 == pytest.approx(sum(c[0] for c in costs), rel=1e-6)
+        assert all(c[0] / c[1] < ridge for c in costs) and row["memory_bound_pct"] == pytest.approx(100.0)
+        checked += 1
+    assert checked == 4

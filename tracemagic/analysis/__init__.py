@@ -39,7 +39,8 @@ Column contracts (views rely on these names; each list is complete and in order,
   wait_us, median_wait_us``.
 - ``layers()``: ``rank, layer, type, depth, parent, calls, cpu_us, self_cpu_us, fwd_cpu_us,
   fwd_self_cpu_us, bwd_cpu_us, bwd_self_cpu_us, gpu_us, self_gpu_us, fwd_gpu_us,
-  bwd_gpu_us, memory_growth_bytes, input_shapes, module``; ``df.attrs``: ``step_us``,
+  bwd_gpu_us, tflops_per_s, memory_bound_pct, memory_growth_bytes, input_shapes, module``
+  (``tflops_per_s`` and ``memory_bound_pct`` from ``efficiency()``'s models); ``df.attrs``: ``step_us``,
   ``unattributed_us``, ``overlap_us``, ``gpu_us``, ``gpu_unattributed_us`` (each
   {rank: µs}).
 - ``layer_spans()`` (``spans.layer_spans``): ``rank, layer, type, phase, ts, dur, step,

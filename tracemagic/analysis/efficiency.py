@@ -70,7 +70,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import call_chains, text
+from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, text
 from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _op_flops, gpu_time, outermost
 from tracemagic.errors import TraceError
 from tracemagic.trace.model import Trace
@@ -525,3 +525,40 @@ def _layer_text(frame: pd.DataFrame, table: pd.DataFrame, keys: list[str]) -> li
         order = group["layer"].tolist()
         found[tuple(key)] = ", ".join(order[:2]) + (f" (+{len(order) - 2})" if len(order) > 2 else "")
     return [found.get(tuple(k), "") for k in table[keys].itertuples(index=False)]
+
+
+def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Per events row: the FLOPs a GPU event did (its call chain's, shared among the chain's
+    GPU events by duration; 0 where the chain's FLOPs are unknown), and whether its chain's
+    op × shape is memory-bound in ``efficiency()``; 0 and False for other rows. For
+    ``layers()``, which sums them per layer."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        n = len(events)
+        chains = chain_costs(trace)
+        table = efficiency(trace)
+        rows = chains["row"].to_numpy()
+        keys = ["rank", "name", "input_dims", "input_type"]
+        mine = pd.DataFrame({k: events[k].to_numpy()[rows] for k in keys})
+        for column in keys[1:]:
+            mine[column] = text(mine[column])
+            table[column] = text(table[column])
+        bound = mine.merge(table[[*keys, "bound"]], on=keys, how="left")["bound"].to_numpy()
+        rate = np.zeros(n)  # FLOPs per µs of GPU time, per chain top
+        rate[rows] = np.nan_to_num(chains["flops"].to_numpy() / chains["time_us"].to_numpy())
+        memory = np.zeros(n, dtype=bool)
+        memory[rows] = pd.Series(bound).eq("memory").fillna(False).to_numpy(dtype=bool)
+        call_rows, top = call_chains(trace)
+        top_of = np.full(n, -1, dtype=np.int64)
+        top_of[call_rows] = top
+        gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"].to_numpy() >= 0))
+        op = events["op"].to_numpy()[gpu]
+        chain = np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
+        flops, is_memory = np.zeros(n), np.zeros(n, dtype=bool)
+        held = chain >= 0
+        flops[gpu[held]] = rate[chain[held]] * events["dur"].to_numpy()[gpu[held]]
+        is_memory[gpu[held]] = memory[chain[held]]
+        return flops, is_memory
+
+    return trace.shared("efficiency:gpu_shares", compute)
