@@ -378,3 +378,30 @@ def test_layers_achieved_tflops_and_memory_bound_share_follow_their_ops(loaded: 
         assert all(c[0] / c[1] < ridge for c in costs) and row["memory_bound_pct"] == pytest.approx(100.0)
         checked += 1
     assert checked == 4
+
+
+def test_roofline_figure_and_the_largest_gap(loaded: dict[str, tracemagic.Trace]) -> None:
+    from tracemagic.views import figures, insights, sections
+    from tracemagic.views.data import TraceData
+
+    trace = loaded["tracelens_normalization_layer_test.json.gz"]
+    table = trace.efficiency()
+    fig = figures.roofline(table)
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    roof = [t for t in fig.data if t.mode == "lines"]
+    points = [t for t in fig.data if t.mode == "markers"]
+    assert len(roof) == 1
+    xs, ys = np.asarray(roof[0].x, dtype=float), np.asarray(roof[0].y, dtype=float)
+    assert np.allclose(ys, np.minimum(163.4, xs * 5.3))  # MI300X FP32 and HBM3, datasheet
+    drawn = table[(table["intensity"] > 0) & (table["tflops_per_s"] > 0)]
+    assert sum(len(t.x) for t in points) == len(drawn)
+    hover = " ".join(str(v) for t in points for row in t.customdata for v in row)
+    assert "LayerNorm_0" in hover and "RMSNorm_1" in hover  # the layers the ops ran in
+    # the advice names the op × shape with the most GPU time lost to its roof
+    lost = table["gpu_us"] * (1 - table["pct_of_roofline"] / 100)
+    worst = table.loc[lost.idxmax()]
+    (advice,) = insights.roofline_gaps(table, 1)
+    assert advice.startswith(f"{worst['name']} {worst['input_dims']}") and f"{worst['pct_of_roofline']:.0f}%" in advice
+    assert "memory-bound" in advice and "MI300X" in advice
+    section = sections.build("roofline", TraceData(trace))
+    assert section.bullets[0] == advice and "MI300X" in dict(section.facts)["device"]
