@@ -502,7 +502,9 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
         memory = ~compute & ~np.isnan(nbytes) & ~np.isnan(peak_bytes) & ((flops == 0) | np.isnan(peak_flops) | (intensity < ridge))
         # below the roof's slope achieved FLOP/s over intensity × bandwidth is achieved bytes/s over bandwidth
         pct = np.where(compute, table["tflops_per_s"].to_numpy() / peak_flops, table["tbytes_per_s"].to_numpy() / peak_bytes) * 100.0
-    table["bound"] = text(np.where(compute, "compute", np.where(memory, "memory", None)))
+    bound = np.full(len(table), None, dtype=object)
+    bound[memory], bound[compute] = "memory", "compute"
+    table["bound"] = text(bound)
     table["pct_of_roofline"] = np.where(compute | memory, pct, NAN)
 
 
