@@ -405,3 +405,26 @@ def test_roofline_figure_and_the_largest_gap(loaded: dict[str, tracemagic.Trace]
     assert "memory-bound" in advice and "MI300X" in advice
     section = sections.build("roofline", TraceData(trace))
     assert section.bullets[0] == advice and "MI300X" in dict(section.facts)["device"]
+
+
+def test_collectives_message_size_and_nccl_tests_bandwidths(loaded: dict[str, tracemagic.Trace]) -> None:
+    name = "hta_nccl_data.json.gz"
+    kernels = sorted(
+        (e for e in raw_docs(name)[0]["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"].lower()),
+        key=lambda e: float(e["ts"]),
+    )
+    table = loaded[name].collectives().sort_values("ts").reset_index(drop=True)
+    assert len(table) == len(kernels) == 21
+    size = {"Float": 4, "Long": 8}
+    # busbw factors of NCCL's tests (doc/PERFORMANCE.md): all-reduce 2(n-1)/n, broadcast 1
+    factor = {"allreduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0}
+    for row, e in zip(table.itertuples(), kernels):
+        args = e["args"]
+        message = args["In msg nelems"] * size[args["dtype"]]
+        assert row.bytes == message
+        seconds = float(e["dur"]) * 1e-6  # one rank here: no wait for a last rank is known
+        assert row.algbw_gbps == pytest.approx(message / seconds / 1e9)
+        assert row.busbw_gbps == pytest.approx(message / seconds / 1e9 * factor[args["Collective name"]](args["Group size"]))
+    # traces that record no message sizes get NaN, not a guess
+    dlrm = loaded["param_dlrm_kineto.tar.gz"].collectives()
+    assert len(dlrm) > 0 and dlrm["bytes"].isna().all() and dlrm["busbw_gbps"].isna().all()

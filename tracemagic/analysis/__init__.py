@@ -34,7 +34,8 @@ Column contracts (views rely on these names; each list is complete and in order,
   ``slowest`` is a bool: the rank the others wait for most often, see
   ``ranks.stragglers``; not simply the longest step, since waiting lengthens a step).
 - ``collectives()`` (``ranks.collectives``): ``rank, step, collective, seq, ts, dur,
-  arrival_us, wait_us, excess_us, ranks, source``.
+  arrival_us, wait_us, excess_us, ranks, source, bytes, algbw_gbps, busbw_gbps`` (message
+  size and the NCCL tests' algorithm and bus bandwidth, GB/s, over the transfer time).
 - ``stragglers()`` (``ranks.stragglers``): ``step, rank, by, step_us, median_step_us,
   wait_us, median_wait_us``.
 - ``layers()``: ``rank, layer, type, depth, parent, calls, cpu_us, self_cpu_us, fwd_cpu_us,
