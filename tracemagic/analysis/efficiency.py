@@ -53,10 +53,15 @@ than 100% of the compute roof (seen on the V100 ResNet-50 trace, 3×3 convolutio
 1.6× the FP32 peak when counted directly); the excess is the algorithm's saving, not a
 wrong peak.
 
-Compared with AMD TraceLens' ``perf_model`` (MIT): its GEMM counts 2·M·N·K + M·N for a
-bias (we follow torch's ``with_flops``, which leaves the bias add out), and its GEMM bytes
-are the same reads and writes (bias as 1×N); it reads ``is_causal`` from the same
-``Concrete Inputs`` positions for the flash, efficient and cuDNN SDPA ops.
+Compared with AMD TraceLens' ``perf_model`` (MIT, ``TraceLens/PerfModel/perf_model.py``):
+its GEMM counts 2·M·N·K + M·N for a bias (we follow torch's ``with_flops``, which leaves
+the bias add out of ``addmm``/``linear``, so ours is lower by M·N); its GEMM bytes are the
+same reads and writes (it takes the bias as 1×N, we read the bias tensor's recorded
+shape); its GEMM backward (input and weight gradients, 2·M·N·K each, plus M·N for the bias
+gradient) is what we get for a linear layer's backward chain, two ``aten::mm`` and the
+bias ``aten::sum`` (one FLOP per input element); it reads ``is_causal`` from the same
+``Concrete Inputs`` positions of the flash (4), efficient (6) and cuDNN (6) SDPA ops. Its
+norm, softmax and elementwise models are not compared here.
 """
 
 from __future__ import annotations
