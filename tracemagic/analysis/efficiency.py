@@ -76,7 +76,7 @@ import pandas as pd
 
 from tracemagic.analysis import devices
 from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, text
-from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _op_flops, gpu_time, outermost
+from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
 from tracemagic.errors import TraceError
 from tracemagic.trace.model import Trace
 
@@ -130,7 +130,8 @@ _ELEMENTWISE = {
     for suffix in ("", "_")
 }  # fmt: skip
 _WRITE_ONLY = {"aten::fill_", "aten::zero_"}
-_REDUCTION = {f"aten::{op}" for op in ("sum", "mean", "amax", "amin", "prod", "norm", "var", "std", "logsumexp")}
+#: reductions whose ``dim`` is their second argument
+_REDUCTION = {f"aten::{op}" for op in ("sum", "mean", "amax", "amin", "prod", "var", "std", "logsumexp")}
 _EMBEDDING = {"aten::embedding"}
 
 
@@ -168,13 +169,12 @@ def _conv(name: str, dims: Dims, types: list[str], args: list[str], flops: float
 
 def _conv_backward(dims: Dims, types: list[str], args: list[str], flops: float) -> Cost:
     """grad_output, input and weight read; grad input and grad weight written per ``output_mask``."""
-    mask = _arg(args, 10)
+    wants = _flags(args, 10)
     tensors = _tensors(dims[:3], types[:3])
-    if len(tensors) < 3 or not isinstance(mask, str):
+    if len(tensors) < 3 or wants is None or len(wants) < 2:
         return flops, NAN
-    wants = [v.strip() == "True" for v in mask.strip("[]").split(",")]
     (_, _), (x, size), (w, _) = tensors
-    written = (math.prod(x) if wants[0] else 0) + (math.prod(w) if len(wants) > 1 and wants[1] else 0)
+    written = (math.prod(x) if wants[0] else 0) + (math.prod(w) if wants[1] else 0)
     return flops, _read(tensors) + written * size
 
 
@@ -300,17 +300,12 @@ def _cost(name: str, dims: Dims, types: list[str], args: list[str], flops: float
     return rule(name, dims, types, args, flops)
 
 
-def modelled(name: str) -> bool:
-    """Whether ``op_cost`` has a model for op ``name``."""
-    return name in _RULES
-
-
 def chain_costs(trace: Trace) -> pd.DataFrame:
     """Per call chain that launched GPU work (or every chain on a trace without a GPU):
     ``row`` (its top op), ``flops``, ``bytes`` (one call; each the sum over the chain's
     outermost ops for which it is known, NaN unless those ops launched all of the chain's
-    GPU work: a kernel of an op no model covers leaves the chain unknown), ``matrix`` (a matrix op among them),
-    ``time_us`` (the GPU time it launched; host time without a GPU); computed once per trace."""
+    GPU work: a kernel of an op no model covers leaves the chain unknown), ``matrix`` (a
+    matrix op among them), ``time_us`` (the GPU time it launched; host time without a GPU); computed once per trace."""
 
     def compute() -> pd.DataFrame:
         events = trace.events
