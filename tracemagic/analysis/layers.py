@@ -40,6 +40,7 @@ from tracemagic.analysis._common import (
     text,
     thread_keys_of,
 )
+from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate, sort_by_thread
@@ -55,7 +56,7 @@ COMPILED_WRAPPER = re.compile(r"^nn\.Module: OptimizedModule_\d+$")
 COLUMNS = (
     "rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
     "fwd_self_cpu_us", "bwd_cpu_us", "bwd_self_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us",
-    "bwd_gpu_us", "memory_growth_bytes", "input_shapes", "module",
+    "bwd_gpu_us", "tflops_per_s", "memory_bound_pct", "memory_growth_bytes", "input_shapes", "module",
 )  # fmt: skip
 
 
@@ -310,6 +311,10 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     sublayers'); ``cpu_us`` = fwd + bwd and ``self_cpu_us`` = fwd self + bwd self;
     ``self_gpu_us`` (kernels, memcpy, memset launched directly from the layer, forward or
     backward), ``gpu_us`` (with sublayers'), ``fwd_gpu_us``, ``bwd_gpu_us`` (inclusive);
+    ``tflops_per_s`` (the FLOPs ``efficiency()``'s cost models know for the ops run in the
+    layer and its sublayers, forward and backward, over its ``gpu_us``: a lower bound where
+    some of its ops are not modelled; NaN where none is); ``memory_bound_pct`` (the share of
+    ``gpu_us`` in ops ``efficiency()`` finds memory-bound on the trace's device, %);
     ``memory_growth_bytes`` (summed allocation deltas inside the forward calls, all devices);
     ``input_shapes`` (input dims of the first op of the first call); ``module`` (the trace's
     ``nn.Module: X_k`` name). Only work inside ProfilerSteps counts when the trace has them.
@@ -354,6 +359,14 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     regions = att.compiled[scope[att.compiled]]
     region_layer = np.where(att.module[regions] >= 0, layer_of[np.maximum(att.module[regions], 0)], -1)
     compiled = np.bincount(region_layer[region_layer >= 0], minlength=count) > 0
+    flops_of, memory_bound = gpu_shares(trace)
+    _, flops = _rollup(gpu_layer, flops_of[gpu], layer_of, up, count)
+    _, memory_us = _rollup(gpu_layer, np.where(memory_bound[gpu], dur[gpu], 0.0), layer_of, up, count)
+    _, modelled = _rollup(gpu_layer, (flops_of[gpu] > 0).astype(np.float64), layer_of, up, count)
+    gpu_us = fwd_gpu + bwd_gpu
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tflops = np.where((modelled > 0) & (gpu_us > 0), flops / (gpu_us * 1e6), np.nan)
+        memory_pct = np.where(gpu_us > 0, memory_us / gpu_us * 100.0, np.nan)
 
     used = (calls > 0) | (bwd_cpu > 0) | (bwd_gpu > 0)
     first = pd.Series(ts[calls_rows]).groupby(layer_of[calls_rows]).idxmin()
@@ -384,6 +397,8 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
             "self_gpu_us": fwd_gpu_self + bwd_gpu_self,
             "fwd_gpu_us": fwd_gpu,
             "bwd_gpu_us": bwd_gpu,
+            "tflops_per_s": tflops,
+            "memory_bound_pct": memory_pct,
             "memory_growth_bytes": growth.astype(np.int64),
             "input_shapes": text(_first_op_dims(trace, first_row)),
             "module": text(trace_name),

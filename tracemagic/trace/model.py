@@ -10,9 +10,12 @@ import os
 from functools import cached_property
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Callable, Hashable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, TypeVar
 
 import pandas as pd
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.analysis.devices import DevicePeaks
 
 #: The events table: one row per duration (``X``) or instant (``i``) event, all ranks.
 #:
@@ -146,6 +149,16 @@ class Trace:
     def shapes(self) -> pd.DataFrame:
         """Op x input shapes x dtypes with calls, time and FLOPs."""
         return self._analysis("shapes", "shapes")
+
+    def efficiency(self, peaks: "Mapping[str, float] | DevicePeaks | None" = None) -> pd.DataFrame:
+        """Op x shapes x dtypes against the device's roofline: FLOPs, bytes, achieved
+        TFLOP/s and TB/s, compute- or memory-bound, % of the roof (``peaks``: the device's
+        own, see ``tracemagic.analysis.efficiency``)."""
+        if peaks is None:
+            return self._analysis("efficiency", "efficiency")
+        from tracemagic.analysis.efficiency import efficiency
+
+        return efficiency(self, peaks)
 
     def steps(self) -> pd.DataFrame:
         """One row per ProfilerStep (per rank) with its time breakdown."""

@@ -31,8 +31,11 @@ CONTRACT: dict[str, list[str]] = {
                     "dataloader_us", "cpu_us", "idle_us", "gpu_idle_pct", "overlap_pct", "wait_us",
                     "straggler_steps", "slowest"],
     "layers": ["rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
-               "bwd_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "memory_growth_bytes",
-               "input_shapes"],
+               "bwd_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "tflops_per_s", "memory_bound_pct",
+               "memory_growth_bytes", "input_shapes"],
+    "efficiency": ["rank", "name", "input_dims", "input_type", "calls", "gpu_us", "flops", "bytes", "intensity",
+                   "tflops_per_s", "tbytes_per_s", "peak_tflops", "peak_tbytes_per_s", "bound", "pct_of_roofline",
+                   "device"],
     "memory": ["rank", "ts", "device", "allocated_bytes", "reserved_bytes", "delta_bytes", "op", "layer", "step"],
     "shapes": ["rank", "name", "input_dims", "input_type", "calls", "total_us", "mean_us", "self_us", "flops",
                "tflops_per_s"],
@@ -138,6 +141,11 @@ class TraceData:
     def shapes(self) -> pd.DataFrame:
         """``trace.shapes()``."""
         return self.table("shapes")
+
+    @property
+    def efficiency(self) -> pd.DataFrame:
+        """``trace.efficiency()`` (the roofline per op × shape)."""
+        return self.table("efficiency")
 
     @property
     def ranks_table(self) -> pd.DataFrame:

@@ -23,6 +23,7 @@ TITLES: dict[str, str] = {
     "timeline": "Timeline",
     "memory": "Memory",
     "shapes": "Shapes",
+    "roofline": "Roofline",
     "kernels": "Kernels",
     "ranks": "Ranks",
     "graph": "Graph",
@@ -31,7 +32,7 @@ TITLES: dict[str, str] = {
 #: tabs whose content depends on the selected step: all (those in ``WHOLE_TRACE`` say so)
 STEP_DEPENDENT = frozenset(TITLES)
 #: tabs that show every step whatever the selector says (their facts say so while a step is selected)
-WHOLE_TRACE = frozenset({"shapes", "ranks", "compare"})
+WHOLE_TRACE = frozenset({"shapes", "roofline", "ranks", "compare"})
 #: the most ops the Graph tab draws (the rest are listed in its table)
 GRAPH_MAX_NODES = 300
 #: the most events the Timeline draws, at any zoom
@@ -90,7 +91,7 @@ def available(data: TraceData, other: TraceData | None = None) -> list[str]:
     with another trace."""
     keys = ["overview", "layers", "timeline", "memory", "shapes"]
     if data.has_gpu:
-        keys.append("kernels")
+        keys += ["roofline", "kernels"]
     if data.several_ranks:
         keys.append("ranks")
     if data.has_et:
@@ -290,6 +291,28 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
         table=display_table(shapes.sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit),
         table_title="Op × input shapes × dtypes",
         facts=facts,
+    )
+
+
+def _roofline(data: TraceData, state: ViewState) -> Section:
+    efficiency = data.efficiency
+    facts = []
+    devices = efficiency["device"].dropna().astype(str).unique().tolist() if not efficiency.empty else []
+    if devices:
+        facts.append(("device", ", ".join(devices) + " (peaks from the vendor datasheets: tracemagic.analysis.devices)"))
+    elif not efficiency.empty:
+        facts.append(("device", "not recognised: pass its peaks, trace.efficiency(peaks={'bf16': ..., 'tbytes_per_s': ...})"))
+    if not efficiency.empty:
+        modelled = float(efficiency.loc[efficiency["pct_of_roofline"].notna(), "gpu_us"].sum())
+        total = float(efficiency["gpu_us"].sum())
+        facts.append(("modelled", f"{fmt_time(modelled)} of {fmt_time(total)} GPU time in ops with shapes has a cost model"))
+    return Section(
+        "roofline", TITLES["roofline"],
+        figures=[figures.roofline(efficiency, unit=state.unit)],
+        table=display_table(efficiency, state.unit),
+        table_title="Op × input shapes × dtypes against the device roofline (flops and bytes per call)",
+        facts=facts,
+        bullets=insights.roofline_gaps(efficiency),
     )
 
 
