@@ -184,13 +184,14 @@ def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], na
         "collectives": trace.collectives(), "stragglers": trace.stragglers(), "layers": trace.layers(),
         "layer_spans": layer_spans(trace), "memory": trace.memory(), "memory_peaks": trace.memory_peaks(),
         "biggest_allocations": trace.biggest_allocations(), "memory_categories": trace.memory_categories(),
-        "shapes": trace.shapes(), "diff": trace.diff(trace),
+        "shapes": trace.shapes(), "diff": trace.diff(trace), "efficiency": trace.efficiency(),
     }
     contracts = documented_contracts()
     assert set(contracts) == set(tables)
     for table, columns in contracts.items():
         assert list(tables[table].columns) == columns, table
-    assert set(tables["layers"].attrs) == {"step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us"}
+    assert set(tables["layers"].attrs) == {"step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us",
+                                           "compiled_regions", "compiled_layers"}
 
 
 # -- kernels ------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def test_every_tab_renders_its_figures(browser: Any, reports: dict[str, Path], n
         page.page.goto(reports[name].as_uri())
         buttons = page.page.locator("nav button")
         keys = [buttons.nth(i).get_attribute("data-tab") for i in range(buttons.count())]
-        expected = ["overview", "layers", "timeline", "memory", "shapes"] + (["kernels"] if name == "gpu" else [])
+        expected = ["overview", "layers", "timeline", "memory", "shapes"] + (["roofline", "kernels"] if name == "gpu" else [])
         assert keys == expected
         ARTIFACTS.mkdir(exist_ok=True)
         for i, key in enumerate(keys):
@@ -108,6 +108,30 @@ def test_every_tab_renders_its_figures(browser: Any, reports: dict[str, Path], n
             page.page.screenshot(path=str(ARTIFACTS / f"report-{name}-{key}.png"))
         assert page.errors == []
         assert page.requests == []
+    finally:
+        page.close()
+
+
+def test_report_roofline_tab_draws_the_roof_and_a_point_per_op_shape(browser: Any, tmp_path: Path) -> None:
+    trace = tracemagic.load(TRACES / "tracelens_normalization_layer_test.json.gz", use_cache=False)
+    efficiency = trace.efficiency()
+    drawn = efficiency[(efficiency["intensity"] > 0) & (efficiency["tflops_per_s"] > 0)]
+    assert len(drawn) >= 10
+    page = Page(browser)
+    try:
+        page.page.goto(write_report(trace, tmp_path / "roofline.html").as_uri())
+        page.page.locator('nav button[data-tab="roofline"]').click()
+        section = page.page.locator("#tab-roofline")
+        section.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=10_000)
+        # log-log axes, the MI300X roof as a line, one marker per op × shape with both figures
+        assert (section.locator(".xtitle").first.text_content() or "").startswith("arithmetic intensity")
+        assert section.locator(".scatterlayer .trace .js-line").count() >= 1
+        assert section.locator(".scatterlayer .point").count() == len(drawn)
+        assert "MI300X" in section.inner_text()
+        assert section.locator("table.tm-table").count() >= 1
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.page.screenshot(path=str(ARTIFACTS / "report-roofline.png"))
+        assert page.errors == [] and page.requests == []
     finally:
         page.close()
 

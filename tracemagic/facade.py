@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from tracemagic.analysis import diff as _diff
+from tracemagic.analysis import efficiency as _efficiency
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import memory as _memory
@@ -28,6 +29,9 @@ from tracemagic.trace import model as _model
 from tracemagic.trace.progress import Progress
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Mapping
+
+    from tracemagic.analysis.devices import DevicePeaks
     from tracemagic.export.chakra import ChakraReport
     from tracemagic.views.dashboard import Dashboard
 
@@ -71,6 +75,14 @@ class Trace(_model.Trace):
     def shapes(self) -> pd.DataFrame:
         """Op x input shapes x dtypes with calls, time and FLOPs."""
         return self.table(_shapes.shapes)
+
+    def efficiency(self, peaks: Mapping[str, float] | DevicePeaks | None = None) -> pd.DataFrame:
+        """Op x shapes x dtypes against the device's roofline: FLOPs, bytes, achieved
+        TFLOP/s and TB/s, compute- or memory-bound, % of the roof (``peaks``: the device's
+        own, see ``tracemagic.analysis.efficiency``)."""
+        if peaks is None:
+            return self.table(_efficiency.efficiency)
+        return _efficiency.efficiency(self, peaks)
 
     def steps(self) -> pd.DataFrame:
         """One row per ProfilerStep (per rank) with its time breakdown."""

@@ -34,14 +34,17 @@ Column contracts (views rely on these names; each list is complete and in order,
   ``slowest`` is a bool: the rank the others wait for most often, see
   ``ranks.stragglers``; not simply the longest step, since waiting lengthens a step).
 - ``collectives()`` (``ranks.collectives``): ``rank, step, collective, seq, ts, dur,
-  arrival_us, wait_us, excess_us, ranks, source``.
+  arrival_us, wait_us, excess_us, ranks, source, bytes, algbw_gbps, busbw_gbps`` (message
+  size and the NCCL tests' algorithm and bus bandwidth, GB/s, over the transfer time).
 - ``stragglers()`` (``ranks.stragglers``): ``step, rank, by, step_us, median_step_us,
   wait_us, median_wait_us``.
 - ``layers()``: ``rank, layer, type, depth, parent, calls, cpu_us, self_cpu_us, fwd_cpu_us,
   fwd_self_cpu_us, bwd_cpu_us, bwd_self_cpu_us, gpu_us, self_gpu_us, fwd_gpu_us,
-  bwd_gpu_us, memory_growth_bytes, input_shapes, module``; ``df.attrs``: ``step_us``,
+  bwd_gpu_us, tflops_per_s, memory_bound_pct, memory_growth_bytes, input_shapes, module``
+  (``tflops_per_s`` and ``memory_bound_pct`` from ``efficiency()``'s models); ``df.attrs``: ``step_us``,
   ``unattributed_us``, ``overlap_us``, ``gpu_us``, ``gpu_unattributed_us`` (each
-  {rank: µs}).
+  {rank: µs}), ``compiled_regions`` ({rank: torch.compile region calls}),
+  ``compiled_layers`` ({rank: [layers running them]}).
 - ``layer_spans()`` (``spans.layer_spans``): ``rank, layer, type, phase, ts, dur, step,
   calls``.
 - ``memory()``: ``rank, ts, device, allocated_bytes, reserved_bytes, delta_bytes, op,
@@ -61,6 +64,13 @@ Column contracts (views rely on these names; each list is complete and in order,
   a call chain (the outermost op with recorded shapes, or with none and none inside, and
   every op it runs: one convolution is one ``aten::conv2d`` row, not four), ranked by
   ``total_us``; ``self_us`` sums the self time of every op of the chains.
+- ``efficiency()``: ``rank, name, input_dims, input_type, calls, gpu_us, flops, bytes,
+  intensity, tflops_per_s, tbytes_per_s, peak_tflops, peak_tbytes_per_s, bound,
+  pct_of_roofline, device`` — one row per (rank, op, input dims, dtypes) of the call chains
+  that launched GPU work, most GPU time first; ``flops`` and ``bytes`` per call (as
+  ``shapes()``' ``flops``), rates over ``gpu_us``; ``bound`` 'compute' | 'memory'; peaks
+  from ``devices.PEAKS`` matched by ``deviceProperties`` (or given); ``df.attrs['layers']``
+  the layers of each row's calls.
 - ``diff(a, b)``: ``level, name, type, calls_a, calls_b, us_a, us_b, delta_us, ratio,
   status, gpu_us_a, gpu_us_b`` — ``level`` is 'op' | 'kernel' | 'layer', ``status``
   'added' | 'removed' | 'faster' | 'slower' | 'same'; op rows are call-chain tops, as in

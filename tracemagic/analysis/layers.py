@@ -8,6 +8,14 @@ at the backward op, or, for traces without those flows, the op with the same aut
 sequence number. Each stretch of host
 time goes to at most one layer, so self times plus the unattributed rest add up to the
 step time.
+
+Compiled code (``torch.compile``) is one layer: the ``OptimizedModule`` of
+``cm = torch.compile(m)`` and the model it runs are one module (the capture names both
+``cm``), and module events inside a ``Torch-Compiled Region`` (the ``GraphModule`` of the
+eager backends) belong to the layer running the region. Submodules are inlined into the
+compiled graph, so their time is not available inside compiled regions: it is the compiled
+module's own time, forward (the region's ops and kernels) and backward
+(``CompiledFunctionBackward``).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from tracemagic.analysis._common import (
     text,
     thread_keys_of,
 )
+from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate, sort_by_thread
@@ -40,10 +49,14 @@ from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosi
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
 #: ``Input Dims`` text with at least one tensor of one or more dimensions
 TENSOR_DIMS = re.compile(r"\[\d")
+#: the op dynamo runs each compiled frame in (``Torch-Compiled Region: 0/0``)
+COMPILED_REGION = re.compile(r"^Torch-Compiled Region")
+#: the module event of a ``torch.compile(model)`` wrapper
+COMPILED_WRAPPER = re.compile(r"^nn\.Module: OptimizedModule_\d+$")
 COLUMNS = (
     "rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
     "fwd_self_cpu_us", "bwd_cpu_us", "bwd_self_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us",
-    "bwd_gpu_us", "memory_growth_bytes", "input_shapes", "module",
+    "bwd_gpu_us", "tflops_per_s", "memory_bound_pct", "memory_growth_bytes", "input_shapes", "module",
 )  # fmt: skip
 
 
@@ -57,9 +70,11 @@ class Attribution:
             forward op for work inside a backward op; -1 for none.
         backward: per events row, whether it lies inside an outermost backward op.
         root: per events row, the outermost backward op enclosing it (itself included), -1.
-        is_module: per events row, whether it is an ``nn.Module`` event.
+        is_module: per events row, whether it is an ``nn.Module`` event that is a layer of
+            its own (not folded into its enclosing one, see ``_fold_compiled``).
         module_parent: per events row, the ``nn.Module`` event enclosing a module event, -1.
         in_scope: per events row, inside a ProfilerStep (or the rank has no steps).
+        compiled: rows of the ``Torch-Compiled Region`` ops.
     """
 
     module: np.ndarray
@@ -68,6 +83,7 @@ class Attribution:
     is_module: np.ndarray
     module_parent: np.ndarray
     in_scope: np.ndarray
+    compiled: np.ndarray
 
 
 def attribution(trace: Trace, flows: bool = True) -> Attribution:
@@ -92,8 +108,13 @@ def _attribution(trace: Trace, flows: bool) -> Attribution:
     n = len(events)
     parent = events["parent"].to_numpy()
     depth = events["depth"].to_numpy()
-    module = events["module"].to_numpy()
     is_op = kind_mask(events, "cpu_op")
+    names = events["name"]
+    module_names = names.cat.categories.str.startswith(MODULE_PREFIX)
+    is_module = kind_mask(events, "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
+    compiled = np.flatnonzero(is_op & names_where(names, COMPILED_REGION))
+    module, folded = _fold_compiled(trace, events["module"].to_numpy(), is_module, compiled)
+    is_module &= ~folded
     fwd_tid = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)
     is_bwd = is_op & (names_where(events["name"], BACKWARD_OP) | (fwd_tid > 0))
     above = enclosing_of_kind(parent, depth, is_bwd, np.arange(n))
@@ -119,11 +140,55 @@ def _attribution(trace: Trace, flows: bool) -> Attribution:
         matched[joined["row"].to_numpy()] = joined["fwd"].fillna(-1).to_numpy(dtype=np.int64)
     backward = root >= 0
     layer = np.where(backward, matched[np.maximum(root, 0)], module)
-    names = events["name"]
-    module_names = names.cat.categories.str.startswith(MODULE_PREFIX)
-    is_module = kind_mask(events, "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
     module_parent = np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1)
-    return Attribution(layer, backward, root, is_module, module_parent, in_scope(events))
+    return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
+
+
+def _fold_compiled(trace: Trace, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fold the module events of compiled code into the layer they belong to.
+
+    Folded: the model event directly inside its ``OptimizedModule`` event when both have
+    the same layer name (the capture names both by the user's path), and every module event
+    inside a ``Torch-Compiled Region`` op (dynamo's own ``GraphModule``) that has an
+    enclosing module event.
+
+    Args:
+        module: per events row, the innermost enclosing ``nn.Module`` event (itself included).
+        is_module: per events row, whether it is an ``nn.Module`` event.
+        compiled: the rows of the ``Torch-Compiled Region`` ops.
+
+    Returns:
+        ``module`` with each folded event replaced by the event it folds into, and the mask
+        of folded rows.
+    """
+    events = trace.events
+    folded = np.zeros(len(events), dtype=bool)
+    rows = np.flatnonzero(is_module)
+    parent = events["parent"].to_numpy()
+    up = np.where(parent[rows] >= 0, module[np.maximum(parent[rows], 0)], -1)
+    keep = up >= 0
+    rows, up = rows[keep], up[keep]
+    if not rows.size:
+        return module, folded
+    wrapper = names_where(events["name"], COMPILED_WRAPPER)
+    layer, _ = layers_at(trace, rows)
+    up_layer, _ = layers_at(trace, up)
+    fold = wrapper[up] & (layer == up_layer)
+    if compiled.size:
+        region = np.zeros(len(events), dtype=bool)
+        region[compiled] = True
+        fold |= enclosing_of_kind(parent, events["depth"].to_numpy(), region, rows) >= 0
+    if not fold.any():
+        return module, folded
+    folded[rows[fold]] = True
+    into = np.arange(len(events))
+    into[rows[fold]] = up[fold]
+    while True:  # a chain of folds ends at the first event that stays a layer
+        again = into[into]
+        if np.array_equal(again, into):
+            break
+        into = again
+    return np.where(module >= 0, into[np.maximum(module, 0)], -1), folded
 
 
 def _flow_links(trace: Trace, root: np.ndarray, is_op: np.ndarray) -> np.ndarray:
@@ -246,6 +311,10 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     sublayers'); ``cpu_us`` = fwd + bwd and ``self_cpu_us`` = fwd self + bwd self;
     ``self_gpu_us`` (kernels, memcpy, memset launched directly from the layer, forward or
     backward), ``gpu_us`` (with sublayers'), ``fwd_gpu_us``, ``bwd_gpu_us`` (inclusive);
+    ``tflops_per_s`` (the FLOPs ``efficiency()``'s cost models know for the ops run in the
+    layer and its sublayers, forward and backward, over its ``gpu_us``: a lower bound where
+    some of its ops are not modelled; NaN where none is); ``memory_bound_pct`` (the share of
+    ``gpu_us`` in ops ``efficiency()`` finds memory-bound on the trace's device, %);
     ``memory_growth_bytes`` (summed allocation deltas inside the forward calls, all devices);
     ``input_shapes`` (input dims of the first op of the first call); ``module`` (the trace's
     ``nn.Module: X_k`` name). Only work inside ProfilerSteps counts when the trace has them.
@@ -254,7 +323,9 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     ``unattributed_us`` {rank: host time in no layer}, ``overlap_us`` {rank: attributed time
     beyond the step time, from threads running at once; 0 normally}, so that per rank
     ``sum(self_cpu_us) + unattributed_us - overlap_us == step_us``; ``gpu_us`` and
-    ``gpu_unattributed_us`` {rank: ...} likewise for GPU time.
+    ``gpu_unattributed_us`` {rank: ...} likewise for GPU time; ``compiled_regions`` {rank:
+    ``Torch-Compiled Region`` calls counted} and ``compiled_layers`` {rank: [layers running
+    them]}: ``torch.compile``'d code, whose submodules have no time of their own.
     """
     events = trace.events
     att = attribution(trace)
@@ -285,6 +356,17 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     fwd_gpu_self, fwd_gpu = _rollup(np.where(gpu_bwd, -1, gpu_layer), dur[gpu], layer_of, up, count)
     bwd_gpu_self, bwd_gpu = _rollup(np.where(gpu_bwd, gpu_layer, -1), dur[gpu], layer_of, up, count)
     _, growth = _rollup(*memory_growth(trace, att, scope), layer_of, up, count)
+    regions = att.compiled[scope[att.compiled]]
+    region_layer = np.where(att.module[regions] >= 0, layer_of[np.maximum(att.module[regions], 0)], -1)
+    compiled = np.bincount(region_layer[region_layer >= 0], minlength=count) > 0
+    flops_of, memory_bound = gpu_shares(trace)
+    _, flops = _rollup(gpu_layer, flops_of[gpu], layer_of, up, count)
+    _, memory_us = _rollup(gpu_layer, np.where(memory_bound[gpu], dur[gpu], 0.0), layer_of, up, count)
+    _, modelled = _rollup(gpu_layer, (flops_of[gpu] > 0).astype(np.float64), layer_of, up, count)
+    gpu_us = fwd_gpu + bwd_gpu
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tflops = np.where((modelled > 0) & (gpu_us > 0), flops / (gpu_us * 1e6), np.nan)
+        memory_pct = np.where(gpu_us > 0, memory_us / gpu_us * 100.0, np.nan)
 
     used = (calls > 0) | (bwd_cpu > 0) | (bwd_gpu > 0)
     first = pd.Series(ts[calls_rows]).groupby(layer_of[calls_rows]).idxmin()
@@ -315,15 +397,22 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
             "self_gpu_us": fwd_gpu_self + bwd_gpu_self,
             "fwd_gpu_us": fwd_gpu,
             "bwd_gpu_us": bwd_gpu,
+            "tflops_per_s": tflops,
+            "memory_bound_pct": memory_pct,
             "memory_growth_bytes": growth.astype(np.int64),
             "input_shapes": text(_first_op_dims(trace, first_row)),
             "module": text(trace_name),
             "_ts": ts[first_row],
+            "_compiled": compiled,
         },
-        columns=[*COLUMNS, "_ts"],
+        columns=[*COLUMNS, "_ts", "_compiled"],
     )
-    table = table[used].sort_values(["rank", "_ts"], kind="stable").drop(columns="_ts").reset_index(drop=True)
+    table = table[used].sort_values(["rank", "_ts"], kind="stable").reset_index(drop=True)
+    compiled_layers = {r: [str(v) for v in table.loc[(table["rank"] == r) & table["_compiled"], "layer"]] for r in trace.rank_ids}
+    table = table.drop(columns=["_ts", "_compiled"])
     _totals(trace, table, gpu_all, dur, step)
+    table.attrs["compiled_regions"] = {r: int((rank[regions] == r).sum()) for r in trace.rank_ids}
+    table.attrs["compiled_layers"] = compiled_layers
     return table
 
 

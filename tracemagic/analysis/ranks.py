@@ -32,6 +32,45 @@ _POINT_TO_POINT = re.compile(r"^(?:send|recv|sendrecv|isend|irecv|batchisendirec
 _MEANS = ("compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us")
 
 
+#: bytes per element of a collective's ``dtype`` arg (c10 ScalarType names)
+_DTYPE_BYTES = {
+    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1,
+    "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1, "ComplexFloat": 8,
+}  # fmt: skip
+#: normalized collective -> (the message is its output, not its input; bus factor of group size n),
+#: as NCCL's tests define them (nccl-tests doc/PERFORMANCE.md)
+_BUS: tuple[tuple[re.Pattern[str], bool, str], ...] = (
+    (re.compile(r"^allreduce"), False, "2(n-1)/n"),
+    (re.compile(r"^reducescatter"), False, "(n-1)/n"),
+    (re.compile(r"^allgather"), True, "(n-1)/n"),
+    (re.compile(r"^alltoall"), False, "(n-1)/n"),
+    (re.compile(r"^(?:broadcast|reduce|send|recv|sendrecv|isend|irecv)$"), False, "1"),
+)
+
+
+def _bandwidth(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Message bytes, algorithm and bus bandwidth (GB/s) of each collective, NCCL tests' way.
+
+    The message is the collective's data: ``In msg nelems`` × the dtype's size, the output
+    (``Out msg nelems``) for all-gather, whose input is one rank's part. algbw = bytes /
+    time; busbw = algbw × 2(n−1)/n for all-reduce, × (n−1)/n for reduce-scatter,
+    all-gather and all-to-all, × 1 for broadcast, reduce and point-to-point, with n the
+    ``Group size``: the rate each link must sustain, comparable with the hardware's. NaN
+    where the trace records no sizes (older traces, barriers) or the collective is another.
+    """
+    size = events["dtype"].astype(object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)[rows]
+    n = events["group_size"].to_numpy(dtype=float, na_value=np.nan)[rows]
+    nelems = {c: events[c].to_numpy(dtype=float, na_value=np.nan)[rows] for c in ("in_nelems", "out_nelems")}
+    nbytes, factor = np.full(rows.size, np.nan), np.full(rows.size, np.nan)
+    for pattern, output, bus in _BUS:
+        hit = np.array([bool(pattern.search(str(d))) for d in does], dtype=bool) & np.isnan(factor)
+        nbytes[hit] = (nelems["out_nelems" if output else "in_nelems"] * size)[hit]
+        factor[hit] = {"2(n-1)/n": 2 * (n - 1) / n, "(n-1)/n": (n - 1) / n, "1": np.ones(rows.size)}[bus][hit]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(seconds > 0, nbytes / seconds / 1e9, np.nan)
+    return nbytes, algbw, algbw * factor
+
+
 def _label(name: str, recorded: object, source: str) -> str:
     """A collective's name: the recorded ``Collective name`` arg, else from the event name."""
     if source == "kernel":
@@ -101,8 +140,13 @@ def collectives(trace: Trace) -> pd.DataFrame:
     NaN where only one rank has it, and for point-to-point transfers (send, recv, SendRecv
     kernels not launched by an all-to-all: their wait is for one peer, which the trace
     does not name); ``excess_us`` is NaN too for collectives that need not end together
-    (broadcast, reduce, gather, scatter: the root leaves at another time).
-    Collectives outside every step window are left out.
+    (broadcast, reduce, gather, scatter: the root leaves at another time). ``bytes`` (the
+    message: ``In msg nelems`` × dtype size, all-gather's output), ``algbw_gbps`` (bytes over
+    the transfer time: ``dur`` less ``excess_us``, the wait for the last rank, where known,
+    GB/s = 10⁹ bytes/s) and ``busbw_gbps`` (algbw × the NCCL tests' bus factor for the
+    collective and ``Group size``: 2(n−1)/n all-reduce, (n−1)/n reduce-scatter, all-gather,
+    all-to-all, 1 broadcast, reduce and point-to-point); NaN where the trace records no
+    message sizes. Collectives outside every step window are left out.
 
     The common clock is the trace's own (ranks of a job record synchronized wall-clock
     times), corrected for NCCL kernels by each rank's offset estimated from the ends of the
@@ -124,6 +168,8 @@ def collectives(trace: Trace) -> pd.DataFrame:
             "dur": events["dur"].to_numpy()[rows],
             "arrival_us": ts - frame["start"].to_numpy()[np.maximum(window, 0)],
             "key": _key(labels),
+            "does": does,
+            "row": rows,
             "together": pd.Series(does, dtype=object).str.contains(_ENDS_TOGETHER).to_numpy(dtype=bool),
             "p2p": pd.Series(does, dtype=object).str.match(_POINT_TO_POINT).to_numpy(dtype=bool),
         }
@@ -140,7 +186,11 @@ def collectives(trace: Trace) -> pd.DataFrame:
     out["excess_us"] = (out["dur"] - match["dur"].transform("min")).where(together)
     out["ranks"] = count.to_numpy()
     out["source"] = source
-    out = out.drop(columns=["key", "together", "p2p"]).sort_values(["step", "ts", "rank"], kind="stable").reset_index(drop=True)
+    # the transfer: the duration less the wait for the last rank (``excess_us``) where known
+    transfer_s = (out["dur"] - out["excess_us"].fillna(0.0)).to_numpy() * 1e-6
+    out["bytes"], out["algbw_gbps"], out["busbw_gbps"] = _bandwidth(events, out["row"].to_numpy(), out["does"].to_numpy(), transfer_s)
+    out = out.drop(columns=["key", "together", "p2p", "row", "does"])
+    out = out.sort_values(["step", "ts", "rank"], kind="stable").reset_index(drop=True)
     out.attrs["clock_offset_us"] = {int(rank): float(value) for rank, value in offsets.items()}
     return out
 

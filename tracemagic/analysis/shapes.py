@@ -148,6 +148,68 @@ def _attention(dims: Dims) -> float | None:
     return 2.0 * batch * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
+def _flag(args: list[str], i: int) -> bool | None:
+    """Boolean argument ``i`` of ``Concrete Inputs`` ('True' / 'False'), None if absent."""
+    value = _arg(args, i)
+    return value if isinstance(value, bool) else None
+
+
+def _flags(args: list[str], i: int) -> list[bool] | None:
+    """A bool-list argument (``output_mask``: '[True, False, True]'), None if absent."""
+    value = _arg(args, i)
+    if not isinstance(value, str) or not value.startswith("["):
+        return None
+    items = [v.strip() for v in value.strip("[]").split(",")]
+    return [v == "True" for v in items] if all(v in ("True", "False") for v in items) else None
+
+
+#: attention op -> (position of q in ``Input Dims``, of ``is_causal`` in ``Concrete Inputs``,
+#: FLOPs relative to the forward's): the backward runs five matrix products of the
+#: forward's size (QKᵀ again, dV, dP, dQ, dK) to the forward's two, so 2.5×
+ATTENTION: dict[str, tuple[int, int, float]] = {
+    "aten::scaled_dot_product_attention": (0, 5, 1.0),
+    "aten::_scaled_dot_product_flash_attention": (0, 4, 1.0),
+    "aten::_scaled_dot_product_efficient_attention": (0, 6, 1.0),
+    "aten::_scaled_dot_product_cudnn_attention": (0, 6, 1.0),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (0, 4, 1.0),
+    "aten::_scaled_dot_product_flash_attention_backward": (1, 11, 2.5),
+    "aten::_scaled_dot_product_efficient_attention_backward": (1, 11, 2.5),
+    "aten::_scaled_dot_product_cudnn_attention_backward": (1, 14, 2.5),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (1, 4, 2.5),
+}
+
+
+def _attention_args(name: str, dims: Dims, args: list[str]) -> float | None:
+    """Attention FLOPs (``_attention``), halved where ``is_causal`` is recorded True (the
+    masked half of QKᵀ and PV is skipped), 2.5× for the backward."""
+    at, causal_at, factor = ATTENTION[name]
+    value = _attention(dims[at:])
+    if value is None:
+        return None
+    return value * factor * (0.5 if _flag(args, causal_at) else 1.0)
+
+
+def _convolution_backward(name: str, dims: Dims, args: list[str]) -> float | None:
+    """``aten::convolution_backward(grad_output, input, weight, ..., transposed@7, ...,
+    output_mask@10)``: each of grad input and grad weight costs the forward's FLOPs,
+    2 · N · weight volume · output positions (input positions when transposed); the bias
+    gradient is a sum, not counted (as in torch). None without ``output_mask``."""
+    if len(dims) < 3 or len(dims[1]) < 3 or len(dims[2]) != len(dims[1]):
+        return None
+    mask, transposed = _flags(args, 10), _flag(args, 7)
+    if mask is None or transposed is None or len(mask) < 2:
+        return None
+    grad_out, x, w = dims[0], dims[1], dims[2]
+    positions = math.prod(x[2:]) if transposed else math.prod(grad_out[2:])
+    return 2.0 * x[0] * math.prod(w) * positions * (int(mask[0]) + int(mask[1]))
+
+
+#: ops whose FLOPs need ``Concrete Inputs`` as well as the dims (None without them)
+ARG_RULES: dict[str, Callable[[str, Dims, list[str]], float | None]] = {
+    **{name: _attention_args for name in ATTENTION},
+    "aten::convolution_backward": _convolution_backward,
+}
+
 #: op name -> FLOPs of one call from its input dims
 FLOP_RULES: dict[str, Callable[[Dims], float | None]] = {
     "aten::mm": _mm,
@@ -177,10 +239,17 @@ ESTIMATED = set(_CONV_ARGS)
 def flops_with_source(name: str, input_dims: str | None, concrete_inputs: str | None = None) -> tuple[float | None, str | None]:
     """FLOPs of one call and how they were had: ('shapes' exact | 'estimate' | None, None if unknown)."""
     rule = FLOP_RULES.get(name)
-    if rule is None or not input_dims:
+    if (rule is None and name not in ARG_RULES) or not input_dims:
         return None, None
     try:
         dims = json.loads(input_dims)
+        if name in ARG_RULES:
+            args = json.loads(concrete_inputs) if concrete_inputs else []
+            exact = ARG_RULES[name](name, dims, args if isinstance(args, list) else [])
+            if exact is not None:
+                return exact, "shapes"
+        if rule is None:
+            return None, None
         if name in ESTIMATED and concrete_inputs:
             args = json.loads(concrete_inputs)
             exact = _conv_exact(name, dims, args) if isinstance(args, list) else None
@@ -217,7 +286,7 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     names = events["name"].to_numpy()[rows]
     dims = events["input_dims"].to_numpy()[rows]
     args = events["concrete_inputs"].to_numpy()[rows]
-    ruled = np.flatnonzero(np.isnan(value) & pd.Series(names).isin(FLOP_RULES.keys()).to_numpy() & pd.notna(dims))
+    ruled = np.flatnonzero(np.isnan(value) & pd.Series(names).isin([*FLOP_RULES, *ARG_RULES]).to_numpy() & pd.notna(dims))
     keys = pd.MultiIndex.from_arrays([names[ruled], dims[ruled], pd.Series(args[ruled]).fillna("").to_numpy()])
     codes, distinct = pd.factorize(keys)
     found = [flops_with_source(str(n), str(d), str(a) or None) for n, d, a in distinct]
@@ -226,6 +295,17 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     value[ruled] = per_key[codes]
     source[ruled] = per_key_source[codes]
     return value, source
+
+
+def outermost(events: pd.DataFrame, rows: np.ndarray, top: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Mask over ``rows`` (op rows, ``top`` the top of each one's call chain, -1: none) of
+    those in a chain with ``known`` True and no known op around them: the ops whose figures
+    add up to their chain's (a linear layer's backward: its two ``aten::mm``)."""
+    at = np.zeros(len(events), dtype=bool)
+    at[rows[known]] = True
+    outer = (top >= 0) & known
+    outer[outer] = enclosing_of_kind(events["parent"].to_numpy(), events["depth"].to_numpy(), at, rows[outer]) < 0
+    return outer
 
 
 def shapes(trace: Trace) -> pd.DataFrame:
@@ -244,7 +324,9 @@ def shapes(trace: Trace) -> pd.DataFrame:
     runtime calls and other non-op events inside); ``gpu_us`` (kernels, memcpy and memset
     launched inside the chains); ``flops`` (per call: the top op's, the trace's own
     ``flops`` arg when ``with_flops`` wrote it, else computed from the shapes for matmul,
-    linear, bmm, conv and attention ops; where the top op has none, the sum of its
+    linear, bmm, conv and attention ops, and from ``Concrete Inputs`` for
+    ``aten::convolution_backward`` (by its ``output_mask``) and attention backward (2.5× the
+    forward; attention halved where ``is_causal`` is True); where the top op has none, the sum of its
     outermost ops that have some, e.g. the two ``aten::mm`` of a linear layer's backward;
     NA otherwise); ``tflops_per_s`` (calls × flops / time: GPU time where the chain
     launched GPU work, else host time); ``flops_source`` ('trace' | 'shapes' | 'estimate':
@@ -256,15 +338,11 @@ def shapes(trace: Trace) -> pd.DataFrame:
     events = trace.events
     rows, top = call_chains(trace)
     tops = rows[top == rows]
-    parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
     n = len(events)
     inside = top >= 0
     chain_self = np.bincount(top[inside], weights=events["self_dur"].to_numpy()[rows[inside]], minlength=n)
     value, source = _op_flops(events, rows)
-    known = np.zeros(n, dtype=bool)
-    known[rows[~np.isnan(value)]] = True
-    outer = inside & known[rows]
-    outer[outer] = enclosing_of_kind(parent, depth, known, rows[outer]) < 0
+    outer = outermost(events, rows, top, ~np.isnan(value))
     chain_flops = np.bincount(top[outer], weights=value[outer], minlength=n)
     chain_source = np.full(n, -1, dtype=np.int64)
     np.maximum.at(chain_source, top[outer], source[outer])

@@ -2,8 +2,8 @@
 
 ``CaptureSession`` is also the handle the cell sees (``chakra``): the rewritten loop calls
 ``step()`` at the end of each iteration, ``start()`` before and ``stop()`` after it.
-Whatever happens in the cell, ``finish()`` stops the profiler, unregisters the ET observer
-and the module hook, writes what was recorded and the manifest, and returns a ``Capture``.
+Whatever happens in the cell, ``finish()`` stops the profiler, unregisters the ET observer,
+writes what was recorded and the manifest, and returns a ``Capture``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tracemagic._version import __version__
 from tracemagic.capture import files, notices
 from tracemagic.capture.config import CaptureConfig
 from tracemagic.capture.loop import LoopPlan
-from tracemagic.capture.naming import ModuleRecorder, find_roots, module_map
+from tracemagic.capture.naming import Called, find_roots, module_map, namespace_modules, recorded_modules, resolve
 from tracemagic.capture.result import Capture
 from tracemagic.errors import CaptureError
 from tracemagic.trace import layout
@@ -99,18 +99,19 @@ class _Cycle:
     kineto: str | None = None
     memory: str | None = None
     et: str | None = None
-    window: list[torch.nn.Module] = field(default_factory=list)
+    window: Called = field(default_factory=dict)  # trace module name -> module (naming)
 
 
 class _Profiler(torch.profiler.profile):
-    """``torch.profiler.profile`` that brackets each recording window with the hook.
+    """``torch.profiler.profile`` that hushes torch's start/stop notices and, after each
+    recording window, reads which modules its ``nn.Module`` events stand for.
 
-    Without ``with_stack`` there are no ``nn.Module`` events to name: no hook then.
+    Nothing is installed around the window (see ``tracemagic.capture.naming``); without
+    ``with_stack`` there are no ``nn.Module`` events to name.
     """
 
-    def __init__(self, recorder: ModuleRecorder, session: CaptureSession, **kwargs: Any) -> None:
+    def __init__(self, session: CaptureSession, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._recorder = recorder if self.with_stack else None
         self._session = session
 
     def prepare_trace(self) -> None:
@@ -118,8 +119,6 @@ class _Profiler(torch.profiler.profile):
             super().prepare_trace()
 
     def start_trace(self) -> None:
-        if self._recorder is not None:
-            self._recorder.start()
         with notices.hush(self._session._hidden):
             super().start_trace()
 
@@ -132,8 +131,15 @@ class _Profiler(torch.profiler.profile):
             with notices.hush(self._session._hidden):
                 super().stop_trace()
         finally:
-            if self._recorder is not None:
-                self._session._window = self._recorder.stop() or []
+            self._session._window = self._modules() if self.with_stack and not self._session._switched_off else {}
+
+    def _modules(self) -> Called:
+        """The modules of the window just stopped, by trace name, found while they are alive."""
+        try:
+            return resolve(recorded_modules(self.profiler), namespace_modules(self._session.namespace))
+        except Exception as exc:  # noqa: BLE001 - names are a convenience, never worth a failed capture
+            self._session.note(f"nn.Module events could not be named by attribute path ({type(exc).__name__}: {exc}).")
+            return {}
 
 
 class CaptureSession:
@@ -167,7 +173,6 @@ class CaptureSession:
         self._prof: _Profiler | None = None
         self._et: ExecutionTraceObserver | None = None
         self._et_label: int | None = None  # the cycle label of the ET being recorded
-        self._recorder = ModuleRecorder()
         self._started = False
         self._stopped = False
         self._skip_step = False
@@ -176,7 +181,7 @@ class CaptureSession:
         self._t_step = 0.0
         self._pending: list[StepRecord] = []
         self._cycles: list[_Cycle] = []
-        self._window: list[torch.nn.Module] = []
+        self._window: Called = {}
         self._notes: list[str] = []
         self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
         self._switched_off = False  # the profiler was switched off inside the current cycle
@@ -264,7 +269,6 @@ class CaptureSession:
             if self._one_step:  # the whole cell is the one active step: no warmup
                 warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
             self._prof = _Profiler(
-                self._recorder,
                 self,
                 activities=activities,
                 schedule=torch.profiler.schedule(**self.schedule),
@@ -358,8 +362,7 @@ class CaptureSession:
                 torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
 
     def _cleanup(self) -> None:
-        """Unregister the module hook, and the ET observer of a cycle that never ended."""
-        self._recorder.stop()
+        """Unregister the ET observer of a cycle that never ended."""
         self._close_et(None)
 
     # -- the Execution Trace: one per cycle, like the Kineto trace ------------------------
@@ -411,13 +414,13 @@ class CaptureSession:
         assert self.dir is not None
         if self._pending and all(s.end == "loop_exit" for s in self._pending):
             # the loop ended just as the window opened: a trace of its exit alone is noise
-            self._pending, self._window = [], []
+            self._pending, self._window = [], {}
             self._close_et(None)
             return
         number = len(self._cycles) + 1
         label = self._cycle_label(number)
         cycle = _Cycle(number, label, steps=self._pending, window=self._window)
-        self._pending, self._window = [], []
+        self._pending, self._window = [], {}
         self._cycles.append(cycle)
         if self._switched_off:
             self._switched_off = False
@@ -544,7 +547,7 @@ class CaptureSession:
             entry["bytes"] = (self.dir / entry["path"]).stat().st_size
         entries.append({"path": files.MANIFEST, "kind": "manifest"})
 
-        roots = find_roots(m for c in written for m in c.window)
+        roots = find_roots(m for c in written for m in c.window.values() if not isinstance(m, str))
         maps = {c.kineto: module_map(c.window, roots, self.namespace) for c in written}
         first = next(iter(maps.values()), {})
         manifest = self._base_manifest(status)

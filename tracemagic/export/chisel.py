@@ -119,7 +119,7 @@ def _profiled_forward(
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from tracemagic.capture.naming import ModuleRecorder, module_map
+    from tracemagic.capture.naming import module_map, recorded_modules, resolve
 
     count = getattr(model, "_tracemagic_calls", 0) + 1
     model._tracemagic_calls = count
@@ -127,16 +127,14 @@ def _profiled_forward(
     trace_file = trace_dir / f"{name}_forward_{count:03d}.json"
     options = dict(profiler_kwargs)
     options.setdefault("activities", [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
-    recorder = ModuleRecorder()
     with profile(record_shapes=record_shapes, profile_memory=profile_memory, **options) as prof:
-        recorder.start()
-        try:
-            result = original(model, *args, **kwargs)
-        finally:
-            recorder.stop()
+        result = original(model, *args, **kwargs)
     prof.export_chrome_trace(str(trace_file))
-    # the model's own call is not seen by the hook (forward is called directly here)
-    window = [model] + [m for m in (recorder.windows[-1] if recorder.windows else []) if m is not model]
+    # the model's own call is on the stack when the tracer starts: torch records it too
+    try:
+        window = resolve(recorded_modules(prof.profiler), [model]) if prof.with_stack else {}
+    except Exception:  # noqa: BLE001 - names are a convenience: never lose the forward's result
+        window = {}
     modules = module_map(window, [model], {name: model})  # the model itself is named `name`
     layout.write_json(layout.modules_sidecar(trace_file), modules)
     print(f"[capture_model] {name} forward pass #{count} -> {trace_file}", file=sys.stdout)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pandas as pd
 
 from tracemagic.analysis import diff as _diff
+from tracemagic.analysis import efficiency as _efficiency
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import memory as _memory
@@ -39,6 +40,7 @@ ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
     "biggest_allocations": _memory.biggest_allocations,
     "memory_categories": _memory.categories,
     "shapes": _shapes.shapes,
+    "efficiency": _efficiency.efficiency,
 }
 
 #: the column contracts of ``tracemagic.analysis`` (used for the empty stand-ins)
@@ -53,8 +55,11 @@ CONTRACT: dict[str, list[str]] = {
                     "dataloader_us", "cpu_us", "idle_us", "gpu_idle_pct", "overlap_pct", "wait_us",
                     "straggler_steps", "slowest"],
     "layers": ["rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
-               "bwd_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "memory_growth_bytes",
-               "input_shapes"],
+               "bwd_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "tflops_per_s", "memory_bound_pct",
+               "memory_growth_bytes", "input_shapes"],
+    "efficiency": ["rank", "name", "input_dims", "input_type", "calls", "gpu_us", "flops", "bytes", "intensity",
+                   "tflops_per_s", "tbytes_per_s", "peak_tflops", "peak_tbytes_per_s", "bound", "pct_of_roofline",
+                   "device"],
     "memory": ["rank", "ts", "device", "allocated_bytes", "reserved_bytes", "delta_bytes", "op", "layer", "step"],
     "shapes": ["rank", "name", "input_dims", "input_type", "calls", "total_us", "mean_us", "self_us", "flops",
                "tflops_per_s"],
@@ -160,6 +165,11 @@ class TraceData:
     def shapes(self) -> pd.DataFrame:
         """``trace.shapes()``."""
         return self.table("shapes")
+
+    @property
+    def efficiency(self) -> pd.DataFrame:
+        """``trace.efficiency()`` (the roofline per op × shape)."""
+        return self.table("efficiency")
 
     @property
     def ranks_table(self) -> pd.DataFrame:

@@ -736,6 +736,66 @@ def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric:
     return _layout(fig, title, axis, None, height=max(300, 24 * len(table) + 100))
 
 
+# -- Roofline ---------------------------------------------------------------------------------
+BOUND_COLORS = {"compute": "#d62728", "memory": "#1f77b4"}
+
+
+def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> go.Figure:
+    """Log-log roofline: arithmetic intensity (FLOP/byte) against achieved TFLOP/s, one point
+    per op × shape (``trace.efficiency()`` rows with both figures), sized by GPU time,
+    colored by bound, under each device roof ``min(peak TFLOP/s, intensity × TB/s)``.
+    Hover shows the op, shapes, dtypes, layers (``efficiency.attrs['layers']``) and the %
+    of the roof. The ``top`` rows by GPU time are drawn."""
+    title = "Roofline: achieved TFLOP/s against arithmetic intensity"
+    if efficiency.empty:
+        return empty("No op ran on a GPU with recorded shapes: record with record_shapes=True on a GPU.", title)
+    layers = list(efficiency.attrs.get("layers") or [""] * len(efficiency))
+    frame = efficiency.assign(_layers=layers if len(layers) == len(efficiency) else [""] * len(efficiency))
+    frame = frame[(frame["intensity"] > 0) & (frame["tflops_per_s"] > 0)]
+    if frame.empty:
+        return empty("No op here has both FLOPs and bytes from its shapes (see trace.efficiency()).", title)
+    frame = frame.sort_values("gpu_us", ascending=False, kind="stable").head(top)
+    div = unit_divisor(unit)
+    fig = go.Figure()
+    lo = float(frame["intensity"].min()) / 4
+    hi = float(frame["intensity"].max()) * 4
+    roofs = frame[["device", "peak_tflops", "peak_tbytes_per_s"]].drop_duplicates().dropna(subset=["peak_tbytes_per_s"])
+    if roofs["peak_tflops"].notna().any():  # integer ops have no compute peak: the float roofs are drawn
+        roofs = roofs.dropna(subset=["peak_tflops"])
+    for roof in roofs.itertuples():
+        peak, bandwidth = float(roof.peak_tflops), float(roof.peak_tbytes_per_s)
+        ridge = peak / bandwidth if peak == peak else hi
+        xs = np.array([min(lo, ridge / 4), ridge, max(hi, ridge * 4)]) if peak == peak else np.array([lo, hi])
+        ys = np.minimum(peak, xs * bandwidth) if peak == peak else xs * bandwidth
+        label = f"{roof.device or 'given peaks'}: {bandwidth:g} TB/s" + (f", {peak:g} TFLOP/s" if peak == peak else "")
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(label), line={"color": "#444", "width": 1.5},
+                                 hovertemplate=esc(label) + "<extra></extra>"))
+    sizes = frame["gpu_us"].to_numpy(dtype=float)
+    marker = 8 + 32 * np.sqrt(sizes / max(float(sizes.max()), 1e-9))
+    for bound in ("compute", "memory", None):
+        part = frame[frame["bound"].astype("string").fillna("unknown") == (bound or "unknown")]
+        if part.empty:
+            continue
+        pct = ["n/a" if v != v else f"{v:.0f}% of its roof" for v in part["pct_of_roofline"].astype(float)]
+        fig.add_trace(go.Scatter(
+            x=part["intensity"], y=part["tflops_per_s"], mode="markers", name=f"{bound or 'unknown'}-bound",
+            marker={"size": marker[frame.index.get_indexer(part.index)], "color": BOUND_COLORS.get(bound or "", "#7f7f7f"),
+                    "opacity": 0.7, "line": {"width": 0.5, "color": "#333"}},
+            customdata=np.stack([
+                esc_all(part["name"]), esc_all(part["input_dims"]), esc_all(part["input_type"]),
+                esc_all(part["_layers"].replace("", "none")), part["gpu_us"].to_numpy(dtype=float) / div,
+                part["calls"].astype(int), pct,
+            ], axis=-1),
+            hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
+            "<br>layer %{customdata[3]}<br>%{customdata[5]} calls, %{customdata[4]:.3f} " + unit
+            + "<br>%{x:.3g} FLOP/byte, %{y:.3g} TFLOP/s, %{customdata[6]}<extra></extra>",
+        ))
+    fig = _layout(fig, title, "arithmetic intensity (FLOP/byte)", "achieved TFLOP/s", height=480)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return fig
+
+
 # -- Kernels ----------------------------------------------------------------------------------
 def top_kernels_bar(kernels: pd.DataFrame, *, top: int = 15, by_op: bool = False, unit: str = "ms") -> go.Figure:
     """Horizontal bars of the ``top`` kernels by total GPU time (by kernel, or kernel + op)."""

@@ -204,6 +204,10 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         out.append(("peak memory" + (f" in step {step}" if step is not None else ""),
                     "; ".join((f"rank {row['rank']} · " if data.several_ranks else "") + peak_text(row, step)
                               for _, row in top.iterrows())))
+    if data.has_gpu and step is None:
+        gaps = roofline_gaps(data.efficiency, 1)
+        if gaps:
+            out.append(("furthest below its roof", gaps[0]))
     table = getattr(data.trace, "events", None)
     if table is not None:
         out.append(("events", f"{len(table):,}"))
@@ -219,6 +223,43 @@ def peak_text(row: pd.Series, step: int | None = None, *, device: bool = True) -
     if reserved is not None and pd.notna(reserved) and float(reserved) > 0:
         text += f"; reserved {fmt_bytes(reserved)}"
     return text + ")"
+
+
+def roofline_gap_weights(efficiency: pd.DataFrame, limit: int = 3) -> list[tuple[float, str]]:
+    """The op × shapes with the most GPU time lost to their roof (GPU time × (1 − % of the
+    roof)), as (share of the modelled GPU time, advice), largest first."""
+    if efficiency is None or efficiency.empty:
+        return []
+    known = efficiency[efficiency["pct_of_roofline"].notna() & (efficiency["gpu_us"] > 0)]
+    total = float(efficiency["gpu_us"].sum())
+    if known.empty or total <= 0:
+        return []
+    layers = list(efficiency.attrs.get("layers") or [])
+    lost = known["gpu_us"] * (1 - known["pct_of_roofline"].clip(upper=100) / 100)
+    out = []
+    for index in lost.sort_values(ascending=False).index[:limit]:
+        row = known.loc[index]
+        where = layers[efficiency.index.get_loc(index)] if len(layers) == len(efficiency) else ""
+        device = row["device"] if isinstance(row["device"], str) else "the given"
+        shape = f"{shorten(str(row['name']), 50)} {shorten(str(row['input_dims']), 50)} ({shorten(str(row['input_type']), 30)})"
+        pct = float(row["pct_of_roofline"]) / 100
+        if row["bound"] == "compute":
+            roof = f"{float(row['peak_tflops']):g} TFLOP/s"
+            advice = "compute-bound at this shape: a lower precision (BF16/FP16, TF32 for float32) or larger matrices reach more of it"
+        else:
+            roof = f"{float(row['peak_tbytes_per_s']):g} TB/s"
+            advice = (f"memory-bound at this shape ({float(row['intensity']):.2g} FLOP/byte): fusing it with its "
+                      "neighbours (torch.compile) or a lower precision moves fewer bytes") if row["intensity"] == row["intensity"] \
+                else "memory-bound: fusing it with its neighbours (torch.compile) moves fewer bytes"
+        layer = f" in {shorten(where, 60)}" if where else ""
+        out.append((float(lost[index]) / total, f"{shape}{layer} runs at {fmt_pct(pct)} of {device} {roof} "
+                                                f"over {fmt_time(float(row['gpu_us']))} of GPU time; it is {advice}."))
+    return out
+
+
+def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> list[str]:
+    """``roofline_gap_weights`` as text: the largest gaps between ops and their roof."""
+    return [text for _, text in roofline_gap_weights(efficiency, limit)]
 
 
 def device_memory(data: TraceData) -> float | None:

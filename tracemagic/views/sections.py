@@ -96,9 +96,9 @@ class Tab:
 
 
 def available(data: TraceData, other: TraceData | None = None) -> list[str]:
-    """The tab keys to show for this trace, in display order: Kernels only with a GPU,
-    Ranks only with several ranks, Graph only with an Execution Trace next to the trace,
-    Compare only with another trace (each ``Tab.available``)."""
+    """The tab keys to show for this trace, in display order: Roofline and Kernels only
+    with a GPU, Ranks only with several ranks, Graph only with an Execution Trace next to
+    the trace, Compare only with another trace (each ``Tab.available``)."""
     return [key for key, tab in TABS.items() if tab.available(data, other)]
 
 
@@ -187,7 +187,25 @@ def _layers(data: TraceData, state: ViewState) -> Section:
         table_title="Layers" + (f" in step {state.step}" if state.step is not None else "")
         + " (self = time not in child layers)",
         side=html.layer_tree(layers, metric=metric, unit=state.unit) if not layers.empty else "",
+        bullets=_compiled_note(layers),
     )
+
+
+def _compiled_note(layers: pd.DataFrame) -> list[str]:
+    """What the Layers tab cannot show when the trace ran ``torch.compile``'d code."""
+    regions = sum((layers.attrs.get("compiled_regions") or {}).values())
+    if not regions:
+        return []
+    names = sorted({name for per_rank in (layers.attrs.get("compiled_layers") or {}).values() for name in per_rank})
+    head = f"torch.compile: {regions:,} compiled region call(s)"
+    if not names:
+        return [f"{head}, outside any nn.Module event (a compiled function, or no with_stack): submodule timing "
+                "is not available inside compiled regions, and their ops and kernels belong to no layer."]
+    return [
+        f"{head}, in {', '.join(names)}. Submodule timing is not available inside compiled regions: dynamo "
+        "inlines the submodules into one graph, so their ops and kernels count as the compiled module's own "
+        "time (forward and backward)."
+    ]
 
 
 def _numeric(frame: pd.DataFrame, columns: tuple[str, ...] = ("ts", "dur", "depth", "rank")) -> pd.DataFrame:
@@ -274,6 +292,28 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
         table=display_table(shapes.sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit),
         table_title="Op × input shapes × dtypes",
         facts=facts,
+    )
+
+
+def _roofline(data: TraceData, state: ViewState) -> Section:
+    efficiency = data.efficiency
+    facts = []
+    devices = efficiency["device"].dropna().astype(str).unique().tolist() if not efficiency.empty else []
+    if devices:
+        facts.append(("device", ", ".join(devices) + " (peaks from the vendor datasheets: tracemagic.analysis.devices)"))
+    elif not efficiency.empty:
+        facts.append(("device", "not recognised: pass its peaks, trace.efficiency(peaks={'bf16': ..., 'tbytes_per_s': ...})"))
+    if not efficiency.empty:
+        modelled = float(efficiency.loc[efficiency["pct_of_roofline"].notna(), "gpu_us"].sum())
+        total = float(efficiency["gpu_us"].sum())
+        facts.append(("modelled", f"{fmt_time(modelled)} of {fmt_time(total)} GPU time in ops with shapes has a cost model"))
+    return Section(
+        "roofline", TITLES["roofline"],
+        figures=[figures.roofline(efficiency, unit=state.unit)],
+        table=display_table(efficiency, state.unit),
+        table_title="Op × input shapes × dtypes against the device roofline (flops and bytes per call)",
+        facts=facts,
+        bullets=insights.roofline_gaps(efficiency),
     )
 
 
@@ -364,6 +404,7 @@ TABS: dict[str, Tab] = {tab.key: tab for tab in (
     Tab("timeline", "Timeline", _timeline),
     Tab("memory", "Memory", _memory),
     Tab("shapes", "Shapes", _shapes, whole_trace=True),
+    Tab("roofline", "Roofline", _roofline, available=lambda data, other: data.has_gpu, whole_trace=True),
     Tab("kernels", "Kernels", _kernels, available=lambda data, other: data.has_gpu),
     Tab("ranks", "Ranks", _ranks, available=lambda data, other: data.several_ranks, whole_trace=True),
     Tab("graph", "Graph", _graph, available=lambda data, other: data.has_et),
