@@ -8,11 +8,19 @@ in which every rank needs every other's data (all-reduce, all-gather, reduce-sca
 all-to-all, barrier) end together on all ranks, so only they set the clock correction and
 ``excess_us``; point-to-point transfers (send, recv, NCCL's SendRecv kernels outside an
 all-to-all) wait for one peer, which a trace does not name, so they get no wait.
+
+Each table is made in two parts, so that the ranks of a job need not be loaded together
+(``tracemagic.load_ranks``): ``summarize`` takes what the tables need from a trace (one
+rank or several: their steps, overlap and collective arrivals, small), and the tables are
+computed from the summaries of all ranks (``steps_of``, ``collectives_of``,
+``stragglers_of``, ``ranks_of``). A ``Trace``'s own tables are the same functions over
+its one summary.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -87,6 +95,64 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return rows, labels, does, source
 
 
+#: the kinds of collective events, best first (see ``_collective_events``)
+SOURCES = ("kernel", "annotation", "record_param_comms")
+
+
+@dataclass
+class Summary:
+    """What the cross-rank tables need of one or more ranks (a few rows per step and per
+    collective; picklable, so a worker can send it).
+
+    Attributes:
+        steps: the ranks' ``steps()`` table.
+        overlap: ``overlap()`` (per rank).
+        arrivals: the ranks' collectives before matching: ``rank, step, collective, seq,
+            ts, dur, arrival_us, key, together, p2p`` (``collectives`` minus the waits).
+        source: the kind of event the collectives are (``SOURCES``).
+    """
+
+    steps: pd.DataFrame
+    overlap: pd.Series
+    arrivals: pd.DataFrame
+    source: str
+
+
+def summarize(trace: Trace) -> Summary:
+    """The ``Summary`` of a trace's ranks (computed once per trace)."""
+    return trace.shared("rank_summary", lambda: Summary(trace.steps(), overlap(trace), *_arrivals(trace)))
+
+
+def _arrivals(trace: Trace) -> tuple[pd.DataFrame, str]:
+    """The collectives of ``trace`` with each rank's arrival and ``seq``, not yet matched."""
+    rows, labels, does, source = _collective_events(trace)
+    frame = steps_module.windows(trace)
+    window = steps_module.window_of(trace, frame)[rows]
+    events = trace.events
+    ts = events["ts"].to_numpy()[rows]
+    out = pd.DataFrame(
+        {
+            "rank": events["rank"].to_numpy()[rows],
+            "step": events["step"].to_numpy()[rows],
+            "collective": text(np.asarray(labels, dtype=object)),
+            "ts": ts - trace_start(trace),
+            "dur": events["dur"].to_numpy()[rows],
+            "arrival_us": ts - frame["start"].to_numpy()[np.maximum(window, 0)],
+            "key": _key(labels),
+            "together": pd.Series(does, dtype=object).str.contains(_ENDS_TOGETHER).to_numpy(dtype=bool),
+            "p2p": pd.Series(does, dtype=object).str.match(_POINT_TO_POINT).to_numpy(dtype=bool),
+        }
+    )[window >= 0]
+    out = out.sort_values(["rank", "step", "ts"], kind="stable")
+    out.insert(3, "seq", out.groupby(["rank", "step", "key"]).cumcount())
+    return out, source
+
+
+def steps_of(summaries: list[Summary]) -> pd.DataFrame:
+    """``steps()`` of all the ranks summarized (summaries in rank order)."""
+    return steps_module.combine([s.steps for s in summaries])
+
+
 def collectives(trace: Trace) -> pd.DataFrame:
     """Every collective on every rank, matched across ranks, with each rank's wait.
 
@@ -110,36 +176,30 @@ def collectives(trace: Trace) -> pd.DataFrame:
     barrier; ``df.attrs['clock_offset_us']``). Step starts are no common clock: ranks begin
     a step at different moments, and that lateness is what a straggler is.
     """
-    rows, labels, does, source = _collective_events(trace)
-    frame = steps_module.windows(trace)
-    window = steps_module.window_of(trace, frame)[rows]
-    events = trace.events
-    ts = events["ts"].to_numpy()[rows]
-    out = pd.DataFrame(
-        {
-            "rank": events["rank"].to_numpy()[rows],
-            "step": events["step"].to_numpy()[rows],
-            "collective": text(np.asarray(labels, dtype=object)),
-            "ts": ts - trace_start(trace),
-            "dur": events["dur"].to_numpy()[rows],
-            "arrival_us": ts - frame["start"].to_numpy()[np.maximum(window, 0)],
-            "key": _key(labels),
-            "together": pd.Series(does, dtype=object).str.contains(_ENDS_TOGETHER).to_numpy(dtype=bool),
-            "p2p": pd.Series(does, dtype=object).str.match(_POINT_TO_POINT).to_numpy(dtype=bool),
-        }
-    )[window >= 0]
-    out = out.sort_values(["rank", "step", "ts"], kind="stable")
-    out.insert(3, "seq", out.groupby(["rank", "step", "key"]).cumcount())
+    return collectives_of([summarize(trace)])
+
+
+def collectives_of(summaries: list[Summary]) -> pd.DataFrame:
+    """``collectives()`` of all the ranks summarized (summaries in rank order).
+
+    The kind of event that counts is the best any rank has (a rank with only host
+    annotations adds none when others have NCCL kernels), as for ranks loaded together.
+    """
+    source = min((s.source for s in summaries), key=SOURCES.index)
+    frames = [s.arrivals for s in summaries if s.source == source]
+    out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     match = out.groupby(["step", "key", "seq"])
     count = match["rank"].transform("size")
     shared = count > 1
     together = shared & out["together"]
     offsets = _clock_offsets(out, match, together) if source == "kernel" else pd.Series(dtype=float)
     arrival = out["ts"] - out["rank"].map(offsets).fillna(0.0)
-    out["wait_us"] = (arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(shared & ~out["p2p"])
-    out["excess_us"] = (out["dur"] - match["dur"].transform("min")).where(together)
-    out["ranks"] = count.to_numpy()
-    out["source"] = source
+    out = out.assign(
+        wait_us=(arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(shared & ~out["p2p"]),
+        excess_us=(out["dur"] - match["dur"].transform("min")).where(together),
+        ranks=count.to_numpy(),
+        source=source,
+    )
     out = out.drop(columns=["key", "together", "p2p"]).sort_values(["step", "ts", "rank"], kind="stable").reset_index(drop=True)
     out.attrs["clock_offset_us"] = {int(rank): float(value) for rank, value in offsets.items()}
     return out
@@ -171,7 +231,12 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     ``step_us`` (its step time), ``median_step_us`` (over ranks), ``wait_us`` (its total
     collective wait in the step), ``median_wait_us`` (over ranks).
     """
-    return _stragglers(trace.steps(), collectives(trace))
+    return stragglers_of([summarize(trace)])
+
+
+def stragglers_of(summaries: list[Summary]) -> pd.DataFrame:
+    """``stragglers()`` of all the ranks summarized (summaries in rank order)."""
+    return _stragglers(steps_of(summaries), collectives_of(summaries))
 
 
 def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
@@ -232,13 +297,19 @@ def ranks(trace: Trace) -> pd.DataFrame:
     ``slowest`` (bool: the rank that was the straggler most often, ties broken by the
     longer mean step; with a single rank, that rank).
     """
-    table = trace.steps()
+    return ranks_of([summarize(trace)])
+
+
+def ranks_of(summaries: list[Summary]) -> pd.DataFrame:
+    """``ranks()`` of all the ranks summarized (summaries in rank order)."""
+    table = steps_of(summaries)
     grouped = table.groupby("rank")
     out = grouped.agg(steps=("step", "size"), step_us=("window_dur", "mean"), **{m: (m, "mean") for m in _MEANS})
     idle, window = grouped["gpu_idle_us"].sum(min_count=1), grouped["window_dur"].sum()
     out["gpu_idle_pct"] = 100.0 * idle / window.where(window > 0)
-    out = out.join(overlap(trace))
-    found = collectives(trace)
+    overlaps = [s.overlap for s in summaries]
+    out = out.join(pd.concat(overlaps) if len(overlaps) > 1 else overlaps[0])
+    found = collectives_of(summaries)
     waits = found.groupby(["rank", "step"])["wait_us"].sum(min_count=1)
     out["wait_us"] = waits.groupby(level="rank").mean().reindex(out.index)
     late = _stragglers(table, found)["rank"].value_counts()
