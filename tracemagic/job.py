@@ -282,7 +282,7 @@ def load_ranks(
         ImportError: ``client`` given but Dask is not installed (``pip install tracemagic[dask]``).
     """
     engine = _engine(client)
-    where, manifest, listed, warnings = list_ranks(path)
+    where, manifest, listed, warnings = list_ranks(path, max_bytes)
     options = Options(recover, None if cache_dir is None else os.fspath(cache_dir), use_cache, max_bytes, workers)
     sent = [f.portable() if engine.remote else f for f in listed]
     facts_of: list[_Task] = []

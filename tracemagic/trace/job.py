@@ -23,7 +23,7 @@ import numpy as np
 from tracemagic.errors import TraceError
 from tracemagic.trace import loader
 from tracemagic.trace.model import Trace
-from tracemagic.trace.read import Source, default_max_bytes, inside, is_tar, rank_files, rank_from_name, read_sources, regular_file
+from tracemagic.trace.read import Source, default_max_bytes, is_tar, rank_from_name, read_sources, regular_file
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,14 @@ class Options:
         return self.use_cache and rank.member is None
 
 
-def list_ranks(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any] | None, list[RankFile], list[str]]:
+def list_ranks(
+    path: str | os.PathLike[str], max_bytes: int | None = None
+) -> tuple[Path, dict[str, Any] | None, list[RankFile], list[str]]:
     """The rank traces behind ``path``: a capture directory (its manifest's Kineto files and
     ranks), a directory of rank traces, a glob pattern (``"run/*.json.gz"``), a single trace
     or a ``.tar``/``.tar.gz`` of them.
+
+    ``max_bytes`` bounds what each tar member may inflate to (``load``'s default if None).
 
     Returns:
         The path, the capture manifest (or None), the ranks in the order ``load`` reads them,
@@ -86,29 +90,15 @@ def list_ranks(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any] | Non
             raise TraceError(f"{text}: no file matches this pattern.", path=text)
         return path, None, [RankFile(str(p), p, hint=rank_from_name(p.name)) for p in matched], []
     if path.is_dir():
-        manifest, listed = loader._manifest(path)
-        if listed is None:
-            listed = {p: None for p in rank_files(path)}
-        kept, outside = inside(path, listed)
-        if not kept:
-            raise TraceError(
-                f"{path}: its trace files ({', '.join(p.name for p in outside[:4])}) are symlinks to "
-                "files outside the folder, which tracemagic does not follow. Load the files "
-                "themselves, or copy them into the folder.",
-                path=str(path),
-            )
-        warnings = (
-            [f"{path}: skipped {len(outside)} symlinks to files outside the folder ({', '.join(p.name for p in outside[:4])})"]
-            if outside
-            else []
-        )
-        ranks = [RankFile(str(p), p, hint=listed[p] if listed[p] is not None else rank_from_name(p.name)) for p in kept]
-        return path, manifest, ranks, warnings
+        manifest, listed, outside = loader.folder_ranks(path)
+        ranks = [RankFile(str(p), p, hint=rank if rank is not None else rank_from_name(p.name)) for p, rank in listed.items()]
+        return path, manifest, ranks, [loader.skipped(path, outside)] if outside else []
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
     regular_file(path)
     if is_tar(path):
-        members = read_sources(path)  # streams in archive order, for this process
+        limit = default_max_bytes() if max_bytes is None else max_bytes
+        members = [replace(s, max_bytes=limit) for s in read_sources(path)]  # each rank on its own limit
         return path, None, [RankFile(s.name, path, s.name.split("!", 1)[1], s.rank_hint, s) for s in members], []
     return path, None, [RankFile(str(path), path, hint=rank_from_name(path.name))], []
 

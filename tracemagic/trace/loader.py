@@ -171,6 +171,33 @@ def _manifest_kineto(path: Path, files: Any) -> dict[Path, int | None] | None:
     return found or None
 
 
+def folder_ranks(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | None], list[Path]]:
+    """A folder's rank traces: its capture manifest (or None), the files it lists (or the
+    folder's trace files) that lie in it with the rank the manifest gives each (or None),
+    and the symlinks leading out of it (skipped).
+
+    Raises:
+        TraceError: no trace in it, or only symlinks leading out of it.
+    """
+    manifest, listed = _manifest(path)
+    if listed is None:
+        listed = {p: None for p in rank_files(path)}
+    kept, outside = inside(path, listed)
+    if not kept:
+        raise TraceError(
+            f"{path}: its trace files ({', '.join(p.name for p in outside[:4])}) are symlinks to "
+            "files outside the folder, which tracemagic does not follow. Load the files "
+            "themselves, or copy them into the folder.",
+            path=str(path),
+        )
+    return manifest, {p: listed[p] for p in kept}, outside
+
+
+def skipped(path: Path, outside: list[Path]) -> str:
+    """The warning for the symlinks of ``path`` that lead out of it."""
+    return f"{path}: skipped {len(outside)} symlinks to files outside the folder ({', '.join(p.name for p in outside[:4])})"
+
+
 def load(
     path: str | os.PathLike[str],
     *,
@@ -215,21 +242,11 @@ def load(
     """
     path = Path(path)
     limit = default_max_bytes() if max_bytes is None else max_bytes
-    manifest, listed = (None, None)
+    manifest: dict[str, Any] | None = None
+    listed: dict[Path, int | None] | None = None
     outside: list[Path] = []
     if path.is_dir():
-        manifest, listed = _manifest(path)
-        if listed is None:
-            listed = {p: None for p in rank_files(path)}
-        kept, outside = inside(path, listed)
-        if not kept:
-            raise TraceError(
-                f"{path}: its trace files ({', '.join(p.name for p in outside[:4])}) are symlinks to "
-                "files outside the folder, which tracemagic does not follow. Load the files "
-                "themselves, or copy them into the folder.",
-                path=str(path),
-            )
-        listed = {p: listed[p] for p in kept}
+        manifest, listed, outside = folder_ranks(path)
     elif not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
     else:
@@ -254,10 +271,7 @@ def load(
     callback = bar_for(progress, total, path.name)
     parsed = _parse_sources(sources, recover, callback, total, workers)
     if outside:
-        parsed[0].warnings.append(
-            f"{path}: skipped {len(outside)} symlinks to files outside the folder "
-            f"({', '.join(p.name for p in outside[:4])})"
-        )
+        parsed[0].warnings.append(skipped(path, outside))
     events, flows, meta, cpu_order = assemble(parsed, path)
     if entry is not None:
         cache.write(entry, path, events, flows, meta)
