@@ -165,6 +165,19 @@ def test_a_tar_or_a_glob_of_ranks_in_this_process(job: tuple[Path, Any], tmp_pat
     assert some.files[12].endswith("worker12_step_12.pt.trace.json")
 
 
+def test_a_second_file_of_a_rank_fails_alone(job: tuple[Path, Any], tmp_path: Path) -> None:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in (0, 1, 2):
+        name = f"worker{rank}_step_12.pt.trace.json"
+        (folder / name).write_bytes((job[0] / name).read_bytes())
+    (folder / "worker9_again.pt.trace.json").write_bytes((job[0] / "worker1_step_12.pt.trace.json").read_bytes())
+    ranks = tracemagic.load_ranks(folder, cache_dir=tmp_path / "c")  # distributedInfo says rank 1 twice
+    assert ranks.rank_ids == [0, 1, 2]
+    (again,) = ranks.failed.values()
+    assert "rank 1 again" in str(again) and again.path == str(folder / "worker9_again.pt.trace.json")
+
+
 def test_client_without_dask_names_the_extra(job: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
     with pytest.raises(ImportError, match=r"pip install tracemagic\[dask\]"):

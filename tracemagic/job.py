@@ -254,6 +254,27 @@ class Ranks:
         return f"<Ranks from {self.path}: {len(self._files)} rank(s){failed}, on {self._engine}>"
 
 
+def _numbered_files(
+    listed: list[RankFile], found: dict[int, dict[str, Any]], failed: dict[str, TraceError]
+) -> list[tuple[int, int]]:
+    """(index in ``listed``, rank) of the files opened (``found``: their ``facts``), numbered
+    as ``tracemagic.load`` numbers ranks; a second file of a rank already taken goes to
+    ``failed``."""
+    order = sorted(found)
+    numbers, _ = assign_ranks([dict(found[i]["meta"], rank_hint=listed[i].hint) for i in order])
+    first_of: dict[int, int] = {}
+    for i, number in zip(order, numbers):
+        if number in first_of:
+            failed[listed[i].name] = TraceError(
+                f"{listed[i].name}: rank {number} again (already {listed[first_of[number]].name}); left out. "
+                "Load the ranks of one run together.",
+                path=listed[i].name,
+            )
+        else:
+            first_of[number] = i
+    return [(i, n) for n, i in first_of.items()]
+
+
 def load_ranks(
     path: str | os.PathLike[str],
     client: Any = None,
@@ -305,41 +326,26 @@ def load_ranks(
     if not found:
         first = next(iter(failed.values()))
         raise TraceError(f"{where}: none of its {len(listed)} rank traces could be read; the first: {first}", path=str(where))
-    order = sorted(found)
-    metas = [dict(found[i]["meta"], rank_hint=listed[i].hint) for i in order]
-    numbers, renumbered = assign_ranks(metas)
-    first_of: dict[int, int] = {}
-    for i, number in zip(order, numbers):
-        if number in first_of:  # two files of one rank: the first is kept
-            failed[listed[i].name] = TraceError(
-                f"{listed[i].name}: rank {number} again (already {listed[first_of[number]].name}); left out. "
-                "Load the ranks of one run together.",
-                path=listed[i].name,
-            )
-        else:
-            first_of[number] = i
-    order, numbers = [i for i in order if i in first_of.values()], [n for i, n in zip(order, numbers) if first_of.get(n) == i]
-    starts = [found[i]["start"] for i in order if found[i]["start"] is not None]
+    numbered = _numbered_files(listed, found, failed)
+    starts = [found[i]["start"] for i, _ in numbered if found[i]["start"] is not None]
     time_zero = min(starts) if starts else 0.0
-    summary_of = {
-        number: engine.submit(_summary, kept.get(i, sent[i]), number, time_zero, options, key=f"summary-{i}")
-        for i, number in zip(order, numbers)
-    }
+    summary_of = [
+        (i, number, engine.submit(_summary, kept.get(i, sent[i]), number, time_zero, options, key=f"summary-{i}"))
+        for i, number in numbered
+    ]
     kept.clear()  # released as soon as summarized
-    engine.wait(list(summary_of.values()))
+    engine.wait([task for _, _, task in summary_of])
     summaries: dict[int, Summary] = {}
     files: dict[int, RankFile] = {}
-    for (number, task), i in zip(summary_of.items(), order):
+    for i, number, task in summary_of:
         value, error = _outcome(task)
         if error is not None:
             failed[listed[i].name] = error
         else:
             summaries[number], files[number] = value, listed[i]
     meta = {
-        "ranks": {n: dict(found[i]["meta"], rank_hint=listed[i].hint) for n, i in zip(numbers, order) if n in files},
-        "warnings": warnings
-        + [w for i in order for w in found[i]["warnings"]]
-        + list(renumbered.values()),
+        "ranks": {n: dict(found[i]["meta"], rank_hint=listed[i].hint) for i, n in numbered if n in files},
+        "warnings": warnings + [w for i, _ in numbered for w in found[i]["warnings"]],
     }
-    has_gpu = any(found[i]["has_gpu"] for i in order)
+    has_gpu = any(found[i]["has_gpu"] for i, _ in numbered)
     return Ranks(where, manifest, files, summaries, meta, failed, engine, options, time_zero, has_gpu)
