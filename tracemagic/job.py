@@ -101,6 +101,7 @@ class _Engine:
     def __init__(self, client: Any = None) -> None:
         self.client = client
         self.token = uuid.uuid4().hex[:8]
+        self.submitted = 0
 
     @property
     def remote(self) -> bool:
@@ -109,7 +110,8 @@ class _Engine:
     def submit(self, fn: Callable[..., Any], *args: Any, key: str) -> _Task:
         if self.client is None:
             return _Done(fn, args)
-        task: _Task = self.client.submit(fn, *args, key=f"tracemagic-{key}-{self.token}", pure=False)
+        self.submitted += 1  # a key is never reused: rank(3) twice is two tasks
+        task: _Task = self.client.submit(fn, *args, key=f"tracemagic-{key}-{self.token}-{self.submitted}", pure=False)
         return task
 
     def wait(self, tasks: list[_Task]) -> None:
