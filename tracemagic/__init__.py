@@ -2,7 +2,8 @@
 
 ``%load_ext tracemagic`` registers ``%%chakra_trace`` (capture a cell's step loop with
 torch.profiler) and ``%chakra_report`` (show any Kineto trace). ``tracemagic.load`` turns
-any Kineto trace into pandas tables.
+any Kineto trace into pandas tables; ``tracemagic.load_ranks`` summarizes a whole job's
+ranks, on a Dask cluster if given one.
 
 The heavy parts (torch, pandas, plotly, ipywidgets) are imported lazily, on first use.
 """
@@ -18,10 +19,12 @@ from tracemagic.errors import CaptureError, TraceError
 if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names below
     from tracemagic.capture.api import capture
     from tracemagic.export.chisel import capture_model, parse_model_trace
+    from tracemagic.job import Ranks, load_ranks
     from tracemagic.trace import Trace, load
 
 __all__ = [
     "CaptureError",
+    "Ranks",
     "Trace",
     "TraceError",
     "__version__",
@@ -29,6 +32,7 @@ __all__ = [
     "capture_model",
     "load",
     "load_ipython_extension",
+    "load_ranks",
     "parse_model_trace",
     "unload_ipython_extension",
 ]
@@ -39,6 +43,8 @@ _LAZY = {
     "capture": "tracemagic.capture",  # the subpackage itself, callable: capture(**options)
     "capture_model": "tracemagic.export.chisel",
     "load": "tracemagic.trace",
+    "load_ranks": "tracemagic.job",
+    "Ranks": "tracemagic.job",
     "parse_model_trace": "tracemagic.export.chisel",
 }
 

@@ -241,7 +241,15 @@ class TraceData:
     @cached_property
     def ranks(self) -> list[int]:
         """The ranks present."""
+        if self.summaries_only:
+            return list(getattr(self.trace, "rank_ids", [0]))
         return list(getattr(self.trace, "ranks", [0]))
+
+    @cached_property
+    def summaries_only(self) -> bool:
+        """Whether the trace is a job's ranks summarized (``tracemagic.load_ranks``): only
+        the cross-rank tables, no events."""
+        return bool(getattr(self.trace, "summaries_only", False))
 
     @property
     def several_ranks(self) -> bool:

@@ -88,7 +88,9 @@ class Section:
 def available(data: TraceData, other: TraceData | None = None) -> list[str]:
     """The tab keys to show for this trace: Kernels only with a GPU, Ranks only with
     several ranks, Graph only with an Execution Trace next to the trace, Compare only
-    with another trace."""
+    with another trace; Ranks alone for a job's summarized ranks (``load_ranks``)."""
+    if data.summaries_only:  # a job's ranks (``tracemagic.load_ranks``): no events for the other tabs
+        return ["ranks"]
     keys = ["overview", "layers", "timeline", "memory", "shapes"]
     if data.has_gpu:
         keys += ["roofline", "kernels"]
