@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from conftest import TRACES
 
@@ -126,7 +127,7 @@ def test_gloo_allreduce_found_on_both_ranks_with_equal_steps(jobs: dict[str, Any
     assert set(reduce["source"]) == {"annotation"}
 
 
-def test_slow_rank_is_the_straggler(jobs: dict[str, Any]) -> None:
+def test_slow_rank_is_the_straggler(jobs: dict[str, Any], tmp_path: Path) -> None:
     trace = tracemagic.load(_job(jobs, "slow")["dir"])
     table = trace.ranks_table().set_index("rank")
     assert bool(table.loc[SLOW_RANK, "slowest"])
@@ -134,6 +135,11 @@ def test_slow_rank_is_the_straggler(jobs: dict[str, Any]) -> None:
     # the other rank waits ~50 ms per step in its all-reduce for the slow one
     assert table.loc[1 - SLOW_RANK, "wait_us"] > 30_000 > table.loc[SLOW_RANK, "wait_us"]
     assert set(trace.stragglers()["rank"]) == {SLOW_RANK}
+    # the capture directory as a job of summarized ranks (manifest ranks, gloo annotations)
+    job = tracemagic.load_ranks(_job(jobs, "slow")["dir"], cache_dir=tmp_path)
+    assert job.rank_ids == [0, 1] and job.manifest == trace.manifest
+    for name in ("ranks_table", "steps", "collectives", "stragglers"):
+        pd.testing.assert_frame_equal(getattr(job, name)(), getattr(trace, name)(), check_exact=True, obj=name)
 
 
 # -- a job where rank 1 raises and rank 2 dies ------------------------------------------

@@ -2,7 +2,8 @@
 
 ``%load_ext tracemagic`` registers ``%%chakra_trace`` (capture a cell's step loop with
 torch.profiler) and ``%chakra_report`` (show any Kineto trace). ``tracemagic.load`` turns
-any Kineto trace into pandas tables.
+any Kineto trace into pandas tables; ``tracemagic.load_ranks`` summarizes a whole job's
+ranks, on a Dask cluster if given one.
 
 The heavy parts (torch, pandas, plotly, ipywidgets) are imported lazily, on first use.
 """
@@ -19,9 +20,11 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names
     from tracemagic.capture.api import capture
     from tracemagic.export.chisel import capture_model, parse_model_trace
     from tracemagic.facade import Trace, load
+    from tracemagic.job import Ranks, load_ranks
 
 __all__ = [
     "CaptureError",
+    "Ranks",
     "Trace",
     "TraceError",
     "__version__",
@@ -29,12 +32,13 @@ __all__ = [
     "capture_model",
     "load",
     "load_ipython_extension",
+    "load_ranks",
     "parse_model_trace",
     "unload_ipython_extension",
 ]
 
 #: the public names imported on first access (the heavy parts load only when used)
-_LAZY = ("Trace", "capture", "capture_model", "load", "parse_model_trace")
+_LAZY = ("Ranks", "Trace", "capture", "capture_model", "load", "load_ranks", "parse_model_trace")
 
 
 def __getattr__(name: str) -> Any:
@@ -48,6 +52,10 @@ def __getattr__(name: str) -> Any:
         import tracemagic.capture
 
         value = sys.modules["tracemagic.capture"]
+    elif name in ("Ranks", "load_ranks"):
+        from tracemagic import job
+
+        value = getattr(job, name)
     elif name in ("capture_model", "parse_model_trace"):
         from tracemagic.export import chisel
 

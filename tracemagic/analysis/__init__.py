@@ -7,6 +7,11 @@ tables of one trace line up. Every per-event or per-rank table has a ``rank`` co
 for single-rank traces). Row columns (``row``, ``op_row``, ``parent``) are positions in
 ``trace.events``, -1 for none.
 
+The cross-rank tables (``steps``, ``ranks``, ``collectives``, ``stragglers``) are also made
+from per-rank summaries (``ranks.summarize`` and ``ranks.*_of``), so that
+``tracemagic.load_ranks`` can summarize each rank of a job where it runs; they have the same
+columns either way.
+
 Column contracts (views rely on these names; each list is complete and in order, and
 ``test_analysis_a.py::test_tables_have_exactly_the_documented_columns`` keeps it so):
 

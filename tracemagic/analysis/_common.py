@@ -35,7 +35,15 @@ _DATALOADER = re.compile("DataLoader")
 
 
 def trace_start(trace: Trace) -> float:
-    """The earliest ``ts`` over all events of all ranks (µs): time zero of every table."""
+    """The earliest ``ts`` over all events of all ranks (µs): time zero of every table.
+
+    A rank opened as part of a job (``tracemagic.load_ranks``) carries the job's time zero
+    (``trace.meta["time_zero_us"]``: the earliest ``ts`` of all its ranks), so its tables
+    line up with the other ranks' as if they were loaded together.
+    """
+    given = trace.meta.get("time_zero_us") if isinstance(trace.meta, dict) else None
+    if given is not None:
+        return float(given)
     ts = trace.events["ts"].to_numpy()
     return float(np.nanmin(ts)) if ts.size else 0.0
 

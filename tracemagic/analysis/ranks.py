@@ -8,11 +8,19 @@ in which every rank needs every other's data (all-reduce, all-gather, reduce-sca
 all-to-all, barrier) end together on all ranks, so only they set the clock correction and
 ``excess_us``; point-to-point transfers (send, recv, NCCL's SendRecv kernels outside an
 all-to-all) wait for one peer, which a trace does not name, so they get no wait.
+
+Each table is made in two parts, so that the ranks of a job need not be loaded together
+(``tracemagic.load_ranks``): ``summarize`` takes what the tables need from a trace (one
+rank or several: their steps, overlap and collective arrivals, small), and the tables are
+computed from the summaries of all ranks (``steps_of``, ``collectives_of``,
+``stragglers_of``, ``ranks_of``). A ``Trace``'s own tables are the same functions over
+its one summary.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -48,15 +56,16 @@ _BUS: tuple[tuple[re.Pattern[str], bool, str], ...] = (
 )
 
 
-def _bandwidth(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Message bytes, algorithm and bus bandwidth (GB/s) of each collective, NCCL tests' way.
+def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Message bytes of each collective and its bus factor, NCCL tests' way.
 
     The message is the collective's data: ``In msg nelems`` × the dtype's size, the output
-    (``Out msg nelems``) for all-gather, whose input is one rank's part. algbw = bytes /
-    time; busbw = algbw × 2(n−1)/n for all-reduce, × (n−1)/n for reduce-scatter,
-    all-gather and all-to-all, × 1 for broadcast, reduce and point-to-point, with n the
-    ``Group size``: the rate each link must sustain, comparable with the hardware's. NaN
-    where the trace records no sizes (older traces, barriers) or the collective is another.
+    (``Out msg nelems``) for all-gather, whose input is one rank's part. The bus factor
+    turns the algorithm bandwidth (bytes / time) into the bus bandwidth: 2(n−1)/n for
+    all-reduce, (n−1)/n for reduce-scatter, all-gather and all-to-all, 1 for broadcast,
+    reduce and point-to-point, with n the ``Group size``: the rate each link must sustain,
+    comparable with the hardware's. NaN where the trace records no sizes (older traces,
+    barriers) or the collective is another.
     """
     size = events["dtype"].astype(object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)[rows]
     n = events["group_size"].to_numpy(dtype=float, na_value=np.nan)[rows]
@@ -66,10 +75,7 @@ def _bandwidth(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, seconds
         hit = np.array([bool(pattern.search(str(d))) for d in does], dtype=bool) & np.isnan(factor)
         nbytes[hit] = (nelems["out_nelems" if output else "in_nelems"] * size)[hit]
         factor[hit] = {"2(n-1)/n": 2 * (n - 1) / n, "(n-1)/n": (n - 1) / n, "1": np.ones(rows.size)}[bus][hit]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        algbw = np.where(seconds > 0, nbytes / seconds / 1e9, np.nan)
-    return nbytes, algbw, algbw * factor
-
+    return nbytes, factor
 
 def _label(name: str, recorded: object, source: str) -> str:
     """A collective's name: the recorded ``Collective name`` arg, else from the event name."""
@@ -126,6 +132,74 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return rows, labels, does, source
 
 
+#: the columns of ``collectives()``, in order
+COLLECTIVE_COLUMNS = (
+    "rank", "step", "collective", "seq", "ts", "dur", "arrival_us", "wait_us", "excess_us",
+    "ranks", "source", "bytes", "algbw_gbps", "busbw_gbps",
+)
+
+#: the kinds of collective events, best first (see ``_collective_events``)
+SOURCES = ("kernel", "annotation", "record_param_comms")
+
+
+@dataclass
+class Summary:
+    """What the cross-rank tables need of one or more ranks (a few rows per step and per
+    collective; picklable, so a worker can send it).
+
+    Attributes:
+        steps: the ranks' ``steps()`` table.
+        overlap: ``overlap()`` (per rank).
+        arrivals: the ranks' collectives before matching: ``rank, step, collective, seq,
+            ts, dur, arrival_us, key, together, p2p, bytes, bus_factor`` (``collectives`` minus the waits
+            and bandwidths).
+        source: the kind of event the collectives are (``SOURCES``).
+    """
+
+    steps: pd.DataFrame
+    overlap: pd.Series
+    arrivals: pd.DataFrame
+    source: str
+
+
+def summarize(trace: Trace) -> Summary:
+    """The ``Summary`` of a trace's ranks (computed once per trace)."""
+    return trace.shared("rank_summary", lambda: Summary(trace.table(steps_module.steps), overlap(trace), *_arrivals(trace)))
+
+
+def _arrivals(trace: Trace) -> tuple[pd.DataFrame, str]:
+    """The collectives of ``trace`` with each rank's arrival and ``seq``, not yet matched."""
+    rows, labels, does, source = _collective_events(trace)
+    frame = steps_module.windows(trace)
+    window = steps_module.window_of(trace, frame)[rows]
+    events = trace.events
+    ts = events["ts"].to_numpy()[rows]
+    nbytes, factor = _message(events, rows, does)
+    out = pd.DataFrame(
+        {
+            "rank": events["rank"].to_numpy()[rows],
+            "step": events["step"].to_numpy()[rows],
+            "collective": text(np.asarray(labels, dtype=object)),
+            "ts": ts - trace_start(trace),
+            "dur": events["dur"].to_numpy()[rows],
+            "arrival_us": ts - frame["start"].to_numpy()[np.maximum(window, 0)],
+            "key": _key(labels),
+            "together": pd.Series(does, dtype=object).str.contains(_ENDS_TOGETHER).to_numpy(dtype=bool),
+            "p2p": pd.Series(does, dtype=object).str.match(_POINT_TO_POINT).to_numpy(dtype=bool),
+            "bytes": nbytes,
+            "bus_factor": factor,
+        }
+    )[window >= 0]
+    out = out.sort_values(["rank", "step", "ts"], kind="stable")
+    out.insert(3, "seq", out.groupby(["rank", "step", "key"]).cumcount())
+    return out, source
+
+
+def steps_of(summaries: list[Summary]) -> pd.DataFrame:
+    """``steps()`` of all the ranks summarized (summaries in rank order)."""
+    return steps_module.combine([s.steps for s in summaries])
+
+
 def collectives(trace: Trace) -> pd.DataFrame:
     """Every collective on every rank, matched across ranks, with each rank's wait.
 
@@ -154,43 +228,36 @@ def collectives(trace: Trace) -> pd.DataFrame:
     barrier; ``df.attrs['clock_offset_us']``). Step starts are no common clock: ranks begin
     a step at different moments, and that lateness is what a straggler is.
     """
-    rows, labels, does, source = _collective_events(trace)
-    frame = steps_module.windows(trace)
-    window = steps_module.window_of(trace, frame)[rows]
-    events = trace.events
-    ts = events["ts"].to_numpy()[rows]
-    out = pd.DataFrame(
-        {
-            "rank": events["rank"].to_numpy()[rows],
-            "step": events["step"].to_numpy()[rows],
-            "collective": text(np.asarray(labels, dtype=object)),
-            "ts": ts - trace_start(trace),
-            "dur": events["dur"].to_numpy()[rows],
-            "arrival_us": ts - frame["start"].to_numpy()[np.maximum(window, 0)],
-            "key": _key(labels),
-            "does": does,
-            "row": rows,
-            "together": pd.Series(does, dtype=object).str.contains(_ENDS_TOGETHER).to_numpy(dtype=bool),
-            "p2p": pd.Series(does, dtype=object).str.match(_POINT_TO_POINT).to_numpy(dtype=bool),
-        }
-    )[window >= 0]
-    out = out.sort_values(["rank", "step", "ts"], kind="stable")
-    out.insert(3, "seq", out.groupby(["rank", "step", "key"]).cumcount())
+    return collectives_of([summarize(trace)])
+
+
+def collectives_of(summaries: list[Summary]) -> pd.DataFrame:
+    """``collectives()`` of all the ranks summarized (summaries in rank order).
+
+    The kind of event that counts is the best any rank has (a rank with only host
+    annotations adds none when others have NCCL kernels), as for ranks loaded together.
+    """
+    source = min((s.source for s in summaries), key=SOURCES.index)
+    frames = [s.arrivals for s in summaries if s.source == source]
+    out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     match = out.groupby(["step", "key", "seq"])
     count = match["rank"].transform("size")
     shared = count > 1
     together = shared & out["together"]
     offsets = _clock_offsets(out, match, together) if source == "kernel" else pd.Series(dtype=float)
     arrival = out["ts"] - out["rank"].map(offsets).fillna(0.0)
-    out["wait_us"] = (arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(shared & ~out["p2p"])
-    out["excess_us"] = (out["dur"] - match["dur"].transform("min")).where(together)
-    out["ranks"] = count.to_numpy()
-    out["source"] = source
+    out = out.assign(
+        wait_us=(arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(shared & ~out["p2p"]),
+        excess_us=(out["dur"] - match["dur"].transform("min")).where(together),
+        ranks=count.to_numpy(),
+        source=source,
+    )
     # the transfer: the duration less the wait for the last rank (``excess_us``) where known
     transfer_s = (out["dur"] - out["excess_us"].fillna(0.0)).to_numpy() * 1e-6
-    out["bytes"], out["algbw_gbps"], out["busbw_gbps"] = _bandwidth(events, out["row"].to_numpy(), out["does"].to_numpy(), transfer_s)
-    out = out.drop(columns=["key", "together", "p2p", "row", "does"])
-    out = out.sort_values(["step", "ts", "rank"], kind="stable").reset_index(drop=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(transfer_s > 0, out["bytes"].to_numpy(dtype=float) / transfer_s / 1e9, np.nan)
+    out = out.assign(algbw_gbps=algbw, busbw_gbps=algbw * out["bus_factor"].to_numpy(dtype=float))
+    out = out[list(COLLECTIVE_COLUMNS)].sort_values(["step", "ts", "rank"], kind="stable").reset_index(drop=True)
     out.attrs["clock_offset_us"] = {int(rank): float(value) for rank, value in offsets.items()}
     return out
 
@@ -221,7 +288,12 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     ``step_us`` (its step time), ``median_step_us`` (over ranks), ``wait_us`` (its total
     collective wait in the step), ``median_wait_us`` (over ranks).
     """
-    return _stragglers(trace.table(steps_module.steps), collectives(trace))
+    return stragglers_of([summarize(trace)])
+
+
+def stragglers_of(summaries: list[Summary]) -> pd.DataFrame:
+    """``stragglers()`` of all the ranks summarized (summaries in rank order)."""
+    return _stragglers(steps_of(summaries), collectives_of(summaries))
 
 
 def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
@@ -282,13 +354,19 @@ def ranks(trace: Trace) -> pd.DataFrame:
     ``slowest`` (bool: the rank that was the straggler most often, ties broken by the
     longer mean step; with a single rank, that rank).
     """
-    table = trace.table(steps_module.steps)
+    return ranks_of([summarize(trace)])
+
+
+def ranks_of(summaries: list[Summary]) -> pd.DataFrame:
+    """``ranks()`` of all the ranks summarized (summaries in rank order)."""
+    table = steps_of(summaries)
     grouped = table.groupby("rank")
     out = grouped.agg(steps=("step", "size"), step_us=("window_dur", "mean"), **{m: (m, "mean") for m in _MEANS})
     idle, window = grouped["gpu_idle_us"].sum(min_count=1), grouped["window_dur"].sum()
     out["gpu_idle_pct"] = 100.0 * idle / window.where(window > 0)
-    out = out.join(overlap(trace))
-    found = collectives(trace)
+    overlaps = [s.overlap for s in summaries]
+    out = out.join(pd.concat(overlaps) if len(overlaps) > 1 else overlaps[0])
+    found = collectives_of(summaries)
     waits = found.groupby(["rank", "step"])["wait_us"].sum(min_count=1)
     out["wait_us"] = waits.groupby(level="rank").mean().reindex(out.index)
     late = _stragglers(table, found)["rank"].value_counts()

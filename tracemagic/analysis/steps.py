@@ -284,13 +284,27 @@ def steps(trace: Trace) -> pd.DataFrame:
             "gpu_idle_us": np.where(has_gpu, window_dur - busy, np.nan),
         }
     )
+    return _noted(out, frame.attrs["unlaunched"])
+
+
+def _noted(out: pd.DataFrame, unlaunched: dict[int, dict[str, float]]) -> pd.DataFrame:
+    """``out`` (a ``steps`` table) with its ``attrs``: ``unlaunched`` and the ``note``."""
     notes = []
-    bare = sorted(int(r) for r in frame.loc[frame["step"] < 0, "rank"])
+    bare = sorted(int(r) for r in out.loc[out["step"] < 0, "rank"])
     if bare:
         notes.append(_NO_STEPS.format(ranks=", ".join(map(str, bare))))
-    unlaunched = frame.attrs["unlaunched"]
     notes += [_UNLAUNCHED.format(rank=rank, **found) for rank, found in sorted(unlaunched.items())]
     if notes:
         out.attrs["note"] = "; ".join(notes)
     out.attrs["unlaunched"] = unlaunched
     return out
+
+
+def combine(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """The ``steps`` table of several ranks from theirs (each computed on its own rank, all
+    on one time zero, see ``_common.trace_start``), in the order given: equal to ``steps``
+    of the ranks loaded together."""
+    out = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0].copy()
+    out.attrs = {}
+    unlaunched = {rank: found for table in tables for rank, found in table.attrs.get("unlaunched", {}).items()}
+    return _noted(out, unlaunched)

@@ -453,9 +453,10 @@ def entries(folder: PathLike | None = None) -> list[CachedTrace]:
         if match is None:
             continue
         try:
-            groups.setdefault(match.group(1), []).append((child, child.stat()))
+            info = child.stat()
         except OSError:
-            continue  # removed meanwhile
+            continue  # removed meanwhile (by another process writing or evicting)
+        groups.setdefault(match.group(1), []).append((child, info))
     found = []
     for name, files in groups.items():
         seal = _read_seal(root / name)

@@ -4,8 +4,6 @@ into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``).
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,6 @@ from tracemagic.trace.read import Source, default_max_bytes, file_source, inside
 
 #: row-number columns that must be shifted when ranks are stacked
 ROW_COLUMNS = ("parent", "launch", "op", "module")
-#: parse rank files in worker processes only above this many bytes in all (a worker
-#: costs ~1 s of imports; small ranks are parsed faster one after another)
-PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 
 
 def _prepare(parsed: ParsedTrace) -> ParsedTrace:
@@ -67,31 +62,35 @@ def parse_source(
     return _prepare(parsed)
 
 
-def _parse_path(args: tuple[str, int | None, bool, int | None]) -> ParsedTrace:
-    """Worker entry: parse one rank file in a child process."""
-    path, rank, recover, max_bytes = args
-    return parse_source(file_source(Path(path), rank, max_bytes), recover, workers=1)
-
-
 #: ranks are stored as int32
 _MAX_RANK = 2**31 - 1
 
 
-def _assign_ranks(parsed: list[ParsedTrace]) -> list[int]:
-    """Each file's rank: its ``distributedInfo``'s, else its name's, else the first free one
-    (a rank outside 0 .. 2**31-1 is not taken, with a warning)."""
+def assign_ranks(metas: list[dict[str, Any]]) -> tuple[list[int], dict[int, str]]:
+    """Each file's rank from its parse metadata: its ``distributedInfo``'s (``rank``), else
+    its name's or manifest's (``rank_hint``), else the first free one; and a warning by
+    index for each rank outside 0 .. 2**31-1 (not taken)."""
     taken: list[int | None] = []
-    for p in parsed:
-        rank = p.meta.get("rank")
+    warnings: dict[int, str] = {}
+    for index, meta in enumerate(metas):
+        rank = meta.get("rank")
         if rank is None:
-            rank = p.meta.get("rank_hint")
+            rank = meta.get("rank_hint")
         if rank is not None and not 0 <= rank <= _MAX_RANK:
-            p.warnings.append(f"{p.meta.get('source')}: rank {rank} is out of range; numbered as the next free rank")
+            warnings[index] = f"{meta.get('source')}: rank {rank} is out of range; numbered as the next free rank"
             rank = None
         taken.append(rank)
     used = {r for r in taken if r is not None}
-    free = (r for r in range(len(parsed) + len(used) + 1) if r not in used)
-    return [r if r is not None else next(free) for r in taken]
+    free = (r for r in range(len(metas) + len(used) + 1) if r not in used)
+    return [r if r is not None else next(free) for r in taken], warnings
+
+
+def _assign_ranks(parsed: list[ParsedTrace]) -> list[int]:
+    """``assign_ranks`` of parsed files (its warnings go to theirs)."""
+    ranks, warnings = assign_ranks([p.meta for p in parsed])
+    for index, warning in warnings.items():
+        parsed[index].warnings.append(warning)
+    return ranks
 
 
 def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -167,6 +166,33 @@ def _manifest_kineto(path: Path, files: Any) -> dict[Path, int | None] | None:
     return found or None
 
 
+def folder_ranks(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | None], list[Path]]:
+    """A folder's rank traces: its capture manifest (or None), the files it lists (or the
+    folder's trace files) that lie in it with the rank the manifest gives each (or None),
+    and the symlinks leading out of it (skipped).
+
+    Raises:
+        TraceError: no trace in it, or only symlinks leading out of it.
+    """
+    manifest, listed = _manifest(path)
+    if listed is None:
+        listed = {p: None for p in rank_files(path)}
+    kept, outside = inside(path, listed)
+    if not kept:
+        raise TraceError(
+            f"{path}: its trace files ({', '.join(p.name for p in outside[:4])}) are symlinks to "
+            "files outside the folder, which tracemagic does not follow. Load the files "
+            "themselves, or copy them into the folder.",
+            path=str(path),
+        )
+    return manifest, {p: listed[p] for p in kept}, outside
+
+
+def skipped(path: Path, outside: list[Path]) -> str:
+    """The warning for the symlinks of ``path`` that lead out of it."""
+    return f"{path}: skipped {len(outside)} symlinks to files outside the folder ({', '.join(p.name for p in outside[:4])})"
+
+
 def load(
     path: str | os.PathLike[str],
     *,
@@ -189,9 +215,10 @@ def load(
             nothing is ever written next to a trace tracemagic did not write).
         use_cache: read and write the cache (checked on every open: an edited trace or a
             damaged cache means a fresh parse).
-        workers: how many cores to parse with (default: as many as there are): a large
-            JSON file is read by two threads, several large rank files go to a pool of
-            processes; ``1`` parses in this thread only.
+        workers: how many threads to parse a file with (default: as many cores as there
+            are): a large JSON file is read by two threads; ``1`` parses in this thread only.
+            Rank files are parsed one after another (``tracemagic.load_ranks`` parses them
+            on a Dask cluster).
         progress: ``None`` shows a progress bar (a widget in a notebook, a line on a
             terminal's stderr) for inputs over 50 MB; ``True`` always, ``False`` never; or a
             callable ``progress(done_bytes, total_bytes)`` called as the files are read.
@@ -210,21 +237,11 @@ def load(
     """
     path = Path(path)
     limit = default_max_bytes() if max_bytes is None else max_bytes
-    manifest, listed = (None, None)
+    manifest: dict[str, Any] | None = None
+    listed: dict[Path, int | None] | None = None
     outside: list[Path] = []
     if path.is_dir():
-        manifest, listed = _manifest(path)
-        if listed is None:
-            listed = {p: None for p in rank_files(path)}
-        kept, outside = inside(path, listed)
-        if not kept:
-            raise TraceError(
-                f"{path}: its trace files ({', '.join(p.name for p in outside[:4])}) are symlinks to "
-                "files outside the folder, which tracemagic does not follow. Load the files "
-                "themselves, or copy them into the folder.",
-                path=str(path),
-            )
-        listed = {p: listed[p] for p in kept}
+        manifest, listed, outside = folder_ranks(path)
     elif not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
     else:
@@ -247,15 +264,20 @@ def load(
         sources = read_sources(path, limit)
     total = sum(s.size for s in sources)
     callback = bar_for(progress, total, path.name)
-    if files is not None:
-        parsed = _parse_files(sources, recover, workers, callback, total)
-    else:
-        parsed = _parse_sources(sources, recover, callback, total, workers)
+    parsed = _parse_sources(sources, recover, callback, total, workers)
     if outside:
-        parsed[0].warnings.append(
-            f"{path}: skipped {len(outside)} symlinks to files outside the folder "
-            f"({', '.join(p.name for p in outside[:4])})"
-        )
+        parsed[0].warnings.append(skipped(path, outside))
+    events, flows, meta, cpu_order = assemble(parsed, path)
+    if entry is not None:
+        cache.write(entry, path, events, flows, meta)
+    if callback is not None:
+        callback(total, total)
+    return as_trace(events, flows, meta, cpu_order, path, manifest)
+
+
+def assemble(parsed: list[ParsedTrace], path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], np.ndarray | None]:
+    """Parsed files into one trace's events, flows and metadata, ranked and stacked (and the
+    CPU events' order by thread, see ``_stack``)."""
     ranks = _assign_ranks(parsed)
     events, flows, cpu_order = _stack(parsed, ranks)
     meta = {
@@ -265,10 +287,18 @@ def load(
         "threads": {rank: {f"{k[0]}/{k[1]}": v for k, v in p.threads.items()} for p, rank in zip(parsed, ranks)},
         "warnings": [w for p in parsed for w in p.warnings],
     }
-    if entry is not None:
-        cache.write(entry, path, events, flows, meta)
-    if callback is not None:
-        callback(total, total)
+    return events, flows, meta, cpu_order
+
+
+def as_trace(
+    events: pd.DataFrame,
+    flows: pd.DataFrame,
+    meta: dict[str, Any],
+    cpu_order: np.ndarray | None,
+    path: Path,
+    manifest: dict[str, Any] | None = None,
+) -> Trace:
+    """The ``Trace`` of assembled tables."""
     trace = Trace(events, flows, meta, path=path, manifest=manifest)
     if cpu_order is not None:  # nesting sorted them already: the analyses need not again
         trace.shared("cpu_by_thread", lambda: cpu_order)
@@ -283,22 +313,3 @@ def _parse_sources(
         return [parse_source(s, recover, workers=workers) for s in sources]
     overall = Aggregate(callback, total)
     return [parse_source(s, recover, overall.file(s.size), workers) for s in sources]
-
-
-def _parse_files(
-    sources: list[Source], recover: bool, workers: int | None, callback: Progress | None, total: int
-) -> list[ParsedTrace]:
-    """Parse rank files, in parallel processes when there are several large ones (one file
-    in memory per worker, so many large ranks do not all sit in memory at once)."""
-    limit = min(workers or os.cpu_count() or 1, len(sources))
-    if limit > 1 and (total >= PARALLEL_MIN_BYTES or workers):
-        overall = Aggregate(callback, total) if callback is not None else None
-        results: list[ParsedTrace] = []
-        with ProcessPoolExecutor(max_workers=limit, mp_context=get_context("spawn")) as pool:
-            jobs = [(s.name, s.rank_hint, recover, s.max_bytes) for s in sources]
-            for source, parsed in zip(sources, pool.map(_parse_path, jobs)):
-                results.append(parsed)
-                if overall is not None:
-                    overall.advance(source.size)
-        return results
-    return _parse_sources(sources, recover, callback, total, workers)

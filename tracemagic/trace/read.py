@@ -310,12 +310,12 @@ def read_sources(path: Path, max_bytes: int | None = None) -> list[Source]:
         files, _ = inside(path, rank_files(path))
         return [file_source(p, max_bytes=max_bytes) for p in files]
     regular_file(path)
-    if _is_tar(path):
+    if is_tar(path):
         return _read_tar(path, max_bytes)
     return [file_source(path, max_bytes=max_bytes)]
 
 
-def _is_tar(path: Path) -> bool:
+def is_tar(path: Path) -> bool:
     return path.name.lower().endswith((".tar", ".tar.gz", ".tgz"))
 
 

@@ -224,13 +224,19 @@ class Dashboard:
         from tracemagic.views.text import summary
 
         if self._text is None or width != 100:
-            text = summary(self.data, width=width)
+            text = summary(self.data, width=width) if not self.data.summaries_only else self._ranks_text()
             if self.other is not None:
                 text += f"\n\n(compared with {self.other.name}: see the Compare tab or `tracemagic diff`)"
             if width != 100:
                 return text
             self._text = text
         return self._text
+
+    def _ranks_text(self) -> str:
+        """The text of a job's summarized ranks: its Ranks table."""
+        section = self.section("ranks")
+        facts = [f"{label}: {value}" for label, value in section.facts]
+        return "\n".join([f"tracemagic · {self.title}", *facts, section.table.to_string(index=False)])
 
     # -- the widget ---------------------------------------------------------------------
     @property

@@ -97,13 +97,21 @@ class TraceData:
         key = name if not args else f"{name}:{id(args[0])}"
         if key not in self._tables:
             try:
-                frame = compute() if compute is not None else self.trace.table(ANALYSES[name], *args)
+                frame = compute() if compute is not None else self._analysis(name, *args)
             except Exception as exc:  # noqa: BLE001 - one analysis must not take the view down
                 self.problems[name] = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"tracemagic: the {name} analysis failed ({exc}); its view is empty", stacklevel=2)
                 frame = pd.DataFrame(columns=CONTRACT.get(name.split(":")[0], []))
             self._tables[key] = frame
         return self._tables[key]
+
+    def _analysis(self, name: str, *args: Any) -> pd.DataFrame:
+        """``ANALYSES[name]`` of the trace, computed once per trace (``Trace.table``); a job's
+        summarized ranks (``tracemagic.load_ranks``) compute their own cross-rank tables."""
+        if self.summaries_only:
+            frame: pd.DataFrame = getattr(self.trace, name)(*args)
+            return frame
+        return self.trace.table(ANALYSES[name], *args)
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -197,7 +205,8 @@ class TraceData:
     def has_et(self) -> bool:
         """Whether an Execution Trace lies next to the trace under a matching name
         (``trace.artifacts.has_et``): the Graph tab shows then."""
-        return self.trace.artifacts.has_et
+        artifacts = getattr(self.trace, "artifacts", None)  # none for a job's summarized ranks
+        return bool(artifacts is not None and artifacts.has_et)
 
     def et_graph(self, step: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The Execution Trace's op graph (``tracemagic.analysis.et.et_graph``), read once for
@@ -252,6 +261,12 @@ class TraceData:
     def ranks(self) -> list[int]:
         """The ranks present."""
         return list(getattr(self.trace, "rank_ids", [0]))
+
+    @cached_property
+    def summaries_only(self) -> bool:
+        """Whether the trace is a job's ranks summarized (``tracemagic.load_ranks``): only
+        the cross-rank tables, no events."""
+        return bool(getattr(self.trace, "summaries_only", False))
 
     @property
     def several_ranks(self) -> bool:

@@ -98,7 +98,10 @@ class Tab:
 def available(data: TraceData, other: TraceData | None = None) -> list[str]:
     """The tab keys to show for this trace, in display order: Roofline and Kernels only
     with a GPU, Ranks only with several ranks, Graph only with an Execution Trace next to
-    the trace, Compare only with another trace (each ``Tab.available``)."""
+    the trace, Compare only with another trace (each ``Tab.available``); Ranks alone for a
+    job's summarized ranks (``load_ranks``)."""
+    if data.summaries_only:  # a job's ranks (``tracemagic.load_ranks``): no events for the other tabs
+        return ["ranks"]
     return [key for key, tab in TABS.items() if tab.available(data, other)]
 
 

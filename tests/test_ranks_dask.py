@@ -1,0 +1,201 @@
+"""``tracemagic.load_ranks``: a job's ranks parsed and summarized on a Dask cluster.
+
+The job: 32 ranks made from the 8 real DLRM ranks (NCCL, V100) of
+``param_dlrm_kineto.tar.gz``, each copy given its own ``distributedInfo.rank``. A
+``LocalCluster`` of two worker processes opens and summarizes them; the tables must equal
+those of the same job loaded whole in this process (``tracemagic.load``), and the step
+times those of the raw JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import distributed
+import pandas as pd
+import pytest
+from conftest import TRACES
+
+import tracemagic
+import tracemagic.job
+from tracemagic.errors import TraceError
+from tracemagic.views.dashboard import Dashboard
+
+ROOT = Path(__file__).resolve().parents[1]
+RANKS = 32
+TABLES = ("ranks_table", "steps", "collectives", "stragglers")
+
+
+def _members() -> list[dict[str, Any]]:
+    """The 8 DLRM rank traces as parsed JSON, by their recorded rank."""
+    with tarfile.open(TRACES / "param_dlrm_kineto.tar.gz") as archive:
+        docs = [json.load(archive.extractfile(m)) for m in archive if m.isfile()]  # type: ignore[arg-type]
+    return sorted(docs, key=lambda doc: doc["distributedInfo"]["rank"])
+
+
+def make_job(folder: Path, ranks: int) -> dict[int, dict[str, Any]]:
+    """``ranks`` rank files in ``folder``: DLRM rank ``k % 8`` recorded as rank ``k``."""
+    folder.mkdir()
+    docs = _members()
+    written = {}
+    for rank in range(ranks):
+        doc = json.loads(json.dumps(docs[rank % len(docs)]))
+        doc["distributedInfo"]["rank"] = rank
+        (folder / f"worker{rank}_step_12.pt.trace.json").write_text(json.dumps(doc))
+        written[rank] = doc
+    return written
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict[str, Any]]]:
+    folder = tmp_path_factory.mktemp("job") / "ranks"
+    return folder, make_job(folder, RANKS)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    cluster = distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+        env={"PYTHONPATH": str(ROOT)},  # the workers import this checkout's tracemagic
+    )
+    with cluster, distributed.Client(cluster) as client:
+        yield client
+
+
+def assert_same_tables(a: Any, b: Any) -> None:
+    for name in TABLES:
+        x, y = getattr(a, name)(), getattr(b, name)()
+        pd.testing.assert_frame_equal(x, y, check_exact=True, obj=name)
+        assert x.attrs == y.attrs, name
+
+
+def test_the_cluster_does_the_work_and_the_tables_equal_loading_the_job_whole(
+    job: tuple[Path, dict[int, dict[str, Any]]], client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, docs = job
+
+    def not_here(*args: object) -> None:
+        raise AssertionError("a rank was opened in the client process")
+
+    with monkeypatch.context() as patched, distributed.get_task_stream(client) as stream:
+        patched.setattr(tracemagic.job, "open_rank", not_here)  # this process only: the workers import their own
+        ranks = tracemagic.load_ranks(folder, client, cache_dir=tmp_path / "cache")
+    tasks = stream.data
+    workers = set(client.scheduler_info()["workers"])
+    opened = [t for t in tasks if str(t["key"]).startswith("tracemagic-open-")]
+    summarized = [t for t in tasks if str(t["key"]).startswith("tracemagic-summary-")]
+    assert len(opened) == len(summarized) == RANKS
+    assert {t["worker"] for t in opened + summarized} == workers, "both workers opened ranks"
+    assert ranks.rank_ids == list(range(RANKS)) and not ranks.failed
+
+    whole = tracemagic.load(folder, use_cache=False)  # every rank parsed in this process
+    assert_same_tables(whole, ranks)
+    here = tracemagic.load_ranks(folder, cache_dir=tmp_path / "here")
+    assert_same_tables(here, ranks)
+
+    # step times from the raw JSON: each rank's one ProfilerStep#12
+    steps = ranks.steps().set_index("rank")
+    for rank, doc in docs.items():
+        (step,) = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+        assert steps.loc[rank, "dur"] == pytest.approx(float(step["dur"]))
+        assert steps.loc[rank, "step"] == int(step["name"].split("#")[1])
+    # collectives: every NCCL kernel of a rank inside its step, matched over all 32 ranks
+    found = ranks.collectives()
+    for rank in (0, 13, 31):
+        doc = docs[rank]
+        (step,) = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+        nccl = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"].lower()]
+        assert (found["rank"] == rank).sum() == len(nccl) > 0
+    assert (found["ranks"] == RANKS).all()
+
+    # what came back is small: the summaries are a sliver of the JSON
+    json_bytes = sum(p.stat().st_size for p in folder.iterdir())
+    assert len(pickle.dumps(ranks._summaries)) < json_bytes / 20
+
+    # one rank's whole trace, from a worker: the same as opened here, on the job's clock
+    remote, local = ranks.rank(13), here.rank(13)
+    pd.testing.assert_frame_equal(remote.events, local.events)
+    assert remote.meta["time_zero_us"] == local.meta["time_zero_us"]
+    pd.testing.assert_frame_equal(remote.steps(), whole.steps().query("rank == 13").reset_index(drop=True))
+    with pytest.raises(KeyError, match="rank 99"):
+        ranks.rank(99)
+
+    # the dashboard's Ranks tab from the summaries: what it shows for the job loaded whole
+    job_tab, whole_tab = ranks.dashboard().section("ranks"), Dashboard(whole).section("ranks")
+    assert ranks.dashboard().keys == ["ranks"]
+    pd.testing.assert_frame_equal(job_tab.table, whole_tab.table)
+    assert job_tab.facts == whole_tab.facts
+    assert [f.to_plotly_json()["data"] for f in job_tab.figures] == [f.to_plotly_json()["data"] for f in whole_tab.figures]
+
+
+def test_a_damaged_rank_fails_alone(job: tuple[Path, dict[int, dict[str, Any]]], client: Any, tmp_path: Path) -> None:
+    source, _ = job
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in range(8):
+        name = f"worker{rank}_step_12.pt.trace.json"
+        data = (source / name).read_bytes()
+        (folder / name).write_bytes(data[: len(data) // 2] if rank == 5 else data)  # rank 5 cut in half
+    damaged = str(folder / "worker5_step_12.pt.trace.json")
+    for ranks in (tracemagic.load_ranks(folder, client, cache_dir=tmp_path / "c"),
+                  tracemagic.load_ranks(folder, cache_dir=tmp_path / "h")):
+        assert list(ranks.failed) == [damaged]
+        assert isinstance(ranks.failed[damaged], TraceError) and "worker5" in str(ranks.failed[damaged])
+        assert ranks.rank_ids == [0, 1, 2, 3, 4, 6, 7]
+        assert ranks.ranks_table()["rank"].tolist() == [0, 1, 2, 3, 4, 6, 7]
+        assert set(ranks.collectives()["ranks"]) == {7}
+        assert any("worker5" in w for w in ranks.warnings)
+    with pytest.raises(TraceError):
+        tracemagic.load(folder, use_cache=False)  # loading the job whole stops at the damage
+
+
+def test_a_tar_or_a_glob_of_ranks_in_this_process(job: tuple[Path, Any], tmp_path: Path) -> None:
+    tar = TRACES / "param_dlrm_kineto.tar.gz"
+    ranks, whole = tracemagic.load_ranks(tar), tracemagic.load(tar, use_cache=False)
+    assert ranks.rank_ids == whole.rank_ids == list(range(8))
+    assert_same_tables(whole, ranks)
+    pd.testing.assert_frame_equal(ranks.rank(6).steps(), whole.steps().query("rank == 6").reset_index(drop=True))
+    some = tracemagic.load_ranks(job[0] / "worker1?_*.json", cache_dir=tmp_path)  # ranks 10..19
+    assert some.rank_ids == list(range(10, 20))
+    assert some.files[12].endswith("worker12_step_12.pt.trace.json")
+
+
+def test_a_second_file_of_a_rank_fails_alone(job: tuple[Path, Any], tmp_path: Path) -> None:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in (0, 1, 2):
+        name = f"worker{rank}_step_12.pt.trace.json"
+        (folder / name).write_bytes((job[0] / name).read_bytes())
+    (folder / "worker9_again.pt.trace.json").write_bytes((job[0] / "worker1_step_12.pt.trace.json").read_bytes())
+    ranks = tracemagic.load_ranks(folder, cache_dir=tmp_path / "c")  # distributedInfo says rank 1 twice
+    assert ranks.rank_ids == [0, 1, 2]
+    (again,) = ranks.failed.values()
+    assert "rank 1 again" in str(again) and again.path == str(folder / "worker9_again.pt.trace.json")
+
+
+def test_client_without_dask_names_the_extra(job: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
+    with pytest.raises(ImportError, match=r"pip install tracemagic\[dask\]"):
+        tracemagic.load_ranks(job[0], client=object())
+
+
+def test_cache_entries_removed_while_listed_are_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers share one cache folder: one lists it (to evict) while another removes an entry."""
+    from tracemagic.trace import cache
+
+    tracemagic.load(TRACES / "hta_triton_example.json.gz", cache_dir=tmp_path)
+    (entry,) = cache.entries(tmp_path)
+    real_stat = Path.stat
+
+    def vanished(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self.parent == tmp_path and self.name.startswith(entry.name):
+            raise FileNotFoundError(self)
+        return real_stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", vanished)
+    assert cache.entries(tmp_path) == []
