@@ -289,7 +289,7 @@ def test_gpu_traces(run) -> None:
     assert table_rows(ex.cell('nccl = tracemagic.load')) == 3
     assert table_rows(ex.cell("mi300.layers()")) > 0
     assert "cuda:0" in text_of(ex.cell("mem = mi300.memory()"))
-    assert table_rows(ex.cell("dlrm.ranks_table()")) == 8
+    assert table_rows(ex.cell("dlrm.ranks()")) == 8
     job = ex.cell("tracemagic.load_ranks(")
     assert "8 rank(s), on the Dask cluster" in text_of(job) and "loading it whole: True" in text_of(job)
     assert ex.dashboard(ex.cell("job.dashboard()"))["tabs"] == ["Ranks"]
