@@ -1,6 +1,6 @@
 """The layers hold: import-linter checks the contract in pyproject.toml ([tool.importlinter]).
 
-top (magics, cli, demo, __main__, facade, job) > views | export > capture > analysis > trace:
+top (magics, cli, demo, __main__, facade, job, script, run) > views | export > capture > analysis > trace:
 no module imports one of a layer above it (imports inside functions count), and views and
 export are independent of each other.
 """
