@@ -53,6 +53,8 @@ def test_the_layers_contract_is_kept(tmp_path: Path) -> None:
         ("trace/model.py", "def _up():\n    import tracemagic.facade\n"),
         # a view using an exporter (siblings are independent)
         ("views/text.py", "from tracemagic.export import chrome\n"),
+        # the capture core reaching its script adapter (which hands out the facade's Capture)
+        ("capture/session.py", "def _up():\n    from tracemagic.script import capture\n"),
         # capture reaching the root package, which leads to the magics
         ("capture/result.py", "def _up():\n    import tracemagic\n"),
     ],

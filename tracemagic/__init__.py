@@ -18,10 +18,11 @@ from tracemagic._version import __version__
 from tracemagic.errors import CaptureError, TraceError
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names below
-    from tracemagic.script import ScriptCapture, capture
     from tracemagic.export.chisel import capture_model, parse_model_trace
     from tracemagic.facade import Trace, load
     from tracemagic.job import Ranks, load_ranks
+    from tracemagic.script import ScriptCapture as _ScriptCapture
+    from tracemagic.script import capture
 
 __all__ = [
     "CaptureError",
@@ -49,10 +50,10 @@ class _CallableCapture(ModuleType):
     its subpackages: ``import tracemagic.capture`` and ``from tracemagic import capture``
     give the same callable package."""
 
-    def __call__(self, *, timeout: float = 300.0, whole: bool = False, **options: Any) -> ScriptCapture:
+    def __call__(self, **options: Any) -> _ScriptCapture:
         from tracemagic.script import capture as script_capture
 
-        return script_capture(timeout=timeout, whole=whole, **options)
+        return script_capture(**options)
 
 
 _capture_package.__class__ = _CallableCapture
