@@ -1,6 +1,6 @@
 """The layers hold: import-linter checks the contract in pyproject.toml ([tool.importlinter]).
 
-top (magics, cli, demo, __main__, facade, job) > views | export > capture > analysis > trace:
+top (magics, cli, demo, __main__, facade, job, script, run) > views | export > capture > analysis > trace:
 no module imports one of a layer above it (imports inside functions count), and views and
 export are independent of each other.
 """
@@ -53,6 +53,8 @@ def test_the_layers_contract_is_kept(tmp_path: Path) -> None:
         ("trace/model.py", "def _up():\n    import tracemagic.facade\n"),
         # a view using an exporter (siblings are independent)
         ("views/text.py", "from tracemagic.export import chrome\n"),
+        # the capture core reaching its script adapter (which hands out the facade's Capture)
+        ("capture/session.py", "def _up():\n    from tracemagic.script import capture\n"),
         # capture reaching the root package, which leads to the magics
         ("capture/result.py", "def _up():\n    import tracemagic\n"),
     ],

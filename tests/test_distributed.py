@@ -26,8 +26,9 @@ from conftest import TRACES
 import tb_reference
 import tracemagic
 from tracemagic.capture import distributed
-from tracemagic.capture.api import ScriptCapture, config_from_options
+from tracemagic.capture.config import config_from_options
 from tracemagic.errors import CaptureError
+from tracemagic.script import ScriptCapture
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "data" / "ddp_train.py"
@@ -233,6 +234,27 @@ def test_capture_is_the_callable_package() -> None:
         tracemagic.capture(active=0)
 
 
+@pytest.mark.parametrize(
+    "imports",
+    ["import tracemagic\ncapture = tracemagic.capture",
+     "import tracemagic.capture\ncapture = tracemagic.capture",
+     "from tracemagic import capture"],
+)
+def test_every_import_of_capture_is_the_callable_package(imports: str) -> None:
+    """However it is first imported (a fresh interpreter each), ``capture`` is the package
+    and ``capture(...)`` a ``ScriptCapture``; importing it loads neither torch nor pandas."""
+    code = (
+        f"{imports}\nimport sys\n"
+        "heavy = sorted({'torch', 'pandas', 'tracemagic.facade', 'tracemagic.script'} & set(sys.modules))\n"
+        "cap = capture(active=2)\n"
+        "print(capture.__name__, type(cap).__module__, type(cap).__name__, heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["tracemagic.capture", "tracemagic.script", "ScriptCapture", "[]"]
+
+
 @pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 def test_block_error_propagates_after_files_are_written(tmp_path: Path) -> None:
     import torch
@@ -268,6 +290,41 @@ def test_decorator_runs_one_capture_per_call(tmp_path: Path) -> None:
     assert work(4) == 4 and cap.dir != first and len(list(tmp_path.iterdir())) == 2
 
 
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+def test_a_script_capture_hands_out_the_full_capture_and_trace(tmp_path: Path) -> None:
+    """``cap.result`` is what the magic gives: ``trace.steps()``, ``trace.layers()`` and the
+    dashboard work on it, and their figures are those of the raw Kineto JSON."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    with tracemagic.capture(wait=0, warmup=1, active=3, out=tmp_path, no_memory_timeline=True) as cap:
+        for _ in cap.steps(range(5)):
+            model(torch.randn(4, 8)).sum().backward()
+    result = cap.result
+    assert result is not None and result.status == "complete"
+    trace = result.trace
+    assert isinstance(result, tracemagic.facade.Capture) and isinstance(trace, tracemagic.Trace)
+    assert cap.result is result and result.trace is trace  # made once: the trace loads once
+
+    events = json.loads((cap.dir / "kineto_trace_0.json").read_text())["traceEvents"]
+    spans = {int(e["name"].split("#")[1]): float(e["dur"]) for e in events
+             if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")}
+    steps = trace.steps()
+    assert sorted(steps["step"].astype(int)) == sorted(spans) == [1, 2, 3]
+    for row in steps.itertuples(index=False):
+        assert float(row.dur) == pytest.approx(spans[int(row.step)], abs=1.0)
+
+    linear_calls = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"
+                       and e["name"].startswith("nn.Module: Linear_"))
+    layers = trace.layers().set_index("layer")  # named after the caller's variable `model`
+    assert list(layers.loc[["0", "1", "2"], "parent"]) == ["model"] * 3
+    assert int(layers.loc[["0", "2"], "calls"].sum()) == linear_calls == 6
+
+    dashboard = result.dashboard
+    assert type(dashboard).__name__ == "Dashboard" and dashboard is result.dashboard
+    assert result.title in result._repr_mimebundle_()["text/plain"]
+
+
 def test_merge_names_missing_and_failed_ranks() -> None:
     part = {"status": "complete", "rank": 0, "files": [{"path": "kineto_trace_0.json", "kind": "kineto", "rank": 0}],
             "steps": [{"step": 2}], "steps_recorded": 1, "notes": [], "error": None, "modules": {}}
@@ -288,7 +345,7 @@ def test_run_steps_after_the_optimizer_returns_and_leaves_it_as_it_was(tmp_path:
     the script's optimizer gets its own step back afterwards."""
     import warnings
 
-    from tracemagic.capture.run import main
+    from tracemagic.run import main
 
     script = tmp_path / "sched.py"
     script.write_text(
@@ -325,7 +382,7 @@ def test_run_steps_after_the_optimizer_returns_and_leaves_it_as_it_was(tmp_path:
 
 
 def test_run_needs_a_script(capsys: pytest.CaptureFixture[str]) -> None:
-    from tracemagic.capture.run import main
+    from tracemagic.run import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--active", "2"])

@@ -154,7 +154,7 @@ def test_commands_use_chakras_current_flags(two_ranks: Path, tmp_path: Path) -> 
 
 def test_capture_made_by_tracemagic_passes(tmp_path: Path) -> None:
     """``tracemagic.capture(et=True)`` (what ``%%chakra_trace --et`` runs) gives Chakra a valid pair."""
-    from tracemagic.capture.api import capture as tm_capture
+    from tracemagic.script import capture as tm_capture
     from tracemagic.export import et
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))

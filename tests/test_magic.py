@@ -405,7 +405,7 @@ def test_help_and_readme_table_list_every_option_the_magic_parses():
 
 
 def test_run_command_takes_the_same_capture_options():
-    from tracemagic.capture.run import build_parser
+    from tracemagic.run import build_parser
 
     run_options = {s for a in build_parser()._actions for s in a.option_strings}
     magic_only = {"--tb-names", "--report", "--pfw", "--loop", "-v", "--var", "-o", "--output"}

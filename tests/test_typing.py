@@ -101,7 +101,7 @@ def test_the_typed_names_are_the_runtime_ones() -> None:
     """What the type checker is told (the ``TYPE_CHECKING`` imports) is what runs:
     ``tracemagic.capture`` stays the package (its names import) and is callable."""
     from tracemagic.capture import CaptureConfig
-    from tracemagic.capture.api import ScriptCapture
+    from tracemagic.script import ScriptCapture
     from tracemagic.facade import Trace, load
 
     assert tracemagic.load is load and tracemagic.Trace is Trace

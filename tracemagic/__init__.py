@@ -10,17 +10,19 @@ The heavy parts (torch, pandas, plotly, ipywidgets) are imported lazily, on firs
 
 from __future__ import annotations
 
-import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+import tracemagic.capture as _capture_package  # light: its names import on first use
 from tracemagic._version import __version__
 from tracemagic.errors import CaptureError, TraceError
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names below
-    from tracemagic.capture.api import capture
     from tracemagic.export.chisel import capture_model, parse_model_trace
     from tracemagic.facade import Trace, load
     from tracemagic.job import Ranks, load_ranks
+    from tracemagic.script import ScriptCapture as _ScriptCapture
+    from tracemagic.script import capture
 
 __all__ = [
     "CaptureError",
@@ -38,7 +40,24 @@ __all__ = [
 ]
 
 #: the public names imported on first access (the heavy parts load only when used)
-_LAZY = ("Ranks", "Trace", "capture", "capture_model", "load", "load_ranks", "parse_model_trace")
+_LAZY = ("Ranks", "Trace", "capture_model", "load", "load_ranks", "parse_model_trace")
+
+
+class _CallableCapture(ModuleType):
+    """The ``tracemagic.capture`` package, callable: ``tracemagic.capture(**options)`` is
+    ``tracemagic.script.capture`` (the script adapter, in the top layer, which the package
+    below it may not import). Installed here, as ``tracemagic`` is imported before any of
+    its subpackages: ``import tracemagic.capture`` and ``from tracemagic import capture``
+    give the same callable package."""
+
+    def __call__(self, **options: Any) -> _ScriptCapture:
+        from tracemagic.script import capture as script_capture
+
+        return script_capture(**options)
+
+
+_capture_package.__class__ = _CallableCapture
+del _capture_package  # it stays ``tracemagic.capture``
 
 
 def __getattr__(name: str) -> Any:
@@ -48,10 +67,6 @@ def __getattr__(name: str) -> Any:
         from tracemagic import facade
 
         value = getattr(facade, name)
-    elif name == "capture":  # the subpackage itself, callable: capture(**options)
-        import tracemagic.capture
-
-        value = sys.modules["tracemagic.capture"]
     elif name in ("Ranks", "load_ranks"):
         from tracemagic import job
 

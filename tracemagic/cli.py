@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", help="another cache folder (as load(cache_dir=...))")
     p.set_defaults(func=cmd_cache)
 
-    # listed for --help only: main() hands `run ...` to tracemagic.capture.run before parsing
+    # listed for --help only: main() hands `run ...` to tracemagic.run before parsing
     sub.add_parser("run", help="capture a script: tracemagic run [options] -- script.py [args] (see run --help)")
     return parser
 
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:  # its own parser: everything after `--` belongs to the script
-        from tracemagic.capture.run import main as run_main
+        from tracemagic.run import main as run_main
 
         return run_main(argv[1:])
     parser = build_parser()

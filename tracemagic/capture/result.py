@@ -18,8 +18,8 @@ CaptureT = TypeVar("CaptureT", bound="Capture")
 
 class Capture:
     """A finished capture: its directory, its files and its manifest (the data; the
-    magic hands out ``tracemagic.facade.Capture``, which adds the dashboard and outputs; a
-    script's ``cap.result`` is this class: ``tracemagic.facade.Capture.of(cap.result)``).
+    magic and a script's ``cap.result`` hand out ``tracemagic.facade.Capture``, which adds
+    the dashboard and outputs).
 
     Everything here is rebuilt from the directory alone (``Capture.from_dir``), so a live
     capture and one loaded later behave the same.

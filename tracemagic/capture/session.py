@@ -1,7 +1,10 @@
 """One capture: torch.profiler and the ET observer around a cell, and the files they leave.
 
-``CaptureSession`` is also the handle the cell sees (``chakra``): the rewritten loop calls
-``step()`` at the end of each iteration, ``start()`` before and ``stop()`` after it.
+``CaptureSession`` is the one capture core: the magic runs a cell in it, and a script's
+``tracemagic.capture(...)`` and ``tracemagic run`` (``tracemagic.script``) run one per rank,
+in a directory shared by the ranks. It is also the handle the cell sees (``chakra``): the
+rewritten loop calls ``step()`` at the end of each iteration, ``start()`` before and
+``stop()`` after it.
 Whatever happens in the cell, ``finish()`` stops the profiler, unregisters the ET observer,
 writes what was recorded and the manifest, and returns a ``Capture``.
 """
@@ -24,7 +27,7 @@ import torch
 from torch.profiler import ExecutionTraceObserver, ProfilerAction, ProfilerActivity
 
 from tracemagic._version import __version__
-from tracemagic.capture import files, notices
+from tracemagic.capture import distributed, files, notices
 from tracemagic.capture.config import CaptureConfig
 from tracemagic.capture.loop import LoopPlan
 from tracemagic.capture.naming import Called, find_roots, module_map, namespace_modules, recorded_modules, resolve
@@ -151,6 +154,12 @@ class CaptureSession:
         cell: the cell source, kept in the manifest.
         line: the magic's argument line, kept in the manifest.
         namespace: the user namespace, to name models after their variables.
+        rank: this process's rank (default: ``torch.distributed``'s, else 0).
+        world_size: the number of ranks (default: ``torch.distributed``'s, else 1); with
+            several, this rank's manifest goes to ``ranks/<rank>.json``, from which
+            ``capture.json`` is merged (``distributed.write_merged_manifest``).
+        directory: the capture directory, already made (a job's ranks share one); default:
+            ``open()`` makes ``OUT/NAME-<timestamp>``.
     """
 
     def __init__(
@@ -161,6 +170,9 @@ class CaptureSession:
         cell: str = "",
         line: str = "",
         namespace: dict[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        directory: Path | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -168,7 +180,10 @@ class CaptureSession:
         self.line = line
         self.namespace = namespace if namespace is not None else {}
         self.dir: Path | None = None
-        self.rank, self.world_size = _rank_and_world()
+        if rank is None or world_size is None:
+            rank, world_size = _rank_and_world()
+        self.rank, self.world_size = rank, world_size
+        self._directory = directory
         self._one_step = plan.mode == "none"
         self._prof: _Profiler | None = None
         self._et: ExecutionTraceObserver | None = None
@@ -238,15 +253,19 @@ class CaptureSession:
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self) -> Path:
-        """Check that a capture can run and create its directory, before the cell runs.
+        """Check that a capture can run and create its directory, before the cell runs
+        (a ``directory`` given to the constructor is used as it is: its maker checked).
 
         Raises:
             CaptureError: another profiler is running, or the directory is not writable.
         """
-        busy = profiler_busy(et=self.config.et)
-        if busy:
-            raise CaptureError(busy)
-        self.dir = files.make_capture_dir(self.config.out, self.config.name)
+        if self._directory is not None:
+            self.dir = self._directory
+        else:
+            busy = profiler_busy(et=self.config.et)
+            if busy:
+                raise CaptureError(busy)
+            self.dir = files.make_capture_dir(self.config.out, self.config.name)
         self._write_manifest(status="running")
         return self.dir
 
@@ -599,7 +618,10 @@ class CaptureSession:
     ) -> None:
         assert self.dir is not None
         data = manifest if manifest is not None else self._base_manifest(status)
-        layout.write_manifest(self.dir, data)
+        if self._directory is not None and self.world_size > 1:  # a job's shared directory
+            distributed.write_part(self.dir, self.rank, data)
+        else:
+            layout.write_manifest(self.dir, data)
 
 
 #: why ``--et`` cannot record while another ExecutionTraceObserver is registered

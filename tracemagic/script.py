@@ -1,12 +1,13 @@
 """``tracemagic.capture(...)``: the ``%%chakra_trace`` capture for scripts, on one rank or all.
 
 A context manager and a decorator around the magic's own ``CaptureSession`` (same options,
-same files, same ``capture.json``)::
+same files, same ``capture.json``), handing out the same ``tracemagic.facade.Capture``::
 
     with tracemagic.capture(active=3, et=True) as cap:
         for batch in cap.steps(loader):          # or call cap.step() after each step
             train_step(batch)
     print(cap.result.summary())
+    cap.result.trace.steps()                     # the capture's tracemagic.Trace
 
     @tracemagic.capture(active=3)               # one capture per call of main()
     def main(): ...
@@ -15,6 +16,10 @@ Under ``torchrun`` every rank records its own ``kineto_trace_<rank>.json`` (and
 ``torch_et_<rank>.json`` with ``et=True``) into one shared directory (see
 ``tracemagic.capture.distributed``), and rank 0 writes the ``capture.json`` of all ranks once
 they are done. An exception inside the block propagates after the files are written.
+
+This is the top layer (it hands out the facade's ``Capture``); ``tracemagic.capture(...)``
+is ``capture`` here (``tracemagic/__init__.py`` makes the ``tracemagic.capture`` package
+callable), and ``tracemagic run`` (``tracemagic.run``) drives a ``ScriptCapture``.
 """
 
 from __future__ import annotations
@@ -31,13 +36,14 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tracemagic.capture import distributed
+from tracemagic.capture import result as _result
 from tracemagic.capture.config import CaptureConfig, config_from_options
 from tracemagic.capture.loop import LoopPlan
-from tracemagic.capture.result import Capture
 from tracemagic.errors import CaptureError
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.capture.session import CaptureSession
+    from tracemagic.facade import Capture
 
 __all__ = ["ScriptCapture", "capture"]
 
@@ -76,7 +82,6 @@ class ScriptCapture:
         rank: this process's rank (0 outside torch.distributed).
         world_size: the number of ranks (1 outside torch.distributed).
         dir: the capture directory, once started.
-        result: the finished ``Capture`` (on rank 0 of a job: all ranks' manifest).
     """
 
     def __init__(self, config: CaptureConfig, *, timeout: float = 300.0, whole: bool = False) -> None:
@@ -87,7 +92,8 @@ class ScriptCapture:
         self.whole = whole
         self.rank, self.world_size = 0, 1
         self.dir: Path | None = None
-        self.result: Capture | None = None
+        self._finished: _result.Capture | None = None  # the data; ``result`` hands it out
+        self._full: Capture | None = None
         self._session: CaptureSession | None = None
         self._namespace: dict[str, Any] = {}
         self._signals = _TermAsExit()
@@ -134,6 +140,18 @@ class ScriptCapture:
         """The profiler's current step number (``ProfilerStep#N``)."""
         return self._session.step_num if self._session is not None else 0
 
+    @property
+    def result(self) -> Capture | None:
+        """The finished capture, as the magic gives it: ``tracemagic.facade.Capture`` with
+        its ``trace``, ``dashboard``, ``report()`` (on rank 0 of a job: all ranks' manifest);
+        None until a capture has finished. Made on first access (pandas is imported then,
+        not when the capture ends: ``tracemagic run`` never needs it)."""
+        if self._full is None and self._finished is not None:
+            from tracemagic.facade import Capture  # pandas: imported on first use
+
+            self._full = Capture.of(self._finished)
+        return self._full
+
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, namespace: dict[str, Any] | None = None) -> Path:
         """Create (or join) the capture directory and start the profiler; step 0 begins.
@@ -144,20 +162,20 @@ class ScriptCapture:
         Raises:
             CaptureError: a capture is already running, or the directory is unusable.
         """
-        from tracemagic.capture.session import profiler_busy
+        from tracemagic.capture.session import CaptureSession, profiler_busy  # torch: on first use
 
         if self._session is not None:
             raise CaptureError("this capture is already running (a capture cannot be nested in itself).")
         busy = profiler_busy(et=self.config.et)
         if busy:
             raise CaptureError(busy)
-        self.result = None
+        self._finished = self._full = None
         rank, world, initialized = distributed.rank_and_world()
         self.rank, self.world_size = rank, world
         self.dir = distributed.shared_directory(
             self.config.out, self.config.name, rank, world, initialized, self.timeout
         )
-        session = _rank_session_class()(
+        session = CaptureSession(
             self.config,
             LoopPlan(mode="none" if self.whole else "manual"),
             line=_describe(self.config, self.whole),
@@ -173,32 +191,40 @@ class ScriptCapture:
         try:
             session.start()
         except BaseException as exc:
-            self.finish(exc)
+            self.end(exc)
             raise
         return self.dir
 
     def finish(self, error: BaseException | None = None) -> Capture:
         """Stop, write the files and the manifest; on rank 0 of a job, merge all ranks'.
 
-        Never raises because of the capture itself; returns the ``Capture``.
+        Never raises because of the capture itself; returns ``result``.
         """
+        self.end(error)
+        finished = self.result
+        assert finished is not None
+        return finished
+
+    def end(self, error: BaseException | None = None) -> _result.Capture:
+        """``finish()``, returning the data ``tracemagic.capture.result.Capture`` (its
+        directory, manifest and summary) without importing pandas; ``with`` ends this way."""
         session = self._session
         if session is None:
-            if self.result is not None:
-                return self.result
+            if self._finished is not None:
+                return self._finished
             raise CaptureError("this capture was never started.")
         self._signals.defer()
         try:
-            result = session.finish(error=error)
+            finished = session.finish(error=error)
             if self.world_size > 1:
-                result = self._merge(result, failed=error is not None)
+                finished = self._merge(finished, failed=error is not None)
         finally:
             self._session = None
             self._signals.restore()
-        self.result = result
-        return result
+        self._finished, self._full = finished, None
+        return finished
 
-    def _merge(self, own: Capture, failed: bool) -> Capture:
+    def _merge(self, own: _result.Capture, failed: bool) -> _result.Capture:
         """Rank 0 waits for the others (unless its own block failed); any rank merges."""
         assert self.dir is not None
         if self.rank == 0 and not failed:  # a SIGTERM (torchrun stopping the job) ends the wait
@@ -211,7 +237,7 @@ class ScriptCapture:
         except OSError as exc:
             own.manifest.setdefault("notes", []).append(f"capture.json could not be written: {exc}")
             return own
-        return Capture(self.dir, manifest) if self.rank == 0 else own
+        return _result.Capture(self.dir, manifest) if self.rank == 0 else own
 
     def __enter__(self) -> ScriptCapture:
         frame = sys._getframe(1)
@@ -223,7 +249,7 @@ class ScriptCapture:
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
         if self._session is not None:
-            self.finish(error)
+            self.end(error)
         return False  # the block's exception, if any, propagates
 
     def __call__(self, func: F) -> F:
@@ -236,15 +262,15 @@ class ScriptCapture:
             try:
                 value = func(*args, **kwargs)
             except BaseException as exc:
-                self.finish(exc)
+                self.end(exc)
                 raise
-            self.finish()
+            self.end()
             return value
 
         return wrapper  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        state = "running" if self._session is not None else "finished" if self.result else "ready"
+        state = "running" if self._session is not None else "finished" if self._finished else "ready"
         where = f" at {str(self.dir)!r}" if self.dir else ""
         return f"<ScriptCapture {state} rank {self.rank}/{self.world_size}{where}>"
 
@@ -310,39 +336,3 @@ class _TermAsExit:
             self._pending = False
             signal.raise_signal(signal.SIGTERM)
 
-
-@functools.cache
-def _rank_session_class() -> Callable[..., CaptureSession]:
-    """``CaptureSession`` writing into a given directory as a given rank (built on first use,
-    as the session imports torch).
-
-    With several ranks its manifest goes to ``ranks/<rank>.json``; ``capture.json`` is merged
-    from those (``distributed.write_merged_manifest``).
-    """
-    from tracemagic.capture.session import CaptureSession
-
-    class RankSession(CaptureSession):
-        def __init__(
-            self, config: CaptureConfig, plan: LoopPlan, *, rank: int, world_size: int,
-            directory: Path, **kwargs: Any,
-        ) -> None:
-            super().__init__(config, plan, **kwargs)
-            self.rank, self.world_size = rank, world_size
-            self._directory = directory
-
-        def open(self) -> Path:
-            self.dir = self._directory
-            self._write_manifest(status="running")
-            return self.dir
-
-        def _write_manifest(
-            self, *, status: str = "running", manifest: dict[str, Any] | None = None
-        ) -> None:
-            if self.world_size == 1:
-                super()._write_manifest(status=status, manifest=manifest)
-                return
-            assert self.dir is not None
-            data = manifest if manifest is not None else self._base_manifest(status)
-            distributed.write_part(self.dir, self.rank, data)
-
-    return RankSession

@@ -17,7 +17,8 @@ torch's LR schedulers wrap it), and the wrapper calls ``prof.step()`` after the 
 that bypasses the instance attribute (``type(opt).step(opt)``, a bound method saved before
 the first step) still ends the step from the hook, with a note in the manifest.
 
-Every rank of a job, with the directory shared as ``tracemagic.capture`` does::
+Every rank of a job, with the directory shared as ``tracemagic.capture`` does (this module
+is the ``run`` adapter over ``tracemagic.script.ScriptCapture``, in the top layer)::
 
     torchrun --nproc_per_node=2 -m tracemagic run --active 3 -- train.py --epochs 1
 """
@@ -35,9 +36,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tracemagic.capture.api import ScriptCapture
 from tracemagic.capture.config import OPTIONS, config_from_args
 from tracemagic.errors import CaptureError
+from tracemagic.script import ScriptCapture
 
 __all__ = ["build_parser", "main"]
 
@@ -220,14 +221,14 @@ class _Runner:
     def _finish(self, error: BaseException | None) -> None:
         cap = self.cap
         if not cap.running:
-            if cap.result is None and not cap.whole:
+            if cap.dir is None and not cap.whole:
                 print(
                     f"{PROG}: the script made no optimizer step, so nothing was captured; "
                     "use --whole to record the whole script as one step.",
                     file=sys.stderr,
                 )
             return
-        result = cap.finish(error)
+        result = cap.end(error)  # the data Capture: no pandas in the script's process
         if cap.rank == 0 or result.status != "complete":
             out = sys.stderr if result.status != "complete" else sys.stdout
             if not self.quiet or out is sys.stderr:
