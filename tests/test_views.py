@@ -15,9 +15,10 @@ import pytest
 from conftest import TRACES
 
 import tracemagic
+from tracemagic.analysis.schema import TABLES
 from tracemagic.views import figures, sections, tables
 from tracemagic.views.dashboard import ALL_STEPS, PLOTLY_MIME, Dashboard
-from tracemagic.views.data import ANALYSES, CONTRACT, TraceData
+from tracemagic.views.data import ANALYSES, TraceData
 from tracemagic.views.report import write_report
 from tracemagic.views.text import diff_summary, render_table, summary
 
@@ -151,7 +152,7 @@ def test_step_breakdown_stacks_the_parts_per_step() -> None:
 def test_step_breakdown_labels_ranks_and_handles_no_steps() -> None:
     fig = figures.step_breakdown(make_steps(2, ranks=2))
     assert list(fig.data[0].x) == ["r0 · step 1", "r0 · step 2", "r1 · step 1", "r1 · step 2"]
-    empty = figures.step_breakdown(pd.DataFrame(columns=CONTRACT["steps"]))
+    empty = figures.step_breakdown(TABLES["steps"].empty())
     assert not empty.data and "No ProfilerStep" in empty.layout.annotations[0].text
 
 
@@ -222,7 +223,7 @@ def make_spans(n_steps: int = 3, per_step: int = 4, step_us: float = 1000.0) -> 
         for i in range(per_step):
             rows.append((0, f"encoder.block{i}", "Block", "forward", s * step_us + 10 + 50 * i, 40.0, s + 1, 1))
             rows.append((0, f"encoder.block{i}", "Block", "backward", s * step_us + 900 - 50 * i, 40.0, s + 1, 2))
-    return pd.DataFrame(rows, columns=CONTRACT["layer_spans"])
+    return pd.DataFrame(rows, columns=TABLES["layer_spans"].names)
 
 
 def _layer_bars(fig: Any) -> list[dict[str, Any]]:
@@ -1153,3 +1154,4 @@ def test_tabs_are_an_explicit_registry(gpu: Any) -> None:
         sections.build("compare", data)
     with pytest.raises(ValueError, match="unknown tab 'nope'; tabs are overview, layers"):
         sections.build("nope", data)
+
