@@ -171,7 +171,8 @@ _TABLES = [
         "wait_us": ("float64", "mean time waiting in collectives for other ranks"),
         "straggler_steps": ("int64", "steps in which the others waited for this rank"),
         "slowest": ("bool", "the rank the others wait for most often (``ranks.stragglers``)"),
-    }, "not simply the longest step, since waiting lengthens a step."),
+    }, "one row per rank; ``slowest`` is not simply the rank with the longest steps, since waiting "
+       "lengthens a step."),
     Table("collectives", "collectives()", "ranks.collectives", {
         "rank": _RANK,
         "step": _STEP,
