@@ -38,12 +38,6 @@ KINETO_FILES = [
     "tracelens_normalization_layer_test.json.gz",
 ]
 PARTS = ["compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us"]
-CONTRACTS = {
-    "ops": "rank row name kind ts dur self_dur thread step depth layer input_dims input_type seq rf_id external_id",
-    "kernels": "rank row name kind device stream ts dur step op layer correlation bytes grid block is_comm",
-    "steps": "rank step ts dur window_ts window_dur " + " ".join(PARTS) + " idle_us gpu_busy_us gpu_idle_us",
-    "ranks_table": "rank steps step_us compute_us comm_us memcpy_us idle_us gpu_idle_pct overlap_pct slowest",
-}
 RAW_KIND = {
     "kernel": "kernel",
     "gpu_memcpy": "memcpy",
@@ -154,27 +148,47 @@ def raw() -> dict[str, dict[int, list[dict[str, Any]]]]:
 
 
 # -- contracts ----------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["param_dlrm_kineto.tar.gz", "tracelens_normalization_layer_test.json.gz"])
-def test_tables_keep_the_column_contracts(loaded: dict[str, Trace], name: str) -> None:
-    trace = loaded[name]
-    for method, columns in CONTRACTS.items():
-        table = getattr(trace, method)()
-        assert set(columns.split()) <= set(table.columns), method
-    assert {"level", "name", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status"} <= set(trace.diff(trace).columns)
-
-
 def documented_contracts() -> dict[str, list[str]]:
-    """Table -> its column list, as ``tracemagic/analysis/__init__.py`` documents it."""
+    """Table -> its column list, as ``tracemagic.analysis``' docstring documents it."""
     import re
 
     import tracemagic.analysis
 
-    text = " ".join(tracemagic.analysis.__doc__.split())
-    found = re.findall(r"- ``(\w+)\([^)]*\)``(?: \(``[\w.()]+``\))?: ``([\w, ]+)``", text)
+    found = re.findall(r"^- ``(\w+)(?:\([^)]*\))?``(?: \(``[\w.()]+``\))?: ``([\w, ]+)``", tracemagic.analysis.__doc__, re.M)
     return {name: [c.strip() for c in columns.split(",")] for name, columns in found}
 
 
-@pytest.mark.parametrize("name", ["param_dlrm_kineto.tar.gz", "tracelens_normalization_layer_test.json.gz"])
+def test_the_documented_contracts_are_the_schema() -> None:
+    from tracemagic.analysis.memory import CATEGORIES
+    from tracemagic.analysis.schema import KINDS, TABLES
+
+    assert documented_contracts() == {name: table.names for name, table in TABLES.items()}
+    assert TABLES["memory_categories"].names[4:-1] == ["before_capture", *CATEGORIES]
+    for table in TABLES.values():
+        assert set(table.dtypes().values()) <= set(KINDS), table.name
+        empty = table.empty()
+        assert list(empty.columns) == table.names and empty.empty
+        assert [str(d) for d in empty.dtypes] == list(table.dtypes().values()), table.name
+
+
+def assert_schema(name: str, table: pd.DataFrame) -> None:
+    """``table`` has exactly the columns of its contract, in order, with dtypes of the
+    declared kinds (the exact dtype for text kept as categoricals)."""
+    from tracemagic.analysis.schema import TABLES, kind
+
+    contract = TABLES[name]
+    assert list(table.columns) == contract.names, name
+    for column, declared in contract.dtypes().items():
+        dtype = table[column].dtype
+        if len(table):
+            assert kind(dtype) == kind(declared), (name, column, str(dtype), declared)
+            if declared == "category":
+                assert isinstance(dtype, pd.CategoricalDtype), (name, column, str(dtype))
+        else:  # an empty table may hold text as object
+            assert kind(dtype) in (kind(declared), "object"), (name, column, str(dtype), declared)
+
+
+@pytest.mark.parametrize("name", KINETO_FILES)
 def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], name: str) -> None:
     from tracemagic.analysis.spans import layer_spans
 
@@ -186,10 +200,14 @@ def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], na
         "biggest_allocations": trace.biggest_allocations(), "memory_categories": trace.memory_categories(),
         "shapes": trace.shapes(), "diff": trace.diff(trace), "efficiency": trace.efficiency(),
     }
-    contracts = documented_contracts()
-    assert set(contracts) == set(tables)
-    for table, columns in contracts.items():
-        assert list(tables[table].columns) == columns, table
+    if name == "hta_benchmark_simple_add_trace.json.gz":  # the trace with an Execution Trace beside it
+        from tracemagic.analysis.et import et_graph
+
+        tables["et_graph"], tables["et_edges"] = et_graph(trace)
+        assert len(tables["et_graph"]) and len(tables["et_edges"])
+    assert set(documented_contracts()) - set(tables) <= {"et_graph", "et_edges"}
+    for table, frame in tables.items():
+        assert_schema(table, frame)
     assert set(tables["layers"].attrs) == {"step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us",
                                            "compiled_regions", "compiled_layers"}
 

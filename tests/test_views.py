@@ -15,9 +15,10 @@ import pytest
 from conftest import TRACES
 
 import tracemagic
+from tracemagic.analysis.schema import TABLES
 from tracemagic.views import figures, sections, tables
 from tracemagic.views.dashboard import ALL_STEPS, PLOTLY_MIME, Dashboard
-from tracemagic.views.data import ANALYSES, CONTRACT, TraceData
+from tracemagic.views.data import ANALYSES, TraceData
 from tracemagic.views.report import write_report
 from tracemagic.views.text import diff_summary, render_table, summary
 
@@ -151,7 +152,7 @@ def test_step_breakdown_stacks_the_parts_per_step() -> None:
 def test_step_breakdown_labels_ranks_and_handles_no_steps() -> None:
     fig = figures.step_breakdown(make_steps(2, ranks=2))
     assert list(fig.data[0].x) == ["r0 · step 1", "r0 · step 2", "r1 · step 1", "r1 · step 2"]
-    empty = figures.step_breakdown(pd.DataFrame(columns=CONTRACT["steps"]))
+    empty = figures.step_breakdown(TABLES["steps"].empty())
     assert not empty.data and "No ProfilerStep" in empty.layout.annotations[0].text
 
 
@@ -222,7 +223,7 @@ def make_spans(n_steps: int = 3, per_step: int = 4, step_us: float = 1000.0) -> 
         for i in range(per_step):
             rows.append((0, f"encoder.block{i}", "Block", "forward", s * step_us + 10 + 50 * i, 40.0, s + 1, 1))
             rows.append((0, f"encoder.block{i}", "Block", "backward", s * step_us + 900 - 50 * i, 40.0, s + 1, 2))
-    return pd.DataFrame(rows, columns=CONTRACT["layer_spans"])
+    return pd.DataFrame(rows, columns=TABLES["layer_spans"].names)
 
 
 def _layer_bars(fig: Any) -> list[dict[str, Any]]:
@@ -1153,3 +1154,69 @@ def test_tabs_are_an_explicit_registry(gpu: Any) -> None:
         sections.build("compare", data)
     with pytest.raises(ValueError, match="unknown tab 'nope'; tabs are overview, layers"):
         sections.build("nope", data)
+
+
+# -- the timeline's selection, against the raw JSON ----------------------------------------------
+def _raw_docs(name: str) -> list[dict[str, Any]]:
+    import gzip
+    import tarfile
+
+    path = TRACES / name
+    if name.endswith(".tar.gz"):
+        with tarfile.open(path) as tar:
+            return [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")]
+    with gzip.open(path, "rt") as fh:
+        return [json.load(fh)]
+
+
+@pytest.mark.parametrize("name", ["param_dlrm_kineto.tar.gz", "hta_nccl_data.json.gz"])
+def test_timeline_events_cover_the_raw_trace_within_the_bound(name: str) -> None:
+    """Lanes, window and event counts from the raw JSON; the kept events are each lane's
+    longest, at most ``max(max_events // lanes, 10)`` per lane; the GPU events not kept
+    are all counted in the lane's bins."""
+    from tracemagic.views.selection import timeline_events
+
+    cpu_cats, gpu_cats = {"cpu_op", "user_annotation"}, {"kernel", "gpu_memcpy", "gpu_memset"}
+    docs = _raw_docs(name)
+    several = len(docs) > 1
+    lanes: dict[str, list[float]] = {}  # lane label -> raw durations of its events
+    starts, ends = [], []
+    for doc in docs:
+        rank = int((doc.get("distributedInfo") or {}).get("rank", 0))
+        prefix = f"rank {rank} · " if several else ""
+        for e in doc["traceEvents"]:
+            cat = str(e.get("cat", "")).lower()
+            if e.get("ph") != "X" or cat not in cpu_cats | gpu_cats:
+                continue
+            dur = float(e.get("dur", 0))
+            starts.append(float(e["ts"]))
+            ends.append(float(e["ts"]) + dur)
+            if cat in gpu_cats:
+                args = e.get("args", {})
+                lane = f"GPU {args.get('device', e['pid'])} stream {args.get('stream', e['tid'])}"
+            elif str(e["name"]).startswith("ProfilerStep#"):
+                lane = "steps"
+            else:
+                lane = f"thread {e['tid']}"
+            lanes.setdefault(prefix + lane, []).append(dur)
+
+    trace = tracemagic.load(TRACES / name, use_cache=False)
+    max_events, bins = 300, 50
+    got = timeline_events(trace.ops(), trace.kernels(), trace.steps(), max_events=max_events, bins=bins)
+    lo, hi = got.attrs["window"]
+    assert hi - lo == pytest.approx(max(ends) - min(starts), abs=1e-3)  # the whole trace
+    assert sorted(got.attrs["lanes"]) == sorted(lanes)
+    assert got.attrs["total"] == sum(len(d) for d in lanes.values())
+    kept = got[got["kind"] != "aggregated"]
+    per_lane = max(10, max_events // len(lanes))
+    assert len(kept) <= per_lane * len(lanes) < got.attrs["total"]  # bounded: the raw trace has more
+    bins_ = got[got["kind"] == "aggregated"]
+    assert ((bins_["busy"] > 0) & (bins_["busy"] <= 1)).all()
+    assert (bins_["ts"] >= lo).all() and (bins_["ts"] < hi).all()
+    assert bins_["dur"].to_numpy() == pytest.approx((hi - lo) / bins)
+    for lane, durations in lanes.items():
+        mine = kept[kept["lane"] == lane]
+        top = sorted(durations, reverse=True)[:per_lane]
+        assert sorted(mine["dur"], reverse=True) == pytest.approx(top), lane
+        if lane.split("· ")[-1].startswith("GPU"):  # no nesting: every event not kept is binned
+            assert bins_.loc[bins_["lane"] == lane, "count"].sum() == len(durations) - len(top), lane

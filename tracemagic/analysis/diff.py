@@ -13,12 +13,13 @@ import pandas as pd
 from tracemagic.analysis._common import call_chains, text
 from tracemagic.analysis.kernels import kernels as kernels_table
 from tracemagic.analysis.layers import layers as layers_table
+from tracemagic.analysis.schema import TABLES
 from tracemagic.analysis.shapes import gpu_time
 from tracemagic.trace.model import Trace
 
 #: relative change in time below which a name counts as ``same``
 TOLERANCE = 0.05
-_COLUMNS = ["level", "name", "type", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status", "gpu_us_a", "gpu_us_b"]
+_COLUMNS = TABLES["diff"].names
 
 
 def _ops(trace: Trace) -> pd.DataFrame:

@@ -76,14 +76,12 @@ import pandas as pd
 
 from tracemagic.analysis import devices
 from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, text
+from tracemagic.analysis.schema import TABLES
 from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
 from tracemagic.errors import TraceError
 from tracemagic.trace.model import Trace
 
-COLUMNS = (
-    "rank", "name", "input_dims", "input_type", "calls", "gpu_us", "flops", "bytes", "intensity",
-    "tflops_per_s", "tbytes_per_s", "peak_tflops", "peak_tbytes_per_s", "bound", "pct_of_roofline", "device",
-)  # fmt: skip
+COLUMNS = tuple(TABLES["efficiency"].names)
 
 #: bytes per element of a tensor ``Input type``; other types (Scalar, ScalarList, '') are not tensors
 ELEMENT_BYTES: dict[str, int] = {

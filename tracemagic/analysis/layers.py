@@ -41,6 +41,7 @@ from tracemagic.analysis._common import (
     thread_keys_of,
 )
 from tracemagic.analysis.efficiency import gpu_shares
+from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate, sort_by_thread
@@ -53,11 +54,7 @@ TENSOR_DIMS = re.compile(r"\[\d")
 COMPILED_REGION = re.compile(r"^Torch-Compiled Region")
 #: the module event of a ``torch.compile(model)`` wrapper
 COMPILED_WRAPPER = re.compile(r"^nn\.Module: OptimizedModule_\d+$")
-COLUMNS = (
-    "rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
-    "fwd_self_cpu_us", "bwd_cpu_us", "bwd_self_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us",
-    "bwd_gpu_us", "tflops_per_s", "memory_bound_pct", "memory_growth_bytes", "input_shapes", "module",
-)  # fmt: skip
+COLUMNS = tuple(TABLES["layers"].names)
 
 
 @dataclass(frozen=True)
@@ -410,6 +407,8 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     table = table[used].sort_values(["rank", "_ts"], kind="stable").reset_index(drop=True)
     compiled_layers = {r: [str(v) for v in table.loc[(table["rank"] == r) & table["_compiled"], "layer"]] for r in trace.rank_ids}
     table = table.drop(columns=["_ts", "_compiled"])
+    if table.empty:  # bincount of nothing is int64: give the contract's dtypes
+        table = TABLES["layers"].empty()
     _totals(trace, table, gpu_all, dur, step)
     table.attrs["compiled_regions"] = {r: int((rank[regions] == r).sum()) for r in trace.rank_ids}
     table.attrs["compiled_layers"] = compiled_layers

@@ -9,6 +9,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import layer_text, memory_holders, name_text, text_take, trace_start
 from tracemagic.analysis.layers import attribution
+from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 
 #: c10 ``DeviceType`` numbers -> torch device names (ROCm builds report HIP = 6; torch calls it cuda)
@@ -133,10 +134,9 @@ def peaks(trace: Trace) -> pd.DataFrame:
     the event that reached it), ``delta_bytes`` (that event's allocation).
     """
     table = trace.table(memory)
-    columns = ["rank", "device", "step", "peak_bytes", "start_bytes", "peak_reserved_bytes", "ts", "op", "layer",
-               "phase", "delta_bytes"]
+    columns = TABLES["memory_peaks"].names
     if table.empty:
-        return pd.DataFrame(columns=columns)
+        return TABLES["memory_peaks"].empty()
     parts = []
     for keys, scope in ((["rank", "device", "step"], table[table["step"] >= 0]), (["rank", "device"], table)):
         if scope.empty:
@@ -151,6 +151,7 @@ def peaks(trace: Trace) -> pd.DataFrame:
         parts.append(at)
     out = pd.concat(parts, ignore_index=True).rename(columns={"allocated_bytes": "peak_bytes"})
     out["step"] = out["step"].astype("Int64")
+    out["peak_reserved_bytes"] = out["peak_reserved_bytes"].astype("Int64")
     return out[columns].sort_values(["rank", "device", "step"], kind="stable", na_position="last").reset_index(drop=True)
 
 
@@ -172,7 +173,7 @@ def biggest_allocations(trace: Trace, n: int | None = 10) -> pd.DataFrame:
     allocations = table[table["delta_bytes"] > 0].sort_values(["delta_bytes", "ts"], ascending=[False, True], kind="stable")
     out = (allocations if n is None else allocations.head(n)).rename(columns={"delta_bytes": "bytes"})
     out["lifetime_us"] = out["freed_ts"] - out["ts"]
-    columns = ["rank", "ts", "device", "bytes", "op", "layer", "phase", "step", "addr", "freed_ts", "lifetime_us"]
+    columns = TABLES["biggest_allocations"].names
     return out[columns].reset_index(drop=True)
 
 
@@ -223,7 +224,7 @@ def categories(trace: Trace) -> pd.DataFrame:
     ``before_capture`` is 0).
     """
     stacked = ["before_capture", *CATEGORIES]
-    columns = ["rank", "cycle", "device", "ts", *stacked, "total_bytes"]
+    columns = TABLES["memory_categories"].names
     files = trace.artifacts.memory_timelines
     parts = []
     clocks = set()
@@ -270,7 +271,7 @@ def categories(trace: Trace) -> pd.DataFrame:
         part.insert(0, "cycle", pd.array([cycle] * len(part), dtype="Int64"))
         part.insert(0, "rank", rank)
         parts.append(part)
-    out = pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
+    out = pd.concat(parts, ignore_index=True)[columns] if parts else TABLES["memory_categories"].empty()
     out.attrs["categories"] = stacked
     out.attrs["uncounted"] = uncounted
     if not parts:

@@ -27,6 +27,7 @@ import pandas as pd
 
 from tracemagic.analysis import steps as steps_module
 from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length
+from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import propagate
@@ -132,11 +133,8 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return rows, labels, does, source
 
 
-#: the columns of ``collectives()``, in order
-COLLECTIVE_COLUMNS = (
-    "rank", "step", "collective", "seq", "ts", "dur", "arrival_us", "wait_us", "excess_us",
-    "ranks", "source", "bytes", "algbw_gbps", "busbw_gbps",
-)
+#: the columns of ``collectives()``, in order (its contract in ``analysis.schema``)
+COLLECTIVE_COLUMNS = tuple(TABLES["collectives"].names)
 
 #: the kinds of collective events, best first (see ``_collective_events``)
 SOURCES = ("kernel", "annotation", "record_param_comms")
@@ -316,8 +314,7 @@ def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
                 "median_wait_us": float(group["wait_us"].median()),
             }
         )
-    columns = ["step", "rank", "by", "step_us", "median_step_us", "wait_us", "median_wait_us"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=TABLES["stragglers"].names) if rows else TABLES["stragglers"].empty()
 
 
 def overlap(trace: Trace) -> pd.Series:

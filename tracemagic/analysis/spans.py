@@ -14,9 +14,10 @@ import pandas as pd
 
 from tracemagic.analysis._common import layers_at, nesting_depth, text, trace_start
 from tracemagic.analysis.layers import attribution
+from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 
-COLUMNS = ("rank", "layer", "type", "phase", "ts", "dur", "step", "calls")
+COLUMNS = tuple(TABLES["layer_spans"].names)
 
 
 def layer_spans(trace: Trace, depth: int | None = None) -> pd.DataFrame:
@@ -35,7 +36,7 @@ def layer_spans(trace: Trace, depth: int | None = None) -> pd.DataFrame:
         columns) for a trace without module events.
     """
     events = trace.events
-    empty = pd.DataFrame({c: pd.Series(dtype=object if c in ("layer", "type", "phase") else float) for c in COLUMNS})
+    empty = TABLES["layer_spans"].empty()
     if not len(events):
         return empty
     att = attribution(trace)

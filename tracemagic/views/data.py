@@ -23,6 +23,7 @@ from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
+from tracemagic.analysis.schema import TABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
@@ -43,38 +44,15 @@ ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
     "efficiency": _efficiency.efficiency,
 }
 
-#: the column contracts of ``tracemagic.analysis`` (used for the empty stand-ins)
-CONTRACT: dict[str, list[str]] = {
-    "ops": ["rank", "row", "name", "kind", "ts", "dur", "self_dur", "thread", "step", "depth", "layer",
-            "input_dims", "input_type", "seq", "rf_id", "external_id"],
-    "kernels": ["rank", "row", "name", "kind", "device", "stream", "ts", "dur", "step", "op", "layer",
-                "correlation", "bytes", "grid", "block", "is_comm"],
-    "steps": ["rank", "step", "ts", "dur", "window_ts", "window_dur", "compute_us", "comm_us", "memcpy_us",
-              "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us", "gpu_busy_us", "gpu_idle_us"],
-    "ranks_table": ["rank", "steps", "step_us", "compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us",
-                    "dataloader_us", "cpu_us", "idle_us", "gpu_idle_pct", "overlap_pct", "wait_us",
-                    "straggler_steps", "slowest"],
-    "layers": ["rank", "layer", "type", "depth", "parent", "calls", "cpu_us", "self_cpu_us", "fwd_cpu_us",
-               "bwd_cpu_us", "gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "tflops_per_s", "memory_bound_pct",
-               "memory_growth_bytes", "input_shapes"],
-    "efficiency": ["rank", "name", "input_dims", "input_type", "calls", "gpu_us", "flops", "bytes", "intensity",
-                   "tflops_per_s", "tbytes_per_s", "peak_tflops", "peak_tbytes_per_s", "bound", "pct_of_roofline",
-                   "device"],
-    "memory": ["rank", "ts", "device", "allocated_bytes", "reserved_bytes", "delta_bytes", "op", "layer", "step"],
-    "shapes": ["rank", "name", "input_dims", "input_type", "calls", "total_us", "mean_us", "self_us", "flops",
-               "tflops_per_s"],
-    "diff": ["level", "name", "calls_a", "calls_b", "us_a", "us_b", "delta_us", "ratio", "status"],
-    "memory_peaks": ["rank", "device", "step", "peak_bytes", "start_bytes", "peak_reserved_bytes", "ts", "op", "layer",
-                     "phase", "delta_bytes"],
-    "biggest_allocations": ["rank", "ts", "device", "bytes", "op", "layer", "phase", "step", "addr", "freed_ts",
-                            "lifetime_us"],
-    "memory_categories": ["rank", "cycle", "device", "ts", "before_capture", "parameter", "optimizer_state", "input", "temporary",
-                          "activation", "gradient", "autograd_detail", "unknown", "total_bytes"],
-    "layer_spans": ["rank", "layer", "type", "phase", "ts", "dur", "step", "calls"],
-    "et_graph": ["id", "name", "op_schema", "parent", "depth", "step", "rf_id", "input_shapes", "input_types",
-                 "output_shapes", "output_types", "row", "ts", "dur", "self_dur"],
-    "et_edges": ["src", "dst", "tensor", "bytes"],
-}
+#: tables whose name here differs from their contract's in ``analysis.schema``
+_SCHEMA_NAMES = {"ranks_table": "ranks"}
+
+
+def empty_table(name: str) -> pd.DataFrame:
+    """An empty stand-in for the table ``name``: its contract's columns and dtypes
+    (``tracemagic.analysis.schema``), no columns for a table without one."""
+    table = TABLES.get(_SCHEMA_NAMES.get(name, name))
+    return table.empty() if table is not None else pd.DataFrame()
 
 
 class TraceData:
@@ -101,7 +79,7 @@ class TraceData:
             except Exception as exc:  # noqa: BLE001 - one analysis must not take the view down
                 self.problems[name] = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"tracemagic: the {name} analysis failed ({exc}); its view is empty", stacklevel=2)
-                frame = pd.DataFrame(columns=CONTRACT.get(name.split(":")[0], []))
+                frame = empty_table(name.split(":")[0])
             self._tables[key] = frame
         return self._tables[key]
 
@@ -140,7 +118,7 @@ class TraceData:
     def kernels(self) -> pd.DataFrame:
         """``trace.kernels()`` (empty without a GPU)."""
         if not self.has_gpu:
-            return pd.DataFrame(columns=CONTRACT["kernels"])
+            return empty_table("kernels")
         return self.table("kernels")
 
     @property
@@ -198,7 +176,7 @@ class TraceData:
             return layer_spans(self.trace)
 
         if not hasattr(self.trace, "events"):
-            return pd.DataFrame(columns=CONTRACT["layer_spans"])
+            return empty_table("layer_spans")
         return self.table("layer_spans", compute=compute)
 
     @cached_property
@@ -220,9 +198,9 @@ class TraceData:
             return nodes
 
         nodes = self.table("et_graph", compute=compute)
-        edges = self._tables.get("et_edges", pd.DataFrame(columns=CONTRACT["et_edges"]))
+        edges = self._tables.get("et_edges", empty_table("et_edges"))
         if nodes.empty:
-            return pd.DataFrame(columns=CONTRACT["et_graph"]), pd.DataFrame(columns=CONTRACT["et_edges"])
+            return empty_table("et_graph"), empty_table("et_edges")
         if step is not None and nodes["id"].duplicated().any():  # one ET per cycle
             def one_step() -> pd.DataFrame:
                 from tracemagic.analysis.et import et_graph
@@ -232,9 +210,9 @@ class TraceData:
                 return nodes
 
             nodes = self.table(f"et_graph#{step}", compute=one_step)
-            edges = self._tables.get(f"et_edges#{step}", pd.DataFrame(columns=CONTRACT["et_edges"]))
+            edges = self._tables.get(f"et_edges#{step}", empty_table("et_edges"))
             if nodes.empty:
-                return pd.DataFrame(columns=CONTRACT["et_graph"]), pd.DataFrame(columns=CONTRACT["et_edges"])
+                return empty_table("et_graph"), empty_table("et_edges")
             return nodes.reset_index(drop=True), edges.reset_index(drop=True)
         if step is not None:
             nodes = nodes[nodes["step"] == step]

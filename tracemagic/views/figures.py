@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from tracemagic.views import tables
 from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, kernel_label, shorten, unique_labels, unit_divisor
+from tracemagic.views.selection import timeline_events
 
 TEMPLATE = "plotly_white"
 #: colors of the step parts (``tables.STEP_PARTS`` order)
@@ -191,42 +192,6 @@ def layers_tree(
 
 
 # -- Timeline ---------------------------------------------------------------------------------
-def _window(steps: pd.DataFrame | None, step: int | None, frames: list[pd.DataFrame]) -> tuple[float, float]:
-    if step is not None and steps is not None and not steps.empty:
-        rows = steps[steps["step"] == step]
-        if not rows.empty:
-            return float(rows["ts"].min()), float((rows["ts"] + rows["dur"]).max())
-    starts = [float(f["ts"].min()) for f in frames if not f.empty]
-    ends = [float((f["ts"] + f["dur"]).max()) for f in frames if not f.empty]
-    return (min(starts), max(ends)) if starts else (0.0, 1.0)
-
-
-def _overlaps(frame: pd.DataFrame, lo: float, hi: float) -> np.ndarray:
-    """Positions of the rows of ``frame`` that overlap ``[lo, hi)``."""
-    if frame.empty:
-        return np.empty(0, dtype=np.int64)
-    ts = frame["ts"].to_numpy(dtype=float)
-    end = ts + frame["dur"].to_numpy(dtype=float)
-    return np.flatnonzero((end > lo) & (ts < hi))
-
-
-def _codes(values: pd.Series, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Integer codes of ``values`` at ``rows`` and the text of each code (no per-row strings)."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        codes = values.cat.codes.to_numpy()[rows].astype(np.int64)
-        cats = ["" if pd.isna(c) else str(c) for c in values.cat.categories]
-        return np.where(codes < 0, len(cats), codes), [*cats, "?"]
-    codes, uniques = pd.factorize(values.to_numpy()[rows], use_na_sentinel=True)
-    cats = ["" if pd.isna(c) else str(c) for c in uniques]
-    return np.where(codes < 0, len(cats), codes).astype(np.int64), [*cats, "?"]
-
-
-def _text_at(values: pd.Series, rows: np.ndarray) -> list[str]:
-    """``values`` at ``rows`` as text ('' where missing): only the drawn rows are converted."""
-    return ["" if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else str(v)
-            for v in values.iloc[rows].tolist()]
-
-
 def timeline(
     ops: pd.DataFrame,
     kernels: pd.DataFrame | None = None,
@@ -244,11 +209,10 @@ def timeline(
     """Steps, layers, CPU ops (per rank and thread) and GPU work (per rank and stream) on a
     time axis.
 
-    To stay responsive on millions of events, each lane keeps only its longest events in
-    the window (``max_events`` over all lanes) and the rest become busy-time bins (one bar
-    per bin, colored by how busy the lane was). Lanes, selection and bins are computed on
-    integer codes; text is made only for the events drawn, so a window of a trace of
-    millions of events is drawn in a fraction of a second.
+    Draws ``selection.timeline_events``: each lane's longest events in the window
+    (``max_events`` over all lanes) and, for the rest, busy-time bins (one bar per bin,
+    colored by how busy the lane was), so a window of millions of events is drawn in a
+    fraction of a second.
 
     Args:
         ops: ``trace.ops()``.
@@ -271,133 +235,31 @@ def timeline(
         Horizontal ``Bar`` traces, one per event kind, plus ``aggregated`` bins when needed.
         ``layout.meta`` holds ``{"shown": n, "total": n, "window": [lo, hi], "origin": t}``.
     """
-    kernels = kernels if kernels is not None else pd.DataFrame(columns=["rank", "ts", "dur"])
-    steps_df = steps if steps is not None else pd.DataFrame(columns=["rank", "step", "ts", "dur"])
-    lo, hi = window if window is not None else _window(steps_df, step, [ops, kernels])
-    lo, hi = float(lo), float(hi)
-    if not hi > lo:
-        hi = lo + 1e-3
+    events = timeline_events(ops, kernels, steps, step=step, window=window, max_events=max_events, bins=bins,
+                             thread_names=thread_names, spans=spans)
+    lo, hi = events.attrs["window"]
     origin = lo if origin is None else float(origin)
     div = unit_divisor(unit)
-    ranks_seen = set(pd.unique(ops["rank"])) if "rank" in ops and len(ops) else {0}
-    if "rank" in kernels and len(kernels):
-        ranks_seen |= set(pd.unique(kernels["rank"]))
-    several = len(ranks_seen) > 1
-    names = thread_names or {}
-
-    # lanes: (rank, order, name) -> id; order 0 steps, 1 layers, 2 CPU threads, 3 GPU streams
-    lane_ids: dict[tuple[int, int, str], int] = {}
-
-    def lane_of(rank: int, order: int, name: str) -> int:
-        return lane_ids.setdefault((int(rank), order, name), len(lane_ids))
-
-    # per source: positions in its frame and their lane, as arrays
-    sources: list[tuple[str, pd.DataFrame, np.ndarray, np.ndarray]] = []
-    cpu_rows = _overlaps(ops, lo, hi)
-    if steps is not None and len(cpu_rows):
-        cpu_rows = cpu_rows[(ops["kind"].to_numpy()[cpu_rows] != "step")]  # drawn in the steps lane
-    if len(cpu_rows):
-        rank = ops["rank"].to_numpy()[cpu_rows].astype(np.int64)
-        code, cats = _codes(ops["thread"], cpu_rows)
-        key = rank * (len(cats) + 1) + code
-        uniq, inverse = np.unique(key, return_inverse=True)
-        lane_map = np.array([
-            lane_of(k // (len(cats) + 1), 2, names.get((int(k // (len(cats) + 1)), cats[k % (len(cats) + 1)]),
-                                                       f"thread {cats[k % (len(cats) + 1)]}"))
-            for k in uniq
-        ], dtype=np.int64)
-        sources.append(("cpu", ops, cpu_rows, lane_map[inverse.reshape(-1)]))
-    gpu_rows = _overlaps(kernels, lo, hi)
-    if len(gpu_rows):
-        rank = kernels["rank"].to_numpy()[gpu_rows].astype(np.int64)
-        dcode, dcats = _codes(kernels["device"], gpu_rows)
-        scode, scats = _codes(kernels["stream"], gpu_rows)
-        nd, ns = len(dcats) + 1, len(scats) + 1
-        key = (rank * nd + dcode) * ns + scode
-        uniq, inverse = np.unique(key, return_inverse=True)
-        lane_map = np.array([
-            lane_of(k // (nd * ns), 3, f"GPU {dcats[(k // ns) % nd] or '?'} stream {scats[k % ns] or '?'}") for k in uniq
-        ], dtype=np.int64)
-        sources.append(("gpu", kernels, gpu_rows, lane_map[inverse.reshape(-1)]))
-    step_rows = _overlaps(steps_df, lo, hi)
-    if len(step_rows):
-        lane_map = np.array([lane_of(r, 0, "steps") for r in steps_df["rank"].to_numpy()[step_rows]], dtype=np.int64)
-        sources.append(("step", steps_df, step_rows, lane_map))
-    spans_df = spans if spans is not None else pd.DataFrame(columns=["rank", "layer", "phase", "ts", "dur"])
-    span_rows = _overlaps(spans_df, lo, hi)
-    if len(span_rows):
-        lane_map = np.array([lane_of(r, 1, "layers") for r in spans_df["rank"].to_numpy()[span_rows]], dtype=np.int64)
-        sources.append(("layer", spans_df, span_rows, lane_map))
     title = "Timeline" + (f" — step {step}" if step is not None and window is None else "")
-    if not sources:
+    if events.empty:
         return empty("No events in this window.", title)
-
-    lane = np.concatenate([s[3] for s in sources])
-    ts = np.concatenate([s[1]["ts"].to_numpy(dtype=float)[s[2]] for s in sources])
-    dur = np.concatenate([s[1]["dur"].to_numpy(dtype=float)[s[2]] for s in sources])
-    depth = np.concatenate([
-        s[1]["depth"].to_numpy(dtype=float)[s[2]] if s[0] == "cpu" else np.full(len(s[2]), -1.0 if s[0] == "step" else 0.0)
-        for s in sources
-    ])
-    total = len(lane)
-    # lane order: per rank, steps, then layers, then CPU threads, then GPU streams
-    keys = sorted(lane_ids, key=lambda k: (k[0], k[1], k[2]))
-    lane_label = {lane_ids[k]: (f"rank {k[0]} · {k[2]}" if several else k[2]) for k in keys}
-    per_lane = max(10, max_events // max(len(keys), 1))
-    # the longest ``per_lane`` events of each lane, by one sort over all lanes
-    order = np.lexsort((-dur, lane))
-    sorted_lane = lane[order]
-    first = np.searchsorted(sorted_lane, sorted_lane, side="left")
-    keep = np.zeros(total, dtype=bool)
-    keep[order[(np.arange(total) - first) < per_lane]] = True
-
-    # text only for the events drawn
-    offsets = np.cumsum([0] + [len(s[2]) for s in sources])
-    pieces = []
-    for (kind, frame, rows, _), start in zip(sources, offsets[:-1]):
-        mine = np.flatnonzero(keep[start:start + len(rows)])
-        if not len(mine):
-            continue
-        at = rows[mine]
-        if kind == "cpu":
-            kinds = _text_at(frame["kind"], at)
-            label = _text_at(frame["name"], at)
-            info = _text_at(frame["layer"], at) if "layer" in frame else [""] * len(at)
-        elif kind == "gpu":
-            kinds = _text_at(frame["kind"], at)
-            label = _text_at(frame["name"], at)
-            info = ["launched by " + (o or "?") for o in (_text_at(frame["op"], at) if "op" in frame else [""] * len(at))]
-        elif kind == "layer":
-            phases = _text_at(frame["phase"], at)
-            kinds = [f"layer {p}" for p in phases]
-            label = _text_at(frame["layer"], at)
-            types = _text_at(frame["type"], at) if "type" in frame else [""] * len(at)
-            info = [f"{p} · {t}" if t else p for p, t in zip(phases, types)]
-        else:
-            kinds = ["step"] * len(at)
-            label = [f"ProfilerStep#{int(s)}" for s in frame["step"].to_numpy()[at]]
-            info = [""] * len(at)
-        idx = start + mine
-        pieces.append(pd.DataFrame({"lane": lane[idx], "kind": kinds, "name": label, "ts": ts[idx], "dur": dur[idx],
-                                    "depth": depth[idx], "info": info}))
-    shown = pd.concat(pieces, ignore_index=True)
+    lanes: list[str] = events.attrs["lanes"]
+    total: int = events.attrs["total"]
+    label = {lane: esc(shorten(lane, 48)) for lane in lanes}
+    aggregated = events["kind"] == "aggregated"
+    agg, shown = events[aggregated], events[~aggregated]
     fig = go.Figure()
-    lane_labels = {i: esc(shorten(text, 48)) for i, text in lane_label.items()}
-    rest = ~keep & (depth <= 0)  # nested CPU events are inside their parents' time
-    dropped = int((~keep).sum())
-    if dropped:  # drawn first: below the individual events
-        agg = _busy_bins(lane[rest], ts[rest], dur[rest], lo, hi, bins)
-        if not agg.empty:
-            fig.add_bar(
-                orientation="h",
-                name="aggregated",
-                y=[lane_labels[int(i)] for i in agg["lane"]],
-                base=(agg["start"].to_numpy() - origin) / div,
-                x=np.full(len(agg), (hi - lo) / bins / div),
-                marker_color=[f"rgba(90,90,90,{0.15 + 0.75 * b:.2f})" for b in agg["busy"]],
-                customdata=np.stack([agg["count"], 100 * agg["busy"]], axis=-1),
-                hovertemplate="%{customdata[0]} short events<br>busy %{customdata[1]:.0f}%<extra>aggregated</extra>",
-            )
+    if not agg.empty:  # drawn first: below the individual events
+        fig.add_bar(
+            orientation="h",
+            name="aggregated",
+            y=[label[lane] for lane in agg["lane"]],
+            base=(agg["ts"].to_numpy() - origin) / div,
+            x=agg["dur"].to_numpy() / div,
+            marker_color=[f"rgba(90,90,90,{0.15 + 0.75 * b:.2f})" for b in agg["busy"]],
+            customdata=np.stack([agg["count"], 100 * agg["busy"]], axis=-1),
+            hovertemplate="%{customdata[0]} short events<br>busy %{customdata[1]:.0f}%<extra>aggregated</extra>",
+        )
     # outer events first, nested ones drawn on top of them and narrower (a flame graph per lane)
     draw_order = {"step": 0, "layer forward": 1, "layer backward": 2, "user_annotation": 3, "cpu_op": 4}
     kinds = sorted(shown["kind"].unique(), key=lambda k: (draw_order.get(k, 5), k))
@@ -409,9 +271,9 @@ def timeline(
             orientation="h",
             name=esc(kind),
             width=0.8 * 0.8 ** np.clip(group["depth"].to_numpy(dtype=float), 0, 6),
-            y=[lane_labels[int(i)] for i in group["lane"]],
-            base=(group["ts"].to_numpy() - origin) / div,
-            x=group["dur"].to_numpy() / div,
+            y=[label[lane] for lane in group["lane"]],
+            base=(group["ts"].to_numpy(dtype=float) - origin) / div,
+            x=group["dur"].to_numpy(dtype=float) / div,
             marker_color=KIND_COLORS.get(kind, "#bcbd22"),
             customdata=np.stack([esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div], axis=-1),
             hovertemplate=f"%{{customdata[0]}}<br>%{{customdata[2]:.3f}} {unit}<br>%{{customdata[1]}}<extra></extra>",
@@ -421,52 +283,15 @@ def timeline(
         barmode="overlay",
         uniformtext={"minsize": 8, "mode": "hide"},
         meta={"shown": int(len(shown)), "total": int(total), "window": [lo, hi], "origin": origin},
-        yaxis={"categoryorder": "array", "categoryarray": [lane_labels[lane_ids[k]] for k in keys], "autorange": "reversed"},
+        yaxis={"categoryorder": "array", "categoryarray": [label[lane] for lane in lanes], "autorange": "reversed"},
     )
-    _layout(fig, title, f"time since window start ({unit})", None, height=max(300, 34 * len(keys) + 120))
-    if dropped:
+    _layout(fig, title, f"time since window start ({unit})", None, height=max(300, 34 * len(lanes) + 120))
+    if len(shown) < total:
         fig.add_annotation(
             text=f"{len(shown):,} of {total:,} events drawn; the rest are aggregated (grey bins)",
             showarrow=False, xref="paper", yref="paper", x=0, y=-0.18, xanchor="left", font={"size": 11},
         )
     return fig
-
-
-def _busy_bins(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray, lo: float, hi: float, bins: int) -> pd.DataFrame:
-    """Per lane and bin: events not drawn and the fraction of the bin they keep busy.
-
-    Each event's duration is split over the bins it covers (the caller leaves out nested
-    CPU events so time is not counted twice).
-    """
-    if not len(lane):
-        return pd.DataFrame(columns=["lane", "start", "busy", "count"])
-    width = (hi - lo) / bins
-    edges = lo + width * np.arange(bins + 1)
-    out = []
-    order = np.argsort(lane, kind="stable")
-    lane, ts, dur = lane[order], ts[order], dur[order]
-    bounds = np.flatnonzero(np.diff(lane)) + 1
-    for s, e in zip(np.r_[0, bounds], np.r_[bounds, len(lane)]):
-        start = np.clip(ts[s:e], lo, hi)
-        end = np.clip(ts[s:e] + dur[s:e], lo, hi)
-        # busy time per bin = integral of the coverage
-        busy = np.zeros(bins)
-        cs = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, bins - 1)
-        ce = np.clip(np.searchsorted(edges, end, side="right") - 1, 0, bins - 1)
-        same = cs == ce
-        np.add.at(busy, cs[same], (end - start)[same])
-        d = ~same
-        np.add.at(busy, cs[d], edges[cs[d] + 1] - start[d])
-        np.add.at(busy, ce[d], end[d] - edges[ce[d]])
-        full = np.zeros(bins + 1)  # whole bins between
-        np.add.at(full, cs[d] + 1, 1)
-        np.add.at(full, ce[d], -1)
-        busy += np.cumsum(full)[:bins] * width
-        counts = np.bincount(cs, minlength=bins)
-        nz = np.nonzero(counts)[0]
-        out.append(pd.DataFrame({"lane": lane[s], "start": edges[nz], "busy": np.minimum(busy[nz] / width, 1.0),
-                                 "count": counts[nz]}))
-    return pd.concat(out, ignore_index=True)
 
 
 # -- Memory -----------------------------------------------------------------------------------

@@ -1,0 +1,382 @@
+"""The column contract of every analysis table, in one machine-readable place.
+
+Each table's columns are an ordered mapping column -> (dtype, meaning). Everything else
+derives from it: the contract section of ``tracemagic.analysis``' docstring
+(:func:`describe`), the empty stand-in tables the views show when an analysis fails
+(:meth:`Table.empty`), and the tests that check real tables have exactly these columns,
+in this order, with these dtypes' kinds.
+
+Dtypes are those of a non-empty table (pandas 3): ``str`` text, ``category`` text kept as
+categoricals (the per-event tables), ``Int64``/``Float64`` nullable numbers (NA where not
+recorded). A column may come with another dtype of the same kind (:func:`kind`: an
+integer column holding NA becomes ``Int64``, a text column ``object`` when empty).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+#: the dtypes a schema may name, by kind
+KINDS: dict[str, str] = {
+    "int32": "int", "int64": "int", "Int64": "int",
+    "float64": "float", "Float64": "float",
+    "bool": "bool",
+    "str": "text", "category": "text",
+}
+
+_RANK = ("int32", "rank (0 for single-rank traces)")
+_ROW = ("int64", "position in ``trace.events``")
+_TS = ("float64", "start, µs since the trace's start")
+_STEP = ("int64", "ProfilerStep number, -1 outside steps")
+
+
+@dataclass(frozen=True)
+class Table:
+    """One analysis table's contract.
+
+    Attributes:
+        name: the table's key (``ops``, ``ranks``, ``et_graph`` ...).
+        call: how users get it (``ops()``).
+        where: the analysis function when it is not ``analysis.<name>.<name>``.
+        columns: column -> (dtype, one-line meaning), in the table's order.
+        note: what the table holds beyond its columns (rows, ``attrs``).
+    """
+
+    name: str
+    call: str
+    where: str
+    columns: dict[str, tuple[str, str]]
+    note: str = ""
+
+    @property
+    def names(self) -> list[str]:
+        """The column names, in order."""
+        return list(self.columns)
+
+    def dtypes(self) -> dict[str, str]:
+        """Column -> dtype name."""
+        return {c: d for c, (d, _) in self.columns.items()}
+
+    def empty(self) -> pd.DataFrame:
+        """An empty table with these columns and dtypes (the views' stand-in)."""
+        import pandas as pd
+
+        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in self.dtypes().items()})
+
+
+def kind(dtype: object) -> str:
+    """The kind of a pandas dtype or of a dtype name of :data:`KINDS`: 'int', 'float',
+    'bool', 'text' (else the dtype's name)."""
+    import pandas as pd
+    from pandas.api import types
+
+    if isinstance(dtype, str) and dtype in KINDS:
+        return KINDS[dtype]
+    if isinstance(dtype, pd.CategoricalDtype):
+        return "text"
+    if types.is_bool_dtype(dtype):
+        return "bool"
+    if types.is_integer_dtype(dtype):
+        return "int"
+    if types.is_float_dtype(dtype):
+        return "float"
+    if types.is_string_dtype(dtype):
+        return "text"
+    return str(dtype)
+
+
+_TABLES = [
+    Table("ops", "ops()", "", {
+        "rank": _RANK,
+        "row": _ROW,
+        "name": ("category", "op name"),
+        "kind": ("category", "cpu_op | user_annotation | step"),
+        "ts": _TS,
+        "dur": ("float64", "duration, µs"),
+        "self_dur": ("float64", "duration minus the CPU events directly inside (torch's Self CPU)"),
+        "thread": ("category", "the trace's tid"),
+        "step": _STEP,
+        "depth": ("int32", "nesting depth among the thread's CPU events"),
+        "parent": ("int64", "row of the enclosing CPU event, -1 at top level"),
+        "layer": ("category", "innermost enclosing nn.Module, NA outside modules"),
+        "layer_type": ("category", "that module's class"),
+        "input_dims": ("category", "input shapes, JSON text as recorded"),
+        "input_type": ("category", "input dtypes, JSON text as recorded"),
+        "seq": ("Int64", "autograd sequence number (links a forward op to its backward)"),
+        "rf_id": ("Int64", "record-function id (joins the Execution Trace)"),
+        "external_id": ("Int64", "Kineto external id"),
+    }, "one row per CPU op / annotation (``cpu_op``, ``user_annotation``, ``step``; python_function "
+       "frames are not ops)."),
+    Table("kernels", "kernels()", "", {
+        "rank": _RANK,
+        "row": _ROW,
+        "name": ("category", "kernel name"),
+        "kind": ("category", "kernel | memcpy | memset"),
+        "device": ("Int64", "GPU index"),
+        "stream": ("Int64", "stream id"),
+        "ts": _TS,
+        "dur": ("float64", "duration, µs"),
+        "step": ("int64", "ProfilerStep of the launching op, -1 outside steps"),
+        "op": ("category", "innermost CPU op around the launch"),
+        "op_row": ("int64", "that op's row, -1 for none"),
+        "layer": ("category", "innermost nn.Module around the launch"),
+        "layer_type": ("category", "that module's class"),
+        "correlation": ("Int64", "correlation id linking the runtime launch"),
+        "bytes": ("Int64", "bytes moved (memcpy / memset), NA otherwise"),
+        "grid": ("category", "launch grid, as recorded"),
+        "block": ("category", "launch block, as recorded"),
+        "collective": ("category", "the collective a communication kernel runs"),
+        "is_comm": ("bool", "a communication (NCCL / RCCL) kernel"),
+    }),
+    Table("steps", "steps()", "", {
+        "rank": _RANK,
+        "step": ("int64", "ProfilerStep number"),
+        "ts": ("float64", "host ProfilerStep start, µs since the trace's start"),
+        "dur": ("float64", "host ProfilerStep duration, µs"),
+        "window_ts": ("float64", "device window start"),
+        "window_dur": ("float64", "device window duration (the parts below add up to it)"),
+        "compute_us": ("float64", "GPU kernels"),
+        "comm_us": ("float64", "collectives"),
+        "memcpy_us": ("float64", "memcpy"),
+        "memset_us": ("float64", "memset"),
+        "runtime_us": ("float64", "CUDA runtime calls"),
+        "dataloader_us": ("float64", "data loading"),
+        "cpu_us": ("float64", "host ops with nothing above running"),
+        "idle_us": ("float64", "nothing running"),
+        "gpu_busy_us": ("float64", "union of all GPU activity in the window"),
+        "gpu_idle_us": ("float64", "``window_dur - gpu_busy_us`` (NaN without a GPU)"),
+    }, "``ts``/``dur`` are the host ProfilerStep; ``window_ts``/``window_dur`` the step's device "
+       "window (the TensorBoard plugin's rule: extended to the end of the GPU work the step launched; "
+       "the host step on CPU-only traces), partitioned by ``compute_us`` … ``idle_us``; "
+       "``df.attrs['unlaunched']``: {rank: {\"events\", \"us\"}} of GPU work in flight when profiling "
+       "began (no launching call in the trace), which belongs to no step."),
+    Table("ranks", "ranks()", "trace.ranks()", {
+        "rank": _RANK,
+        "steps": ("int64", "steps of the rank"),
+        "step_us": ("float64", "mean device window"),
+        "compute_us": ("float64", "mean per step, as in ``steps()``"),
+        "comm_us": ("float64", "mean per step"),
+        "memcpy_us": ("float64", "mean per step"),
+        "memset_us": ("float64", "mean per step"),
+        "runtime_us": ("float64", "mean per step"),
+        "dataloader_us": ("float64", "mean per step"),
+        "cpu_us": ("float64", "mean per step"),
+        "idle_us": ("float64", "mean per step"),
+        "gpu_idle_pct": ("float64", "GPU idle share of the window, %"),
+        "overlap_pct": ("float64", "communication-kernel time overlapped by compute, %"),
+        "wait_us": ("float64", "mean time waiting in collectives for other ranks"),
+        "straggler_steps": ("int64", "steps in which the others waited for this rank"),
+        "slowest": ("bool", "the rank the others wait for most often (``ranks.stragglers``)"),
+    }, "one row per rank; ``slowest`` is not simply the rank with the longest steps, since waiting "
+       "lengthens a step."),
+    Table("collectives", "collectives()", "ranks.collectives", {
+        "rank": _RANK,
+        "step": _STEP,
+        "collective": ("str", "name as recorded"),
+        "seq": ("int64", "n-th of that collective in the step on that rank, from 0"),
+        "ts": _TS,
+        "dur": ("float64", "duration, µs"),
+        "arrival_us": ("float64", "start minus the rank's step start (the step-aligned clock)"),
+        "wait_us": ("float64", "the latest matched rank's arrival minus this rank's, NaN where unmatched"),
+        "excess_us": ("float64", "duration minus the shortest matched duration"),
+        "ranks": ("int64", "how many ranks have this collective"),
+        "source": ("str", "kernel | annotation | record_param_comms"),
+        "bytes": ("float64", "message size"),
+        "algbw_gbps": ("float64", "algorithm bandwidth (NCCL tests), GB/s over the transfer time"),
+        "busbw_gbps": ("float64", "bus bandwidth (NCCL tests), GB/s"),
+    }),
+    Table("stragglers", "stragglers()", "ranks.stragglers", {
+        "step": ("int64", "ProfilerStep number"),
+        "rank": ("int64", "the straggling rank"),
+        "by": ("str", "collectives | step_time"),
+        "step_us": ("float64", "its step time"),
+        "median_step_us": ("float64", "the ranks' median window"),
+        "wait_us": ("float64", "its total collective wait in the step"),
+        "median_wait_us": ("float64", "the ranks' median wait"),
+    }),
+    Table("layers", "layers()", "", {
+        "rank": _RANK,
+        "layer": ("str", "module path"),
+        "type": ("str", "module class"),
+        "depth": ("int64", "nesting depth (0 outermost)"),
+        "parent": ("str", "enclosing layer, None at the top"),
+        "calls": ("int64", "calls"),
+        "cpu_us": ("float64", "CPU time inside the layer"),
+        "self_cpu_us": ("float64", "CPU time not in a child layer"),
+        "fwd_cpu_us": ("float64", "forward CPU time"),
+        "fwd_self_cpu_us": ("float64", "forward self CPU time"),
+        "bwd_cpu_us": ("float64", "backward CPU time"),
+        "bwd_self_cpu_us": ("float64", "backward self CPU time"),
+        "gpu_us": ("float64", "GPU time launched from the layer"),
+        "self_gpu_us": ("float64", "GPU time not launched from a child layer"),
+        "fwd_gpu_us": ("float64", "forward GPU time"),
+        "bwd_gpu_us": ("float64", "backward GPU time"),
+        "tflops_per_s": ("float64", "achieved TFLOP/s (``efficiency()``'s model)"),
+        "memory_bound_pct": ("float64", "share of ``gpu_us`` in memory-bound ops, %"),
+        "memory_growth_bytes": ("int64", "summed allocation deltas inside the forward calls"),
+        "input_shapes": ("str", "input dims of the first op of the first call"),
+        "module": ("str", "the trace's ``nn.Module: X_k`` name"),
+    }, "``df.attrs``: ``step_us``, ``unattributed_us``, ``overlap_us``, ``gpu_us``, "
+       "``gpu_unattributed_us`` (each {rank: µs}), ``compiled_regions`` ({rank: torch.compile region "
+       "calls}), ``compiled_layers`` ({rank: [layers running them]})."),
+    Table("layer_spans", "layer_spans()", "spans.layer_spans", {
+        "rank": _RANK,
+        "layer": ("str", "model path from the capture, else ``Linear_0``"),
+        "type": ("str", "module class"),
+        "phase": ("str", "forward | backward"),
+        "ts": _TS,
+        "dur": ("float64", "duration, µs"),
+        "step": _STEP,
+        "calls": ("int64", "module calls or backward ops merged into the span"),
+    }),
+    Table("memory", "memory()", "", {
+        "rank": _RANK,
+        "ts": _TS,
+        "device": ("str", "'cpu' | 'cuda:N'"),
+        "allocated_bytes": ("int64", "allocator's Total Allocated after the event"),
+        "reserved_bytes": ("Int64", "allocator's Total Reserved, NA where not recorded"),
+        "delta_bytes": ("int64", "bytes allocated (+) or freed (-)"),
+        "op": ("str", "innermost CPU op around it"),
+        "op_row": ("int64", "that op's row, -1 for none"),
+        "layer": ("str", "innermost nn.Module around it"),
+        "phase": ("str", "forward | backward, None outside layers and backward ops"),
+        "step": _STEP,
+        "addr": ("Int64", "address, NA where not recorded"),
+        "row": _ROW,
+    }),
+    Table("memory_peaks", "memory_peaks()", "memory.peaks", {
+        "rank": _RANK,
+        "device": ("str", "'cpu' | 'cuda:N'"),
+        "step": ("Int64", "ProfilerStep, NA for the whole capture"),
+        "peak_bytes": ("int64", "highest ``Total Allocated`` recorded in the scope"),
+        "start_bytes": ("int64", "allocated when the scope began"),
+        "peak_reserved_bytes": ("Int64", "highest ``Total Reserved``, NA where not recorded"),
+        "ts": ("float64", "when the peak was first reached"),
+        "op": ("str", "op of the event that reached it"),
+        "layer": ("str", "layer of that event"),
+        "phase": ("str", "phase of that event"),
+        "delta_bytes": ("int64", "that event's allocation"),
+    }),
+    Table("biggest_allocations", "biggest_allocations()", "", {
+        "rank": _RANK,
+        "ts": _TS,
+        "device": ("str", "'cpu' | 'cuda:N'"),
+        "bytes": ("int64", "bytes allocated"),
+        "op": ("str", "innermost CPU op around it"),
+        "layer": ("str", "innermost nn.Module around it"),
+        "phase": ("str", "forward | backward, None outside layers and backward ops"),
+        "step": _STEP,
+        "addr": ("Int64", "address"),
+        "freed_ts": ("float64", "when freed, NaN if not within the trace"),
+        "lifetime_us": ("float64", "``freed_ts - ts``"),
+    }),
+    Table("memory_categories", "memory_categories()", "memory.categories", {
+        "rank": _RANK,
+        "cycle": ("Int64", "capture cycle, NA for single-cycle captures"),
+        "device": ("str", "'cpu' | 'cuda:N'"),
+        "ts": _TS,
+        "before_capture": ("int64", "bytes allocated before the capture"),
+        "parameter": ("int64", "bytes"),
+        "optimizer_state": ("int64", "bytes"),
+        "input": ("int64", "bytes"),
+        "temporary": ("int64", "bytes"),
+        "activation": ("int64", "bytes"),
+        "gradient": ("int64", "bytes"),
+        "autograd_detail": ("int64", "bytes"),
+        "unknown": ("int64", "bytes"),
+        "total_bytes": ("int64", "sum of the categories: ``memory()``'s ``allocated_bytes`` at ``ts``"),
+    }, "on the allocator's scale."),
+    Table("shapes", "shapes()", "", {
+        "rank": _RANK,
+        "name": ("str", "top op of the call chain"),
+        "input_dims": ("str", "input shapes, JSON text"),
+        "input_type": ("str", "input dtypes, JSON text"),
+        "concrete_inputs": ("str", "scalar inputs, JSON text"),
+        "calls": ("int64", "calls"),
+        "total_us": ("float64", "CPU time of the calls"),
+        "mean_us": ("float64", "``total_us / calls``"),
+        "self_us": ("float64", "self time of every op of the chains"),
+        "gpu_us": ("float64", "GPU time the chains launched"),
+        "flops": ("Float64", "FLOPs per call, NA when unknown"),
+        "tflops_per_s": ("Float64", "achieved TFLOP/s over ``gpu_us``"),
+        "flops_source": ("str", "trace | shapes | estimate"),
+    }, "one row per top op of a call chain (the outermost op with recorded shapes, or with none and "
+       "none inside, and every op it runs: one convolution is one ``aten::conv2d`` row, not four), "
+       "ranked by ``total_us``."),
+    Table("efficiency", "efficiency()", "", {
+        "rank": _RANK,
+        "name": ("str", "top op of the call chain"),
+        "input_dims": ("str", "input shapes, JSON text"),
+        "input_type": ("str", "input dtypes, JSON text"),
+        "calls": ("int64", "calls"),
+        "gpu_us": ("float64", "GPU time launched"),
+        "flops": ("float64", "FLOPs per call"),
+        "bytes": ("float64", "bytes moved per call"),
+        "intensity": ("float64", "FLOPs per byte"),
+        "tflops_per_s": ("float64", "achieved TFLOP/s"),
+        "tbytes_per_s": ("float64", "achieved TB/s"),
+        "peak_tflops": ("float64", "the device's peak TFLOP/s"),
+        "peak_tbytes_per_s": ("float64", "the device's peak TB/s"),
+        "bound": ("str", "compute | memory"),
+        "pct_of_roofline": ("float64", "achieved share of the roof at this intensity, %"),
+        "device": ("str", "device the peaks are of"),
+    }, "one row per (rank, op, input dims, dtypes) of the call chains that launched GPU work, most "
+       "GPU time first; peaks from ``devices.PEAKS`` matched by ``deviceProperties`` (or given); "
+       "``df.attrs['layers']`` the layers of each row's calls."),
+    Table("diff", "diff(a, b)", "", {
+        "level": ("str", "op | kernel | layer"),
+        "name": ("str", "op (call-chain top, as in ``shapes()``), kernel or layer"),
+        "type": ("str", "layer class"),
+        "calls_a": ("int64", "calls in ``a``"),
+        "calls_b": ("int64", "calls in ``b``"),
+        "us_a": ("float64", "time in ``a``"),
+        "us_b": ("float64", "time in ``b``"),
+        "delta_us": ("float64", "``us_b - us_a``"),
+        "ratio": ("float64", "``us_b / us_a``"),
+        "status": ("str", "added | removed | faster | slower | same"),
+        "gpu_us_a": ("float64", "GPU time in ``a``"),
+        "gpu_us_b": ("float64", "GPU time in ``b``"),
+    }),
+    Table("et_graph", "et_graph()", "et.et_graph", {
+        "id": ("int64", "ET node id"),
+        "name": ("str", "operator"),
+        "op_schema": ("str", "its schema"),
+        "parent": ("int64", "parent node id"),
+        "depth": ("int64", "nesting depth"),
+        "step": _STEP,
+        "rf_id": ("Int64", "record-function id"),
+        "input_shapes": ("str", "JSON text"),
+        "input_types": ("str", "JSON text"),
+        "output_shapes": ("str", "JSON text"),
+        "output_types": ("str", "JSON text"),
+        "row": ("int64", "the Kineto event's row, -1 for none"),
+        "ts": ("float64", "the Kineto event's start, NaN without a match"),
+        "dur": ("float64", "its duration"),
+        "self_dur": ("float64", "its self duration"),
+    }, "the nodes of ``et.graph``; its edges are ``et_edges``."),
+    Table("et_edges", "et_edges", "et.et_graph", {
+        "src": ("int64", "producer node id"),
+        "dst": ("int64", "consumer node id"),
+        "tensor": ("str", "the tensor"),
+        "bytes": ("int64", "its size"),
+    }, "one row per tensor an op reads that an earlier op wrote."),
+]
+
+#: every table's contract, by name
+TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
+
+
+def describe() -> str:
+    """The contracts as the docstring's bullet list: ``- ``call``: ``columns`` — note``,
+    then one line per column: ``column`` (dtype): meaning."""
+    lines = []
+    for t in _TABLES:
+        where = f" (``{t.where}``)" if t.where else ""
+        note = f" — {t.note}" if t.note else ""
+        lines.append(f"- ``{t.call}``{where}: ``{', '.join(t.columns)}``{note}")
+        lines += [f"    - ``{c}`` ({d}): {m}" for c, (d, m) in t.columns.items()]
+    return "\n".join(lines)

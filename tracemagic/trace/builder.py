@@ -1,0 +1,425 @@
+"""The columns builder: the decoded chunks of a trace (the C scanner's columns or msgspec's
+structs) become typed columns as they come, repeated strings categorical codes shared by
+all chunks (``Interners``), so peak memory is the final columns plus one chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from tracemagic.trace import normalize
+from tracemagic.trace.columns import all_missing
+from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
+from tracemagic.trace.structs import (
+    _ARG_COLUMNS,
+    _ARG_FIELDS,
+    _ARG_GETTER,
+    _ARG_KEY,
+    _ARG_RAW,
+    _ARG_STRINGS,
+    _ARGS_GETTER,
+    _BASE_GETTER,
+    _EMPTY_ARGS,
+    _FLOW_GETTER,
+    _FLOWS,
+    _NULL,
+    _TEXT,
+    _TIMED,
+    _Args,
+    _Event,
+)
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass
+class ParsedTrace:
+    """One rank's trace as raw typed columns, before normalization."""
+
+    events: pd.DataFrame
+    flows: pd.DataFrame
+    meta: dict[str, Any]
+    processes: dict[str, str] = field(default_factory=dict)
+    threads: dict[tuple[str, str], str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    #: the CPU duration events' rows in nesting order (``structure.cpu_by_thread``), once prepared
+    cpu_by_thread: np.ndarray | None = None
+
+
+class _Interner:
+    """Labels -> categorical codes, shared by all chunks of a column (insertion order).
+
+    Values are looked up in a dict keyed by the decoded value itself (a C-level ``map``
+    over the chunk), so only values not seen before cost Python work.
+    """
+
+    __slots__ = ("index", "labels", "raw", "seen")
+
+    def __init__(self, raw: bool = False) -> None:
+        self.index: dict[str, int] = {}
+        self.labels: list[str] = []
+        self.raw = raw  # values are JSON text as bytes; b"null" is missing
+        self.seen: dict[Any, int] = {b"null": -1} if raw else {None: -1}
+
+    def codes(self, values: Any, n: int) -> np.ndarray:
+        seen = self.seen
+        try:
+            found = list(map(seen.get, values))
+        except TypeError:  # an unhashable value (a list where a string belongs)
+            values = [v if isinstance(v, (str, int, float, bytes)) or v is None else str(v) for v in values]
+            found = list(map(seen.get, values))
+        try:
+            return np.array(found, dtype=np.int32)
+        except TypeError:  # some values not seen before (their lookup gave None)
+            pass
+        for value in dict.fromkeys(v for v, c in zip(values, found) if c is None):  # in order
+            seen[value] = self._code(value)
+        return np.array(list(map(seen.__getitem__, values)), dtype=np.int32)
+
+    def _code(self, value: Any) -> int:
+        """The code of a value not seen before (missing values are in ``seen`` from the start)."""
+        if self.raw:
+            label = _json_text(value)
+        else:
+            label = value if type(value) is str else str(value)
+        return self.intern(label)
+
+    def intern(self, label: str) -> int:
+        """The code of ``label``, added if new."""
+        code = self.index.get(label)
+        if code is None:
+            code = self.index[label] = len(self.labels)
+            self.labels.append(label)
+        return code
+
+    def remap(self, codes: bytes, values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Codes of a chunk the C scanner interned on its own (``codes`` index ``values``),
+        and the codes of ``values`` (the chunk's distinct values in the order it met them)."""
+        local = np.frombuffer(codes, dtype=np.int32)
+        if not values:
+            return local, np.zeros(0, dtype=np.int32)
+        table = np.append(self.codes(values, len(values)), np.int32(-1))  # -1 stays missing
+        return table[local], table[:-1]
+
+    def categorical(self, codes: np.ndarray) -> pd.Categorical:
+        return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype="str"), validate=False)
+
+
+def _json_text(raw: bytes) -> str:
+    """A JSON value as text in one spelling, ``json.dumps``'s (``[[8, 32], [64]]``, as Kineto
+    writes it), whoever wrote it and whichever parser read it (numbers beyond float64 are
+    ``Infinity``)."""
+    try:
+        try:
+            value = _ANY.decode(raw)
+        except msgspec.DecodeError:  # a number beyond float64
+            value = _BIG.decode(raw)
+        return json.dumps(value, ensure_ascii=False)
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError):  # invalid UTF-8, too deep
+        return raw.decode("utf-8", "replace")
+
+
+def _objects(values: Any, n: int) -> np.ndarray:
+    """A 1-d object array of ``n`` values (``np.array`` is ~20x faster than ``fromiter``, but
+    would make a 2-d array of equal-length lists)."""
+    if isinstance(values, (tuple, list)):
+        objects = np.array(values, dtype=object)
+        if objects.ndim == 1:
+            return objects
+    return np.fromiter(values, dtype=object, count=n)
+
+
+def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, missing mask) of a column of JSON numbers with Nones; None if all missing.
+
+    Hex strings ('0x7f..') and numeric strings are read as numbers; anything else is missing.
+    """
+    n = len(col)
+    nones = col.count(None)
+    if nones == n:
+        return None
+    dtype = np.float64 if floating else np.int64
+    try:  # fast path: numbers and Nones (-> nan) straight into float64
+        floats = np.array(col, dtype=np.float64)
+    except (TypeError, ValueError):
+        floats = None
+    if floats is not None and floats.ndim == 1:
+        mask = ~np.isfinite(floats)  # inf: numeric text beyond float64 ("1e400")
+        if floating:
+            return floats, mask
+        finite = floats[~mask]
+        if finite.size == 0 or (np.abs(finite).max() < 2**53 and np.array_equal(finite, np.round(finite))):
+            floats[mask] = 0
+            return floats.astype(np.int64), mask
+    objects = _objects(col, n)
+    mask = (objects == None) if nones else np.zeros(n, dtype=bool)  # noqa: E711 - elementwise
+    if nones:
+        objects[mask] = 0
+    try:
+        values = objects.astype(dtype)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    else:
+        if not floating:
+            return values, mask
+        return values, mask | ~np.isfinite(values)  # numeric text beyond float64 ("1e400")
+    values = np.zeros(n, dtype=dtype)
+    mask = np.ones(n, dtype=bool)
+    for i, raw in enumerate(col):
+        number = _finite(raw) if floating else _to_number(raw)
+        if number is None:
+            continue
+        if not floating:
+            if isinstance(number, float):
+                if not math.isfinite(number):
+                    continue
+                number = int(number)  # truncated, as astype does
+            if abs(number) > _INT64_MAX:
+                continue
+        values[i] = number
+        mask[i] = False
+    return values, mask
+
+
+class Interners:
+    """The distinct values of one file's text columns. The builders of its stretches, read
+    on two threads (``trace.split``), share one: their codes then need no recoding when the
+    stretches are joined, and each value is decoded once. ``lock`` guards the sharing."""
+
+    def __init__(self) -> None:
+        self.cats = {c: _Interner() for c in _TEXT}
+        self.cats.update({c: _Interner(raw=True) for c in _ARG_RAW})
+        self.flow_cats = {c: _Interner() for c in ("ph", "cat", "pid", "tid")}
+        self.lock = threading.Lock()
+
+
+class _Builder:
+    """Accumulates the columns of one trace, chunk by chunk."""
+
+    def __init__(self, interners: Interners | None = None) -> None:
+        self.n = 0
+        self.interners = interners or Interners()
+        self.cats = self.interners.cats
+        self.codes: dict[str, list[np.ndarray]] = {c: [] for c in self.cats}
+        self.floats: dict[str, list[np.ndarray]] = {"ts": [], "dur": []}
+        self.numbers: dict[str, list[tuple[int, tuple[np.ndarray, np.ndarray] | None]]] = {
+            c: [] for c, _, _ in _ARG_COLUMNS
+        }
+        self.flow_cats = self.interners.flow_cats
+        self.flow_parts: dict[str, list[Any]] = {c: [] for c in ("ph", "cat", "pid", "tid", "id", "ts")}
+        #: per (JSON field, floating): values present that are not numbers fitting the column (left missing)
+        self.dropped: dict[tuple[str, bool], int] = {}
+        self.processes: dict[str, str] = {}
+        self.threads: dict[tuple[str, str], str] = {}
+        # with shared interners, codes follow the order the threads met values in: the
+        # distinct codes of each chunk (in its own order) put them back in file order
+        self.firsts: dict[str, list[np.ndarray]] | None = None
+        if interners is not None:
+            self.firsts = {c: [] for c in [*self.cats, *(f"flow {c}" for c in self.flow_cats)]}
+
+    def _keep(self, column: str, codes: np.ndarray, firsts: np.ndarray | None = None) -> None:
+        """Append a chunk's codes of a text column (``flow X`` for the flows' columns)."""
+        parts = self.flow_parts[column[5:]] if column.startswith("flow ") else self.codes[column]
+        parts.append(codes)
+        if self.firsts is not None:
+            self.firsts[column].append(pd.unique(codes[codes >= 0]) if firsts is None else firsts)
+
+    def add(self, events: list[Any] | tuple[Any, ...]) -> None:
+        """Append a chunk: msgspec's event structs, or the C scanner's columns (a tuple)."""
+        with self.interners.lock:
+            self._add(events)
+
+    def _add(self, events: list[Any] | tuple[Any, ...]) -> None:
+        if type(events) is tuple:
+            self._add_scanned(events)
+            return
+        timed = [e for e in events if e.ph in _TIMED]
+        if len(timed) != len(events):
+            self._flows([e for e in events if e.ph in _FLOWS])
+            self._names([e for e in events if e.ph == "M"])
+        n = len(timed)
+        if not n:
+            return
+        ph, cat, name, pid, tid, ts, dur = zip(*map(_BASE_GETTER, timed))
+        for column, values in (("ph", ph), ("cat", cat), ("name", name), ("pid", pid), ("tid", tid)):
+            self._keep(column, self.cats[column].codes(values, n))
+        self.floats["ts"].append(np.array(ts, dtype=np.float64))
+        self.floats["dur"].append(np.nan_to_num(np.array(dur, dtype=np.float64)))
+        args = zip(*map(_ARG_GETTER, map(_ARGS_GETTER, timed)))
+        columns = dict(zip(_ARG_FIELDS, args))
+        old = columns.pop("external_id_old")
+        if old.count(None) != n:
+            columns["external_id"] = tuple(o if v is None else v for v, o in zip(columns["external_id"], old))
+        for column, source, floating in _ARG_COLUMNS:
+            self.numbers[column].append((n, self._numbers(f"args {_ARG_KEY[source]!r}", columns[source], floating)))
+        for column in _ARG_STRINGS:
+            values = columns[column]
+            self._keep(column, np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n))
+        for column in _ARG_RAW:
+            values = columns[column]
+            if values.count(_NULL) == n:
+                self._keep(column, np.full(n, -1, dtype=np.int32))
+            else:
+                self._keep(column, self.cats[column].codes(list(map(bytes, values)), n))
+        self.n += n
+
+    def _add_scanned(self, columns: tuple[Any, ...]) -> None:
+        n, text, raw, ts, dur, numbers, (n_flows, flow_text, flow_id, flow_ts), names = columns
+        if names:
+            self._names([_Event("M", "", name, pid, tid, args=_Args(meta_name=label, labels=labels))
+                         for name, pid, tid, label, labels in names])
+        if n_flows:
+            for column, (codes, values) in zip(self.flow_cats, flow_text):
+                self._keep(f"flow {column}", *self.flow_cats[column].remap(codes, values))
+            self.flow_parts["ts"].append(np.frombuffer(flow_ts, dtype=np.float64))
+            ids = _scanned_numbers(flow_id, False)
+            self.flow_parts["id"].append(ids or (np.zeros(n_flows, np.int64), np.ones(n_flows, bool)))
+        if not n:
+            return
+        for column, (codes, values) in zip(_TEXT + _ARG_RAW, text + raw):
+            self._keep(column, *self.cats[column].remap(codes, values))
+        self.floats["ts"].append(np.frombuffer(ts, dtype=np.float64))
+        self.floats["dur"].append(np.frombuffer(dur, dtype=np.float64))
+        for (column, _, floating), part in zip(_ARG_COLUMNS, numbers):
+            self.numbers[column].append((n, _scanned_numbers(part, floating)))
+        self.n += n
+
+    def extend(self, other: "_Builder") -> None:
+        """Append the events ``other`` read after this builder's (a later part of the file)."""
+        if other.interners is not self.interners:
+            raise ValueError("only parts read with the same Interners can be joined")
+        for column in self.codes:
+            self.codes[column] += other.codes[column]
+        for column, parts in other.floats.items():
+            self.floats[column] += parts
+        for column, numbers in other.numbers.items():
+            self.numbers[column] += numbers
+        for column in self.flow_parts:
+            self.flow_parts[column] += other.flow_parts[column]
+        if self.firsts is not None and other.firsts is not None:
+            for column, firsts in other.firsts.items():
+                self.firsts[column] += firsts
+        self.processes.update(other.processes)
+        self.threads.update(other.threads)
+        for key, count in other.dropped.items():
+            self.dropped[key] = self.dropped.get(key, 0) + count
+        self.n += other.n
+
+    def _flows(self, flows: list[Any]) -> None:
+        if not flows:
+            return
+        n = len(flows)
+        ph, cat, pid, tid, ids, ts = zip(*map(_FLOW_GETTER, flows))
+        for column, values in (("ph", ph), ("cat", cat), ("pid", pid), ("tid", tid)):
+            self._keep(f"flow {column}", self.flow_cats[column].codes(values, n))
+        self.flow_parts["ts"].append(np.array(ts, dtype=np.float64))
+        self.flow_parts["id"].append(self._numbers("the flow events' 'id'", ids, False) or (np.zeros(n, np.int64), np.ones(n, bool)))
+
+    def _numbers(self, field: str, values: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """``_numbers(values, floating)``, counting the values of ``field`` it left missing."""
+        part = _numbers(values, floating)
+        if part is not None:
+            lost = int(part[1].sum()) - values.count(None)
+            if lost:
+                self.dropped[field, floating] = self.dropped.get((field, floating), 0) + lost
+        return part
+
+    def _names(self, meta_events: list[Any]) -> None:
+        for event in meta_events:
+            args = event.args if isinstance(event.args, _Args) else _EMPTY_ARGS
+            value = args.meta_name
+            if event.name == "process_name" and value is not None:
+                self.processes[str(event.pid)] = str(value)
+            elif event.name == "process_labels" and args.labels:
+                self.processes[str(event.pid)] = f"{self.processes.get(str(event.pid), '')} {args.labels}".strip()
+            elif event.name == "thread_name" and value is not None:
+                self.threads[(str(event.pid), str(event.tid))] = str(value)
+
+    def finish(self, meta: dict[str, Any], warnings: list[str]) -> ParsedTrace:
+        frame: dict[str, Any] = {}
+        for column in ("ph", "cat", "name", "pid", "tid"):
+            frame[column] = self._categorical(column)
+        for column in ("ts", "dur"):
+            parts = self.floats[column]
+            frame[column] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
+        for column, _, floating in _ARG_COLUMNS:
+            frame[column] = _masked(self.numbers[column], self.n, floating)
+        for column in _ARG_STRINGS + _ARG_RAW:
+            frame[column] = self._categorical(column)
+        table = pd.DataFrame(frame, copy=False)
+
+        fp = self.flow_parts
+        flows = pd.DataFrame(
+            {
+                "ph": self._flow_categorical("ph"),
+                "cat": self._flow_categorical("cat"),
+                "id": _masked([(len(v), (v, m)) for v, m in fp["id"]], sum(len(v) for v, _ in fp["id"]), False),
+                "pid": self._flow_categorical("pid"),
+                "tid": self._flow_categorical("tid"),
+                "ts": np.concatenate(fp["ts"]) if fp["ts"] else np.zeros(0, dtype=np.float64),
+            }
+        )
+        warnings = list(dict.fromkeys(warnings))  # a chunk decoded twice notes its repairs twice
+        for (where, floating), count in self.dropped.items():
+            kind = "float64" if floating else "int64"
+            warnings.append(f"{count} values of {where} are not numbers that fit {kind}; left missing")
+        return ParsedTrace(table, flows, normalize.metadata(meta), self.processes, self.threads, warnings)
+
+    def _categorical(self, column: str) -> pd.Categorical:
+        parts = self.codes[column]
+        return self._in_file_order(column, self.cats[column], np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32))
+
+    def _flow_categorical(self, column: str) -> pd.Categorical:
+        parts = self.flow_parts[column]
+        codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        return self._in_file_order(f"flow {column}", self.flow_cats[column], codes)
+
+    def _in_file_order(self, column: str, interner: _Interner, codes: np.ndarray) -> pd.Categorical:
+        """The column as a categorical whose categories are in the order the file first has
+        them, as a one-thread parse makes them, however the threads met them."""
+        if self.firsts is None or not self.firsts[column]:
+            return interner.categorical(codes)
+        count = len(interner.labels)
+        order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
+        if len(order) < count:  # values no chunk had (none expected): after the others
+            order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
+        if (order == np.arange(count)).all():
+            return interner.categorical(codes)
+        renumber = np.full(count + 1, -1, dtype=np.int32)  # the last: missing stays -1
+        renumber[order] = np.arange(count, dtype=np.int32)
+        categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
+        return pd.Categorical.from_codes(renumber[codes], categories=categories, validate=False)
+
+
+def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, missing mask) of a number column from the C scanner (None: all missing)."""
+    if part is None:
+        return None
+    values, missing = part
+    return np.frombuffer(values, dtype=np.float64 if floating else np.int64), np.frombuffer(missing, dtype=bool)
+
+
+def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: int, floating: bool) -> Any:
+    """A nullable Int64/Float64 array from chunk parts (None parts are all missing)."""
+    dtype = np.float64 if floating else np.int64
+    if all(p is None for _, p in parts):
+        return all_missing(n, floating)
+    values = np.concatenate([p[0] if p is not None else np.zeros(k, dtype=dtype) for k, p in parts])
+    mask = np.concatenate([p[1] if p is not None else np.ones(k, dtype=bool) for k, p in parts])
+    if floating:
+        return pd.arrays.FloatingArray(values, mask)
+    return pd.arrays.IntegerArray(values, mask)
+
+
+def categorical(values: list[Any] | np.ndarray) -> pd.Categorical:
+    """Strings interned as an unsorted categorical (mixed int/str ids become strings)."""
+    interner = _Interner()
+    return interner.categorical(interner.codes(values, len(values)))

@@ -1,0 +1,153 @@
+"""JSON values as tracemagic reads them: msgspec decoding that survives what msgspec cannot
+read (invalid UTF-8, nesting deeper than ``MAX_NESTING``) by repairing a same-length copy,
+numbers from JSON numbers or numeric text, metadata written as Python reprs, and the byte
+offset of a decoding error. The limits of the parser live here; the parsers use it
+(``parse``, ``structs``, ``builder``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from typing import Any
+
+import msgspec
+
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+#: ``_ANY`` that reads numbers beyond float64 (as inf) instead of failing
+_BIG = msgspec.json.Decoder(float_hook=float)
+#: the trace's metadata: numbers beyond float64 stay text
+_META = msgspec.json.Decoder(float_hook=lambda text: _float_or_text(text))
+_BAD_OFFSET = re.compile(r"\(byte (\d+)\)|at byte (\d+)")
+
+
+def _offset_of(exc: Exception) -> int | None:
+    match = _BAD_OFFSET.search(str(exc))
+    if not match:
+        return None
+    return int(match.group(1) or match.group(2))
+
+
+#: values nested deeper than this are replaced by a string before msgspec decodes them (it
+#: recurses, and gives up with RecursionError near Python's recursion limit, ~1,000 levels)
+MAX_NESTING = 200
+_STRUCTURE = re.compile(rb'[\[\]{}"]')
+_STRING_REST = re.compile(rb'(?:[^"\\]|\\.)*"', re.S)
+_TOO_DEEP = b"<nested too deep>"
+_BAD_BYTE = re.compile("[\udc80-\udcff]")
+
+
+def _repair(data: bytes, base: int = 0) -> tuple[bytes, list[str]]:
+    """``data`` made decodable at the same length (so offsets in it stay true): invalid UTF-8
+    bytes become ``?``, values nested deeper than ``MAX_NESTING`` a string; and notes of
+    what was replaced (``base`` is ``data``'s offset in the file)."""
+    notes = []
+    text = data.decode("utf-8", "surrogateescape")
+    bad = _BAD_BYTE.search(text)
+    if bad is not None:
+        offset = base + len(text[: bad.start()].encode("utf-8", "surrogateescape"))
+        count = len(_BAD_BYTE.findall(text))
+        data = _BAD_BYTE.sub("?", text).encode("utf-8")
+        notes.append(f"invalid UTF-8 at byte {offset} ({count} bytes in all read as '?')")
+    out = bytearray(data)
+    depth, deep_from, pos = 0, -1, 0
+    while (match := _STRUCTURE.search(data, pos)) is not None:
+        at = pos = match.start()
+        char = data[at]
+        pos += 1
+        if char == 0x22:  # a string: skip to its end
+            rest = _STRING_REST.match(data, pos)
+            if rest is None:
+                break  # the rest of the data is inside it
+            pos = rest.end()
+        elif char in b"[{":
+            depth += 1
+            if depth == MAX_NESTING + 1:
+                deep_from = at
+        else:
+            if depth == MAX_NESTING + 1 and deep_from >= 0:
+                _blank(out, deep_from, at + 1)
+                deep_from = -1
+            depth -= 1
+    if deep_from >= 0:  # never closed: blank to the end (the data is cut off there)
+        out[deep_from:] = b" " * (len(out) - deep_from)
+    return bytes(out), notes
+
+
+def _blank(out: bytearray, start: int, stop: int) -> None:
+    """Replace ``out[start:stop]`` (a value nested too deep) by the string ``_TOO_DEEP`` and
+    spaces, the same length. No note: where a column reads it, it shows; elsewhere it is
+    skipped, as the C scanner skips it (so no warning can tell the two paths apart)."""
+    text = b'"' + _TOO_DEEP + b'"'
+    if len(text) > stop - start:
+        text = b'""'
+    out[start:stop] = text.ljust(stop - start)
+
+
+def _decode(decoder: Any, data: Any, notes: list[str] | None = None, base: int = 0) -> Any:
+    """``decoder.decode(data)``; where msgspec meets invalid UTF-8 or nesting too deep for it,
+    decoded again from ``_repair``'s copy (``notes`` gets what was replaced).
+
+    Raises msgspec.DecodeError for malformed JSON, as ``decode`` does.
+    """
+    try:
+        return decoder.decode(data)
+    except (UnicodeDecodeError, RecursionError):
+        fixed, done = _repair(bytes(data), base)
+    if notes is not None:
+        notes.extend(done)
+    return decoder.decode(fixed)
+
+
+def _literal(value: Any) -> Any:
+    """Metadata values written as Python reprs (``"{'rank': 2}"``) become objects; never eval.
+    Only values JSON can hold are taken (the cache stores metadata as JSON)."""
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            try:
+                return _decode(_META, value.encode("utf-8", "surrogatepass"))
+            except msgspec.DecodeError:
+                return value
+        try:
+            return json.loads(json.dumps(parsed, allow_nan=False))
+        except (TypeError, ValueError, RecursionError):
+            return value
+    return value
+
+
+def _finite(value: Any) -> float | None:
+    """A JSON number (or numeric text) as a finite float; None for anything else."""
+    number = _to_number(value)
+    try:
+        number = float(number) if number is not None else None
+    except OverflowError:  # an integer beyond float64
+        return None
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _float_or_text(text: str) -> float | str:
+    """msgspec's ``float_hook`` on the loose path: a number beyond float64 (``1e400``) stays text."""
+    value = float(text)
+    return value if math.isfinite(value) else text
+
+
+def _to_number(value: Any) -> int | float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text, 0)
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                return None
+    return None
