@@ -40,3 +40,41 @@ def test_demo_runs_the_quickstart_and_prints_the_summary(tmp_path: Path) -> None
     layers = done.stdout.split("Top layers", 1)[1].split("Top ops", 1)[0]
     assert "SmallNet" in layers and "features" in layers
     assert "Conv2d" in layers and "Conv2d_0" not in layers  # attribute paths, not trace names
+
+
+def test_demo_run_twice_reports_the_capture_it_just_made(tmp_path: Path) -> None:
+    """A second run summarizes its own capture, lists only the captures it made, and says
+    how many earlier runs left in the folder."""
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("%load_ext tracemagic\nimport torch\nmodel = torch.nn.Linear(8, 4)"),
+            nbformat.v4.new_code_cell(
+                "%%chakra_trace -q --wait 0 --warmup 0 --active 2 --name tiny --no-memory-timeline\n"
+                "for _ in range(3):\n    model(torch.randn(2, 8)).sum().backward()"
+            ),
+        ]
+    )
+    nb_path = tmp_path / "tiny.ipynb"
+    nbformat.write(notebook, nb_path)
+    out = tmp_path / "demo-output"
+
+    def demo() -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "tracemagic", "demo", str(out), "--notebook", str(nb_path)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    first = demo()
+    (made_first,) = [line.split(":", 1)[1].strip() for line in first.splitlines() if line.startswith("trace files:")]
+    assert "earlier captures" not in first
+    second = demo()
+    listed = [line.split(":", 1)[1].strip() for line in second.splitlines() if line.startswith("trace files:")]
+    dirs = {str(p.parent) for p in (out / "traces").glob("*/capture.json")}
+    assert len(dirs) == 2 and made_first in dirs
+    (made_second,) = dirs - {made_first}
+    assert listed == [made_second]
+    assert f"earlier captures:  1 more in {out / 'traces'}" in second
+    title = next(line for line in second.splitlines() if line.startswith("tracemagic · "))
+    assert Path(made_second).name in title and Path(made_first).name not in title

@@ -94,7 +94,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from tracemagic.demo import run
 
-    run(Path(args.out_dir))
+    run(Path(args.out_dir), args.notebook)
     return 0
 
 
@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the quickstart notebook headless: capture a small model, print its summary")
     p.add_argument("out_dir", nargs="?", default="demo-output", help="where to write (default ./demo-output)")
+    p.add_argument("--notebook", type=Path, default=None, help="run this notebook instead of notebooks/quickstart.ipynb")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(

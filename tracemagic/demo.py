@@ -2,7 +2,8 @@
 
 It executes ``notebooks/quickstart.ipynb`` with nbclient in an output folder, so the
 ``%%chakra_trace`` cells capture a small model there, then prints where the executed
-notebook and the trace files are and the per-layer summary of the first capture.
+notebook and this run's trace files are, the per-layer summary of the first capture this
+run made, and how many captures earlier runs left in the folder (they are kept).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from tracemagic.trace.layout import MANIFEST
+from tracemagic.errors import TraceError
+from tracemagic.trace.layout import MANIFEST, read_manifest
 
 #: the notebook the demo runs, relative to the repository root
 NOTEBOOK = Path("notebooks") / "quickstart.ipynb"
@@ -53,6 +55,7 @@ def run(out_dir: str | Path = "demo-output", notebook: str | Path | None = None,
     out.mkdir(parents=True, exist_ok=True)
     source = Path(notebook) if notebook else find_notebook()
     nb = nbformat.read(source, as_version=4)
+    before = set(_captures(out))
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(out)}})
     client.execute()
     executed = out / source.name
@@ -60,12 +63,34 @@ def run(out_dir: str | Path = "demo-output", notebook: str | Path | None = None,
     nbformat.write(nb, tmp)
     tmp.replace(executed)
     print(f"executed notebook: {executed}", file=stream)
-    captures = sorted((out / "traces").glob(f"*/{MANIFEST}")) if (out / "traces").is_dir() else []
-    for manifest in captures:
-        print(f"trace files:       {manifest.parent}", file=stream)
-    if captures:
-        _print_layers(captures[0].parent, stream)
+    made = [c for c in _captures(out) if c not in before]
+    for capture in made:
+        print(f"trace files:       {capture}", file=stream)
+    if before:
+        print(
+            f"earlier captures:  {len(before)} more in {out / 'traces'} from earlier runs "
+            "(kept; delete the folder to start afresh)",
+            file=stream,
+        )
+    if made:
+        _print_layers(made[0], stream)
     return executed
+
+
+def _captures(out: Path) -> list[Path]:
+    """The capture directories under ``out/traces``, oldest first (by the manifest's
+    ``created``, then its file's age: the names are made unique, not ordered)."""
+    traces = out / "traces"
+    manifests = list(traces.glob(f"*/{MANIFEST}")) if traces.is_dir() else []
+
+    def created(manifest: Path) -> tuple[str, int]:
+        try:
+            when = str(read_manifest(manifest).get("created") or "")
+        except TraceError:  # a damaged manifest: ordered by its file alone
+            when = ""
+        return when, manifest.stat().st_mtime_ns
+
+    return [m.parent for m in sorted(manifests, key=created)]
 
 
 def _print_layers(capture_dir: Path, stream: TextIO) -> None:
