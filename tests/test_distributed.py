@@ -60,6 +60,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     specs = {
         "slow": (2, [str(SCRIPT), "--slow-rank", str(SLOW_RANK), "--slow-ms", "50"]),
         "broken": (3, [str(SCRIPT), "--fail-rank", "1", "--crash-rank", "2", "--timeout", "20"]),
+        "killed": (2, [str(SCRIPT), "--kill-rank", "1", "--timeout", "20"]),
         "cli": (2, ["-m", "tracemagic", "run", "--no-memory-timeline", "--et", "--name", "cli", "--out",
                     str(base / "cli"), "--", str(SCRIPT), "--plain", "--iterations", "7"]),
     }
@@ -158,6 +159,30 @@ def test_failed_rank_keeps_its_trace_and_missing_rank_is_named(jobs: dict[str, A
     assert any("rank 2 did not finish" in note for note in manifest["notes"])
     trace = tracemagic.load(directory, use_cache=False)
     assert trace.rank_ids == [0, 1]
+
+
+def test_rank_killed_after_writing_its_trace_is_listed_and_loaded(jobs: dict[str, Any]) -> None:
+    job = _job(jobs, "killed", ok=False)
+    directory = job["dir"]
+    manifest = _manifest(directory)
+    assert (directory / "kineto_trace_1.json").is_file(), job["log"][-3000:]
+    assert not (directory / "ranks" / "1.json").exists() or _manifest_part(directory, 1)["status"] == "running"
+    # rank 0 may fail too: its peer vanished inside the last step's all-reduce
+    assert manifest["status"] == "partial" and manifest["missing_ranks"] == [1] and 1 in manifest["failed_ranks"]
+    listed = {e["path"]: e for e in manifest["files"]}
+    assert listed["kineto_trace_1.json"]["rank"] == 1 and listed["kineto_trace_1.json"]["kind"] == "kineto"
+    assert manifest["ranks"]["1"]["status"] == "failed"
+    assert any("rank 1: kept what it wrote" in note and "kineto_trace_1.json" in note for note in manifest["notes"])
+    trace = tracemagic.load(directory, use_cache=False)
+    assert trace.rank_ids == [0, 1]
+    raw = json.loads((directory / "kineto_trace_1.json").read_text())
+    steps = sorted(e["name"] for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    ours = trace.steps()
+    assert sorted(f"ProfilerStep#{s}" for s in ours.loc[ours["rank"] == 1, "step"]) == steps
+
+
+def _manifest_part(directory: Path, rank: int) -> dict[str, Any]:
+    return json.loads((directory / "ranks" / f"{rank}.json").read_text())
 
 
 # -- the unedited script under torchrun -m tracemagic run ------------------------------

@@ -3,7 +3,8 @@
 Run it with ``torchrun --nproc_per_node=2 tests/data/ddp_train.py --out DIR``. Options
 ``--plain`` runs without ``tracemagic.capture`` (for ``-m tracemagic run -- ddp_train.py``).
 Options make one rank slow (``--slow-rank 1 --slow-ms 50``: it sleeps in each step), raise
-(``--fail-rank R --fail-step K``) or die without cleanup (``--crash-rank R``, ``os._exit``).
+(``--fail-rank R --fail-step K``), die without cleanup (``--crash-rank R``, ``os._exit``), or
+die in the last iteration, after its trace is written and before its manifest (``--kill-rank R``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=50.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--crash-rank", type=int, default=-1)
+    parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
@@ -52,6 +54,8 @@ def main() -> None:
             for i, (x, y) in enumerate(batches if args.plain else cap.steps(batches)):
                 if rank == args.crash_rank and i == args.fail_step:
                     os._exit(3)  # dies like a killed process: no files, no manifest
+                if rank == args.kill_rank and i == args.iterations - 1:
+                    os._exit(3)  # the schedule's one cycle ended a step ago: its trace is on disk
                 if rank == args.fail_rank and i == args.fail_step:
                     raise RuntimeError(f"rank {rank} fails in iteration {i}")
                 if rank == args.slow_rank:

@@ -206,8 +206,43 @@ def write_merged_manifest(directory: Path, world: int) -> dict[str, Any]:
     """Merge the per-rank manifests into ``capture.json`` (under a lock) and return it."""
     with _locked(directory):
         manifest = merge(read_parts(directory, world), world)
+        _keep_left_files(directory, manifest)
         layout.write_manifest(directory, manifest)
     return manifest
+
+
+#: the files a rank writes before its manifest, by the ``kind`` the manifest gives them
+_RANK_FILES = {"kineto": layout.KINETO_FILE, "execution_trace": layout.ET_FILE, "memory_timeline": layout.MEMORY_FILE}
+
+
+def _keep_left_files(directory: Path, manifest: dict[str, Any]) -> None:
+    """List the finished files of the ranks that left no manifest (killed after writing
+    their trace), so that ``tracemagic.load`` reads them; such a rank counts as failed."""
+    missing = set(manifest.get("missing_ranks") or [])
+    if not missing:
+        return
+    listed = {e.get("path") for e in manifest["files"]}
+    found: dict[int, list[str]] = {}
+    for path in sorted(directory.iterdir()):
+        for kind, pattern in _RANK_FILES.items():
+            match = pattern.fullmatch(path.name)
+            if match and int(match.group(1)) in missing and path.name not in listed and path.is_file():
+                rank = int(match.group(1))
+                entry: dict[str, Any] = {"path": path.name, "kind": kind, "rank": rank, "bytes": path.stat().st_size}
+                if match.group(2) is not None:
+                    entry["cycle"] = int(match.group(2))
+                manifest["files"].insert(len(manifest["files"]) - 1, entry)  # before capture.json
+                found.setdefault(rank, []).append(path.name)
+    for rank, names in sorted(found.items()):
+        manifest["ranks"][str(rank)] = {
+            "status": "failed",
+            "steps_recorded": None,
+            "iterations": None,
+            "error": {"type": "missing", "message": "the rank stopped before writing its manifest"},
+            "notes": [f"kept what it wrote before it stopped: {', '.join(names)}"],
+        }
+        manifest["notes"].append(f"rank {rank}: kept what it wrote before it stopped: {', '.join(names)}.")
+    manifest["failed_ranks"] = sorted(set(manifest["failed_ranks"]) | set(found))
 
 
 def merge(parts: dict[int, dict[str, Any]], world: int) -> dict[str, Any]:
