@@ -185,6 +185,7 @@ def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], na
         "layer_spans": layer_spans(trace), "memory": trace.memory(), "memory_peaks": trace.memory_peaks(),
         "biggest_allocations": trace.biggest_allocations(), "memory_categories": trace.memory_categories(),
         "shapes": trace.shapes(), "diff": trace.diff(trace), "efficiency": trace.efficiency(),
+        "advice": trace.advice(),
     }
     contracts = documented_contracts()
     assert set(contracts) == set(tables)

@@ -80,4 +80,11 @@ Column contracts (views rely on these names; each list is complete and in order,
   status, gpu_us_a, gpu_us_b`` — ``level`` is 'op' | 'kernel' | 'layer', ``status``
   'added' | 'removed' | 'faster' | 'slower' | 'same'; op rows are call-chain tops, as in
   ``shapes()``.
+- ``advice()`` (``advice.advice``): ``rule, step, value, threshold, weight, evidence,
+  advice, text`` — one row per rule that fired over the scope (``step``: a ProfilerStep,
+  NA for the whole trace), by ``weight`` (most important first); ``value`` is the figure
+  the rule measured, ``threshold`` the named constant of ``advice`` it reached,
+  ``evidence`` the figure as text, ``advice`` what to do, ``text`` the line the views show.
+  The figures the views headline (mean step, top ops, kernels and layers, a scope's peaks)
+  are ``aggregate``'s.
 """

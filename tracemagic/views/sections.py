@@ -165,8 +165,7 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     )
     layers = data.layers_in(state.step)
     if not layers.empty:
-        metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
-        top_layers = layers.sort_values(metric, ascending=False).head(state.top)
+        top_layers = tables.top_layers(layers, state.top)
         cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us") + (("gpu_us",) if data.has_gpu else ())
                 if c in top_layers]
         section.extra.append(("Top layers" + (f" in step {state.step}" if state.step is not None else ""),
@@ -182,7 +181,7 @@ def _overview(data: TraceData, state: ViewState) -> Section:
 
 def _layers(data: TraceData, state: ViewState) -> Section:
     layers = data.layers_in(state.step)
-    metric: Literal["cpu", "gpu"] = "gpu" if data.has_gpu and not layers.empty and (layers["gpu_us"] > 0).any() else "cpu"
+    metric: Literal["cpu", "gpu"] = "gpu" if tables.layer_metric(layers) == "gpu_us" else "cpu"
     return Section(
         "layers", TITLES["layers"],
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],

@@ -100,8 +100,8 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
 
     layers = data.layers
     if not layers.empty:
-        metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
-        frame = layers.sort_values(metric, ascending=False).head(top)
+        metric = tables.layer_metric(layers)
+        frame = tables.top_layers(layers, top)
         gpu = data.has_gpu  # a CPU-only trace has no GPU column to show
         rows = [[r["layer"], str(r.get("type", "")), f"{int(r['calls']):,}", fmt_time(float(r["cpu_us"]), "ms")]
                 + ([fmt_time(float(r["gpu_us"]), "ms")] if gpu else []) for _, r in frame.iterrows()]
