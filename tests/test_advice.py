@@ -262,3 +262,24 @@ def test_the_views_show_the_advice_rows_as_they_are(loaded: dict[str, tracemagic
     step = int(sorted(trace.steps()["step"])[0])
     dash.controls["step"].value = step
     assert dash.section("overview").bullets[: len(trace.advice(step))] == trace.advice(step)["text"].head(6).tolist()
+
+
+def test_one_rule_for_top_layers_everywhere(loaded: dict[str, tracemagic.Trace]) -> None:
+    """The Overview's and the text summary's top layers are ``aggregate.top_layers``: by GPU
+    time where any layer ran GPU work, most first, ties in the table's order."""
+    from tracemagic.analysis import aggregate
+    from tracemagic.views import Dashboard, text
+
+    trace = loaded["tracelens_normalization_layer_test.json.gz"]
+    layers = trace.layers()
+    assert (layers["gpu_us"] > 0).any() and aggregate.layer_metric(layers) == "gpu_us"
+    top = aggregate.top_layers(layers, 5)
+    expected = sorted(range(len(layers)), key=lambda i: (-float(layers["gpu_us"].iloc[i]), i))[:5]
+    assert top["layer"].tolist() == layers["layer"].iloc[expected].tolist()
+    (shown,) = [frame for caption, frame in Dashboard(trace).section("overview").extra if caption == "Top layers"]
+    assert shown["layer"].tolist()[:5] == top["layer"].tolist()
+    block = text.summary(trace, width=300, top=5).split("Top layers (by GPU time)\n")[1].split("\n\n")[0]
+    rows = block.splitlines()[2:]
+    assert len(rows) == 5 and all(row.startswith(name + " ") for row, name in zip(rows, top["layer"])), rows
+    cpu_only = layers.assign(gpu_us=0.0)
+    assert aggregate.layer_metric(cpu_only) == "cpu_us"

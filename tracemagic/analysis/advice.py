@@ -129,25 +129,23 @@ def evaluate(
     dataloader_said = False
     has_gpu = kernels is not None and not kernels.empty
     if not steps.empty and float(steps["window_dur"].sum()) > 0:
-        mean = aggregate.step_means(steps)
-        dur = float(mean["step_us"])
-        share = {c: float(mean.get(c, 0.0)) / dur for c in aggregate.STEP_PARTS}
-        if has_gpu and mean["gpu_idle_us"] == mean["gpu_idle_us"]:  # NaN: no GPU on these ranks
-            idle = float(mean["gpu_idle_us"]) / dur
+        share = aggregate.step_shares(steps)
+        if has_gpu and share["gpu_idle_us"] == share["gpu_idle_us"]:  # NaN: no GPU on these ranks
+            idle = float(share["gpu_idle_us"])
             if idle >= GPU_IDLE_SHARE:
                 fire("gpu_idle", idle, GPU_IDLE_SHARE, idle, f"GPU idle {fmt_pct(idle)} of the step",
                      "the GPU waits for the CPU; bigger batches, fewer syncs, CUDA graphs or torch.compile keep it busy.")
             if share["memcpy_us"] >= MEMCPY_SHARE:
-                fire("memcpy", share["memcpy_us"], MEMCPY_SHARE, share["memcpy_us"],
+                fire("memcpy", float(share["memcpy_us"]), MEMCPY_SHARE, float(share["memcpy_us"]),
                      f"memcpy takes {fmt_pct(share['memcpy_us'])} of the step",
                      "use pin_memory=True and .to(device, non_blocking=True).")
             if share["comm_us"] >= COMM_SHARE:
-                fire("communication", share["comm_us"], COMM_SHARE, share["comm_us"],
+                fire("communication", float(share["comm_us"]), COMM_SHARE, float(share["comm_us"]),
                      f"Communication takes {fmt_pct(share['comm_us'])} of the step",
                      "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent.")
         if share["dataloader_us"] >= DATALOADER_SHARE:
             dataloader_said = True
-            fire("dataloader", share["dataloader_us"], DATALOADER_SHARE, share["dataloader_us"] + DATALOADER_BONUS,
+            fire("dataloader", float(share["dataloader_us"]), DATALOADER_SHARE, float(share["dataloader_us"]) + DATALOADER_BONUS,
                  f"DataLoader takes {fmt_pct(share['dataloader_us'])} of the step",
                  "raise num_workers, use pin_memory and persistent_workers.")
         durs = steps["window_dur"].astype(float)

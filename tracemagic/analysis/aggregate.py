@@ -56,6 +56,38 @@ def step_means(steps: pd.DataFrame) -> pd.Series:
     return mean.rename({"window_dur": "step_us"})
 
 
+def step_shares(steps: pd.DataFrame) -> pd.Series:
+    """The mean step's parts (``STEP_PARTS``), ``gpu_busy_us`` and ``gpu_idle_us`` as
+    fractions of the mean step (:func:`step_means`); NaN for no steps or a zero-length step
+    (and for the GPU's without a GPU)."""
+    mean = step_means(steps)
+    dur = float(mean["step_us"])
+    return mean.drop("step_us") / dur if dur > 0 else mean.drop("step_us") * float("nan")
+
+
+def mean_step_change(a: pd.DataFrame, b: pd.DataFrame) -> tuple[float, float, float] | None:
+    """The mean steps of two ``steps()`` tables (µs) and B's change against A in %; None
+    unless both have steps of some length."""
+    before, after = float(step_means(a)["step_us"]), float(step_means(b)["step_us"])
+    if not (before > 0 and after > 0):
+        return None
+    return before, after, 100 * (after / before - 1)
+
+
+def gpu_busy_pct(steps: pd.DataFrame) -> pd.Series:
+    """Per step (``steps()`` row), the GPU-busy share of its device window in % (0 for an
+    empty window or no GPU)."""
+    window = steps["window_dur"].where(steps["window_dur"] > 0)
+    return (100 * steps["gpu_busy_us"] / window).fillna(0.0)
+
+
+def modelled_gpu_us(efficiency: pd.DataFrame) -> tuple[float, float]:
+    """Of ``efficiency()``'s GPU time (µs), how much ran in ops with a cost model (a
+    ``pct_of_roofline``), and all of it."""
+    modelled = float(efficiency.loc[efficiency["pct_of_roofline"].notna(), "gpu_us"].sum())
+    return modelled, float(efficiency["gpu_us"].sum())
+
+
 def kernel_rate(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     """How many GPU kernels (``kind`` kernel; not memcpy/memset) ran and how long they
     took: ``kernels`` (the count), ``steps`` (the steps of ``steps``, at least 1),

@@ -84,11 +84,12 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
                                                           if len(durs) >= 3 else "")))
         else:
             out.append((f"step {step}", fmt_time(step_us) + (" (mean over ranks)" if len(chosen) > 1 else "")))
-        parts = [(name, float(mean.get(col, 0.0)) / step_us) for col, name in tables.part_names(steps).items()
-                 if col in mean and step_us > 0 and float(mean.get(col, 0.0)) >= 0.005 * step_us]
+        share = tables.step_shares(chosen)
+        parts = [(name, float(share[col])) for col, name in tables.part_names(steps).items()
+                 if col in share and float(share[col]) >= 0.005]  # NaN (no step) is never
         out.append(("breakdown", ", ".join(f"{name} {fmt_pct(p)}" for name, p in sorted(parts, key=lambda x: -x[1]))))
-        if step_us > 0 and mean["gpu_busy_us"] == mean["gpu_busy_us"]:  # NaN without a GPU
-            busy = float(mean["gpu_busy_us"]) / step_us
+        if share["gpu_busy_us"] == share["gpu_busy_us"]:  # NaN without a GPU
+            busy = float(share["gpu_busy_us"])
             out.append(("GPU", f"busy {fmt_pct(busy)}, idle {fmt_pct(1.0 - busy)} of the step"))
         unlaunched = steps.attrs.get("unlaunched") or {}
         if unlaunched:

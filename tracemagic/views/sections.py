@@ -306,8 +306,7 @@ def _roofline(data: TraceData, state: ViewState) -> Section:
     elif not efficiency.empty:
         facts.append(("device", "not recognised: pass its peaks, trace.efficiency(peaks={'bf16': ..., 'tbytes_per_s': ...})"))
     if not efficiency.empty:
-        modelled = float(efficiency.loc[efficiency["pct_of_roofline"].notna(), "gpu_us"].sum())
-        total = float(efficiency["gpu_us"].sum())
+        modelled, total = tables.modelled_gpu_us(efficiency)
         facts.append(("modelled", f"{fmt_time(modelled)} of {fmt_time(total)} GPU time in ops with shapes has a cost model"))
     return Section(
         "roofline", TITLES["roofline"],
@@ -384,10 +383,9 @@ def _graph(data: TraceData, state: ViewState) -> Section:
 def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
     diff = data.diff(other)
     facts = [("A", data.name), ("B", other.name)]
-    a, b = tables.step_means(data.steps), tables.step_means(other.steps)
-    if float(a["step_us"]) > 0 and float(b["step_us"]) > 0:
-        facts.append(("mean step", f"{fmt_time(float(a['step_us']))} → {fmt_time(float(b['step_us']))} "
-                                   f"({100 * (float(b['step_us']) / float(a['step_us']) - 1):+.0f}%)"))
+    change = tables.mean_step_change(data.steps, other.steps)
+    if change is not None:
+        facts.append(("mean step", f"{fmt_time(change[0])} → {fmt_time(change[1])} ({change[2]:+.0f}%)"))
     frame = tables.biggest_changes(diff)
     return Section(
         "compare", TITLES["compare"],

@@ -21,12 +21,15 @@ GPU_PARTS = aggregate.GPU_PARTS
 # with the advice); re-exported here for the views
 select_step = aggregate.select_step
 step_means = aggregate.step_means
+step_shares = aggregate.step_shares
 kernel_rate = aggregate.kernel_rate
 top_ops = aggregate.top_ops
 top_kernels = aggregate.top_kernels
 top_layers = aggregate.top_layers
 layer_metric = aggregate.layer_metric
 peaks_of = aggregate.peaks_of
+mean_step_change = aggregate.mean_step_change
+modelled_gpu_us = aggregate.modelled_gpu_us
 
 
 def part_names(steps: pd.DataFrame) -> dict[str, str]:
@@ -141,7 +144,4 @@ def step_table(steps: pd.DataFrame) -> pd.DataFrame:
     if part_names(steps) is not STEP_PARTS:
         gpu_only = [*GPU_PARTS, "window_ts", "window_dur", "gpu_busy_us", "gpu_idle_us"]
         return steps.drop(columns=[c for c in gpu_only if c in steps])
-    out = steps.copy()
-    window = out["window_dur"].where(out["window_dur"] > 0)
-    out["gpu_busy_pct"] = (100 * out["gpu_busy_us"] / window).fillna(0.0)
-    return out
+    return steps.assign(gpu_busy_pct=aggregate.gpu_busy_pct(steps))

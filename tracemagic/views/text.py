@@ -148,10 +148,9 @@ def diff_summary(a: Trace | TraceData, b: Trace | TraceData, width: int = 100, *
     db = b if isinstance(b, TraceData) else TraceData(b)
     width = max(int(width), 40)
     out = [shorten(f"tracemagic diff · A = {clean(da.name)} · B = {clean(db.name)}", width)]
-    ma, mb = tables.step_means(da.steps), tables.step_means(db.steps)
-    if float(ma["step_us"]) > 0 and float(mb["step_us"]) > 0:
-        change = 100 * (float(mb["step_us"]) / float(ma["step_us"]) - 1)
-        out.append(f"mean step: {fmt_time(float(ma['step_us']))} → {fmt_time(float(mb['step_us']))} ({change:+.1f}%)")
+    change = tables.mean_step_change(da.steps, db.steps)
+    if change is not None:
+        out.append(f"mean step: {fmt_time(change[0])} → {fmt_time(change[1])} ({change[2]:+.1f}%)")
     diff = da.diff(db)
     for level in ("op", "layer"):
         frame = tables.biggest_changes(diff, level, top)
