@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import aggregate
@@ -129,7 +130,7 @@ def evaluate(
     dataloader_said = False
     has_gpu = kernels is not None and not kernels.empty
     if not steps.empty and float(steps["window_dur"].sum()) > 0:
-        share = aggregate.step_shares(steps)
+        share = aggregate.step_shares(aggregate.step_means(steps))
         if has_gpu and share["gpu_idle_us"] == share["gpu_idle_us"]:  # NaN: no GPU on these ranks
             idle = float(share["gpu_idle_us"])
             if idle >= GPU_IDLE_SHARE:
@@ -228,10 +229,11 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> pd.DataFrame:
     model are left out.
     """
     rows: list[tuple[str, float, float, float, str, str, str]] = []
+    layers = list(efficiency.attrs.get("layers") or [])
+    efficiency = pd.DataFrame(efficiency)  # without its attrs: pandas deep-copies them at every step
     known = efficiency[efficiency["pct_of_roofline"].notna() & (efficiency["gpu_us"] > 0)] if len(efficiency) else efficiency
     total = float(efficiency["gpu_us"].sum()) if len(efficiency) else 0.0
     if len(known) and total > 0:
-        layers = list(efficiency.attrs.get("layers") or [])
         lost = known["gpu_us"] * (1 - known["pct_of_roofline"].clip(upper=100) / 100)
         for index in lost.sort_values(ascending=False).index[:limit]:
             row = known.loc[index]
@@ -260,11 +262,14 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> pd.DataFrame:
 
 def _frame(rows: list[tuple[str, float, float, float, str, str, str]], step: int | None) -> pd.DataFrame:
     """Advice rows as the ``COLUMNS`` table, by ``weight`` (ties in the rules' order)."""
-    out = pd.DataFrame(rows, columns=["rule", "value", "threshold", "weight", "evidence", "advice", "text"])
-    out.insert(1, "step", pd.array([step] * len(out), dtype="Int64"))
-    out = out.astype({"rule": "string", "evidence": "string", "advice": "string", "text": "string",
-                      "value": float, "threshold": float, "weight": float})
-    return out.sort_values("weight", ascending=False, kind="stable", ignore_index=True)[COLUMNS]
+    rows = sorted(rows, key=lambda row: -row[3])  # stable: ties keep the rules' order
+    rule, value, threshold, weight, evidence, advice_, text = (list(c) for c in zip(*rows)) if rows else ([],) * 7
+    return pd.DataFrame({
+        "rule": pd.array(rule, dtype="string"), "step": pd.array([step] * len(rows), dtype="Int64"),
+        "value": np.asarray(value, dtype=float), "threshold": np.asarray(threshold, dtype=float),
+        "weight": np.asarray(weight, dtype=float), "evidence": pd.array(evidence, dtype="string"),
+        "advice": pd.array(advice_, dtype="string"), "text": pd.array(text, dtype="string"),
+    })
 
 
 def device_memory(devices: list[dict[str, Any]]) -> float | None:

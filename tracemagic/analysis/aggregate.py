@@ -56,11 +56,10 @@ def step_means(steps: pd.DataFrame) -> pd.Series:
     return mean.rename({"window_dur": "step_us"})
 
 
-def step_shares(steps: pd.DataFrame) -> pd.Series:
-    """The mean step's parts (``STEP_PARTS``), ``gpu_busy_us`` and ``gpu_idle_us`` as
-    fractions of the mean step (:func:`step_means`); NaN for no steps or a zero-length step
-    (and for the GPU's without a GPU)."""
-    mean = step_means(steps)
+def step_shares(mean: pd.Series) -> pd.Series:
+    """A mean step's (:func:`step_means`) parts (``STEP_PARTS``), ``gpu_busy_us`` and
+    ``gpu_idle_us`` as fractions of its ``step_us``; NaN for no steps or a zero-length
+    step (and for the GPU's without a GPU)."""
     dur = float(mean["step_us"])
     return mean.drop("step_us") / dur if dur > 0 else mean.drop("step_us") * float("nan")
 

@@ -84,7 +84,7 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
                                                           if len(durs) >= 3 else "")))
         else:
             out.append((f"step {step}", fmt_time(step_us) + (" (mean over ranks)" if len(chosen) > 1 else "")))
-        share = tables.step_shares(chosen)
+        share = tables.step_shares(mean)
         parts = [(name, float(share[col])) for col, name in tables.part_names(steps).items()
                  if col in share and float(share[col]) >= 0.005]  # NaN (no step) is never
         out.append(("breakdown", ", ".join(f"{name} {fmt_pct(p)}" for name, p in sorted(parts, key=lambda x: -x[1]))))
