@@ -283,3 +283,35 @@ def test_one_rule_for_top_layers_everywhere(loaded: dict[str, tracemagic.Trace])
     assert len(rows) == 5 and all(row.startswith(name + " ") for row, name in zip(rows, top["layer"])), rows
     cpu_only = layers.assign(gpu_us=0.0)
     assert aggregate.layer_metric(cpu_only) == "cpu_us"
+
+
+def test_memory_and_launch_rules_at_their_thresholds() -> None:
+    """The rules no real trace here reaches, at both sides of their named thresholds."""
+    gib = 2.0**30
+    empty = pd.DataFrame(columns=["step", "window_dur"])
+
+    def peaks(peak: float, reserved: float) -> pd.DataFrame:
+        return pd.DataFrame({"rank": [0, 0], "device": ["cuda:0", "cpu"], "step": [pd.NA, pd.NA],
+                             "peak_bytes": [peak, 100 * gib], "peak_reserved_bytes": [reserved, np.nan]})
+
+    def rules_for(table: pd.DataFrame, **kwargs: Any) -> dict[str, pd.Series]:
+        return rows_of(rules.evaluate(empty, pd.DataFrame(), peaks=table, **kwargs))
+
+    memory = 16 * gib
+    high = rules_for(peaks(rules.MEMORY_PEAK_SHARE * memory, 0.0), device_memory_bytes=memory)
+    assert high["memory_peak"]["value"] == pytest.approx(rules.MEMORY_PEAK_SHARE)  # the CPU's 100 GiB is not a GPU's
+    assert "memory_peak" not in rules_for(peaks(0.99 * rules.MEMORY_PEAK_SHARE * memory, 0.0), device_memory_bytes=memory)
+    big = rules.RESERVED_MIN_BYTES
+    assert rules_for(peaks(big, rules.RESERVED_RATIO * big + 1))["fragmentation"]["text"].startswith(
+        "Reserved memory is 1.5× the allocated peak: fragmentation")
+    assert "fragmentation" not in rules_for(peaks(big, 1.49 * big))
+    assert "fragmentation" not in rules_for(peaks(big / 4, rules.RESERVED_MIN_BYTES))  # too small to matter
+    steps = pd.DataFrame({"step": [1], "window_dur": [1e5], "gpu_busy_us": [1e5], "gpu_idle_us": [0.0],
+                          **{c: [0.0] for c in ("compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us",
+                                                 "dataloader_us", "cpu_us", "idle_us")}})
+    for count, fires in ((rules.KERNELS_PER_STEP, True), (rules.KERNELS_PER_STEP - 1, False)):
+        kernels = pd.DataFrame({"kind": ["kernel"] * count + ["memcpy"] * 5, "dur": [5.0] * count + [500.0] * 5,
+                                "step": [1] * (count + 5)})
+        fired = rows_of(rules.evaluate(steps, pd.DataFrame(), kernels))
+        assert ("launch_overhead" in fired) == fires, count
+    assert fired.keys() == set()  # a busy GPU, nothing else to say

@@ -13,8 +13,9 @@ a rule says otherwise. ``weight`` orders the rows: a rule's own share where it h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -96,6 +97,178 @@ OTHER_OP_ADVICE = "look at its callers in the Layers and Timeline tabs"
 COLUMNS = ["rule", "step", "value", "threshold", "weight", "evidence", "advice", "text"]
 
 
+class Row(NamedTuple):
+    """One rule that fired (a row of ``advice()``, less its ``step``)."""
+
+    rule: str
+    value: float
+    threshold: float
+    weight: float
+    evidence: str
+    advice: str
+    text: str
+
+
+def _row(rule: str, value: float, threshold: float, weight: float, evidence: str, advice: str,
+         joint: str = ": ") -> Row:
+    return Row(rule, float(value), float(threshold), float(weight), evidence, advice, f"{evidence}{joint}{advice}")
+
+
+@dataclass(frozen=True, eq=False)
+class Scope:
+    """The tables one evaluation looks at (see :func:`evaluate`), and the mean step's shares
+    (``aggregate.step_shares``; None without steps of some length)."""
+
+    steps: pd.DataFrame
+    ops: pd.DataFrame
+    kernels: pd.DataFrame | None
+    peaks: pd.DataFrame | None
+    ranks: pd.DataFrame | None
+    device_memory_bytes: float | None
+    share: pd.Series | None
+
+    @property
+    def has_gpu(self) -> bool:
+        """Whether the scope ran GPU kernels, memcpy or memset."""
+        return self.kernels is not None and not self.kernels.empty
+
+
+def gpu_idle(scope: Scope) -> Row | None:
+    """The GPU idle ``GPU_IDLE_SHARE`` of the step or more: it waits for the host."""
+    share = scope.share
+    if share is None or not scope.has_gpu or share["gpu_idle_us"] != share["gpu_idle_us"]:  # NaN: no GPU here
+        return None
+    idle = float(share["gpu_idle_us"])
+    if idle < GPU_IDLE_SHARE:
+        return None
+    return _row("gpu_idle", idle, GPU_IDLE_SHARE, idle, f"GPU idle {fmt_pct(idle)} of the step",
+                "the GPU waits for the CPU; bigger batches, fewer syncs, CUDA graphs or torch.compile keep it busy.")
+
+
+def memcpy(scope: Scope) -> Row | None:
+    """memcpy ``MEMCPY_SHARE`` of the step or more (on a GPU)."""
+    if scope.share is None or not scope.has_gpu or scope.share["gpu_idle_us"] != scope.share["gpu_idle_us"]:
+        return None
+    part = float(scope.share["memcpy_us"])
+    if part < MEMCPY_SHARE:
+        return None
+    return _row("memcpy", part, MEMCPY_SHARE, part, f"memcpy takes {fmt_pct(part)} of the step",
+                "use pin_memory=True and .to(device, non_blocking=True).")
+
+
+def communication(scope: Scope) -> Row | None:
+    """Collectives ``COMM_SHARE`` of the step or more (on a GPU)."""
+    if scope.share is None or not scope.has_gpu or scope.share["gpu_idle_us"] != scope.share["gpu_idle_us"]:
+        return None
+    part = float(scope.share["comm_us"])
+    if part < COMM_SHARE:
+        return None
+    return _row("communication", part, COMM_SHARE, part, f"Communication takes {fmt_pct(part)} of the step",
+                "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent.")
+
+
+def dataloader(scope: Scope) -> Row | None:
+    """DataLoader iteration ``DATALOADER_SHARE`` of the step or more."""
+    if scope.share is None:
+        return None
+    part = float(scope.share["dataloader_us"])
+    if part < DATALOADER_SHARE:
+        return None
+    return _row("dataloader", part, DATALOADER_SHARE, part + DATALOADER_BONUS,
+                f"DataLoader takes {fmt_pct(part)} of the step", "raise num_workers, use pin_memory and persistent_workers.")
+
+
+def slow_step(scope: Scope) -> Row | None:
+    """The longest of ``SLOW_STEP_MIN_STEPS`` steps or more over ``SLOW_STEP_RATIO`` × the median."""
+    if scope.share is None:
+        return None
+    durs = scope.steps["window_dur"].astype(float)
+    median = float(durs.median())
+    if not (len(durs) >= SLOW_STEP_MIN_STEPS and median > 0 and durs.max() > SLOW_STEP_RATIO * median):
+        return None
+    slow = scope.steps.loc[durs.idxmax()]
+    ratio = float(durs.max()) / median
+    return _row("slow_step", ratio, SLOW_STEP_RATIO, SLOW_STEP_WEIGHT,
+                f"Step {int(slow['step'])} takes {fmt_time(float(slow['window_dur']))}, {ratio:.1f}× the median step "
+                f"({fmt_time(median)})", "warm-up, recompilation or a data stall.")
+
+
+def top_op(scope: Scope) -> Row | None:
+    """The CPU op with the most self time ``TOP_OP_SHARE`` of all ops' or more (a DataLoader
+    op not when :func:`dataloader` fired: said already)."""
+    top = aggregate.top_ops(scope.ops, 1)
+    if top.empty or not float(top["self_us"].sum()) > 0:
+        return None
+    first = top.iloc[0]
+    pct = float(first["self_pct"]) / 100
+    if pct < TOP_OP_SHARE or ("DataLoader" in str(first["name"]) and dataloader(scope) is not None):
+        return None
+    advice = (OP_ADVICE if scope.has_gpu else CPU_OP_ADVICE).get(str(first["name"]), OTHER_OP_ADVICE)
+    return _row("top_op", pct, TOP_OP_SHARE, pct * TOP_OP_DISCOUNT,
+                f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time ({int(first['calls']):,} calls)", f"{advice}.")
+
+
+def launch_overhead(scope: Scope) -> Row | None:
+    """``KERNELS_PER_STEP`` kernels per step or more, averaging under ``SHORT_KERNEL_US``."""
+    if scope.kernels is None or not scope.has_gpu:
+        return None
+    rate = aggregate.kernel_rate(scope.kernels, scope.steps)
+    if not (rate["per_step"] >= KERNELS_PER_STEP and rate["mean_us"] < SHORT_KERNEL_US):
+        return None
+    return _row("launch_overhead", float(rate["per_step"]), KERNELS_PER_STEP, LAUNCH_WEIGHT,
+                f"{int(rate['kernels']) // int(rate['steps']):,} kernels per step averaging {fmt_time(float(rate['mean_us']))}",
+                "launch overhead dominates; fuse with torch.compile or CUDA graphs.")
+
+
+def straggler_rule(scope: Scope) -> Row | None:
+    """The others wait for one rank ``STRAGGLER_SHARE`` of the median step or more (:func:`straggler`)."""
+    late = straggler(scope.ranks) if scope.ranks is not None else None
+    if late is None or late[0] < STRAGGLER_SHARE:
+        return None
+    return _row("straggler", late[0], STRAGGLER_SHARE, late[0] + STRAGGLER_BONUS, late[1],
+                "check its data, placement and load balance.", joint="; ")
+
+
+def memory_peak(scope: Scope) -> Row | None:
+    """A GPU's peak allocated ``MEMORY_PEAK_SHARE`` of its memory or more."""
+    peaks = scope.peaks
+    if peaks is None or peaks.empty or not scope.device_memory_bytes:
+        return None
+    gpu = peaks[peaks["device"].astype(str) != "cpu"]
+    if gpu.empty:
+        return None
+    frac = float(gpu["peak_bytes"].max()) / scope.device_memory_bytes
+    if frac < MEMORY_PEAK_SHARE:
+        return None
+    return _row("memory_peak", frac, MEMORY_PEAK_SHARE, frac,
+                f"Peak memory is {fmt_pct(frac)} of the GPU's {fmt_bytes(scope.device_memory_bytes)}",
+                "activation checkpointing or a smaller batch leaves headroom.")
+
+
+def fragmentation(scope: Scope) -> Row | None:
+    """A GPU's peak reserved ``RESERVED_RATIO`` × its peak allocated or more, above ``RESERVED_MIN_BYTES``."""
+    peaks = scope.peaks
+    if peaks is None or peaks.empty:
+        return None
+    gpu = peaks[peaks["device"].astype(str) != "cpu"]
+    reserved = gpu["peak_reserved_bytes"].astype(float)
+    if gpu.empty or not reserved.notna().any():
+        return None
+    ratio = float(reserved.max()) / max(float(gpu["peak_bytes"].max()), 1.0)
+    if not (ratio >= RESERVED_RATIO and float(reserved.max()) > RESERVED_MIN_BYTES):
+        return None
+    return _row("fragmentation", ratio, RESERVED_RATIO, FRAGMENTATION_WEIGHT,
+                f"Reserved memory is {ratio:.1f}× the allocated peak",
+                "fragmentation; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
+
+
+#: every rule, in the order that breaks ties of ``weight``
+RULES: tuple[Callable[[Scope], Row | None], ...] = (
+    gpu_idle, memcpy, communication, dataloader, slow_step, top_op, launch_overhead, straggler_rule, memory_peak,
+    fragmentation,
+)
+
+
 def evaluate(
     steps: pd.DataFrame,
     ops: pd.DataFrame,
@@ -106,7 +279,7 @@ def evaluate(
     device_memory_bytes: float | None = None,
     step: int | None = None,
 ) -> pd.DataFrame:
-    """Every rule over one scope's tables; a row per rule that fired, by ``weight``.
+    """Every rule of ``RULES`` over one scope's tables; a row per rule that fired, by ``weight``.
 
     Args:
         steps: the scope's ``steps()`` rows (of the loop: see ``aggregate.loop_steps``).
@@ -121,76 +294,10 @@ def evaluate(
         The columns ``COLUMNS``; ``value`` is the figure the rule measured and ``threshold``
         the named constant it reached.
     """
-    rows: list[tuple[str, float, float, float, str, str, str]] = []
-
-    def fire(rule: str, value: float, threshold: float, weight: float, evidence: str, advice: str,
-             joint: str = ": ") -> None:
-        rows.append((rule, value, threshold, weight, evidence, advice, f"{evidence}{joint}{advice}"))
-
-    dataloader_said = False
-    has_gpu = kernels is not None and not kernels.empty
-    if not steps.empty and float(steps["window_dur"].sum()) > 0:
-        share = aggregate.step_shares(aggregate.step_means(steps))
-        if has_gpu and share["gpu_idle_us"] == share["gpu_idle_us"]:  # NaN: no GPU on these ranks
-            idle = float(share["gpu_idle_us"])
-            if idle >= GPU_IDLE_SHARE:
-                fire("gpu_idle", idle, GPU_IDLE_SHARE, idle, f"GPU idle {fmt_pct(idle)} of the step",
-                     "the GPU waits for the CPU; bigger batches, fewer syncs, CUDA graphs or torch.compile keep it busy.")
-            if share["memcpy_us"] >= MEMCPY_SHARE:
-                fire("memcpy", float(share["memcpy_us"]), MEMCPY_SHARE, float(share["memcpy_us"]),
-                     f"memcpy takes {fmt_pct(share['memcpy_us'])} of the step",
-                     "use pin_memory=True and .to(device, non_blocking=True).")
-            if share["comm_us"] >= COMM_SHARE:
-                fire("communication", float(share["comm_us"]), COMM_SHARE, float(share["comm_us"]),
-                     f"Communication takes {fmt_pct(share['comm_us'])} of the step",
-                     "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent.")
-        if share["dataloader_us"] >= DATALOADER_SHARE:
-            dataloader_said = True
-            fire("dataloader", float(share["dataloader_us"]), DATALOADER_SHARE, float(share["dataloader_us"]) + DATALOADER_BONUS,
-                 f"DataLoader takes {fmt_pct(share['dataloader_us'])} of the step",
-                 "raise num_workers, use pin_memory and persistent_workers.")
-        durs = steps["window_dur"].astype(float)
-        median = float(durs.median())
-        if len(durs) >= SLOW_STEP_MIN_STEPS and median > 0 and durs.max() > SLOW_STEP_RATIO * median:
-            slow = steps.loc[durs.idxmax()]
-            ratio = float(durs.max()) / median
-            fire("slow_step", ratio, SLOW_STEP_RATIO, SLOW_STEP_WEIGHT,
-                 f"Step {int(slow['step'])} takes {fmt_time(float(slow['window_dur']))}, {ratio:.1f}× the median step "
-                 f"({fmt_time(median)})", "warm-up, recompilation or a data stall.")
-    top = aggregate.top_ops(ops, 1)
-    if not top.empty and float(top["self_us"].sum()) > 0:
-        first = top.iloc[0]
-        pct = float(first["self_pct"]) / 100
-        if pct >= TOP_OP_SHARE and not (dataloader_said and "DataLoader" in str(first["name"])):  # said already
-            advice = (OP_ADVICE if has_gpu else CPU_OP_ADVICE).get(str(first["name"]), OTHER_OP_ADVICE)
-            fire("top_op", pct, TOP_OP_SHARE, pct * TOP_OP_DISCOUNT,
-                 f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time ({int(first['calls']):,} calls)", f"{advice}.")
-    if kernels is not None and has_gpu:
-        rate = aggregate.kernel_rate(kernels, steps)
-        if rate["per_step"] >= KERNELS_PER_STEP and rate["mean_us"] < SHORT_KERNEL_US:
-            fire("launch_overhead", float(rate["per_step"]), KERNELS_PER_STEP, LAUNCH_WEIGHT,
-                 f"{int(rate['kernels']) // int(rate['steps']):,} kernels per step averaging {fmt_time(float(rate['mean_us']))}",
-                 "launch overhead dominates; fuse with torch.compile or CUDA graphs.")
-    late = straggler(ranks) if ranks is not None else None
-    if late is not None and late[0] >= STRAGGLER_SHARE:
-        fire("straggler", late[0], STRAGGLER_SHARE, late[0] + STRAGGLER_BONUS, late[1],
-             "check its data, placement and load balance.", joint="; ")
-    if peaks is not None and not peaks.empty:
-        gpu = peaks[peaks["device"].astype(str) != "cpu"]
-        if device_memory_bytes and not gpu.empty:
-            frac = float(gpu["peak_bytes"].max()) / device_memory_bytes
-            if frac >= MEMORY_PEAK_SHARE:
-                fire("memory_peak", frac, MEMORY_PEAK_SHARE, frac,
-                     f"Peak memory is {fmt_pct(frac)} of the GPU's {fmt_bytes(device_memory_bytes)}",
-                     "activation checkpointing or a smaller batch leaves headroom.")
-        reserved = gpu["peak_reserved_bytes"].astype(float) if not gpu.empty else pd.Series(dtype=float)
-        if not gpu.empty and reserved.notna().any():
-            ratio = float(reserved.max()) / max(float(gpu["peak_bytes"].max()), 1.0)
-            if ratio >= RESERVED_RATIO and float(reserved.max()) > RESERVED_MIN_BYTES:
-                fire("fragmentation", ratio, RESERVED_RATIO, FRAGMENTATION_WEIGHT,
-                     f"Reserved memory is {ratio:.1f}× the allocated peak",
-                     "fragmentation; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
-    return _frame(rows, step)
+    timed = not steps.empty and float(steps["window_dur"].sum()) > 0
+    share = aggregate.step_shares(aggregate.step_means(steps)) if timed else None
+    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share)
+    return _frame([row for rule in RULES if (row := rule(scope)) is not None], step)
 
 
 def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
@@ -228,7 +335,7 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> pd.DataFrame:
     ``weight`` the loss as a share of all of the table's GPU time. Rows without a cost
     model are left out.
     """
-    rows: list[tuple[str, float, float, float, str, str, str]] = []
+    rows: list[Row] = []
     layers = list(efficiency.attrs.get("layers") or [])
     efficiency = pd.DataFrame(efficiency)  # without its attrs: pandas deep-copies them at every step
     known = efficiency[efficiency["pct_of_roofline"].notna() & (efficiency["gpu_us"] > 0)] if len(efficiency) else efficiency
@@ -255,12 +362,12 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> pd.DataFrame:
                 advice = "memory-bound: fusing it with its neighbours (torch.compile) moves fewer bytes"
             layer = f" in {shorten(where, 60)}" if where else ""
             evidence = f"{shape}{layer} runs at {fmt_pct(pct)} of {device} {roof} over {fmt_time(float(row['gpu_us']))} of GPU time"
-            rows.append(("roofline", pct, float("nan"), float(lost[index]) / total, evidence, f"it is {advice}.",
-                         f"{evidence}; it is {advice}."))
+            rows.append(_row("roofline", pct, float("nan"), float(lost[index]) / total, evidence, f"it is {advice}.",
+                             joint="; "))
     return _frame(rows, None)
 
 
-def _frame(rows: list[tuple[str, float, float, float, str, str, str]], step: int | None) -> pd.DataFrame:
+def _frame(rows: list[Row], step: int | None) -> pd.DataFrame:
     """Advice rows as the ``COLUMNS`` table, by ``weight`` (ties in the rules' order)."""
     rows = sorted(rows, key=lambda row: -row[3])  # stable: ties keep the rules' order
     rule, value, threshold, weight, evidence, advice_, text = (list(c) for c in zip(*rows)) if rows else ([],) * 7
