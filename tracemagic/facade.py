@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from tracemagic.analysis import advice as _advice
 from tracemagic.analysis import diff as _diff
 from tracemagic.analysis import efficiency as _efficiency
 from tracemagic.analysis import kernels as _kernels
@@ -104,6 +105,12 @@ class Trace(_model.Trace):
     def stragglers(self) -> pd.DataFrame:
         """The rank the others waited for, per step."""
         return self.table(_ranks.stragglers)
+
+    def advice(self, step: int | None = None) -> pd.DataFrame:
+        """The recommendations (of one ProfilerStep, given ``step``): a row per rule that
+        fired, with its figure, threshold, evidence and advice, most important first (the
+        rules and their named thresholds: ``tracemagic.analysis.advice``)."""
+        return self.table(_advice.advice) if step is None else self.table(_advice.advice, step)
 
     def diff(self, other: _model.Trace) -> pd.DataFrame:
         """This trace compared with ``other`` op by op and layer by layer."""

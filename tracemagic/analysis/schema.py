@@ -341,6 +341,17 @@ _TABLES = [
         "gpu_us_a": ("float64", "GPU time in ``a``"),
         "gpu_us_b": ("float64", "GPU time in ``b``"),
     }),
+    Table("advice", "advice()", "", {
+        "rule": ("str", "the rule that fired (``advice.RULES``; ``roofline`` for the roofline gaps)"),
+        "step": ("Int64", "the ProfilerStep the scope is, NA for the whole trace"),
+        "value": ("float64", "the figure the rule measured"),
+        "threshold": ("float64", "the named constant of ``advice`` it reached"),
+        "weight": ("float64", "importance: rows come most important first"),
+        "evidence": ("str", "the figure as text"),
+        "advice": ("str", "what to do"),
+        "text": ("str", "the line the views show"),
+    }, "one row per rule that fired over the scope, by ``weight``. The figures the views headline "
+       "(mean step, top ops, kernels and layers, a scope's peaks) are ``aggregate``'s."),
     Table("et_graph", "et_graph()", "et.et_graph", {
         "id": ("int64", "ET node id"),
         "name": ("str", "operator"),

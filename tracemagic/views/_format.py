@@ -16,8 +16,13 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-#: display units for times: name -> divisor from µs
-UNITS: dict[str, float] = {"µs": 1.0, "ms": 1000.0, "s": 1_000_000.0}
+# the number formats are the analyses' own (``analysis._text``: the advice quotes figures with them)
+from tracemagic.analysis._text import UNITS as UNITS
+from tracemagic.analysis._text import fmt_bytes as fmt_bytes
+from tracemagic.analysis._text import fmt_pct as fmt_pct
+from tracemagic.analysis._text import fmt_time as fmt_time
+from tracemagic.analysis._text import shorten as shorten
+from tracemagic.analysis._text import unit_divisor as unit_divisor
 
 
 def esc(value: Any) -> str:
@@ -30,47 +35,6 @@ def esc(value: Any) -> str:
 def esc_all(values: Iterable[Any]) -> list[str]:
     """:func:`esc` over a column."""
     return [esc(v) for v in values]
-
-
-def unit_divisor(unit: str) -> float:
-    """The divisor from µs to ``unit``.
-
-    Raises:
-        ValueError: an unknown unit.
-    """
-    try:
-        return UNITS[unit]
-    except KeyError:
-        raise ValueError(f"unknown time unit {unit!r}; use one of {', '.join(UNITS)}") from None
-
-
-def fmt_time(us: float | None, unit: str | None = None) -> str:
-    """A duration in µs as short text (``12.3 ms``); ``unit`` forces the unit."""
-    if us is None or (isinstance(us, float) and math.isnan(us)):
-        return "–"
-    if unit is None:
-        unit = "s" if abs(us) >= 1e6 else "ms" if abs(us) >= 1e3 else "µs"
-    value = us / unit_divisor(unit)
-    return f"{value:,.3g} {unit}" if abs(value) < 100 else f"{value:,.0f} {unit}"
-
-
-def fmt_bytes(n: float | None) -> str:
-    """Bytes as short text (``1.5 GiB``)."""
-    if n is None or (isinstance(n, float) and math.isnan(n)) or n is pd.NA:
-        return "–"
-    n = float(n)
-    for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or suffix == "TiB":
-            return f"{n:,.0f} {suffix}" if suffix == "B" else f"{n:,.1f} {suffix}"
-        n /= 1024
-    return f"{n:,.1f} TiB"  # pragma: no cover
-
-
-def fmt_pct(fraction: float) -> str:
-    """A fraction as a percentage (``40%``)."""
-    if fraction is None or math.isnan(fraction):
-        return "–"
-    return f"{100 * fraction:.0f}%"
 
 
 def fmt_cell(value: Any) -> str:
@@ -89,12 +53,6 @@ def fmt_cell(value: Any) -> str:
     if isinstance(value, (int, np.integer)):
         return f"{int(value):,}"
     return str(value)
-
-
-def shorten(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters with an ellipsis."""
-    text = str(text)
-    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
 _NAMESPACE = re.compile(r"(?:\(anonymous namespace\)|[A-Za-z_]\w*)::")

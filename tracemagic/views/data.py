@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 
+from tracemagic.analysis import advice as _advice
+from tracemagic.analysis import aggregate as _aggregate
 from tracemagic.analysis import diff as _diff
 from tracemagic.analysis import efficiency as _efficiency
 from tracemagic.analysis import kernels as _kernels
@@ -95,19 +97,13 @@ class TraceData:
     def steps(self) -> pd.DataFrame:
         """``trace.steps()`` less the steps that hold only the loop's exit
         (:attr:`loop_exit_steps`): they are not steps of the loop."""
-        steps = self.table("steps")
-        if self.loop_exit_steps and not steps.empty:
-            steps = steps[~steps["step"].isin(self.loop_exit_steps)].reset_index(drop=True)
-        return steps
+        return _aggregate.loop_steps(self.table("steps"), getattr(self.trace, "manifest", None))
 
     @cached_property
     def loop_exit_steps(self) -> list[int]:
         """The ProfilerSteps a ``%%chakra_trace`` capture marks as holding only the loop's
         exit (``capture.json``: ``end`` ``loop_exit``, not complete); empty for other traces."""
-        manifest = getattr(self.trace, "manifest", None) or {}
-        return sorted({int(s["step"]) for s in manifest.get("steps") or []
-                       if isinstance(s, dict) and s.get("end") == "loop_exit" and not s.get("complete")
-                       and isinstance(s.get("step"), int)})
+        return _aggregate.loop_exit_steps(getattr(self.trace, "manifest", None))
 
     @property
     def ops(self) -> pd.DataFrame:

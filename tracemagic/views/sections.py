@@ -165,8 +165,7 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     )
     layers = data.layers_in(state.step)
     if not layers.empty:
-        metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
-        top_layers = layers.sort_values(metric, ascending=False).head(state.top)
+        top_layers = tables.top_layers(layers, state.top)
         cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us") + (("gpu_us",) if data.has_gpu else ())
                 if c in top_layers]
         section.extra.append(("Top layers" + (f" in step {state.step}" if state.step is not None else ""),
@@ -182,7 +181,7 @@ def _overview(data: TraceData, state: ViewState) -> Section:
 
 def _layers(data: TraceData, state: ViewState) -> Section:
     layers = data.layers_in(state.step)
-    metric: Literal["cpu", "gpu"] = "gpu" if data.has_gpu and not layers.empty and (layers["gpu_us"] > 0).any() else "cpu"
+    metric: Literal["cpu", "gpu"] = "gpu" if tables.layer_metric(layers) == "gpu_us" else "cpu"
     return Section(
         "layers", TITLES["layers"],
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],
@@ -307,8 +306,7 @@ def _roofline(data: TraceData, state: ViewState) -> Section:
     elif not efficiency.empty:
         facts.append(("device", "not recognised: pass its peaks, trace.efficiency(peaks={'bf16': ..., 'tbytes_per_s': ...})"))
     if not efficiency.empty:
-        modelled = float(efficiency.loc[efficiency["pct_of_roofline"].notna(), "gpu_us"].sum())
-        total = float(efficiency["gpu_us"].sum())
+        modelled, total = tables.modelled_gpu_us(efficiency)
         facts.append(("modelled", f"{fmt_time(modelled)} of {fmt_time(total)} GPU time in ops with shapes has a cost model"))
     return Section(
         "roofline", TITLES["roofline"],
@@ -385,10 +383,9 @@ def _graph(data: TraceData, state: ViewState) -> Section:
 def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
     diff = data.diff(other)
     facts = [("A", data.name), ("B", other.name)]
-    a, b = tables.step_means(data.steps), tables.step_means(other.steps)
-    if float(a["step_us"]) > 0 and float(b["step_us"]) > 0:
-        facts.append(("mean step", f"{fmt_time(float(a['step_us']))} → {fmt_time(float(b['step_us']))} "
-                                   f"({100 * (float(b['step_us']) / float(a['step_us']) - 1):+.0f}%)"))
+    change = tables.mean_step_change(data.steps, other.steps)
+    if change is not None:
+        facts.append(("mean step", f"{fmt_time(change[0])} → {fmt_time(change[1])} ({change[2]:+.0f}%)"))
     frame = tables.biggest_changes(diff)
     return Section(
         "compare", TITLES["compare"],

@@ -100,8 +100,8 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
 
     layers = data.layers
     if not layers.empty:
-        metric = "gpu_us" if data.has_gpu and (layers["gpu_us"] > 0).any() else "cpu_us"
-        frame = layers.sort_values(metric, ascending=False).head(top)
+        metric = tables.layer_metric(layers)
+        frame = tables.top_layers(layers, top)
         gpu = data.has_gpu  # a CPU-only trace has no GPU column to show
         rows = [[r["layer"], str(r.get("type", "")), f"{int(r['calls']):,}", fmt_time(float(r["cpu_us"]), "ms")]
                 + ([fmt_time(float(r["gpu_us"]), "ms")] if gpu else []) for _, r in frame.iterrows()]
@@ -148,10 +148,9 @@ def diff_summary(a: Trace | TraceData, b: Trace | TraceData, width: int = 100, *
     db = b if isinstance(b, TraceData) else TraceData(b)
     width = max(int(width), 40)
     out = [shorten(f"tracemagic diff · A = {clean(da.name)} · B = {clean(db.name)}", width)]
-    ma, mb = tables.step_means(da.steps), tables.step_means(db.steps)
-    if float(ma["step_us"]) > 0 and float(mb["step_us"]) > 0:
-        change = 100 * (float(mb["step_us"]) / float(ma["step_us"]) - 1)
-        out.append(f"mean step: {fmt_time(float(ma['step_us']))} → {fmt_time(float(mb['step_us']))} ({change:+.1f}%)")
+    change = tables.mean_step_change(da.steps, db.steps)
+    if change is not None:
+        out.append(f"mean step: {fmt_time(change[0])} → {fmt_time(change[1])} ({change[2]:+.1f}%)")
     diff = da.diff(db)
     for level in ("op", "layer"):
         frame = tables.biggest_changes(diff, level, top)

@@ -1,0 +1,59 @@
+"""Numbers as short text (``12.3 ms``, ``1.5 GiB``, ``40%``): the advice's evidence
+(``analysis.advice``) and every view use these same functions, so a figure reads the same
+wherever it is quoted."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+#: display units for times: name -> divisor from µs
+UNITS: dict[str, float] = {"µs": 1.0, "ms": 1000.0, "s": 1_000_000.0}
+
+
+def unit_divisor(unit: str) -> float:
+    """The divisor from µs to ``unit``.
+
+    Raises:
+        ValueError: an unknown unit.
+    """
+    try:
+        return UNITS[unit]
+    except KeyError:
+        raise ValueError(f"unknown time unit {unit!r}; use one of {', '.join(UNITS)}") from None
+
+
+def fmt_time(us: float | None, unit: str | None = None) -> str:
+    """A duration in µs as short text (``12.3 ms``); ``unit`` forces the unit."""
+    if us is None or (isinstance(us, float) and math.isnan(us)):
+        return "–"
+    if unit is None:
+        unit = "s" if abs(us) >= 1e6 else "ms" if abs(us) >= 1e3 else "µs"
+    value = us / unit_divisor(unit)
+    return f"{value:,.3g} {unit}" if abs(value) < 100 else f"{value:,.0f} {unit}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes as short text (``1.5 GiB``)."""
+    if n is None or (isinstance(n, float) and math.isnan(n)) or n is pd.NA:
+        return "–"
+    n = float(n)
+    for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or suffix == "TiB":
+            return f"{n:,.0f} {suffix}" if suffix == "B" else f"{n:,.1f} {suffix}"
+        n /= 1024
+    return f"{n:,.1f} TiB"  # pragma: no cover
+
+
+def fmt_pct(fraction: float) -> str:
+    """A fraction as a percentage (``40%``)."""
+    if fraction is None or math.isnan(fraction):
+        return "–"
+    return f"{100 * fraction:.0f}%"
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis."""
+    text = str(text)
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"

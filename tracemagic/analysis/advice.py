@@ -1,0 +1,401 @@
+"""Recommendations as rules: each a measured figure against a named threshold.
+
+``advice(trace)`` (``trace.advice()``) evaluates every rule on one scope (the whole trace,
+or one ProfilerStep) and returns a row per rule that fired, most important first: which
+rule, the figure against its threshold, the evidence (the figure as text), the advice, and
+the line the views show. The views (the Overview, the text summary, the report) only pick
+and print rows; they decide nothing.
+
+Shares are fractions of the mean step's device window (``steps()``'s ``window_dur``) unless
+a rule says otherwise. ``weight`` orders the rows: a rule's own share where it has one
+(a bigger problem first), else a fixed rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from tracemagic.analysis import aggregate
+from tracemagic.analysis import kernels as _kernels
+from tracemagic.analysis import memory as _memory
+from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import ranks as _ranks
+from tracemagic.analysis import steps as _steps
+from tracemagic.analysis._text import fmt_bytes, fmt_pct, fmt_time, shorten
+from tracemagic.analysis.schema import TABLES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracemagic.trace.model import Trace
+
+# -- thresholds --------------------------------------------------------------------------
+#: ``gpu_idle``: the GPU idle at least this share of the step (it waits for the host)
+GPU_IDLE_SHARE = 0.20
+#: ``memcpy``: host/device copies at least this share of the step
+MEMCPY_SHARE = 0.10
+#: ``communication``: collectives (NCCL kernels) at least this share of the step
+COMM_SHARE = 0.20
+#: ``dataloader``: DataLoader iteration at least this share of the step
+DATALOADER_SHARE = 0.10
+#: ``dataloader``: added to its share when ordering (a data stall is cheap to fix)
+DATALOADER_BONUS = 0.05
+#: ``slow_step``: the longest step at least this many times the median step
+SLOW_STEP_RATIO = 1.5
+#: ``slow_step``: the fewest steps for a median worth comparing with
+SLOW_STEP_MIN_STEPS = 3
+#: ``slow_step``: its weight
+SLOW_STEP_WEIGHT = 0.15
+#: ``top_op``: the CPU op with the most self time at least this share of all ops' self time
+TOP_OP_SHARE = 0.20
+#: ``top_op``: its weight is its share times this (CPU time matters less than the step's parts)
+TOP_OP_DISCOUNT = 0.9
+#: ``launch_overhead``: at least this many kernels per step ...
+KERNELS_PER_STEP = 1000
+#: ``launch_overhead``: ... averaging under this many µs each
+SHORT_KERNEL_US = 10.0
+#: ``launch_overhead``: its weight
+LAUNCH_WEIGHT = 0.30
+#: ``straggler``: the others' extra wait for the slowest rank at least this share of the median step
+STRAGGLER_SHARE = 0.05
+#: ``straggler``: added to its share when ordering (every other rank pays it)
+STRAGGLER_BONUS = 0.10
+#: ``memory_peak``: the GPU peak allocated at least this share of the device's memory
+MEMORY_PEAK_SHARE = 0.85
+#: ``fragmentation``: the peak reserved at least this many times the peak allocated ...
+RESERVED_RATIO = 1.5
+#: ``fragmentation``: ... and above this many bytes (small caches are not worth a setting)
+RESERVED_MIN_BYTES = 256 * 2**20
+#: ``fragmentation``: its weight
+FRAGMENTATION_WEIGHT = 0.20
+
+#: what to say about an op that dominates CPU time
+OP_ADVICE = {
+    "aten::copy_": "host/device copies or dtype casts; keep tensors on the device and in one dtype",
+    "aten::to": "host/device copies or dtype casts; keep tensors on the device and in one dtype",
+    "aten::_to_copy": "host/device copies or dtype casts; keep tensors on the device and in one dtype",
+    "aten::item": "each .item() waits for the GPU; avoid it inside the step",
+    "aten::_local_scalar_dense": "each .item()/.cpu() waits for the GPU; avoid it inside the step",
+    "cudaDeviceSynchronize": "explicit synchronizations stall the pipeline",
+    "aten::nonzero": "nonzero/masked indexing syncs with the GPU",
+}
+#: the same on a trace without GPU work (no device to copy to or wait for)
+CPU_OP_ADVICE = {
+    "aten::copy_": "tensor copies or dtype casts; keep tensors in one dtype and avoid needless copies",
+    "aten::to": "dtype casts or copies; keep tensors in one dtype",
+    "aten::_to_copy": "dtype casts or copies; keep tensors in one dtype",
+    "aten::item": "each .item() turns a tensor into a Python number; keep values as tensors inside the step",
+    "aten::_local_scalar_dense": "each .item() turns a tensor into a Python number; keep values as tensors inside the step",
+    "aten::nonzero": "nonzero/masked indexing makes outputs of data-dependent size",
+}
+#: what to say about any other op that dominates CPU time
+OTHER_OP_ADVICE = "look at its callers in the Layers and Timeline tabs"
+
+#: the columns of ``advice()`` (its contract in ``tracemagic.analysis.schema``)
+COLUMNS = TABLES["advice"].names
+
+
+class Row(NamedTuple):
+    """One rule that fired (a row of ``advice()``, less its ``step``)."""
+
+    rule: str
+    value: float
+    threshold: float
+    weight: float
+    evidence: str
+    advice: str
+    text: str
+
+
+def _row(rule: str, value: float, threshold: float, weight: float, evidence: str, advice: str,
+         joint: str = ": ") -> Row:
+    return Row(rule, float(value), float(threshold), float(weight), evidence, advice, f"{evidence}{joint}{advice}")
+
+
+@dataclass(frozen=True, eq=False)
+class Scope:
+    """The tables one evaluation looks at (see :func:`evaluate`), and the mean step's shares
+    (``aggregate.step_shares``; None without steps of some length)."""
+
+    steps: pd.DataFrame
+    ops: pd.DataFrame
+    kernels: pd.DataFrame | None
+    peaks: pd.DataFrame | None
+    ranks: pd.DataFrame | None
+    device_memory_bytes: float | None
+    share: pd.Series | None
+
+    @property
+    def has_gpu(self) -> bool:
+        """Whether the scope ran GPU kernels, memcpy or memset."""
+        return self.kernels is not None and not self.kernels.empty
+
+
+def gpu_idle(scope: Scope) -> Row | None:
+    """The GPU idle ``GPU_IDLE_SHARE`` of the step or more: it waits for the host."""
+    share = scope.share
+    if share is None or not scope.has_gpu or share["gpu_idle_us"] != share["gpu_idle_us"]:  # NaN: no GPU here
+        return None
+    idle = float(share["gpu_idle_us"])
+    if idle < GPU_IDLE_SHARE:
+        return None
+    return _row("gpu_idle", idle, GPU_IDLE_SHARE, idle, f"GPU idle {fmt_pct(idle)} of the step",
+                "the GPU waits for the CPU; bigger batches, fewer syncs, CUDA graphs or torch.compile keep it busy.")
+
+
+def memcpy(scope: Scope) -> Row | None:
+    """memcpy ``MEMCPY_SHARE`` of the step or more (on a GPU)."""
+    if scope.share is None or not scope.has_gpu or scope.share["gpu_idle_us"] != scope.share["gpu_idle_us"]:
+        return None
+    part = float(scope.share["memcpy_us"])
+    if part < MEMCPY_SHARE:
+        return None
+    return _row("memcpy", part, MEMCPY_SHARE, part, f"memcpy takes {fmt_pct(part)} of the step",
+                "use pin_memory=True and .to(device, non_blocking=True).")
+
+
+def communication(scope: Scope) -> Row | None:
+    """Collectives ``COMM_SHARE`` of the step or more (on a GPU)."""
+    if scope.share is None or not scope.has_gpu or scope.share["gpu_idle_us"] != scope.share["gpu_idle_us"]:
+        return None
+    part = float(scope.share["comm_us"])
+    if part < COMM_SHARE:
+        return None
+    return _row("communication", part, COMM_SHARE, part, f"Communication takes {fmt_pct(part)} of the step",
+                "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent.")
+
+
+def dataloader(scope: Scope) -> Row | None:
+    """DataLoader iteration ``DATALOADER_SHARE`` of the step or more."""
+    if scope.share is None:
+        return None
+    part = float(scope.share["dataloader_us"])
+    if part < DATALOADER_SHARE:
+        return None
+    return _row("dataloader", part, DATALOADER_SHARE, part + DATALOADER_BONUS,
+                f"DataLoader takes {fmt_pct(part)} of the step", "raise num_workers, use pin_memory and persistent_workers.")
+
+
+def slow_step(scope: Scope) -> Row | None:
+    """The longest of ``SLOW_STEP_MIN_STEPS`` steps or more over ``SLOW_STEP_RATIO`` × the median."""
+    if scope.share is None:
+        return None
+    durs = scope.steps["window_dur"].astype(float)
+    median = float(durs.median())
+    if not (len(durs) >= SLOW_STEP_MIN_STEPS and median > 0 and durs.max() > SLOW_STEP_RATIO * median):
+        return None
+    slow = scope.steps.loc[durs.idxmax()]
+    ratio = float(durs.max()) / median
+    return _row("slow_step", ratio, SLOW_STEP_RATIO, SLOW_STEP_WEIGHT,
+                f"Step {int(slow['step'])} takes {fmt_time(float(slow['window_dur']))}, {ratio:.1f}× the median step "
+                f"({fmt_time(median)})", "warm-up, recompilation or a data stall.")
+
+
+def top_op(scope: Scope) -> Row | None:
+    """The CPU op with the most self time ``TOP_OP_SHARE`` of all ops' or more (a DataLoader
+    op not when :func:`dataloader` fired: said already)."""
+    top = aggregate.top_ops(scope.ops, 1)
+    if top.empty or not float(top["self_us"].sum()) > 0:
+        return None
+    first = top.iloc[0]
+    pct = float(first["self_pct"]) / 100
+    if pct < TOP_OP_SHARE or ("DataLoader" in str(first["name"]) and dataloader(scope) is not None):
+        return None
+    advice = (OP_ADVICE if scope.has_gpu else CPU_OP_ADVICE).get(str(first["name"]), OTHER_OP_ADVICE)
+    return _row("top_op", pct, TOP_OP_SHARE, pct * TOP_OP_DISCOUNT,
+                f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time ({int(first['calls']):,} calls)", f"{advice}.")
+
+
+def launch_overhead(scope: Scope) -> Row | None:
+    """``KERNELS_PER_STEP`` kernels per step or more, averaging under ``SHORT_KERNEL_US``."""
+    if scope.kernels is None or not scope.has_gpu:
+        return None
+    rate = aggregate.kernel_rate(scope.kernels, scope.steps)
+    if not (rate["per_step"] >= KERNELS_PER_STEP and rate["mean_us"] < SHORT_KERNEL_US):
+        return None
+    return _row("launch_overhead", float(rate["per_step"]), KERNELS_PER_STEP, LAUNCH_WEIGHT,
+                f"{int(rate['kernels']) // int(rate['steps']):,} kernels per step averaging {fmt_time(float(rate['mean_us']))}",
+                "launch overhead dominates; fuse with torch.compile or CUDA graphs.")
+
+
+def straggler_rule(scope: Scope) -> Row | None:
+    """The others wait for one rank ``STRAGGLER_SHARE`` of the median step or more (:func:`straggler`)."""
+    late = straggler(scope.ranks) if scope.ranks is not None else None
+    if late is None or late[0] < STRAGGLER_SHARE:
+        return None
+    return _row("straggler", late[0], STRAGGLER_SHARE, late[0] + STRAGGLER_BONUS, late[1],
+                "check its data, placement and load balance.", joint="; ")
+
+
+def memory_peak(scope: Scope) -> Row | None:
+    """A GPU's peak allocated ``MEMORY_PEAK_SHARE`` of its memory or more."""
+    peaks = scope.peaks
+    if peaks is None or peaks.empty or not scope.device_memory_bytes:
+        return None
+    gpu = peaks[peaks["device"].astype(str) != "cpu"]
+    if gpu.empty:
+        return None
+    frac = float(gpu["peak_bytes"].max()) / scope.device_memory_bytes
+    if frac < MEMORY_PEAK_SHARE:
+        return None
+    return _row("memory_peak", frac, MEMORY_PEAK_SHARE, frac,
+                f"Peak memory is {fmt_pct(frac)} of the GPU's {fmt_bytes(scope.device_memory_bytes)}",
+                "activation checkpointing or a smaller batch leaves headroom.")
+
+
+def fragmentation(scope: Scope) -> Row | None:
+    """A GPU's peak reserved ``RESERVED_RATIO`` × its peak allocated or more, above ``RESERVED_MIN_BYTES``."""
+    peaks = scope.peaks
+    if peaks is None or peaks.empty:
+        return None
+    gpu = peaks[peaks["device"].astype(str) != "cpu"]
+    reserved = gpu["peak_reserved_bytes"].astype(float)
+    if gpu.empty or not reserved.notna().any():
+        return None
+    ratio = float(reserved.max()) / max(float(gpu["peak_bytes"].max()), 1.0)
+    if not (ratio >= RESERVED_RATIO and float(reserved.max()) > RESERVED_MIN_BYTES):
+        return None
+    return _row("fragmentation", ratio, RESERVED_RATIO, FRAGMENTATION_WEIGHT,
+                f"Reserved memory is {ratio:.1f}× the allocated peak",
+                "fragmentation; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
+
+
+#: every rule, in the order that breaks ties of ``weight``
+RULES: tuple[Callable[[Scope], Row | None], ...] = (
+    gpu_idle, memcpy, communication, dataloader, slow_step, top_op, launch_overhead, straggler_rule, memory_peak,
+    fragmentation,
+)
+
+
+def evaluate(
+    steps: pd.DataFrame,
+    ops: pd.DataFrame,
+    kernels: pd.DataFrame | None = None,
+    peaks: pd.DataFrame | None = None,
+    ranks: pd.DataFrame | None = None,
+    *,
+    device_memory_bytes: float | None = None,
+    step: int | None = None,
+) -> pd.DataFrame:
+    """Every rule of ``RULES`` over one scope's tables; a row per rule that fired, by ``weight``.
+
+    Args:
+        steps: the scope's ``steps()`` rows (of the loop: see ``aggregate.loop_steps``).
+        ops: the scope's ``ops()`` rows.
+        kernels: the scope's ``kernels()`` rows (None or empty without a GPU).
+        peaks: the scope's ``memory_peaks()`` rows (``aggregate.peaks_of``).
+        ranks: ``ranks()`` of a job of several ranks (None otherwise).
+        device_memory_bytes: the GPU's memory, for ``memory_peak``.
+        step: the scope, recorded in the ``step`` column (None: the whole trace).
+
+    Returns:
+        The columns ``COLUMNS``; ``value`` is the figure the rule measured and ``threshold``
+        the named constant it reached.
+    """
+    timed = not steps.empty and float(steps["window_dur"].sum()) > 0
+    share = aggregate.step_shares(aggregate.step_means(steps)) if timed else None
+    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share)
+    return _frame([row for rule in RULES if (row := rule(scope)) is not None], step)
+
+
+def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
+    """The rank the others wait for, from ``ranks()``: (its cost as a share of the median
+    step, a sentence saying so), or None for fewer than two ranks.
+
+    Where collectives were matched across ranks (``wait_us``), the straggler is the rank
+    marked ``slowest`` (it waits least: it arrives last) and its cost is how much longer
+    the others wait; its own step is often the *shortest*, since waiting makes a step
+    long. Without that, the rank with the longest mean step.
+    """
+    if len(ranks) < 2 or not float(ranks["step_us"].median()) > 0:
+        return None
+    median_step = float(ranks["step_us"].median())
+    waits = ranks["wait_us"].astype(float) if "wait_us" in ranks else pd.Series(float("nan"), index=ranks.index)
+    if "slowest" in ranks and ranks["slowest"].astype(bool).any() and waits.notna().sum() >= 2:
+        late = ranks[ranks["slowest"].astype(bool)].iloc[0]
+        others = float(waits.drop(late.name).median())
+        its = float(waits[late.name]) if pd.notna(waits[late.name]) else 0.0
+        cost = max(others - its, 0.0) / median_step
+        return cost, (f"Rank {int(late['rank'])} is the straggler: the other ranks wait for it in collectives "
+                      f"({fmt_time(others)} per step for the median rank, {fmt_time(its)} for rank {int(late['rank'])}, "
+                      f"{fmt_pct(cost)} of the median step)")
+    worst = ranks.loc[ranks["step_us"].idxmax()]
+    excess = float(worst["step_us"]) / median_step - 1
+    return excess, (f"Rank {int(worst['rank'])} is {fmt_pct(excess)} slower than the median rank: the others wait for "
+                    "it at each collective")
+
+
+def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> pd.DataFrame:
+    """The op × shapes of ``efficiency()`` with the most GPU time lost to their roof, as
+    advice rows (``COLUMNS``; rule ``roofline``), largest loss first.
+
+    The loss is GPU time × (1 − its share of the roof); ``value`` is that share,
+    ``weight`` the loss as a share of all of the table's GPU time. Rows without a cost
+    model are left out.
+    """
+    rows: list[Row] = []
+    layers = list(efficiency.attrs.get("layers") or [])
+    efficiency = pd.DataFrame(efficiency)  # without its attrs: pandas deep-copies them at every step
+    known = efficiency[efficiency["pct_of_roofline"].notna() & (efficiency["gpu_us"] > 0)] if len(efficiency) else efficiency
+    total = float(efficiency["gpu_us"].sum()) if len(efficiency) else 0.0
+    if len(known) and total > 0:
+        lost = known["gpu_us"] * (1 - known["pct_of_roofline"].clip(upper=100) / 100)
+        for index in lost.sort_values(ascending=False).index[:limit]:
+            row = known.loc[index]
+            where = layers[efficiency.index.get_loc(index)] if len(layers) == len(efficiency) else ""
+            device = row["device"] if isinstance(row["device"], str) else "the given"
+            shape = (f"{shorten(str(row['name']), 50)} {shorten(str(row['input_dims']), 50)} "
+                     f"({shorten(str(row['input_type']), 30)})")
+            pct = float(row["pct_of_roofline"]) / 100
+            if row["bound"] == "compute":
+                roof = f"{float(row['peak_tflops']):g} TFLOP/s"
+                advice = ("compute-bound at this shape: a lower precision (BF16/FP16, TF32 for float32) or larger "
+                          "matrices reach more of it")
+            elif row["intensity"] == row["intensity"]:
+                roof = f"{float(row['peak_tbytes_per_s']):g} TB/s"
+                advice = (f"memory-bound at this shape ({float(row['intensity']):.2g} FLOP/byte): fusing it with its "
+                          "neighbours (torch.compile) or a lower precision moves fewer bytes")
+            else:
+                roof = f"{float(row['peak_tbytes_per_s']):g} TB/s"
+                advice = "memory-bound: fusing it with its neighbours (torch.compile) moves fewer bytes"
+            layer = f" in {shorten(where, 60)}" if where else ""
+            evidence = f"{shape}{layer} runs at {fmt_pct(pct)} of {device} {roof} over {fmt_time(float(row['gpu_us']))} of GPU time"
+            rows.append(_row("roofline", pct, float("nan"), float(lost[index]) / total, evidence, f"it is {advice}.",
+                             joint="; "))
+    return _frame(rows, None)
+
+
+def _frame(rows: list[Row], step: int | None) -> pd.DataFrame:
+    """Advice rows as the ``COLUMNS`` table, by ``weight`` (ties in the rules' order)."""
+    rows = sorted(rows, key=lambda row: -row[3])  # stable: ties keep the rules' order
+    rule, value, threshold, weight, evidence, advice_, text = (list(c) for c in zip(*rows)) if rows else ([],) * 7
+    return pd.DataFrame({
+        "rule": pd.array(rule, dtype="string"), "step": pd.array([step] * len(rows), dtype="Int64"),
+        "value": np.asarray(value, dtype=float), "threshold": np.asarray(threshold, dtype=float),
+        "weight": np.asarray(weight, dtype=float), "evidence": pd.array(evidence, dtype="string"),
+        "advice": pd.array(advice_, dtype="string"), "text": pd.array(text, dtype="string"),
+    })
+
+
+def device_memory(devices: list[dict[str, Any]]) -> float | None:
+    """The GPU memory the trace's metadata gives (``trace.devices``: the first device's), or None."""
+    return next((float(d["memory_bytes"]) for d in devices or [] if d.get("memory_bytes")), None)
+
+
+def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
+    """The recommendations for ``trace`` (of one ProfilerStep, given ``step``): the rules of
+    this module over its tables, a row per rule that fired, most important first.
+
+    The steps holding only a ``%%chakra_trace`` loop's exit are left out, as the views do;
+    the ``straggler`` rule looks at the whole trace of several ranks only.
+    """
+    manifest: Mapping[str, Any] | None = getattr(trace, "manifest", None)
+    steps = aggregate.select_step(aggregate.loop_steps(trace.table(_steps.steps), manifest), step)
+    ops = aggregate.select_step(trace.table(_ops.ops), step)
+    kernels = aggregate.select_step(trace.table(_kernels.kernels), step) if trace.has_gpu else None
+    peaks = aggregate.peaks_of(trace.table(_memory.peaks), step)
+    ranks = trace.table(_ranks.ranks) if len(trace.rank_ids) > 1 and step is None else None
+    return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step)

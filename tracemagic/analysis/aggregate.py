@@ -1,0 +1,179 @@
+"""The figures the views headline, computed once here: the mean step, the top ops, kernels
+and layers, one scope's memory peaks.
+
+The dashboard, the HTML report, the text summary and the advice (``analysis.advice``) all
+take these numbers from here, so a number quoted in one place is the number shown in
+another. DataFrames in, DataFrames (or a Series) out; nothing here draws or formats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+#: the parts of a step in stacking order (``steps()`` columns; they add up to ``window_dur``)
+STEP_PARTS: tuple[str, ...] = (
+    "compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us",
+)
+#: step parts that only a GPU has (CUDA runtime calls are the host driving one)
+GPU_PARTS: tuple[str, ...] = ("compute_us", "memcpy_us", "memset_us", "runtime_us")
+
+
+def select_step(frame: pd.DataFrame, step: int | None) -> pd.DataFrame:
+    """Rows of ``frame`` in ``step`` (all rows for ``None``)."""
+    if step is None or "step" not in frame:
+        return frame
+    return frame[frame["step"] == step]
+
+
+def loop_exit_steps(manifest: Mapping[str, Any] | None) -> list[int]:
+    """The ProfilerSteps a ``%%chakra_trace`` capture marks as holding only the loop's exit
+    (``capture.json``: ``end`` ``loop_exit``, not complete): not steps of the loop, so no
+    mean or advice counts them. Empty for other traces."""
+    return sorted({int(s["step"]) for s in (manifest or {}).get("steps") or []
+                   if isinstance(s, dict) and s.get("end") == "loop_exit" and not s.get("complete")
+                   and isinstance(s.get("step"), int)})
+
+
+def loop_steps(steps: pd.DataFrame, manifest: Mapping[str, Any] | None) -> pd.DataFrame:
+    """``steps()`` less the steps :func:`loop_exit_steps` names."""
+    exits = loop_exit_steps(manifest)
+    if exits and not steps.empty:
+        return steps[~steps["step"].isin(exits)].reset_index(drop=True)
+    return steps
+
+
+def step_means(steps: pd.DataFrame) -> pd.Series:
+    """The mean step in µs: ``step_us`` (the device window, ``steps()``'s ``window_dur``),
+    each part of ``STEP_PARTS`` (they add up to ``step_us``), ``gpu_busy_us`` and
+    ``gpu_idle_us`` (NaN without a GPU); zeros for no steps."""
+    parts = [c for c in STEP_PARTS if c in steps]
+    if steps.empty:
+        return pd.Series(0.0, index=["step_us", *parts, "gpu_busy_us", "gpu_idle_us"])
+    mean = steps[["window_dur", *parts, "gpu_busy_us", "gpu_idle_us"]].astype(float).mean()
+    return mean.rename({"window_dur": "step_us"})
+
+
+def step_shares(mean: pd.Series) -> pd.Series:
+    """A mean step's (:func:`step_means`) parts (``STEP_PARTS``), ``gpu_busy_us`` and
+    ``gpu_idle_us`` as fractions of its ``step_us``; NaN for no steps or a zero-length
+    step (and for the GPU's without a GPU)."""
+    dur = float(mean["step_us"])
+    return mean.drop("step_us") / dur if dur > 0 else mean.drop("step_us") * float("nan")
+
+
+def mean_step_change(a: pd.DataFrame, b: pd.DataFrame) -> tuple[float, float, float] | None:
+    """The mean steps of two ``steps()`` tables (µs) and B's change against A in %; None
+    unless both have steps of some length."""
+    before, after = float(step_means(a)["step_us"]), float(step_means(b)["step_us"])
+    if not (before > 0 and after > 0):
+        return None
+    return before, after, 100 * (after / before - 1)
+
+
+def gpu_busy_pct(steps: pd.DataFrame) -> pd.Series:
+    """Per step (``steps()`` row), the GPU-busy share of its device window in % (0 for an
+    empty window or no GPU)."""
+    window = steps["window_dur"].where(steps["window_dur"] > 0)
+    return (100 * steps["gpu_busy_us"] / window).fillna(0.0)
+
+
+def modelled_gpu_us(efficiency: pd.DataFrame) -> tuple[float, float]:
+    """Of ``efficiency()``'s GPU time (µs), how much ran in ops with a cost model (a
+    ``pct_of_roofline``), and all of it."""
+    modelled = float(efficiency.loc[efficiency["pct_of_roofline"].notna(), "gpu_us"].sum())
+    return modelled, float(efficiency["gpu_us"].sum())
+
+
+def kernel_rate(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
+    """How many GPU kernels (``kind`` kernel; not memcpy/memset) ran and how long they
+    took: ``kernels`` (the count), ``steps`` (the steps of ``steps``, at least 1),
+    ``per_step`` (kernels / steps) and ``mean_us`` (NaN without kernels)."""
+    kern = kernels[kernels["kind"].astype(str) == "kernel"] if len(kernels) else kernels
+    n_steps = max(int(steps["step"].nunique()) if not steps.empty else 1, 1)
+    mean = float(kern["dur"].astype(float).mean()) if len(kern) else float("nan")
+    return pd.Series({"kernels": float(len(kern)), "steps": float(n_steps), "per_step": len(kern) / n_steps,
+                      "mean_us": mean})
+
+
+def has_gpu_parts(steps: pd.DataFrame) -> bool:
+    """Whether any step (``steps()`` or ``ranks()`` rows) holds GPU activity (a part of
+    ``GPU_PARTS`` above zero); true for no rows."""
+    return steps.empty or any((steps[c] > 0).any() for c in GPU_PARTS if c in steps)
+
+
+def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
+    """CPU ops aggregated by name: calls, total and self time (µs), self share; the ``n``
+    with the most self time first (ties by name).
+
+    Annotations and steps are left out (they are not ops), so self times add up without
+    double counting.
+    """
+    cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
+    if ops.empty:
+        return pd.DataFrame(columns=cols)
+    frame = ops[ops["kind"].astype(str) == "cpu_op"] if "kind" in ops else ops
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    out = (
+        frame.assign(name=frame["name"].astype(str))
+        .groupby("name", observed=True)
+        .agg(calls=("dur", "size"), total_us=("dur", "sum"), self_us=("self_dur", "sum"))
+        .reset_index()
+    )
+    out["mean_us"] = out["total_us"] / out["calls"]
+    total_self = float(out["self_us"].sum())
+    out["self_pct"] = 100 * out["self_us"] / total_self if total_self > 0 else 0.0
+    out = out.sort_values(["self_us", "name"], ascending=[False, True], ignore_index=True)
+    return out[cols].head(n) if n else out[cols]
+
+
+def top_kernels(kernels: pd.DataFrame, n: int | None = None, *, by_op: bool = False) -> pd.DataFrame:
+    """GPU kernels (and memcpy/memset) aggregated by name, or by name + launching op: calls,
+    total, mean and longest time (µs), share of the GPU time; the ``n`` with the most time
+    first (ties by name)."""
+    keys = ["name", "op"] if by_op else ["name"]
+    cols = [*keys, "kind", "calls", "total_us", "mean_us", "max_us", "pct"]
+    if kernels.empty:
+        return pd.DataFrame(columns=cols)
+    frame = kernels.assign(
+        name=kernels["name"].astype(str),
+        kind=kernels["kind"].astype(str),
+        op=kernels["op"].astype("string").fillna("") if "op" in kernels else "",
+    )
+    out = (
+        frame.groupby(keys, observed=True, dropna=False)
+        .agg(kind=("kind", "first"), calls=("dur", "size"), total_us=("dur", "sum"), max_us=("dur", "max"))
+        .reset_index()
+    )
+    out["mean_us"] = out["total_us"] / out["calls"]
+    total = float(out["total_us"].sum())
+    out["pct"] = 100 * out["total_us"] / total if total > 0 else 0.0
+    out = out.sort_values(["total_us", *keys], ascending=[False] + [True] * len(keys), ignore_index=True)
+    return out[cols].head(n) if n else out[cols]
+
+
+def layer_metric(layers: pd.DataFrame) -> str:
+    """The time that ranks layers: ``gpu_us`` when any layer ran GPU work, else ``cpu_us``."""
+    return "gpu_us" if not layers.empty and "gpu_us" in layers and bool((layers["gpu_us"] > 0).any()) else "cpu_us"
+
+
+def top_layers(layers: pd.DataFrame, n: int | None = None, *, by: str | None = None) -> pd.DataFrame:
+    """The rule for "top layers", used everywhere: ``layers()`` rows by ``by`` (default
+    :func:`layer_metric`), most first, ties in the table's order; the first ``n`` (all for
+    None)."""
+    if layers.empty:
+        return layers
+    out = layers.sort_values(by or layer_metric(layers), ascending=False, kind="stable")
+    return out.head(n) if n is not None else out
+
+
+def peaks_of(peaks: pd.DataFrame, step: int | None = None) -> pd.DataFrame:
+    """The rows of ``memory_peaks()`` for ``step``: its own per (rank, device), or the
+    whole-trace rows (``step`` NA) for None."""
+    if peaks.empty:
+        return peaks
+    rows = peaks["step"].isna() if step is None else peaks["step"].eq(step).fillna(False)
+    return peaks[rows.to_numpy(dtype=bool)].reset_index(drop=True)
