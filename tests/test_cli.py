@@ -112,12 +112,13 @@ def test_main_in_process_returns_the_status(capsys: pytest.CaptureFixture[str], 
 def test_demo_calls_the_demo_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import types
 
-    seen: list[Path] = []
+    seen: list[tuple[Path, Path | None]] = []
     fake = types.ModuleType("tracemagic.demo")
-    fake.run = lambda out_dir: seen.append(out_dir)  # type: ignore[attr-defined]
+    fake.run = lambda out_dir, notebook: seen.append((out_dir, notebook))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tracemagic.demo", fake)
     assert main(["demo", str(tmp_path / "out")]) == 0
-    assert seen == [tmp_path / "out"]
+    assert main(["demo", str(tmp_path / "out"), "--notebook", str(tmp_path / "nb.ipynb")]) == 0
+    assert seen == [(tmp_path / "out", None), (tmp_path / "out", tmp_path / "nb.ipynb")]
 
 
 def test_cache_info_lists_and_clear_empties_the_user_cache(tmp_path: Path) -> None:
