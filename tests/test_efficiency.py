@@ -428,3 +428,28 @@ def test_collectives_message_size_and_nccl_tests_bandwidths(loaded: dict[str, tr
     # traces that record no message sizes get NaN, not a guess
     dlrm = loaded["param_dlrm_kineto.tar.gz"].collectives()
     assert len(dlrm) > 0 and dlrm["bytes"].isna().all() and dlrm["busbw_gbps"].isna().all()
+
+
+def test_causal_attention_backward_recorded_by_torch_on_the_cpu(tmp_path: Path) -> None:
+    """A real CPU recording: torch's own ``Concrete Inputs`` say where ``is_causal`` is."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (torch.randn(2, 4, 64, 32, requires_grad=True) for _ in range(3))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    path = tmp_path / "sdpa.json"
+    prof.export_chrome_trace(str(path))
+    raw = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    backward = [e for e in raw if e["name"] == "aten::_scaled_dot_product_flash_attention_for_cpu_backward"]
+    if not backward:
+        pytest.skip("this torch runs CPU attention without the flash kernel")
+    (event,) = backward
+    _, query, key, value = event["args"]["Input Dims"][:4]
+    # causal: half of QKᵀ and PV; the backward 2.5× the forward
+    expected = 2.5 * 0.5 * 2 * numel(query[:-2]) * query[-2] * key[-2] * (query[-1] + value[-1])
+    # its call chain's top: the autograd node around it (the backward op is its only counted op)
+    (node,) = [e for e in raw if e["name"].endswith("Backward0") and "Input Dims" in e.get("args", {}) and e["tid"] == event["tid"]
+               and e["ts"] <= event["ts"] and event["ts"] + event["dur"] <= e["ts"] + e["dur"]]
+    shapes = tracemagic.load(path, cache_dir=tmp_path).shapes().set_index("name")
+    assert shapes.loc[node["name"], "flops"] == pytest.approx(expected)
