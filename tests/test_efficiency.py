@@ -453,3 +453,19 @@ def test_causal_attention_backward_recorded_by_torch_on_the_cpu(tmp_path: Path) 
                and e["ts"] <= event["ts"] and event["ts"] + event["dur"] <= e["ts"] + e["dur"]]
     shapes = tracemagic.load(path, cache_dir=tmp_path).shapes().set_index("name")
     assert shapes.loc[node["name"], "flops"] == pytest.approx(expected)
+
+
+def test_on_an_unknown_device_a_layers_memory_bound_share_is_unknown(loaded: dict[str, tracemagic.Trace], tmp_path: Path) -> None:
+    """Without peaks no op has a bound: a layer's memory-bound share is unknown, not 0%."""
+    name = "tracelens_normalization_layer_test.json.gz"
+    doc = raw_docs(name)[0]
+    for props in doc["deviceProperties"]:
+        props["name"], props["numSms"] = "AMD Radeon PRO W7900", 96  # in no datasheet row
+    path = tmp_path / "unknown.json"
+    path.write_text(json.dumps(doc))
+    trace = tracemagic.load(path, cache_dir=tmp_path)
+    assert trace.efficiency()["bound"].isna().all()
+    layers, known = trace.layers().set_index("layer"), loaded[name].layers().set_index("layer")
+    assert (layers["gpu_us"] > 0).all() and layers["memory_bound_pct"].isna().all()
+    # the FLOPs need no device: the same achieved TFLOP/s as on the recognised MI300X
+    pd.testing.assert_series_equal(layers["tflops_per_s"], known["tflops_per_s"])

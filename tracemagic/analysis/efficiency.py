@@ -529,13 +529,14 @@ def _layer_text(frame: pd.DataFrame, table: pd.DataFrame, keys: list[str]) -> li
     return [found.get(tuple(k), "") for k in table[keys].itertuples(index=False)]
 
 
-def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per events row: the FLOPs a GPU event did (its call chain's, shared among the chain's
-    GPU events by duration; 0 where the chain's FLOPs are unknown), and whether its chain's
-    op × shape is memory-bound in ``efficiency()``; 0 and False for other rows. For
-    ``layers()``, which sums them per layer."""
+    GPU events by duration; 0 where the chain's FLOPs are unknown), whether its chain's
+    op × shape is memory-bound in ``efficiency()``, and whether that bound is known at all
+    (not on an unknown device, nor for an op without a cost model); 0, False and False for
+    other rows. For ``layers()``, which sums them per layer."""
 
-    def compute() -> tuple[np.ndarray, np.ndarray]:
+    def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         events = trace.events
         n = len(events)
         chains = chain_costs(trace)
@@ -549,18 +550,20 @@ def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         bound = mine.merge(table[[*keys, "bound"]], on=keys, how="left")["bound"].to_numpy()
         rate = np.zeros(n)  # FLOPs per µs of GPU time, per chain top
         rate[rows] = np.nan_to_num(chains["flops"].to_numpy() / chains["time_us"].to_numpy())
-        memory = np.zeros(n, dtype=bool)
+        memory, known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         memory[rows] = pd.Series(bound).eq("memory").fillna(False).to_numpy(dtype=bool)
+        known[rows] = pd.notna(bound)
         call_rows, top = call_chains(trace)
         top_of = np.full(n, -1, dtype=np.int64)
         top_of[call_rows] = top
         gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"].to_numpy() >= 0))
         op = events["op"].to_numpy()[gpu]
         chain = np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
-        flops, is_memory = np.zeros(n), np.zeros(n, dtype=bool)
+        flops, is_memory, has_bound = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         held = chain >= 0
         flops[gpu[held]] = rate[chain[held]] * events["dur"].to_numpy()[gpu[held]]
         is_memory[gpu[held]] = memory[chain[held]]
-        return flops, is_memory
+        has_bound[gpu[held]] = known[chain[held]]
+        return flops, is_memory, has_bound
 
     return trace.shared("efficiency:gpu_shares", compute)
