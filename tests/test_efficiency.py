@@ -469,3 +469,28 @@ def test_on_an_unknown_device_a_layers_memory_bound_share_is_unknown(loaded: dic
     assert (layers["gpu_us"] > 0).all() and layers["memory_bound_pct"].isna().all()
     # the FLOPs need no device: the same achieved TFLOP/s as on the recognised MI300X
     pd.testing.assert_series_equal(layers["tflops_per_s"], known["tflops_per_s"])
+
+
+def test_a_reduction_to_another_dtype_reduces_everything(tmp_path: Path) -> None:
+    """``x.sum(dtype=...)`` records the dtype as its second argument ('7'), which is no dim."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(64, 128)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        x.sum(dtype=torch.float64)
+        x.mean(dtype=torch.float64)
+        x.var(True)  # var(self, unbiased): no dim either
+        x.sum(1)
+    path = tmp_path / "sums.json"
+    prof.export_chrome_trace(str(path))
+    raw = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "cpu_op"]
+    table = tracemagic.load(path, cache_dir=tmp_path).efficiency()
+    for name, concrete, kept in (("aten::sum", ["", "7"], 1), ("aten::mean", ["", "7"], 1), ("aten::var", None, 1),
+                                 ("aten::sum", ["", "[1]", "False", ""], 64)):
+        (event,) = [e for e in raw if e["name"] == name and len(e["args"]["Input Dims"]) == (2 if concrete in (None, ["", "7"]) else 4)
+                    and (concrete is None or e["args"]["Concrete Inputs"] == concrete)]
+        dims, types = event["args"]["Input Dims"], event["args"]["Input type"]
+        (row,) = table[(table["name"] == name) & (table["input_dims"] == json.dumps(dims)) & (table["input_type"] == json.dumps(types))].itertuples()
+        # the input read, the reduced output (``kept`` elements) written, in float32
+        assert (row.flops, row.bytes) == (64 * 128, (64 * 128 + kept) * 4), (name, concrete)

@@ -32,8 +32,8 @@ modelled or its shapes do not fix the count — never a guess):
   inputs, write the broadcast output (the first input's dtype; ``where``: the second's),
   1 FLOP per output element; ``fill_``/``zero_`` write only.
 - Reductions (sum, mean, amax, ...): read the input, write the reduced output (its size
-  from the ``dim`` argument in ``Concrete Inputs``; no dim: one element), 1 FLOP per
-  input element.
+  from the ``dim`` argument in ``Concrete Inputs``; no dim, as in ``sum(x, dtype=...)``:
+  one element; in the input's element size), 1 FLOP per input element.
 - Embedding: read the indices and the gathered rows, write them (0 FLOPs).
 
 A call chain's figures are those of its outermost modelled ops added up (as ``shapes()``
@@ -218,13 +218,16 @@ def _elementwise(name: str, dims: Dims, types: list[str]) -> Cost:
 
 def _reduction(dims: Dims, types: list[str], args: list[str]) -> Cost:
     """Input read, the reduced output written; 1 FLOP per input element. The output size
-    needs the ``dim`` argument (``Concrete Inputs``), or no dim at all (a full reduction)."""
+    needs the ``dim`` argument (``Concrete Inputs``), or no dim at all (a full reduction).
+    An op of two arguments has no dim: the second is ``sum``/``mean``/``prod``'s ``dtype``
+    (recorded as a number: '7' is float64, not dim 7) or ``var``/``std``'s ``unbiased``."""
     if not dims or types[0] not in ELEMENT_BYTES or not isinstance(dims[0], list):
         return NAN, NAN
     x = dims[0]
     n = math.prod(x)
-    dim = _arg(args, 1) if len(dims) > 1 else None
-    if dim is None and len(dims) > 1 and types[1] != "":
+    has_dim = len(dims) > 2
+    dim = _arg(args, 1) if has_dim else None
+    if dim is None and has_dim and types[1] != "":
         return NAN, NAN  # a dim argument the trace did not record (no ``Concrete Inputs``)
     if isinstance(dim, int) and not isinstance(dim, bool):
         dim = [dim]
