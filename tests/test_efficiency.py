@@ -494,3 +494,38 @@ def test_a_reduction_to_another_dtype_reduces_everything(tmp_path: Path) -> None
         (row,) = table[(table["name"] == name) & (table["input_dims"] == json.dumps(dims)) & (table["input_type"] == json.dumps(types))].itertuples()
         # the input read, the reduced output (``kept`` elements) written, in float32
         assert (row.flops, row.bytes) == (64 * 128, (64 * 128 + kept) * 4), (name, concrete)
+
+
+def test_all_gather_reduce_scatter_and_all_to_all_bandwidths_follow_nccl_tests(tmp_path: Path) -> None:
+    """Four ranks; each collective ends together, rank r arrives 10·r µs late. NCCL tests'
+    ``size`` (doc/PERFORMANCE.md and its *GetBw): all-gather the gathered output, reduce-scatter
+    the whole input, all-to-all the whole send buffer; busbw = algbw × (n−1)/n for all three;
+    the time is the transfer, without the wait for the last rank."""
+    n, per_rank = 4, 1 << 20  # elements of one rank's part
+    kernels = [  # (kernel, Collective name, In msg nelems, Out msg nelems, dtype, bytes per element)
+        ("AllGather_RING_LL", "_allgather_base", per_rank, n * per_rank, "BFloat16", 2),
+        ("ReduceScatter_Sum_bf16_RING_LL", "_reduce_scatter_base", n * per_rank, per_rank, "BFloat16", 2),
+        ("SendRecv", "all_to_allv", n * per_rank, n * per_rank, "Float", 4),
+    ]
+    for rank in range(n):
+        events: list[dict[str, Any]] = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 2000}]
+        for k, (kernel, name, in_n, out_n, dtype, _) in enumerate(kernels):
+            begin, end = 100.0 + 500 * k + 10 * rank, 100.0 + 500 * k + 400
+            events += [
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": begin - 10, "dur": 5, "args": {"correlation": k + 1}},
+                {"ph": "X", "cat": "kernel", "name": f"ncclDevKernel_{kernel}(ncclDevComm*, unsigned long, ncclWork*)", "pid": 0, "tid": 7,
+                 "ts": begin, "dur": end - begin, "args": {"correlation": k + 1, "Collective name": name, "In msg nelems": in_n,
+                                                           "Out msg nelems": out_n, "Group size": n, "dtype": dtype}},
+            ]
+        doc = {"distributedInfo": {"rank": rank, "world_size": n}, "traceEvents": events}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    found = tracemagic.load(tmp_path, use_cache=False).collectives()
+    assert len(found) == n * len(kernels)
+    for kernel, name, in_n, out_n, dtype, size in kernels:
+        rows = found[found["collective"] == name]
+        assert len(rows) == n, name
+        message = (out_n if name == "_allgather_base" else in_n) * size
+        seconds = (400.0 - 10 * (n - 1)) * 1e-6  # the last rank's duration: the transfer alone
+        assert (rows["bytes"] == message).all(), name
+        assert rows["algbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9] * n), name
+        assert rows["busbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9 * (n - 1) / n] * n), name
