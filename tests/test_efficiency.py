@@ -529,3 +529,19 @@ def test_all_gather_reduce_scatter_and_all_to_all_bandwidths_follow_nccl_tests(t
         assert (rows["bytes"] == message).all(), name
         assert rows["algbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9] * n), name
         assert rows["busbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9 * (n - 1) / n] * n), name
+
+
+def test_argument_positions_are_those_of_torchs_op_schemas() -> None:
+    """Where ``is_causal``, the query and a conv backward's flags sit, read from torch's schemas."""
+    import torch
+
+    from tracemagic.analysis.shapes import ATTENTION
+
+    def arguments(name: str) -> list[str]:
+        return [a.name for a in getattr(torch.ops.aten, name.split("::")[1]).default._schema.arguments]
+
+    for name, (query, causal, _) in ATTENTION.items():
+        args = arguments(name)
+        assert (args[query], args[causal]) == ("query", "is_causal"), name
+    args = arguments("aten::convolution_backward")
+    assert (args[:3], args[7], args[10]) == (["grad_output", "input", "weight"], "transposed", "output_mask")
