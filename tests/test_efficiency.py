@@ -428,3 +428,120 @@ def test_collectives_message_size_and_nccl_tests_bandwidths(loaded: dict[str, tr
     # traces that record no message sizes get NaN, not a guess
     dlrm = loaded["param_dlrm_kineto.tar.gz"].collectives()
     assert len(dlrm) > 0 and dlrm["bytes"].isna().all() and dlrm["busbw_gbps"].isna().all()
+
+
+def test_causal_attention_backward_recorded_by_torch_on_the_cpu(tmp_path: Path) -> None:
+    """A real CPU recording: torch's own ``Concrete Inputs`` say where ``is_causal`` is."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (torch.randn(2, 4, 64, 32, requires_grad=True) for _ in range(3))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    path = tmp_path / "sdpa.json"
+    prof.export_chrome_trace(str(path))
+    raw = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    backward = [e for e in raw if e["name"] == "aten::_scaled_dot_product_flash_attention_for_cpu_backward"]
+    if not backward:
+        pytest.skip("this torch runs CPU attention without the flash kernel")
+    (event,) = backward
+    _, query, key, value = event["args"]["Input Dims"][:4]
+    # causal: half of QKᵀ and PV; the backward 2.5× the forward
+    expected = 2.5 * 0.5 * 2 * numel(query[:-2]) * query[-2] * key[-2] * (query[-1] + value[-1])
+    # its call chain's top: the autograd node around it (the backward op is its only counted op)
+    (node,) = [e for e in raw if e["name"].endswith("Backward0") and "Input Dims" in e.get("args", {}) and e["tid"] == event["tid"]
+               and e["ts"] <= event["ts"] and event["ts"] + event["dur"] <= e["ts"] + e["dur"]]
+    shapes = tracemagic.load(path, cache_dir=tmp_path).shapes().set_index("name")
+    assert shapes.loc[node["name"], "flops"] == pytest.approx(expected)
+
+
+def test_on_an_unknown_device_a_layers_memory_bound_share_is_unknown(loaded: dict[str, tracemagic.Trace], tmp_path: Path) -> None:
+    """Without peaks no op has a bound: a layer's memory-bound share is unknown, not 0%."""
+    name = "tracelens_normalization_layer_test.json.gz"
+    doc = raw_docs(name)[0]
+    for props in doc["deviceProperties"]:
+        props["name"], props["numSms"] = "AMD Radeon PRO W7900", 96  # in no datasheet row
+    path = tmp_path / "unknown.json"
+    path.write_text(json.dumps(doc))
+    trace = tracemagic.load(path, cache_dir=tmp_path)
+    assert trace.efficiency()["bound"].isna().all()
+    layers, known = trace.layers().set_index("layer"), loaded[name].layers().set_index("layer")
+    assert (layers["gpu_us"] > 0).all() and layers["memory_bound_pct"].isna().all()
+    # the FLOPs need no device: the same achieved TFLOP/s as on the recognised MI300X
+    pd.testing.assert_series_equal(layers["tflops_per_s"], known["tflops_per_s"])
+
+
+def test_a_reduction_to_another_dtype_reduces_everything(tmp_path: Path) -> None:
+    """``x.sum(dtype=...)`` records the dtype as its second argument ('7'), which is no dim."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(64, 128)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        x.sum(dtype=torch.float64)
+        x.mean(dtype=torch.float64)
+        x.var(True)  # var(self, unbiased): no dim either
+        x.sum(1)
+    path = tmp_path / "sums.json"
+    prof.export_chrome_trace(str(path))
+    raw = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "cpu_op"]
+    table = tracemagic.load(path, cache_dir=tmp_path).efficiency()
+    for name, concrete, kept in (("aten::sum", ["", "7"], 1), ("aten::mean", ["", "7"], 1), ("aten::var", None, 1),
+                                 ("aten::sum", ["", "[1]", "False", ""], 64)):
+        (event,) = [e for e in raw if e["name"] == name and len(e["args"]["Input Dims"]) == (2 if concrete in (None, ["", "7"]) else 4)
+                    and (concrete is None or e["args"]["Concrete Inputs"] == concrete)]
+        dims, types = event["args"]["Input Dims"], event["args"]["Input type"]
+        (row,) = table[(table["name"] == name) & (table["input_dims"] == json.dumps(dims)) & (table["input_type"] == json.dumps(types))].itertuples()
+        # the input read, the reduced output (``kept`` elements) written, in float32
+        assert (row.flops, row.bytes) == (64 * 128, (64 * 128 + kept) * 4), (name, concrete)
+
+
+def test_all_gather_reduce_scatter_and_all_to_all_bandwidths_follow_nccl_tests(tmp_path: Path) -> None:
+    """Four ranks; each collective ends together, rank r arrives 10·r µs late. NCCL tests'
+    ``size`` (doc/PERFORMANCE.md and its *GetBw): all-gather the gathered output, reduce-scatter
+    the whole input, all-to-all the whole send buffer; busbw = algbw × (n−1)/n for all three;
+    the time is the transfer, without the wait for the last rank."""
+    n, per_rank = 4, 1 << 20  # elements of one rank's part
+    kernels = [  # (kernel, Collective name, In msg nelems, Out msg nelems, dtype, bytes per element)
+        ("AllGather_RING_LL", "_allgather_base", per_rank, n * per_rank, "BFloat16", 2),
+        ("ReduceScatter_Sum_bf16_RING_LL", "_reduce_scatter_base", n * per_rank, per_rank, "BFloat16", 2),
+        ("SendRecv", "all_to_allv", n * per_rank, n * per_rank, "Float", 4),
+    ]
+    for rank in range(n):
+        events: list[dict[str, Any]] = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 2000}]
+        for k, (kernel, name, in_n, out_n, dtype, _) in enumerate(kernels):
+            begin, end = 100.0 + 500 * k + 10 * rank, 100.0 + 500 * k + 400
+            events += [
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": begin - 10, "dur": 5, "args": {"correlation": k + 1}},
+                {"ph": "X", "cat": "kernel", "name": f"ncclDevKernel_{kernel}(ncclDevComm*, unsigned long, ncclWork*)", "pid": 0, "tid": 7,
+                 "ts": begin, "dur": end - begin, "args": {"correlation": k + 1, "Collective name": name, "In msg nelems": in_n,
+                                                           "Out msg nelems": out_n, "Group size": n, "dtype": dtype}},
+            ]
+        doc = {"distributedInfo": {"rank": rank, "world_size": n}, "traceEvents": events}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    found = tracemagic.load(tmp_path, use_cache=False).collectives()
+    assert len(found) == n * len(kernels)
+    for kernel, name, in_n, out_n, dtype, size in kernels:
+        rows = found[found["collective"] == name]
+        assert len(rows) == n, name
+        message = (out_n if name == "_allgather_base" else in_n) * size
+        seconds = (400.0 - 10 * (n - 1)) * 1e-6  # the last rank's duration: the transfer alone
+        assert (rows["bytes"] == message).all(), name
+        assert rows["algbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9] * n), name
+        assert rows["busbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9 * (n - 1) / n] * n), name
+
+
+def test_argument_positions_are_those_of_torchs_op_schemas() -> None:
+    """Where ``is_causal``, the query and a conv backward's flags sit, read from torch's schemas."""
+    import torch
+
+    from tracemagic.analysis.shapes import ATTENTION
+
+    def arguments(name: str) -> list[str]:
+        return [a.name for a in getattr(torch.ops.aten, name.split("::")[1]).default._schema.arguments]
+
+    for name, (query, causal, _) in ATTENTION.items():
+        args = arguments(name)
+        assert (args[query], args[causal]) == ("query", "is_causal"), name
+    args = arguments("aten::convolution_backward")
+    assert (args[:3], args[7], args[10]) == (["grad_output", "input", "weight"], "transposed", "output_mask")

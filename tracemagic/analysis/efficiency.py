@@ -32,8 +32,8 @@ modelled or its shapes do not fix the count — never a guess):
   inputs, write the broadcast output (the first input's dtype; ``where``: the second's),
   1 FLOP per output element; ``fill_``/``zero_`` write only.
 - Reductions (sum, mean, amax, ...): read the input, write the reduced output (its size
-  from the ``dim`` argument in ``Concrete Inputs``; no dim: one element), 1 FLOP per
-  input element.
+  from the ``dim`` argument in ``Concrete Inputs``; no dim, as in ``sum(x, dtype=...)``:
+  one element; in the input's element size), 1 FLOP per input element.
 - Embedding: read the indices and the gathered rows, write them (0 FLOPs).
 
 A call chain's figures are those of its outermost modelled ops added up (as ``shapes()``
@@ -216,13 +216,16 @@ def _elementwise(name: str, dims: Dims, types: list[str]) -> Cost:
 
 def _reduction(dims: Dims, types: list[str], args: list[str]) -> Cost:
     """Input read, the reduced output written; 1 FLOP per input element. The output size
-    needs the ``dim`` argument (``Concrete Inputs``), or no dim at all (a full reduction)."""
+    needs the ``dim`` argument (``Concrete Inputs``), or no dim at all (a full reduction).
+    An op of two arguments has no dim: the second is ``sum``/``mean``/``prod``'s ``dtype``
+    (recorded as a number: '7' is float64, not dim 7) or ``var``/``std``'s ``unbiased``."""
     if not dims or types[0] not in ELEMENT_BYTES or not isinstance(dims[0], list):
         return NAN, NAN
     x = dims[0]
     n = math.prod(x)
-    dim = _arg(args, 1) if len(dims) > 1 else None
-    if dim is None and len(dims) > 1 and types[1] != "":
+    has_dim = len(dims) > 2
+    dim = _arg(args, 1) if has_dim else None
+    if dim is None and has_dim and types[1] != "":
         return NAN, NAN  # a dim argument the trace did not record (no ``Concrete Inputs``)
     if isinstance(dim, int) and not isinstance(dim, bool):
         dim = [dim]
@@ -527,13 +530,14 @@ def _layer_text(frame: pd.DataFrame, table: pd.DataFrame, keys: list[str]) -> li
     return [found.get(tuple(k), "") for k in table[keys].itertuples(index=False)]
 
 
-def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per events row: the FLOPs a GPU event did (its call chain's, shared among the chain's
-    GPU events by duration; 0 where the chain's FLOPs are unknown), and whether its chain's
-    op × shape is memory-bound in ``efficiency()``; 0 and False for other rows. For
-    ``layers()``, which sums them per layer."""
+    GPU events by duration; 0 where the chain's FLOPs are unknown), whether its chain's
+    op × shape is memory-bound in ``efficiency()``, and whether that bound is known at all
+    (not on an unknown device, nor for an op without a cost model); 0, False and False for
+    other rows. For ``layers()``, which sums them per layer."""
 
-    def compute() -> tuple[np.ndarray, np.ndarray]:
+    def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         events = trace.events
         n = len(events)
         chains = chain_costs(trace)
@@ -547,18 +551,20 @@ def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         bound = mine.merge(table[[*keys, "bound"]], on=keys, how="left")["bound"].to_numpy()
         rate = np.zeros(n)  # FLOPs per µs of GPU time, per chain top
         rate[rows] = np.nan_to_num(chains["flops"].to_numpy() / chains["time_us"].to_numpy())
-        memory = np.zeros(n, dtype=bool)
+        memory, known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         memory[rows] = pd.Series(bound).eq("memory").fillna(False).to_numpy(dtype=bool)
+        known[rows] = pd.notna(bound)
         call_rows, top = call_chains(trace)
         top_of = np.full(n, -1, dtype=np.int64)
         top_of[call_rows] = top
         gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"].to_numpy() >= 0))
         op = events["op"].to_numpy()[gpu]
         chain = np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
-        flops, is_memory = np.zeros(n), np.zeros(n, dtype=bool)
+        flops, is_memory, has_bound = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         held = chain >= 0
         flops[gpu[held]] = rate[chain[held]] * events["dur"].to_numpy()[gpu[held]]
         is_memory[gpu[held]] = memory[chain[held]]
-        return flops, is_memory
+        has_bound[gpu[held]] = known[chain[held]]
+        return flops, is_memory, has_bound
 
     return trace.shared("efficiency:gpu_shares", compute)

@@ -311,7 +311,8 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     ``tflops_per_s`` (the FLOPs ``efficiency()``'s cost models know for the ops run in the
     layer and its sublayers, forward and backward, over its ``gpu_us``: a lower bound where
     some of its ops are not modelled; NaN where none is); ``memory_bound_pct`` (the share of
-    ``gpu_us`` in ops ``efficiency()`` finds memory-bound on the trace's device, %);
+    ``gpu_us`` in ops ``efficiency()`` finds memory-bound on the trace's device, %; NaN
+    where none of its ops has a known bound, e.g. on a device without known peaks);
     ``memory_growth_bytes`` (summed allocation deltas inside the forward calls, all devices);
     ``input_shapes`` (input dims of the first op of the first call); ``module`` (the trace's
     ``nn.Module: X_k`` name). Only work inside ProfilerSteps counts when the trace has them.
@@ -356,14 +357,16 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     regions = att.compiled[scope[att.compiled]]
     region_layer = np.where(att.module[regions] >= 0, layer_of[np.maximum(att.module[regions], 0)], -1)
     compiled = np.bincount(region_layer[region_layer >= 0], minlength=count) > 0
-    flops_of, memory_bound = gpu_shares(trace)
+    flops_of, memory_bound, has_bound = gpu_shares(trace)
     _, flops = _rollup(gpu_layer, flops_of[gpu], layer_of, up, count)
     _, memory_us = _rollup(gpu_layer, np.where(memory_bound[gpu], dur[gpu], 0.0), layer_of, up, count)
     _, modelled = _rollup(gpu_layer, (flops_of[gpu] > 0).astype(np.float64), layer_of, up, count)
+    _, bounded = _rollup(gpu_layer, has_bound[gpu].astype(np.float64), layer_of, up, count)
     gpu_us = fwd_gpu + bwd_gpu
     with np.errstate(divide="ignore", invalid="ignore"):
         tflops = np.where((modelled > 0) & (gpu_us > 0), flops / (gpu_us * 1e6), np.nan)
-        memory_pct = np.where(gpu_us > 0, memory_us / gpu_us * 100.0, np.nan)
+        # NaN where no op of the layer has a known bound (an unknown device: not 0% memory-bound)
+        memory_pct = np.where((bounded > 0) & (gpu_us > 0), memory_us / gpu_us * 100.0, np.nan)
 
     used = (calls > 0) | (bwd_cpu > 0) | (bwd_gpu > 0)
     first = pd.Series(ts[calls_rows]).groupby(layer_of[calls_rows]).idxmin()

@@ -175,7 +175,7 @@ ATTENTION: dict[str, tuple[int, int, float]] = {
     "aten::_scaled_dot_product_flash_attention_backward": (1, 11, 2.5),
     "aten::_scaled_dot_product_efficient_attention_backward": (1, 11, 2.5),
     "aten::_scaled_dot_product_cudnn_attention_backward": (1, 14, 2.5),
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (1, 4, 2.5),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (1, 7, 2.5),
 }
 
 
