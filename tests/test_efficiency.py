@@ -25,14 +25,14 @@ import tracemagic
 from tracemagic.analysis import devices
 from tracemagic.errors import TraceError
 
-#: trace -> (device row expected, datasheet HBM TB/s, FP32 TFLOP/s for a float32 GEMM: TF32 where the GPU has it)
+#: trace -> (device row expected, datasheet HBM TB/s, FP32 TFLOP/s: CUDA cores (NVIDIA), matrix cores (AMD))
 DEVICES = {
     "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz": ("MI250 (one GCD)", 3.2768 / 2, 90.5 / 2),
-    "tracelens_normalization_layer_test.json.gz": ("MI300X", 5.3, 653.7),
-    "hta_control.json.gz": ("A100 SXM 40GB", 1.555, 156.0),
+    "tracelens_normalization_layer_test.json.gz": ("MI300X", 5.3, 163.4),
+    "hta_control.json.gz": ("A100 SXM 40GB", 1.555, 19.5),
     "kineto_worker0.1623143089861.pt.trace.json.gz": ("V100 SXM2", 0.9, 15.7),
     "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz": ("V100 SXM2", 0.9, 15.7),
-    "hta_nccl_data.json.gz": ("A100 SXM 40GB", 1.555, 156.0),
+    "hta_nccl_data.json.gz": ("A100 SXM 40GB", 1.555, 19.5),
     "param_dlrm_kineto.tar.gz": ("V100 SXM2", 0.9, 15.7),
 }
 GPU_TRACES = list(DEVICES)[:4]
@@ -141,11 +141,13 @@ class RawOps:
         # GPU time launched inside each op: kernel -> runtime call (correlation) -> the ops around it
         runtime = {e["args"]["correlation"]: e for e in events if str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver", "runtime") and "correlation" in e.get("args", {})}
         self.launches: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
+        self.kernels: dict[tuple[Any, Any], list[tuple[float, str]]] = defaultdict(list)
         for e in events:
             if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset") and e.get("ph") == "X":
                 call = runtime.get(e.get("args", {}).get("correlation"))
                 if call is not None:
                     self.launches[(call["pid"], call["tid"])].append((float(call["ts"]), float(e.get("dur", 0))))
+                    self.kernels[(call["pid"], call["tid"])].append((float(call["ts"]), str(e.get("name", ""))))
 
     def is_top(self, i: int) -> bool:
         """No op with ``Input Dims`` around it (the top of its call chain)."""
@@ -166,6 +168,12 @@ class RawOps:
         if not parts:
             return None
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def kernel_names(self, i: int) -> list[str]:
+        """Names of the GPU work launched inside op ``i``."""
+        e = self.ops[i]
+        start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        return [name for ts, name in self.kernels[(e["pid"], e["tid"])] if start <= ts < end]
 
     def gpu_us(self, i: int) -> float:
         e = self.ops[i]
@@ -193,7 +201,34 @@ def test_devices_are_recognised_with_their_datasheet_peaks(loaded: dict[str, tra
     assert table["peak_tbytes_per_s"].dropna().unique().tolist() == [pytest.approx(bandwidth)]
     float_matrix = table[table["input_type"].str.startswith('["float"') & table["name"].isin(["aten::linear", "aten::mm", "aten::addmm", "AddmmBackward0"])]
     assert not float_matrix.empty or name in ("tracelens_normalization_layer_test.json.gz", "hta_nccl_data.json.gz", "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", "param_dlrm_kineto.tar.gz")
-    assert np.allclose(float_matrix["peak_tflops"].to_numpy(), fp32_matrix)
+    # a float32 matrix op: the FP32 peak, or A100's TF32 tensor cores' 156 where its kernels used them
+    assert np.isin(float_matrix["peak_tflops"].to_numpy(), [fp32_matrix, 156.0 if device.startswith("A100") else fp32_matrix]).all()
+
+
+#: TF32 tensor-core kernels by name, as NVIDIA's libraries spell them in the A100 traces
+TF32_NAMES = ("tf32", "tfloat32", "tensorop_s1688")
+
+
+def test_a_float32_matrix_op_is_held_to_the_tf32_peak_only_where_its_kernels_ran_tf32(loaded: dict[str, tracemagic.Trace], raw: dict[str, RawOps]) -> None:
+    # allow_tf32 is off by default for matmuls: on the A100 trace cuBLAS ran some float32
+    # GEMMs as CUDA-core ampere_sgemm (19.5 TFLOP/s) and others on TF32 tensor cores (156)
+    name = "hta_control.json.gz"
+    ops, table = raw[name], loaded[name].efficiency()
+    matrix = {"aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "AddmmBackward0", "BmmBackward0", "MmBackward0"}
+    tops: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for i, e in enumerate(ops.ops):
+        args = e.get("args", {})
+        if e["name"] in matrix and "Input Dims" in args and ops.is_top(i) and ops.gpu_us(i) > 0:
+            tops[(e["name"], json.dumps(args["Input Dims"]), json.dumps(args.get("Input type")))].append(i)
+    seen = set()
+    for row in table[table["name"].isin(matrix) & table["input_type"].str.startswith('["float"')].itertuples():
+        calls = tops[(row.name, json.dumps(json.loads(row.input_dims)), json.dumps(json.loads(row.input_type)))]
+        assert len(calls) == row.calls
+        kernels = [k.lower() for i in calls for k in ops.kernel_names(i)]
+        tf32 = any(marker in k for k in kernels for marker in TF32_NAMES)
+        assert row.peak_tflops == (156.0 if tf32 else 19.5), (row.name, row.input_dims, kernels[:3])
+        seen.add(row.peak_tflops)
+    assert seen == {19.5, 156.0}
 
 
 def test_an_unnamed_amd_device_is_told_by_its_compute_units_and_memory() -> None:

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,7 +76,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, text
+from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, names_where, text
 from tracemagic.analysis.schema import TABLES
 from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
 from tracemagic.errors import TraceError
@@ -95,6 +96,12 @@ PRECISION: dict[str, str] = {
     "double": "fp64", "float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16",
     "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8",
 }  # fmt: skip
+
+#: kernel names of float32 matrix math on TF32 tensor cores, as in the A100 traces: cuBLAS
+#: and cuDNN ``sm80_xmma_*_tf32f32_tf32f32_*``, CUTLASS ``tensorop_s1688gemm`` (its float
+#: m16n8k8 MMA is TF32), cuDNN's mangled CUTLASS ``tfloat32_t``; AMD's XF32 (``xf32``).
+#: CUDA-core float32 kernels (``ampere_sgemm_*``, ``volta_sgemm_*``, ``implicit_convolve_sgemm``) match none.
+TF32_KERNEL = re.compile(r"tf32|tfloat32|xf32|tensorop_s1688", re.I)
 
 Dims = list[Any]
 Cost = tuple[float, float]  # (FLOPs, bytes) of one call; NaN where unknown
@@ -301,12 +308,29 @@ def _cost(name: str, dims: Dims, types: list[str], args: list[str], flops: float
     return rule(name, dims, types, args, flops)
 
 
+def gpu_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the GPU events launched by an op, and for each the top of the launching
+    op's call chain (-1: in none); computed once per trace."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        call_rows, top = call_chains(trace)
+        top_of = np.full(len(events), -1, dtype=np.int64)
+        top_of[call_rows] = top
+        gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"].to_numpy() >= 0))
+        op = events["op"].to_numpy()[gpu]
+        return gpu, np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
+
+    return trace.shared("efficiency:gpu_chains", compute)
+
+
 def chain_costs(trace: Trace) -> pd.DataFrame:
     """Per call chain that launched GPU work (or every chain on a trace without a GPU):
     ``row`` (its top op), ``flops``, ``bytes`` (one call; each the sum over the chain's
     outermost ops for which it is known, NaN unless those ops launched all of the chain's
     GPU work: a kernel of an op no model covers leaves the chain unknown), ``matrix`` (a
-    matrix op among them), ``time_us`` (the GPU time it launched; host time without a GPU); computed once per trace."""
+    matrix op among them), ``tf32`` (one of its kernels is a TF32 tensor-core kernel by
+    name, ``TF32_KERNEL``), ``time_us`` (the GPU time it launched; host time without a GPU); computed once per trace."""
 
     def compute() -> pd.DataFrame:
         events = trace.events
@@ -341,6 +365,9 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
             if field == "flops":
                 matrix = np.zeros(n, dtype=bool)
                 matrix[top[outer & pd.Series(names).isin(MATRIX_OPS).to_numpy()]] = True
+        gpu, chain_top = gpu_chains(trace)
+        tf32 = np.zeros(n, dtype=bool)
+        tf32[chain_top[names_where(events["name"], TF32_KERNEL)[gpu] & (chain_top >= 0)]] = True
         tops = rows[top == rows]
         time_us = launched[tops] if trace.has_gpu else events["dur"].to_numpy()[tops]
         keep = time_us > 0
@@ -351,6 +378,7 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
                 "flops": chain["flops"][tops],
                 "bytes": chain["bytes"][tops],
                 "matrix": matrix[tops],
+                "tf32": tf32[tops],
                 "time_us": time_us[keep],
             }
         )
@@ -414,8 +442,10 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     flops / bytes (FLOP/byte); ``tflops_per_s`` = calls × flops / gpu_us and
     ``tbytes_per_s`` = calls × bytes / gpu_us (10¹² per second); ``peak_tflops`` (the
     device's peak at the op's precision, its first floating-point input's dtype; a float32
-    matrix op is held to the TF32 tensor-core peak where the device has one, the rate it
-    reaches with ``torch.backends.cuda.matmul.allow_tf32``; NaN for integer ops);
+    matrix op is held to the TF32 tensor-core peak only where its kernels' names say they
+    ran on TF32 tensor cores (``TF32_KERNEL``: ``allow_tf32`` is off by default for
+    matmuls and on for cuDNN convolutions), else, as on a CPU trace or with kernels of
+    unknown names, to the FP32 peak; NaN for integer ops);
     ``peak_tbytes_per_s``; ``bound`` ('compute' where intensity reaches the ridge
     peak_tflops / peak_tbytes_per_s, else 'memory'; 'memory' also for ops without
     FLOPs or a compute peak; NA where unknown); ``pct_of_roofline`` (achieved over the
@@ -445,6 +475,7 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
             "flops": chains["flops"].to_numpy(),
             "bytes": chains["bytes"].to_numpy(),
             "matrix": chains["matrix"].to_numpy(),
+            "tf32": chains["tf32"].to_numpy(),
             "layer": _layer_of(trace, rows),
         }
     )
@@ -458,6 +489,7 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
         flops_unknown=("flops_unknown", "max"),
         bytes_unknown=("bytes_unknown", "max"),
         matrix=("matrix", "max"),
+        tf32=("tf32", "max"),
     ).reset_index()
     # per call; NaN where some calls of the group could not be modelled
     table["flops"] = np.where(table["flops_unknown"], NAN, table["flops_total"] / table["calls"])
@@ -483,11 +515,11 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
         table["tflops_per_s"] = calls * flops / seconds_e12
         table["tbytes_per_s"] = calls * nbytes / seconds_e12
     peak, bandwidth, device = [], [], []
-    for rank, input_type, matrix in zip(table["rank"], table["input_type"], table["matrix"]):
+    for rank, input_type, matrix, tf32 in zip(table["rank"], table["input_type"], table["matrix"], table["tf32"]):
         name, values = per_rank.get(int(rank), (None, {}))
         precision = _precision(input_type)
         value = values.get(precision, NAN) if precision else NAN
-        if precision == "fp32" and matrix and not math.isnan(values.get("tf32", NAN)):
+        if precision == "fp32" and matrix and tf32 and not math.isnan(values.get("tf32", NAN)):
             value = values["tf32"]
         peak.append(value)
         bandwidth.append(values.get("tbytes_per_s", NAN))
@@ -554,12 +586,7 @@ def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         memory, known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         memory[rows] = pd.Series(bound).eq("memory").fillna(False).to_numpy(dtype=bool)
         known[rows] = pd.notna(bound)
-        call_rows, top = call_chains(trace)
-        top_of = np.full(n, -1, dtype=np.int64)
-        top_of[call_rows] = top
-        gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"].to_numpy() >= 0))
-        op = events["op"].to_numpy()[gpu]
-        chain = np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
+        gpu, chain = gpu_chains(trace)
         flops, is_memory, has_bound = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         held = chain >= 0
         flops[gpu[held]] = rate[chain[held]] * events["dur"].to_numpy()[gpu[held]]
