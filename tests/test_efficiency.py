@@ -248,6 +248,54 @@ def test_an_unnamed_amd_device_is_told_by_its_compute_units_and_memory() -> None
     assert peaks.set_index("name").loc["H100 SXM", "bf16"] == pytest.approx(1979 / 2, rel=1e-3)
 
 
+#: deviceProperties name -> the PEAKS row (None: unknown, no peaks), with the SM/CU count and GiB it reports
+NAMED = [
+    ("NVIDIA H100 80GB HBM3", 132, 80, "H100 SXM"),
+    ("NVIDIA H100 PCIe", 114, 80, "H100 PCIe"),
+    ("NVIDIA H200", 132, 141, "H200"),
+    ("NVIDIA B200", 148, 180, "B200"),
+    ("Tesla V100-PCIE-16GB", 80, 16, "V100 PCIe"),
+    ("NVIDIA A100 80GB PCIe", 108, 80, "A100 PCIe 80GB"),
+    ("AMD Instinct MI250X", 110, 64, "MI250X (one GCD)"),
+    # model numbers are whole words: Grace superchips are not H200/B200, a V100S is no V100
+    ("NVIDIA GH200 480GB", 132, 96, None),
+    ("NVIDIA GB200", 148, 186, None),
+    ("Tesla V100S-PCIE-32GB", 80, 32, None),
+    # an H100 NVL has its own figures, not the SXM's
+    ("NVIDIA H100 NVL", 132, 94, None),
+    # named boards not in the table get no peaks, not those of a board with as many SMs/CUs
+    ("TITAN V", 80, 12, None),
+    ("Quadro GV100", 80, 32, None),
+    ("AMD Instinct MI210", 104, 64, None),
+    # generic or empty names: by SM/CU count and memory
+    ("AMD Radeon Graphics", 104, 64, "MI250 (one GCD)"),
+    ("", 304, 192, "MI300X"),
+    ("Device", 108, 40, "A100 SXM 40GB"),
+    ("gfx90a:sramecc+:xnack-", 110, 64, "MI250X (one GCD)"),
+]
+
+
+@pytest.mark.parametrize(("name", "sms", "gib", "row"), NAMED)
+def test_device_names_match_whole_model_numbers_and_unknown_boards_get_no_row(name: str, sms: int, gib: int, row: str | None) -> None:
+    found = devices.match({"name": name, "sm_count": sms, "memory_bytes": gib * 2**30})
+    assert (found.name if found else None) == row
+
+
+def test_an_unknown_named_board_gets_nan_peaks_and_a_note(tmp_path: Path) -> None:
+    # the MI250 trace with its devices renamed to a board the table lacks (an MI210: 104 CUs, like an MI250 die)
+    doc = raw_docs("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz")[0]
+    for props in doc["deviceProperties"]:
+        props["name"] = "AMD Instinct MI210"
+    path = tmp_path / "mi210.json"
+    path.write_text(json.dumps(doc))
+    table = tracemagic.load(path, cache_dir=tmp_path).efficiency()
+    assert len(table) > 0 and table["device"].isna().all()
+    assert table["peak_tflops"].isna().all() and table["peak_tbytes_per_s"].isna().all() and table["bound"].isna().all()
+    assert "AMD Instinct MI210" in table.attrs["note"]
+    # the FLOPs need no device
+    assert table["flops"].notna().any()
+
+
 #: trace -> op families that must come out modelled (non-NaN FLOPs and bytes)
 FAMILIES = {
     "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz": {"aten::linear", "AddmmBackward0", "aten::relu", "ReluBackward0", "aten::sum"},

@@ -408,16 +408,20 @@ def _rank_peaks(trace: Trace, peaks: Peaks | None) -> dict[int, tuple[str | None
             raise TraceError(f"peaks must be numbers (TFLOP/s, TB/s): {error}") from None
         return {r: (label, values) for r in trace.rank_ids}
     out: dict[int, tuple[str | None, dict[str, float]]] = {}
-    for r in trace.rank_ids:
-        found = None
-        if trace.has_gpu:
-            listed = trace.meta.get("ranks", {}).get(r, {}).get("devices") or trace.devices
-            found = next((m for m in map(devices.match, listed) if m is not None), None)
+    for r, listed in _devices_of(trace).items():
+        found = next((m for m in map(devices.match, listed) if m is not None), None)
         if found is None:
             out[r] = (None, dict.fromkeys((*devices.PRECISIONS, "tbytes_per_s"), NAN))
         else:
             out[r] = (found.name, {k: float(getattr(found, k)) for k in (*devices.PRECISIONS, "tbytes_per_s")})
     return out
+
+
+def _devices_of(trace: Trace) -> dict[int, list[dict[str, Any]]]:
+    """Per rank, its ``deviceProperties`` entries (none on a trace without GPU activity)."""
+    if not trace.has_gpu:
+        return {r: [] for r in trace.rank_ids}
+    return {r: trace.meta.get("ranks", {}).get(r, {}).get("devices") or trace.devices for r in trace.rank_ids}
 
 
 def _precision(input_type: str | None) -> str | None:
@@ -460,7 +464,8 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
             (TFLOP/s) and tbytes_per_s (TB/s), e.g. ``{'bf16': 989.5, 'tbytes_per_s': 3.35}``.
 
     ``df.attrs['layers']``: per row, the layers its calls ran in (most GPU time first, as
-    text: ``encoder.0, encoder.1 (+4)``; '' where none).
+    text: ``encoder.0, encoder.1 (+4)``; '' where none). ``df.attrs['note']``, where a
+    GPU is not one ``devices.match`` knows: which, and that its peaks are NaN.
     """
     chains = chain_costs(trace)
     events = trace.events
@@ -501,6 +506,13 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     table = table.sort_values(["rank", "gpu_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
     out = table[list(COLUMNS)].copy()
     out.attrs["layers"] = [str(v) for v in table["_layers"]]
+    listed = [d for ds in _devices_of(trace).values() for d in ds] if peaks is None else []
+    unknown = sorted({repr(str(d.get("name") or "")) for d in listed if devices.match(d) is None})
+    if unknown:
+        out.attrs["note"] = (
+            f"no peaks for {', '.join(unknown)}: not in tracemagic.analysis.devices.PEAKS, so peaks, "
+            "bound and pct_of_roofline are NaN; pass peaks={'bf16': ..., 'tbytes_per_s': ...}"
+        )
     return out
 
 
