@@ -390,6 +390,33 @@ def cpu_trace(tmp_path: Path) -> Path:
     return path
 
 
+def test_flops_per_call_are_unknown_in_shapes_and_efficiency_unless_every_call_is_modelled(tmp_path: Path) -> None:
+    """Two groups of calls of one custom op: one whose calls all run an ``aten::mm``, one
+    whose second call runs an op no model covers. Averaging the known call would hold the
+    unknown call's time to the known call's FLOPs; both tables say NaN instead."""
+    def op(name: str, ts: float, dur: float, dims: list[Any], types: list[str]) -> dict[str, Any]:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"Input Dims": dims, "Input type": types}}  # fmt: skip
+
+    mm = ([[64, 32], [32, 16]], ["float", "float"])
+    events = [
+        op("custom::all_known", 0, 100, [[64, 32]], ["float"]), op("aten::mm", 10, 50, *mm),
+        op("custom::all_known", 200, 100, [[64, 32]], ["float"]), op("aten::mm", 210, 50, *mm),
+        op("custom::one_unknown", 400, 100, [[64, 32]], ["float"]), op("aten::mm", 410, 50, *mm),
+        op("custom::one_unknown", 600, 100, [[64, 32]], ["float"]), op("custom::unmodelled", 610, 50, [[64, 32]], ["float"]),
+    ]
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = tracemagic.load(path, cache_dir=tmp_path)
+    shapes, table = trace.shapes().set_index("name"), trace.efficiency().set_index("name")
+    m, k = mm[0][0]
+    n = mm[0][1][1]
+    assert shapes.loc["custom::all_known", "flops"] == table.loc["custom::all_known", "flops"] == 2 * m * n * k
+    assert pd.isna(shapes.loc["custom::one_unknown", "flops"]) and math.isnan(table.loc["custom::one_unknown", "flops"])
+    assert pd.isna(shapes.loc["custom::one_unknown", "tflops_per_s"]) and pd.isna(shapes.loc["custom::one_unknown", "flops_source"])
+    assert shapes.loc["custom::all_known", "flops_source"] == "shapes"
+
+
 def test_attention_and_conv_backward_costs_and_peaks_on_a_cpu_trace(tmp_path: Path) -> None:
     trace = tracemagic.load(cpu_trace(tmp_path), cache_dir=tmp_path)
     table = trace.efficiency().set_index("name")

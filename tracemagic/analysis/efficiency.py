@@ -442,7 +442,8 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     GPU work (``shapes()``' rows, with different ``concrete_inputs`` merged), most GPU time
     first. Columns: ``calls``; ``gpu_us`` (kernels, memcpy and memset the calls launched,
     summed; on a trace without GPU activity, the ops' host time); ``flops`` and ``bytes``
-    per call (the cost models of this module; NaN where unknown); ``intensity`` =
+    per call (the cost models of this module; NaN unless known for every call of the
+    row, the rule of ``shapes()``' ``flops``); ``intensity`` =
     flops / bytes (FLOP/byte); ``tflops_per_s`` = calls × flops / gpu_us and
     ``tbytes_per_s`` = calls × bytes / gpu_us (10¹² per second); ``peak_tflops`` (the
     device's peak at the op's precision, its first floating-point input's dtype; a float32

@@ -301,9 +301,9 @@ _TABLES = [
         "mean_us": ("float64", "``total_us / calls``"),
         "self_us": ("float64", "self time of every op of the chains"),
         "gpu_us": ("float64", "GPU time the chains launched"),
-        "flops": ("Float64", "FLOPs per call, NA when unknown"),
+        "flops": ("Float64", "FLOPs per call, NA unless known for every call"),
         "tflops_per_s": ("Float64", "achieved TFLOP/s over ``gpu_us``"),
-        "flops_source": ("str", "trace | shapes | estimate"),
+        "flops_source": ("str", "trace | shapes | estimate, NA where ``flops`` is"),
     }, "one row per top op of a call chain (the outermost op with recorded shapes, or with none and "
        "none inside, and every op it runs: one convolution is one ``aten::conv2d`` row, not four), "
        "ranked by ``total_us``."),
@@ -314,8 +314,8 @@ _TABLES = [
         "input_type": ("str", "input dtypes, JSON text"),
         "calls": ("int64", "calls"),
         "gpu_us": ("float64", "GPU time launched"),
-        "flops": ("float64", "FLOPs per call"),
-        "bytes": ("float64", "bytes moved per call"),
+        "flops": ("float64", "FLOPs per call, NaN unless known for every call (as ``shapes()``)"),
+        "bytes": ("float64", "bytes moved per call, NaN unless known for every call"),
         "intensity": ("float64", "FLOPs per byte"),
         "tflops_per_s": ("float64", "achieved TFLOP/s"),
         "tbytes_per_s": ("float64", "achieved TB/s"),
