@@ -12,6 +12,7 @@ import gzip
 import json
 import math
 import tarfile
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -533,6 +534,7 @@ def test_collectives_message_size_and_nccl_tests_bandwidths(loaded: dict[str, tr
         message = args["In msg nelems"] * size[args["dtype"]]
         assert row.bytes == message
         seconds = float(e["dur"]) * 1e-6  # one rank here: no wait for a last rank is known
+        assert row.transfer_us == float(e["dur"]) and math.isnan(row.excess_us)
         assert row.algbw_gbps == pytest.approx(message / seconds / 1e9)
         assert row.busbw_gbps == pytest.approx(message / seconds / 1e9 * factor[args["Collective name"]](args["Group size"]))
     # traces that record no message sizes get NaN, not a guess
@@ -636,9 +638,37 @@ def test_all_gather_reduce_scatter_and_all_to_all_bandwidths_follow_nccl_tests(t
         assert len(rows) == n, name
         message = (out_n if name == "_allgather_base" else in_n) * size
         seconds = (400.0 - 10 * (n - 1)) * 1e-6  # the last rank's duration: the transfer alone
+        # rank r waited 10·(n−1−r) µs for the last rank, then moved data as long as it did
+        by_rank = rows.sort_values("rank")
+        assert by_rank["excess_us"].tolist() == pytest.approx([10.0 * (n - 1 - r) for r in range(n)]), name
+        assert by_rank["transfer_us"].tolist() == pytest.approx([400.0 - 10 * (n - 1)] * n), name
+        assert (by_rank["excess_us"] + by_rank["transfer_us"]).tolist() == pytest.approx(by_rank["dur"].tolist()), name
         assert (rows["bytes"] == message).all(), name
         assert rows["algbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9] * n), name
         assert rows["busbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9 * (n - 1) / n] * n), name
+
+
+def test_a_collective_with_a_group_size_of_zero_gets_no_bus_bandwidth_and_no_warning(tmp_path: Path) -> None:
+    """A ``Group size`` of 0 (seen when the process group is not known to the recorder)
+    leaves the bus factor unknown: NaN busbw, not a division by zero."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 90, "dur": 5, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+         "pid": 0, "tid": 7, "ts": 100, "dur": 200, "args": {"correlation": 1, "Collective name": "allreduce", "In msg nelems": 1024,
+                                                           "Out msg nelems": 1024, "Group size": 0, "dtype": "Float"}},
+    ]  # fmt: skip
+    path = tmp_path / "group0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = tracemagic.load(path, cache_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = trace.collectives()
+    assert len(found) == 1
+    row = found.iloc[0]
+    assert row["bytes"] == 1024 * 4 and row["transfer_us"] == 200.0
+    assert row["algbw_gbps"] == pytest.approx(1024 * 4 / 200e-6 / 1e9)
+    assert math.isnan(row["busbw_gbps"])
 
 
 def test_argument_positions_are_those_of_torchs_op_schemas() -> None:

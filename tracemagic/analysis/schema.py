@@ -183,10 +183,11 @@ _TABLES = [
         "arrival_us": ("float64", "start minus the rank's step start (the step-aligned clock)"),
         "wait_us": ("float64", "the latest matched rank's arrival minus this rank's, NaN where unmatched"),
         "excess_us": ("float64", "duration minus the shortest matched duration"),
+        "transfer_us": ("float64", "``dur − excess_us``: the transfer once the last rank arrived; ``dur`` where the wait is unknown"),
         "ranks": ("int64", "how many ranks have this collective"),
         "source": ("str", "kernel | annotation | record_param_comms"),
         "bytes": ("float64", "message size"),
-        "algbw_gbps": ("float64", "algorithm bandwidth (NCCL tests), GB/s over the transfer time"),
+        "algbw_gbps": ("float64", "algorithm bandwidth (NCCL tests), GB/s over ``transfer_us``"),
         "busbw_gbps": ("float64", "bus bandwidth (NCCL tests), GB/s"),
     }),
     Table("stragglers", "stragglers()", "ranks.stragglers", {
