@@ -671,6 +671,51 @@ def test_a_collective_with_a_group_size_of_zero_gets_no_bus_bandwidth_and_no_war
     assert math.isnan(row["busbw_gbps"])
 
 
+def test_efficiency_is_computed_once_for_layers_the_roofline_and_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``layers()`` (through ``gpu_shares``), the dashboard's Roofline tab and
+    ``trace.efficiency()`` share one ``efficiency()`` table per trace."""
+    import tracemagic.analysis.efficiency as module
+    from tracemagic.views.data import TraceData
+
+    made = []
+    roofline = module._roofline
+    monkeypatch.setattr(module, "_roofline", lambda *args: (made.append(1), roofline(*args))[1])
+    trace = tracemagic.load(TRACES / "tracelens_normalization_layer_test.json.gz", cache_dir=tmp_path)
+    layers = trace.layers()
+    table = trace.efficiency()
+    assert len(TraceData(trace).efficiency) == len(table)
+    assert len(made) == 1
+    assert layers["memory_bound_pct"].notna().any() and len(table) > 0
+
+
+def test_no_analysis_module_imports_one_that_imports_it_back() -> None:
+    """Every import of one analysis module by another (inside functions too), from the
+    sources: the graph has no cycle (efficiency and layers both use the layer attribution,
+    which lives below them)."""
+    import ast
+
+    package = Path(tracemagic.__file__).parent / "analysis"
+    graph: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tracemagic.analysis."):
+                found.add(node.module.rsplit(".", 1)[1])
+            elif isinstance(node, ast.ImportFrom) and node.module == "tracemagic.analysis":
+                found |= {a.name for a in node.names if (package / f"{a.name}.py").exists()}
+            elif isinstance(node, ast.Import):
+                found |= {a.name.rsplit(".", 1)[1] for a in node.names if a.name.startswith("tracemagic.analysis.")}
+        graph[path.stem] = found
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            at = todo.pop()
+            if at not in seen:
+                seen.add(at)
+                todo.extend(graph.get(at, ()))
+        assert start not in seen, f"{start} imports itself back through {sorted(seen)}"
+
+
 def test_argument_positions_are_those_of_torchs_op_schemas() -> None:
     """Where ``is_causal``, the query and a conv backward's flags sit, read from torch's schemas."""
     import torch

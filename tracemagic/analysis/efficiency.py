@@ -76,7 +76,8 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, names_where, text
+from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, layers_at, names_where, text
+from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES
 from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
 from tracemagic.errors import TraceError
@@ -556,9 +557,6 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
 
 def _layer_of(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """The layer each chain top ran in (forward by nesting, backward by its forward op), None where none."""
-    from tracemagic.analysis._common import layers_at
-    from tracemagic.analysis.layers import attribution
-
     module = attribution(trace).module[rows] if rows.size else np.zeros(0, dtype=np.int64)
     return layers_at(trace, module)[0]
 
@@ -586,7 +584,7 @@ def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         events = trace.events
         n = len(events)
         chains = chain_costs(trace)
-        table = efficiency(trace)
+        table = trace.table(efficiency)
         rows = chains["row"].to_numpy()
         keys = ["rank", "name", "input_dims", "input_type"]
         mine = pd.DataFrame({k: events[k].to_numpy()[rows] for k in keys})
