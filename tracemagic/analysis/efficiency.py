@@ -48,10 +48,12 @@ than 100% (seen on the A100 and V100 traces for tensors of a few MB, with kernel
 few µs whose 1 µs timestamps add their own noise).
 
 FLOPs are those of the direct algorithm. cuDNN/MIOpen may run a 3×3 convolution as
-Winograd or FFT, which executes fewer multiplications: such a convolution can show more
-than 100% of the compute roof (seen on the V100 ResNet-50 trace, 3×3 convolutions at
-1.6× the FP32 peak when counted directly); the excess is the algorithm's saving, not a
-wrong peak.
+Winograd or FFT, which executes fewer multiplications: such a convolution could show more
+than 100% of the compute roof, the algorithm's saving rather than a wrong peak. No trace
+here shows it: the V100 ResNet-50 trace runs Winograd kernels but records no ``Concrete
+Inputs``, so its convolutions are NaN here; ``shapes()``' 'estimate' for them (stride 1
+assumed) reaches 1.3-3.5× the FP32 peak for 1×1 and 7×7 convolutions as well as 3×3,
+which is the overcount of strided convolutions, not Winograd.
 
 Compared with AMD TraceLens' ``perf_model`` (MIT, ``TraceLens/PerfModel/perf_model.py``):
 its GEMM counts 2·M·N·K + M·N for a bias (we follow torch's ``with_flops``, which leaves
