@@ -4,7 +4,9 @@ Everything here is generic so any test module can reuse it:
 
 - ``ip``: the IPython ``InteractiveShell`` with ``%load_ext tracemagic`` done, ``torch``,
   ``nn`` and the models below in its namespace, the working directory a fresh
-  ``tmp_path`` (so ``./traces`` lands there), and the namespace cleaned afterwards.
+  ``tmp_path`` (so ``./traces`` lands there), and the namespace restored afterwards. A
+  fixture that runs cells in the shared shell itself (``_shell``) does so inside
+  ``own_namespace(_shell)``.
 - ``mlp`` / ``cnn`` / ``transformer``: fresh small models (CPU, seconds to run).
 - ``read_json``: read a ``.json`` or ``.json.gz`` file.
 - ``kineto_events``: the ``traceEvents`` of a Kineto trace file.
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -196,26 +199,50 @@ def transformer() -> SmallTransformer:
     return make_transformer()
 
 
+#: the shared shell's user namespace right after ``%load_ext tracemagic``
+_INITIAL_NS: dict[str, Any] = {}
+
+
 @pytest.fixture(scope="session")
 def _shell() -> Any:
+    """The one IPython shell of the session. Whoever runs cells in it restores its namespace
+    afterwards (``own_namespace``), so no test sees another's ``model`` or ``obs``."""
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "tracemagic")
+    _INITIAL_NS.update(shell.user_ns)
     return shell
+
+
+@contextmanager
+def own_namespace(shell: Any, start: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Run cells in ``shell`` and put its user namespace back as it was on the way out: names
+    added are removed and names rebound get their old value again (``start``: begin from that
+    namespace instead of the current one, and return to it)."""
+    ns = shell.user_ns
+    before = dict(ns if start is None else start)
+    if start is not None:
+        ns.clear()
+        ns.update(before)
+    try:
+        yield ns
+    finally:
+        ns.clear()  # in place: the shell, its module and its display hook keep this dict
+        ns.update(before)
 
 
 @pytest.fixture
 def ip(_shell: Any, tmp_path: Path) -> Iterator[Any]:
-    """The shell, in a fresh working directory, with torch and small models defined.
+    """The shell, in a fresh working directory, with torch and small models defined, its
+    namespace the session's initial one (whatever ran before) and reset to it afterwards.
 
     The working directory is changed by a MonkeyPatch of its own: a test's
     ``monkeypatch.undo()`` must not send its next capture into the checkout's ``./traces``.
     """
-    with pytest.MonkeyPatch.context() as here:
+    with pytest.MonkeyPatch.context() as here, own_namespace(_shell, _INITIAL_NS) as ns:
         here.chdir(tmp_path)
-        before = set(_shell.user_ns)
-        _shell.user_ns.update(
+        ns.update(
             torch=torch,
             nn=nn,
             make_mlp=make_mlp,
@@ -223,8 +250,6 @@ def ip(_shell: Any, tmp_path: Path) -> Iterator[Any]:
             make_transformer=make_transformer,
         )
         yield _shell
-        for name in set(_shell.user_ns) - before:
-            del _shell.user_ns[name]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from statistics import median
 from typing import Any, Iterator
 
 import pytest
-from conftest import TRACES
+from conftest import TRACES, own_namespace
 from IPython.utils.capture import capture_output
 
 import tracemagic
@@ -106,9 +106,8 @@ def _frames() -> int:
 def compiled_run(_shell: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One warmed compiled model, profiled bare and then under ``%%chakra_trace``."""
     folder = tmp_path_factory.mktemp("compiled")
-    before = set(_shell.user_ns)
     torch_threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as here:
+    with pytest.MonkeyPatch.context() as here, own_namespace(_shell):
         here.chdir(folder)
         torch.set_num_threads(1)  # inductor's CPU kernels spin on a shared, loaded machine
         try:
@@ -136,8 +135,6 @@ def compiled_run(_shell: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             }
         finally:
             torch.set_num_threads(torch_threads)
-            for name in set(_shell.user_ns) - before:
-                del _shell.user_ns[name]
 
 
 def test_the_magic_runs_a_compiled_model_as_a_bare_profiler_does(compiled_run: dict[str, Any]) -> None:
