@@ -468,7 +468,7 @@ def backward_links(trace: Any) -> tuple[Any, Any, Any]:
     """Outermost backward op rows, and their layer (module row) by flows and by seq alone."""
     import numpy as np
 
-    from tracemagic.analysis.layers import attribution
+    from tracemagic.analysis.attribution import attribution
 
     by_flow, by_seq = attribution(trace), attribution(trace, flows=False)
     roots = np.flatnonzero(by_flow.root == np.arange(by_flow.root.size))

@@ -12,6 +12,7 @@ import gzip
 import json
 import math
 import tarfile
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,14 @@ import tracemagic
 from tracemagic.analysis import devices
 from tracemagic.errors import TraceError
 
-#: trace -> (device row expected, datasheet HBM TB/s, FP32 TFLOP/s for a float32 GEMM: TF32 where the GPU has it)
+#: trace -> (device row expected, datasheet HBM TB/s, FP32 TFLOP/s: CUDA cores (NVIDIA), matrix cores (AMD))
 DEVICES = {
     "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz": ("MI250 (one GCD)", 3.2768 / 2, 90.5 / 2),
-    "tracelens_normalization_layer_test.json.gz": ("MI300X", 5.3, 653.7),
-    "hta_control.json.gz": ("A100 SXM 40GB", 1.555, 156.0),
+    "tracelens_normalization_layer_test.json.gz": ("MI300X", 5.3, 163.4),
+    "hta_control.json.gz": ("A100 SXM 40GB", 1.555, 19.5),
     "kineto_worker0.1623143089861.pt.trace.json.gz": ("V100 SXM2", 0.9, 15.7),
     "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz": ("V100 SXM2", 0.9, 15.7),
-    "hta_nccl_data.json.gz": ("A100 SXM 40GB", 1.555, 156.0),
+    "hta_nccl_data.json.gz": ("A100 SXM 40GB", 1.555, 19.5),
     "param_dlrm_kineto.tar.gz": ("V100 SXM2", 0.9, 15.7),
 }
 GPU_TRACES = list(DEVICES)[:4]
@@ -141,11 +142,13 @@ class RawOps:
         # GPU time launched inside each op: kernel -> runtime call (correlation) -> the ops around it
         runtime = {e["args"]["correlation"]: e for e in events if str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver", "runtime") and "correlation" in e.get("args", {})}
         self.launches: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
+        self.kernels: dict[tuple[Any, Any], list[tuple[float, str]]] = defaultdict(list)
         for e in events:
             if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset") and e.get("ph") == "X":
                 call = runtime.get(e.get("args", {}).get("correlation"))
                 if call is not None:
                     self.launches[(call["pid"], call["tid"])].append((float(call["ts"]), float(e.get("dur", 0))))
+                    self.kernels[(call["pid"], call["tid"])].append((float(call["ts"]), str(e.get("name", ""))))
 
     def is_top(self, i: int) -> bool:
         """No op with ``Input Dims`` around it (the top of its call chain)."""
@@ -166,6 +169,12 @@ class RawOps:
         if not parts:
             return None
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def kernel_names(self, i: int) -> list[str]:
+        """Names of the GPU work launched inside op ``i``."""
+        e = self.ops[i]
+        start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        return [name for ts, name in self.kernels[(e["pid"], e["tid"])] if start <= ts < end]
 
     def gpu_us(self, i: int) -> float:
         e = self.ops[i]
@@ -193,7 +202,34 @@ def test_devices_are_recognised_with_their_datasheet_peaks(loaded: dict[str, tra
     assert table["peak_tbytes_per_s"].dropna().unique().tolist() == [pytest.approx(bandwidth)]
     float_matrix = table[table["input_type"].str.startswith('["float"') & table["name"].isin(["aten::linear", "aten::mm", "aten::addmm", "AddmmBackward0"])]
     assert not float_matrix.empty or name in ("tracelens_normalization_layer_test.json.gz", "hta_nccl_data.json.gz", "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", "param_dlrm_kineto.tar.gz")
-    assert np.allclose(float_matrix["peak_tflops"].to_numpy(), fp32_matrix)
+    # a float32 matrix op: the FP32 peak, or A100's TF32 tensor cores' 156 where its kernels used them
+    assert np.isin(float_matrix["peak_tflops"].to_numpy(), [fp32_matrix, 156.0 if device.startswith("A100") else fp32_matrix]).all()
+
+
+#: TF32 tensor-core kernels by name, as NVIDIA's libraries spell them in the A100 traces
+TF32_NAMES = ("tf32", "tfloat32", "tensorop_s1688")
+
+
+def test_a_float32_matrix_op_is_held_to_the_tf32_peak_only_where_its_kernels_ran_tf32(loaded: dict[str, tracemagic.Trace], raw: dict[str, RawOps]) -> None:
+    # allow_tf32 is off by default for matmuls: on the A100 trace cuBLAS ran some float32
+    # GEMMs as CUDA-core ampere_sgemm (19.5 TFLOP/s) and others on TF32 tensor cores (156)
+    name = "hta_control.json.gz"
+    ops, table = raw[name], loaded[name].efficiency()
+    matrix = {"aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "AddmmBackward0", "BmmBackward0", "MmBackward0"}
+    tops: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for i, e in enumerate(ops.ops):
+        args = e.get("args", {})
+        if e["name"] in matrix and "Input Dims" in args and ops.is_top(i) and ops.gpu_us(i) > 0:
+            tops[(e["name"], json.dumps(args["Input Dims"]), json.dumps(args.get("Input type")))].append(i)
+    seen = set()
+    for row in table[table["name"].isin(matrix) & table["input_type"].str.startswith('["float"')].itertuples():
+        calls = tops[(row.name, json.dumps(json.loads(row.input_dims)), json.dumps(json.loads(row.input_type)))]
+        assert len(calls) == row.calls
+        kernels = [k.lower() for i in calls for k in ops.kernel_names(i)]
+        tf32 = any(marker in k for k in kernels for marker in TF32_NAMES)
+        assert row.peak_tflops == (156.0 if tf32 else 19.5), (row.name, row.input_dims, kernels[:3])
+        seen.add(row.peak_tflops)
+    assert seen == {19.5, 156.0}
 
 
 def test_an_unnamed_amd_device_is_told_by_its_compute_units_and_memory() -> None:
@@ -211,6 +247,54 @@ def test_an_unnamed_amd_device_is_told_by_its_compute_units_and_memory() -> None
     assert peaks["source"].str.contains("datasheet").all()
     # dense figures: the H100 SXM's BF16 is half its 1,979 TFLOP/s with sparsity
     assert peaks.set_index("name").loc["H100 SXM", "bf16"] == pytest.approx(1979 / 2, rel=1e-3)
+
+
+#: deviceProperties name -> the PEAKS row (None: unknown, no peaks), with the SM/CU count and GiB it reports
+NAMED = [
+    ("NVIDIA H100 80GB HBM3", 132, 80, "H100 SXM"),
+    ("NVIDIA H100 PCIe", 114, 80, "H100 PCIe"),
+    ("NVIDIA H200", 132, 141, "H200"),
+    ("NVIDIA B200", 148, 180, "B200"),
+    ("Tesla V100-PCIE-16GB", 80, 16, "V100 PCIe"),
+    ("NVIDIA A100 80GB PCIe", 108, 80, "A100 PCIe 80GB"),
+    ("AMD Instinct MI250X", 110, 64, "MI250X (one GCD)"),
+    # model numbers are whole words: Grace superchips are not H200/B200, a V100S is no V100
+    ("NVIDIA GH200 480GB", 132, 96, None),
+    ("NVIDIA GB200", 148, 186, None),
+    ("Tesla V100S-PCIE-32GB", 80, 32, None),
+    # an H100 NVL has its own figures, not the SXM's
+    ("NVIDIA H100 NVL", 132, 94, None),
+    # named boards not in the table get no peaks, not those of a board with as many SMs/CUs
+    ("TITAN V", 80, 12, None),
+    ("Quadro GV100", 80, 32, None),
+    ("AMD Instinct MI210", 104, 64, None),
+    # generic or empty names: by SM/CU count and memory
+    ("AMD Radeon Graphics", 104, 64, "MI250 (one GCD)"),
+    ("", 304, 192, "MI300X"),
+    ("Device", 108, 40, "A100 SXM 40GB"),
+    ("gfx90a:sramecc+:xnack-", 110, 64, "MI250X (one GCD)"),
+]
+
+
+@pytest.mark.parametrize(("name", "sms", "gib", "row"), NAMED)
+def test_device_names_match_whole_model_numbers_and_unknown_boards_get_no_row(name: str, sms: int, gib: int, row: str | None) -> None:
+    found = devices.match({"name": name, "sm_count": sms, "memory_bytes": gib * 2**30})
+    assert (found.name if found else None) == row
+
+
+def test_an_unknown_named_board_gets_nan_peaks_and_a_note(tmp_path: Path) -> None:
+    # the MI250 trace with its devices renamed to a board the table lacks (an MI210: 104 CUs, like an MI250 die)
+    doc = raw_docs("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz")[0]
+    for props in doc["deviceProperties"]:
+        props["name"] = "AMD Instinct MI210"
+    path = tmp_path / "mi210.json"
+    path.write_text(json.dumps(doc))
+    table = tracemagic.load(path, cache_dir=tmp_path).efficiency()
+    assert len(table) > 0 and table["device"].isna().all()
+    assert table["peak_tflops"].isna().all() and table["peak_tbytes_per_s"].isna().all() and table["bound"].isna().all()
+    assert "AMD Instinct MI210" in table.attrs["note"]
+    # the FLOPs need no device
+    assert table["flops"].notna().any()
 
 
 #: trace -> op families that must come out modelled (non-NaN FLOPs and bytes)
@@ -305,6 +389,33 @@ def cpu_trace(tmp_path: Path) -> Path:
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps({"traceEvents": events}))
     return path
+
+
+def test_flops_per_call_are_unknown_in_shapes_and_efficiency_unless_every_call_is_modelled(tmp_path: Path) -> None:
+    """Two groups of calls of one custom op: one whose calls all run an ``aten::mm``, one
+    whose second call runs an op no model covers. Averaging the known call would hold the
+    unknown call's time to the known call's FLOPs; both tables say NaN instead."""
+    def op(name: str, ts: float, dur: float, dims: list[Any], types: list[str]) -> dict[str, Any]:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"Input Dims": dims, "Input type": types}}  # fmt: skip
+
+    mm = ([[64, 32], [32, 16]], ["float", "float"])
+    events = [
+        op("custom::all_known", 0, 100, [[64, 32]], ["float"]), op("aten::mm", 10, 50, *mm),
+        op("custom::all_known", 200, 100, [[64, 32]], ["float"]), op("aten::mm", 210, 50, *mm),
+        op("custom::one_unknown", 400, 100, [[64, 32]], ["float"]), op("aten::mm", 410, 50, *mm),
+        op("custom::one_unknown", 600, 100, [[64, 32]], ["float"]), op("custom::unmodelled", 610, 50, [[64, 32]], ["float"]),
+    ]
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = tracemagic.load(path, cache_dir=tmp_path)
+    shapes, table = trace.shapes().set_index("name"), trace.efficiency().set_index("name")
+    m, k = mm[0][0]
+    n = mm[0][1][1]
+    assert shapes.loc["custom::all_known", "flops"] == table.loc["custom::all_known", "flops"] == 2 * m * n * k
+    assert pd.isna(shapes.loc["custom::one_unknown", "flops"]) and math.isnan(table.loc["custom::one_unknown", "flops"])
+    assert pd.isna(shapes.loc["custom::one_unknown", "tflops_per_s"]) and pd.isna(shapes.loc["custom::one_unknown", "flops_source"])
+    assert shapes.loc["custom::all_known", "flops_source"] == "shapes"
 
 
 def test_attention_and_conv_backward_costs_and_peaks_on_a_cpu_trace(tmp_path: Path) -> None:
@@ -423,8 +534,199 @@ def test_collectives_message_size_and_nccl_tests_bandwidths(loaded: dict[str, tr
         message = args["In msg nelems"] * size[args["dtype"]]
         assert row.bytes == message
         seconds = float(e["dur"]) * 1e-6  # one rank here: no wait for a last rank is known
+        assert row.transfer_us == float(e["dur"]) and math.isnan(row.excess_us)
         assert row.algbw_gbps == pytest.approx(message / seconds / 1e9)
         assert row.busbw_gbps == pytest.approx(message / seconds / 1e9 * factor[args["Collective name"]](args["Group size"]))
     # traces that record no message sizes get NaN, not a guess
     dlrm = loaded["param_dlrm_kineto.tar.gz"].collectives()
     assert len(dlrm) > 0 and dlrm["bytes"].isna().all() and dlrm["busbw_gbps"].isna().all()
+
+
+def test_causal_attention_backward_recorded_by_torch_on_the_cpu(tmp_path: Path) -> None:
+    """A real CPU recording: torch's own ``Concrete Inputs`` say where ``is_causal`` is."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (torch.randn(2, 4, 64, 32, requires_grad=True) for _ in range(3))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    path = tmp_path / "sdpa.json"
+    prof.export_chrome_trace(str(path))
+    raw = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    backward = [e for e in raw if e["name"] == "aten::_scaled_dot_product_flash_attention_for_cpu_backward"]
+    if not backward:
+        pytest.skip("this torch runs CPU attention without the flash kernel")
+    (event,) = backward
+    _, query, key, value = event["args"]["Input Dims"][:4]
+    # causal: half of QKᵀ and PV; the backward 2.5× the forward
+    expected = 2.5 * 0.5 * 2 * numel(query[:-2]) * query[-2] * key[-2] * (query[-1] + value[-1])
+    # its call chain's top: the autograd node around it (the backward op is its only counted op)
+    (node,) = [e for e in raw if e["name"].endswith("Backward0") and "Input Dims" in e.get("args", {}) and e["tid"] == event["tid"]
+               and e["ts"] <= event["ts"] and event["ts"] + event["dur"] <= e["ts"] + e["dur"]]
+    shapes = tracemagic.load(path, cache_dir=tmp_path).shapes().set_index("name")
+    assert shapes.loc[node["name"], "flops"] == pytest.approx(expected)
+
+
+def test_on_an_unknown_device_a_layers_memory_bound_share_is_unknown(loaded: dict[str, tracemagic.Trace], tmp_path: Path) -> None:
+    """Without peaks no op has a bound: a layer's memory-bound share is unknown, not 0%."""
+    name = "tracelens_normalization_layer_test.json.gz"
+    doc = raw_docs(name)[0]
+    for props in doc["deviceProperties"]:
+        props["name"], props["numSms"] = "AMD Radeon PRO W7900", 96  # in no datasheet row
+    path = tmp_path / "unknown.json"
+    path.write_text(json.dumps(doc))
+    trace = tracemagic.load(path, cache_dir=tmp_path)
+    assert trace.efficiency()["bound"].isna().all()
+    layers, known = trace.layers().set_index("layer"), loaded[name].layers().set_index("layer")
+    assert (layers["gpu_us"] > 0).all() and layers["memory_bound_pct"].isna().all()
+    # the FLOPs need no device: the same achieved TFLOP/s as on the recognised MI300X
+    pd.testing.assert_series_equal(layers["tflops_per_s"], known["tflops_per_s"])
+
+
+def test_a_reduction_to_another_dtype_reduces_everything(tmp_path: Path) -> None:
+    """``x.sum(dtype=...)`` records the dtype as its second argument ('7'), which is no dim."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(64, 128)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        x.sum(dtype=torch.float64)
+        x.mean(dtype=torch.float64)
+        x.var(True)  # var(self, unbiased): no dim either
+        x.sum(1)
+    path = tmp_path / "sums.json"
+    prof.export_chrome_trace(str(path))
+    raw = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "cpu_op"]
+    table = tracemagic.load(path, cache_dir=tmp_path).efficiency()
+    for name, concrete, kept in (("aten::sum", ["", "7"], 1), ("aten::mean", ["", "7"], 1), ("aten::var", None, 1),
+                                 ("aten::sum", ["", "[1]", "False", ""], 64)):
+        (event,) = [e for e in raw if e["name"] == name and len(e["args"]["Input Dims"]) == (2 if concrete in (None, ["", "7"]) else 4)
+                    and (concrete is None or e["args"]["Concrete Inputs"] == concrete)]
+        dims, types = event["args"]["Input Dims"], event["args"]["Input type"]
+        (row,) = table[(table["name"] == name) & (table["input_dims"] == json.dumps(dims)) & (table["input_type"] == json.dumps(types))].itertuples()
+        # the input read, the reduced output (``kept`` elements) written, in float32
+        assert (row.flops, row.bytes) == (64 * 128, (64 * 128 + kept) * 4), (name, concrete)
+
+
+def test_all_gather_reduce_scatter_and_all_to_all_bandwidths_follow_nccl_tests(tmp_path: Path) -> None:
+    """Four ranks; each collective ends together, rank r arrives 10·r µs late. NCCL tests'
+    ``size`` (doc/PERFORMANCE.md and its *GetBw): all-gather the gathered output, reduce-scatter
+    the whole input, all-to-all the whole send buffer; busbw = algbw × (n−1)/n for all three;
+    the time is the transfer, without the wait for the last rank."""
+    n, per_rank = 4, 1 << 20  # elements of one rank's part
+    kernels = [  # (kernel, Collective name, In msg nelems, Out msg nelems, dtype, bytes per element)
+        ("AllGather_RING_LL", "_allgather_base", per_rank, n * per_rank, "BFloat16", 2),
+        ("ReduceScatter_Sum_bf16_RING_LL", "_reduce_scatter_base", n * per_rank, per_rank, "BFloat16", 2),
+        ("SendRecv", "all_to_allv", n * per_rank, n * per_rank, "Float", 4),
+    ]
+    for rank in range(n):
+        events: list[dict[str, Any]] = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 2000}]
+        for k, (kernel, name, in_n, out_n, dtype, _) in enumerate(kernels):
+            begin, end = 100.0 + 500 * k + 10 * rank, 100.0 + 500 * k + 400
+            events += [
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": begin - 10, "dur": 5, "args": {"correlation": k + 1}},
+                {"ph": "X", "cat": "kernel", "name": f"ncclDevKernel_{kernel}(ncclDevComm*, unsigned long, ncclWork*)", "pid": 0, "tid": 7,
+                 "ts": begin, "dur": end - begin, "args": {"correlation": k + 1, "Collective name": name, "In msg nelems": in_n,
+                                                           "Out msg nelems": out_n, "Group size": n, "dtype": dtype}},
+            ]
+        doc = {"distributedInfo": {"rank": rank, "world_size": n}, "traceEvents": events}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    found = tracemagic.load(tmp_path, use_cache=False).collectives()
+    assert len(found) == n * len(kernels)
+    for kernel, name, in_n, out_n, dtype, size in kernels:
+        rows = found[found["collective"] == name]
+        assert len(rows) == n, name
+        message = (out_n if name == "_allgather_base" else in_n) * size
+        seconds = (400.0 - 10 * (n - 1)) * 1e-6  # the last rank's duration: the transfer alone
+        # rank r waited 10·(n−1−r) µs for the last rank, then moved data as long as it did
+        by_rank = rows.sort_values("rank")
+        assert by_rank["excess_us"].tolist() == pytest.approx([10.0 * (n - 1 - r) for r in range(n)]), name
+        assert by_rank["transfer_us"].tolist() == pytest.approx([400.0 - 10 * (n - 1)] * n), name
+        assert (by_rank["excess_us"] + by_rank["transfer_us"]).tolist() == pytest.approx(by_rank["dur"].tolist()), name
+        assert (rows["bytes"] == message).all(), name
+        assert rows["algbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9] * n), name
+        assert rows["busbw_gbps"].to_numpy() == pytest.approx([message / seconds / 1e9 * (n - 1) / n] * n), name
+
+
+def test_a_collective_with_a_group_size_of_zero_gets_no_bus_bandwidth_and_no_warning(tmp_path: Path) -> None:
+    """A ``Group size`` of 0 (seen when the process group is not known to the recorder)
+    leaves the bus factor unknown: NaN busbw, not a division by zero."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 90, "dur": 5, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+         "pid": 0, "tid": 7, "ts": 100, "dur": 200, "args": {"correlation": 1, "Collective name": "allreduce", "In msg nelems": 1024,
+                                                           "Out msg nelems": 1024, "Group size": 0, "dtype": "Float"}},
+    ]  # fmt: skip
+    path = tmp_path / "group0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = tracemagic.load(path, cache_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = trace.collectives()
+    assert len(found) == 1
+    row = found.iloc[0]
+    assert row["bytes"] == 1024 * 4 and row["transfer_us"] == 200.0
+    assert row["algbw_gbps"] == pytest.approx(1024 * 4 / 200e-6 / 1e9)
+    assert math.isnan(row["busbw_gbps"])
+
+
+def test_efficiency_is_computed_once_for_layers_the_roofline_and_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``layers()`` (through ``gpu_shares``), the dashboard's Roofline tab and
+    ``trace.efficiency()`` share one ``efficiency()`` table per trace."""
+    import tracemagic.analysis.efficiency as module
+    from tracemagic.views.data import TraceData
+
+    made = []
+    roofline = module._roofline
+    monkeypatch.setattr(module, "_roofline", lambda *args: (made.append(1), roofline(*args))[1])
+    trace = tracemagic.load(TRACES / "tracelens_normalization_layer_test.json.gz", cache_dir=tmp_path)
+    layers = trace.layers()
+    table = trace.efficiency()
+    assert len(TraceData(trace).efficiency) == len(table)
+    assert len(made) == 1
+    assert layers["memory_bound_pct"].notna().any() and len(table) > 0
+
+
+def test_no_analysis_module_imports_one_that_imports_it_back() -> None:
+    """Every import of one analysis module by another (inside functions too), from the
+    sources: the graph has no cycle (efficiency and layers both use the layer attribution,
+    which lives below them)."""
+    import ast
+
+    package = Path(tracemagic.__file__).parent / "analysis"
+    graph: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tracemagic.analysis."):
+                found.add(node.module.rsplit(".", 1)[1])
+            elif isinstance(node, ast.ImportFrom) and node.module == "tracemagic.analysis":
+                found |= {a.name for a in node.names if (package / f"{a.name}.py").exists()}
+            elif isinstance(node, ast.Import):
+                found |= {a.name.rsplit(".", 1)[1] for a in node.names if a.name.startswith("tracemagic.analysis.")}
+        graph[path.stem] = found
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            at = todo.pop()
+            if at not in seen:
+                seen.add(at)
+                todo.extend(graph.get(at, ()))
+        assert start not in seen, f"{start} imports itself back through {sorted(seen)}"
+
+
+def test_argument_positions_are_those_of_torchs_op_schemas() -> None:
+    """Where ``is_causal``, the query and a conv backward's flags sit, read from torch's schemas."""
+    import torch
+
+    from tracemagic.analysis.shapes import ATTENTION
+
+    def arguments(name: str) -> list[str]:
+        return [a.name for a in getattr(torch.ops.aten, name.split("::")[1]).default._schema.arguments]
+
+    for name, (query, causal, _) in ATTENTION.items():
+        args = arguments(name)
+        assert (args[query], args[causal]) == ("query", "is_causal"), name
+    args = arguments("aten::convolution_backward")
+    assert (args[:3], args[7], args[10]) == (["grad_output", "input", "weight"], "transposed", "output_mask")

@@ -14,8 +14,9 @@ datasheet it comes from. Conventions, so the figures are comparable:
   device (110 or 104 compute units, 64 GiB), so their rows hold half the package figures.
 
 A trace's device is matched from Kineto's ``deviceProperties`` (``trace.devices``): by
-name, and where the name does not say (AMD traces write ``AMD Radeon Graphics`` or
-nothing), by compute-unit/SM count and memory size (``match``).
+the model number in its name, and only where the name does not say (AMD traces write
+``AMD Radeon Graphics`` or nothing), by compute-unit/SM count and memory size
+(``match``). Other named boards are unknown and get no peaks.
 """
 
 from __future__ import annotations
@@ -85,22 +86,35 @@ PEAKS: tuple[DevicePeaks, ...] = (
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 _BY_NAME = {p.name: p for p in PEAKS}
 
-#: (pattern on the device name, candidate rows told apart by memory size)
+#: (pattern on the device name, candidate rows told apart by memory size). Model numbers are
+#: whole words: ``GH200`` and ``GB200`` (Grace superchips) are not H200 and B200, ``V100S``
+#: is not a V100; an H100 NVL (94 GB, its own figures) is not in ``PEAKS`` and matches none.
 _NAME_RULES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
-    (re.compile(r"V100.*PCIE", re.I), ("V100 PCIe",)),
-    (re.compile(r"V100", re.I), ("V100 SXM2",)),  # SXM2 and DGXS (the DGX Station's SXM2 boards)
-    (re.compile(r"A100.*PCIE", re.I), ("A100 PCIe 40GB", "A100 PCIe 80GB")),
-    (re.compile(r"A100", re.I), ("A100 SXM 40GB", "A100 SXM 80GB")),  # SXM4 and PG509 (an SXM4 board)
-    (re.compile(r"H100.*PCIE", re.I), ("H100 PCIe",)),
-    (re.compile(r"H100", re.I), ("H100 SXM",)),
-    (re.compile(r"H200", re.I), ("H200",)),
-    (re.compile(r"B200", re.I), ("B200",)),
-    (re.compile(r"MI250X", re.I), ("MI250X (one GCD)",)),
-    (re.compile(r"MI250", re.I), ("MI250 (one GCD)",)),
-    (re.compile(r"MI300X", re.I), ("MI300X",)),
-    (re.compile(r"MI325X", re.I), ("MI325X",)),
-    (re.compile(r"MI355X", re.I), ("MI355X",)),
+    (re.compile(r"\bV100\b.*\bPCIE\b", re.I), ("V100 PCIe",)),
+    (re.compile(r"\bV100\b(?!.*\bPCIE\b)", re.I), ("V100 SXM2",)),  # SXM2 and DGXS (the DGX Station's SXM2 boards)
+    (re.compile(r"\bA100\b.*\bPCIE\b", re.I), ("A100 PCIe 40GB", "A100 PCIe 80GB")),
+    (re.compile(r"\bA100\b(?!.*\bPCIE\b)", re.I), ("A100 SXM 40GB", "A100 SXM 80GB")),  # SXM4 and PG509 (an SXM4 board)
+    (re.compile(r"\bH100\b.*\bPCIE\b", re.I), ("H100 PCIe",)),
+    (re.compile(r"\bH100\b(?!.*\b(?:NVL|PCIE)\b)", re.I), ("H100 SXM",)),
+    (re.compile(r"\bH200\b(?!.*\bNVL\b)", re.I), ("H200",)),
+    (re.compile(r"\bB200\b", re.I), ("B200",)),
+    (re.compile(r"\bMI250X\b", re.I), ("MI250X (one GCD)",)),
+    (re.compile(r"\bMI250\b", re.I), ("MI250 (one GCD)",)),
+    (re.compile(r"\bMI300X\b", re.I), ("MI300X",)),
+    (re.compile(r"\bMI325X\b", re.I), ("MI325X",)),
+    (re.compile(r"\bMI355X\b", re.I), ("MI355X",)),
 )
+#: names that do not say which board it is (ROCm writes ``AMD Radeon Graphics``, an
+#: architecture like ``gfx90a:sramecc+:xnack-`` or nothing): matched by SM/CU count instead
+_GENERIC_NAME = re.compile(
+    r"^\s*(?:(?:AMD|ATI|NVIDIA)\b\s*)?(?:Radeon\s+Graphics|Graphics|Device|GPU|Instinct|gfx[0-9a-f]+(?::\S*)?)?\s*$", re.I
+)
+
+
+def is_generic(name: str) -> bool:
+    """Whether a ``deviceProperties`` name says nothing of the board (empty, ``AMD Radeon
+    Graphics``, ``Device``, a ``gfx`` architecture)."""
+    return bool(_GENERIC_NAME.match(name))
 
 
 def table() -> pd.DataFrame:
@@ -120,15 +134,20 @@ def _closest_memory(names: tuple[str, ...], memory_bytes: float | None) -> Devic
 def match(device: dict[str, Any]) -> DevicePeaks | None:
     """The ``PEAKS`` row of a ``trace.devices`` entry (``name``, ``sm_count``, ``memory_bytes``), None if unknown.
 
-    By name first; a generic or empty name (``AMD Radeon Graphics`` on ROCm traces) is
+    By the model number in the name (a whole word: ``GH200`` is not an H200); only a
+    generic or empty name (``AMD Radeon Graphics`` on ROCm traces, see ``is_generic``) is
     matched by its SM/compute-unit count, with memory size telling apart devices with the
-    same count (H100 SXM 80 GB and H200 141 GB, MI300X and MI325X).
+    same count (H100 SXM 80 GB and H200 141 GB, MI300X and MI325X). A named board that is
+    not in ``PEAKS`` (TITAN V, Quadro GV100, H100 NVL, GH200) is unknown: None, not the
+    figures of another board with as many SMs.
     """
     name = str(device.get("name") or "")
     memory = device.get("memory_bytes")
     for pattern, names in _NAME_RULES:
         if pattern.search(name):
             return _closest_memory(names, memory)
+    if not is_generic(name):
+        return None
     sms = device.get("sm_count")
     if not sms:
         return None

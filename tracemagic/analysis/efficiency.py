@@ -32,8 +32,8 @@ modelled or its shapes do not fix the count — never a guess):
   inputs, write the broadcast output (the first input's dtype; ``where``: the second's),
   1 FLOP per output element; ``fill_``/``zero_`` write only.
 - Reductions (sum, mean, amax, ...): read the input, write the reduced output (its size
-  from the ``dim`` argument in ``Concrete Inputs``; no dim: one element), 1 FLOP per
-  input element.
+  from the ``dim`` argument in ``Concrete Inputs``; no dim, as in ``sum(x, dtype=...)``:
+  one element; in the input's element size), 1 FLOP per input element.
 - Embedding: read the indices and the gathered rows, write them (0 FLOPs).
 
 A call chain's figures are those of its outermost modelled ops added up (as ``shapes()``
@@ -48,10 +48,12 @@ than 100% (seen on the A100 and V100 traces for tensors of a few MB, with kernel
 few µs whose 1 µs timestamps add their own noise).
 
 FLOPs are those of the direct algorithm. cuDNN/MIOpen may run a 3×3 convolution as
-Winograd or FFT, which executes fewer multiplications: such a convolution can show more
-than 100% of the compute roof (seen on the V100 ResNet-50 trace, 3×3 convolutions at
-1.6× the FP32 peak when counted directly); the excess is the algorithm's saving, not a
-wrong peak.
+Winograd or FFT, which executes fewer multiplications: such a convolution could show more
+than 100% of the compute roof, the algorithm's saving rather than a wrong peak. No trace
+here shows it: the V100 ResNet-50 trace runs Winograd kernels but records no ``Concrete
+Inputs``, so its convolutions are NaN here; ``shapes()``' 'estimate' for them (stride 1
+assumed) reaches 1.3-3.5× the FP32 peak for 1×1 and 7×7 convolutions as well as 3×3,
+which is the overcount of strided convolutions, not Winograd.
 
 Compared with AMD TraceLens' ``perf_model`` (MIT, ``TraceLens/PerfModel/perf_model.py``):
 its GEMM counts 2·M·N·K + M·N for a bias (we follow torch's ``with_flops``, which leaves
@@ -68,6 +70,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,7 +78,8 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, text
+from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, layers_at, names_where, text
+from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES
 from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
 from tracemagic.errors import TraceError
@@ -95,6 +99,12 @@ PRECISION: dict[str, str] = {
     "double": "fp64", "float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16",
     "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8",
 }  # fmt: skip
+
+#: kernel names of float32 matrix math on TF32 tensor cores, as in the A100 traces: cuBLAS
+#: and cuDNN ``sm80_xmma_*_tf32f32_tf32f32_*``, CUTLASS ``tensorop_s1688gemm`` (its float
+#: m16n8k8 MMA is TF32), cuDNN's mangled CUTLASS ``tfloat32_t``; AMD's XF32 (``xf32``).
+#: CUDA-core float32 kernels (``ampere_sgemm_*``, ``volta_sgemm_*``, ``implicit_convolve_sgemm``) match none.
+TF32_KERNEL = re.compile(r"tf32|tfloat32|xf32|tensorop_s1688", re.I)
 
 Dims = list[Any]
 Cost = tuple[float, float]  # (FLOPs, bytes) of one call; NaN where unknown
@@ -216,13 +226,16 @@ def _elementwise(name: str, dims: Dims, types: list[str]) -> Cost:
 
 def _reduction(dims: Dims, types: list[str], args: list[str]) -> Cost:
     """Input read, the reduced output written; 1 FLOP per input element. The output size
-    needs the ``dim`` argument (``Concrete Inputs``), or no dim at all (a full reduction)."""
+    needs the ``dim`` argument (``Concrete Inputs``), or no dim at all (a full reduction).
+    An op of two arguments has no dim: the second is ``sum``/``mean``/``prod``'s ``dtype``
+    (recorded as a number: '7' is float64, not dim 7) or ``var``/``std``'s ``unbiased``."""
     if not dims or types[0] not in ELEMENT_BYTES or not isinstance(dims[0], list):
         return NAN, NAN
     x = dims[0]
     n = math.prod(x)
-    dim = _arg(args, 1) if len(dims) > 1 else None
-    if dim is None and len(dims) > 1 and types[1] != "":
+    has_dim = len(dims) > 2
+    dim = _arg(args, 1) if has_dim else None
+    if dim is None and has_dim and types[1] != "":
         return NAN, NAN  # a dim argument the trace did not record (no ``Concrete Inputs``)
     if isinstance(dim, int) and not isinstance(dim, bool):
         dim = [dim]
@@ -298,12 +311,29 @@ def _cost(name: str, dims: Dims, types: list[str], args: list[str], flops: float
     return rule(name, dims, types, args, flops)
 
 
+def gpu_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the GPU events launched by an op, and for each the top of the launching
+    op's call chain (-1: in none); computed once per trace."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        call_rows, top = call_chains(trace)
+        top_of = np.full(len(events), -1, dtype=np.int64)
+        top_of[call_rows] = top
+        gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"].to_numpy() >= 0))
+        op = events["op"].to_numpy()[gpu]
+        return gpu, np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
+
+    return trace.shared("efficiency:gpu_chains", compute)
+
+
 def chain_costs(trace: Trace) -> pd.DataFrame:
     """Per call chain that launched GPU work (or every chain on a trace without a GPU):
     ``row`` (its top op), ``flops``, ``bytes`` (one call; each the sum over the chain's
     outermost ops for which it is known, NaN unless those ops launched all of the chain's
     GPU work: a kernel of an op no model covers leaves the chain unknown), ``matrix`` (a
-    matrix op among them), ``time_us`` (the GPU time it launched; host time without a GPU); computed once per trace."""
+    matrix op among them), ``tf32`` (one of its kernels is a TF32 tensor-core kernel by
+    name, ``TF32_KERNEL``), ``time_us`` (the GPU time it launched; host time without a GPU); computed once per trace."""
 
     def compute() -> pd.DataFrame:
         events = trace.events
@@ -338,6 +368,9 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
             if field == "flops":
                 matrix = np.zeros(n, dtype=bool)
                 matrix[top[outer & pd.Series(names).isin(MATRIX_OPS).to_numpy()]] = True
+        gpu, chain_top = gpu_chains(trace)
+        tf32 = np.zeros(n, dtype=bool)
+        tf32[chain_top[names_where(events["name"], TF32_KERNEL)[gpu] & (chain_top >= 0)]] = True
         tops = rows[top == rows]
         time_us = launched[tops] if trace.has_gpu else events["dur"].to_numpy()[tops]
         keep = time_us > 0
@@ -348,6 +381,7 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
                 "flops": chain["flops"][tops],
                 "bytes": chain["bytes"][tops],
                 "matrix": matrix[tops],
+                "tf32": tf32[tops],
                 "time_us": time_us[keep],
             }
         )
@@ -377,16 +411,20 @@ def _rank_peaks(trace: Trace, peaks: Peaks | None) -> dict[int, tuple[str | None
             raise TraceError(f"peaks must be numbers (TFLOP/s, TB/s): {error}") from None
         return {r: (label, values) for r in trace.rank_ids}
     out: dict[int, tuple[str | None, dict[str, float]]] = {}
-    for r in trace.rank_ids:
-        found = None
-        if trace.has_gpu:
-            listed = trace.meta.get("ranks", {}).get(r, {}).get("devices") or trace.devices
-            found = next((m for m in map(devices.match, listed) if m is not None), None)
+    for r, listed in _devices_of(trace).items():
+        found = next((m for m in map(devices.match, listed) if m is not None), None)
         if found is None:
             out[r] = (None, dict.fromkeys((*devices.PRECISIONS, "tbytes_per_s"), NAN))
         else:
             out[r] = (found.name, {k: float(getattr(found, k)) for k in (*devices.PRECISIONS, "tbytes_per_s")})
     return out
+
+
+def _devices_of(trace: Trace) -> dict[int, list[dict[str, Any]]]:
+    """Per rank, its ``deviceProperties`` entries (none on a trace without GPU activity)."""
+    if not trace.has_gpu:
+        return {r: [] for r in trace.rank_ids}
+    return {r: trace.meta.get("ranks", {}).get(r, {}).get("devices") or trace.devices for r in trace.rank_ids}
 
 
 def _precision(input_type: str | None) -> str | None:
@@ -407,12 +445,15 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     GPU work (``shapes()``' rows, with different ``concrete_inputs`` merged), most GPU time
     first. Columns: ``calls``; ``gpu_us`` (kernels, memcpy and memset the calls launched,
     summed; on a trace without GPU activity, the ops' host time); ``flops`` and ``bytes``
-    per call (the cost models of this module; NaN where unknown); ``intensity`` =
+    per call (the cost models of this module; NaN unless known for every call of the
+    row, the rule of ``shapes()``' ``flops``); ``intensity`` =
     flops / bytes (FLOP/byte); ``tflops_per_s`` = calls × flops / gpu_us and
     ``tbytes_per_s`` = calls × bytes / gpu_us (10¹² per second); ``peak_tflops`` (the
     device's peak at the op's precision, its first floating-point input's dtype; a float32
-    matrix op is held to the TF32 tensor-core peak where the device has one, the rate it
-    reaches with ``torch.backends.cuda.matmul.allow_tf32``; NaN for integer ops);
+    matrix op is held to the TF32 tensor-core peak only where its kernels' names say they
+    ran on TF32 tensor cores (``TF32_KERNEL``: ``allow_tf32`` is off by default for
+    matmuls and on for cuDNN convolutions), else, as on a CPU trace or with kernels of
+    unknown names, to the FP32 peak; NaN for integer ops);
     ``peak_tbytes_per_s``; ``bound`` ('compute' where intensity reaches the ridge
     peak_tflops / peak_tbytes_per_s, else 'memory'; 'memory' also for ops without
     FLOPs or a compute peak; NA where unknown); ``pct_of_roofline`` (achieved over the
@@ -427,7 +468,8 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
             (TFLOP/s) and tbytes_per_s (TB/s), e.g. ``{'bf16': 989.5, 'tbytes_per_s': 3.35}``.
 
     ``df.attrs['layers']``: per row, the layers its calls ran in (most GPU time first, as
-    text: ``encoder.0, encoder.1 (+4)``; '' where none).
+    text: ``encoder.0, encoder.1 (+4)``; '' where none). ``df.attrs['note']``, where a
+    GPU is not one ``devices.match`` knows: which, and that its peaks are NaN.
     """
     chains = chain_costs(trace)
     events = trace.events
@@ -442,6 +484,7 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
             "flops": chains["flops"].to_numpy(),
             "bytes": chains["bytes"].to_numpy(),
             "matrix": chains["matrix"].to_numpy(),
+            "tf32": chains["tf32"].to_numpy(),
             "layer": _layer_of(trace, rows),
         }
     )
@@ -455,6 +498,7 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
         flops_unknown=("flops_unknown", "max"),
         bytes_unknown=("bytes_unknown", "max"),
         matrix=("matrix", "max"),
+        tf32=("tf32", "max"),
     ).reset_index()
     # per call; NaN where some calls of the group could not be modelled
     table["flops"] = np.where(table["flops_unknown"], NAN, table["flops_total"] / table["calls"])
@@ -466,6 +510,13 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     table = table.sort_values(["rank", "gpu_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
     out = table[list(COLUMNS)].copy()
     out.attrs["layers"] = [str(v) for v in table["_layers"]]
+    listed = [d for ds in _devices_of(trace).values() for d in ds] if peaks is None else []
+    unknown = sorted({repr(str(d.get("name") or "")) for d in listed if devices.match(d) is None})
+    if unknown:
+        out.attrs["note"] = (
+            f"no peaks for {', '.join(unknown)}: not in tracemagic.analysis.devices.PEAKS, so peaks, "
+            "bound and pct_of_roofline are NaN; pass peaks={'bf16': ..., 'tbytes_per_s': ...}"
+        )
     return out
 
 
@@ -480,11 +531,11 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
         table["tflops_per_s"] = calls * flops / seconds_e12
         table["tbytes_per_s"] = calls * nbytes / seconds_e12
     peak, bandwidth, device = [], [], []
-    for rank, input_type, matrix in zip(table["rank"], table["input_type"], table["matrix"]):
+    for rank, input_type, matrix, tf32 in zip(table["rank"], table["input_type"], table["matrix"], table["tf32"]):
         name, values = per_rank.get(int(rank), (None, {}))
         precision = _precision(input_type)
         value = values.get(precision, NAN) if precision else NAN
-        if precision == "fp32" and matrix and not math.isnan(values.get("tf32", NAN)):
+        if precision == "fp32" and matrix and tf32 and not math.isnan(values.get("tf32", NAN)):
             value = values["tf32"]
         peak.append(value)
         bandwidth.append(values.get("tbytes_per_s", NAN))
@@ -508,9 +559,6 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
 
 def _layer_of(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """The layer each chain top ran in (forward by nesting, backward by its forward op), None where none."""
-    from tracemagic.analysis._common import layers_at
-    from tracemagic.analysis.layers import attribution
-
     module = attribution(trace).module[rows] if rows.size else np.zeros(0, dtype=np.int64)
     return layers_at(trace, module)[0]
 
@@ -527,17 +575,18 @@ def _layer_text(frame: pd.DataFrame, table: pd.DataFrame, keys: list[str]) -> li
     return [found.get(tuple(k), "") for k in table[keys].itertuples(index=False)]
 
 
-def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per events row: the FLOPs a GPU event did (its call chain's, shared among the chain's
-    GPU events by duration; 0 where the chain's FLOPs are unknown), and whether its chain's
-    op × shape is memory-bound in ``efficiency()``; 0 and False for other rows. For
-    ``layers()``, which sums them per layer."""
+    GPU events by duration; 0 where the chain's FLOPs are unknown), whether its chain's
+    op × shape is memory-bound in ``efficiency()``, and whether that bound is known at all
+    (not on an unknown device, nor for an op without a cost model); 0, False and False for
+    other rows. For ``layers()``, which sums them per layer."""
 
-    def compute() -> tuple[np.ndarray, np.ndarray]:
+    def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         events = trace.events
         n = len(events)
         chains = chain_costs(trace)
-        table = efficiency(trace)
+        table = trace.table(efficiency)
         rows = chains["row"].to_numpy()
         keys = ["rank", "name", "input_dims", "input_type"]
         mine = pd.DataFrame({k: events[k].to_numpy()[rows] for k in keys})
@@ -547,18 +596,15 @@ def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         bound = mine.merge(table[[*keys, "bound"]], on=keys, how="left")["bound"].to_numpy()
         rate = np.zeros(n)  # FLOPs per µs of GPU time, per chain top
         rate[rows] = np.nan_to_num(chains["flops"].to_numpy() / chains["time_us"].to_numpy())
-        memory = np.zeros(n, dtype=bool)
+        memory, known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         memory[rows] = pd.Series(bound).eq("memory").fillna(False).to_numpy(dtype=bool)
-        call_rows, top = call_chains(trace)
-        top_of = np.full(n, -1, dtype=np.int64)
-        top_of[call_rows] = top
-        gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"].to_numpy() >= 0))
-        op = events["op"].to_numpy()[gpu]
-        chain = np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
-        flops, is_memory = np.zeros(n), np.zeros(n, dtype=bool)
+        known[rows] = pd.notna(bound)
+        gpu, chain = gpu_chains(trace)
+        flops, is_memory, has_bound = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         held = chain >= 0
         flops[gpu[held]] = rate[chain[held]] * events["dur"].to_numpy()[gpu[held]]
         is_memory[gpu[held]] = memory[chain[held]]
-        return flops, is_memory
+        has_bound[gpu[held]] = known[chain[held]]
+        return flops, is_memory, has_bound
 
     return trace.shared("efficiency:gpu_shares", compute)

@@ -21,15 +21,12 @@ module's own time, forward (the region's ops and kernels) and backward
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
     GPU_ACTIVITY,
-    enclosing_at,
-    flow_thread_keys,
     in_scope,
     layers_at,
     memory_holders,
@@ -40,182 +37,16 @@ from tracemagic.analysis._common import (
     text,
     thread_keys_of,
 )
+from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
-from tracemagic.trace.structure import MODULE_PREFIX, NEST_TOLERANCE_US, enclosing_of_kind, propagate, sort_by_thread
+from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread
 
-#: outermost op of each autograd node run by the engine
-BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
 #: ``Input Dims`` text with at least one tensor of one or more dimensions
 TENSOR_DIMS = re.compile(r"\[\d")
-#: the op dynamo runs each compiled frame in (``Torch-Compiled Region: 0/0``)
-COMPILED_REGION = re.compile(r"^Torch-Compiled Region")
-#: the module event of a ``torch.compile(model)`` wrapper
-COMPILED_WRAPPER = re.compile(r"^nn\.Module: OptimizedModule_\d+$")
 COLUMNS = tuple(TABLES["layers"].names)
-
-
-@dataclass(frozen=True)
-class Attribution:
-    """Which layer each event's time belongs to.
-
-    Attributes:
-        module: per events row, the ``nn.Module`` event row whose layer gets the row's time:
-            the innermost enclosing module for forward work, the module of the matching
-            forward op for work inside a backward op; -1 for none.
-        backward: per events row, whether it lies inside an outermost backward op.
-        root: per events row, the outermost backward op enclosing it (itself included), -1.
-        is_module: per events row, whether it is an ``nn.Module`` event that is a layer of
-            its own (not folded into its enclosing one, see ``_fold_compiled``).
-        module_parent: per events row, the ``nn.Module`` event enclosing a module event, -1.
-        in_scope: per events row, inside a ProfilerStep (or the rank has no steps).
-        compiled: rows of the ``Torch-Compiled Region`` ops.
-    """
-
-    module: np.ndarray
-    backward: np.ndarray
-    root: np.ndarray
-    is_module: np.ndarray
-    module_parent: np.ndarray
-    in_scope: np.ndarray
-    compiled: np.ndarray
-
-
-def attribution(trace: Trace, flows: bool = True) -> Attribution:
-    """Attribute every event to a layer: forward by module nesting, backward by its forward op
-    (computed once per trace and flag; see ``_attribution``)."""
-    return trace.shared(f"attribution:{flows}", lambda: _attribution(trace, flows))
-
-
-def _attribution(trace: Trace, flows: bool) -> Attribution:
-    """Attribute every event to a layer: forward by module nesting, backward by its forward op.
-
-    Backward ops count only when outermost (not inside another backward op) and outside
-    any module event (autograd work inside a module's forward is that module's forward
-    time). A backward op goes to the layer of the forward op that created its autograd
-    node: the op at the start of a ``fwdbwd`` flow ending on the backward op or an op
-    inside it (exact, even with forward passes on several threads), else (traces without
-    flows, or ``flows=False``) the latest earlier forward op with the same ``Sequence
-    number`` on the rank (sequence numbers are per thread, so they can collide). Module
-    events inside a backward op (activation recomputation) count as that backward op's time.
-    """
-    events = trace.events
-    n = len(events)
-    parent = events["parent"].to_numpy()
-    depth = events["depth"].to_numpy()
-    is_op = kind_mask(events, "cpu_op")
-    names = events["name"]
-    module_names = names.cat.categories.str.startswith(MODULE_PREFIX)
-    is_module = kind_mask(events, "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
-    compiled = np.flatnonzero(is_op & names_where(names, COMPILED_REGION))
-    module, folded = _fold_compiled(trace, events["module"].to_numpy(), is_module, compiled)
-    is_module &= ~folded
-    fwd_tid = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)
-    is_bwd = is_op & (names_where(events["name"], BACKWARD_OP) | (fwd_tid > 0))
-    above = enclosing_of_kind(parent, depth, is_bwd, np.arange(n))
-    is_root = is_bwd & (above < 0) & (module < 0)
-    root = propagate(parent, depth, is_root)
-    seq = events["seq"].to_numpy(dtype=np.int64, na_value=-1)
-    ts = events["ts"].to_numpy()
-    rank = events["rank"].to_numpy().astype(np.int64)
-    linked = _flow_links(trace, root, is_op) if flows else np.full(n, -2, dtype=np.int64)
-    roots = np.flatnonzero(is_root & (seq >= 0) & (linked == -2))
-    forward = np.flatnonzero(is_op & ~is_bwd & (seq >= 0) & (root < 0))
-    matched = np.where(linked >= 0, module[np.maximum(linked, 0)], -1)
-    if roots.size and forward.size:
-        left = pd.DataFrame({"ts": ts[roots], "rank": rank[roots], "seq": seq[roots], "row": roots})
-        right = pd.DataFrame({"ts": ts[forward], "rank": rank[forward], "seq": seq[forward], "fwd": module[forward]})
-        joined = pd.merge_asof(
-            left.sort_values("ts", kind="stable"),
-            right.sort_values("ts", kind="stable"),
-            on="ts",
-            by=["rank", "seq"],
-            direction="backward",
-        )
-        matched[joined["row"].to_numpy()] = joined["fwd"].fillna(-1).to_numpy(dtype=np.int64)
-    backward = root >= 0
-    layer = np.where(backward, matched[np.maximum(root, 0)], module)
-    module_parent = np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1)
-    return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
-
-
-def _fold_compiled(trace: Trace, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Fold the module events of compiled code into the layer they belong to.
-
-    Folded: the model event directly inside its ``OptimizedModule`` event when both have
-    the same layer name (the capture names both by the user's path), and every module event
-    inside a ``Torch-Compiled Region`` op (dynamo's own ``GraphModule``) that has an
-    enclosing module event.
-
-    Args:
-        module: per events row, the innermost enclosing ``nn.Module`` event (itself included).
-        is_module: per events row, whether it is an ``nn.Module`` event.
-        compiled: the rows of the ``Torch-Compiled Region`` ops.
-
-    Returns:
-        ``module`` with each folded event replaced by the event it folds into, and the mask
-        of folded rows.
-    """
-    events = trace.events
-    folded = np.zeros(len(events), dtype=bool)
-    rows = np.flatnonzero(is_module)
-    parent = events["parent"].to_numpy()
-    up = np.where(parent[rows] >= 0, module[np.maximum(parent[rows], 0)], -1)
-    keep = up >= 0
-    rows, up = rows[keep], up[keep]
-    if not rows.size:
-        return module, folded
-    wrapper = names_where(events["name"], COMPILED_WRAPPER)
-    layer, _ = layers_at(trace, rows)
-    up_layer, _ = layers_at(trace, up)
-    fold = wrapper[up] & (layer == up_layer)
-    if compiled.size:
-        region = np.zeros(len(events), dtype=bool)
-        region[compiled] = True
-        fold |= enclosing_of_kind(parent, events["depth"].to_numpy(), region, rows) >= 0
-    if not fold.any():
-        return module, folded
-    folded[rows[fold]] = True
-    into = np.arange(len(events))
-    into[rows[fold]] = up[fold]
-    while True:  # a chain of folds ends at the first event that stays a layer
-        again = into[into]
-        if np.array_equal(again, into):
-            break
-        into = again
-    return np.where(module >= 0, into[np.maximum(module, 0)], -1), folded
-
-
-def _flow_links(trace: Trace, root: np.ndarray, is_op: np.ndarray) -> np.ndarray:
-    """Per events row: the forward op row linked to it by a ``fwdbwd`` flow, -2 for none.
-
-    Set only on outermost backward ops: the flow end is located on the CPU op at its
-    (rank, pid, tid, ts), the flow start on the forward op there, and the end's outermost
-    backward op gets the start's op. A start that lands on no op, or inside backward work,
-    leaves -1 (linked, but to no forward op). Vectorized: one ``searchsorted`` per thread.
-    """
-    events = trace.events
-    out = np.full(len(events), -2, dtype=np.int64)
-    flows = trace.flows
-    if flows.empty or "cat" not in flows:
-        return out
-    fwdbwd = flows[(flows["cat"] == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()]
-    if fwdbwd.empty:
-        return out
-    at = enclosing_at(trace, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), is_op)
-    table = pd.DataFrame({"rank": fwdbwd["rank"].to_numpy(), "id": fwdbwd["id"].to_numpy(dtype=np.int64), "row": at})
-    start = table[(fwdbwd["ph"] == "s").to_numpy()].drop_duplicates(["rank", "id"])
-    finish = table[(fwdbwd["ph"] == "f").to_numpy()].drop_duplicates(["rank", "id"])
-    pairs = finish.merge(start, on=["rank", "id"], suffixes=("_bwd", "_fwd"))
-    bwd = pairs["row_bwd"].to_numpy(dtype=np.int64)
-    fwd = pairs["row_fwd"].to_numpy(dtype=np.int64)
-    bwd_root = np.where(bwd >= 0, root[np.maximum(bwd, 0)], -1)
-    fwd = np.where((fwd >= 0) & (root[np.maximum(fwd, 0)] < 0), fwd, -1)
-    keep = bwd_root >= 0
-    out[bwd_root[keep]] = fwd[keep]
-    return out
 
 
 def step_time(trace: Trace, step: int | None = None) -> dict[int, float]:
@@ -311,7 +142,8 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     ``tflops_per_s`` (the FLOPs ``efficiency()``'s cost models know for the ops run in the
     layer and its sublayers, forward and backward, over its ``gpu_us``: a lower bound where
     some of its ops are not modelled; NaN where none is); ``memory_bound_pct`` (the share of
-    ``gpu_us`` in ops ``efficiency()`` finds memory-bound on the trace's device, %);
+    ``gpu_us`` in ops ``efficiency()`` finds memory-bound on the trace's device, %; NaN
+    where none of its ops has a known bound, e.g. on a device without known peaks);
     ``memory_growth_bytes`` (summed allocation deltas inside the forward calls, all devices);
     ``input_shapes`` (input dims of the first op of the first call); ``module`` (the trace's
     ``nn.Module: X_k`` name). Only work inside ProfilerSteps counts when the trace has them.
@@ -356,14 +188,16 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     regions = att.compiled[scope[att.compiled]]
     region_layer = np.where(att.module[regions] >= 0, layer_of[np.maximum(att.module[regions], 0)], -1)
     compiled = np.bincount(region_layer[region_layer >= 0], minlength=count) > 0
-    flops_of, memory_bound = gpu_shares(trace)
+    flops_of, memory_bound, has_bound = gpu_shares(trace)
     _, flops = _rollup(gpu_layer, flops_of[gpu], layer_of, up, count)
     _, memory_us = _rollup(gpu_layer, np.where(memory_bound[gpu], dur[gpu], 0.0), layer_of, up, count)
     _, modelled = _rollup(gpu_layer, (flops_of[gpu] > 0).astype(np.float64), layer_of, up, count)
+    _, bounded = _rollup(gpu_layer, has_bound[gpu].astype(np.float64), layer_of, up, count)
     gpu_us = fwd_gpu + bwd_gpu
     with np.errstate(divide="ignore", invalid="ignore"):
         tflops = np.where((modelled > 0) & (gpu_us > 0), flops / (gpu_us * 1e6), np.nan)
-        memory_pct = np.where(gpu_us > 0, memory_us / gpu_us * 100.0, np.nan)
+        # NaN where no op of the layer has a known bound (an unknown device: not 0% memory-bound)
+        memory_pct = np.where((bounded > 0) & (gpu_us > 0), memory_us / gpu_us * 100.0, np.nan)
 
     used = (calls > 0) | (bwd_cpu > 0) | (bwd_gpu > 0)
     first = pd.Series(ts[calls_rows]).groupby(layer_of[calls_rows]).idxmin()

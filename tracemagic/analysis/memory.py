@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import layer_text, memory_holders, name_text, text_take, trace_start
-from tracemagic.analysis.layers import attribution
+from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 

@@ -66,10 +66,12 @@ def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray) -> tuple[
     all-reduce, (n−1)/n for reduce-scatter, all-gather and all-to-all, 1 for broadcast,
     reduce and point-to-point, with n the ``Group size``: the rate each link must sustain,
     comparable with the hardware's. NaN where the trace records no sizes (older traces,
-    barriers) or the collective is another.
+    barriers) or the collective is another; the factor is NaN where the group size is
+    missing or not positive (1 for broadcast, reduce and point-to-point, which need none).
     """
     size = events["dtype"].astype(object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)[rows]
     n = events["group_size"].to_numpy(dtype=float, na_value=np.nan)[rows]
+    n[~(n > 0)] = np.nan  # a group of 0 (or none recorded) has no bus factor, and no 0-division
     nelems = {c: events[c].to_numpy(dtype=float, na_value=np.nan)[rows] for c in ("in_nelems", "out_nelems")}
     nbytes, factor = np.full(rows.size, np.nan), np.full(rows.size, np.nan)
     for pattern, output, bus in _BUS:
@@ -207,15 +209,17 @@ def collectives(trace: Trace) -> pd.DataFrame:
     ``wait_us`` (the latest matched rank's arrival minus this rank's: time spent waiting
     for the slowest, on the ranks' common clock), ``excess_us`` (duration minus the
     shortest matched duration: the same wait estimated without any clock, since such a
-    collective ends together on all ranks), ``ranks`` (how many ranks have this
+    collective ends together on all ranks), ``transfer_us`` (the rest of the duration,
+    ``dur − excess_us``: the time spent moving data once the last rank arrived, so that
+    ``excess_us + transfer_us = dur``; where the wait is unknown, ``dur``, an upper bound),
+    ``ranks`` (how many ranks have this
     collective), ``source`` (kernel | annotation | record_param_comms). Wait columns are
     NaN where only one rank has it, and for point-to-point transfers (send, recv, SendRecv
     kernels not launched by an all-to-all: their wait is for one peer, which the trace
     does not name); ``excess_us`` is NaN too for collectives that need not end together
     (broadcast, reduce, gather, scatter: the root leaves at another time). ``bytes`` (the
     message: ``In msg nelems`` × dtype size, all-gather's output), ``algbw_gbps`` (bytes over
-    the transfer time: ``dur`` less ``excess_us``, the wait for the last rank, where known,
-    GB/s = 10⁹ bytes/s) and ``busbw_gbps`` (algbw × the NCCL tests' bus factor for the
+    ``transfer_us``, GB/s = 10⁹ bytes/s) and ``busbw_gbps`` (algbw × the NCCL tests' bus factor for the
     collective and ``Group size``: 2(n−1)/n all-reduce, (n−1)/n reduce-scatter, all-gather,
     all-to-all, 1 broadcast, reduce and point-to-point); NaN where the trace records no
     message sizes. Collectives outside every step window are left out.
@@ -251,7 +255,8 @@ def collectives_of(summaries: list[Summary]) -> pd.DataFrame:
         source=source,
     )
     # the transfer: the duration less the wait for the last rank (``excess_us``) where known
-    transfer_s = (out["dur"] - out["excess_us"].fillna(0.0)).to_numpy() * 1e-6
+    out["transfer_us"] = out["dur"] - out["excess_us"].fillna(0.0)
+    transfer_s = out["transfer_us"].to_numpy() * 1e-6
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(transfer_s > 0, out["bytes"].to_numpy(dtype=float) / transfer_s / 1e9, np.nan)
     out = out.assign(algbw_gbps=algbw, busbw_gbps=algbw * out["bus_factor"].to_numpy(dtype=float))

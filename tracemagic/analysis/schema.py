@@ -183,10 +183,11 @@ _TABLES = [
         "arrival_us": ("float64", "start minus the rank's step start (the step-aligned clock)"),
         "wait_us": ("float64", "the latest matched rank's arrival minus this rank's, NaN where unmatched"),
         "excess_us": ("float64", "duration minus the shortest matched duration"),
+        "transfer_us": ("float64", "``dur − excess_us``: the transfer once the last rank arrived; ``dur`` where the wait is unknown"),
         "ranks": ("int64", "how many ranks have this collective"),
         "source": ("str", "kernel | annotation | record_param_comms"),
         "bytes": ("float64", "message size"),
-        "algbw_gbps": ("float64", "algorithm bandwidth (NCCL tests), GB/s over the transfer time"),
+        "algbw_gbps": ("float64", "algorithm bandwidth (NCCL tests), GB/s over ``transfer_us``"),
         "busbw_gbps": ("float64", "bus bandwidth (NCCL tests), GB/s"),
     }),
     Table("stragglers", "stragglers()", "ranks.stragglers", {
@@ -301,9 +302,9 @@ _TABLES = [
         "mean_us": ("float64", "``total_us / calls``"),
         "self_us": ("float64", "self time of every op of the chains"),
         "gpu_us": ("float64", "GPU time the chains launched"),
-        "flops": ("Float64", "FLOPs per call, NA when unknown"),
+        "flops": ("Float64", "FLOPs per call, NA unless known for every call"),
         "tflops_per_s": ("Float64", "achieved TFLOP/s over ``gpu_us``"),
-        "flops_source": ("str", "trace | shapes | estimate"),
+        "flops_source": ("str", "trace | shapes | estimate, NA where ``flops`` is"),
     }, "one row per top op of a call chain (the outermost op with recorded shapes, or with none and "
        "none inside, and every op it runs: one convolution is one ``aten::conv2d`` row, not four), "
        "ranked by ``total_us``."),
@@ -314,19 +315,19 @@ _TABLES = [
         "input_type": ("str", "input dtypes, JSON text"),
         "calls": ("int64", "calls"),
         "gpu_us": ("float64", "GPU time launched"),
-        "flops": ("float64", "FLOPs per call"),
-        "bytes": ("float64", "bytes moved per call"),
+        "flops": ("float64", "FLOPs per call, NaN unless known for every call (as ``shapes()``)"),
+        "bytes": ("float64", "bytes moved per call, NaN unless known for every call"),
         "intensity": ("float64", "FLOPs per byte"),
         "tflops_per_s": ("float64", "achieved TFLOP/s"),
         "tbytes_per_s": ("float64", "achieved TB/s"),
-        "peak_tflops": ("float64", "the device's peak TFLOP/s"),
+        "peak_tflops": ("float64", "the device's peak TFLOP/s at the op's dtype (float32 matrix op: TF32 only where its kernels ran TF32)"),
         "peak_tbytes_per_s": ("float64", "the device's peak TB/s"),
         "bound": ("str", "compute | memory"),
         "pct_of_roofline": ("float64", "achieved share of the roof at this intensity, %"),
         "device": ("str", "device the peaks are of"),
     }, "one row per (rank, op, input dims, dtypes) of the call chains that launched GPU work, most "
-       "GPU time first; peaks from ``devices.PEAKS`` matched by ``deviceProperties`` (or given); "
-       "``df.attrs['layers']`` the layers of each row's calls."),
+       "GPU time first; peaks from ``devices.PEAKS`` matched by ``deviceProperties`` (or given; an "
+       "unknown board gets NaN and ``df.attrs['note']``); ``df.attrs['layers']`` the layers of each row's calls."),
     Table("diff", "diff(a, b)", "", {
         "level": ("str", "op | kernel | layer"),
         "name": ("str", "op (call-chain top, as in ``shapes()``), kernel or layer"),

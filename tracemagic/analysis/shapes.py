@@ -175,7 +175,7 @@ ATTENTION: dict[str, tuple[int, int, float]] = {
     "aten::_scaled_dot_product_flash_attention_backward": (1, 11, 2.5),
     "aten::_scaled_dot_product_efficient_attention_backward": (1, 11, 2.5),
     "aten::_scaled_dot_product_cudnn_attention_backward": (1, 14, 2.5),
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (1, 4, 2.5),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (1, 7, 2.5),
 }
 
 
@@ -328,11 +328,12 @@ def shapes(trace: Trace) -> pd.DataFrame:
     ``aten::convolution_backward`` (by its ``output_mask``) and attention backward (2.5× the
     forward; attention halved where ``is_causal`` is True); where the top op has none, the sum of its
     outermost ops that have some, e.g. the two ``aten::mm`` of a linear layer's backward;
-    NA otherwise); ``tflops_per_s`` (calls × flops / time: GPU time where the chain
+    NA where one call of the row has none: no mean over the known calls, the rule of
+    ``efficiency()``); ``tflops_per_s`` (calls × flops / time: GPU time where the chain
     launched GPU work, else host time); ``flops_source`` ('trace' | 'shapes' | 'estimate':
     a conv without ``concrete_inputs``, whose stride and padding are unknown, so its output
     size is assumed equal to the input's; with them the output size is computed exactly
-    and the source is 'shapes'; a chain's is its least trusted part's). Conv FLOPs count
+    and the source is 'shapes'; a chain's is its least trusted part's; NA where ``flops`` is). Conv FLOPs count
     as torch's ``with_flops`` does: no bias, transposed convs per input position.
     """
     events = trace.events
@@ -360,10 +361,15 @@ def shapes(trace: Trace) -> pd.DataFrame:
         self_us=("self_dur", "sum"),
         gpu_us=("gpu_us", "sum"),
         flops=("chain_flops", "mean"),
+        unknown=("source", "min"),
         source=("source", "max"),
     ).reset_index()
     table["mean_us"] = table["total_us"] / table["calls"]
-    table["flops"] = table["flops"].astype("Float64")
+    # per call only where every call's chain is counted: a mean over the known ones would
+    # hold the other calls' time to FLOPs they may not have done (as ``efficiency()``)
+    every = table["unknown"].to_numpy() >= 0
+    table["flops"] = table["flops"].astype("Float64").where(every)
+    table["source"] = np.where(every, table["source"].to_numpy(), -1)
     named = np.array([*_SOURCES, None], dtype=object)
     table["flops_source"] = text(named[table["source"].to_numpy()])  # -1: the None at the end
     seconds = table["gpu_us"].where(table["gpu_us"] > 0, table["total_us"]) * 1e-6

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import layers_at, nesting_depth, text, trace_start
-from tracemagic.analysis.layers import attribution
+from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 
