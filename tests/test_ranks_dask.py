@@ -9,14 +9,17 @@ times those of the raw JSON.
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 import sys
 import tarfile
+import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
 import distributed
+from dask.config import set as dask_config
 import pandas as pd
 import pytest
 from conftest import TRACES
@@ -199,3 +202,109 @@ def test_cache_entries_removed_while_listed_are_skipped(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(Path, "stat", vanished)
     assert cache.entries(tmp_path) == []
+
+
+def test_a_rank_whose_task_raises_anything_fails_alone(
+    job: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only a TraceError: any exception of one rank's task (a bug, a worker's MemoryError)."""
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in range(4):
+        name = f"worker{rank}_step_12.pt.trace.json"
+        (folder / name).write_bytes((job[0] / name).read_bytes())
+    real = tracemagic.job.open_rank
+    victim = str(folder / "worker2_step_12.pt.trace.json")
+
+    def breaks_on_rank_2(rank: Any, options: Any) -> Any:
+        if rank.name == victim:
+            raise MemoryError("no room for rank 2")
+        return real(rank, options)
+
+    monkeypatch.setattr(tracemagic.job, "open_rank", breaks_on_rank_2)
+    ranks = tracemagic.load_ranks(folder, cache_dir=tmp_path / "c")
+    assert ranks.rank_ids == [0, 1, 3]
+    (error,) = ranks.failed.values()
+    assert list(ranks.failed) == [victim]
+    assert isinstance(error, TraceError) and error.path == victim
+    assert "MemoryError: no room for rank 2" in str(error) and isinstance(error.__cause__, MemoryError)
+    assert ranks.ranks_table()["rank"].tolist() == [0, 1, 3]
+
+
+def test_a_rank_whose_worker_dies_fails_alone(job: tuple[Path, Any], tmp_path: Path) -> None:
+    """Rank 2's worker process exits while opening it (every time): KilledWorker fails rank 2 only."""
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in range(6):
+        name = f"worker{rank}_step_12.pt.trace.json"
+        (folder / name).write_bytes((job[0] / name).read_bytes())
+
+    class DiesOnRank2(distributed.WorkerPlugin):  # defined here: pickled by value to the workers
+        def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+            if finish == "executing" and str(key).startswith("tracemagic-open-2-"):
+                import os
+
+                os._exit(1)
+
+    # one task at a time per worker, so that a death takes no other rank's task with it
+    with dask_config({"distributed.scheduler.allowed-failures": 1, "distributed.scheduler.worker-saturation": 1.0}):
+        cluster = distributed.LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+            env={"PYTHONPATH": str(ROOT)},
+        )
+        with cluster, distributed.Client(cluster) as client:
+            client.register_plugin(DiesOnRank2())
+            ranks = tracemagic.load_ranks(folder, client, cache_dir=tmp_path / "c")
+    victim = str(folder / "worker2_step_12.pt.trace.json")
+    assert list(ranks.failed) == [victim]
+    error = ranks.failed[victim]
+    assert isinstance(error, TraceError) and "KilledWorker" in str(error) and "worker2" in str(error)
+    assert isinstance(error.__cause__, distributed.KilledWorker)
+    assert ranks.rank_ids == [0, 1, 3, 4, 5]
+    here = tracemagic.load_ranks(folder / "worker[!2]_*.json", cache_dir=tmp_path / "h")
+    assert_same_tables(here, ranks)
+
+
+@pytest.mark.parametrize("members", [8, 16])
+def test_in_this_process_one_rank_is_held_at_a_time(
+    members: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tar member has no cache to read it back from: it is parsed again, not kept, so the
+    ranks alive at once stay one however many the archive holds."""
+    docs = _members()
+    archive = tmp_path / "job.tar"
+    with tarfile.open(archive, "w") as tar:
+        for rank in range(members):
+            doc = json.loads(json.dumps(docs[rank % len(docs)]))
+            doc["distributedInfo"]["rank"] = rank
+            path = tmp_path / f"rank{rank}.json"
+            path.write_text(json.dumps(doc))
+            tar.add(path, arcname=path.name)
+            path.unlink()
+    real = tracemagic.job.open_rank
+    alive: list[weakref.ref[Any]] = []
+    most = [0]
+
+    def held() -> int:
+        return sum(ref() is not None for ref in alive)
+
+    def counted(rank: Any, options: Any) -> Any:
+        if held():
+            gc.collect()  # only what a collection cannot free counts
+        most[0] = max(most[0], held())  # ranks still held when the next one opens
+        trace = real(rank, options)
+        alive.append(weakref.ref(trace))
+        return trace
+
+    monkeypatch.setattr(tracemagic.job, "open_rank", counted)
+    ranks = tracemagic.load_ranks(archive)
+    assert ranks.rank_ids == list(range(members)) and not ranks.failed
+    assert most[0] == 0, f"{most[0] + 1} ranks held at once"
+    assert len(alive) == 2 * members  # round one and round two each open every rank once
+
+    folder = tmp_path / "ranks"  # the same ranks as files, without the cache: no more held
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder, filter="data")
+    alive.clear()
+    assert tracemagic.load_ranks(folder, use_cache=False).rank_ids == list(range(members))
+    assert most[0] == 0 and len(alive) == 2 * members

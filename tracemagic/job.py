@@ -12,8 +12,13 @@ Two rounds, because a rank's tables need two facts only the whole job knows: its
 (its ``distributedInfo``, else its manifest entry or name, else the next free one, as
 ``tracemagic.load`` numbers them) and the job's time zero (the earliest event of all
 ranks). Round one opens every rank and sends back those facts; round two summarizes each
-rank, reading it back from the cache (a rank without a cache entry, a tar member or with
-``use_cache=False``, is kept where it was opened between the rounds instead).
+rank, reading it back from the cache. A rank without a cache entry (a tar member, or with
+``use_cache=False``) is kept on the worker that opened it between the rounds; in this
+process it is parsed again instead, so that no more than one rank is ever held here.
+
+A task that fails for one rank (a damaged file: ``TraceError``; its worker killed:
+``distributed.KilledWorker``; any other exception) fails that rank alone: it is listed in
+``Ranks.failed`` and the others complete.
 """
 
 from __future__ import annotations
@@ -73,14 +78,15 @@ class _Task(Protocol):
 
 
 class _Done:
-    """A task run here, at once: its result, or the ``TraceError`` it raised."""
+    """A task run here, at once: its result, or the exception it raised (as a task on a
+    worker would: one rank's failure is that rank's alone)."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.value: Any = None
-        self.error: TraceError | None = None
+        self.error: Exception | None = None
         try:
             self.value = fn(*(a.result() if isinstance(a, _Done) else a for a in args))
-        except TraceError as exc:
+        except Exception as exc:  # noqa: BLE001 - reported per rank by _outcome
             self.error = exc
 
     @property
@@ -125,14 +131,22 @@ class _Engine:
         return f"the Dask cluster of {self.client}" if self.client is not None else "this process"
 
 
-def _outcome(task: _Task) -> tuple[Any, TraceError | None]:
-    """A finished task's result, or the ``TraceError`` that failed it (any other error is raised)."""
-    if task.status == "error":
-        error = task.exception()
-        if isinstance(error, TraceError):
-            return None, error
-        raise error if error is not None else RuntimeError("a tracemagic task failed")
-    return task.result(), None
+def _outcome(task: _Task, name: str, engine: _Engine) -> tuple[Any, TraceError | None]:
+    """A finished task's result, or the ``TraceError`` that failed rank ``name``: its own, or
+    one wrapping anything else (its worker killed: ``distributed.KilledWorker``; a bug)."""
+    if task.status != "error":
+        return task.result(), None
+    error = task.exception()
+    if isinstance(error, TraceError):
+        return None, error
+    cause = f"{type(error).__name__}: {error}" if error is not None else "no reason given"
+    failure = TraceError(
+        f"{name}: its task failed on {engine} ({cause}); left out. A killed worker usually ran out "
+        "of memory: give the workers more, or open this rank alone with tracemagic.load to see the error.",
+        path=name,
+    )
+    failure.__cause__ = error
+    return None, failure
 
 
 def _engine(client: Any) -> _Engine:
@@ -314,13 +328,14 @@ def load_ranks(
     for index, file in enumerate(sent):
         opened = engine.submit(_opened, file, options, key=f"open-{index}")
         facts_of.append(engine.submit(_facts, opened, key=f"facts-{index}"))
-        if not options.cached(file):
-            kept[index] = opened  # no cache to read it back from: keep it where it is
+        if engine.remote and not options.cached(file):
+            kept[index] = opened  # no cache to read it back from: keep it on its worker
+        del opened  # here, a rank is dropped once its facts are taken (parsed again in round two)
     engine.wait(facts_of)
     failed: dict[str, TraceError] = {}
     found: dict[int, dict[str, Any]] = {}
     for index, task in enumerate(facts_of):
-        value, error = _outcome(task)
+        value, error = _outcome(task, listed[index].name, engine)
         if error is not None:
             failed[listed[index].name] = error
             kept.pop(index, None)
@@ -341,7 +356,7 @@ def load_ranks(
     summaries: dict[int, Summary] = {}
     files: dict[int, RankFile] = {}
     for i, number, task in summary_of:
-        value, error = _outcome(task)
+        value, error = _outcome(task, listed[i].name, engine)
         if error is not None:
             failed[listed[i].name] = error
         else:
