@@ -92,3 +92,14 @@ def device_windows(events: list[dict[str, Any]], origin: float) -> list[tuple[in
         windows.append((number, begin, stop))
         previous = stop
     return windows
+
+
+def union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of ``intervals`` clipped to [lo, hi)."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
+    total, reach = 0.0, -math.inf
+    for a, b in clipped:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total

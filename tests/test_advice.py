@@ -17,7 +17,7 @@ import pytest
 
 import tracemagic
 from conftest import TRACES
-from tb_reference import GPU, KERNEL, MEMCPY, RUNTIME, category, device_windows
+from tb_reference import GPU, KERNEL, MEMCPY, RUNTIME, category, device_windows, union
 from tracemagic.analysis import advice as rules
 
 #: the real traces with ProfilerSteps: the GPU-lag V100 first
@@ -43,17 +43,6 @@ MARGIN = 0.01
 def raw_events(name: str) -> list[dict[str, Any]]:
     with gzip.open(TRACES / name, "rt", encoding="utf-8") as fh:
         return json.load(fh)["traceEvents"]
-
-
-def union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Length of the union of ``intervals`` clipped to [lo, hi)."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
-    total, reach = 0.0, -np.inf
-    for a, b in clipped:
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
 
 
 def step_shares(events: list[dict[str, Any]]) -> dict[str, Any]:

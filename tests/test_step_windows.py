@@ -14,7 +14,7 @@ import pytest
 
 import tracemagic
 from conftest import TRACES
-from tb_reference import GPU, KERNEL, RUNTIME, category, device_windows
+from tb_reference import GPU, KERNEL, RUNTIME, category, device_windows, union
 
 #: the GPU-lag trace (V100, ns timestamps), the old-format ResNet-50, NCCL, the big A100 one, AMD
 FILES = [
@@ -31,17 +31,6 @@ def _raw(name: str) -> list[dict[str, Any]]:
         return json.load(fh)["traceEvents"]
 
 
-def _union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Length of the union of ``intervals`` clipped to [lo, hi)."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
-    total, reach = 0.0, -np.inf
-    for a, b in clipped:
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
-
-
 def reference(events: list[dict[str, Any]], origin: float | None = None) -> dict[str, Any]:
     """The TensorBoard plugin's device step windows and GPU activity, from the raw events, in
     µs after ``origin`` (default: the first event, the trace's time zero)."""
@@ -56,9 +45,9 @@ def reference(events: list[dict[str, Any]], origin: float | None = None) -> dict
     launching = {int((r.get("args") or {}).get("correlation", -2)) for r in timed if category(r) in RUNTIME}
     return {
         "windows": windows,
-        "busy": [_union(gpu, a, b) for _, a, b in windows],
-        "compute": [_union(kernels, a, b) for _, a, b in windows],
-        "comm": [_union(kernels + nccl, a, b) - _union(kernels, a, b) for _, a, b in windows],
+        "busy": [union(gpu, a, b) for _, a, b in windows],
+        "compute": [union(kernels, a, b) for _, a, b in windows],
+        "comm": [union(kernels + nccl, a, b) - union(kernels, a, b) for _, a, b in windows],
         "unlaunched": sum(1 for e in device if int((e.get("args") or {}).get("correlation", -1)) not in launching),
     }
 

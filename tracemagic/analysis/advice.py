@@ -134,10 +134,19 @@ class Scope:
         return self.kernels is not None and not self.kernels.empty
 
 
+def _gpu_share(scope: Scope) -> pd.Series | None:
+    """The scope's step shares where a GPU ran in it, else None (``gpu_idle_us`` is NaN
+    without a GPU)."""
+    share = scope.share
+    if share is None or not scope.has_gpu or share["gpu_idle_us"] != share["gpu_idle_us"]:
+        return None
+    return share
+
+
 def gpu_idle(scope: Scope) -> Row | None:
     """The GPU idle ``GPU_IDLE_SHARE`` of the step or more: it waits for the host."""
-    share = scope.share
-    if share is None or not scope.has_gpu or share["gpu_idle_us"] != share["gpu_idle_us"]:  # NaN: no GPU here
+    share = _gpu_share(scope)
+    if share is None:
         return None
     idle = float(share["gpu_idle_us"])
     if idle < GPU_IDLE_SHARE:
@@ -148,9 +157,10 @@ def gpu_idle(scope: Scope) -> Row | None:
 
 def memcpy(scope: Scope) -> Row | None:
     """memcpy ``MEMCPY_SHARE`` of the step or more (on a GPU)."""
-    if scope.share is None or not scope.has_gpu or scope.share["gpu_idle_us"] != scope.share["gpu_idle_us"]:
+    share = _gpu_share(scope)
+    if share is None:
         return None
-    part = float(scope.share["memcpy_us"])
+    part = float(share["memcpy_us"])
     if part < MEMCPY_SHARE:
         return None
     return _row("memcpy", part, MEMCPY_SHARE, part, f"memcpy takes {fmt_pct(part)} of the step",
@@ -159,9 +169,10 @@ def memcpy(scope: Scope) -> Row | None:
 
 def communication(scope: Scope) -> Row | None:
     """Collectives ``COMM_SHARE`` of the step or more (on a GPU)."""
-    if scope.share is None or not scope.has_gpu or scope.share["gpu_idle_us"] != scope.share["gpu_idle_us"]:
+    share = _gpu_share(scope)
+    if share is None:
         return None
-    part = float(scope.share["comm_us"])
+    part = float(share["comm_us"])
     if part < COMM_SHARE:
         return None
     return _row("communication", part, COMM_SHARE, part, f"Communication takes {fmt_pct(part)} of the step",
