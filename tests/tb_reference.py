@@ -9,7 +9,11 @@ its device work. Independent of tracemagic: the standard library and the raw eve
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
+import tarfile
+from pathlib import Path
 from typing import Any
 
 KERNEL = {"kernel"}
@@ -103,3 +107,12 @@ def union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
             total += b - max(a, reach)
             reach = b
     return total
+
+
+def raw_docs(path: Path) -> list[dict[str, Any]]:
+    """The JSON documents of a ``.json.gz`` trace (one) or a ``.tar.gz`` of rank traces."""
+    if path.name.endswith(".tar.gz"):
+        with tarfile.open(path) as tar:
+            return [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")]
+    with gzip.open(path, "rt") as fh:
+        return [json.load(fh)]

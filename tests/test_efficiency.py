@@ -8,10 +8,8 @@ vendors' datasheet figures typed in below.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
-import tarfile
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +20,7 @@ import pandas as pd
 import pytest
 from conftest import TRACES
 
+import tb_reference
 import tracemagic
 from tracemagic.analysis import devices
 from tracemagic.errors import TraceError
@@ -109,12 +108,7 @@ def expected_cost(name: str, args: dict[str, Any]) -> tuple[float, float] | None
 
 
 def raw_docs(name: str) -> list[dict[str, Any]]:
-    path = TRACES / name
-    if name.endswith(".tar.gz"):
-        with tarfile.open(path) as tar:
-            return [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")]
-    with gzip.open(path, "rt") as fh:
-        return [json.load(fh)]
+    return tb_reference.raw_docs(TRACES / name)
 
 
 class RawOps:

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from conftest import TRACES
 
+import tb_reference
 import tracemagic
 from tracemagic.analysis.schema import TABLES
 from tracemagic.views import figures, sections, tables
@@ -1158,15 +1159,7 @@ def test_tabs_are_an_explicit_registry(gpu: Any) -> None:
 
 # -- the timeline's selection, against the raw JSON ----------------------------------------------
 def _raw_docs(name: str) -> list[dict[str, Any]]:
-    import gzip
-    import tarfile
-
-    path = TRACES / name
-    if name.endswith(".tar.gz"):
-        with tarfile.open(path) as tar:
-            return [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")]
-    with gzip.open(path, "rt") as fh:
-        return [json.load(fh)]
+    return tb_reference.raw_docs(TRACES / name)
 
 
 @pytest.mark.parametrize("name", ["param_dlrm_kineto.tar.gz", "hta_nccl_data.json.gz"])
