@@ -134,49 +134,35 @@ class Scope:
         return self.kernels is not None and not self.kernels.empty
 
 
-def _gpu_share(scope: Scope) -> pd.Series | None:
-    """The scope's step shares where a GPU ran in it, else None (``gpu_idle_us`` is NaN
-    without a GPU)."""
+def _gpu_part(scope: Scope, rule: str, column: str, threshold: float, evidence: str, advice: str) -> Row | None:
+    """The rule ``rule`` where a GPU ran in the scope and its step part ``column`` is
+    ``threshold`` of the step or more (``gpu_idle_us`` is NaN without a GPU); ``evidence``
+    names the share ``{pct}``."""
     share = scope.share
     if share is None or not scope.has_gpu or share["gpu_idle_us"] != share["gpu_idle_us"]:
         return None
-    return share
+    part = float(share[column])
+    if part < threshold:
+        return None
+    return _row(rule, part, threshold, part, evidence.format(pct=fmt_pct(part)), advice)
 
 
 def gpu_idle(scope: Scope) -> Row | None:
     """The GPU idle ``GPU_IDLE_SHARE`` of the step or more: it waits for the host."""
-    share = _gpu_share(scope)
-    if share is None:
-        return None
-    idle = float(share["gpu_idle_us"])
-    if idle < GPU_IDLE_SHARE:
-        return None
-    return _row("gpu_idle", idle, GPU_IDLE_SHARE, idle, f"GPU idle {fmt_pct(idle)} of the step",
-                "the GPU waits for the CPU; bigger batches, fewer syncs, CUDA graphs or torch.compile keep it busy.")
+    return _gpu_part(scope, "gpu_idle", "gpu_idle_us", GPU_IDLE_SHARE, "GPU idle {pct} of the step",
+                     "the GPU waits for the CPU; bigger batches, fewer syncs, CUDA graphs or torch.compile keep it busy.")
 
 
 def memcpy(scope: Scope) -> Row | None:
     """memcpy ``MEMCPY_SHARE`` of the step or more (on a GPU)."""
-    share = _gpu_share(scope)
-    if share is None:
-        return None
-    part = float(share["memcpy_us"])
-    if part < MEMCPY_SHARE:
-        return None
-    return _row("memcpy", part, MEMCPY_SHARE, part, f"memcpy takes {fmt_pct(part)} of the step",
-                "use pin_memory=True and .to(device, non_blocking=True).")
+    return _gpu_part(scope, "memcpy", "memcpy_us", MEMCPY_SHARE, "memcpy takes {pct} of the step",
+                     "use pin_memory=True and .to(device, non_blocking=True).")
 
 
 def communication(scope: Scope) -> Row | None:
     """Collectives ``COMM_SHARE`` of the step or more (on a GPU)."""
-    share = _gpu_share(scope)
-    if share is None:
-        return None
-    part = float(share["comm_us"])
-    if part < COMM_SHARE:
-        return None
-    return _row("communication", part, COMM_SHARE, part, f"Communication takes {fmt_pct(part)} of the step",
-                "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent.")
+    return _gpu_part(scope, "communication", "comm_us", COMM_SHARE, "Communication takes {pct} of the step",
+                     "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent.")
 
 
 def dataloader(scope: Scope) -> Row | None:
