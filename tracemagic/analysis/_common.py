@@ -7,6 +7,7 @@ Private to ``tracemagic.analysis``; everything here is vectorized over the event
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 import numpy as np
 import pandas as pd
@@ -211,6 +212,35 @@ def is_dataloader(trace: Trace) -> np.ndarray:
     events = trace.events
     host = events["kind"].isin(("cpu_op", "user_annotation")).to_numpy()
     return host & names_where(events["name"], _DATALOADER)
+
+
+def values_at(column: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """``column.to_numpy()[rows]``, for a categorical column without converting its other
+    rows: the codes are taken first, so only ``rows`` become values (the same values and
+    missing marker as ``to_numpy``)."""
+    values = column.array
+    if isinstance(values, pd.Categorical):
+        return np.asarray(values.take(np.asarray(rows)))
+    return column.to_numpy()[rows]
+
+
+def codes_of(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A column of repeated strings as codes (-1: missing) and the values they stand for,
+    with NaN, the missing marker of ``to_numpy``, appended (so ``values[codes]`` is
+    ``column.to_numpy()``): a categorical's own codes, else factorized. Group, match and
+    join on the codes; turn only what is kept into values."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes, categories = column.cat.codes.to_numpy(), column.cat.categories
+    else:
+        codes, categories = pd.factorize(column)
+    return codes, np.append(np.asarray(categories, dtype=object), [np.nan])
+
+
+def among(values: np.ndarray, wanted: Collection[str]) -> np.ndarray:
+    """Mask of ``values`` (few: the values of ``codes_of``) that are one of ``wanted``;
+    index it by the codes for a mask per row."""
+    wanted = frozenset(wanted)
+    return np.fromiter((isinstance(v, str) and v in wanted for v in values), dtype=bool, count=len(values))
 
 
 def names_at(trace: Trace, rows: np.ndarray) -> np.ndarray:

@@ -91,7 +91,7 @@ def kernel_rate(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     """How many GPU kernels (``kind`` kernel; not memcpy/memset) ran and how long they
     took: ``kernels`` (the count), ``steps`` (the steps of ``steps``, at least 1),
     ``per_step`` (kernels / steps) and ``mean_us`` (NaN without kernels)."""
-    kern = kernels[kernels["kind"].astype(str) == "kernel"] if len(kernels) else kernels
+    kern = kernels[(kernels["kind"] == "kernel").to_numpy()] if len(kernels) else kernels
     n_steps = max(int(steps["step"].nunique()) if not steps.empty else 1, 1)
     mean = float(kern["dur"].astype(float).mean()) if len(kern) else float("nan")
     return pd.Series({"kernels": float(len(kern)), "steps": float(n_steps), "per_step": len(kern) / n_steps,
@@ -114,15 +114,13 @@ def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    frame = ops[ops["kind"].astype(str) == "cpu_op"] if "kind" in ops else ops
+    frame = ops[(ops["kind"] == "cpu_op").to_numpy()] if "kind" in ops else ops
     if frame.empty:
         return pd.DataFrame(columns=cols)
-    out = (
-        frame.assign(name=frame["name"].astype(str))
-        .groupby("name", observed=True)
-        .agg(calls=("dur", "size"), total_us=("dur", "sum"), self_us=("self_dur", "sum"))
-        .reset_index()
-    )
+    # grouped on the (categorical) names, turned into text once per name, in text order
+    out = frame.groupby("name", observed=True).agg(calls=("dur", "size"), total_us=("dur", "sum"), self_us=("self_dur", "sum"))
+    out.index = out.index.astype(str)
+    out = out.sort_index().reset_index()
     out["mean_us"] = out["total_us"] / out["calls"]
     total_self = float(out["self_us"].sum())
     out["self_pct"] = 100 * out["self_us"] / total_self if total_self > 0 else 0.0

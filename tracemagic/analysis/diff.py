@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracemagic.analysis._common import call_chains, text
+from tracemagic.analysis._common import call_chains, text, values_at
 from tracemagic.analysis.kernels import kernels as kernels_table
 from tracemagic.analysis.layers import layers as layers_table
 from tracemagic.analysis.schema import TABLES
@@ -29,7 +29,7 @@ def _ops(trace: Trace) -> pd.DataFrame:
     rows, top = call_chains(trace)
     tops = rows[top == rows]
     chains = pd.DataFrame(
-        {"name": events["name"].to_numpy()[tops], "dur": events["dur"].to_numpy()[tops], "gpu_us": gpu_time(events)[tops]}
+        {"name": values_at(events["name"], tops), "dur": events["dur"].to_numpy()[tops], "gpu_us": gpu_time(events)[tops]}
     )
     table = chains.groupby("name", observed=True).agg(calls=("dur", "size"), us=("dur", "sum"), gpu_us=("gpu_us", "sum"))
     table.index = table.index.astype(str)

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import steps as steps_module
-from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length
+from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length, values_at
 from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
@@ -69,7 +69,7 @@ def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray) -> tuple[
     barriers) or the collective is another; the factor is NaN where the group size is
     missing or not positive (1 for broadcast, reduce and point-to-point, which need none).
     """
-    size = events["dtype"].astype(object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)[rows]
+    size = pd.Series(values_at(events["dtype"], rows), dtype=object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)
     n = events["group_size"].to_numpy(dtype=float, na_value=np.nan)[rows]
     n[~(n > 0)] = np.nan  # a group of 0 (or none recorded) has no bus factor, and no 0-division
     nelems = {c: events[c].to_numpy(dtype=float, na_value=np.nan)[rows] for c in ("in_nelems", "out_nelems")}
@@ -130,7 +130,7 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray
         asked = np.where(launch >= 0, around[np.maximum(launch, 0)], -1)
         found = ~recorded & (asked >= 0)
         if found.any():
-            host_names = events["name"].to_numpy()[asked[found]]
+            host_names = values_at(events["name"], asked[found])
             does[found] = _key(np.array([str(n).split(":", 1)[1] for n in host_names], dtype=object))
     return rows, labels, does, source
 
