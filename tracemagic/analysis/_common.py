@@ -236,6 +236,22 @@ def codes_of(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return codes, np.append(np.asarray(categories, dtype=object), [np.nan])
 
 
+def group_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by equal values in all ``columns`` (numbers: codes, ids, floats): each
+    row's group, numbered in order of first appearance (as ``pd.factorize`` of the row
+    tuples), and the first row of each group. Column by column on integers, never
+    building a tuple per row."""
+    size = len(columns[0]) if columns else 0
+    group = np.zeros(size, dtype=np.int64)
+    for column in columns:
+        codes, uniques = pd.factorize(column, use_na_sentinel=False)
+        group, _ = pd.factorize(group * (len(uniques) + 1) + codes)  # < rows² after each step: no overflow
+    count = int(group.max()) + 1 if size else 0
+    first = np.full(count, size, dtype=np.int64)
+    np.minimum.at(first, group, np.arange(size))
+    return group, first
+
+
 def among(values: np.ndarray, wanted: Collection[str]) -> np.ndarray:
     """Mask of ``values`` (few: the values of ``codes_of``) that are one of ``wanted``;
     index it by the codes for a mask per row."""
@@ -299,6 +315,14 @@ def _per_name(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 def _codes_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
     codes = trace.events["name"].cat.codes.to_numpy()
     return np.where(rows >= 0, codes[np.maximum(rows, 0)], -1)
+
+
+def layer_codes(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The layer names of ``layers_at`` as codes (-1 for none) into the names they stand
+    for: group and count layers without a string per row."""
+    layer_of, _ = _per_name(trace)
+    codes, names = trace.shared("layer_codes", lambda: pd.factorize(layer_of))  # None: -1
+    return codes[_codes_at(trace, module_rows)], np.asarray(names, dtype=object)
 
 
 def layers_at(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

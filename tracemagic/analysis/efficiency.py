@@ -78,7 +78,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import GPU_ACTIVITY, among, call_chains, codes_of, layers_at, names_where, text
+from tracemagic.analysis._common import GPU_ACTIVITY, among, call_chains, codes_of, group_rows, layer_codes, names_where, text
 from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES
 from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
@@ -347,13 +347,17 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
         names, dims, types, args = names[rows], dims[rows], types[rows], args[rows]
         known = among(name_of, [*_RULES, *MATRIX_OPS])[names] & (dims >= 0)  # decided per name
         at = np.flatnonzero(known)
-        codes, distinct = pd.factorize(pd.MultiIndex.from_arrays([names[at], dims[at], types[at], args[at], np.nan_to_num(shaped[at], nan=-1.0)]))
+        key = (names[at], dims[at], types[at], args[at], np.nan_to_num(shaped[at], nan=-1.0))
+        codes, first = group_rows(*key)
 
         def given(values: np.ndarray, code: int) -> str | None:
             return str(values[code]) if code >= 0 and values[code] else None
 
         found = np.array(
-            [op_cost(str(name_of[n]), str(dims_of[d]), given(types_of, t), given(args_of, a), NAN if f < 0 else float(f)) for n, d, t, a, f in distinct]
+            [
+                op_cost(str(name_of[n]), str(dims_of[d]), given(types_of, t), given(args_of, a), NAN if f < 0 else float(f))
+                for n, d, t, a, f in zip(*(column[first] for column in key))
+            ]
             + [(NAN, NAN)]
         ).reshape(-1, 2)
         flops, nbytes = np.full(rows.size, NAN), np.full(rows.size, NAN)
@@ -458,7 +462,7 @@ def op_shapes(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
         keys = ["rank", "name", "input_dims", "input_type"]
         rank = events["rank"].to_numpy()[rows]
         coded = {k: codes_of(events[k]) for k in keys[1:]}
-        group_of, _ = pd.factorize(pd.MultiIndex.from_arrays([rank, *(codes[rows] for codes, _ in coded.values())]))
+        group_of, first = group_rows(rank, *(codes[rows] for codes, _ in coded.values()))
         flops, nbytes = chains["flops"].to_numpy(), chains["bytes"].to_numpy()
         frame = pd.DataFrame(
             {
@@ -483,8 +487,6 @@ def op_shapes(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
             matrix=("matrix", "max"),
             tf32=("tf32", "max"),
         )
-        first = np.full(len(summed), rows.size, dtype=np.int64)
-        np.minimum.at(first, group_of, np.arange(rows.size))
         table = pd.DataFrame({"rank": rank[first], **{k: values[codes[rows[first]]] for k, (codes, values) in coded.items()}})
         for column in summed.columns:
             table[column] = summed[column].to_numpy()
@@ -548,8 +550,7 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
         table = groups.copy()
         _roofline(trace, table, peaks)
     chains = chain_costs(trace)
-    layer = _layer_of(trace, chains["row"].to_numpy())
-    table["_layers"] = _layer_text(group_of, layer, chains["time_us"].to_numpy(), len(table))
+    table["_layers"] = _layer_text(trace, chains, group_of, len(table))
     for column in ("name", "input_dims", "input_type", "device"):
         table[column] = text(table[column])
     table = table.sort_values(["rank", "gpu_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
@@ -602,22 +603,33 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
     table["pct_of_roofline"] = np.where(compute | memory, pct, NAN)
 
 
-def _layer_of(trace: Trace, rows: np.ndarray) -> np.ndarray:
-    """The layer each chain top ran in (forward by nesting, backward by its forward op), None where none."""
+def _layer_text(trace: Trace, chains: pd.DataFrame, group_of: np.ndarray, groups: int) -> list[str]:
+    """Per group of ``op_shapes``, the layers its calls ran in (forward by nesting, backward
+    by the forward op), most time first (ties: first met first): ``a, b (+3)``."""
+    rows = chains["row"].to_numpy()
     module = attribution(trace).module[rows] if rows.size else np.zeros(0, dtype=np.int64)
-    return layers_at(trace, module)[0]
+    layer, names = layer_codes(trace, module)
+    named = layer >= 0
+    group, layer = group_of[named], layer[named]
+    pair, first = group_rows(group, layer)
+    # summed as pandas sums (compensated, in row order) per (group, layer), first met first
+    time = pd.Series(chains["time_us"].to_numpy()[named]).groupby(pair, sort=False).sum().to_numpy()
+    order = np.argsort(-time, kind="stable")  # most time first, ties as met
+    order = order[np.argsort(group[first][order], kind="stable")]  # then by group, keeping that order
+    by_group = group[first][order]
+    found = [""] * groups
+    for start, end in zip(*_runs(by_group)):
+        listed = [str(v) for v in names[layer[first][order[start : end]]]]
+        found[int(by_group[start])] = ", ".join(listed[:2]) + (f" (+{len(listed) - 2})" if len(listed) > 2 else "")
+    return found
 
 
-def _layer_text(group_of: np.ndarray, layer: np.ndarray, time_us: np.ndarray, groups: int) -> list[str]:
-    """Per group (``op_shapes``), the layers its calls ran in, most time first: ``a, b (+3)``."""
-    named = pd.DataFrame({"group": group_of, "layer": layer, "time_us": time_us}).dropna(subset=["layer"])
-    per_layer = named.groupby(["group", "layer"], sort=False)["time_us"].sum().reset_index()
-    per_layer = per_layer.sort_values("time_us", ascending=False, kind="stable")
-    found: dict[int, str] = {}
-    for group, rows in per_layer.groupby("group", sort=False):
-        order = rows["layer"].tolist()
-        found[int(group)] = ", ".join(order[:2]) + (f" (+{len(order) - 2})" if len(order) > 2 else "")
-    return [found.get(g, "") for g in range(groups)]
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive) of each run of equal values."""
+    if not values.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    return starts, np.r_[starts[1:], values.size]
 
 
 def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, among, call_chains, codes_of, rollup, text
+from tracemagic.analysis._common import GPU_ACTIVITY, among, call_chains, codes_of, group_rows, rollup, text
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import enclosing_of_kind
@@ -288,8 +288,12 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
     names, dims, args = names[rows], dims[rows], args[rows]
     ruled = np.flatnonzero(np.isnan(value) & has_rule[names] & (dims >= 0))
-    codes, distinct = pd.factorize(pd.MultiIndex.from_arrays([names[ruled], dims[ruled], args[ruled]]))
-    found = [flops_with_source(str(name_of[n]), str(dims_of[d]), str(args_of[a]) if a >= 0 and args_of[a] else None) for n, d, a in distinct]
+    names, dims, args = names[ruled], dims[ruled], args[ruled]
+    codes, first = group_rows(names, dims, args)
+    found = [
+        flops_with_source(str(name_of[n]), str(dims_of[d]), str(args_of[a]) if a >= 0 and args_of[a] else None)
+        for n, d, a in zip(names[first], dims[first], args[first])
+    ]
     per_key = np.array([np.nan if f is None else f for f, _ in found] + [np.nan])
     per_key_source = np.array([-1 if f is None else _SOURCES.index(str(how)) for f, how in found] + [-1])
     value[ruled] = per_key[codes]
