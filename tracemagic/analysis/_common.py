@@ -112,14 +112,14 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
         pos = np.searchsorted(ts[cand[lo:hi]], at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
 
-    def ended(rows: np.ndarray) -> np.ndarray:
+    def ended(rows: np.ndarray, moment: np.ndarray) -> np.ndarray:
         held = np.maximum(rows, 0)
-        return (rows >= 0) & (end[held] < at + NEST_START_MARGIN_US) & (ts[held] != at)
+        return (rows >= 0) & (end[held] < moment + NEST_START_MARGIN_US) & (ts[held] != moment)
 
-    climb = ended(out)
-    while climb.any():  # one round per nesting level
+    climb = np.flatnonzero(ended(out, at))
+    while climb.size:  # one round per nesting level, over the ones still climbing
         out[climb] = parent[out[climb]]
-        climb = ended(out)
+        climb = climb[ended(out[climb], at[climb])]
     return out
 
 
@@ -142,7 +142,7 @@ def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         is_op = kind_mask(events, "cpu_op") & (events["ph"] == "X").to_numpy()
         parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
         shaped = is_op & events["input_dims"].notna().to_numpy()
-        holds_shapes = rollup(np.flatnonzero(shaped), np.ones(int(shaped.sum())), parent) > 0  # itself or inside
+        holds_shapes = _with_ancestors(np.flatnonzero(shaped), parent)  # itself or inside
         candidate = shaped | (is_op & ~holds_shapes)
         at = np.flatnonzero(candidate)
         is_top = np.zeros(len(events), dtype=bool)
@@ -151,6 +151,19 @@ def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         return rows, propagate(parent, depth, is_top)[rows]
 
     return trace.shared("call_chains", compute)
+
+
+def _with_ancestors(rows: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Mask of ``rows`` and every row above them along ``up`` (row -> enclosing row, -1 at
+    the top): one round per nesting level over the rows not marked yet."""
+    out = np.zeros(up.size, dtype=bool)
+    at = np.unique(rows)
+    while at.size:
+        out[at] = True
+        at = np.unique(up[at])
+        at = at[at >= 0]
+        at = at[~out[at]]  # a marked row's ancestors are marked or on their way
+    return out
 
 
 def flow_thread_keys(events: pd.DataFrame, flows: pd.DataFrame) -> np.ndarray:
