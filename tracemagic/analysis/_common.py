@@ -157,10 +157,10 @@ def _with_ancestors(rows: np.ndarray, up: np.ndarray) -> np.ndarray:
     """Mask of ``rows`` and every row above them along ``up`` (row -> enclosing row, -1 at
     the top): one round per nesting level over the rows not marked yet."""
     out = np.zeros(up.size, dtype=bool)
-    at = np.unique(rows)
+    at = rows
     while at.size:
         out[at] = True
-        at = np.unique(up[at])
+        at = up[at]
         at = at[at >= 0]
         at = at[~out[at]]  # a marked row's ancestors are marked or on their way
     return out
