@@ -14,6 +14,7 @@ plotly 7's ``FigureWidget`` is an ``anywidget``; where that is not installed,
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from typing import Any, Callable
 
@@ -30,11 +31,8 @@ def figure_widget_available() -> bool:
     switched off with ``TRACEMAGIC_FIGUREWIDGET=0``."""
     if os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
         return False
-    try:
-        import anywidget  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    # found, not imported: importing it (and the FigureWidget) waits until one is built
+    return importlib.util.find_spec("anywidget") is not None
 
 
 class ZoomableFigure:
