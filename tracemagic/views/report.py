@@ -1,6 +1,7 @@
 """The standalone HTML report: the dashboard's tabs as one self-contained file.
 
-plotly.js is inlined once, at the end of the page; figures and tables are embedded as
+plotly.js is inlined once, at the end of the page (a partial bundle of the trace types the
+views draw, ``plotly-report.min.js``, where it can draw every figure of the report); figures and tables are embedded as
 escaped JSON and drawn by a few lines of inline script only when their tab shows (the
 first tab at once, its text before plotly.js has loaded; a hidden tab's figures are not
 drawn until the tab is opened, so the first figure paints after plotly.js and the first
@@ -12,9 +13,11 @@ escaping were ever missed). The file is written atomically.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import re
 import secrets
 import tempfile
 from datetime import datetime, timezone
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.io.json import to_json_plotly
-from plotly.offline import get_plotlyjs
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from tracemagic._version import __version__
 from tracemagic.views import html, sections
@@ -37,6 +40,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #: rows of one table embedded in the report (the rest is summarized in a note)
 MAX_TABLE_ROWS = 5000
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+#: plotly.js with only the trace types the views draw (``scripts/build_plotly_bundle.sh``):
+#: a fifth of the full bundle's code for the browser to evaluate before the first figure
+PARTIAL_PLOTLYJS = Path(__file__).with_name("plotly-report.min.js")
+#: the trace types in ``PARTIAL_PLOTLYJS``
+PARTIAL_TRACES = frozenset({"scatter", "bar", "heatmap", "icicle", "sunburst"})
 
 _PAGE_CSS = """
 body{font:14px system-ui,sans-serif;margin:0;color:#222}
@@ -192,6 +200,8 @@ class Figures:
     def __init__(self, nonce: str) -> None:
         self.nonce = nonce
         self.templates: dict[str, int] = {}
+        #: the trace types of the figures written so far
+        self.types: set[str] = set()
 
     def block(self, fig: go.Figure, div_id: str) -> str:
         """One figure: its placeholder ``<div>`` and its JSON (drawn when its tab shows)."""
@@ -202,6 +212,7 @@ class Figures:
         if template:
             text = _script_safe(to_json_plotly(template))
             index = self.templates.setdefault(text, len(self.templates))
+        self.types.update(str(trace.get("type") or "scatter") for trace in spec.get("data") or ())
         height = layout.get("height") or 450
         data = _script_safe(to_json_plotly({"data": spec.get("data") or [], "layout": layout, "template": index}))
         return (
@@ -215,6 +226,24 @@ class Figures:
             f'<script type="application/json" id="tm-template-{i}" nonce="{self.nonce}">{text}</script>'
             for text, i in self.templates.items()
         )
+
+
+def plotly_js(types: set[str]) -> str:
+    """The plotly.js to inline for figures of these trace types: the partial bundle where it
+    draws them all and is the plotly.js version the installed plotly writes figures for,
+    else plotly's full bundle."""
+    partial = _partial_plotlyjs()
+    return partial if partial and types <= PARTIAL_TRACES else get_plotlyjs()
+
+
+@functools.lru_cache(maxsize=1)
+def _partial_plotlyjs() -> str | None:
+    try:
+        text = PARTIAL_PLOTLYJS.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    version = re.match(r"/\*! plotly\.js v(\S+) ", text)
+    return text if version and version.group(1) == get_plotlyjs_version() else None
 
 
 def _script_safe(json_text: str) -> str:
@@ -268,7 +297,7 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         # the first tab's text and tables show before plotly.js (the largest part of the file) runs
         f'<script nonce="{nonce}">{_SCRIPT.replace("__CONFIG__", script_json(PLOTLY_CONFIG))}</script>'
         f'<script nonce="{nonce}">window.PlotlyConfig={{MathJaxConfig:"local"}};</script>'
-        f'<script nonce="{nonce}" charset="utf-8">{get_plotlyjs()}</script>'
+        f'<script nonce="{nonce}" charset="utf-8">{plotly_js(blocks.types)}</script>'
         f'<script nonce="{nonce}">window.tmDrawActive();</script></body></html>\n'
     )
 
