@@ -30,7 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from tracemagic.views import html, sections, tables
+from tracemagic.views import figures, html, sections, tables
 from tracemagic.views._format import esc, fmt_bytes, unit_divisor
 from tracemagic.views.data import TraceData
 from tracemagic.views.zoom import ZoomableFigure, figure_widget_available
@@ -50,6 +50,7 @@ PAGE_SIZES = (10, 25, 50, 100)
 def figure_bundle(fig: go.Figure) -> dict[str, Any]:
     """A figure as a display bundle: plotly's mime type plus a text line."""
     spec = json.loads(pio.to_json(fig, validate=False))
+    spec.setdefault("layout", {})["template"] = figures.template()
     spec["config"] = dict(PLOTLY_CONFIG)
     title = fig.layout.title.text or "figure"
     return {PLOTLY_MIME: spec, "text/plain": f"<plotly figure: {title}>"}

@@ -1,11 +1,12 @@
 """The standalone HTML report: the dashboard's tabs as one self-contained file.
 
-plotly.js is inlined once, at the end of the page (a partial bundle of the trace types the
-views draw, ``plotly-report.min.js``, where it can draw every figure of the report); figures and tables are embedded as
-escaped JSON and drawn by a few lines of inline script only when their tab shows (the
-first tab at once, its text before plotly.js has loaded; a hidden tab's figures are not
-drawn until the tab is opened, so the first figure paints after plotly.js and the first
-tab's figures alone); tables are drawn with ``textContent`` (sort, filter, pages), and a
+plotly.js is inlined once, at the end of the page: a partial bundle of the trace types the
+views draw (``plotly-report.min.js``) where it can draw every figure of the report. Figures
+and tables are embedded as escaped JSON, with the plotly template once, and drawn by a few
+lines of inline script only when their tab shows: the first tab at once (its text before
+plotly.js has loaded), a hidden tab's figures and tables when the tab is opened, so the
+first figure waits only for plotly.js and the first tab. Tables are drawn with
+``textContent`` (sort, filter, pages), and a
 Content-Security-Policy with a per-file nonce forbids network access and any script the
 report did not write itself (an ``onerror=`` smuggled in through a name cannot run even if
 escaping were ever missed). The file is written atomically.
@@ -30,7 +31,7 @@ from plotly.io.json import to_json_plotly
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from tracemagic._version import __version__
-from tracemagic.views import html, sections
+from tracemagic.views import figures, html, sections
 from tracemagic.views._format import esc
 from tracemagic.views.data import TraceData
 
@@ -194,12 +195,13 @@ class Figures:
 
     Each figure is a ``<div>`` sized to the figure's height (so the page does not move when
     it is drawn) beside its ``{"data", "layout", "template"}`` as escaped JSON; the plotly
-    template (``figures.TEMPLATE``, ~10 KB) is written once, not once per figure.
+    template (``figures.TEMPLATE``, ~10 KB; figures do not carry it) is written once, not once
+    per figure.
     """
 
     def __init__(self, nonce: str) -> None:
         self.nonce = nonce
-        self.templates: dict[str, int] = {}
+        self.templates: dict[str, int] = {}  # JSON text -> index (one: figures.TEMPLATE)
         #: the trace types of the figures written so far
         self.types: set[str] = set()
 
@@ -207,11 +209,8 @@ class Figures:
         """One figure: its placeholder ``<div>`` and its JSON (drawn when its tab shows)."""
         spec = fig.to_plotly_json()
         layout = spec.get("layout") or {}
-        template = layout.pop("template", None)
-        index = None
-        if template:
-            text = _script_safe(to_json_plotly(template))
-            index = self.templates.setdefault(text, len(self.templates))
+        layout.pop("template", None)  # plotly's default, added when serializing a figure that has none
+        index = self.templates.setdefault(_script_safe(figures.template_json()), len(self.templates))
         self.types.update(str(trace.get("type") or "scatter") for trace in spec.get("data") or ())
         height = layout.get("height") or 450
         data = _script_safe(to_json_plotly({"data": spec.get("data") or [], "layout": layout, "template": index}))

@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import plotly.graph_objects as go
 
+from tracemagic.views.figures import TEMPLATE
+
 #: trace properties that carry per-event data (replaced on every redraw)
 _DATA_PROPS = ("x", "y", "base", "width", "customdata", "text", "hovertemplate", "orientation", "marker")
 #: set TRACEMAGIC_FIGUREWIDGET=0 to keep static figures (frontends without anywidget)
@@ -71,6 +73,7 @@ class ZoomableFigure:
         self._handle: asyncio.TimerHandle | None = None
         self._quiet = False
         self.widget = go.FigureWidget(fig)
+        self.widget.layout.template = TEMPLATE  # figures do not carry it (figures.TEMPLATE)
         if config:
             self.widget._config = dict(config)
         self._start(fig, rebuild, unit_divisor)
