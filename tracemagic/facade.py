@@ -191,6 +191,14 @@ class Capture(_result.Capture):
             trace = self._trace = Trace.of(trace)
         return trace
 
+    def slow_trace(self, k: int = 1) -> Trace:
+        """The trace of the ``k``-th slow step ``--slow`` caught (from 1), loaded.
+
+        Raises:
+            TraceError: there is no such trace.
+        """
+        return Trace.of(super().slow_trace(k))
+
     @property
     def dashboard(self) -> Dashboard:
         """The ``tracemagic.views.Dashboard`` of this capture (built on first access, then kept)."""

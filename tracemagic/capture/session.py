@@ -309,7 +309,8 @@ class CaptureSession:
         }
         self._clock.catches.append(catch)
         try:
-            prof = _Profiler(self, **self._profile_kwargs())
+            # a schedule that always records: torch marks ProfilerStep#N only under a schedule
+            prof = _Profiler(self, schedule=_always_record, **self._profile_kwargs())
             prof.step_num = iteration + 1  # its ProfilerStep#N is the iteration's number
             prof.start()
         except Exception as exc:  # noqa: BLE001 - the watch must never break the loop
@@ -803,6 +804,11 @@ def et_observer_free() -> bool:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return True
+
+
+def _always_record(step: int) -> ProfilerAction:
+    """The ``--slow`` recorder's schedule: record (its one step)."""
+    return ProfilerAction.RECORD
 
 
 def cfg_cuda(config: CaptureConfig) -> bool:
