@@ -14,6 +14,10 @@ each alike:
 ``--slow 1000`` never catches anything, so the watch's judging is measured, not a trace.
 
     .venv/bin/python bench/bench_loop_watch.py [--reps 5] [--n 100000]
+
+Measured (2026-11-26, CPU, a shared 2-core machine, 5 runs): empty body 269 ns/iteration
+plain, +2.0 µs timed (0.20% of a 1 ms step), +3.4 µs with the --slow watch (0.34%); the
+1 ms body's ratios 0.998x and 1.004x (within the noise).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ for i in range({n}):
 """
 
 
-def test_every_iteration_is_timed_and_the_strip_has_them_all(ip):
+def test_every_iteration_is_timed_and_the_strip_has_them_all(ip, tmp_path):
     n, slow_at = 30, [6, 13, 20, 27]
     result, out = run(ip, f"{LIGHT} -q", PERIODIC.format(n=n, slow=0.03, base=0.003, slow_at=slow_at))
     assert result.success, out.stdout + out.stderr
@@ -78,6 +78,9 @@ def test_every_iteration_is_timed_and_the_strip_has_them_all(ip):
     recorded = next(t for t in strip.data if t.name == "recorded steps")
     assert list(recorded.x) == [2, 3, 4]
     assert "iterations: 30 timed" in cap.summary()
+    page = cap.report(tmp_path / "r.html").read_text()
+    header = page[page.index("<header>"): page.index("</header>")]
+    assert 'id="fig-strip"' in header and "Every iteration (30)" in header
 
 
 def test_slow_records_the_successors_of_the_slow_iterations_and_no_others(ip):
@@ -166,7 +169,7 @@ def test_stop_needs_a_stepped_loop(ip):
 WARMING = """\
 import time
 for i in range(24):
-    time.sleep(0.04 if i < 2 else 0.004)
+    time.sleep(0.25 if i < 2 else 0.04)
 """
 
 

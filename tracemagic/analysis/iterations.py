@@ -103,10 +103,13 @@ def window_check(table: pd.DataFrame, compiled: bool = False) -> WindowCheck | N
     """The note the Overview shows when the recorded steps are not typical of the loop,
     or None when they are (or there is too little to tell).
 
-    Not typical: their median wall time differs from the steady state's by
-    ``UNTYPICAL_SHARE`` or more, or (``compiled``: the trace ran ``torch.compile``'d code)
-    they include one of the loop's first ``FIRST_ITERATIONS`` iterations. The recorded
-    steps carry the profiler's own overhead, which the threshold leaves room for.
+    Not typical: their median time differs from the steady state's by ``UNTYPICAL_SHARE``
+    or more, or (``compiled``: the trace ran ``torch.compile``'d code) they include one of
+    the loop's first ``FIRST_ITERATIONS`` iterations. The time compared is the GPU time
+    where every iteration has one (CUDA), else the wall time. The recorded steps carry the
+    profiler's own overhead (a step of a few ms with many small ops can take 20% longer
+    recorded), which the note says; a window on steps that are really different (the
+    first, compiling or warming iterations; a periodic checkpoint) differs by far more.
 
     Args:
         table: ``iterations()``.
@@ -118,18 +121,22 @@ def window_check(table: pd.DataFrame, compiled: bool = False) -> WindowCheck | N
     steady = table[~table["phase"].isin(PROFILED) & (table["iteration"] >= FIRST_ITERATIONS)]
     if active.empty:
         return None
-    recorded = float(active["wall_ms"].median())
-    steady_ms = float(steady["wall_ms"].median()) if len(steady) >= MIN_STEADY else float("nan")
+    # GPU time where every iteration has one: the profiler's CPU-side overhead barely shows in it
+    column = "gpu_ms" if table["gpu_ms"].notna().all() else "wall_ms"
+    recorded = float(active[column].median())
+    steady_ms = float(steady[column].median()) if len(steady) >= MIN_STEADY else float("nan")
     change = recorded / steady_ms - 1 if steady_ms > 0 else float("nan")
     first = [int(i) for i in active["iteration"] if i < FIRST_ITERATIONS]
     off = change == change and abs(change) >= UNTYPICAL_SHARE
     if not off and not (compiled and first):
         return None
     steps = ", ".join(str(int(s)) for s in active["step"].dropna())
+    what = "GPU time" if column == "gpu_ms" else "wall time"
     parts = []
     if off:
-        parts.append(f"their median {recorded:.3g} ms is {fmt_pct(abs(change))} {'above' if change > 0 else 'below'} "
-                     f"the loop's steady-state median {steady_ms:.3g} ms ({len(steady):,} unrecorded iterations)")
+        parts.append(f"their median {what} {recorded:.3g} ms is {fmt_pct(abs(change))} "
+                     f"{'above' if change > 0 else 'below'} the loop's steady-state median {steady_ms:.3g} ms "
+                     f"({len(steady):,} unrecorded iterations; the profiler's own overhead is part of the difference)")
     if compiled and first:
         parts.append(f"they include the loop's first iteration(s) {', '.join(map(str, first))} of a compiled model "
                      "(compilation)")
