@@ -16,6 +16,7 @@ from typing import Any
 
 from IPython.utils.capture import capture_output
 
+from tracemagic.analysis.schema import TABLES, kind
 from tracemagic.capture.watch import SLOW_WARMUP
 from tracemagic.views import figures
 
@@ -66,6 +67,9 @@ def test_every_iteration_is_timed_and_the_strip_has_them_all(ip, tmp_path):
     assert timing["recorded"] == [[2, 2], [3, 3], [4, 4]]
 
     table = cap.iterations
+    contract = TABLES["iterations"]
+    assert list(table.columns) == contract.names
+    assert [kind(table[c].dtype) for c in table] == [kind(d) for d in contract.dtypes().values()]
     assert list(table["iteration"]) == list(range(n))
     assert list(table["wall_ms"]) == walls
     assert [int(s) for s in table["step"].dropna()] == [2, 3, 4]
@@ -246,3 +250,16 @@ def test_the_loop_watch_in_a_real_kernel(tmp_path):
     assert "i 13 stopped 13" in printed
     assert "caught [(12, 13)]" in printed
     assert "rows 14" in printed
+
+
+def test_a_cell_that_steps_itself_can_break_on_done(ip):
+    body = ("for i in range(10_000):\n"
+            "    chakra.step()\n"
+            "    if chakra.done:\n"
+            "        break\n")
+    result, out = run(ip, f"{LIGHT} -q --wait 1 --warmup 0 --active 2", body)
+    assert result.success, out.stdout + out.stderr
+    assert ip.user_ns["i"] == 2
+    cap = ip.user_ns["_chakra_capture"]
+    assert cap.status == "complete" and len(cap.iterations) == 3
+    assert list(cap.iterations["phase"]) == ["wait", "active", "active"]

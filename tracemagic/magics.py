@@ -122,9 +122,10 @@ class TracemagicMagics(Magics):
         ``torch_et_<rank>.json`` with ``--et`` (one per cycle, like the Kineto trace,
         with ``--repeat``; refused while another ``ExecutionTraceObserver`` is
         registered, as torch keeps one per process), ``memory_timeline_<rank>.json``
-        (allocation categories), ``dftracer_<rank>.pfw`` with ``--pfw`` (DFTracer's
+        (allocation categories), ``kineto_trace_<rank>_slow<k>.json`` per slow step
+        caught by ``--slow``, ``dftracer_<rank>.pfw`` with ``--pfw`` (DFTracer's
         format, wall-clock timestamps) and ``capture.json`` (options, cell, versions,
-        device, steps, files, layer names).
+        device, steps, every iteration's time, files, layer names).
 
         With ``--et`` the pair is checked against what Chakra's ``chakra_trace_link``
         and ``chakra_converter`` accept (``tracemagic.export.chakra.check``: schema, plain

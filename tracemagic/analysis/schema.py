@@ -163,7 +163,8 @@ _TABLES = [
         "slow_ratio": ("float64", "caught by ``--slow``: its time over the running median (NaN otherwise)"),
         "slow_trace": ("Int64", "the k of ``kineto_trace_<rank>_slow<k>.json`` that recorded it (NA otherwise)"),
     }, note="One row per iteration of a ``%%chakra_trace`` loop, recorded or not (the manifest's "
-       "``loop_timing``); empty for other traces."),
+       "``loop_timing``); empty for other traces. Times in ms (as ``%%chakra_trace`` prints them), "
+       "not µs: they are the loop's own clock, not the trace's."),
     Table("ranks", "ranks()", "trace.ranks()", {
         "rank": _RANK,
         "steps": ("int64", "steps of the rank"),
