@@ -263,3 +263,20 @@ def test_a_cell_that_steps_itself_can_break_on_done(ip):
     cap = ip.user_ns["_chakra_capture"]
     assert cap.status == "complete" and len(cap.iterations) == 3
     assert list(cap.iterations["phase"]) == ["wait", "active", "active"]
+
+
+def test_a_window_on_a_compiled_models_first_iterations_says_compilation(ip):
+    assert ip.run_cell("import torch\ncm = torch.compile(torch.nn.Linear(16, 16), backend='aot_eager')\n"
+                       "xs = torch.randn(4, 16)").success
+    body = "for i in range(12):\n    cm(xs).sum().backward()\n"
+    result, out = run(ip, f"{LIGHT} -q --wait 0 --warmup 0 --active 2", body)
+    assert result.success, out.stdout + out.stderr
+    cap = ip.user_ns["_chakra_capture"]
+    ops = cap.trace.ops()
+    assert ops["name"].astype(str).str.startswith("Torch-Compiled Region").any()
+    (text,) = untypical(cap)["text"]
+    assert "first iteration(s) 0, 1 of a compiled model" in text
+    # the same model, compiled and warm: a window past the first iterations gets no such note
+    result, out = run(ip, f"{LIGHT} -q --wait 4 --warmup 1 --active 2", body)
+    assert result.success, out.stdout + out.stderr
+    assert "compiled model" not in " ".join(untypical(ip.user_ns["_chakra_capture"])["text"])

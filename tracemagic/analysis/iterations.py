@@ -34,6 +34,9 @@ UNTYPICAL_SHARE = 0.20
 FIRST_ITERATIONS = 2
 #: ``window_check``: the fewest unrecorded iterations for a steady-state median
 MIN_STEADY = 3
+#: ``window_check``: the steady state's own spread, as quantiles: a recorded median inside
+#: it is typical however far from the median (a noisy loop's steps differ by chance)
+STEADY_RANGE = (0.10, 0.90)
 
 
 def from_manifest(manifest: Mapping[str, Any] | None) -> pd.DataFrame:
@@ -104,7 +107,8 @@ def window_check(table: pd.DataFrame, compiled: bool = False) -> WindowCheck | N
     or None when they are (or there is too little to tell).
 
     Not typical: their median time differs from the steady state's by ``UNTYPICAL_SHARE``
-    or more, or (``compiled``: the trace ran ``torch.compile``'d code) they include one of
+    or more and lies outside the steady state's own ``STEADY_RANGE`` (its 10th to 90th
+    percentile: in a noisy loop a median of a few steps differs by chance), or (``compiled``: the trace ran ``torch.compile``'d code) they include one of
     the loop's first ``FIRST_ITERATIONS`` iterations. The time compared is the GPU time
     where every iteration has one (CUDA), else the wall time. The recorded steps carry the
     profiler's own overhead (a step of a few ms with many small ops can take 20% longer
@@ -127,7 +131,8 @@ def window_check(table: pd.DataFrame, compiled: bool = False) -> WindowCheck | N
     steady_ms = float(steady[column].median()) if len(steady) >= MIN_STEADY else float("nan")
     change = recorded / steady_ms - 1 if steady_ms > 0 else float("nan")
     first = [int(i) for i in active["iteration"] if i < FIRST_ITERATIONS]
-    off = change == change and abs(change) >= UNTYPICAL_SHARE
+    low, high = (float(steady[column].quantile(q)) for q in STEADY_RANGE) if len(steady) else (np.nan, np.nan)
+    off = change == change and abs(change) >= UNTYPICAL_SHARE and not low <= recorded <= high
     if not off and not (compiled and first):
         return None
     steps = ", ".join(str(int(s)) for s in active["step"].dropna())
