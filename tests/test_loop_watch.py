@@ -19,6 +19,7 @@ from IPython.utils.capture import capture_output
 from tracemagic.analysis.schema import TABLES, kind
 from tracemagic.capture.watch import SLOW_WARMUP
 from tracemagic.views import figures
+from tracemagic.views.dashboard import figure_of
 
 LIGHT = "--no-stack --no-memory --no-shapes --no-memory-timeline"
 
@@ -74,7 +75,11 @@ def test_every_iteration_is_timed_and_the_strip_has_them_all(ip, tmp_path):
     assert list(table["wall_ms"]) == walls
     assert [int(s) for s in table["step"].dropna()] == [2, 3, 4]
 
+    header = cap.dashboard.widget.children[1]  # under the heading, above the controls
+    drawn = figure_of(header)
+    assert drawn["layout"]["title"]["text"].startswith("Every iteration (30)")
     strip = cap.dashboard.strip()
+    assert [t["name"] for t in drawn["data"]] == [t.name for t in strip.data]
     xs = sorted(x for trace in strip.data if trace.type == "bar" for x in trace.x)
     assert xs == list(range(n))
     ys = {x: y for trace in strip.data if trace.type == "bar" for x, y in zip(trace.x, trace.y)}
