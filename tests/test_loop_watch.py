@@ -223,6 +223,9 @@ def test_vs_last_compares_with_the_previous_capture_of_the_same_name(ip):
     before, after = line.split("mean step ")[1].split(" ms")[0].split(" → ")
     assert float(before) > 15 and float(after) < 10
     assert "-" in line.split("ms, ")[1]
+    # --vs DIR: that capture, whatever its name
+    result, out = run(ip, f"{LIGHT} -q --name third --vs {first.dir} --wait 0 --warmup 0 --active 4", body.format(0.001))
+    assert result.success and ip.user_ns["_chakra_capture"].vs.dir == first.dir
 
 
 def test_vs_last_without_an_earlier_capture_says_so(ip):

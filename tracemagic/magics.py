@@ -267,6 +267,9 @@ class TracemagicMagics(Magics):
             except TraceError as exc:
                 _warn(f"--vs {vs}: {exc}")
                 return
+            if not other.has_trace:
+                _warn(f"--vs {vs}: that capture ({other.status}) wrote no trace; nothing to compare with.")
+                return
         capture.compare_with(other)
 
     def _keep(self, capture: Any, args: Any) -> Any:
