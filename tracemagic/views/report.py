@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from tracemagic._version import __version__
-from tracemagic.views import html, sections
+from tracemagic.views import figures, html, sections
 from tracemagic.views._format import esc
 from tracemagic.views.data import TraceData
 
@@ -178,6 +178,10 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
     keys = sections.available(data, other)
     nav, body = [], []
     plotly_included = False
+    strip = ""
+    if not data.summaries_only and not data.iterations.empty:  # every iteration of the loop, atop the report
+        strip = figure_block(figures.iteration_strip(data.iterations), "fig-strip", nonce, include_plotlyjs=True)
+        plotly_included = True
     for key in keys:
         try:
             section = sections.build(key, data, state, other)
@@ -209,7 +213,7 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         f"<title>tracemagic · {esc(title)}</title>"
         f"<style>{_PAGE_CSS}{html.CSS}</style></head><body>"
         f'<header><h1>tracemagic · {esc(title)}</h1><div class="tm-meta">tracemagic {esc(__version__)} · {stamp}'
-        " · self-contained report (no network)</div></header>"
+        f" · self-contained report (no network)</div>{strip}</header>"
         f"<nav>{''.join(nav)}</nav><main>{''.join(body)}</main>"
         f'<script nonce="{nonce}">{_SCRIPT}</script></body></html>\n'
     )
