@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import aggregate
+from tracemagic.analysis import iterations as _iterations
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
@@ -71,6 +72,11 @@ RESERVED_RATIO = 1.5
 RESERVED_MIN_BYTES = 256 * 2**20
 #: ``fragmentation``: its weight
 FRAGMENTATION_WEIGHT = 0.20
+
+#: ``untypical_window``: its weight (it says how far to trust every other figure)
+UNTYPICAL_WEIGHT = 0.50
+#: ``untypical_window``: the op dynamo runs each compiled frame in
+COMPILED_REGION_PREFIX = "Torch-Compiled Region"
 
 #: what to say about an op that dominates CPU time
 OP_ADVICE = {
@@ -127,6 +133,7 @@ class Scope:
     ranks: pd.DataFrame | None
     device_memory_bytes: float | None
     share: pd.Series | None
+    iterations: pd.DataFrame | None = None
 
     @property
     def has_gpu(self) -> bool:
@@ -260,9 +267,26 @@ def fragmentation(scope: Scope) -> Row | None:
                 "fragmentation; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
 
 
+def untypical_window(scope: Scope) -> Row | None:
+    """The recorded steps are not typical of the loop (``iterations.window_check``: their
+    median ``iterations.UNTYPICAL_SHARE`` or more off the loop's steady state, or the first
+    iterations of a compiled model); a ``%%chakra_trace`` capture's whole trace only."""
+    table = scope.iterations
+    if table is None or table.empty:
+        return None
+    names = scope.ops["name"].astype(str) if "name" in scope.ops else pd.Series([], dtype=str)
+    compiled = bool(names.str.startswith(COMPILED_REGION_PREFIX).any())
+    check = _iterations.window_check(table, compiled)
+    if check is None:
+        return None
+    value = abs(check.change) if check.change == check.change else 1.0
+    return Row("untypical_window", value, _iterations.UNTYPICAL_SHARE, UNTYPICAL_WEIGHT, check.text,
+               "move the window (--wait/--skip-first) to steps like the rest.", check.text)
+
+
 #: every rule, in the order that breaks ties of ``weight``
 RULES: tuple[Callable[[Scope], Row | None], ...] = (
-    gpu_idle, memcpy, communication, dataloader, slow_step, top_op, launch_overhead, straggler_rule, memory_peak,
+    untypical_window, gpu_idle, memcpy, communication, dataloader, slow_step, top_op, launch_overhead, straggler_rule, memory_peak,
     fragmentation,
 )
 
@@ -276,6 +300,7 @@ def evaluate(
     *,
     device_memory_bytes: float | None = None,
     step: int | None = None,
+    iterations: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Every rule of ``RULES`` over one scope's tables; a row per rule that fired, by ``weight``.
 
@@ -287,6 +312,7 @@ def evaluate(
         ranks: ``ranks()`` of a job of several ranks (None otherwise).
         device_memory_bytes: the GPU's memory, for ``memory_peak``.
         step: the scope, recorded in the ``step`` column (None: the whole trace).
+        iterations: a capture's ``iterations()`` (the whole trace only), for ``untypical_window``.
 
     Returns:
         The columns ``COLUMNS``; ``value`` is the figure the rule measured and ``threshold``
@@ -294,7 +320,7 @@ def evaluate(
     """
     timed = not steps.empty and float(steps["window_dur"].sum()) > 0
     share = aggregate.step_shares(aggregate.step_means(steps)) if timed else None
-    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share)
+    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share, iterations)
     return _frame([row for rule in RULES if (row := rule(scope)) is not None], step)
 
 
@@ -395,4 +421,6 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     kernels = aggregate.select_step(trace.table(_kernels.kernels), step) if trace.has_gpu else None
     peaks = aggregate.peaks_of(trace.table(_memory.peaks), step)
     ranks = trace.table(_ranks.ranks) if len(trace.rank_ids) > 1 and step is None else None
-    return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step)
+    loop = trace.table(_iterations.iterations) if step is None and manifest else None
+    return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step,
+                    iterations=loop)

@@ -154,6 +154,17 @@ _TABLES = [
        "the host step on CPU-only traces), partitioned by ``compute_us`` … ``idle_us``; "
        "``df.attrs['unlaunched']``: {rank: {\"events\", \"us\"}} of GPU work in flight when profiling "
        "began (no launching call in the trace), which belongs to no step."),
+    Table("iterations", "iterations()", "", {
+        "iteration": ("int64", "the stepped loop's iteration, from 0 (``ProfilerStep`` numbers count the same way)"),
+        "wall_ms": ("float64", "wall time, ms (``time.perf_counter_ns``; the session's own work between iterations left out)"),
+        "gpu_ms": ("float64", "time between CUDA events at the iteration's boundaries, ms (NaN without CUDA)"),
+        "step": ("Int64", "the ``ProfilerStep`` number it was recorded as in the trace (NA: not recorded)"),
+        "phase": ("str", "skip | wait | warmup | active | after (past the schedule) | slow (recorded by --slow)"),
+        "slow_ratio": ("float64", "caught by ``--slow``: its time over the running median (NaN otherwise)"),
+        "slow_trace": ("Int64", "the k of ``kineto_trace_<rank>_slow<k>.json`` that recorded it (NA otherwise)"),
+    }, note="One row per iteration of a ``%%chakra_trace`` loop, recorded or not (the manifest's "
+       "``loop_timing``); empty for other traces. Times in ms (as ``%%chakra_trace`` prints them), "
+       "not µs: they are the loop's own clock, not the trace's."),
     Table("ranks", "ranks()", "trace.ranks()", {
         "rank": _RANK,
         "steps": ("int64", "steps of the rank"),

@@ -32,8 +32,10 @@ from tracemagic.capture.config import CaptureConfig
 from tracemagic.capture.loop import LoopPlan
 from tracemagic.capture.naming import Called, find_roots, module_map, namespace_modules, recorded_modules, resolve
 from tracemagic.capture.result import Capture
+from tracemagic.capture.watch import LoopClock
 from tracemagic.errors import CaptureError
 from tracemagic.trace import layout
+from tracemagic.trace.layout import SlowCatch
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 _ACTIVE: CaptureSession | None = None
@@ -193,7 +195,11 @@ class CaptureSession:
         self._skip_step = False
         self._failed_step: int | None = None  # the step whose iteration raised
         self._iterations = 0
-        self._t_step = 0.0
+        self._t_step = 0  # perf_counter_ns at the start of the current iteration
+        self._clock = LoopClock(config.slow)
+        self._gpu_events: list[Any] | None = None  # CUDA events at the iteration boundaries
+        self._schedule_done = False
+        self._slow_prof: _Profiler | None = None  # a --slow recording in progress
         self._pending: list[StepRecord] = []
         self._cycles: list[_Cycle] = []
         self._window: Called = {}
@@ -219,28 +225,139 @@ class CaptureSession:
         )
 
     def step(self) -> None:
-        """End the current step and begin the next (``prof.step()``)."""
-        if self._skip_step:  # the iteration raised: leave its step open, unended
+        """End the current step and begin the next (``prof.step()``).
+
+        Every call also times the iteration that ends (``loop_timing`` in the manifest),
+        before, during and after the schedule; with ``--slow`` it judges the iterations
+        after the schedule and records the one after a slow one.
+        """
+        now = time.perf_counter_ns()
+        if self._skip_step:  # the iteration raised (or was ended early): no step() for it
             self._skip_step = False
             return
         self._iterations += 1
-        if self._prof is None or self._stopped:
+        prof = self._prof
+        if prof is None or self._stopped:
+            if self._started:
+                self._after_schedule(now)
             return
-        now = time.perf_counter()
-        if self._prof.current_action in _RECORDING:
+        action = prof.current_action
+        if action in _RECORDING:
+            phase = "active"
+            self._clock.recorded.append([self._iterations - 1, prof.step_num])
             self._pending.append(
                 StepRecord(
-                    step=self._prof.step_num,
+                    step=prof.step_num,
                     cycle=len(self._cycles) + 1,
                     complete=True,
                     end="step",
-                    wall_ms=(now - self._t_step) * 1e3,
+                    wall_ms=(now - self._t_step) / 1e6,
                 )
             )
-        self._prof.step()
-        self._t_step = time.perf_counter()
+        elif action == ProfilerAction.WARMUP:
+            phase = "warmup"
+        else:
+            phase = "skip" if prof.step_num < self.config.skip_first else "wait"
+        self._clock.add(now - self._t_step, phase)
+        self._gpu_mark()
+        prof.step()
         if self.config.repeat and len(self._cycles) >= self.config.repeat:
+            self._schedule_done = True
             self.stop()  # the schedule is done: no cost for the rest of the loop
+        self._t_step = time.perf_counter_ns()
+
+    def _after_schedule(self, now: int) -> None:
+        """``step()`` past the schedule: time the iteration, and the ``--slow`` watch."""
+        slow = self._slow_prof
+        ratio = self._clock.add(now - self._t_step, "after" if slow is None else "slow")
+        self._gpu_mark()
+        if slow is not None:
+            self._end_slow(slow)
+        elif ratio is not None and len(self._clock.catches) < self.config.slow_max:
+            self._begin_slow(now - self._t_step, ratio)
+        self._t_step = time.perf_counter_ns()
+
+    def _gpu_mark(self) -> None:
+        """A CUDA event at the iteration boundary (CUDA only: the GPU time per iteration)."""
+        if self._gpu_events is not None:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._gpu_events.append(event)
+
+    def _gpu_ms(self) -> list[float] | None:
+        """The GPU time of each timed iteration: between consecutive boundary events."""
+        events = self._gpu_events
+        if not events:
+            return None
+        try:
+            events[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+        except Exception as exc:  # noqa: BLE001 - the GPU times are a convenience
+            self._notes.append(f"no GPU time per iteration ({type(exc).__name__}: {exc})")
+            return None
+
+    def _begin_slow(self, wall_ns: int, ratio: float) -> None:
+        """Iteration ``n`` was slow: record iteration ``n + 1`` with a profiler of its own."""
+        iteration = self._iterations - 1
+        catch: SlowCatch = {
+            "iteration": iteration,
+            "wall_ms": round(wall_ns / 1e6, 6),
+            "median_ms": round(self._clock.median_ns / 1e6, 6),
+            "ratio": round(ratio, 3),
+            "recorded": iteration + 1,
+            "path": None,
+        }
+        self._clock.catches.append(catch)
+        try:
+            # a schedule that always records: torch marks ProfilerStep#N only under a schedule
+            prof = _Profiler(self, schedule=_always_record, **self._profile_kwargs())
+            prof.step_num = iteration + 1  # its ProfilerStep#N is the iteration's number
+            prof.start()
+        except Exception as exc:  # noqa: BLE001 - the watch must never break the loop
+            self._notes.append(f"--slow: iteration {iteration + 1} could not be recorded ({type(exc).__name__}: {exc})")
+            return
+        self._slow_prof = prof
+
+    def _end_slow(self, prof: torch.profiler.profile) -> None:
+        """Stop the ``--slow`` recording and write its trace."""
+        self._slow_prof = None
+        assert self.dir is not None
+        catch = self._clock.catches[-1]
+        name = layout.slow_name(self.rank, len(self._clock.catches), self.config.gzip)
+        try:
+            prof.stop()
+            files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip)
+            catch["path"] = name
+        except Exception as exc:  # noqa: BLE001
+            self._notes.append(f"--slow: the trace of iteration {catch['recorded']} was not written ({exc})")
+        finally:
+            with contextlib.suppress(Exception):
+                torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
+            self._window = {}
+
+    @property
+    def done(self) -> bool:
+        """Whether the profile is complete: the schedule's last cycle is written (with
+        ``--slow``, also its ``--slow-max`` traces). A cell that steps itself may
+        ``break`` on it; ``--stop`` does that for the stepped loop."""
+        return (
+            self._schedule_done
+            and self._slow_prof is None
+            and (self.config.slow is None or len(self._clock.catches) >= self.config.slow_max)
+        )
+
+    def _stop_loop(self) -> bool:
+        """Called by the ``--stop`` rewrite after ``step()``: True ends the loop (``break``)."""
+        if not self.done:
+            return False
+        self._clock.stopped_after = self._iterations - 1
+        return True
+
+    def _continue(self) -> None:
+        """Called by the ``--stop`` rewrite at a ``continue``: end the iteration now (its
+        ``finally`` then skips ``step()``), so ``_stop_loop`` can be asked before going on."""
+        self.step()
+        self._skip_step = True
 
     def note(self, message: str) -> None:
         """Add a line to the manifest's ``notes``."""
@@ -278,30 +395,39 @@ class CaptureSession:
             self.open()
         self._started = True
         _ACTIVE = self
-        cfg = self.config
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available() and not cfg.cpu_only:
-            activities.append(ProfilerActivity.CUDA)
-        if cfg.et:
+        if cfg_cuda(self.config):
+            self._gpu_events = []
+        if self.config.et:
             self._open_et(1)
         with warnings.catch_warnings():
             if self._one_step:  # the whole cell is the one active step: no warmup
                 warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
             self._prof = _Profiler(
                 self,
-                activities=activities,
                 schedule=torch.profiler.schedule(**self.schedule),
                 on_trace_ready=self._on_trace_ready,
-                record_shapes=cfg.record_shapes,
-                profile_memory=cfg.profile_memory,
-                with_stack=cfg.with_stack,
-                with_flops=cfg.with_flops,
                 execution_trace_observer=self._et,
+                **self._profile_kwargs(),
             )
         self._prof.start()
         # ProfilerStep#0 begins at the end of start(): its wall time is measured from here,
         # not from before the profiler's own set-up
-        self._t_step = time.perf_counter()
+        self._gpu_mark()
+        self._t_step = time.perf_counter_ns()
+
+    def _profile_kwargs(self) -> dict[str, Any]:
+        """The ``torch.profiler.profile`` options of this capture (its cycles and ``--slow``)."""
+        cfg = self.config
+        activities = [ProfilerActivity.CPU]
+        if cfg_cuda(cfg):
+            activities.append(ProfilerActivity.CUDA)
+        return dict(
+            activities=activities,
+            record_shapes=cfg.record_shapes,
+            profile_memory=cfg.profile_memory,
+            with_stack=cfg.with_stack,
+            with_flops=cfg.with_flops,
+        )
 
     def stop(self) -> None:
         """Stop recording now (the loop is over); the rest of the cell is not traced."""
@@ -327,6 +453,7 @@ class CaptureSession:
         """
         global _ACTIVE
         try:
+            self._abandon_slow()
             self._stop_profiler("error" if error is not None else "cell_end")
         finally:
             self._cleanup()
@@ -353,6 +480,19 @@ class CaptureSession:
         return Capture(self.dir, manifest)
 
     # -- internals ---------------------------------------------------------------------
+    def _abandon_slow(self) -> None:
+        """The loop ended while ``--slow`` recorded an iteration: stop, write nothing."""
+        prof, self._slow_prof = self._slow_prof, None
+        if prof is None:
+            return
+        catch = self._clock.catches[-1]
+        self._notes.append(f"--slow: the loop ended during iteration {catch['recorded']}, "
+                           f"recorded after slow iteration {catch['iteration']}: no trace of it.")
+        with contextlib.suppress(Exception):
+            prof.stop()
+        with contextlib.suppress(Exception):
+            torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
+
     def _stop_profiler(self, end: str) -> None:
         if self._prof is None or self._stopped:
             self._stopped = True
@@ -366,7 +506,7 @@ class CaptureSession:
                     cycle=len(self._cycles) + 1,
                     complete=self._one_step and end == "cell_end",
                     end=end,
-                    wall_ms=(time.perf_counter() - self._t_step) * 1e3,
+                    wall_ms=(time.perf_counter_ns() - self._t_step) / 1e6,
                 )
             )
         try:
@@ -562,6 +702,9 @@ class CaptureSession:
         for c in self._cycles:
             if c.et:
                 entries.append({"path": c.et, "kind": "execution_trace", "rank": self.rank, "cycle": c.label})
+        for catch in self._clock.catches:
+            if catch.get("path"):
+                entries.append({"path": catch["path"], "kind": layout.SLOW_KIND, "rank": self.rank, "cycle": None})
         for entry in entries:
             entry["bytes"] = (self.dir / entry["path"]).stat().st_size
         entries.append({"path": files.MANIFEST, "kind": "manifest"})
@@ -574,6 +717,7 @@ class CaptureSession:
             steps=[asdict(s) for c in self._cycles for s in c.steps],
             steps_recorded=sum(len(c.steps) for c in self._cycles),
             iterations=self._iterations,
+            loop_timing=self._clock.as_manifest(self._gpu_ms()),
             files=entries,
             modules=first,
             notes=list(self._notes),
@@ -660,6 +804,16 @@ def et_observer_free() -> bool:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return True
+
+
+def _always_record(step: int) -> ProfilerAction:
+    """The ``--slow`` recorder's schedule: record (its one step)."""
+    return ProfilerAction.RECORD
+
+
+def cfg_cuda(config: CaptureConfig) -> bool:
+    """Whether the capture records CUDA (available and not ``--cpu-only``)."""
+    return torch.cuda.is_available() and not config.cpu_only
 
 
 def _error_entry(error: BaseException | None) -> dict[str, str] | None:

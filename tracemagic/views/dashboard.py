@@ -292,14 +292,23 @@ class Dashboard:
             html.style() + f'<div class="tm-caption" style="font-size:15px">tracemagic · {esc(self.title)}</div>'
             + (f'<div class="tm-caption" style="font-family:monospace;white-space:pre-wrap">{lines}</div>' if lines else "")
         )
+        strip = self.strip()
         root = widgets.VBox([
             header,
+            *([figure_output(strip)] if strip is not None else []),
             widgets.HBox([self.step_control, self.top_control, self.unit_control]),
             widgets.HBox([self.report_path, self.save_button, self.save_status]),
             self.tab,
         ])
         self.tab.selected_index = 0
         return root
+
+    def strip(self) -> go.Figure | None:
+        """The header's strip of every iteration (``figures.iteration_strip``), or None for a
+        trace without iteration timing (not a ``%%chakra_trace`` loop)."""
+        if self.data.summaries_only or self.data.iterations.empty:
+            return None
+        return figures.iteration_strip(self.data.iterations)
 
     @property
     def controls(self) -> dict[str, widgets.Widget]:

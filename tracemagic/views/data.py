@@ -18,6 +18,7 @@ from tracemagic.analysis import advice as _advice
 from tracemagic.analysis import aggregate as _aggregate
 from tracemagic.analysis import diff as _diff
 from tracemagic.analysis import efficiency as _efficiency
+from tracemagic.analysis import iterations as _iterations
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import memory as _memory
@@ -36,6 +37,7 @@ ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
     "ops": _ops.ops,
     "kernels": _kernels.kernels,
     "steps": _steps.steps,
+    "iterations": _iterations.iterations,
     "ranks_table": _ranks.ranks,
     "layers": _layers.layers,
     "memory": _memory.memory,
@@ -98,6 +100,12 @@ class TraceData:
         """``trace.steps()`` less the steps that hold only the loop's exit
         (:attr:`loop_exit_steps`): they are not steps of the loop."""
         return _aggregate.loop_steps(self.table("steps"), getattr(self.trace, "manifest", None))
+
+    @property
+    def iterations(self) -> pd.DataFrame:
+        """Every iteration of a ``%%chakra_trace`` loop (``trace.iterations()``; empty for
+        other traces)."""
+        return self.table("iterations")
 
     @cached_property
     def loop_exit_steps(self) -> list[int]:

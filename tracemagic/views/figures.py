@@ -129,6 +129,52 @@ def step_breakdown(steps: pd.DataFrame, *, unit: str = "ms", rank: int | None = 
     return _layout(fig, "Step time breakdown", "step", f"time ({unit})")
 
 
+#: the iteration strip's bar groups: name -> (phases, color)
+STRIP_GROUPS = {
+    "not recorded": (("skip", "wait", "after", ""), "#c7c7c7"),
+    "profiler warm-up": (("warmup",), "#9ecae1"),
+    "recorded steps": (("active",), "#1f77b4"),
+    "recorded by --slow": (("slow",), "#ff7f0e"),
+}
+
+
+def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
+    """A small bar chart of every iteration's wall time (``iterations()``' ``wall_ms``),
+    the recorded steps in blue and the slow ones ``--slow`` caught marked with a red ×.
+
+    Returns:
+        One ``Bar`` per non-empty group of ``STRIP_GROUPS`` (x: the iteration), and a
+        ``Scatter`` of the caught slow iterations.
+    """
+    if iterations.empty:
+        return empty("No iteration timing (not a %%chakra_trace loop).", "Every iteration")
+    fig = go.Figure()
+    phase = iterations["phase"].astype(str)
+    for name, (phases, color) in STRIP_GROUPS.items():
+        rows = iterations[phase.isin(phases)]
+        if rows.empty:
+            continue
+        step = rows["step"].astype("Float64").fillna(-1).to_numpy(dtype=float)
+        fig.add_bar(
+            name=name, x=rows["iteration"].to_numpy(), y=rows["wall_ms"].to_numpy(dtype=float), marker_color=color,
+            customdata=step, marker_line_width=0,
+            hovertemplate="iteration %{x}: %{y:.3f} ms" + (" (ProfilerStep#%{customdata})" if name == "recorded steps" else "")
+            + f"<extra>{esc(name)}</extra>",
+        )
+    caught = iterations[iterations["slow_ratio"].notna()]
+    if len(caught):
+        fig.add_scatter(
+            name="slow, caught by --slow", mode="markers", x=caught["iteration"].to_numpy(),
+            y=caught["wall_ms"].to_numpy(dtype=float), customdata=caught["slow_ratio"].to_numpy(dtype=float),
+            marker={"symbol": "x", "color": "#d62728", "size": 9},
+            hovertemplate="iteration %{x}: %{y:.3f} ms, %{customdata:.1f}× the running median<extra>slow</extra>",
+        )
+    fig.update_layout(bargap=0, showlegend=True)
+    fig = _layout(fig, f"Every iteration ({len(iterations):,}): wall time", None, "ms", height=200)
+    fig.update_layout(margin={"l": 50, "r": 10, "t": 40, "b": 25})
+    return fig
+
+
 def top_ops_bar(ops: pd.DataFrame, *, top: int = 15, unit: str = "ms") -> go.Figure:
     """Horizontal bars of the ``top`` CPU ops by self time (``trace.ops()``)."""
     table = tables.top_ops(ops, top)

@@ -145,7 +145,7 @@ def advice(data: TraceData, step: int | None = None) -> pd.DataFrame:
         tables.select_step(data.steps, step), tables.select_step(data.ops, step),
         tables.select_step(data.kernels, step) if data.has_gpu else None, tables.peaks_of(data.memory_peaks, step),
         data.ranks_table if data.several_ranks and step is None else None, device_memory_bytes=device_memory(data),
-        step=step,
+        step=step, iterations=data.iterations if step is None and not data.summaries_only else None,
     ))
 
 

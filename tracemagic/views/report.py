@@ -124,7 +124,7 @@ _SCRIPT = """
   }
   // figures are drawn when their tab shows, one at a time (a frame painted between two)
   function drawNext(sec){
-    if(!window.Plotly||!sec.classList.contains("active"))return;
+    if(!window.Plotly||!(sec.classList.contains("active")||sec.classList.contains("tm-always")))return;
     var box=sec.querySelector(".tm-figure:not(.tm-drawn)");
     if(!box)return;
     box.classList.add("tm-drawn");
@@ -145,7 +145,8 @@ _SCRIPT = """
     if(window.Plotly){sec.querySelectorAll(".js-plotly-plot").forEach(function(p){Plotly.Plots.resize(p);});}
     drawNext(sec);
   }
-  window.tmDrawActive=function(){var sec=document.querySelector(".tm-section.active");if(sec)drawNext(sec);};
+  // the figures always shown (the header's iteration strip), then the open tab's
+  window.tmDrawActive=function(){document.querySelectorAll(".tm-always, .tm-section.active").forEach(drawNext);};
   document.querySelectorAll("nav button").forEach(function(b){b.addEventListener("click",function(){show(b.dataset.tab);});});
   var first=document.querySelector("nav button");if(first)show(first.dataset.tab);
 })();
@@ -261,6 +262,9 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
     keys = sections.available(data, other)
     nav, body = [], []
     blocks = Figures(nonce)
+    strip = ""
+    if not data.summaries_only and not data.iterations.empty:  # every iteration of the loop, atop the report
+        strip = f'<div class="tm-always">{blocks.block(figures.iteration_strip(data.iterations), "fig-strip")}</div>'
     for key in keys:
         try:
             section = sections.build(key, data, state, other)
@@ -291,7 +295,7 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         f"<title>tracemagic · {esc(title)}</title>"
         f"<style>{_PAGE_CSS}{html.CSS}</style></head><body>"
         f'<header><h1>tracemagic · {esc(title)}</h1><div class="tm-meta">tracemagic {esc(__version__)} · {stamp}'
-        " · self-contained report (no network)</div></header>"
+        f" · self-contained report (no network)</div>{strip}</header>"
         f"<nav>{''.join(nav)}</nav><main>{''.join(body)}</main>{blocks.template_blocks()}"
         # the first tab's text and tables show before plotly.js (the largest part of the file) runs
         f'<script nonce="{nonce}">{_SCRIPT.replace("__CONFIG__", script_json(PLOTLY_CONFIG))}</script>'
