@@ -106,8 +106,9 @@ class _Cycle:
 
 
 class _Profiler(torch.profiler.profile):
-    """``torch.profiler.profile`` that hushes torch's start/stop notices and, after each
-    recording window, reads which modules its ``nn.Module`` events stand for.
+    """``torch.profiler.profile`` that hushes torch's start/stop notices and, when a
+    recording window's trace is exported, reads which modules its ``nn.Module`` events
+    stand for (``_modules``; a window that is not written is not read).
 
     Nothing is installed around the window (see ``tracemagic.capture.naming``); without
     ``with_stack`` there are no ``nn.Module`` events to name.
@@ -130,16 +131,16 @@ class _Profiler(torch.profiler.profile):
             # switched off under us (torch.autograd._disable_profiler(), another profiler):
             # torch's results are then invalid, and exporting them crashes the process
             self._session._switched_off = True
-        try:
-            with notices.hush(self._session._hidden):
-                super().stop_trace()
-        finally:
-            self._session._window = self._modules() if self.with_stack and not self._session._switched_off else {}
+        with notices.hush(self._session._hidden):
+            super().stop_trace()
 
-    def _modules(self) -> Called:
-        """The modules of the window just stopped, by trace name, found while they are alive."""
+    def _modules(self, trace: str | None = None) -> Called:
+        """The modules of the window just stopped, by trace name, found while they are alive
+        (``trace``: its Kineto JSON, just exported, which makes the search cheaper)."""
+        if not self.with_stack:
+            return {}
         try:
-            return resolve(recorded_modules(self.profiler), namespace_modules(self._session.namespace))
+            return resolve(recorded_modules(self.profiler, trace), namespace_modules(self._session.namespace))
         except Exception as exc:  # noqa: BLE001 - names are a convenience, never worth a failed capture
             self._session.note(f"nn.Module events could not be named by attribute path ({type(exc).__name__}: {exc}).")
             return {}
@@ -196,7 +197,6 @@ class CaptureSession:
         self._t_step = 0.0
         self._pending: list[StepRecord] = []
         self._cycles: list[_Cycle] = []
-        self._window: Called = {}
         self._notes: list[str] = []
         self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
         self._switched_off = False  # the profiler was switched off inside the current cycle
@@ -433,13 +433,13 @@ class CaptureSession:
         assert self.dir is not None
         if self._pending and all(s.end == "loop_exit" for s in self._pending):
             # the loop ended just as the window opened: a trace of its exit alone is noise
-            self._pending, self._window = [], {}
+            self._pending = []
             self._close_et(None)
             return
         number = len(self._cycles) + 1
         label = self._cycle_label(number)
-        cycle = _Cycle(number, label, steps=self._pending, window=self._window)
-        self._pending, self._window = [], {}
+        cycle = _Cycle(number, label, steps=self._pending)
+        self._pending = []
         self._cycles.append(cycle)
         if self._switched_off:
             self._switched_off = False
@@ -451,12 +451,17 @@ class CaptureSession:
             self._close_et(None)
             return
         gz = self.config.gzip
+
+        def export(path: str) -> None:  # the window's modules are named from it, still alive
+            prof.export_chrome_trace(path)
+            cycle.window = self._prof._modules(path) if self._prof is not None else {}
+
         try:
             if self.config.tb_names:
                 name = files.tb_name(self._worker, gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
-            files.write_with(self.dir / name, prof.export_chrome_trace, gz=gz)
+            files.write_with(self.dir / name, export, gz=gz)
             cycle.kineto = name
         except Exception as exc:
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
