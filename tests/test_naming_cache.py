@@ -46,6 +46,17 @@ def make():
 step, new_head, drop_layer = make()
 """
 
+#: the same model, held where the search of the namespace does not look (a module object's
+#: attribute, reached from the cell's functions through their globals only): only the walk
+#: over every live object finds it
+HIDDEN = MAKE.replace("step, new_head, drop_layer = make()", """\
+import types as _types
+_hidden = _types.ModuleType("hidden")
+_hidden.fns = make()
+step = lambda: _hidden.fns[0]()
+new_head = lambda: _hidden.fns[1]()
+drop_layer = lambda: _hidden.fns[2]()""")
+
 LOOP = "for i in range(4):\n    step()\n"
 
 
@@ -60,6 +71,20 @@ def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(gc, "get_objects", counting)
+    return calls
+
+
+@pytest.fixture
+def searches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts searches of what the namespace's values hold (``naming.held_modules``)."""
+    calls: list[int] = []
+    real = naming.held_modules
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(naming, "held_modules", counting)
     return calls
 
 
@@ -110,32 +135,41 @@ def twin_transformer() -> nn.Module:
     return make_transformer()
 
 
-def test_a_model_held_by_no_variable_is_searched_once_then_found_in_the_cache(ip, walks):
+def test_a_model_in_a_closure_is_found_without_walking_every_object_then_cached(ip, walks, searches):
     ip.run_cell(MAKE).raise_error()
     first = check_names(capture(ip), twin_transformer())
     assert first["nn.Module: TransformerEncoderLayer_1"] == "encoder.layers.1"
     assert "encoder.layers.0.linear1" in first.values()
-    assert len(walks) == 1  # the first capture of this model searched every live object
+    assert len(walks) == 0 and len(searches) == 1  # found through step's closure
     second = check_names(capture(ip), twin_transformer())
     assert second == first
+    assert len(walks) == 0 and len(searches) == 1  # the second capture found it in the cache
+
+
+def test_a_model_held_out_of_reach_is_walked_for_once_then_found_in_the_cache(ip, walks):
+    ip.run_cell(HIDDEN).raise_error()
+    first = check_names(capture(ip), twin_transformer())
+    assert "encoder.layers.0.linear1" in first.values()
+    assert len(walks) == 1  # the first capture of this model searched every live object
+    assert check_names(capture(ip), twin_transformer()) == first
     assert len(walks) == 1  # the second one found every module in the cache
 
 
 def test_a_new_model_in_place_of_the_old_one_is_named_by_its_own_modules(ip, walks):
-    ip.run_cell(MAKE).raise_error()
+    ip.run_cell(HIDDEN).raise_error()
     before = set(naming.MODULES._modules.keys())
     capture(ip)
     old_ids = set(naming.MODULES._modules.keys()) - before  # this model's modules
     assert len(old_ids) > 10
     # the old model dies; its memory is free for the new one's modules (ids can be reused)
-    ip.run_cell("step = new_head = drop_layer = None\n_gc.collect()\n" + MAKE).raise_error()
+    ip.run_cell("_hidden.fns = None\n_gc.collect()\n" + HIDDEN).raise_error()
     assert not old_ids & set(naming.MODULES._modules.keys())  # the old entries went with it
     check_names(capture(ip), twin_transformer())
     assert len(walks) == 2  # new objects: searched once more
 
 
 def test_a_replaced_or_deleted_submodule_is_found_under_the_cached_model(ip, walks):
-    ip.run_cell(MAKE).raise_error()
+    ip.run_cell(HIDDEN).raise_error()
     capture(ip)
     twin = twin_transformer()
     ip.run_cell("new_head()\n_gc.collect()").raise_error()  # model.head is a new Linear
@@ -228,3 +262,60 @@ def test_the_pruned_walk_finds_what_the_full_walk_finds(tmp_path):
     assert fast["nn.Module: Linear_4"] == (id(head), "Linear")
     # chunked reading: a key split across chunks is counted once
     assert naming.count_module_events(trace, chunk=7) == len(_json_module_names(trace))
+
+
+def test_held_modules_follows_closures_methods_partials_containers_and_attributes():
+    import functools
+    import types
+
+    a, b, c, d, hidden = nn.Linear(1, 1), nn.ReLU(), nn.Tanh(), nn.Sigmoid(), nn.GELU()
+
+    def closure() -> nn.Module:
+        return a
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.model = b
+
+        def run(self) -> None: ...
+
+    holder = types.ModuleType("holder")  # module objects are not searched
+    holder.model = hidden
+    values = [closure, Trainer().run, functools.partial(print, c), {"k": [(d,)]}, holder]
+    assert {id(m) for m in naming.held_modules(values)} == {id(a), id(b), id(c), id(d)}
+    assert list(naming.held_modules(values, budget=1)) == []  # the budget ends the search
+
+
+def test_captures_in_the_same_second_take_the_first_free_suffix(tmp_path):
+    from datetime import datetime
+
+    from tracemagic.capture import files
+
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    made = [files.make_capture_dir(tmp_path, "cap", now=now).name for _ in range(4)]
+    stamp = "cap-20260102-030405"
+    assert made == [stamp, f"{stamp}-1", f"{stamp}-2", f"{stamp}-3"]
+    (tmp_path / f"{stamp}-1").rmdir()  # a freed name is taken again, as before
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-1"
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-4"
+    assert not any(p.name.startswith(".") for q in tmp_path.iterdir() for p in q.iterdir())
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle")
+def test_staging_folders_are_removed_before_the_next_window_and_the_cell_end(ip, read_json):
+    import threading
+
+    ip.run_cell(MAKE).raise_error()
+    with capture_output() as out:  # back-to-back windows, each trace and memory timeline staged
+        result = ip.run_cell("%%chakra_trace -q --wait 0 --warmup 0 --active 1 --repeat 3\n" + LOOP)
+    assert result.success, out.stdout + out.stderr
+    cap = ip.user_ns["_chakra_capture"]
+    assert cap.status == "complete"
+    assert not [p.name for p in Path(cap.dir).iterdir() if p.name.startswith(".")]
+    assert not [t for t in threading.enumerate() if t.name == "tracemagic-cleanup"]
+    for k in (1, 2, 3):  # no thread of ours in any window
+        events = read_json(Path(cap.dir) / f"kineto_trace_0_cycle{k}.json")["traceEvents"]
+        names = {e["args"].get("name") for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+        assert "tracemagic-cleanup" not in names
+        assert any(e.get("cat") == "python_function" for e in events)

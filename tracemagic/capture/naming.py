@@ -16,23 +16,29 @@ extra time for its ``OptimizedModule``.
 
 Both look-ups cost time inside the profiled loop, so both are kept cheap:
 
-- ``recorded_modules`` searches the inside of ``aten::`` ops and C functions (most of a
-  window's events) only when the module calls found outside them are fewer than the
-  exported trace holds (``count_module_events``): a module called from inside an op
-  (backward recomputation, a compiled region) is still found.
+- ``recorded_modules`` searches the inside of ``aten::`` ops, C functions and torch's own
+  optimizer/autograd code (most of a window's events) only when the module calls found
+  outside them are fewer than the exported trace holds (``count_module_events``): a
+  module called from inside them (backward recomputation, a compiled region) is still
+  found.
 - ``resolve`` remembers the modules it found (``ModuleCache``, held by weak reference), so
-  a later window of the same model finds them without searching: the walk over every
-  live object (``gc.get_objects()``, tens of ms in a notebook) runs only for modules never
-  seen before (a model created inside a function and held by no variable, the first time).
+  a later window of the same model finds them without searching. A model seen for the
+  first time is looked for among the namespace's values and what they hold (a closure's
+  ``model``, ``trainer.model``: ``held_modules``); the walk over every live object
+  (``gc.get_objects()``, tens of ms in a notebook) runs only for what that leaves.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import itertools
 import os
+import types
 import weakref
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -50,8 +56,13 @@ MODULE_EVENT = "nn.Module: "
 _TRACE_KEY = b'"name": "nn.Module: '
 #: events whose inside is searched only when the module calls outside them fall short of
 #: the trace's count: ``aten::`` ops, C functions (``<built-in method linear ...>``),
-#: allocations. Most of a window's events are there.
-_OPAQUE = ("aten::", "<built-in", "[memory]")
+#: allocations, and torch's own Python that calls no model (optimizer steps, autograd,
+#: the profiler). Most of a window's events are there.
+_OPAQUE = (
+    "aten::", "<built-in", "[memory]",
+    "torch/optim/", "torch/autograd/", "torch/_tensor.py", "torch/_ops.py", "torch/profiler/",
+    "torch/_jit_internal.py", "typing.py",
+)
 
 
 def recorded_modules(profiler: Any, trace: str | os.PathLike[str] | None = None) -> dict[str, tuple[int, str]]:
@@ -61,9 +72,9 @@ def recorded_modules(profiler: Any, trace: str | os.PathLike[str] | None = None)
         profiler: the ``torch.autograd.profiler.profile`` of a stopped window
             (``torch.profiler.profile(...).profiler``), recorded with ``with_stack=True``.
         trace: the window's Kineto JSON, just exported (plain, not gzip). With it, the
-            inside of ``aten::`` ops and C functions is searched only when the module calls
-            found outside them are fewer than the trace holds (``count_module_events``);
-            without it, every event is searched.
+            inside of ``aten::`` ops, C functions and torch's optimizer/autograd code is
+            searched only when the module calls found outside them are fewer than the
+            trace holds (``count_module_events``); without it, every event is searched.
 
     Returns:
         ``{"nn.Module: Linear_0": (id of the module, "Linear"), ...}`` in order of first
@@ -143,9 +154,65 @@ def count_module_events(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> 
     return count
 
 
-def namespace_modules(namespace: Mapping[str, Any]) -> list[torch.nn.Module]:
-    """The ``nn.Module`` values of a namespace (the models a cell or script holds)."""
-    return [value for value in namespace.values() if isinstance(value, torch.nn.Module)]
+def namespace_modules(namespace: Mapping[str, Any]) -> Iterator[torch.nn.Module]:
+    """The ``nn.Module`` values of a namespace (the models a cell or script holds), then the
+    modules its values hold (``held_modules``), lazily: a caller that finds what it looks
+    for in the first ones searches no further."""
+    values = list(namespace.values())
+    direct = [value for value in values if isinstance(value, torch.nn.Module)]
+    yield from direct
+    yield from held_modules(values, skip={id(m) for m in direct})
+
+
+#: objects ``held_modules`` looks at, at most (a search that stops short ends in the gc walk)
+_HELD_BUDGET = 20_000
+#: items of one list, tuple, set or dict it looks at, at most (a dataset is no model holder)
+_HELD_ITEMS = 256
+_LEAVES = (str, bytes, int, float, complex, bool, type, types.ModuleType, torch.Tensor)
+
+
+def held_modules(values: Iterable[Any], skip: set[int] | None = None, budget: int = _HELD_BUDGET) -> Iterator[torch.nn.Module]:
+    """The modules held by ``values``, nearest first: through function closures and
+    defaults, bound methods, ``functools.partial``, lists, tuples, sets, dicts and instance
+    attributes (``model`` in ``def train_step`` made by a function, ``trainer.model``).
+
+    Public values are searched before private ones (``_``, ``_oh``: IPython's); modules are
+    not entered (their submodules are the caller's), nor types, module objects or tensors.
+    The search stops after ``budget`` objects; what it cannot reach is left to the walk over
+    every live object.
+    """
+    seen = set(skip or ())
+    queue: deque[Any] = deque(values)
+    while queue and budget > 0:
+        obj = queue.popleft()
+        if id(obj) in seen or obj is None or isinstance(obj, _LEAVES):
+            continue
+        seen.add(id(obj))
+        budget -= 1
+        if isinstance(obj, torch.nn.Module):
+            yield obj
+            continue
+        try:
+            if isinstance(obj, types.FunctionType):
+                for cell in obj.__closure__ or ():
+                    with contextlib.suppress(ValueError):  # an empty cell
+                        queue.append(cell.cell_contents)
+                queue.extend(obj.__defaults__ or ())
+                queue.extend((obj.__kwdefaults__ or {}).values())
+            elif isinstance(obj, types.MethodType):
+                queue.extend((obj.__self__, obj.__func__))
+            elif isinstance(obj, functools.partial):
+                queue.extend((obj.func, *obj.args, *obj.keywords.values()))
+            elif isinstance(obj, dict):
+                queue.extend(itertools.islice(obj.values(), _HELD_ITEMS))
+            elif isinstance(obj, (list, tuple, set, frozenset, deque)):
+                queue.extend(itertools.islice(obj, _HELD_ITEMS))
+            else:
+                attrs = getattr(obj, "__dict__", None)
+                if isinstance(attrs, dict):
+                    queue.extend(itertools.islice(attrs.values(), _HELD_ITEMS))
+        except Exception:  # noqa: BLE001 - an odd object is skipped, never a failed capture
+            continue
 
 
 class ModuleCache:
@@ -201,16 +268,16 @@ def resolve(
 ) -> Called:
     """The module object behind each recorded call.
 
-    Looked up in ``cache`` first (the modules found by earlier windows), then among
-    ``models`` and the cached roots with their submodules, then (for what is left: a model
-    held in no variable, seen for the first time; a module dynamo made) among all live
+    Looked up in ``cache`` first (the modules found by earlier windows), then among the
+    cached roots and ``models`` with their submodules, then (for what is left: a model
+    nothing reachable holds, seen for the first time; a module dynamo made) among all live
     ``nn.Module`` objects. What is found is remembered in ``cache``. Must run while the
     window's modules are alive, i.e. right after the window.
 
     Args:
         calls: ``recorded_modules``'s answer.
-        models: the models the user holds (``namespace_modules``); only iterated when the
-            cache does not hold every module.
+        models: the models the user holds (``namespace_modules``); iterated only as far as
+            the cache leaves modules to find.
         cache: where found modules are kept between windows (default: the process's,
             ``MODULES``).
 
@@ -226,12 +293,16 @@ def resolve(
         if module is not None:
             found[ptr] = module
     hits = len(found)
-    if len(found) < len(wanted):
-        tops = {id(model): model for model in [*models, *cache.roots()]}
-        for model in tops.values():
-            for sub in model.modules():
-                if id(sub) in wanted and type(sub).__name__ == wanted[id(sub)]:
-                    found[id(sub)] = sub
+    searched: set[int] = set()
+    for model in itertools.chain(cache.roots(), models):
+        if len(found) == len(wanted):
+            break
+        if id(model) in searched:
+            continue
+        for sub in model.modules():
+            searched.add(id(sub))
+            if id(sub) in wanted and type(sub).__name__ == wanted[id(sub)]:
+                found[id(sub)] = sub
     if len(found) < len(wanted):
         missing = {ptr: cls_name for ptr, cls_name in wanted.items() if ptr not in found}
         for obj in [obj for obj in gc.get_objects() if id(obj) in missing]:

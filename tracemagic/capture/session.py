@@ -16,6 +16,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -123,6 +124,7 @@ class _Profiler(torch.profiler.profile):
             super().prepare_trace()
 
     def start_trace(self) -> None:
+        self._session._join_cleaners()  # no thread of ours runs while a window records
         with notices.hush(self._session._hidden):
             super().start_trace()
 
@@ -202,6 +204,7 @@ class CaptureSession:
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(timezone.utc)
         self._worker = files.tb_worker()
+        self._cleaners: list[threading.Thread] = []  # removing staging folders (files.write_with)
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -381,8 +384,16 @@ class CaptureSession:
                 torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
 
     def _cleanup(self) -> None:
-        """Unregister the ET observer of a cycle that never ended."""
+        """Unregister the ET observer of a cycle that never ended; wait for the staging
+        folders to be gone."""
         self._close_et(None)
+        self._join_cleaners()
+
+    def _join_cleaners(self) -> None:
+        """Wait for the staging folders being removed in the background to be gone."""
+        for cleaner in self._cleaners:
+            cleaner.join()
+        self._cleaners.clear()
 
     # -- the Execution Trace: one per cycle, like the Kineto trace ------------------------
     def _cycle_label(self, number: int) -> int | None:
@@ -461,7 +472,7 @@ class CaptureSession:
                 name = files.tb_name(self._worker, gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
-            files.write_with(self.dir / name, export, gz=gz)
+            files.write_with(self.dir / name, export, gz=gz, cleaners=self._cleaners)
             cycle.kineto = name
         except Exception as exc:
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
@@ -492,6 +503,7 @@ class CaptureSession:
             self.dir / name,
             lambda path: timeline.export_memory_timeline_raw(path, device),
             gz=self.config.gzip,
+            cleaners=self._cleaners,
         )
         return name
 
