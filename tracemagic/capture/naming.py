@@ -156,9 +156,11 @@ def count_module_events(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> 
 
 def namespace_modules(namespace: Mapping[str, Any]) -> Iterator[torch.nn.Module]:
     """The ``nn.Module`` values of a namespace (the models a cell or script holds), then the
-    modules its values hold (``held_modules``), lazily: a caller that finds what it looks
-    for in the first ones searches no further."""
-    values = list(namespace.values())
+    modules its values hold (``held_modules``; public names' values first, then private ones
+    such as IPython's ``_``, ``_oh``), lazily: a caller that finds what it looks for in the
+    first ones searches no further."""
+    items = list(namespace.items())
+    values = [v for k, v in items if not k.startswith("_")] + [v for k, v in items if k.startswith("_")]
     direct = [value for value in values if isinstance(value, torch.nn.Module)]
     yield from direct
     yield from held_modules(values, skip={id(m) for m in direct})
@@ -176,10 +178,9 @@ def held_modules(values: Iterable[Any], skip: set[int] | None = None, budget: in
     defaults, bound methods, ``functools.partial``, lists, tuples, sets, dicts and instance
     attributes (``model`` in ``def train_step`` made by a function, ``trainer.model``).
 
-    Public values are searched before private ones (``_``, ``_oh``: IPython's); modules are
-    not entered (their submodules are the caller's), nor types, module objects or tensors.
-    The search stops after ``budget`` objects; what it cannot reach is left to the walk over
-    every live object.
+    Modules are not entered (their submodules are the caller's), nor types, module objects
+    or tensors. The search stops after ``budget`` objects; what it cannot reach is left to
+    the walk over every live object.
     """
     seen = set(skip or ())
     queue: deque[Any] = deque(values)
@@ -252,11 +253,6 @@ class ModuleCache:
         for root in find_roots(modules):
             with contextlib.suppress(TypeError):
                 self._roots[id(root)] = root
-
-    def clear(self) -> None:
-        """Forget every module."""
-        self._modules.clear()
-        self._roots.clear()
 
 
 #: the process's cache, shared by every capture (``resolve``'s default)
