@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 #: the parts of a step in stacking order (``steps()`` columns; they add up to ``window_dur``)
@@ -109,7 +110,9 @@ def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     with the most self time first (ties by name).
 
     Annotations and steps are left out (they are not ops), so self times add up without
-    double counting.
+    double counting. An op folded into the one of its name around it (``ops()``'s
+    ``merged``: ``aten::div`` inside ``aten::div``) is no call and adds no total, its self
+    time goes to its name all the same: calls, totals and self times are ``key_averages()``'s.
     """
     cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
     if ops.empty:
@@ -117,10 +120,11 @@ def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     frame = ops[ops["kind"].astype(str) == "cpu_op"] if "kind" in ops else ops
     if frame.empty:
         return pd.DataFrame(columns=cols)
+    own = ~frame["merged"].to_numpy() if "merged" in frame else np.ones(len(frame), dtype=bool)
     out = (
-        frame.assign(name=frame["name"].astype(str))
+        frame.assign(name=frame["name"].astype(str), call=own, total=np.where(own, frame["dur"].to_numpy(), 0.0))
         .groupby("name", observed=True)
-        .agg(calls=("dur", "size"), total_us=("dur", "sum"), self_us=("self_dur", "sum"))
+        .agg(calls=("call", "sum"), total_us=("total", "sum"), self_us=("self_dur", "sum"))
         .reset_index()
     )
     out["mean_us"] = out["total_us"] / out["calls"]

@@ -109,6 +109,8 @@ _TABLES = [
         "seq": ("Int64", "autograd sequence number (links a forward op to its backward)"),
         "rf_id": ("Int64", "record-function id (joins the Execution Trace)"),
         "external_id": ("Int64", "Kineto external id"),
+        "merged": ("bool", "the only CPU event directly inside an op of its own name: torch's key_averages "
+                   "folds it into that op (no call of its own, its time in that op's total)"),
     }, "one row per CPU op / annotation (``cpu_op``, ``user_annotation``, ``step``; python_function "
        "frames are not ops)."),
     Table("kernels", "kernels()", "", {
