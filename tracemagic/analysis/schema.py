@@ -122,8 +122,10 @@ _TABLES = [
         "stream": ("Int64", "stream id"),
         "ts": _TS,
         "dur": ("float64", "duration, µs"),
-        "step": ("int64", "ProfilerStep of the launching op, -1 outside steps"),
-        "op": ("category", "innermost CPU op around the launch"),
+        "step": ("int64", "ProfilerStep of the launching runtime call, -1 outside steps and where the "
+                 "trace has no launching call (work in flight when profiling began: in no step, as in steps())"),
+        "op": ("category", "CPU op of the launch: the launching call's External id's (as the TensorBoard "
+               "plugin links them), else the innermost CPU op around the call"),
         "op_row": ("int64", "that op's row, -1 for none"),
         "layer": ("category", "innermost nn.Module around the launch"),
         "layer_type": ("category", "that module's class"),
