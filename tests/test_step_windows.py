@@ -174,3 +174,47 @@ def test_a_trace_without_profiler_steps_says_so(tmp_path: Path) -> None:
     assert not any(str(e.get("name", "")).startswith("ProfilerStep#") for e in _raw(name))
     facts = dict(insights.facts(TraceData(tracemagic.load(TRACES / name, use_cache=False))))
     assert facts["steps"] == "none (no ProfilerStep: the whole trace is one span)"
+
+
+def test_trailing_steps_without_gpu_work_are_dropped_as_the_plugin_does(tmp_path: Path) -> None:
+    """Issue 24.5: the TensorBoard plugin removes a GPU trace's trailing steps that launched
+    no device work, and the last one that did when it launched under 0.8 of the step before
+    (kineto tb_plugin ``torch_tb_profiler/profiler/event_parser.py``, ``_update_steps_duration``,
+    ``is_remove_tail_steps``: "the profiler may fail to capture all the kernels launched by
+    these steps"); ``steps()``, the mean step and ``ranks()`` leave them out the same way and
+    the note names them. Steps launching 3, 3, 2 and 0 kernels keep steps 1 and 2."""
+    events: list[dict[str, Any]] = []
+    correlation = 0
+    for step, kernels in enumerate([3, 3, 2, 0], start=1):
+        start = 1000.0 * step
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": start, "dur": 500})
+        for k in range(kernels):
+            correlation += 1
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": start + 10 + 20 * k, "dur": 5, "args": {"correlation": correlation}})
+            events.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": start + 100 + 50 * k, "dur": 30,
+                           "args": {"correlation": correlation, "device": 0, "stream": 7}})
+    path = tmp_path / "tail.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    ref = reference(events)
+    assert [n for n, _, _ in ref["windows"]] == [1, 2]
+    trace = tracemagic.load(path, use_cache=False)
+    table = trace.steps()
+    assert table["step"].tolist() == [n for n, _, _ in ref["windows"]]
+    assert table["window_dur"].tolist() == pytest.approx([b - a for _, a, b in ref["windows"]])
+    assert table.attrs["tail"] == {0: [3, 4]} and "step(s) 3, 4 of rank 0 left out" in table.attrs["note"]
+    ranks = trace.ranks_table()
+    assert ranks["steps"].tolist() == [2]
+    assert ranks["step_us"].iloc[0] == pytest.approx(float(np.mean([b - a for _, a, b in ref["windows"]])))
+
+
+def test_the_amd_traces_last_step_launched_nothing_and_is_dropped() -> None:
+    """The MI250 trace's step 2 launches no GPU work (checked in the raw JSON): the plugin
+    drops it, so do we; step 1 is the only step and the mean step is its window."""
+    name = "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    events = _raw(name)
+    ref = reference(events)
+    hosts = [e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert sorted(set(hosts)) == ["ProfilerStep#1", "ProfilerStep#2"] and [n for n, _, _ in ref["windows"]] == [1]
+    table = tracemagic.load(TRACES / name, use_cache=False).steps()
+    assert table["step"].tolist() == [1] and table.attrs["tail"] == {0: [2]}
