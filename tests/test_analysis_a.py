@@ -110,7 +110,7 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
             category = 2 if k == "memcpy" else 3
         elif k == "runtime":
             category = 4
-        elif k in ("cpu_op", "user_annotation") and "DataLoader" in name:  # not Python frames
+        elif k in ("cpu_op", "user_annotation") and ("DataLoader" in name or name.startswith("enumerate(DataPipe)#")):
             category = 5
         elif k == "cpu_op" and not name.startswith("ProfilerStep#"):
             category = 6
@@ -425,6 +425,34 @@ def test_a_step_window_runs_to_the_end_of_the_gpu_work_it_launched(tmp_path: Pat
     second = table.loc[4]
     assert (second["dur"], second["window_ts"], second["window_dur"]) == (50.0, 135.0, 15.0)
     assert second["compute_us"] == 0.0 and second["idle_us"] == 15.0 and second["gpu_idle_us"] == 15.0
+
+
+def test_datapipe_iteration_is_data_loading(tmp_path: Path) -> None:
+    """Issue 24.4: DataPipe iteration (``enumerate(DataPipe)#...``) is data loading, as the
+    TensorBoard plugin files it (kineto tb_plugin ``torch_tb_profiler/profiler/event_parser.py``,
+    ``_parse_step``: an op or annotation named ``enumerate(DataLoader)#...__next__`` or
+    ``enumerate(DataPipe)#...`` is the DataLoader role)."""
+    events = []
+    for step in range(2):
+        start = 1000.0 * step
+        events += [
+            {"name": f"ProfilerStep#{step}", "cat": "user_annotation", "ts": start, "dur": 500},
+            {"name": "enumerate(DataPipe)#ShufflerIterDataPipe", "cat": "user_annotation", "ts": start + 10, "dur": 120},
+            {"name": "aten::mm", "cat": "cpu_op", "ts": start + 200, "dur": 100},
+        ]
+    path = tmp_path / "datapipe.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "pid": 1, "tid": 1, **e} for e in events]}))
+
+    def data_loading(name: str) -> bool:  # the plugin's rule
+        return (name.startswith("enumerate(DataLoader)#") and name.endswith(".__next__")) or name.startswith("enumerate(DataPipe)#")
+
+    want = {int(e["name"].split("#")[1]): 0.0 for e in events if e["name"].startswith("ProfilerStep#")}
+    for e in events:
+        if data_loading(e["name"]):
+            want[int(e["ts"] // 1000)] += e["dur"]
+    table = tracemagic.load(path, use_cache=False).steps()
+    assert dict(zip(table["step"], table["dataloader_us"])) == want == {0: 120.0, 1: 120.0}
+    assert table["cpu_us"].tolist() == [100.0, 100.0]
 
 
 # -- ranks and collectives ------------------------------------------------------------------
