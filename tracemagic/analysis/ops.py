@@ -7,7 +7,6 @@ import pandas as pd
 
 from tracemagic.analysis._common import labels, layer_labels, trace_start
 from tracemagic.trace.model import Trace
-from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import timed_rows
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
@@ -68,17 +67,24 @@ def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     so. torch counts every CPU child (ops, runtime calls, python frames); the TensorBoard
     plugin (``op_tree.py``, ``_remove_dup_nodes``) counts only op children, so an outer op
     that also holds a runtime call of its own is merged there and not here (rare: the inner
-    op makes the launch). Chains (``a`` in ``a`` in ``a``) fold into the outermost.
+    op makes the launch). Chains (``a`` in ``a`` in ``a``) fold into the outermost. An op
+    in a 0 µs op (integer-µs traces) is none: it is its sibling for the plugin, as for torch.
     """
     parent = events["parent"].to_numpy()
     up = parent[rows]
-    inside = up >= 0
     out = np.zeros(rows.size, dtype=bool)
-    if not inside.any():
+    codes = events["name"].cat.codes.to_numpy()
+    # same name as the parent first: few rows, so the rest looks at those alone
+    where = np.flatnonzero(up >= 0)
+    where = where[codes[up[where]] == codes[rows[where]]]
+    if where.size == 0:
+        return out
+    kinds = events["kind"]
+    op_kinds = np.flatnonzero(np.isin(np.asarray(kinds.cat.categories, dtype=object), KINDS))
+    # a 0 µs parent (integer-µs traces) holds nothing: the plugin's tree makes such ops siblings
+    where = where[np.isin(kinds.cat.codes.to_numpy()[up[where]], op_kinds) & (events["dur"].to_numpy()[up[where]] > 0)]
+    if where.size == 0:
         return out
     children = np.bincount(parent[parent >= 0], minlength=len(events))
-    codes = events["name"].cat.codes.to_numpy()
-    is_op = kind_mask(events, *KINDS)
-    at, above = rows[inside], up[inside]
-    out[inside] = is_op[above] & (children[above] == 1) & (codes[above] == codes[at])
+    out[where] = children[up[where]] == 1
     return out
