@@ -218,3 +218,35 @@ def test_the_amd_traces_last_step_launched_nothing_and_is_dropped() -> None:
     assert sorted(set(hosts)) == ["ProfilerStep#1", "ProfilerStep#2"] and [n for n, _, _ in ref["windows"]] == [1]
     table = tracemagic.load(TRACES / name, use_cache=False).steps()
     assert table["step"].tolist() == [1] and table.attrs["tail"] == {0: [2]}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_gpu_utilization_is_the_plugins_kernel_time_over_step_time(name: str) -> None:
+    """Issue 24.8: the TensorBoard plugin's "GPU Utilization" is the union of kernel time
+    (kernels alone: no memcpy, no memset) over the steps' span (kineto tb_plugin
+    ``torch_tb_profiler/profiler/gpu_metrics_parser.py``, ``calculate_gpu_utilization``:
+    ``kernel_ranges_per_device`` intersected with ``(steps_start_time, steps_end_time)``,
+    over its length). ``steps()``'s ``kernel_busy_us`` is that union per step window, and the
+    Overview shows it beside GPU busy (all GPU activity), each named."""
+    from tracemagic.views import insights
+    from tracemagic.views.data import TraceData
+
+    events = _raw(name)
+    t0 = min(float(e["ts"]) for e in events if e.get("ph") in ("X", "i") and "ts" in e)
+    windows = device_windows(events, t0)
+    kernels = [(float(e["ts"]) - t0, float(e["ts"]) - t0 + float(e.get("dur", 0)))
+               for e in events if e.get("ph") == "X" and category(e) in KERNEL]
+    devices = {(e.get("args") or {}).get("device", e.get("pid")) for e in events if e.get("ph") == "X" and category(e) in KERNEL}
+    assert len(devices) == 1  # one GPU per trace: the plugin's per-device figure is the trace's
+    span = (windows[0][1], windows[-1][2])
+    plugin = union(kernels, *span) / (span[1] - span[0])
+    trace = tracemagic.load(TRACES / name, use_cache=False)
+    table = trace.steps()
+    for row, (number, begin, stop) in zip(table.itertuples(), windows):
+        close(row.kernel_busy_us, union(kernels, begin, stop), f"{name} step {number} kernel time")
+        assert row.kernel_busy_us <= row.gpu_busy_us + 1e-6
+    ours = float(table["kernel_busy_us"].sum() / table["window_dur"].sum())
+    assert 100 * ours == pytest.approx(100 * plugin, abs=0.05)  # the windows tile the span but for host gaps
+    facts = dict(insights.facts(TraceData(trace)))
+    assert facts["GPU utilization"].startswith(f"{100 * ours:.0f}%") and "kernels only" in facts["GPU utilization"]
+    assert facts["GPU"].startswith("busy ")

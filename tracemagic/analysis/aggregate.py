@@ -48,12 +48,13 @@ def loop_steps(steps: pd.DataFrame, manifest: Mapping[str, Any] | None) -> pd.Da
 
 def step_means(steps: pd.DataFrame) -> pd.Series:
     """The mean step in µs: ``step_us`` (the device window, ``steps()``'s ``window_dur``),
-    each part of ``STEP_PARTS`` (they add up to ``step_us``), ``gpu_busy_us`` and
-    ``gpu_idle_us`` (NaN without a GPU); zeros for no steps."""
+    each part of ``STEP_PARTS`` (they add up to ``step_us``), ``gpu_busy_us``,
+    ``gpu_idle_us`` and ``kernel_busy_us`` (NaN without a GPU); zeros for no steps."""
     parts = [c for c in STEP_PARTS if c in steps]
+    gpu = [c for c in ("gpu_busy_us", "gpu_idle_us", "kernel_busy_us") if c in steps or steps.empty]
     if steps.empty:
-        return pd.Series(0.0, index=["step_us", *parts, "gpu_busy_us", "gpu_idle_us"])
-    mean = steps[["window_dur", *parts, "gpu_busy_us", "gpu_idle_us"]].astype(float).mean()
+        return pd.Series(0.0, index=["step_us", *parts, *gpu])
+    mean = steps[["window_dur", *parts, *gpu]].astype(float).mean()
     return mean.rename({"window_dur": "step_us"})
 
 

@@ -153,6 +153,8 @@ _TABLES = [
         "idle_us": ("float64", "nothing running"),
         "gpu_busy_us": ("float64", "union of all GPU activity in the window"),
         "gpu_idle_us": ("float64", "``window_dur - gpu_busy_us`` (NaN without a GPU)"),
+        "kernel_busy_us": ("float64", "union of the kernels alone in the window (no memcpy/memset): over "
+                           "``window_dur``, the TensorBoard plugin's GPU Utilization (NaN without a GPU)"),
     }, "``ts``/``dur`` are the host ProfilerStep; ``window_ts``/``window_dur`` the step's device "
        "window (the TensorBoard plugin's rule: extended to the end of the GPU work the step launched; "
        "the host step on CPU-only traces), partitioned by ``compute_us`` … ``idle_us``; "

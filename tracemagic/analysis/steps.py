@@ -291,8 +291,12 @@ def steps(trace: Trace) -> pd.DataFrame:
     ``window_ts``, ``window_dur`` (the device window, see the module docstring), then
     ``CATEGORIES`` and ``idle_us``, which add up to ``window_dur``; ``gpu_busy_us`` (union of
     all GPU activity of the rank — kernels, memcpy, memset, every stream — inside the
-    window) and ``gpu_idle_us`` (``window_dur - gpu_busy_us``), NaN on ranks without GPU
-    activity. ``df.attrs['note']`` says when rows span whole traces, when GPU work was in
+    window) and ``gpu_idle_us`` (``window_dur - gpu_busy_us``); ``kernel_busy_us`` (union
+    of the kernels alone, NCCL's included, memcpy and memset not: ``kernel_busy_us /
+    window_dur`` is the TensorBoard plugin's "GPU Utilization", ``gpu_metrics_parser.py``,
+    which it computes per device over the span from the first step's start to the last
+    one's end; ours is per rank, all its devices together, over the windows); NaN on ranks
+    without GPU activity. ``df.attrs['note']`` says when rows span whole traces, when GPU work was in
     flight when profiling began (``df.attrs['unlaunched']``: {rank: {"events", "us"}}) and
     which trailing steps were dropped because they launched no (or too little) GPU work
     (``df.attrs['tail']``: {rank: [steps]}, the TensorBoard plugin's rule, see the module
@@ -301,7 +305,7 @@ def steps(trace: Trace) -> pd.DataFrame:
     frame = device_windows(trace)
     groups = len(frame)
     masks = category_masks(trace)
-    covered = np.zeros(groups)
+    covered = kernel_busy = np.zeros(groups)
     parts: dict[str, np.ndarray] = {}
     so_far: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for name in CATEGORIES:
@@ -310,6 +314,8 @@ def steps(trace: Trace) -> pd.DataFrame:
         total = union_length(group, start, end, groups)
         parts[name] = total - covered
         covered = total
+        if name == "comm_us":
+            kernel_busy = total  # compute_us and comm_us hold kernels alone on GPU ranks
     window_dur = frame["window_dur"].to_numpy(dtype=np.float64)
     busy = union_length(*in_windows(trace, frame, _gpu_rows(trace)), groups)
     events = trace.events
@@ -327,6 +333,7 @@ def steps(trace: Trace) -> pd.DataFrame:
             "idle_us": window_dur - covered,
             "gpu_busy_us": np.where(has_gpu, busy, np.nan),
             "gpu_idle_us": np.where(has_gpu, window_dur - busy, np.nan),
+            "kernel_busy_us": np.where(has_gpu, kernel_busy, np.nan),
         }
     )
     return _noted(out, frame.attrs["unlaunched"], frame.attrs["tail"])

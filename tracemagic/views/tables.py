@@ -142,6 +142,6 @@ def step_table(steps: pd.DataFrame) -> pd.DataFrame:
     if steps.empty:
         return steps
     if part_names(steps) is not STEP_PARTS:
-        gpu_only = [*GPU_PARTS, "window_ts", "window_dur", "gpu_busy_us", "gpu_idle_us"]
+        gpu_only = [*GPU_PARTS, "window_ts", "window_dur", "gpu_busy_us", "gpu_idle_us", "kernel_busy_us"]
         return steps.drop(columns=[c for c in gpu_only if c in steps])
     return steps.assign(gpu_busy_pct=aggregate.gpu_busy_pct(steps))
