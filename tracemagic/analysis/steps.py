@@ -31,7 +31,7 @@ from tracemagic.trace.normalize import kind_mask
 #: breakdown columns in priority order (a higher one wins where activities overlap)
 CATEGORIES = (
     "compute_us",  # GPU kernels other than communication
-    "comm_us",  # NCCL kernels; on CPU-only ranks, host time in collectives (gloo, ...)
+    "comm_us",  # NCCL kernels, host gloo collectives; on CPU-only ranks, host time in any collective
     "memcpy_us",
     "memset_us",
     "runtime_us",  # host in CUDA/HIP runtime and driver calls
@@ -39,6 +39,8 @@ CATEGORIES = (
     "cpu_us",  # host in other CPU ops
 )
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
+#: host collectives of gloo, which moves the data on the host: communication on any rank
+_GLOO = re.compile(r"^gloo:\w+")
 
 
 def _step_number(name: object) -> int:
@@ -224,7 +226,8 @@ def _kept_steps(launched: np.ndarray) -> int:
 
 
 def category_masks(trace: Trace) -> dict[str, np.ndarray]:
-    """Which events feed each breakdown category (before priorities are applied); computed
+    """Which events feed each breakdown category (before priorities are applied), and
+    ``gloo_on_gpu`` (the ``gloo:*`` host collectives of GPU ranks, in ``comm_us``); computed
     once per trace (``steps`` and ``ranks.overlap`` share it), treat it as read-only."""
     return trace.shared("category_masks", lambda: _category_masks(trace))
 
@@ -241,9 +244,13 @@ def _category_masks(trace: Trace) -> dict[str, np.ndarray]:
     host_comm = host & cpu_only & (
         names_where(events["name"], HOST_COLLECTIVE) | (events["name"] == "record_param_comms").to_numpy()
     )
+    # gloo runs its collectives on the host, on a GPU rank too (the plugin's GlooOpNameSet);
+    # a GPU rank's nccl:* ops only launch the NCCL kernels, which count themselves
+    gloo_on_gpu = host & ~cpu_only & names_where(events["name"], _GLOO)
     return {
         "compute_us": kernel & ~nccl,
-        "comm_us": (kernel & nccl) | host_comm,
+        "comm_us": (kernel & nccl) | host_comm | gloo_on_gpu,
+        "gloo_on_gpu": gloo_on_gpu,
         "memcpy_us": duration & kind_mask(events, "memcpy"),
         "memset_us": duration & kind_mask(events, "memset"),
         "runtime_us": duration & kind_mask(events, "runtime"),
@@ -315,7 +322,10 @@ def steps(trace: Trace) -> pd.DataFrame:
         parts[name] = total - covered
         covered = total
         if name == "comm_us":
-            kernel_busy = total  # compute_us and comm_us hold kernels alone on GPU ranks
+            kernel_busy = total  # compute_us and comm_us hold kernels alone on GPU ranks, but for gloo
+    if masks["gloo_on_gpu"].any():
+        kernels = masks["compute_us"] | (masks["comm_us"] & ~masks["gloo_on_gpu"])
+        kernel_busy = union_length(*in_windows(trace, frame, np.flatnonzero(kernels)), groups)
     window_dur = frame["window_dur"].to_numpy(dtype=np.float64)
     busy = union_length(*in_windows(trace, frame, _gpu_rows(trace)), groups)
     events = trace.events
