@@ -455,6 +455,47 @@ def test_datapipe_iteration_is_data_loading(tmp_path: Path) -> None:
     assert table["cpu_us"].tolist() == [100.0, 100.0]
 
 
+def test_wrappers_are_kept_apart_from_the_ops_as_the_plugin_does(loaded: dict[str, Trace], raw: dict) -> None:
+    """Issue 24.7: the TensorBoard plugin's Operator view lists only operator nodes (kineto
+    tb_plugin ``torch_tb_profiler/profiler/node.py``: ``create_operator_node`` makes DataLoader
+    (``enumerate(DataLoader)#...__next__``, ``enumerate(DataPipe)#...``) and optimizer
+    (``Optimizer.step...``) nodes of such ops; ``is_operator_node`` also leaves out
+    ``Optimizer.*`` and ``DataParallel.forward``/``DistributedDataParallel.forward``); the old
+    ResNet-50 trace files them as ops. ``top_ops`` is those operator nodes, the wrappers are
+    listed apart (``top_wrappers``, shown under the Timeline's ops), and no time is lost."""
+    from tracemagic.analysis.aggregate import top_ops, top_wrappers
+
+    name = "kineto_worker0.1623143089861.pt.trace.json.gz"
+    events = raw[name][0]
+
+    def wrapper(n: str) -> bool:  # the plugin's rules
+        return ((n.startswith("enumerate(DataLoader)#") and n.endswith(".__next__")) or n.startswith("enumerate(DataPipe)#")
+                or n.startswith("Optimizer.") or n in ("DataParallel.forward", "DistributedDataParallel.forward"))
+
+    ops = [e for e in events if e["ph"] == "X" and kind(e) == "cpu_op" and not e["name"].startswith("ProfilerStep#")]
+    wrappers = [e for e in ops if wrapper(e["name"])]
+    assert {e["name"] for e in wrappers} == {
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "Optimizer.step#SGD.step", "Optimizer.zero_grad#SGD.zero_grad"}
+    table = loaded[name].ops()
+    listed = top_ops(table)
+    assert set(listed["name"]) == {e["name"] for e in ops if not wrapper(e["name"])}
+    apart = top_wrappers(table).set_index("name")
+    assert set(apart.index) == {e["name"] for e in wrappers}
+    for n in apart.index:
+        assert apart.loc[n, "calls"] == sum(1 for e in wrappers if e["name"] == n)
+        assert apart.loc[n, "total_us"] == pytest.approx(sum(e["dur"] for e in wrappers if e["name"] == n))
+    # every op's self time is in one of the two tables
+    all_self = table.loc[table["kind"] == "cpu_op", "self_dur"].sum()
+    assert listed["self_us"].sum() + apart["self_us"].sum() == pytest.approx(all_self)
+    # the Timeline tab lists them apart, under its ops table, which holds none of them
+    from tracemagic.views import Dashboard
+
+    section = Dashboard(loaded[name]).section("timeline")
+    assert not set(section.table["name"].astype(str)) & set(apart.index)
+    ((caption, shown),) = [(c, f) for c, f in section.extra if "wrappers" in c]
+    assert set(shown["name"].astype(str)) == set(apart.index)
+
+
 # -- ranks and collectives ------------------------------------------------------------------
 def nccl_kernels(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted((e for e in events if kind(e) == "kernel" and "nccl" in e["name"].lower()), key=lambda e: e["ts"])

@@ -24,6 +24,7 @@ step_means = aggregate.step_means
 step_shares = aggregate.step_shares
 kernel_rate = aggregate.kernel_rate
 top_ops = aggregate.top_ops
+top_wrappers = aggregate.top_wrappers
 top_kernels = aggregate.top_kernels
 top_layers = aggregate.top_layers
 layer_metric = aggregate.layer_metric
