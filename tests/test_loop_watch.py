@@ -210,7 +210,7 @@ def test_a_steady_window_gets_no_note(ip):
 
 def test_vs_last_compares_with_the_previous_capture_of_the_same_name(ip):
     body = "import time\nfor i in range(8):\n    time.sleep({})\n"
-    result, out = run(ip, f"{LIGHT} -q --name loopvs --wait 0 --warmup 0 --active 4", body.format(0.02))
+    result, out = run(ip, f"{LIGHT} -q --name loopvs --wait 0 --warmup 0 --active 4", body.format(0.1))
     first = ip.user_ns["_chakra_capture"]
     run(ip, f"{LIGHT} -q --name other --wait 0 --warmup 0 --active 4", body.format(0.001))  # another name
     result, out = run(ip, f"{LIGHT} --name loopvs --vs last --wait 0 --warmup 0 --active 4", body.format(0.005))
@@ -221,7 +221,13 @@ def test_vs_last_compares_with_the_previous_capture_of_the_same_name(ip):
     line = next(x for x in cap.summary().splitlines() + cap._header_lines() if x.strip().startswith("vs "))
     assert line.strip().startswith(f"vs {first.dir.name}: mean step ")
     before, after = line.split("mean step ")[1].split(" ms")[0].split(" → ")
-    assert float(before) > 15 and float(after) < 10
+    # the figures are the mean ProfilerStep of each capture, read here from the raw JSON
+    for shown, capture in ((before, first), (after, cap)):
+        events = json.loads(next(capture.dir.glob("kineto_trace_*.json")).read_text())["traceEvents"]
+        durs = [e["dur"] for e in events if e.get("name", "").startswith("ProfilerStep#")]
+        assert len(durs) == 4
+        assert abs(float(shown) - statistics.mean(durs) / 1e3) <= 0.005 * float(shown) + 0.05  # 3 digits shown
+    assert float(before) > float(after)  # 100 ms sleeps against 5 ms ones
     assert "-" in line.split("ms, ")[1]
     # --vs DIR: that capture, whatever its name
     result, out = run(ip, f"{LIGHT} -q --name third --vs {first.dir} --wait 0 --warmup 0 --active 4", body.format(0.001))

@@ -109,6 +109,8 @@ _TABLES = [
         "seq": ("Int64", "autograd sequence number (links a forward op to its backward)"),
         "rf_id": ("Int64", "record-function id (joins the Execution Trace)"),
         "external_id": ("Int64", "Kineto external id"),
+        "merged": ("bool", "the only CPU event directly inside an op of its own name: torch's key_averages "
+                   "folds it into that op (no call of its own, its time in that op's total)"),
     }, "one row per CPU op / annotation (``cpu_op``, ``user_annotation``, ``step``; python_function "
        "frames are not ops)."),
     Table("kernels", "kernels()", "", {
@@ -120,8 +122,10 @@ _TABLES = [
         "stream": ("Int64", "stream id"),
         "ts": _TS,
         "dur": ("float64", "duration, µs"),
-        "step": ("int64", "ProfilerStep of the launching op, -1 outside steps"),
-        "op": ("category", "innermost CPU op around the launch"),
+        "step": ("int64", "ProfilerStep of the launching runtime call, -1 outside steps and where the "
+                 "trace has no launching call (work in flight when profiling began: in no step, as in steps())"),
+        "op": ("category", "CPU op of the launch: the launching call's External id's (as the TensorBoard "
+               "plugin links them), else the innermost CPU op around the call"),
         "op_row": ("int64", "that op's row, -1 for none"),
         "layer": ("category", "innermost nn.Module around the launch"),
         "layer_type": ("category", "that module's class"),
@@ -149,6 +153,8 @@ _TABLES = [
         "idle_us": ("float64", "nothing running"),
         "gpu_busy_us": ("float64", "union of all GPU activity in the window"),
         "gpu_idle_us": ("float64", "``window_dur - gpu_busy_us`` (NaN without a GPU)"),
+        "kernel_busy_us": ("float64", "union of the kernels alone in the window (no memcpy/memset): over "
+                           "``window_dur``, the TensorBoard plugin's GPU Utilization (NaN without a GPU)"),
     }, "``ts``/``dur`` are the host ProfilerStep; ``window_ts``/``window_dur`` the step's device "
        "window (the TensorBoard plugin's rule: extended to the end of the GPU work the step launched; "
        "the host step on CPU-only traces), partitioned by ``compute_us`` … ``idle_us``; "

@@ -16,6 +16,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -108,8 +109,9 @@ class _Cycle:
 
 
 class _Profiler(torch.profiler.profile):
-    """``torch.profiler.profile`` that hushes torch's start/stop notices and, after each
-    recording window, reads which modules its ``nn.Module`` events stand for.
+    """``torch.profiler.profile`` that hushes torch's start/stop notices and, when a
+    recording window's trace is exported, reads which modules its ``nn.Module`` events
+    stand for (``_modules``; a window that is not written is not read).
 
     Nothing is installed around the window (see ``tracemagic.capture.naming``); without
     ``with_stack`` there are no ``nn.Module`` events to name.
@@ -124,6 +126,7 @@ class _Profiler(torch.profiler.profile):
             super().prepare_trace()
 
     def start_trace(self) -> None:
+        self._session._join_cleaners()  # no thread of ours runs while a window records
         with notices.hush(self._session._hidden):
             super().start_trace()
 
@@ -132,16 +135,16 @@ class _Profiler(torch.profiler.profile):
             # switched off under us (torch.autograd._disable_profiler(), another profiler):
             # torch's results are then invalid, and exporting them crashes the process
             self._session._switched_off = True
-        try:
-            with notices.hush(self._session._hidden):
-                super().stop_trace()
-        finally:
-            self._session._window = self._modules() if self.with_stack and not self._session._switched_off else {}
+        with notices.hush(self._session._hidden):
+            super().stop_trace()
 
-    def _modules(self) -> Called:
-        """The modules of the window just stopped, by trace name, found while they are alive."""
+    def _modules(self, trace: str | None = None) -> Called:
+        """The modules of the window just stopped, by trace name, found while they are alive
+        (``trace``: its Kineto JSON, just exported, which makes the search cheaper)."""
+        if not self.with_stack:
+            return {}
         try:
-            return resolve(recorded_modules(self.profiler), namespace_modules(self._session.namespace))
+            return resolve(recorded_modules(self.profiler, trace), namespace_modules(self._session.namespace))
         except Exception as exc:  # noqa: BLE001 - names are a convenience, never worth a failed capture
             self._session.note(f"nn.Module events could not be named by attribute path ({type(exc).__name__}: {exc}).")
             return {}
@@ -202,12 +205,12 @@ class CaptureSession:
         self._slow_prof: _Profiler | None = None  # a --slow recording in progress
         self._pending: list[StepRecord] = []
         self._cycles: list[_Cycle] = []
-        self._window: Called = {}
         self._notes: list[str] = []
         self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(timezone.utc)
         self._worker = files.tb_worker()
+        self._cleaners: list[threading.Thread] = []  # removing staging folders (files.write_with)
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -521,8 +524,16 @@ class CaptureSession:
                 torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
 
     def _cleanup(self) -> None:
-        """Unregister the ET observer of a cycle that never ended."""
+        """Unregister the ET observer of a cycle that never ended; wait for the staging
+        folders to be gone."""
         self._close_et(None)
+        self._join_cleaners()
+
+    def _join_cleaners(self) -> None:
+        """Wait for the staging folders being removed in the background to be gone."""
+        for cleaner in self._cleaners:
+            cleaner.join()
+        self._cleaners.clear()
 
     # -- the Execution Trace: one per cycle, like the Kineto trace ------------------------
     def _cycle_label(self, number: int) -> int | None:
@@ -573,13 +584,13 @@ class CaptureSession:
         assert self.dir is not None
         if self._pending and all(s.end == "loop_exit" for s in self._pending):
             # the loop ended just as the window opened: a trace of its exit alone is noise
-            self._pending, self._window = [], {}
+            self._pending = []
             self._close_et(None)
             return
         number = len(self._cycles) + 1
         label = self._cycle_label(number)
-        cycle = _Cycle(number, label, steps=self._pending, window=self._window)
-        self._pending, self._window = [], {}
+        cycle = _Cycle(number, label, steps=self._pending)
+        self._pending = []
         self._cycles.append(cycle)
         if self._switched_off:
             self._switched_off = False
@@ -591,12 +602,17 @@ class CaptureSession:
             self._close_et(None)
             return
         gz = self.config.gzip
+
+        def export(path: str) -> None:  # the window's modules are named from it, still alive
+            prof.export_chrome_trace(path)
+            cycle.window = self._prof._modules(path) if self._prof is not None else {}
+
         try:
             if self.config.tb_names:
                 name = files.tb_name(self._worker, gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
-            files.write_with(self.dir / name, prof.export_chrome_trace, gz=gz)
+            files.write_with(self.dir / name, export, gz=gz, cleaners=self._cleaners)
             cycle.kineto = name
         except Exception as exc:
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
@@ -627,6 +643,7 @@ class CaptureSession:
             self.dir / name,
             lambda path: timeline.export_memory_timeline_raw(path, device),
             gz=self.config.gzip,
+            cleaners=self._cleaners,
         )
         return name
 

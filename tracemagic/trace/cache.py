@@ -51,7 +51,7 @@ from tracemagic.trace import layout
 from tracemagic.trace.columns import all_missing
 
 #: bump when the events table's columns or meaning, or the entry's files, change
-FORMAT = 8
+FORMAT = 9
 EVENTS_SUFFIX = ".arrow"
 FLOWS_SUFFIX = ".flows.arrow"
 SEAL_SUFFIX = ".seal"

@@ -91,6 +91,9 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         if share["gpu_busy_us"] == share["gpu_busy_us"]:  # NaN without a GPU
             busy = float(share["gpu_busy_us"])
             out.append(("GPU", f"busy {fmt_pct(busy)}, idle {fmt_pct(1.0 - busy)} of the step"))
+            if "kernel_busy_us" in share:  # the TensorBoard plugin's figure: kernels alone
+                out.append(("GPU utilization", f"{fmt_pct(float(share['kernel_busy_us']))} (kernels only, the "
+                                               "TensorBoard plugin's; busy counts memcpy and memset too)"))
         unlaunched = steps.attrs.get("unlaunched") or {}
         if unlaunched:
             events = sum(int(v["events"]) for v in unlaunched.values())

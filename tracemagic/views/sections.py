@@ -239,13 +239,18 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
                                     unit=unit, thread_names=names, max_events=TIMELINE_MAX_EVENTS, spans=spans)
 
         rebuild[0] = redraw
-    return Section(
+    section = Section(
         "timeline", TITLES["timeline"], figures=[fig],
         table=display_table(tables.top_ops(ops), state.unit),
         table_title="Ops" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
         rebuild=rebuild,
     )
+    wrappers = tables.top_wrappers(ops, state.top)
+    if not wrappers.empty:  # apart from the ops: their totals hold the ops inside
+        section.extra.append(("Annotations and wrappers (DataLoader, optimizer; their time holds the ops above)",
+                              display_table(wrappers, state.unit)))
+    return section
 
 
 def _memory(data: TraceData, state: ViewState) -> Section:

@@ -24,6 +24,7 @@ step_means = aggregate.step_means
 step_shares = aggregate.step_shares
 kernel_rate = aggregate.kernel_rate
 top_ops = aggregate.top_ops
+top_wrappers = aggregate.top_wrappers
 top_kernels = aggregate.top_kernels
 top_layers = aggregate.top_layers
 layer_metric = aggregate.layer_metric
@@ -142,6 +143,6 @@ def step_table(steps: pd.DataFrame) -> pd.DataFrame:
     if steps.empty:
         return steps
     if part_names(steps) is not STEP_PARTS:
-        gpu_only = [*GPU_PARTS, "window_ts", "window_dur", "gpu_busy_us", "gpu_idle_us"]
+        gpu_only = [*GPU_PARTS, "window_ts", "window_dur", "gpu_busy_us", "gpu_idle_us", "kernel_busy_us"]
         return steps.drop(columns=[c for c in gpu_only if c in steps])
     return steps.assign(gpu_busy_pct=aggregate.gpu_busy_pct(steps))
