@@ -356,6 +356,40 @@ def test_bar_labels_are_readable_and_distinct() -> None:
     assert list(figures.shapes_bar(shapes).data[0].y) == ["aten::add", "aten::mm [[2, 3], [3, 4]]"]
 
 
+def _raw_kernel_names() -> set[str]:
+    """Every GPU kernel name in the real traces, read from the raw JSON (tars member by member)."""
+    import gzip
+    import tarfile
+
+    docs = []
+    for path in sorted(TRACES.iterdir()):
+        if path.name.endswith(".tar.gz"):
+            with tarfile.open(path) as tar:
+                docs += [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()]  # type: ignore[arg-type]
+        elif path.name.endswith(".json.gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                doc = json.load(fh)
+            if isinstance(doc, dict):
+                docs.append(doc)
+    return {str(e.get("name", "")) for doc in docs for e in doc.get("traceEvents", [])
+            if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel"}
+
+
+def test_no_kernel_label_is_empty_on_the_real_traces() -> None:
+    from tracemagic.views._format import kernel_label
+
+    names = _raw_kernel_names()
+    anonymous = {n for n in names if "(anonymous namespace)" in n}
+    assert len(names) > 100 and anonymous  # CatArrayBatchedCopy and others live in one
+    assert [n for n in names if not kernel_label(n).strip()] == []
+    for name in anonymous:  # the kernel's own identifier: the last one before its templates / arguments
+        head = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+        ident = re.split(r"[<(]", head, maxsplit=1)[0].rsplit("::", 1)[-1]
+        assert kernel_label(name, 200).startswith(ident), (name, kernel_label(name, 200))
+    catarray = next(n for n in anonymous if "CatArrayBatchedCopy" in n)
+    assert kernel_label(catarray).startswith("CatArrayBatchedCopy<")
+
+
 def test_layers_table_lists_parents_before_children() -> None:
     layers = pd.DataFrame({"rank": 0, "layer": ["Sequential_0", "Linear_0", "ReLU_0", "Linear_1"],
                            "parent": [None, "Sequential_0", "Sequential_0", "Sequential_0"]})
