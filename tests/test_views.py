@@ -18,7 +18,7 @@ import tb_reference
 import tracemagic
 from tracemagic.analysis.schema import TABLES
 from tracemagic.views import figures, sections, tables
-from tracemagic.views.dashboard import ALL_STEPS, PLOTLY_MIME, Dashboard
+from tracemagic.views.dashboard import ALL_STEPS, PLOTLY_MIME, WIDGET_HINT, Dashboard
 from tracemagic.views.data import ANALYSES, TraceData
 from tracemagic.views.report import write_report
 from tracemagic.views.text import diff_summary, render_table, summary
@@ -623,10 +623,12 @@ def test_mimebundle_carries_widget_and_text(gpu: Any) -> None:
     bundle = dash._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "application/vnd.jupyter.widget-view+json"}
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == dash.widget.model_id
-    assert bundle["text/plain"] == summary(gpu)
+    # a saved notebook shows the text until the cell runs again: it says so
+    assert bundle["text/plain"] == f"{summary(gpu)}\n\n{WIDGET_HINT}"
     # outside a kernel (terminal IPython, this test) only the text is sent, no widget is built
     plain = Dashboard(gpu)
     assert set(plain._repr_mimebundle_()) == {"text/plain"} and plain._widget is None
+    assert plain._repr_mimebundle_()["text/plain"] == summary(gpu)  # no widget: nothing to run again for
 
 
 def test_figures_in_outputs_use_plotly_mime(gpu: Any) -> None:
