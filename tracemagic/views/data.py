@@ -95,15 +95,21 @@ class TraceData:
 
     @property
     def steps(self) -> pd.DataFrame:
-        """``trace.steps()`` less the steps that hold only the loop's exit
-        (:attr:`loop_exit_steps`): they are not steps of the loop."""
+        """``trace.steps()`` less the steps that hold only the loop's exit or that the cell's
+        error cut short (:attr:`loop_exit_steps`): they are not whole steps of the loop."""
         return _aggregate.loop_steps(self.table("steps"), getattr(self.trace, "manifest", None))
 
     @cached_property
     def loop_exit_steps(self) -> list[int]:
         """The ProfilerSteps a ``%%chakra_trace`` capture marks as holding only the loop's
-        exit (``capture.json``: ``end`` ``loop_exit``, not complete); empty for other traces."""
-        return _aggregate.loop_exit_steps(getattr(self.trace, "manifest", None))
+        exit or cut short by the cell's error (``aggregate.uncounted_steps``); empty for
+        other traces."""
+        return list(self.uncounted_steps)
+
+    @cached_property
+    def uncounted_steps(self) -> dict[int, str]:
+        """:attr:`loop_exit_steps` with how each ended (``loop_exit`` | ``error``)."""
+        return _aggregate.uncounted_steps(getattr(self.trace, "manifest", None))
 
     @property
     def ops(self) -> pd.DataFrame:

@@ -73,9 +73,10 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         if len(numbered) < len(data.step_ids):  # step -1: a rank without ProfilerStep, one span
             listed = ("none (no ProfilerStep: the whole trace is one span)" if not numbered
                       else listed + "; ranks without ProfilerStep: one span each (step -1)")
-        if data.loop_exit_steps:
-            listed += (f"; step {', '.join(map(str, data.loop_exit_steps))} holds only the loop's exit and is not "
-                       "counted")
+        for end, what in tables.UNCOUNTED_ENDS.items():
+            left_out = [str(s) for s, e in data.uncounted_steps.items() if e == end]
+            if left_out:
+                listed += f"; step {', '.join(left_out)} {what} and is not counted"
         out.append(("steps", listed))
         step_us = float(mean["step_us"])
         if step is None:

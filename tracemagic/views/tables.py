@@ -29,6 +29,7 @@ top_layers = aggregate.top_layers
 layer_metric = aggregate.layer_metric
 peaks_of = aggregate.peaks_of
 mean_step_change = aggregate.mean_step_change
+UNCOUNTED_ENDS = aggregate.UNCOUNTED_ENDS
 modelled_gpu_us = aggregate.modelled_gpu_us
 
 
