@@ -493,7 +493,7 @@ def test_timeline_layers_lane_of_a_cpu_capture(cpu_capture: Any, gpu: Any) -> No
     section = sections.build("timeline", data)
     fig = as_dict(section.figures[0])
     lanes = fig["layout"]["yaxis"]["categoryarray"]
-    assert lanes[0] == "steps" and lanes[1] == "layers" and lanes[2].startswith("thread ")
+    assert lanes[:3] == ["steps", "phases", "layers"] and lanes[3].startswith("thread ")
     bars = _layer_bars(fig)
     names = [row[0] for t in bars for row in t["customdata"]]
     assert sorted(names) == sorted(spans["layer"])  # one bar per span, named by its layer path
@@ -586,13 +586,13 @@ def test_step_selector_changes_timeline_memory_and_overview(gpu: Any) -> None:
     overview = dash.figures("overview")
     assert overview[0]["data"][0]["marker"]["opacity"].count(1.0) == 1
     ops_in_step = tables.top_ops(tables.select_step(gpu.ops(), step), 15)
-    np.testing.assert_allclose(sorted(as_dict(overview[1])["data"][0]["x"]), sorted(ops_in_step["self_us"] / 1000))
+    np.testing.assert_allclose(sorted(as_dict(overview[2])["data"][0]["x"]), sorted(ops_in_step["self_us"] / 1000))
 
 
 def test_units_and_top_n_controls(gpu: Any) -> None:
     dash = Dashboard(gpu)
     dash.controls["top"].value = 5
-    assert len(as_dict(dash.figures("overview")[1])["data"][0]["y"]) == 5
+    assert len(as_dict(dash.figures("overview")[2])["data"][0]["y"]) == 5
     dash.controls["unit"].value = "µs"
     fig = dash.figures("overview")[0]
     assert fig["layout"]["yaxis"]["title"]["text"] == "time (µs)"

@@ -21,6 +21,7 @@ from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
@@ -88,6 +89,11 @@ class Trace(_model.Trace):
     def steps(self) -> pd.DataFrame:
         """One row per ProfilerStep (per rank) with its time breakdown."""
         return self.table(_steps.steps)
+
+    def phases(self) -> pd.DataFrame:
+        """Per ProfilerStep, the host time in data loading, forward, backward, optimizer and the
+        rest, and the GPU time launched from each (the rule: ``tracemagic.analysis.phases``)."""
+        return self.table(_phases.phases)
 
     def ranks(self) -> pd.DataFrame:
         """Per-rank step time, compute, communication and idle; slowest rank marked (the

@@ -22,6 +22,7 @@ from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
@@ -36,6 +37,7 @@ ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
     "ops": _ops.ops,
     "kernels": _kernels.kernels,
     "steps": _steps.steps,
+    "phases": _phases.phases,
     "ranks_table": _ranks.ranks,
     "layers": _layers.layers,
     "memory": _memory.memory,
@@ -112,6 +114,11 @@ class TraceData:
         return _aggregate.uncounted_steps(getattr(self.trace, "manifest", None))
 
     @property
+    def phases(self) -> pd.DataFrame:
+        """``trace.phases()``: per step, data loading, forward, backward, optimizer and other."""
+        return self.table("phases")
+
+    @property
     def ops(self) -> pd.DataFrame:
         """``trace.ops()``."""
         return self.table("ops")
@@ -180,6 +187,13 @@ class TraceData:
         if not hasattr(self.trace, "events"):
             return empty_table("layer_spans")
         return self.table("layer_spans", compute=compute)
+
+    @property
+    def phase_spans(self) -> pd.DataFrame:
+        """The host phases as time intervals (``analysis.phases.phase_spans``): the Timeline's phases lane."""
+        if not hasattr(self.trace, "events"):
+            return empty_table("phase_spans")
+        return self.table("phase_spans", compute=lambda: self.trace.table(_phases.phase_spans))
 
     @cached_property
     def has_et(self) -> bool:
