@@ -14,7 +14,7 @@ a rule says otherwise. ``weight`` orders the rows: a rule's own share where it h
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -138,6 +138,13 @@ class Scope:
     device_memory_bytes: float | None
     share: pd.Series | None
     phases: pd.DataFrame | None = None
+    memo: dict[str, Any] = field(default_factory=dict)  # figures two rules share, computed once
+
+    def once(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, computed once per scope (a rule and :func:`closest` share it)."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     @property
     def has_gpu(self) -> bool:
@@ -205,7 +212,7 @@ def slow_step(scope: Scope) -> Row | None:
 def top_op(scope: Scope) -> Row | None:
     """The CPU op with the most self time ``TOP_OP_SHARE`` of all ops' or more (a DataLoader
     op not when :func:`dataloader` fired, a sync op not when :func:`host_sync` did: said already)."""
-    top = aggregate.top_ops(scope.ops, 1)
+    top = scope.once("top_op", lambda: aggregate.top_ops(scope.ops, 1))
     if top.empty or not float(top["self_us"].sum()) > 0:
         return None
     first = top.iloc[0]
@@ -328,17 +335,21 @@ def host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
     ops — ``SYNC_OPS``, an ``aten::_local_scalar_dense`` inside an ``aten::item`` counted
     once, as its ``aten::item`` — per name: ``calls``, ``total_us``, ``max_us``, ``layer`` of
     the longest); None without a GPU, steps of some length or syncs."""
+    return scope.once("host_syncs", lambda: _host_syncs(scope))
+
+
+def _host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
     ops = scope.ops
     if not scope.has_gpu or scope.share is None or ops.empty:
         return None
-    names = ops["name"].astype(str)
-    is_sync = names.isin(SYNC_OPS).to_numpy()
+    is_sync = ops["name"].isin(SYNC_OPS).to_numpy()  # on the categorical's codes
     if not is_sync.any():
         return None
-    rows = ops["row"].to_numpy()
-    item_rows = set(rows[(names == "aten::item").to_numpy()].tolist())
-    inside_item = np.array([p in item_rows for p in ops["parent"].to_numpy()])
-    syncs = ops[is_sync & ~(inside_item & (names == "aten::_local_scalar_dense").to_numpy())]
+    candidates = ops[is_sync]
+    names = candidates["name"].astype(str)
+    item_rows = candidates["row"].to_numpy()[(names == "aten::item").to_numpy()]
+    inside_item = np.isin(candidates["parent"].to_numpy(), item_rows) & (names == "aten::_local_scalar_dense").to_numpy()
+    syncs = candidates[~inside_item]
     longest = syncs.sort_values("dur", ascending=False).drop_duplicates("name")
     table = syncs.groupby(syncs["name"].astype(str)).agg(calls=("dur", "size"), total_us=("dur", "sum"),
                                                          max_us=("dur", "max"))
@@ -409,7 +420,7 @@ def closest(scope: Scope, limit: int = CLOSEST) -> pd.DataFrame:
     if syncs is not None:
         near("host_sync", syncs[0], HOST_SYNC_SHARE, f"host syncs ({syncs[1].index[0]}) {fmt_pct(syncs[0])} of the step",
              fmt_pct(HOST_SYNC_SHARE))
-    top = aggregate.top_ops(scope.ops, 1)
+    top = scope.once("top_op", lambda: aggregate.top_ops(scope.ops, 1))
     if not top.empty and float(top["self_us"].sum()) > 0:
         pct = float(top.iloc[0]["self_pct"]) / 100
         near("top_op", pct, TOP_OP_SHARE, f"{shorten(top.iloc[0]['name'], 40)} {fmt_pct(pct)} of CPU time",
@@ -578,7 +589,9 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     kernels = aggregate.select_step(trace.table(_kernels.kernels), step) if trace.has_gpu else None
     peaks = aggregate.peaks_of(trace.table(_memory.peaks), step)
     ranks = trace.table(_ranks.ranks) if len(trace.rank_ids) > 1 and step is None else None
-    phases = trace.table(_phases.phases)
-    phases = phases[phases["step"].isin(steps["step"])] if not steps.empty else phases.iloc[:0]
+    phases: pd.DataFrame | None = None  # only the optimizer rule reads phases(): none without an optimizer step
+    if any(_phases.OPTIMIZER.match(str(c)) for c in trace.events["name"].cat.categories):
+        phases = trace.table(_phases.phases)
+        phases = phases[phases["step"].isin(steps["step"])] if not steps.empty else phases.iloc[:0]
     return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step,
                     phases=phases)
