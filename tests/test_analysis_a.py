@@ -190,6 +190,7 @@ def assert_schema(name: str, table: pd.DataFrame) -> None:
 
 @pytest.mark.parametrize("name", KINETO_FILES)
 def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], name: str) -> None:
+    from tracemagic.analysis.phases import phase_spans
     from tracemagic.analysis.spans import layer_spans
 
     trace = loaded[name]
@@ -199,7 +200,7 @@ def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], na
         "layer_spans": layer_spans(trace), "memory": trace.memory(), "memory_peaks": trace.memory_peaks(),
         "biggest_allocations": trace.biggest_allocations(), "memory_categories": trace.memory_categories(),
         "shapes": trace.shapes(), "diff": trace.diff(trace), "efficiency": trace.efficiency(),
-        "advice": trace.advice(),
+        "advice": trace.advice(), "phases": trace.phases(), "phase_spans": phase_spans(trace),
     }
     if name == "hta_benchmark_simple_add_trace.json.gz":  # the trace with an Execution Trace beside it
         from tracemagic.analysis.et import et_graph
