@@ -106,3 +106,22 @@ def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) ->
     for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started",
                    "Enabling Execution Trace Observer", "Disabling Execution Trace Observer"):
         assert any(phrase in line for line in hidden), (phrase, hidden)
+
+
+def test_the_filter_does_not_wait_for_a_child_that_inherited_it(capfd: pytest.CaptureFixture[str]) -> None:
+    """A process started while filtering (a DataLoader worker) holds the pipe open after the
+    capture: stop() returns once the pipe is drained, and the child's later lines still reach
+    descriptor 2."""
+    import time
+
+    live = notices.Filter([])
+    live.start()
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); sys.stderr.write('child line\\n')"])
+    try:
+        began = time.perf_counter()
+        live.stop()
+        assert time.perf_counter() - began < 1.0
+    finally:
+        child.wait(timeout=30)
+    time.sleep(10 * notices.PARTIAL_LINE_WAIT_S)
+    assert "child line\n" in capfd.readouterr().err

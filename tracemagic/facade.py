@@ -115,7 +115,9 @@ class Trace(_model.Trace):
     def advice(self, step: int | None = None) -> pd.DataFrame:
         """The recommendations (of one ProfilerStep, given ``step``): a row per rule that
         fired, with its figure, threshold, evidence and advice, most important first (the
-        rules and their named thresholds: ``tracemagic.analysis.advice``)."""
+        rules and their named thresholds: ``tracemagic.analysis.advice``);
+        ``df.attrs['closest']``: the figures nearest their thresholds that did not fire,
+        which the views show when none did."""
         return self.table(_advice.advice) if step is None else self.table(_advice.advice, step)
 
     def diff(self, other: _model.Trace) -> pd.DataFrame:

@@ -96,16 +96,18 @@ class Filter:
     A thread reads the pipe, so C++ output anywhere in the window (the CPU allocator's
     notice is printed when a tensor is freed, mid-loop) is filtered without holding the
     cell's output back: a line goes on at its newline or carriage return, an unfinished one
-    after ``PARTIAL_LINE_WAIT_S``. :meth:`stop` puts descriptor 2 back and waits up to
-    ``timeout`` for the thread to drain the pipe (a child process that inherited it, such as
-    a DataLoader worker, may hold it open longer: the thread then forwards until it exits).
-    Where descriptors cannot be redirected, nothing is filtered.
+    after ``PARTIAL_LINE_WAIT_S``. :meth:`stop` puts descriptor 2 back and waits until the
+    pipe is drained (a child process that inherited it, such as a DataLoader worker, may hold
+    it open longer: the thread forwards its lines until it exits). Where descriptors cannot
+    be redirected, nothing is filtered.
     """
 
     def __init__(self, hidden: list[str]) -> None:
         self.hidden = hidden
         self._saved: int | None = None
         self._thread: threading.Thread | None = None
+        self._closing = False
+        self._drained = threading.Event()
 
     @property
     def active(self) -> bool:
@@ -135,23 +137,28 @@ class Filter:
             return
         os.close(write)
         self._saved = saved
+        self._closing = False
+        self._drained = threading.Event()
         self._thread = threading.Thread(target=self._pump, args=(read, forward), name="tracemagic-notices", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Put descriptor 2 back and let the thread drain what was written (idempotent)."""
+        """Put descriptor 2 back and wait, up to ``timeout``, until the thread has passed on
+        what was written (idempotent). The thread itself goes on until every writer has
+        closed the pipe: a child process that inherited it (a DataLoader worker) may still
+        write, and its lines still reach the original descriptor 2."""
         if self._saved is None:
             return
         with contextlib.suppress(Exception):
             sys.stderr.flush()
+        self._closing = True
         with contextlib.suppress(OSError):
-            os.dup2(self._saved, 2)  # closes this process's last write end: the reader sees EOF
+            os.dup2(self._saved, 2)  # closes this process's last write end
         with contextlib.suppress(OSError):
             os.close(self._saved)
         self._saved = None
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._drained.wait(timeout)
+        self._thread = None
 
     def _route(self, line: bytes, forward: int) -> None:
         text = line.decode("utf-8", "replace").rstrip("\r\n")
@@ -165,9 +172,12 @@ class Filter:
         pending = b""
         try:
             while True:
-                if pending and not select.select([read], [], [], PARTIAL_LINE_WAIT_S)[0]:
-                    self._route(pending, forward)  # an unfinished line: pass it on
-                    pending = b""
+                if not select.select([read], [], [], PARTIAL_LINE_WAIT_S)[0]:
+                    if pending:
+                        self._route(pending, forward)  # an unfinished line: pass it on
+                        pending = b""
+                    if self._closing:
+                        self._drained.set()  # nothing more came: stop() may return
                     continue
                 chunk = os.read(read, 65536)
                 if not chunk:
@@ -182,6 +192,7 @@ class Filter:
         except (OSError, ValueError):  # pragma: no cover - select/read on a closed descriptor
             pass
         finally:
+            self._drained.set()
             for fd in (read, forward):
                 with contextlib.suppress(OSError):
                     os.close(fd)
