@@ -354,6 +354,8 @@ def test_the_roofline_headline_is_weighted_by_gpu_time(loaded: dict[str, tracema
     assert len(gaps) and len(set(gaps["text"])) == len(gaps)  # the same op × shape of 8 ranks is one row
     assert "on 8 ranks" in gaps["text"].iloc[0] and gaps["weight"].max() < rules.ROOFLINE_MIN_SHARE
     assert quoted_gpu_us(gaps["text"].iloc[0]) < rules.ROOFLINE_MIN_SHARE * kernel_us
+    (bullet,) = Dashboard(loaded["param_dlrm_kineto.tar.gz"]).section("roofline").bullets  # said, not silent
+    assert bullet.startswith("No op × shape loses 1% of the GPU time") and gaps["evidence"].iloc[0] in bullet
     name = "hta_control.json.gz"
     headline = dict(Dashboard(loaded[name]).section("overview").facts)["furthest below its roof"]
     total = sum(float(e["dur"]) for e in raw_events(name) if e.get("ph") == "X" and category(e) in KERNEL)

@@ -553,8 +553,10 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = R
                 advice = "memory-bound: fusing it with its neighbours (torch.compile) moves fewer bytes"
             layer = f" in {shorten(where, 60)}" if where else ""
             ranks = f" on {int(group['ranks'])} ranks" if int(group["ranks"]) > 1 else ""
+            part = gpu_us / total
             evidence = (f"{shape}{layer} runs at {fmt_pct(pct)} of {device} {roof} over {fmt_time(gpu_us)} of GPU "
-                        f"time{ranks} ({fmt_pct(gpu_us / total)} of the GPU time of ops with shapes)")
+                        f"time{ranks} ({f'{100 * part:.1f}%' if part < 0.095 else fmt_pct(part)} of the GPU time of "
+                        "ops with shapes)")
             rows.append(_row("roofline", pct, min_share, weight, evidence, f"it is {advice}.", joint="; "))
     return _frame(rows, None)
 

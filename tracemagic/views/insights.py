@@ -153,8 +153,22 @@ def peak_text(row: pd.Series, step: int | None = None, *, device: bool = True) -
 
 
 def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> list[str]:
-    """The largest gaps between ops and their roof as text (``analysis.advice.roofline_gaps``)."""
+    """The largest gaps between ops and their roof as text (``analysis.advice.roofline_gaps``:
+    those losing at least ``ROOFLINE_MIN_SHARE`` of the GPU time)."""
     return [str(text) for text in _advice.roofline_gaps(efficiency, limit)["text"]]
+
+
+def roofline_bullets(efficiency: pd.DataFrame, limit: int = 3) -> list[str]:
+    """The Roofline tab's bullets: :func:`roofline_gaps`, or, where none loses enough GPU
+    time to be named, a line saying so with the largest loss (never nothing)."""
+    gaps = roofline_gaps(efficiency, limit)
+    if gaps:
+        return gaps
+    largest = _advice.roofline_gaps(efficiency, 1, min_share=0.0)
+    if largest.empty:
+        return []
+    return [f"No op × shape loses {fmt_pct(_advice.ROOFLINE_MIN_SHARE)} of the GPU time of ops with shapes to its "
+            f"roof; the largest loss: {largest['evidence'].iloc[0]}."]
 
 
 def device_memory(data: TraceData) -> float | None:

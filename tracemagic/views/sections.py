@@ -319,7 +319,7 @@ def _roofline(data: TraceData, state: ViewState) -> Section:
         table=display_table(efficiency, state.unit),
         table_title="Op × input shapes × dtypes against the device roofline (flops and bytes per call)",
         facts=facts,
-        bullets=insights.roofline_gaps(efficiency),
+        bullets=insights.roofline_bullets(efficiency),
     )
 
 
