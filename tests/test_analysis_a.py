@@ -190,6 +190,7 @@ def assert_schema(name: str, table: pd.DataFrame) -> None:
 
 @pytest.mark.parametrize("name", KINETO_FILES)
 def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], name: str) -> None:
+    from tracemagic.analysis.phases import phase_spans
     from tracemagic.analysis.spans import layer_spans
 
     trace = loaded[name]
@@ -200,6 +201,7 @@ def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], na
         "biggest_allocations": trace.biggest_allocations(), "memory_categories": trace.memory_categories(),
         "shapes": trace.shapes(), "diff": trace.diff(trace), "efficiency": trace.efficiency(),
         "advice": trace.advice(), "iterations": trace.iterations(),  # empty: not a %%chakra_trace loop
+        "phases": trace.phases(), "phase_spans": phase_spans(trace),
     }
     if name == "hta_benchmark_simple_add_trace.json.gz":  # the trace with an Execution Trace beside it
         from tracemagic.analysis.et import et_graph

@@ -23,6 +23,7 @@ from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
@@ -91,6 +92,11 @@ class Trace(_model.Trace):
         """One row per ProfilerStep (per rank) with its time breakdown."""
         return self.table(_steps.steps)
 
+    def phases(self) -> pd.DataFrame:
+        """Per ProfilerStep, the host time in data loading, forward, backward, optimizer and the
+        rest, and the GPU time launched from each (the rule: ``tracemagic.analysis.phases``)."""
+        return self.table(_phases.phases)
+
     def ranks(self) -> pd.DataFrame:
         """Per-rank step time, compute, communication and idle; slowest rank marked (the
         rank ids themselves are ``trace.rank_ids``)."""
@@ -111,7 +117,9 @@ class Trace(_model.Trace):
     def advice(self, step: int | None = None) -> pd.DataFrame:
         """The recommendations (of one ProfilerStep, given ``step``): a row per rule that
         fired, with its figure, threshold, evidence and advice, most important first (the
-        rules and their named thresholds: ``tracemagic.analysis.advice``)."""
+        rules and their named thresholds: ``tracemagic.analysis.advice``);
+        ``df.attrs['closest']``: the figures nearest their thresholds that did not fire,
+        which the views show when none did."""
         return self.table(_advice.advice) if step is None else self.table(_advice.advice, step)
 
     def diff(self, other: _model.Trace) -> pd.DataFrame:

@@ -30,17 +30,31 @@ def select_step(frame: pd.DataFrame, step: int | None) -> pd.DataFrame:
     return frame[frame["step"] == step]
 
 
+#: how a ``%%chakra_trace`` step that no mean counts ended (``capture.json``'s ``end``):
+#: ``loop_exit`` (the step holds only the loop's exit), ``error`` (the cell's exception cut it short)
+UNCOUNTED_ENDS: dict[str, str] = {"loop_exit": "holds only the loop's exit", "error": "was cut short by the error"}
+
+
+def uncounted_steps(manifest: Mapping[str, Any] | None) -> dict[int, str]:
+    """The ProfilerSteps a ``%%chakra_trace`` capture marks as not complete because the loop
+    ended in them or the cell's exception cut them short (``capture.json``: ``end`` one of
+    :data:`UNCOUNTED_ENDS`): step -> that ``end``. Not whole steps of the loop, so no mean or
+    advice counts them. Empty for other traces."""
+    out: dict[int, str] = {}
+    for s in (manifest or {}).get("steps") or []:
+        if (isinstance(s, dict) and s.get("end") in UNCOUNTED_ENDS and not s.get("complete")
+                and isinstance(s.get("step"), int)):
+            out[int(s["step"])] = str(s["end"])
+    return dict(sorted(out.items()))
+
+
 def loop_exit_steps(manifest: Mapping[str, Any] | None) -> list[int]:
-    """The ProfilerSteps a ``%%chakra_trace`` capture marks as holding only the loop's exit
-    (``capture.json``: ``end`` ``loop_exit``, not complete): not steps of the loop, so no
-    mean or advice counts them. Empty for other traces."""
-    return sorted({int(s["step"]) for s in (manifest or {}).get("steps") or []
-                   if isinstance(s, dict) and s.get("end") == "loop_exit" and not s.get("complete")
-                   and isinstance(s.get("step"), int)})
+    """The steps of :func:`uncounted_steps` (the loop's exit, or cut short by an error)."""
+    return list(uncounted_steps(manifest))
 
 
 def loop_steps(steps: pd.DataFrame, manifest: Mapping[str, Any] | None) -> pd.DataFrame:
-    """``steps()`` less the steps :func:`loop_exit_steps` names."""
+    """``steps()`` less the steps :func:`uncounted_steps` names."""
     exits = loop_exit_steps(manifest)
     if exits and not steps.empty:
         return steps[~steps["step"].isin(exits)].reset_index(drop=True)

@@ -171,6 +171,25 @@ _TABLES = [
     }, note="One row per iteration of a ``%%chakra_trace`` loop, recorded or not (the manifest's "
        "``loop_timing``); empty for other traces. Times in ms (as ``%%chakra_trace`` prints them), "
        "not µs: they are the loop's own clock, not the trace's."),
+    Table("phases", "phases()", "", {
+        "rank": _RANK,
+        "step": ("int64", "ProfilerStep number"),
+        "ts": ("float64", "host ProfilerStep start, µs since the trace's start"),
+        "dur": ("float64", "host ProfilerStep duration, µs (the five host phases add up to it)"),
+        "dataloader_us": ("float64", "host in DataLoader/DataPipe iteration (``enumerate(DataLoader)#``)"),
+        "forward_us": ("float64", "host in module forwards (``nn.Module:``; else ops recorded for autograd)"),
+        "backward_us": ("float64", "host in autograd's backward ops (and on its backward threads)"),
+        "optimizer_us": ("float64", "host in ``Optimizer.step#`` / ``Optimizer.zero_grad#``"),
+        "other_us": ("float64", "the rest of the host step"),
+        "gpu_dataloader_us": ("float64", "GPU busy time launched while loading data, NaN without a GPU"),
+        "gpu_forward_us": ("float64", "GPU busy time launched in the forward"),
+        "gpu_backward_us": ("float64", "GPU busy time launched in the backward"),
+        "gpu_optimizer_us": ("float64", "GPU busy time launched by the optimizer"),
+        "gpu_other_us": ("float64", "GPU busy time launched in the rest of the step"),
+    }, "one row per ProfilerStep and rank; where phases overlap, backward wins, then data loading, "
+       "then optimizer, then forward (``phases.PRIORITY``); a GPU event belongs to the phase its launch "
+       "started in (``tracemagic.analysis.phases``). ``df.attrs``: ``optimizers`` (classes named by "
+       "``Optimizer.step#``), ``optimizer_impl`` (fused | foreach | for-loop)."),
     Table("ranks", "ranks()", "trace.ranks()", {
         "rank": _RANK,
         "steps": ("int64", "steps of the rank"),
@@ -251,6 +270,15 @@ _TABLES = [
         "step": _STEP,
         "calls": ("int64", "module calls or backward ops merged into the span"),
     }),
+    Table("phase_spans", "phase_spans()", "phases.phase_spans", {
+        "rank": _RANK,
+        "phase": ("str", "dataloader | forward | backward | optimizer (``phases()``' host rule)"),
+        "ts": _TS,
+        "dur": ("float64", "duration, µs"),
+        "step": _STEP,
+        "busy_us": ("float64", "the phase's own time in the span (``dur`` less the ``other`` time inside)"),
+    }, "the moments each host phase is in effect: a phase's runs in one step with only ``other`` time "
+       "between them are one span (``other`` itself left out)."),
     Table("memory", "memory()", "", {
         "rank": _RANK,
         "ts": _TS,

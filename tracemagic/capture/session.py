@@ -207,6 +207,7 @@ class CaptureSession:
         self._cycles: list[_Cycle] = []
         self._notes: list[str] = []
         self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
+        self._filter = notices.Filter(self._hidden)  # descriptor 2 while recording (mid-loop notices)
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(timezone.utc)
         self._worker = files.tb_worker()
@@ -400,6 +401,7 @@ class CaptureSession:
         _ACTIVE = self
         if cfg_cuda(self.config):
             self._gpu_events = []
+        self._filter.start()
         if self.config.et:
             self._open_et(1)
         with warnings.catch_warnings():
@@ -435,6 +437,7 @@ class CaptureSession:
     def stop(self) -> None:
         """Stop recording now (the loop is over); the rest of the cell is not traced."""
         self._stop_profiler("cell_end" if self._one_step else "loop_exit")
+        self._filter.stop()
 
     @property
     def schedule(self) -> dict[str, int]:
@@ -460,6 +463,7 @@ class CaptureSession:
             self._stop_profiler("error" if error is not None else "cell_end")
         finally:
             self._cleanup()
+            self._filter.stop()
             if _ACTIVE is self:
                 _ACTIVE = None
         if error is not None:

@@ -44,6 +44,9 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": False}
 #: the step selector's value for "all steps" (ipywidgets 8 shows a None value as blank)
 ALL_STEPS = "all"
+#: the last line of the text beside the widget: what a saved notebook shows until the cell runs again
+WIDGET_HINT = ("(This is the text summary: run the cell again (or trust the notebook) for the interactive "
+               "dashboard.)")
 PAGE_SIZES = (10, 25, 50, 100)
 
 
@@ -474,10 +477,15 @@ class Dashboard:
         return shell is not None and getattr(shell, "kernel", None) is not None
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The widget (in a kernel) and the text summary; beside the widget the text ends with
+        :data:`WIDGET_HINT`, since a saved notebook opened later shows only the text until the
+        cell runs again."""
         bundle: dict[str, Any] = {}
+        text = self.text()
         if self._wants_widget():
             bundle.update(self.widget._repr_mimebundle_())
-        bundle["text/plain"] = self.text()
+            text = f"{text}\n\n{WIDGET_HINT}"
+        bundle["text/plain"] = text
         return bundle
 
     def __repr__(self) -> str:

@@ -30,7 +30,22 @@ top_layers = aggregate.top_layers
 layer_metric = aggregate.layer_metric
 peaks_of = aggregate.peaks_of
 mean_step_change = aggregate.mean_step_change
+UNCOUNTED_ENDS = aggregate.UNCOUNTED_ENDS
 modelled_gpu_us = aggregate.modelled_gpu_us
+
+
+#: the phases of a step (``phases()``' ``<phase>_us`` columns) as the views name them
+PHASE_NAMES: dict[str, str] = {"dataloader": "data loading", "forward": "forward", "backward": "backward",
+                               "optimizer": "optimizer", "other": "other"}
+
+
+def phase_means(phases: pd.DataFrame) -> pd.Series:
+    """The mean step's phases (``phases()`` rows): ``dur`` and each ``<phase>_us`` and
+    ``gpu_<phase>_us`` (NaN without a GPU), µs."""
+    columns = ["dur", *(f"{p}_us" for p in PHASE_NAMES), *(f"gpu_{p}_us" for p in PHASE_NAMES)]
+    if phases.empty:
+        return pd.Series(float("nan"), index=columns)
+    return phases[columns].astype(float).mean()
 
 
 def part_names(steps: pd.DataFrame) -> dict[str, str]:
