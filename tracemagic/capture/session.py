@@ -337,7 +337,6 @@ class CaptureSession:
         finally:
             with contextlib.suppress(Exception):
                 torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
-            self._window = {}
 
     @property
     def done(self) -> bool:
