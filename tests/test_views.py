@@ -5,7 +5,10 @@ and on real traces (a CPU capture made here, GPU, multi-rank and old-format trac
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from tracemagic.views.data import ANALYSES, TraceData
 from tracemagic.views.report import write_report
 from tracemagic.views.text import diff_summary, render_table, summary
 
+ROOT = Path(__file__).resolve().parents[1]
 GPU = TRACES / "hta_nccl_data.json.gz"
 MULTI = TRACES / "param_dlrm_kineto.tar.gz"
 OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
@@ -810,6 +814,19 @@ def test_report_escapes_every_trace_string(evil: Any, tmp_path: Path) -> None:
 
 
 # -- the report file ---------------------------------------------------------------------------
+def test_the_partial_plotlyjs_is_the_version_plotly_writes_figures_for() -> None:
+    """The report's partial plotly.js must be the plotly.js of the installed plotly (else
+    every report falls back to the 4 MB full bundle, a slower first paint)."""
+    from plotly.offline import get_plotlyjs_version
+
+    from tracemagic.views import report
+
+    header = report.PARTIAL_PLOTLYJS.read_text(encoding="utf-8")[:400]
+    assert header.startswith(f"/*! plotly.js v{get_plotlyjs_version()} "), (
+        f"{report.PARTIAL_PLOTLYJS.name} is not plotly.js {get_plotlyjs_version()}: run bash scripts/build_plotly_bundle.sh")
+    assert report.plotly_js(set(report.PARTIAL_TRACES)) == report.PARTIAL_PLOTLYJS.read_text(encoding="utf-8")
+
+
 def test_write_report_is_self_contained_and_atomic(gpu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "sub" / "gpu.html"
     written = write_report(gpu, out)
@@ -974,6 +991,48 @@ def test_timeline_step_change_reuses_the_widget_and_static_fallback(gpu: Any, mo
     assert PLOTLY_MIME in out.outputs[0]["data"]
     monkeypatch.setenv("TRACEMAGIC_FIGUREWIDGET", "0")
     assert Dashboard(gpu).zoomable("timeline") is None
+
+
+def test_timeline_starts_static_and_its_toggle_makes_it_zoomable(gpu: Any) -> None:
+    """By default the Timeline is plotly's mime figure, like every tab: building it must not
+    start a FigureWidget, whose first start in a kernel imports nbformat -> jsonschema ->
+    rfc3987_syntax (seconds of grammar building) and sends plotly.js again. Checked in a
+    fresh interpreter by what got imported, not by timing. The "detail on zoom" toggle
+    swaps in the zoomable FigureWidget, and back."""
+    code = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import tracemagic
+from tracemagic.views.dashboard import Dashboard, PLOTLY_MIME
+dash = Dashboard(tracemagic.load(sys.argv[1], use_cache=False), force_widget=True)
+dash.select("timeline")
+(out,) = dash._tabs["timeline"]["figures"]
+assert PLOTLY_MIME in out.outputs[0]["data"] and dash.zoomable("timeline") is None
+assert dash._tabs["timeline"]["zoom"] in dash._tabs["timeline"]["box"].children
+heavy = sorted(m for m in ("plotly.basewidget", "anywidget", "nbformat", "jsonschema") if m in sys.modules)
+assert not heavy, heavy
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEMAGIC_FIGUREWIDGET": "1"}
+    done = subprocess.run([sys.executable, "-c", code, str(TRACES / "hta_nccl_data.json.gz")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+    dash = Dashboard(gpu)
+    if not dash.zoom_available:
+        pytest.skip("anywidget is not installed: no toggle")
+    dash.select("timeline")
+    toggle = dash._tabs["timeline"]["zoom"]
+    assert toggle.value is False and dash.zoomable("timeline") is None
+    static = dash.figures("timeline")[0]
+    toggle.value = True
+    zoom = dash.zoomable("timeline")
+    assert zoom is not None and type(zoom.widget).__name__ == "FigureWidget"
+    assert zoom.widget in _walk(dash._tabs["timeline"]["box"])
+    assert [t["name"] for t in dash.figures("timeline")[0]["data"] if t["name"] != "extent"] == [t["name"] for t in static["data"]]
+    toggle.value = False
+    assert dash.zoomable("timeline") is None and PLOTLY_MIME in dash._tabs["timeline"]["figures"][0].outputs[0]["data"]
+    assert Dashboard(gpu, interactive=False).zoom_available is False  # no toggle at all
 
 
 def test_every_tab_keeps_a_plotly_figure_per_slot(gpu: Any) -> None:

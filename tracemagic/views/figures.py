@@ -9,16 +9,23 @@ extremes, the tree keeps the heaviest layers.
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+import functools
+import json
+from typing import Any, Literal, Mapping, cast
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.json import to_json_plotly
 
 from tracemagic.views import tables
 from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, kernel_label, shorten, unique_labels, unit_divisor
 from tracemagic.views.selection import timeline_events
 
+#: the plotly template of every figure. Figures do not carry it (plotly validates and copies
+#: the whole template into each figure that sets it: tens of ms per figure); the views add it
+#: where a figure is shown (:func:`template`), once per page in the HTML report
 TEMPLATE = "plotly_white"
 #: colors of the step parts (``tables.STEP_PARTS`` order)
 PART_COLORS = {
@@ -53,10 +60,20 @@ KIND_COLORS = {
 STATUS_COLORS = {"slower": "#d62728", "faster": "#2ca02c", "added": "#ff7f0e", "removed": "#1f77b4", "same": "#c7c7c7"}
 
 
+@functools.lru_cache(maxsize=1)
+def template_json() -> str:
+    """``TEMPLATE`` as plotly JSON text (computed once)."""
+    return to_json_plotly(pio.templates[TEMPLATE].to_plotly_json())
+
+
+def template() -> dict[str, Any]:
+    """``TEMPLATE`` as a plotly JSON dict (a fresh copy) for a figure's ``layout.template``."""
+    return cast("dict[str, Any]", json.loads(template_json()))
+
+
 def _layout(fig: go.Figure, title: str, x: str | None = None, y: str | None = None, height: int = 420) -> go.Figure:
     fig.update_layout(
         title={"text": esc(title)},
-        template=TEMPLATE,
         height=height,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
