@@ -669,7 +669,7 @@ def test_a_collective_with_a_group_size_of_zero_gets_no_bus_bandwidth_and_no_war
 
 def test_efficiency_is_computed_once_for_layers_the_roofline_and_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``layers()`` (through ``gpu_shares``), the dashboard's Roofline tab and
-    ``trace.efficiency()`` share one ``efficiency()`` table per trace."""
+    ``trace.efficiency()`` share one roofline per trace (``efficiency.roofline``)."""
     import tracemagic.analysis.efficiency as module
     from tracemagic.views.data import TraceData
 

@@ -7,6 +7,7 @@ Private to ``tracemagic.analysis``; everything here is vectorized over the event
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 import numpy as np
 import pandas as pd
@@ -111,14 +112,14 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
         pos = np.searchsorted(ts[cand[lo:hi]], at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
 
-    def ended(rows: np.ndarray) -> np.ndarray:
+    def ended(rows: np.ndarray, moment: np.ndarray) -> np.ndarray:
         held = np.maximum(rows, 0)
-        return (rows >= 0) & (end[held] < at + NEST_START_MARGIN_US) & (ts[held] != at)
+        return (rows >= 0) & (end[held] < moment + NEST_START_MARGIN_US) & (ts[held] != moment)
 
-    climb = ended(out)
-    while climb.any():  # one round per nesting level
+    climb = np.flatnonzero(ended(out, at))
+    while climb.size:  # one round per nesting level, over the ones still climbing
         out[climb] = parent[out[climb]]
-        climb = ended(out)
+        climb = climb[ended(out[climb], at[climb])]
     return out
 
 
@@ -141,7 +142,7 @@ def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         is_op = kind_mask(events, "cpu_op") & (events["ph"] == "X").to_numpy()
         parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
         shaped = is_op & events["input_dims"].notna().to_numpy()
-        holds_shapes = rollup(np.flatnonzero(shaped), np.ones(int(shaped.sum())), parent) > 0  # itself or inside
+        holds_shapes = _with_ancestors(np.flatnonzero(shaped), parent)  # itself or inside
         candidate = shaped | (is_op & ~holds_shapes)
         at = np.flatnonzero(candidate)
         is_top = np.zeros(len(events), dtype=bool)
@@ -150,6 +151,19 @@ def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         return rows, propagate(parent, depth, is_top)[rows]
 
     return trace.shared("call_chains", compute)
+
+
+def _with_ancestors(rows: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Mask of ``rows`` and every row above them along ``up`` (row -> enclosing row, -1 at
+    the top): one round per nesting level over the rows not marked yet."""
+    out = np.zeros(up.size, dtype=bool)
+    at = rows
+    while at.size:
+        out[at] = True
+        at = up[at]
+        at = at[at >= 0]
+        at = at[~out[at]]  # a marked row's ancestors are marked or on their way
+    return out
 
 
 def flow_thread_keys(events: pd.DataFrame, flows: pd.DataFrame) -> np.ndarray:
@@ -216,6 +230,51 @@ def is_dataloader(trace: Trace) -> np.ndarray:
     return host & names_where(events["name"], _DATALOADER)
 
 
+def values_at(column: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """``column.to_numpy()[rows]``, for a categorical column without converting its other
+    rows: the codes are taken first, so only ``rows`` become values (the same values and
+    missing marker as ``to_numpy``)."""
+    values = column.array
+    if isinstance(values, pd.Categorical):
+        return np.asarray(values.take(np.asarray(rows)))
+    return column.to_numpy()[rows]
+
+
+def codes_of(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A column of repeated strings as codes (-1: missing) and the values they stand for,
+    with NaN, the missing marker of ``to_numpy``, appended (so ``values[codes]`` is
+    ``column.to_numpy()``): a categorical's own codes, else factorized. Group, match and
+    join on the codes; turn only what is kept into values."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes, categories = column.cat.codes.to_numpy(), column.cat.categories
+    else:
+        codes, categories = pd.factorize(column)
+    return codes, np.append(np.asarray(categories, dtype=object), [np.nan])
+
+
+def group_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by equal values in all ``columns`` (numbers: codes, ids, floats): each
+    row's group, numbered in order of first appearance (as ``pd.factorize`` of the row
+    tuples), and the first row of each group. Column by column on integers, never
+    building a tuple per row."""
+    size = len(columns[0]) if columns else 0
+    group = np.zeros(size, dtype=np.int64)
+    for column in columns:
+        codes, uniques = pd.factorize(column, use_na_sentinel=False)
+        group, _ = pd.factorize(group * (len(uniques) + 1) + codes)  # < rows² after each step: no overflow
+    count = int(group.max()) + 1 if size else 0
+    first = np.full(count, size, dtype=np.int64)
+    np.minimum.at(first, group, np.arange(size))
+    return group, first
+
+
+def among(values: np.ndarray, wanted: Collection[str]) -> np.ndarray:
+    """Mask of ``values`` (few: the values of ``codes_of``) that are one of ``wanted``;
+    index it by the codes for a mask per row."""
+    wanted = frozenset(wanted)
+    return np.fromiter((isinstance(v, str) and v in wanted for v in values), dtype=bool, count=len(values))
+
+
 def names_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Event names at ``rows`` (object array), ``None`` where the row is -1."""
     names = trace.events["name"]
@@ -272,6 +331,14 @@ def _per_name(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 def _codes_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
     codes = trace.events["name"].cat.codes.to_numpy()
     return np.where(rows >= 0, codes[np.maximum(rows, 0)], -1)
+
+
+def layer_codes(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The layer names of ``layers_at`` as codes (-1 for none) into the names they stand
+    for: group and count layers without a string per row."""
+    layer_of, _ = _per_name(trace)
+    codes, names = trace.shared("layer_codes", lambda: pd.factorize(layer_of))  # None: -1
+    return codes[_codes_at(trace, module_rows)], np.asarray(names, dtype=object)
 
 
 def layers_at(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

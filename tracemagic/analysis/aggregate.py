@@ -108,7 +108,7 @@ def kernel_rate(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     """How many GPU kernels (``kind`` kernel; not memcpy/memset) ran and how long they
     took: ``kernels`` (the count), ``steps`` (the steps of ``steps``, at least 1),
     ``per_step`` (kernels / steps) and ``mean_us`` (NaN without kernels)."""
-    kern = kernels[kernels["kind"].astype(str) == "kernel"] if len(kernels) else kernels
+    kern = kernels[(kernels["kind"] == "kernel").to_numpy()] if len(kernels) else kernels
     n_steps = max(int(steps["step"].nunique()) if not steps.empty else 1, 1)
     mean = float(kern["dur"].astype(float).mean()) if len(kern) else float("nan")
     return pd.Series({"kernels": float(len(kern)), "steps": float(n_steps), "per_step": len(kern) / n_steps,
@@ -143,12 +143,14 @@ def _by_name(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame``'s rows by name: calls, total and self (µs); a ``merged`` row (``ops()``) is
     no call and adds no total, its self time counts."""
     own = ~frame["merged"].to_numpy() if "merged" in frame else np.ones(len(frame), dtype=bool)
-    return (
-        frame.assign(name=frame["name"].astype(str), call=own, total=np.where(own, frame["dur"].to_numpy(), 0.0))
+    # grouped on the (categorical) names, turned into text once per name, in text order
+    out = (
+        frame.assign(call=own, total=np.where(own, frame["dur"].to_numpy(), 0.0))
         .groupby("name", observed=True)
         .agg(calls=("call", "sum"), total_us=("total", "sum"), self_us=("self_dur", "sum"))
-        .reset_index()
     )
+    out.index = out.index.astype(str)
+    return out.sort_index().reset_index()
 
 
 def top_wrappers(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
@@ -185,7 +187,7 @@ def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    frame = ops[(ops["kind"].astype(str) == "cpu_op").to_numpy() & ~_wrapper_rows(ops)] if "kind" in ops else ops
+    frame = ops[(ops["kind"] == "cpu_op").to_numpy() & ~_wrapper_rows(ops)] if "kind" in ops else ops
     if frame.empty:
         return pd.DataFrame(columns=cols)
     out = _by_name(frame)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracemagic.analysis._common import call_chains, text
+from tracemagic.analysis._common import call_chains, codes_of, text
 from tracemagic.analysis.kernels import kernels as kernels_table
 from tracemagic.analysis.layers import layers as layers_table
 from tracemagic.analysis.schema import TABLES
@@ -28,12 +28,13 @@ def _ops(trace: Trace) -> pd.DataFrame:
     events = trace.events
     rows, top = call_chains(trace)
     tops = rows[top == rows]
-    chains = pd.DataFrame(
-        {"name": events["name"].to_numpy()[tops], "dur": events["dur"].to_numpy()[tops], "gpu_us": gpu_time(events)[tops]}
-    )
-    table = chains.groupby("name", observed=True).agg(calls=("dur", "size"), us=("dur", "sum"), gpu_us=("gpu_us", "sum"))
-    table.index = table.index.astype(str)
-    return table
+    codes, names = codes_of(events["name"])
+    tops = tops[codes[tops] >= 0]  # a chain without a name is in no group, as groupby drops NA keys
+    chains = pd.DataFrame({"name": codes[tops], "dur": events["dur"].to_numpy()[tops], "gpu_us": gpu_time(events)[tops]})
+    # grouped on the name codes (each group's rows in the same order as by text), named once per name
+    table = chains.groupby("name").agg(calls=("dur", "size"), us=("dur", "sum"), gpu_us=("gpu_us", "sum"))
+    table.index = pd.Index(names[table.index.to_numpy()], name="name").astype(str)
+    return table.sort_index()
 
 
 def _kernels(trace: Trace) -> pd.DataFrame:

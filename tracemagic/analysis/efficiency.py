@@ -78,12 +78,13 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, layers_at, names_where, text
+from tracemagic.analysis._common import GPU_ACTIVITY, among, call_chains, codes_of, group_rows, layer_codes, names_where, text
 from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES
 from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
 from tracemagic.errors import TraceError
 from tracemagic.trace.model import Trace
+from tracemagic.trace.normalize import kind_mask
 
 COLUMNS = tuple(TABLES["efficiency"].names)
 
@@ -320,7 +321,7 @@ def gpu_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         call_rows, top = call_chains(trace)
         top_of = np.full(len(events), -1, dtype=np.int64)
         top_of[call_rows] = top
-        gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"].to_numpy() >= 0))
+        gpu = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & (events["launch"].to_numpy() >= 0))
         op = events["op"].to_numpy()[gpu]
         return gpu, np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
 
@@ -338,18 +339,26 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
     def compute() -> pd.DataFrame:
         events = trace.events
         rows, top = call_chains(trace)
-        names = events["name"].to_numpy()[rows]
         shaped, source = _op_flops(events, rows)
         shaped[source == _SOURCES.index("estimate")] = NAN  # a conv's assumed output size is a guess
-        cols = [events[c].to_numpy()[rows] for c in ("input_dims", "input_type", "concrete_inputs")]
-        known = pd.Series(names).isin([*_RULES, *MATRIX_OPS]).to_numpy() & pd.notna(cols[0])
-        at = np.flatnonzero(known)
-        keys = pd.MultiIndex.from_arrays(
-            [names[at], cols[0][at], pd.Series(cols[1][at]).fillna("").to_numpy(), pd.Series(cols[2][at]).fillna("").to_numpy(), np.nan_to_num(shaped[at], nan=-1.0)]
+        (names, name_of), (dims, dims_of), (types, types_of), (args, args_of) = (
+            codes_of(events[c]) for c in ("name", "input_dims", "input_type", "concrete_inputs")
         )
-        codes, distinct = pd.factorize(keys)
+        names, dims, types, args = names[rows], dims[rows], types[rows], args[rows]
+        known = among(name_of, [*_RULES, *MATRIX_OPS])[names] & (dims >= 0)  # decided per name
+        at = np.flatnonzero(known)
+        key = (names[at], dims[at], types[at], args[at], np.nan_to_num(shaped[at], nan=-1.0))
+        codes, first = group_rows(*key)
+
+        def given(values: np.ndarray, code: int) -> str | None:
+            return str(values[code]) if code >= 0 and values[code] else None
+
         found = np.array(
-            [op_cost(str(n), str(d), str(t) or None, str(a) or None, NAN if f < 0 else float(f)) for n, d, t, a, f in distinct] + [(NAN, NAN)]
+            [
+                op_cost(str(name_of[n]), str(dims_of[d]), given(types_of, t), given(args_of, a), NAN if f < 0 else float(f))
+                for n, d, t, a, f in zip(*(column[first] for column in key))
+            ]
+            + [(NAN, NAN)]
         ).reshape(-1, 2)
         flops, nbytes = np.full(rows.size, NAN), np.full(rows.size, NAN)
         flops[at], nbytes[at] = found[codes, 0], found[codes, 1]
@@ -367,7 +376,7 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
             chain[field] = np.where(complete, total, NAN)
             if field == "flops":
                 matrix = np.zeros(n, dtype=bool)
-                matrix[top[outer & pd.Series(names).isin(MATRIX_OPS).to_numpy()]] = True
+                matrix[top[outer & among(name_of, MATRIX_OPS)[names]]] = True
         gpu, chain_top = gpu_chains(trace)
         tf32 = np.zeros(n, dtype=bool)
         tf32[chain_top[names_where(events["name"], TF32_KERNEL)[gpu] & (chain_top >= 0)]] = True
@@ -438,6 +447,69 @@ def _precision(input_type: str | None) -> str | None:
     return next((PRECISION[t] for t in types if t in PRECISION), None)
 
 
+def op_shapes(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
+    """The call chains of ``chain_costs`` grouped by (rank, op, input dims, input type), in
+    order of first call, and each chain's group (its row in the table); computed once per
+    trace. Columns: those keys (values as ``to_numpy`` gives them), ``calls``, ``gpu_us``,
+    ``flops`` and ``bytes`` per call (NaN unless known for every call), ``matrix``,
+    ``tf32``; ``efficiency()`` adds the roofline. Grouped on the categorical codes: no
+    string is touched per call."""
+
+    def compute() -> tuple[pd.DataFrame, np.ndarray]:
+        events = trace.events
+        chains = chain_costs(trace)
+        rows = chains["row"].to_numpy()
+        keys = ["rank", "name", "input_dims", "input_type"]
+        rank = events["rank"].to_numpy()[rows]
+        coded = {k: codes_of(events[k]) for k in keys[1:]}
+        group_of, first = group_rows(rank, *(codes[rows] for codes, _ in coded.values()))
+        flops, nbytes = chains["flops"].to_numpy(), chains["bytes"].to_numpy()
+        frame = pd.DataFrame(
+            {
+                "group": group_of,
+                "time_us": chains["time_us"].to_numpy(),
+                "flops": flops,
+                "bytes": nbytes,
+                "flops_unknown": np.isnan(flops),
+                "bytes_unknown": np.isnan(nbytes),
+                "matrix": chains["matrix"].to_numpy(),
+                "tf32": chains["tf32"].to_numpy(),
+            }
+        )
+        # the groups in order of first call, as a groupby on the values with sort=False
+        summed = frame.groupby("group", sort=False).agg(
+            calls=("time_us", "size"),
+            gpu_us=("time_us", "sum"),
+            flops_total=("flops", "sum"),
+            bytes_total=("bytes", "sum"),
+            flops_unknown=("flops_unknown", "max"),
+            bytes_unknown=("bytes_unknown", "max"),
+            matrix=("matrix", "max"),
+            tf32=("tf32", "max"),
+        )
+        table = pd.DataFrame({"rank": rank[first], **{k: values[codes[rows[first]]] for k, (codes, values) in coded.items()}})
+        for column in summed.columns:
+            table[column] = summed[column].to_numpy()
+        # per call; NaN where some calls of the group could not be modelled
+        table["flops"] = np.where(table["flops_unknown"], NAN, table["flops_total"] / table["calls"])
+        table["bytes"] = np.where(table["bytes_unknown"], NAN, table["bytes_total"] / table["calls"])
+        return table, group_of
+
+    return trace.shared("efficiency:op_shapes", compute)
+
+
+def roofline(trace: Trace) -> pd.DataFrame:
+    """``op_shapes`` with the rates, peaks, bound and % of the roof at the device's own
+    peaks; computed once per trace (``efficiency()`` and ``layers()`` share it)."""
+
+    def compute() -> pd.DataFrame:
+        table = op_shapes(trace)[0].copy()
+        _roofline(trace, table, None)
+        return table
+
+    return trace.shared("efficiency:roofline", compute)
+
+
 def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     """Op × input shapes × dtypes with their FLOPs, bytes, achieved rates and roofline, per rank.
 
@@ -471,40 +543,14 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     text: ``encoder.0, encoder.1 (+4)``; '' where none). ``df.attrs['note']``, where a
     GPU is not one ``devices.match`` knows: which, and that its peaks are NaN.
     """
+    groups, group_of = op_shapes(trace)
+    if peaks is None:  # the device's own peaks: the roofline ``layers()`` shares
+        table = roofline(trace).copy()
+    else:
+        table = groups.copy()
+        _roofline(trace, table, peaks)
     chains = chain_costs(trace)
-    events = trace.events
-    rows = chains["row"].to_numpy()
-    frame = pd.DataFrame(
-        {
-            "rank": events["rank"].to_numpy()[rows],
-            "name": events["name"].to_numpy()[rows].astype(object),
-            "input_dims": events["input_dims"].to_numpy()[rows],
-            "input_type": events["input_type"].to_numpy()[rows],
-            "time_us": chains["time_us"].to_numpy(),
-            "flops": chains["flops"].to_numpy(),
-            "bytes": chains["bytes"].to_numpy(),
-            "matrix": chains["matrix"].to_numpy(),
-            "tf32": chains["tf32"].to_numpy(),
-            "layer": _layer_of(trace, rows),
-        }
-    )
-    keys = ["rank", "name", "input_dims", "input_type"]
-    frame["flops_unknown"], frame["bytes_unknown"] = frame["flops"].isna(), frame["bytes"].isna()
-    table = frame.groupby(keys, dropna=False, sort=False).agg(
-        calls=("time_us", "size"),
-        gpu_us=("time_us", "sum"),
-        flops_total=("flops", "sum"),
-        bytes_total=("bytes", "sum"),
-        flops_unknown=("flops_unknown", "max"),
-        bytes_unknown=("bytes_unknown", "max"),
-        matrix=("matrix", "max"),
-        tf32=("tf32", "max"),
-    ).reset_index()
-    # per call; NaN where some calls of the group could not be modelled
-    table["flops"] = np.where(table["flops_unknown"], NAN, table["flops_total"] / table["calls"])
-    table["bytes"] = np.where(table["bytes_unknown"], NAN, table["bytes_total"] / table["calls"])
-    table["_layers"] = _layer_text(frame, table, keys)
-    _roofline(trace, table, peaks)
+    table["_layers"] = _layer_text(trace, chains, group_of, len(table))
     for column in ("name", "input_dims", "input_type", "device"):
         table[column] = text(table[column])
     table = table.sort_values(["rank", "gpu_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
@@ -557,22 +603,33 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
     table["pct_of_roofline"] = np.where(compute | memory, pct, NAN)
 
 
-def _layer_of(trace: Trace, rows: np.ndarray) -> np.ndarray:
-    """The layer each chain top ran in (forward by nesting, backward by its forward op), None where none."""
+def _layer_text(trace: Trace, chains: pd.DataFrame, group_of: np.ndarray, groups: int) -> list[str]:
+    """Per group of ``op_shapes``, the layers its calls ran in (forward by nesting, backward
+    by the forward op), most time first (ties: first met first): ``a, b (+3)``."""
+    rows = chains["row"].to_numpy()
     module = attribution(trace).module[rows] if rows.size else np.zeros(0, dtype=np.int64)
-    return layers_at(trace, module)[0]
+    layer, names = layer_codes(trace, module)
+    named = layer >= 0
+    group, layer = group_of[named], layer[named]
+    pair, first = group_rows(group, layer)
+    # summed as pandas sums (compensated, in row order) per (group, layer), first met first
+    time = pd.Series(chains["time_us"].to_numpy()[named]).groupby(pair, sort=False).sum().to_numpy()
+    order = np.argsort(-time, kind="stable")  # most time first, ties as met
+    order = order[np.argsort(group[first][order], kind="stable")]  # then by group, keeping that order
+    by_group = group[first][order]
+    found = [""] * groups
+    for start, end in zip(*_runs(by_group)):
+        listed = [str(v) for v in names[layer[first][order[start : end]]]]
+        found[int(by_group[start])] = ", ".join(listed[:2]) + (f" (+{len(listed) - 2})" if len(listed) > 2 else "")
+    return found
 
 
-def _layer_text(frame: pd.DataFrame, table: pd.DataFrame, keys: list[str]) -> list[str]:
-    """Per ``table`` row, the layers its calls ran in, most time first: ``a, b (+3)``."""
-    named = frame.dropna(subset=["layer"])
-    per_layer = named.groupby([*keys, "layer"], dropna=False, sort=False)["time_us"].sum().reset_index()
-    per_layer = per_layer.sort_values("time_us", ascending=False, kind="stable")
-    found: dict[tuple[Any, ...], str] = {}
-    for key, group in per_layer.groupby(keys, dropna=False, sort=False):
-        order = group["layer"].tolist()
-        found[tuple(key)] = ", ".join(order[:2]) + (f" (+{len(order) - 2})" if len(order) > 2 else "")
-    return [found.get(tuple(k), "") for k in table[keys].itertuples(index=False)]
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive) of each run of equal values."""
+    if not values.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    return starts, np.r_[starts[1:], values.size]
 
 
 def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -586,19 +643,14 @@ def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         events = trace.events
         n = len(events)
         chains = chain_costs(trace)
-        table = trace.table(efficiency)
         rows = chains["row"].to_numpy()
-        keys = ["rank", "name", "input_dims", "input_type"]
-        mine = pd.DataFrame({k: events[k].to_numpy()[rows] for k in keys})
-        for column in keys[1:]:
-            mine[column] = text(mine[column])
-            table[column] = text(table[column])
-        bound = mine.merge(table[[*keys, "bound"]], on=keys, how="left")["bound"].to_numpy()
+        bound = roofline(trace)["bound"]
+        group_of = op_shapes(trace)[1]
         rate = np.zeros(n)  # FLOPs per µs of GPU time, per chain top
         rate[rows] = np.nan_to_num(chains["flops"].to_numpy() / chains["time_us"].to_numpy())
         memory, known = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-        memory[rows] = pd.Series(bound).eq("memory").fillna(False).to_numpy(dtype=bool)
-        known[rows] = pd.notna(bound)
+        memory[rows] = bound.eq("memory").fillna(False).to_numpy(dtype=bool)[group_of]
+        known[rows] = bound.notna().to_numpy()[group_of]
         gpu, chain = gpu_chains(trace)
         flops, is_memory, has_bound = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         held = chain >= 0

@@ -188,11 +188,14 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     regions = att.compiled[scope[att.compiled]]
     region_layer = np.where(att.module[regions] >= 0, layer_of[np.maximum(att.module[regions], 0)], -1)
     compiled = np.bincount(region_layer[region_layer >= 0], minlength=count) > 0
-    flops_of, memory_bound, has_bound = gpu_shares(trace)
-    _, flops = _rollup(gpu_layer, flops_of[gpu], layer_of, up, count)
-    _, memory_us = _rollup(gpu_layer, np.where(memory_bound[gpu], dur[gpu], 0.0), layer_of, up, count)
-    _, modelled = _rollup(gpu_layer, (flops_of[gpu] > 0).astype(np.float64), layer_of, up, count)
-    _, bounded = _rollup(gpu_layer, has_bound[gpu].astype(np.float64), layer_of, up, count)
+    if (gpu_layer >= 0).any():  # the roofline only where a layer launched GPU work: a CPU trace never needs it
+        flops_of, memory_bound, has_bound = gpu_shares(trace)
+        _, flops = _rollup(gpu_layer, flops_of[gpu], layer_of, up, count)
+        _, memory_us = _rollup(gpu_layer, np.where(memory_bound[gpu], dur[gpu], 0.0), layer_of, up, count)
+        _, modelled = _rollup(gpu_layer, (flops_of[gpu] > 0).astype(np.float64), layer_of, up, count)
+        _, bounded = _rollup(gpu_layer, has_bound[gpu].astype(np.float64), layer_of, up, count)
+    else:  # no layer to share them out to: no FLOPs, no bound (NaN below)
+        flops = memory_us = modelled = bounded = np.zeros(count)
     gpu_us = fwd_gpu + bwd_gpu
     with np.errstate(divide="ignore", invalid="ignore"):
         tflops = np.where((modelled > 0) & (gpu_us > 0), flops / (gpu_us * 1e6), np.nan)

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import steps as steps_module
-from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length
+from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length, values_at
 from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
@@ -101,7 +101,7 @@ def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, host: np.
     message is the TensorBoard plugin's: its inputs' bytes (``_input_bytes``); not for
     all-gather, whose message is its output, which those args do not give.
     """
-    size = events["dtype"].astype(object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)[rows]
+    size = pd.Series(values_at(events["dtype"], rows), dtype=object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)
     n = events["group_size"].to_numpy(dtype=float, na_value=np.nan)[rows]
     n[~(n > 0)] = np.nan  # a group of 0 (or none recorded) has no bus factor, and no 0-division
     nelems = {c: events[c].to_numpy(dtype=float, na_value=np.nan)[rows] for c in ("in_nelems", "out_nelems")}
@@ -171,7 +171,7 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray
         host = np.where(launch >= 0, around[np.maximum(launch, 0)], -1)
         found = ~recorded & (host >= 0)
         if found.any():
-            host_names = events["name"].to_numpy()[host[found]]
+            host_names = values_at(events["name"], host[found])
             does[found] = _key(np.array([str(n).split(":", 1)[1] for n in host_names], dtype=object))
     return rows, labels, does, source, host
 

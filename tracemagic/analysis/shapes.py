@@ -10,8 +10,9 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, call_chains, rollup, text
+from tracemagic.analysis._common import GPU_ACTIVITY, among, call_chains, codes_of, group_rows, rollup, text
 from tracemagic.trace.model import Trace
+from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import enclosing_of_kind
 
 Dims = list[list[int]]
@@ -270,7 +271,7 @@ def flops(name: str, input_dims: str | None, concrete_inputs: str | None = None)
 
 def gpu_time(events: pd.DataFrame) -> np.ndarray:
     """Per events row: duration of the GPU work (kernels, memcpy, memset) launched inside it."""
-    gpu = np.flatnonzero(events["kind"].isin(GPU_ACTIVITY).to_numpy() & (events["launch"] >= 0).to_numpy())
+    gpu = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & (events["launch"].to_numpy() >= 0))
     return rollup(events["launch"].to_numpy()[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
 
 
@@ -283,13 +284,16 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     of ``_SOURCES``, -1 where unknown): the trace's own ``flops`` arg, else the shapes'."""
     value = events["flops"].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
     source = np.where(np.isnan(value), -1, 0)
-    names = events["name"].to_numpy()[rows]
-    dims = events["input_dims"].to_numpy()[rows]
-    args = events["concrete_inputs"].to_numpy()[rows]
-    ruled = np.flatnonzero(np.isnan(value) & pd.Series(names).isin([*FLOP_RULES, *ARG_RULES]).to_numpy() & pd.notna(dims))
-    keys = pd.MultiIndex.from_arrays([names[ruled], dims[ruled], pd.Series(args[ruled]).fillna("").to_numpy()])
-    codes, distinct = pd.factorize(keys)
-    found = [flops_with_source(str(n), str(d), str(a) or None) for n, d, a in distinct]
+    (names, name_of), (dims, dims_of), (args, args_of) = (codes_of(events[c]) for c in ("name", "input_dims", "concrete_inputs"))
+    has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
+    names, dims, args = names[rows], dims[rows], args[rows]
+    ruled = np.flatnonzero(np.isnan(value) & has_rule[names] & (dims >= 0))
+    names, dims, args = names[ruled], dims[ruled], args[ruled]
+    codes, first = group_rows(names, dims, args)
+    found = [
+        flops_with_source(str(name_of[n]), str(dims_of[d]), str(args_of[a]) if a >= 0 and args_of[a] else None)
+        for n, d, a in zip(names[first], dims[first], args[first])
+    ]
     per_key = np.array([np.nan if f is None else f for f, _ in found] + [np.nan])
     per_key_source = np.array([-1 if f is None else _SOURCES.index(str(how)) for f, how in found] + [-1])
     value[ruled] = per_key[codes]
