@@ -200,6 +200,9 @@ def test_profiler_step_names_without_a_number_are_not_steps(tmp_path: Path, monk
         ("ts", "1e400"), ("ts", "18446744073709551616"), ("dur", "1e400"), ("pid", "18446744073709551616"),
         ("tid", "-9223372036854775809"), ("External id", "18446744073709551616"), ("Sequence number", "1e400"),
         ("flops", "1e400"), ("correlation", "-9223372036854775809"), ("bytes", "99999999999999999999999999"),
+        # integers beyond float64 too (400 digits: no float holds them; raised OverflowError)
+        ("Python parent id", "1" + "0" * 399), ("External id", "-" + "9" * 400), ("flops", "1" + "0" * 399),
+        ("Sequence number", "1" + "0" * 399), ("ts", "1" + "0" * 399), ("pid", "1" + "0" * 399),
     ],
 )
 def test_numbers_beyond_int64_and_float64(field: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,7 +212,11 @@ def test_numbers_beyond_int64_and_float64(field: str, value: str, tmp_path: Path
     trace = loaded(tmp_path, monkeypatch, text)
     events = trace.events
     number = json.loads(value)  # what the JSON says, read by Python
-    if field == "ts" and not np.isfinite(float(number)):  # no time: the event is left out, said so
+    try:
+        finite = bool(np.isfinite(float(number)))
+    except OverflowError:  # an integer beyond float64
+        finite = False
+    if field == "ts" and not finite:  # no time: the event is left out, said so
         assert len(events) == 1 and any("without a timestamp" in w for w in trace.warnings)
         return
     assert len(events) == 2
@@ -219,7 +226,7 @@ def test_numbers_beyond_int64_and_float64(field: str, value: str, tmp_path: Path
         assert events["dur"].tolist() == [0.0, 5.0]
         assert any("1 events after byte" in w and "dur that is not a finite number" in w for w in trace.warnings)
     elif args_field:  # does not fit the column: missing, with a warning
-        column = {"External id": "external_id", "Sequence number": "seq"}.get(field, field)
+        column = {"External id": "external_id", "Sequence number": "seq", "Python parent id": "python_parent_id"}.get(field, field)
         assert pd.isna(events[column].iloc[0])
         kind = "float64" if field == "flops" else "int64"
         assert f"1 values of args {field!r} are not numbers that fit {kind}; left missing" in trace.warnings
