@@ -72,11 +72,10 @@ class Iteration:
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> None:  # the exception, if any, goes on
         if kind is not None:
             self._session._fail()
         self._session.step()
-        return False
 
 
 @dataclass(frozen=True)
