@@ -404,6 +404,7 @@ def test_running_out_of_memory_is_a_trace_error_naming_max_bytes(tmp_path: Path)
     path.write_bytes(bomb(512 << 20))
     done = isolated(f"""
         import resource, tracemagic
+        tracemagic.load({str(TRACES / "hta_triton_example.json.gz")!r}, use_cache=False)  # all imported
         with open("/proc/self/status") as status:
             used = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmSize:"))
         resource.setrlimit(resource.RLIMIT_AS, (used + (300 << 20), resource.RLIM_INFINITY))
