@@ -11,7 +11,7 @@ noisy, so baseline and candidate always alternate and ratios are of medians):
 - the same reopened from the Arrow cache;
 - HolisticTraceAnalysis ``TraceAnalysis(trace_dir=...)`` on the same file (in the first
   ``--hta-rounds`` rounds, default 3; its median is the baseline), in a throwaway
-  venv (``bench/out/hta-venv``, created here: HTA breaks on pandas 3, so it gets
+  venv (``bench/out/hta-venv``, made by ``benchlib.ensure_hta``: HTA breaks on pandas 3, so it gets
   ``pandas<3``; torch is pinned to 2.13.0 in the constraints so nothing pulls CUDA wheels).
 
 Peak memory is each worker's peak RSS (``ru_maxrss``; the loader parses a large file on two
@@ -33,13 +33,11 @@ import statistics
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-OUT = BENCH / "out"
-HTA_VENV = OUT / "hta-venv"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import BENCH, OUT, ROOT, ensure_hta, run_hta  # noqa: E402 - the HTA venv, shared with bench_goals.py
+
 TABLES = ("ops", "kernels", "steps", "layers", "memory")
 PARSERS = ("json", "orjson", "simdjson", "msgspec")
 
@@ -134,31 +132,10 @@ def _warm_up() -> None:
                         pass
 
 
-HTA_SCRIPT = r"""
-import json, logging, os, resource, sys, time
-logging.disable(logging.CRITICAL)
-from hta.trace_analysis import TraceAnalysis
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-start = time.perf_counter()
-analysis = TraceAnalysis(trace_dir=sys.argv[1])
-seconds = time.perf_counter() - start
-rows = sum(len(analysis.t.get_trace(r)) for r in analysis.t.get_ranks())
-print("RESULT " + json.dumps({"seconds": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                             "base_mb": base, "events": rows}))
-"""
-
-
 def run_worker(kind: str, path: Path, timeout: float = 900) -> dict[str, object] | None:
     if kind == "hta":
-        python = HTA_VENV / "bin" / "python"
-        folder = OUT / f"hta-{path.stem}"
-        folder.mkdir(exist_ok=True)
-        link = folder / path.name
-        if not link.exists():
-            link.symlink_to(path.resolve())
-        cmd = [str(python), "-c", HTA_SCRIPT, str(folder)]
-    else:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, str(path)]
+        return run_hta(path, timeout)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, str(path)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -168,54 +145,6 @@ def run_worker(kind: str, path: Path, timeout: float = 900) -> dict[str, object]
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     print(f"  {kind} failed (rc {proc.returncode}): {proc.stderr.strip()[-800:]}", file=sys.stderr)
-    return None
-
-
-# -- the HTA venv ------------------------------------------------------------------------
-
-
-def hta_requirements() -> list[str]:
-    """HTA's declared requirements, read from its wheel's METADATA (pip download --no-deps)."""
-    dest = OUT / "hta-dl"
-    dest.mkdir(parents=True, exist_ok=True)
-    if not list(dest.glob("holistictraceanalysis-*.whl")):
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "holistictraceanalysis", "-d", str(dest)],
-            check=True,
-            capture_output=True,
-        )
-    wheel = sorted(dest.glob("holistictraceanalysis-*.whl"))[-1]
-    with zipfile.ZipFile(wheel) as archive:
-        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        lines = archive.read(meta).decode().splitlines()
-    return [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
-
-
-def ensure_hta() -> str | None:
-    """Create bench/out/hta-venv with HTA (pandas<3, torch pinned); None if it works."""
-    python = HTA_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import hta.trace_analysis"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return None
-    try:
-        requires = hta_requirements()
-        print(f"HTA requires: {', '.join(requires)}")
-        constraints = OUT / "hta-constraints.txt"
-        constraints.write_text("torch==2.13.0\npandas<3\n")
-        if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
-        print("installing HTA into bench/out/hta-venv (one time) ...", flush=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "-c", str(constraints), "holistictraceanalysis", "pandas<3"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-    except (subprocess.CalledProcessError, OSError, StopIteration) as exc:
-        detail = getattr(exc, "stderr", "") or str(exc)
-        return f"could not install HTA: {str(detail).strip()[-300:]}"
-    if subprocess.run(probe, capture_output=True).returncode != 0:
-        return "HTA installed but does not import"
     return None
 
 

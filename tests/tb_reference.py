@@ -4,7 +4,8 @@ It follows ``torch_tb_profiler/profiler/event_parser.py`` (``_find_device_steps`
 ``_update_steps_duration``): runtime calls wholly inside a host ProfilerStep own the device
 work they launched (joined by correlation id); a step's window runs from the previous
 window's end (or its host start, if later) to the later of its host end and the end of
-its device work. Independent of tracemagic: the standard library and the raw events only.
+its device work; trailing steps that launched no device work are removed (and the last
+that did, when it launched under 0.8 of the one before: ``is_remove_tail_steps``). Independent of tracemagic: the standard library and the raw events only.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def device_windows(events: list[dict[str, Any]], origin: float) -> list[tuple[in
     launched_by = {id(e): by_corr.get(int((e.get("args") or {}).get("correlation", -1)), []) for e in timed if category(e) in RUNTIME}
     lo = [math.inf] * len(steps)
     hi = [-math.inf] * len(steps)
+    launched = [0] * len(steps)
     matched: set[int] = set()
     i = j = 0
     while i < len(steps) and j < len(runtimes):  # _find_device_steps: a two-way merge
@@ -75,6 +77,7 @@ def device_windows(events: list[dict[str, Any]], origin: float) -> list[tuple[in
                 lo[i] = min(lo[i], start_of(d))
                 hi[i] = max(hi[i], end_of(d))
                 matched.add(id(d))
+                launched[i] += 1
             j += 1
         elif start < step_end:  # straddling the step's end
             j += 1
@@ -95,6 +98,15 @@ def device_windows(events: list[dict[str, Any]], origin: float) -> list[tuple[in
         stop = max(stop, begin)
         windows.append((number, begin, stop))
         previous = stop
+    # is_remove_tail_steps: with GPU work in some step, the trailing steps that launched none
+    # go, and the last that did too if it launched under 0.8 of the one before
+    if matched and len(steps) > 1:
+        last = max((k for k, n in enumerate(launched) if n > 0), default=-1)
+        if last >= 0:
+            keep = last + 1
+            if last > 0 and launched[last - 1] * 0.8 > launched[last]:
+                keep = last
+            windows = windows[:keep]
     return windows
 
 

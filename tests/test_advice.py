@@ -6,6 +6,7 @@ the views show exactly its rows."""
 from __future__ import annotations
 
 import gzip
+import re
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -34,7 +35,7 @@ THRESHOLDS = {
     "gpu_idle": "GPU_IDLE_SHARE", "memcpy": "MEMCPY_SHARE", "communication": "COMM_SHARE",
     "dataloader": "DATALOADER_SHARE", "slow_step": "SLOW_STEP_RATIO", "top_op": "TOP_OP_SHARE",
     "launch_overhead": "KERNELS_PER_STEP", "straggler": "STRAGGLER_SHARE", "memory_peak": "MEMORY_PEAK_SHARE",
-    "fragmentation": "RESERVED_RATIO",
+    "fragmentation": "RESERVED_RATIO", "optimizer": "OPTIMIZER_SHARE", "host_sync": "HOST_SYNC_SHARE",
 }
 #: how far a figure may sit from a threshold before "fires iff reached" is checked (rounding)
 MARGIN = 0.01
@@ -304,3 +305,64 @@ def test_memory_and_launch_rules_at_their_thresholds() -> None:
         fired = rows_of(rules.evaluate(steps, pd.DataFrame(), kernels))
         assert ("launch_overhead" in fired) == fires, count
     assert fired.keys() == set()  # a busy GPU, nothing else to say
+
+
+def test_no_rule_fired_is_said_with_the_closest_figures(loaded: dict[str, tracemagic.Trace]) -> None:
+    """The A100 trace: communication and GPU idle just under their 20% thresholds (from the raw
+    windows here), no rule fires, and every view says so with those figures instead of nothing."""
+    from tracemagic.views import Dashboard, text
+
+    name = "hta_control.json.gz"
+    ref = step_shares(raw_events(name))
+    assert rules.COMM_SHARE - 0.05 < ref["communication"] < rules.COMM_SHARE - MARGIN
+    assert rules.GPU_IDLE_SHARE - 0.08 < ref["gpu_idle"] < rules.GPU_IDLE_SHARE - MARGIN
+    trace = loaded[name]
+    table = trace.advice()
+    assert table.empty
+    closest = table.attrs["closest"]
+    assert list(closest.columns) == rules.COLUMNS and len(closest) == rules.CLOSEST
+    assert (closest["value"] < closest["threshold"]).all() and closest["weight"].is_monotonic_decreasing
+    near = rows_of(closest)
+    assert near["communication"]["value"] == pytest.approx(ref["communication"], abs=0.005)
+    assert near["gpu_idle"]["value"] == pytest.approx(ref["gpu_idle"], abs=0.005)
+    (line,) = rules.lines(table)
+    assert line.startswith("No rule fired")
+    assert f"communication {100 * ref['communication']:.0f}% of the step (threshold {100 * rules.COMM_SHARE:.0f}%)" in line
+    assert f"GPU idle {100 * ref['gpu_idle']:.0f}% of the step (threshold {100 * rules.GPU_IDLE_SHARE:.0f}%)" in line
+    assert Dashboard(trace).section("overview").bullets[0] == line
+    assert f"• {line}"[:80] in text.summary(trace, width=1000)
+    # a trace where rules fire shows them, not the closest figures
+    fired = loaded["kineto_worker0.1623143089861.pt.trace.json.gz"].advice()
+    assert len(fired) and rules.lines(fired) == fired["text"].tolist()
+
+
+def test_the_roofline_headline_is_weighted_by_gpu_time(loaded: dict[str, tracemagic.Trace]) -> None:
+    """DLRM on 8 V100s: every op with a cost model is a few tens of µs of 57 ms of GPU work,
+    so none heads the Overview; on the A100 trace the headline's op × shape holds at least
+    ``ROOFLINE_MIN_SHARE`` of the trace's kernel time (summed here from the raw JSON)."""
+    import tarfile
+
+    from tracemagic.views import Dashboard
+
+    facts = dict(Dashboard(loaded["param_dlrm_kineto.tar.gz"]).section("overview").facts)
+    assert "furthest below its roof" not in facts
+    with tarfile.open(TRACES / "param_dlrm_kineto.tar.gz") as archive:
+        kernel_us = sum(float(e["dur"]) for m in archive.getmembers() if m.isfile() and m.name.endswith(".json")
+                        for e in json.load(archive.extractfile(m))["traceEvents"]  # type: ignore[arg-type]
+                        if category(e) in KERNEL)
+    gaps = rules.roofline_gaps(loaded["param_dlrm_kineto.tar.gz"].efficiency(), 3, min_share=0.0)
+    assert len(gaps) and len(set(gaps["text"])) == len(gaps)  # the same op × shape of 8 ranks is one row
+    assert "on 8 ranks" in gaps["text"].iloc[0] and gaps["weight"].max() < rules.ROOFLINE_MIN_SHARE
+    assert quoted_gpu_us(gaps["text"].iloc[0]) < rules.ROOFLINE_MIN_SHARE * kernel_us
+    (bullet,) = Dashboard(loaded["param_dlrm_kineto.tar.gz"]).section("roofline").bullets  # said, not silent
+    assert bullet.startswith("No op × shape loses 1% of the GPU time") and gaps["evidence"].iloc[0] in bullet
+    name = "hta_control.json.gz"
+    headline = dict(Dashboard(loaded[name]).section("overview").facts)["furthest below its roof"]
+    total = sum(float(e["dur"]) for e in raw_events(name) if e.get("ph") == "X" and category(e) in KERNEL)
+    assert quoted_gpu_us(headline) >= rules.ROOFLINE_MIN_SHARE * total
+
+
+def quoted_gpu_us(text: str) -> float:
+    """The GPU time a roofline gap quotes ("over 6.89 ms of GPU time"), in µs."""
+    value, unit = re.search(r"over ([\d.,]+) (µs|ms|s) of GPU time", text).groups()  # type: ignore[union-attr]
+    return float(value.replace(",", "")) * {"µs": 1.0, "ms": 1e3, "s": 1e6}[unit]

@@ -319,6 +319,31 @@ def test_memory_reconstructed_from_deltas() -> None:
     assert sorted(peaks["step"].dropna()) == sorted(list(range(5, 11)) * 2)
 
 
+def test_cuda_memory_keeps_its_device_without_gpu_activity(tmp_path: Path) -> None:
+    """Issue 24.2: a CPU-activity profile of a CUDA model on two GPUs (``profile_memory=True``,
+    no kernels) has ``[memory]`` events with ``Device Type`` 1 and ``Device Id`` 0 and 1: two
+    devices, two curves, a peak each (as torch names them: ``cuda:<Device Id>``)."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 0, "dur": 100}]
+    totals = {(0, -1): 0, (1, 0): 0, (1, 1): 0}
+    for i, (kind, device, size) in enumerate([(1, 0, 512), (1, 1, 4096), (1, 0, 256), (0, -1, 64), (1, 1, -4096), (1, 0, -512), (1, 1, 1024)]):
+        totals[(kind, device)] += size
+        events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 10 + i,
+                       "args": {"Device Type": kind, "Device Id": device, "Bytes": size, "Total Allocated": totals[(kind, device)],
+                                "Total Reserved": 1 << 20, "Addr": 1000 + i}})
+    path = tmp_path / "cuda_memory_cpu_activity.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    peak: dict[str, int] = defaultdict(int)
+    for e in events[1:]:
+        args = e["args"]
+        device = "cpu" if args["Device Type"] == 0 else f"cuda:{args['Device Id']}"
+        peak[device] = max(peak[device], args["Total Allocated"])
+    trace = tracemagic.load(path, use_cache=False)
+    df = trace.memory()
+    assert df["device"].tolist() == ["cpu" if e["args"]["Device Type"] == 0 else f"cuda:{e['args']['Device Id']}" for e in events[1:]]
+    got = trace.memory_peaks()
+    assert got[got["step"].isna()].set_index("device")["peak_bytes"].to_dict() == dict(peak) == {"cpu": 64, "cuda:0": 768, "cuda:1": 4096}
+
+
 def test_memory_op_layer_and_step(captured: dict[str, Any]) -> None:
     trace = captured["trace"]
     df = trace.memory()

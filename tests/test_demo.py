@@ -40,6 +40,17 @@ def test_demo_runs_the_quickstart_and_prints_the_summary(tmp_path: Path) -> None
     layers = done.stdout.split("Top layers", 1)[1].split("Top ops", 1)[0]
     assert "SmallNet" in layers and "features" in layers
     assert "Conv2d" in layers and "Conv2d_0" not in layers  # attribute paths, not trace names
+    # it writes the first capture's report and ends with what to open next, paths included
+    report = out / "report.html"
+    assert report.is_file() and "<html" in report.read_text(encoding="utf-8")[:2000].lower()
+    after = done.stdout.split("What to open next:", 1)[1]
+    assert str(report) in after and f"jupyter lab {executed}" in after
+    assert f'tracemagic.load("{captures[0].parent}")' in after
+    # the saved notebook's dashboards fall back to text that says how to get the dashboard back
+    shown = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert shown and all("run the cell again (or trust the notebook) for the interactive dashboard"
+                         in o["data"]["text/plain"] for o in shown)
 
 
 def test_demo_run_twice_reports_the_capture_it_just_made(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import socket
 import subprocess
@@ -504,3 +505,56 @@ def test_nccl_trace_matches_the_raw_json() -> None:
         data = json.load(fh)
     trace = tracemagic.load(path, use_cache=False)
     _check(trace, {data["distributedInfo"]["rank"]: data["traceEvents"]})
+
+
+#: the TensorBoard plugin's bytes per ``Input type`` (kineto tb_plugin
+#: ``torch_tb_profiler/profiler/communication.py``, ``analyze_communication_nodes``)
+PLUGIN_TYPE_BYTES = {"long int": 8, "float": 4, "int": 4, "c10::Half": 2, "c10::BFloat16": 2, "unsigned char": 1}
+
+
+def test_message_sizes_from_the_plugins_comm_args() -> None:
+    """Issue 24.9: the DLRM trace records no ``In msg nelems``, but its ``nccl:*`` annotations
+    carry ``Input Dims`` and ``Input type``, from which the TensorBoard plugin computes the
+    message (each input's elements × its type's bytes, summed). Each collective's ``bytes``
+    is that of the ``nccl:*`` annotation around its kernel's launching runtime call."""
+    raw = {}
+    with tarfile.open(TRACES / "param_dlrm_kineto.tar.gz") as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                data = json.load(tar.extractfile(member))
+                raw[data["distributedInfo"]["rank"]] = data["traceEvents"]
+    table = tracemagic.load(TRACES / "param_dlrm_kineto.tar.gz", use_cache=False).collectives()
+    assert len(table) > 0 and table["source"].eq("kernel").all()
+    for rank, events in raw.items():
+        calls = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+        annotations = [e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("nccl:")]
+        want = []
+        for kernel in sorted((e for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower()), key=lambda e: e["ts"]):
+            call = calls[kernel["args"]["correlation"]]
+            (around,) = [a for a in annotations if a["tid"] == call["tid"] and a["ts"] <= call["ts"] <= a["ts"] + a["dur"]]
+            args = around["args"]
+            want.append(sum(math.prod(shape) * PLUGIN_TYPE_BYTES[t] for shape, t in zip(args["Input Dims"], args["Input type"])))
+        mine = table[table["rank"] == rank].sort_values("ts")
+        assert mine["bytes"].tolist() == want, rank
+    assert table["bytes"].notna().all()
+
+
+def test_gloo_collectives_on_a_gpu_rank_are_communication(tmp_path: Path) -> None:
+    """Issue 24.9: a ``gloo:*`` collective on a rank with GPU work runs on the host and is
+    communication, as the TensorBoard plugin counts ops of its ``GlooOpNameSet``
+    (``event_parser.py``, ``_parse_step``: the Communication role); kernel time and GPU
+    utilization stay the kernels'."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 5, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 20, "dur": 100, "args": {"correlation": 1, "device": 0, "stream": 7}},
+        {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": 1, "tid": 1, "ts": 300, "dur": 250},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mul", "pid": 1, "tid": 1, "ts": 600, "dur": 50},
+    ]
+    path = tmp_path / "gloo_on_gpu.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    gloo = ("gloo:broadcast", "gloo:reduce", "gloo:all_reduce", "gloo:all_gather", "gloo:reduce_scatter")  # GlooOpNameSet
+    comm = sum(e["dur"] for e in events if e["name"] in gloo)
+    row = tracemagic.load(path, use_cache=False).steps().iloc[0]
+    assert row["comm_us"] == comm == 250
+    assert (row["compute_us"], row["kernel_busy_us"], row["cpu_us"]) == (100.0, 100.0, 50.0)

@@ -678,6 +678,87 @@ def test_flipped_bytes_in_a_cache_mean_a_fresh_parse(tmp_path: Path, user_cache:
     assert flips == 180
 
 
+def _rewrite_keeping_mtime(path: Path, data: bytes) -> None:
+    """Write ``data`` over ``path`` (same size) and put its mtime back: only the bytes tell."""
+    before = path.stat()
+    assert len(data) == before.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_a_cache_altered_in_the_middle_with_its_size_and_mtime_kept_means_a_fresh_parse(
+    copied_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checksum is not a CRC of every byte (``cache.checksum``: sums of 64-bit words by
+    row and by column): what it is weakest at still means a fresh parse, the tables exactly
+    a no-cache load's: two different words swapped within one 64 KiB row (same row sum), a
+    4 KiB page replaced by another page of the file (a misdirected write), one word changed."""
+    truth = tracemagic.load(copied_trace, use_cache=False)
+    tracemagic.load(copied_trace)
+    events_file = cache.locations(copied_trace)[0].with_suffix(".arrow")
+    pristine = events_file.read_bytes()
+    assert len(pristine) > 4 * 65536, "a file of several checksum rows"
+    words = np.frombuffer(pristine, dtype="<u8", count=len(pristine) // 8)
+    middle = (len(words) // 2) // 8192 * 8192  # the first word of a row in the middle
+    row = words[middle : middle + 8192]
+    first = int(np.flatnonzero(row != 0)[0])
+    other = int(np.flatnonzero(row != row[first])[-1])
+    swapped = words.copy()
+    swapped[middle + first], swapped[middle + other] = words[middle + other], words[middle + first]
+    page = len(pristine) // 2 // 4096 * 4096
+    replaced = bytearray(pristine)
+    replaced[page : page + 4096] = pristine[page + 3 * 4096 : page + 4 * 4096]
+    assert bytes(replaced) != pristine
+    one = bytearray(pristine)
+    one[middle * 8 + 3] ^= 0x10
+    spy = ParseSpy(monkeypatch)
+    for label, damaged in (("two words swapped in a row", swapped.tobytes() + pristine[len(words) * 8 :]),
+                           ("a page replaced", bytes(replaced)), ("one bit", bytes(one))):
+        _rewrite_keeping_mtime(events_file, pristine)  # each case alone (a fresh parse rewrote the cache)
+        tracemagic.load(copied_trace)
+        events_file = cache.locations(copied_trace)[0].with_suffix(".arrow")
+        calls = len(spy.calls)
+        _rewrite_keeping_mtime(events_file, damaged)
+        reloaded = tracemagic.load(copied_trace)
+        assert len(spy.calls) == calls + 1, f"{label}: the altered cache was used"
+        pd.testing.assert_frame_equal(reloaded.events, truth.events)
+
+
+def test_a_cache_altered_with_a_forged_seal_never_gives_codes_outside_their_categories(
+    copied_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone edits a cache and rewrites its seal to match (no checksum can stop that): the
+    ``name`` column's dictionary codes pointed past its categories. Arrow's full validation
+    of what is read catches it: a fresh parse, not a Categorical with codes that crash or
+    read other memory later."""
+    truth = tracemagic.load(copied_trace, use_cache=False)
+    tracemagic.load(copied_trace)
+    seal_file = cache.locations(copied_trace)[0]
+    events_file = seal_file.with_suffix(".arrow")
+    data = bytearray(events_file.read_bytes())
+    import pyarrow as pa  # the test finds the codes' bytes in the file with Arrow itself
+
+    buffer = pa.py_buffer(bytes(data))
+    names = pa.ipc.open_file(pa.BufferReader(buffer)).read_all().column("name").chunk(0)
+    codes = names.indices
+    start = codes.buffers()[1].address - buffer.address + codes.offset * codes.type.bit_width // 8
+    width = codes.type.bit_width // 8
+    too_far = len(names.dictionary) + 5
+    assert too_far < 2 ** (8 * width - 1)
+    for row in range(0, len(codes), max(1, len(codes) // 10)):
+        data[start + row * width : start + (row + 1) * width] = too_far.to_bytes(width, "little", signed=True)
+    events_file.write_bytes(bytes(data))
+    crc, _, body = seal_file.read_bytes().partition(b"\n")
+    seal = json.loads(body)
+    seal["events"]["sum"] = cache.checksum(bytes(data))  # the forged seal
+    forged = json.dumps(seal, separators=(",", ":")).encode()
+    seal_file.write_bytes(f"{zlib.crc32(forged):08x}\n".encode() + forged)
+    spy = ParseSpy(monkeypatch)
+    reloaded = tracemagic.load(copied_trace)
+    assert spy.calls == [str(copied_trace)], "the forged cache was used"
+    pd.testing.assert_frame_equal(reloaded.events, truth.events)
+
+
 def test_a_cache_copied_from_another_trace_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ours, theirs = tmp_path / "ours.json.gz", tmp_path / "theirs.json.gz"
     shutil.copyfile(trace_path("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"), ours)
@@ -787,6 +868,26 @@ def test_damaged_cache_is_ignored(copied_trace: Path, monkeypatch: pytest.Monkey
     pd.testing.assert_frame_equal(first.events, again.events)
     events_file.write_bytes(b"not an arrow file at all")
     assert len(tracemagic.load(copied_trace).events) == len(first.events)
+
+
+def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After parsing a large trace the loader calls ``malloc_trim(0)`` (glibc keeps what the
+    parsing threads freed: ~40 MB after a 100 MB trace); not after a small one, nor when
+    the trace comes from the cache. Where the C library has none, loading works alike."""
+    loader = importlib.import_module("tracemagic.trace.loader")
+    real = loader._malloc_trim()
+    assert real is None or callable(real)
+    calls: list[int] = []
+    monkeypatch.setattr(loader, "_malloc_trim", lambda: calls.append)
+    tracemagic.load(copied_trace)
+    assert calls == [], "a small trace: no trim"
+    monkeypatch.setattr(loader, "TRIM_MIN_BYTES", copied_trace.stat().st_size)
+    tracemagic.load(copied_trace, use_cache=False)
+    assert calls == [0, 0], "after the parse, and after the trace is assembled"
+    tracemagic.load(copied_trace)
+    assert calls == [0, 0], "the cache: nothing parsed"
+    monkeypatch.setattr(loader, "_malloc_trim", lambda: None)
+    assert len(tracemagic.load(copied_trace, use_cache=False).events) > 0
 
 
 def test_use_cache_false_writes_nothing(copied_trace: Path, user_cache: Path) -> None:

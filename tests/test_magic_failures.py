@@ -464,3 +464,36 @@ def test_a_trace_that_cannot_be_written_is_not_a_complete_capture(ip, read_json,
     assert capture.status == "partial"
     assert [e["path"] for e in capture.manifest["files"] if e["kind"] == "kineto"] == ["kineto_trace_0_cycle2.json"]
     assert "chakra_trace partial" in shown(out)
+
+
+RAISE_MID_STEP = """\
+import time
+model = make_mlp()
+for i in range(10):
+    model(torch.randn(4, 32)).sum().backward()
+    if i == 4:
+        raise ValueError("bad batch")
+    time.sleep(0.03)
+"""
+
+
+def test_the_step_the_error_cut_short_is_not_in_the_mean(ip, read_json):
+    """The exception ends step 4 early (before its 30 ms sleep): like the loop's exit of a
+    short loop it is recorded incomplete, shown, and left out of the mean step and the advice."""
+    from tracemagic.views import Dashboard
+
+    result, out = run(ip, "--wait 0 --warmup 1 --active 8 --no-memory-timeline", RAISE_MID_STEP)
+    assert isinstance(result.error_in_exec, ValueError)
+    capture = ip.user_ns["_chakra_capture"]
+    assert [(s["step"], s["complete"], s["end"]) for s in capture.manifest["steps"]] == [
+        (1, True, "step"), (2, True, "step"), (3, True, "step"), (4, False, "error")]
+    durs = {int(e["name"].split("#")[1]): float(e["dur"]) for e in read_json(capture.dir / "kineto_trace_0.json")["traceEvents"]
+            if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")}
+    assert sorted(durs) == [1, 2, 3, 4] and durs[4] < 0.5 * min(durs[1], durs[2], durs[3])  # cut short
+    whole = sum(durs[s] for s in (1, 2, 3)) / 3
+    facts = dict(Dashboard(capture.trace).section("overview").facts)
+    value, unit = facts["mean step"].split(" (")[0].split()
+    assert abs(float(value.replace(",", "")) * {"µs": 1.0, "ms": 1e3, "s": 1e6}[unit] - whole) <= 0.005 * whole
+    assert "step 4 was cut short by the error and is not counted" in facts["steps"]
+    assert [v for _, v in Dashboard(capture.trace).controls["step"].options] == ["all", 1, 2, 3]
+    assert f"mean step: {facts['mean step']}" in shown(out)  # the capture's display says the same

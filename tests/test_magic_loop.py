@@ -138,3 +138,37 @@ def test_prepare_cell_a_trailing_semicolon_hides_the_value(ip):
     ns: dict = {}
     exec(prepared.body, ns)  # the expression still runs
     assert ns["x"] == 2
+
+
+def test_stop_breaks_after_the_step_and_at_the_loops_own_continues_only():
+    source = "\n" + textwrap.dedent("""\
+        for i in range(3):
+            if i:
+                continue
+            for j in range(2):
+                continue
+            else:
+                continue
+            def f():
+                for k in range(2):
+                    continue
+    """)
+    tree = ast.parse(source)
+    instrument(tree, source.splitlines(), loop_line=2, handle="chakra", stop=True)
+    code = ast.unparse(tree)
+    loop = tree.body[1]
+    assert isinstance(loop, ast.For) and isinstance(loop.body[-1], ast.If)  # after the try: break when done
+    assert ast.unparse(loop.body[-1]) == f"if {SESSION_NAME}._stop_loop():\n    break"
+    # the loop's own continues (in the if, and in the inner loop's else) end the step first
+    assert code.count(f"{SESSION_NAME}._continue()") == 2
+    assert code.count(f"{SESSION_NAME}._stop_loop()") == 3
+    # every continue is kept; the inner loop's and f's unchanged
+    assert [line.strip() for line in code.splitlines()].count("continue") == 4
+
+
+def test_without_stop_nothing_breaks():
+    _, code = plan_for("""\
+        for i in range(3):
+            continue
+    """)
+    assert "_stop_loop" not in code and "_continue" not in code

@@ -221,8 +221,6 @@ def test_self_time_is_torchs_self_cpu(cnn_trace: dict[str, Any]) -> None:
     assert (ops["kind"] != "cpu_op").any() and any(e.get("cat") == "python_function" for e in events)
     ours = ops.assign(name=ops["name"].astype(str).str.replace(r"^ProfilerStep#\d+$", "ProfilerStep*", regex=True))
     by_name = ours.groupby("name")["self_dur"].sum()
-    # (counts may differ: the export holds an op nested in one of its own name, aten::div in
-    # aten::div, that key_averages folds into the outer one, its time included)
     for name, total in by_name.items():
         assert total == pytest.approx(averages[name].self_cpu_time_total, rel=0.005, abs=3.0), name
     assert len(by_name) > 30
@@ -230,6 +228,41 @@ def test_self_time_is_torchs_self_cpu(cnn_trace: dict[str, Any]) -> None:
     block = ops[ops["name"] == "train_step"]
     assert (block["self_dur"] < 0.2 * block["dur"]).all()
     assert by_name["train_step"] == pytest.approx(averages["train_step"].self_cpu_time_total, rel=0.005, abs=3.0)
+
+
+def test_an_op_nested_in_one_of_its_own_name_is_one_call_as_in_key_averages(cnn_trace: dict[str, Any]) -> None:
+    """Issue 24.1: ``aten::div`` dispatching to ``aten::div`` (MeanBackward), ``aten::div_``
+    and ``aten::sum`` likewise, are one call each in torch's ``key_averages()``, which folds
+    an event that is the only CPU child of a parent of its own name into that parent
+    (torch/autograd/profiler_util.py, ``EventList._remove_dup_nodes``; the TensorBoard plugin's
+    ``op_tree.py`` does the same). The Operator table (``top_ops``), the text summary's top ops
+    and ``ops()``'s ``merged`` column agree with ``key_averages()`` of the same profile."""
+    from tracemagic.analysis.aggregate import top_ops
+    from tracemagic.views import text
+
+    trace, averages = cnn_trace["trace"], cnn_trace["averages"]
+    events = table_events(cnn_trace["path"])
+    want = oracle(events)
+    children = Counter(p for p in want["parent"] if p >= 0)
+    folded = {
+        i for i, p in enumerate(want["parent"])
+        if p >= 0 and events[p].get("cat") == events[i].get("cat") == "cpu_op"
+        and events[p]["name"] == events[i]["name"] and children[p] == 1
+    }
+    assert {events[i]["name"] for i in folded} >= {"aten::div", "aten::div_"}  # the shape the issue names
+    ops = trace.ops()
+    assert set(ops.loc[ops["merged"], "row"]) == folded
+    table = top_ops(ops).set_index("name")
+    assert len(table) > 30
+    for name, row in table.iterrows():
+        assert row["calls"] == averages[name].count, name
+        assert row["total_us"] == pytest.approx(averages[name].cpu_time_total, rel=0.005, abs=3.0), name
+        assert row["self_us"] == pytest.approx(averages[name].self_cpu_time_total, rel=0.005, abs=3.0), name
+    summary = text.summary(trace, width=200, top=200)
+    block = summary.split("Top ops (by self CPU time)\n")[1].split("\n\n")[0]
+    for name in ("aten::div", "aten::div_", "aten::sum"):
+        line = next(line for line in block.splitlines() if line.split()[0] == name)
+        assert line.split()[1] == f"{averages[name].count:,}", line
 
 
 # -- call chains: shapes() and diff() -------------------------------------------------------------

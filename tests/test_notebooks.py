@@ -222,6 +222,13 @@ def test_quickstart(run) -> None:
     assert table_rows(ex.cell("cap.trace.steps()")) > 0
     files = text_of(ex.cell("cap.dir.iterdir()"))
     assert "kineto_trace_0.json" in files and "capture.json" in files
+    # the loop watched: --stop after the --slow catch (the sleep at step 10), its iterations
+    watched = text_of(ex.cell('print("stopped after iteration"'))
+    stopped = int(re.search(r"stopped after iteration (\d+)", watched).group(1))
+    assert f"'recorded': {stopped}," in watched and stopped < 100
+    assert table_rows(ex.cell('print("stopped after iteration"')) == 6
+    again = text_of(ex.cell("--vs last"))
+    assert re.search(r"vs watch-\d{8}-\d{6}\S*: mean step [\d.]+ → [\d.]+ ms", again), again[:2000]
 
 
 def test_training_loop(run) -> None:

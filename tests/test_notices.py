@@ -49,3 +49,79 @@ def test_a_capture_prints_no_profiler_notices_and_records_them(tmp_path: Path) -
     hidden = manifest["hidden_output"]
     assert hidden and all(notices.is_notice(line) for line in hidden)
     assert any("profiler_start" in line for line in hidden) and any("profiler_stop" in line for line in hidden)
+
+
+def test_the_filter_passes_other_lines_at_once_and_keeps_the_notices(capfd: pytest.CaptureFixture[str]) -> None:
+    """Descriptor 2 through ``notices.Filter``: notices out, other lines (and an unfinished
+    line, after ``PARTIAL_LINE_WAIT_S``) through, in order, while the filter still runs."""
+    import time
+
+    hidden: list[str] = []
+    live = notices.Filter(hidden)
+    live.start()
+    try:
+        os.write(2, b"first line\n[W1126 12:00:00.1 CPUAllocator.cpp:245] Memory block of unknown size was allocated "
+                    b"before the profiling started, profiler results will not include the deallocation event\n")
+        os.write(2, b"[W1126 execution_trace_observer.cpp:989] Enabling Execution Trace Observer\nprogress 50%\r")
+        os.write(2, b"unfinished")
+        time.sleep(10 * notices.PARTIAL_LINE_WAIT_S)
+        assert capfd.readouterr().err == "first line\nprogress 50%\runfinished"  # already through
+    finally:
+        live.stop()
+    assert [h.split("] ", 1)[1][:20] for h in hidden] == ["Memory block of unkn", "Enabling Execution T"]
+    os.write(2, b"after\n")  # descriptor 2 is back
+    assert capfd.readouterr().err == "after\n"
+
+
+def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) -> None:
+    """A real kernel (nbclient), its first capture with --et: tensors made before it are freed
+    mid-loop (the CPU allocator's once-per-process notice) and the ET observer starts and
+    stops; no stream output carries a notice, capture.json keeps them all, and C++-level
+    output of the cell's own still shows."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [
+        "%load_ext tracemagic\nimport os, torch\nmodel = torch.nn.Linear(16, 4)\n"
+        "early = [torch.randn(64, 64) for _ in range(8)]",
+        "%%chakra_trace --et --wait 0 --warmup 1 --active 2 --no-memory-timeline\n"
+        "for i in range(4):\n    early.pop()\n    model(torch.randn(8, 16)).sum().backward()\n"
+        "    os.write(2, f'native line {i}\\n'.encode())",
+        "print(_chakra_capture.dir)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    # ipykernel forwards C++-level output (descriptor 2) to the notebook as users see it,
+    # except under pytest (``PYTEST_CURRENT_TEST`` in its environment): the kernel runs without it
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
+    streams = [o for c in nb.cells for o in c.outputs if o.output_type == "stream"]
+    text = "".join(o.text for o in streams)
+    for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started", "Execution Trace Observer"):
+        assert phrase not in text, text
+    assert "".join(o.text for o in nb.cells[1].outputs if o.output_type == "stream" and o.name == "stderr") == \
+        "".join(f"native line {i}\n" for i in range(4))
+    folder = tmp_path / nb.cells[2].outputs[0].text.strip()
+    hidden = json.loads((folder / "capture.json").read_text())["hidden_output"]
+    assert all(notices.is_notice(line) for line in hidden)
+    for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started",
+                   "Enabling Execution Trace Observer", "Disabling Execution Trace Observer"):
+        assert any(phrase in line for line in hidden), (phrase, hidden)
+
+
+def test_the_filter_does_not_wait_for_a_child_that_inherited_it(capfd: pytest.CaptureFixture[str]) -> None:
+    """A process started while filtering (a DataLoader worker) holds the pipe open after the
+    capture: stop() returns once the pipe is drained, and the child's later lines still reach
+    descriptor 2."""
+    import time
+
+    live = notices.Filter([])
+    live.start()
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); sys.stderr.write('child line\\n')"])
+    try:
+        began = time.perf_counter()
+        live.stop()
+        assert time.perf_counter() - began < 1.0
+    finally:
+        child.wait(timeout=30)
+    time.sleep(10 * notices.PARTIAL_LINE_WAIT_S)
+    assert "child line\n" in capfd.readouterr().err

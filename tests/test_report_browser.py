@@ -23,6 +23,8 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run"]
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = conftest.ARTIFACTS
+#: screenshots of every tab after it was opened
+SHOTS = ARTIFACTS / "report-tabs"
 
 import playwright.sync_api as playwright_api  # noqa: E402
 
@@ -108,6 +110,102 @@ def test_every_tab_renders_its_figures(browser: Any, reports: dict[str, Path], n
             page.page.screenshot(path=str(ARTIFACTS / f"report-{name}-{key}.png"))
         assert page.errors == []
         assert page.requests == []
+    finally:
+        page.close()
+
+
+#: per figure placeholder of a section: drawn (a plotly graph with data and the template applied)?
+FIGURE_STATE = """section => [...section.querySelectorAll('div.plotly-graph-div')].map(gd => ({
+    drawn: gd.classList.contains('js-plotly-plot') && !!gd.querySelector('.main-svg'),
+    traces: (gd.data || []).length,
+    written: JSON.parse(gd.parentElement.querySelector('script.tm-fig').textContent).data.length,
+    marks: gd.querySelectorAll('.main-svg .trace, .main-svg .hm, .main-svg .point').length,
+    background: (((gd._fullLayout || {}).template || {}).layout || {}).plot_bgcolor || null}))"""
+
+
+@pytest.mark.parametrize("name", ["gpu", "cpu"])
+def test_hidden_tabs_are_drawn_only_when_opened(browser: Any, reports: dict[str, Path], name: str) -> None:
+    """The first tab's figures are drawn at load; every other tab's figures (and tables)
+    stay undrawn placeholders until its button is clicked, then each is a plotly graph with
+    the traces the file holds (every tab of the CPU capture has some), drawn
+    with the report's one copy of the plotly template (white plot area)."""
+    text = reports[name].read_text(encoding="utf-8")
+    assert text.count('id="tm-template-') == 1 and text.count('"plot_bgcolor":"white"') == 1  # the template once
+    page = Page(browser)
+    try:
+        page.page.goto(reports[name].as_uri())
+        keys = [b.get_attribute("data-tab") for b in page.page.locator("nav button").all()]
+        first = page.page.locator(f"#tab-{keys[0]}")
+        first.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=20_000)
+        page.page.wait_for_function(
+            "s => [...document.querySelectorAll(s + ' div.plotly-graph-div')].every(g => g.classList.contains('js-plotly-plot'))",
+            arg=f"#tab-{keys[0]}", timeout=20_000)
+        opened = {keys[0]}
+        for key in keys[1:] + keys[:1]:
+            for other in keys:
+                section = page.page.locator(f"#tab-{other}")
+                state = section.evaluate(FIGURE_STATE)
+                assert state, f"{other}: no figure placeholder"
+                if other in opened:
+                    assert all(f["drawn"] for f in state), (other, state)
+                else:  # never shown: nothing of plotly's in it, its tables not built
+                    assert not any(f["drawn"] for f in state), (other, state)
+                    assert section.locator(".js-plotly-plot, .main-svg, .tm-scroll table").count() == 0, other
+            page.page.locator(f'nav button[data-tab="{key}"]').click()
+            opened.add(key)
+            section = page.page.locator(f"#tab-{key}")
+            assert section.is_visible()
+            page.page.wait_for_function(
+                "s => [...document.querySelectorAll(s + ' div.plotly-graph-div')].every(g => g.classList.contains('js-plotly-plot') && g.querySelector('.main-svg'))",
+                arg=f"#tab-{key}", timeout=20_000)
+            state = section.evaluate(FIGURE_STATE)
+            # each figure drawn with the traces the file holds, marks on the plot where it has any
+            assert all(f["drawn"] and f["traces"] == f["written"] and (f["marks"] >= 1) == (f["written"] >= 1)
+                       for f in state), (key, state)
+            if name == "cpu":  # recorded with stacks and memory: every tab has data (the GPU trace has neither)
+                assert sum(f["traces"] for f in state) >= 1, (key, state)
+            assert all(f["background"] == "white" for f in state), (key, state)  # plotly_white applied, from the one copy
+            assert section.locator("table.tm-table").count() >= 1, key
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.page.screenshot(path=str(SHOTS / f"report-{name}-{key}.png"))
+        assert page.errors == [] and page.requests == []
+    finally:
+        page.close()
+
+
+def test_partial_plotlyjs_draws_every_trace_type_it_claims(browser: Any) -> None:
+    """The report's partial plotly.js bundle draws a figure of each of its trace types with
+    no error; a report with another trace type gets plotly's full bundle."""
+    import plotly.graph_objects as go
+    from plotly.offline import get_plotlyjs
+
+    from tracemagic.views import report
+
+    partial = report.plotly_js(set(report.PARTIAL_TRACES))
+    assert partial != get_plotlyjs() and len(partial) < len(get_plotlyjs()) / 2
+    assert report.plotly_js({"bar", "pie"}) == get_plotlyjs()
+    figs = {
+        "scatter": go.Figure(go.Scatter(x=[1, 2, 3], y=[3, 1, 2])),
+        "bar": go.Figure(go.Bar(x=[1, 2], y=["a", "b"], orientation="h", base=[0, 1])),
+        "heatmap": go.Figure(go.Heatmap(z=[[1, 2], [3, 4]])),
+        "icicle": go.Figure(go.Icicle(labels=["root", "a", "b"], parents=["", "root", "root"], values=[3, 1, 2])),
+        "sunburst": go.Figure(go.Sunburst(labels=["root", "a", "b"], parents=["", "root", "root"], values=[3, 1, 2])),
+    }
+    assert set(figs) == report.PARTIAL_TRACES
+    page = Page(browser)
+    try:
+        page.page.set_content("<html><body></body></html>")
+        page.page.add_script_tag(content=partial)
+        for kind, fig in figs.items():
+            marks = page.page.evaluate(
+                """async ([kind, spec]) => { const d = document.createElement('div'); d.style.width = '600px';
+                     d.style.height = '300px'; document.body.append(d);
+                     await Plotly.newPlot(d, spec.data, spec.layout);
+                     return d.querySelectorAll('.main-svg .trace, .main-svg .hm, .main-svg .point, .main-svg .slice').length; }""",
+                [kind, json.loads(fig.to_json())],
+            )
+            assert marks >= 1, kind
+        assert page.errors == []
     finally:
         page.close()
 

@@ -71,7 +71,7 @@ def test_device_windows_and_gpu_time_match_the_tensorboard_rule(name: str, tmp_p
         close(row.gpu_idle_us, (stop - begin) - busy, f"{name} step {number} GPU idle")
         close(row.compute_us, compute, f"{name} step {number} GPU kernels")
         close(row.comm_us, comm, f"{name} step {number} communication kernels")
-    parts = table[[c for c in table.columns if c.endswith("_us") and not c.startswith("gpu_")]].sum(axis=1)
+    parts = table[[c for c in table.columns if c.endswith("_us") and not c.startswith(("gpu_", "kernel_"))]].sum(axis=1)
     np.testing.assert_allclose(parts, table["window_dur"], rtol=1e-9, atol=1e-6)
     unlaunched = sum(v["events"] for v in table.attrs["unlaunched"].values())
     assert unlaunched == ref["unlaunched"]
@@ -174,3 +174,79 @@ def test_a_trace_without_profiler_steps_says_so(tmp_path: Path) -> None:
     assert not any(str(e.get("name", "")).startswith("ProfilerStep#") for e in _raw(name))
     facts = dict(insights.facts(TraceData(tracemagic.load(TRACES / name, use_cache=False))))
     assert facts["steps"] == "none (no ProfilerStep: the whole trace is one span)"
+
+
+def test_trailing_steps_without_gpu_work_are_dropped_as_the_plugin_does(tmp_path: Path) -> None:
+    """Issue 24.5: the TensorBoard plugin removes a GPU trace's trailing steps that launched
+    no device work, and the last one that did when it launched under 0.8 of the step before
+    (kineto tb_plugin ``torch_tb_profiler/profiler/event_parser.py``, ``_update_steps_duration``,
+    ``is_remove_tail_steps``: "the profiler may fail to capture all the kernels launched by
+    these steps"); ``steps()``, the mean step and ``ranks()`` leave them out the same way and
+    the note names them. Steps launching 3, 3, 2 and 0 kernels keep steps 1 and 2."""
+    events: list[dict[str, Any]] = []
+    correlation = 0
+    for step, kernels in enumerate([3, 3, 2, 0], start=1):
+        start = 1000.0 * step
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": start, "dur": 500})
+        for k in range(kernels):
+            correlation += 1
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": start + 10 + 20 * k, "dur": 5, "args": {"correlation": correlation}})
+            events.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": start + 100 + 50 * k, "dur": 30,
+                           "args": {"correlation": correlation, "device": 0, "stream": 7}})
+    path = tmp_path / "tail.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    ref = reference(events)
+    assert [n for n, _, _ in ref["windows"]] == [1, 2]
+    trace = tracemagic.load(path, use_cache=False)
+    table = trace.steps()
+    assert table["step"].tolist() == [n for n, _, _ in ref["windows"]]
+    assert table["window_dur"].tolist() == pytest.approx([b - a for _, a, b in ref["windows"]])
+    assert table.attrs["tail"] == {0: [3, 4]} and "step(s) 3, 4 of rank 0 left out" in table.attrs["note"]
+    ranks = trace.ranks_table()
+    assert ranks["steps"].tolist() == [2]
+    assert ranks["step_us"].iloc[0] == pytest.approx(float(np.mean([b - a for _, a, b in ref["windows"]])))
+
+
+def test_the_amd_traces_last_step_launched_nothing_and_is_dropped() -> None:
+    """The MI250 trace's step 2 launches no GPU work (checked in the raw JSON): the plugin
+    drops it, so do we; step 1 is the only step and the mean step is its window."""
+    name = "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    events = _raw(name)
+    ref = reference(events)
+    hosts = [e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert sorted(set(hosts)) == ["ProfilerStep#1", "ProfilerStep#2"] and [n for n, _, _ in ref["windows"]] == [1]
+    table = tracemagic.load(TRACES / name, use_cache=False).steps()
+    assert table["step"].tolist() == [1] and table.attrs["tail"] == {0: [2]}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_gpu_utilization_is_the_plugins_kernel_time_over_step_time(name: str) -> None:
+    """Issue 24.8: the TensorBoard plugin's "GPU Utilization" is the union of kernel time
+    (kernels alone: no memcpy, no memset) over the steps' span (kineto tb_plugin
+    ``torch_tb_profiler/profiler/gpu_metrics_parser.py``, ``calculate_gpu_utilization``:
+    ``kernel_ranges_per_device`` intersected with ``(steps_start_time, steps_end_time)``,
+    over its length). ``steps()``'s ``kernel_busy_us`` is that union per step window, and the
+    Overview shows it beside GPU busy (all GPU activity), each named."""
+    from tracemagic.views import insights
+    from tracemagic.views.data import TraceData
+
+    events = _raw(name)
+    t0 = min(float(e["ts"]) for e in events if e.get("ph") in ("X", "i") and "ts" in e)
+    windows = device_windows(events, t0)
+    kernels = [(float(e["ts"]) - t0, float(e["ts"]) - t0 + float(e.get("dur", 0)))
+               for e in events if e.get("ph") == "X" and category(e) in KERNEL]
+    devices = {(e.get("args") or {}).get("device", e.get("pid")) for e in events if e.get("ph") == "X" and category(e) in KERNEL}
+    assert len(devices) == 1  # one GPU per trace: the plugin's per-device figure is the trace's
+    span = (windows[0][1], windows[-1][2])
+    plugin = union(kernels, *span) / (span[1] - span[0])
+    trace = tracemagic.load(TRACES / name, use_cache=False)
+    table = trace.steps()
+    for row, (number, begin, stop) in zip(table.itertuples(), windows):
+        close(row.kernel_busy_us, union(kernels, begin, stop), f"{name} step {number} kernel time")
+        assert row.kernel_busy_us <= row.gpu_busy_us + 1e-6
+    ours = float(table["kernel_busy_us"].sum() / table["window_dur"].sum())
+    assert 100 * ours == pytest.approx(100 * plugin, abs=0.05)  # the windows tile the span but for host gaps
+    facts = dict(insights.facts(TraceData(trace)))
+    assert facts["GPU utilization"].startswith(f"{100 * ours:.0f}%") and "kernels only" in facts["GPU utilization"]
+    assert facts["GPU"].startswith("busy ")

@@ -5,7 +5,10 @@ and on real traces (a CPU capture made here, GPU, multi-rank and old-format trac
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +21,12 @@ import tb_reference
 import tracemagic
 from tracemagic.analysis.schema import TABLES
 from tracemagic.views import figures, sections, tables
-from tracemagic.views.dashboard import ALL_STEPS, PLOTLY_MIME, Dashboard
+from tracemagic.views.dashboard import ALL_STEPS, PLOTLY_MIME, WIDGET_HINT, Dashboard
 from tracemagic.views.data import ANALYSES, TraceData
 from tracemagic.views.report import write_report
 from tracemagic.views.text import diff_summary, render_table, summary
 
+ROOT = Path(__file__).resolve().parents[1]
 GPU = TRACES / "hta_nccl_data.json.gz"
 MULTI = TRACES / "param_dlrm_kineto.tar.gz"
 OLD = TRACES / "kineto_worker0.1623143089861.pt.trace.json.gz"
@@ -356,6 +360,40 @@ def test_bar_labels_are_readable_and_distinct() -> None:
     assert list(figures.shapes_bar(shapes).data[0].y) == ["aten::add", "aten::mm [[2, 3], [3, 4]]"]
 
 
+def _raw_kernel_names() -> set[str]:
+    """Every GPU kernel name in the real traces, read from the raw JSON (tars member by member)."""
+    import gzip
+    import tarfile
+
+    docs = []
+    for path in sorted(TRACES.iterdir()):
+        if path.name.endswith(".tar.gz"):
+            with tarfile.open(path) as tar:
+                docs += [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()]  # type: ignore[arg-type]
+        elif path.name.endswith(".json.gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                doc = json.load(fh)
+            if isinstance(doc, dict):
+                docs.append(doc)
+    return {str(e.get("name", "")) for doc in docs for e in doc.get("traceEvents", [])
+            if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel"}
+
+
+def test_no_kernel_label_is_empty_on_the_real_traces() -> None:
+    from tracemagic.views._format import kernel_label
+
+    names = _raw_kernel_names()
+    anonymous = {n for n in names if "(anonymous namespace)" in n}
+    assert len(names) > 100 and anonymous  # CatArrayBatchedCopy and others live in one
+    assert [n for n in names if not kernel_label(n).strip()] == []
+    for name in anonymous:  # the kernel's own identifier: the last one before its templates / arguments
+        head = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+        ident = re.split(r"[<(]", head, maxsplit=1)[0].rsplit("::", 1)[-1]
+        assert kernel_label(name, 200).startswith(ident), (name, kernel_label(name, 200))
+    catarrays = sorted(n for n in anonymous if "CatArrayBatchedCopy" in n)
+    assert catarrays and all(kernel_label(n).startswith("CatArrayBatchedCopy") for n in catarrays)
+
+
 def test_layers_table_lists_parents_before_children() -> None:
     layers = pd.DataFrame({"rank": 0, "layer": ["Sequential_0", "Linear_0", "ReLU_0", "Linear_1"],
                            "parent": [None, "Sequential_0", "Sequential_0", "Sequential_0"]})
@@ -459,7 +497,7 @@ def test_timeline_layers_lane_of_a_cpu_capture(cpu_capture: Any, gpu: Any) -> No
     section = sections.build("timeline", data)
     fig = as_dict(section.figures[0])
     lanes = fig["layout"]["yaxis"]["categoryarray"]
-    assert lanes[0] == "steps" and lanes[1] == "layers" and lanes[2].startswith("thread ")
+    assert lanes[:3] == ["steps", "phases", "layers"] and lanes[3].startswith("thread ")
     bars = _layer_bars(fig)
     names = [row[0] for t in bars for row in t["customdata"]]
     assert sorted(names) == sorted(spans["layer"])  # one bar per span, named by its layer path
@@ -552,13 +590,13 @@ def test_step_selector_changes_timeline_memory_and_overview(gpu: Any) -> None:
     overview = dash.figures("overview")
     assert overview[0]["data"][0]["marker"]["opacity"].count(1.0) == 1
     ops_in_step = tables.top_ops(tables.select_step(gpu.ops(), step), 15)
-    np.testing.assert_allclose(sorted(as_dict(overview[1])["data"][0]["x"]), sorted(ops_in_step["self_us"] / 1000))
+    np.testing.assert_allclose(sorted(as_dict(overview[2])["data"][0]["x"]), sorted(ops_in_step["self_us"] / 1000))
 
 
 def test_units_and_top_n_controls(gpu: Any) -> None:
     dash = Dashboard(gpu)
     dash.controls["top"].value = 5
-    assert len(as_dict(dash.figures("overview")[1])["data"][0]["y"]) == 5
+    assert len(as_dict(dash.figures("overview")[2])["data"][0]["y"]) == 5
     dash.controls["unit"].value = "µs"
     fig = dash.figures("overview")[0]
     assert fig["layout"]["yaxis"]["title"]["text"] == "time (µs)"
@@ -589,10 +627,12 @@ def test_mimebundle_carries_widget_and_text(gpu: Any) -> None:
     bundle = dash._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "application/vnd.jupyter.widget-view+json"}
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == dash.widget.model_id
-    assert bundle["text/plain"] == summary(gpu)
+    # a saved notebook shows the text until the cell runs again: it says so
+    assert bundle["text/plain"] == f"{summary(gpu)}\n\n{WIDGET_HINT}"
     # outside a kernel (terminal IPython, this test) only the text is sent, no widget is built
     plain = Dashboard(gpu)
     assert set(plain._repr_mimebundle_()) == {"text/plain"} and plain._widget is None
+    assert plain._repr_mimebundle_()["text/plain"] == summary(gpu)  # no widget: nothing to run again for
 
 
 def test_figures_in_outputs_use_plotly_mime(gpu: Any) -> None:
@@ -774,6 +814,19 @@ def test_report_escapes_every_trace_string(evil: Any, tmp_path: Path) -> None:
 
 
 # -- the report file ---------------------------------------------------------------------------
+def test_the_partial_plotlyjs_is_the_version_plotly_writes_figures_for() -> None:
+    """The report's partial plotly.js must be the plotly.js of the installed plotly (else
+    every report falls back to the 4 MB full bundle, a slower first paint)."""
+    from plotly.offline import get_plotlyjs_version
+
+    from tracemagic.views import report
+
+    header = report.PARTIAL_PLOTLYJS.read_text(encoding="utf-8")[:400]
+    assert header.startswith(f"/*! plotly.js v{get_plotlyjs_version()} "), (
+        f"{report.PARTIAL_PLOTLYJS.name} is not plotly.js {get_plotlyjs_version()}: run bash scripts/build_plotly_bundle.sh")
+    assert report.plotly_js(set(report.PARTIAL_TRACES)) == report.PARTIAL_PLOTLYJS.read_text(encoding="utf-8")
+
+
 def test_write_report_is_self_contained_and_atomic(gpu: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "sub" / "gpu.html"
     written = write_report(gpu, out)
@@ -938,6 +991,48 @@ def test_timeline_step_change_reuses_the_widget_and_static_fallback(gpu: Any, mo
     assert PLOTLY_MIME in out.outputs[0]["data"]
     monkeypatch.setenv("TRACEMAGIC_FIGUREWIDGET", "0")
     assert Dashboard(gpu).zoomable("timeline") is None
+
+
+def test_timeline_starts_static_and_its_toggle_makes_it_zoomable(gpu: Any) -> None:
+    """By default the Timeline is plotly's mime figure, like every tab: building it must not
+    start a FigureWidget, whose first start in a kernel imports nbformat -> jsonschema ->
+    rfc3987_syntax (seconds of grammar building) and sends plotly.js again. Checked in a
+    fresh interpreter by what got imported, not by timing. The "detail on zoom" toggle
+    swaps in the zoomable FigureWidget, and back."""
+    code = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import tracemagic
+from tracemagic.views.dashboard import Dashboard, PLOTLY_MIME
+dash = Dashboard(tracemagic.load(sys.argv[1], use_cache=False), force_widget=True)
+dash.select("timeline")
+(out,) = dash._tabs["timeline"]["figures"]
+assert PLOTLY_MIME in out.outputs[0]["data"] and dash.zoomable("timeline") is None
+assert dash._tabs["timeline"]["zoom"] in dash._tabs["timeline"]["box"].children
+heavy = sorted(m for m in ("plotly.basewidget", "anywidget", "nbformat", "jsonschema") if m in sys.modules)
+assert not heavy, heavy
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEMAGIC_FIGUREWIDGET": "1"}
+    done = subprocess.run([sys.executable, "-c", code, str(TRACES / "hta_nccl_data.json.gz")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+    dash = Dashboard(gpu)
+    if not dash.zoom_available:
+        pytest.skip("anywidget is not installed: no toggle")
+    dash.select("timeline")
+    toggle = dash._tabs["timeline"]["zoom"]
+    assert toggle.value is False and dash.zoomable("timeline") is None
+    static = dash.figures("timeline")[0]
+    toggle.value = True
+    zoom = dash.zoomable("timeline")
+    assert zoom is not None and type(zoom.widget).__name__ == "FigureWidget"
+    assert zoom.widget in _walk(dash._tabs["timeline"]["box"])
+    assert [t["name"] for t in dash.figures("timeline")[0]["data"] if t["name"] != "extent"] == [t["name"] for t in static["data"]]
+    toggle.value = False
+    assert dash.zoomable("timeline") is None and PLOTLY_MIME in dash._tabs["timeline"]["figures"][0].outputs[0]["data"]
+    assert Dashboard(gpu, interactive=False).zoom_available is False  # no toggle at all
 
 
 def test_every_tab_keeps_a_plotly_figure_per_slot(gpu: Any) -> None:

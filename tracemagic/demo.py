@@ -3,7 +3,9 @@
 It executes ``notebooks/quickstart.ipynb`` with nbclient in an output folder, so the
 ``%%chakra_trace`` cells capture a small model there, then prints where the executed
 notebook and this run's trace files are, the per-layer summary of the first capture this
-run made, and how many captures earlier runs left in the folder (they are kept).
+run made, and how many captures earlier runs left in the folder (they are kept). It writes
+that capture's standalone HTML report as ``report.html`` in the output folder and ends with
+what to open next: the report, the notebook in JupyterLab, the trace in Python.
 """
 
 from __future__ import annotations
@@ -74,7 +76,32 @@ def run(out_dir: str | Path = "demo-output", notebook: str | Path | None = None,
         )
     if made:
         _print_layers(made[0], stream)
+        report = _write_report(made[0], out / REPORT)
+        _print_next(executed, made[0], report, stream)
     return executed
+
+
+#: the report the demo writes in its output folder
+REPORT = "report.html"
+
+
+def _write_report(capture_dir: Path, path: Path) -> Path:
+    """The standalone HTML report of ``capture_dir`` at ``path``."""
+    from tracemagic.facade import load
+
+    return Path(load(capture_dir).report(path))
+
+
+def _print_next(notebook: Path, capture_dir: Path, report: Path, stream: TextIO) -> None:
+    """What to open next, with paths to copy."""
+    print(
+        "\nWhat to open next:\n"
+        f"  the report (any browser, works offline):  {report}\n"
+        f"  the notebook with its dashboards:         jupyter lab {notebook}\n"
+        "                                            (run its cells again for the interactive dashboards)\n"
+        f'  the trace in Python:                      tracemagic.load("{capture_dir}")',
+        file=stream,
+    )
 
 
 def _captures(out: Path) -> list[Path]:

@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from tracemagic.analysis import advice as _advice
+from tracemagic.analysis import aggregate as _aggregate
 from tracemagic.analysis import diff as _diff
 from tracemagic.analysis import efficiency as _efficiency
+from tracemagic.analysis import iterations as _iterations
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
@@ -89,6 +92,11 @@ class Trace(_model.Trace):
         """One row per ProfilerStep (per rank) with its time breakdown."""
         return self.table(_steps.steps)
 
+    def phases(self) -> pd.DataFrame:
+        """Per ProfilerStep, the host time in data loading, forward, backward, optimizer and the
+        rest, and the GPU time launched from each (the rule: ``tracemagic.analysis.phases``)."""
+        return self.table(_phases.phases)
+
     def ranks(self) -> pd.DataFrame:
         """Per-rank step time, compute, communication and idle; slowest rank marked (the
         rank ids themselves are ``trace.rank_ids``)."""
@@ -109,7 +117,9 @@ class Trace(_model.Trace):
     def advice(self, step: int | None = None) -> pd.DataFrame:
         """The recommendations (of one ProfilerStep, given ``step``): a row per rule that
         fired, with its figure, threshold, evidence and advice, most important first (the
-        rules and their named thresholds: ``tracemagic.analysis.advice``)."""
+        rules and their named thresholds: ``tracemagic.analysis.advice``);
+        ``df.attrs['closest']``: the figures nearest their thresholds that did not fire,
+        which the views show when none did."""
         return self.table(_advice.advice) if step is None else self.table(_advice.advice, step)
 
     def diff(self, other: _model.Trace) -> pd.DataFrame:
@@ -117,6 +127,11 @@ class Trace(_model.Trace):
         return _diff.diff(self, other)
 
     # -- outputs -------------------------------------------------------------------------
+    def iterations(self) -> pd.DataFrame:
+        """Every iteration of a ``%%chakra_trace`` loop, recorded or not (see
+        ``tracemagic.analysis.iterations``; empty for other traces)."""
+        return self.table(_iterations.iterations)
+
     def report(self, path: str | os.PathLike[str], other: _model.Trace | None = None) -> Path:
         """Write the self-contained HTML report (``tracemagic.views.report.write_report``).
 
@@ -185,18 +200,66 @@ class Capture(_result.Capture):
             trace = self._trace = Trace.of(trace)
         return trace
 
+    def slow_trace(self, k: int = 1) -> Trace:
+        """The trace of the ``k``-th slow step ``--slow`` caught (from 1), loaded.
+
+        Raises:
+            TraceError: there is no such trace.
+        """
+        return Trace.of(super().slow_trace(k))
+
     @property
     def dashboard(self) -> Dashboard:
         """The ``tracemagic.views.Dashboard`` of this capture (built on first access, then kept)."""
         if self._dashboard is None:
             from tracemagic.views.dashboard import Dashboard  # ipywidgets: imported on first use
 
-            self._dashboard = Dashboard(self.trace, title=self.title, caption=self._header_lines() + self._note_lines())
+            other = Capture.of(self.vs).trace if self.vs is not None else None
+            self._dashboard = Dashboard(self.trace, title=self.title, other=other,
+                                        caption=self._header_lines() + self._note_lines())
         dashboard: Dashboard = self._dashboard
         return dashboard
 
+    def compare_with(self, other: _result.Capture) -> None:
+        """Compare this capture with ``other`` (``--vs``): the dashboard's Compare tab (this
+        capture is A, ``other`` B), and ``vs_line`` in the summary."""
+        self.vs = other
+        self._dashboard = None
+
+    def vs_line(self) -> str | None:
+        """One line: the mean step of the compared capture (``--vs``) → this one's, the change
+        in %, and the layer (else op) whose time changed most; None without ``vs``."""
+        if self.vs is None:
+            return None
+        before, after = Capture.of(self.vs).trace, self.trace
+        try:
+            change = _aggregate.mean_step_change(
+                _aggregate.loop_steps(before.steps(), before.manifest), _aggregate.loop_steps(after.steps(), after.manifest)
+            )
+            diff = _diff.diff(before, after)
+        except Exception as exc:  # noqa: BLE001 - a display line must never raise
+            return f"  vs {self.vs.dir.name}: no comparison ({type(exc).__name__}: {exc})"
+        parts = []
+        if change is not None:
+            parts.append(f"mean step {change[0] / 1e3:.3g} → {change[1] / 1e3:.3g} ms, {change[2]:+.0f}%")
+        for level in ("layer", "op"):
+            rows = diff[diff["level"] == level]
+            if len(rows):
+                top = rows.loc[rows["delta_us"].abs().idxmax()]
+                parts.append(f"the biggest change: {top['name']} ({float(top['delta_us']) / 1e3:+.3g} ms)")
+                break
+        return f"  vs {self.vs.dir.name}: " + ("; ".join(parts) or "nothing to compare")
+
+    def _header_lines(self) -> list[str]:
+        lines = super()._header_lines()
+        line = self.vs_line() if self.vs is not None and self.has_trace else None
+        return lines + ([line] if line else [])
+
     def report(self, path: str | os.PathLike[str], other: _model.Trace | None = None) -> Path:
-        """Write the standalone HTML report (``Trace.report``); its path goes in the manifest."""
+        """Write the standalone HTML report (``Trace.report``); its path goes in the manifest
+        (``other`` default: the capture compared with, ``--vs``)."""
+        if other is None and self.vs is not None:
+            other = Capture.of(self.vs).trace
         written = self.trace.report(path, other=other)
         self.manifest["report"] = str(written)
         self.save_manifest()

@@ -60,6 +60,18 @@ class TracemagicMagics(Magics):
         "(.pfw.gz with --gzip) next to the trace",
     )
     @argument(
+        "--stop", action="store_true",
+        help="end the stepped loop (break) after the schedule's last recorded step (with "
+        "--repeat, its last cycle; with --slow, also after --slow-max slow steps were caught): "
+        "the cell's variables keep their values, the loop's else: clause does not run, the "
+        "code after the loop does",
+    )
+    @argument(
+        "--vs", default=None, metavar="last|DIR",
+        help="compare with another capture in the Compare tab and one summary line: 'last' "
+        "is the previous capture of the same --name in --out",
+    )
+    @argument(
         "--loop", type=int, default=None, metavar="LINE",
         help="step the loop at this line of the cell (the %%%%chakra_trace line is line 1)",
     )
@@ -86,7 +98,23 @@ class TracemagicMagics(Magics):
         runs at the end of every iteration, also on ``continue``. ``--loop LINE`` picks
         another loop; a cell that calls ``chakra.step()`` itself is run unchanged; a
         cell without a loop is captured as one step. While the cell runs, ``chakra`` is
-        the session (``chakra.step()``, ``chakra.stop()``, ``chakra.recording``).
+        the session (``chakra.step()``, ``chakra.stop()``, ``chakra.recording``,
+        ``chakra.done``).
+
+        Every iteration of the stepped loop is timed, recorded or not (wall time; on
+        CUDA also the GPU time between CUDA events at its boundaries): ``cap.iterations``,
+        ``loop_timing`` in ``capture.json``, and the strip atop the dashboard, where the
+        recorded steps are marked. When the recorded steps are not typical of the loop
+        (their median 20% or more off the steady state's and outside its 10th-90th
+        percentiles, or the first iterations of a compiled model), the Overview says so. ``--stop`` ends the loop once the profile
+        is done (``break``: the loop's ``else:`` does not run; the loop variable keeps the
+        value of the last iteration run). ``--slow FACTOR`` watches the iterations after
+        the schedule (the first 5 of the loop are its warm-up): one slower than FACTOR ×
+        the running median gets the next iteration recorded, as
+        ``kineto_trace_<rank>_slow<k>.json`` (the slow one itself is over when it is
+        seen, so it cannot be recorded after the fact), up to ``--slow-max`` traces
+        (``cap.slow_steps``, ``cap.slow_trace(k)``). ``--vs last`` compares with the
+        previous capture of the same ``--name``.
 
         Files, in ``DIR/NAME-<timestamp>/``: ``kineto_trace_<rank>.json`` (one per
         cycle with ``--repeat``; ``<hostname>_<pid>.<ts>.pt.trace.json`` with
@@ -94,9 +122,10 @@ class TracemagicMagics(Magics):
         ``torch_et_<rank>.json`` with ``--et`` (one per cycle, like the Kineto trace,
         with ``--repeat``; refused while another ``ExecutionTraceObserver`` is
         registered, as torch keeps one per process), ``memory_timeline_<rank>.json``
-        (allocation categories), ``dftracer_<rank>.pfw`` with ``--pfw`` (DFTracer's
+        (allocation categories), ``kineto_trace_<rank>_slow<k>.json`` per slow step
+        caught by ``--slow``, ``dftracer_<rank>.pfw`` with ``--pfw`` (DFTracer's
         format, wall-clock timestamps) and ``capture.json`` (options, cell, versions,
-        device, steps, files, layer names).
+        device, steps, every iteration's time, files, layer names).
 
         With ``--et`` the pair is checked against what Chakra's ``chakra_trace_link``
         and ``chakra_converter`` accept (``tracemagic.export.chakra.check``: schema, plain
@@ -126,10 +155,20 @@ class TracemagicMagics(Magics):
         args = parse_argstring(self.chakra_trace, line)
         try:
             _check_outputs(args)
-            config = config_from_args(args, loop_line=args.loop, tb_names=args.tb_names)
+            config = config_from_args(args, loop_line=args.loop, tb_names=args.tb_names, stop=args.stop)
             prepared = prepare_cell(
-                self.shell, line, cell, loop_line=config.loop_line, handle=config.handle
+                self.shell, line, cell, loop_line=config.loop_line, handle=config.handle, stop=config.stop
             )
+            if config.stop and prepared.plan.mode != "loop":
+                raise CaptureError(
+                    "--stop ends the stepped loop, and this cell has none"
+                    + (f" (it calls {config.handle}.step() itself: `if {config.handle}.done: break` "
+                       "after it does the same)" if prepared.plan.mode == "manual" else "")
+                    + "; drop --stop."
+                )
+            if config.stop and config.repeat == 0:
+                raise CaptureError("--stop with --repeat 0 would never stop (the schedule has no last "
+                                   "cycle); give --repeat N.")
             session = CaptureSession(
                 config, prepared.plan, cell=cell, line=line, namespace=self.shell.user_ns
             )
@@ -164,6 +203,8 @@ class TracemagicMagics(Magics):
                 ns.pop(name, None)
             ns.update(saved)
         capture = self._keep(session.finish(), args)
+        if args.vs:
+            self._compare(capture, args.vs, config)
         self._after(capture, args)
         self._publish(capture, args)
         if args.output:
@@ -208,6 +249,28 @@ class TracemagicMagics(Magics):
                 say(f"wrote {capture.report(Path(args.report).expanduser())}")
             except Exception as exc:  # noqa: BLE001
                 _warn(f"--report {args.report} failed ({type(exc).__name__}: {exc})")
+
+    def _compare(self, capture: Any, vs: str, config: Any) -> None:
+        """``--vs last|DIR``: the capture to compare with, set on ``capture`` (one line on
+        stderr when there is none: the capture itself is kept and shown)."""
+        from tracemagic.capture.result import Capture, previous_capture
+
+        if vs == "last":
+            other = previous_capture(config.out, config.name, exclude=capture.dir)
+            if other is None:
+                _warn(f"--vs last: no earlier capture named {config.name!r} with a trace in "
+                      f"{config.out}; nothing to compare with yet (run the cell again).")
+                return
+        else:
+            try:
+                other = Capture.from_dir(Path(vs).expanduser())
+            except TraceError as exc:
+                _warn(f"--vs {vs}: {exc}")
+                return
+            if not other.has_trace:
+                _warn(f"--vs {vs}: that capture ({other.status}) wrote no trace; nothing to compare with.")
+                return
+        capture.compare_with(other)
 
     def _keep(self, capture: Any, args: Any) -> Any:
         """Keep the capture in the user namespace (first: whatever happens next), as the

@@ -31,7 +31,7 @@ _INSTANCE_SUFFIX = re.compile(r"_\d+$")
 #: host-side collective events: ``nccl:all_reduce``, ``gloo:broadcast`` annotations
 HOST_COLLECTIVE = re.compile(r"^(?:nccl|gloo|mpi|ucc|xccl):\w+")
 #: DataLoader iteration: ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``
-_DATALOADER = re.compile("DataLoader")
+_DATALOADER = re.compile(r"DataLoader|^enumerate\(DataPipe\)#")
 
 
 def trace_start(trace: Trace) -> float:
@@ -207,7 +207,10 @@ def is_nccl(names: pd.Series) -> np.ndarray:
 
 
 def is_dataloader(trace: Trace) -> np.ndarray:
-    """Ops and annotations of DataLoader iteration (the profiler's own record functions)."""
+    """Ops and annotations of data loading: DataLoader and DataPipe iteration (the profiler's
+    own record functions, ``enumerate(DataLoader)#...`` and ``enumerate(DataPipe)#...``, the
+    TensorBoard plugin's DataLoader role in ``event_parser.py``). The plugin takes only
+    ``enumerate(DataLoader)#...__next__``; we take any name holding ``DataLoader``."""
     events = trace.events
     host = events["kind"].isin(("cpu_op", "user_annotation")).to_numpy()
     return host & names_where(events["name"], _DATALOADER)

@@ -14,16 +14,18 @@ a rule says otherwise. ``weight`` orders the rows: a rule's own share where it h
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import aggregate
+from tracemagic.analysis import iterations as _iterations
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis._text import fmt_bytes, fmt_pct, fmt_time, shorten
@@ -71,6 +73,19 @@ RESERVED_RATIO = 1.5
 RESERVED_MIN_BYTES = 256 * 2**20
 #: ``fragmentation``: its weight
 FRAGMENTATION_WEIGHT = 0.20
+#: ``optimizer``: the optimizer's step and zero_grad at least this share of the step (host, or GPU time it launched)
+OPTIMIZER_SHARE = 0.15
+#: ``host_sync``: the host waiting in ``.item()`` (``aten::item``/``aten::_local_scalar_dense``) at least this share of the step, on a GPU
+HOST_SYNC_SHARE = 0.10
+#: ``roofline``: a gap heads the Overview only when the GPU time it loses is at least this share of all GPU time of ops with shapes
+ROOFLINE_MIN_SHARE = 0.01
+#: how many of the rules closest to their thresholds are named when none fired
+CLOSEST = 3
+
+#: ``untypical_window``: its weight (it says how far to trust every other figure)
+UNTYPICAL_WEIGHT = 0.50
+#: ``untypical_window``: the op dynamo runs each compiled frame in
+COMPILED_REGION_PREFIX = "Torch-Compiled Region"
 
 #: what to say about an op that dominates CPU time
 OP_ADVICE = {
@@ -118,7 +133,8 @@ def _row(rule: str, value: float, threshold: float, weight: float, evidence: str
 @dataclass(frozen=True, eq=False)
 class Scope:
     """The tables one evaluation looks at (see :func:`evaluate`), and the mean step's shares
-    (``aggregate.step_shares``; None without steps of some length)."""
+    (``aggregate.step_shares``; None without steps of some length); ``phases``: the scope's
+    ``phases()`` rows (None where not given)."""
 
     steps: pd.DataFrame
     ops: pd.DataFrame
@@ -127,6 +143,15 @@ class Scope:
     ranks: pd.DataFrame | None
     device_memory_bytes: float | None
     share: pd.Series | None
+    iterations: pd.DataFrame | None = None
+    phases: pd.DataFrame | None = None
+    memo: dict[str, Any] = field(default_factory=dict)  # figures two rules share, computed once
+
+    def once(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, computed once per scope (a rule and :func:`closest` share it)."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     @property
     def has_gpu(self) -> bool:
@@ -193,14 +218,16 @@ def slow_step(scope: Scope) -> Row | None:
 
 def top_op(scope: Scope) -> Row | None:
     """The CPU op with the most self time ``TOP_OP_SHARE`` of all ops' or more (a DataLoader
-    op not when :func:`dataloader` fired: said already)."""
-    top = aggregate.top_ops(scope.ops, 1)
+    op not when :func:`dataloader` fired, a sync op not when :func:`host_sync` did: said already)."""
+    top = scope.once("top_op", lambda: aggregate.top_ops(scope.ops, 1))
     if top.empty or not float(top["self_us"].sum()) > 0:
         return None
     first = top.iloc[0]
     pct = float(first["self_pct"]) / 100
     if pct < TOP_OP_SHARE or ("DataLoader" in str(first["name"]) and dataloader(scope) is not None):
         return None
+    if str(first["name"]) in SYNC_OPS and host_sync(scope) is not None:
+        return None  # said already, with its time per step
     advice = (OP_ADVICE if scope.has_gpu else CPU_OP_ADVICE).get(str(first["name"]), OTHER_OP_ADVICE)
     return _row("top_op", pct, TOP_OP_SHARE, pct * TOP_OP_DISCOUNT,
                 f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time ({int(first['calls']):,} calls)", f"{advice}.")
@@ -260,11 +287,169 @@ def fragmentation(scope: Scope) -> Row | None:
                 "fragmentation; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
 
 
+def untypical_window(scope: Scope) -> Row | None:
+    """The recorded steps are not typical of the loop (``iterations.window_check``: their
+    median ``iterations.UNTYPICAL_SHARE`` or more off the loop's steady state, or the first
+    iterations of a compiled model); a ``%%chakra_trace`` capture's whole trace only."""
+    table = scope.iterations
+    if table is None or table.empty:
+        return None
+    names = scope.ops["name"].astype(str) if "name" in scope.ops else pd.Series([], dtype=str)
+    compiled = bool(names.str.startswith(COMPILED_REGION_PREFIX).any())
+    check = _iterations.window_check(table, compiled)
+    if check is None:
+        return None
+    value = abs(check.change) if check.change == check.change else 1.0
+    return Row("untypical_window", value, _iterations.UNTYPICAL_SHARE, UNTYPICAL_WEIGHT, check.text,
+               "move the window (--wait/--skip-first) to steps like the rest.", check.text)
+
+
+#: the ops that make the host wait for the GPU: ``.item()`` and what it runs
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
+
+
+def optimizer_share(scope: Scope) -> tuple[float, float, float] | None:
+    """The optimizer's share of the mean step: (the larger of the two below, its host time
+    over the host step — ``phases()``' ``optimizer_us`` / ``dur`` —, the GPU time it launched
+    over the device window, NaN without a GPU); None without phases or an optimizer step."""
+    phases = scope.phases
+    if phases is None or phases.empty or not float(phases["optimizer_us"].sum()) > 0:
+        return None
+    host_step = float(phases["dur"].sum())
+    host = float(phases["optimizer_us"].sum()) / host_step if host_step > 0 else 0.0
+    gpu = float("nan")
+    window = float(scope.steps["window_dur"].sum()) if not scope.steps.empty else 0.0
+    if scope.has_gpu and window > 0 and phases["gpu_optimizer_us"].notna().any():
+        gpu = float(phases["gpu_optimizer_us"].sum()) / window
+    return max(host, gpu if gpu == gpu else 0.0), host, gpu
+
+
+def optimizer(scope: Scope) -> Row | None:
+    """The optimizer (``Optimizer.step#`` and ``zero_grad#``) ``OPTIMIZER_SHARE`` of the step
+    or more, on the host or in the GPU time it launched (:func:`optimizer_share`); the
+    advice follows how it ran (``phases()``' ``attrs``): one parameter at a time →
+    ``foreach=True`` / ``fused=True``; foreach → ``fused=True``; fused → fewer steps."""
+    found = optimizer_share(scope)
+    if found is None or found[0] < OPTIMIZER_SHARE:
+        return None
+    value, host, gpu = found
+    assert scope.phases is not None
+    classes = list(scope.phases.attrs.get("optimizers") or [])
+    impl = scope.phases.attrs.get("optimizer_impl")
+    if any(c.startswith("Fused") for c in classes):
+        impl = "fused"
+    name = "/".join(classes) or "the optimizer"
+    owner = f"{name}'s step" if classes else "the optimizer's step"
+    where = (f"{fmt_pct(host)} of the host step" + (f", {fmt_pct(gpu)} of the GPU's" if gpu == gpu else "")
+             if gpu == gpu else f"{fmt_pct(host)} of the step")
+    call = f"torch.optim.{classes[0]}(..., " if classes else "the optimizer's constructor ("
+    if impl == "fused":
+        advice = ("its update already runs fused: the time is the update itself; step less often (gradient "
+                  "accumulation) or update fewer parameters")
+    elif impl == "foreach":
+        advice = f"it runs foreach; {call}fused=True) (on CUDA) fuses the update into a few kernels"
+    else:
+        advice = (f"it updates one parameter at a time: {call}foreach=True) batches the updates over all "
+                  "parameters, fused=True (on CUDA) fuses them into a few kernels")
+    return _row("optimizer", value, OPTIMIZER_SHARE, value, f"{owner} and zero_grad take {where}", f"{advice}.")
+
+
+def host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
+    """The host's waits for the GPU in ``.item()``: (their share of the mean step, the sync
+    ops — ``SYNC_OPS``, an ``aten::_local_scalar_dense`` inside an ``aten::item`` counted
+    once, as its ``aten::item`` — per name: ``calls``, ``total_us``, ``max_us``, ``layer`` of
+    the longest); None without a GPU, steps of some length or syncs."""
+    return scope.once("host_syncs", lambda: _host_syncs(scope))
+
+
+def _host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
+    ops = scope.ops
+    if not scope.has_gpu or scope.share is None or ops.empty:
+        return None
+    is_sync = ops["name"].isin(SYNC_OPS).to_numpy()  # on the categorical's codes
+    if not is_sync.any():
+        return None
+    candidates = ops[is_sync]
+    names = candidates["name"].astype(str)
+    item_rows = candidates["row"].to_numpy()[(names == "aten::item").to_numpy()]
+    inside_item = np.isin(candidates["parent"].to_numpy(), item_rows) & (names == "aten::_local_scalar_dense").to_numpy()
+    syncs = candidates[~inside_item]
+    longest = syncs.sort_values("dur", ascending=False).drop_duplicates("name")
+    table = syncs.groupby(syncs["name"].astype(str)).agg(calls=("dur", "size"), total_us=("dur", "sum"),
+                                                         max_us=("dur", "max"))
+    table["layer"] = longest.set_index(longest["name"].astype(str))["layer"].astype("string")
+    n_steps = max(int(scope.steps["step"].nunique()), 1)
+    window = float(scope.steps["window_dur"].sum())
+    share = float(table["total_us"].sum()) / window if window > 0 else 0.0
+    table["per_step_us"] = table["total_us"] / n_steps
+    table["calls_per_step"] = table["calls"] / n_steps
+    return share, table.sort_values("total_us", ascending=False)
+
+
+def host_sync(scope: Scope) -> Row | None:
+    """On a GPU, the host waiting in ``.item()`` (:func:`host_syncs`) ``HOST_SYNC_SHARE`` of
+    the step or more: names the op, its calls and time per step, and the longest wait."""
+    found = host_syncs(scope)
+    if found is None or found[0] < HOST_SYNC_SHARE:
+        return None
+    share, table = found
+    op = str(table.index[0])
+    first = table.iloc[0]
+    where = f" in {shorten(str(first['layer']), 40)}" if pd.notna(first["layer"]) and str(first["layer"]) else ""
+    return _row("host_sync", share, HOST_SYNC_SHARE, share,
+                f"The host waits for the GPU in {op} {float(first['calls_per_step']):,.0f}× per step, "
+                f"{fmt_time(float(first['per_step_us']))} per step ({fmt_pct(share)} of the step; the longest "
+                f"{fmt_time(float(first['max_us']))}{where})",
+                "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value on "
+                "the GPU inside the step and read it every N steps.")
+
+
 #: every rule, in the order that breaks ties of ``weight``
 RULES: tuple[Callable[[Scope], Row | None], ...] = (
-    gpu_idle, memcpy, communication, dataloader, slow_step, top_op, launch_overhead, straggler_rule, memory_peak,
-    fragmentation,
+    untypical_window, gpu_idle, memcpy, communication, dataloader, optimizer, host_sync, slow_step, top_op,
+    launch_overhead, straggler_rule, memory_peak, fragmentation,
 )
+
+
+def closest(scope: Scope, limit: int = CLOSEST) -> pd.DataFrame:
+    """The rules' figures that did not reach their thresholds, closest first (by figure over
+    threshold), as advice rows (``COLUMNS``; ``weight`` that ratio): what the rules measured
+    when none fired. Only rules with a figure in the scope (a GPU's shares on a GPU)."""
+    rows: list[Row] = []
+
+    def near(rule: str, value: float, threshold: float, figure: str, limit_text: str) -> None:
+        if value == value and 0 < value < threshold:
+            rows.append(_row(rule, value, threshold, value / threshold, figure, f"(threshold {limit_text})", joint=" "))
+
+    share = scope.share
+    if share is not None:
+        if scope.has_gpu and share["gpu_idle_us"] == share["gpu_idle_us"]:
+            for rule, column, threshold, label in (("gpu_idle", "gpu_idle_us", GPU_IDLE_SHARE, "GPU idle"),
+                                                   ("memcpy", "memcpy_us", MEMCPY_SHARE, "memcpy"),
+                                                   ("communication", "comm_us", COMM_SHARE, "communication")):
+                near(rule, float(share[column]), threshold, f"{label} {fmt_pct(float(share[column]))} of the step",
+                     fmt_pct(threshold))
+        near("dataloader", float(share["dataloader_us"]), DATALOADER_SHARE,
+             f"data loading {fmt_pct(float(share['dataloader_us']))} of the step", fmt_pct(DATALOADER_SHARE))
+        durs = scope.steps["window_dur"].astype(float)
+        median = float(durs.median())
+        if len(durs) >= SLOW_STEP_MIN_STEPS and median > 0:
+            ratio = float(durs.max()) / median
+            near("slow_step", ratio, SLOW_STEP_RATIO, f"slowest step {ratio:.2f}× the median", f"{SLOW_STEP_RATIO:g}×")
+    found = optimizer_share(scope)
+    if found is not None:
+        near("optimizer", found[0], OPTIMIZER_SHARE, f"optimizer {fmt_pct(found[0])} of the step",
+             fmt_pct(OPTIMIZER_SHARE))
+    syncs = host_syncs(scope)
+    if syncs is not None:
+        near("host_sync", syncs[0], HOST_SYNC_SHARE, f"host syncs ({syncs[1].index[0]}) {fmt_pct(syncs[0])} of the step",
+             fmt_pct(HOST_SYNC_SHARE))
+    top = scope.once("top_op", lambda: aggregate.top_ops(scope.ops, 1))
+    if not top.empty and float(top["self_us"].sum()) > 0:
+        pct = float(top.iloc[0]["self_pct"]) / 100
+        near("top_op", pct, TOP_OP_SHARE, f"{shorten(top.iloc[0]['name'], 40)} {fmt_pct(pct)} of CPU time",
+             fmt_pct(TOP_OP_SHARE))
+    return _frame(rows, None).head(limit)
 
 
 def evaluate(
@@ -276,6 +461,8 @@ def evaluate(
     *,
     device_memory_bytes: float | None = None,
     step: int | None = None,
+    iterations: pd.DataFrame | None = None,
+    phases: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Every rule of ``RULES`` over one scope's tables; a row per rule that fired, by ``weight``.
 
@@ -287,15 +474,35 @@ def evaluate(
         ranks: ``ranks()`` of a job of several ranks (None otherwise).
         device_memory_bytes: the GPU's memory, for ``memory_peak``.
         step: the scope, recorded in the ``step`` column (None: the whole trace).
+        iterations: a capture's ``iterations()`` (the whole trace only), for ``untypical_window``.
+        phases: the scope's ``phases()`` rows (None: no ``optimizer`` rule).
 
     Returns:
         The columns ``COLUMNS``; ``value`` is the figure the rule measured and ``threshold``
-        the named constant it reached.
+        the named constant it reached. ``df.attrs['closest']``: :func:`closest`, the figures
+        nearest their thresholds that did not fire (so an empty table still says what the
+        rules measured; :func:`lines` words both).
     """
     timed = not steps.empty and float(steps["window_dur"].sum()) > 0
     share = aggregate.step_shares(aggregate.step_means(steps)) if timed else None
-    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share)
-    return _frame([row for rule in RULES if (row := rule(scope)) is not None], step)
+    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share, iterations, phases)
+    out = _frame([row for rule in RULES if (row := rule(scope)) is not None], step)
+    near = closest(scope)
+    near["step"] = pd.array([step] * len(near), dtype="Int64")
+    out.attrs["closest"] = near
+    return out
+
+
+def lines(table: pd.DataFrame, limit: int = 6) -> list[str]:
+    """The recommendations as the views show them, never nothing: the ``text`` of the first
+    ``limit`` rows of an ``advice()`` table, or, where no rule fired, one line saying so with
+    the figures closest to their thresholds (``attrs['closest']``)."""
+    if len(table):
+        return [str(text) for text in table["text"].head(limit)]
+    near = table.attrs.get("closest")
+    figures = ", ".join(str(t) for t in near["text"]) if near is not None and len(near) else ""
+    return [f"No rule fired ({len(RULES)} rules checked, tracemagic.analysis.advice)"
+            + (f"; the closest: {figures}." if figures else ".")]
 
 
 def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
@@ -325,13 +532,15 @@ def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
                     "it at each collective")
 
 
-def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> pd.DataFrame:
+def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = ROOFLINE_MIN_SHARE) -> pd.DataFrame:
     """The op × shapes of ``efficiency()`` with the most GPU time lost to their roof, as
     advice rows (``COLUMNS``; rule ``roofline``), largest loss first.
 
-    The loss is GPU time × (1 − its share of the roof); ``value`` is that share,
-    ``weight`` the loss as a share of all of the table's GPU time. Rows without a cost
-    model are left out.
+    The loss is GPU time × (1 − its share of the roof), summed over the ranks where the same
+    op × shapes × dtypes ran (one row, "on N ranks"); ``value`` is the share of the roof over
+    all their GPU time, ``weight`` the loss as a share of all of the table's GPU time, and
+    ``threshold`` ``min_share``: a gap losing less than that share of the GPU time is left
+    out (a 47 µs op of a 57 ms trace is no headline). Rows without a cost model are left out.
     """
     rows: list[Row] = []
     layers = list(efficiency.attrs.get("layers") or [])
@@ -340,13 +549,23 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> pd.DataFrame:
     total = float(efficiency["gpu_us"].sum()) if len(efficiency) else 0.0
     if len(known) and total > 0:
         lost = known["gpu_us"] * (1 - known["pct_of_roofline"].clip(upper=100) / 100)
-        for index in lost.sort_values(ascending=False).index[:limit]:
+        key = known[["name", "input_dims", "input_type"]].astype(str).agg("\x1f".join, axis=1)
+        merged = pd.DataFrame({"key": key, "lost": lost, "gpu_us": known["gpu_us"].astype(float),
+                               "rank": known["rank"] if "rank" in known else 0})
+        groups = merged.groupby("key", sort=False).agg(lost=("lost", "sum"), gpu_us=("gpu_us", "sum"),
+                                                       ranks=("rank", "nunique"), first=("lost", "idxmax"))
+        for _, group in groups.sort_values("lost", ascending=False).head(limit).iterrows():
+            weight = float(group["lost"]) / total
+            if weight < min_share:
+                break
+            index = group["first"]
             row = known.loc[index]
             where = layers[efficiency.index.get_loc(index)] if len(layers) == len(efficiency) else ""
             device = row["device"] if isinstance(row["device"], str) else "the given"
             shape = (f"{shorten(str(row['name']), 50)} {shorten(str(row['input_dims']), 50)} "
                      f"({shorten(str(row['input_type']), 30)})")
-            pct = float(row["pct_of_roofline"]) / 100
+            gpu_us = float(group["gpu_us"])
+            pct = 1 - float(group["lost"]) / gpu_us
             if row["bound"] == "compute":
                 roof = f"{float(row['peak_tflops']):g} TFLOP/s"
                 advice = ("compute-bound at this shape: a lower precision (BF16/FP16, TF32 for float32) or larger "
@@ -359,9 +578,12 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> pd.DataFrame:
                 roof = f"{float(row['peak_tbytes_per_s']):g} TB/s"
                 advice = "memory-bound: fusing it with its neighbours (torch.compile) moves fewer bytes"
             layer = f" in {shorten(where, 60)}" if where else ""
-            evidence = f"{shape}{layer} runs at {fmt_pct(pct)} of {device} {roof} over {fmt_time(float(row['gpu_us']))} of GPU time"
-            rows.append(_row("roofline", pct, float("nan"), float(lost[index]) / total, evidence, f"it is {advice}.",
-                             joint="; "))
+            ranks = f" on {int(group['ranks'])} ranks" if int(group["ranks"]) > 1 else ""
+            part = gpu_us / total
+            evidence = (f"{shape}{layer} runs at {fmt_pct(pct)} of {device} {roof} over {fmt_time(gpu_us)} of GPU "
+                        f"time{ranks} ({f'{100 * part:.1f}%' if part < 0.095 else fmt_pct(part)} of the GPU time of "
+                        "ops with shapes)")
+            rows.append(_row("roofline", pct, min_share, weight, evidence, f"it is {advice}.", joint="; "))
     return _frame(rows, None)
 
 
@@ -395,4 +617,10 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     kernels = aggregate.select_step(trace.table(_kernels.kernels), step) if trace.has_gpu else None
     peaks = aggregate.peaks_of(trace.table(_memory.peaks), step)
     ranks = trace.table(_ranks.ranks) if len(trace.rank_ids) > 1 and step is None else None
-    return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step)
+    phases: pd.DataFrame | None = None  # only the optimizer rule reads phases(): none without an optimizer step
+    if any(_phases.OPTIMIZER.match(str(c)) for c in trace.events["name"].cat.categories):
+        phases = trace.table(_phases.phases)
+        phases = phases[phases["step"].isin(steps["step"])] if not steps.empty else phases.iloc[:0]
+    loop = trace.table(_iterations.iterations) if step is None and manifest else None
+    return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step,
+                    iterations=loop, phases=phases)

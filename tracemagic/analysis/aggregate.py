@@ -8,9 +8,11 @@ another. DataFrames in, DataFrames (or a Series) out; nothing here draws or form
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 #: the parts of a step in stacking order (``steps()`` columns; they add up to ``window_dur``)
@@ -28,17 +30,31 @@ def select_step(frame: pd.DataFrame, step: int | None) -> pd.DataFrame:
     return frame[frame["step"] == step]
 
 
+#: how a ``%%chakra_trace`` step that no mean counts ended (``capture.json``'s ``end``):
+#: ``loop_exit`` (the step holds only the loop's exit), ``error`` (the cell's exception cut it short)
+UNCOUNTED_ENDS: dict[str, str] = {"loop_exit": "holds only the loop's exit", "error": "was cut short by the error"}
+
+
+def uncounted_steps(manifest: Mapping[str, Any] | None) -> dict[int, str]:
+    """The ProfilerSteps a ``%%chakra_trace`` capture marks as not complete because the loop
+    ended in them or the cell's exception cut them short (``capture.json``: ``end`` one of
+    :data:`UNCOUNTED_ENDS`): step -> that ``end``. Not whole steps of the loop, so no mean or
+    advice counts them. Empty for other traces."""
+    out: dict[int, str] = {}
+    for s in (manifest or {}).get("steps") or []:
+        if (isinstance(s, dict) and s.get("end") in UNCOUNTED_ENDS and not s.get("complete")
+                and isinstance(s.get("step"), int)):
+            out[int(s["step"])] = str(s["end"])
+    return dict(sorted(out.items()))
+
+
 def loop_exit_steps(manifest: Mapping[str, Any] | None) -> list[int]:
-    """The ProfilerSteps a ``%%chakra_trace`` capture marks as holding only the loop's exit
-    (``capture.json``: ``end`` ``loop_exit``, not complete): not steps of the loop, so no
-    mean or advice counts them. Empty for other traces."""
-    return sorted({int(s["step"]) for s in (manifest or {}).get("steps") or []
-                   if isinstance(s, dict) and s.get("end") == "loop_exit" and not s.get("complete")
-                   and isinstance(s.get("step"), int)})
+    """The steps of :func:`uncounted_steps` (the loop's exit, or cut short by an error)."""
+    return list(uncounted_steps(manifest))
 
 
 def loop_steps(steps: pd.DataFrame, manifest: Mapping[str, Any] | None) -> pd.DataFrame:
-    """``steps()`` less the steps :func:`loop_exit_steps` names."""
+    """``steps()`` less the steps :func:`uncounted_steps` names."""
     exits = loop_exit_steps(manifest)
     if exits and not steps.empty:
         return steps[~steps["step"].isin(exits)].reset_index(drop=True)
@@ -47,12 +63,13 @@ def loop_steps(steps: pd.DataFrame, manifest: Mapping[str, Any] | None) -> pd.Da
 
 def step_means(steps: pd.DataFrame) -> pd.Series:
     """The mean step in µs: ``step_us`` (the device window, ``steps()``'s ``window_dur``),
-    each part of ``STEP_PARTS`` (they add up to ``step_us``), ``gpu_busy_us`` and
-    ``gpu_idle_us`` (NaN without a GPU); zeros for no steps."""
+    each part of ``STEP_PARTS`` (they add up to ``step_us``), ``gpu_busy_us``,
+    ``gpu_idle_us`` and ``kernel_busy_us`` (NaN without a GPU); zeros for no steps."""
     parts = [c for c in STEP_PARTS if c in steps]
+    gpu = [c for c in ("gpu_busy_us", "gpu_idle_us", "kernel_busy_us") if c in steps or steps.empty]
     if steps.empty:
-        return pd.Series(0.0, index=["step_us", *parts, "gpu_busy_us", "gpu_idle_us"])
-    mean = steps[["window_dur", *parts, "gpu_busy_us", "gpu_idle_us"]].astype(float).mean()
+        return pd.Series(0.0, index=["step_us", *parts, *gpu])
+    mean = steps[["window_dur", *parts, *gpu]].astype(float).mean()
     return mean.rename({"window_dur": "step_us"})
 
 
@@ -104,25 +121,74 @@ def has_gpu_parts(steps: pd.DataFrame) -> bool:
     return steps.empty or any((steps[c] > 0).any() for c in GPU_PARTS if c in steps)
 
 
+#: ops that wrap others, kept out of the op tables as the TensorBoard plugin keeps them out of
+#: its Operator view (``node.py``: ``create_operator_node`` makes DataLoader and optimizer
+#: nodes of them, ``is_operator_node`` leaves out ``Optimizer.*`` and ``ExcludeOpName``)
+WRAPPER_OPS = re.compile(
+    r"^(?:enumerate\(DataLoader\)#.*\.__next__$|enumerate\(DataPipe\)#|Optimizer\."
+    r"|DataParallel\.forward$|DistributedDataParallel\.forward$)"
+)
+
+
+def _wrapper_rows(frame: pd.DataFrame) -> np.ndarray:
+    """Which rows of ``frame`` (``ops()`` rows) are named as a wrapper op (``WRAPPER_OPS``)."""
+    names = frame["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        hit = np.append(np.asarray(names.cat.categories.astype(str).str.contains(WRAPPER_OPS), dtype=bool), False)
+        return hit[names.cat.codes.to_numpy()]  # code -1 (NA): the False at the end
+    return names.astype(str).str.contains(WRAPPER_OPS).to_numpy(dtype=bool)
+
+
+def _by_name(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame``'s rows by name: calls, total and self (µs); a ``merged`` row (``ops()``) is
+    no call and adds no total, its self time counts."""
+    own = ~frame["merged"].to_numpy() if "merged" in frame else np.ones(len(frame), dtype=bool)
+    return (
+        frame.assign(name=frame["name"].astype(str), call=own, total=np.where(own, frame["dur"].to_numpy(), 0.0))
+        .groupby("name", observed=True)
+        .agg(calls=("call", "sum"), total_us=("total", "sum"), self_us=("self_dur", "sum"))
+        .reset_index()
+    )
+
+
+def top_wrappers(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
+    """What wraps the ops, by name: user annotations (``record_function`` blocks, ``nccl:*``)
+    and the ops :data:`WRAPPER_OPS` names (DataLoader and DataPipe iteration, ``Optimizer.step#``,
+    ``Optimizer.zero_grad#``, ``DistributedDataParallel.forward``); calls, total and self time
+    (µs), mean; the ``n`` with the most total time first. Their totals hold the ops inside,
+    so they are listed apart from :func:`top_ops` and never added to it."""
+    cols = ["name", "kind", "calls", "total_us", "self_us", "mean_us"]
+    if ops.empty or "kind" not in ops:
+        return pd.DataFrame(columns=cols)
+    kind = ops["kind"].astype(str)
+    frame = ops[(kind == "user_annotation").to_numpy() | ((kind == "cpu_op").to_numpy() & _wrapper_rows(ops))]
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    out = _by_name(frame)
+    out["kind"] = out["name"].map(frame.assign(name=frame["name"].astype(str)).groupby("name")["kind"].first().astype(str))
+    out["mean_us"] = out["total_us"] / out["calls"]
+    out = out.sort_values(["total_us", "name"], ascending=[False, True], ignore_index=True)
+    return out[cols].head(n) if n else out[cols]
+
+
 def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     """CPU ops aggregated by name: calls, total and self time (µs), self share; the ``n``
     with the most self time first (ties by name).
 
-    Annotations and steps are left out (they are not ops), so self times add up without
-    double counting.
+    Annotations, steps and the ops that wrap others (:data:`WRAPPER_OPS`: DataLoader
+    iteration, ``Optimizer.*``, ``DistributedDataParallel.forward``, which old traces file as
+    ops) are left out, as in the TensorBoard plugin's Operator view (they are listed apart by
+    :func:`top_wrappers`), so self times add up without double counting. An op folded into the one of its name around it (``ops()``'s
+    ``merged``: ``aten::div`` inside ``aten::div``) is no call and adds no total, its self
+    time goes to its name all the same: calls, totals and self times are ``key_averages()``'s.
     """
     cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    frame = ops[ops["kind"].astype(str) == "cpu_op"] if "kind" in ops else ops
+    frame = ops[(ops["kind"].astype(str) == "cpu_op").to_numpy() & ~_wrapper_rows(ops)] if "kind" in ops else ops
     if frame.empty:
         return pd.DataFrame(columns=cols)
-    out = (
-        frame.assign(name=frame["name"].astype(str))
-        .groupby("name", observed=True)
-        .agg(calls=("dur", "size"), total_us=("dur", "sum"), self_us=("self_dur", "sum"))
-        .reset_index()
-    )
+    out = _by_name(frame)
     out["mean_us"] = out["total_us"] / out["calls"]
     total_self = float(out["self_us"].sum())
     out["self_pct"] = 100 * out["self_us"] / total_self if total_self > 0 else 0.0

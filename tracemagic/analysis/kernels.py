@@ -16,11 +16,15 @@ def kernels(trace: Trace) -> pd.DataFrame:
     """GPU kernels, memcpy and memset, one row each, in the events table's order.
 
     The launching op and layer come from the runtime call that launched the activity
-    (matched by correlation id when the trace was loaded).
+    (matched by correlation id when the trace was loaded): the op that shares the call's
+    ``External id``, the TensorBoard plugin's link, right where the call runs on another
+    thread or sits at an op's boundary; else the innermost op around the call on its thread.
 
     Columns: ``rank``; ``row`` (position in ``trace.events``); ``name``; ``kind`` (kernel |
     memcpy | memset); ``device``, ``stream``; ``ts`` (µs since the trace's start); ``dur``
-    (µs); ``step`` (the launching step, -1 outside steps); ``op`` (name of the CPU op that
+    (µs); ``step`` (the launching call's step; -1 outside steps and where the trace holds
+    no launching call, work in flight when profiling began, which ``steps()`` counts in no
+    step); ``op`` (name of the CPU op that
     launched it, NA if unknown) and ``op_row``; ``layer``, ``layer_type`` (the enclosing
     ``nn.Module`` at launch, NA outside modules); ``correlation``; ``bytes`` (memcpy/memset
     size); ``grid``, ``block`` (JSON text); ``collective`` (NCCL kernels' ``Collective name``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import labels, layer_labels, trace_start
@@ -26,7 +27,8 @@ def ops(trace: Trace) -> pd.DataFrame:
     ``parent`` (row of the enclosing CPU event, -1 at top level); ``layer``, ``layer_type``
     (innermost enclosing ``nn.Module``, NA outside modules); ``input_dims``,
     ``input_type`` (JSON text as recorded); ``seq`` (autograd sequence number, links a
-    forward op to its backward); ``rf_id``; ``external_id``. Text columns are categoricals.
+    forward op to its backward); ``rf_id``; ``external_id``; ``merged`` (see ``merged``).
+    Text columns are categoricals.
     """
     events = trace.events
     rows = timed_rows(events, KINDS)
@@ -52,5 +54,37 @@ def ops(trace: Trace) -> pd.DataFrame:
             "seq": picked["seq"].array,
             "rf_id": picked["rf_id"].array,
             "external_id": picked["external_id"].array,
+            "merged": merged(events, rows),
         }
     )
+
+
+def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` (op rows) run as the only CPU event directly inside an op of their own
+    name (``aten::div`` dispatching to ``aten::div``): torch's ``key_averages()``
+    (``EventList._remove_dup_nodes``) folds such an op into the one around it, so it is no
+    call of its own and its time is already in the outer op's total; ``top_ops`` counts it
+    so. torch counts every CPU child (ops, runtime calls, python frames); the TensorBoard
+    plugin (``op_tree.py``, ``_remove_dup_nodes``) counts only op children, so an outer op
+    that also holds a runtime call of its own is merged there and not here (rare: the inner
+    op makes the launch). Chains (``a`` in ``a`` in ``a``) fold into the outermost. An op
+    in a 0 µs op (integer-µs traces) is none: it is its sibling for the plugin, as for torch.
+    """
+    parent = events["parent"].to_numpy()
+    up = parent[rows]
+    out = np.zeros(rows.size, dtype=bool)
+    codes = events["name"].cat.codes.to_numpy()
+    # same name as the parent first: few rows, so the rest looks at those alone
+    where = np.flatnonzero(up >= 0)
+    where = where[codes[up[where]] == codes[rows[where]]]
+    if where.size == 0:
+        return out
+    kinds = events["kind"]
+    op_kinds = np.flatnonzero(np.isin(np.asarray(kinds.cat.categories, dtype=object), KINDS))
+    # a 0 µs parent (integer-µs traces) holds nothing: the plugin's tree makes such ops siblings
+    where = where[np.isin(kinds.cat.codes.to_numpy()[up[where]], op_kinds) & (events["dur"].to_numpy()[up[where]] > 0)]
+    if where.size == 0:
+        return out
+    children = np.bincount(parent[parent >= 0], minlength=len(events))
+    out[where] = children[up[where]] == 1
+    return out

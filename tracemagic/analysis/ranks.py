@@ -19,6 +19,7 @@ its one summary.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -57,7 +58,33 @@ _BUS: tuple[tuple[re.Pattern[str], bool, str], ...] = (
 )
 
 
-def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+#: bytes per element of the ``Input type`` names of a ``nccl:*`` / ``gloo:*`` op: the TensorBoard
+#: plugin's (``communication.py``, ``analyze_communication_nodes``), with double, bool and short
+#: added; a type neither knows leaves the message unknown (the plugin counts it as 0 bytes)
+_INPUT_TYPE_BYTES = {
+    "long int": 8, "float": 4, "int": 4, "c10::Half": 2, "c10::BFloat16": 2, "unsigned char": 1,
+    "double": 8, "bool": 1, "short int": 2, "signed char": 1,
+}  # fmt: skip
+
+
+def _input_bytes(dims: object, types: object) -> float:
+    """The plugin's message size of a collective op: each input's elements × its type's bytes,
+    summed (NaN where not recorded or of a type not in ``_INPUT_TYPE_BYTES``)."""
+    try:
+        shapes, names = json.loads(str(dims)), json.loads(str(types))
+    except ValueError:
+        return np.nan
+    if not isinstance(shapes, list) or not isinstance(names, list) or not shapes or len(shapes) != len(names):
+        return np.nan
+    total = 0.0
+    for shape, name in zip(shapes, names):
+        if not isinstance(shape, list) or name not in _INPUT_TYPE_BYTES:
+            return np.nan
+        total += float(np.prod([float(x) for x in shape])) * _INPUT_TYPE_BYTES[name]
+    return total
+
+
+def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Message bytes of each collective and its bus factor, NCCL tests' way.
 
     The message is the collective's data: ``In msg nelems`` × the dtype's size, the output
@@ -68,6 +95,11 @@ def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray) -> tuple[
     comparable with the hardware's. NaN where the trace records no sizes (older traces,
     barriers) or the collective is another; the factor is NaN where the group size is
     missing or not positive (1 for broadcast, reduce and point-to-point, which need none).
+
+    Where the trace records no ``In msg nelems`` but the ``nccl:*`` / ``gloo:*`` op of the
+    collective (``host``: its row, -1 for none) has ``Input Dims`` and ``Input type``, the
+    message is the TensorBoard plugin's: its inputs' bytes (``_input_bytes``); not for
+    all-gather, whose message is its output, which those args do not give.
     """
     size = events["dtype"].astype(object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)[rows]
     n = events["group_size"].to_numpy(dtype=float, na_value=np.nan)[rows]
@@ -78,6 +110,13 @@ def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray) -> tuple[
         hit = np.array([bool(pattern.search(str(d))) for d in does], dtype=bool) & np.isnan(factor)
         nbytes[hit] = (nelems["out_nelems" if output else "in_nelems"] * size)[hit]
         factor[hit] = {"2(n-1)/n": 2 * (n - 1) / n, "(n-1)/n": (n - 1) / n, "1": np.ones(rows.size)}[bus][hit]
+        if not output:  # the plugin's comm args where the trace has no message size
+            args = hit & np.isnan(nbytes) & (host >= 0)
+            if args.any():
+                at = host[args]
+                pairs = pd.MultiIndex.from_arrays([events["input_dims"].iloc[at], events["input_type"].iloc[at]])
+                codes, distinct = pd.factorize(pairs)
+                nbytes[args] = np.array([_input_bytes(d, t) for d, t in distinct], dtype=float)[codes]
     return nbytes, factor
 
 def _label(name: str, recorded: object, source: str) -> str:
@@ -95,10 +134,11 @@ def _key(names: pd.Series | np.ndarray) -> np.ndarray:
     return pd.Series(names, dtype=object).astype(str).str.lower().str.replace(r"[^a-z0-9]", "", regex=True).to_numpy()
 
 
-def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, np.ndarray]:
     """Rows of the collectives, their names, what each does (the normalized name of the
-    operation: a SendRecv kernel launched inside ``nccl:all_to_all`` is an all-to-all), and
-    which kind of event they are.
+    operation: a SendRecv kernel launched inside ``nccl:all_to_all`` is an all-to-all),
+    which kind of event they are, and the row of each one's ``nccl:*`` / ``gloo:*`` op
+    (the annotation itself, the one around a kernel's launch; -1 for none).
 
     The first kind present wins, so one collective is never counted twice: NCCL kernels
     (GPU arrival), else host annotations (``nccl:all_reduce``, ``gloo:broadcast``), else
@@ -122,17 +162,18 @@ def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray
     labels = named[codes] if codes.size else np.array([], dtype=object)
     does = _key(labels)
     recorded = events["collective"].iloc[rows].notna().to_numpy()
-    if source == "kernel" and rows.size and not recorded.all():
+    host = rows if source == "annotation" else np.full(rows.size, -1, dtype=np.int64)
+    if source == "kernel" and rows.size and host_collective.any():
         # what the host asked for: the collective annotation around the kernel's launch
         parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
         around = propagate(parent, depth, host_collective)
         launch = events["launch"].to_numpy()[rows]
-        asked = np.where(launch >= 0, around[np.maximum(launch, 0)], -1)
-        found = ~recorded & (asked >= 0)
+        host = np.where(launch >= 0, around[np.maximum(launch, 0)], -1)
+        found = ~recorded & (host >= 0)
         if found.any():
-            host_names = events["name"].to_numpy()[asked[found]]
+            host_names = events["name"].to_numpy()[host[found]]
             does[found] = _key(np.array([str(n).split(":", 1)[1] for n in host_names], dtype=object))
-    return rows, labels, does, source
+    return rows, labels, does, source, host
 
 
 #: the columns of ``collectives()``, in order (its contract in ``analysis.schema``)
@@ -169,12 +210,12 @@ def summarize(trace: Trace) -> Summary:
 
 def _arrivals(trace: Trace) -> tuple[pd.DataFrame, str]:
     """The collectives of ``trace`` with each rank's arrival and ``seq``, not yet matched."""
-    rows, labels, does, source = _collective_events(trace)
+    rows, labels, does, source, host = _collective_events(trace)
     frame = steps_module.windows(trace)
     window = steps_module.window_of(trace, frame)[rows]
     events = trace.events
     ts = events["ts"].to_numpy()[rows]
-    nbytes, factor = _message(events, rows, does)
+    nbytes, factor = _message(events, rows, does, host)
     out = pd.DataFrame(
         {
             "rank": events["rank"].to_numpy()[rows],

@@ -109,6 +109,8 @@ _TABLES = [
         "seq": ("Int64", "autograd sequence number (links a forward op to its backward)"),
         "rf_id": ("Int64", "record-function id (joins the Execution Trace)"),
         "external_id": ("Int64", "Kineto external id"),
+        "merged": ("bool", "the only CPU event directly inside an op of its own name: torch's key_averages "
+                   "folds it into that op (no call of its own, its time in that op's total)"),
     }, "one row per CPU op / annotation (``cpu_op``, ``user_annotation``, ``step``; python_function "
        "frames are not ops)."),
     Table("kernels", "kernels()", "", {
@@ -120,8 +122,10 @@ _TABLES = [
         "stream": ("Int64", "stream id"),
         "ts": _TS,
         "dur": ("float64", "duration, µs"),
-        "step": ("int64", "ProfilerStep of the launching op, -1 outside steps"),
-        "op": ("category", "innermost CPU op around the launch"),
+        "step": ("int64", "ProfilerStep of the launching runtime call, -1 outside steps and where the "
+                 "trace has no launching call (work in flight when profiling began: in no step, as in steps())"),
+        "op": ("category", "CPU op of the launch: the launching call's External id's (as the TensorBoard "
+               "plugin links them), else the innermost CPU op around the call"),
         "op_row": ("int64", "that op's row, -1 for none"),
         "layer": ("category", "innermost nn.Module around the launch"),
         "layer_type": ("category", "that module's class"),
@@ -149,11 +153,43 @@ _TABLES = [
         "idle_us": ("float64", "nothing running"),
         "gpu_busy_us": ("float64", "union of all GPU activity in the window"),
         "gpu_idle_us": ("float64", "``window_dur - gpu_busy_us`` (NaN without a GPU)"),
+        "kernel_busy_us": ("float64", "union of the kernels alone in the window (no memcpy/memset): over "
+                           "``window_dur``, the TensorBoard plugin's GPU Utilization (NaN without a GPU)"),
     }, "``ts``/``dur`` are the host ProfilerStep; ``window_ts``/``window_dur`` the step's device "
        "window (the TensorBoard plugin's rule: extended to the end of the GPU work the step launched; "
        "the host step on CPU-only traces), partitioned by ``compute_us`` … ``idle_us``; "
        "``df.attrs['unlaunched']``: {rank: {\"events\", \"us\"}} of GPU work in flight when profiling "
        "began (no launching call in the trace), which belongs to no step."),
+    Table("iterations", "iterations()", "", {
+        "iteration": ("int64", "the stepped loop's iteration, from 0 (``ProfilerStep`` numbers count the same way)"),
+        "wall_ms": ("float64", "wall time, ms (``time.perf_counter_ns``; the session's own work between iterations left out)"),
+        "gpu_ms": ("float64", "time between CUDA events at the iteration's boundaries, ms (NaN without CUDA)"),
+        "step": ("Int64", "the ``ProfilerStep`` number it was recorded as in the trace (NA: not recorded)"),
+        "phase": ("str", "skip | wait | warmup | active | after (past the schedule) | slow (recorded by --slow)"),
+        "slow_ratio": ("float64", "caught by ``--slow``: its time over the running median (NaN otherwise)"),
+        "slow_trace": ("Int64", "the k of ``kineto_trace_<rank>_slow<k>.json`` that recorded it (NA otherwise)"),
+    }, note="One row per iteration of a ``%%chakra_trace`` loop, recorded or not (the manifest's "
+       "``loop_timing``); empty for other traces. Times in ms (as ``%%chakra_trace`` prints them), "
+       "not µs: they are the loop's own clock, not the trace's."),
+    Table("phases", "phases()", "", {
+        "rank": _RANK,
+        "step": ("int64", "ProfilerStep number"),
+        "ts": ("float64", "host ProfilerStep start, µs since the trace's start"),
+        "dur": ("float64", "host ProfilerStep duration, µs (the five host phases add up to it)"),
+        "dataloader_us": ("float64", "host in DataLoader/DataPipe iteration (``enumerate(DataLoader)#``)"),
+        "forward_us": ("float64", "host in module forwards (``nn.Module:``; else ops recorded for autograd)"),
+        "backward_us": ("float64", "host in autograd's backward ops (and on its backward threads)"),
+        "optimizer_us": ("float64", "host in ``Optimizer.step#`` / ``Optimizer.zero_grad#``"),
+        "other_us": ("float64", "the rest of the host step"),
+        "gpu_dataloader_us": ("float64", "GPU busy time launched while loading data, NaN without a GPU"),
+        "gpu_forward_us": ("float64", "GPU busy time launched in the forward"),
+        "gpu_backward_us": ("float64", "GPU busy time launched in the backward"),
+        "gpu_optimizer_us": ("float64", "GPU busy time launched by the optimizer"),
+        "gpu_other_us": ("float64", "GPU busy time launched in the rest of the step"),
+    }, "one row per ProfilerStep and rank; where phases overlap, backward wins, then data loading, "
+       "then optimizer, then forward (``phases.PRIORITY``); a GPU event belongs to the phase its launch "
+       "started in (``tracemagic.analysis.phases``). ``df.attrs``: ``optimizers`` (classes named by "
+       "``Optimizer.step#``), ``optimizer_impl`` (fused | foreach | for-loop)."),
     Table("ranks", "ranks()", "trace.ranks()", {
         "rank": _RANK,
         "steps": ("int64", "steps of the rank"),
@@ -234,6 +270,15 @@ _TABLES = [
         "step": _STEP,
         "calls": ("int64", "module calls or backward ops merged into the span"),
     }),
+    Table("phase_spans", "phase_spans()", "phases.phase_spans", {
+        "rank": _RANK,
+        "phase": ("str", "dataloader | forward | backward | optimizer (``phases()``' host rule)"),
+        "ts": _TS,
+        "dur": ("float64", "duration, µs"),
+        "step": _STEP,
+        "busy_us": ("float64", "the phase's own time in the span (``dur`` less the ``other`` time inside)"),
+    }, "the moments each host phase is in effect: a phase's runs in one step with only ``other`` time "
+       "between them are one span (``other`` itself left out)."),
     Table("memory", "memory()", "", {
         "rank": _RANK,
         "ts": _TS,

@@ -9,6 +9,12 @@ the GPU work step *i* launched, not the host interval. Every instant of the wind
 the highest-priority activity running then (in the order of ``CATEGORIES``), whichever step
 launched it; what nothing covers is idle. The parts therefore add up to ``window_dur``. On
 CPU-only traces the window is the host step.
+
+Like the plugin, a rank's trailing steps that launched no GPU work (on a rank where some
+step did), and the last one that launched under 80% of its predecessor's GPU events, are
+dropped: the profiler stopped before their kernels ran or were recorded, so a ~100% idle
+step would enter the mean (``_kept_steps``; ``steps().attrs['tail']`` names them). Our
+own captures mark the loop's exit in ``capture.json`` besides (``aggregate.loop_steps``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from tracemagic.trace.normalize import kind_mask
 #: breakdown columns in priority order (a higher one wins where activities overlap)
 CATEGORIES = (
     "compute_us",  # GPU kernels other than communication
-    "comm_us",  # NCCL kernels; on CPU-only ranks, host time in collectives (gloo, ...)
+    "comm_us",  # NCCL kernels, host gloo collectives; on CPU-only ranks, host time in any collective
     "memcpy_us",
     "memset_us",
     "runtime_us",  # host in CUDA/HIP runtime and driver calls
@@ -33,6 +39,8 @@ CATEGORIES = (
     "cpu_us",  # host in other CPU ops
 )
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
+#: host collectives of gloo, which moves the data on the host: communication on any rank
+_GLOO = re.compile(r"^gloo:\w+")
 
 
 def _step_number(name: object) -> int:
@@ -47,6 +55,11 @@ _NO_STEPS = "no ProfilerStep in rank(s) {ranks}: one row (step -1) spans each su
 _UNLAUNCHED = (
     "{events:,} GPU event(s) ({us:,.0f} µs) on rank {rank} have no launching runtime call in the trace "
     "(in flight when profiling began): they belong to no step"
+)
+
+_TAIL = (
+    "step(s) {steps} of rank {rank} left out: the last steps launched no GPU work, or much less than "
+    "the step before (the profiler stopped before recording it), as the TensorBoard plugin drops them"
 )
 
 
@@ -123,8 +136,9 @@ def device_windows(trace: Trace) -> pd.DataFrame:
 
     ``df.attrs['unlaunched']`` is {rank: {"events": n, "us": total}} of the GPU activity
     without a launching runtime call in the trace (work in flight when profiling began);
-    it belongs to no step. Computed once per trace (``steps`` and ``ranks.overlap`` share
-    it); treat it as read-only.
+    it belongs to no step. ``df.attrs['tail']`` is {rank: [steps]} of the trailing steps
+    dropped by the plugin's tail rule (see the module docstring). Computed once per
+    trace (``steps`` and ``ranks.overlap`` share it); treat it as read-only.
     """
     return trace.shared("device_windows", lambda: _device_windows(trace))
 
@@ -144,6 +158,8 @@ def _device_windows(trace: Trace) -> pd.DataFrame:
     window_ts = frame["start"].to_numpy(dtype=np.float64) - trace_start(trace)
     window_dur = host_dur.copy()
     unlaunched: dict[int, dict[str, float]] = {}
+    tail: dict[int, list[int]] = {}
+    drop: list[int] = []
     for rank, where in frame.groupby("rank").indices.items():
         mine = gpu_rank == rank
         orphans = mine & (launch < 0)
@@ -162,6 +178,10 @@ def _device_windows(trace: Trace) -> pd.DataFrame:
         last_end = np.full(where.size, -np.inf)
         np.minimum.at(first_start, at[inside], gpu_start[mine][inside])
         np.maximum.at(last_end, at[inside], gpu_end[mine][inside])
+        kept = _kept_steps(np.bincount(at[inside], minlength=where.size))
+        if kept < where.size:
+            tail[int(rank)] = [int(s) for s in frame["step"].to_numpy()[where[kept:]]]
+            drop.extend(where[kept:])
         # the first window starts past device work launched outside every step that ends
         # before the first step's own device work
         previous = host_start[0]
@@ -177,12 +197,37 @@ def _device_windows(trace: Trace) -> pd.DataFrame:
                 window_ts[where[i]], window_dur[where[i]] = begin, stop - begin
             previous = stop
     out = frame.assign(window_ts=window_ts, window_dur=window_dur)
+    if drop:
+        out = out.drop(index=drop).reset_index(drop=True)
     out.attrs["unlaunched"] = unlaunched
+    out.attrs["tail"] = tail
     return out
 
 
+#: the last step that launched GPU work is left out too when it launched fewer than this
+#: share of the previous step's device events (the TensorBoard plugin's 0.8)
+TAIL_SHARE = 0.8
+
+
+def _kept_steps(launched: np.ndarray) -> int:
+    """How many of a rank's steps (in time order) to keep, given the GPU events each step's
+    runtime calls launched: the TensorBoard plugin's tail rule (``event_parser.py``,
+    ``_update_steps_duration``, ``is_remove_tail_steps``): with several steps and GPU work
+    in some, the trailing steps that launched none go, and so does the last one that did if
+    it launched under ``TAIL_SHARE`` of its predecessor's ("the profiler may fail to
+    capture all the kernels launched by these steps")."""
+    if launched.size < 2 or not launched.any():
+        return launched.size
+    last = int(np.flatnonzero(launched)[-1])
+    keep = last + 1
+    if last > 0 and launched[last - 1] * TAIL_SHARE > launched[last]:
+        keep = last
+    return keep
+
+
 def category_masks(trace: Trace) -> dict[str, np.ndarray]:
-    """Which events feed each breakdown category (before priorities are applied); computed
+    """Which events feed each breakdown category (before priorities are applied), and
+    ``gloo_on_gpu`` (the ``gloo:*`` host collectives of GPU ranks, in ``comm_us``); computed
     once per trace (``steps`` and ``ranks.overlap`` share it), treat it as read-only."""
     return trace.shared("category_masks", lambda: _category_masks(trace))
 
@@ -199,9 +244,13 @@ def _category_masks(trace: Trace) -> dict[str, np.ndarray]:
     host_comm = host & cpu_only & (
         names_where(events["name"], HOST_COLLECTIVE) | (events["name"] == "record_param_comms").to_numpy()
     )
+    # gloo runs its collectives on the host, on a GPU rank too (the plugin's GlooOpNameSet);
+    # a GPU rank's nccl:* ops only launch the NCCL kernels, which count themselves
+    gloo_on_gpu = host & ~cpu_only & names_where(events["name"], _GLOO)
     return {
         "compute_us": kernel & ~nccl,
-        "comm_us": (kernel & nccl) | host_comm,
+        "comm_us": (kernel & nccl) | host_comm | gloo_on_gpu,
+        "gloo_on_gpu": gloo_on_gpu,
         "memcpy_us": duration & kind_mask(events, "memcpy"),
         "memset_us": duration & kind_mask(events, "memset"),
         "runtime_us": duration & kind_mask(events, "runtime"),
@@ -249,14 +298,21 @@ def steps(trace: Trace) -> pd.DataFrame:
     ``window_ts``, ``window_dur`` (the device window, see the module docstring), then
     ``CATEGORIES`` and ``idle_us``, which add up to ``window_dur``; ``gpu_busy_us`` (union of
     all GPU activity of the rank — kernels, memcpy, memset, every stream — inside the
-    window) and ``gpu_idle_us`` (``window_dur - gpu_busy_us``), NaN on ranks without GPU
-    activity. ``df.attrs['note']`` says when rows span whole traces or when GPU work was in
-    flight when profiling began (``df.attrs['unlaunched']``: {rank: {"events", "us"}}).
+    window) and ``gpu_idle_us`` (``window_dur - gpu_busy_us``); ``kernel_busy_us`` (union
+    of the kernels alone, NCCL's included, memcpy and memset not: ``kernel_busy_us /
+    window_dur`` is the TensorBoard plugin's "GPU Utilization", ``gpu_metrics_parser.py``,
+    which it computes per device over the span from the first step's start to the last
+    one's end; ours is per rank, all its devices together, over the windows); NaN on ranks
+    without GPU activity. ``df.attrs['note']`` says when rows span whole traces, when GPU work was in
+    flight when profiling began (``df.attrs['unlaunched']``: {rank: {"events", "us"}}) and
+    which trailing steps were dropped because they launched no (or too little) GPU work
+    (``df.attrs['tail']``: {rank: [steps]}, the TensorBoard plugin's rule, see the module
+    docstring).
     """
     frame = device_windows(trace)
     groups = len(frame)
     masks = category_masks(trace)
-    covered = np.zeros(groups)
+    covered = kernel_busy = np.zeros(groups)
     parts: dict[str, np.ndarray] = {}
     so_far: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for name in CATEGORIES:
@@ -265,6 +321,11 @@ def steps(trace: Trace) -> pd.DataFrame:
         total = union_length(group, start, end, groups)
         parts[name] = total - covered
         covered = total
+        if name == "comm_us":
+            kernel_busy = total  # compute_us and comm_us hold kernels alone on GPU ranks, but for gloo
+    if masks["gloo_on_gpu"].any():
+        kernels = masks["compute_us"] | (masks["comm_us"] & ~masks["gloo_on_gpu"])
+        kernel_busy = union_length(*in_windows(trace, frame, np.flatnonzero(kernels)), groups)
     window_dur = frame["window_dur"].to_numpy(dtype=np.float64)
     busy = union_length(*in_windows(trace, frame, _gpu_rows(trace)), groups)
     events = trace.events
@@ -282,21 +343,24 @@ def steps(trace: Trace) -> pd.DataFrame:
             "idle_us": window_dur - covered,
             "gpu_busy_us": np.where(has_gpu, busy, np.nan),
             "gpu_idle_us": np.where(has_gpu, window_dur - busy, np.nan),
+            "kernel_busy_us": np.where(has_gpu, kernel_busy, np.nan),
         }
     )
-    return _noted(out, frame.attrs["unlaunched"])
+    return _noted(out, frame.attrs["unlaunched"], frame.attrs["tail"])
 
 
-def _noted(out: pd.DataFrame, unlaunched: dict[int, dict[str, float]]) -> pd.DataFrame:
-    """``out`` (a ``steps`` table) with its ``attrs``: ``unlaunched`` and the ``note``."""
+def _noted(out: pd.DataFrame, unlaunched: dict[int, dict[str, float]], tail: dict[int, list[int]]) -> pd.DataFrame:
+    """``out`` (a ``steps`` table) with its ``attrs``: ``unlaunched``, ``tail`` and the ``note``."""
     notes = []
     bare = sorted(int(r) for r in out.loc[out["step"] < 0, "rank"])
     if bare:
         notes.append(_NO_STEPS.format(ranks=", ".join(map(str, bare))))
     notes += [_UNLAUNCHED.format(rank=rank, **found) for rank, found in sorted(unlaunched.items())]
+    notes += [_TAIL.format(steps=", ".join(map(str, dropped)), rank=rank) for rank, dropped in sorted(tail.items())]
     if notes:
         out.attrs["note"] = "; ".join(notes)
     out.attrs["unlaunched"] = unlaunched
+    out.attrs["tail"] = tail
     return out
 
 
@@ -307,4 +371,5 @@ def combine(tables: list[pd.DataFrame]) -> pd.DataFrame:
     out = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0].copy()
     out.attrs = {}
     unlaunched = {rank: found for table in tables for rank, found in table.attrs.get("unlaunched", {}).items()}
-    return _noted(out, unlaunched)
+    tail = {rank: dropped for table in tables for rank, dropped in table.attrs.get("tail", {}).items()}
+    return _noted(out, unlaunched, tail)

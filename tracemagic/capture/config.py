@@ -47,6 +47,9 @@ class CaptureConfig:
     tb_names: bool = False
     loop_line: int | None = None
     handle: str = "chakra"
+    stop: bool = False
+    slow: float | None = None
+    slow_max: int = 3
 
     def __post_init__(self) -> None:
         self.validate()
@@ -63,6 +66,12 @@ class CaptureConfig:
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise CaptureError(f"{option} must be an integer >= {low}, got {value!r}.")
+        if self.slow is not None and (
+            isinstance(self.slow, bool) or not isinstance(self.slow, (int, float)) or not self.slow > 1
+        ):
+            raise CaptureError(f"--slow must be a factor above 1 (e.g. 1.5), got {self.slow!r}.")
+        if not isinstance(self.slow_max, int) or isinstance(self.slow_max, bool) or self.slow_max < 1:
+            raise CaptureError(f"--slow-max must be an integer >= 1, got {self.slow_max!r}.")
         if self.loop_line is not None and (
             not isinstance(self.loop_line, int) or self.loop_line < 1
         ):
@@ -135,10 +144,16 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                        help="capture directory name: DIR/NAME-<timestamp> (default capture)")),
     (("--gzip",), dict(action="store_true",
                        help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)")),
+    (("--slow",), dict(type=float, default=None, metavar="FACTOR",
+                       help="watch the iterations after the schedule: one slower than FACTOR x the "
+                       "running median (after a warm-up) gets the NEXT iteration recorded (the slow "
+                       "one itself is over when it is seen) as kineto_trace_<rank>_slow<k>.json")),
+    (("--slow-max",), dict(type=int, default=3, metavar="K",
+                           help="with --slow: the most slow-step traces to record (default 3)")),
 )
 
 #: ``CaptureConfig`` fields that make no sense outside a notebook cell.
-_CELL_ONLY = {"loop_line", "handle"}
+_CELL_ONLY = {"loop_line", "handle", "stop"}
 #: The option spellings that negate a field (``no_shapes=True`` = ``record_shapes=False``).
 _NEGATED = {
     "no_shapes": "record_shapes",

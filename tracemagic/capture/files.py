@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -51,11 +52,16 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None) -> Path:
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        taken: set[str] | None = None
         for n in range(1000):
             candidate = out / (f"{name}-{stamp}" if n == 0 else f"{name}-{stamp}-{n}")
+            if taken is not None and candidate.name in taken:
+                continue
             try:
                 candidate.mkdir()
             except FileExistsError:
+                if taken is None:  # several captures this second: skip the names seen taken
+                    taken = set(os.listdir(out))
                 continue
             probe = partial_path(candidate / MANIFEST)
             probe.write_text("{}")
@@ -69,12 +75,19 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None) -> Path:
     raise CaptureError(f"too many captures named {name!r} in {str(out)!r} this second.")
 
 
-def write_with(final: Path, write: Callable[[str], None], gz: bool = False) -> None:
+def write_with(
+    final: Path, write: Callable[[str], None], gz: bool = False, *, cleaners: list[threading.Thread] | None = None
+) -> None:
     """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically.
 
     The exporter writes into a hidden staging folder of its own (``.partial-*``: ranks
     sharing the directory never remove one another's) under the file's own name (Kineto
     records that name as ``traceName``), and the file is moved out when done.
+
+    Args:
+        cleaners: where given, the staging folder is removed by a background thread added
+            to this list (removing a folder can wait milliseconds on the disk, inside the
+            user's loop); the caller joins them before it is done.
     """
     staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=final.parent))
     raw = staging / (final.name[: -len(".gz")] if final.name.endswith(".gz") else final.name)
@@ -82,7 +95,15 @@ def write_with(final: Path, write: Callable[[str], None], gz: bool = False) -> N
         write(str(raw))
         place(raw, final, gz=gz)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if cleaners is None:
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            cleaner = threading.Thread(
+                target=shutil.rmtree, args=(staging,), kwargs={"ignore_errors": True},
+                name="tracemagic-cleanup", daemon=True,
+            )
+            cleaner.start()
+            cleaners.append(cleaner)
 
 
 def place(source: Path, final: Path, gz: bool = False) -> None:

@@ -7,9 +7,14 @@ keep working), then its AST is rewritten: the step loop's body becomes
         <body>                          # _fail() first (no step) when it raised
 
 (an ``Iteration``: a ``with`` and not ``try/except/finally``, so that a traceback keeps
-the raising line, see ``Iteration``),
+the raising line, see ``Iteration``).
 
-and, when the loop sits in a statement that runs right away (not in a ``def``), the
+With ``--stop`` the loop also ends once the profile is done: ``if
+__chakra_trace__._stop_loop(): break`` follows the ``with`` (a ``continue`` of the loop first
+ends the iteration with ``__chakra_trace__._continue()`` and asks the same), so the loop's
+``else:`` clause does not run, as after any ``break``.
+
+And, when the loop sits in a statement that runs right away (not in a ``def``), the
 session starts just before that statement and stops just after it, so set-up code
 before the loop and reporting code after it stay out of the trace.
 
@@ -135,7 +140,7 @@ class PreparedCell:
 
 
 def prepare_cell(
-    shell: Any, line: str, cell: str, *, loop_line: int | None, handle: str
+    shell: Any, line: str, cell: str, *, loop_line: int | None, handle: str, stop: bool = False
 ) -> PreparedCell:
     """Transform, instrument and compile a ``%%chakra_trace`` cell.
 
@@ -146,6 +151,7 @@ def prepare_cell(
         loop_line: ``--loop LINE``, or None to pick the step loop automatically.
         handle: the user-facing session name (a cell calling ``<handle>.step()``
             is left alone).
+        stop: ``--stop``: end the loop once the session is done (``break``).
 
     Raises:
         CaptureError: ``--loop`` names a line without a loop, or conflicts with a
@@ -166,7 +172,7 @@ def prepare_cell(
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(source):
         last_expr = ast.Expression(tree.body.pop().value)
 
-    plan = instrument(tree, display.splitlines(), loop_line=loop_line, handle=handle)
+    plan = instrument(tree, display.splitlines(), loop_line=loop_line, handle=handle, stop=stop)
     body = shell.compile(tree, filename, "exec")
     expr = shell.compile(last_expr, filename, "eval") if last_expr is not None else None
     return PreparedCell(body=body, last_expr=expr, plan=plan, filename=filename)
@@ -184,7 +190,7 @@ def _ends_with_semicolon(source: str) -> bool:
 
 
 def instrument(
-    tree: ast.Module, lines: list[str], *, loop_line: int | None, handle: str
+    tree: ast.Module, lines: list[str], *, loop_line: int | None, handle: str, stop: bool = False
 ) -> LoopPlan:
     """Pick the step loop of ``tree`` and rewrite it in place.
 
@@ -195,6 +201,7 @@ def instrument(
             that runs at top level (looking through ``with``/``if``/``try``), then
             down while its body holds exactly one loop.
         handle: the user-facing session name.
+        stop: also end the loop once the session is done (``--stop``).
 
     Raises:
         CaptureError: ``loop_line`` has no loop, or the cell also steps itself.
@@ -213,6 +220,8 @@ def instrument(
         return LoopPlan(mode="none")
 
     _wrap_body(loop)
+    if stop:
+        _stop_when_done(loop)
     brackets = _bracket(tree, loop)
     ast.fix_missing_locations(tree)
     kind = {ast.For: "for", ast.While: "while", ast.AsyncFor: "async for"}[type(loop)]
@@ -312,6 +321,46 @@ def _wrap_body(loop: ast.For | ast.While | ast.AsyncFor) -> None:
         ast.copy_location(node, loop)
         node.end_lineno, node.end_col_offset = loop.lineno, loop.col_offset
     loop.body = [wrapped]
+
+
+def _stop_when_done(loop: ast.For | ast.While | ast.AsyncFor) -> None:
+    """``--stop``: ``break`` after the step when the session is done, also at a ``continue``."""
+
+    def check() -> ast.If:
+        call = _session_call("_stop_loop", loop)
+        return ast.copy_location(ast.If(test=call.value, body=[ast.copy_location(ast.Break(), loop)], orelse=[]), loop)
+
+    for stmt, parent, field, index in _own_continues(loop.body):
+        anchor = ast.copy_location(ast.Continue(), stmt)
+        getattr(parent, field)[index : index + 1] = [_session_call("_continue", stmt), check(), anchor]
+    loop.body.append(check())
+
+
+def _own_continues(body: list[ast.stmt]) -> list[tuple[ast.stmt, ast.AST, str, int]]:
+    """The ``continue`` statements of ``body`` that continue its loop (not an inner
+    loop's, nor a nested function's), as (statement, parent, field, index), last first."""
+    found: list[tuple[ast.stmt, ast.AST, str, int]] = []
+
+    def visit(parent: ast.AST, field: str) -> None:
+        for index, stmt in enumerate(getattr(parent, field)):
+            if isinstance(stmt, ast.Continue):
+                found.append((stmt, parent, field, index))
+            elif isinstance(stmt, _DEFERRED):
+                continue
+            elif isinstance(stmt, _LOOPS):
+                visit(stmt, "orelse")  # an inner loop's else: continues the outer loop
+            else:
+                for sub in ("body", "orelse", "finalbody"):
+                    if isinstance(getattr(stmt, sub, None), list):
+                        visit(stmt, sub)
+                for handler in getattr(stmt, "handlers", []):
+                    visit(handler, "body")
+                for case in getattr(stmt, "cases", []):
+                    visit(case, "body")
+
+    holder = ast.Module(body=body, type_ignores=[])
+    visit(holder, "body")
+    return found[::-1]
 
 
 def _contains(stmt: ast.stmt, target: ast.AST) -> bool:

@@ -13,12 +13,32 @@ Nothing is installed while a window records. A global module hook (what this mod
 to register) changes what runs: dynamo guards on global hooks, so a ``torch.compile``'d
 model would re-trace inside the recorded window, and torch warns that the hooks fire an
 extra time for its ``OptimizedModule``.
+
+Both look-ups cost time inside the profiled loop, so both are kept cheap:
+
+- ``recorded_modules`` searches the inside of ``aten::`` ops, C functions and torch's own
+  optimizer/autograd code (most of a window's events) only when the module calls found
+  outside them are fewer than the exported trace holds (``count_module_events``): a
+  module called from inside them (backward recomputation, a compiled region) is still
+  found.
+- ``resolve`` remembers the modules it found (``ModuleCache``, held by weak reference), so
+  a later window of the same model finds them without searching. A model seen for the
+  first time is looked for among the namespace's values and what they hold (a closure's
+  ``model``, ``trainer.model``: ``held_modules``); the walk over every live object
+  (``gc.get_objects()``, tens of ms in a notebook) runs only for what that leaves.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
-from collections.abc import Iterable, Mapping
+import itertools
+import os
+import types
+import weakref
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -30,12 +50,31 @@ Called = dict[str, "torch.nn.Module | str"]
 _ORIG_MOD = "_orig_mod"
 
 
-def recorded_modules(profiler: Any) -> dict[str, tuple[int, str]]:
+#: the name torch's Python tracer gives a module call (``nn.Module: Linear_0``)
+MODULE_EVENT = "nn.Module: "
+#: how a module call's name is spelled in the Kineto JSON torch exports
+_TRACE_KEY = b'"name": "nn.Module: '
+#: events whose inside is searched only when the module calls outside them fall short of
+#: the trace's count: ``aten::`` ops, C functions (``<built-in method linear ...>``),
+#: allocations, and torch's own Python that calls no model (optimizer steps, autograd,
+#: the profiler). Most of a window's events are there.
+_OPAQUE = (
+    "aten::", "<built-in", "[memory]",
+    "torch/optim/", "torch/autograd/", "torch/_tensor.py", "torch/_ops.py", "torch/profiler/",
+    "torch/_jit_internal.py", "typing.py",
+)
+
+
+def recorded_modules(profiler: Any, trace: str | os.PathLike[str] | None = None) -> dict[str, tuple[int, str]]:
     """The modules called in the window a profiler just recorded, as torch names them.
 
     Args:
         profiler: the ``torch.autograd.profiler.profile`` of a stopped window
             (``torch.profiler.profile(...).profiler``), recorded with ``with_stack=True``.
+        trace: the window's Kineto JSON, just exported (plain, not gzip). With it, the
+            inside of ``aten::`` ops, C functions and torch's optimizer/autograd code is
+            searched only when the module calls found outside them are fewer than the
+            trace holds (``count_module_events``); without it, every event is searched.
 
     Returns:
         ``{"nn.Module: Linear_0": (id of the module, "Linear"), ...}`` in order of first
@@ -44,17 +83,8 @@ def recorded_modules(profiler: Any) -> dict[str, tuple[int, str]]:
     results = getattr(profiler, "kineto_results", None)
     if results is None:
         return {}
-    from torch._C._profiler import _EventType
-
-    calls: list[tuple[int, str, int, str]] = []
-    pending = list(results.experimental_event_tree())
-    while pending:  # every event: module calls also run inside ops (backward recomputation)
-        event = pending.pop()
-        if event.tag == _EventType.PyCall:
-            module = event.extra_fields.module
-            if module is not None:
-                calls.append((event.start_time_ns, event.name, module.self_ptr, module.cls_name))
-        pending.extend(event.children)
+    expected = count_module_events(trace) if trace is not None else None
+    calls = _module_calls(results.experimental_event_tree(), expected)
     calls.sort()
     out: dict[str, tuple[int, str]] = {}
     for _, name, ptr, cls_name in calls:
@@ -62,37 +92,220 @@ def recorded_modules(profiler: Any) -> dict[str, tuple[int, str]]:
     return out
 
 
-def namespace_modules(namespace: Mapping[str, Any]) -> list[torch.nn.Module]:
-    """The ``nn.Module`` values of a namespace (the models a cell or script holds)."""
-    return [value for value in namespace.values() if isinstance(value, torch.nn.Module)]
+def _module_calls(roots: Iterable[Any], expected: int | None) -> list[tuple[int, str, int, str]]:
+    """The module calls under ``roots``: ``(start ns, name, id, class)``.
+
+    Module calls also run inside ops and C functions (backward recomputation, a compiled
+    region, ``autograd.Function.apply``), so every event may hold one. The events outside
+    ``_OPAQUE`` ones are searched first, telling module calls by their name (cheaper than
+    their tag); the opaque ones' insides are then searched only until ``expected`` module
+    calls (the trace's count) have been seen: not at all in the usual case, all of them
+    when ``expected`` is None.
+    """
+    from torch._C._profiler import _EventType
+
+    py_call = _EventType.PyCall
+    calls: list[tuple[int, str, int, str]] = []
+    seen = 0
+    deferred: list[Any] = []
+    pending = list(roots)
+    pop, extend = pending.pop, pending.extend
+    while pending:
+        event = pop()
+        name = event.name
+        if name.startswith(MODULE_EVENT):
+            seen += 1
+            if event.tag == py_call:
+                module = event.extra_fields.module
+                if module is not None:
+                    calls.append((event.start_time_ns, name, module.self_ptr, module.cls_name))
+        elif name.startswith(_OPAQUE):
+            deferred.append(event)
+            continue
+        extend(event.children)
+    if expected is not None and seen == expected:
+        return calls
+    pending = [child for event in deferred for child in event.children]
+    pop, extend = pending.pop, pending.extend
+    while pending and (expected is None or seen < expected):
+        event = pop()
+        if event.tag == py_call:
+            module = event.extra_fields.module
+            if module is not None:
+                seen += 1
+                calls.append((event.start_time_ns, event.name, module.self_ptr, module.cls_name))
+        extend(event.children)
+    return calls
 
 
-def resolve(calls: Mapping[str, tuple[int, str]], models: Iterable[torch.nn.Module]) -> Called:
+def count_module_events(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> int | None:
+    """How many module-call events (``"name": "nn.Module: ...``) a Kineto JSON file holds,
+    read in chunks; None where it cannot be read."""
+    key = _TRACE_KEY
+    count, tail = 0, b""
+    try:
+        with open(trace, "rb") as fh:
+            while block := fh.read(chunk):
+                data = tail + block
+                count += data.count(key)
+                tail = data[-(len(key) - 1):]
+    except OSError:
+        return None
+    return count
+
+
+def namespace_modules(namespace: Mapping[str, Any]) -> Iterator[torch.nn.Module]:
+    """The ``nn.Module`` values of a namespace (the models a cell or script holds), then the
+    modules its values hold (``held_modules``; public names' values first, then private ones
+    such as IPython's ``_``, ``_oh``), lazily: a caller that finds what it looks for in the
+    first ones searches no further."""
+    items = list(namespace.items())
+    values = [v for k, v in items if not k.startswith("_")] + [v for k, v in items if k.startswith("_")]
+    direct = [value for value in values if isinstance(value, torch.nn.Module)]
+    yield from direct
+    yield from held_modules(values, skip={id(m) for m in direct})
+
+
+#: objects ``held_modules`` looks at, at most (a search that stops short ends in the gc walk)
+_HELD_BUDGET = 20_000
+#: items of one list, tuple, set or dict it looks at, at most (a dataset is no model holder)
+_HELD_ITEMS = 256
+_LEAVES = (str, bytes, int, float, complex, bool, type, types.ModuleType, torch.Tensor)
+
+
+def held_modules(values: Iterable[Any], skip: set[int] | None = None, budget: int = _HELD_BUDGET) -> Iterator[torch.nn.Module]:
+    """The modules held by ``values``, nearest first: through function closures and
+    defaults, bound methods, ``functools.partial``, lists, tuples, sets, dicts and instance
+    attributes (``model`` in ``def train_step`` made by a function, ``trainer.model``).
+
+    Modules are not entered (their submodules are the caller's), nor types, module objects
+    or tensors. The search stops after ``budget`` objects; what it cannot reach is left to
+    the walk over every live object.
+    """
+    seen = set(skip or ())
+    queue: deque[Any] = deque(values)
+    while queue and budget > 0:
+        obj = queue.popleft()
+        if id(obj) in seen or obj is None or isinstance(obj, _LEAVES):
+            continue
+        seen.add(id(obj))
+        budget -= 1
+        if isinstance(obj, torch.nn.Module):
+            yield obj
+            continue
+        try:
+            if isinstance(obj, types.FunctionType):
+                for cell in obj.__closure__ or ():
+                    with contextlib.suppress(ValueError):  # an empty cell
+                        queue.append(cell.cell_contents)
+                queue.extend(obj.__defaults__ or ())
+                queue.extend((obj.__kwdefaults__ or {}).values())
+            elif isinstance(obj, types.MethodType):
+                queue.extend((obj.__self__, obj.__func__))
+            elif isinstance(obj, functools.partial):
+                queue.extend((obj.func, *obj.args, *obj.keywords.values()))
+            elif isinstance(obj, dict):
+                queue.extend(itertools.islice(obj.values(), _HELD_ITEMS))
+            elif isinstance(obj, (list, tuple, set, frozenset, deque)):
+                queue.extend(itertools.islice(obj, _HELD_ITEMS))
+            else:
+                attrs = getattr(obj, "__dict__", None)
+                if isinstance(attrs, dict):
+                    queue.extend(itertools.islice(attrs.values(), _HELD_ITEMS))
+        except Exception:  # noqa: BLE001 - an odd object is skipped, never a failed capture
+            continue
+
+
+class ModuleCache:
+    """The modules earlier windows resolved, by ``id``, held by weak reference.
+
+    An entry goes when its module is garbage-collected, and a hit counts only while the
+    object under that ``id`` is alive and of the recorded class (an ``id`` is reused once its
+    object is gone). The roots of the found modules are kept too, so a module added to a
+    known model later (``model.head = nn.Linear(...)``) is found among their submodules
+    without walking every live object.
+    """
+
+    def __init__(self) -> None:
+        self._modules: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
+        self._roots: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def get(self, ptr: int, cls_name: str) -> torch.nn.Module | None:
+        """The live module with this ``id`` and class name, if one was found before."""
+        module = self._modules.get(ptr)
+        if module is not None and id(module) == ptr and type(module).__name__ == cls_name:
+            return module
+        return None
+
+    def roots(self) -> list[torch.nn.Module]:
+        """The live roots of the modules found before."""
+        return list(self._roots.values())
+
+    def remember(self, modules: Iterable[torch.nn.Module]) -> None:
+        """Keep ``modules`` (and their roots) for the next windows."""
+        modules = list(modules)
+        for module in modules:
+            with contextlib.suppress(TypeError):  # a module that takes no weak reference
+                self._modules[id(module)] = module
+        for root in find_roots(modules):
+            with contextlib.suppress(TypeError):
+                self._roots[id(root)] = root
+
+
+#: the process's cache, shared by every capture (``resolve``'s default)
+MODULES = ModuleCache()
+
+
+def resolve(
+    calls: Mapping[str, tuple[int, str]], models: Iterable[torch.nn.Module], cache: ModuleCache | None = None
+) -> Called:
     """The module object behind each recorded call.
 
-    Looked up among ``models`` and their submodules first, then (for what is left: a model
-    held in no variable, a module dynamo made) among all live ``nn.Module`` objects. Must run
-    while the window's modules are alive, i.e. right after the window.
+    Looked up in ``cache`` first (the modules found by earlier windows), then among the
+    cached roots and ``models`` with their submodules, then (for what is left: a model
+    nothing reachable holds, seen for the first time; a module dynamo made) among all live
+    ``nn.Module`` objects. What is found is remembered in ``cache``. Must run while the
+    window's modules are alive, i.e. right after the window.
 
     Args:
         calls: ``recorded_modules``'s answer.
-        models: the models the user holds (``namespace_modules``).
+        models: the models the user holds (``namespace_modules``); iterated only as far as
+            the cache leaves modules to find.
+        cache: where found modules are kept between windows (default: the process's,
+            ``MODULES``).
 
     Returns:
         ``{"nn.Module: Linear_0": <the Linear>, ...}``; the class name instead of the object
         where no live module of that class has the recorded address.
     """
+    cache = MODULES if cache is None else cache
     wanted = {ptr: cls_name for ptr, cls_name in calls.values()}
     found: dict[int, torch.nn.Module] = {}
-    for model in models:
+    for ptr, cls_name in wanted.items():
+        module = cache.get(ptr, cls_name)
+        if module is not None:
+            found[ptr] = module
+    hits = len(found)
+    searched: set[int] = set()
+    for model in itertools.chain(cache.roots(), models):
+        if len(found) == len(wanted):
+            break
+        if id(model) in searched:
+            continue
         for sub in model.modules():
+            searched.add(id(sub))
             if id(sub) in wanted and type(sub).__name__ == wanted[id(sub)]:
                 found[id(sub)] = sub
     if len(found) < len(wanted):
-        for obj in gc.get_objects():
-            if id(obj) in wanted and id(obj) not in found and isinstance(obj, torch.nn.Module):
-                if type(obj).__name__ == wanted[id(obj)]:
-                    found[id(obj)] = obj
+        missing = {ptr: cls_name for ptr, cls_name in wanted.items() if ptr not in found}
+        for obj in [obj for obj in gc.get_objects() if id(obj) in missing]:
+            if isinstance(obj, torch.nn.Module) and type(obj).__name__ == missing[id(obj)]:
+                found[id(obj)] = obj
+    if len(found) > hits:
+        cache.remember(module for module in found.values() if cache.get(id(module), type(module).__name__) is None)
     return {name: found.get(ptr, cls_name) for name, (ptr, cls_name) in calls.items()}
 
 

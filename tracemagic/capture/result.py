@@ -3,14 +3,17 @@ trace); ``tracemagic.facade.Capture`` adds how it displays (dashboard, report, C
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.layout import read_manifest, write_manifest
+from tracemagic.trace.layout import MANIFEST, read_manifest, write_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
     from tracemagic.trace.model import Trace
 
 CaptureT = TypeVar("CaptureT", bound="Capture")
@@ -34,6 +37,7 @@ class Capture:
         self.manifest = manifest
         self._trace: Any = None
         self._dashboard: Any = None  # built by tracemagic.facade.Capture.dashboard
+        self.vs: Capture | None = None  # the capture it is compared with (--vs)
 
     @classmethod
     def of(cls: type[CaptureT], capture: Capture) -> CaptureT:
@@ -65,6 +69,36 @@ class Capture:
     def steps(self) -> list[dict[str, Any]]:
         """One entry per ``ProfilerStep#N`` in the traces (see ``capture.json``)."""
         return list(self.manifest.get("steps", []))
+
+    @property
+    def iterations(self) -> pd.DataFrame:
+        """Every iteration of the stepped loop, recorded or not: ``iteration``, ``wall_ms``,
+        ``gpu_ms``, ``step`` (its ``ProfilerStep`` number, NA if not recorded), ``phase``,
+        ``slow_ratio``, ``slow_trace`` (``tracemagic.analysis.iterations.from_manifest``)."""
+        from tracemagic.analysis.iterations import from_manifest  # pandas: imported on first use
+
+        return from_manifest(self.manifest)
+
+    @property
+    def slow_steps(self) -> list[dict[str, Any]]:
+        """The slow iterations ``--slow`` caught: ``iteration``, ``wall_ms``, ``median_ms``,
+        ``ratio``, ``recorded`` (the next iteration, the one recorded) and ``path`` (its
+        trace in ``dir``; None if it could not be written)."""
+        return list((self.manifest.get("loop_timing") or {}).get("slow") or [])
+
+    def slow_trace(self, k: int = 1) -> Trace:
+        """The trace of the ``k``-th slow step ``--slow`` caught (from 1), loaded.
+
+        Raises:
+            TraceError: there is no such trace.
+        """
+        catches = self.slow_steps
+        if not 1 <= k <= len(catches) or not catches[k - 1].get("path"):
+            raise TraceError(f"{self.dir}: no trace of slow step {k} (this capture has {len(catches)} "
+                             "caught with --slow; see cap.slow_steps).", path=str(self.dir))
+        from tracemagic.trace.loader import load
+
+        return load(self.dir / str(catches[k - 1]["path"]))
 
     @property
     def has_trace(self) -> bool:
@@ -113,9 +147,20 @@ class Capture:
         steps = self.steps
         complete = [s for s in steps if s.get("complete")]
         lines = [f"chakra_trace {self.status}: {_steps_phrase(steps, complete)}"]
+        timing = m.get("loop_timing") or {}
+        if timing.get("stopped_after") is not None:
+            lines[0] += (f"; loop stopped on purpose by --stop after iteration {timing['stopped_after']} "
+                         "(the profile was done)")
         loop = m.get("loop") or {}
         if loop.get("mode") == "loop":
             lines.append(f"  stepped: `{loop.get('kind')}` loop at line {loop.get('line')}")
+        walls = timing.get("wall_ms") or []
+        if walls:
+            lines.append(f"  iterations: {len(walls):,} timed, median {statistics.median(walls):.3g} ms wall")
+        for catch in timing.get("slow") or []:
+            lines.append(f"  slow: iteration {catch['iteration']} took {catch['wall_ms']:.3g} ms, "
+                         f"{catch['ratio']:.1f}x the running median; iteration {catch['recorded']} recorded: "
+                         f"{catch.get('path') or 'not written'}")
         lines.append(f"  dir: {self.dir}")
         files = ", ".join(
             f"{e['path']} ({_size(e['bytes'])})" if "bytes" in e else e["path"]
@@ -149,6 +194,29 @@ class Capture:
 
     def __repr__(self) -> str:
         return f"<Capture {self.status} {len(self.steps)} steps at {str(self.dir)!r}>"
+
+
+def previous_capture(out: str | Path, name: str, exclude: Path | None = None) -> Capture | None:
+    """The latest capture named ``name`` in ``out`` that wrote a trace (``--vs last``), or None.
+
+    Looks at the ``NAME-<timestamp>[-n]`` folders of ``out`` (not ``exclude``, the capture
+    just made) whose manifest has this ``name``; the latest by its manifest's write time.
+    """
+    folder = Path(out)
+    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}(?:-\d+)?$")
+    found: list[tuple[int, Capture]] = []
+    skip = exclude.resolve() if exclude is not None else None
+    for path in folder.iterdir() if folder.is_dir() else []:
+        if not pattern.match(path.name) or (skip is not None and path.resolve() == skip):
+            continue
+        try:
+            capture = Capture.from_dir(path)
+            written = (path / MANIFEST).stat().st_mtime_ns
+        except (TraceError, OSError):
+            continue
+        if capture.manifest.get("name") == name and capture.has_trace:
+            found.append((written, capture))
+    return max(found, key=lambda item: (item[0], item[1].dir.name))[1] if found else None
 
 
 def _steps_phrase(steps: list[dict[str, Any]], complete: list[dict[str, Any]]) -> str:

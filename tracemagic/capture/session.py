@@ -16,6 +16,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -32,8 +33,10 @@ from tracemagic.capture.config import CaptureConfig
 from tracemagic.capture.loop import Iteration, LoopPlan
 from tracemagic.capture.naming import Called, find_roots, module_map, namespace_modules, recorded_modules, resolve
 from tracemagic.capture.result import Capture
+from tracemagic.capture.watch import LoopClock
 from tracemagic.errors import CaptureError
 from tracemagic.trace import layout
+from tracemagic.trace.layout import SlowCatch
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 _ACTIVE: CaptureSession | None = None
@@ -106,8 +109,9 @@ class _Cycle:
 
 
 class _Profiler(torch.profiler.profile):
-    """``torch.profiler.profile`` that hushes torch's start/stop notices and, after each
-    recording window, reads which modules its ``nn.Module`` events stand for.
+    """``torch.profiler.profile`` that hushes torch's start/stop notices and, when a
+    recording window's trace is exported, reads which modules its ``nn.Module`` events
+    stand for (``_modules``; a window that is not written is not read).
 
     Nothing is installed around the window (see ``tracemagic.capture.naming``); without
     ``with_stack`` there are no ``nn.Module`` events to name.
@@ -122,6 +126,7 @@ class _Profiler(torch.profiler.profile):
             super().prepare_trace()
 
     def start_trace(self) -> None:
+        self._session._join_cleaners()  # no thread of ours runs while a window records
         with notices.hush(self._session._hidden):
             super().start_trace()
 
@@ -130,16 +135,16 @@ class _Profiler(torch.profiler.profile):
             # switched off under us (torch.autograd._disable_profiler(), another profiler):
             # torch's results are then invalid, and exporting them crashes the process
             self._session._switched_off = True
-        try:
-            with notices.hush(self._session._hidden):
-                super().stop_trace()
-        finally:
-            self._session._window = self._modules() if self.with_stack and not self._session._switched_off else {}
+        with notices.hush(self._session._hidden):
+            super().stop_trace()
 
-    def _modules(self) -> Called:
-        """The modules of the window just stopped, by trace name, found while they are alive."""
+    def _modules(self, trace: str | None = None) -> Called:
+        """The modules of the window just stopped, by trace name, found while they are alive
+        (``trace``: its Kineto JSON, just exported, which makes the search cheaper)."""
+        if not self.with_stack:
+            return {}
         try:
-            return resolve(recorded_modules(self.profiler), namespace_modules(self._session.namespace))
+            return resolve(recorded_modules(self.profiler, trace), namespace_modules(self._session.namespace))
         except Exception as exc:  # noqa: BLE001 - names are a convenience, never worth a failed capture
             self._session.note(f"nn.Module events could not be named by attribute path ({type(exc).__name__}: {exc}).")
             return {}
@@ -194,15 +199,20 @@ class CaptureSession:
         self._failed_step: int | None = None  # the step whose iteration raised
         self._iteration = Iteration(self)  # the rewritten loop's ``with`` (capture/loop.py)
         self._iterations = 0
-        self._t_step = 0.0
+        self._t_step = 0  # perf_counter_ns at the start of the current iteration
+        self._clock = LoopClock(config.slow)
+        self._gpu_events: list[Any] | None = None  # CUDA events at the iteration boundaries
+        self._schedule_done = False
+        self._slow_prof: _Profiler | None = None  # a --slow recording in progress
         self._pending: list[StepRecord] = []
         self._cycles: list[_Cycle] = []
-        self._window: Called = {}
         self._notes: list[str] = []
         self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
+        self._filter = notices.Filter(self._hidden)  # descriptor 2 while recording (mid-loop notices)
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(timezone.utc)
         self._worker = files.tb_worker()
+        self._cleaners: list[threading.Thread] = []  # removing staging folders (files.write_with)
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -220,28 +230,138 @@ class CaptureSession:
         )
 
     def step(self) -> None:
-        """End the current step and begin the next (``prof.step()``)."""
-        if self._skip_step:  # the iteration raised: leave its step open, unended
+        """End the current step and begin the next (``prof.step()``).
+
+        Every call also times the iteration that ends (``loop_timing`` in the manifest),
+        before, during and after the schedule; with ``--slow`` it judges the iterations
+        after the schedule and records the one after a slow one.
+        """
+        now = time.perf_counter_ns()
+        if self._skip_step:  # the iteration raised (or was ended early): no step() for it
             self._skip_step = False
             return
         self._iterations += 1
-        if self._prof is None or self._stopped:
+        prof = self._prof
+        if prof is None or self._stopped:
+            if self._started:
+                self._after_schedule(now)
             return
-        now = time.perf_counter()
-        if self._prof.current_action in _RECORDING:
+        action = prof.current_action
+        if action in _RECORDING:
+            phase = "active"
+            self._clock.recorded.append([self._iterations - 1, prof.step_num])
             self._pending.append(
                 StepRecord(
-                    step=self._prof.step_num,
+                    step=prof.step_num,
                     cycle=len(self._cycles) + 1,
                     complete=True,
                     end="step",
-                    wall_ms=(now - self._t_step) * 1e3,
+                    wall_ms=(now - self._t_step) / 1e6,
                 )
             )
-        self._prof.step()
-        self._t_step = time.perf_counter()
+        elif action == ProfilerAction.WARMUP:
+            phase = "warmup"
+        else:
+            phase = "skip" if prof.step_num < self.config.skip_first else "wait"
+        self._clock.add(now - self._t_step, phase)
+        self._gpu_mark()
+        prof.step()
         if self.config.repeat and len(self._cycles) >= self.config.repeat:
+            self._schedule_done = True
             self.stop()  # the schedule is done: no cost for the rest of the loop
+        self._t_step = time.perf_counter_ns()
+
+    def _after_schedule(self, now: int) -> None:
+        """``step()`` past the schedule: time the iteration, and the ``--slow`` watch."""
+        slow = self._slow_prof
+        ratio = self._clock.add(now - self._t_step, "after" if slow is None else "slow")
+        self._gpu_mark()
+        if slow is not None:
+            self._end_slow(slow)
+        elif ratio is not None and len(self._clock.catches) < self.config.slow_max:
+            self._begin_slow(now - self._t_step, ratio)
+        self._t_step = time.perf_counter_ns()
+
+    def _gpu_mark(self) -> None:
+        """A CUDA event at the iteration boundary (CUDA only: the GPU time per iteration)."""
+        if self._gpu_events is not None:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._gpu_events.append(event)
+
+    def _gpu_ms(self) -> list[float] | None:
+        """The GPU time of each timed iteration: between consecutive boundary events."""
+        events = self._gpu_events
+        if not events:
+            return None
+        try:
+            events[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+        except Exception as exc:  # noqa: BLE001 - the GPU times are a convenience
+            self._notes.append(f"no GPU time per iteration ({type(exc).__name__}: {exc})")
+            return None
+
+    def _begin_slow(self, wall_ns: int, ratio: float) -> None:
+        """Iteration ``n`` was slow: record iteration ``n + 1`` with a profiler of its own."""
+        iteration = self._iterations - 1
+        catch: SlowCatch = {
+            "iteration": iteration,
+            "wall_ms": round(wall_ns / 1e6, 6),
+            "median_ms": round(self._clock.median_ns / 1e6, 6),
+            "ratio": round(ratio, 3),
+            "recorded": iteration + 1,
+            "path": None,
+        }
+        self._clock.catches.append(catch)
+        try:
+            # a schedule that always records: torch marks ProfilerStep#N only under a schedule
+            prof = _Profiler(self, schedule=_always_record, **self._profile_kwargs())
+            prof.step_num = iteration + 1  # its ProfilerStep#N is the iteration's number
+            prof.start()
+        except Exception as exc:  # noqa: BLE001 - the watch must never break the loop
+            self._notes.append(f"--slow: iteration {iteration + 1} could not be recorded ({type(exc).__name__}: {exc})")
+            return
+        self._slow_prof = prof
+
+    def _end_slow(self, prof: torch.profiler.profile) -> None:
+        """Stop the ``--slow`` recording and write its trace."""
+        self._slow_prof = None
+        assert self.dir is not None
+        catch = self._clock.catches[-1]
+        name = layout.slow_name(self.rank, len(self._clock.catches), self.config.gzip)
+        try:
+            prof.stop()
+            files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip)
+            catch["path"] = name
+        except Exception as exc:  # noqa: BLE001
+            self._notes.append(f"--slow: the trace of iteration {catch['recorded']} was not written ({exc})")
+        finally:
+            with contextlib.suppress(Exception):
+                torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
+
+    @property
+    def done(self) -> bool:
+        """Whether the profile is complete: the schedule's last cycle is written (with
+        ``--slow``, also its ``--slow-max`` traces). A cell that steps itself may
+        ``break`` on it; ``--stop`` does that for the stepped loop."""
+        return (
+            self._schedule_done
+            and self._slow_prof is None
+            and (self.config.slow is None or len(self._clock.catches) >= self.config.slow_max)
+        )
+
+    def _stop_loop(self) -> bool:
+        """Called by the ``--stop`` rewrite after ``step()``: True ends the loop (``break``)."""
+        if not self.done:
+            return False
+        self._clock.stopped_after = self._iterations - 1
+        return True
+
+    def _continue(self) -> None:
+        """Called by the ``--stop`` rewrite at a ``continue``: end the iteration now (its
+        ``finally`` then skips ``step()``), so ``_stop_loop`` can be asked before going on."""
+        self.step()
+        self._skip_step = True
 
     def note(self, message: str) -> None:
         """Add a line to the manifest's ``notes``."""
@@ -279,34 +399,45 @@ class CaptureSession:
             self.open()
         self._started = True
         _ACTIVE = self
-        cfg = self.config
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available() and not cfg.cpu_only:
-            activities.append(ProfilerActivity.CUDA)
-        if cfg.et:
+        if cfg_cuda(self.config):
+            self._gpu_events = []
+        self._filter.start()
+        if self.config.et:
             self._open_et(1)
         with warnings.catch_warnings():
             if self._one_step:  # the whole cell is the one active step: no warmup
                 warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
             self._prof = _Profiler(
                 self,
-                activities=activities,
                 schedule=torch.profiler.schedule(**self.schedule),
                 on_trace_ready=self._on_trace_ready,
-                record_shapes=cfg.record_shapes,
-                profile_memory=cfg.profile_memory,
-                with_stack=cfg.with_stack,
-                with_flops=cfg.with_flops,
                 execution_trace_observer=self._et,
+                **self._profile_kwargs(),
             )
         self._prof.start()
         # ProfilerStep#0 begins at the end of start(): its wall time is measured from here,
         # not from before the profiler's own set-up
-        self._t_step = time.perf_counter()
+        self._gpu_mark()
+        self._t_step = time.perf_counter_ns()
+
+    def _profile_kwargs(self) -> dict[str, Any]:
+        """The ``torch.profiler.profile`` options of this capture (its cycles and ``--slow``)."""
+        cfg = self.config
+        activities = [ProfilerActivity.CPU]
+        if cfg_cuda(cfg):
+            activities.append(ProfilerActivity.CUDA)
+        return dict(
+            activities=activities,
+            record_shapes=cfg.record_shapes,
+            profile_memory=cfg.profile_memory,
+            with_stack=cfg.with_stack,
+            with_flops=cfg.with_flops,
+        )
 
     def stop(self) -> None:
         """Stop recording now (the loop is over); the rest of the cell is not traced."""
         self._stop_profiler("cell_end" if self._one_step else "loop_exit")
+        self._filter.stop()
 
     @property
     def schedule(self) -> dict[str, int]:
@@ -328,9 +459,11 @@ class CaptureSession:
         """
         global _ACTIVE
         try:
+            self._abandon_slow()
             self._stop_profiler("error" if error is not None else "cell_end")
         finally:
             self._cleanup()
+            self._filter.stop()
             if _ACTIVE is self:
                 _ACTIVE = None
         if error is not None:
@@ -354,6 +487,19 @@ class CaptureSession:
         return Capture(self.dir, manifest)
 
     # -- internals ---------------------------------------------------------------------
+    def _abandon_slow(self) -> None:
+        """The loop ended while ``--slow`` recorded an iteration: stop, write nothing."""
+        prof, self._slow_prof = self._slow_prof, None
+        if prof is None:
+            return
+        catch = self._clock.catches[-1]
+        self._notes.append(f"--slow: the loop ended during iteration {catch['recorded']}, "
+                           f"recorded after slow iteration {catch['iteration']}: no trace of it.")
+        with contextlib.suppress(Exception):
+            prof.stop()
+        with contextlib.suppress(Exception):
+            torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
+
     def _stop_profiler(self, end: str) -> None:
         if self._prof is None or self._stopped:
             self._stopped = True
@@ -367,7 +513,7 @@ class CaptureSession:
                     cycle=len(self._cycles) + 1,
                     complete=self._one_step and end == "cell_end",
                     end=end,
-                    wall_ms=(time.perf_counter() - self._t_step) * 1e3,
+                    wall_ms=(time.perf_counter_ns() - self._t_step) / 1e6,
                 )
             )
         try:
@@ -382,8 +528,16 @@ class CaptureSession:
                 torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
 
     def _cleanup(self) -> None:
-        """Unregister the ET observer of a cycle that never ended."""
+        """Unregister the ET observer of a cycle that never ended; wait for the staging
+        folders to be gone."""
         self._close_et(None)
+        self._join_cleaners()
+
+    def _join_cleaners(self) -> None:
+        """Wait for the staging folders being removed in the background to be gone."""
+        for cleaner in self._cleaners:
+            cleaner.join()
+        self._cleaners.clear()
 
     # -- the Execution Trace: one per cycle, like the Kineto trace ------------------------
     def _cycle_label(self, number: int) -> int | None:
@@ -434,13 +588,13 @@ class CaptureSession:
         assert self.dir is not None
         if self._pending and all(s.end == "loop_exit" for s in self._pending):
             # the loop ended just as the window opened: a trace of its exit alone is noise
-            self._pending, self._window = [], {}
+            self._pending = []
             self._close_et(None)
             return
         number = len(self._cycles) + 1
         label = self._cycle_label(number)
-        cycle = _Cycle(number, label, steps=self._pending, window=self._window)
-        self._pending, self._window = [], {}
+        cycle = _Cycle(number, label, steps=self._pending)
+        self._pending = []
         self._cycles.append(cycle)
         if self._switched_off:
             self._switched_off = False
@@ -452,12 +606,17 @@ class CaptureSession:
             self._close_et(None)
             return
         gz = self.config.gzip
+
+        def export(path: str) -> None:  # the window's modules are named from it, still alive
+            prof.export_chrome_trace(path)
+            cycle.window = self._prof._modules(path) if self._prof is not None else {}
+
         try:
             if self.config.tb_names:
                 name = files.tb_name(self._worker, gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
-            files.write_with(self.dir / name, prof.export_chrome_trace, gz=gz)
+            files.write_with(self.dir / name, export, gz=gz, cleaners=self._cleaners)
             cycle.kineto = name
         except Exception as exc:
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
@@ -488,6 +647,7 @@ class CaptureSession:
             self.dir / name,
             lambda path: timeline.export_memory_timeline_raw(path, device),
             gz=self.config.gzip,
+            cleaners=self._cleaners,
         )
         return name
 
@@ -563,6 +723,9 @@ class CaptureSession:
         for c in self._cycles:
             if c.et:
                 entries.append({"path": c.et, "kind": "execution_trace", "rank": self.rank, "cycle": c.label})
+        for catch in self._clock.catches:
+            if catch.get("path"):
+                entries.append({"path": catch["path"], "kind": layout.SLOW_KIND, "rank": self.rank, "cycle": None})
         for entry in entries:
             entry["bytes"] = (self.dir / entry["path"]).stat().st_size
         entries.append({"path": files.MANIFEST, "kind": "manifest"})
@@ -575,6 +738,7 @@ class CaptureSession:
             steps=[asdict(s) for c in self._cycles for s in c.steps],
             steps_recorded=sum(len(c.steps) for c in self._cycles),
             iterations=self._iterations,
+            loop_timing=self._clock.as_manifest(self._gpu_ms()),
             files=entries,
             modules=first,
             notes=list(self._notes),
@@ -661,6 +825,16 @@ def et_observer_free() -> bool:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return True
+
+
+def _always_record(step: int) -> ProfilerAction:
+    """The ``--slow`` recorder's schedule: record (its one step)."""
+    return ProfilerAction.RECORD
+
+
+def cfg_cuda(config: CaptureConfig) -> bool:
+    """Whether the capture records CUDA (available and not ``--cpu-only``)."""
+    return torch.cuda.is_available() and not config.cpu_only
 
 
 def _error_entry(error: BaseException | None) -> dict[str, str] | None:

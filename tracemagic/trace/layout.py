@@ -5,6 +5,7 @@ A ``%%chakra_trace`` (or ``tracemagic.capture``, or torchrun) capture directory 
     kineto_trace_<rank>[_cycle<k>].json[.gz]     the Kineto trace (one per cycle with --repeat)
     torch_et_<rank>[_cycle<k>].json              the Execution Trace (--et), plain JSON for Chakra
     memory_timeline_<rank>[_cycle<k>].json[.gz]  torch's raw memory timeline (by category)
+    kineto_trace_<rank>_slow<k>.json[.gz]        the k-th slow step caught by --slow (its successor)
     ranks/<rank>.json                            each rank's own manifest (a job of several ranks)
     capture.json                                 the manifest (``Manifest``), written last
 
@@ -43,6 +44,11 @@ MEMORY_PREFIX = "memory_timeline_"
 KINETO_FILE = re.compile(KINETO_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
 #: ``torch_et_<rank>[_cycle<k>].json[.gz]``: groups rank, cycle
 ET_FILE = re.compile(ET_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
+#: ``kineto_trace_<rank>_slow<k>.json[.gz]`` (``--slow``): groups rank, k
+SLOW_FILE = re.compile(KINETO_PREFIX + r"(\d+)_slow(\d+)\.json(?:\.gz)?$")
+#: the manifest ``files`` kind of a ``--slow`` trace (not ``kineto``: loading the capture
+#: loads the schedule's cycles only; each slow trace loads on its own)
+SLOW_KIND = "kineto_slow"
 #: ``memory_timeline_<rank>[_cycle<k>].json[.gz]``: groups rank, cycle
 MEMORY_FILE = re.compile(MEMORY_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
 
@@ -56,6 +62,40 @@ class FileEntry(TypedDict, total=False):
     rank: int
     cycle: int | None
     bytes: int
+
+
+class SlowCatch(TypedDict, total=False):
+    """One slow iteration caught by ``--slow``: ``iteration`` was ``ratio`` × the running
+    median ``median_ms``; ``recorded`` (the next iteration) went to ``path``."""
+
+    iteration: int
+    wall_ms: float
+    median_ms: float
+    ratio: float
+    recorded: int
+    path: str | None
+
+
+class LoopTiming(TypedDict, total=False):
+    """``capture.json``'s ``loop_timing``: every iteration of the stepped loop, timed.
+
+    ``wall_ms[i]``: iteration ``i``'s wall time (``time.perf_counter_ns`` between the ends of
+    consecutive iterations; iteration 0 from the profiler's start). ``gpu_ms[i]`` (CUDA only,
+    else absent): the time between CUDA events recorded on the current stream at the same
+    boundaries. ``phases``: runs ``[phase, first iteration, count]`` (``skip``, ``wait``,
+    ``warmup``, ``active``, ``after``: past the schedule, ``slow``: recorded by ``--slow``);
+    ``recorded``: ``[iteration, ProfilerStep number]`` of the iterations in the trace;
+    ``stopped_after``: the iteration after which ``--stop`` ended the loop (else None).
+    """
+
+    wall_ms: list[float]
+    gpu_ms: list[float]
+    phases: list[list[Any]]
+    recorded: list[list[int]]
+    stopped_after: int | None
+    slow: list[SlowCatch]
+    slow_factor: float | None
+    slow_warmup: int
 
 
 class Manifest(TypedDict, total=False):
@@ -75,6 +115,8 @@ class Manifest(TypedDict, total=False):
     rank: int
     world_size: int
     steps: list[dict[str, Any]]
+    iterations: int
+    loop_timing: LoopTiming
     files: list[FileEntry]
     modules: dict[str, dict[str, str]]
     modules_by_file: dict[str, Any]
@@ -93,6 +135,11 @@ def _cycle(cycle: int | None) -> str:
 def kineto_name(rank: int, cycle: int | None, gz: bool) -> str:
     """``kineto_trace_<rank>[_cycle<k>].json[.gz]``; the cycle only with several cycles."""
     return f"{KINETO_PREFIX}{rank}{_cycle(cycle)}.json" + (".gz" if gz else "")
+
+
+def slow_name(rank: int, k: int, gz: bool) -> str:
+    """``kineto_trace_<rank>_slow<k>.json[.gz]``: the ``k``-th (from 1) ``--slow`` trace."""
+    return f"{KINETO_PREFIX}{rank}_slow{k}.json" + (".gz" if gz else "")
 
 
 def et_name(rank: int, cycle: int | None = None) -> str:

@@ -3,7 +3,9 @@ into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``).
 
 from __future__ import annotations
 
+import ctypes
 import os
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,28 @@ from tracemagic.trace.read import (
 
 #: row-number columns that must be shifted when ranks are stacked
 ROW_COLUMNS = ("parent", "launch", "op", "module")
+#: after parsing at least this much JSON, the heap the parse freed is handed back
+TRIM_MIN_BYTES = 8 << 20
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """The C library's ``malloc_trim`` (glibc), or None where there is none (macOS, musl, Windows)."""
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except (OSError, TypeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the heap memory the parse freed back to the system. glibc keeps what the
+    parsing threads freed in their own arenas (the second thread of ``trace.split``) and
+    the holes the chunks left: ~40 MB after a 100 MB trace, counted in the session's
+    memory until it ends, since the analyses (on the main thread) do not reuse it. Costs
+    ~2 ms; a no-op without glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _prepare(parsed: ParsedTrace) -> ParsedTrace:
@@ -74,6 +98,8 @@ def parse_source(
             parsed = parse.parse_source(source, recover=recover, progress=progress)
         parsed.meta["source"] = source.name
         parsed.meta.setdefault("rank_hint", source.rank_hint)
+        if source.size >= TRIM_MIN_BYTES:
+            release_free_memory()  # before the structure adds its columns
         return _prepare(parsed)
 
 
@@ -287,6 +313,8 @@ def load(
     total = sum(s.size for s in sources)
     callback = bar_for(progress, total, path.name)
     parsed = _parse_sources(sources, recover, callback, total, workers)
+    if total >= TRIM_MIN_BYTES:
+        release_free_memory()
     if outside:
         parsed[0].warnings.append(skipped(path, outside))
     events, flows, meta, cpu_order = assemble(parsed, path)

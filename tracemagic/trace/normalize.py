@@ -133,8 +133,15 @@ def _number(text: Any) -> int | None:
 
 
 def fill_device_and_stream(events: pd.DataFrame) -> None:
-    """GPU events without ``device``/``stream`` args take them from pid/tid ('stream 7')."""
+    """GPU events without ``device``/``stream`` args take them from pid/tid ('stream 7');
+    ``[memory]`` events take their ``Device Id`` (CUDA memory has its device in traces with
+    no GPU activity too: a CPU-activity profile of a CUDA model)."""
     kinds = events["kind"]
+    memory = (kinds == "memory").to_numpy()
+    if memory.any():
+        device = events["device"].copy()
+        device[memory] = events["device_id"][memory]
+        events["device"] = device
     gpu = kinds.isin(GPU_KINDS).to_numpy()
     if not gpu.any():
         return
@@ -151,11 +158,6 @@ def fill_device_and_stream(events: pd.DataFrame) -> None:
     stream[need_stream] = tid_numbers[tid_codes[need_stream]]
     events["device"] = device
     events["stream"] = stream
-    memory = (kinds == "memory").to_numpy()
-    if memory.any():
-        device = events["device"].copy()
-        device[memory] = events["device_id"][memory]
-        events["device"] = device
 
 
 def metadata(meta: dict[str, Any]) -> dict[str, Any]:

@@ -246,13 +246,52 @@ def launches(events: pd.DataFrame) -> np.ndarray:
     return launch
 
 
+def by_external_id(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows`` (runtime calls of one rank's events): the row of the op, annotation or step
+    with the same ``External id`` (the first in table order), else -1 (no id, id 0, none).
+
+    The TensorBoard plugin links runtime calls to their op so (``event_parser.py``,
+    ``parse_nodes``: ``externalid_to_runtime``), which holds where nesting cannot: a runtime
+    call on another thread than its op, or a 0 µs call exactly at an op's boundary. Unlike
+    the plugin, a link to an op that was not running when the call started is not taken
+    (the id is then of another numbering, as in converted traces that copy the correlation
+    id into ``External id``): such calls fall back to nesting.
+    """
+    found = np.full(rows.size, -1, dtype=np.int64)
+    ext = events["external_id"]
+    if rows.size == 0 or not ext.notna().any():
+        return found
+    ids = ext.to_numpy(dtype=np.int64, na_value=0)
+    ops = np.flatnonzero(kind_mask(events, "cpu_op", "user_annotation", "step") & (ids != 0))
+    if ops.size == 0:
+        return found
+    lookup = pd.Index(ids[ops])
+    first = ~lookup.duplicated()
+    at = pd.Index(lookup[first]).get_indexer(ids[rows])
+    known = (at >= 0) & (ids[rows] != 0)
+    op = ops[first][np.maximum(at, 0)]
+    # an id of another numbering (some converted traces give runtime calls their
+    # correlation id as External id) would link to an op that ran at another time
+    ts, dur = events["ts"].to_numpy(), events["dur"].to_numpy()
+    start = ts[rows] - ts[op]
+    known &= (start >= -NEST_TOLERANCE_US) & (start <= dur[op] + NEST_TOLERANCE_US)
+    found[known] = op[known]
+    return found
+
+
 def add_structure(events: pd.DataFrame) -> np.ndarray:
     """Add ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and ``module``;
     return the ``cpu_by_thread`` rows (the analyses search in that order too).
 
-    ``op`` is the CPU op that launched a GPU event (or a runtime call's enclosing op);
-    ``module`` the innermost ``nn.Module`` event enclosing a CPU event or a GPU event's
-    launch. Both are row numbers, -1 where none.
+    ``op`` is the CPU op that launched a GPU event (or a runtime call's op): the innermost
+    ``cpu_op`` at or around the op, annotation or step that shares the runtime call's
+    ``External id`` (``by_external_id``, the TensorBoard plugin's link), else, without
+    one, the innermost op enclosing the runtime call on its thread. ``module`` is the
+    innermost ``nn.Module`` event enclosing a CPU event, or that op (or runtime call) for
+    a GPU event. Both are row numbers, -1 where none. ``step`` of a GPU event is its
+    launching runtime call's step; -1 for GPU work with no launching runtime call in the
+    trace (in flight when profiling began) and work launched outside steps, as
+    ``steps()`` counts them (in no step).
     """
     ts = events["ts"].to_numpy()
     t0 = float(np.nanmin(ts)) if len(ts) else 0.0
@@ -266,11 +305,17 @@ def add_structure(events: pd.DataFrame) -> np.ndarray:
     module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
     op = propagate(parent, depth, is_op)
+    runtime = np.flatnonzero(kinds == KINDS.index("runtime"))
+    linked = by_external_id(events, runtime)
+    has_link = linked >= 0
+    op[runtime[has_link]] = op[linked[has_link]]
+    module[runtime[has_link]] = module[linked[has_link]]
     has_launch = launch >= 0
     rows = np.flatnonzero(has_launch)
     module[rows] = module[launch[rows]]
     op[rows] = op[launch[rows]]
-    step[rows] = np.where(step[launch[rows]] >= 0, step[launch[rows]], step[rows])
+    step[np.isin(kinds, [KINDS.index(k) for k in ("kernel", "memcpy", "memset")])] = -1
+    step[rows] = step[launch[rows]]
     events["parent"] = parent
     events["depth"] = depth
     events["self_dur"] = self_dur

@@ -63,11 +63,13 @@ def kernel_label(name: str, limit: int = 60) -> str:
     ``void`` return type, the argument list and namespaces dropped, template arguments
     kept (they tell instances apart): ``void at::native::vectorized_elementwise_kernel<4,
     at::native::CUDAFunctor_add<float>, ...>(int, ...)`` becomes
-    ``vectorized_elementwise_kernel<4, CUDAFunctor_add<float>, ...>``. Names that are not
-    C++ signatures (``Memcpy DtoD (Device -> Device)``, mangled names) are only cut."""
-    text = str(name).strip()
+    ``vectorized_elementwise_kernel<4, CUDAFunctor_add<float>, ...>``; the parentheses
+    of ``(anonymous namespace)`` (``void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>``)
+    are a namespace, not the argument list. Names that are not C++ signatures (``Memcpy DtoD
+    (Device -> Device)``, mangled names) are only cut; a label is never empty."""
+    text = original = str(name).strip()
     if text.startswith("void "):
-        text = text[5:]
+        text = text[5:].replace("(anonymous namespace)::", "")
         depth = 0
         for i, char in enumerate(text):
             if char == "<":
@@ -80,7 +82,7 @@ def kernel_label(name: str, limit: int = 60) -> str:
         text = _NAMESPACE.sub("", text)
     elif re.fullmatch(r"[A-Za-z_]\w*\(.*\)", text, flags=re.S):  # a C function: ncclKernel_...(ncclDevComm*, ...)
         text = text[: text.index("(")]
-    return shorten(text, limit)
+    return shorten(text.strip() or original, limit)
 
 
 def unique_labels(labels: Iterable[str]) -> list[str]:

@@ -1,11 +1,17 @@
 """The inline dashboard: ipywidgets tabs of plotly figures over sortable, filterable tables.
 
-Most figures are shown as plotly's own mime bundle (``application/vnd.plotly.v1+json``)
+Figures are shown as plotly's own mime bundle (``application/vnd.plotly.v1+json``)
 inside ``widgets.Output``: that renders in JupyterLab, Notebook 7 and VS Code with plotly's
-bundled extension. The Timeline is a ``go.FigureWidget`` (plotly 7: an ``anywidget``) whose
-events are drawn again for the visible range when the user zooms or pans
-(:class:`~tracemagic.views.zoom.ZoomableFigure`); without anywidget, or with
-``interactive=False`` / ``TRACEMAGIC_FIGUREWIDGET=0``, it falls back to the static figure.
+bundled extension, whose plotly.js the page loads once. The Timeline starts the same way,
+and its "detail on zoom" toggle turns it into a ``go.FigureWidget`` (plotly 7: an
+``anywidget``) whose events are drawn again for the visible range when the user zooms or
+pans (:class:`~tracemagic.views.zoom.ZoomableFigure`); ``interactive=True`` starts with it.
+It is not the default because the first ``FigureWidget`` of a kernel costs seconds: plotly
+imports ``nbformat`` for it, whose ``jsonschema`` builds the ``rfc3987_syntax`` grammars
+(5 to 9 s of CPU on a shared 2-core machine), and the widget sends its own copy of plotly.js
+(5 MB) to the page, which evaluates it again: the Timeline showed "loading…" for 8 to 9 s.
+Without anywidget, or with ``interactive=False`` / ``TRACEMAGIC_FIGUREWIDGET=0``, there is
+no toggle.
 Tables live in Python and only the visible page is sent to the browser, so the widget
 state stays small whatever the trace size. Tabs are built on first view.
 
@@ -24,7 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from tracemagic.views import html, sections, tables
+from tracemagic.views import figures, html, sections, tables
 from tracemagic.views._format import esc, fmt_bytes, unit_divisor
 from tracemagic.views.data import TraceData
 from tracemagic.views.zoom import ZoomableFigure, figure_widget_available
@@ -38,12 +44,16 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": False}
 #: the step selector's value for "all steps" (ipywidgets 8 shows a None value as blank)
 ALL_STEPS = "all"
+#: the last line of the text beside the widget: what a saved notebook shows until the cell runs again
+WIDGET_HINT = ("(This is the text summary: run the cell again (or trust the notebook) for the interactive "
+               "dashboard.)")
 PAGE_SIZES = (10, 25, 50, 100)
 
 
 def figure_bundle(fig: go.Figure) -> dict[str, Any]:
     """A figure as a display bundle: plotly's mime type plus a text line."""
     spec = json.loads(pio.to_json(fig, validate=False))
+    spec.setdefault("layout", {})["template"] = figures.template()
     spec["config"] = dict(PLOTLY_CONFIG)
     title = fig.layout.title.text or "figure"
     return {PLOTLY_MIME: spec, "text/plain": f"<plotly figure: {title}>"}
@@ -172,9 +182,11 @@ class Dashboard:
         unit: time unit, ``µs`` or ``ms``.
         force_widget: force (True) or suppress (False) the widget in the display bundle;
             default: only when running in a kernel, so terminal IPython builds no widget.
-        interactive: draw the Timeline as a ``FigureWidget`` that re-samples its events
-            to the visible range on zoom and pan (default: when anywidget is installed
-            and ``TRACEMAGIC_FIGUREWIDGET`` is not ``0``); False keeps static figures.
+        interactive: True: draw the Timeline as a ``FigureWidget`` that re-samples its
+            events to the visible range on zoom and pan, from the start; None (default):
+            a static Timeline with a "detail on zoom" toggle that makes it one (when
+            anywidget is installed and ``TRACEMAGIC_FIGUREWIDGET`` is not ``0``); False:
+            static figures, no toggle.
         caption: plain-text lines shown under the heading (a capture's status, folder,
             files and notes), so the widget hides nothing its text fallback says.
 
@@ -196,7 +208,10 @@ class Dashboard:
         interactive: bool | None = None,
         caption: Sequence[str] = (),
     ) -> None:
-        self.interactive = figure_widget_available() if interactive is None else bool(interactive)
+        #: whether the Timeline can become a zoomable FigureWidget (its toggle shows)
+        self.zoom_available = figure_widget_available() if interactive is None else bool(interactive)
+        #: whether it is one now (the toggle's value)
+        self.interactive = bool(interactive)
         self.data = trace if isinstance(trace, TraceData) else TraceData(trace)
         self.other = None if other is None else other if isinstance(other, TraceData) else TraceData(other)
         self.title = title or (f"{self.data.name} vs {self.other.name}" if self.other else self.data.name)
@@ -280,14 +295,23 @@ class Dashboard:
             html.style() + f'<div class="tm-caption" style="font-size:15px">tracemagic · {esc(self.title)}</div>'
             + (f'<div class="tm-caption" style="font-family:monospace;white-space:pre-wrap">{lines}</div>' if lines else "")
         )
+        strip = self.strip()
         root = widgets.VBox([
             header,
+            *([figure_output(strip)] if strip is not None else []),
             widgets.HBox([self.step_control, self.top_control, self.unit_control]),
             widgets.HBox([self.report_path, self.save_button, self.save_status]),
             self.tab,
         ])
         self.tab.selected_index = 0
         return root
+
+    def strip(self) -> go.Figure | None:
+        """The header's strip of every iteration (``figures.iteration_strip``), or None for a
+        trace without iteration timing (not a ``%%chakra_trace`` loop)."""
+        if self.data.summaries_only or self.data.iterations.empty:
+            return None
+        return figures.iteration_strip(self.data.iterations)
 
     @property
     def controls(self) -> dict[str, widgets.Widget]:
@@ -332,6 +356,13 @@ class Dashboard:
             self._built[key] = state
             return
         tab = self._tabs[key]
+        if section.rebuild and self.zoom_available and "zoom" not in tab:
+            tab["zoom"] = widgets.ToggleButton(
+                value=self.interactive, description="detail on zoom", icon="search-plus",
+                tooltip="draw the events of the visible range again when you zoom or pan "
+                        "(a plotly FigureWidget: its first start in a kernel takes seconds)",
+                layout=widgets.Layout(width="150px"))
+            tab["zoom"].observe(lambda change, key=key: self._zoom_toggled(key, bool(change["new"])), names="value")
         top_html = html.facts(section.facts) + html.bullets(section.bullets, "Recommendations" if key == "overview" else "")
         first = "table" not in tab
         if first:
@@ -356,10 +387,16 @@ class Dashboard:
             shown[0].layout.width = "auto"
             shown = [widgets.HBox([shown[0], tab["side"]], layout=widgets.Layout(width="100%", align_items="flex-start")),
                      *shown[1:]]
-        tab["box"].children = [tab["info"], *shown, tab["table"].widget, tab["extra"]]
+        tab["box"].children = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *shown, tab["table"].widget, tab["extra"]]
         tab["info"].value = html.style() + top_html
         tab["extra"].value = "".join(html.table(frame, caption=caption, max_rows=50) for caption, frame in section.extra)
         self._built[key] = state
+
+    def _zoom_toggled(self, key: str, on: bool) -> None:
+        """The "detail on zoom" toggle: the Timeline as a zoomable FigureWidget, or static."""
+        self.interactive = on
+        self._built.pop(key, None)
+        self._ensure(key)
 
     def _slot(self, fig: go.Figure, rebuild: Callable[[tuple[float, float]], go.Figure] | None,
               old: widgets.Output | ZoomableFigure | None) -> widgets.Output | ZoomableFigure:
@@ -372,7 +409,7 @@ class Dashboard:
             try:
                 return ZoomableFigure(fig, rebuild, unit_divisor=unit_divisor(self.state.unit), config=PLOTLY_CONFIG)
             except ImportError:  # anywidget missing after all: the static figure
-                self.interactive = False
+                self.interactive = self.zoom_available = False
         if isinstance(old, ZoomableFigure):
             old.close()
             old = None
@@ -440,10 +477,15 @@ class Dashboard:
         return shell is not None and getattr(shell, "kernel", None) is not None
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The widget (in a kernel) and the text summary; beside the widget the text ends with
+        :data:`WIDGET_HINT`, since a saved notebook opened later shows only the text until the
+        cell runs again."""
         bundle: dict[str, Any] = {}
+        text = self.text()
         if self._wants_widget():
             bundle.update(self.widget._repr_mimebundle_())
-        bundle["text/plain"] = self.text()
+            text = f"{text}\n\n{WIDGET_HINT}"
+        bundle["text/plain"] = text
         return bundle
 
     def __repr__(self) -> str:

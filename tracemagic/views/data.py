@@ -18,10 +18,12 @@ from tracemagic.analysis import advice as _advice
 from tracemagic.analysis import aggregate as _aggregate
 from tracemagic.analysis import diff as _diff
 from tracemagic.analysis import efficiency as _efficiency
+from tracemagic.analysis import iterations as _iterations
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
+from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
@@ -36,6 +38,8 @@ ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
     "ops": _ops.ops,
     "kernels": _kernels.kernels,
     "steps": _steps.steps,
+    "iterations": _iterations.iterations,
+    "phases": _phases.phases,
     "ranks_table": _ranks.ranks,
     "layers": _layers.layers,
     "memory": _memory.memory,
@@ -95,15 +99,32 @@ class TraceData:
 
     @property
     def steps(self) -> pd.DataFrame:
-        """``trace.steps()`` less the steps that hold only the loop's exit
-        (:attr:`loop_exit_steps`): they are not steps of the loop."""
+        """``trace.steps()`` less the steps that hold only the loop's exit or that the cell's
+        error cut short (:attr:`loop_exit_steps`): they are not whole steps of the loop."""
         return _aggregate.loop_steps(self.table("steps"), getattr(self.trace, "manifest", None))
+
+    @property
+    def iterations(self) -> pd.DataFrame:
+        """Every iteration of a ``%%chakra_trace`` loop (``trace.iterations()``; empty for
+        other traces)."""
+        return self.table("iterations")
 
     @cached_property
     def loop_exit_steps(self) -> list[int]:
         """The ProfilerSteps a ``%%chakra_trace`` capture marks as holding only the loop's
-        exit (``capture.json``: ``end`` ``loop_exit``, not complete); empty for other traces."""
-        return _aggregate.loop_exit_steps(getattr(self.trace, "manifest", None))
+        exit or cut short by the cell's error (``aggregate.uncounted_steps``); empty for
+        other traces."""
+        return list(self.uncounted_steps)
+
+    @cached_property
+    def uncounted_steps(self) -> dict[int, str]:
+        """:attr:`loop_exit_steps` with how each ended (``loop_exit`` | ``error``)."""
+        return _aggregate.uncounted_steps(getattr(self.trace, "manifest", None))
+
+    @property
+    def phases(self) -> pd.DataFrame:
+        """``trace.phases()``: per step, data loading, forward, backward, optimizer and other."""
+        return self.table("phases")
 
     @property
     def ops(self) -> pd.DataFrame:
@@ -174,6 +195,13 @@ class TraceData:
         if not hasattr(self.trace, "events"):
             return empty_table("layer_spans")
         return self.table("layer_spans", compute=compute)
+
+    @property
+    def phase_spans(self) -> pd.DataFrame:
+        """The host phases as time intervals (``analysis.phases.phase_spans``): the Timeline's phases lane."""
+        if not hasattr(self.trace, "events"):
+            return empty_table("phase_spans")
+        return self.table("phase_spans", compute=lambda: self.trace.table(_phases.phase_spans))
 
     @cached_property
     def has_et(self) -> bool:

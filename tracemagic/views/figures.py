@@ -9,16 +9,23 @@ extremes, the tree keeps the heaviest layers.
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+import functools
+import json
+from typing import Any, Literal, Mapping, cast
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.json import to_json_plotly
 
 from tracemagic.views import tables
 from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, kernel_label, shorten, unique_labels, unit_divisor
 from tracemagic.views.selection import timeline_events
 
+#: the plotly template of every figure. Figures do not carry it (plotly validates and copies
+#: the whole template into each figure that sets it: tens of ms per figure); the views add it
+#: where a figure is shown (:func:`template`), once per page in the HTML report
 TEMPLATE = "plotly_white"
 #: colors of the step parts (``tables.STEP_PARTS`` order)
 PART_COLORS = {
@@ -31,6 +38,14 @@ PART_COLORS = {
     "cpu_us": "#1f77b4",
     "idle_us": "#c7c7c7",
 }
+#: colors of the phases of a step (``tables.PHASE_NAMES`` order)
+PHASE_COLORS = {
+    "dataloader": "#d62728",
+    "forward": "#8c6bb1",
+    "backward": "#e377c2",
+    "optimizer": "#ff7f0e",
+    "other": "#c7c7c7",
+}
 KIND_COLORS = {
     "step": "#7f7f7f",
     "cpu_op": "#1f77b4",
@@ -40,14 +55,25 @@ KIND_COLORS = {
     "memset": "#e6ab02",
     "layer forward": "#8c6bb1",
     "layer backward": "#e377c2",
+    **{f"phase {name}": color for name, color in PHASE_COLORS.items()},
 }
 STATUS_COLORS = {"slower": "#d62728", "faster": "#2ca02c", "added": "#ff7f0e", "removed": "#1f77b4", "same": "#c7c7c7"}
+
+
+@functools.lru_cache(maxsize=1)
+def template_json() -> str:
+    """``TEMPLATE`` as plotly JSON text (computed once)."""
+    return to_json_plotly(pio.templates[TEMPLATE].to_plotly_json())
+
+
+def template() -> dict[str, Any]:
+    """``TEMPLATE`` as a plotly JSON dict (a fresh copy) for a figure's ``layout.template``."""
+    return cast("dict[str, Any]", json.loads(template_json()))
 
 
 def _layout(fig: go.Figure, title: str, x: str | None = None, y: str | None = None, height: int = 420) -> go.Figure:
     fig.update_layout(
         title={"text": esc(title)},
-        template=TEMPLATE,
         height=height,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
@@ -110,6 +136,82 @@ def step_breakdown(steps: pd.DataFrame, *, unit: str = "ms", rank: int | None = 
         )
     fig.update_layout(barmode="stack", legend_traceorder="normal")
     return _layout(fig, "Step time breakdown", "step", f"time ({unit})")
+
+
+#: the iteration strip's bar groups: name -> (phases, color)
+STRIP_GROUPS = {
+    "not recorded": (("skip", "wait", "after", ""), "#c7c7c7"),
+    "profiler warm-up": (("warmup",), "#9ecae1"),
+    "recorded steps": (("active",), "#1f77b4"),
+    "recorded by --slow": (("slow",), "#ff7f0e"),
+}
+
+
+def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
+    """A small bar chart of every iteration's wall time (``iterations()``' ``wall_ms``),
+    the recorded steps in blue and the slow ones ``--slow`` caught marked with a red ×.
+
+    Returns:
+        One ``Bar`` per non-empty group of ``STRIP_GROUPS`` (x: the iteration), and a
+        ``Scatter`` of the caught slow iterations.
+    """
+    if iterations.empty:
+        return empty("No iteration timing (not a %%chakra_trace loop).", "Every iteration")
+    fig = go.Figure()
+    phase = iterations["phase"].astype(str)
+    for name, (phases, color) in STRIP_GROUPS.items():
+        rows = iterations[phase.isin(phases)]
+        if rows.empty:
+            continue
+        step = rows["step"].astype("Float64").fillna(-1).to_numpy(dtype=float)
+        fig.add_bar(
+            name=name, x=rows["iteration"].to_numpy(), y=rows["wall_ms"].to_numpy(dtype=float), marker_color=color,
+            customdata=step, marker_line_width=0,
+            hovertemplate="iteration %{x}: %{y:.3f} ms" + (" (ProfilerStep#%{customdata})" if name == "recorded steps" else "")
+            + f"<extra>{esc(name)}</extra>",
+        )
+    caught = iterations[iterations["slow_ratio"].notna()]
+    if len(caught):
+        fig.add_scatter(
+            name="slow, caught by --slow", mode="markers", x=caught["iteration"].to_numpy(),
+            y=caught["wall_ms"].to_numpy(dtype=float), customdata=caught["slow_ratio"].to_numpy(dtype=float),
+            marker={"symbol": "x", "color": "#d62728", "size": 9},
+            hovertemplate="iteration %{x}: %{y:.3f} ms, %{customdata:.1f}× the running median<extra>slow</extra>",
+        )
+    fig.update_layout(bargap=0, showlegend=True)
+    fig = _layout(fig, f"Every iteration ({len(iterations):,}): wall time", None, "ms", height=200)
+    fig.update_layout(margin={"l": 50, "r": 10, "t": 40, "b": 25})
+    return fig
+def phase_breakdown(phases: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
+    """Stacked bar per step of its phases (``trace.phases()``): data loading, forward,
+    backward, optimizer and other on the host (they add up to the host step) and, on a GPU
+    trace, beside it the GPU time each phase launched (``step N · GPU``).
+
+    Returns:
+        One ``Bar`` trace per phase, in ``tables.PHASE_NAMES`` order.
+    """
+    if phases.empty:
+        return empty("No ProfilerStep in this trace: no phases to show.", "Phases of each step")
+    div = unit_divisor(unit)
+    phases = phases.sort_values(["rank", "step"] if "rank" in phases else ["step"])
+    labels = _step_labels(phases)
+    gpu = bool(phases[[f"gpu_{p}_us" for p in tables.PHASE_NAMES]].notna().any().any())
+    x = [f"{label} · host" for label in labels] + [f"{label} · GPU" for label in labels] if gpu else labels
+    fig = go.Figure()
+    for phase, name in tables.PHASE_NAMES.items():
+        host = phases[f"{phase}_us"].to_numpy(dtype=float)
+        values = np.concatenate([host, phases[f"gpu_{phase}_us"].to_numpy(dtype=float)]) if gpu else host
+        if not (np.nan_to_num(values) > 0).any():
+            continue
+        share = 100 * host / np.maximum(phases["dur"].to_numpy(dtype=float), 1e-9)
+        fig.add_bar(
+            name=name, x=x, y=values / div, marker_color=PHASE_COLORS[phase],
+            customdata=np.concatenate([share, np.full(len(values) - len(share), np.nan)]),
+            hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} {unit}<extra></extra>",
+        )
+    fig.update_layout(barmode="stack", legend_traceorder="normal")
+    title = "Phases of each step (host" + (", and the GPU time each launched)" if gpu else ")")
+    return _layout(fig, title, "step", f"time ({unit})")
 
 
 def top_ops_bar(ops: pd.DataFrame, *, top: int = 15, unit: str = "ms") -> go.Figure:
@@ -205,8 +307,9 @@ def timeline(
     unit: str = "ms",
     thread_names: Mapping[tuple[int, str], str] | None = None,
     spans: pd.DataFrame | None = None,
+    phase_spans: pd.DataFrame | None = None,
 ) -> go.Figure:
-    """Steps, layers, CPU ops (per rank and thread) and GPU work (per rank and stream) on a
+    """Steps, phases, layers, CPU ops (per rank and thread) and GPU work (per rank and stream) on a
     time axis.
 
     Draws ``selection.timeline_events``: each lane's longest events in the window
@@ -230,13 +333,15 @@ def timeline(
         spans: ``layer_spans()`` (``rank, layer, phase, ts, dur``): a ``layers`` lane per
             rank, under its steps, with a bar per forward or backward span of a top-level
             layer; None or empty: no lane.
+        phase_spans: ``phase_spans()``: a ``phases`` lane per rank, under its steps (data
+            loading, forward, backward, optimizer); None or empty: no lane.
 
     Returns:
         Horizontal ``Bar`` traces, one per event kind, plus ``aggregated`` bins when needed.
         ``layout.meta`` holds ``{"shown": n, "total": n, "window": [lo, hi], "origin": t}``.
     """
     events = timeline_events(ops, kernels, steps, step=step, window=window, max_events=max_events, bins=bins,
-                             thread_names=thread_names, spans=spans)
+                             thread_names=thread_names, spans=spans, phase_spans=phase_spans)
     lo, hi = events.attrs["window"]
     origin = lo if origin is None else float(origin)
     div = unit_divisor(unit)
@@ -261,15 +366,18 @@ def timeline(
             hovertemplate="%{customdata[0]} short events<br>busy %{customdata[1]:.0f}%<extra>aggregated</extra>",
         )
     # outer events first, nested ones drawn on top of them and narrower (a flame graph per lane)
-    draw_order = {"step": 0, "layer forward": 1, "layer backward": 2, "user_annotation": 3, "cpu_op": 4}
+    draw_order = {"step": 0, "phase dataloader": 0.1, "phase forward": 0.2, "phase backward": 0.3, "phase optimizer": 0.4,
+                  "layer forward": 1, "layer backward": 2, "user_annotation": 3, "cpu_op": 4}
     kinds = sorted(shown["kind"].unique(), key=lambda k: (draw_order.get(k, 5), k))
     for kind in kinds:
         group = shown[shown["kind"] == kind].sort_values(["depth", "ts"], kind="stable")
         named = {"text": [esc(shorten(n.rsplit(".", 1)[-1], 24)) for n in group["name"]], "textposition": "inside",
-                 "insidetextanchor": "middle", "textangle": 0, "textfont": {"size": 10}} if kind.startswith("layer ") else {}
+                 "insidetextanchor": "middle", "textangle": 0, "textfont": {"size": 10}} \
+            if kind.startswith(("layer ", "phase ")) else {}
         fig.add_bar(
             orientation="h",
             name=esc(kind),
+            showlegend=not kind.startswith("phase "),  # its bars say their phase: no legend to cover the plot
             width=0.8 * 0.8 ** np.clip(group["depth"].to_numpy(dtype=float), 0, 6),
             y=[label[lane] for lane in group["lane"]],
             base=(group["ts"].to_numpy(dtype=float) - origin) / div,

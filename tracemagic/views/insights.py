@@ -30,7 +30,8 @@ def recommendations(
     limit: int = 6,
 ) -> list[str]:
     """Up to ``limit`` one-line recommendations, most important first: the ``text`` of the
-    rows ``tracemagic.analysis.advice.evaluate`` gives for these tables.
+    rows ``tracemagic.analysis.advice.evaluate`` gives for these tables, or the line saying
+    none fired with the closest figures (``advice.lines``).
 
     Args:
         steps: ``trace.steps()``.
@@ -42,7 +43,7 @@ def recommendations(
         limit: the most recommendations returned.
     """
     rows = _advice.evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory_bytes)
-    return [str(text) for text in rows["text"].head(limit)]
+    return _advice.lines(rows, limit)
 
 
 def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
@@ -73,9 +74,10 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         if len(numbered) < len(data.step_ids):  # step -1: a rank without ProfilerStep, one span
             listed = ("none (no ProfilerStep: the whole trace is one span)" if not numbered
                       else listed + "; ranks without ProfilerStep: one span each (step -1)")
-        if data.loop_exit_steps:
-            listed += (f"; step {', '.join(map(str, data.loop_exit_steps))} holds only the loop's exit and is not "
-                       "counted")
+        for end, what in tables.UNCOUNTED_ENDS.items():
+            left_out = [str(s) for s, e in data.uncounted_steps.items() if e == end]
+            if left_out:
+                listed += f"; step {', '.join(left_out)} {what} and is not counted"
         out.append(("steps", listed))
         step_us = float(mean["step_us"])
         if step is None:
@@ -88,9 +90,15 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         parts = [(name, float(share[col])) for col, name in tables.part_names(steps).items()
                  if col in share and float(share[col]) >= 0.005]  # NaN (no step) is never
         out.append(("breakdown", ", ".join(f"{name} {fmt_pct(p)}" for name, p in sorted(parts, key=lambda x: -x[1]))))
+        phased = phase_text(data, step)
+        if phased:
+            out.append(("phases", phased))
         if share["gpu_busy_us"] == share["gpu_busy_us"]:  # NaN without a GPU
             busy = float(share["gpu_busy_us"])
             out.append(("GPU", f"busy {fmt_pct(busy)}, idle {fmt_pct(1.0 - busy)} of the step"))
+            if "kernel_busy_us" in share:  # the TensorBoard plugin's figure: kernels alone
+                out.append(("GPU utilization", f"{fmt_pct(float(share['kernel_busy_us']))} (kernels only, the "
+                                               "TensorBoard plugin's; busy counts memcpy and memset too)"))
         unlaunched = steps.attrs.get("unlaunched") or {}
         if unlaunched:
             events = sum(int(v["events"]) for v in unlaunched.values())
@@ -108,13 +116,32 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
                     "; ".join((f"rank {row['rank']} · " if data.several_ranks else "") + peak_text(row, step)
                               for _, row in top.iterrows())))
     if data.has_gpu and step is None:
-        gaps = roofline_gaps(data.efficiency, 1)
+        gaps = roofline_gaps(data.efficiency, 1)  # only a gap worth ROOFLINE_MIN_SHARE of the GPU time
         if gaps:
             out.append(("furthest below its roof", gaps[0]))
     table = getattr(data.trace, "events", None)
     if table is not None:
         out.append(("events", f"{len(table):,}"))
     return out
+
+
+def phase_text(data: TraceData, step: int | None = None) -> str:
+    """The mean step's phases (``trace.phases()``) as text, largest first: the host's shares
+    of the host step, and the GPU time each phase launched; '' without phases."""
+    phases = phases_of(data, step)
+    if phases is None or phases.empty:
+        return ""
+    mean = tables.phase_means(phases)
+    dur = float(mean["dur"])
+    if not dur > 0:
+        return ""
+    host = sorted(((name, float(mean[f"{p}_us"]) / dur) for p, name in tables.PHASE_NAMES.items()), key=lambda x: -x[1])
+    text = ", ".join(f"{name} {fmt_pct(v)}" for name, v in host if v >= 0.005) + " of the host step"
+    gpu = {name: float(mean[f"gpu_{p}_us"]) for p, name in tables.PHASE_NAMES.items()}
+    if all(v == v for v in gpu.values()) and sum(gpu.values()) > 0:
+        text += "; GPU time launched: " + ", ".join(
+            f"{name} {fmt_time(v)}" for name, v in sorted(gpu.items(), key=lambda x: -x[1]) if v > 0)
+    return text
 
 
 def peak_text(row: pd.Series, step: int | None = None, *, device: bool = True) -> str:
@@ -129,8 +156,22 @@ def peak_text(row: pd.Series, step: int | None = None, *, device: bool = True) -
 
 
 def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3) -> list[str]:
-    """The largest gaps between ops and their roof as text (``analysis.advice.roofline_gaps``)."""
+    """The largest gaps between ops and their roof as text (``analysis.advice.roofline_gaps``:
+    those losing at least ``ROOFLINE_MIN_SHARE`` of the GPU time)."""
     return [str(text) for text in _advice.roofline_gaps(efficiency, limit)["text"]]
+
+
+def roofline_bullets(efficiency: pd.DataFrame, limit: int = 3) -> list[str]:
+    """The Roofline tab's bullets: :func:`roofline_gaps`, or, where none loses enough GPU
+    time to be named, a line saying so with the largest loss (never nothing)."""
+    gaps = roofline_gaps(efficiency, limit)
+    if gaps:
+        return gaps
+    largest = _advice.roofline_gaps(efficiency, 1, min_share=0.0)
+    if largest.empty:
+        return []
+    return [f"No op × shape loses {fmt_pct(_advice.ROOFLINE_MIN_SHARE)} of the GPU time of ops with shapes to its "
+            f"roof; the largest loss: {largest['evidence'].iloc[0]}."]
 
 
 def device_memory(data: TraceData) -> float | None:
@@ -145,11 +186,25 @@ def advice(data: TraceData, step: int | None = None) -> pd.DataFrame:
         tables.select_step(data.steps, step), tables.select_step(data.ops, step),
         tables.select_step(data.kernels, step) if data.has_gpu else None, tables.peaks_of(data.memory_peaks, step),
         data.ranks_table if data.several_ranks and step is None else None, device_memory_bytes=device_memory(data),
-        step=step,
+        step=step, iterations=data.iterations if step is None and not data.summaries_only else None,
+        phases=phases_of(data, step),
     ))
+
+
+def phases_of(data: TraceData, step: int | None = None) -> pd.DataFrame | None:
+    """``trace.phases()`` rows of the loop's steps (:attr:`TraceData.steps`), of ``step`` given
+    one; None for a job's summarized ranks (no events)."""
+    if data.summaries_only:
+        return None
+    phases = data.phases
+    if phases.empty:
+        return phases
+    steps = tables.select_step(data.steps, step)
+    return phases[phases["step"].isin(steps["step"])].reset_index(drop=True)
 
 
 def for_trace(data: TraceData, limit: int = 6, step: int | None = None) -> list[str]:
     """The first ``limit`` recommendations (:func:`advice`'s ``text``) for a ``TraceData``
-    (of one step, given ``step``)."""
-    return [str(text) for text in advice(data, step)["text"].head(limit)]
+    (of one step, given ``step``), or the line saying none fired with the closest figures:
+    never nothing (``advice.lines``)."""
+    return _advice.lines(advice(data, step), limit)

@@ -1,7 +1,12 @@
 """The standalone HTML report: the dashboard's tabs as one self-contained file.
 
-plotly.js is inlined once, tables are embedded as escaped JSON and drawn with
-``textContent`` by a few lines of inline script (sort, filter, pages), and a
+plotly.js is inlined once, at the end of the page: a partial bundle of the trace types the
+views draw (``plotly-report.min.js``) where it can draw every figure of the report. Figures
+and tables are embedded as escaped JSON, with the plotly template once, and drawn by a few
+lines of inline script only when their tab shows: the first tab at once (its text before
+plotly.js has loaded), a hidden tab's figures and tables when the tab is opened, so the
+first figure waits only for plotly.js and the first tab. Tables are drawn with
+``textContent`` (sort, filter, pages), and a
 Content-Security-Policy with a per-file nonce forbids network access and any script the
 report did not write itself (an ``onerror=`` smuggled in through a name cannot run even if
 escaping were ever missed). The file is written atomically.
@@ -9,9 +14,11 @@ escaping were ever missed). The file is written atomically.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import re
 import secrets
 import tempfile
 from datetime import datetime, timezone
@@ -20,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import plotly.graph_objects as go
-import plotly.io as pio
+from plotly.io.json import to_json_plotly
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from tracemagic._version import __version__
-from tracemagic.views import html, sections
+from tracemagic.views import figures, html, sections
 from tracemagic.views._format import esc
 from tracemagic.views.data import TraceData
 
@@ -33,6 +41,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #: rows of one table embedded in the report (the rest is summarized in a note)
 MAX_TABLE_ROWS = 5000
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+#: plotly.js with only the trace types the views draw (``scripts/build_plotly_bundle.sh``):
+#: a fifth of the full bundle's code for the browser to evaluate before the first figure
+PARTIAL_PLOTLYJS = Path(__file__).with_name("plotly-report.min.js")
+#: the trace types in ``PARTIAL_PLOTLYJS``
+PARTIAL_TRACES = frozenset({"scatter", "bar", "heatmap", "icicle", "sunburst"})
 
 _PAGE_CSS = """
 body{font:14px system-ui,sans-serif;margin:0;color:#222}
@@ -54,6 +67,7 @@ main{padding:8px 20px 40px}
 
 _SCRIPT = """
 (function(){
+  var CONFIG=__CONFIG__;
   function fmt(v){
     if(v===null||v===undefined)return "";
     if(typeof v==="number"){
@@ -105,13 +119,34 @@ _SCRIPT = """
     next.addEventListener("click",function(){st.page+=1;render();});
     render();
   }
+  function initTables(sec){
+    sec.querySelectorAll(".tm-tablebox:not(.tm-ready)").forEach(function(box){box.classList.add("tm-ready");initTable(box);});
+  }
+  // figures are drawn when their tab shows, one at a time (a frame painted between two)
+  function drawNext(sec){
+    if(!window.Plotly||!(sec.classList.contains("active")||sec.classList.contains("tm-always")))return;
+    var box=sec.querySelector(".tm-figure:not(.tm-drawn)");
+    if(!box)return;
+    box.classList.add("tm-drawn");
+    var div=box.querySelector(".plotly-graph-div"),next=function(){requestAnimationFrame(function(){setTimeout(function(){drawNext(sec);},0);});};
+    try{
+      var spec=JSON.parse(box.querySelector("script.tm-fig").textContent);
+      if(spec.template!==null)spec.layout.template=JSON.parse(document.getElementById("tm-template-"+spec.template).textContent);
+      Promise.resolve(Plotly.newPlot(div,spec.data,spec.layout,CONFIG)).then(next,function(e){fail(div,e);next();});
+    }catch(e){fail(div,e);next();}
+  }
+  function fail(div,e){div.textContent="This figure could not be drawn: "+e;div.style.height="auto";}
   function show(key){
     document.querySelectorAll(".tm-section").forEach(function(s){s.classList.toggle("active",s.id==="tab-"+key);});
     document.querySelectorAll("nav button").forEach(function(b){b.classList.toggle("active",b.dataset.tab===key);});
     var sec=document.getElementById("tab-"+key);
-    if(window.Plotly&&sec){sec.querySelectorAll(".js-plotly-plot").forEach(function(p){Plotly.Plots.resize(p);});}
+    if(!sec)return;
+    initTables(sec);
+    if(window.Plotly){sec.querySelectorAll(".js-plotly-plot").forEach(function(p){Plotly.Plots.resize(p);});}
+    drawNext(sec);
   }
-  document.querySelectorAll(".tm-tablebox").forEach(initTable);
+  // the figures always shown (the header's iteration strip), then the open tab's
+  window.tmDrawActive=function(){document.querySelectorAll(".tm-always, .tm-section.active").forEach(drawNext);};
   document.querySelectorAll("nav button").forEach(function(b){b.addEventListener("click",function(){show(b.dataset.tab);});});
   var first=document.querySelector("nav button");if(first)show(first.dataset.tab);
 })();
@@ -132,10 +167,7 @@ def _json_value(value: Any) -> Any:
 
 def script_json(obj: Any) -> str:
     """JSON safe inside a ``<script>`` element: ``<``, ``>``, ``&`` and line separators escaped."""
-    text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    for raw, safe in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
-        text = text.replace(raw, safe)
-    return text
+    return _script_safe(json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")))
 
 
 def table_block(frame: pd.DataFrame, caption: str, nonce: str) -> str:
@@ -159,14 +191,66 @@ def table_block(frame: pd.DataFrame, caption: str, nonce: str) -> str:
     )
 
 
-def figure_block(fig: go.Figure, div_id: str, nonce: str, *, include_plotlyjs: bool) -> str:
-    """One figure as a ``<div>`` + its script (plotly.js inlined when asked), nonce'd."""
-    fragment = pio.to_html(
-        fig, full_html=False, include_plotlyjs=include_plotlyjs, include_mathjax=False,
-        div_id=div_id, config=PLOTLY_CONFIG, validate=False,
-    )
-    # plotly writes the figure as JSON with < > / escaped, so the only <script tags here are its own
-    return fragment.replace("<script", f'<script nonce="{nonce}"')
+class Figures:
+    """The report's figures as JSON data for the page's script, drawn when their tab shows.
+
+    Each figure is a ``<div>`` sized to the figure's height (so the page does not move when
+    it is drawn) beside its ``{"data", "layout", "template"}`` as escaped JSON; the plotly
+    template (``figures.TEMPLATE``, ~10 KB; figures do not carry it) is written once, not once
+    per figure.
+    """
+
+    def __init__(self, nonce: str) -> None:
+        self.nonce = nonce
+        self.templates: dict[str, int] = {}  # JSON text -> index (one: figures.TEMPLATE)
+        #: the trace types of the figures written so far
+        self.types: set[str] = set()
+
+    def block(self, fig: go.Figure, div_id: str) -> str:
+        """One figure: its placeholder ``<div>`` and its JSON (drawn when its tab shows)."""
+        spec = fig.to_plotly_json()
+        layout = spec.get("layout") or {}
+        layout.pop("template", None)  # plotly's default, added when serializing a figure that has none
+        index = self.templates.setdefault(_script_safe(figures.template_json()), len(self.templates))
+        self.types.update(str(trace.get("type") or "scatter") for trace in spec.get("data") or ())
+        height = layout.get("height") or 450
+        data = _script_safe(to_json_plotly({"data": spec.get("data") or [], "layout": layout, "template": index}))
+        return (
+            f'<div class="tm-figure"><div id="{esc(div_id)}" class="plotly-graph-div" style="height:{float(height):g}px;width:100%"></div>'
+            f'<script type="application/json" class="tm-fig" nonce="{self.nonce}">{data}</script></div>'
+        )
+
+    def template_blocks(self) -> str:
+        """The templates the figures refer to, once each."""
+        return "".join(
+            f'<script type="application/json" id="tm-template-{i}" nonce="{self.nonce}">{text}</script>'
+            for text, i in self.templates.items()
+        )
+
+
+def plotly_js(types: set[str]) -> str:
+    """The plotly.js to inline for figures of these trace types: the partial bundle where it
+    draws them all and is the plotly.js version the installed plotly writes figures for,
+    else plotly's full bundle."""
+    partial = _partial_plotlyjs()
+    return partial if partial and types <= PARTIAL_TRACES else get_plotlyjs()
+
+
+@functools.lru_cache(maxsize=1)
+def _partial_plotlyjs() -> str | None:
+    try:
+        text = PARTIAL_PLOTLYJS.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    version = re.match(r"/\*! plotly\.js v(\S+) ", text)
+    return text if version and version.group(1) == get_plotlyjs_version() else None
+
+
+def _script_safe(json_text: str) -> str:
+    """JSON text safe inside a ``<script>`` element (``<``, ``>``, ``&`` occur only in strings)."""
+    for raw, safe in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        json_text = json_text.replace(raw, safe)
+    return json_text
 
 
 def render(data: TraceData, *, other: TraceData | None = None, title: str | None = None,
@@ -177,7 +261,10 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
     title = title or (f"{data.name} vs {other.name}" if other else data.name)
     keys = sections.available(data, other)
     nav, body = [], []
-    plotly_included = False
+    blocks = Figures(nonce)
+    strip = ""
+    if not data.summaries_only and not data.iterations.empty:  # every iteration of the loop, atop the report
+        strip = f'<div class="tm-always">{blocks.block(figures.iteration_strip(data.iterations), "fig-strip")}</div>'
     for key in keys:
         try:
             section = sections.build(key, data, state, other)
@@ -185,11 +272,10 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
             section = sections.Section(key, sections.TITLES[key], bullets=[f"This view failed: {type(exc).__name__}: {exc}"])
         parts = [html.facts(section.facts), html.bullets(section.bullets, "Recommendations" if key == "overview" else "")]
         for i, fig in enumerate(section.figures):
-            block = figure_block(fig, f"fig-{key}-{i}", nonce, include_plotlyjs=not plotly_included)
+            block = blocks.block(fig, f"fig-{key}-{i}")
             if i == 0 and section.side:  # the side panel (the Layers tab's tree table) beside the first figure
                 block = f'<div class="tm-beside"><div class="tm-main">{block}</div><div class="tm-side">{section.side}</div></div>'
             parts.append(block)
-            plotly_included = True
         if len(section.table.columns):
             parts.append(table_block(section.table, section.table_title, nonce))
         parts += [html.table(frame, caption=caption, max_rows=50) for caption, frame in section.extra]
@@ -209,9 +295,13 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         f"<title>tracemagic · {esc(title)}</title>"
         f"<style>{_PAGE_CSS}{html.CSS}</style></head><body>"
         f'<header><h1>tracemagic · {esc(title)}</h1><div class="tm-meta">tracemagic {esc(__version__)} · {stamp}'
-        " · self-contained report (no network)</div></header>"
-        f"<nav>{''.join(nav)}</nav><main>{''.join(body)}</main>"
-        f'<script nonce="{nonce}">{_SCRIPT}</script></body></html>\n'
+        f" · self-contained report (no network)</div>{strip}</header>"
+        f"<nav>{''.join(nav)}</nav><main>{''.join(body)}</main>{blocks.template_blocks()}"
+        # the first tab's text and tables show before plotly.js (the largest part of the file) runs
+        f'<script nonce="{nonce}">{_SCRIPT.replace("__CONFIG__", script_json(PLOTLY_CONFIG))}</script>'
+        f'<script nonce="{nonce}">window.PlotlyConfig={{MathJaxConfig:"local"}};</script>'
+        f'<script nonce="{nonce}" charset="utf-8">{plotly_js(blocks.types)}</script>'
+        f'<script nonce="{nonce}">window.tmDrawActive();</script></body></html>\n'
     )
 
 

@@ -150,14 +150,17 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     ops = tables.select_step(data.ops, state.step)
     steps = data.steps
     fig = figures.step_breakdown(steps, unit=state.unit)
-    if state.step is not None and fig.data:
-        labels = list(fig.data[0].x)
-        chosen = [i for i, label in enumerate(labels) if label.endswith(f"step {state.step}")]
-        for trace in fig.data:
-            trace.marker.opacity = [1.0 if i in chosen else 0.35 for i in range(len(labels))]
+    phases = insights.phases_of(data)
+    phase_fig = figures.phase_breakdown(phases if phases is not None else data.phases, unit=state.unit)
+    for figure in (fig, phase_fig):
+        if state.step is not None and figure.data:
+            labels = list(figure.data[0].x)
+            chosen = [i for i, label in enumerate(labels) if f"step {state.step}" in label.split(" · ")]
+            for trace in figure.data:
+                trace.marker.opacity = [1.0 if i in chosen else 0.35 for i in range(len(labels))]
     section = Section(
         "overview", TITLES["overview"],
-        figures=[fig, figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
+        figures=[fig, phase_fig, figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
         table=display_table(tables.step_table(steps), state.unit),
         table_title="Steps",
         facts=insights.facts(data, state.step),
@@ -219,9 +222,10 @@ def _numeric(frame: pd.DataFrame, columns: tuple[str, ...] = ("ts", "dur", "dept
 
 
 def _timeline(data: TraceData, state: ViewState) -> Section:
-    spans = data.layer_spans
+    spans, phase_spans = data.layer_spans, data.phase_spans
     fig = figures.timeline(data.ops, data.kernels, data.steps, step=state.step, unit=state.unit,
-                           thread_names=data.thread_names, max_events=TIMELINE_MAX_EVENTS, spans=spans)
+                           thread_names=data.thread_names, max_events=TIMELINE_MAX_EVENTS, spans=spans,
+                           phase_spans=phase_spans)
     ops = tables.select_step(data.ops, state.step)
     meta = fig.layout.meta or {}
     facts = [("events drawn", f"{meta.get('shown', 0):,} of {meta.get('total', 0):,}")] if meta else []
@@ -236,16 +240,22 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
             if not frames:  # once: numeric copies, so each zoom only slices arrays
                 frames.update(ops=_numeric(data.ops), kernels=_numeric(data.kernels), steps=data.steps)
             return figures.timeline(frames["ops"], frames["kernels"], frames["steps"], window=window, origin=origin,
-                                    unit=unit, thread_names=names, max_events=TIMELINE_MAX_EVENTS, spans=spans)
+                                    unit=unit, thread_names=names, max_events=TIMELINE_MAX_EVENTS, spans=spans,
+                                    phase_spans=phase_spans)
 
         rebuild[0] = redraw
-    return Section(
+    section = Section(
         "timeline", TITLES["timeline"], figures=[fig],
         table=display_table(tables.top_ops(ops), state.unit),
         table_title="Ops" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
         rebuild=rebuild,
     )
+    wrappers = tables.top_wrappers(ops, state.top)
+    if not wrappers.empty:  # apart from the ops: their totals hold the ops inside
+        section.extra.append(("Annotations and wrappers (DataLoader, optimizer; their time holds the ops above)",
+                              display_table(wrappers, state.unit)))
+    return section
 
 
 def _memory(data: TraceData, state: ViewState) -> Section:
@@ -314,7 +324,7 @@ def _roofline(data: TraceData, state: ViewState) -> Section:
         table=display_table(efficiency, state.unit),
         table_title="Op × input shapes × dtypes against the device roofline (flops and bytes per call)",
         facts=facts,
-        bullets=insights.roofline_gaps(efficiency),
+        bullets=insights.roofline_bullets(efficiency),
     )
 
 

@@ -12,6 +12,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+#: how the phases lane names each phase
+PHASE_LABELS = {"dataloader": "data loading", "forward": "forward", "backward": "backward", "optimizer": "optimizer"}
 #: the columns of ``timeline_events``
 COLUMNS = ("lane", "kind", "name", "ts", "dur", "depth", "info", "count", "busy")
 
@@ -103,6 +105,7 @@ def timeline_events(
     bins: int = 200,
     thread_names: Mapping[tuple[int, str], str] | None = None,
     spans: pd.DataFrame | None = None,
+    phase_spans: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The events the timeline draws: steps, layers, CPU ops (per rank and thread) and GPU
     work (per rank and stream) in a time window, at most about ``max_events`` of them.
@@ -124,16 +127,18 @@ def timeline_events(
         thread_names: (rank, thread id) -> lane name (default ``thread <id>``).
         spans: ``layer_spans()``: a ``layers`` lane per rank with its forward and backward
             spans; None or empty: no lane.
+        phase_spans: ``phase_spans()``: a ``phases`` lane per rank, under its steps, with a
+            bar per run of data loading, forward, backward or optimizer; None or empty: no lane.
 
     Returns:
         One row per event kept: ``lane`` (its label: ``steps``, ``layers``, ``thread <id>``,
         ``GPU <device> stream <id>``, prefixed ``rank <r> · `` when there are several ranks),
-        ``kind`` (step | layer forward | layer backward | an ops or kernels ``kind``),
+        ``kind`` (step | phase <phase> | layer forward | layer backward | an ops or kernels ``kind``),
         ``name``, ``ts``, ``dur`` (µs), ``depth`` (CPU nesting depth; -1 for steps, 0 for the
         rest), ``info`` (layer, launching op or phase); then one row per busy-time bin of
         the events not kept, nested CPU events left out (``kind`` 'aggregated', ``ts`` and
         ``dur`` the bin, ``count`` events starting in it, ``busy`` the fraction of it they
-        cover). ``attrs``: ``lanes`` (labels in drawing order: per rank steps, layers,
+        cover). ``attrs``: ``lanes`` (labels in drawing order: per rank steps, phases, layers,
         threads, streams), ``window`` ([start, end]), ``total`` (events in the window).
         Empty, with ``lanes`` [], when nothing lies in the window.
     """
@@ -149,10 +154,10 @@ def timeline_events(
     several = len(ranks_seen) > 1
     names = thread_names or {}
 
-    # lanes: (rank, order, name) -> id; order 0 steps, 1 layers, 2 CPU threads, 3 GPU streams
-    lane_ids: dict[tuple[int, int, str], int] = {}
+    # lanes: (rank, order, name) -> id; order 0 steps, 0.5 phases, 1 layers, 2 CPU threads, 3 GPU streams
+    lane_ids: dict[tuple[int, float, str], int] = {}
 
-    def lane_of(rank: int, order: int, name: str) -> int:
+    def lane_of(rank: int, order: float, name: str) -> int:
         return lane_ids.setdefault((int(rank), order, name), len(lane_ids))
 
     # per source: positions in its frame and their lane, as arrays
@@ -192,6 +197,11 @@ def timeline_events(
     if len(span_rows):
         lane_map = np.array([lane_of(r, 1, "layers") for r in spans_df["rank"].to_numpy()[span_rows]], dtype=np.int64)
         sources.append(("layer", spans_df, span_rows, lane_map))
+    phases_df = phase_spans if phase_spans is not None else pd.DataFrame(columns=["rank", "phase", "ts", "dur"])
+    phase_rows = _overlaps(phases_df, lo, hi)
+    if len(phase_rows):
+        lane_map = np.array([lane_of(r, 0.5, "phases") for r in phases_df["rank"].to_numpy()[phase_rows]], dtype=np.int64)
+        sources.append(("phase", phases_df, phase_rows, lane_map))
     if not sources:
         empty = pd.DataFrame(columns=list(COLUMNS))
         empty.attrs.update(lanes=[], window=[lo, hi], total=0)
@@ -232,6 +242,14 @@ def timeline_events(
             kinds = _text_at(frame["kind"], at)
             names_at = _text_at(frame["name"], at)
             info = ["launched by " + (o or "?") for o in (_text_at(frame["op"], at) if "op" in frame else [""] * len(at))]
+        elif kind == "phase":
+            phases = _text_at(frame["phase"], at)
+            kinds = [f"phase {p}" for p in phases]
+            names_at = [PHASE_LABELS.get(p, p) for p in phases]
+            steps_at = frame["step"].to_numpy()[at] if "step" in frame else np.full(len(at), -1)
+            busy_at = frame["busy_us"].to_numpy(dtype=float)[at] if "busy_us" in frame else np.full(len(at), np.nan)
+            info = [(f"step {int(s)}" if int(s) >= 0 else "outside steps")
+                    + (f" · {b / 1000:.3f} ms of its own" if b == b else "") for s, b in zip(steps_at, busy_at)]
         elif kind == "layer":
             phases = _text_at(frame["phase"], at)
             kinds = [f"layer {p}" for p in phases]

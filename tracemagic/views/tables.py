@@ -24,12 +24,28 @@ step_means = aggregate.step_means
 step_shares = aggregate.step_shares
 kernel_rate = aggregate.kernel_rate
 top_ops = aggregate.top_ops
+top_wrappers = aggregate.top_wrappers
 top_kernels = aggregate.top_kernels
 top_layers = aggregate.top_layers
 layer_metric = aggregate.layer_metric
 peaks_of = aggregate.peaks_of
 mean_step_change = aggregate.mean_step_change
+UNCOUNTED_ENDS = aggregate.UNCOUNTED_ENDS
 modelled_gpu_us = aggregate.modelled_gpu_us
+
+
+#: the phases of a step (``phases()``' ``<phase>_us`` columns) as the views name them
+PHASE_NAMES: dict[str, str] = {"dataloader": "data loading", "forward": "forward", "backward": "backward",
+                               "optimizer": "optimizer", "other": "other"}
+
+
+def phase_means(phases: pd.DataFrame) -> pd.Series:
+    """The mean step's phases (``phases()`` rows): ``dur`` and each ``<phase>_us`` and
+    ``gpu_<phase>_us`` (NaN without a GPU), µs."""
+    columns = ["dur", *(f"{p}_us" for p in PHASE_NAMES), *(f"gpu_{p}_us" for p in PHASE_NAMES)]
+    if phases.empty:
+        return pd.Series(float("nan"), index=columns)
+    return phases[columns].astype(float).mean()
 
 
 def part_names(steps: pd.DataFrame) -> dict[str, str]:
@@ -142,6 +158,6 @@ def step_table(steps: pd.DataFrame) -> pd.DataFrame:
     if steps.empty:
         return steps
     if part_names(steps) is not STEP_PARTS:
-        gpu_only = [*GPU_PARTS, "window_ts", "window_dur", "gpu_busy_us", "gpu_idle_us"]
+        gpu_only = [*GPU_PARTS, "window_ts", "window_dur", "gpu_busy_us", "gpu_idle_us", "kernel_busy_us"]
         return steps.drop(columns=[c for c in gpu_only if c in steps])
     return steps.assign(gpu_busy_pct=aggregate.gpu_busy_pct(steps))

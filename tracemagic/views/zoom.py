@@ -14,10 +14,13 @@ plotly 7's ``FigureWidget`` is an ``anywidget``; where that is not installed,
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from typing import Any, Callable
 
 import plotly.graph_objects as go
+
+from tracemagic.views.figures import TEMPLATE
 
 #: trace properties that carry per-event data (replaced on every redraw)
 _DATA_PROPS = ("x", "y", "base", "width", "customdata", "text", "hovertemplate", "orientation", "marker")
@@ -30,11 +33,8 @@ def figure_widget_available() -> bool:
     switched off with ``TRACEMAGIC_FIGUREWIDGET=0``."""
     if os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
         return False
-    try:
-        import anywidget  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    # found, not imported: importing it (and the FigureWidget) waits until one is built
+    return importlib.util.find_spec("anywidget") is not None
 
 
 class ZoomableFigure:
@@ -73,6 +73,7 @@ class ZoomableFigure:
         self._handle: asyncio.TimerHandle | None = None
         self._quiet = False
         self.widget = go.FigureWidget(fig)
+        self.widget.layout.template = TEMPLATE  # figures do not carry it (figures.TEMPLATE)
         if config:
             self.widget._config = dict(config)
         self._start(fig, rebuild, unit_divisor)

@@ -1,0 +1,321 @@
+"""Layer names stay right and cheap across cells: the module cache and the pruned event walk.
+
+A model made inside a function (held only by a closure and its optimizer) is found by walking
+every live object (``gc.get_objects``) the first time only; the tests count those walks by
+instrumentation, never by timing. The names are checked against the raw trace and a twin of
+the model built in the test: each ``nn.Module: <Class>_<k>`` event's path must hold a module
+of that class, a ``Linear``'s ``aten::linear`` must take that module's weight shape, and
+every module event must lie inside the event of its parent path.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from tracemagic.capture import naming
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+MAKE = """\
+import gc as _gc
+
+def make():
+    model = make_transformer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train_step():
+        model(torch.randint(0, 50, (2, 8))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    def new_head():
+        model.head = nn.Linear(32, 50)
+
+    def drop_layer():
+        del model.encoder.layers[1]
+
+    return train_step, new_head, drop_layer
+
+step, new_head, drop_layer = make()
+"""
+
+#: the same model, held where the search of the namespace does not look (a module object's
+#: attribute, reached from the cell's functions through their globals only): only the walk
+#: over every live object finds it
+HIDDEN = MAKE.replace("step, new_head, drop_layer = make()", """\
+import types as _types
+_hidden = _types.ModuleType("hidden")
+_hidden.fns = make()
+step = lambda: _hidden.fns[0]()
+new_head = lambda: _hidden.fns[1]()
+drop_layer = lambda: _hidden.fns[2]()""")
+
+LOOP = "for i in range(4):\n    step()\n"
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts ``gc.get_objects()`` calls (one per walk over every live object)."""
+    calls: list[int] = []
+    real = gc.get_objects
+
+    def counting(*args: Any, **kwargs: Any) -> list[Any]:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gc, "get_objects", counting)
+    return calls
+
+
+@pytest.fixture
+def searches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts searches of what the namespace's values hold (``naming.held_modules``)."""
+    calls: list[int] = []
+    real = naming.held_modules
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(naming, "held_modules", counting)
+    return calls
+
+
+def capture(ip: Any) -> Any:
+    """Run the loop under %%chakra_trace; the capture."""
+    with capture_output() as out:
+        result = ip.run_cell(f"%%chakra_trace -q --no-memory-timeline\n{LOOP}")
+    assert result.success, out.stdout + out.stderr
+    return ip.user_ns["_chakra_capture"]
+
+
+def raw_events(capture: Any) -> list[dict[str, Any]]:
+    return json.loads((Path(capture.dir) / "kineto_trace_0.json").read_text())["traceEvents"]
+
+
+def check_names(capture: Any, twin: nn.Module) -> dict[str, str]:
+    """Check the manifest's module names against the raw trace and ``twin`` (a module of the
+    same architecture); returns ``{trace name: path}``."""
+    modules = capture.manifest["modules"]
+    events = [e for e in raw_events(capture) if e.get("ph") == "X"]
+    spans = sorted((e for e in events if e["name"].startswith("nn.Module: ")), key=lambda e: (e["ts"], -e["dur"]))
+    assert {e["name"] for e in spans} == set(modules)
+    named = dict(twin.named_modules())
+    linears = [e for e in events if e["name"] == "aten::linear"]
+    for name, info in modules.items():
+        cls = name[len("nn.Module: "):].rsplit("_", 1)[0]
+        assert info["root"] == type(twin).__name__  # held by no variable: named after its class
+        path = "" if info["path"] == info["root"] else info["path"]
+        assert type(named[path]).__name__ == cls, (name, path)
+        if cls == "Linear":
+            for span in (s for s in spans if s["name"] == name):
+                inside = [e for e in linears if span["ts"] <= e["ts"] <= span["ts"] + span["dur"]]
+                assert inside and inside[0]["args"]["Input Dims"][1] == list(named[path].weight.shape), (name, path)
+    stack: list[dict[str, Any]] = []
+    for span in spans:  # each module event lies inside its parent path's event
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= span["ts"]:
+            stack.pop()
+        if stack:
+            inner, outer = modules[span["name"]]["qualname"], modules[stack[-1]["name"]]["qualname"]
+            assert inner.startswith(outer + "."), (span["name"], inner, outer)
+        stack.append(span)
+    return {name: info["path"] for name, info in modules.items()}
+
+
+def twin_transformer() -> nn.Module:
+    from conftest import make_transformer
+
+    return make_transformer()
+
+
+def test_a_model_in_a_closure_is_found_without_walking_every_object_then_cached(ip, walks, searches):
+    ip.run_cell(MAKE).raise_error()
+    first = check_names(capture(ip), twin_transformer())
+    assert first["nn.Module: TransformerEncoderLayer_1"] == "encoder.layers.1"
+    assert "encoder.layers.0.linear1" in first.values()
+    assert len(walks) == 0 and len(searches) == 1  # found through step's closure
+    second = check_names(capture(ip), twin_transformer())
+    assert second == first
+    assert len(walks) == 0 and len(searches) == 1  # the second capture found it in the cache
+
+
+def test_a_model_held_out_of_reach_is_walked_for_once_then_found_in_the_cache(ip, walks):
+    ip.run_cell(HIDDEN).raise_error()
+    first = check_names(capture(ip), twin_transformer())
+    assert "encoder.layers.0.linear1" in first.values()
+    assert len(walks) == 1  # the first capture of this model searched every live object
+    assert check_names(capture(ip), twin_transformer()) == first
+    assert len(walks) == 1  # the second one found every module in the cache
+
+
+def test_a_new_model_in_place_of_the_old_one_is_named_by_its_own_modules(ip, walks):
+    ip.run_cell(HIDDEN).raise_error()
+    before = set(naming.MODULES._modules.keys())
+    capture(ip)
+    old_ids = set(naming.MODULES._modules.keys()) - before  # this model's modules
+    assert len(old_ids) > 10
+    # the old model dies; its memory is free for the new one's modules (ids can be reused)
+    ip.run_cell("_hidden.fns = None\n_gc.collect()\n" + HIDDEN).raise_error()
+    assert not old_ids & set(naming.MODULES._modules.keys())  # the old entries went with it
+    check_names(capture(ip), twin_transformer())
+    assert len(walks) == 2  # new objects: searched once more
+
+
+def test_a_replaced_or_deleted_submodule_is_found_under_the_cached_model(ip, walks):
+    ip.run_cell(HIDDEN).raise_error()
+    capture(ip)
+    twin = twin_transformer()
+    ip.run_cell("new_head()\n_gc.collect()").raise_error()  # model.head is a new Linear
+    assert check_names(capture(ip), twin)["nn.Module: Linear_4"] == "head"
+    ip.run_cell("drop_layer()\n_gc.collect()").raise_error()  # model.encoder.layers[1] is gone
+    del twin.encoder.layers[1]
+    names = check_names(capture(ip), twin)
+    assert "nn.Module: TransformerEncoderLayer_1" not in names
+    assert names["nn.Module: Linear_2"] == "head"
+    assert len(walks) == 1  # both found among the cached model's submodules
+
+
+def test_the_cache_forgets_dead_modules_and_checks_the_class():
+    cache = naming.ModuleCache()
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    cache.remember(model.modules())
+    ptr = id(model[0])
+    assert cache.get(ptr, "Linear") is model[0]
+    assert cache.get(ptr, "ReLU") is None  # same id, other class: not that module
+    assert cache.roots() == [model]
+    del model
+    gc.collect()
+    assert len(cache) == 0 and cache.roots() == []
+    fresh = [nn.Linear(2, 2) for _ in range(50)]  # some may reuse the dead ones' memory
+    assert all(cache.get(id(m), "Linear") is None for m in fresh)
+
+
+def _window(tmp_path: Path, body: Any) -> tuple[Any, Path]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
+        body()
+    trace = tmp_path / "window.json"
+    prof.export_chrome_trace(str(trace))
+    return prof.profiler, trace
+
+
+def _json_module_names(trace: Path) -> list[str]:
+    events = json.loads(trace.read_text())["traceEvents"]
+    return [e["name"] for e in events if e.get("name", "").startswith("nn.Module: ")]
+
+
+def test_a_module_called_inside_an_aten_op_is_still_found(tmp_path):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    inner = nn.Identity()
+
+    class CallsAModule(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.mm.default:
+                inner(out)  # a module call inside aten::mm
+            return out
+
+    lin = nn.Linear(4, 4, bias=False)
+
+    def body() -> None:
+        with CallsAModule():
+            lin(torch.randn(2, 4))
+
+    profiler, trace = _window(tmp_path, body)
+    names = _json_module_names(trace)
+    assert naming.count_module_events(trace) == len(names) == 2
+    assert naming.recorded_modules(profiler, trace) == {
+        "nn.Module: Linear_0": (id(lin), "Linear"),
+        "nn.Module: Identity_0": (id(inner), "Identity"),
+    }
+
+
+def test_the_pruned_walk_finds_what_the_full_walk_finds(tmp_path):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2)
+    head = nn.Linear(16, 4)
+    opt = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.1)
+
+    def body() -> None:
+        for _ in range(2):
+            x = torch.randn(2, 5, 16, requires_grad=True)
+            # the head runs again in backward (recomputation, inside autograd ops)
+            checkpoint(head, model(x), use_reentrant=False).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    profiler, trace = _window(tmp_path, body)
+    fast = naming.recorded_modules(profiler, trace)
+    assert fast == naming.recorded_modules(profiler)
+    assert set(fast) == set(_json_module_names(trace))
+    assert fast["nn.Module: Linear_4"] == (id(head), "Linear")
+    # chunked reading: a key split across chunks is counted once
+    assert naming.count_module_events(trace, chunk=7) == len(_json_module_names(trace))
+
+
+def test_held_modules_follows_closures_methods_partials_containers_and_attributes():
+    import functools
+    import types
+
+    a, b, c, d, hidden = nn.Linear(1, 1), nn.ReLU(), nn.Tanh(), nn.Sigmoid(), nn.GELU()
+
+    def closure() -> nn.Module:
+        return a
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.model = b
+
+        def run(self) -> None: ...
+
+    holder = types.ModuleType("holder")  # module objects are not searched
+    holder.model = hidden
+    values = [closure, Trainer().run, functools.partial(print, c), {"k": [(d,)]}, holder]
+    assert {id(m) for m in naming.held_modules(values)} == {id(a), id(b), id(c), id(d)}
+    assert list(naming.held_modules(values, budget=1)) == []  # the budget ends the search
+
+
+def test_captures_in_the_same_second_take_the_first_free_suffix(tmp_path):
+    from datetime import datetime
+
+    from tracemagic.capture import files
+
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    made = [files.make_capture_dir(tmp_path, "cap", now=now).name for _ in range(4)]
+    stamp = "cap-20260102-030405"
+    assert made == [stamp, f"{stamp}-1", f"{stamp}-2", f"{stamp}-3"]
+    (tmp_path / f"{stamp}-1").rmdir()  # a freed name is taken again, as before
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-1"
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-4"
+    assert not any(p.name.startswith(".") for q in tmp_path.iterdir() for p in q.iterdir())
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle")
+def test_staging_folders_are_removed_before_the_next_window_and_the_cell_end(ip, read_json):
+    import threading
+
+    ip.run_cell(MAKE).raise_error()
+    with capture_output() as out:  # back-to-back windows, each trace and memory timeline staged
+        result = ip.run_cell("%%chakra_trace -q --wait 0 --warmup 0 --active 1 --repeat 3\n" + LOOP)
+    assert result.success, out.stdout + out.stderr
+    cap = ip.user_ns["_chakra_capture"]
+    assert cap.status == "complete"
+    assert not [p.name for p in Path(cap.dir).iterdir() if p.name.startswith(".")]
+    assert not [t for t in threading.enumerate() if t.name == "tracemagic-cleanup"]
+    for k in (1, 2, 3):  # no thread of ours in any window
+        events = read_json(Path(cap.dir) / f"kineto_trace_0_cycle{k}.json")["traceEvents"]
+        names = {e["args"].get("name") for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+        assert "tracemagic-cleanup" not in names
+        assert any(e.get("cat") == "python_function" for e in events)

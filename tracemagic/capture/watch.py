@@ -1,0 +1,89 @@
+"""The clock on the stepped loop: every iteration timed, its phase noted, slow ones seen.
+
+``LoopClock`` is what ``CaptureSession.step()`` feeds at the end of each iteration of
+the stepped loop (with or without the profiler recording): the iteration's wall time
+(``time.perf_counter_ns``), its phase in the schedule, and, with ``--slow FACTOR``,
+whether it was slower than ``FACTOR`` × the running median of the iterations before it.
+It keeps plain lists (a few hundred ns per iteration: ``bench/bench_loop_watch.py``)
+and gives the manifest's ``loop_timing`` (``tracemagic.trace.layout.LoopTiming``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from typing import Any
+
+from tracemagic.trace.layout import LoopTiming, SlowCatch
+
+#: ``--slow``: the loop's first iterations, never judged nor counted in the running median
+#: (compilation, cache warm-up, first allocations)
+SLOW_WARMUP = 5
+#: ``--slow``: the fewest iterations in the running median before one is judged
+SLOW_MIN_HISTORY = 5
+#: ``--slow``: the running median is over the last this many unrecorded iterations
+SLOW_WINDOW = 64
+#: iterations that the profiler recorded (their time holds its overhead): out of the median
+PROFILED = frozenset({"warmup", "active", "slow"})
+
+
+class LoopClock:
+    """Times every iteration of a loop and notes its phase; optionally judges slow ones.
+
+    Args:
+        slow: ``--slow FACTOR`` (None: no judging).
+    """
+
+    def __init__(self, slow: float | None = None) -> None:
+        self.slow = slow
+        self.wall_ns: list[int] = []
+        self.phases: list[list[Any]] = []  # runs [phase, first iteration, count]
+        self.recorded: list[list[int]] = []  # [iteration, ProfilerStep number]
+        self.catches: list[SlowCatch] = []
+        self.stopped_after: int | None = None
+        self._window: deque[int] = deque()
+        self._sorted: list[int] = []
+
+    def add(self, wall_ns: int, phase: str) -> float | None:
+        """Record one iteration; with ``slow``, its ratio to the running median when it
+        is slower than ``slow`` × that median (else None)."""
+        i = len(self.wall_ns)
+        self.wall_ns.append(wall_ns)
+        runs = self.phases
+        if runs and runs[-1][0] == phase:
+            runs[-1][2] += 1
+        else:
+            runs.append([phase, i, 1])
+        if self.slow is None or phase in PROFILED or i < SLOW_WARMUP:
+            return None
+        ratio = None
+        ordered = self._sorted
+        if len(ordered) >= SLOW_MIN_HISTORY:
+            median = ordered[len(ordered) // 2]
+            if median > 0 and wall_ns > self.slow * median:
+                ratio = wall_ns / median
+        self._window.append(wall_ns)
+        bisect.insort(ordered, wall_ns)
+        if len(self._window) > SLOW_WINDOW:
+            del ordered[bisect.bisect_left(ordered, self._window.popleft())]
+        return ratio
+
+    @property
+    def median_ns(self) -> float:
+        """The running median the next iteration is judged against (NaN before any)."""
+        return float(self._sorted[len(self._sorted) // 2]) if self._sorted else float("nan")
+
+    def as_manifest(self, gpu_ms: list[float] | None = None) -> LoopTiming:
+        """The manifest's ``loop_timing``."""
+        out: LoopTiming = {
+            "wall_ms": [round(ns / 1e6, 6) for ns in self.wall_ns],
+            "phases": self.phases,
+            "recorded": self.recorded,
+            "stopped_after": self.stopped_after,
+            "slow": self.catches,
+            "slow_factor": self.slow,
+            "slow_warmup": SLOW_WARMUP,
+        }
+        if gpu_ms is not None:
+            out["gpu_ms"] = [round(ms, 6) for ms in gpu_ms]
+        return out
