@@ -69,6 +69,7 @@ HOSTILE_NUMBERS = (
     b"18446744073709551616", b"1e400", b"-1e400", b"-9223372036854775809", b"9223372036854775808",
     b"99999999999999999999999999999", b"1.7976931348623157e308", b"-0", b"1.5", b"0", b"-1",
     b"4294967296", b"2147483648", b"1e-400", b"123456789012345678901234567890.5",
+    b"1" + b"0" * 399, b"-" + b"9" * 400,  # integers beyond float64 as well
 )
 HOSTILE_STRINGS = (
     b'"ProfilerStep#abc"', b'"ProfilerStep#"', b'"ProfilerStep#99999999999999999999"', b'"ProfilerStep#-1"',
@@ -176,7 +177,7 @@ def _byte_mutation(rng: random.Random, data: bytes) -> bytes:
 def _hostile_value(rng: random.Random) -> Any:
     choice = rng.randrange(10)
     if choice == 0:
-        return 2**64
+        return rng.choice((2**64, 10**399))  # beyond int64, beyond float64
     if choice == 1:
         return -(2**63) - 1
     if choice == 2:

@@ -53,3 +53,10 @@ def test_the_fuzz_reports_a_crash_and_a_hang_by_mutant() -> None:
     outcomes = {f["i"]: f["outcome"] for f in summary["failures"]}
     assert outcomes == {1: "crash", 4: "hang"}
     assert summary["mutants"] == 6
+
+
+def test_mutants_the_10000_run_found_now_load() -> None:
+    """Seed 0's mutants that once raised TypeError from the roofline (an ``Input type`` of
+    nested lists): they load, or raise TraceError, alike on both paths."""
+    summary = fuzz("--seed", "0", "--only", "3579,4835,6808", "--timeout", "120")
+    assert summary["mutants"] == 3 and not summary["failures"], summary["failures"]

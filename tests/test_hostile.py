@@ -200,6 +200,9 @@ def test_profiler_step_names_without_a_number_are_not_steps(tmp_path: Path, monk
         ("ts", "1e400"), ("ts", "18446744073709551616"), ("dur", "1e400"), ("pid", "18446744073709551616"),
         ("tid", "-9223372036854775809"), ("External id", "18446744073709551616"), ("Sequence number", "1e400"),
         ("flops", "1e400"), ("correlation", "-9223372036854775809"), ("bytes", "99999999999999999999999999"),
+        # integers beyond float64 too (400 digits: no float holds them; raised OverflowError)
+        ("Python parent id", "1" + "0" * 399), ("External id", "-" + "9" * 400), ("flops", "1" + "0" * 399),
+        ("Sequence number", "1" + "0" * 399), ("ts", "1" + "0" * 399), ("pid", "1" + "0" * 399),
     ],
 )
 def test_numbers_beyond_int64_and_float64(field: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,7 +212,11 @@ def test_numbers_beyond_int64_and_float64(field: str, value: str, tmp_path: Path
     trace = loaded(tmp_path, monkeypatch, text)
     events = trace.events
     number = json.loads(value)  # what the JSON says, read by Python
-    if field == "ts" and not np.isfinite(float(number)):  # no time: the event is left out, said so
+    try:
+        finite = bool(np.isfinite(float(number)))
+    except OverflowError:  # an integer beyond float64
+        finite = False
+    if field == "ts" and not finite:  # no time: the event is left out, said so
         assert len(events) == 1 and any("without a timestamp" in w for w in trace.warnings)
         return
     assert len(events) == 2
@@ -219,7 +226,7 @@ def test_numbers_beyond_int64_and_float64(field: str, value: str, tmp_path: Path
         assert events["dur"].tolist() == [0.0, 5.0]
         assert any("1 events after byte" in w and "dur that is not a finite number" in w for w in trace.warnings)
     elif args_field:  # does not fit the column: missing, with a warning
-        column = {"External id": "external_id", "Sequence number": "seq"}.get(field, field)
+        column = {"External id": "external_id", "Sequence number": "seq", "Python parent id": "python_parent_id"}.get(field, field)
         assert pd.isna(events[column].iloc[0])
         kind = "float64" if field == "flops" else "int64"
         assert f"1 values of args {field!r} are not numbers that fit {kind}; left missing" in trace.warnings
@@ -298,9 +305,119 @@ def test_a_decompression_bomb_stops_at_max_bytes(tmp_path: Path) -> None:
     message, grown = done.stdout.rsplit("grown_kib", 1)
     assert str(path) in message and "max_bytes" in message and f"{16 << 20:,}" in message
     assert int(grown) < 48 << 10, "memory stayed far below the 64 MiB of JSON"
-    # a larger max_bytes loads it
-    trace = tracemagic.load(path, use_cache=False, max_bytes=80 << 20)
+    # a larger max_bytes is not enough: it inflates ~1,000 times (over read.MAX_RATIO)
+    with pytest.raises(TraceError, match="allow_high_compression=True"):
+        tracemagic.load(path, use_cache=False, max_bytes=80 << 20)
+    # both together load it
+    trace = tracemagic.load(path, use_cache=False, max_bytes=80 << 20, allow_high_compression=True)
     assert len(trace.events) == 1
+
+
+class Spaces(io.RawIOBase):
+    """``size`` spaces read as a stream (so a test writes GiBs of JSON without holding them)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        count = min(len(buffer), self.left)
+        buffer[:count] = b" " * count
+        self.left -= count
+        return count
+
+
+def test_a_4_gib_bomb_is_refused_by_its_ratio_before_it_is_inflated(tmp_path: Path) -> None:
+    """The bomb of issue 24: a 4 MB .json.gz of 4 GiB of JSON, well under the default
+    max_bytes of a large machine. Written as 256 gzip members of 16 MiB of spaces each
+    (a gzip file may hold several; each member compresses ~1,000 times)."""
+    member = gzip.compress(b" " * (16 << 20), compresslevel=9)
+    path = tmp_path / "bomb.json.gz"
+    with open(path, "wb") as out:
+        out.write(gzip.compress(b'{"traceEvents": ['))
+        for _ in range(256):
+            out.write(member)
+        out.write(gzip.compress(json.dumps(op()).encode() + b"]}"))
+    packed = path.stat().st_size
+    assert packed < 5 << 20
+    assert (4 << 30) / packed > 1000
+    done = isolated(f"""
+        import resource, tracemagic
+        from tracemagic.trace import read
+        read.default_max_bytes = lambda: 8 << 30  # the default on a machine with 16 GiB free
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        try:
+            tracemagic.load({str(path)!r}, use_cache=False)
+        except tracemagic.TraceError as exc:
+            print(exc)
+        print("grown_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+    """)
+    assert done.returncode == 0, done.stderr[-2000:]
+    message, grown = done.stdout.rsplit("grown_kib", 1)
+    assert str(path) in message and "decompression bomb" in message, message
+    assert "allow_high_compression=True" in message and "max_bytes=" in message
+    # refused once 64 MiB (read.RATIO_CHECK_BYTES) came out, far from the 4 GiB
+    assert int(grown) < 512 << 10, f"memory grew by {int(grown) >> 10} MiB"
+
+
+def test_a_tar_gz_inflating_too_much_is_refused_by_its_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its members' sizes are in the archive: the ratio is checked before any is read."""
+    monkeypatch.setattr(read, "RATIO_CHECK_BYTES", 4 << 20)  # 64 MiB of spaces would take seconds
+    path = tmp_path / "bomb.tar.gz"
+    size = 8 << 20
+    with tarfile.open(path, "w:gz") as archive:
+        info = tarfile.TarInfo("rank0.json")
+        head, tail = b'{"traceEvents": [', b"]}"
+        info.size = size
+        archive.addfile(info, io.BufferedReader(_Joined(head, Spaces(size - len(head) - len(tail)), tail)))
+    assert size / path.stat().st_size > 200
+    with pytest.raises(TraceError, match="allow_high_compression=True") as error:
+        tracemagic.load(path, use_cache=False)
+    assert str(path) in str(error.value)
+    assert tracemagic.load(path, use_cache=False, allow_high_compression=True).events.empty
+
+
+class _Joined(io.RawIOBase):
+    """Bytes, a stream, bytes: one stream."""
+
+    def __init__(self, head: bytes, middle: io.RawIOBase, tail: bytes) -> None:
+        self.parts: list[Any] = [io.BytesIO(head), middle, io.BytesIO(tail)]
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.parts:
+            count = self.parts[0].readinto(buffer)
+            if count:
+                return count
+            self.parts.pop(0)
+        return 0
+
+
+def test_running_out_of_memory_is_a_trace_error_naming_max_bytes(tmp_path: Path) -> None:
+    """Allowed past the ratio check and max_bytes, a load that needs more memory than there
+    is says so (here the address space is capped at 300 MiB above what the interpreter uses)."""
+    path = tmp_path / "big.json.gz"
+    path.write_bytes(bomb(512 << 20))
+    done = isolated(f"""
+        import resource, tracemagic
+        tracemagic.load({str(TRACES / "hta_triton_example.json.gz")!r}, use_cache=False)  # all imported
+        with open("/proc/self/status") as status:
+            used = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (used + (300 << 20), resource.RLIM_INFINITY))
+        try:
+            tracemagic.load({str(path)!r}, use_cache=False, workers=1, max_bytes=1 << 30,
+                            allow_high_compression=True)
+        except tracemagic.TraceError as exc:
+            print(exc)
+    """)
+    assert done.returncode == 0, done.stderr[-2000:]
+    message = done.stdout
+    assert str(path) in message and "ran out of memory" in message, message
+    assert f"max_bytes={1 << 30:,}" in message and "smaller max_bytes=" in message
 
 
 def test_the_default_max_bytes_is_half_the_memory_available() -> None:

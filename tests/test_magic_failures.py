@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -294,25 +295,106 @@ TRACEBACK_CASES = {
 }
 
 
+#: raising cases that only a real kernel needs (more frames, more handlers around the raise)
+KERNEL_CASES = {
+    **TRACEBACK_CASES,
+    "inner loop of the stepped loop": (
+        "for e in range(3):\n    for i in range(2):\n        x = i\n"
+        "    for i in range(3):\n        if e == 1 and i == 1:\n            y = 1 / 0\n"
+    ),
+    "in a function called in the loop": (
+        "def f(i):\n    if i == 2:\n        y = 1 / 0\n    return i\n"
+        "for i in range(4):\n    x = f(i)\n"
+    ),
+    "in an elif after continue": (
+        "for i in range(6):\n    if i % 2:\n        continue\n    elif i == 4:\n        y = 1 / 0\n"
+    ),
+}
+TRACED = "%%chakra_trace --wait 0 --warmup 1 --active 1 -q --no-memory-timeline\n"
+
+
+def arrows(traceback: str) -> list[tuple[int, str]]:
+    """The ``---->`` lines of an IPython traceback (ANSI colours stripped): (line, text)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in traceback.splitlines()]
+    marked = [line.split("---->", 1)[1].split(None, 1) for line in lines if "---->" in line]
+    return [(int(number), text.strip()) for number, text in marked]
+
+
+def raising_line(cell: str) -> int:
+    """The line of ``y = 1 / 0`` in ``cell``, counted from 1."""
+    return [line.strip() for line in cell.splitlines()].index("y = 1 / 0") + 1
+
+
 @pytest.mark.parametrize("body", TRACEBACK_CASES.values(), ids=TRACEBACK_CASES.keys())
 def test_the_traceback_arrow_points_at_the_failing_line(ip, body):
     """The arrow marks the line that raised, as without the magic (one line lower: the
     %%chakra_trace line is line 1 of the cell)."""
-    import re
 
-    from IPython.utils.capture import capture_output
-
-    def arrows(cell: str) -> list[tuple[int, str]]:
+    def run_arrows(cell: str) -> list[tuple[int, str]]:
         with capture_output() as out:
             ip.run_cell(cell)
-        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in out.stdout.splitlines()]
-        marked = [line.split("---->", 1)[1].split(None, 1) for line in lines if "---->" in line]
-        return [(int(number), text.strip()) for number, text in marked]
+        return arrows(out.stdout)
 
-    (plain,) = arrows(body)
-    assert plain[1] == "y = 1 / 0"
-    traced = arrows("%%chakra_trace --wait 0 --warmup 1 --active 1 -q --no-memory-timeline\n" + body)
+    (plain,) = run_arrows(body)
+    assert plain == (raising_line(body), "y = 1 / 0")
+    traced = run_arrows(TRACED + body)
     assert traced[-1] == (plain[0] + 1, plain[1])
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``execute(code) -> (status, error)``: run a cell in a real ipykernel (as JupyterLab
+    and nbclient run them; it names cells ``/tmp/ipykernel_<pid>/<hash>.py``), with
+    tracemagic loaded, in a temporary folder. ``error`` is the error message's content."""
+    import os
+
+    from jupyter_client.manager import start_new_kernel
+
+    folder = tmp_path_factory.mktemp("kernel")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(folder), env=env)
+
+    def execute(code: str) -> tuple[str, dict[str, Any] | None]:
+        errors: list[dict[str, Any]] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "error":
+                errors.append(msg["content"])
+
+        reply = client.execute_interactive(code, timeout=300, output_hook=hook)
+        assert len(errors) <= 1, errors
+        return reply["content"]["status"], (errors[0] if errors else None)
+
+    try:
+        assert execute("%load_ext tracemagic") == ("ok", None)
+        yield execute
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body", KERNEL_CASES.values(), ids=KERNEL_CASES.keys())
+def test_the_traceback_arrow_in_a_jupyter_kernel(kernel, body):
+    """In ipykernel too the user gets their own exception and traceback: the arrow of each
+    frame in the cell on the line that raised there, with the cell's own text (the
+    %%chakra_trace line is line 1), as the same cell shows it without the magic."""
+    status, plain_error = kernel(body)
+    assert status == "error" and plain_error is not None
+    plain = arrows("\n".join(plain_error["traceback"]))
+    assert plain[-1] == (raising_line(body), "y = 1 / 0")
+
+    status, error = kernel(TRACED + body)
+    assert status == "error" and error is not None
+    assert (error["ename"], error["evalue"]) == ("ZeroDivisionError", "division by zero")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+    traced = arrows(text)
+    assert traced[-len(plain):] == [(line + 1, code) for line, code in plain], text
+    assert traced[-1] == (raising_line(TRACED + body), "y = 1 / 0")
+    # the frames shown are the cell's: none from tracemagic (its magic frame is hidden)
+    import tracemagic
+
+    assert str(Path(tracemagic.__file__).parent) not in text, text
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def test_first_top_level_loop_is_stepped_and_bracketed():
     lines = code.splitlines()
     assert lines[1] == f"{SESSION_NAME}.start()" and lines[2].startswith("for a")
     assert f"{SESSION_NAME}.stop()" in lines and "for b in range(3):" in lines
-    assert code.count(".step()") == 1 and code.count("._fail()") == 1
+    assert code.count(f"with {SESSION_NAME}._iteration:") == 1
 
 
 def test_descends_while_the_body_holds_exactly_one_loop():
@@ -82,7 +82,7 @@ def test_loop_in_a_function_is_not_default_but_selectable_without_brackets():
     assert plan_for(body)[0].mode == "none"
     plan, code = plan_for(body, loop_line=3)
     assert plan.mode == "loop" and not plan.brackets_loop
-    assert ".start()" not in code and ".step()" in code
+    assert ".start()" not in code and f"with {SESSION_NAME}._iteration:" in code
 
 
 def test_loop_line_accepts_continuation_lines_of_the_header():

@@ -171,11 +171,12 @@ def load(
     workers: int | None = None,
     progress: bool | Progress | None = None,
     max_bytes: int | None = None,
+    allow_high_compression: bool = False,
 ) -> Trace:
     return Trace.of(
         _loader.load(
             path, recover=recover, cache_dir=cache_dir, use_cache=use_cache, workers=workers,
-            progress=progress, max_bytes=max_bytes,
+            progress=progress, max_bytes=max_bytes, allow_high_compression=allow_high_compression,
         )
     )
 

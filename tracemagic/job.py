@@ -301,6 +301,7 @@ def load_ranks(
     use_cache: bool = True,
     max_bytes: int | None = None,
     workers: int | None = None,
+    allow_high_compression: bool = False,
 ) -> Ranks:
     """A job's rank traces, each parsed and summarized where it runs; only summaries kept here.
 
@@ -311,8 +312,9 @@ def load_ranks(
             to its member by each task: extract large archives first.
         client: a ``dask.distributed.Client``: every rank is opened, cached and summarized
             on its workers. None: the same, here, one rank after another.
-        recover, cache_dir, use_cache, max_bytes, workers: as for ``tracemagic.load``, per
-            rank (``cache_dir`` and ``max_bytes`` as the workers see them).
+        recover, cache_dir, use_cache, max_bytes, workers, allow_high_compression: as for
+            ``tracemagic.load``, per rank (``cache_dir`` and ``max_bytes`` as the workers
+            see them).
 
     Raises:
         TraceError: nothing to load there, or no rank could be read (a rank that cannot
@@ -320,8 +322,10 @@ def load_ranks(
         ImportError: ``client`` given but Dask is not installed (``pip install tracemagic[dask]``).
     """
     engine = _engine(client)
-    where, manifest, listed, warnings = list_ranks(path, max_bytes)
-    options = Options(recover, None if cache_dir is None else os.fspath(cache_dir), use_cache, max_bytes, workers)
+    where, manifest, listed, warnings = list_ranks(path, max_bytes, allow_high_compression)
+    options = Options(
+        recover, None if cache_dir is None else os.fspath(cache_dir), use_cache, max_bytes, workers, allow_high_compression
+    )
     sent = [f.portable() if engine.remote else f for f in listed]
     facts_of: list[_Task] = []
     kept: dict[int, _Task] = {}

@@ -444,7 +444,7 @@ def _precision(input_type: str | None) -> str | None:
         return None
     if not isinstance(types, list):
         return None
-    return next((PRECISION[t] for t in types if t in PRECISION), None)
+    return next((PRECISION[t] for t in types if isinstance(t, str) and t in PRECISION), None)  # [["x"]]: none
 
 
 def op_shapes(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:

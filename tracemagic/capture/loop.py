@@ -3,16 +3,14 @@
 The cell goes through IPython's own cell transforms (so ``%magics`` and ``!cmd`` lines
 keep working), then its AST is rewritten: the step loop's body becomes
 
-    try:
-        <body>
-    except:
-        __chakra_trace__._fail()      # the iteration raised: no step() for it
-        raise
-    finally:
-        __chakra_trace__.step()       # end of the iteration, also on ``continue``
+    with __chakra_trace__._iteration:   # step() at its end, also on ``continue``;
+        <body>                          # _fail() first (no step) when it raised
+
+(an ``Iteration``: a ``with`` and not ``try/except/finally``, so that a traceback keeps
+the raising line, see ``Iteration``).
 
 With ``--stop`` the loop also ends once the profile is done: ``if
-__chakra_trace__._stop_loop(): break`` follows the ``try`` (a ``continue`` of the loop first
+__chakra_trace__._stop_loop(): break`` follows the ``with`` (a ``continue`` of the loop first
 ends the iteration with ``__chakra_trace__._continue()`` and asks the same), so the loop's
 ``else:`` clause does not run, as after any ``break``.
 
@@ -31,7 +29,8 @@ import io
 import tokenize
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Literal, Protocol
 
 from tracemagic.errors import CaptureError
 
@@ -45,6 +44,43 @@ _TRANSPARENT = (ast.With, ast.AsyncWith, ast.If, ast.Try)
 _DEFERRED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 Mode = Literal["loop", "manual", "none"]
+
+
+class _Stepped(Protocol):
+    def step(self) -> None: ...
+    def _fail(self) -> None: ...
+
+
+class Iteration:
+    """The ``with`` the rewritten loop runs each iteration's body in.
+
+    On leaving the body (its end, ``continue``, ``break``, ``return``) it calls the
+    session's ``step()``; when the body raised, ``_fail()`` first (that iteration's step
+    is then left open) and the exception goes on unchanged.
+
+    Why a ``with`` and not ``try/except/finally``: after an ``except``/``finally`` clause
+    has run, the frame's current line is the clause's (here the loop's line), while a
+    ``with`` re-raises restoring the raising instruction, so the frame's line stays the
+    raising line. IPython's traceback reads the frame's line, not the traceback's, for a
+    cell whose file is not on disk, which is the case in ipykernel (JupyterLab, nbclient:
+    its cells are named ``/tmp/ipykernel_<pid>/<hash>.py``); with ``try/finally`` the arrow
+    there pointed at the ``for`` line.
+    """
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: _Stepped) -> None:
+        self._session = session
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:  # the exception, if any, goes on
+        if kind is not None:
+            self._session._fail()
+        self._session.step()
 
 
 @dataclass(frozen=True)
@@ -276,15 +312,15 @@ def _session_call(method: str, anchor: ast.stmt) -> ast.Expr:
 
 
 def _wrap_body(loop: ast.For | ast.While | ast.AsyncFor) -> None:
-    handler = ast.ExceptHandler(
-        type=None, name=None, body=[_session_call("_fail", loop), ast.Raise(exc=None, cause=None)]
+    """``with __chakra_trace__._iteration: <body>`` (see ``Iteration``), on the loop's line."""
+    manager = ast.Attribute(
+        value=ast.Name(id=SESSION_NAME, ctx=ast.Load()), attr="_iteration", ctx=ast.Load()
     )
-    wrapped = ast.Try(
-        body=loop.body, handlers=[handler], orelse=[], finalbody=[_session_call("step", loop)]
-    )
-    ast.copy_location(handler, loop.body[0])
-    ast.copy_location(handler.body[1], loop.body[0])
-    loop.body = [ast.copy_location(wrapped, loop.body[0])]
+    wrapped = ast.With(items=[ast.withitem(context_expr=manager, optional_vars=None)], body=loop.body)
+    for node in (wrapped, manager, manager.value):
+        ast.copy_location(node, loop)
+        node.end_lineno, node.end_col_offset = loop.lineno, loop.col_offset
+    loop.body = [wrapped]
 
 
 def _stop_when_done(loop: ast.For | ast.While | ast.AsyncFor) -> None:

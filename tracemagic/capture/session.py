@@ -30,7 +30,7 @@ from torch.profiler import ExecutionTraceObserver, ProfilerAction, ProfilerActiv
 from tracemagic._version import __version__
 from tracemagic.capture import distributed, files, notices
 from tracemagic.capture.config import CaptureConfig
-from tracemagic.capture.loop import LoopPlan
+from tracemagic.capture.loop import Iteration, LoopPlan
 from tracemagic.capture.naming import Called, find_roots, module_map, namespace_modules, recorded_modules, resolve
 from tracemagic.capture.result import Capture
 from tracemagic.capture.watch import LoopClock
@@ -197,6 +197,7 @@ class CaptureSession:
         self._stopped = False
         self._skip_step = False
         self._failed_step: int | None = None  # the step whose iteration raised
+        self._iteration = Iteration(self)  # the rewritten loop's ``with`` (capture/loop.py)
         self._iterations = 0
         self._t_step = 0  # perf_counter_ns at the start of the current iteration
         self._clock = LoopClock(config.slow)

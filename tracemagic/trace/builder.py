@@ -149,7 +149,7 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
     dtype = np.float64 if floating else np.int64
     try:  # fast path: numbers and Nones (-> nan) straight into float64
         floats = np.array(col, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # text, or an integer beyond float64
         floats = None
     if floats is not None and floats.ndim == 1:
         mask = ~np.isfinite(floats)  # inf: numeric text beyond float64 ("1e400")

@@ -23,7 +23,7 @@ import numpy as np
 from tracemagic.errors import TraceError
 from tracemagic.trace import loader
 from tracemagic.trace.model import Trace
-from tracemagic.trace.read import Source, default_max_bytes, is_tar, rank_from_name, read_sources, regular_file
+from tracemagic.trace.read import MAX_RATIO, Source, default_max_bytes, is_tar, rank_from_name, read_sources, regular_file
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class Options:
     use_cache: bool = True
     max_bytes: int | None = None
     workers: int | None = None
+    allow_high_compression: bool = False
 
     def cached(self, rank: RankFile) -> bool:
         """Whether reopening ``rank`` reads the Arrow cache (files with the cache on; a tar
@@ -67,13 +68,14 @@ class Options:
 
 
 def list_ranks(
-    path: str | os.PathLike[str], max_bytes: int | None = None
+    path: str | os.PathLike[str], max_bytes: int | None = None, allow_high_compression: bool = False
 ) -> tuple[Path, dict[str, Any] | None, list[RankFile], list[str]]:
     """The rank traces behind ``path``: a capture directory (its manifest's Kineto files and
     ranks), a directory of rank traces, a glob pattern (``"run/*.json.gz"``), a single trace
     or a ``.tar``/``.tar.gz`` of them.
 
-    ``max_bytes`` bounds what each tar member may inflate to (``load``'s default if None).
+    ``max_bytes`` bounds what each tar member may inflate to (``load``'s default if None);
+    ``allow_high_compression`` as for ``load``.
 
     Returns:
         The path, the capture manifest (or None), the ranks in the order ``load`` reads them,
@@ -98,7 +100,8 @@ def list_ranks(
     regular_file(path)
     if is_tar(path):
         limit = default_max_bytes() if max_bytes is None else max_bytes
-        members = [replace(s, max_bytes=limit) for s in read_sources(path)]  # each rank on its own limit
+        ratio = None if allow_high_compression else MAX_RATIO
+        members = [replace(s, max_bytes=limit) for s in read_sources(path, None, ratio)]  # each rank on its own limit
         return path, None, [RankFile(s.name, path, s.name.split("!", 1)[1], s.rank_hint, s) for s in members], []
     return path, None, [RankFile(str(path), path, hint=rank_from_name(path.name))], []
 
@@ -119,14 +122,15 @@ def open_rank(rank: RankFile, options: Options) -> Trace:
             workers=options.workers,
             progress=False,
             max_bytes=options.max_bytes,
+            allow_high_compression=options.allow_high_compression,
         )
-    source = rank.source if rank.source is not None else _member(rank, options.max_bytes)
+    source = rank.source if rank.source is not None else _member(rank, options.max_bytes, options.allow_high_compression)
     parsed = loader.parse_source(source, options.recover, workers=options.workers)
     events, flows, meta, order = loader.assemble([parsed], rank.path)
     return loader.as_trace(events, flows, meta, order, rank.path)
 
 
-def _member(rank: RankFile, max_bytes: int | None) -> Source:
+def _member(rank: RankFile, max_bytes: int | None, allow_high_compression: bool = False) -> Source:
     """A tar member's stream, the archive opened anew (on a worker)."""
     assert rank.member is not None
     limit = default_max_bytes() if max_bytes is None else max_bytes
@@ -142,7 +146,8 @@ def _member(rank: RankFile, max_bytes: int | None) -> Source:
             raise TraceError(f"{rank.name}: not a regular file.", path=rank.name)
         return handle
 
-    return Source(rank.name, opener, info.size, rank.hint, max_bytes=limit)
+    ratio = None if allow_high_compression else MAX_RATIO
+    return Source(rank.name, opener, info.size, rank.hint, max_bytes=limit, max_ratio=ratio)
 
 
 def facts(trace: Trace) -> dict[str, Any]:

@@ -19,7 +19,17 @@ from tracemagic.trace.model import Trace
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.progress import Aggregate, Progress, bar_for
 from tracemagic.trace.pfw import is_pfw, pfw_to_kineto
-from tracemagic.trace.read import Source, default_max_bytes, file_source, inside, rank_files, read_sources, regular_file
+from tracemagic.trace.read import (
+    MAX_RATIO,
+    Source,
+    default_max_bytes,
+    file_source,
+    inside,
+    memory_guard,
+    rank_files,
+    read_sources,
+    regular_file,
+)
 
 #: row-number columns that must be shifted when ranks are stacked
 ROW_COLUMNS = ("parent", "launch", "op", "module")
@@ -77,15 +87,20 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
 def parse_source(
     source: Source, recover: bool = False, progress: Progress | None = None, workers: int | None = None
 ) -> ParsedTrace:
-    """Parse and prepare one file (a large one on two threads, see ``trace.split``)."""
-    parsed = split.parse_split(source, progress) if split.can_split(source, workers) else None
-    if parsed is None:
-        parsed = parse.parse_source(source, recover=recover, progress=progress)
-    parsed.meta["source"] = source.name
-    parsed.meta.setdefault("rank_hint", source.rank_hint)
-    if source.size >= TRIM_MIN_BYTES:
-        release_free_memory()  # before the structure adds its columns
-    return _prepare(parsed)
+    """Parse and prepare one file (a large one on two threads, see ``trace.split``).
+
+    Raises:
+        TraceError: the file is damaged, or too large for the memory (``memory_guard``).
+    """
+    with memory_guard(source.name, source.max_bytes):
+        parsed = split.parse_split(source, progress) if split.can_split(source, workers) else None
+        if parsed is None:
+            parsed = parse.parse_source(source, recover=recover, progress=progress)
+        parsed.meta["source"] = source.name
+        parsed.meta.setdefault("rank_hint", source.rank_hint)
+        if source.size >= TRIM_MIN_BYTES:
+            release_free_memory()  # before the structure adds its columns
+        return _prepare(parsed)
 
 
 #: ranks are stored as int32
@@ -228,6 +243,7 @@ def load(
     workers: int | None = None,
     progress: bool | Progress | None = None,
     max_bytes: int | None = None,
+    allow_high_compression: bool = False,
 ) -> Trace:
     """Load a Kineto trace into an analysis-ready ``Trace``.
 
@@ -252,6 +268,9 @@ def load(
             (default: half the memory available, at least 256 MiB), so a small file that
             inflates to gigabytes (a decompression bomb) stops with a ``TraceError`` instead
             of filling the memory; raise it to load a larger trace.
+        allow_high_compression: load a ``.gz`` (or ``.tar.gz``) that inflates more than
+            ``MAX_RATIO`` (200) times; by default such a file is refused as a decompression
+            bomb once 64 MiB came out of it (real traces compress 7 to 30 times).
 
     Only regular files are read (not FIFOs or devices), and in a folder only the files that
     lie in it (symlinks leading out of it are skipped, with a warning).
@@ -259,10 +278,12 @@ def load(
     Raises:
         TraceError: the path holds no Kineto trace, or a damaged one (naming the file and
             byte offset), or another kind of file (an Execution Trace, a memory timeline),
-            or more than ``max_bytes`` of JSON.
+            or more than ``max_bytes`` of JSON, or a gzip inflating more than ``MAX_RATIO``
+            times, or the machine ran out of memory loading it.
     """
     path = Path(path)
     limit = default_max_bytes() if max_bytes is None else max_bytes
+    ratio = None if allow_high_compression else MAX_RATIO
     manifest: dict[str, Any] | None = None
     listed: dict[Path, int | None] | None = None
     outside: list[Path] = []
@@ -283,11 +304,12 @@ def load(
             events, flows, meta = hit
             return Trace(events, flows, meta, path=path, manifest=manifest)
     if listed is not None:
-        sources = [file_source(p, rank, limit) for p, rank in listed.items()]
+        sources = [file_source(p, rank, limit, ratio) for p, rank in listed.items()]
     elif is_pfw(path.name):
-        sources = [Source.from_bytes(str(path), pfw_to_kineto(path, limit))]
+        with memory_guard(str(path), limit):
+            sources = [Source.from_bytes(str(path), pfw_to_kineto(path, limit, ratio))]
     else:
-        sources = read_sources(path, limit)
+        sources = read_sources(path, limit, ratio)
     total = sum(s.size for s in sources)
     callback = bar_for(progress, total, path.name)
     parsed = _parse_sources(sources, recover, callback, total, workers)

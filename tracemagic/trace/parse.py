@@ -60,6 +60,8 @@ _NEXT_EVENT = re.compile(rb"\}\s*,\s*\{")
 _LAST_EVENT = re.compile(rb"\}\s*\]")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
+#: a BOM and white space before the document (matched: ``lstrip`` would copy the document)
+_LEADING = re.compile(rb"[\xef\xbb\xbf \t\r\n]*")
 
 
 @contextmanager
@@ -381,10 +383,11 @@ class _StreamParser:
         return False
 
 
-def _parse_whole(data: bytes, name: str, recover: bool) -> ParsedTrace:
+def _parse_whole(data: bytes | bytearray, name: str, recover: bool) -> ParsedTrace:
     """The slow, simple path: decode the whole document at once."""
     warnings: list[str] = []
-    start = len(data) - len(data.lstrip(b"\xef\xbb\xbf" + _WS))
+    leading = _LEADING.match(data)
+    start = leading.end() if leading is not None else 0
     builder = _Builder()
     if data[start : start + 1] == b"[":
         raw_events: Any = data
@@ -425,7 +428,7 @@ def _parse_whole(data: bytes, name: str, recover: bool) -> ParsedTrace:
     return builder.finish(meta, warnings)
 
 
-def _recover_whole(data: bytes, name: str, offset: int) -> tuple[bytes, dict[str, Any]]:
+def _recover_whole(data: bytes | bytearray, name: str, offset: int) -> tuple[bytes | bytearray, dict[str, Any]]:
     start = data.find(b'"traceEvents"')
     bracket = data.find(b"[", start) if start >= 0 else -1
     if bracket < 0:

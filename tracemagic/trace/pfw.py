@@ -23,14 +23,14 @@ def is_pfw(name: str) -> bool:
     return name.lower().endswith((".pfw", ".pfw.gz"))
 
 
-def _pfw_lines(path: Path, max_bytes: int | None = None) -> Iterator[bytes]:
-    with ByteStream(file_source(path, max_bytes=max_bytes)) as stream:  # decompressed, at most max_bytes
+def _pfw_lines(path: Path, max_bytes: int | None = None, max_ratio: float | None = None) -> Iterator[bytearray]:
+    with ByteStream(file_source(path, max_bytes=max_bytes, max_ratio=max_ratio)) as stream:  # at most max_bytes
         raw = stream.read_all()
         if stream.truncated:
             raise TraceError(f"{path}: the gzip stream is cut off.", path=str(path))
     for line in raw.splitlines():
         line = line.strip().rstrip(b",")
-        if not line or line in (b"[", b"]"):
+        if not line or line == b"[" or line == b"]":
             continue
         yield line
 
@@ -90,11 +90,12 @@ def _json_or_text(value: Any) -> Any:
     return value
 
 
-def pfw_to_kineto(path: Path, max_bytes: int | None = None) -> bytes:
+def pfw_to_kineto(path: Path, max_bytes: int | None = None, max_ratio: float | None = None) -> bytes:
     """The events of a ``.pfw`` file as the bytes of an equivalent Kineto trace.
 
     Args:
         max_bytes: the most bytes a ``.pfw.gz`` may decompress to (None: no limit).
+        max_ratio: the most its gzip may inflate (see ``read.MAX_RATIO``; None: no limit).
 
     Raises:
         TraceError: the file is empty, cut off, over ``max_bytes``, or has a line that is not
@@ -102,7 +103,7 @@ def pfw_to_kineto(path: Path, max_bytes: int | None = None) -> bytes:
     """
     events = []
     ranks: set[int] = set()
-    for number, line in enumerate(_pfw_lines(path, max_bytes), start=1):
+    for number, line in enumerate(_pfw_lines(path, max_bytes, max_ratio), start=1):
         try:
             event = orjson.loads(line)
         except orjson.JSONDecodeError as exc:

@@ -7,14 +7,17 @@ by block and gzip is decompressed as a stream, so a large trace never sits in me
 
 Inputs come from other people's machines, so what they can cost is bounded: only regular
 files are opened (a FIFO would block forever), a folder's symlinks that lead out of it are
-not followed, decompression stops at ``max_bytes`` (a 4 MB gzip can inflate to 4 GiB), and
-an archive is read for at most ``MAX_ARCHIVE_ENTRIES`` entries.
+not followed, decompression stops at ``max_bytes`` (a 4 MB gzip can inflate to 4 GiB) and,
+unless asked (``allow_high_compression``), at a compression ratio no trace has
+(``MAX_RATIO``), and an archive is read for at most ``MAX_ARCHIVE_ENTRIES`` entries. Running
+out of memory while loading is a ``TraceError`` too (``memory_guard``).
 """
 
 from __future__ import annotations
 
 import functools
 import io
+from contextlib import contextmanager
 import os
 import re
 import stat
@@ -22,7 +25,7 @@ import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterable, Protocol
+from typing import IO, Callable, Iterable, Iterator, Protocol
 
 from tracemagic.errors import TraceError
 from tracemagic.trace.layout import ET_PREFIX, KINETO_PREFIX, MANIFEST, MEMORY_PREFIX
@@ -43,6 +46,13 @@ MAX_ARCHIVE_ENTRIES = 10_000
 #: take about as much memory as its JSON), and at least ``MIN_MAX_BYTES``
 MEMORY_SHARE = 0.5
 MIN_MAX_BYTES = 256 << 20
+#: the most a gzip may inflate (JSON bytes per compressed byte) unless the user allows more:
+#: real Kineto traces compress 7x to 30x (``tests/data/traces``), gzip at most ~1,030x, and a
+#: decompression bomb (a 4 MB file of 4 GiB) ~1,000x
+MAX_RATIO = 200
+#: the ratio is checked once this much JSON came out: below it ``max_bytes`` is bound enough
+#: (and a small file's ratio says little)
+RATIO_CHECK_BYTES = 64 << 20
 
 
 def available_memory() -> int | None:
@@ -80,6 +90,33 @@ def _too_big(name: str, limit: int) -> TraceError:
     )
 
 
+def _too_compressed(name: str, produced: int, packed: int, ratio: float) -> TraceError:
+    return TraceError(
+        f"{name}: {packed:,} compressed bytes inflated to more than {produced:,} bytes of JSON "
+        f"(over {ratio:g} times; real traces compress 7 to 30 times), so this looks like a "
+        "decompression bomb and was not loaded. If the trace is real, pass "
+        "allow_high_compression=True to tracemagic.load (and a max_bytes= large enough for it).",
+        path=name,
+    )
+
+
+@contextmanager
+def memory_guard(name: str, max_bytes: int | None) -> Iterator[None]:
+    """Turn running out of memory while loading ``name`` into a ``TraceError`` that says
+    what to do (``max_bytes`` bounds the JSON a load decompresses, not the tables made of it)."""
+    try:
+        yield
+    except MemoryError:
+        limit = "no limit" if max_bytes is None else f"max_bytes={max_bytes:,}"
+        raise TraceError(
+            f"{name}: this machine ran out of memory loading the trace ({limit}; the JSON and "
+            "the tables made from it need about twice its size). Pass a smaller max_bytes= to "
+            "tracemagic.load to be told early, free memory, or load it on a machine with more; "
+            "tracemagic.load_ranks opens a job's ranks one at a time.",
+            path=name,
+        ) from None
+
+
 class Readable(Protocol):
     """What a source opens: a binary stream, read front to back and closed."""
 
@@ -100,6 +137,8 @@ class Source:
     path: Path | None = None
     #: decompressed bytes it may give at most (None: no limit)
     max_bytes: int | None = None
+    #: the most its gzip may inflate, past ``RATIO_CHECK_BYTES`` (None: no limit)
+    max_ratio: float | None = None
 
     @classmethod
     def from_bytes(cls, name: str, data: bytes, rank_hint: int | None = None) -> "Source":
@@ -112,6 +151,9 @@ class ByteStream:
 
     ``read()`` gives the next block (``b""`` at the end); ``consumed`` counts the bytes
     taken from the file (for progress), ``truncated`` tells a cut-off gzip stream.
+
+    Raises (from ``read``): ``TraceError`` when the source gives more than its ``max_bytes``
+    or its gzip inflates more than ``max_ratio`` times.
     """
 
     def __init__(self, source: Source, block: int = 8 << 20) -> None:
@@ -119,6 +161,7 @@ class ByteStream:
         self.block = block
         self.consumed = 0
         self.produced = 0  # decompressed bytes given
+        self.packed = 0  # compressed bytes inflated so far (read-ahead not counted)
         self.truncated = False
         try:
             self._handle = source.opener()
@@ -184,6 +227,7 @@ class ByteStream:
                 break
             try:  # at most the rest of the block: a bomb inflates by 1,000x per call
                 chunk = self._decomp.decompress(raw, self.block - size)
+                self.packed += len(raw) - len(self._decomp.unconsumed_tail) - len(self._decomp.unused_data)
             except zlib.error as exc:
                 raise TraceError(
                     f"{self.source.name}: the gzip data is corrupt ({exc}) after "
@@ -196,6 +240,9 @@ class ByteStream:
             self.produced += len(chunk)
             if self.source.max_bytes is not None and self.produced > self.source.max_bytes:
                 raise _too_big(self.source.name, self.source.max_bytes)
+            ratio = self.source.max_ratio
+            if ratio is not None and self.produced > RATIO_CHECK_BYTES and self.produced > ratio * max(self.packed, 1):
+                raise _too_compressed(self.source.name, self.produced, self.packed, ratio)
             if self._decomp.eof:
                 rest = self._decomp.unused_data
                 if not rest:
@@ -209,12 +256,13 @@ class ByteStream:
                     break
         return b"".join(out)
 
-    def read_all(self) -> bytes:
-        """Everything that is left (used on the slow paths: damaged files, odd layouts)."""
-        parts = []
+    def read_all(self) -> bytearray:
+        """Everything that is left (used on the slow paths: damaged files, odd layouts), in
+        one buffer grown in place (a list of blocks joined would need the size twice)."""
+        out = bytearray()
         while block := self.read():
-            parts.append(block)
-        return b"".join(parts)
+            out += block
+        return out
 
 
 def rank_from_name(name: str) -> int | None:
@@ -252,7 +300,9 @@ def rank_files(path: Path) -> list[Path]:
     return files
 
 
-def file_source(path: Path, rank: int | None = None, max_bytes: int | None = None) -> Source:
+def file_source(
+    path: Path, rank: int | None = None, max_bytes: int | None = None, max_ratio: float | None = None
+) -> Source:
     """A source reading ``path`` from disk; its rank is ``rank`` if known, else the name's.
 
     Raises:
@@ -260,7 +310,7 @@ def file_source(path: Path, rank: int | None = None, max_bytes: int | None = Non
     """
     hint = rank if rank is not None else rank_from_name(path.name)
     size = regular_file(path).st_size
-    return Source(str(path), lambda: open(path, "rb"), size, hint, path, max_bytes)
+    return Source(str(path), lambda: open(path, "rb"), size, hint, path, max_bytes, max_ratio)
 
 
 def regular_file(path: Path) -> os.stat_result:
@@ -298,8 +348,9 @@ def inside(folder: Path, files: Iterable[Path]) -> tuple[list[Path], list[Path]]
     return kept, outside
 
 
-def read_sources(path: Path, max_bytes: int | None = None) -> list[Source]:
-    """Every Kineto trace behind ``path``: a file, a .tar/.tar.gz, or a directory of ranks.
+def read_sources(path: Path, max_bytes: int | None = None, max_ratio: float | None = None) -> list[Source]:
+    """Every Kineto trace behind ``path``: a file, a .tar/.tar.gz, or a directory of ranks,
+    each to give at most ``max_bytes`` of JSON, its gzip inflating at most ``max_ratio`` times.
 
     Raises:
         TraceError: the path does not exist or holds no trace.
@@ -308,11 +359,11 @@ def read_sources(path: Path, max_bytes: int | None = None) -> list[Source]:
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
     if path.is_dir():
         files, _ = inside(path, rank_files(path))
-        return [file_source(p, max_bytes=max_bytes) for p in files]
+        return [file_source(p, max_bytes=max_bytes, max_ratio=max_ratio) for p in files]
     regular_file(path)
     if is_tar(path):
-        return _read_tar(path, max_bytes)
-    return [file_source(path, max_bytes=max_bytes)]
+        return _read_tar(path, max_bytes, max_ratio)
+    return [file_source(path, max_bytes=max_bytes, max_ratio=max_ratio)]
 
 
 def is_tar(path: Path) -> bool:
@@ -366,12 +417,13 @@ class _Member(io.RawIOBase):
         super().close()
 
 
-def _read_tar(path: Path, max_bytes: int | None = None) -> list[Source]:
+def _read_tar(path: Path, max_bytes: int | None = None, max_ratio: float | None = None) -> list[Source]:
     """The trace members of a tar; each is read (streamed) only when it is parsed.
 
     Raises:
         TraceError: the archive is damaged, holds no trace, has more than
-            ``MAX_ARCHIVE_ENTRIES`` entries, or its traces hold more than ``max_bytes``.
+            ``MAX_ARCHIVE_ENTRIES`` entries, or its traces hold more than ``max_bytes``, or
+            more than ``max_ratio`` times the compressed archive's size.
     """
     members: list[tarfile.TarInfo] = []
     try:
@@ -392,9 +444,15 @@ def _read_tar(path: Path, max_bytes: int | None = None) -> list[Source]:
     total = sum(m.size for m in members)
     if max_bytes is not None and total > max_bytes:
         raise _too_big(f"{path} (its {len(members)} traces)", max_bytes)
+    packed = path.stat().st_size
+    if max_ratio is not None and total > RATIO_CHECK_BYTES and total > max_ratio * packed:
+        raise _too_compressed(f"{path} (its {len(members)} traces)", total, packed, max_ratio)
     reader = _Archive(path, members)
     return [
-        Source(f"{path}!{m.name}", functools.partial(reader.open, m), m.size, rank_from_name(m.name), max_bytes=max_bytes)
+        Source(
+            f"{path}!{m.name}", functools.partial(reader.open, m), m.size, rank_from_name(m.name),
+            max_bytes=max_bytes, max_ratio=max_ratio,
+        )
         for m in members
     ]
 
