@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from IPython.utils.capture import capture_output
+from tb_reference import union
 
 from tracemagic.analysis import advice as rules
 from tracemagic.analysis import phases as phases_module
@@ -39,17 +40,6 @@ NAMES = {
     "forward": re.compile(r"^nn\.Module: "),
 }
 ORDER = ("backward", "dataloader", "optimizer", "forward")
-
-
-def union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Length of the union of ``intervals`` clipped to [lo, hi)."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
-    total, reach = 0.0, -np.inf
-    for a, b in clipped:
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
 
 
 def raw_phases(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
