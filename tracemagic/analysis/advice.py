@@ -618,8 +618,8 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     peaks = aggregate.peaks_of(trace.table(_memory.peaks), step)
     ranks = trace.table(_ranks.ranks) if len(trace.rank_ids) > 1 and step is None else None
     phases: pd.DataFrame | None = None  # only the optimizer rule reads phases(): none without an optimizer step
-    if any(_phases.OPTIMIZER.match(str(c)) for c in trace.events["name"].cat.categories):
-        phases = trace.table(_phases.phases)
+    if any(_phases.OPTIMIZER.match(str(c)) for c in trace.events["name"].cat.categories.tolist()):
+        phases = trace.table(_phases.optimizer_phases)  # its columns alone: no forward phase computed
         phases = phases[phases["step"].isin(steps["step"])] if not steps.empty else phases.iloc[:0]
     loop = trace.table(_iterations.iterations) if step is None and manifest else None
     return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step,

@@ -11,9 +11,6 @@ from tracemagic.trace.structure import timed_rows
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
 KINDS = ("cpu_op", "user_annotation", "step")
-#: the events columns the table is made of (only these are gathered)
-_USED = ["rank", "name", "kind", "ts", "dur", "self_dur", "tid", "step", "depth", "parent", "module",
-         "input_dims", "input_type", "seq", "rf_id", "external_id"]
 
 
 def ops(trace: Trace) -> pd.DataFrame:
@@ -32,28 +29,35 @@ def ops(trace: Trace) -> pd.DataFrame:
     """
     events = trace.events
     rows = timed_rows(events, KINDS)
-    picked = events[_USED].iloc[rows]
-    layer, layer_type = layer_labels(trace, picked["module"].to_numpy())
+
+    def at(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:
+        # column by column: a frame of every used column taken at once costs a copy of each
+        values = events[column].array
+        if isinstance(values, pd.arrays.NumpyExtensionArray):
+            return values.to_numpy()[rows]
+        return values.take(rows)
+
+    layer, layer_type = layer_labels(trace, at("module"))
     return pd.DataFrame(
         {
-            "rank": picked["rank"].to_numpy(),
+            "rank": at("rank"),
             "row": rows,
-            "name": labels(picked["name"]),
-            "kind": picked["kind"].array.set_categories(list(KINDS)),
-            "ts": picked["ts"].to_numpy() - trace_start(trace),
-            "dur": picked["dur"].to_numpy(),
-            "self_dur": picked["self_dur"].to_numpy(),
-            "thread": labels(picked["tid"]),
-            "step": picked["step"].to_numpy(),
-            "depth": picked["depth"].to_numpy(),
-            "parent": picked["parent"].to_numpy(),
+            "name": labels(pd.Series(at("name"))),
+            "kind": at("kind").set_categories(list(KINDS)),
+            "ts": at("ts") - trace_start(trace),
+            "dur": at("dur"),
+            "self_dur": at("self_dur"),
+            "thread": labels(pd.Series(at("tid"))),
+            "step": at("step"),
+            "depth": at("depth"),
+            "parent": at("parent"),
             "layer": layer,
             "layer_type": layer_type,
-            "input_dims": labels(picked["input_dims"]),
-            "input_type": labels(picked["input_type"]),
-            "seq": picked["seq"].array,
-            "rf_id": picked["rf_id"].array,
-            "external_id": picked["external_id"].array,
+            "input_dims": labels(pd.Series(at("input_dims"))),
+            "input_type": labels(pd.Series(at("input_type"))),
+            "seq": at("seq"),
+            "rf_id": at("rf_id"),
+            "external_id": at("external_id"),
             "merged": merged(events, rows),
         }
     )

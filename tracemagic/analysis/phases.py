@@ -137,9 +137,11 @@ def _inside(merged: dict[int, tuple[np.ndarray, np.ndarray]], rank: np.ndarray, 
     return out
 
 
-def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray) -> np.ndarray:
+def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray, priority: tuple[str, ...] = PRIORITY) -> np.ndarray:
     """The index in ``PHASES`` of the phase in effect on ``rank`` at each moment ``at`` (µs
-    since the trace's start), by the host rule (``PRIORITY``; ``other`` where none)."""
+    since the trace's start), by the host rule (``PRIORITY``; ``other`` where none).
+    ``priority``: the first phases of ``PRIORITY`` alone (the rest count as ``other``), for
+    callers that read only those (each is decided by the ones above it alone)."""
     masks = phase_masks(trace)
     events = trace.events
     rel = events["ts"].to_numpy(dtype=np.float64) - trace_start(trace)
@@ -147,7 +149,7 @@ def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray) -> np.ndarray:
     ranks = events["rank"].to_numpy()
     out = np.full(at.size, PHASES.index("other"), dtype=np.int64)
     undecided = np.ones(at.size, dtype=bool)
-    for name in PRIORITY:
+    for name in priority:
         rows = np.flatnonzero(masks[name])
         if not rows.size or not undecided.any():
             continue
@@ -170,6 +172,20 @@ def phases(trace: Trace) -> pd.DataFrame:
     the optimizer, ``foreach`` for ``aten::_foreach_*`` ops, ``for-loop`` for neither,
     None without an optimizer step).
     """
+    return _phases(trace, PRIORITY)
+
+
+def optimizer_phases(trace: Trace) -> pd.DataFrame:
+    """``phases()``' columns ``rank``, ``step``, ``ts``, ``dur``, ``optimizer_us`` and
+    ``gpu_optimizer_us``, with its ``attrs``: the same figures, computed without the forward
+    phase, which is below the optimizer in ``PRIORITY`` and so changes neither (what the
+    advice's ``optimizer`` rule reads; the forward's events are the most)."""
+    return _phases(trace, PRIORITY[: PRIORITY.index("optimizer") + 1])
+
+
+def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
+    """``phases()`` over the first phases of ``PRIORITY`` (``priority``): all columns for all of
+    them, else only those phases' columns (``other`` then is not known)."""
     events = trace.events
     frame = _host_windows(trace)
     groups = len(frame)
@@ -177,14 +193,15 @@ def phases(trace: Trace) -> pd.DataFrame:
     covered = np.zeros(groups)
     host: dict[str, np.ndarray] = {}
     so_far: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for name in PRIORITY:
+    for name in priority:
         so_far.append(_steps.in_windows(trace, frame, np.flatnonzero(masks[name])))
         group, start, end = (np.concatenate(column) for column in zip(*so_far))
         total = union_length(group, start, end, groups)
         host[name] = total - covered
         covered = total
     dur = frame["window_dur"].to_numpy(dtype=np.float64)
-    host["other"] = np.maximum(dur - covered, 0.0)
+    if priority == PRIORITY:
+        host["other"] = np.maximum(dur - covered, 0.0)
 
     # the GPU: each event's phase at its launch's start, its step the launch's
     gpu_rows = np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY)
@@ -196,7 +213,7 @@ def phases(trace: Trace) -> pd.DataFrame:
     t0 = trace_start(trace)
     ts = events["ts"].to_numpy(dtype=np.float64)
     launch_at = ts[launch] - t0
-    phase = phase_at(trace, events["rank"].to_numpy()[launch], launch_at)
+    phase = phase_at(trace, events["rank"].to_numpy()[launch], launch_at, priority)
     start = ts[gpu_rows] - t0
     busy = union_length(window * len(PHASES) + phase, start, start + events["dur"].to_numpy(dtype=np.float64)[gpu_rows],
                         groups * len(PHASES)).reshape(groups, len(PHASES))
@@ -208,8 +225,8 @@ def phases(trace: Trace) -> pd.DataFrame:
         "step": frame["step"].to_numpy(),
         "ts": frame["window_ts"].to_numpy(),
         "dur": frame["dur"].to_numpy(dtype=np.float64),
-        **{f"{name}_us": host[name] for name in PHASES},
-        **{f"gpu_{name}_us": np.where(has_gpu, busy[:, i], np.nan) for i, name in enumerate(PHASES)},
+        **{f"{name}_us": host[name] for name in PHASES if name in host},
+        **{f"gpu_{name}_us": np.where(has_gpu, busy[:, i], np.nan) for i, name in enumerate(PHASES) if name in host},
     })
     out.attrs.update(_optimizer_facts(trace))
     return out
@@ -301,4 +318,4 @@ def _optimizer_facts(trace: Trace) -> dict[str, object]:
     return {"optimizers": classes, "optimizer_impl": impl}
 
 
-__all__ = ["PHASES", "PRIORITY", "phase_at", "phase_spans", "phases"]
+__all__ = ["PHASES", "PRIORITY", "optimizer_phases", "phase_at", "phase_spans", "phases"]
