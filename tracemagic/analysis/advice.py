@@ -375,8 +375,15 @@ def _host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
     inside_item = np.isin(candidates["parent"].to_numpy(), item_rows) & (names == "aten::_local_scalar_dense").to_numpy()
     syncs = candidates[~inside_item]
     longest = syncs.sort_values("dur", ascending=False).drop_duplicates("name")
-    table = syncs.groupby(syncs["name"].astype(str)).agg(calls=("dur", "size"), total_us=("dur", "sum"),
-                                                         max_us=("dur", "max"))
+    # grouped on the names' codes (the same sums, in row order), named once per group, in text order
+    if isinstance(syncs["name"].dtype, pd.CategoricalDtype):
+        codes = syncs["name"].cat.codes.to_numpy()
+        table = syncs["dur"].groupby(codes).agg(calls="size", total_us="sum", max_us="max")
+        table.index = syncs["name"].cat.categories[table.index.to_numpy()].astype(str).rename("name")
+        table = table.sort_index()
+    else:
+        table = syncs.groupby(syncs["name"].astype(str)).agg(calls=("dur", "size"), total_us=("dur", "sum"),
+                                                             max_us=("dur", "max"))
     table["layer"] = longest.set_index(longest["name"].astype(str))["layer"].astype("string")
     n_steps = max(int(scope.steps["step"].nunique()), 1)
     window = float(scope.steps["window_dur"].sum())

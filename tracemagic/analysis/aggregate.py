@@ -145,19 +145,23 @@ def _by_name(frame: pd.DataFrame, keep: np.ndarray | None = None) -> pd.DataFram
     rows = np.flatnonzero(keep) if keep is not None else np.arange(len(frame))
     own = ~frame["merged"].to_numpy()[rows] if "merged" in frame else np.ones(rows.size, dtype=bool)
     # only the columns summed, taken at the rows (not a copy of the whole frame), grouped on
-    # the (categorical) names, turned into text once per name, in text order
+    # the names' codes (the same sums, in row order, as on the names), each code turned into
+    # its text once, in text order
     names = frame["name"]
-    out = (
-        pd.DataFrame({
-            "name": names.array.take(rows) if isinstance(names.dtype, pd.CategoricalDtype) else names.to_numpy()[rows],
-            "call": own,
-            "total": np.where(own, frame["dur"].to_numpy()[rows], 0.0),
-            "self_dur": frame["self_dur"].to_numpy()[rows],
-        })
-        .groupby("name", observed=True)
-        .agg(calls=("call", "sum"), total_us=("total", "sum"), self_us=("self_dur", "sum"))
-    )
-    out.index = out.index.astype(str)
+    sums = pd.DataFrame({
+        "call": own,
+        "total": np.where(own, frame["dur"].to_numpy()[rows], 0.0),
+        "self_dur": frame["self_dur"].to_numpy()[rows],
+    })
+    aggregations = {"calls": ("call", "sum"), "total_us": ("total", "sum"), "self_us": ("self_dur", "sum")}
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes = names.cat.codes.to_numpy()[rows]
+        named = codes >= 0  # a missing name is in no group, as groupby leaves NA out
+        out = sums[named].groupby(codes[named]).agg(**aggregations)
+        out.index = names.cat.categories[out.index.to_numpy()].astype(str).rename("name")
+    else:
+        out = sums.assign(name=names.to_numpy()[rows]).groupby("name").agg(**aggregations)
+        out.index = out.index.astype(str)
     return out.sort_index().reset_index()
 
 
