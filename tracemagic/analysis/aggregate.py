@@ -157,7 +157,8 @@ def _by_name(frame: pd.DataFrame, keep: np.ndarray | None = None) -> pd.DataFram
     if isinstance(names.dtype, pd.CategoricalDtype):
         codes = names.cat.codes.to_numpy()[rows]
         named = codes >= 0  # a missing name is in no group, as groupby leaves NA out
-        out = sums[named].groupby(codes[named]).agg(**aggregations)
+        out = sums[named].groupby(codes[named]).sum().rename(
+            columns={"call": "calls", "total": "total_us", "self_dur": "self_us"})
         out.index = names.cat.categories[out.index.to_numpy()].astype(str).rename("name")
     else:
         out = sums.assign(name=names.to_numpy()[rows]).groupby("name").agg(**aggregations)

@@ -185,7 +185,9 @@ def optimizer_phases(trace: Trace) -> pd.DataFrame:
 
 def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
     """``phases()`` over the first phases of ``PRIORITY`` (``priority``): all columns for all of
-    them, else only those phases' columns (``other`` then is not known)."""
+    them, else the columns of the last of ``priority`` alone (the GPU time of the others and
+    ``other`` are then not known). Where only some phases are computed, each GPU event's
+    group changes only where it is not of the last phase: that phase's sums are the same."""
     events = trace.events
     frame = _host_windows(trace)
     groups = len(frame)
@@ -213,20 +215,28 @@ def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
     t0 = trace_start(trace)
     ts = events["ts"].to_numpy(dtype=np.float64)
     launch_at = ts[launch] - t0
-    phase = phase_at(trace, events["rank"].to_numpy()[launch], launch_at, priority)
+    launch_rank = events["rank"].to_numpy()[launch]
+    if priority == PRIORITY:
+        phase = phase_at(trace, launch_rank, launch_at)
+    else:  # only the last phase's GPU time is read: the launches inside that phase's events alone are decided
+        last = PHASES.index(priority[-1])
+        inside = np.flatnonzero(phase_at(trace, launch_rank, launch_at, priority[-1:]) == last)
+        phase = np.full(launch.size, PHASES.index("other"), dtype=np.int64)
+        phase[inside] = phase_at(trace, launch_rank[inside], launch_at[inside], priority)
     start = ts[gpu_rows] - t0
     busy = union_length(window * len(PHASES) + phase, start, start + events["dur"].to_numpy(dtype=np.float64)[gpu_rows],
                         groups * len(PHASES)).reshape(groups, len(PHASES))
     gpu_ranks = np.unique(events["rank"].to_numpy()[kind_mask(events, *GPU_ACTIVITY)])
     has_gpu = np.isin(frame["rank"].to_numpy(), gpu_ranks)
 
+    shown = PHASES if priority == PRIORITY else priority[-1:]
     out = pd.DataFrame({
         "rank": frame["rank"].to_numpy(),
         "step": frame["step"].to_numpy(),
         "ts": frame["window_ts"].to_numpy(),
         "dur": frame["dur"].to_numpy(dtype=np.float64),
-        **{f"{name}_us": host[name] for name in PHASES if name in host},
-        **{f"gpu_{name}_us": np.where(has_gpu, busy[:, i], np.nan) for i, name in enumerate(PHASES) if name in host},
+        **{f"{name}_us": host[name] for name in PHASES if name in shown},
+        **{f"gpu_{name}_us": np.where(has_gpu, busy[:, i], np.nan) for i, name in enumerate(PHASES) if name in shown},
     })
     out.attrs.update(_optimizer_facts(trace))
     return out
@@ -298,10 +308,12 @@ def _optimizer_facts(trace: Trace) -> dict[str, object]:
     """``optimizers`` and ``optimizer_impl`` of ``phases()``' ``attrs``."""
     events = trace.events
     names = events["name"]
-    steps_mask = names_where(names, OPTIMIZER_CLASS)
-    classes = sorted({m.group(1) for c in names[steps_mask].astype(str).unique()
-                      if (m := OPTIMIZER_CLASS.match(c)) is not None})
-    if not steps_mask.any():
+    # the classes from the names used (once per name), not from a text per matching row
+    codes = names.cat.codes.to_numpy()
+    used = np.bincount(codes[codes >= 0], minlength=len(names.cat.categories)) > 0
+    found = [m for c, u in zip(names.cat.categories.tolist(), used) if u and (m := OPTIMIZER_CLASS.match(str(c)))]
+    classes = sorted({m.group(1) for m in found})
+    if not found:
         return {"optimizers": classes, "optimizer_impl": None}
     inside = phase_masks(trace)["optimizer"]
     rows = np.flatnonzero(inside)
