@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 
@@ -43,7 +45,7 @@ def ops(trace: Trace) -> pd.DataFrame:
             "rank": at("rank"),
             "row": rows,
             "name": labels(pd.Series(at("name"))),
-            "kind": at("kind").set_categories(list(KINDS)),
+            "kind": cast(pd.Categorical, at("kind")).set_categories(list(KINDS)),
             "ts": at("ts") - trace_start(trace),
             "dur": at("dur"),
             "self_dur": at("self_dur"),
@@ -78,17 +80,18 @@ def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     up = parent[rows]
     out = np.zeros(rows.size, dtype=bool)
     codes = events["name"].cat.codes.to_numpy()
-    # same name as the parent first: few rows, so the rest looks at those alone
-    where = np.flatnonzero(up >= 0)
-    where = where[codes[up[where]] == codes[rows[where]]]
+    # same name as the parent first (one pass, -1 parents masked): few rows, so the rest looks at those alone
+    where = np.flatnonzero((up >= 0) & (codes[up] == codes[rows]))
     if where.size == 0:
         return out
+    outer = up[where]
     kinds = events["kind"]
     op_kinds = np.flatnonzero(np.isin(np.asarray(kinds.cat.categories, dtype=object), KINDS))
     # a 0 µs parent (integer-µs traces) holds nothing: the plugin's tree makes such ops siblings
-    where = where[np.isin(kinds.cat.codes.to_numpy()[up[where]], op_kinds) & (events["dur"].to_numpy()[up[where]] > 0)]
+    keep = np.isin(kinds.cat.codes.to_numpy()[outer], op_kinds) & (events["dur"].to_numpy()[outer] > 0)
+    where, outer = where[keep], outer[keep]
     if where.size == 0:
         return out
     children = np.bincount(parent[parent >= 0], minlength=len(events))
-    out[where] = children[up[where]] == 1
+    out[where] = children[outer] == 1
     return out

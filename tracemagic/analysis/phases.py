@@ -72,33 +72,49 @@ COLUMNS = TABLES["phases"].names
 
 def phase_masks(trace: Trace) -> dict[str, np.ndarray]:
     """Which events make each phase of ``PRIORITY`` (before priorities apply), by the rules
-    of the module docstring; computed once per trace, treat it as read-only."""
-    return trace.shared("phase_masks", lambda: _phase_masks(trace))
+    of the module docstring; computed once per trace, each phase's when first read (a caller
+    of the first phases alone pays for no other), treat it as read-only."""
+    return trace.shared("phase_masks", lambda: _PhaseMasks(trace))
 
 
-def _phase_masks(trace: Trace) -> dict[str, np.ndarray]:
-    events = trace.events
-    timed = (events["ph"] == "X").to_numpy() & np.isfinite(events["ts"].to_numpy()) & (events["dur"].to_numpy() > 0)
-    ops = timed & kind_mask(events, "cpu_op", "user_annotation")
-    names = events["name"]
-    evaluate = ops & names_where(names, BACKWARD)
-    keys = thread_keys_of(trace)
-    step_threads = np.unique(keys[(events["kind"] == "step").to_numpy()])
-    backward_threads = np.setdiff1d(np.unique(keys[evaluate]), step_threads)
-    backward = evaluate | (ops & np.isin(keys, backward_threads))
-    modules = timed & kind_mask(events, "python_function") & names_where(names, re.compile("^" + re.escape(MODULE_PREFIX)))
-    rank = events["rank"].to_numpy()
-    bare = ~np.isin(rank, np.unique(rank[modules]))  # ranks without module events: ops recorded for autograd
-    recorded = ops & bare & ~backward & events["seq"].notna().to_numpy()
-    if "fwd_tid" in events:  # a backward op names its forward's thread (``Fwd thread id``); 0 or none: forward
-        fwd_tid = events["fwd_tid"]
-        recorded &= (fwd_tid.isna() | fwd_tid.eq(0)).to_numpy(dtype=bool, na_value=True)
-    return {
-        "backward": backward,
-        "dataloader": ops & names_where(names, DATALOADER),
-        "optimizer": ops & names_where(names, OPTIMIZER),
-        "forward": modules | recorded,
-    }
+class _PhaseMasks(dict[str, np.ndarray]):
+    """``phase_masks``' mapping: a phase's mask is computed the first time it is read."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+        self.trace = trace
+        events = trace.events
+        timed = (events["ph"] == "X").to_numpy() & np.isfinite(events["ts"].to_numpy()) & (events["dur"].to_numpy() > 0)
+        self.ops = timed & kind_mask(events, "cpu_op", "user_annotation")
+        self.timed = timed
+
+    def __missing__(self, name: str) -> np.ndarray:
+        if name not in PRIORITY:
+            raise KeyError(name)
+        events, ops = self.trace.events, self.ops
+        names = events["name"]
+        if name == "backward":
+            evaluate = ops & names_where(names, BACKWARD)
+            keys = thread_keys_of(self.trace)
+            step_threads = np.unique(keys[(events["kind"] == "step").to_numpy()])
+            backward_threads = np.setdiff1d(np.unique(keys[evaluate]), step_threads)
+            value = evaluate | (ops & np.isin(keys, backward_threads))
+        elif name == "dataloader":
+            value = ops & names_where(names, DATALOADER)
+        elif name == "optimizer":
+            value = ops & names_where(names, OPTIMIZER)
+        else:  # forward
+            modules = self.timed & kind_mask(events, "python_function") & names_where(
+                names, re.compile("^" + re.escape(MODULE_PREFIX)))
+            rank = events["rank"].to_numpy()
+            bare = ~np.isin(rank, np.unique(rank[modules]))  # ranks without module events: ops recorded for autograd
+            recorded = ops & bare & ~self["backward"] & events["seq"].notna().to_numpy()
+            if "fwd_tid" in events:  # a backward op names its forward's thread (``Fwd thread id``); 0 or none: forward
+                fwd_tid = events["fwd_tid"]
+                recorded &= (fwd_tid.isna() | fwd_tid.eq(0)).to_numpy(dtype=bool, na_value=True)
+            value = modules | recorded
+        self[name] = value
+        return value
 
 
 def _host_windows(trace: Trace) -> pd.DataFrame:
@@ -195,8 +211,10 @@ def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
     covered = np.zeros(groups)
     host: dict[str, np.ndarray] = {}
     so_far: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for name in priority:
+    for k, name in enumerate(priority):
         so_far.append(_steps.in_windows(trace, frame, np.flatnonzero(masks[name])))
+        if priority != PRIORITY and k < len(priority) - 2:
+            continue  # only the last phase is shown: the union of those above it is all it needs
         group, start, end = (np.concatenate(column) for column in zip(*so_far))
         total = union_length(group, start, end, groups)
         host[name] = total - covered
