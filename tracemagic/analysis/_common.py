@@ -210,9 +210,12 @@ def rollup(start: np.ndarray, weights: np.ndarray, up: np.ndarray) -> np.ndarray
 def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of rows whose categorical name matches ``pattern`` (tested once per name)."""
     categories = names.cat.categories
-    hit = np.fromiter((bool(pattern.search(str(c))) for c in categories), dtype=bool, count=len(categories))
+    # the categories as a list first: iterating an Arrow-backed index is ~8x slower
+    hit = np.fromiter((bool(pattern.search(str(c))) for c in categories.tolist()), dtype=bool, count=len(categories))
     codes = names.cat.codes.to_numpy()
-    return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if hit.size else np.zeros(codes.size, dtype=bool)
+    if not hit.any():
+        return np.zeros(codes.size, dtype=bool)
+    return np.append(hit, False)[codes]  # code -1 (missing): the False at the end
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:

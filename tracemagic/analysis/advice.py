@@ -375,8 +375,15 @@ def _host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
     inside_item = np.isin(candidates["parent"].to_numpy(), item_rows) & (names == "aten::_local_scalar_dense").to_numpy()
     syncs = candidates[~inside_item]
     longest = syncs.sort_values("dur", ascending=False).drop_duplicates("name")
-    table = syncs.groupby(syncs["name"].astype(str)).agg(calls=("dur", "size"), total_us=("dur", "sum"),
-                                                         max_us=("dur", "max"))
+    # grouped on the names' codes (the same sums, in row order), named once per group, in text order
+    if isinstance(syncs["name"].dtype, pd.CategoricalDtype):
+        codes = syncs["name"].cat.codes.to_numpy()
+        table = syncs["dur"].groupby(codes).agg(calls="size", total_us="sum", max_us="max")
+        table.index = syncs["name"].cat.categories[table.index.to_numpy()].astype(str).rename("name")
+        table = table.sort_index()
+    else:
+        table = syncs.groupby(syncs["name"].astype(str)).agg(calls=("dur", "size"), total_us=("dur", "sum"),
+                                                             max_us=("dur", "max"))
     table["layer"] = longest.set_index(longest["name"].astype(str))["layer"].astype("string")
     n_steps = max(int(scope.steps["step"].nunique()), 1)
     window = float(scope.steps["window_dur"].sum())
@@ -618,8 +625,8 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     peaks = aggregate.peaks_of(trace.table(_memory.peaks), step)
     ranks = trace.table(_ranks.ranks) if len(trace.rank_ids) > 1 and step is None else None
     phases: pd.DataFrame | None = None  # only the optimizer rule reads phases(): none without an optimizer step
-    if any(_phases.OPTIMIZER.match(str(c)) for c in trace.events["name"].cat.categories):
-        phases = trace.table(_phases.phases)
+    if any(_phases.OPTIMIZER.match(str(c)) for c in trace.events["name"].cat.categories.tolist()):
+        phases = trace.table(_phases.optimizer_phases)  # its columns alone: no forward phase computed
         phases = phases[phases["step"].isin(steps["step"])] if not steps.empty else phases.iloc[:0]
     loop = trace.table(_iterations.iterations) if step is None and manifest else None
     return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step,

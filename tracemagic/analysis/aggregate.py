@@ -139,17 +139,30 @@ def _wrapper_rows(frame: pd.DataFrame) -> np.ndarray:
     return names.astype(str).str.contains(WRAPPER_OPS).to_numpy(dtype=bool)
 
 
-def _by_name(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame``'s rows by name: calls, total and self (µs); a ``merged`` row (``ops()``) is
-    no call and adds no total, its self time counts."""
-    own = ~frame["merged"].to_numpy() if "merged" in frame else np.ones(len(frame), dtype=bool)
-    # grouped on the (categorical) names, turned into text once per name, in text order
-    out = (
-        frame.assign(call=own, total=np.where(own, frame["dur"].to_numpy(), 0.0))
-        .groupby("name", observed=True)
-        .agg(calls=("call", "sum"), total_us=("total", "sum"), self_us=("self_dur", "sum"))
-    )
-    out.index = out.index.astype(str)
+def _by_name(frame: pd.DataFrame, keep: np.ndarray | None = None) -> pd.DataFrame:
+    """``frame``'s rows (those ``keep`` marks, all for None) by name: calls, total and self
+    (µs); a ``merged`` row (``ops()``) is no call and adds no total, its self time counts."""
+    rows = np.flatnonzero(keep) if keep is not None else np.arange(len(frame))
+    own = ~frame["merged"].to_numpy()[rows] if "merged" in frame else np.ones(rows.size, dtype=bool)
+    # only the columns summed, taken at the rows (not a copy of the whole frame), grouped on
+    # the names' codes (the same sums, in row order, as on the names), each code turned into
+    # its text once, in text order
+    names = frame["name"]
+    sums = pd.DataFrame({
+        "call": own,
+        "total": np.where(own, frame["dur"].to_numpy()[rows], 0.0),
+        "self_dur": frame["self_dur"].to_numpy()[rows],
+    })
+    aggregations = {"calls": ("call", "sum"), "total_us": ("total", "sum"), "self_us": ("self_dur", "sum")}
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes = names.cat.codes.to_numpy()[rows]
+        named = codes >= 0  # a missing name is in no group, as groupby leaves NA out
+        out = sums[named].groupby(codes[named]).sum().rename(
+            columns={"call": "calls", "total": "total_us", "self_dur": "self_us"})
+        out.index = names.cat.categories[out.index.to_numpy()].astype(str).rename("name")
+    else:
+        out = sums.assign(name=names.to_numpy()[rows]).groupby("name").agg(**aggregations)
+        out.index = out.index.astype(str)
     return out.sort_index().reset_index()
 
 
@@ -187,10 +200,10 @@ def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    frame = ops[(ops["kind"] == "cpu_op").to_numpy() & ~_wrapper_rows(ops)] if "kind" in ops else ops
-    if frame.empty:
+    keep = (ops["kind"] == "cpu_op").to_numpy() & ~_wrapper_rows(ops) if "kind" in ops else None
+    if keep is not None and not keep.any():
         return pd.DataFrame(columns=cols)
-    out = _by_name(frame)
+    out = _by_name(ops, keep)
     out["mean_us"] = out["total_us"] / out["calls"]
     total_self = float(out["self_us"].sum())
     out["self_pct"] = 100 * out["self_us"] / total_self if total_self > 0 else 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 
@@ -11,9 +13,6 @@ from tracemagic.trace.structure import timed_rows
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
 KINDS = ("cpu_op", "user_annotation", "step")
-#: the events columns the table is made of (only these are gathered)
-_USED = ["rank", "name", "kind", "ts", "dur", "self_dur", "tid", "step", "depth", "parent", "module",
-         "input_dims", "input_type", "seq", "rf_id", "external_id"]
 
 
 def ops(trace: Trace) -> pd.DataFrame:
@@ -32,28 +31,35 @@ def ops(trace: Trace) -> pd.DataFrame:
     """
     events = trace.events
     rows = timed_rows(events, KINDS)
-    picked = events[_USED].iloc[rows]
-    layer, layer_type = layer_labels(trace, picked["module"].to_numpy())
+
+    def at(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:
+        # column by column: a frame of every used column taken at once costs a copy of each
+        values = events[column].array
+        if isinstance(values, pd.arrays.NumpyExtensionArray):
+            return values.to_numpy()[rows]
+        return values.take(rows)
+
+    layer, layer_type = layer_labels(trace, at("module"))
     return pd.DataFrame(
         {
-            "rank": picked["rank"].to_numpy(),
+            "rank": at("rank"),
             "row": rows,
-            "name": labels(picked["name"]),
-            "kind": picked["kind"].array.set_categories(list(KINDS)),
-            "ts": picked["ts"].to_numpy() - trace_start(trace),
-            "dur": picked["dur"].to_numpy(),
-            "self_dur": picked["self_dur"].to_numpy(),
-            "thread": labels(picked["tid"]),
-            "step": picked["step"].to_numpy(),
-            "depth": picked["depth"].to_numpy(),
-            "parent": picked["parent"].to_numpy(),
+            "name": labels(pd.Series(at("name"))),
+            "kind": cast(pd.Categorical, at("kind")).set_categories(list(KINDS)),
+            "ts": at("ts") - trace_start(trace),
+            "dur": at("dur"),
+            "self_dur": at("self_dur"),
+            "thread": labels(pd.Series(at("tid"))),
+            "step": at("step"),
+            "depth": at("depth"),
+            "parent": at("parent"),
             "layer": layer,
             "layer_type": layer_type,
-            "input_dims": labels(picked["input_dims"]),
-            "input_type": labels(picked["input_type"]),
-            "seq": picked["seq"].array,
-            "rf_id": picked["rf_id"].array,
-            "external_id": picked["external_id"].array,
+            "input_dims": labels(pd.Series(at("input_dims"))),
+            "input_type": labels(pd.Series(at("input_type"))),
+            "seq": at("seq"),
+            "rf_id": at("rf_id"),
+            "external_id": at("external_id"),
             "merged": merged(events, rows),
         }
     )
@@ -74,17 +80,18 @@ def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     up = parent[rows]
     out = np.zeros(rows.size, dtype=bool)
     codes = events["name"].cat.codes.to_numpy()
-    # same name as the parent first: few rows, so the rest looks at those alone
-    where = np.flatnonzero(up >= 0)
-    where = where[codes[up[where]] == codes[rows[where]]]
+    # same name as the parent first (one pass, -1 parents masked): few rows, so the rest looks at those alone
+    where = np.flatnonzero((up >= 0) & (codes[up] == codes[rows]))
     if where.size == 0:
         return out
+    outer = up[where]
     kinds = events["kind"]
     op_kinds = np.flatnonzero(np.isin(np.asarray(kinds.cat.categories, dtype=object), KINDS))
     # a 0 µs parent (integer-µs traces) holds nothing: the plugin's tree makes such ops siblings
-    where = where[np.isin(kinds.cat.codes.to_numpy()[up[where]], op_kinds) & (events["dur"].to_numpy()[up[where]] > 0)]
+    keep = np.isin(kinds.cat.codes.to_numpy()[outer], op_kinds) & (events["dur"].to_numpy()[outer] > 0)
+    where, outer = where[keep], outer[keep]
     if where.size == 0:
         return out
     children = np.bincount(parent[parent >= 0], minlength=len(events))
-    out[where] = children[up[where]] == 1
+    out[where] = children[outer] == 1
     return out

@@ -72,33 +72,49 @@ COLUMNS = TABLES["phases"].names
 
 def phase_masks(trace: Trace) -> dict[str, np.ndarray]:
     """Which events make each phase of ``PRIORITY`` (before priorities apply), by the rules
-    of the module docstring; computed once per trace, treat it as read-only."""
-    return trace.shared("phase_masks", lambda: _phase_masks(trace))
+    of the module docstring; computed once per trace, each phase's when first read (a caller
+    of the first phases alone pays for no other), treat it as read-only."""
+    return trace.shared("phase_masks", lambda: _PhaseMasks(trace))
 
 
-def _phase_masks(trace: Trace) -> dict[str, np.ndarray]:
-    events = trace.events
-    timed = (events["ph"] == "X").to_numpy() & np.isfinite(events["ts"].to_numpy()) & (events["dur"].to_numpy() > 0)
-    ops = timed & kind_mask(events, "cpu_op", "user_annotation")
-    names = events["name"]
-    evaluate = ops & names_where(names, BACKWARD)
-    keys = thread_keys_of(trace)
-    step_threads = np.unique(keys[(events["kind"] == "step").to_numpy()])
-    backward_threads = np.setdiff1d(np.unique(keys[evaluate]), step_threads)
-    backward = evaluate | (ops & np.isin(keys, backward_threads))
-    modules = timed & kind_mask(events, "python_function") & names_where(names, re.compile("^" + re.escape(MODULE_PREFIX)))
-    rank = events["rank"].to_numpy()
-    bare = ~np.isin(rank, np.unique(rank[modules]))  # ranks without module events: ops recorded for autograd
-    recorded = ops & bare & ~backward & events["seq"].notna().to_numpy()
-    if "fwd_tid" in events:  # a backward op names its forward's thread (``Fwd thread id``); 0 or none: forward
-        fwd_tid = events["fwd_tid"]
-        recorded &= (fwd_tid.isna() | fwd_tid.eq(0)).to_numpy(dtype=bool, na_value=True)
-    return {
-        "backward": backward,
-        "dataloader": ops & names_where(names, DATALOADER),
-        "optimizer": ops & names_where(names, OPTIMIZER),
-        "forward": modules | recorded,
-    }
+class _PhaseMasks(dict[str, np.ndarray]):
+    """``phase_masks``' mapping: a phase's mask is computed the first time it is read."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+        self.trace = trace
+        events = trace.events
+        timed = (events["ph"] == "X").to_numpy() & np.isfinite(events["ts"].to_numpy()) & (events["dur"].to_numpy() > 0)
+        self.ops = timed & kind_mask(events, "cpu_op", "user_annotation")
+        self.timed = timed
+
+    def __missing__(self, name: str) -> np.ndarray:
+        if name not in PRIORITY:
+            raise KeyError(name)
+        events, ops = self.trace.events, self.ops
+        names = events["name"]
+        if name == "backward":
+            evaluate = ops & names_where(names, BACKWARD)
+            keys = thread_keys_of(self.trace)
+            step_threads = np.unique(keys[(events["kind"] == "step").to_numpy()])
+            backward_threads = np.setdiff1d(np.unique(keys[evaluate]), step_threads)
+            value = evaluate | (ops & np.isin(keys, backward_threads))
+        elif name == "dataloader":
+            value = ops & names_where(names, DATALOADER)
+        elif name == "optimizer":
+            value = ops & names_where(names, OPTIMIZER)
+        else:  # forward
+            modules = self.timed & kind_mask(events, "python_function") & names_where(
+                names, re.compile("^" + re.escape(MODULE_PREFIX)))
+            rank = events["rank"].to_numpy()
+            bare = ~np.isin(rank, np.unique(rank[modules]))  # ranks without module events: ops recorded for autograd
+            recorded = ops & bare & ~self["backward"] & events["seq"].notna().to_numpy()
+            if "fwd_tid" in events:  # a backward op names its forward's thread (``Fwd thread id``); 0 or none: forward
+                fwd_tid = events["fwd_tid"]
+                recorded &= (fwd_tid.isna() | fwd_tid.eq(0)).to_numpy(dtype=bool, na_value=True)
+            value = modules | recorded
+        self[name] = value
+        return value
 
 
 def _host_windows(trace: Trace) -> pd.DataFrame:
@@ -137,9 +153,11 @@ def _inside(merged: dict[int, tuple[np.ndarray, np.ndarray]], rank: np.ndarray, 
     return out
 
 
-def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray) -> np.ndarray:
+def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray, priority: tuple[str, ...] = PRIORITY) -> np.ndarray:
     """The index in ``PHASES`` of the phase in effect on ``rank`` at each moment ``at`` (µs
-    since the trace's start), by the host rule (``PRIORITY``; ``other`` where none)."""
+    since the trace's start), by the host rule (``PRIORITY``; ``other`` where none).
+    ``priority``: the first phases of ``PRIORITY`` alone (the rest count as ``other``), for
+    callers that read only those (each is decided by the ones above it alone)."""
     masks = phase_masks(trace)
     events = trace.events
     rel = events["ts"].to_numpy(dtype=np.float64) - trace_start(trace)
@@ -147,7 +165,7 @@ def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray) -> np.ndarray:
     ranks = events["rank"].to_numpy()
     out = np.full(at.size, PHASES.index("other"), dtype=np.int64)
     undecided = np.ones(at.size, dtype=bool)
-    for name in PRIORITY:
+    for name in priority:
         rows = np.flatnonzero(masks[name])
         if not rows.size or not undecided.any():
             continue
@@ -170,6 +188,22 @@ def phases(trace: Trace) -> pd.DataFrame:
     the optimizer, ``foreach`` for ``aten::_foreach_*`` ops, ``for-loop`` for neither,
     None without an optimizer step).
     """
+    return _phases(trace, PRIORITY)
+
+
+def optimizer_phases(trace: Trace) -> pd.DataFrame:
+    """``phases()``' columns ``rank``, ``step``, ``ts``, ``dur``, ``optimizer_us`` and
+    ``gpu_optimizer_us``, with its ``attrs``: the same figures, computed without the forward
+    phase, which is below the optimizer in ``PRIORITY`` and so changes neither (what the
+    advice's ``optimizer`` rule reads; the forward's events are the most)."""
+    return _phases(trace, PRIORITY[: PRIORITY.index("optimizer") + 1])
+
+
+def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
+    """``phases()`` over the first phases of ``PRIORITY`` (``priority``): all columns for all of
+    them, else the columns of the last of ``priority`` alone (the GPU time of the others and
+    ``other`` are then not known). Where only some phases are computed, each GPU event's
+    group changes only where it is not of the last phase: that phase's sums are the same."""
     events = trace.events
     frame = _host_windows(trace)
     groups = len(frame)
@@ -177,14 +211,17 @@ def phases(trace: Trace) -> pd.DataFrame:
     covered = np.zeros(groups)
     host: dict[str, np.ndarray] = {}
     so_far: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for name in PRIORITY:
+    for k, name in enumerate(priority):
         so_far.append(_steps.in_windows(trace, frame, np.flatnonzero(masks[name])))
+        if priority != PRIORITY and k < len(priority) - 2:
+            continue  # only the last phase is shown: the union of those above it is all it needs
         group, start, end = (np.concatenate(column) for column in zip(*so_far))
         total = union_length(group, start, end, groups)
         host[name] = total - covered
         covered = total
     dur = frame["window_dur"].to_numpy(dtype=np.float64)
-    host["other"] = np.maximum(dur - covered, 0.0)
+    if priority == PRIORITY:
+        host["other"] = np.maximum(dur - covered, 0.0)
 
     # the GPU: each event's phase at its launch's start, its step the launch's
     gpu_rows = np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY)
@@ -196,20 +233,28 @@ def phases(trace: Trace) -> pd.DataFrame:
     t0 = trace_start(trace)
     ts = events["ts"].to_numpy(dtype=np.float64)
     launch_at = ts[launch] - t0
-    phase = phase_at(trace, events["rank"].to_numpy()[launch], launch_at)
+    launch_rank = events["rank"].to_numpy()[launch]
+    if priority == PRIORITY:
+        phase = phase_at(trace, launch_rank, launch_at)
+    else:  # only the last phase's GPU time is read: the launches inside that phase's events alone are decided
+        last = PHASES.index(priority[-1])
+        inside = np.flatnonzero(phase_at(trace, launch_rank, launch_at, priority[-1:]) == last)
+        phase = np.full(launch.size, PHASES.index("other"), dtype=np.int64)
+        phase[inside] = phase_at(trace, launch_rank[inside], launch_at[inside], priority)
     start = ts[gpu_rows] - t0
     busy = union_length(window * len(PHASES) + phase, start, start + events["dur"].to_numpy(dtype=np.float64)[gpu_rows],
                         groups * len(PHASES)).reshape(groups, len(PHASES))
     gpu_ranks = np.unique(events["rank"].to_numpy()[kind_mask(events, *GPU_ACTIVITY)])
     has_gpu = np.isin(frame["rank"].to_numpy(), gpu_ranks)
 
+    shown = PHASES if priority == PRIORITY else priority[-1:]
     out = pd.DataFrame({
         "rank": frame["rank"].to_numpy(),
         "step": frame["step"].to_numpy(),
         "ts": frame["window_ts"].to_numpy(),
         "dur": frame["dur"].to_numpy(dtype=np.float64),
-        **{f"{name}_us": host[name] for name in PHASES},
-        **{f"gpu_{name}_us": np.where(has_gpu, busy[:, i], np.nan) for i, name in enumerate(PHASES)},
+        **{f"{name}_us": host[name] for name in PHASES if name in shown},
+        **{f"gpu_{name}_us": np.where(has_gpu, busy[:, i], np.nan) for i, name in enumerate(PHASES) if name in shown},
     })
     out.attrs.update(_optimizer_facts(trace))
     return out
@@ -281,10 +326,12 @@ def _optimizer_facts(trace: Trace) -> dict[str, object]:
     """``optimizers`` and ``optimizer_impl`` of ``phases()``' ``attrs``."""
     events = trace.events
     names = events["name"]
-    steps_mask = names_where(names, OPTIMIZER_CLASS)
-    classes = sorted({m.group(1) for c in names[steps_mask].astype(str).unique()
-                      if (m := OPTIMIZER_CLASS.match(c)) is not None})
-    if not steps_mask.any():
+    # the classes from the names used (once per name), not from a text per matching row
+    codes = names.cat.codes.to_numpy()
+    used = np.bincount(codes[codes >= 0], minlength=len(names.cat.categories)) > 0
+    found = [m for c, u in zip(names.cat.categories.tolist(), used) if u and (m := OPTIMIZER_CLASS.match(str(c)))]
+    classes = sorted({m.group(1) for m in found})
+    if not found:
         return {"optimizers": classes, "optimizer_impl": None}
     inside = phase_masks(trace)["optimizer"]
     rows = np.flatnonzero(inside)
@@ -301,4 +348,4 @@ def _optimizer_facts(trace: Trace) -> dict[str, object]:
     return {"optimizers": classes, "optimizer_impl": impl}
 
 
-__all__ = ["PHASES", "PRIORITY", "phase_at", "phase_spans", "phases"]
+__all__ = ["PHASES", "PRIORITY", "optimizer_phases", "phase_at", "phase_spans", "phases"]

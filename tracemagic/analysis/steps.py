@@ -68,8 +68,13 @@ def windows(trace: Trace) -> pd.DataFrame:
 
     A rank without any ``ProfilerStep`` gets one window ``step = -1`` over all its events.
     Durations are kept as recorded, not as differences of epoch-µs times (float64 rounds
-    those to 0.25 µs).
+    those to 0.25 µs). Computed once per trace (``device_windows``, ``phases`` and ``ranks``
+    share it); treat it as read-only.
     """
+    return trace.shared("step_windows", lambda: _windows(trace))
+
+
+def _windows(trace: Trace) -> pd.DataFrame:
     events = trace.events
     is_step = (events["kind"] == "step").to_numpy()
     names = events["name"][is_step].to_numpy(dtype=object)
