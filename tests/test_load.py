@@ -361,6 +361,18 @@ def test_rank_from_file_name_without_distributed_info(tmp_path: Path) -> None:
     assert tracemagic.load(single, use_cache=False).rank_ids == [0]
 
 
+def test_a_slow_recording_beside_a_trace_is_no_rank_of_it(tmp_path: Path) -> None:
+    """A folder (or tar) of a capture without its ``capture.json``: the ``--slow`` recording
+    ``kineto_trace_0_slow1.json`` is no second rank-0 file merged into the trace."""
+    folder = tmp_path / "capture"
+    folder.mkdir()
+    write_trace(folder / "kineto_trace_0.json", [{"ph": "X", "cat": "cpu_op", "name": "main", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}])
+    write_trace(folder / "kineto_trace_0_slow1.json", [{"ph": "X", "cat": "cpu_op", "name": "slow", "pid": 1, "tid": 1, "ts": 9.0, "dur": 1.0}])
+    names = set(tracemagic.load(folder, use_cache=False).events["name"].astype(str))
+    assert "main" in names and "slow" not in names
+    assert set(tracemagic.load(folder / "kineto_trace_0_slow1.json", use_cache=False).events["name"].astype(str)) >= {"slow"}
+
+
 # -- damaged and wrong files ---------------------------------------------------------------
 
 

@@ -222,6 +222,23 @@ def test_the_amd_traces_last_step_launched_nothing_and_is_dropped() -> None:
     assert table["step"].tolist() == [1] and table.attrs["tail"] == {0: [2]}
 
 
+def test_our_own_capture_keeps_its_steps_the_manifest_calls_complete(tmp_path: Path) -> None:
+    """The tail rule is for foreign traces: a capture directory with its ``capture.json``
+    (the manifest says which steps are whole) keeps a last step that launched no GPU work,
+    as it keeps a complete step that launched little (gradient accumulation)."""
+    from tracemagic.trace import layout
+
+    name = "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    folder = tmp_path / "capture"
+    folder.mkdir()
+    (folder / "kineto_trace_0.json.gz").write_bytes((TRACES / name).read_bytes())
+    layout.write_manifest(folder, {"format": layout.MANIFEST_FORMAT, "status": "complete",
+                                   "files": [{"path": "kineto_trace_0.json.gz", "kind": "kineto", "rank": 0}]})
+    table = tracemagic.load(folder, use_cache=False).steps()
+    hosts = sorted({int(e["name"].split("#")[1]) for e in _raw(name) if str(e.get("name", "")).startswith("ProfilerStep#")})
+    assert table["step"].tolist() == hosts == [1, 2] and table.attrs["tail"] == {}
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_gpu_utilization_is_the_plugins_kernel_time_over_step_time(name: str) -> None:
     """Issue 24.8: the TensorBoard plugin's "GPU Utilization" is the union of kernel time

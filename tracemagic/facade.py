@@ -222,8 +222,10 @@ class Capture(_result.Capture):
 
     def compare_with(self, other: _result.Capture) -> None:
         """Compare this capture with ``other`` (``--vs``): the dashboard's Compare tab (this
-        capture is A, ``other`` B), and ``vs_line`` in the summary."""
-        self.vs = other
+        capture is A, ``other`` B), and ``vs_line`` in the summary. ``other`` is loaded once
+        and kept (its trace, and the line, are not read again at every display)."""
+        self.vs = Capture.of(other)
+        self._vs_line: str | None = None
         self._dashboard = None
 
     def vs_line(self) -> str | None:
@@ -231,24 +233,29 @@ class Capture(_result.Capture):
         in %, and the layer (else op) whose time changed most; None without ``vs``."""
         if self.vs is None:
             return None
-        before, after = Capture.of(self.vs).trace, self.trace
+        if getattr(self, "_vs_line", None) is None:
+            self._vs_line = self._compare_line(Capture.of(self.vs))
+        return self._vs_line
+
+    def _compare_line(self, vs: Capture) -> str:
         try:
+            before, after = vs.trace, self.trace
             change = _aggregate.mean_step_change(
                 _aggregate.loop_steps(before.steps(), before.manifest), _aggregate.loop_steps(after.steps(), after.manifest)
             )
             diff = _diff.diff(before, after)
+            parts = []
+            if change is not None:
+                parts.append(f"mean step {change[0] / 1e3:.3g} → {change[1] / 1e3:.3g} ms, {change[2]:+.0f}%")
+            for level in ("layer", "op"):
+                rows = diff[(diff["level"] == level) & diff["delta_us"].notna()]
+                if len(rows):
+                    top = rows.loc[rows["delta_us"].abs().idxmax()]
+                    parts.append(f"the biggest change: {top['name']} ({float(top['delta_us']) / 1e3:+.3g} ms)")
+                    break
         except Exception as exc:  # noqa: BLE001 - a display line must never raise
-            return f"  vs {self.vs.dir.name}: no comparison ({type(exc).__name__}: {exc})"
-        parts = []
-        if change is not None:
-            parts.append(f"mean step {change[0] / 1e3:.3g} → {change[1] / 1e3:.3g} ms, {change[2]:+.0f}%")
-        for level in ("layer", "op"):
-            rows = diff[diff["level"] == level]
-            if len(rows):
-                top = rows.loc[rows["delta_us"].abs().idxmax()]
-                parts.append(f"the biggest change: {top['name']} ({float(top['delta_us']) / 1e3:+.3g} ms)")
-                break
-        return f"  vs {self.vs.dir.name}: " + ("; ".join(parts) or "nothing to compare")
+            return f"  vs {vs.dir.name}: no comparison ({type(exc).__name__}: {exc})"
+        return f"  vs {vs.dir.name}: " + ("; ".join(parts) or "nothing to compare")
 
     def _header_lines(self) -> list[str]:
         lines = super()._header_lines()

@@ -170,7 +170,7 @@ class TracemagicMagics(Magics):
                 raise CaptureError("--stop with --repeat 0 would never stop (the schedule has no last "
                                    "cycle); give --repeat N.")
             session = CaptureSession(
-                config, prepared.plan, cell=cell, line=line, namespace=self.shell.user_ns
+                config, prepared.plan, cell=cell, line=line, namespace=self.shell.user_ns, filter_notices=True
             )
             session.open()
         except CaptureError as exc:

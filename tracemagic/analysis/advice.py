@@ -294,14 +294,15 @@ def untypical_window(scope: Scope) -> Row | None:
     table = scope.iterations
     if table is None or table.empty:
         return None
-    names = scope.ops["name"].astype(str) if "name" in scope.ops else pd.Series([], dtype=str)
-    compiled = bool(names.str.startswith(COMPILED_REGION_PREFIX).any())
+    names = scope.ops["name"] if "name" in scope.ops else pd.Series([], dtype=str)
+    values = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else names.unique()
+    compiled = any(str(name).startswith(COMPILED_REGION_PREFIX) for name in values)
     check = _iterations.window_check(table, compiled)
     if check is None:
         return None
     value = abs(check.change) if check.change == check.change else 1.0
-    return Row("untypical_window", value, _iterations.UNTYPICAL_SHARE, UNTYPICAL_WEIGHT, check.text,
-               "move the window (--wait/--skip-first) to steps like the rest.", check.text)
+    return _row("untypical_window", value, _iterations.UNTYPICAL_SHARE, UNTYPICAL_WEIGHT, check.text,
+                "move the window (--wait/--skip-first) to steps like the rest.")
 
 
 #: the ops that make the host wait for the GPU: ``.item()`` and what it runs
@@ -615,7 +616,8 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     """The recommendations for ``trace`` (of one ProfilerStep, given ``step``): the rules of
     this module over its tables, a row per rule that fired, most important first.
 
-    The steps holding only a ``%%chakra_trace`` loop's exit are left out, as the views do;
+    The steps holding only a ``%%chakra_trace`` loop's exit, or cut short by the cell's error,
+    are left out, as the views do (``aggregate.loop_steps``);
     the ``straggler`` rule looks at the whole trace of several ranks only.
     """
     manifest: Mapping[str, Any] | None = getattr(trace, "manifest", None)

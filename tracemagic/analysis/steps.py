@@ -14,7 +14,9 @@ Like the plugin, a rank's trailing steps that launched no GPU work (on a rank wh
 step did), and the last one that launched under 80% of its predecessor's GPU events, are
 dropped: the profiler stopped before their kernels ran or were recorded, so a ~100% idle
 step would enter the mean (``_kept_steps``; ``steps().attrs['tail']`` names them). Our
-own captures mark the loop's exit in ``capture.json`` besides (``aggregate.loop_steps``).
+own captures (a trace with a ``capture.json`` manifest) are left whole: they mark the loop's
+exit and a step cut short by an error in the manifest instead (``aggregate.loop_steps``),
+and a complete step that launched little (gradient accumulation) stays.
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def _device_windows(trace: Trace) -> pd.DataFrame:
     unlaunched: dict[int, dict[str, float]] = {}
     tail: dict[int, list[int]] = {}
     drop: list[int] = []
+    foreign = not getattr(trace, "manifest", None)  # our captures say which steps are whole
     for rank, where in frame.groupby("rank").indices.items():
         mine = gpu_rank == rank
         orphans = mine & (launch < 0)
@@ -183,7 +186,7 @@ def _device_windows(trace: Trace) -> pd.DataFrame:
         last_end = np.full(where.size, -np.inf)
         np.minimum.at(first_start, at[inside], gpu_start[mine][inside])
         np.maximum.at(last_end, at[inside], gpu_end[mine][inside])
-        kept = _kept_steps(np.bincount(at[inside], minlength=where.size))
+        kept = _kept_steps(np.bincount(at[inside], minlength=where.size)) if foreign else where.size
         if kept < where.size:
             tail[int(rank)] = [int(s) for s in frame["step"].to_numpy()[where[kept:]]]
             drop.extend(where[kept:])

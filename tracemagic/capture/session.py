@@ -165,6 +165,9 @@ class CaptureSession:
             ``capture.json`` is merged (``distributed.write_merged_manifest``).
         directory: the capture directory, already made (a job's ranks share one); default:
             ``open()`` makes ``OUT/NAME-<timestamp>``.
+        filter_notices: pass descriptor 2 through ``notices.Filter`` while recording (the
+            magic: torch's notices kept out of the notebook); off for scripts and ranks, whose
+            last lines before a crash must reach their log directly.
     """
 
     def __init__(
@@ -178,6 +181,7 @@ class CaptureSession:
         rank: int | None = None,
         world_size: int | None = None,
         directory: Path | None = None,
+        filter_notices: bool = False,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -208,7 +212,9 @@ class CaptureSession:
         self._cycles: list[_Cycle] = []
         self._notes: list[str] = []
         self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
-        self._filter = notices.Filter(self._hidden)  # descriptor 2 while recording (mid-loop notices)
+        # descriptor 2 through a line filter while recording (torch's mid-loop notices): the
+        # notebook's only; a script's or a rank's crash output must reach its log unbuffered
+        self._filter = notices.Filter(self._hidden) if filter_notices else None
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(timezone.utc)
         self._worker = files.tb_worker()
@@ -401,7 +407,8 @@ class CaptureSession:
         _ACTIVE = self
         if cfg_cuda(self.config):
             self._gpu_events = []
-        self._filter.start()
+        if self._filter is not None:
+            self._filter.start()
         if self.config.et:
             self._open_et(1)
         with warnings.catch_warnings():
@@ -437,7 +444,8 @@ class CaptureSession:
     def stop(self) -> None:
         """Stop recording now (the loop is over); the rest of the cell is not traced."""
         self._stop_profiler("cell_end" if self._one_step else "loop_exit")
-        self._filter.stop()
+        if self._filter is not None:
+            self._filter.stop()
 
     @property
     def schedule(self) -> dict[str, int]:
@@ -462,10 +470,13 @@ class CaptureSession:
             self._abandon_slow()
             self._stop_profiler("error" if error is not None else "cell_end")
         finally:
-            self._cleanup()
-            self._filter.stop()
-            if _ACTIVE is self:
-                _ACTIVE = None
+            try:
+                self._cleanup()  # closes the ET observer, whose notice the filter still hides
+            finally:
+                if self._filter is not None:
+                    self._filter.stop()  # descriptor 2 is the user's again, whatever _cleanup raised
+                if _ACTIVE is self:
+                    _ACTIVE = None
         if error is not None:
             self._notes.insert(0, self._error_note(error))
         self._notes.extend(self._schedule_notes(error))

@@ -33,7 +33,8 @@ from tracemagic.trace.layout import ET_PREFIX, KINETO_PREFIX, MANIFEST, MEMORY_P
 #: file names that hold a Kineto trace inside a directory or tar
 _TRACE_NAME = re.compile(rf"(\.pt\.trace\.json|{KINETO_PREFIX}\d+(_\w+)?\.json|trace.*\.json|\.json)(\.gz)?$")
 _NOT_KINETO = re.compile(
-    rf"({ET_PREFIX}|_et\.json|\.et\.json|{MEMORY_PREFIX.rstrip('_')}|{re.escape(MANIFEST)}|\.pfw)"
+    rf"({ET_PREFIX}|_et\.json|\.et\.json|{MEMORY_PREFIX.rstrip('_')}|{re.escape(MANIFEST)}|\.pfw"
+    r"|_slow\d+\.json)"  # a --slow recording (layout.SLOW_FILE) is no rank: it loads on its own
 )
 _RANK_IN_NAME = re.compile(rf"(?:rank|worker|{KINETO_PREFIX})[-_]?(\d+)", re.IGNORECASE)
 #: compressed bytes fed to zlib per step (a trace compresses ~10-30x)
