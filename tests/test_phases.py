@@ -173,3 +173,18 @@ def test_phases_of_a_gpu_trace_add_up(tmp_path: Path) -> None:
     np.testing.assert_allclose(host, table["dur"], rtol=1e-9)
     assert (table["backward_us"] > 0).all() and (table["gpu_backward_us"] > 0).all()
     assert table.attrs["optimizers"] == ["FusedAdam"]
+
+
+def test_phases_are_kept_per_rank_for_each_ranks_own_steps() -> None:
+    """The views and the advice keep the phases of each rank's own steps (the tail rule can
+    drop step 2 on rank 1 alone): a (rank, step) pair, not the step number across ranks."""
+    import pandas as pd
+
+    from tracemagic.analysis import aggregate
+
+    phases = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [1, 2, 1, 2], "optimizer_us": [1.0, 2.0, 3.0, 4.0]})
+    steps = pd.DataFrame({"rank": [0, 0, 1], "step": [1, 2, 1]})
+    kept = aggregate.of_steps(phases, steps)
+    assert list(zip(kept["rank"], kept["step"])) == [(0, 1), (0, 2), (1, 1)]
+    assert kept["optimizer_us"].tolist() == [1.0, 2.0, 3.0]
+    assert aggregate.of_steps(phases, steps.iloc[:0]).empty

@@ -629,7 +629,7 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     phases: pd.DataFrame | None = None  # only the optimizer rule reads phases(): none without an optimizer step
     if any(_phases.OPTIMIZER.match(str(c)) for c in trace.events["name"].cat.categories.tolist()):
         phases = trace.table(_phases.optimizer_phases)  # its columns alone: no forward phase computed
-        phases = phases[phases["step"].isin(steps["step"])] if not steps.empty else phases.iloc[:0]
+        phases = aggregate.of_steps(phases, steps)
     loop = trace.table(_iterations.iterations) if step is None and manifest else None
     return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step,
                     iterations=loop, phases=phases)

@@ -30,6 +30,15 @@ def select_step(frame: pd.DataFrame, step: int | None) -> pd.DataFrame:
     return frame[frame["step"] == step]
 
 
+def of_steps(frame: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``frame`` (per rank and step, e.g. ``phases()``) whose (rank, step) is a row of
+    ``steps``: each rank's own steps (the tail rule keeps different steps on different ranks)."""
+    if frame.empty or steps.empty:
+        return frame.iloc[:0]
+    kept = pd.MultiIndex.from_frame(steps[["rank", "step"]])
+    return frame[pd.MultiIndex.from_frame(frame[["rank", "step"]]).isin(kept)].reset_index(drop=True)
+
+
 #: how a ``%%chakra_trace`` step that no mean counts ended (``capture.json``'s ``end``):
 #: ``loop_exit`` (the step holds only the loop's exit), ``error`` (the cell's exception cut it short)
 UNCOUNTED_ENDS: dict[str, str] = {"loop_exit": "holds only the loop's exit", "error": "was cut short by the error"}

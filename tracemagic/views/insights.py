@@ -196,11 +196,7 @@ def phases_of(data: TraceData, step: int | None = None) -> pd.DataFrame | None:
     one; None for a job's summarized ranks (no events)."""
     if data.summaries_only:
         return None
-    phases = data.phases
-    if phases.empty:
-        return phases
-    steps = tables.select_step(data.steps, step)
-    return phases[phases["step"].isin(steps["step"])].reset_index(drop=True)
+    return tables.of_steps(data.phases, tables.select_step(data.steps, step))
 
 
 def for_trace(data: TraceData, limit: int = 6, step: int | None = None) -> list[str]:

@@ -20,6 +20,7 @@ GPU_PARTS = aggregate.GPU_PARTS
 # the figures the views show are computed in ``analysis.aggregate`` (one rule each, shared
 # with the advice); re-exported here for the views
 select_step = aggregate.select_step
+of_steps = aggregate.of_steps
 step_means = aggregate.step_means
 step_shares = aggregate.step_shares
 kernel_rate = aggregate.kernel_rate
