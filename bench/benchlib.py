@@ -163,16 +163,23 @@ def run_worker(spec: dict[str, Any], tree: Path = ROOT, timeout: float = 900) ->
     except subprocess.TimeoutExpired:
         print(f"  {spec['kind']}: timed out after {timeout:.0f} s", file=sys.stderr)
         return None
+    result = _result(proc, spec["kind"])
+    if result is not None:
+        module = result.get("module")
+        if module is not None and not Path(module).resolve().is_relative_to(tree.resolve()):
+            raise RuntimeError(f"the worker for {tree} imported tracemagic from {module}")
+        if proc.stderr.strip():
+            print(proc.stderr.strip()[-400:], file=sys.stderr)
+    return result
+
+
+def _result(proc: subprocess.CompletedProcess[str], label: str) -> dict[str, Any] | None:
+    """The ``RESULT {json}`` line a worker printed; None (and its stderr's end) without one."""
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             result: dict[str, Any] = json.loads(line[7:])
-            module = result.get("module")
-            if module is not None and not Path(module).resolve().is_relative_to(tree.resolve()):
-                raise RuntimeError(f"the worker for {tree} imported tracemagic from {module}")
-            if proc.stderr.strip():
-                print(proc.stderr.strip()[-400:], file=sys.stderr)
             return result
-    print(f"  {spec['kind']} failed (rc {proc.returncode}): {proc.stderr.strip()[-800:]}", file=sys.stderr)
+    print(f"  {label} failed (rc {proc.returncode}): {proc.stderr.strip()[-800:]}", file=sys.stderr)
     return None
 
 
@@ -236,12 +243,7 @@ def run_hta(path: Path, timeout: float = 900) -> dict[str, Any] | None:
     except subprocess.TimeoutExpired:
         print(f"  hta: timed out after {timeout:.0f} s", file=sys.stderr)
         return None
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[7:])
-            return result
-    print(f"  hta failed (rc {proc.returncode}): {proc.stderr.strip()[-800:]}", file=sys.stderr)
-    return None
+    return _result(proc, "hta")
 
 
 def hta_requirements() -> list[str]:

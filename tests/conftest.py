@@ -317,3 +317,15 @@ def _throwaway_venv(name: str, requirements: list[str]) -> Path:
 def throwaway_venv() -> Callable[[str, list[str]], Path]:
     """``throwaway_venv(name, requirements)``: the python of a cached tool venv."""
     return _throwaway_venv
+
+
+def run_in_kernel(cells: list[str], folder: Path, env: dict[str, str] | None = None) -> Any:
+    """Execute ``cells`` in a real Jupyter kernel (nbclient, ipykernel: as JupyterLab runs
+    them) with ``folder`` as its working directory; the executed notebook."""
+    import nbclient
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}})
+    client.execute(**({"env": env} if env is not None else {}))
+    return nb

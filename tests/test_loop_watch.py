@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from conftest import run_in_kernel
 from IPython.utils.capture import capture_output
 
 from tracemagic.analysis.schema import TABLES, kind
@@ -244,8 +245,6 @@ def test_vs_last_without_an_earlier_capture_says_so(ip):
 
 def test_the_loop_watch_in_a_real_kernel(tmp_path):
     """--stop and --slow in a Jupyter kernel (ipykernel's own compiler and output)."""
-    import nbclient
-    import nbformat
 
     cells = [
         "%load_ext tracemagic",
@@ -258,8 +257,7 @@ def test_the_loop_watch_in_a_real_kernel(tmp_path):
         "print('caught', [(c['iteration'], c['recorded']) for c in cap.slow_steps])\n"
         "print('rows', len(cap.iterations))",
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nb = run_in_kernel(cells, tmp_path)
     printed = "".join(o.get("text", "") for o in nb.cells[2].outputs)
     assert "i 13 stopped 13" in printed
     assert "caught [(12, 13)]" in printed

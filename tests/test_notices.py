@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_in_kernel
+
 from tracemagic.capture import notices
 
 USDT = "USDT:2026-11-23 22:23:17 19388:19388 SyncActivityProfilerHandler.cpp:52] profiler_start"
@@ -78,8 +80,6 @@ def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) ->
     mid-loop (the CPU allocator's once-per-process notice) and the ET observer starts and
     stops; no stream output carries a notice, capture.json keeps them all, and C++-level
     output of the cell's own still shows."""
-    import nbformat
-    from nbclient import NotebookClient
 
     cells = [
         "%load_ext tracemagic\nimport os, torch\nmodel = torch.nn.Linear(16, 4)\n"
@@ -89,11 +89,10 @@ def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) ->
         "    os.write(2, f'native line {i}\\n'.encode())",
         "print(_chakra_capture.dir)",
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     # ipykernel forwards C++-level output (descriptor 2) to the notebook as users see it,
     # except under pytest (``PYTEST_CURRENT_TEST`` in its environment): the kernel runs without it
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
+    nb = run_in_kernel(cells, tmp_path, env)
     streams = [o for c in nb.cells for o in c.outputs if o.output_type == "stream"]
     text = "".join(o.text for o in streams)
     for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started", "Execution Trace Observer"):

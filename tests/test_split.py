@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import TRACES
+from conftest import TRACES, run_in_kernel
 
 import tracemagic
 from tracemagic.errors import TraceError
@@ -289,8 +289,6 @@ def test_the_size_threshold_reads_the_gzip_trailer(tmp_path: Path) -> None:
 def test_split_inside_a_jupyter_kernel(tmp_path: Path) -> None:
     """A kernel has threads of its own (heartbeat, IOPub) and an output stream: the split
     parse there gives the same trace, prints nothing, and the kernel goes on working."""
-    import nbclient
-    import nbformat
 
     path = plain("hta_nccl_data.json.gz", tmp_path)
     cells = [
@@ -312,8 +310,7 @@ def test_split_inside_a_jupyter_kernel(tmp_path: Path) -> None:
         "assert both.meta == alone.meta and calls == [True], calls\n"
         "print('same', len(both.events), os.getpid())",
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nb = run_in_kernel(cells, tmp_path)
     assert nb.cells[0].outputs == [], "the parse (both threads) wrote nothing to the notebook"
     printed = "".join(o.get("text", "") for o in nb.cells[1].outputs)
     assert printed.startswith("same ") and int(printed.split()[1]) > 0
