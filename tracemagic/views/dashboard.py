@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from tracemagic.views import figures, html, sections, tables
-from tracemagic.views._format import esc, fmt_bytes, unit_divisor
+from tracemagic.views._format import esc, fmt_bytes, header, unit_divisor
 from tracemagic.views.data import TraceData
 from tracemagic.views.zoom import ZoomableFigure, figure_widget_available
 
@@ -125,7 +125,7 @@ class TableView:
         if caption is not None:
             self.caption = caption
         previous = self.sort.value
-        options = [("table order", "")] + [(str(c), str(c)) for c in self.frame.columns]
+        options = [("table order", "")] + [(header(c), str(c)) for c in self.frame.columns]
         self._quiet = True
         try:
             self.sort.options = options
@@ -274,8 +274,11 @@ class Dashboard:
         self.unit_control = widgets.ToggleButtons(options=["µs", "ms"], value=self.state.unit if self.state.unit in ("µs", "ms") else "ms",
                                                   style={"button_width": "44px"})
         default_path = f"{Path(self.data.name).name.split('.')[0] or 'trace'}.report.html"
-        self.report_path = widgets.Text(value=default_path, description="report", layout=widgets.Layout(width="300px"))
-        self.save_button = widgets.Button(description="Save HTML report", icon="download", button_style="primary")
+        # sized to their text: the name box holds a file name, the button its whole label
+        self.report_path = widgets.Text(value=default_path, description="report", style={"description_width": "initial"},
+                                        layout=widgets.Layout(width=f"{min(max(len(default_path), 24), 60) + 8}ch"))
+        self.save_button = widgets.Button(description="Save HTML report", icon="download", button_style="primary",
+                                          layout=widgets.Layout(width="auto", min_width="170px"))
         self.save_status = widgets.HTML()
         for control in (self.step_control, self.top_control, self.unit_control):
             control.observe(self._controls_changed, names="value")
@@ -368,9 +371,10 @@ class Dashboard:
         if first:
             tab["info"] = widgets.HTML()
             tab["figures"] = []
-            tab["side"] = widgets.HTML(layout=widgets.Layout(flex="2 1 380px", min_width="380px", overflow="auto"))
+            tab["side"] = widgets.HTML(layout=widgets.Layout(flex="1 1 520px", min_width="460px", overflow="auto"))
             tab["table"] = TableView(section.table, section.table_title)
-            tab["extra"] = widgets.HTML()
+            tab["extra"] = widgets.VBox()
+            tab["extras"] = []
         else:
             tab["table"].set_frame(section.table, section.table_title)
         old_slots = tab["figures"]
@@ -383,13 +387,22 @@ class Dashboard:
         tab["side"].value = section.side
         shown = [slot_widget(s) for s in slots]
         if section.side and shown:  # the side panel (the Layers tab's tree table) beside the first figure
-            shown[0].layout.flex = "3 1 480px"
+            shown[0].layout.flex = "1 1 480px"
             shown[0].layout.width = "auto"
-            shown = [widgets.HBox([shown[0], tab["side"]], layout=widgets.Layout(width="100%", align_items="flex-start")),
+            shown = [widgets.HBox([shown[0], tab["side"]], layout=widgets.Layout(width="100%", align_items="flex-start",
+                                                                                 flex_flow="row wrap")),
                      *shown[1:]]
         tab["box"].children = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *shown, tab["table"].widget, tab["extra"]]
         tab["info"].value = html.style() + top_html
-        tab["extra"].value = "".join(html.table(frame, caption=caption, max_rows=50) for caption, frame in section.extra)
+        # each small table with its own filter, sort and pages (one table view per caption, kept across redraws)
+        views: list[TableView] = tab["extras"]
+        for i, (caption, frame) in enumerate(section.extra):
+            if i < len(views):
+                views[i].set_frame(frame, caption)
+            else:
+                views.append(TableView(frame, caption))
+        del views[len(section.extra):]
+        tab["extra"].children = [view.widget for view in views]
         self._built[key] = state
 
     def _zoom_toggled(self, key: str, on: bool) -> None:
