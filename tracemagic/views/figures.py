@@ -264,6 +264,10 @@ def top_ops_bar(ops: pd.DataFrame, *, top: int = 15, unit: str = "ms") -> go.Fig
 
 
 # -- Layers -----------------------------------------------------------------------------------
+#: the root the layers tree draws above several top-level layers
+ALL_LAYERS = "all layers"
+
+
 def layers_tree(
     layers: pd.DataFrame,
     *,
@@ -301,12 +305,20 @@ def layers_tree(
          frame["calls"].astype(int)],
         axis=-1,
     )
+    parents = esc_all(frame["parent"])
+    values = np.maximum(frame[self_col].to_numpy(dtype=float), 0.0)
+    if parents.count("") > 1:  # several top layers (a model and its loss): a root that says so, not a blank box
+        parents = [p or ALL_LAYERS for p in parents]
+        ids, labels, values = [*ids, ALL_LAYERS], [*labels, ALL_LAYERS], np.append(values, 0.0)
+        parents.append("")
+        custom = np.vstack([custom, [ALL_LAYERS, "", float(frame.loc[frame["parent"] == "", total_col].sum()) / div,
+                                     0.0, 0]])
     fig = go.Figure(
         kind(
             ids=ids,
             labels=labels,
-            parents=esc_all(frame["parent"]),
-            values=np.maximum(frame[self_col].to_numpy(dtype=float), 0.0),
+            parents=parents,
+            values=values,
             branchvalues="remainder",
             customdata=custom,
             hovertemplate=f"%{{customdata[0]}} (%{{customdata[1]}})<br>total %{{customdata[2]:.3f}} {unit}"
