@@ -15,7 +15,8 @@ with plotly's own DOM and ``getBoundingClientRect``:
 - every table's first columns (the ones that answer: name, shapes, time, calls, % of roof)
   lie inside the visible width; its headers are words (no ``self_pct``), dtypes are no JSON
   lists, addresses are hex, every table has a filter of its own;
-- no label (tick, legend entry, table header, layer-tree row) is empty; no console error.
+- no annotation runs off the figure's edge; no label (tick, legend entry, table header,
+  layer-tree row) is empty; no console error.
 
 A screenshot of each tab goes to the test's tmp folder and, when ``TRACEMAGIC_SCREENSHOTS``
 names a folder, there too.
@@ -152,7 +153,9 @@ LAYOUT = """(root) => {
       labels.forEach(([what, b]) => { if (meet(lb, b)) problems.push(`${name}: the legend covers the ${what}`); });
       notes.forEach(n => { if (meet(lb, n.box)) problems.push(`${name}: the legend covers the ${n.what}`); });
     }
+    const whole = box(gd);
     notes.forEach((n, j) => {
+      if (n.box.l < whole.l - 1 || n.box.r > whole.r + 1) problems.push(`${name}: the ${n.what} is cut at the figure's edge`);
       if (!n.arrow) areas.forEach(a => { if (meet(n.box, a)) problems.push(`${name}: the ${n.what} covers the plot`); });
       labels.forEach(([what, b]) => { if (meet(n.box, b)) problems.push(`${name}: the ${n.what} covers the ${what}`); });
       notes.slice(j + 1).forEach(m => { if (meet(n.box, m.box)) problems.push(`${name}: the ${n.what} covers the ${m.what}`); });

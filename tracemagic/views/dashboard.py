@@ -101,11 +101,13 @@ class TableView:
         self.sort = widgets.Dropdown(description="sort", layout=widgets.Layout(width="240px"))
         self.descending = widgets.ToggleButton(value=True, description="desc", tooltip="sort descending", layout=widgets.Layout(width="64px"))
         self.page_size = widgets.Dropdown(options=PAGE_SIZES, value=page_size if page_size in PAGE_SIZES else 25,
-                                          description="rows", layout=widgets.Layout(width="130px"))
+                                          description="rows", style={"description_width": "initial"},
+                                          layout=widgets.Layout(width="120px"))
         self.prev = widgets.Button(description="◀", layout=widgets.Layout(width="40px"), tooltip="previous page")
         self.next = widgets.Button(description="▶", layout=widgets.Layout(width="40px"), tooltip="next page")
         self.status = widgets.Label()
         self.html = widgets.HTML()
+        self.title = widgets.HTML()  # the caption, above the table's own controls
         self.page = 0
         self._quiet = False
         self.frame = pd.DataFrame()
@@ -114,6 +116,7 @@ class TableView:
         self.prev.on_click(lambda _: self.go(self.page - 1))
         self.next.on_click(lambda _: self.go(self.page + 1))
         self.widget = widgets.VBox([
+            self.title,
             widgets.HBox([self.filter, self.sort, self.descending, self.page_size, self.prev, self.next, self.status]),
             self.html,
         ])
@@ -163,7 +166,8 @@ class TableView:
         pages = max(1, -(-len(rows) // size))
         self.page = min(self.page, pages - 1)
         shown = rows.iloc[self.page * size:(self.page + 1) * size]
-        self.html.value = html.style() + html.table(shown, caption=self.caption)
+        self.title.value = html.style() + (f'<div class="tm-caption">{esc(self.caption)}</div>' if self.caption else "")
+        self.html.value = html.style() + html.table(shown)
         self.status.value = f"{len(rows):,} rows" + (f" (of {len(self.frame):,})" if len(rows) != len(self.frame) else "") + \
             f" · page {self.page + 1}/{pages}"
         self.prev.disabled = self.page == 0

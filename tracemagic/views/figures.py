@@ -561,12 +561,15 @@ def memory_timeline(
     marked = pd.DataFrame() if peaks is None or peaks.empty else tables.peaks_of(peaks, step)
     if rank is not None and not marked.empty:
         marked = marked[marked["rank"] == rank]
+    first, last = float(memory["ts"].min()), float(memory["ts"].max())
     for _, peak in marked.iterrows():
         where = " in ".join(esc(shorten(v, 50)) for v in (peak["op"], peak["layer"]) if isinstance(v, str) and v)
-        fig.add_annotation(
+        at = (float(peak["ts"]) - first) / (last - first) if last > first else 0.5
+        fig.add_annotation(  # its text runs into the plot, not off its left or right edge
             x=float(peak["ts"]) / div, y=float(peak["peak_bytes"]) / scale, xref="x", yref="y",
             text=f"peak {fmt_bytes(peak['peak_bytes'])}" + (f": {where}" if where else ""),
             showarrow=True, arrowhead=2, ax=0, ay=-30,
+            xanchor="left" if at < 0.3 else "right" if at > 0.7 else "center",
         )
     if not lane.empty:
         names = list(dict.fromkeys(lane["layer"].astype(str)))
