@@ -612,7 +612,8 @@ def memory_timeline(
     fig.update_xaxes(title_text=f"time since trace start ({unit})", **({"row": 2, "col": 1} if not lane.empty else {}))
     # the x range is the events' (a step boundary or a span outside it does not widen it), shared
     # with the category chart under it (``memory_categories(x_range=...)``), whose margins are the same
-    x_range = [float(memory["ts"].min()) / div, float(memory["ts"].max()) / div]
+    pad = 0.01 * (float(memory["ts"].max()) - float(memory["ts"].min()))  # the last step of the curve off the edge
+    x_range = [(float(memory["ts"].min()) - pad) / div, (float(memory["ts"].max()) + pad) / div]
     if x_range[1] > x_range[0]:
         fig.update_xaxes(range=x_range)
     fig.update_layout(margin={"l": MEMORY_LEFT_MARGIN},

@@ -128,6 +128,11 @@ def display_table(frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ..
         return frame
     drop = [c for c in frame.columns if c in HIDDEN_COLUMNS or (one_rank and c == "rank")]
     out = frame.drop(columns=drop).reset_index(drop=True)
+    if "step" in out and pd.api.types.is_integer_dtype(out["step"]) and (out["step"] < 0).any():
+        # -1 is "outside any step" (``analysis.schema``): blank, and no column at all when nothing is in a step
+        out["step"] = out["step"].astype("Int64").mask(out["step"] < 0)
+        if out["step"].isna().all():
+            out = out.drop(columns="step")
     if first:
         front = [c for c in first if c in out.columns]
         out = out[front + [c for c in out.columns if c not in front]]
