@@ -179,6 +179,10 @@ def build(key: str, data: TraceData, state: ViewState | None = None, other: Trac
 def _overview(data: TraceData, state: ViewState) -> Section:
     one_rank = not data.several_ranks
     kernels = tables.select_step(data.kernels, state.step)
+    step_table = tables.step_table(data.steps)
+    # a part of the step that is 0 in every step (no communication on one process) is no column
+    step_table = step_table.drop(columns=[c for c in tables.STEP_PARTS if c in step_table and
+                                          not step_table[c].fillna(0).astype(float).any()])
     ops = tables.select_step(data.ops, state.step)
     steps = data.steps
     fig = figures.step_breakdown(steps, unit=state.unit)
@@ -195,7 +199,7 @@ def _overview(data: TraceData, state: ViewState) -> Section:
         # on a GPU the time that matters is the GPU's: the kernels lead, by GPU time
         figures=[fig, phase_fig, figures.top_kernels_bar(kernels, top=state.top, unit=state.unit) if data.has_gpu
                  else figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
-        table=display_table(tables.step_table(steps), state.unit, first=STEPS_FIRST, one_rank=one_rank),
+        table=display_table(step_table, state.unit, first=STEPS_FIRST, one_rank=one_rank),
         table_title="Steps",
         facts=insights.facts(data, state.step),
         bullets=insights.for_trace(data, step=state.step),
