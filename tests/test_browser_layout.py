@@ -229,11 +229,14 @@ def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], 
     # the MI300X trace has no ProfilerStep: its one "step" is the whole trace, with no number
     assert steps[:2] == (["Duration (ms)", "Device window (ms)"] if name == "mi300x" else ["Step", "Duration (ms)"]), steps
     assert ("Rank" in steps) == (name == "dlrm")
-    top = [h for h in overview if h[0] == "Name"]
+    top = [h for h in overview if h[0] in ("Name", "Kernel")]
     assert top and all(any(re.search(r"\((ms|µs)\)$", c) for c in h[:KEY_COLUMNS]) for h in top), overview
     if name in GPU_TRACES:  # the GPU's time leads: the first top list is kernels by GPU time
-        assert overview[1][:3] == ["Name", "Total (ms)", "% of GPU time"], overview
+        assert overview[1][:3] == ["Kernel", "Total (ms)", "% of GPU time"], overview
         assert page.locator("#tab-overview .gtitle").nth(2).text_content().endswith("kernels by GPU time")
+        assert seen["kernels"]["headers"][0][:3] == ["Kernel", "Op", "Total (ms)"], seen["kernels"]["headers"]
+        firsts = page.locator("#tab-kernels .tm-tablebox tbody tr td:first-child").all_inner_texts()
+        assert firsts and not any(k.startswith("void ") for k in firsts), firsts  # readable names, signature last
         roofline = seen["roofline"]["headers"][0]
         assert roofline[:4] == ["Name", "Input shapes", "% of roof", "GPU (ms)"], roofline
     shapes = seen["shapes"]["headers"][0]

@@ -127,7 +127,7 @@ HEADERS: dict[str, str] = {
     "calls_a": "Calls A", "calls_b": "Calls B", "us_a": "A (µs)", "us_b": "B (µs)", "delta": "Change",
     "delta_pct": "Change %", "status": "Status", "straggler": "Straggler", "gpu_idle_pct": "GPU idle %",
     "steps": "Steps", "step": "Step", "overlap_pct": "Overlap %", "wait": "Wait", "straggler_steps": "Straggler steps",
-    "slowest": "Slowest", "ratio": "Ratio B/A", "gpu_us_a": "GPU A (µs)", "gpu_us_b": "GPU B (µs)",
+    "slowest": "Slowest", "kernel": "Kernel", "signature": "Full name", "ratio": "Ratio B/A", "gpu_us_a": "GPU A (µs)", "gpu_us_b": "GPU B (µs)",
 }
 _UNIT_SUFFIXES = {"_ms": "ms", "_us": "µs", "_s": "s"}
 

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tracemagic.views import figures, html, insights, tables
-from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, unit_divisor
+from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, unit_divisor
 from tracemagic.views.data import TraceData
 
 #: the most ops the Graph tab draws (the rest are listed in its table)
@@ -31,7 +31,7 @@ LAYERS_FIRST = ("layer", "type", "calls", "gpu_us", "self_gpu_us", "cpu_us", "se
 ALLOCATIONS_FIRST = ("bytes", "op", "layer", "phase", "step", "ts", "lifetime_us", "device")
 SHAPES_FIRST = ("name", "input_dims", "calls", "total_us", "self_us", "gpu_us", "mean_us", "tflops_per_s")
 ROOFLINE_FIRST = ("name", "input_dims", "pct_of_roofline", "gpu_us", "calls", "bound", "tflops_per_s", "tbytes_per_s")
-KERNELS_FIRST = ("name", "op", "total_us", "pct", "calls", "mean_us", "max_us")
+KERNELS_FIRST = ("kernel", "op", "total_us", "pct", "calls", "mean_us", "max_us")
 #: the layers table's columns that only a GPU fills (left out of a trace without one)
 GPU_LAYER_COLUMNS = ("gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "tflops_per_s", "memory_bound_pct")
 
@@ -155,6 +155,20 @@ def display_table(frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ..
     return out.rename(columns=renames)
 
 
+def kernel_names(frame: pd.DataFrame) -> pd.DataFrame:
+    """A kernels table (``top_kernels``) with each kernel's readable name first (``kernel``:
+    ``_format.kernel_label``, return type, namespaces and arguments dropped) and its full
+    signature last (``signature``, the frame's ``name``), where the filter finds it too."""
+    if "name" not in frame:
+        return frame
+    names = frame["name"].astype(str)
+    kinds = frame["kind"].astype(str) if "kind" in frame else pd.Series("kernel", index=frame.index)
+    labels = [kernel_label(n, 200) if k == "kernel" else n for n, k in zip(names, kinds)]
+    out = frame.drop(columns="name").assign(signature=names)
+    out.insert(0, "kernel", labels)
+    return out
+
+
 def build(key: str, data: TraceData, state: ViewState | None = None, other: TraceData | None = None) -> Section:
     """The content of tab ``key`` for ``data`` under ``state``.
 
@@ -207,7 +221,8 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     in_step = f" in step {state.step}" if state.step is not None else ""
     if data.has_gpu:
         section.extra.append((f"Top kernels{in_step} (by GPU time)",
-                              display_table(tables.top_kernels(kernels, state.top), state.unit, first=KERNELS_FIRST)))
+                              display_table(kernel_names(tables.top_kernels(kernels, state.top)), state.unit,
+                                            first=KERNELS_FIRST)))
     layers = data.layers_in(state.step)
     if not layers.empty:
         top_layers = tables.top_layers(layers, state.top)
@@ -382,7 +397,7 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
         "kernels", TITLES["kernels"],
         figures=[figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
                  figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit)],
-        table=display_table(tables.top_kernels(kernels, by_op=True), state.unit, first=KERNELS_FIRST),
+        table=display_table(kernel_names(tables.top_kernels(kernels, by_op=True)), state.unit, first=KERNELS_FIRST),
         table_title="Kernels by kernel + launching op" + (f" in step {state.step}" if state.step is not None else ""),
     )
 
