@@ -363,7 +363,8 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     return Section(
         "shapes", TITLES["shapes"],
         figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
-        table=display_table(shapes.sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit,
+        table=display_table((shapes.sort_values("total_us", ascending=False) if not shapes.empty else shapes)
+                            .drop(columns=[] if data.has_gpu else [c for c in ("gpu_us",) if c in shapes]), state.unit,
                             first=SHAPES_FIRST, one_rank=not data.several_ranks),
         table_title="Op × input shapes × dtypes",
         facts=facts,
