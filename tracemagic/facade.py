@@ -28,6 +28,7 @@ from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
 from tracemagic.capture import result as _result
+from tracemagic.trace import layout as _layout
 from tracemagic.trace import loader as _loader
 from tracemagic.trace import model as _model
 from tracemagic.trace.progress import Progress
@@ -285,7 +286,7 @@ class Capture(_result.Capture):
             path = self.dir / (f"dftracer_{self.manifest.get('rank', 0)}.pfw" + (".gz" if gz else ""))
         written = Path(self.trace.to_pfw(path))
         if written.resolve().parent == self.dir.resolve():
-            self._add_file({"path": written.name, "kind": "pfw", "rank": self.manifest.get("rank", 0),
+            self._add_file({"path": written.name, "kind": _layout.PFW_KIND, "rank": self.manifest.get("rank", 0),
                             "bytes": written.stat().st_size})
         self.save_manifest()
         return written

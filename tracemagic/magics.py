@@ -20,6 +20,7 @@ from IPython.display import display
 
 from tracemagic.capture.config import OPTIONS, config_from_args
 from tracemagic.errors import CaptureError, TraceError
+from tracemagic.trace.layout import ET_KIND
 
 #: Where the last capture is kept in the user namespace.
 LAST_CAPTURE = "_chakra_capture"
@@ -219,7 +220,7 @@ class TracemagicMagics(Magics):
         Each one that fails says so in one line on stderr; the capture is kept either way.
         """
         say = (lambda _msg: None) if args.quiet else (lambda msg: print(f"chakra_trace: {msg}"))
-        if args.et and any(e.get("kind") == "execution_trace" for e in capture.manifest.get("files", [])):
+        if args.et and any(e.get("kind") == ET_KIND for e in capture.manifest.get("files", [])):
             try:
                 report = capture.chakra_check()
             except Exception as exc:  # noqa: BLE001 - a check must not lose the capture

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.layout import MANIFEST, read_manifest, write_manifest
+from tracemagic.trace.layout import KINETO_KIND, MANIFEST, MANIFEST_KIND, FileEntry, Manifest, SlowCatch, read_manifest, write_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -32,7 +32,7 @@ class Capture:
         manifest: the parsed ``capture.json``.
     """
 
-    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, manifest: Manifest) -> None:
         self.dir = Path(directory)
         self.manifest = manifest
         self._trace: Any = None
@@ -53,7 +53,7 @@ class Capture:
     def from_dir(cls, directory: str | Path) -> Capture:
         """Read a capture directory written by ``%%chakra_trace``."""
         path = Path(directory)
-        return cls(path, dict(read_manifest(path)))
+        return cls(path, read_manifest(path))
 
     @property
     def files(self) -> list[Path]:
@@ -80,7 +80,7 @@ class Capture:
         return from_manifest(self.manifest)
 
     @property
-    def slow_steps(self) -> list[dict[str, Any]]:
+    def slow_steps(self) -> list[SlowCatch]:
         """The slow iterations ``--slow`` caught: ``iteration``, ``wall_ms``, ``median_ms``,
         ``ratio``, ``recorded`` (the next iteration, the one recorded) and ``path`` (its
         trace in ``dir``; None if it could not be written)."""
@@ -103,7 +103,7 @@ class Capture:
     @property
     def has_trace(self) -> bool:
         """Whether a Kineto trace was written (a failed or empty capture has none)."""
-        return any(e.get("kind") == "kineto" for e in self.manifest.get("files", []))
+        return any(e.get("kind") == KINETO_KIND for e in self.manifest.get("files", []))
 
     @property
     def title(self) -> str:
@@ -132,9 +132,9 @@ class Capture:
         """Rewrite ``capture.json`` from ``self.manifest`` (atomically: never half-written)."""
         write_manifest(self.dir, self.manifest)
 
-    def _add_file(self, entry: dict[str, Any]) -> None:
+    def _add_file(self, entry: FileEntry) -> None:
         entries = [e for e in self.manifest.get("files", []) if e.get("path") != entry["path"]]
-        at = next((i for i, e in enumerate(entries) if e.get("kind") == "manifest"), len(entries))
+        at = next((i for i, e in enumerate(entries) if e.get("kind") == MANIFEST_KIND), len(entries))
         entries.insert(at, entry)  # the manifest stays last
         self.manifest["files"] = entries
 

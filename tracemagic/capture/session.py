@@ -36,7 +36,7 @@ from tracemagic.capture.result import Capture
 from tracemagic.capture.watch import LoopClock
 from tracemagic.errors import CaptureError
 from tracemagic.trace import layout
-from tracemagic.trace.layout import SlowCatch
+from tracemagic.trace.layout import FileEntry, Manifest, SlowCatch
 
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 _ACTIVE: CaptureSession | None = None
@@ -485,11 +485,11 @@ class CaptureSession:
             manifest = self._manifest(status, error)
         except Exception as exc:  # noqa: BLE001 - never lose the cell's own error to bookkeeping
             manifest = self._base_manifest(status)
-            manifest.update(
-                files=[{"path": files.MANIFEST, "kind": "manifest"}],
-                notes=[*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
-                error=_error_entry(error),
-            )
+            manifest.update({
+                "files": [{"path": files.MANIFEST, "kind": layout.MANIFEST_KIND}],
+                "notes": [*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
+                "error": _error_entry(error),
+            })
         assert self.dir is not None
         try:
             self._write_manifest(manifest=manifest)
@@ -721,48 +721,49 @@ class CaptureSession:
                 notes.append(f"ProfilerStep#{s.step} holds only the loop's exit (incomplete).")
         return notes
 
-    def _manifest(self, status: str, error: BaseException | None) -> dict[str, Any]:
+    def _manifest(self, status: str, error: BaseException | None) -> Manifest:
         assert self.dir is not None
         written = [c for c in self._cycles if c.kineto]
-        entries: list[dict[str, Any]] = []
+        entries: list[FileEntry] = []
         for c in written:
-            entries.append({"path": c.kineto, "kind": "kineto", "rank": self.rank, "cycle": c.label})
+            assert c.kineto is not None
+            entries.append({"path": c.kineto, "kind": layout.KINETO_KIND, "rank": self.rank, "cycle": c.label})
             if c.memory:
                 entries.append(
-                    {"path": c.memory, "kind": "memory_timeline", "rank": self.rank, "cycle": c.label}
+                    {"path": c.memory, "kind": layout.MEMORY_KIND, "rank": self.rank, "cycle": c.label}
                 )
         for c in self._cycles:
             if c.et:
-                entries.append({"path": c.et, "kind": "execution_trace", "rank": self.rank, "cycle": c.label})
+                entries.append({"path": c.et, "kind": layout.ET_KIND, "rank": self.rank, "cycle": c.label})
         for catch in self._clock.catches:
             if catch.get("path"):
-                entries.append({"path": catch["path"], "kind": layout.SLOW_KIND, "rank": self.rank, "cycle": None})
+                entries.append({"path": str(catch["path"]), "kind": layout.SLOW_KIND, "rank": self.rank, "cycle": None})
         for entry in entries:
             entry["bytes"] = (self.dir / entry["path"]).stat().st_size
-        entries.append({"path": files.MANIFEST, "kind": "manifest"})
+        entries.append({"path": files.MANIFEST, "kind": layout.MANIFEST_KIND})
 
         roots = find_roots(m for c in written for m in c.window.values() if not isinstance(m, str))
-        maps = {c.kineto: module_map(c.window, roots, self.namespace) for c in written}
+        maps = {str(c.kineto): module_map(c.window, roots, self.namespace) for c in written}
         first = next(iter(maps.values()), {})
         manifest = self._base_manifest(status)
-        manifest.update(
-            steps=[asdict(s) for c in self._cycles for s in c.steps],
-            steps_recorded=sum(len(c.steps) for c in self._cycles),
-            iterations=self._iterations,
-            loop_timing=self._clock.as_manifest(self._gpu_ms()),
-            files=entries,
-            modules=first,
-            notes=list(self._notes),
-            error=_error_entry(error),
-            hidden_output=list(self._hidden),
-        )
+        manifest.update({
+            "steps": [asdict(s) for c in self._cycles for s in c.steps],
+            "steps_recorded": sum(len(c.steps) for c in self._cycles),
+            "iterations": self._iterations,
+            "loop_timing": self._clock.as_manifest(self._gpu_ms()),
+            "files": entries,
+            "modules": first,
+            "notes": list(self._notes),
+            "error": _error_entry(error),
+            "hidden_output": list(self._hidden),
+        })
         if any(m != first for m in maps.values()):
             manifest["modules_by_file"] = maps
         if any(c.memory for c in written):
             manifest["memory_timeline"] = MEMORY_TIMELINE_FORMAT
         return manifest
 
-    def _base_manifest(self, status: str) -> dict[str, Any]:
+    def _base_manifest(self, status: str) -> Manifest:
         use_cuda = torch.cuda.is_available() and not self.config.cpu_only
         return {
             "format": layout.MANIFEST_FORMAT,
@@ -790,7 +791,7 @@ class CaptureSession:
         }
 
     def _write_manifest(
-        self, *, status: str = "running", manifest: dict[str, Any] | None = None
+        self, *, status: str = "running", manifest: Manifest | None = None
     ) -> None:
         assert self.dir is not None
         data = manifest if manifest is not None else self._base_manifest(status)
@@ -848,7 +849,7 @@ def cfg_cuda(config: CaptureConfig) -> bool:
     return torch.cuda.is_available() and not config.cpu_only
 
 
-def _error_entry(error: BaseException | None) -> dict[str, str] | None:
+def _error_entry(error: BaseException | None) -> dict[str, Any] | None:
     """The manifest's ``error``: the cell's exception type and message, or None."""
     return None if error is None else {"type": type(error).__name__, "message": str(error)}
 

@@ -195,7 +195,7 @@ def _manifest_kineto(path: Path, files: Any) -> dict[Path, int | None] | None:
     if isinstance(files, dict) and isinstance(files.get("kineto"), list):
         entries = [(name, None) for name in files["kineto"]]
     elif isinstance(files, list):
-        entries = [(e.get("path"), e.get("rank")) for e in files if isinstance(e, dict) and e.get("kind") == "kineto"]
+        entries = [(e.get("path"), e.get("rank")) for e in files if isinstance(e, dict) and e.get("kind") == layout.KINETO_KIND]
     else:
         return None
     # plain names only: a manifest from someone else cannot point outside its folder
