@@ -26,8 +26,6 @@ from tracemagic.trace.structure import (
     thread_keys,
 )
 
-#: GPU activity with a duration on the device: what counts as GPU time
-GPU_ACTIVITY = ("kernel", "memcpy", "memset")
 _INSTANCE_SUFFIX = re.compile(r"_\d+$")
 #: host-side collective events: ``nccl:all_reduce``, ``gloo:broadcast`` annotations
 HOST_COLLECTIVE = re.compile(r"^(?:nccl|gloo|mpi|ucc|xccl):\w+")

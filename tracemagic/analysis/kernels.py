@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, is_nccl, labels, layer_labels, name_labels, trace_start
+from tracemagic.analysis._common import is_nccl, labels, layer_labels, name_labels, trace_start
+from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.structure import timed_rows
 

@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
-    GPU_ACTIVITY,
     in_scope,
     layers_at,
     memory_holders,
@@ -41,7 +40,8 @@ from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.analysis.schema import TABLES
 from tracemagic.trace.model import Trace
-from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
+from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
+from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread
 
 #: ``Input Dims`` text with at least one tensor of one or more dimensions

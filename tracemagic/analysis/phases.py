@@ -42,8 +42,9 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import steps as _steps
-from tracemagic.analysis._common import GPU_ACTIVITY, names_where, thread_keys_of, trace_start, union_length
+from tracemagic.analysis._common import names_where, thread_keys_of, trace_start, union_length
 from tracemagic.analysis.schema import TABLES
+from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX

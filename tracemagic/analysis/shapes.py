@@ -10,7 +10,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, among, call_chains, codes_of, group_rows, rollup, text
+from tracemagic.analysis._common import among, call_chains, codes_of, group_rows, rollup, text
+from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import enclosing_of_kind

@@ -26,7 +26,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
+from tracemagic.analysis._common import HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
+from tracemagic.trace.kineto import GPU_ACTIVITY
+from tracemagic.trace.kineto import step_number as _step_number
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 
@@ -40,17 +42,8 @@ CATEGORIES = (
     "dataloader_us",  # host in DataLoader iteration
     "cpu_us",  # host in other CPU ops
 )
-_STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
 #: host collectives of gloo, which moves the data on the host: communication on any rank
 _GLOO = re.compile(r"^gloo:\w+")
-
-
-def _step_number(name: object) -> int:
-    """N of a ``ProfilerStep#N`` name (the step events are those so named)."""
-    match = _STEP_NUMBER.match(str(name))
-    if match is None:
-        raise ValueError(f"not a ProfilerStep#N name: {name!r}")
-    return int(match.group(1))
 
 
 _NO_STEPS = "no ProfilerStep in rank(s) {ranks}: one row (step -1) spans each such rank's whole trace"
