@@ -8,6 +8,7 @@ all, gathers them into the methods users call (``trace.steps()``, ``trace.report
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,8 @@ from tracemagic.trace import layout as _layout
 from tracemagic.trace import loader as _loader
 from tracemagic.trace import model as _model
 from tracemagic.trace.progress import Progress
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Mapping
@@ -255,6 +258,7 @@ class Capture(_result.Capture):
                     parts.append(f"the biggest change: {top['name']} ({float(top['delta_us']) / 1e3:+.3g} ms)")
                     break
         except Exception as exc:  # noqa: BLE001 - a display line must never raise
+            _log.debug("the comparison line failed", exc_info=True)
             return f"  vs {vs.dir.name}: no comparison ({type(exc).__name__}: {exc})"
         return f"  vs {vs.dir.name}: " + ("; ".join(parts) or "nothing to compare")
 
@@ -342,6 +346,7 @@ class Capture(_result.Capture):
                 bundle = dict(self.dashboard._repr_mimebundle_(include, exclude))
                 body = ["", bundle.get("text/plain", "")]
             except Exception as exc:  # noqa: BLE001 - a display must never raise; say why instead
+                _log.debug("the dashboard failed", exc_info=True)
                 bundle = {}
                 body = [f"  dashboard unavailable ({type(exc).__name__}: {exc})"]
         bundle["text/plain"] = "\n".join(self._header_lines() + self._note_lines() + body)

@@ -3,6 +3,7 @@ trace); ``tracemagic.facade.Capture`` adds how it displays (dashboard, report, C
 
 from __future__ import annotations
 
+import logging
 import re
 import statistics
 from pathlib import Path
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
 
 CaptureT = TypeVar("CaptureT", bound="Capture")
+_log = logging.getLogger(__name__)
 
 
 class Capture:
@@ -183,6 +185,7 @@ class Capture:
             layers = self.trace.table(layers_table)
             rows = layers.sort_values("self_cpu_us", ascending=False).head(top)
         except Exception as exc:  # a display must never raise; say why instead
+            _log.debug("the top layers failed", exc_info=True)
             return [f"  top layers: unavailable ({type(exc).__name__}: {exc})"]
         out = ["  top layers (self CPU time):"]
         for row in rows.itertuples(index=False):

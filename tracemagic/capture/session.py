@@ -12,6 +12,7 @@ writes what was recorded and the manifest, and returns a ``Capture``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import platform
 import shutil
 import sys
@@ -38,6 +39,7 @@ from tracemagic.errors import CaptureError
 from tracemagic.trace import layout
 from tracemagic.trace.layout import FileEntry, Manifest, SlowCatch
 
+_log = logging.getLogger(__name__)
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 _ACTIVE: CaptureSession | None = None
 
@@ -146,6 +148,7 @@ class _Profiler(torch.profiler.profile):
         try:
             return resolve(recorded_modules(self.profiler, trace), namespace_modules(self._session.namespace))
         except Exception as exc:  # noqa: BLE001 - names are a convenience, never worth a failed capture
+            _log.debug("naming nn.Module events failed", exc_info=True)
             self._session.note(f"nn.Module events could not be named by attribute path ({type(exc).__name__}: {exc}).")
             return {}
 
@@ -304,6 +307,7 @@ class CaptureSession:
             events[-1].synchronize()
             return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
         except Exception as exc:  # noqa: BLE001 - the GPU times are a convenience
+            _log.debug("no GPU time per iteration", exc_info=True)
             self._notes.append(f"no GPU time per iteration ({type(exc).__name__}: {exc})")
             return None
 
@@ -325,6 +329,7 @@ class CaptureSession:
             prof.step_num = iteration + 1  # its ProfilerStep#N is the iteration's number
             prof.start()
         except Exception as exc:  # noqa: BLE001 - the watch must never break the loop
+            _log.debug("--slow: starting its profiler failed", exc_info=True)
             self._notes.append(f"--slow: iteration {iteration + 1} could not be recorded ({type(exc).__name__}: {exc})")
             return
         self._slow_prof = prof
@@ -340,6 +345,7 @@ class CaptureSession:
             files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip)
             catch["path"] = name
         except Exception as exc:  # noqa: BLE001
+            _log.debug("--slow: writing its trace failed", exc_info=True)
             self._notes.append(f"--slow: the trace of iteration {catch['recorded']} was not written ({exc})")
         finally:
             with contextlib.suppress(Exception):
@@ -484,6 +490,7 @@ class CaptureSession:
         try:
             manifest = self._manifest(status, error)
         except Exception as exc:  # noqa: BLE001 - never lose the cell's own error to bookkeeping
+            _log.debug("building the manifest failed", exc_info=True)
             manifest = self._base_manifest(status)
             manifest.update({
                 "files": [{"path": files.MANIFEST, "kind": layout.MANIFEST_KIND}],

@@ -4,6 +4,7 @@ into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import functools
 from pathlib import Path
@@ -30,6 +31,8 @@ from tracemagic.trace.read import (
     read_sources,
     regular_file,
 )
+
+_log = logging.getLogger(__name__)
 
 #: row-number columns that must be shifted when ranks are stacked
 ROW_COLUMNS = ("parent", "launch", "op", "module")
@@ -302,6 +305,7 @@ def load(
         hit = cache.read(entry)
         if hit is not None:
             events, flows, meta = hit
+            _log.debug("%s: %d events read from the cache", path, len(events))
             return Trace(events, flows, meta, path=path, manifest=manifest)
     if listed is not None:
         sources = [file_source(p, rank, limit, ratio) for p, rank in listed.items()]
@@ -318,6 +322,8 @@ def load(
     if outside:
         parsed[0].warnings.append(skipped(path, outside))
     events, flows, meta, cpu_order = assemble(parsed, path)
+    _log.debug("%s: parsed %d file(s) (%.1f MB read), %d events (cache: %s)", path, len(sources), total / 1e6, len(events),
+               "off" if not use_cache else "none" if entry is None else "missed")
     if entry is not None:
         cache.write(entry, path, events, flows, meta)
     if callback is not None:

@@ -7,6 +7,7 @@ view can say what is missing.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +32,8 @@ from tracemagic.analysis.schema import TABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
+
+_log = logging.getLogger(__name__)
 
 #: the analyses behind the tables (computed with ``trace.table``: once per trace, shared
 #: with ``tracemagic.Trace``'s methods of the same names)
@@ -84,6 +87,7 @@ class TraceData:
                 frame = compute() if compute is not None else self._analysis(name, *args)
             except Exception as exc:  # noqa: BLE001 - one analysis must not take the view down
                 self.problems[name] = f"{type(exc).__name__}: {exc}"
+                _log.debug("the %s analysis failed", name, exc_info=True)
                 warnings.warn(f"tracemagic: the {name} analysis failed ({exc}); its view is empty", stacklevel=2)
                 frame = empty_table(name.split(":")[0])
             self._tables[key] = frame
