@@ -337,18 +337,22 @@ class Capture(_result.Capture):
         ``text/plain`` always starts with the capture's status, steps, files and notes
         (a partial or failed capture says so first), then the dashboard's text summary.
         A capture that wrote no trace shows only that (no dashboard). Never raises: when
-        the trace cannot be loaded or drawn, the text says why instead.
+        the trace cannot be loaded or drawn, the text says why instead. Only the MIME types
+        ``include`` names (all when None), none that ``exclude`` names.
         """
+        from tracemagic.views import bundle as _bundle
+
         body: list[str] = []
         bundle: dict[str, Any] = {}
         if self.has_trace:
             try:
                 bundle = dict(self.dashboard._repr_mimebundle_(include, exclude))
-                body = ["", bundle.get("text/plain", "")]
+                body = ["", bundle.get(_bundle.TEXT_MIME, "")]
             except Exception as exc:  # noqa: BLE001 - a display must never raise; say why instead
                 _log.debug("the dashboard failed", exc_info=True)
                 bundle = {}
                 body = [f"  dashboard unavailable ({type(exc).__name__}: {exc})"]
-        bundle["text/plain"] = "\n".join(self._header_lines() + self._note_lines() + body)
-        return bundle
+        if _bundle.wanted(_bundle.TEXT_MIME, include, exclude):
+            bundle[_bundle.TEXT_MIME] = "\n".join(self._header_lines() + self._note_lines() + body)
+        return _bundle.select(bundle, include, exclude)
 
