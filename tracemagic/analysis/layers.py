@@ -38,7 +38,7 @@ from tracemagic.analysis._common import (
 )
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.model import Trace
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
 from tracemagic.trace.normalize import kind_mask
@@ -127,6 +127,7 @@ def memory_growth(trace: Trace, att: Attribution, in_scope: np.ndarray | None = 
     return att.module[holder[fwd]], events["bytes"].to_numpy(dtype=np.float64, na_value=0.0)[rows[fwd]]
 
 
+@computes("layers")
 def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     """One row per layer (``nn.Module`` instance) per rank, in order of first call; with
     ``step``, only the work of that ProfilerStep counts (and only layers used in it).

@@ -31,6 +31,7 @@ from tracemagic.trace.read import (
     read_sources,
     regular_file,
 )
+from tracemagic.trace.shared_keys import Shared
 
 _log = logging.getLogger(__name__)
 
@@ -357,7 +358,7 @@ def as_trace(
     """The ``Trace`` of assembled tables."""
     trace = Trace(events, flows, meta, path=path, manifest=manifest)
     if cpu_order is not None:  # nesting sorted them already: the analyses need not again
-        trace.shared("cpu_by_thread", lambda: cpu_order)
+        trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_order)
     return trace
 
 
