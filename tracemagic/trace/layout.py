@@ -262,13 +262,13 @@ def read_manifest(path: Path) -> Manifest:
             names = " or ".join("null" if t is type(None) else _JSON_NAMES.get(t, t.__name__) for t in expected)
             raise TraceError(
                 f"{file}: not a capture manifest tracemagic can read: {key!r} is "
-                f"{_JSON_NAMES.get(type(value), type(value).__name__)}, not {names}.",
+                f"{_JSON_NAMES.get(type(value), type(value).__name__)}, not {names}. {_DAMAGED}",
                 path=str(file),
             )
     files = data.get("files")
     if isinstance(files, list) and not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in files):
         raise TraceError(f"{file}: not a capture manifest tracemagic can read: an entry of 'files' "
-                         "is not an object with a 'path'.", path=str(file))
+                         f"is not an object with a 'path'. {_DAMAGED}", path=str(file))
     return cast(Manifest, data)
 
 
@@ -312,5 +312,8 @@ def _runtime_types(hint: Any) -> tuple[type, ...]:
 _KEY_TYPES: dict[str, tuple[type, ...]] = {
     key: _runtime_types(hint) for key, hint in get_type_hints(Manifest).items()
 } | {"files": (list, dict)}
+#: what to do about a manifest of the wrong shape
+_DAMAGED = ("Load the trace files themselves, or move this capture.json away to load the folder's traces "
+            "without it.")
 _JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
                bool: "true/false", type(None): "null"}
