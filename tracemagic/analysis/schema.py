@@ -6,6 +6,13 @@ derives from it: the contract section of ``tracemagic.analysis``' docstring
 (:meth:`Table.empty`), and the tests that check real tables have exactly these columns,
 in this order, with these dtypes' kinds.
 
+It is also the one registry of the analyses: each ``Table`` names the function computing it
+(``Table.function``: the analysis marked ``@computes("name")``); ``tracemagic.Trace``'s methods
+and the views' tables (``views.data.ANALYSES``) are checked against it by
+``tests/test_registry.py``. A new table is three things: its ``Table`` in ``_TABLES`` below,
+``@computes("name")`` on its function, and a ``tracemagic.Trace`` method ``name`` returning
+``self.table(function)`` (or ``method=False`` on the ``Table`` for a views-only table).
+
 Dtypes are those of a non-empty table (pandas 3): ``str`` text, ``category`` text kept as
 categoricals (the per-event tables), ``Int64``/``Float64`` nullable numbers (NA where not
 recorded). A column may come with another dtype of the same kind (:func:`kind`: an
