@@ -25,6 +25,7 @@ from tracemagic.trace.structure import (
     sort_by_thread,
     thread_keys,
 )
+from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
 from tracemagic.trace.shared_keys import Shared
 
 _INSTANCE_SUFFIX = re.compile(r"_\d+$")
