@@ -64,12 +64,12 @@ class _CallableCapture(ModuleType):
 #: ``TRACEMAGIC_LOG=debug`` (or ``info``) asks for them on stderr
 _logger = logging.getLogger(__name__)
 _logger.addHandler(logging.NullHandler())
-if os.environ.get("TRACEMAGIC_LOG"):
+_level = os.environ.get("TRACEMAGIC_LOG", "").strip().upper()
+if _level:
     _stderr = logging.StreamHandler()
     _stderr.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
     _logger.addHandler(_stderr)
-    _logger.setLevel(os.environ["TRACEMAGIC_LOG"].strip().upper() if os.environ["TRACEMAGIC_LOG"].strip().upper()
-                     in logging.getLevelNamesMapping() else logging.DEBUG)
+    _logger.setLevel(_level if _level in logging.getLevelNamesMapping() else logging.DEBUG)
 
 _capture_package.__class__ = _CallableCapture
 del _capture_package  # it stays ``tracemagic.capture``
