@@ -8,60 +8,24 @@ AMD traces call the runtime ``hip*``. All of them map to the kinds below.
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-#: normalized event kinds, in display order
-KINDS = (
-    "step",
-    "cpu_op",
-    "user_annotation",
-    "python_function",
-    "runtime",
-    "kernel",
-    "memcpy",
-    "memset",
-    "gpu_annotation",
-    "memory",
-    "trace",
-    "other",
-)
-#: kinds that run on a GPU stream (pid = device, tid = stream)
-GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation")
-#: kinds that run on a CPU thread and nest there
-CPU_KINDS = ("step", "cpu_op", "user_annotation", "python_function", "runtime")
-#: a step's name: ``ProfilerStep#`` and its number (which fits int64); ``ProfilerStep#abc``
-#: and the like are left as the annotations they are
-STEP_NAME = re.compile(r"ProfilerStep#\d{1,18}(?!\d)")
+from tracemagic.trace.kineto import CATEGORY_KIND, CPU_KINDS, GPU_KINDS, KINDS, STEP_NAME
+
+#: the vocabulary (kinds, step names) is ``tracemagic.trace.kineto``'s; ``STEP_NAME`` is
+#: used with ``match``: ``ProfilerStep#abc`` and the like stay the annotations they are
 _INT64 = 2**63
 
-_CATEGORY_KIND = {
-    "cpu_op": "cpu_op",
-    "operator": "cpu_op",
-    "user_annotation": "user_annotation",
-    "python_function": "python_function",
-    "python": "python_function",
-    "cuda_runtime": "runtime",
-    "cuda_driver": "runtime",
-    "runtime": "runtime",
-    "kernel": "kernel",
-    "gpu_memcpy": "memcpy",
-    "memcpy": "memcpy",
-    "gpu_memset": "memset",
-    "memset": "memset",
-    "gpu_user_annotation": "gpu_annotation",
-    "trace": "trace",
-}
 
 
 def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     """The normalized kind of every event (see ``KINDS``)."""
     cats = events["cat"].cat.categories
     lookup = np.array(
-        [KINDS.index(_CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats] + [KINDS.index("other")],
+        [KINDS.index(CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats] + [KINDS.index("other")],
         dtype=np.int8,
     )
     codes = lookup[events["cat"].cat.codes.to_numpy()]
