@@ -376,7 +376,7 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
 
     Columns (times µs): ``node``, ``parent`` (-1 at the top), ``depth``, ``rank``, ``name``,
     ``kind`` (``NODE_KINDS``), ``file``, ``line`` (Python frames), ``user``, ``calls``
-    (events merged), ``cpu_us`` (their summed duration: merged events are disjoint, as
+    (events merged; 0 for rank and stack-line nodes, which are no events), ``cpu_us`` (their summed duration: merged events are disjoint, as
     two calls on one path cannot nest), ``self_cpu_us`` (``cpu_us`` minus the children's:
     the self times of a subtree add up to its root's ``cpu_us``), ``gpu_us`` (the GPU
     activity below, its own included), ``self_gpu_us`` (a GPU node's own duration).
@@ -518,7 +518,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     self_gpu = np.bincount(where[is_gpu_row], weights=dur[rows[is_gpu_row]], minlength=count)
     # fixed nodes (ranks, stack entries) hold the time of what is below them
     fixed = np.arange(count) < fixed_count
-    below = _subtree_sum(cpu * ~fixed, nparent)
+    # a fixed node's time is that of the event nodes right below it (theirs is inclusive)
+    held = ~fixed & (nparent >= 0) & fixed[np.maximum(nparent, 0)]
+    below = rollup(np.where(held, np.arange(count), -1), cpu, nparent)
     cpu = np.where(fixed, below, cpu)
     has_parent = nparent >= 0
     self_cpu = cpu - np.bincount(nparent[has_parent], weights=cpu[has_parent], minlength=count)
