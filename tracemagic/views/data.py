@@ -26,6 +26,7 @@ from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
+from tracemagic.analysis import source as _source
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis.schema import TABLES
 
@@ -48,6 +49,7 @@ ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
     "memory_categories": _memory.categories,
     "shapes": _shapes.shapes,
     "efficiency": _efficiency.efficiency,
+    "source": _source.source,
 }
 
 #: tables whose name here differs from their contract's in ``analysis.schema``
@@ -168,6 +170,15 @@ class TraceData:
     def shapes(self) -> pd.DataFrame:
         """``trace.shapes()``."""
         return self.table("shapes")
+
+    @property
+    def source(self) -> pd.DataFrame:
+        """``trace.source()``: per Python function (or call-site line) of the trace."""
+        return self.table("source")
+
+    def call_tree(self, user_only: bool = False) -> pd.DataFrame:
+        """``trace.call_tree(user_only)``."""
+        return self.table(f"call_tree:{user_only}", compute=lambda: self.trace.table(_source.call_tree, user_only))
 
     @property
     def efficiency(self) -> pd.DataFrame:

@@ -293,6 +293,106 @@ def layers_tree(
     return _layout(fig, title, height=520)
 
 
+# -- Flame ------------------------------------------------------------------------------------
+#: the most nodes a flame graph draws (the rest of each parent's children become one "other")
+FLAME_MAX_NODES = 1500
+
+
+def _flame_nodes(tree: pd.DataFrame, size: str, max_nodes: int) -> tuple[pd.DataFrame, int]:
+    """The nodes a flame graph draws: those with ``size`` > 0 (GPU nodes too when sized by
+    GPU time), the ``max_nodes`` heaviest with their ancestors; each parent's left-out
+    children become one ``other`` child holding their total. Returns the nodes (``value``:
+    the node's own remainder) and how many were left out."""
+    keep = tree[tree[size] > 0]
+    if size == "cpu_us":
+        keep = keep[~keep["kind"].isin(("kernel", "memcpy", "memset"))]
+    parent = tree["parent"].to_numpy()
+    chosen = np.zeros(len(tree), dtype=bool)
+    chosen[keep.sort_values(size, ascending=False, kind="stable")["node"].to_numpy()[:max_nodes]] = True
+    at = np.flatnonzero(chosen)
+    while at.size:  # ancestors of what is kept
+        up = parent[at]
+        up = up[(up >= 0) & ~chosen[np.maximum(up, 0)]]
+        chosen[up] = True
+        at = up
+    drawn = tree[chosen].copy()
+    own = "self_gpu_us" if size == "gpu_us" else "self_cpu_us"
+    left = keep[~chosen[keep["node"].to_numpy()] & chosen[np.maximum(keep["parent"].to_numpy(), 0)] & (keep["parent"] >= 0)]
+    # a drawn node's value: its own time plus what its children that are not drawn hold
+    dropped = left.groupby("parent")[size].sum()
+    drawn["value"] = np.maximum(drawn[own].to_numpy(dtype=float), 0.0)
+    if size == "gpu_us":  # GPU time sits on the GPU nodes: the rest of a node is its non-drawn children
+        drawn["value"] = np.where(drawn["kind"].isin(("kernel", "memcpy", "memset")), drawn["value"], 0.0)
+    others = pd.DataFrame({
+        "node": -2 - np.arange(dropped.size), "parent": dropped.index.to_numpy(), "rank": 0,
+        "name": [f"other ({int(c)} nodes)" for c in left.groupby("parent").size().reindex(dropped.index)],
+        "kind": "other", "cpu_us": 0.0, "gpu_us": 0.0, "value": dropped.to_numpy(dtype=float),
+    })
+    if size == "gpu_us":
+        others["gpu_us"] = dropped.to_numpy(dtype=float)
+    else:
+        others["cpu_us"] = dropped.to_numpy(dtype=float)
+        others["gpu_us"] = left.groupby("parent")["gpu_us"].sum().reindex(dropped.index).to_numpy(dtype=float)
+    out = pd.concat([drawn, others], ignore_index=True) if len(others) else drawn
+    return out, int(len(keep) - int(chosen[keep["node"].to_numpy()].sum()))
+
+
+def flame(tree: pd.DataFrame, *, metric: Literal["cpu", "gpu"] = "cpu", max_nodes: int = FLAME_MAX_NODES,
+          unit: str = "ms", title: str | None = None) -> go.Figure:
+    """The merged call tree (``trace.call_tree()``) as an icicle flame graph: the outermost
+    frames at the top, each box as wide as its time, coloured by its share of the GPU time
+    launched beneath it; click a box to zoom into it, the bar above to zoom out.
+
+    Args:
+        tree: ``trace.call_tree()`` (or ``call_tree(user_only=True)``).
+        metric: box widths by ``cpu`` time (kernels, which have none, are left out: their
+            time is in the colour) or ``gpu`` time (the kernels at the bottom).
+        max_nodes: the most boxes drawn (``FLAME_MAX_NODES``): the heaviest with their
+            ancestors; the rest of each parent's children are one ``other`` box, and the
+            title says how many were merged.
+        unit: time unit of the hover text.
+        title: the figure's title (default: says what the widths are).
+    """
+    size = f"{metric}_us"
+    title = title or f"Call tree by {metric.upper()} time (click a box to zoom)"
+    if tree.empty or not (tree[size] > 0).any():
+        what = "GPU work" if metric == "gpu" else "CPU events"
+        return empty(f"No {what} in the call tree.", title)
+    nodes, merged = _flame_nodes(tree, size, max_nodes)
+    div = unit_divisor(unit)
+    gpu_total = float(tree.loc[tree["parent"] < 0, "gpu_us"].sum())
+    share = nodes["gpu_us"].to_numpy(dtype=float) / gpu_total if gpu_total > 0 else np.zeros(len(nodes))
+    ids = [str(int(n)) for n in nodes["node"]]
+    parents = ["" if p < 0 else str(int(p)) for p in nodes["parent"]]
+    names = nodes["name"].astype(str).tolist()
+    labels = [esc(shorten(n, 60)) for n in names]
+    custom = np.stack(
+        [esc_all(names), esc_all(nodes["kind"]), nodes["cpu_us"].to_numpy(dtype=float) / div,
+         nodes["gpu_us"].to_numpy(dtype=float) / div, share * 100.0],
+        axis=-1,
+    )
+    fig = go.Figure(
+        go.Icicle(
+            ids=ids,
+            labels=labels,
+            parents=parents,
+            values=nodes["value"].to_numpy(dtype=float),
+            branchvalues="remainder",
+            customdata=custom,
+            marker={"colors": share, "colorscale": "YlOrRd", "cmin": 0.0, "cmax": max(float(share.max(initial=0.0)), 1e-9),
+                    "showscale": gpu_total > 0, "colorbar": {"title": {"text": "GPU share"}, "tickformat": ".0%"}},
+            hovertemplate=f"%{{customdata[0]}} (%{{customdata[1]}})<br>CPU %{{customdata[2]:.3f}} {unit}"
+            f"<br>GPU %{{customdata[3]:.3f}} {unit} (%{{customdata[4]:.1f}}% of the GPU time)<extra></extra>",
+            tiling={"orientation": "v"},
+            maxdepth=12,
+            root={"color": "#e8e8e8"},
+        )
+    )
+    if merged:
+        title = f"{title}; {merged:,} smaller boxes merged into 'other'"
+    return _layout(fig, title, height=560)
+
+
 # -- Timeline ---------------------------------------------------------------------------------
 def timeline(
     ops: pd.DataFrame,
