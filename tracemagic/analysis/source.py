@@ -35,6 +35,8 @@ from tracemagic.analysis._common import (
     nesting_depth,
     rollup,
     text,
+    thread_keys_of,
+    trace_start,
     text_take,
 )
 from tracemagic.trace.model import Trace
@@ -194,9 +196,9 @@ def source(trace: Trace) -> pd.DataFrame:
     stack`` strings, with the time, GPU work, memory and FLOPs beneath it.
 
     Definitions (per rank; a function's frames are its ``python_function`` events, a
-    line's frames the outermost ops whose ``Call stack`` holds that line):
+    line's frames the ops whose ``Call stack`` holds that line, once where they nest):
 
-    - ``calls``: frames (a line: the outermost ops recorded at it).
+    - ``calls``: frames (a line: the ops recorded at it that are not inside another).
     - ``cpu_us`` (inclusive): the length of the union of the frames' intervals on each
       thread, summed over threads: a recursive function counts once. On one thread it
       never exceeds the trace's span (nor a step's, per step); like CPU time, threads add.
@@ -205,7 +207,8 @@ def source(trace: Trace) -> pd.DataFrame:
     - ``self_cpu_us``: the frames' time not inside a child Python frame (ops called
       directly count as self time; ``nn.Module`` events are seen through). Self times of
       a thread add up to the inclusive time of its outermost frames (the root); for lines,
-      the time of the ops whose innermost stack entry is the line.
+      the time of the ops whose innermost stack entry is the line, less that of the ops with
+      a stack inside them (so line self times add up to the stacked ops' time).
     - ``gpu_us``: the summed duration of the kernels, memcpy and memset launched by ops
       (or runtime calls) beneath the outermost frames, linked as ``kernels()`` links them.
     - ``alloc_bytes``: the bytes allocated beneath (positive ``[memory]`` deltas).
@@ -293,12 +296,13 @@ def _function_rows(trace: Trace) -> pd.DataFrame | None:
     )
 
 
-def _call_stacks(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[list[int]], pd.DataFrame] | None:
-    """The outermost ops with a non-empty ``Call stack``, each one's stack code, the stacks
-    as lists of entry ids (innermost first) and the entries (label, file, line, function,
-    library); None where the trace has no call stacks; once per trace."""
+def _call_stacks(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]], pd.DataFrame] | None:
+    """The ops with a non-empty ``Call stack``, each one's stack code and nearest enclosing
+    such op (-1: none), the stacks as lists of entry ids (innermost first) and the entries
+    (label, file, line, function, library); None where the trace has no call stacks; once
+    per trace."""
 
-    def compute() -> tuple[np.ndarray, np.ndarray, list[list[int]], pd.DataFrame] | None:
+    def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]], pd.DataFrame] | None:
         events = trace.events
         if "call_stack" not in events:
             return None
@@ -309,49 +313,73 @@ def _call_stacks(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[list[int]],
         has = kind_mask(events, "cpu_op", "user_annotation") & filled[codes] & (events["ph"] == "X").to_numpy()
         if not has.any():
             return None
-        at = np.flatnonzero(has)
-        ops = at[enclosing_of_kind(events["parent"].to_numpy(), events["depth"].to_numpy(), has, at) < 0]
+        ops = np.flatnonzero(has)
+        up = enclosing_of_kind(events["parent"].to_numpy(), events["depth"].to_numpy(), has, ops)
         entries: dict[str, int] = {}
         paths = [[entries.setdefault(e.strip(), len(entries)) for e in s.split(";") if e.strip()] for s in stacks]
         parsed = [parse_frame(e) for e in entries]
         table = pd.DataFrame(parsed, columns=["label", "file", "line", "function", "library"])
-        return ops, codes[ops], paths, table
+        return ops, codes[ops], up, paths, table
 
     return trace.shared("source:call_stacks", compute)
 
 
 def _line_rows(trace: Trace) -> pd.DataFrame | None:
+    """Per call-site line: the ops whose stack holds it (``source``' definitions)."""
     found = _call_stacks(trace)
     if found is None:
         return None
-    ops, stack_of, paths, entries = found
+    ops, stack_of, up, paths, entries = found
     events = trace.events
-    # one (op, entry) pair per entry of its stack, each entry once (a recursive stack)
-    sizes = np.array([len(set(p)) for p in paths], dtype=np.int64)
+    n = len(events)
+    # one (op, entry) pair per entry of the op's stack, each entry once (a recursive stack)
     unique = [list(dict.fromkeys(p)) for p in paths]
+    sizes = np.array([len(p) for p in unique], dtype=np.int64)
     flat = np.array([e for p in unique for e in p], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if sizes.size else np.zeros(0, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     n_pairs = sizes[stack_of]
     op_idx = np.repeat(np.arange(ops.size), n_pairs)
     offset = np.arange(op_idx.size) - np.repeat(np.cumsum(n_pairs) - n_pairs, n_pairs)
     entry = flat[starts[stack_of][op_idx] + offset]
+    # a pair counts where no enclosing op with a stack holds the same entry (nesting: once)
+    width = int(flat.max()) + 1 if flat.size else 1
+    keys = np.sort(ops[op_idx] * width + entry)
+    pos = np.full(n, -1, dtype=np.int64)
+    pos[ops] = np.arange(ops.size)
+    outer = np.ones(op_idx.size, dtype=bool)
+    idx = np.arange(op_idx.size)
+    cur = up[op_idx]
+    while idx.size:
+        live = cur >= 0
+        idx, cur = idx[live], cur[live]
+        key = cur * width + entry[idx]
+        at = np.minimum(np.searchsorted(keys, key), keys.size - 1)
+        held = keys[at] == key
+        outer[idx[held]] = False
+        idx, cur = idx[~held], cur[~held]
+        cur = up[pos[cur]]
     rank = events["rank"].to_numpy()[ops].astype(np.int64)
     group, first = group_rows(rank[op_idx], entry)
     count = first.size
     dur = events["dur"].to_numpy()[ops]
-    self_group = group[offset == 0]  # the innermost entry is each stack's first
+    # self: an op's time not in an op with a stack inside it, to the innermost entry of its stack
+    child = up >= 0
+    exclusive = dur - np.bincount(pos[up[child]], weights=dur[child], minlength=ops.size)
+    inner = offset == 0
+    self_cpu = np.bincount(group[inner], weights=exclusive[op_idx[inner]], minlength=count)
     gpu_at, alloc_at, flops_at = _beneath(trace)
+    top = ops[op_idx[outer]]
 
     def total(values: np.ndarray) -> np.ndarray:
-        return np.bincount(group, weights=values[ops][op_idx], minlength=count)
+        return np.bincount(group[outer], weights=values[top], minlength=count)
 
     ids = entry[first]
     line = entries["line"].to_numpy(dtype=np.float64, na_value=-1)
     return _table(
         rank[op_idx][first], "line", entries["label"].to_numpy(dtype=object)[ids], entries["file"].to_numpy(dtype=object)[ids],
         np.nan_to_num(line[ids], nan=-1).astype(np.int64), entries["function"].to_numpy(dtype=object)[ids],
-        entries["library"].to_numpy(dtype=bool)[ids], np.bincount(group, minlength=count), total(events["dur"].to_numpy()),
-        np.bincount(self_group, weights=dur, minlength=count), total(gpu_at), total(alloc_at),
+        entries["library"].to_numpy(dtype=bool)[ids], np.bincount(group[outer], minlength=count),
+        total(events["dur"].to_numpy()), self_cpu, total(gpu_at), total(alloc_at),
         None if flops_at is None else total(flops_at),
     )
 
@@ -377,7 +405,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     Columns (times µs): ``node``, ``parent`` (-1 at the top), ``depth``, ``rank``, ``name``,
     ``kind`` (``NODE_KINDS``), ``file``, ``line`` (Python frames), ``user``, ``calls``
     (events merged; 0 for rank and stack-line nodes, which are no events), ``cpu_us`` (their summed duration: merged events are disjoint, as
-    two calls on one path cannot nest), ``self_cpu_us`` (``cpu_us`` minus the children's:
+    two calls on one path cannot nest; an event that overlaps its siblings or parent partly
+    is clipped, see ``_held``, so the top nodes hold each thread's recorded time, the union
+    of its events' intervals), ``self_cpu_us`` (``cpu_us`` minus the children's:
     the self times of a subtree add up to its root's ``cpu_us``), ``gpu_us`` (the GPU
     activity below, its own included), ``self_gpu_us`` (a GPU node's own duration).
     Nodes come parents first.
@@ -440,7 +470,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     stacks = _call_stacks(trace)
     entry_label: dict[int, int] = {}
     if stacks is not None:
-        ops, stack_of, paths, entries = stacks
+        ops, stack_of, stack_up, paths, entries = stacks
+        top_stacked = stack_up < 0
+        ops, stack_of = ops[top_stacked], stack_of[top_stacked]
         keyed: dict[tuple[int, int], int] = {}
         chain_end: dict[tuple[int, int], int] = {}
         new_parent, new_label, new_rank = [], [], []
@@ -514,7 +546,8 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     is_gpu_row = np.zeros(rows.size, dtype=bool)
     is_gpu_row[cpu_rows.size:] = True
     calls = np.bincount(where, minlength=count)
-    cpu = np.bincount(where[~is_gpu_row], weights=dur[rows[~is_gpu_row]], minlength=count)
+    held_dur = _held(trace, cpu_rows, up, level[: cpu_rows.size])
+    cpu = np.bincount(where[~is_gpu_row], weights=held_dur, minlength=count)
     self_gpu = np.bincount(where[is_gpu_row], weights=dur[rows[is_gpu_row]], minlength=count)
     # fixed nodes (ranks, stack entries) hold the time of what is below them
     fixed = np.arange(count) < fixed_count
@@ -531,7 +564,7 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     nline = np.where(nlabel >= 0, line[np.maximum(nlabel, 0)], -1)
     nlib = np.where(nlabel >= 0, library[np.maximum(nlabel, 0)], False)
     if stacks is not None and entry_label:  # stack entries: their own file and line
-        _, _, _, entries = stacks
+        entries = stacks[4]
         by_extra = {v: k for k, v in entry_label.items()}
         for i in np.flatnonzero(nkind == NODE_KINDS.index("line")).tolist():
             e = by_extra[-1 - int(nlabel[i])]
@@ -558,6 +591,38 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
             "self_gpu_us": self_gpu,
         }
     )
+
+
+def _held(trace: Trace, rows: np.ndarray, up: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """The time each of ``rows`` (tree nodes' CPU events) holds in the tree: its interval
+    clipped to its tree parent's and after its earlier siblings' (on one thread for the top
+    events). Events that overlap partly, as a ``record_function`` annotation that starts
+    inside the ``__enter__`` frame and ends inside ``__exit__``, would otherwise make
+    children outlast their parent; clipped, the top events hold the union of the thread's
+    time and every node's children fit in it."""
+    events = trace.events
+    ts = events["ts"].to_numpy()[rows] - trace_start(trace)
+    end = ts + events["dur"].to_numpy()[rows]
+    start_of = np.full(len(events), -np.inf)
+    end_of = np.full(len(events), np.inf)
+    thread = thread_keys_of(trace)[rows]
+    for d in range(int(level.max(initial=-1)) + 1):
+        at = np.flatnonzero(level == d)
+        p = up[rows[at]]
+        has = p >= 0
+        s = np.maximum(ts[at], np.where(has, start_of[np.maximum(p, 0)], -np.inf))
+        e = np.maximum(np.minimum(end[at], np.where(has, end_of[np.maximum(p, 0)], np.inf)), s)
+        group = np.where(has, p, -2 - thread[at])
+        order = np.lexsort((s, group))
+        g = pd.Series(group[order])
+        reach = pd.Series(e[order]).groupby(g.to_numpy()).cummax()
+        before = reach.groupby(g.to_numpy()).shift(1).to_numpy(dtype=np.float64, na_value=-np.inf)
+        s_sorted = np.maximum(s[order], before)
+        s[order] = s_sorted
+        e = np.maximum(e, s)
+        start_of[rows[at]] = s
+        end_of[rows[at]] = e
+    return end_of[rows] - start_of[rows]
 
 
 def _int_or_na(values: np.ndarray, known: np.ndarray) -> pd.arrays.IntegerArray:
