@@ -69,9 +69,10 @@ def is_library(file: str) -> bool:
     """Whether a frame's file is library code rather than the user's: a built-in or frozen
     module (``<built-in ...>``, ``<frozen os>``), a path through ``site-packages``,
     ``dist-packages`` or ``lib/pythonX.Y``, or a path (as torch writes it, relative to
-    ``sys.path``) whose first part is a standard-library module (``typing.py``) or a known
-    package (``LIBRARIES``: torch, numpy, transformers, ...). Everything else, notebook
-    cells (``/tmp/ipykernel_1/123.py``) and scripts (``train.py``) included, is user code.
+    ``sys.path``) whose first part is a standard-library module (``typing.py``), a known
+    package (``LIBRARIES``: torch, numpy, transformers, ...) or a package installed where the
+    trace is read. Everything else, notebook cells (``/tmp/ipykernel_1/123.py``) and
+    scripts (``train.py``) included, is user code.
     """
     if file.startswith("<"):
         return file.startswith(("<built-in", "<frozen", "<method", "<slot"))
@@ -79,7 +80,20 @@ def is_library(file: str) -> bool:
         return True
     first = file.lstrip("./").split("/", 1)[0]
     top = first[:-3] if first.endswith(".py") else first
-    return top in LIBRARIES or top in sys.stdlib_module_names or "/torch/" in file
+    return top in LIBRARIES or top in sys.stdlib_module_names or top in _installed() or "/torch/" in file
+
+
+@lru_cache(maxsize=1)
+def _installed() -> frozenset[str]:
+    """The top-level modules of the distributions installed here (``typing_extensions``,
+    ``six``, ...): a path torch wrote relative to ``sys.path`` that starts with one of them is
+    library code. A module of the user's own project installed in editable mode counts too."""
+    from importlib import metadata
+
+    try:
+        return frozenset(metadata.packages_distributions())
+    except Exception:  # noqa: BLE001 - a broken distribution's metadata must not break the table
+        return frozenset()
 
 
 @lru_cache(maxsize=65536)
@@ -399,8 +413,10 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     below ``NO_LAUNCH``. Several ranks: one ``rank N`` node above each rank's tree.
 
     Args:
-        user_only: leave out library frames (``is_library``: torch's own, the standard
-            library, built-ins); what ran inside them hangs below the nearest user frame.
+        user_only: leave out library frames and stack lines (``is_library``: torch's own,
+            the standard library, built-ins); what ran inside them hangs below the nearest
+            user frame (the own time of a library frame above every user frame, a script's
+            runner, is then in no node).
 
     Columns (times µs): ``node``, ``parent`` (-1 at the top), ``depth``, ``rank``, ``name``,
     ``kind`` (``NODE_KINDS``), ``file``, ``line`` (Python frames), ``user``, ``calls``
@@ -473,6 +489,7 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
         ops, stack_of, stack_up, paths, entries = stacks
         top_stacked = stack_up < 0
         ops, stack_of = ops[top_stacked], stack_of[top_stacked]
+        library_entry = entries["library"].to_numpy(dtype=bool)
         keyed: dict[tuple[int, int], int] = {}
         chain_end: dict[tuple[int, int], int] = {}
         new_parent, new_label, new_rank = [], [], []
@@ -483,6 +500,8 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
             if (r, s) not in chain_end:
                 at = rank_node.get(r, -1)
                 for e in reversed(paths[s]):  # outermost first
+                    if user_only and library_entry[e]:
+                        continue
                     if e not in entry_label:
                         entry_label[e] = len(extra)
                         extra.append(str(entries["label"].iat[e]))

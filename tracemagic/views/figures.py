@@ -337,6 +337,16 @@ def _flame_nodes(tree: pd.DataFrame, size: str, max_nodes: int) -> tuple[pd.Data
     return out, int(len(keep) - int(chosen[keep["node"].to_numpy()].sum()))
 
 
+def _frame_label(name: str, kind: str, file: object, line: object) -> str:
+    """A box's label: ``func · file.py:LINE`` for Python frames and stack lines (the file's
+    base name: absolute paths fill the box), else the name, shortened."""
+    if kind in ("python", "line") and isinstance(file, str) and file and not file.startswith("<"):
+        func = name.rsplit("): ", 1)[-1]
+        where = file.rsplit("/", 1)[-1] + (f":{int(line)}" if line is not None and not pd.isna(line) else "")  # type: ignore[call-overload]
+        return shorten(f"{func} · {where}", 60)
+    return shorten(name, 60)
+
+
 def flame(tree: pd.DataFrame, *, metric: Literal["cpu", "gpu"] = "cpu", max_nodes: int = FLAME_MAX_NODES,
           unit: str = "ms", title: str | None = None) -> go.Figure:
     """The merged call tree (``trace.call_tree()``) as an icicle flame graph: the outermost
@@ -362,21 +372,27 @@ def flame(tree: pd.DataFrame, *, metric: Literal["cpu", "gpu"] = "cpu", max_node
     div = unit_divisor(unit)
     gpu_total = float(tree.loc[tree["parent"] < 0, "gpu_us"].sum())
     share = nodes["gpu_us"].to_numpy(dtype=float) / gpu_total if gpu_total > 0 else np.zeros(len(nodes))
-    ids = [str(int(n)) for n in nodes["node"]]
-    parents = ["" if p < 0 else str(int(p)) for p in nodes["parent"]]
-    names = nodes["name"].astype(str).tolist()
-    labels = [esc(shorten(n, 60)) for n in names]
-    custom = np.stack(
-        [esc_all(names), esc_all(nodes["kind"]), nodes["cpu_us"].to_numpy(dtype=float) / div,
-         nodes["gpu_us"].to_numpy(dtype=float) / div, share * 100.0],
-        axis=-1,
-    )
+    # one explicit root above the top nodes (plotly's implied one would be drawn dark)
+    top = nodes["parent"] < 0
+    ids = ["all"] + [str(int(n)) for n in nodes["node"]]
+    parents = [""] + ["all" if p < 0 else str(int(p)) for p in nodes["parent"]]
+    names = ["all"] + nodes["name"].astype(str).tolist()
+    labels = ["all"] + [esc(_frame_label(n, k, f, ln)) for n, k, f, ln in zip(
+        nodes["name"].astype(str), nodes["kind"].astype(str), nodes.get("file", pd.Series(None, index=nodes.index)),
+        nodes.get("line", pd.Series(None, index=nodes.index)))]
+    kinds = ["all"] + nodes["kind"].astype(str).tolist()
+    cpu = np.append(nodes.loc[top, "cpu_us"].sum(), nodes["cpu_us"].to_numpy(dtype=float))
+    gpu = np.append(gpu_total, nodes["gpu_us"].to_numpy(dtype=float))
+    share = np.append(0.0, share)
+    custom = np.stack([esc_all(names), esc_all(kinds), cpu / div, gpu / div,
+                       gpu / gpu_total * 100.0 if gpu_total > 0 else np.zeros(len(ids))], axis=-1)
+    values = np.append(0.0, nodes["value"].to_numpy(dtype=float))
     fig = go.Figure(
         go.Icicle(
             ids=ids,
             labels=labels,
             parents=parents,
-            values=nodes["value"].to_numpy(dtype=float),
+            values=values,
             branchvalues="remainder",
             customdata=custom,
             marker={"colors": share, "colorscale": "YlOrRd", "cmin": 0.0, "cmax": max(float(share.max(initial=0.0)), 1e-9),
