@@ -105,6 +105,14 @@ def gpu_beneath(spans: dict[tuple[Any, Any], list[tuple[float, float]]], launche
     return total
 
 
+def allocated_within(spans: dict[tuple[Any, Any], list[tuple[float, float]]], allocations: list[Any]) -> int:
+    """The bytes of the allocations (``[memory]`` events with a positive ``Bytes``) made on a
+    thread while one of its ``spans`` ran: from a span's start up to, not including, its end."""
+    blocks = {thread: merged(intervals) for thread, intervals in spans.items()}
+    return sum(size for pid, tid, ts, size in allocations
+               if any(a <= ts < b for a, b in blocks.get((pid, tid), [])))
+
+
 def capture(folder: Path) -> Path:
     """A CPU trace of a real small model trained with stacks, shapes, memory and FLOPs: the
     training step is ``train_step`` of this file (user code)."""
@@ -151,6 +159,9 @@ def raw(path: Path) -> list[dict[str, Any]]:
             e["ts"] = float(Decimal(e["ts"]) - origin)
         if "dur" in e:
             e["dur"] = float(e["dur"])
+        for field in ("pid", "tid"):  # old traces write a thread's tid as a number on some events
+            if field in e:
+                e[field] = str(e[field])
     return events
 
 
@@ -165,7 +176,10 @@ def test_functions_time_is_the_union_of_their_frames_and_gpu_time_their_kernels(
     assert set(functions.index) == set(expected)
     assert not functions.index.duplicated().any()
     launched = launches(events)
-    gpu_seen = 0
+    allocations = [(e["pid"], e["tid"], float(e["ts"]), int(e["args"]["Bytes"])) for e in events
+                   if e.get("ph") in ("i", "I") and e.get("name") == "[memory]" and int((e.get("args") or {}).get("Bytes", 0)) > 0]
+    assert allocations
+    gpu_seen = alloc_seen = 0
     for name, spans in expected.items():
         row = functions.loc[name]
         assert row["calls"] == sum(len(v) for v in spans.values()), name
@@ -173,6 +187,9 @@ def test_functions_time_is_the_union_of_their_frames_and_gpu_time_their_kernels(
         gpu = gpu_beneath(spans, launched)
         assert row["gpu_us"] == pytest.approx(gpu, rel=1e-9, abs=1e-6), name
         gpu_seen += gpu > 0
+        assert row["alloc_bytes"] == allocated_within(spans, allocations), name
+        alloc_seen += row["alloc_bytes"] > 0
+    assert alloc_seen >= 10
     if which == "mi300x":
         assert gpu_seen >= 20  # the check saw GPU work under many functions
         assert functions["self_cpu_us"].le(functions["cpu_us"] + 1e-6).all()
@@ -228,6 +245,27 @@ def test_flops_beneath_count_each_op_once(cpu_trace_path: Path, tmp_path: Path) 
     assert functions.loc[functions["function"] == "train_step", "flops"].iloc[0] > 0
 
 
+@pytest.mark.parametrize("name", [MI300X, V100, "param_dlrm_kineto.tar.gz", "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"])
+def test_tables_follow_their_contracts(name: str) -> None:
+    from test_analysis_a import assert_schema
+
+    trace = load(TRACES / name)
+    assert_schema("source", trace.source())
+    for user_only in (False, True):
+        tree = trace.call_tree(user_only)
+        assert_schema("call_tree", tree)
+        parent = tree["parent"].to_numpy()
+        assert (parent < tree["node"].to_numpy()).all()  # parents first
+        kids = parent >= 0
+        assert (tree["depth"].to_numpy()[kids] == tree["depth"].to_numpy()[parent[kids]] + 1).all()
+        # a node's children never hold more than it does
+        held = np.bincount(parent[kids], weights=tree["cpu_us"].to_numpy()[kids], minlength=len(tree))
+        assert (held <= tree["cpu_us"].to_numpy() + 1e-6).all()
+    if name.endswith(".tar.gz"):  # several ranks: a rank node above each rank's tree
+        tree = trace.call_tree()
+        assert sorted(tree.loc[tree["parent"] < 0, "name"]) == sorted(f"rank {r}" for r in trace.rank_ids)
+
+
 # -- source(): call-site lines of old traces ---------------------------------------------------
 def test_call_stack_lines_of_the_v100_trace() -> None:
     events = raw(TRACES / V100)
@@ -247,10 +285,14 @@ def test_call_stack_lines_of_the_v100_trace() -> None:
         innermost[entries[0]][(e["pid"], e["tid"])].append((ts, ts + float(e["dur"])))
     assert set(lines.index) == set(spans)
     launched = launches(events)
+    allocations = [(e["pid"], e["tid"], float(e["ts"]), int(e["args"]["Bytes"])) for e in events
+                   if e.get("ph") in ("i", "I") and e.get("name") == "[memory]" and int((e.get("args") or {}).get("Bytes", 0)) > 0]
+    assert allocations and lines["alloc_bytes"].max() > 0
     for entry, per_thread in spans.items():
         row = lines.loc[entry]
         assert row["cpu_us"] == pytest.approx(sum(union_all(v) for v in per_thread.values())), entry
         assert row["gpu_us"] == pytest.approx(gpu_beneath(per_thread, launched)), entry
+        assert row["alloc_bytes"] == allocated_within(per_thread, allocations), entry
         file, line = re.match(r"^(.*)\((\d+)\): ", entry).groups()  # type: ignore[union-attr]
         assert row["file"] == file and row["line"] == int(line)
     # line self times add up to the time of the ops with a stack

@@ -31,17 +31,15 @@ import pandas as pd
 from tracemagic.analysis._common import (
     GPU_ACTIVITY,
     group_rows,
-    memory_holders,
     nesting_depth,
     rollup,
     text,
-    thread_keys_of,
     trace_start,
     text_take,
 )
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
-from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind
+from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, thread_keys
 
 #: ``file(LINE): func`` of a python_function event (and of each ``Call stack`` entry)
 FRAME_NAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
@@ -80,20 +78,27 @@ def is_library(file: str) -> bool:
         return True
     first = file.lstrip("./").split("/", 1)[0]
     top = first[:-3] if first.endswith(".py") else first
-    return top in LIBRARIES or top in sys.stdlib_module_names or top in _installed() or "/torch/" in file
+    return top in LIBRARIES or top in sys.stdlib_module_names or _installed(top) or "/torch/" in file
 
 
-@lru_cache(maxsize=1)
-def _installed() -> frozenset[str]:
-    """The top-level modules of the distributions installed here (``typing_extensions``,
-    ``six``, ...): a path torch wrote relative to ``sys.path`` that starts with one of them is
-    library code. A module of the user's own project installed in editable mode counts too."""
-    from importlib import metadata
+@lru_cache(maxsize=4096)
+def _installed(top: str) -> bool:
+    """Whether the module ``top`` is installed here as a third-party package
+    (``typing_extensions``, ``six``, ...: found by the import system in a ``site-packages``
+    or ``dist-packages`` folder; nothing is imported). A module of the user's project next
+    to the script or notebook is not; one installed in editable mode may be."""
+    if not top.isidentifier():
+        return False
+    from importlib.util import find_spec
 
     try:
-        return frozenset(metadata.packages_distributions())
-    except Exception:  # noqa: BLE001 - a broken distribution's metadata must not break the table
-        return frozenset()
+        spec = find_spec(top)
+    except (ImportError, ValueError, AttributeError):
+        return False
+    where = (spec.origin or "") if spec is not None else ""
+    if spec is not None and not where and spec.submodule_search_locations:
+        where = next(iter(spec.submodule_search_locations), "")
+    return bool(_LIBRARY_PATH.search(where.replace("\\", "/")))
 
 
 @lru_cache(maxsize=65536)
@@ -157,50 +162,82 @@ def _launch_anchor(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return rows, np.where(op >= 0, op, launch)
 
 
-def _beneath(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Per events row: the GPU time (µs) of the activity launched on or below it, the bytes
-    allocated on or below it (positive ``[memory]`` deltas inside it), and the FLOPs of the
-    ops on or below it (the trace's ``flops`` arg of ops not inside another op that has
-    one, so ``aten::linear`` and its ``aten::addmm`` count once; None: no FLOPs in the
-    trace); computed once per trace."""
+#: what ``_beneath`` sums: per kind, the events' thread keys, times (µs from the trace's
+#: start) and weights, sorted by (thread, time), with the weights' running sums
+_Points = tuple[np.ndarray, np.ndarray, np.ndarray]
 
-    def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+
+def _points(trace: Trace) -> dict[str, _Points | None]:
+    """The moments whose weights ``source()`` sums beneath a frame, computed once per trace:
+    ``gpu``, each GPU activity's duration at the start of the op that launched it (or of
+    its runtime call; ``kernels()``' link); ``alloc``, each positive ``[memory]`` delta at
+    its time; ``flops``, the trace's ``flops`` of each op not inside another op that has
+    one (``aten::linear`` and its ``aten::addmm`` count once), None without any."""
+
+    def sort(rows: np.ndarray, weights: np.ndarray) -> _Points | None:
+        if rows.size == 0:
+            return None
         events = trace.events
-        parent = events["parent"].to_numpy()
+        key = thread_keys(events, rows)
+        at = events["ts"].to_numpy()[rows] - trace_start(trace)
+        order = np.lexsort((at, key))
+        return key[order], at[order], np.concatenate([[0.0], np.cumsum(weights[order], dtype=np.float64)])
+
+    def compute() -> dict[str, _Points | None]:
+        events = trace.events
         rows, anchor = _launch_anchor(trace)
-        gpu = rollup(anchor, events["dur"].to_numpy()[rows], parent)
-        mem_rows, holder = memory_holders(trace)
-        delta = events["bytes"].to_numpy(dtype=np.float64, na_value=0.0)[mem_rows]
-        alloc = rollup(np.where(delta > 0, holder, -1), np.maximum(delta, 0.0), parent)
+        held = anchor >= 0
+        gpu = sort(anchor[held], events["dur"].to_numpy()[rows][held])
+        memory = np.flatnonzero(kind_mask(events, "memory"))
+        delta = events["bytes"].to_numpy(dtype=np.float64, na_value=0.0)[memory]
+        alloc = sort(memory[delta > 0], delta[delta > 0])
         flops_arg = events["flops"].to_numpy(dtype=np.float64, na_value=np.nan)
         has = kind_mask(events, "cpu_op") & ~np.isnan(flops_arg)
         flops = None
         if has.any():
             at = np.flatnonzero(has)
-            outer = at[enclosing_of_kind(parent, events["depth"].to_numpy(), has, at) < 0]
-            flops = rollup(outer, flops_arg[outer], parent)
-        return gpu, alloc, flops
+            outer = at[enclosing_of_kind(events["parent"].to_numpy(), events["depth"].to_numpy(), has, at) < 0]
+            flops = sort(outer, flops_arg[outer]) if outer.size else None
+            if flops is None:
+                flops = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1))
+        return {"gpu": gpu, "alloc": alloc, "flops": flops}
 
-    return trace.shared("source:beneath", compute)
+    return trace.shared("source:points", compute)
 
 
-def _outermost(group: np.ndarray, rows: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """Mask of ``rows`` with no ancestor along ``up`` (event row -> nearest enclosing row
-    of ``rows``, -1 at the top) in the same ``group``: a recursive call's frames count
-    once, through the outermost, so nothing is counted twice. One round per level."""
-    pos = np.full(up.size, -1, dtype=np.int64)
-    pos[rows] = np.arange(rows.size)
-    outer = np.ones(rows.size, dtype=bool)
-    idx = np.arange(rows.size)
-    cur = up[rows].copy()
-    while idx.size:
-        c = cur[idx]
-        live = c >= 0
-        idx, c = idx[live], c[live]
-        same = group[pos[c]] == group[idx]
-        outer[idx[same]] = False
-        idx = idx[~same]
-        cur[idx] = up[cur[idx]]
+def _beneath(points: _Points | None, key: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per interval ``[start, end)`` on thread ``key``: the weights of ``points`` there
+    (an event contains the moments from its start up to, not including, its end)."""
+    out = np.zeros(key.size)
+    if points is None or key.size == 0:
+        return out
+    keys, at, running = points
+    for k in np.unique(key):  # one pass per thread
+        lo, hi = np.searchsorted(keys, [k, k + 1])
+        if lo == hi:
+            continue
+        where = np.flatnonzero(key == k)
+        a = lo + np.searchsorted(at[lo:hi], start[where], side="left")
+        b = lo + np.searchsorted(at[lo:hi], end[where], side="left")
+        out[where] = running[b] - running[a]
+    return out
+
+
+def _outermost(group: np.ndarray, key: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Mask of the intervals not inside an earlier one of the same ``group`` on the same
+    thread ``key``: a recursive call's frames count once, through the outermost, and the
+    outermost ones' lengths add up to the union of the group's intervals (on one thread,
+    frames nest or are disjoint). One sort, then each group's running end."""
+    order = np.lexsort((-end, start, key, group))
+    g, k = group[order], key[order]
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = (g[1:] != g[:-1]) | (k[1:] != k[:-1])
+    reach = pd.Series(end[order]).groupby(np.cumsum(new)).cummax().to_numpy()
+    before = np.empty_like(reach)
+    before[:1] = -np.inf
+    before[1:] = np.where(new[1:], -np.inf, reach[:-1])
+    outer = np.empty(order.size, dtype=bool)
+    outer[order] = start[order] >= before
     return outer
 
 
@@ -286,27 +323,28 @@ def _function_rows(trace: Trace) -> pd.DataFrame | None:
     count = first.size
     parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
     up_rows = enclosing_of_kind(parent, depth, is_fn, rows)  # nearest enclosing function frame
-    up = np.full(len(events), -1, dtype=np.int64)
-    up[rows] = up_rows
-    outer = _outermost(group, rows, up)
+    key = thread_keys(events, rows)
+    start = events["ts"].to_numpy()[rows] - trace_start(trace)
     dur = events["dur"].to_numpy()[rows]
+    end = start + dur
+    outer = _outermost(group, key, start, end)
     pos = np.full(len(events), -1, dtype=np.int64)
     pos[rows] = np.arange(rows.size)
     child = up_rows >= 0
     self_cpu = np.bincount(group, weights=dur, minlength=count) - np.bincount(
         group[pos[up_rows[child]]], weights=dur[child], minlength=count
     )
-    gpu_at, alloc_at, flops_at = _beneath(trace)
-    top = rows[outer]
+    points = _points(trace)
 
-    def total(values: np.ndarray) -> np.ndarray:
-        return np.bincount(group[outer], weights=values[top], minlength=count)
+    def total(kind: str) -> np.ndarray:
+        at = _beneath(points[kind], key[outer], start[outer], end[outer])
+        return np.bincount(group[outer], weights=at, minlength=count)
 
     fids = fid[first]
     return _table(
         rank[first], "function", label[fids], file[fids], line[fids], function[fids], library[fids],
         np.bincount(group, minlength=count), np.bincount(group[outer], weights=dur[outer], minlength=count),
-        self_cpu, total(gpu_at), total(alloc_at), None if flops_at is None else total(flops_at),
+        self_cpu, total("gpu"), total("alloc"), None if points["flops"] is None else total("flops"),
     )
 
 
@@ -381,11 +419,15 @@ def _line_rows(trace: Trace) -> pd.DataFrame | None:
     exclusive = dur - np.bincount(pos[up[child]], weights=dur[child], minlength=ops.size)
     inner = offset == 0
     self_cpu = np.bincount(group[inner], weights=exclusive[op_idx[inner]], minlength=count)
-    gpu_at, alloc_at, flops_at = _beneath(trace)
+    points = _points(trace)
     top = ops[op_idx[outer]]
+    top_key = thread_keys(events, top)
+    top_start = events["ts"].to_numpy()[top] - trace_start(trace)
+    top_end = top_start + events["dur"].to_numpy()[top]
 
-    def total(values: np.ndarray) -> np.ndarray:
-        return np.bincount(group[outer], weights=values[top], minlength=count)
+    def total(kind: str) -> np.ndarray:
+        at = _beneath(points[kind], top_key, top_start, top_end)
+        return np.bincount(group[outer], weights=at, minlength=count)
 
     ids = entry[first]
     line = entries["line"].to_numpy(dtype=np.float64, na_value=-1)
@@ -393,8 +435,8 @@ def _line_rows(trace: Trace) -> pd.DataFrame | None:
         rank[op_idx][first], "line", entries["label"].to_numpy(dtype=object)[ids], entries["file"].to_numpy(dtype=object)[ids],
         np.nan_to_num(line[ids], nan=-1).astype(np.int64), entries["function"].to_numpy(dtype=object)[ids],
         entries["library"].to_numpy(dtype=bool)[ids], np.bincount(group[outer], minlength=count),
-        total(events["dur"].to_numpy()), self_cpu, total(gpu_at), total(alloc_at),
-        None if flops_at is None else total(flops_at),
+        np.bincount(group[outer], weights=events["dur"].to_numpy()[top], minlength=count), self_cpu, total("gpu"),
+        total("alloc"), None if points["flops"] is None else total("flops"),
     )
 
 
@@ -498,22 +540,22 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
                 continue
             r = int(rank[op])
             if (r, s) not in chain_end:
-                at = rank_node.get(r, -1)
+                above = rank_node.get(r, -1)
                 for e in reversed(paths[s]):  # outermost first
                     if user_only and library_entry[e]:
                         continue
                     if e not in entry_label:
                         entry_label[e] = len(extra)
                         extra.append(str(entries["label"].iat[e]))
-                    key = (at, e)
+                    key = (above, e)
                     if key not in keyed:
                         keyed[key] = count
                         count += 1
-                        new_parent.append(at)
+                        new_parent.append(above)
                         new_label.append(-1 - entry_label[e])
                         new_rank.append(r)
-                    at = keyed[key]
-                chain_end[(r, s)] = at
+                    above = keyed[key]
+                chain_end[(r, s)] = above
         if new_parent:
             node_parent.append(np.array(new_parent, dtype=np.int64))
             node_label.append(np.array(new_label, dtype=np.int64))
@@ -600,7 +642,7 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
             "rank": nrank.astype(np.int32),
             "name": text(names),
             "kind": text_take(np.array(NODE_KINDS, dtype=object), nkind),
-            "file": text(np.where(ops_kinds, nfile, None)),
+            "file": text(np.where(ops_kinds, nfile.astype(object), np.full(count, None, dtype=object))),
             "line": _int_or_na(nline, ops_kinds & (nline >= 0)),
             "user": ~nlib.astype(bool) & ops_kinds,
             "calls": calls.astype(np.int64),
@@ -624,7 +666,7 @@ def _held(trace: Trace, rows: np.ndarray, up: np.ndarray, level: np.ndarray) -> 
     end = ts + events["dur"].to_numpy()[rows]
     start_of = np.full(len(events), -np.inf)
     end_of = np.full(len(events), np.inf)
-    thread = thread_keys_of(trace)[rows]
+    thread = thread_keys(events, rows)
     for d in range(int(level.max(initial=-1)) + 1):
         at = np.flatnonzero(level == d)
         p = up[rows[at]]
