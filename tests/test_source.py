@@ -406,3 +406,31 @@ def test_stacks_command_bad_input_is_one_clean_line(case: str, cpu_trace_path: P
         assert done.stderr.startswith("tracemagic: error: ") and len(done.stderr.strip().splitlines()) == 1
     if case == "gpu on a CPU trace":
         assert "no GPU activity" in done.stderr
+
+
+# -- the flame graph ---------------------------------------------------------------------------
+@pytest.mark.parametrize("cap", [40, 100_000])
+def test_flame_figure_is_bounded_and_its_boxes_hold_the_recorded_time(cap: int) -> None:
+    """Capped or not, the icicle's boxes add up to the time the trace recorded (per thread,
+    the union of its frames, ops and annotations, from the raw JSON); capped, at most ``cap``
+    nodes are drawn besides the root and the ``other`` boxes, and the title says so."""
+    from tracemagic.views import figures
+
+    events = raw(TRACES / MI300X)
+    tree = load(TRACES / MI300X).call_tree()
+    fig = figures.flame(tree, max_nodes=cap, unit="µs")
+    icicle = fig.data[0]
+    ids, values = list(icicle.ids), np.asarray(icicle.values, dtype=float)
+    others = sum(1 for label in icicle.labels if str(label).startswith("other ("))
+    assert sum(values) == pytest.approx(recorded_cpu(events), rel=1e-9)
+    assert len(set(ids)) == len(ids) and set(icicle.parents) <= set(ids) | {""}
+    drawn = len(ids) - 1 - others
+    cpu_nodes = int(((tree["cpu_us"] > 0) & ~tree["kind"].isin(["kernel", "memcpy", "memset"])).sum())
+    if cap < cpu_nodes:
+        assert drawn <= cap + 40  # the heaviest cap nodes and their ancestors
+        assert others >= 1 and "smaller boxes merged" in fig.layout.title.text
+    else:
+        assert drawn == cpu_nodes and others == 0 and "other" not in fig.layout.title.text
+    gpu = figures.flame(tree, metric="gpu", max_nodes=cap)
+    assert sum(gpu.data[0].values) == pytest.approx(
+        sum(float(e["dur"]) for e in timed(events) if e.get("cat") in GPU_CATS), rel=1e-9)  # µs, as the boxes

@@ -317,7 +317,8 @@ def _flame_nodes(tree: pd.DataFrame, size: str, max_nodes: int) -> tuple[pd.Data
         at = up
     drawn = tree[chosen].copy()
     own = "self_gpu_us" if size == "gpu_us" else "self_cpu_us"
-    left = keep[~chosen[keep["node"].to_numpy()] & chosen[np.maximum(keep["parent"].to_numpy(), 0)] & (keep["parent"] >= 0)]
+    up = keep["parent"].to_numpy()
+    left = keep[~chosen[keep["node"].to_numpy()] & ((up < 0) | chosen[np.maximum(up, 0)])]  # -1: below the root
     # a drawn node's value: its own time plus what its children that are not drawn hold
     dropped = left.groupby("parent")[size].sum()
     drawn["value"] = np.maximum(drawn[own].to_numpy(dtype=float), 0.0)
@@ -405,7 +406,7 @@ def flame(tree: pd.DataFrame, *, metric: Literal["cpu", "gpu"] = "cpu", max_node
         )
     )
     if merged:
-        title = f"{title}; {merged:,} smaller boxes merged into 'other'"
+        title = f"{title}; {merged:,} smaller boxes merged, one other box per parent"
     return _layout(fig, title, height=560)
 
 
