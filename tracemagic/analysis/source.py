@@ -68,17 +68,20 @@ def is_library(file: str) -> bool:
     module (``<built-in ...>``, ``<frozen os>``), a path through ``site-packages``,
     ``dist-packages`` or ``lib/pythonX.Y``, or a path (as torch writes it, relative to
     ``sys.path``) whose first part is a standard-library module (``typing.py``), a known
-    package (``LIBRARIES``: torch, numpy, transformers, ...) or a package installed where the
-    trace is read. Everything else, notebook cells (``/tmp/ipykernel_1/123.py``) and
+    package (``LIBRARIES``: torch, numpy, transformers, ...; also as a folder further down an
+    absolute path, as in an editable install) or a package installed where the trace is read.
+    Everything else, notebook cells (``/tmp/ipykernel_1/123.py``) and
     scripts (``train.py``) included, is user code.
     """
     if file.startswith("<"):
         return file.startswith(("<built-in", "<frozen", "<method", "<slot"))
     if _LIBRARY_PATH.search(file):
         return True
-    first = file.lstrip("./").split("/", 1)[0]
-    top = first[:-3] if first.endswith(".py") else first
-    return top in LIBRARIES or top in sys.stdlib_module_names or _installed(top) or "/torch/" in file
+    parts = file.replace("\\", "/").lstrip("./").split("/")
+    top = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
+    if top in LIBRARIES or top in sys.stdlib_module_names or _installed(top):
+        return True
+    return any(part in LIBRARIES for part in parts[1:-1])  # an editable install: /src/torch/nn/...
 
 
 @lru_cache(maxsize=4096)
