@@ -59,6 +59,7 @@ TABLE_CALLS: dict[str, Callable[[Any], Any]] = {
     "advice": lambda t: t.advice(),
     "ranks": _ranks,
     "diff": lambda t: t.diff(t),
+    "source": lambda t: t.source(),  # bench_source.py; not in ALL
 }
 
 

@@ -79,7 +79,7 @@ def test_every_tab_renders_its_figures(browser: Any, reports: dict[str, Path], n
         page.page.goto(reports[name].as_uri())
         buttons = page.page.locator("nav button")
         keys = [buttons.nth(i).get_attribute("data-tab") for i in range(buttons.count())]
-        expected = ["overview", "layers", "timeline", "memory", "shapes"] + (["roofline", "kernels"] if name == "gpu" else [])
+        expected = ["overview", "layers", "timeline", "memory", "shapes"] + (["roofline", "kernels"] if name == "gpu" else []) + ["flame"]
         assert keys == expected
         ARTIFACTS.mkdir(exist_ok=True)
         for i, key in enumerate(keys):

@@ -527,13 +527,14 @@ def test_timeline_layers_lane_of_a_cpu_capture(cpu_capture: Any, gpu: Any) -> No
 
 def test_dashboard_tabs_follow_the_trace(cpu_capture: Any, gpu: Any, multi: Any, old: Any) -> None:
     base = ["overview", "layers", "timeline", "memory", "shapes"]
-    assert Dashboard(cpu_capture).keys == base
-    assert Dashboard(gpu).keys == [*base, "roofline", "kernels"]
-    assert Dashboard(old).keys == [*base, "roofline", "kernels"]
-    assert Dashboard(multi).keys == [*base, "roofline", "kernels", "ranks"]
-    assert Dashboard(gpu, other=old).keys == [*base, "roofline", "kernels", "compare"]
+    assert Dashboard(cpu_capture).keys == [*base, "flame"]
+    assert Dashboard(gpu).keys == [*base, "roofline", "kernels", "flame"]
+    assert Dashboard(old).keys == [*base, "roofline", "kernels", "flame"]
+    assert Dashboard(multi).keys == [*base, "roofline", "kernels", "flame", "ranks"]
+    assert Dashboard(gpu, other=old).keys == [*base, "roofline", "kernels", "flame", "compare"]
     dash = Dashboard(multi)
-    assert dash.widget.children[-1].titles == ("Overview", "Layers", "Timeline", "Memory", "Shapes", "Roofline", "Kernels", "Ranks")
+    assert dash.widget.children[-1].titles == ("Overview", "Layers", "Timeline", "Memory", "Shapes", "Roofline", "Kernels",
+                                               "Flame", "Ranks")
 
 
 def test_every_tab_renders_figures_and_a_table(any_trace: Any) -> None:
@@ -1137,7 +1138,7 @@ def test_graph_memory_categories_and_spans_of_a_chakra_trace_et_capture(ip: Any,
     capture = ip.user_ns["_chakra_capture"]
     assert (capture.dir / "torch_et_0.json").is_file()
     dash = Dashboard(capture.trace)
-    assert dash.keys == ["overview", "layers", "timeline", "memory", "shapes", "graph"]
+    assert dash.keys == ["overview", "layers", "timeline", "memory", "shapes", "flame", "graph"]
     steps = dash.data.et_steps
     assert steps == sorted(int(s) for s in capture.trace.steps()["step"])
     # default: the first step; the step selector picks another

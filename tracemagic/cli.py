@@ -1,4 +1,4 @@
-"""The ``tracemagic`` command line: ``report``, ``summary``, ``diff``, ``demo``, ``run`` and ``cache``.
+"""The ``tracemagic`` command line: ``report``, ``summary``, ``diff``, ``stacks``, ``demo``, ``run`` and ``cache``.
 
 Bad input (a missing file, a damaged trace) prints one line on stderr and exits with
 status 2, without a traceback.
@@ -98,6 +98,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stacks(args: argparse.Namespace) -> int:
+    from tracemagic.export.stacks import to_folded, to_speedscope
+
+    trace = _load(args.path, args)
+    if args.gpu and not trace.has_gpu:
+        raise UsageError(f"{args.path}: the trace has no GPU activity (kernels, memcpy, memset); leave out --gpu")
+    speedscope = args.speedscope
+    stem = Path(args.path).name.split(".")[0] or "trace"
+    out = Path(args.output) if args.output else Path(f"{stem}{'.gpu' if args.gpu else ''}.{'speedscope.json' if speedscope else 'folded'}")
+    write = to_speedscope if speedscope else to_folded
+    (written,) = write(trace, out, gpu=args.gpu, user_only=args.user_only)
+    print(f"wrote {written} ({written.stat().st_size / 2**10:,.1f} KiB)")
+    return 0
+
+
+class UsageError(TracemagicError):
+    """A command's arguments do not fit the trace."""
+
+
 def _human(n: int) -> str:
     """A size in KiB, MiB or GiB."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
@@ -162,6 +181,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="also write an HTML report with the Compare tab")
     common(p)
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser(
+        "stacks",
+        help="write the call tree (Python frames, ops, kernels) as folded stacks or a speedscope file",
+        description="Folded stacks (one 'frame;frame;... value' line per stack, the value the stack's self "
+        "time in integer ns: CPU, or GPU with --gpu) for flamegraph.pl, inferno or speedscope; or a speedscope "
+        "JSON file (profiles of CPU self time and GPU time, in µs) for https://www.speedscope.app.",
+    )
+    p.add_argument("path", help="a trace file or directory")
+    form = p.add_mutually_exclusive_group(required=True)
+    form.add_argument("--folded", action="store_true", help="folded stacks (default name: <trace>.folded)")
+    form.add_argument("--speedscope", action="store_true", help="speedscope JSON (default name: <trace>.speedscope.json)")
+    p.add_argument("-o", "--output", help="the file to write")
+    p.add_argument("--gpu", action="store_true", help="GPU time of the kernels by launching stack instead of CPU self time")
+    p.add_argument("--user-only", action="store_true", help="leave out library frames (torch, the standard library, built-ins)")
+    common(p)
+    p.set_defaults(func=cmd_stacks)
 
     p = sub.add_parser("demo", help="run the quickstart notebook headless: capture a small model, print its summary")
     p.add_argument("out_dir", nargs="?", default="demo-output", help="where to write (default ./demo-output)")

@@ -27,6 +27,7 @@ from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
+from tracemagic.analysis import source as _source
 from tracemagic.analysis import steps as _steps
 from tracemagic.capture import result as _result
 from tracemagic.trace import layout as _layout
@@ -83,6 +84,17 @@ class Trace(_model.Trace):
     def shapes(self) -> pd.DataFrame:
         """Op x input shapes x dtypes with calls, time and FLOPs."""
         return self.table(_shapes.shapes)
+
+    def source(self) -> pd.DataFrame:
+        """Per Python function (and per call-site line of old traces' ``Call stack``):
+        calls, inclusive and self CPU time, GPU time, bytes and FLOPs beneath, user code or
+        library (the definitions: ``tracemagic.analysis.source``)."""
+        return self.table(_source.source)
+
+    def call_tree(self, user_only: bool = False) -> pd.DataFrame:
+        """The merged call tree, Python frames → ops → kernels, with CPU and GPU time per
+        node (``tracemagic.analysis.source.call_tree``; ``user_only``: library frames left out)."""
+        return self.table(_source.call_tree, user_only)
 
     def efficiency(self, peaks: Mapping[str, float] | DevicePeaks | None = None) -> pd.DataFrame:
         """Op x shapes x dtypes against the device's roofline: FLOPs, bytes, achieved

@@ -33,6 +33,7 @@ from tracemagic.analysis import (  # noqa: F401
     phases,
     ranks,
     shapes,
+    source,
     spans,
     steps,
 )

@@ -42,3 +42,8 @@ class Shared:
     EFFICIENCY_OP_SHAPES: Final = "efficiency:op_shapes"
     EFFICIENCY_ROOFLINE: Final = "efficiency:roofline"
     EFFICIENCY_GPU_SHARES: Final = "efficiency:gpu_shares"
+    #: the Python frames' labels, the points they cover and old traces' call-site stacks
+    #: (``analysis.source``)
+    SOURCE_LABELS: Final = "source:labels"
+    SOURCE_POINTS: Final = "source:points"
+    SOURCE_CALL_STACKS: Final = "source:call_stacks"

@@ -48,6 +48,7 @@ class _Args(msgspec.Struct, gc=False):
     in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
     out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
     dtype: Any = None
+    call_stack: Any = msgspec.field(name="Call stack", default=None)
     flops: Any = None
     grid: msgspec.Raw = _NULL
     block: msgspec.Raw = _NULL
@@ -120,7 +121,7 @@ _ARG_COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("in_nelems", "in_nelems", False),
     ("out_nelems", "out_nelems", False),
 )
-_ARG_STRINGS = ("collective", "pg_name", "dtype")
+_ARG_STRINGS = ("collective", "pg_name", "dtype", "call_stack")
 #: the text columns of timed events, in the C scanner's order
 _TEXT = ("ph", "cat", "name", "pid", "tid") + _ARG_STRINGS
 _ARG_RAW = ("input_dims", "input_type", "concrete_inputs", "grid", "block", "pg_ranks")

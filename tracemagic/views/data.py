@@ -150,6 +150,15 @@ class TraceData:
         return self.table("shapes")
 
     @property
+    def source(self) -> pd.DataFrame:
+        """``trace.source()``: per Python function (or call-site line) of the trace."""
+        return self.table("source")
+
+    def call_tree(self, user_only: bool = False) -> pd.DataFrame:
+        """``trace.call_tree(user_only)``."""
+        return self.table(f"call_tree:{user_only}", compute=lambda: self.trace.table(TABLES["call_tree"].function, user_only))
+
+    @property
     def efficiency(self) -> pd.DataFrame:
         """``trace.efficiency()`` (the roofline per op × shape)."""
         return self.table("efficiency")

@@ -23,6 +23,7 @@ from tracemagic.analysis import devices
 from tracemagic.views import tables
 from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, kernel_label, shorten, unique_labels, unit_divisor
 from tracemagic.views.selection import timeline_events
+from tracemagic.analysis._common import GPU_ACTIVITY
 
 #: the plotly template of every figure. Figures do not carry it (plotly validates and copies
 #: the whole template into each figure that sets it: tens of ms per figure); the views add it
@@ -328,6 +329,123 @@ def layers_tree(
         )
     )
     return _layout(fig, title, height=520)
+
+
+# -- Flame ------------------------------------------------------------------------------------
+#: the most nodes a flame graph draws (the rest of each parent's children become one "other")
+FLAME_MAX_NODES = 1500
+
+
+def _flame_nodes(tree: pd.DataFrame, size: str, max_nodes: int) -> tuple[pd.DataFrame, int]:
+    """The nodes a flame graph draws: those with ``size`` > 0 (GPU nodes too when sized by
+    GPU time), the ``max_nodes`` heaviest with their ancestors; each parent's left-out
+    children become one ``other`` child holding their total. Returns the nodes (``value``:
+    the node's own remainder) and how many were left out."""
+    keep = tree[tree[size] > 0]
+    if size == "cpu_us":
+        keep = keep[~keep["kind"].isin(GPU_ACTIVITY)]
+    parent = tree["parent"].to_numpy()
+    chosen = np.zeros(len(tree), dtype=bool)
+    chosen[keep.sort_values(size, ascending=False, kind="stable")["node"].to_numpy()[:max_nodes]] = True
+    at = np.flatnonzero(chosen)
+    while at.size:  # ancestors of what is kept
+        up = parent[at]
+        up = up[(up >= 0) & ~chosen[np.maximum(up, 0)]]
+        chosen[up] = True
+        at = up
+    drawn = tree[chosen].copy()
+    own = "self_gpu_us" if size == "gpu_us" else "self_cpu_us"
+    up = keep["parent"].to_numpy()
+    left = keep[~chosen[keep["node"].to_numpy()] & ((up < 0) | chosen[np.maximum(up, 0)])]  # -1: below the root
+    # a drawn node's value: its own time plus what its children that are not drawn hold
+    dropped = left.groupby("parent")[size].sum()
+    drawn["value"] = np.maximum(drawn[own].to_numpy(dtype=float), 0.0)
+    if size == "gpu_us":  # GPU time sits on the GPU nodes: the rest of a node is its non-drawn children
+        drawn["value"] = np.where(drawn["kind"].isin(GPU_ACTIVITY), drawn["value"], 0.0)
+    others = pd.DataFrame({
+        "node": -2 - np.arange(dropped.size), "parent": dropped.index.to_numpy(), "rank": 0,
+        "name": [f"other ({int(c)} nodes)" for c in left.groupby("parent").size().reindex(dropped.index)],
+        "kind": "other", "cpu_us": 0.0, "gpu_us": 0.0, "value": dropped.to_numpy(dtype=float),
+    })
+    if size == "gpu_us":
+        others["gpu_us"] = dropped.to_numpy(dtype=float)
+    else:
+        others["cpu_us"] = dropped.to_numpy(dtype=float)
+        others["gpu_us"] = left.groupby("parent")["gpu_us"].sum().reindex(dropped.index).to_numpy(dtype=float)
+    out = pd.concat([drawn, others], ignore_index=True) if len(others) else drawn
+    return out, int(len(keep) - int(chosen[keep["node"].to_numpy()].sum()))
+
+
+def _frame_label(name: str, kind: str, file: object, line: object) -> str:
+    """A box's label: ``func · file.py:LINE`` for Python frames and stack lines (the file's
+    base name: absolute paths fill the box), else the name, shortened."""
+    if kind in ("python", "line") and isinstance(file, str) and file and not file.startswith("<"):
+        func = name.rsplit("): ", 1)[-1]
+        where = file.rsplit("/", 1)[-1] + (f":{int(line)}" if line is not None and not pd.isna(line) else "")  # type: ignore[call-overload]
+        return shorten(f"{func} · {where}", 60)
+    return shorten(name, 60)
+
+
+def flame(tree: pd.DataFrame, *, metric: Literal["cpu", "gpu"] = "cpu", max_nodes: int = FLAME_MAX_NODES,
+          unit: str = "ms", title: str | None = None) -> go.Figure:
+    """The merged call tree (``trace.call_tree()``) as an icicle flame graph: the outermost
+    frames at the top, each box as wide as its time, coloured by its share of the GPU time
+    launched beneath it; click a box to zoom into it, the bar above to zoom out.
+
+    Args:
+        tree: ``trace.call_tree()`` (or ``call_tree(user_only=True)``).
+        metric: box widths by ``cpu`` time (kernels, which have none, are left out: their
+            time is in the colour) or ``gpu`` time (the kernels at the bottom).
+        max_nodes: the most boxes drawn (``FLAME_MAX_NODES``): the heaviest with their
+            ancestors; the rest of each parent's children are one ``other`` box, and the
+            title says how many were merged.
+        unit: time unit of the hover text.
+        title: the figure's title (default: says what the widths are).
+    """
+    size = f"{metric}_us"
+    title = title or f"Call tree by {metric.upper()} time (click a box to zoom)"
+    if tree.empty or not (tree[size] > 0).any():
+        what = "GPU work" if metric == "gpu" else "CPU events"
+        return empty(f"No {what} in the call tree.", title)
+    nodes, merged = _flame_nodes(tree, size, max_nodes)
+    div = unit_divisor(unit)
+    gpu_total = float(tree.loc[tree["parent"] < 0, "gpu_us"].sum())
+    share = nodes["gpu_us"].to_numpy(dtype=float) / gpu_total if gpu_total > 0 else np.zeros(len(nodes))
+    # one explicit root above the top nodes (plotly's implied one would be drawn dark)
+    top = nodes["parent"] < 0
+    ids = ["all"] + [str(int(n)) for n in nodes["node"]]
+    parents = [""] + ["all" if p < 0 else str(int(p)) for p in nodes["parent"]]
+    names = ["all"] + nodes["name"].astype(str).tolist()
+    labels = ["all"] + [esc(_frame_label(n, k, f, ln)) for n, k, f, ln in zip(
+        nodes["name"].astype(str), nodes["kind"].astype(str), nodes.get("file", pd.Series(None, index=nodes.index)),
+        nodes.get("line", pd.Series(None, index=nodes.index)))]
+    kinds = ["all"] + nodes["kind"].astype(str).tolist()
+    cpu = np.append(nodes.loc[top, "cpu_us"].sum(), nodes["cpu_us"].to_numpy(dtype=float))
+    gpu = np.append(gpu_total, nodes["gpu_us"].to_numpy(dtype=float))
+    share = np.append(0.0, share)
+    custom = np.stack([esc_all(names), esc_all(kinds), cpu / div, gpu / div,
+                       gpu / gpu_total * 100.0 if gpu_total > 0 else np.zeros(len(ids))], axis=-1)
+    values = np.append(0.0, nodes["value"].to_numpy(dtype=float))
+    fig = go.Figure(
+        go.Icicle(
+            ids=ids,
+            labels=labels,
+            parents=parents,
+            values=values,
+            branchvalues="remainder",
+            customdata=custom,
+            marker={"colors": share, "colorscale": "YlOrRd", "cmin": 0.0, "cmax": max(float(share.max(initial=0.0)), 1e-9),
+                    "showscale": gpu_total > 0, "colorbar": {"title": {"text": "GPU share"}, "tickformat": ".0%"}},
+            hovertemplate=f"%{{customdata[0]}} (%{{customdata[1]}})<br>CPU %{{customdata[2]:.3f}} {unit}"
+            f"<br>GPU %{{customdata[3]:.3f}} {unit} (%{{customdata[4]:.1f}}% of the GPU time)<extra></extra>",
+            tiling={"orientation": "v"},
+            maxdepth=12,
+            root={"color": "#e8e8e8"},
+        )
+    )
+    if merged:
+        title = f"{title}; {merged:,} smaller boxes merged, one other box per parent"
+    return _layout(fig, title, height=560)
 
 
 # -- Timeline ---------------------------------------------------------------------------------

@@ -403,6 +403,32 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
     )
 
 
+def _flame(data: TraceData, state: ViewState) -> Section:
+    """The call tree as a flame graph (user code only where the trace has user frames) and
+    the functions (``source()``) as the table."""
+    source = data.source
+    user_rows = source[source["user"]] if len(source) else source
+    user_only = len(user_rows) > 0
+    tree = data.call_tree(user_only)
+    facts = [("frames", "user code only: library frames (torch, the standard library, built-ins) are hidden, "
+              "what ran inside them hangs below the nearest user frame" if user_only
+              else "every frame" if len(source) else "no Python frames or call stacks: ops and kernels only")]
+    figs = [figures.flame(tree, unit=state.unit,
+                          title="Call tree by CPU time" + (", user code only" if user_only else "") + " (click a box to zoom)")]
+    if data.has_gpu:
+        figs.append(figures.flame(tree, metric="gpu", unit=state.unit,
+                                  title="GPU time by launching stack" + (", user code only" if user_only else "")))
+    table = (user_rows if user_only else source).drop(columns=["name"])
+    return Section(
+        "flame", TITLES["flame"],
+        figures=figs,
+        table=display_table(table, state.unit),
+        table_title=("User functions" if user_only else "Functions and call-site lines")
+        + " (cpu = inclusive, self = not in a child Python frame; trace.source() has them all)",
+        facts=facts,
+    )
+
+
 def _ranks(data: TraceData, state: ViewState) -> Section:
     ranks = data.ranks
     facts = []
@@ -480,6 +506,7 @@ TABS: dict[str, Tab] = {tab.key: tab for tab in (
     Tab("shapes", "Shapes", _shapes, whole_trace=True),
     Tab("roofline", "Roofline", _roofline, available=lambda data, other: data.has_gpu, whole_trace=True),
     Tab("kernels", "Kernels", _kernels, available=lambda data, other: data.has_gpu),
+    Tab("flame", "Flame", _flame, whole_trace=True),
     Tab("ranks", "Ranks", _ranks, available=lambda data, other: data.several_ranks, whole_trace=True),
     Tab("graph", "Graph", _graph, available=lambda data, other: data.has_et),
     Tab("compare", "Compare", _compare, available=lambda data, other: other is not None, whole_trace=True,

@@ -1,0 +1,57 @@
+"""The Flame tab of the HTML report in a real browser (Debian's chromium driven by
+Playwright, as ``test_report_browser``): the icicle is drawn with a box per node the figure
+holds, clicking a box zooms into it, no console errors, no network; a screenshot is kept in
+the test's own temporary folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TRACES
+from test_report_browser import Page, browser  # noqa: F401 - the browser fixture
+
+import tracemagic
+from tracemagic.views.report import write_report
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+@pytest.mark.parametrize("name", ["tracelens_normalization_layer_test.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"])
+def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) -> None:  # noqa: F811
+    trace = tracemagic.load(TRACES / name, use_cache=False)
+    report = write_report(trace, tmp_path / "report.html")
+    page = Page(browser)
+    try:
+        page.page.goto(report.as_uri())
+        page.page.locator('nav button[data-tab="flame"]').click()
+        section = page.page.locator("#tab-flame")
+        assert section.is_visible()
+        section.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=20_000)
+        page.page.wait_for_function(
+            "s => [...document.querySelectorAll(s + ' div.plotly-graph-div')].every(g => g.querySelector('.main-svg'))",
+            arg="#tab-flame", timeout=20_000)
+        graphs = section.locator("div.plotly-graph-div")
+        assert graphs.count() == 2  # CPU time, and GPU time by launching stack
+        cpu = graphs.first
+        written = cpu.evaluate("gd => gd.data[0].ids.length")
+        assert cpu.evaluate("gd => gd.data[0].type") == "icicle"
+        slices = cpu.locator("g.slice")
+        assert 1 <= slices.count() <= written + 1  # plotly adds a common root above several top boxes
+        # the user's own code is at the top: the figure is "user code only"
+        labels = cpu.evaluate("gd => gd.data[0].labels")
+        assert any("test_perf_model.py" in label or "resnet50_profiler_api.py" in label for label in labels)
+        assert "user code only" in (section.inner_text() or "")
+        assert section.locator("table.tm-table").count() >= 1
+        # a click on a box below the top zooms: the clicked box becomes the widest
+        assert cpu.evaluate("gd => gd.data[0].level || ''") == ""
+        slices.nth(2).click(force=True)
+        page.page.wait_for_function("gd => !!gd.data[0].level", arg=cpu.element_handle(), timeout=10_000)
+        zoomed = cpu.evaluate("gd => gd.data[0].level")
+        assert zoomed in cpu.evaluate("gd => gd.data[0].ids")
+        page.page.screenshot(path=str(tmp_path / "report-flame.png"), full_page=True)
+        assert (tmp_path / "report-flame.png").stat().st_size > 10_000
+        assert page.errors == [] and page.requests == []
+    finally:
+        page.close()
