@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import TRACES
-from test_report_browser import Page, browser  # noqa: F401 - the browser fixture
+from test_report_browser import Page  # the browser fixture: conftest.browser
 
 import tracemagic
 from tracemagic.views.report import write_report
