@@ -51,9 +51,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless chromium for every browser test of the session (each opens its own pages)."""
+    """One headless chromium for a browser test module (its tests open their own pages). Not
+    one per session: Playwright's sync API keeps an asyncio loop running while it is open,
+    which later tests that run a loop of their own (``asyncio.run``) cannot share."""
     import playwright.sync_api as playwright_api
 
     assert Path(CHROMIUM).exists(), f"Debian's chromium is not installed at {CHROMIUM}: run `make browser`"

@@ -2,7 +2,7 @@
 
 A JupyterLab server from this venv starts on a free loopback port with a token, in a
 temporary root holding a copy of ``notebooks/quickstart.ipynb``; Playwright drives Debian's
-Chromium (``/usr/bin/chromium``, the session's: ``conftest.browser``) to open the notebook and
+Chromium (``/usr/bin/chromium``, the module's: ``conftest.browser``) to open the notebook and
 run it with the menu (Run > Run All Cells), as a user would. Then:
 
 - every cell ran and the saved notebook holds no error output (the kernel's side);
@@ -223,7 +223,7 @@ class Session:
 
 @pytest.fixture(scope="module")
 def session(lab: Lab, browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
-    """The notebook opened in a page of the session's chromium (``conftest.browser``), run with Run All."""
+    """The notebook opened in a page of the module's chromium (``conftest.browser``), run with Run All."""
     console: list[tuple[str, str]] = []
     page = browser.new_page(viewport={"width": 1400, "height": 1400})
     try:

@@ -1,5 +1,5 @@
 """The HTML report and the dashboard's HTML in a real browser (Debian's chromium driven by
-Playwright, one for the session: ``conftest.browser``): every tab's figure renders, no console
+Playwright, one for the module: ``conftest.browser``): every tab's figure renders, no console
 errors, no network, screenshots kept in ``conftest.ARTIFACTS`` (a temporary folder), and
 trace strings carrying ``<script>``/``onerror=`` run nothing."""
 

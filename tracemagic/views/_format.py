@@ -39,7 +39,7 @@ def esc_all(values: Iterable[Any]) -> list[str]:
 
 
 #: columns of numbers that name something (a step, a rank, an id): printed without thousands separators
-PLAIN_COLUMNS = frozenset({"step", "rank", "id", "iteration", "tid", "pid", "stream", "device_id", "step_id"})
+PLAIN_COLUMNS = frozenset({"step", "rank", "id", "iteration", "tid", "pid", "stream", "device_id", "step_id", "line"})
 
 
 def fmt_cell(value: Any, plain: bool = False) -> str:
@@ -121,13 +121,14 @@ HEADERS: dict[str, str] = {
     "memory_growth_bytes": "Memory growth (bytes)", "input_shapes": "Input shapes", "module": "Trace module",
     "device": "Device", "bytes": "Bytes", "addr": "Address", "phase": "Phase", "freed_ts": "Freed at",
     "lifetime": "Lifetime", "input_dims": "Input shapes", "input_type": "Dtypes", "concrete_inputs": "Constant inputs",
-    "flops": "FLOPs per call", "flops_source": "FLOPs from", "intensity": "FLOP/byte", "peak_tflops": "Peak TFLOP/s",
+    "flops": "FLOPs", "flops_source": "FLOPs from", "intensity": "FLOP/byte", "peak_tflops": "Peak TFLOP/s",
     "peak_tbytes_per_s": "Peak TB/s", "bound": "Bound", "pct_of_roofline": "% of roof", "level": "Level",
     "op_schema": "Op schema", "input_types": "Dtypes", "reads_from": "Reads from", "feeds": "Feeds",
     "calls_a": "Calls A", "calls_b": "Calls B", "us_a": "A (µs)", "us_b": "B (µs)", "delta": "Change",
     "delta_pct": "Change %", "status": "Status", "straggler": "Straggler", "gpu_idle_pct": "GPU idle %",
     "steps": "Steps", "step": "Step", "overlap_pct": "Overlap %", "wait": "Wait", "straggler_steps": "Straggler steps",
-    "slowest": "Slowest", "kernel": "Kernel", "signature": "Full name", "ratio": "Ratio B/A", "gpu_us_a": "GPU A (µs)", "gpu_us_b": "GPU B (µs)",
+    "slowest": "Slowest", "kernel": "Kernel", "signature": "Full name", "alloc_bytes": "Allocated (bytes)",
+    "function": "Function", "file": "File", "line": "Line", "user": "User code", "ratio": "Ratio B/A", "gpu_us_a": "GPU A (µs)", "gpu_us_b": "GPU B (µs)",
 }
 _UNIT_SUFFIXES = {"_ms": "ms", "_us": "µs", "_s": "s"}
 

@@ -31,6 +31,7 @@ LAYERS_FIRST = ("layer", "type", "calls", "gpu_us", "self_gpu_us", "cpu_us", "se
 ALLOCATIONS_FIRST = ("bytes", "op", "layer", "phase", "step", "ts", "lifetime_us", "device")
 SHAPES_FIRST = ("name", "input_dims", "calls", "total_us", "self_us", "gpu_us", "mean_us", "tflops_per_s")
 ROOFLINE_FIRST = ("name", "input_dims", "pct_of_roofline", "gpu_us", "calls", "bound", "tflops_per_s", "tbytes_per_s")
+FLAME_FIRST = ("function", "file", "line", "cpu_us", "self_cpu_us", "gpu_us", "calls")
 KERNELS_FIRST = ("kernel", "op", "total_us", "pct", "calls", "mean_us", "max_us")
 #: the layers table's columns that only a GPU fills (left out of a trace without one)
 GPU_LAYER_COLUMNS = ("gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "tflops_per_s", "memory_bound_pct")
@@ -422,7 +423,7 @@ def _flame(data: TraceData, state: ViewState) -> Section:
     return Section(
         "flame", TITLES["flame"],
         figures=figs,
-        table=display_table(table, state.unit),
+        table=display_table(table, state.unit, first=FLAME_FIRST, one_rank=not data.several_ranks),
         table_title=("User functions" if user_only else "Functions and call-site lines")
         + " (cpu = inclusive, self = not in a child Python frame; trace.source() has them all)",
         facts=facts,
