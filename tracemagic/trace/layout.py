@@ -34,6 +34,10 @@ MANIFEST = "capture.json"
 #: the manifest's ``format``: its layout's name and version (a new version for a change
 #: readers must know about)
 MANIFEST_FORMAT = "tracemagic.capture/1"
+#: the name of a line mark of a ``%%chakra_trace`` cell: ``tracemagic.line:<N>``, N its line in
+#: the cell (the magic's line is 1); recorded by torch as a ``cpu_op``, loaded as a
+#: ``user_annotation`` (``trace.normalize``); the manifest's ``line_marks`` lists the lines
+LINE_MARK_PREFIX = "tracemagic.line:"
 #: the folder of the per-rank manifests of a job of several ranks
 RANKS_DIR = "ranks"
 #: the file-name prefixes of a capture's files
@@ -110,6 +114,7 @@ class Manifest(TypedDict, total=False):
     schedule: dict[str, Any]
     loop: dict[str, Any]
     cell: str
+    line_marks: dict[str, Any]  # marked, prefix, lines (capture.loop.LoopPlan.line_marks)
     versions: dict[str, Any]
     device: dict[str, Any]
     rank: int

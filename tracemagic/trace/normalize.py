@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracemagic.trace.layout import LINE_MARK_PREFIX
+
 #: normalized event kinds, in display order
 KINDS = (
     "step",
@@ -37,6 +39,9 @@ CPU_KINDS = ("step", "cpu_op", "user_annotation", "python_function", "runtime")
 #: and the like are left as the annotations they are
 STEP_NAME = re.compile(r"ProfilerStep#\d{1,18}(?!\d)")
 _INT64 = 2**63
+#: a line mark of a ``%%chakra_trace`` cell (``layout.LINE_MARK_PREFIX``): recorded as a
+#: ``cpu_op`` by torch's ``_RecordFunctionFast``, an annotation by what it means
+LINE_MARK = re.compile(re.escape(LINE_MARK_PREFIX) + r"\d+$")
 
 _CATEGORY_KIND = {
     "cpu_op": "cpu_op",
@@ -73,6 +78,10 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         is_step = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(step_names))
         on_cpu = np.isin(codes, [KINDS.index("cpu_op"), KINDS.index("user_annotation")])
         codes = np.where(is_step & on_cpu, KINDS.index("step"), codes)
+    mark_names = np.asarray(names.cat.categories.str.startswith(LINE_MARK_PREFIX), dtype=bool)
+    if mark_names.any():
+        is_mark = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(mark_names))
+        codes = np.where(is_mark & (codes == KINDS.index("cpu_op")), KINDS.index("user_annotation"), codes)
     return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"))
 
 
