@@ -21,6 +21,7 @@ from tracemagic.analysis import efficiency as _efficiency
 from tracemagic.analysis import iterations as _iterations
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
+from tracemagic.analysis import lines as _lines
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import phases as _phases
@@ -48,6 +49,7 @@ ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
     "memory_categories": _memory.categories,
     "shapes": _shapes.shapes,
     "efficiency": _efficiency.efficiency,
+    "lines": _lines.lines,
 }
 
 #: tables whose name here differs from their contract's in ``analysis.schema``
@@ -163,6 +165,24 @@ class TraceData:
         if step is None:
             return self.layers
         return self.table(f"layers:step {step}", compute=lambda: self.trace.table(_layers.layers, step))
+
+    @cached_property
+    def has_line_marks(self) -> bool:
+        """Whether the trace holds a ``%%chakra_trace`` cell's line marks (the Source tab)."""
+        try:
+            return bool(_lines.marks(self.trace)[1].size) if not self.summaries_only else False
+        except Exception:  # noqa: BLE001 - no Source tab rather than no dashboard
+            return False
+
+    @property
+    def lines(self) -> pd.DataFrame:
+        """``trace.lines()``: per line of the cell (empty without line marks)."""
+        return self.table("lines")
+
+    @property
+    def cell_lines(self) -> dict[int, str]:
+        """The captured cell's text by line (the ``%%chakra_trace`` line is 1); empty without a manifest."""
+        return _lines.cell_lines(self.trace)
 
     @property
     def shapes(self) -> pd.DataFrame:
