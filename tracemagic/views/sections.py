@@ -424,7 +424,8 @@ def _source(data: TraceData, state: ViewState) -> Section:
     table = frame.rename(columns={"text": "code"})
     return Section(
         "source", TITLES_SOURCE,
-        figures=[source.source_listing(frame, unit=state.unit, has_gpu=data.has_gpu)],
+        figures=[source.lines_bar(frame, unit=state.unit, has_gpu=data.has_gpu, top=state.top)],
+        side=source.listing_html(frame, unit=state.unit, has_gpu=data.has_gpu),
         table=display_table(table, state.unit),
         table_title="Lines of the cell (sortable: click a column)",
         facts=facts,

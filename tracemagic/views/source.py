@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from tracemagic.views._format import fmt_bytes, fmt_time, shorten, unit_divisor
+from tracemagic.views._format import esc, fmt_bytes, fmt_time, shorten, unit_divisor
 
 #: the listing's columns: lines() column -> header
 COLUMNS = {
@@ -44,7 +44,7 @@ def _text_of(lines: pd.DataFrame, number: int) -> str:
 
 
 def _heat(values: np.ndarray) -> list[str]:
-    """A fill colour per value: white for 0 or none, red for the largest."""
+    """A background colour per value: white for 0 or none, red for the largest."""
     values = np.nan_to_num(values.astype(float), nan=0.0)
     top = float(values.max(initial=0.0))
     share = values / top if top > 0 else np.zeros(values.size)
@@ -52,55 +52,82 @@ def _heat(values: np.ndarray) -> list[str]:
     return [f"rgb({int(r)},{int(g)},{int(b)})" for r, g, b in colours]
 
 
-def source_listing(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False) -> go.Figure:
-    """The cell as a table: each line's code and figures, the time cells heat-coloured by
-    the line's own (self) time, the memory cells by bytes live at the peak.
+def _cell(column: str, value: object, div: float) -> str:
+    """One figure of the listing as text ("" for none)."""
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    number = float(value)  # type: ignore[arg-type]
+    if column == "line":
+        return str(int(number))
+    if column.endswith("_us"):
+        return f"{number / div:,.3f}"
+    if column == "step_pct":
+        return f"{number:.1f}%"
+    if column == "calls":
+        return f"{number:g}"
+    return fmt_bytes(number)
+
+
+def listing_html(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False) -> str:
+    """The cell as an HTML table (no script, every text escaped): each line's code, as
+    indented as written, and its figures; the code and time cells heat-coloured by the
+    line's own (self) time, the memory cells by the bytes it holds at the peak.
 
     Args:
         frame: :func:`listing`.
         unit: time unit of the time columns.
-        has_gpu: show the GPU column.
+        has_gpu: show the GPU column (and colour the code by GPU time too).
     """
     div = unit_divisor(unit)
     shown = [c for c in COLUMNS if c != "gpu_us" or has_gpu]
-
-    def fmt(column: str, value: object) -> str:
-        if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
-            return ""
-        if column == "line":
-            return str(int(value))  # type: ignore[call-overload]
-        if column == "text":
-            return str(value).replace(" ", "\u00a0")  # keep the indentation
-        number = float(value)  # type: ignore[arg-type]
-        if column.endswith("_us"):
-            return f"{number / div:,.3f}"
-        if column == "step_pct":
-            return f"{number:.1f}%"
-        if column == "calls":
-            return f"{number:g}"
-        return fmt_bytes(number)
-
-    cells = [[fmt(c, v) for v in frame[c].tolist()] for c in shown]
     self_cpu = frame["self_cpu_us"].to_numpy(dtype=float, na_value=np.nan)
     self_gpu = frame["self_gpu_us"].to_numpy(dtype=float, na_value=np.nan)
-    peak = frame["self_peak_bytes"].to_numpy(dtype=float, na_value=np.nan)
-    white = ["rgb(255,255,255)"] * len(frame)
-    cpu_heat, gpu_heat, mem_heat = _heat(self_cpu), _heat(self_gpu), _heat(peak)
-    code_heat = _heat(np.fmax(np.nan_to_num(self_gpu) / max(np.nanmax(self_gpu, initial=0), 1e-12),
-                              np.nan_to_num(self_cpu) / max(np.nanmax(self_cpu, initial=0), 1e-12))
-                      if has_gpu else self_cpu)
-    fills = {"text": code_heat, "cpu_us": cpu_heat, "self_cpu_us": cpu_heat, "step_pct": cpu_heat, "gpu_us": gpu_heat,
-             "alloc_bytes": mem_heat, "peak_bytes": mem_heat}
-    headers = [COLUMNS[c] + (f" ({unit})" if c.endswith("_us") else "") for c in shown]
-    fig = go.Figure(go.Table(
-        columnwidth=[40 if c == "line" else 420 if c == "text" else 90 for c in shown],
-        header=dict(values=headers, align=["right" if c != "text" else "left" for c in shown], fill_color="#f0f0f0"),
-        cells=dict(values=cells, align=["right" if c != "text" else "left" for c in shown],
-                   fill_color=[fills.get(c, white) for c in shown],
-                   font=dict(family=["monospace" if c == "text" else "sans-serif" for c in shown], size=12)),
-    ))
-    fig.update_layout(title="The cell, line by line (per mean step; a line's time holds its nested lines')",
-                      height=min(120 + 24 * len(frame), 900), margin=dict(l=10, r=10, t=50, b=10))
+    held = frame["self_peak_bytes"].to_numpy(dtype=float, na_value=np.nan)
+    cpu_heat, gpu_heat, mem_heat = _heat(self_cpu), _heat(self_gpu), _heat(held)
+    both = np.fmax(np.nan_to_num(self_cpu) / max(float(np.nanmax(self_cpu, initial=0.0)), 1e-12),
+                   np.nan_to_num(self_gpu) / max(float(np.nanmax(self_gpu, initial=0.0)), 1e-12) if has_gpu else 0.0)
+    heats = {"text": _heat(both), "cpu_us": cpu_heat, "self_cpu_us": cpu_heat, "step_pct": cpu_heat,
+             "gpu_us": gpu_heat, "alloc_bytes": mem_heat, "peak_bytes": mem_heat}
+    head = "".join(f"<th>{esc(COLUMNS[c] + (f' ({unit})' if c.endswith('_us') else ''))}</th>" for c in shown)
+    rows = []
+    records = frame[shown].to_dict("records")
+    for i, record in enumerate(records):
+        cells = []
+        for c in shown:
+            style = f' style="background:{heats[c][i]}"' if c in heats else ""
+            if c == "text":
+                cells.append(f'<td class="tm-code"{style}><code>{esc(str(record[c]))}</code></td>')
+            else:
+                cells.append(f'<td class="tm-num"{style}>{esc(_cell(c, record[c], div))}</td>')
+        rows.append(f'<tr data-line="{int(record["line"])}">{"".join(cells)}</tr>')
+    return (
+        '<div class="tm-source"><style>.tm-source table{border-collapse:collapse;font-size:12px}'
+        ".tm-source td,.tm-source th{padding:1px 6px;border-bottom:1px solid #eee;white-space:nowrap}"
+        ".tm-source .tm-num{text-align:right}.tm-source .tm-code code{white-space:pre}</style>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+def lines_bar(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False, top: int = 15) -> go.Figure:
+    """The ``top`` lines by own time as horizontal bars (self CPU; self GPU beside it on a GPU)."""
+    div = unit_divisor(unit)
+    ran = frame[frame["self_cpu_us"].notna()]
+    if ran.empty:
+        fig = go.Figure()
+        fig.update_layout(title="No marked line ran in the steps")
+        return fig
+    key = "self_gpu_us" if has_gpu and float(ran["self_gpu_us"].max()) > 0 else "self_cpu_us"
+    ran = ran.sort_values(key, ascending=False).head(top).iloc[::-1]
+    labels = [f"L{int(n)} {shorten(str(t).strip(), 40)}" for n, t in zip(ran["line"], ran["text"])]
+    fig = go.Figure()
+    fig.add_bar(name="self CPU", y=labels, x=ran["self_cpu_us"].to_numpy(dtype=float) / div, orientation="h",
+                marker_color="#1f77b4", hovertemplate=f"%{{y}}<br>self CPU %{{x:.3f}} {unit} per step<extra></extra>")
+    if has_gpu:
+        fig.add_bar(name="self GPU", y=labels, x=ran["self_gpu_us"].to_numpy(dtype=float) / div, orientation="h",
+                    marker_color="#2ca02c", hovertemplate=f"%{{y}}<br>self GPU %{{x:.3f}} {unit} per step<extra></extra>")
+    fig.update_layout(title="Lines by their own time per step (nested lines apart)", barmode="group",
+                      xaxis_title=f"{unit} per step", height=max(260, 40 + 26 * len(ran)),
+                      margin=dict(l=10, r=10, t=50, b=40), yaxis=dict(automargin=True))
     return fig
 
 
