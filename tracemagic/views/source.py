@@ -64,7 +64,7 @@ def _cell(column: str, value: object, div: float) -> str:
     if column == "step_pct":
         return f"{number:.1f}%"
     if column == "calls":
-        return f"{number:g}"
+        return f"{number:,.2f}".rstrip("0").rstrip(".")
     return fmt_bytes(number)
 
 
