@@ -113,7 +113,7 @@ def syncs(trace: Trace) -> pd.DataFrame:
     line_text = [texts.get(int(n), "").strip() if n >= 0 else "" for n in line]
     function = _function_above(trace, rows)
     op = _op_around(trace, rows)
-    event_names = names.to_numpy()[rows].astype(str)
+    event_names = _names_at(names, rows)
     where = []
     for n, text, func, around, name in zip(line, line_text, function, op, event_names):
         if n >= 0:
@@ -152,8 +152,7 @@ def _function_above(trace: Trace, rows: np.ndarray) -> list[str]:
     if not user.any():
         return [""] * rows.size
     above = enclosing_of_kind(events["parent"].to_numpy(), events["depth"].to_numpy(), user, rows)
-    names = events["name"].to_numpy()
-    return [str(names[a]) if a >= 0 else "" for a in above]
+    return _names_at(events["name"], above)
 
 
 def _op_around(trace: Trace, rows: np.ndarray) -> list[str]:
@@ -163,5 +162,16 @@ def _op_around(trace: Trace, rows: np.ndarray) -> list[str]:
     _, mark_rows = marks(trace)
     ops[mark_rows] = False
     above = enclosing_of_kind(events["parent"].to_numpy(), events["depth"].to_numpy(), ops, rows)
-    names = events["name"].to_numpy()
-    return [str(names[a]) if a >= 0 else "" for a in above]
+    return _names_at(events["name"], above)
+
+
+def _names_at(names: pd.Series, rows: np.ndarray) -> list[str]:
+    """The names of events ``rows`` ("" for -1 or no name), from the categorical's codes (no
+    name made per event of the trace)."""
+    categories = names.cat.categories
+    codes = names.cat.codes.to_numpy()
+    out = []
+    for row in rows:
+        code = codes[row] if row >= 0 else -1
+        out.append(str(categories[code]) if code >= 0 else "")
+    return out
