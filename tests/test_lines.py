@@ -298,3 +298,90 @@ def test_the_source_tab_in_a_real_browser(captures: dict[str, Path], tmp_path: P
         finally:
             page.close()
             browser.close()
+
+
+def test_gpu_time_of_a_line_is_the_kernels_launched_beneath_it(tmp_path: Path) -> None:
+    """A real MI300X trace whose annotations are renamed line marks (``BatchNorm affine=True``
+    becomes ``tracemagic.line:N``): each line's GPU time is the summed duration of the kernels
+    whose launching runtime call (same correlation id) runs inside one of its marks, on its
+    thread; its CPU time the union of its marks."""
+    with gzip.open(TRACES / "tracelens_normalization_layer_test.json.gz", "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"]
+    names = sorted({e["name"] for e in events if e.get("cat") == "user_annotation"})
+    number = {name: 10 + i for i, name in enumerate(names)}
+    for e in events:
+        if e.get("cat") == "user_annotation":
+            e["name"] = f"{PREFIX}{number[e['name']]}"
+    path = tmp_path / "marked.json"
+    path.write_text(json.dumps(doc))
+    marks = [e for e in events if e.get("cat") == "user_annotation"]
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    gpu: dict[int, float] = defaultdict(float)
+    cpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for m in marks:
+        cpu[int(m["name"][len(PREFIX):])].append((m["ts"], m["ts"] + m["dur"]))
+    for k in events:
+        if k.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        call = launches.get(k.get("args", {}).get("correlation"))
+        if call is None:
+            continue
+        for line in {int(m["name"][len(PREFIX):]) for m in marks if m["tid"] == call["tid"] and within(call, m)}:
+            gpu[line] += k["dur"]
+    lines = tracemagic.load(path, use_cache=False).lines().set_index("line")
+    assert sorted(lines.index) == sorted(cpu)
+    assert sum(gpu.values()) > 0
+    for line in lines.index:
+        assert lines.at[line, "gpu_us"] == pytest.approx(gpu.get(line, 0.0), rel=1e-9, abs=1e-6), line
+        assert lines.at[line, "cpu_us"] == pytest.approx(union(cpu[line]), rel=1e-9, abs=1e-3), line
+        assert lines.at[line, "self_gpu_us"] == pytest.approx(lines.at[line, "gpu_us"])  # no nesting here
+
+
+def test_the_host_sync_advice_names_the_line_that_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hta_control (A100) with its annotations renamed line marks: the host_sync rule (its
+    threshold lowered: this trace waits under 10% of the step) names the line whose syncs
+    (``.item()``, copies to the host) stall the host longest, with their stall per step from
+    the raw runtime calls."""
+    from tracemagic.analysis import advice as advice_module
+    from tracemagic.analysis._text import fmt_time
+
+    with gzip.open(TRACES / "hta_control.json.gz", "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"]
+    names = sorted({e["name"] for e in events if e.get("cat") == "user_annotation"
+                    and not e["name"].startswith("ProfilerStep#")})
+    number = {name: 100 + i for i, name in enumerate(names)}
+    for e in events:
+        if e.get("cat") == "user_annotation" and e["name"] in number:
+            e["name"] = f"{PREFIX}{number[e['name']]}"
+    path = tmp_path / "marked.json"
+    path.write_text(json.dumps(doc))
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    marks = [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith(PREFIX)]
+    cpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime")]
+    # the syncs: .item(), copies that launched a device-to-host memcpy, and the blocking calls
+    # outside both; a sync's stall is the memcpy and synchronize calls inside it
+    dtoh = {e["args"]["correlation"] for e in events if e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"]}
+    runtime = [e for e in cpu if e["cat"] == "cuda_runtime"
+               and (e["name"].startswith("cudaMemcpy") or e["name"].endswith("Synchronize"))]
+    copies = [e for e in cpu if e["name"] in ("aten::to", "aten::_to_copy", "aten::copy_")
+              and any(r["tid"] == e["tid"] and within(r, e) and r["args"].get("correlation") in dtoh for r in runtime)]
+    ops = [e for e in cpu if e["name"] == "aten::item"] + copies
+    stall: dict[int, float] = defaultdict(float)
+    for r in runtime:
+        if not any(within(r, s) for s in steps):
+            continue
+        inside = any(o["tid"] == r["tid"] and within(r, o) for o in ops)
+        if not inside and r["name"] not in ("cudaMemcpy", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                            "cudaEventSynchronize"):
+            continue
+        around = [m for m in marks if m["tid"] == r["tid"] and within(r, m)]
+        if around:
+            stall[int(min(around, key=lambda m: m["dur"])["name"][len(PREFIX):])] += r["dur"]
+    top = max(stall, key=lambda k: stall[k])
+    monkeypatch.setattr(advice_module, "HOST_SYNC_SHARE", 0.001)
+    table = tracemagic.load(path, use_cache=False).advice()
+    (text,) = table.loc[table["rule"] == "host_sync", "evidence"]
+    assert text.startswith(f"line {top} waits {fmt_time(stall[top] / len(steps))} for the GPU every step"), text

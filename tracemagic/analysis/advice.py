@@ -443,7 +443,7 @@ def host_sync(scope: Scope) -> Row | None:
         return _row("host_sync", share, HOST_SYNC_SHARE, share,
                     f"{where} waits {fmt_time(stall)} for the GPU every step"
                     + (f" ({calls:,.0f} syncs)" if calls > 1.5 else "")
-                    + f"; the host waits in syncs {fmt_pct(share)} of the step",
+                    + f"; .item() takes {fmt_pct(share)} of the step",
                     "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value "
                     "on the GPU inside the step and read it every N steps.")
     op = str(table.index[0])

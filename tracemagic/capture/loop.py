@@ -303,8 +303,8 @@ def mark_lines(tree: ast.Module, *, handle: str, unmarked: list[ast.AST] | None 
     A ``with`` keeps the frame's line on the raising statement (see ``Iteration``), and
     ``break``/``continue``/``return`` leave it as they leave any ``with``.
 
-    Not marked: statements that hold the stepped loop, a call of the session
-    (``<handle>.step()``...) or one of ``unmarked`` (a mark must never stay open across a
+    Not marked: statements that hold the stepped loop, a use of the session
+    (``<handle>.step()``, ``<handle>.recording``...) or one of ``unmarked`` (a mark must never stay open across a
     step); ``pass``/``break``/``continue``/``global``/``nonlocal``, ``from __future__``
     imports, string statements (docstrings); the bodies of ``def``/``class``/``lambda``
     (they run later, maybe after the cell: their time is their call site's line).
