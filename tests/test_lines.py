@@ -385,3 +385,59 @@ def test_the_host_sync_advice_names_the_line_that_waits(tmp_path: Path, monkeypa
     table = tracemagic.load(path, use_cache=False).advice()
     (text,) = table.loc[table["rule"] == "host_sync", "evidence"]
     assert text.startswith(f"line {top} waits {fmt_time(stall[top] / len(steps))} for the GPU every step"), text
+
+
+def test_the_memory_peak_advice_names_the_line_holding_most_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real MI300X trace with its annotations renamed line marks (the peak rule's threshold
+    lowered: the trace uses a sliver of the 192 GiB): the rule names the line whose own
+    allocations are most of the GPU memory live at the peak, counted here from the raw events."""
+    from tracemagic.analysis import advice as advice_module
+
+    with gzip.open(TRACES / "tracelens_normalization_layer_test.json.gz", "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"]
+    names = sorted({e["name"] for e in events if e.get("cat") == "user_annotation"})
+    number = {name: 10 + i for i, name in enumerate(names)}
+    for e in events:
+        if e.get("cat") == "user_annotation":
+            e["name"] = f"{PREFIX}{number[e['name']]}"
+    path = tmp_path / "marked.json"
+    path.write_text(json.dumps(doc))
+    memory = [e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") != 0]
+    peak = max(memory, key=lambda e: e["args"]["Total Allocated"])
+    live: dict[int, dict[str, Any]] = {}
+    for e in sorted(memory, key=lambda e: e["ts"]):
+        if e["ts"] > peak["ts"]:
+            break
+        live.pop(e["args"]["Addr"], None) if e["args"]["Bytes"] < 0 else live.__setitem__(e["args"]["Addr"], e)
+    marks = [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith(PREFIX)]
+    held: dict[int, int] = defaultdict(int)
+    for e in live.values():
+        around = [m for m in marks if m["tid"] == e["tid"] and m["ts"] <= e["ts"] < m["ts"] + m["dur"]]
+        if around:
+            held[int(min(around, key=lambda m: m["dur"])["name"][len(PREFIX):])] += e["args"]["Bytes"]
+    top = max(held, key=lambda k: held[k])
+    monkeypatch.setattr(advice_module, "MEMORY_PEAK_SHARE", 1e-9)
+    table = tracemagic.load(path, use_cache=False).advice()
+    (text,) = table.loc[table["rule"] == "memory_peak", "evidence"]
+    from tracemagic.analysis._text import fmt_bytes
+
+    assert f"; line {top} allocated {fmt_bytes(float(held[top]))} of it" in text, (text, dict(held))
+
+
+def test_the_text_summary_names_the_hottest_line(captures: dict[str, Path]) -> None:
+    from tracemagic.views.text import summary
+
+    events, manifest = raw(captures["marked"])
+    steps = counted_steps(events, manifest)
+    marks = [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith(PREFIX)
+             and any(within(e, s) for s in steps)]
+    own: dict[int, float] = defaultdict(float)
+    for m in marks:  # a mark's own time: less the marks right inside it
+        inside = [c for c in marks if c is not m and within(c, m)]
+        outer = [c for c in inside if not any(o is not c and within(c, o) for o in inside)]
+        own[int(m["name"][len(PREFIX):])] += m["dur"] - sum(c["dur"] for c in outer)
+    hottest = max(own, key=lambda k: own[k])
+    text = summary(tracemagic.load(captures["marked"]))
+    assert f"hottest line: line {hottest} `a = big @ big`" in text
+    assert "hottest line" not in summary(tracemagic.load(captures["plain"]))
