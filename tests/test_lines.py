@@ -153,7 +153,7 @@ def test_no_lines_leaves_the_trace_unmarked_and_the_table_empty(captures: dict[s
 
 
 def test_the_sync_detector_finds_the_item_of_every_step_and_names_its_line(captures: dict[str, Path]) -> None:
-    events, manifest = raw(captures["marked"])
+    events, _ = raw(captures["marked"])
     steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
     items = [e for e in events if e.get("name") == "aten::item" and any(within(e, s) for s in steps)]
     assert len(items) == 3

@@ -12,8 +12,14 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import aggregate
-from tracemagic.analysis._common import GPU_ACTIVITY, in_scope, memory_holders, union_length
+from tracemagic.analysis._common import (
+    GPU_ACTIVITY,
+    in_scope,
+    memory_holders,
+    union_length,
+)
 from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.steps import steps
 from tracemagic.trace.layout import LINE_MARK_PREFIX
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
@@ -96,12 +102,11 @@ def lines(trace: Trace) -> pd.DataFrame:
     if not mark_rows.size:
         return TABLES["lines"].empty()
     events = trace.events
-    counted = aggregate.loop_steps(trace.table(_steps), trace.manifest)
+    counted = aggregate.loop_steps(trace.table(steps), trace.manifest)
     step_ids = np.unique(counted["step"].to_numpy()) if not counted.empty else np.zeros(0, dtype=np.int64)
     n_steps = max(int(step_ids.size), 1)
     step_us = float(aggregate.step_means(counted)["step_us"])
-    step = events["step"].to_numpy()
-    scoped = np.isin(step, step_ids) if step_ids.size else in_scope(events)
+    scoped = np.isin(events["step"].to_numpy(), step_ids) if step_ids.size else in_scope(events)
 
     parent = events["parent"].to_numpy()
     ts = events["ts"].to_numpy()
@@ -148,12 +153,6 @@ def lines(trace: Trace) -> pd.DataFrame:
     table.attrs["steps"] = int(step_ids.size)
     table.attrs["step_us"] = step_us
     return table
-
-
-def _steps(trace: Trace) -> pd.DataFrame:
-    from tracemagic.analysis.steps import steps
-
-    return trace.table(steps)
 
 
 def _chain_lines(trace: Trace, line_of: np.ndarray, at: np.ndarray, numbers: np.ndarray) -> list[np.ndarray]:

@@ -127,7 +127,7 @@ def lines_bar(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False, t
                     marker_color="#2ca02c", hovertemplate=f"%{{y}}<br>self GPU %{{x:.3f}} {unit} per step<extra></extra>")
     fig.update_layout(title="Lines by their own time per step (nested lines apart)", barmode="group",
                       xaxis_title=f"{unit} per step", height=max(260, 40 + 26 * len(ran)),
-                      margin=dict(l=10, r=10, t=50, b=40), yaxis=dict(automargin=True))
+                      margin={"l": 10, "r": 10, "t": 50, "b": 40}, yaxis={"automargin": True})
     return fig
 
 
