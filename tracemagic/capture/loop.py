@@ -300,7 +300,11 @@ def mark_lines(tree: ast.Module, *, handle: str, unmarked: list[ast.AST] | None 
     nested lines'. ``_mark`` is torch's ``_RecordFunctionFast`` (a C++ ``RecordFunction``, no
     Python frame of its own; it records nothing while the profiler is off), so the marks cost
     a test of one attribute outside the profiler's window and ~1 µs per statement inside it.
-    A ``with`` keeps the frame's line on the raising statement (see ``Iteration``), and
+    Measured against the alternatives (torch 2.13, CPU, profiler on with shapes, memory and
+    stacks / off): ``_RecordFunctionFast`` 1.1 µs / 0.23 µs; ``torch.profiler.record_function``
+    10.7 µs / 4.6 µs; a Python context manager calling ``_record_function_enter_new`` and
+    ``_exit`` 17 µs / 0.18 µs (its own frames are recorded as ``python_function`` events);
+    ``try``/``finally`` around the calls would also move the traceback's line. A ``with`` keeps the frame's line on the raising statement (see ``Iteration``), and
     ``break``/``continue``/``return`` leave it as they leave any ``with``.
 
     Not marked: statements that hold the stepped loop, a use of the session
