@@ -44,7 +44,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from benchlib import ROOT, _result, machine
+from benchlib import ROOT, _result, machine  # noqa: E402 - benchlib lies beside this script
 
 #: the goal of issue 26: marked / unmarked, per recorded step
 GOAL = 1.01
@@ -142,7 +142,8 @@ def one_round(reps: int, steps: int, active: int) -> dict[str, Any] | None:
         spec = {"setup": SETUP, "cell": CELL.format(steps=steps), "head": HEAD.format(active=active, out=out),
                 "reps": reps}
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(spec)], capture_output=True, text=True, check=False,
+        proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(spec)], capture_output=True, text=True,
+                              check=False,
                               env=env, timeout=1800)
     return _result(proc, "line marks")
 
@@ -173,7 +174,8 @@ def main() -> None:
         estimates.append(result["mark_ns"] * MARKED_PER_STEP / 1e6 / medians["off"]["active"][-1])
         print(f"round {r + 1}: recorded step {medians['on']['active'][-1]:.3f} ms CPU marked vs "
               f"{medians['off']['active'][-1]:.3f} ms --no-lines ({fmt_x(ratios['active'][-1])}); past the schedule "
-              f"{medians['on']['after'][-1]:.3f} vs {medians['off']['after'][-1]:.3f} ms ({fmt_x(ratios['after'][-1])})")
+              f"{medians['on']['after'][-1]:.3f} vs {medians['off']['after'][-1]:.3f} ms "
+              f"({fmt_x(ratios['after'][-1])})")
     active, after = statistics.median(ratios["active"]), statistics.median(ratios["after"])
     verdict = "pass" if active <= GOAL else "falls short"
     print(f"per recorded step, marks on / --no-lines: {fmt_x(active)} (goal <= {GOAL:.2f}x): {verdict}")

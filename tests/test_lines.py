@@ -32,7 +32,8 @@ for i in range(6):
 #: the same loop without the ``.item()``
 QUIET = BODY.replace("    c = small.sum().item()\n", "    c = small.sum()\n")
 HEAD = "%%chakra_trace -q --cpu-only --wait 1 --warmup 1 --active 3 --no-memory-timeline --out {out} --name {name}"
-SETUP = "%load_ext tracemagic\nimport torch\ntorch.manual_seed(0)\nbig = torch.randn(300, 300)\nsmall = torch.randn(8, 8)"
+SETUP = ("%load_ext tracemagic\nimport torch\ntorch.manual_seed(0)\n"
+         "big = torch.randn(300, 300)\nsmall = torch.randn(8, 8)")
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,8 @@ def test_lines_match_the_raw_marks_and_rank_the_known_lines(captures: dict[str, 
         by_line[int(m["name"][len(PREFIX):])].append(m)
     n = len(steps)
     mean_step = sum(s["dur"] for s in steps) / n
-    memory = [e for e in events if e.get("name") == "[memory]" and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps)]
+    memory = [e for e in events
+              if e.get("name") == "[memory]" and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps)]
 
     lines = tracemagic.load(captures["marked"]).lines()
     assert list(lines.columns) == TABLES["lines"].names
@@ -243,8 +245,10 @@ def test_marks_keep_the_loops_semantics_and_never_cross_a_step(ip: Any, tmp_path
 
 @pytest.mark.parametrize("body", [
     "for i in range(4):\n    if i == 2:\n        y = 1 / 0\n",
-    "for i in range(4):\n    with open('/dev/null') as f:\n        for j in range(2):\n            if i == 2:\n                y = 1 / 0\n",
-    "x = 0\nwhile x < 5:\n    x += 1\n    try:\n        if x == 3:\n            y = 1 / 0\n    finally:\n        pass\n",
+    "for i in range(4):\n    with open('/dev/null') as f:\n        for j in range(2):\n"
+    "            if i == 2:\n                y = 1 / 0\n",
+    "x = 0\nwhile x < 5:\n    x += 1\n    try:\n        if x == 3:\n            y = 1 / 0\n"
+    "    finally:\n        pass\n",
 ])
 def test_a_marked_cell_raises_at_its_own_line(ip: Any, tmp_path: Path, body: str) -> None:
     from IPython.utils.capture import capture_output
@@ -387,7 +391,9 @@ def test_the_host_sync_advice_names_the_line_that_waits(tmp_path: Path, monkeypa
     assert text.startswith(f"line {top} waits {fmt_time(stall[top] / len(steps))} for the GPU every step"), text
 
 
-def test_the_memory_peak_advice_names_the_line_holding_most_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_memory_peak_advice_names_the_line_holding_most_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real MI300X trace with its annotations renamed line marks (the peak rule's threshold
     lowered: the trace uses a sliver of the 192 GiB): the rule names the line whose own
     allocations are most of the GPU memory live at the peak, counted here from the raw events."""

@@ -172,11 +172,12 @@ def test_no_et(tmp_path: Path) -> None:
 
 
 def test_pairing_is_the_trace_layer() -> None:
-    """pairing imports nothing of tracemagic but the file names' definitions (views and
-    export import it, not the reverse; tests/test_architecture.py checks every layer)."""
+    """pairing imports nothing of tracemagic but the file names' definitions and the Kineto
+    vocabulary (views and export import it, not the reverse; tests/test_architecture.py
+    checks every layer)."""
     import tracemagic.trace.pairing as module
 
     tree = ast.parse(Path(module.__file__).read_text())
     imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert [m for m in imported if m.startswith("tracemagic")] == ["tracemagic.trace.layout"]
+    assert sorted(m for m in imported if m.startswith("tracemagic")) == ["tracemagic.trace.kineto", "tracemagic.trace.layout"]

@@ -10,6 +10,8 @@ The heavy parts (torch, pandas, plotly, ipywidgets) are imported lazily, on firs
 
 from __future__ import annotations
 
+import logging
+import os
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +57,19 @@ class _CallableCapture(ModuleType):
 
         return script_capture(**options)
 
+
+#: diagnostics for developers go to the ``tracemagic`` logger (each module logs to its own
+#: child, ``tracemagic.trace.loader`` ...): silent unless the application configures logging
+#: (``logging.getLogger("tracemagic").setLevel(logging.DEBUG)`` and a handler) or
+#: ``TRACEMAGIC_LOG=debug`` (or ``info``) asks for them on stderr
+_logger = logging.getLogger(__name__)
+_logger.addHandler(logging.NullHandler())
+_level = os.environ.get("TRACEMAGIC_LOG", "").strip().upper()
+if _level:
+    _stderr = logging.StreamHandler()
+    _stderr.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+    _logger.addHandler(_stderr)
+    _logger.setLevel(_level if _level in logging.getLevelNamesMapping() else logging.DEBUG)
 
 _capture_package.__class__ = _CallableCapture
 del _capture_package  # it stays ``tracemagic.capture``

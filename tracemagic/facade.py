@@ -8,6 +8,7 @@ all, gathers them into the methods users call (``trace.steps()``, ``trace.report
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,9 +31,12 @@ from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis import syncs as _syncs
 from tracemagic.capture import result as _result
+from tracemagic.trace import layout as _layout
 from tracemagic.trace import loader as _loader
 from tracemagic.trace import model as _model
 from tracemagic.trace.progress import Progress
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Mapping
@@ -266,6 +270,7 @@ class Capture(_result.Capture):
                     parts.append(f"the biggest change: {top['name']} ({float(top['delta_us']) / 1e3:+.3g} ms)")
                     break
         except Exception as exc:  # noqa: BLE001 - a display line must never raise
+            _log.debug("the comparison line failed", exc_info=True)
             return f"  vs {vs.dir.name}: no comparison ({type(exc).__name__}: {exc})"
         return f"  vs {vs.dir.name}: " + ("; ".join(parts) or "nothing to compare")
 
@@ -297,7 +302,7 @@ class Capture(_result.Capture):
             path = self.dir / (f"dftracer_{self.manifest.get('rank', 0)}.pfw" + (".gz" if gz else ""))
         written = Path(self.trace.to_pfw(path))
         if written.resolve().parent == self.dir.resolve():
-            self._add_file({"path": written.name, "kind": "pfw", "rank": self.manifest.get("rank", 0),
+            self._add_file({"path": written.name, "kind": _layout.PFW_KIND, "rank": self.manifest.get("rank", 0),
                             "bytes": written.stat().st_size})
         self.save_manifest()
         return written
@@ -344,17 +349,22 @@ class Capture(_result.Capture):
         ``text/plain`` always starts with the capture's status, steps, files and notes
         (a partial or failed capture says so first), then the dashboard's text summary.
         A capture that wrote no trace shows only that (no dashboard). Never raises: when
-        the trace cannot be loaded or drawn, the text says why instead.
+        the trace cannot be loaded or drawn, the text says why instead. Only the MIME types
+        ``include`` names (all when None), none that ``exclude`` names.
         """
+        from tracemagic.views import bundle as _bundle
+
         body: list[str] = []
         bundle: dict[str, Any] = {}
         if self.has_trace:
             try:
                 bundle = dict(self.dashboard._repr_mimebundle_(include, exclude))
-                body = ["", bundle.get("text/plain", "")]
+                body = ["", bundle.get(_bundle.TEXT_MIME, "")]
             except Exception as exc:  # noqa: BLE001 - a display must never raise; say why instead
+                _log.debug("the dashboard failed", exc_info=True)
                 bundle = {}
                 body = [f"  dashboard unavailable ({type(exc).__name__}: {exc})"]
-        bundle["text/plain"] = "\n".join(self._header_lines() + self._note_lines() + body)
-        return bundle
+        if _bundle.wanted(_bundle.TEXT_MIME, include, exclude):
+            bundle[_bundle.TEXT_MIME] = "\n".join(self._header_lines() + self._note_lines() + body)
+        return _bundle.select(bundle, include, exclude)
 

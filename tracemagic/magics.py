@@ -7,6 +7,7 @@ the user namespace inside a ``CaptureSession`` and displays the resulting ``Capt
 from __future__ import annotations
 
 import keyword
+import logging
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ from IPython.display import display
 
 from tracemagic.capture.config import OPTIONS, config_from_args
 from tracemagic.errors import CaptureError, TraceError
+from tracemagic.trace.layout import ET_KIND
+
+_log = logging.getLogger(__name__)
 
 #: Where the last capture is kept in the user namespace.
 LAST_CAPTURE = "_chakra_capture"
@@ -212,6 +216,7 @@ class TracemagicMagics(Magics):
                 self._after(capture, args)
                 self._publish(capture, args)
             except BaseException as problem:  # noqa: BLE001 - never hide the cell's own error
+                _log.debug("showing the capture failed", exc_info=True)
                 print(f"chakra_trace: could not show the capture ({type(problem).__name__}: "
                       f"{problem})", file=sys.stderr)
             raise
@@ -236,10 +241,11 @@ class TracemagicMagics(Magics):
         Each one that fails says so in one line on stderr; the capture is kept either way.
         """
         say = (lambda _msg: None) if args.quiet else (lambda msg: print(f"chakra_trace: {msg}"))
-        if args.et and any(e.get("kind") == "execution_trace" for e in capture.manifest.get("files", [])):
+        if args.et and any(e.get("kind") == ET_KIND for e in capture.manifest.get("files", [])):
             try:
                 report = capture.chakra_check()
             except Exception as exc:  # noqa: BLE001 - a check must not lose the capture
+                _log.debug("the Chakra check failed", exc_info=True)
                 _warn(f"the Chakra check failed ({type(exc).__name__}: {exc})")
             else:
                 if report.timed_share < 1 or not report.ok:
@@ -260,11 +266,13 @@ class TracemagicMagics(Magics):
             try:
                 say(f"wrote {capture.to_pfw()}")
             except Exception as exc:  # noqa: BLE001
+                _log.debug("--pfw failed", exc_info=True)
                 _warn(f"--pfw failed ({type(exc).__name__}: {exc})")
         if args.report:
             try:
                 say(f"wrote {capture.report(Path(args.report).expanduser())}")
             except Exception as exc:  # noqa: BLE001
+                _log.debug("--report failed", exc_info=True)
                 _warn(f"--report {args.report} failed ({type(exc).__name__}: {exc})")
 
     def _compare(self, capture: Any, vs: str, config: Any) -> None:

@@ -18,6 +18,26 @@ tests check real tables against it.
 
 """
 
+# every analysis module, so that each table's ``Table.function`` (marked ``@computes``) is
+# known wherever the package is used, and the contract list below names it
+from tracemagic.analysis import (  # noqa: F401
+    advice,
+    diff,
+    efficiency,
+    et,
+    iterations,
+    kernels,
+    layers,
+    lines,
+    memory,
+    ops,
+    phases,
+    ranks,
+    shapes,
+    spans,
+    steps,
+    syncs,
+)
 from tracemagic.analysis.schema import describe as _describe
 
 __doc__ = f"{__doc__}{_describe()}\n"

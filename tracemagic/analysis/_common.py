@@ -25,9 +25,9 @@ from tracemagic.trace.structure import (
     sort_by_thread,
     thread_keys,
 )
+from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
+from tracemagic.trace.shared_keys import Shared
 
-#: GPU activity with a duration on the device: what counts as GPU time
-GPU_ACTIVITY = ("kernel", "memcpy", "memset")
 _INSTANCE_SUFFIX = re.compile(r"_\d+$")
 #: host-side collective events: ``nccl:all_reduce``, ``gloo:broadcast`` annotations
 HOST_COLLECTIVE = re.compile(r"^(?:nccl|gloo|mpi|ucc|xccl):\w+")
@@ -58,13 +58,13 @@ def in_scope(events: pd.DataFrame) -> np.ndarray:
 
 def thread_keys_of(trace: Trace) -> np.ndarray:
     """``thread_keys`` of ``trace.events``, computed once per trace."""
-    return trace.shared("thread_keys", lambda: thread_keys(trace.events))
+    return trace.shared(Shared.THREAD_KEYS, lambda: thread_keys(trace.events))
 
 
 def _cpu_by_thread(trace: Trace) -> np.ndarray:
     """``structure.cpu_by_thread`` of the trace (the order ``enclosing_at`` searches in),
     computed once per trace; ``load`` hands over the one nesting made."""
-    return trace.shared("cpu_by_thread", lambda: cpu_by_thread(trace.events))
+    return trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_by_thread(trace.events))
 
 
 def memory_holders(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +77,7 @@ def memory_holders(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         rows = np.flatnonzero((events["kind"] == "memory").to_numpy())
         return rows, enclosing_at(trace, thread_keys_of(trace)[rows], events["ts"].to_numpy()[rows])
 
-    return trace.shared("memory_holders", compute)
+    return trace.shared(Shared.MEMORY_HOLDERS, compute)
 
 
 def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
@@ -150,7 +150,7 @@ def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         rows = np.flatnonzero(is_op)
         return rows, propagate(parent, depth, is_top)[rows]
 
-    return trace.shared("call_chains", compute)
+    return trace.shared(Shared.CALL_CHAINS, compute)
 
 
 def _with_ancestors(rows: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -328,7 +328,7 @@ def _per_name(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         type_of = np.array([labels.get(str(c), (None, None))[1] for c in categories] + [None], dtype=object)
         return layer_of, type_of
 
-    return trace.shared("layer_per_name", compute)
+    return trace.shared(Shared.LAYER_PER_NAME, compute)
 
 
 def _codes_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
@@ -340,7 +340,7 @@ def layer_codes(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.n
     """The layer names of ``layers_at`` as codes (-1 for none) into the names they stand
     for: group and count layers without a string per row."""
     layer_of, _ = _per_name(trace)
-    codes, names = trace.shared("layer_codes", lambda: pd.factorize(layer_of))  # None: -1
+    codes, names = trace.shared(Shared.LAYER_CODES, lambda: pd.factorize(layer_of))  # None: -1
     return codes[_codes_at(trace, module_rows)], np.asarray(names, dtype=object)
 
 

@@ -31,7 +31,7 @@ from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis import syncs as _syncs
 from tracemagic.analysis._text import fmt_bytes, fmt_pct, fmt_time, shorten
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
@@ -682,6 +682,7 @@ def device_memory(devices: list[dict[str, Any]]) -> float | None:
     return next((float(d["memory_bytes"]) for d in devices or [] if d.get("memory_bytes")), None)
 
 
+@computes("advice")
 def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     """The recommendations for ``trace`` (of one ProfilerStep, given ``step``): the rules of
     this module over its tables, a row per rule that fired, most important first.

@@ -18,6 +18,7 @@ from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate
+from tracemagic.trace.shared_keys import Shared
 
 #: outermost op of each autograd node run by the engine
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
@@ -56,7 +57,7 @@ class Attribution:
 def attribution(trace: Trace, flows: bool = True) -> Attribution:
     """Attribute every event to a layer: forward by module nesting, backward by its forward op
     (computed once per trace and flag; see ``_attribution``)."""
-    return trace.shared(f"attribution:{flows}", lambda: _attribution(trace, flows))
+    return trace.shared((Shared.ATTRIBUTION, flows), lambda: _attribution(trace, flows))
 
 
 def _attribution(trace: Trace, flows: bool) -> Attribution:

@@ -13,7 +13,7 @@ import pandas as pd
 from tracemagic.analysis._common import call_chains, codes_of, text
 from tracemagic.analysis.kernels import kernels as kernels_table
 from tracemagic.analysis.layers import layers as layers_table
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.shapes import gpu_time
 from tracemagic.trace.model import Trace
 
@@ -87,6 +87,7 @@ def _compare(level: str, a: pd.DataFrame, b: pd.DataFrame, tolerance: float) -> 
     return out
 
 
+@computes("diff")
 def diff(a: Trace, b: Trace, tolerance: float = TOLERANCE) -> pd.DataFrame:
     """Compare trace ``b`` with trace ``a`` by op name, kernel name and layer.
 

@@ -78,13 +78,15 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import GPU_ACTIVITY, among, call_chains, codes_of, group_rows, layer_codes, names_where, text
+from tracemagic.analysis._common import among, call_chains, codes_of, group_rows, layer_codes, names_where, text
 from tracemagic.analysis.attribution import attribution
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
 from tracemagic.errors import TraceError
+from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.shared_keys import Shared
 
 COLUMNS = tuple(TABLES["efficiency"].names)
 
@@ -325,7 +327,7 @@ def gpu_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         op = events["op"].to_numpy()[gpu]
         return gpu, np.where(op >= 0, top_of[np.maximum(op, 0)], -1)
 
-    return trace.shared("efficiency:gpu_chains", compute)
+    return trace.shared(Shared.EFFICIENCY_GPU_CHAINS, compute)
 
 
 def chain_costs(trace: Trace) -> pd.DataFrame:
@@ -395,7 +397,7 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
             }
         )
 
-    return trace.shared("efficiency:chains", compute)
+    return trace.shared(Shared.EFFICIENCY_CHAINS, compute)
 
 
 Peaks = Mapping[str, float] | devices.DevicePeaks
@@ -495,7 +497,7 @@ def op_shapes(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
         table["bytes"] = np.where(table["bytes_unknown"], NAN, table["bytes_total"] / table["calls"])
         return table, group_of
 
-    return trace.shared("efficiency:op_shapes", compute)
+    return trace.shared(Shared.EFFICIENCY_OP_SHAPES, compute)
 
 
 def roofline(trace: Trace) -> pd.DataFrame:
@@ -507,9 +509,10 @@ def roofline(trace: Trace) -> pd.DataFrame:
         _roofline(trace, table, None)
         return table
 
-    return trace.shared("efficiency:roofline", compute)
+    return trace.shared(Shared.EFFICIENCY_ROOFLINE, compute)
 
 
+@computes("efficiency")
 def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     """Op × input shapes × dtypes with their FLOPs, bytes, achieved rates and roofline, per rank.
 
@@ -659,4 +662,4 @@ def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         has_bound[gpu[held]] = known[chain[held]]
         return flops, is_memory, has_bound
 
-    return trace.shared("efficiency:gpu_shares", compute)
+    return trace.shared(Shared.EFFICIENCY_GPU_SHARES, compute)

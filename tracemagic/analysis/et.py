@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from tracemagic.analysis.schema import computes
 from tracemagic.errors import TraceError
 from tracemagic.trace.et import ExecutionTrace
 from tracemagic.trace.model import Trace
@@ -102,6 +103,7 @@ def _join(nodes: pd.DataFrame, trace: Trace | None, rank: int) -> pd.DataFrame:
     return nodes
 
 
+@computes("et_graph", "et_edges")
 def et_graph(
     trace: Trace,
     step: int | None = None,

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._text import fmt_pct
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
@@ -77,6 +77,7 @@ def from_manifest(manifest: Mapping[str, Any] | None) -> pd.DataFrame:
     })[COLUMNS]
 
 
+@computes("iterations")
 def iterations(trace: Trace) -> pd.DataFrame:
     """Every iteration of the capture's stepped loop (``from_manifest`` of ``trace.manifest``;
     empty for a trace not written by ``%%chakra_trace``)."""

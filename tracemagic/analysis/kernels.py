@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, is_nccl, labels, layer_labels, name_labels, trace_start
+from tracemagic.analysis._common import is_nccl, labels, layer_labels, name_labels, trace_start
+from tracemagic.analysis.schema import computes
+from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.structure import timed_rows
 
@@ -12,6 +14,7 @@ from tracemagic.trace.structure import timed_rows
 KINDS = GPU_ACTIVITY
 
 
+@computes("kernels")
 def kernels(trace: Trace) -> pd.DataFrame:
     """GPU kernels, memcpy and memset, one row each, in the events table's order.
 

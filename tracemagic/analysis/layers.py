@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
-    GPU_ACTIVITY,
     in_scope,
     layers_at,
     memory_holders,
@@ -39,9 +38,10 @@ from tracemagic.analysis._common import (
 )
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.model import Trace
-from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, kind_mask
+from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
+from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread
 
 #: ``Input Dims`` text with at least one tensor of one or more dimensions
@@ -127,6 +127,7 @@ def memory_growth(trace: Trace, att: Attribution, in_scope: np.ndarray | None = 
     return att.module[holder[fwd]], events["bytes"].to_numpy(dtype=np.float64, na_value=0.0)[rows[fwd]]
 
 
+@computes("layers")
 def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     """One row per layer (``nn.Module`` instance) per rank, in order of first call; with
     ``step``, only the work of that ProfilerStep counts (and only layers used in it).

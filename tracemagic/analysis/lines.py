@@ -12,17 +12,13 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import aggregate
-from tracemagic.analysis._common import (
-    GPU_ACTIVITY,
-    in_scope,
-    memory_holders,
-    union_length,
-)
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis._common import in_scope, memory_holders, union_length
+from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.steps import steps
-from tracemagic.trace.layout import LINE_MARK_PREFIX
+from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import enclosing_of_kind, propagate
 
 
@@ -59,7 +55,7 @@ def marks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         inner = propagate(events["parent"].to_numpy(), events["depth"].to_numpy(), is_mark)
         return np.where(inner >= 0, line_of[np.maximum(inner, 0)], -1), rows
 
-    return trace.shared("line_marks", compute)
+    return trace.shared(Shared.LINE_MARKS, compute)
 
 
 def line_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
@@ -75,6 +71,7 @@ def line_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return np.where(at >= 0, line[np.maximum(at, 0)], -1)
 
 
+@computes("lines")
 def lines(trace: Trace) -> pd.DataFrame:
     """One row per marked cell line that ran in the counted steps, in line order.
 
@@ -180,7 +177,9 @@ def _chain_lines(trace: Trace, line_of: np.ndarray, at: np.ndarray, numbers: np.
     return levels
 
 
-def _gpu_time(trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gpu_time(
+    trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per line: summed durations of the GPU work launched beneath it (inclusive, self)."""
     events = trace.events
     k = numbers.size
@@ -199,7 +198,9 @@ def _gpu_time(trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np
     return total, own
 
 
-def _memory(trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _memory(
+    trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per line: bytes allocated beneath it in the counted steps; bytes it allocated that are
     live at the memory peak (inclusive, self)."""
     from tracemagic.analysis.memory import memory

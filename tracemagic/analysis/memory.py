@@ -9,7 +9,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import layer_text, memory_holders, name_text, text_take, trace_start
 from tracemagic.analysis.attribution import attribution
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.model import Trace
 
 #: c10 ``DeviceType`` numbers -> torch device names (ROCm builds report HIP = 6; torch calls it cuda)
@@ -44,6 +44,7 @@ def device_names(device_type: pd.Series, device: pd.Series) -> tuple[np.ndarray,
     return np.asarray(labels, dtype=object), inverse.reshape(-1)
 
 
+@computes("memory")
 def memory(trace: Trace) -> pd.DataFrame:
     """Every ``[memory]`` event, one row each, ordered by rank and time.
 
@@ -121,6 +122,7 @@ def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+@computes("memory_peaks")
 def peaks(trace: Trace) -> pd.DataFrame:
     """The highest ``allocated_bytes`` per rank, device and step, and over the whole trace,
     with what was already allocated when that scope began.
@@ -155,6 +157,7 @@ def peaks(trace: Trace) -> pd.DataFrame:
     return out[columns].sort_values(["rank", "device", "step"], kind="stable", na_position="last").reset_index(drop=True)
 
 
+@computes("biggest_allocations")
 def biggest_allocations(trace: Trace, n: int | None = 10) -> pd.DataFrame:
     """The ``n`` largest single allocations (all of them for None), with when (and
     whether) they were freed.
@@ -198,6 +201,7 @@ def stack(rows: np.ndarray) -> pd.DataFrame:
     return out
 
 
+@computes("memory_categories")
 def categories(trace: Trace) -> pd.DataFrame:
     """The memory timeline stacked by category, from ``memory_timeline_<rank>.json`` files,
     on the allocator's scale: its total is ``memory()``'s ``allocated_bytes`` at the same time.

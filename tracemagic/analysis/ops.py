@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import labels, layer_labels, trace_start
+from tracemagic.analysis.schema import computes
 from tracemagic.trace.model import Trace
 from tracemagic.trace.structure import timed_rows
 
@@ -15,6 +16,7 @@ from tracemagic.trace.structure import timed_rows
 KINDS = ("cpu_op", "user_annotation", "step")
 
 
+@computes("ops")
 def ops(trace: Trace) -> pd.DataFrame:
     """CPU ops, user annotations and ProfilerSteps, one row each, in the events table's order.
 

@@ -42,11 +42,13 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import steps as _steps
-from tracemagic.analysis._common import GPU_ACTIVITY, names_where, thread_keys_of, trace_start, union_length
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis._common import names_where, thread_keys_of, trace_start, union_length
+from tracemagic.analysis.schema import TABLES, computes
+from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import MODULE_PREFIX
+from tracemagic.trace.shared_keys import Shared
 
 #: the phases, in the table's column order (``<phase>_us`` and ``gpu_<phase>_us``)
 PHASES: tuple[str, ...] = ("dataloader", "forward", "backward", "optimizer", "other")
@@ -74,7 +76,7 @@ def phase_masks(trace: Trace) -> dict[str, np.ndarray]:
     """Which events make each phase of ``PRIORITY`` (before priorities apply), by the rules
     of the module docstring; computed once per trace, each phase's when first read (a caller
     of the first phases alone pays for no other), treat it as read-only."""
-    return trace.shared("phase_masks", lambda: _PhaseMasks(trace))
+    return trace.shared(Shared.PHASE_MASKS, lambda: _PhaseMasks(trace))
 
 
 class _PhaseMasks(dict[str, np.ndarray]):
@@ -176,6 +178,7 @@ def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray, priority: tuple[str
     return out
 
 
+@computes("phases")
 def phases(trace: Trace) -> pd.DataFrame:
     """One row per step and rank: the host time of each phase (they add up to the host
     step's ``dur``) and the GPU time launched from each; the rules are the module docstring's.
@@ -260,6 +263,7 @@ def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
     return out
 
 
+@computes("phase_spans")
 def phase_spans(trace: Trace) -> pd.DataFrame:
     """The host phases as time spans, for drawing: per rank, the moments each phase of
     ``PRIORITY`` is in effect by the host rule (its events' union less the higher phases'),

@@ -28,10 +28,11 @@ import pandas as pd
 
 from tracemagic.analysis import steps as steps_module
 from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length, values_at
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import propagate
+from tracemagic.trace.shared_keys import Shared
 
 _KERNEL_COLLECTIVE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 #: normalized collective names (lower case, letters and digits) of the collectives that end
@@ -205,7 +206,7 @@ class Summary:
 
 def summarize(trace: Trace) -> Summary:
     """The ``Summary`` of a trace's ranks (computed once per trace)."""
-    return trace.shared("rank_summary", lambda: Summary(trace.table(steps_module.steps), overlap(trace), *_arrivals(trace)))
+    return trace.shared(Shared.RANK_SUMMARY, lambda: Summary(trace.table(steps_module.steps), overlap(trace), *_arrivals(trace)))
 
 
 def _arrivals(trace: Trace) -> tuple[pd.DataFrame, str]:
@@ -241,6 +242,7 @@ def steps_of(summaries: list[Summary]) -> pd.DataFrame:
     return steps_module.combine([s.steps for s in summaries])
 
 
+@computes("collectives")
 def collectives(trace: Trace) -> pd.DataFrame:
     """Every collective on every rank, matched across ranks, with each rank's wait.
 
@@ -320,6 +322,7 @@ def _clock_offsets(out: pd.DataFrame, match: pd.core.groupby.DataFrameGroupBy, t
     return lag[together].groupby(out["rank"][together]).median()
 
 
+@computes("stragglers")
 def stragglers(trace: Trace) -> pd.DataFrame:
     """The straggler of each step: the rank the others wait for.
 
@@ -383,6 +386,7 @@ def overlap(trace: Trace) -> pd.Series:
     return (100.0 * shared / comm_total.where(comm_total > 0)).rename("overlap_pct")
 
 
+@computes("ranks")
 def ranks(trace: Trace) -> pd.DataFrame:
     """One row per rank: mean step time and breakdown, overlap, waits, the slowest rank.
 

@@ -6,6 +6,13 @@ derives from it: the contract section of ``tracemagic.analysis``' docstring
 (:meth:`Table.empty`), and the tests that check real tables have exactly these columns,
 in this order, with these dtypes' kinds.
 
+It is also the one registry of the analyses: each ``Table`` names the function computing it
+(``Table.function``: the analysis marked ``@computes("name")``); ``tracemagic.Trace``'s methods
+and the views' tables (``views.data.ANALYSES``) are checked against it by
+``tests/test_registry.py``. A new table is three things: its ``Table`` in ``_TABLES`` below,
+``@computes("name")`` on its function, and a ``tracemagic.Trace`` method ``name`` returning
+``self.table(function)`` (or ``method=False`` on the ``Table`` for a views-only table).
+
 Dtypes are those of a non-empty table (pandas 3): ``str`` text, ``category`` text kept as
 categoricals (the per-event tables), ``Int64``/``Float64`` nullable numbers (NA where not
 recorded). A column may come with another dtype of the same kind (:func:`kind`: an
@@ -14,8 +21,9 @@ integer column holding NA becomes ``Int64``, a text column ``object`` when empty
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -39,23 +47,40 @@ class Table:
     """One analysis table's contract.
 
     Attributes:
-        name: the table's key (``ops``, ``ranks``, ``et_graph`` ...).
+        name: the table's key (``ops``, ``ranks``, ``et_graph`` ...): the name of the
+            ``tracemagic.Trace`` method that returns it (where ``method``).
         call: how users get it (``ops()``).
-        where: the analysis function when it is not ``analysis.<name>.<name>``.
         columns: column -> (dtype, one-line meaning), in the table's order.
         note: what the table holds beyond its columns (rows, ``attrs``).
+        method: whether ``tracemagic.Trace`` has a method ``name`` returning it (False: the
+            views' own tables, such as ``layer_spans``).
     """
 
     name: str
     call: str
-    where: str
     columns: dict[str, tuple[str, str]]
     note: str = ""
+    method: bool = True
 
     @property
     def names(self) -> list[str]:
         """The column names, in order."""
         return list(self.columns)
+
+    @property
+    def function(self) -> Callable[..., Any]:
+        """The analysis that computes the table (the function marked ``@computes(name)``).
+
+        Raises:
+            LookupError: no function is marked as computing it.
+        """
+        import tracemagic.analysis  # noqa: F401 - imports every analysis module, each marks its functions
+
+        try:
+            return _FUNCTIONS[self.name]
+        except KeyError:
+            raise LookupError(f"no analysis computes the table {self.name!r}: mark its function "
+                              f"@computes({self.name!r}) (tracemagic.analysis.schema)") from None
 
     def dtypes(self) -> dict[str, str]:
         """Column -> dtype name."""
@@ -66,6 +91,26 @@ class Table:
         import pandas as pd
 
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in self.dtypes().items()})
+
+
+#: table name -> the analysis computing it (filled by ``computes`` as the modules are imported)
+_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def computes(*names: str) -> Callable[[F], F]:
+    """Mark the decorated analysis as the function computing the tables ``names`` (their
+    ``Table.function``); the function itself is returned unchanged."""
+    unknown = [n for n in names if n not in TABLES]
+    if unknown:
+        raise LookupError(f"@computes{names}: no table {', '.join(unknown)} in analysis.schema.TABLES")
+
+    def mark(function: F) -> F:
+        for name in names:
+            _FUNCTIONS[name] = function
+        return function
+
+    return mark
 
 
 def kind(dtype: object) -> str:
@@ -90,7 +135,7 @@ def kind(dtype: object) -> str:
 
 
 _TABLES = [
-    Table("ops", "ops()", "", {
+    Table("ops", "ops()", {
         "rank": _RANK,
         "row": _ROW,
         "name": ("category", "op name"),
@@ -113,7 +158,7 @@ _TABLES = [
                    "folds it into that op (no call of its own, its time in that op's total)"),
     }, "one row per CPU op / annotation (``cpu_op``, ``user_annotation``, ``step``; python_function "
        "frames are not ops)."),
-    Table("kernels", "kernels()", "", {
+    Table("kernels", "kernels()", {
         "rank": _RANK,
         "row": _ROW,
         "name": ("category", "kernel name"),
@@ -136,7 +181,7 @@ _TABLES = [
         "collective": ("category", "the collective a communication kernel runs"),
         "is_comm": ("bool", "a communication (NCCL / RCCL) kernel"),
     }),
-    Table("steps", "steps()", "", {
+    Table("steps", "steps()", {
         "rank": _RANK,
         "step": ("int64", "ProfilerStep number"),
         "ts": ("float64", "host ProfilerStep start, µs since the trace's start"),
@@ -160,7 +205,7 @@ _TABLES = [
        "the host step on CPU-only traces), partitioned by ``compute_us`` … ``idle_us``; "
        "``df.attrs['unlaunched']``: {rank: {\"events\", \"us\"}} of GPU work in flight when profiling "
        "began (no launching call in the trace), which belongs to no step."),
-    Table("iterations", "iterations()", "", {
+    Table("iterations", "iterations()", {
         "iteration": ("int64", "the stepped loop's iteration, from 0 (``ProfilerStep`` numbers count the same way)"),
         "wall_ms": ("float64", "wall time, ms (``time.perf_counter_ns``; the session's own work between iterations left out)"),
         "gpu_ms": ("float64", "time between CUDA events at the iteration's boundaries, ms (NaN without CUDA)"),
@@ -171,7 +216,7 @@ _TABLES = [
     }, note="One row per iteration of a ``%%chakra_trace`` loop, recorded or not (the manifest's "
        "``loop_timing``); empty for other traces. Times in ms (as ``%%chakra_trace`` prints them), "
        "not µs: they are the loop's own clock, not the trace's."),
-    Table("phases", "phases()", "", {
+    Table("phases", "phases()", {
         "rank": _RANK,
         "step": ("int64", "ProfilerStep number"),
         "ts": ("float64", "host ProfilerStep start, µs since the trace's start"),
@@ -190,7 +235,7 @@ _TABLES = [
        "then optimizer, then forward (``phases.PRIORITY``); a GPU event belongs to the phase its launch "
        "started in (``tracemagic.analysis.phases``). ``df.attrs``: ``optimizers`` (classes named by "
        "``Optimizer.step#``), ``optimizer_impl`` (fused | foreach | for-loop)."),
-    Table("ranks", "ranks()", "trace.ranks()", {
+    Table("ranks", "ranks()", {
         "rank": _RANK,
         "steps": ("int64", "steps of the rank"),
         "step_us": ("float64", "mean device window"),
@@ -209,7 +254,7 @@ _TABLES = [
         "slowest": ("bool", "the rank the others wait for most often (``ranks.stragglers``)"),
     }, "one row per rank; ``slowest`` is not simply the rank with the longest steps, since waiting "
        "lengthens a step."),
-    Table("collectives", "collectives()", "ranks.collectives", {
+    Table("collectives", "collectives()", {
         "rank": _RANK,
         "step": _STEP,
         "collective": ("str", "name as recorded"),
@@ -226,7 +271,7 @@ _TABLES = [
         "algbw_gbps": ("float64", "algorithm bandwidth (NCCL tests), GB/s over ``transfer_us``"),
         "busbw_gbps": ("float64", "bus bandwidth (NCCL tests), GB/s"),
     }),
-    Table("stragglers", "stragglers()", "ranks.stragglers", {
+    Table("stragglers", "stragglers()", {
         "step": ("int64", "ProfilerStep number"),
         "rank": ("int64", "the straggling rank"),
         "by": ("str", "collectives | step_time"),
@@ -235,7 +280,7 @@ _TABLES = [
         "wait_us": ("float64", "its total collective wait in the step"),
         "median_wait_us": ("float64", "the ranks' median wait"),
     }),
-    Table("layers", "layers()", "", {
+    Table("layers", "layers()", {
         "rank": _RANK,
         "layer": ("str", "module path"),
         "type": ("str", "module class"),
@@ -260,7 +305,7 @@ _TABLES = [
     }, "``df.attrs``: ``step_us``, ``unattributed_us``, ``overlap_us``, ``gpu_us``, "
        "``gpu_unattributed_us`` (each {rank: µs}), ``compiled_regions`` ({rank: torch.compile region "
        "calls}), ``compiled_layers`` ({rank: [layers running them]})."),
-    Table("layer_spans", "layer_spans()", "spans.layer_spans", {
+    Table("layer_spans", "layer_spans()", {
         "rank": _RANK,
         "layer": ("str", "model path from the capture, else ``Linear_0``"),
         "type": ("str", "module class"),
@@ -269,8 +314,8 @@ _TABLES = [
         "dur": ("float64", "duration, µs"),
         "step": _STEP,
         "calls": ("int64", "module calls or backward ops merged into the span"),
-    }),
-    Table("phase_spans", "phase_spans()", "phases.phase_spans", {
+    }, method=False),
+    Table("phase_spans", "phase_spans()", {
         "rank": _RANK,
         "phase": ("str", "dataloader | forward | backward | optimizer (``phases()``' host rule)"),
         "ts": _TS,
@@ -278,8 +323,8 @@ _TABLES = [
         "step": _STEP,
         "busy_us": ("float64", "the phase's own time in the span (``dur`` less the ``other`` time inside)"),
     }, "the moments each host phase is in effect: a phase's runs in one step with only ``other`` time "
-       "between them are one span (``other`` itself left out)."),
-    Table("memory", "memory()", "", {
+       "between them are one span (``other`` itself left out).", method=False),
+    Table("memory", "memory()", {
         "rank": _RANK,
         "ts": _TS,
         "device": ("str", "'cpu' | 'cuda:N'"),
@@ -294,7 +339,7 @@ _TABLES = [
         "addr": ("Int64", "address, NA where not recorded"),
         "row": _ROW,
     }),
-    Table("memory_peaks", "memory_peaks()", "memory.peaks", {
+    Table("memory_peaks", "memory_peaks()", {
         "rank": _RANK,
         "device": ("str", "'cpu' | 'cuda:N'"),
         "step": ("Int64", "ProfilerStep, NA for the whole capture"),
@@ -307,7 +352,7 @@ _TABLES = [
         "phase": ("str", "phase of that event"),
         "delta_bytes": ("int64", "that event's allocation"),
     }),
-    Table("biggest_allocations", "biggest_allocations()", "", {
+    Table("biggest_allocations", "biggest_allocations()", {
         "rank": _RANK,
         "ts": _TS,
         "device": ("str", "'cpu' | 'cuda:N'"),
@@ -320,7 +365,7 @@ _TABLES = [
         "freed_ts": ("float64", "when freed, NaN if not within the trace"),
         "lifetime_us": ("float64", "``freed_ts - ts``"),
     }),
-    Table("memory_categories", "memory_categories()", "memory.categories", {
+    Table("memory_categories", "memory_categories()", {
         "rank": _RANK,
         "cycle": ("Int64", "capture cycle, NA for single-cycle captures"),
         "device": ("str", "'cpu' | 'cuda:N'"),
@@ -336,7 +381,7 @@ _TABLES = [
         "unknown": ("int64", "bytes"),
         "total_bytes": ("int64", "sum of the categories: ``memory()``'s ``allocated_bytes`` at ``ts``"),
     }, "on the allocator's scale."),
-    Table("shapes", "shapes()", "", {
+    Table("shapes", "shapes()", {
         "rank": _RANK,
         "name": ("str", "top op of the call chain"),
         "input_dims": ("str", "input shapes, JSON text"),
@@ -353,7 +398,7 @@ _TABLES = [
     }, "one row per top op of a call chain (the outermost op with recorded shapes, or with none and "
        "none inside, and every op it runs: one convolution is one ``aten::conv2d`` row, not four), "
        "ranked by ``total_us``."),
-    Table("efficiency", "efficiency()", "", {
+    Table("efficiency", "efficiency()", {
         "rank": _RANK,
         "name": ("str", "top op of the call chain"),
         "input_dims": ("str", "input shapes, JSON text"),
@@ -373,7 +418,7 @@ _TABLES = [
     }, "one row per (rank, op, input dims, dtypes) of the call chains that launched GPU work, most "
        "GPU time first; peaks from ``devices.PEAKS`` matched by ``deviceProperties`` (or given; an "
        "unknown board gets NaN and ``df.attrs['note']``); ``df.attrs['layers']`` the layers of each row's calls."),
-    Table("diff", "diff(a, b)", "", {
+    Table("diff", "diff(a, b)", {
         "level": ("str", "op | kernel | layer"),
         "name": ("str", "op (call-chain top, as in ``shapes()``), kernel or layer"),
         "type": ("str", "layer class"),
@@ -387,7 +432,7 @@ _TABLES = [
         "gpu_us_a": ("float64", "GPU time in ``a``"),
         "gpu_us_b": ("float64", "GPU time in ``b``"),
     }),
-    Table("advice", "advice()", "", {
+    Table("advice", "advice()", {
         "rule": ("str", "the rule that fired (``advice.RULES``; ``roofline`` for the roofline gaps)"),
         "step": ("Int64", "the ProfilerStep the scope is, NA for the whole trace"),
         "value": ("float64", "the figure the rule measured"),
@@ -398,7 +443,7 @@ _TABLES = [
         "text": ("str", "the line the views show"),
     }, "one row per rule that fired over the scope, by ``weight``. The figures the views headline "
        "(mean step, top ops, kernels and layers, a scope's peaks) are ``aggregate``'s."),
-    Table("lines", "lines()", "", {
+    Table("lines", "lines()", {
         "line": ("int64", "the cell line (the ``%%chakra_trace`` line is 1)"),
         "text": ("str", "the line as written (empty without the manifest's cell)"),
         "parent_line": ("int64", "the enclosing statement's line, -1 at top level"),
@@ -413,7 +458,7 @@ _TABLES = [
         "self_peak_bytes": ("int64", "``peak_bytes`` less its nested lines'"),
     }, "one row per marked line of a ``%%chakra_trace`` cell that ran in the counted steps (means per "
        "step); empty for traces without line marks."),
-    Table("syncs", "syncs()", "", {
+    Table("syncs", "syncs()", {
         "rank": _RANK,
         "row": _ROW,
         "step": _STEP,
@@ -429,7 +474,7 @@ _TABLES = [
         "op": ("str", "the innermost CPU op or annotation around it (line marks aside), empty for none"),
         "where": ("str", "how the views name it: ``line 7 `loss.item()```, a function, an op"),
     }, "one row per host-device synchronisation inside the steps (the outermost of nested ones)."),
-    Table("et_graph", "et_graph()", "et.et_graph", {
+    Table("et_graph", "et_graph()", {
         "id": ("int64", "ET node id"),
         "name": ("str", "operator"),
         "op_schema": ("str", "its schema"),
@@ -445,13 +490,13 @@ _TABLES = [
         "ts": ("float64", "the Kineto event's start, NaN without a match"),
         "dur": ("float64", "its duration"),
         "self_dur": ("float64", "its self duration"),
-    }, "the nodes of ``et.graph``; its edges are ``et_edges``."),
-    Table("et_edges", "et_edges", "et.et_graph", {
+    }, "the nodes of ``et.graph``; its edges are ``et_edges``.", method=False),
+    Table("et_edges", "et_edges", {
         "src": ("int64", "producer node id"),
         "dst": ("int64", "consumer node id"),
         "tensor": ("str", "the tensor"),
         "bytes": ("int64", "its size"),
-    }, "one row per tensor an op reads that an earlier op wrote."),
+    }, "one row per tensor an op reads that an earlier op wrote.", method=False),
 ]
 
 #: every table's contract, by name
@@ -463,7 +508,9 @@ def describe() -> str:
     then one line per column: ``column`` (dtype): meaning."""
     lines = []
     for t in _TABLES:
-        where = f" (``{t.where}``)" if t.where else ""
+        function, where = _FUNCTIONS.get(t.name), ""
+        if function is not None and (function.__module__.rsplit(".", 1)[-1], function.__name__) != (t.name, t.name):
+            where = f" (``{function.__module__.rsplit('.', 1)[-1]}.{function.__name__}``)"
         note = f" — {t.note}" if t.note else ""
         lines.append(f"- ``{t.call}``{where}: ``{', '.join(t.columns)}``{note}")
         lines += [f"    - ``{c}`` ({d}): {m}" for c, (d, m) in t.columns.items()]

@@ -26,9 +26,13 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
+from tracemagic.analysis._common import HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
+from tracemagic.analysis.schema import computes
+from tracemagic.trace.kineto import GPU_ACTIVITY
+from tracemagic.trace.kineto import step_number as _step_number
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.shared_keys import Shared
 
 #: breakdown columns in priority order (a higher one wins where activities overlap)
 CATEGORIES = (
@@ -40,17 +44,8 @@ CATEGORIES = (
     "dataloader_us",  # host in DataLoader iteration
     "cpu_us",  # host in other CPU ops
 )
-_STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
 #: host collectives of gloo, which moves the data on the host: communication on any rank
 _GLOO = re.compile(r"^gloo:\w+")
-
-
-def _step_number(name: object) -> int:
-    """N of a ``ProfilerStep#N`` name (the step events are those so named)."""
-    match = _STEP_NUMBER.match(str(name))
-    if match is None:
-        raise ValueError(f"not a ProfilerStep#N name: {name!r}")
-    return int(match.group(1))
 
 
 _NO_STEPS = "no ProfilerStep in rank(s) {ranks}: one row (step -1) spans each such rank's whole trace"
@@ -73,7 +68,7 @@ def windows(trace: Trace) -> pd.DataFrame:
     those to 0.25 µs). Computed once per trace (``device_windows``, ``phases`` and ``ranks``
     share it); treat it as read-only.
     """
-    return trace.shared("step_windows", lambda: _windows(trace))
+    return trace.shared(Shared.STEP_WINDOWS, lambda: _windows(trace))
 
 
 def _windows(trace: Trace) -> pd.DataFrame:
@@ -134,7 +129,7 @@ def _relative(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         start = trace.events["ts"].to_numpy(dtype=np.float64) - trace_start(trace)
         return start, start + trace.events["dur"].to_numpy(dtype=np.float64)
 
-    return trace.shared("relative_times", compute)
+    return trace.shared(Shared.RELATIVE_TIMES, compute)
 
 
 def device_windows(trace: Trace) -> pd.DataFrame:
@@ -147,7 +142,7 @@ def device_windows(trace: Trace) -> pd.DataFrame:
     dropped by the plugin's tail rule (see the module docstring). Computed once per
     trace (``steps`` and ``ranks.overlap`` share it); treat it as read-only.
     """
-    return trace.shared("device_windows", lambda: _device_windows(trace))
+    return trace.shared(Shared.DEVICE_WINDOWS, lambda: _device_windows(trace))
 
 
 def _device_windows(trace: Trace) -> pd.DataFrame:
@@ -237,7 +232,7 @@ def category_masks(trace: Trace) -> dict[str, np.ndarray]:
     """Which events feed each breakdown category (before priorities are applied), and
     ``gloo_on_gpu`` (the ``gloo:*`` host collectives of GPU ranks, in ``comm_us``); computed
     once per trace (``steps`` and ``ranks.overlap`` share it), treat it as read-only."""
-    return trace.shared("category_masks", lambda: _category_masks(trace))
+    return trace.shared(Shared.CATEGORY_MASKS, lambda: _category_masks(trace))
 
 
 def _category_masks(trace: Trace) -> dict[str, np.ndarray]:
@@ -298,6 +293,7 @@ def in_windows(trace: Trace, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.
     return np.concatenate(groups), np.concatenate(starts), np.concatenate(ends)
 
 
+@computes("steps")
 def steps(trace: Trace) -> pd.DataFrame:
     """One row per step and rank: host and device time and the device window's partition.
 

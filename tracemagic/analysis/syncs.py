@@ -18,9 +18,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import GPU_ACTIVITY, in_scope, trace_start
+from tracemagic.analysis._common import in_scope, trace_start
 from tracemagic.analysis.lines import cell_lines, line_of_rows, marks
-from tracemagic.analysis.schema import TABLES
+from tracemagic.analysis.schema import TABLES, computes
+from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import enclosing_of_kind, propagate
@@ -36,7 +37,10 @@ BLOCKING_CALLS = re.compile(r"^(?:cuda|hip)(?:Memcpy\w*|\w*Synchronize)$")
 #: a device-to-host memcpy's name (``Memcpy DtoH (Device -> Pageable)``)
 DTOH = re.compile(r"DtoH|Device -> (?:Pageable|Pinned|Host)")
 #: a ``python_function`` frame of torch's own code, or a builtin: not where the user called from
-_NOT_USER = re.compile(r"^<built-in|^nn\.Module: |^torch/|[/\\](?:site|dist)-packages[/\\]torch[/\\]|[/\\]torch[/\\](?:nn|_tensor|autograd|utils|optim|_dynamo|_ops|profiler)")
+_NOT_USER = re.compile(
+    r"^<built-in|^nn\.Module: |^torch/|[/\\](?:site|dist)-packages[/\\]torch[/\\]"
+    r"|[/\\]torch[/\\](?:nn|_tensor|autograd|utils|optim|_dynamo|_ops|profiler)"
+)
 
 
 def _names_mask(names: pd.Series, test: object) -> np.ndarray:
@@ -50,6 +54,7 @@ def _names_mask(names: pd.Series, test: object) -> np.ndarray:
     return hit[names.cat.codes.to_numpy()]
 
 
+@computes("syncs")
 def syncs(trace: Trace) -> pd.DataFrame:
     """One row per host-device synchronisation inside the steps, in time order.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -26,6 +27,7 @@ from typing import Any
 from tracemagic.capture import files
 from tracemagic.errors import CaptureError, TraceError
 from tracemagic.trace import layout
+from tracemagic.trace.layout import FileEntry, FileKind, Manifest, RankSummary
 
 #: Folder of the per-rank manifests inside a capture directory.
 RANKS_DIR = layout.RANKS_DIR
@@ -145,20 +147,20 @@ def _from_environment(out: Path, name: str, seq: int) -> Path:
     return path
 
 
-def write_part(directory: Path, rank: int, manifest: dict[str, Any]) -> None:
+def write_part(directory: Path, rank: int, manifest: Manifest) -> None:
     """Write rank ``rank``'s own manifest (atomically)."""
     path = part_path(directory, rank)
     path.parent.mkdir(exist_ok=True)
     layout.write_manifest(path, manifest)
 
 
-def read_parts(directory: Path, world: int) -> dict[int, dict[str, Any]]:
+def read_parts(directory: Path, world: int) -> dict[int, Manifest]:
     """The per-rank manifests present, by rank (unreadable ones are skipped)."""
-    parts = {}
+    parts: dict[int, Manifest] = {}
     for rank in range(world):
         path = part_path(directory, rank)
         with contextlib.suppress(TraceError):
-            parts[rank] = dict(layout.read_manifest(path))
+            parts[rank] = layout.read_manifest(path)
     return parts
 
 
@@ -202,7 +204,7 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def write_merged_manifest(directory: Path, world: int) -> dict[str, Any]:
+def write_merged_manifest(directory: Path, world: int) -> Manifest:
     """Merge the per-rank manifests into ``capture.json`` (under a lock) and return it."""
     with _locked(directory):
         manifest = merge(read_parts(directory, world), world)
@@ -212,40 +214,43 @@ def write_merged_manifest(directory: Path, world: int) -> dict[str, Any]:
 
 
 #: the files a rank writes before its manifest, by the ``kind`` the manifest gives them
-_RANK_FILES = {"kineto": layout.KINETO_FILE, "execution_trace": layout.ET_FILE, "memory_timeline": layout.MEMORY_FILE}
+_RANK_FILES: dict[FileKind, re.Pattern[str]] = {
+    layout.KINETO_KIND: layout.KINETO_FILE, layout.ET_KIND: layout.ET_FILE, layout.MEMORY_KIND: layout.MEMORY_FILE,
+}
 
 
-def _keep_left_files(directory: Path, manifest: dict[str, Any]) -> None:
+def _keep_left_files(directory: Path, manifest: Manifest) -> None:
     """List the finished files of the ranks that left no manifest (killed after writing
     their trace), so that ``tracemagic.load`` reads them; such a rank counts as failed."""
     missing = set(manifest.get("missing_ranks") or [])
     if not missing:
         return
-    listed = {e.get("path") for e in manifest["files"]}
+    entries, ranks, failed = manifest.setdefault("files", []), manifest.setdefault("ranks", {}), manifest.get("failed_ranks", [])
+    listed = {e.get("path") for e in entries}
     found: dict[int, list[str]] = {}
     for path in sorted(directory.iterdir()):
         for kind, pattern in _RANK_FILES.items():
             match = pattern.fullmatch(path.name)
             if match and int(match.group(1)) in missing and path.name not in listed and path.is_file():
                 rank = int(match.group(1))
-                entry: dict[str, Any] = {"path": path.name, "kind": kind, "rank": rank, "bytes": path.stat().st_size}
+                entry: FileEntry = {"path": path.name, "kind": kind, "rank": rank, "bytes": path.stat().st_size}
                 if match.group(2) is not None:
                     entry["cycle"] = int(match.group(2))
-                manifest["files"].insert(len(manifest["files"]) - 1, entry)  # before capture.json
+                entries.insert(len(entries) - 1, entry)  # before capture.json
                 found.setdefault(rank, []).append(path.name)
     for rank, names in sorted(found.items()):
-        manifest["ranks"][str(rank)] = {
+        ranks[str(rank)] = {
             "status": "failed",
             "steps_recorded": None,
             "iterations": None,
             "error": {"type": "missing", "message": "the rank stopped before writing its manifest"},
             "notes": [f"kept what it wrote before it stopped: {', '.join(names)}"],
         }
-        manifest["notes"].append(f"rank {rank}: kept what it wrote before it stopped: {', '.join(names)}.")
-    manifest["failed_ranks"] = sorted(set(manifest["failed_ranks"]) | set(found))
+        manifest.setdefault("notes", []).append(f"rank {rank}: kept what it wrote before it stopped: {', '.join(names)}.")
+    manifest["failed_ranks"] = sorted(set(failed) | set(found))
 
 
-def merge(parts: dict[int, dict[str, Any]], world: int) -> dict[str, Any]:
+def merge(parts: dict[int, Manifest], world: int) -> Manifest:
     """The manifest of all ranks from each rank's own.
 
     Top-level fields are rank 0's (else the first rank present), with ``rank`` dropped and:
@@ -256,16 +261,16 @@ def merge(parts: dict[int, dict[str, Any]], world: int) -> dict[str, Any]:
     done = {r: p for r, p in parts.items() if p.get("status") != "running"}
     missing = [r for r in range(world) if r not in done]
     failed = sorted(r for r, p in done.items() if p.get("error"))
-    base = dict(done.get(0) or next(iter(done.values()), None) or parts.get(0) or {})
+    base: Manifest = (done.get(0) or next(iter(done.values()), None) or parts.get(0) or Manifest()).copy()
     base.pop("rank", None)
-    entries: list[dict[str, Any]] = []
-    ranks: dict[str, dict[str, Any]] = {}
+    entries: list[FileEntry] = []
+    ranks: dict[str, RankSummary] = {}
     modules_by_file: dict[str, Any] = {}
     for rank in sorted(done):
         part = done[rank]
-        own = [e for e in part.get("files", []) if e.get("kind") != "manifest"]
+        own = [e for e in part.get("files", []) if e.get("kind") != layout.MANIFEST_KIND]
         entries.extend(own)
-        entries.append({"path": f"{RANKS_DIR}/{rank}.json", "kind": "rank_manifest", "rank": rank})
+        entries.append({"path": f"{RANKS_DIR}/{rank}.json", "kind": layout.RANK_MANIFEST_KIND, "rank": rank})
         ranks[str(rank)] = {
             "status": part.get("status"),
             "steps_recorded": part.get("steps_recorded", 0),
@@ -274,10 +279,10 @@ def merge(parts: dict[int, dict[str, Any]], world: int) -> dict[str, Any]:
             "notes": part.get("notes", []),
         }
         by_file = part.get("modules_by_file") or {
-            e["path"]: part.get("modules", {}) for e in own if e.get("kind") == "kineto"
+            e["path"]: part.get("modules", {}) for e in own if e.get("kind") == layout.KINETO_KIND
         }
         modules_by_file.update(by_file)
-    entries.append({"path": files.MANIFEST, "kind": "manifest"})
+    entries.append({"path": files.MANIFEST, "kind": layout.MANIFEST_KIND})
     statuses = [p.get("status") for p in done.values()]
     if not done or all(s in ("failed", "empty") for s in statuses):
         status = "failed" if failed or missing else "empty"
@@ -287,15 +292,15 @@ def merge(parts: dict[int, dict[str, Any]], world: int) -> dict[str, Any]:
         status = "complete"
     notes = [f"rank {r} did not finish: it left no manifest (crashed, killed or still running)." for r in missing]
     notes += [f"rank {r}: {n}" for r in sorted(done) for n in done[r].get("notes", [])]
-    base.update(
-        status=status,
-        world_size=world,
-        ranks=ranks,
-        missing_ranks=missing,
-        failed_ranks=failed,
-        files=entries,
-        notes=notes,
-    )
+    base.update({
+        "status": status,
+        "world_size": world,
+        "ranks": ranks,
+        "missing_ranks": missing,
+        "failed_ranks": failed,
+        "files": entries,
+        "notes": notes,
+    })
     if modules_by_file and any(m != base.get("modules") for m in modules_by_file.values()):
         base["modules_by_file"] = modules_by_file
     return base

@@ -33,12 +33,11 @@ import copy
 import io
 import tokenize
 from dataclasses import dataclass
-from types import CodeType
-from types import TracebackType
+from types import CodeType, TracebackType
 from typing import Any, Literal, Protocol
 
 from tracemagic.errors import CaptureError
-from tracemagic.trace.layout import LINE_MARK_PREFIX
+from tracemagic.trace.kineto import LINE_MARK_PREFIX
 
 #: Name of the session in the user namespace that the injected code calls. A dunder
 #: name, so the cell's own variables (``chakra`` included) cannot shadow it.
@@ -304,7 +303,8 @@ def mark_lines(tree: ast.Module, *, handle: str, unmarked: list[ast.AST] | None 
     stacks / off): ``_RecordFunctionFast`` 1.1 µs / 0.23 µs; ``torch.profiler.record_function``
     10.7 µs / 4.6 µs; a Python context manager calling ``_record_function_enter_new`` and
     ``_exit`` 17 µs / 0.18 µs (its own frames are recorded as ``python_function`` events);
-    ``try``/``finally`` around the calls would also move the traceback's line. A ``with`` keeps the frame's line on the raising statement (see ``Iteration``), and
+    ``try``/``finally`` around the calls would also move the traceback's line. A ``with``
+    keeps the frame's line on the raising statement (see ``Iteration``), and
     ``break``/``continue``/``return`` leave it as they leave any ``with``.
 
     Not marked: statements that hold the stepped loop, a use of the session
@@ -343,7 +343,7 @@ def mark_lines(tree: ast.Module, *, handle: str, unmarked: list[ast.AST] | None 
             holder.body = mark_body(holder.body)
 
     def mark_one(stmt: ast.stmt) -> ast.stmt:
-        if isinstance(stmt, _DEFERRED) or isinstance(stmt, _SKIPPED) or _is_docstring(stmt):
+        if isinstance(stmt, (*_DEFERRED, *_SKIPPED)) or _is_docstring(stmt):
             return stmt
         if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
             return stmt

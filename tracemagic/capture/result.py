@@ -3,13 +3,14 @@ trace); ``tracemagic.facade.Capture`` adds how it displays (dashboard, report, C
 
 from __future__ import annotations
 
+import logging
 import re
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.layout import MANIFEST, read_manifest, write_manifest
+from tracemagic.trace.layout import KINETO_KIND, MANIFEST, MANIFEST_KIND, FileEntry, Manifest, SlowCatch, read_manifest, write_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
 
 CaptureT = TypeVar("CaptureT", bound="Capture")
+_log = logging.getLogger(__name__)
 
 
 class Capture:
@@ -32,7 +34,7 @@ class Capture:
         manifest: the parsed ``capture.json``.
     """
 
-    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, manifest: Manifest) -> None:
         self.dir = Path(directory)
         self.manifest = manifest
         self._trace: Any = None
@@ -53,7 +55,7 @@ class Capture:
     def from_dir(cls, directory: str | Path) -> Capture:
         """Read a capture directory written by ``%%chakra_trace``."""
         path = Path(directory)
-        return cls(path, dict(read_manifest(path)))
+        return cls(path, read_manifest(path))
 
     @property
     def files(self) -> list[Path]:
@@ -80,7 +82,7 @@ class Capture:
         return from_manifest(self.manifest)
 
     @property
-    def slow_steps(self) -> list[dict[str, Any]]:
+    def slow_steps(self) -> list[SlowCatch]:
         """The slow iterations ``--slow`` caught: ``iteration``, ``wall_ms``, ``median_ms``,
         ``ratio``, ``recorded`` (the next iteration, the one recorded) and ``path`` (its
         trace in ``dir``; None if it could not be written)."""
@@ -103,7 +105,7 @@ class Capture:
     @property
     def has_trace(self) -> bool:
         """Whether a Kineto trace was written (a failed or empty capture has none)."""
-        return any(e.get("kind") == "kineto" for e in self.manifest.get("files", []))
+        return any(e.get("kind") == KINETO_KIND for e in self.manifest.get("files", []))
 
     @property
     def title(self) -> str:
@@ -132,9 +134,9 @@ class Capture:
         """Rewrite ``capture.json`` from ``self.manifest`` (atomically: never half-written)."""
         write_manifest(self.dir, self.manifest)
 
-    def _add_file(self, entry: dict[str, Any]) -> None:
+    def _add_file(self, entry: FileEntry) -> None:
         entries = [e for e in self.manifest.get("files", []) if e.get("path") != entry["path"]]
-        at = next((i for i, e in enumerate(entries) if e.get("kind") == "manifest"), len(entries))
+        at = next((i for i, e in enumerate(entries) if e.get("kind") == MANIFEST_KIND), len(entries))
         entries.insert(at, entry)  # the manifest stays last
         self.manifest["files"] = entries
 
@@ -183,6 +185,7 @@ class Capture:
             layers = self.trace.table(layers_table)
             rows = layers.sort_values("self_cpu_us", ascending=False).head(top)
         except Exception as exc:  # a display must never raise; say why instead
+            _log.debug("the top layers failed", exc_info=True)
             return [f"  top layers: unavailable ({type(exc).__name__}: {exc})"]
         out = ["  top layers (self CPU time):"]
         for row in rows.itertuples(index=False):

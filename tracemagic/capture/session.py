@@ -12,6 +12,7 @@ writes what was recorded and the manifest, and returns a ``Capture``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import platform
 import shutil
 import sys
@@ -36,8 +37,9 @@ from tracemagic.capture.result import Capture
 from tracemagic.capture.watch import LoopClock
 from tracemagic.errors import CaptureError
 from tracemagic.trace import layout
-from tracemagic.trace.layout import SlowCatch
+from tracemagic.trace.layout import FileEntry, Manifest, SlowCatch
 
+_log = logging.getLogger(__name__)
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 #: the line marks' context manager (capture/loop.py ``mark_lines``): torch's C++
 #: RecordFunction, ~1 µs while recording, a no-op while the profiler is off
@@ -149,6 +151,7 @@ class _Profiler(torch.profiler.profile):
         try:
             return resolve(recorded_modules(self.profiler, trace), namespace_modules(self._session.namespace))
         except Exception as exc:  # noqa: BLE001 - names are a convenience, never worth a failed capture
+            _log.debug("naming nn.Module events failed", exc_info=True)
             self._session.note(f"nn.Module events could not be named by attribute path ({type(exc).__name__}: {exc}).")
             return {}
 
@@ -312,6 +315,7 @@ class CaptureSession:
             events[-1].synchronize()
             return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
         except Exception as exc:  # noqa: BLE001 - the GPU times are a convenience
+            _log.debug("no GPU time per iteration", exc_info=True)
             self._notes.append(f"no GPU time per iteration ({type(exc).__name__}: {exc})")
             return None
 
@@ -334,6 +338,7 @@ class CaptureSession:
             prof.start()
             self._marking = True
         except Exception as exc:  # noqa: BLE001 - the watch must never break the loop
+            _log.debug("--slow: starting its profiler failed", exc_info=True)
             self._notes.append(f"--slow: iteration {iteration + 1} could not be recorded ({type(exc).__name__}: {exc})")
             return
         self._slow_prof = prof
@@ -350,6 +355,7 @@ class CaptureSession:
             files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip)
             catch["path"] = name
         except Exception as exc:  # noqa: BLE001
+            _log.debug("--slow: writing its trace failed", exc_info=True)
             self._notes.append(f"--slow: the trace of iteration {catch['recorded']} was not written ({exc})")
         finally:
             with contextlib.suppress(Exception):
@@ -495,12 +501,13 @@ class CaptureSession:
         try:
             manifest = self._manifest(status, error)
         except Exception as exc:  # noqa: BLE001 - never lose the cell's own error to bookkeeping
+            _log.debug("building the manifest failed", exc_info=True)
             manifest = self._base_manifest(status)
-            manifest.update(
-                files=[{"path": files.MANIFEST, "kind": "manifest"}],
-                notes=[*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
-                error=_error_entry(error),
-            )
+            manifest.update({
+                "files": [{"path": files.MANIFEST, "kind": layout.MANIFEST_KIND}],
+                "notes": [*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
+                "error": _error_entry(error),
+            })
         assert self.dir is not None
         try:
             self._write_manifest(manifest=manifest)
@@ -734,48 +741,49 @@ class CaptureSession:
                 notes.append(f"ProfilerStep#{s.step} holds only the loop's exit (incomplete).")
         return notes
 
-    def _manifest(self, status: str, error: BaseException | None) -> dict[str, Any]:
+    def _manifest(self, status: str, error: BaseException | None) -> Manifest:
         assert self.dir is not None
         written = [c for c in self._cycles if c.kineto]
-        entries: list[dict[str, Any]] = []
+        entries: list[FileEntry] = []
         for c in written:
-            entries.append({"path": c.kineto, "kind": "kineto", "rank": self.rank, "cycle": c.label})
+            assert c.kineto is not None
+            entries.append({"path": c.kineto, "kind": layout.KINETO_KIND, "rank": self.rank, "cycle": c.label})
             if c.memory:
                 entries.append(
-                    {"path": c.memory, "kind": "memory_timeline", "rank": self.rank, "cycle": c.label}
+                    {"path": c.memory, "kind": layout.MEMORY_KIND, "rank": self.rank, "cycle": c.label}
                 )
         for c in self._cycles:
             if c.et:
-                entries.append({"path": c.et, "kind": "execution_trace", "rank": self.rank, "cycle": c.label})
+                entries.append({"path": c.et, "kind": layout.ET_KIND, "rank": self.rank, "cycle": c.label})
         for catch in self._clock.catches:
             if catch.get("path"):
-                entries.append({"path": catch["path"], "kind": layout.SLOW_KIND, "rank": self.rank, "cycle": None})
+                entries.append({"path": str(catch["path"]), "kind": layout.SLOW_KIND, "rank": self.rank, "cycle": None})
         for entry in entries:
             entry["bytes"] = (self.dir / entry["path"]).stat().st_size
-        entries.append({"path": files.MANIFEST, "kind": "manifest"})
+        entries.append({"path": files.MANIFEST, "kind": layout.MANIFEST_KIND})
 
         roots = find_roots(m for c in written for m in c.window.values() if not isinstance(m, str))
-        maps = {c.kineto: module_map(c.window, roots, self.namespace) for c in written}
+        maps = {str(c.kineto): module_map(c.window, roots, self.namespace) for c in written}
         first = next(iter(maps.values()), {})
         manifest = self._base_manifest(status)
-        manifest.update(
-            steps=[asdict(s) for c in self._cycles for s in c.steps],
-            steps_recorded=sum(len(c.steps) for c in self._cycles),
-            iterations=self._iterations,
-            loop_timing=self._clock.as_manifest(self._gpu_ms()),
-            files=entries,
-            modules=first,
-            notes=list(self._notes),
-            error=_error_entry(error),
-            hidden_output=list(self._hidden),
-        )
+        manifest.update({
+            "steps": [asdict(s) for c in self._cycles for s in c.steps],
+            "steps_recorded": sum(len(c.steps) for c in self._cycles),
+            "iterations": self._iterations,
+            "loop_timing": self._clock.as_manifest(self._gpu_ms()),
+            "files": entries,
+            "modules": first,
+            "notes": list(self._notes),
+            "error": _error_entry(error),
+            "hidden_output": list(self._hidden),
+        })
         if any(m != first for m in maps.values()):
             manifest["modules_by_file"] = maps
         if any(c.memory for c in written):
             manifest["memory_timeline"] = MEMORY_TIMELINE_FORMAT
         return manifest
 
-    def _base_manifest(self, status: str) -> dict[str, Any]:
+    def _base_manifest(self, status: str) -> Manifest:
         use_cuda = torch.cuda.is_available() and not self.config.cpu_only
         return {
             "format": layout.MANIFEST_FORMAT,
@@ -804,7 +812,7 @@ class CaptureSession:
         }
 
     def _write_manifest(
-        self, *, status: str = "running", manifest: dict[str, Any] | None = None
+        self, *, status: str = "running", manifest: Manifest | None = None
     ) -> None:
         assert self.dir is not None
         data = manifest if manifest is not None else self._base_manifest(status)
@@ -862,7 +870,7 @@ def cfg_cuda(config: CaptureConfig) -> bool:
     return torch.cuda.is_available() and not config.cpu_only
 
 
-def _error_entry(error: BaseException | None) -> dict[str, str] | None:
+def _error_entry(error: BaseException | None) -> dict[str, Any] | None:
     """The manifest's ``error``: the cell's exception type and message, or None."""
     return None if error is None else {"type": type(error).__name__, "message": str(error)}
 

@@ -37,7 +37,8 @@ import orjson
 from tracemagic.errors import TraceError
 from tracemagic.trace import pairing
 from tracemagic.trace._files import read_bytes
-from tracemagic.trace.et import ROOT_NAMES, STEP_NAME
+from tracemagic.trace.et import ROOT_NAMES
+from tracemagic.trace.kineto import STEP_NAME
 
 __all__ = [
     "CONVERTER_SCHEMAS",

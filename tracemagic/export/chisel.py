@@ -18,6 +18,7 @@ Set ``TRACEMAGIC_DISABLE=1`` to turn the decorator into a no-op in production.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -38,6 +39,7 @@ __all__ = ["DISABLE_ENV", "capture_model", "format_layer_summary", "parse_model_
 #: set to 1/true/yes to make ``capture_model`` a no-op
 DISABLE_ENV = "TRACEMAGIC_DISABLE"
 _DIMS = re.compile(r"\[\d")
+_log = logging.getLogger(__name__)
 T = TypeVar("T", bound=type)
 
 
@@ -134,6 +136,7 @@ def _profiled_forward(
     try:
         window = resolve(recorded_modules(prof.profiler), [model]) if prof.with_stack else {}
     except Exception:  # noqa: BLE001 - names are a convenience: never lose the forward's result
+        _log.debug("naming the model's modules failed", exc_info=True)
         window = {}
     modules = module_map(window, [model], {name: model})  # the model itself is named `name`
     layout.write_json(layout.modules_sidecar(trace_file), modules)

@@ -27,6 +27,7 @@ import orjson
 
 from tracemagic.capture import files
 from tracemagic.errors import TraceError
+from tracemagic.trace.kineto import GPU_CATEGORIES
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import Trace
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["to_chrome_trace", "tb_name"]
 
 #: event categories that run on a GPU (old and new spellings)
-_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "gpu_user_annotation"}
+_GPU_CATS = GPU_CATEGORIES
 #: what is dropped first when ``max_events`` bites (lowest priority first)
 _PRIORITY = {"python_function": 0, "python": 0, "cpu_instant_event": 1}
 

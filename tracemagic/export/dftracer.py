@@ -40,6 +40,7 @@ import orjson
 import pandas as pd
 
 from tracemagic.errors import TraceError
+from tracemagic.trace.kineto import GPU_KINDS
 from tracemagic.trace.structure import MODULE_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,13 +123,13 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
             pid, tid = _int_or_hash(obj["pid"][r]), _int_or_hash(obj["tid"][r])
             if (rank, pid) not in seen_pids:
                 seen_pids.add((rank, pid))
-                label = f"rank {rank}" + (" GPU" if kind[r] in ("kernel", "memcpy", "memset", "gpu_annotation") else "")
+                label = f"rank {rank}" + (" GPU" if kind[r] in GPU_KINDS else "")
                 yield orjson.dumps({"id": next_id, "name": "process_name", "cat": "dftracer", "pid": pid, "tid": pid,
                                     "ph": "M", "args": {"name": label, "value": label}})
                 next_id += 1
             args: dict[str, Any] = {"hhash": hhash, "rank": int(rank), "kind": kind[r], "kineto_cat": str(obj["cat"][r])}
             device = _na(obj["device"][r])
-            if kind[r] in ("kernel", "memcpy", "memset", "gpu_annotation"):
+            if kind[r] in GPU_KINDS:
                 args["device"] = f"cuda:{device}" if device is not None else "cuda"
             elif kind[r] == "memory":
                 args["device"] = "cpu" if device is None or int(device) < 0 else f"cuda:{device}"
@@ -206,7 +207,7 @@ def to_pfw(
     Args:
         trace: a loaded ``Trace``.
         path: ``*.pfw`` or ``*.pfw.gz``.
-        kinds: the event kinds to write (``tracemagic.trace.normalize.KINDS``); python
+        kinds: the event kinds to write (``tracemagic.trace.kineto.KINDS``); python
             frames are limited to ``nn.Module`` ones.
         offset_us: µs to add to ``ts`` (default: from the trace's ``baseTimeNanoseconds``,
             so timestamps are µs since the epoch).

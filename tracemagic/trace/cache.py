@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
 import re
@@ -64,6 +65,8 @@ import pyarrow as pa
 from tracemagic.errors import TraceError
 from tracemagic.trace import layout
 from tracemagic.trace.columns import all_missing
+
+_log = logging.getLogger(__name__)
 
 #: bump when the events table's columns or meaning, or the entry's files, change
 FORMAT = 9
@@ -275,6 +278,7 @@ def read(found: Entry) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | No
             for section in ("ranks", "processes", "threads"):
                 meta[section] = {int(k): v for k, v in meta.get(section, {}).items()}
         except (OSError, KeyError, ValueError, TypeError, AttributeError, pa.ArrowException):
+            _log.debug("%s: cache entry unreadable, the trace is parsed again", base, exc_info=True)
             continue  # missing, damaged or foreign: parse the trace again
         if base in found.capped:
             _touch(_file(base, SEAL_SUFFIX))
@@ -448,7 +452,8 @@ def write(found: Entry, trace: Path, events: pd.DataFrame, flows: pd.DataFrame, 
             }
             body = json.dumps(seal, separators=(",", ":")).encode()
             _write_atomic(f"{zlib.crc32(body):08x}\n".encode() + body, _file(base, SEAL_SUFFIX))
-        except OSError:
+        except OSError as exc:
+            _log.debug("%s: cache not written here (%s)", base, exc)
             continue
         if base in found.capped:
             evict(base.parent, keep=base.name)

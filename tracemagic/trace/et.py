@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import pandas as pd
 from tracemagic.errors import TraceError
 from tracemagic.trace import pairing
 from tracemagic.trace._files import read_bytes
+from tracemagic.trace.kineto import STEP_NAME, rank_from_name
 
 __all__ = ["ExecutionTrace", "find_et", "next_to", "read_et"]
 
@@ -40,8 +40,6 @@ ROOT_NAMES = (
     "[pytorch|profiler|execution_graph|thread]",
 )
 #: a ``ProfilerStep#N`` node or event name
-STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
-_RANK = re.compile(r"(?:rank|worker|_et_|et_)[-_.]?(\d+)", re.IGNORECASE)
 
 #: columns of ``ExecutionTrace.nodes`` (see ``read_et``)
 NODE_COLUMNS = (
@@ -198,8 +196,8 @@ def read_et(path: str | os.PathLike[str]) -> ExecutionTrace:
         nodes[column] = pd.array(pd.to_numeric(nodes[column], errors="coerce"), dtype="Int64")
     nodes = nodes.sort_values("id", kind="stable").reset_index(drop=True)
     nodes.insert(NODE_COLUMNS.index("step"), "step", _steps_of(nodes) if len(nodes) else np.empty(0, np.int64))
-    match = _RANK.search(path.name)
-    return ExecutionTrace(path, meta, nodes, rank=int(match.group(1)) if match else 0)
+    rank = rank_from_name(path.name)
+    return ExecutionTrace(path, meta, nodes, rank=rank if rank is not None else 0)
 
 
 def find_et(kineto_path: str | os.PathLike[str]) -> Path | None:

@@ -25,19 +25,18 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, Final, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
 
 from tracemagic.errors import TraceError
 
 #: the manifest's file name
 MANIFEST = "capture.json"
-#: the manifest's ``format``: its layout's name and version (a new version for a change
-#: readers must know about)
-MANIFEST_FORMAT = "tracemagic.capture/1"
-#: the name of a line mark of a ``%%chakra_trace`` cell: ``tracemagic.line:<N>``, N its line in
-#: the cell (the magic's line is 1); recorded by torch as a ``cpu_op``, loaded as a
-#: ``user_annotation`` (``trace.normalize``); the manifest's ``line_marks`` lists the lines
-LINE_MARK_PREFIX = "tracemagic.line:"
+#: the manifest's layout: its name and version (a new version for a change readers must know
+#: about; ``read_manifest`` refuses a version above ``MANIFEST_VERSION``)
+MANIFEST_NAME = "tracemagic.capture"
+MANIFEST_VERSION = 1
+#: the manifest's ``format``: ``<name>/<version>``
+MANIFEST_FORMAT = f"{MANIFEST_NAME}/{MANIFEST_VERSION}"
 #: the folder of the per-rank manifests of a job of several ranks
 RANKS_DIR = "ranks"
 #: the file-name prefixes of a capture's files
@@ -50,19 +49,35 @@ KINETO_FILE = re.compile(KINETO_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$
 ET_FILE = re.compile(ET_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
 #: ``kineto_trace_<rank>_slow<k>.json[.gz]`` (``--slow``): groups rank, k
 SLOW_FILE = re.compile(KINETO_PREFIX + r"(\d+)_slow(\d+)\.json(?:\.gz)?$")
-#: the manifest ``files`` kind of a ``--slow`` trace (not ``kineto``: loading the capture
-#: loads the schedule's cycles only; each slow trace loads on its own)
-SLOW_KIND = "kineto_slow"
 #: ``memory_timeline_<rank>[_cycle<k>].json[.gz]``: groups rank, cycle
 MEMORY_FILE = re.compile(MEMORY_PREFIX + r"(\d+)(?:_cycle(\d+))?\.json(?:\.gz)?$")
 
+#: the ``kind`` of a file in the manifest's ``files``, the one vocabulary of writers and readers
+FileKind = Literal["kineto", "kineto_slow", "execution_trace", "memory_timeline", "pfw", "manifest", "rank_manifest"]
+#: a Kineto trace of the schedule's cycles (``kineto_name``)
+KINETO_KIND: Final = "kineto"
+#: a ``--slow`` trace (not ``kineto``: loading the capture loads the schedule's cycles only;
+#: each slow trace loads on its own)
+SLOW_KIND: Final = "kineto_slow"
+#: an Execution Trace (``et_name``); tracemagic has always written this word (the type once
+#: said ``et``, which no writer wrote)
+ET_KIND: Final = "execution_trace"
+#: torch's raw memory timeline (``memory_name``)
+MEMORY_KIND: Final = "memory_timeline"
+#: a DFTracer ``.pfw`` written by ``Capture.to_pfw``
+PFW_KIND: Final = "pfw"
+#: the manifest itself (listed last)
+MANIFEST_KIND: Final = "manifest"
+#: a rank's own manifest in a job of several ranks (``part_path``)
+RANK_MANIFEST_KIND: Final = "rank_manifest"
+
 
 class FileEntry(TypedDict, total=False):
-    """One file of the manifest's ``files`` (``kind``: kineto, et, memory_timeline, pfw,
-    manifest)."""
+    """One file of the manifest's ``files``: its name in the capture directory, its kind,
+    the rank and cycle it belongs to, its size."""
 
     path: str
-    kind: str
+    kind: FileKind
     rank: int
     cycle: int | None
     bytes: int
@@ -102,9 +117,24 @@ class LoopTiming(TypedDict, total=False):
     slow_warmup: int
 
 
+class RankSummary(TypedDict, total=False):
+    """One rank of a job in the merged manifest's ``ranks`` (``capture.distributed.merge``)."""
+
+    status: str | None
+    steps_recorded: int | None
+    iterations: int | None
+    error: dict[str, Any] | None
+    notes: list[str]
+
+
 class Manifest(TypedDict, total=False):
     """``capture.json``: what a capture did and wrote (every key optional to a reader: a
-    failed capture writes few, other tools' manifests fewer)."""
+    failed capture writes few, other tools' manifests fewer). Every writer builds it as this
+    type (mypy checks it); ``read_manifest`` checks the types of the keys it finds.
+
+    A job of several ranks (torchrun) merges its ranks' own manifests into one that has no
+    ``rank`` but ``ranks``, ``missing_ranks`` and ``failed_ranks``.
+    """
 
     format: str
     status: str  # running, complete, partial, empty, failed
@@ -120,15 +150,19 @@ class Manifest(TypedDict, total=False):
     rank: int
     world_size: int
     steps: list[dict[str, Any]]
+    steps_recorded: int
     iterations: int
     loop_timing: LoopTiming
     files: list[FileEntry]
     modules: dict[str, dict[str, str]]
     modules_by_file: dict[str, Any]
-    memory_timeline: str
+    memory_timeline: dict[str, Any]  # the raw rows' format (``capture.session.MEMORY_TIMELINE_FORMAT``)
     notes: list[str]
     error: dict[str, Any] | None
     hidden_output: list[str]
+    ranks: dict[str, RankSummary]
+    missing_ranks: list[int]
+    failed_ranks: list[int]
     chakra_check: dict[str, Any]
     report: str
 
@@ -199,7 +233,7 @@ def write_json(final: Path, data: Any, gz: bool = False) -> None:
             json.dump(data, fh, indent=None if gz else 1, default=str)
 
 
-def write_manifest(path: Path, manifest: Manifest | dict[str, Any]) -> None:
+def write_manifest(path: Path, manifest: Manifest) -> None:
     """Write a manifest (``path``: a capture directory, or the file itself, e.g. a rank's
     ``part_path``) atomically; values JSON cannot hold are written as text."""
     final = path / MANIFEST if path.is_dir() else path
@@ -211,7 +245,9 @@ def read_manifest(path: Path) -> Manifest:
     """The manifest of a capture directory (or the manifest file ``path`` itself).
 
     Raises:
-        TraceError: it is missing, unreadable, or not a JSON object.
+        TraceError: it is missing, unreadable, not a JSON object, a key of ``Manifest`` holds
+            a value of another type, or a newer tracemagic wrote it (``format`` above
+            ``MANIFEST_FORMAT``: upgrade tracemagic to read it).
     """
     file = path / MANIFEST if path.is_dir() else path
     try:
@@ -220,4 +256,65 @@ def read_manifest(path: Path) -> Manifest:
         raise TraceError(f"{file}: unreadable capture manifest ({exc}).", path=str(file)) from None
     if not isinstance(data, dict):
         raise TraceError(f"{file}: not a capture manifest (a JSON object).", path=str(file))
+    _check_version(file, data.get("format"))
+    for key, value in data.items():
+        expected = _KEY_TYPES.get(key)
+        if expected is not None and not isinstance(value, expected):
+            names = " or ".join("null" if t is type(None) else _JSON_NAMES.get(t, t.__name__) for t in expected)
+            raise TraceError(
+                f"{file}: not a capture manifest tracemagic can read: {key!r} is "
+                f"{_JSON_NAMES.get(type(value), type(value).__name__)}, not {names}. {_DAMAGED}",
+                path=str(file),
+            )
+    files = data.get("files")
+    if isinstance(files, list) and not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in files):
+        raise TraceError(f"{file}: not a capture manifest tracemagic can read: an entry of 'files' "
+                         f"is not an object with a 'path'. {_DAMAGED}", path=str(file))
     return cast(Manifest, data)
+
+
+def _check_version(file: Path, fmt: Any) -> None:
+    """Refuse a manifest of a newer format than this tracemagic reads (other tools' names pass)."""
+    if fmt is None or not isinstance(fmt, str) or not fmt.startswith(MANIFEST_NAME + "/"):
+        return  # no format (other tools) or theirs; a non-text format is caught as a type
+    version = fmt[len(MANIFEST_NAME) + 1:]
+    if not version.isdigit():
+        raise TraceError(f"{file}: unknown capture manifest format {fmt!r} (this tracemagic reads "
+                         f"{MANIFEST_FORMAT}).", path=str(file))
+    if int(version) > MANIFEST_VERSION:
+        from tracemagic._version import __version__
+
+        raise TraceError(
+            f"{file}: written by a newer tracemagic (manifest format {fmt}; tracemagic {__version__} "
+            f"reads up to {MANIFEST_FORMAT}). Upgrade tracemagic to read it: pip install -U tracemagic.",
+            path=str(file),
+        )
+
+
+def _runtime_types(hint: Any) -> tuple[type, ...]:
+    """The classes ``isinstance`` checks for a ``Manifest`` annotation (``int | None`` ->
+    ``(int, NoneType)``, ``list[str]`` -> ``(list,)``, a TypedDict -> ``(dict,)``)."""
+    if get_origin(hint) is Union or type(hint).__name__ == "UnionType":
+        return tuple(t for arg in get_args(hint) for t in _runtime_types(arg))
+    if hint is type(None):
+        return (type(None),)
+    if hint is Any:
+        return (object,)
+    origin = get_origin(hint) or hint
+    if isinstance(origin, type) and issubclass(origin, dict):  # a TypedDict is a dict at runtime
+        return (dict,)
+    if origin is float:
+        return (int, float)
+    return (origin,)
+
+
+#: each ``Manifest`` key's types as read from JSON; ``files`` may also be another tool's
+#: ``{"kineto": [names]}`` mapping (``trace.loader`` reads it)
+_KEY_TYPES: dict[str, tuple[type, ...]] = {
+    key: _runtime_types(hint) for key, hint in get_type_hints(Manifest).items()
+} | {"files": (list, dict)}
+#: what to do about a manifest of the wrong shape
+_DAMAGED = ("Load the trace files themselves, or move this capture.json away to load the folder's traces "
+            "without it.")
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "true/false", type(None): "null"}

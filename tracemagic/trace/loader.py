@@ -4,6 +4,7 @@ into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import functools
 from pathlib import Path
@@ -30,6 +31,9 @@ from tracemagic.trace.read import (
     read_sources,
     regular_file,
 )
+from tracemagic.trace.shared_keys import Shared
+
+_log = logging.getLogger(__name__)
 
 #: row-number columns that must be shifted when ranks are stacked
 ROW_COLUMNS = ("parent", "launch", "op", "module")
@@ -195,7 +199,7 @@ def _manifest_kineto(path: Path, files: Any) -> dict[Path, int | None] | None:
     if isinstance(files, dict) and isinstance(files.get("kineto"), list):
         entries = [(name, None) for name in files["kineto"]]
     elif isinstance(files, list):
-        entries = [(e.get("path"), e.get("rank")) for e in files if isinstance(e, dict) and e.get("kind") == "kineto"]
+        entries = [(e.get("path"), e.get("rank")) for e in files if isinstance(e, dict) and e.get("kind") == layout.KINETO_KIND]
     else:
         return None
     # plain names only: a manifest from someone else cannot point outside its folder
@@ -302,6 +306,7 @@ def load(
         hit = cache.read(entry)
         if hit is not None:
             events, flows, meta = hit
+            _log.debug("%s: %d events read from the cache", path, len(events))
             return Trace(events, flows, meta, path=path, manifest=manifest)
     if listed is not None:
         sources = [file_source(p, rank, limit, ratio) for p, rank in listed.items()]
@@ -318,6 +323,8 @@ def load(
     if outside:
         parsed[0].warnings.append(skipped(path, outside))
     events, flows, meta, cpu_order = assemble(parsed, path)
+    _log.debug("%s: parsed %d file(s) (%.1f MB read), %d events (cache: %s)", path, len(sources), total / 1e6, len(events),
+               "off" if not use_cache else "none" if entry is None else "missed")
     if entry is not None:
         cache.write(entry, path, events, flows, meta)
     if callback is not None:
@@ -351,7 +358,7 @@ def as_trace(
     """The ``Trace`` of assembled tables."""
     trace = Trace(events, flows, meta, path=path, manifest=manifest)
     if cpu_order is not None:  # nesting sorted them already: the analyses need not again
-        trace.shared("cpu_by_thread", lambda: cpu_order)
+        trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_order)
     return trace
 
 

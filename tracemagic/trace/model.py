@@ -14,10 +14,11 @@ from typing import Any, Callable, Hashable, TypeVar
 import pandas as pd
 
 from tracemagic.trace.artifacts import Artifacts
+from tracemagic.trace.kineto import GPU_ACTIVITY
 
 #: The events table: one row per duration (``X``) or instant (``i``) event, all ranks.
 #:
-#: ``rank`` int32; ``kind`` normalized category (see ``normalize.KINDS``); ``cat``, ``name``,
+#: ``rank`` int32; ``kind`` normalized category (see ``kineto.KINDS``); ``cat``, ``name``,
 #: ``ph``, ``pid``, ``tid`` categoricals as written; ``ts`` start in µs on the trace's own
 #: clock; ``dur`` µs (0 for instants); ``self_dur`` µs minus nested CPU events; ``parent``,
 #: ``depth`` nesting on the CPU thread; ``step`` ProfilerStep number (-1 outside steps;
@@ -83,7 +84,7 @@ class Trace:
     @cached_property
     def has_gpu(self) -> bool:
         """Whether any kernel, memcpy or memset was recorded."""
-        return bool(self.events["kind"].isin(("kernel", "memcpy", "memset")).any())
+        return bool(self.events["kind"].isin(GPU_ACTIVITY).any())
 
     @property
     def warnings(self) -> list[str]:

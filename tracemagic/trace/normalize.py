@@ -8,65 +8,24 @@ AMD traces call the runtime ``hip*``. All of them map to the kinds below.
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tracemagic.trace.layout import LINE_MARK_PREFIX
+from tracemagic.trace.kineto import CATEGORY_KIND, CPU_KINDS, GPU_KINDS, KINDS, LINE_MARK_PREFIX, STEP_NAME
 
-#: normalized event kinds, in display order
-KINDS = (
-    "step",
-    "cpu_op",
-    "user_annotation",
-    "python_function",
-    "runtime",
-    "kernel",
-    "memcpy",
-    "memset",
-    "gpu_annotation",
-    "memory",
-    "trace",
-    "other",
-)
-#: kinds that run on a GPU stream (pid = device, tid = stream)
-GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation")
-#: kinds that run on a CPU thread and nest there
-CPU_KINDS = ("step", "cpu_op", "user_annotation", "python_function", "runtime")
-#: a step's name: ``ProfilerStep#`` and its number (which fits int64); ``ProfilerStep#abc``
-#: and the like are left as the annotations they are
-STEP_NAME = re.compile(r"ProfilerStep#\d{1,18}(?!\d)")
+#: the vocabulary (kinds, step names) is ``tracemagic.trace.kineto``'s; ``STEP_NAME`` is
+#: used with ``match``: ``ProfilerStep#abc`` and the like stay the annotations they are
 _INT64 = 2**63
-#: a line mark of a ``%%chakra_trace`` cell (``layout.LINE_MARK_PREFIX``): recorded as a
-#: ``cpu_op`` by torch's ``_RecordFunctionFast``, an annotation by what it means
-LINE_MARK = re.compile(re.escape(LINE_MARK_PREFIX) + r"\d+$")
 
-_CATEGORY_KIND = {
-    "cpu_op": "cpu_op",
-    "operator": "cpu_op",
-    "user_annotation": "user_annotation",
-    "python_function": "python_function",
-    "python": "python_function",
-    "cuda_runtime": "runtime",
-    "cuda_driver": "runtime",
-    "runtime": "runtime",
-    "kernel": "kernel",
-    "gpu_memcpy": "memcpy",
-    "memcpy": "memcpy",
-    "gpu_memset": "memset",
-    "memset": "memset",
-    "gpu_user_annotation": "gpu_annotation",
-    "trace": "trace",
-}
 
 
 def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     """The normalized kind of every event (see ``KINDS``)."""
     cats = events["cat"].cat.categories
     lookup = np.array(
-        [KINDS.index(_CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats] + [KINDS.index("other")],
+        [KINDS.index(CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats] + [KINDS.index("other")],
         dtype=np.int8,
     )
     codes = lookup[events["cat"].cat.codes.to_numpy()]
@@ -79,7 +38,7 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         on_cpu = np.isin(codes, [KINDS.index("cpu_op"), KINDS.index("user_annotation")])
         codes = np.where(is_step & on_cpu, KINDS.index("step"), codes)
     mark_names = np.asarray(names.cat.categories.str.startswith(LINE_MARK_PREFIX), dtype=bool)
-    if mark_names.any():
+    if mark_names.any():  # the magic's line marks: recorded as cpu_op, annotations by what they mean
         is_mark = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(mark_names))
         codes = np.where(is_mark & (codes == KINDS.index("cpu_op")), KINDS.index("user_annotation"), codes)
     return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"))

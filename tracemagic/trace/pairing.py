@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+from tracemagic.trace.kineto import rank_at_stem_end
 from tracemagic.trace.layout import ET_FILE, ET_PREFIX, KINETO_PREFIX, et_name, kineto_name
 
 __all__ = [
@@ -37,8 +38,6 @@ _KINETO_NAME = re.compile(
 _CAPTURE_ET = ET_FILE
 #: the cycle of a capture's per-cycle file
 _CYCLE = re.compile(rf"^(?:{ET_PREFIX}|{KINETO_PREFIX})\d+_cycle(\d+)\.json(?:\.gz)?$")
-#: a rank in any other name: ``rank3``, ``worker_3``, ``_3`` (the last number)
-_RANK = re.compile(r"(?:rank|worker|_)[-_]?(\d+)(?=\D*$)")
 
 
 def is_et_name(name: str) -> bool:
@@ -75,8 +74,7 @@ def rank_of(name: str) -> int | None:
         for g in m.groups():
             if g and g.isdigit():
                 return int(g)
-    m = _RANK.search(name.split(".")[0])
-    return int(m.group(1)) if m else None
+    return rank_at_stem_end(name)
 
 
 def cycle_of(name: str) -> int | None:

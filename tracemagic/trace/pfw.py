@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from tracemagic.errors import TraceError
+from tracemagic.trace.kineto import GPU_KINDS
 from tracemagic.trace.read import ByteStream, file_source
 
 
@@ -68,7 +69,7 @@ def _to_kineto(event: dict[str, Any]) -> dict[str, Any] | None:
     if "input_types" in args:
         kargs["Input type"] = _json_or_text(args.pop("input_types"))
     device = str(args.get("device", ""))
-    if args.get("kind") in ("kernel", "memcpy", "memset", "gpu_annotation") and device.startswith("cuda:"):
+    if args.get("kind") in GPU_KINDS and device.startswith("cuda:"):
         kargs["device"] = int(device.split(":", 1)[1])
     if args.get("kind") == "memory":
         out["s"] = "t"

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator, Protocol
 
 from tracemagic.errors import TraceError
+from tracemagic.trace.kineto import rank_from_name
 from tracemagic.trace.layout import ET_PREFIX, KINETO_PREFIX, MANIFEST, MEMORY_PREFIX
 
 #: file names that hold a Kineto trace inside a directory or tar
@@ -36,7 +37,6 @@ _NOT_KINETO = re.compile(
     rf"({ET_PREFIX}|_et\.json|\.et\.json|{MEMORY_PREFIX.rstrip('_')}|{re.escape(MANIFEST)}|\.pfw"
     r"|_slow\d+\.json)"  # a --slow recording (layout.SLOW_FILE) is no rank: it loads on its own
 )
-_RANK_IN_NAME = re.compile(rf"(?:rank|worker|{KINETO_PREFIX})[-_]?(\d+)", re.IGNORECASE)
 #: compressed bytes fed to zlib per step (a trace compresses ~10-30x)
 _GZIP_STEP = 1 << 18
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -264,12 +264,6 @@ class ByteStream:
         while block := self.read():
             out += block
         return out
-
-
-def rank_from_name(name: str) -> int | None:
-    """The rank a file name carries (`rank-3`, `worker3`, `kineto_trace_3`), if any."""
-    match = _RANK_IN_NAME.search(Path(name).name)
-    return int(match.group(1)) if match else None
 
 
 def is_trace_name(name: str) -> bool:

@@ -6,12 +6,13 @@ millions of events. Row numbers below are positions in the events table.
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pandas as pd
 
-from tracemagic.trace.normalize import CPU_KINDS, GPU_KINDS, KINDS, kind_codes, kind_mask
+from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS, KINDS
+from tracemagic.trace.kineto import step_number as _step_number
+from tracemagic.trace.normalize import kind_codes, kind_mask
 
 try:  # the one-pass nesting in C (setup.py builds it where a compiler is found)
     from tracemagic.trace import _nesting
@@ -26,17 +27,6 @@ NEST_TOLERANCE_US = 0.25
 #: after) another's end, however short, its child: it is a sibling
 NEST_START_MARGIN_US = 0.0005
 MODULE_PREFIX = "nn.Module: "
-_STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
-
-
-def _step_number(name: object) -> int:
-    """N of a ``ProfilerStep#N`` name (the step events are those so named)."""
-    match = _STEP_NUMBER.match(str(name))
-    if match is None:
-        raise ValueError(f"not a ProfilerStep#N name: {name!r}")
-    return int(match.group(1))
-
-
 def sort_by_thread(group: np.ndarray, start: np.ndarray, then: np.ndarray | None = None) -> np.ndarray:
     """The order of rows by (``group``, ``start``, ``then``): ``np.lexsort((then, start,
     group))``, ~2x faster on trace data, whose starts are nearly sorted already (a stable
@@ -314,7 +304,7 @@ def add_structure(events: pd.DataFrame) -> np.ndarray:
     rows = np.flatnonzero(has_launch)
     module[rows] = module[launch[rows]]
     op[rows] = op[launch[rows]]
-    step[np.isin(kinds, [KINDS.index(k) for k in ("kernel", "memcpy", "memset")])] = -1
+    step[np.isin(kinds, [KINDS.index(k) for k in GPU_ACTIVITY])] = -1
     step[rows] = step[launch[rows]]
     events["parent"] = parent
     events["depth"] = depth

@@ -30,6 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from tracemagic.views import bundle as _bundle
 from tracemagic.views import figures, html, sections, tables
 from tracemagic.views._format import esc, fmt_bytes, unit_divisor
 from tracemagic.views.data import TraceData
@@ -479,14 +480,15 @@ class Dashboard:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """The widget (in a kernel) and the text summary; beside the widget the text ends with
         :data:`WIDGET_HINT`, since a saved notebook opened later shows only the text until the
-        cell runs again."""
+        cell runs again. Only the MIME types ``include`` names (all when None), none that
+        ``exclude`` names: the widget is built, and the text computed, only when asked for."""
         bundle: dict[str, Any] = {}
-        text = self.text()
-        if self._wants_widget():
+        widget = self._wants_widget() and _bundle.wanted(_bundle.WIDGET_MIME, include, exclude)
+        if widget:
             bundle.update(self.widget._repr_mimebundle_())
-            text = f"{text}\n\n{WIDGET_HINT}"
-        bundle["text/plain"] = text
-        return bundle
+        if _bundle.wanted(_bundle.TEXT_MIME, include, exclude):
+            bundle[_bundle.TEXT_MIME] = f"{self.text()}\n\n{WIDGET_HINT}" if widget else self.text()
+        return _bundle.select(bundle, include, exclude)
 
     def __repr__(self) -> str:
         return f"<tracemagic Dashboard: {self.title}, tabs {', '.join(self.keys)}>"

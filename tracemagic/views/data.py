@@ -7,6 +7,7 @@ view can say what is missing.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from functools import cached_property
 from pathlib import Path
@@ -14,52 +15,29 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 
-from tracemagic.analysis import advice as _advice
 from tracemagic.analysis import aggregate as _aggregate
 from tracemagic.analysis import diff as _diff
-from tracemagic.analysis import efficiency as _efficiency
-from tracemagic.analysis import iterations as _iterations
-from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import lines as _lines
 from tracemagic.analysis import memory as _memory
-from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import phases as _phases
-from tracemagic.analysis import ranks as _ranks
-from tracemagic.analysis import shapes as _shapes
-from tracemagic.analysis import steps as _steps
 from tracemagic.analysis.schema import TABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
 
-#: the analyses behind the tables (computed with ``trace.table``: once per trace, shared
-#: with ``tracemagic.Trace``'s methods of the same names)
-ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {
-    "ops": _ops.ops,
-    "kernels": _kernels.kernels,
-    "steps": _steps.steps,
-    "iterations": _iterations.iterations,
-    "phases": _phases.phases,
-    "ranks_table": _ranks.ranks,
-    "layers": _layers.layers,
-    "memory": _memory.memory,
-    "memory_peaks": _memory.peaks,
-    "biggest_allocations": _memory.biggest_allocations,
-    "memory_categories": _memory.categories,
-    "shapes": _shapes.shapes,
-    "efficiency": _efficiency.efficiency,
-    "lines": _lines.lines,
-}
+_log = logging.getLogger(__name__)
 
-#: tables whose name here differs from their contract's in ``analysis.schema``
-_SCHEMA_NAMES = {"ranks_table": "ranks"}
+#: the analyses behind the tables, by table name (``analysis.schema.TABLES``: each table's
+#: ``Table.function``; computed with ``trace.table``: once per trace, shared with
+#: ``tracemagic.Trace``'s methods of the same names)
+ANALYSES: dict[str, Callable[..., pd.DataFrame]] = {t.name: t.function for t in TABLES.values() if t.method}
 
 
 def empty_table(name: str) -> pd.DataFrame:
     """An empty stand-in for the table ``name``: its contract's columns and dtypes
     (``tracemagic.analysis.schema``), no columns for a table without one."""
-    table = TABLES.get(_SCHEMA_NAMES.get(name, name))
+    table = TABLES.get(name)
     return table.empty() if table is not None else pd.DataFrame()
 
 
@@ -86,6 +64,7 @@ class TraceData:
                 frame = compute() if compute is not None else self._analysis(name, *args)
             except Exception as exc:  # noqa: BLE001 - one analysis must not take the view down
                 self.problems[name] = f"{type(exc).__name__}: {exc}"
+                _log.debug("the %s analysis failed", name, exc_info=True)
                 warnings.warn(f"tracemagic: the {name} analysis failed ({exc}); its view is empty", stacklevel=2)
                 frame = empty_table(name.split(":")[0])
             self._tables[key] = frame
@@ -195,9 +174,9 @@ class TraceData:
         return self.table("efficiency")
 
     @property
-    def ranks_table(self) -> pd.DataFrame:
-        """``trace.ranks_table()``."""
-        return self.table("ranks_table")
+    def ranks(self) -> pd.DataFrame:
+        """``trace.ranks()``."""
+        return self.table("ranks")
 
     @property
     def memory_categories(self) -> pd.DataFrame:
@@ -280,8 +259,8 @@ class TraceData:
         return bool(getattr(self.trace, "has_gpu", False))
 
     @cached_property
-    def ranks(self) -> list[int]:
-        """The ranks present."""
+    def rank_ids(self) -> list[int]:
+        """The ranks present (``trace.rank_ids``)."""
         return list(getattr(self.trace, "rank_ids", [0]))
 
     @cached_property
@@ -293,7 +272,7 @@ class TraceData:
     @property
     def several_ranks(self) -> bool:
         """More than one rank."""
-        return len(self.ranks) > 1
+        return len(self.rank_ids) > 1
 
     @cached_property
     def step_ids(self) -> list[int]:

@@ -62,7 +62,7 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
             devices += f" visible; work on GPU {', '.join(map(str, used))}"
     out.append(("devices", devices))
     if data.several_ranks:
-        out.append(("ranks", f"{len(data.ranks)} ({', '.join(map(str, data.ranks[:16]))}{'…' if len(data.ranks) > 16 else ''})"))
+        out.append(("ranks", f"{len(data.rank_ids)} ({', '.join(map(str, data.rank_ids[:16]))}{'…' if len(data.rank_ids) > 16 else ''})"))
     steps = data.steps
     chosen = tables.select_step(steps, step)
     if steps.empty:
@@ -185,7 +185,7 @@ def advice(data: TraceData, step: int | None = None) -> pd.DataFrame:
     return data.table("advice" if step is None else f"advice:step {step}", compute=lambda: _advice.evaluate(
         tables.select_step(data.steps, step), tables.select_step(data.ops, step),
         tables.select_step(data.kernels, step) if data.has_gpu else None, tables.peaks_of(data.memory_peaks, step),
-        data.ranks_table if data.several_ranks and step is None else None, device_memory_bytes=device_memory(data),
+        data.ranks if data.several_ranks and step is None else None, device_memory_bytes=device_memory(data),
         step=step, iterations=data.iterations if step is None and not data.summaries_only else None,
         phases=phases_of(data, step),
     ))

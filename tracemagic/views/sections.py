@@ -342,7 +342,7 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
 
 
 def _ranks(data: TraceData, state: ViewState) -> Section:
-    ranks = data.ranks_table
+    ranks = data.ranks
     facts = []
     straggler = insights.straggler(ranks)
     if straggler is not None:

@@ -33,7 +33,8 @@ def listing(lines: pd.DataFrame, cell: dict[int, str]) -> pd.DataFrame:
     numbers = sorted(set(cell) | set(lines["line"].astype(int).tolist()))
     frame = pd.DataFrame({"line": np.asarray(numbers, dtype=np.int64)})
     out = frame.merge(lines.drop(columns=["text"]), on="line", how="left")
-    out.insert(1, "text", pd.array([cell.get(n, "") if n in cell else _text_of(lines, n) for n in numbers], dtype="str"))
+    texts = [cell[n] if n in cell else _text_of(lines, n) for n in numbers]
+    out.insert(1, "text", pd.array(texts, dtype="str"))
     out.attrs.update(lines.attrs)
     return out
 
@@ -124,7 +125,8 @@ def lines_bar(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False, t
                 marker_color="#1f77b4", hovertemplate=f"%{{y}}<br>self CPU %{{x:.3f}} {unit} per step<extra></extra>")
     if has_gpu:
         fig.add_bar(name="self GPU", y=labels, x=ran["self_gpu_us"].to_numpy(dtype=float) / div, orientation="h",
-                    marker_color="#2ca02c", hovertemplate=f"%{{y}}<br>self GPU %{{x:.3f}} {unit} per step<extra></extra>")
+                    marker_color="#2ca02c",
+                    hovertemplate=f"%{{y}}<br>self GPU %{{x:.3f}} {unit} per step<extra></extra>")
     fig.update_layout(title="Lines by their own time per step (nested lines apart)", barmode="group",
                       xaxis_title=f"{unit} per step", height=max(260, 40 + 26 * len(ran)),
                       margin={"l": 10, "r": 10, "t": 50, "b": 40}, yaxis={"automargin": True})

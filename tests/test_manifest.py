@@ -1,0 +1,105 @@
+"""The capture manifest (``capture.json``) is a checked type: what a real capture writes is
+exactly ``Manifest``'s keys with its types and the one vocabulary of file kinds; a manifest
+of the format this tracemagic writes (or older, or another tool's) reads; a newer format, a
+manifest that is not an object or holds a key of the wrong type is a ``TraceError`` that says
+what to do."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tracemagic
+from tracemagic.capture.result import Capture
+from tracemagic.errors import TraceError
+from tracemagic.trace import layout
+from tracemagic.trace.layout import FileEntry, Manifest
+
+from conftest import TRACES
+
+KINETO = "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+
+
+def _folder(tmp_path: Path, manifest: Any) -> Path:
+    """A capture folder: one real Kineto trace under a capture's name, and ``manifest``."""
+    folder = tmp_path / "cap"
+    folder.mkdir()
+    shutil.copyfile(TRACES / KINETO, folder / "kineto_trace_0.json.gz")
+    (folder / "capture.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _v1(**extra: Any) -> dict[str, Any]:
+    """A manifest as tracemagic 0.1 wrote it (format 1), before the type was checked."""
+    return {"format": "tracemagic.capture/1", "status": "complete", "rank": 0, "world_size": 1,
+            "files": [{"path": "kineto_trace_0.json.gz", "kind": "kineto", "rank": 0, "cycle": None, "bytes": 1},
+                      {"path": "torch_et_0.json", "kind": "execution_trace", "rank": 0, "cycle": None, "bytes": 1},
+                      {"path": "capture.json", "kind": "manifest"}],
+            "versions": {"tracemagic": "0.1.0"}, "notes": [], "error": None, **extra}
+
+
+def test_a_real_capture_writes_exactly_the_manifest_type(tmp_path: Path) -> None:
+    model = torch.nn.Linear(8, 4)
+    with tracemagic.capture(wait=0, warmup=1, active=1, et=True, out=tmp_path) as cap:
+        for _ in cap.steps(range(3)):
+            model(torch.randn(2, 8)).sum().backward()
+    raw = json.loads((cap.dir / "capture.json").read_text())
+    hints = typing.get_type_hints(Manifest)
+    assert set(raw) <= set(hints), set(raw) - set(hints)  # no key the type lacks
+    assert {"format", "status", "files", "steps", "steps_recorded", "loop_timing", "memory_timeline"} <= set(raw)
+    assert raw["format"] == "tracemagic.capture/1"
+    kinds = set(typing.get_args(typing.get_type_hints(FileEntry)["kind"]))
+    assert {e["kind"] for e in raw["files"]} <= kinds
+    assert {e["kind"] for e in raw["files"]} >= {"kineto", "execution_trace", "memory_timeline", "manifest"}
+    for key, value in raw.items():  # JSON types as the type says
+        origin = typing.get_origin(hints[key]) or hints[key]
+        if origin in (list, dict, str, int):
+            assert isinstance(value, origin), key
+    assert Capture.from_dir(cap.dir).manifest == raw
+
+
+def test_a_format_1_manifest_still_reads(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, _v1())
+    cap = Capture.from_dir(folder)
+    assert cap.status == "complete" and cap.has_trace
+    assert [p.name for p in cap.files] == ["kineto_trace_0.json.gz", "torch_et_0.json", "capture.json"]
+    assert tracemagic.load(folder, use_cache=False).manifest["files"][1]["kind"] == layout.ET_KIND
+
+
+def test_another_tools_manifest_still_reads(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, {"format": "their-tool/7", "files": {"kineto": ["kineto_trace_0.json.gz"]}})
+    assert len(tracemagic.load(folder, use_cache=False).events)
+
+
+@pytest.mark.parametrize("fmt", ["tracemagic.capture/2", "tracemagic.capture/10"])
+def test_a_newer_format_asks_to_upgrade_tracemagic(tmp_path: Path, fmt: str) -> None:
+    folder = _folder(tmp_path, _v1(format=fmt))
+    for read in (tracemagic.load, Capture.from_dir):
+        with pytest.raises(TraceError, match=rf"newer tracemagic \(manifest format {fmt};.*Upgrade tracemagic"):
+            read(folder)
+
+
+@pytest.mark.parametrize(("manifest", "message"), [
+    ([1, 2], "not a capture manifest"),
+    ("complete", "not a capture manifest"),
+    (_v1(status=3), r"'status' is a number, not a string"),
+    (_v1(files="kineto_trace_0.json.gz"), r"'files' is a string, not an array or an object"),
+    (_v1(files=[["kineto_trace_0.json.gz"]]), r"an entry of 'files' is not an object with a 'path'"),
+    (_v1(rank="0"), r"'rank' is a string, not a number"),
+    (_v1(error="boom"), r"'error' is a string, not an object or null"),
+    (_v1(format=1), r"'format' is a number, not a string"),
+    (_v1(format="tracemagic.capture/one"), r"unknown capture manifest format"),
+])
+def test_a_manifest_of_the_wrong_shape_is_a_trace_error(tmp_path: Path, manifest: Any, message: str) -> None:
+    folder = _folder(tmp_path, manifest)
+    for read in (tracemagic.load, Capture.from_dir):
+        with pytest.raises(TraceError, match=message) as info:
+            read(folder)
+        if "'" in message:  # a key of the wrong type: what to do
+            assert "Load the trace files themselves, or move this capture.json away" in str(info.value)
