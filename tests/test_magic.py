@@ -408,7 +408,7 @@ def test_run_command_takes_the_same_capture_options():
     from tracemagic.run import build_parser
 
     run_options = {s for a in build_parser()._actions for s in a.option_strings}
-    magic_only = {"--tb-names", "--report", "--pfw", "--loop", "--stop", "--vs", "-v", "--var", "-o", "--output"}
+    magic_only = {"--tb-names", "--report", "--pfw", "--loop", "--stop", "--no-lines", "--vs", "-v", "--var", "-o", "--output"}
     assert {s for group in _option_groups() for s in group} - magic_only <= run_options
 
 

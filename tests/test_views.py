@@ -1138,7 +1138,7 @@ def test_graph_memory_categories_and_spans_of_a_chakra_trace_et_capture(ip: Any,
     capture = ip.user_ns["_chakra_capture"]
     assert (capture.dir / "torch_et_0.json").is_file()
     dash = Dashboard(capture.trace)
-    assert dash.keys == ["overview", "layers", "timeline", "memory", "shapes", "flame", "graph"]
+    assert dash.keys == ["overview", "layers", "timeline", "memory", "source", "shapes", "flame", "graph"]  # source: the line marks
     steps = dash.data.et_steps
     assert steps == sorted(int(s) for s in capture.trace.steps()["step"])
     # default: the first step; the step selector picks another

@@ -22,6 +22,7 @@ from tracemagic.analysis import efficiency as _efficiency
 from tracemagic.analysis import iterations as _iterations
 from tracemagic.analysis import kernels as _kernels
 from tracemagic.analysis import layers as _layers
+from tracemagic.analysis import lines as _lines
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import phases as _phases
@@ -29,6 +30,7 @@ from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
 from tracemagic.analysis import source as _source
 from tracemagic.analysis import steps as _steps
+from tracemagic.analysis import syncs as _syncs
 from tracemagic.capture import result as _result
 from tracemagic.trace import layout as _layout
 from tracemagic.trace import loader as _loader
@@ -63,6 +65,16 @@ class Trace(_model.Trace):
     def layers(self, step: int | None = None) -> pd.DataFrame:
         """The per-layer (nn.Module instance) table (of one ProfilerStep, given ``step``)."""
         return self.table(_layers.layers) if step is None else self.table(_layers.layers, step)
+
+    def lines(self) -> pd.DataFrame:
+        """Per line of a ``%%chakra_trace`` cell: CPU and GPU time, calls and memory per step
+        (from the cell's line marks; empty without them)."""
+        return self.table(_lines.lines)
+
+    def syncs(self) -> pd.DataFrame:
+        """Host-device synchronisations inside the steps (``.item()``, copies to the host,
+        blocking runtime calls) with their stall, named by cell line or function."""
+        return self.table(_syncs.syncs)
 
     def memory(self) -> pd.DataFrame:
         """The memory timeline per device."""

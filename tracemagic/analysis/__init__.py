@@ -28,6 +28,7 @@ from tracemagic.analysis import (  # noqa: F401
     iterations,
     kernels,
     layers,
+    lines,
     memory,
     ops,
     phases,
@@ -36,6 +37,7 @@ from tracemagic.analysis import (  # noqa: F401
     source,
     spans,
     steps,
+    syncs,
 )
 from tracemagic.analysis.schema import describe as _describe
 

@@ -23,11 +23,13 @@ import pandas as pd
 from tracemagic.analysis import aggregate
 from tracemagic.analysis import iterations as _iterations
 from tracemagic.analysis import kernels as _kernels
+from tracemagic.analysis import lines as _lines
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import steps as _steps
+from tracemagic.analysis import syncs as _syncs
 from tracemagic.analysis._text import fmt_bytes, fmt_pct, fmt_time, shorten
 from tracemagic.analysis.schema import TABLES, computes
 
@@ -134,7 +136,9 @@ def _row(rule: str, value: float, threshold: float, weight: float, evidence: str
 class Scope:
     """The tables one evaluation looks at (see :func:`evaluate`), and the mean step's shares
     (``aggregate.step_shares``; None without steps of some length); ``phases``: the scope's
-    ``phases()`` rows (None where not given)."""
+    ``phases()`` rows (None where not given); ``lines``, ``syncs``: the trace's ``lines()``
+    and the scope's ``syncs()`` where the rules name cell lines (None otherwise); ``line_of``:
+    events rows -> their cell line (-1 for none), where the trace has line marks."""
 
     steps: pd.DataFrame
     ops: pd.DataFrame
@@ -145,6 +149,9 @@ class Scope:
     share: pd.Series | None
     iterations: pd.DataFrame | None = None
     phases: pd.DataFrame | None = None
+    lines: pd.DataFrame | None = None
+    syncs: pd.DataFrame | None = None
+    line_of: Callable[[np.ndarray], np.ndarray] | None = None
     memo: dict[str, Any] = field(default_factory=dict)  # figures two rules share, computed once
 
     def once(self, key: str, compute: Callable[[], Any]) -> Any:
@@ -229,8 +236,32 @@ def top_op(scope: Scope) -> Row | None:
     if str(first["name"]) in SYNC_OPS and host_sync(scope) is not None:
         return None  # said already, with its time per step
     advice = (OP_ADVICE if scope.has_gpu else CPU_OP_ADVICE).get(str(first["name"]), OTHER_OP_ADVICE)
+    where = _op_line(scope, str(first["name"]))
     return _row("top_op", pct, TOP_OP_SHARE, pct * TOP_OP_DISCOUNT,
-                f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time ({int(first['calls']):,} calls)", f"{advice}.")
+                f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time ({int(first['calls']):,} calls"
+                f"{', mostly ' + where if where else ''})", f"{advice}.")
+
+
+def _line_name(lines: pd.DataFrame, line: int) -> str:
+    """``line 7 `y = model(x)``` for a cell line of ``lines()``."""
+    text = lines.loc[lines["line"] == line, "text"]
+    said = shorten(str(text.iloc[0]).strip(), 50) if len(text) and str(text.iloc[0]).strip() else ""
+    return f"line {line} `{said}`" if said else f"line {line}"
+
+
+def _op_line(scope: Scope, name: str) -> str:
+    """The cell line holding most of op ``name``'s self time (``line 7 `...```), "" without line marks."""
+    if scope.line_of is None or scope.lines is None or scope.lines.empty:
+        return ""
+    ops = scope.ops[(scope.ops["name"] == name).to_numpy()]
+    if ops.empty:
+        return ""
+    line = scope.line_of(ops["row"].to_numpy())
+    known = line >= 0
+    if not known.any():
+        return ""
+    per_line = pd.Series(ops["self_dur"].to_numpy()[known]).groupby(line[known]).sum()
+    return _line_name(scope.lines, int(per_line.idxmax()))
 
 
 def launch_overhead(scope: Scope) -> Row | None:
@@ -265,8 +296,13 @@ def memory_peak(scope: Scope) -> Row | None:
     frac = float(gpu["peak_bytes"].max()) / scope.device_memory_bytes
     if frac < MEMORY_PEAK_SHARE:
         return None
+    held = ""
+    lines = scope.lines
+    if lines is not None and not lines.empty and int(lines["self_peak_bytes"].max()) > 0:
+        top = lines.loc[lines["self_peak_bytes"].idxmax()]
+        held = f"; {_line_name(lines, int(top['line']))} allocated {fmt_bytes(float(top['self_peak_bytes']))} of it"
     return _row("memory_peak", frac, MEMORY_PEAK_SHARE, frac,
-                f"Peak memory is {fmt_pct(frac)} of the GPU's {fmt_bytes(scope.device_memory_bytes)}",
+                f"Peak memory is {fmt_pct(frac)} of the GPU's {fmt_bytes(scope.device_memory_bytes)}{held}",
                 "activation checkpointing or a smaller batch leaves headroom.")
 
 
@@ -401,6 +437,15 @@ def host_sync(scope: Scope) -> Row | None:
     if found is None or found[0] < HOST_SYNC_SHARE:
         return None
     share, table = found
+    named = _sync_line(scope)
+    if named is not None:
+        where, stall, calls = named
+        return _row("host_sync", share, HOST_SYNC_SHARE, share,
+                    f"{where} waits {fmt_time(stall)} for the GPU every step"
+                    + (f" ({calls:,.0f} syncs)" if calls > 1.5 else "")
+                    + f"; .item() takes {fmt_pct(share)} of the step",
+                    "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value "
+                    "on the GPU inside the step and read it every N steps.")
     op = str(table.index[0])
     first = table.iloc[0]
     where = f" in {shorten(str(first['layer']), 40)}" if pd.notna(first["layer"]) and str(first["layer"]) else ""
@@ -410,6 +455,24 @@ def host_sync(scope: Scope) -> Row | None:
                 f"{fmt_time(float(first['max_us']))}{where})",
                 "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value on "
                 "the GPU inside the step and read it every N steps.")
+
+
+def _sync_line(scope: Scope) -> tuple[str, float, float] | None:
+    """The cell line whose syncs (``syncs()`` rows that waited for the GPU) stall the host
+    longest: (``line 7 `loss.item()```, stall µs per step, syncs per step); None without
+    line marks or such syncs."""
+    syncs = scope.syncs
+    if syncs is None or syncs.empty:
+        return None
+    waited = syncs[syncs["gpu_wait"].to_numpy() & (syncs["line"].to_numpy() >= 0)]
+    if waited.empty:
+        return None
+    n_steps = max(int(scope.steps["step"].nunique()), 1)
+    per_line = waited.groupby("line")["stall_us"].agg(["sum", "size"])
+    line = int(per_line["sum"].idxmax())
+    text = str(waited.loc[waited["line"] == line, "line_text"].iloc[0])
+    where = f"line {line} `{shorten(text, 50)}`" if text else f"line {line}"
+    return where, float(per_line.at[line, "sum"]) / n_steps, float(per_line.at[line, "size"]) / n_steps
 
 
 #: every rule, in the order that breaks ties of ``weight``
@@ -471,6 +534,9 @@ def evaluate(
     step: int | None = None,
     iterations: pd.DataFrame | None = None,
     phases: pd.DataFrame | None = None,
+    lines: pd.DataFrame | None = None,
+    syncs: pd.DataFrame | None = None,
+    line_of: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """Every rule of ``RULES`` over one scope's tables; a row per rule that fired, by ``weight``.
 
@@ -484,6 +550,9 @@ def evaluate(
         step: the scope, recorded in the ``step`` column (None: the whole trace).
         iterations: a capture's ``iterations()`` (the whole trace only), for ``untypical_window``.
         phases: the scope's ``phases()`` rows (None: no ``optimizer`` rule).
+        lines: the trace's ``lines()`` (None: the rules name no cell line).
+        syncs: the scope's ``syncs()`` (None: ``host_sync`` names no cell line).
+        line_of: events rows -> their cell line, -1 for none (None: ``top_op`` names no line).
 
     Returns:
         The columns ``COLUMNS``; ``value`` is the figure the rule measured and ``threshold``
@@ -493,7 +562,8 @@ def evaluate(
     """
     timed = not steps.empty and float(steps["window_dur"].sum()) > 0
     share = aggregate.step_shares(aggregate.step_means(steps)) if timed else None
-    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share, iterations, phases)
+    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share, iterations, phases, lines, syncs,
+                  line_of)
     out = _frame([row for rule in RULES if (row := rule(scope)) is not None], step)
     near = closest(scope)
     near["step"] = pd.array([step] * len(near), dtype="Int64")
@@ -632,5 +702,13 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
         phases = trace.table(_phases.optimizer_phases)  # its columns alone: no forward phase computed
         phases = aggregate.of_steps(phases, steps)
     loop = trace.table(_iterations.iterations) if step is None and manifest else None
+    lines = syncs = line_of = None
+    if _lines.marks(trace)[1].size:  # a %%chakra_trace capture with line marks: the rules name lines
+        lines = trace.table(_lines.lines)
+        syncs = aggregate.of_steps(trace.table(_syncs.syncs), steps) if kernels is not None else None
+
+        def line_of(rows: np.ndarray) -> np.ndarray:
+            return _lines.line_of_rows(trace, rows)
+
     return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step,
-                    iterations=loop, phases=phases)
+                    iterations=loop, phases=phases, lines=lines, syncs=syncs, line_of=line_of)

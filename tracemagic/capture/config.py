@@ -48,6 +48,7 @@ class CaptureConfig:
     loop_line: int | None = None
     handle: str = "chakra"
     stop: bool = False
+    lines: bool = True
     slow: float | None = None
     slow_max: int = 3
 
@@ -153,13 +154,14 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
 )
 
 #: ``CaptureConfig`` fields that make no sense outside a notebook cell.
-_CELL_ONLY = {"loop_line", "handle", "stop"}
+_CELL_ONLY = {"loop_line", "handle", "stop", "lines"}
 #: The option spellings that negate a field (``no_shapes=True`` = ``record_shapes=False``).
 _NEGATED = {
     "no_shapes": "record_shapes",
     "no_memory": "profile_memory",
     "no_stack": "with_stack",
     "no_memory_timeline": "memory_timeline",
+    "no_lines": "lines",
 }
 
 

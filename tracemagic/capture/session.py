@@ -41,6 +41,9 @@ from tracemagic.trace.layout import FileEntry, Manifest, SlowCatch
 
 _log = logging.getLogger(__name__)
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+#: the line marks' context manager (capture/loop.py ``mark_lines``): torch's C++
+#: RecordFunction, ~1 µs while recording, a no-op while the profiler is off
+LINE_MARK: Any = getattr(torch._C._profiler, "_RecordFunctionFast", torch.profiler.record_function)
 _ACTIVE: CaptureSession | None = None
 
 #: Column meaning of the memory timeline rows (``MemoryProfileTimeline`` raw format).
@@ -173,6 +176,9 @@ class CaptureSession:
             last lines before a crash must reach their log directly.
     """
 
+    #: what a line mark runs in (``with __chakra_trace__._mark("tracemagic.line:N"):``)
+    _mark = LINE_MARK
+
     def __init__(
         self,
         config: CaptureConfig,
@@ -205,6 +211,8 @@ class CaptureSession:
         self._skip_step = False
         self._failed_step: int | None = None  # the step whose iteration raised
         self._iteration = Iteration(self)  # the rewritten loop's ``with`` (capture/loop.py)
+        # line marks (capture/loop.py ``mark_lines``): on while a profiler runs
+        self._marking = False
         self._iterations = 0
         self._t_step = 0  # perf_counter_ns at the start of the current iteration
         self._clock = LoopClock(config.slow)
@@ -328,6 +336,7 @@ class CaptureSession:
             prof = _Profiler(self, schedule=_always_record, **self._profile_kwargs())
             prof.step_num = iteration + 1  # its ProfilerStep#N is the iteration's number
             prof.start()
+            self._marking = True
         except Exception as exc:  # noqa: BLE001 - the watch must never break the loop
             _log.debug("--slow: starting its profiler failed", exc_info=True)
             self._notes.append(f"--slow: iteration {iteration + 1} could not be recorded ({type(exc).__name__}: {exc})")
@@ -337,6 +346,7 @@ class CaptureSession:
     def _end_slow(self, prof: torch.profiler.profile) -> None:
         """Stop the ``--slow`` recording and write its trace."""
         self._slow_prof = None
+        self._marking = False
         assert self.dir is not None
         catch = self._clock.catches[-1]
         name = layout.slow_name(self.rank, len(self._clock.catches), self.config.gzip)
@@ -428,6 +438,7 @@ class CaptureSession:
                 **self._profile_kwargs(),
             )
         self._prof.start()
+        self._marking = True
         # ProfilerStep#0 begins at the end of start(): its wall time is measured from here,
         # not from before the profiler's own set-up
         self._gpu_mark()
@@ -508,6 +519,7 @@ class CaptureSession:
     def _abandon_slow(self) -> None:
         """The loop ended while ``--slow`` recorded an iteration: stop, write nothing."""
         prof, self._slow_prof = self._slow_prof, None
+        self._marking = False
         if prof is None:
             return
         catch = self._clock.catches[-1]
@@ -519,6 +531,7 @@ class CaptureSession:
             torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
 
     def _stop_profiler(self, end: str) -> None:
+        self._marking = self._slow_prof is not None
         if self._prof is None or self._stopped:
             self._stopped = True
             return
@@ -781,6 +794,7 @@ class CaptureSession:
             "schedule": self.schedule,
             "loop": self.plan.as_dict(),
             "cell": self.cell,
+            "line_marks": self.plan.line_marks(),
             "versions": {
                 "torch": torch.__version__,
                 "python": platform.python_version(),

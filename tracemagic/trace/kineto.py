@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 __all__ = [
-    "CATEGORY_KIND", "CPU_KINDS", "GPU_ACTIVITY", "GPU_CATEGORIES", "GPU_KINDS", "KINDS", "STEP_NAME", "STEP_PREFIX",
+    "CATEGORY_KIND", "CPU_KINDS", "GPU_ACTIVITY", "GPU_CATEGORIES", "GPU_KINDS", "KINDS", "LINE_MARK_PREFIX", "STEP_NAME",
+    "STEP_PREFIX",
     "rank_from_name", "rank_at_stem_end", "step_number",
 ]
 
@@ -38,6 +39,10 @@ GPU_ACTIVITY = ("kernel", "memcpy", "memset")
 GPU_KINDS = (*GPU_ACTIVITY, "gpu_annotation")
 #: kinds that run on a CPU thread and nest there
 CPU_KINDS = ("step", "cpu_op", "user_annotation", "python_function", "runtime")
+#: the name of a line mark of a ``%%chakra_trace`` cell: ``tracemagic.line:<N>``, N its line in
+#: the cell (the magic's line is 1); torch records it as a ``cpu_op`` (``_RecordFunctionFast``),
+#: it is loaded as the ``user_annotation`` it means; the manifest's ``line_marks`` lists the lines
+LINE_MARK_PREFIX = "tracemagic.line:"
 
 #: Kineto's event ``cat`` (lower-cased) -> its ``KINDS`` entry (any other cat: ``other``;
 #: ``[memory]`` instant events: ``memory``; a ``ProfilerStep#N`` cpu_op: ``step``)

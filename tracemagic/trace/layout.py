@@ -144,6 +144,7 @@ class Manifest(TypedDict, total=False):
     schedule: dict[str, Any]
     loop: dict[str, Any]
     cell: str
+    line_marks: dict[str, Any]  # marked, prefix, lines (capture.loop.LoopPlan.line_marks)
     versions: dict[str, Any]
     device: dict[str, Any]
     rank: int

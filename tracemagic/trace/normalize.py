@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracemagic.trace.kineto import CATEGORY_KIND, CPU_KINDS, GPU_KINDS, KINDS, STEP_NAME
+from tracemagic.trace.kineto import CATEGORY_KIND, CPU_KINDS, GPU_KINDS, KINDS, LINE_MARK_PREFIX, STEP_NAME
 
 #: the vocabulary (kinds, step names) is ``tracemagic.trace.kineto``'s; ``STEP_NAME`` is
 #: used with ``match``: ``ProfilerStep#abc`` and the like stay the annotations they are
@@ -37,6 +37,10 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         is_step = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(step_names))
         on_cpu = np.isin(codes, [KINDS.index("cpu_op"), KINDS.index("user_annotation")])
         codes = np.where(is_step & on_cpu, KINDS.index("step"), codes)
+    mark_names = np.asarray(names.cat.categories.str.startswith(LINE_MARK_PREFIX), dtype=bool)
+    if mark_names.any():  # the magic's line marks: recorded as cpu_op, annotations by what they mean
+        is_mark = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(mark_names))
+        codes = np.where(is_mark & (codes == KINDS.index("cpu_op")), KINDS.index("user_annotation"), codes)
     return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"))
 
 

@@ -34,6 +34,8 @@ class Shared:
     CATEGORY_MASKS: Final = "category_masks"
     #: the host phase of each event (``analysis.phases``)
     PHASE_MASKS: Final = "phase_masks"
+    #: each event's cell line, from the ``%%chakra_trace`` line marks (``analysis.lines``)
+    LINE_MARKS: Final = "line_marks"
     #: one rank's summary for the cross-rank tables (``analysis.ranks``)
     RANK_SUMMARY: Final = "rank_summary"
     #: the roofline's intermediates (``analysis.efficiency``)

@@ -18,6 +18,7 @@ import pandas as pd
 from tracemagic.analysis import aggregate as _aggregate
 from tracemagic.analysis import diff as _diff
 from tracemagic.analysis import layers as _layers
+from tracemagic.analysis import lines as _lines
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import phases as _phases
 from tracemagic.analysis.schema import TABLES
@@ -143,6 +144,24 @@ class TraceData:
         if step is None:
             return self.layers
         return self.table(f"layers:step {step}", compute=lambda: self.trace.table(_layers.layers, step))
+
+    @cached_property
+    def has_line_marks(self) -> bool:
+        """Whether the trace holds a ``%%chakra_trace`` cell's line marks (the Source tab)."""
+        try:
+            return bool(_lines.marks(self.trace)[1].size) if not self.summaries_only else False
+        except Exception:  # noqa: BLE001 - no Source tab rather than no dashboard
+            return False
+
+    @property
+    def lines(self) -> pd.DataFrame:
+        """``trace.lines()``: per line of the cell (empty without line marks)."""
+        return self.table("lines")
+
+    @property
+    def cell_lines(self) -> dict[int, str]:
+        """The captured cell's text by line (the ``%%chakra_trace`` line is 1); empty without a manifest."""
+        return _lines.cell_lines(self.trace)
 
     @property
     def shapes(self) -> pd.DataFrame:

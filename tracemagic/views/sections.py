@@ -12,7 +12,7 @@ from typing import Callable, Literal
 import pandas as pd
 import plotly.graph_objects as go
 
-from tracemagic.views import figures, html, insights, tables
+from tracemagic.views import cell_lines, figures, html, insights, tables
 from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, unit_divisor
 from tracemagic.views.data import TraceData
 
@@ -219,6 +219,8 @@ def _overview(data: TraceData, state: ViewState) -> Section:
         facts=insights.facts(data, state.step),
         bullets=insights.for_trace(data, step=state.step),
     )
+    if data.has_line_marks and (hot := cell_lines.hottest_text(data.lines, has_gpu=data.has_gpu)):
+        section.facts.append(("hottest line", hot + " (Source tab)"))
     in_step = f" in step {state.step}" if state.step is not None else ""
     if data.has_gpu:
         section.extra.append((f"Top kernels{in_step} (by GPU time)",
@@ -407,19 +409,19 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
 def _flame(data: TraceData, state: ViewState) -> Section:
     """The call tree as a flame graph (user code only where the trace has user frames) and
     the functions (``source()``) as the table."""
-    source = data.source
-    user_rows = source[source["user"]] if len(source) else source
+    functions = data.source
+    user_rows = functions[functions["user"]] if len(functions) else functions
     user_only = len(user_rows) > 0
     tree = data.call_tree(user_only)
     facts = [("frames", "user code only: library frames (torch, the standard library, built-ins) are hidden, "
               "what ran inside them hangs below the nearest user frame" if user_only
-              else "every frame" if len(source) else "no Python frames or call stacks: ops and kernels only")]
+              else "every frame" if len(functions) else "no Python frames or call stacks: ops and kernels only")]
     figs = [figures.flame(tree, unit=state.unit,
                           title="Call tree by CPU time" + (", user code only" if user_only else "") + " (click a box to zoom)")]
     if data.has_gpu:
         figs.append(figures.flame(tree, metric="gpu", unit=state.unit,
                                   title="GPU time by launching stack" + (", user code only" if user_only else "")))
-    table = (user_rows if user_only else source).drop(columns=["name"])
+    table = (user_rows if user_only else functions).drop(columns=["name"])
     return Section(
         "flame", TITLES["flame"],
         figures=figs,
@@ -498,12 +500,38 @@ def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
     )
 
 
+def _source(data: TraceData, state: ViewState) -> Section:
+    lines = data.lines
+    frame = cell_lines.listing(lines, data.cell_lines)
+    steps, step_us = lines.attrs.get("steps", 0), lines.attrs.get("step_us", 0.0)
+    facts = [
+        ("lines", f"{len(lines):,} lines of the cell ran marked statements in the {steps:,} steps counted "
+                  f"(mean step {fmt_time(float(step_us))}); figures are per step"),
+        ("nesting", "a line's CPU, GPU and memory hold its nested lines' (the body of a for/if/with); "
+                    "self CPU and the heat colours do not"),
+    ]
+    if "lines" in data.problems:
+        facts.append(("lines", f"could not be computed: {data.problems['lines']}"))
+    table = frame.rename(columns={"text": "code"})
+    return Section(
+        "source", TITLES_SOURCE,
+        figures=[cell_lines.lines_bar(frame, unit=state.unit, has_gpu=data.has_gpu, top=state.top)],
+        side=cell_lines.listing_html(frame, unit=state.unit, has_gpu=data.has_gpu),
+        table=display_table(table, state.unit),
+        table_title="Lines of the cell (sortable: click a column)",
+        facts=facts,
+    )
+
+
+TITLES_SOURCE = "Source"
+
 #: every tab in display order: key -> ``Tab``
 TABS: dict[str, Tab] = {tab.key: tab for tab in (
     Tab("overview", "Overview", _overview),
     Tab("layers", "Layers", _layers),
     Tab("timeline", "Timeline", _timeline),
     Tab("memory", "Memory", _memory),
+    Tab("source", TITLES_SOURCE, _source, available=lambda data, other: data.has_line_marks, whole_trace=True),
     Tab("shapes", "Shapes", _shapes, whole_trace=True),
     Tab("roofline", "Roofline", _roofline, available=lambda data, other: data.has_gpu, whole_trace=True),
     Tab("kernels", "Kernels", _kernels, available=lambda data, other: data.has_gpu),

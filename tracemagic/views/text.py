@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 
-from tracemagic.views import insights, tables
+from tracemagic.views import cell_lines, insights, tables
 from tracemagic.views._format import fmt_bytes, fmt_time, kernel_label, shorten
 from tracemagic.views.data import TraceData
 
@@ -78,6 +78,8 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
     out += [shorten(title, width), "═" * min(len(title), width)]
     for label, value in insights.facts(data)[1:]:
         out.append(shorten(f"{label:>12}: {clean(value)}", width))
+    if data.has_line_marks and (hot := cell_lines.hottest_text(data.lines, has_gpu=data.has_gpu)):
+        out.append(shorten(f"{'hottest line':>12}: {clean(hot)}", width))
 
     steps = data.steps
     if not steps.empty:

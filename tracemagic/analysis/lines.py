@@ -1,0 +1,269 @@
+"""``lines()``: the figures of each line of a ``%%chakra_trace`` cell, from its line marks.
+
+The magic runs each statement of the cell under a ``tracemagic.line:N`` annotation
+(``capture.loop.mark_lines``); every op, kernel and allocation beneath one belongs to line N.
+A compound statement's mark (``for``, ``if``, ``with`` ...) encloses its inner lines', so a
+line's inclusive figures hold its nested lines' and its ``self_`` ones do not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tracemagic.analysis import aggregate
+from tracemagic.analysis._common import in_scope, memory_holders, union_length
+from tracemagic.analysis.schema import TABLES, computes
+from tracemagic.analysis.steps import steps
+from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
+from tracemagic.trace.model import Trace
+from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import enclosing_of_kind, propagate
+
+
+def cell_lines(trace: Trace) -> dict[int, str]:
+    """The cell's text by line number as the notebook shows it (the ``%%chakra_trace`` line
+    is line 1), from the manifest's ``cell``; empty without one."""
+    manifest = trace.manifest or {}
+    cell = manifest.get("cell")
+    if not isinstance(cell, str):
+        return {}
+    return {number: text for number, text in enumerate(cell.splitlines(), start=2)}
+
+
+def marks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The line mark events of the trace: (per events row, the cell line of the innermost
+    line mark enclosing it, itself included, -1 for none; the mark rows). Computed once per
+    trace."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        names = events["name"]
+        categories = names.cat.categories
+        numbers = np.full(len(categories) + 1, -1, dtype=np.int64)
+        prefix = len(LINE_MARK_PREFIX)
+        for code, name in enumerate(categories.tolist()):
+            text = str(name)
+            if text.startswith(LINE_MARK_PREFIX) and text[prefix:].isdigit():
+                numbers[code] = int(text[prefix:])
+        line_of = numbers[names.cat.codes.to_numpy()]  # code -1 (missing) reads the last: -1
+        is_mark = (line_of >= 0) & kind_mask(events, "user_annotation")
+        rows = np.flatnonzero(is_mark)
+        if not rows.size:
+            return np.full(len(events), -1, dtype=np.int64), rows
+        inner = propagate(events["parent"].to_numpy(), events["depth"].to_numpy(), is_mark)
+        return np.where(inner >= 0, line_of[np.maximum(inner, 0)], -1), rows
+
+    return trace.shared(Shared.LINE_MARKS, compute)
+
+
+def line_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """The cell line of the innermost line mark above each of ``rows`` (CPU events; GPU
+    events by the op that launched them), -1 where none."""
+    line, mark_rows = marks(trace)
+    rows = np.asarray(rows, dtype=np.int64)
+    if not mark_rows.size or not rows.size:
+        return np.full(rows.size, -1, dtype=np.int64)
+    events = trace.events
+    gpu = kind_mask(events, *GPU_ACTIVITY)[rows]
+    at = np.where(gpu, events["op"].to_numpy()[rows], rows)
+    return np.where(at >= 0, line[np.maximum(at, 0)], -1)
+
+
+@computes("lines")
+def lines(trace: Trace) -> pd.DataFrame:
+    """One row per marked cell line that ran in the counted steps, in line order.
+
+    Figures are means per step over the steps the Overview counts (``steps()`` less the
+    loop's exit, ``aggregate.loop_steps``). *Inclusive* figures hold the line's nested lines
+    (the body of a ``for``/``if``/``with`` line); ``self_`` ones do not.
+
+    Columns: ``line`` (in the cell, the ``%%chakra_trace`` line is 1); ``text`` (the line as
+    written, empty without the manifest's cell); ``parent_line`` (the enclosing statement's
+    line, -1 at top level); ``calls`` (the line's runs per step: its outermost marks);
+    ``cpu_us`` (the union of the line's mark intervals: host wall time, like an op's total
+    CPU time); ``self_cpu_us`` (less its nested lines' marks); ``gpu_us`` (the summed
+    durations of the kernels, memcpy and memset launched by ops beneath the line: the
+    TensorBoard plugin's and ``key_averages``' device total, streams summed);
+    ``self_gpu_us`` (those whose innermost line it is); ``step_pct`` (``cpu_us`` as % of the
+    mean step, ``steps()``' ``window_dur``); ``alloc_bytes`` (bytes allocated beneath the
+    line per step); ``peak_bytes`` (bytes allocated beneath the line, at any time, still
+    live at the trace's memory peak: the highest ``allocated_bytes`` of a GPU if the trace
+    has one, else of the CPU); ``self_peak_bytes`` (those of its own, not its nested lines).
+    Empty (these columns) for traces without line marks; ``df.attrs['steps']`` is the
+    number of steps averaged over, ``df.attrs['step_us']`` the mean step.
+    """
+    columns = TABLES["lines"].names
+    line_of, mark_rows = marks(trace)
+    if not mark_rows.size:
+        return TABLES["lines"].empty()
+    events = trace.events
+    counted = aggregate.loop_steps(trace.table(steps), trace.manifest)
+    step_ids = np.unique(counted["step"].to_numpy()) if not counted.empty else np.zeros(0, dtype=np.int64)
+    n_steps = max(int(step_ids.size), 1)
+    step_us = float(aggregate.step_means(counted)["step_us"])
+    scoped = np.isin(events["step"].to_numpy(), step_ids) if step_ids.size else in_scope(events)
+
+    parent = events["parent"].to_numpy()
+    ts = events["ts"].to_numpy()
+    dur = events["dur"].to_numpy()
+    is_mark = np.zeros(len(events), dtype=bool)
+    is_mark[mark_rows] = True
+    rows = mark_rows[scoped[mark_rows]]
+    if not rows.size:
+        return TABLES["lines"].empty()
+    up = enclosing_of_kind(parent, events["depth"].to_numpy(), is_mark, rows)  # the mark around each
+    mark_line = line_of[rows]
+    above = np.where(up >= 0, line_of[np.maximum(up, 0)], -1)
+    numbers, index = np.unique(mark_line, return_inverse=True)
+    k = numbers.size
+    cpu = union_length(index, ts[rows], ts[rows] + dur[rows], k)
+    outermost = above != mark_line  # a one-line compound holds marks of its own line
+    calls = np.bincount(index[outermost], minlength=k)
+    first = pd.Series(above[outermost]).groupby(index[outermost]).first().reindex(range(k), fill_value=-1).to_numpy()
+    # self: the line's outermost marks less the marks of other lines right inside them
+    inside_other = (above >= 0) & outermost & np.isin(above, numbers)
+    holder = np.searchsorted(numbers, above[inside_other])
+    self_cpu = np.bincount(index[outermost], weights=dur[rows][outermost], minlength=k)
+    self_cpu -= np.bincount(holder, weights=dur[rows][inside_other], minlength=k)
+
+    gpu, self_gpu = _gpu_time(trace, line_of, numbers, scoped)
+    alloc, peak, self_peak = _memory(trace, line_of, numbers, scoped)
+    texts = cell_lines(trace)
+    table = pd.DataFrame(
+        {
+            "line": numbers.astype(np.int64),
+            "text": pd.array([texts.get(int(n), "") for n in numbers], dtype="str"),
+            "parent_line": first.astype(np.int64),
+            "calls": calls / n_steps,
+            "cpu_us": cpu / n_steps,
+            "self_cpu_us": np.maximum(self_cpu, 0.0) / n_steps,
+            "gpu_us": gpu / n_steps,
+            "self_gpu_us": self_gpu / n_steps,
+            "step_pct": cpu / n_steps / step_us * 100.0 if step_us > 0 else np.full(k, np.nan),
+            "alloc_bytes": alloc / n_steps,
+            "peak_bytes": peak,
+            "self_peak_bytes": self_peak,
+        }
+    )[columns]
+    table.attrs["steps"] = int(step_ids.size)
+    table.attrs["step_us"] = step_us
+    return table
+
+
+def _chain_lines(trace: Trace, line_of: np.ndarray, at: np.ndarray, numbers: np.ndarray) -> list[np.ndarray]:
+    """For CPU rows ``at``: the index in ``numbers`` of each line on their chain of marks,
+    innermost first, one array per level (-1 past the chain's end; a line repeated by a
+    one-line compound is given once)."""
+    events = trace.events
+    parent = events["parent"].to_numpy()
+    _, mark_rows = marks(trace)
+    is_mark = np.zeros(len(events), dtype=bool)
+    is_mark[mark_rows] = True
+    inner = propagate(parent, events["depth"].to_numpy(), is_mark)
+    levels = []
+    cur = np.where(at >= 0, inner[np.maximum(at, 0)], -1)
+    last = np.full(at.size, -1, dtype=np.int64)
+    while (cur >= 0).any():
+        line = np.where(cur >= 0, line_of[np.maximum(cur, 0)], -1)
+        index = np.where(line >= 0, np.searchsorted(numbers, line), -1)
+        index = np.where((index >= 0) & (index < numbers.size), index, -1)
+        hit = (index >= 0) & (line != last)
+        levels.append(np.where(hit, index, -1))
+        last = np.where(cur >= 0, line, last)
+        up = parent[np.maximum(cur, 0)]
+        cur = np.where((cur >= 0) & (up >= 0), inner[np.maximum(up, 0)], -1)
+    return levels
+
+
+def _gpu_time(
+    trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per line: summed durations of the GPU work launched beneath it (inclusive, self)."""
+    events = trace.events
+    k = numbers.size
+    rows = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & scoped)
+    if not rows.size:
+        return np.zeros(k), np.zeros(k)
+    op = events["op"].to_numpy()[rows]
+    dur = events["dur"].to_numpy()[rows]
+    levels = _chain_lines(trace, line_of, op, numbers)
+    total, own = np.zeros(k), np.zeros(k)
+    for depth, index in enumerate(levels):
+        hit = index >= 0
+        total += np.bincount(index[hit], weights=dur[hit], minlength=k)
+        if depth == 0:
+            own += np.bincount(index[hit], weights=dur[hit], minlength=k)
+    return total, own
+
+
+def _memory(
+    trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per line: bytes allocated beneath it in the counted steps; bytes it allocated that are
+    live at the memory peak (inclusive, self)."""
+    from tracemagic.analysis.memory import memory
+
+    k = numbers.size
+    zeros = (np.zeros(k), np.zeros(k, dtype=np.int64), np.zeros(k, dtype=np.int64))
+    rows, holder = memory_holders(trace)
+    if not rows.size:
+        return zeros
+    table = trace.table(memory)
+    if table.empty:
+        return zeros
+    holder_of = pd.Series(holder, index=rows)
+    at = holder_of.reindex(table["row"].to_numpy()).fillna(-1).to_numpy(dtype=np.int64)
+    levels = _chain_lines(trace, line_of, at, numbers)
+    delta = table["delta_bytes"].to_numpy(dtype=np.int64)
+    allocated = delta > 0
+    in_steps = scoped[table["row"].to_numpy()]
+    alloc = np.zeros(k)
+    for index in levels:
+        hit = (index >= 0) & allocated & in_steps
+        alloc += np.bincount(index[hit], weights=delta[hit], minlength=k)
+    live = _live_at_peak(table)
+    peak, own = np.zeros(k, dtype=np.int64), np.zeros(k, dtype=np.int64)
+    for depth, index in enumerate(levels):
+        hit = (index >= 0) & live
+        add = np.bincount(index[hit], weights=delta[hit], minlength=k).astype(np.int64)
+        peak += add
+        if depth == 0:
+            own += add
+    return alloc, peak, own
+
+
+def _live_at_peak(table: pd.DataFrame) -> np.ndarray:
+    """Per ``memory()`` row: an allocation still live at the trace's peak (the highest
+    ``allocated_bytes`` of a GPU device if any, else of the CPU; rank 0's first)."""
+    device = table["device"].astype(str).to_numpy()
+    on_gpu = device != "cpu"
+    scope = on_gpu if on_gpu.any() else np.ones(device.size, dtype=bool)
+    values = np.where(scope, table["allocated_bytes"].to_numpy(dtype=np.int64), -1)
+    at = int(np.argmax(values))
+    where = (table["rank"].to_numpy() == table["rank"].iat[at]) & (device == device[at])
+    peak_ts, peak_row = float(table["ts"].iat[at]), int(table["row"].iat[at])
+    ts = table["ts"].to_numpy()
+    row = table["row"].to_numpy()
+    done = (ts < peak_ts) | ((ts == peak_ts) & (row <= peak_row))  # events up to the peak's, itself included
+    delta = table["delta_bytes"].to_numpy(dtype=np.int64)
+    addr = table["addr"].to_numpy(dtype=np.float64, na_value=np.nan)
+    live = where & done & (delta > 0) & np.isfinite(addr)
+    freed_keys = set(zip(table["rank"].to_numpy()[where & done & (delta < 0)], addr[where & done & (delta < 0)]))
+    if not freed_keys:
+        return live
+    # an address freed after its allocation and before the peak is not live (addresses are reused:
+    # the last allocation of an address before the peak is live unless a free follows it)
+    order = np.lexsort((row, ts))
+    last_alloc: dict[float, int] = {}
+    for i in order:
+        if not (where[i] and done[i]) or not np.isfinite(addr[i]):
+            continue
+        if delta[i] > 0:
+            last_alloc[addr[i]] = i
+        elif delta[i] < 0:
+            last_alloc.pop(addr[i], None)
+    out = np.zeros(live.size, dtype=bool)
+    out[list(last_alloc.values())] = True
+    return out & live
