@@ -202,7 +202,9 @@ def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], 
     page.errors.clear()
     page.goto(reports[name].as_uri())
     keys = [b.get_attribute("data-tab") for b in page.locator("nav button").all()]
-    assert keys[:5] == ["overview", "layers", "timeline", "memory", "shapes"], keys
+    assert keys[:4] == ["overview", "layers", "timeline", "memory"] and "shapes" in keys, keys
+    if name in ("quickstart", "bert"):  # the magic marks the cell's lines
+        assert "source" in keys
     if name in GPU_TRACES:
         assert {"roofline", "kernels"} <= set(keys)
     if name == "dlrm":
