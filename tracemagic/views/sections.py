@@ -147,7 +147,8 @@ def display_table(frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ..
                 base = column.removesuffix("_us")
                 renames[column] = f"{base}_{suffix}"
         elif column in DTYPE_COLUMNS:
-            out[column] = pd.Series([fmt_dtypes(v) for v in out[column]], index=out.index, dtype=object)
+            shown = {v: fmt_dtypes(v) for v in out[column].dropna().unique()}  # few distinct lists: each once
+            out[column] = out[column].map(shown).astype(object).where(out[column].notna(), "")
         elif column == "addr" and pd.api.types.is_numeric_dtype(out[column]):
             out[column] = pd.Series([f"0x{int(v):x}" if pd.notna(v) else "" for v in out[column]], index=out.index,
                                     dtype=object)
