@@ -4,8 +4,9 @@ into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``).
 from __future__ import annotations
 
 import ctypes
-import os
 import functools
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -301,8 +302,10 @@ def load(
     if entry is not None:
         hit = cache.read(entry)
         if hit is not None:
-            events, flows, meta = hit
-            return Trace(events, flows, meta, path=path, manifest=manifest)
+            events, flows, meta, base, events_sum = hit
+            trace = Trace(events, flows, meta, path=path, manifest=manifest)
+            trace.store = _table_store(base, entry, events_sum, manifest, events)
+            return trace
     if listed is not None:
         sources = [file_source(p, rank, limit, ratio) for p, rank in listed.items()]
     elif is_pfw(path.name):
@@ -318,11 +321,35 @@ def load(
     if outside:
         parsed[0].warnings.append(skipped(path, outside))
     events, flows, meta, cpu_order = assemble(parsed, path)
-    if entry is not None:
-        cache.write(entry, path, events, flows, meta)
+    sealed = cache.write(entry, path, events, flows, meta) if entry is not None else None
     if callback is not None:
         callback(total, total)
-    return as_trace(events, flows, meta, cpu_order, path, manifest)
+    trace = as_trace(events, flows, meta, cpu_order, path, manifest)
+    if sealed is not None and entry is not None:
+        trace.store = _stored_after_write(sealed, entry, manifest, trace.events)
+    return trace
+
+
+def _table_store(
+    base: Path, entry: cache.Entry, events_sum: str, manifest: dict[str, Any] | None, events: pd.DataFrame
+) -> cache.TableStore | None:
+    """Where a cached trace's analysis tables are kept (None with ``$TRACEMAGIC_TABLE_CACHE=0``):
+    tied to its events file, the code, and the manifest the analyses read."""
+    if not cache.TableStore.enabled():
+        return None
+    return cache.TableStore(base, entry, events_sum, json.dumps(manifest, sort_keys=True, default=str), events)
+
+
+def _stored_after_write(
+    sealed: Path, entry: cache.Entry, manifest: dict[str, Any] | None, events: pd.DataFrame
+) -> cache.TableStore | None:
+    """The table store of the entry ``cache.write`` just sealed."""
+    base = sealed.with_name(sealed.name.removesuffix(cache.SEAL_SUFFIX))
+    seal = cache.read_seal(base)
+    sealed_events = seal.get("events") if seal is not None else None
+    if not isinstance(sealed_events, dict) or "sum" not in sealed_events:
+        return None
+    return _table_store(base, entry, str(sealed_events["sum"]), manifest, events)
 
 
 def assemble(parsed: list[ParsedTrace], path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], np.ndarray | None]:
