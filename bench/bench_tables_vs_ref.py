@@ -70,6 +70,8 @@ def place(trace: Path, folder: Path) -> Path:
     each tree gets its own folder, so neither reads the other's cache)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / trace.name
+    if target.exists():
+        return target
     try:
         os.link(trace, target)
     except OSError:

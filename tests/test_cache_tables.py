@@ -156,6 +156,9 @@ def test_stale_damaged_or_forged_tables_are_computed_again(
         lambda layout: layout["columns"][0].update(kind="object"),
         lambda layout: layout.update(names="datetime64[ns]"),
         lambda layout: layout.update(attrs={"dict": [[{"dict": []}, 1]]}),
+        lambda layout: layout.update(attrs={"tuple": [{"tuple": []}] * 3, "dict": 1}),
+        lambda layout: layout["columns"][1].update(kind="category", categories="str"),
+        lambda layout: layout["columns"].pop(),
     ):
         body = _seal_body(seal)
         forge(body["layout"])
@@ -163,6 +166,12 @@ def test_stale_damaged_or_forged_tables_are_computed_again(
         before = counted["ops"]
         identical(reopened(), want)
         assert counted["ops"] == before + 1
+    # a seal of JSON nested too deep to read
+    raw = b'{"layout":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    seal.write_bytes(f"{zlib.crc32(raw):08x}\n".encode() + raw)
+    before = counted["ops"]
+    identical(reopened(), want)
+    assert counted["ops"] == before + 1
     # the trace parsed again (a new events file): its tables go with the old one
     trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
     assert trace.store is not None

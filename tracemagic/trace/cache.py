@@ -256,7 +256,7 @@ def _read_seal(base: Path) -> dict[str, Any] | None:
         if int(crc, 16) != zlib.crc32(body):
             return None
         seal = json.loads(body)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         return None
     return seal if isinstance(seal, dict) else None
 
@@ -720,7 +720,7 @@ class TableStore:
             table = mapped.reader.read_all()
             table.validate(full=True)
             frame = _rebuild(table, seal["layout"])
-        except (OSError, KeyError, ValueError, TypeError, AttributeError, pa.ArrowException):
+        except (OSError, KeyError, ValueError, TypeError, AttributeError, RecursionError, pa.ArrowException):
             return None
         if self.capped:
             _touch(seal_file)
