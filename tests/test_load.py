@@ -902,24 +902,6 @@ def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch
     assert len(tracemagic.load(copied_trace, use_cache=False).events) > 0
 
 
-def test_a_large_trace_hands_back_the_heap_each_analysis_freed(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After computing a table of a trace of ``RELEASE_MIN_EVENTS`` events or more (not when
-    the table was computed already, nor for a small trace) ``malloc_trim(0)`` is called."""
-    heap = importlib.import_module("tracemagic.trace.heap")
-    calls: list[int] = []
-    monkeypatch.setattr(heap, "malloc_trim", lambda: calls.append)
-    trace = tracemagic.load(copied_trace, use_cache=False)
-    trace.ops()
-    assert calls == [], "a small trace: no trim"
-    monkeypatch.setattr(tracemagic.Trace, "RELEASE_MIN_EVENTS", len(trace.events))
-    trace.steps()
-    assert calls == [0]
-    trace.steps(), trace.ops()
-    assert calls == [0], "computed once: nothing freed again"
-    monkeypatch.setattr(heap, "malloc_trim", lambda: None)  # no glibc: works alike
-    assert len(trace.layers()) == len(tracemagic.load(copied_trace, use_cache=False).layers())
-
-
 def test_use_cache_false_writes_nothing(copied_trace: Path, user_cache: Path) -> None:
     tracemagic.load(copied_trace, use_cache=False)
     assert sorted(p.name for p in copied_trace.parent.iterdir()) == ["nccl.json.gz"]

@@ -3,6 +3,8 @@ into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
 from pathlib import Path
@@ -13,7 +15,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from tracemagic.errors import TraceError
-from tracemagic.trace import cache, heap, layout, normalize, parse, split, structure
+from tracemagic.trace import cache, layout, normalize, parse, split, structure
 from tracemagic.trace.model import Trace
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.progress import Aggregate, Progress, bar_for
@@ -36,7 +38,13 @@ ROW_COLUMNS = ("parent", "launch", "op", "module")
 TRIM_MIN_BYTES = 8 << 20
 
 
-_malloc_trim = heap.malloc_trim
+@functools.cache
+def _malloc_trim() -> Any:
+    """The C library's ``malloc_trim`` (glibc), or None where there is none (macOS, musl, Windows)."""
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except (OSError, TypeError):
+        return None
 
 
 def release_free_memory() -> None:

@@ -13,7 +13,6 @@ from typing import Any, Callable, Hashable, TypeVar
 
 import pandas as pd
 
-from tracemagic.trace import heap
 from tracemagic.trace.artifacts import Artifacts
 
 #: The events table: one row per duration (``X``) or instant (``i``) event, all ranks.
@@ -123,11 +122,6 @@ class Trace:
         value: T = self._shared[key]
         return value
 
-    #: a trace of at least this many events hands the heap an analysis freed back to the
-    #: system after computing it (``heap.release``): the temporaries of one table are not
-    #: kept as resident memory under the next one's (~10 MiB less at the peak of the
-    #: 100 MB bench trace's tables)
-    RELEASE_MIN_EVENTS = 100_000
     #: the analyses (``module.function``) whose tables, called without arguments, are kept
     #: in the trace's cache (``tracemagic.trace.cache.TableStore``), so reopening the trace
     #: gives them without computing them again; the facade names them
@@ -140,24 +134,14 @@ class Trace:
         module = function.__module__.rsplit(".", 1)[-1]
         key = (module, function.__name__, args, tuple(sorted(kwargs.items())))
         name = f"{module}.{function.__name__}"
-        if key in self._shared:
+        if self.store is None or args or kwargs or name not in self.STORED or key in self._shared or self.store.events is not self.events:
             return self.shared(key, lambda: function(self, *args, **kwargs)).copy()
 
-        def computed() -> pd.DataFrame:
-            frame = function(self, *args, **kwargs)
-            if len(self.events) >= self.RELEASE_MIN_EVENTS:
-                heap.release()
-            return frame
-
-        store = self.store
-        if store is None or args or kwargs or name not in self.STORED or store.events is not self.events:
-            return self.shared(key, computed).copy()
-
         def stored() -> pd.DataFrame:
-            frame = store.get(name)
+            frame = self.store.get(name)
             if frame is None:
-                frame = computed()
-                store.put(name, frame)
+                frame = function(self)
+                self.store.put(name, frame)
             return frame
 
         return self.shared(key, stored).copy()
