@@ -75,6 +75,7 @@ def test_reopened_tables_are_the_computed_ones(name: str, tmp_path: Path, monkey
     first = tracemagic.load(TRACES / name, cache_dir=tmp_path)
     for key, call in CALLS.items():
         identical(call(first), want[key])
+    first.store.flush()  # else written as the process ends
     assert stored(tmp_path) == set(CALLS)
     again = tracemagic.load(TRACES / name, cache_dir=tmp_path)
     for key, call in CALLS.items():
@@ -89,6 +90,7 @@ def test_reopened_tables_are_the_computed_ones(name: str, tmp_path: Path, monkey
 def test_a_reopened_trace_reads_its_tables_instead_of_computing_them(tmp_path: Path, counted: Counter[str]) -> None:
     first = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
     first.ops(), first.layers(), first.memory()
+    first.store.flush()
     assert counted == {"ops": 1, "layers": 1, "memory": 1}
     again = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
     again.ops(), again.layers(), again.memory(), again.memory_peaks()
@@ -101,10 +103,13 @@ def test_no_stored_tables_when_turned_off_or_for_a_trace_given_other_events(
     tmp_path: Path, counted: Counter[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(cache.NO_TABLES_ENV, "0")
-    tracemagic.load(GPU_TRACE, cache_dir=tmp_path).ops()
-    assert stored(tmp_path) == set()
+    off = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    off.ops()
+    assert off.store is None and stored(tmp_path) == set()
     monkeypatch.delenv(cache.NO_TABLES_ENV)
-    tracemagic.load(GPU_TRACE, cache_dir=tmp_path).ops()
+    on = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    on.ops()
+    on.store.flush()
     assert stored(tmp_path) == {"ops.ops"} and counted["ops"] == 2
     trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
     trace.events = trace.events.assign(dur=trace.events["dur"] * 2)
@@ -126,13 +131,16 @@ def _write_seal(path: Path, body: dict[str, Any]) -> None:
 def test_stale_damaged_or_forged_tables_are_computed_again(
     tmp_path: Path, counted: Counter[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    want = tracemagic.load(GPU_TRACE, cache_dir=tmp_path).ops()
+    def reopened() -> pd.DataFrame:
+        trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+        table = trace.ops()
+        trace.store.flush()
+        return table
+
+    want = reopened()
     (seal,) = tmp_path.glob("*.t.ops.ops.seal")
     data = seal.with_name(seal.name.replace(".seal", ".arrow"))
     assert counted["ops"] == 1
-
-    def reopened() -> pd.DataFrame:
-        return tracemagic.load(GPU_TRACE, cache_dir=tmp_path).ops()
 
     # another tracemagic (or numpy/pandas/pyarrow) version: computed again, and stored for it
     with monkeypatch.context() as patched:
@@ -192,9 +200,13 @@ def test_a_capture_manifest_edited_after_the_tables_were_stored(tmp_path: Path, 
         "versions": {"tracemagic": tracemagic.__version__},
         "files": [{"path": trace_file.name, "kind": "kineto", "rank": 0}],
     }))
-    before = tracemagic.load(folder).layers()
+    trace = tracemagic.load(folder)
+    before = trace.layers()
+    trace.store.flush()
     assert counted["layers"] == 1 and (folder / cache.CAPTURE_FOLDER).is_dir()
-    tracemagic.load(folder).layers()
+    again = tracemagic.load(folder)
+    again.layers()
+    again.store.flush()
     assert counted["layers"] == 1
     layer = str(before["layer"].iloc[0])  # Net_0: no manifest names it yet
     manifest = json.loads((folder / "capture.json").read_text())
@@ -208,7 +220,34 @@ def test_a_capture_manifest_edited_after_the_tables_were_stored(tmp_path: Path, 
 def test_stored_tables_belong_to_their_cache_entry(tmp_path: Path) -> None:
     trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
     trace.ops(), trace.steps()
+    trace.store.flush()
     (entry,) = cache.entries(tmp_path)
     assert {p.name.split(".", 1)[1] for p in entry.files} >= {"t.ops.ops.arrow", "t.ops.ops.seal", "t.steps.steps.seal"}
     assert cache.clear(tmp_path)[0] == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_session_stores_its_tables_as_it_ends(tmp_path: Path, counted: Counter[str]) -> None:
+    """A process that computed tables writes them when it ends; one whose cache entry was
+    cleared meanwhile writes nothing (no table files without their events)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(tracemagic.__file__).resolve().parents[1]
+    script = (
+        "import sys, tracemagic\n"
+        "from tracemagic.trace import cache\n"
+        "trace = tracemagic.load(sys.argv[1], cache_dir=sys.argv[2])\n"
+        "trace.ops(), trace.layers()\n"
+        "if sys.argv[3] == 'clear':\n"
+        "    cache.clear(sys.argv[2])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(root))
+    for folder, then in ((tmp_path / "kept", "keep"), (tmp_path / "cleared", "clear")):
+        subprocess.run([sys.executable, "-c", script, str(GPU_TRACE), str(folder), then], check=True, env=env, timeout=300)
+    assert stored(tmp_path / "kept") == {"ops.ops", "layers.layers"}
+    assert list((tmp_path / "cleared").iterdir()) == []
+    again = tracemagic.load(GPU_TRACE, cache_dir=tmp_path / "kept")
+    again.ops(), again.layers()
+    assert counted == Counter()

@@ -52,8 +52,10 @@ import json
 import mmap
 import os
 import re
+import atexit
 import tempfile
 import time
+import weakref
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -621,6 +623,9 @@ def _storable(frame: pd.DataFrame) -> tuple[bytes, dict[str, Any]] | None:
         return None
     if not all(isinstance(c, str) for c in frame.columns) or not frame.columns.is_unique:
         return None
+    attrs_of = frame.attrs
+    frame = frame.copy(deep=False)  # its columns taken without deep-copying the attrs each time
+    frame.attrs = {}
     columns = []
     for name in frame.columns:
         spec = _column_layout(frame[name])
@@ -628,7 +633,7 @@ def _storable(frame: pd.DataFrame) -> tuple[bytes, dict[str, Any]] | None:
             return None
         columns.append({"name": name, **spec})
     try:
-        attrs = _encode(frame.attrs)
+        attrs = _encode(attrs_of)
         layout = {"columns": columns, "names": str(frame.columns.dtype), "attrs": attrs}
         json.dumps(layout, allow_nan=False)
         batch = pa.RecordBatch.from_pydict({spec["name"]: _arrow(frame[spec["name"]], spec["kind"]) for spec in columns})
@@ -638,6 +643,7 @@ def _storable(frame: pd.DataFrame) -> tuple[bytes, dict[str, Any]] | None:
         data = sink.getvalue()
         table = pa.ipc.open_file(pa.BufferReader(data)).read_all()  # checked as it will be read
         back = _rebuild(table, json.loads(json.dumps(layout)))
+        rebuilt_attrs, back.attrs = back.attrs, {}
     except (TypeError, ValueError, pa.ArrowException):
         return None
     same = (
@@ -650,7 +656,7 @@ def _storable(frame: pd.DataFrame) -> tuple[bytes, dict[str, Any]] | None:
             if isinstance(frame[c].dtype, pd.CategoricalDtype)
         )
         and back.equals(frame)
-        and _same(back.attrs, frame.attrs)
+        and _same(rebuilt_attrs, attrs_of)
     )
     return (data.to_pybytes(), layout) if same else None
 
@@ -683,7 +689,9 @@ class TableStore:
     edited manifest or a damaged file means it is computed again (edits of ``trace.events``
     in place are not seen: load with ``use_cache=False`` to analyse edited events); as with the events,
     nothing read is executed. Only tables that rebuild exactly (checked when stored) are
-    stored, and nothing is read or written with ``$TRACEMAGIC_TABLE_CACHE=0``.
+    stored, when the process ends (``put_later``: computing a table costs no more than
+    without the store; ``flush`` writes them at once), and nothing is read or written with
+    ``$TRACEMAGIC_TABLE_CACHE=0``.
     """
 
     def __init__(self, base: Path, found: Entry, events_sum: str, context: str, events: pd.DataFrame) -> None:
@@ -693,6 +701,7 @@ class TableStore:
         self.source = found.identity
         self.events_sum = events_sum
         self.context = hashlib.blake2b(context.encode(), digest_size=16).hexdigest()
+        self._pending: dict[str, weakref.ReferenceType[pd.DataFrame]] = {}
 
     @staticmethod
     def enabled() -> bool:
@@ -726,6 +735,25 @@ class TableStore:
             _touch(seal_file)
         return frame
 
+    def put_later(self, name: str, frame: pd.DataFrame) -> None:
+        """Store ``frame`` as table ``name`` at ``flush``: when the process ends (``atexit``),
+        so computing a table costs a session no more than without the store. Only a weak
+        reference is kept: the tables of a trace dropped before then are not stored."""
+        self._pending[name] = weakref.ref(frame)
+        _UNWRITTEN.add(self)
+
+    def flush(self) -> None:
+        """Store the tables handed to ``put_later`` now (any error: that table is not kept)."""
+        pending, self._pending = self._pending, {}
+        for name, ref in pending.items():
+            frame = ref()
+            if frame is None:
+                continue
+            try:
+                self.put(name, frame)
+            except Exception:  # noqa: BLE001 - a table not kept is computed next time: never an error of the session's
+                pass
+
     def put(self, name: str, frame: pd.DataFrame) -> bool:
         """Store ``frame`` as table ``name`` if it rebuilds exactly; whether it was stored."""
         stored = _storable(frame)
@@ -736,6 +764,9 @@ class TableStore:
             data, seal_file = self._files(name)
             if not self.capped and not writable(self.base.parent.parent):
                 return False
+            events_seal = _read_seal(self.base)
+            if events_seal is None or events_seal.get("events", {}).get("sum") != self.events_sum:
+                return False  # the entry was removed or replaced meanwhile (cache clear, another process)
             seal_file.unlink(missing_ok=True)
             seal = {**self._expected(), "table": _write_atomic(ipc, data), "layout": layout}
             body = json.dumps(seal, separators=(",", ":")).encode()
@@ -745,6 +776,17 @@ class TableStore:
         if self.capped:
             evict(self.base.parent, keep=self.base.name)
         return True
+
+
+#: the stores with tables handed to ``put_later`` (weakly: a dropped trace's are not written)
+_UNWRITTEN: weakref.WeakSet[TableStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_all() -> None:
+    """Write every store's pending tables as the process ends."""
+    for store in list(_UNWRITTEN):
+        store.flush()
 
 
 # -- the user cache folder ----------------------------------------------------------------------

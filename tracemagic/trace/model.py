@@ -141,7 +141,7 @@ class Trace:
             frame = self.store.get(name)
             if frame is None:
                 frame = function(self)
-                self.store.put(name, frame)
+                self.store.put_later(name, frame)  # written as the process ends: the caller does not wait for it
             return frame
 
         return self.shared(key, stored).copy()
