@@ -251,3 +251,20 @@ def test_a_session_stores_its_tables_as_it_ends(tmp_path: Path, counted: Counter
     again = tracemagic.load(GPU_TRACE, cache_dir=tmp_path / "kept")
     again.ops(), again.layers()
     assert counted == Counter()
+
+
+def test_a_trace_dropped_stores_its_tables(tmp_path: Path, counted: Counter[str]) -> None:
+    """Tables are written when their trace is dropped (a function's trace at its return), not
+    while they are computed."""
+
+    def look() -> None:
+        trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+        trace.ops()
+        assert stored(tmp_path) == set(), "not written while the session computes"
+        trace.memory()
+
+    look()
+    assert stored(tmp_path) == {"ops.ops", "memory.memory"}
+    trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    trace.ops(), trace.memory()
+    assert counted == {"ops": 1, "memory": 1}

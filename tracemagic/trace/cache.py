@@ -52,7 +52,6 @@ import json
 import mmap
 import os
 import re
-import atexit
 import tempfile
 import time
 import weakref
@@ -689,9 +688,9 @@ class TableStore:
     edited manifest or a damaged file means it is computed again (edits of ``trace.events``
     in place are not seen: load with ``use_cache=False`` to analyse edited events); as with the events,
     nothing read is executed. Only tables that rebuild exactly (checked when stored) are
-    stored, when the process ends (``put_later``: computing a table costs no more than
-    without the store; ``flush`` writes them at once), and nothing is read or written with
-    ``$TRACEMAGIC_TABLE_CACHE=0``.
+    stored, when the trace is dropped or the process ends (``put_later``: computing a table
+    costs no more than without the store; ``flush`` writes them at once), and nothing is
+    read or written with ``$TRACEMAGIC_TABLE_CACHE=0``.
     """
 
     def __init__(self, base: Path, found: Entry, events_sum: str, context: str, events: pd.DataFrame) -> None:
@@ -701,7 +700,8 @@ class TableStore:
         self.source = found.identity
         self.events_sum = events_sum
         self.context = hashlib.blake2b(context.encode(), digest_size=16).hexdigest()
-        self._pending: dict[str, weakref.ReferenceType[pd.DataFrame]] = {}
+        self._pending: dict[str, pd.DataFrame] = {}
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     @staticmethod
     def enabled() -> bool:
@@ -735,20 +735,18 @@ class TableStore:
             _touch(seal_file)
         return frame
 
-    def put_later(self, name: str, frame: pd.DataFrame) -> None:
-        """Store ``frame`` as table ``name`` at ``flush``: when the process ends (``atexit``),
-        so computing a table costs a session no more than without the store. Only a weak
-        reference is kept: the tables of a trace dropped before then are not stored."""
-        self._pending[name] = weakref.ref(frame)
-        _UNWRITTEN.add(self)
+    def put_later(self, name: str, frame: pd.DataFrame, owner: object) -> None:
+        """Store ``frame`` as table ``name`` at ``flush``: when ``owner`` (the trace holding
+        the table) is dropped, or the process ends, so computing a table costs a session no
+        more than without the store."""
+        self._pending[name] = frame
+        if self._finalizer is None or not self._finalizer.alive:
+            self._finalizer = weakref.finalize(owner, self.flush)  # runs at exit too
 
     def flush(self) -> None:
         """Store the tables handed to ``put_later`` now (any error: that table is not kept)."""
         pending, self._pending = self._pending, {}
-        for name, ref in pending.items():
-            frame = ref()
-            if frame is None:
-                continue
+        for name, frame in pending.items():
             try:
                 self.put(name, frame)
             except Exception:  # noqa: BLE001 - a table not kept is computed next time: never an error of the session's
@@ -776,17 +774,6 @@ class TableStore:
         if self.capped:
             evict(self.base.parent, keep=self.base.name)
         return True
-
-
-#: the stores with tables handed to ``put_later`` (weakly: a dropped trace's are not written)
-_UNWRITTEN: weakref.WeakSet[TableStore] = weakref.WeakSet()
-
-
-@atexit.register
-def _flush_all() -> None:
-    """Write every store's pending tables as the process ends."""
-    for store in list(_UNWRITTEN):
-        store.flush()
 
 
 # -- the user cache folder ----------------------------------------------------------------------

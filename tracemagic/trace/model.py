@@ -141,7 +141,7 @@ class Trace:
             frame = self.store.get(name)
             if frame is None:
                 frame = function(self)
-                self.store.put_later(name, frame)  # written as the process ends: the caller does not wait for it
+                self.store.put_later(name, frame, self)  # written when this trace is dropped: the caller does not wait
             return frame
 
         return self.shared(key, stored).copy()
