@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                 if res is not None:
                     results["hta"].append(res)
             print(f"  round {r + 1}/{args.rounds} done", flush=True)
-    print(f"\nissue 23's goals (ratios of medians of {args.rounds} rounds; {file_mb:.0f} MB CPU trace):")
+    print(f"\nissue 23's goals (ratios of medians of {args.rounds} rounds; {file_mb:.0f} MB CPU trace; "
+          f"at the end: {machine()}):")
     for goal, value, op, target, detail in goals(results, file_mb):
         if value != value:
             verdict = "n/a"
