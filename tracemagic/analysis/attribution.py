@@ -112,7 +112,9 @@ def _attribution(trace: Trace, flows: bool) -> Attribution:
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
 
 
-def _fold_compiled(trace: Trace, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _fold_compiled(
+    trace: Trace, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Fold the module events of compiled code into the layer they belong to.
 
     Folded: the model event directly inside its ``OptimizedModule`` event when both have

@@ -276,15 +276,30 @@ def source(trace: Trace) -> pd.DataFrame:
     Rows are sorted by rank, then ``cpu_us``, largest first.
     """
     parts = [_function_rows(trace), _line_rows(trace)]
-    table = pd.concat([p for p in parts if p is not None], ignore_index=True) if any(p is not None for p in parts) else None
+    table = (
+        pd.concat([p for p in parts if p is not None], ignore_index=True) if any(p is not None for p in parts) else None
+    )
     if table is None or table.empty:
         return _empty()
     table = table.sort_values(["rank", "cpu_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
     return table
 
 
-_COLUMNS = ("rank", "kind", "name", "file", "line", "function", "user", "calls", "cpu_us", "self_cpu_us",
-            "gpu_us", "alloc_bytes", "flops")
+_COLUMNS = (
+    "rank",
+    "kind",
+    "name",
+    "file",
+    "line",
+    "function",
+    "user",
+    "calls",
+    "cpu_us",
+    "self_cpu_us",
+    "gpu_us",
+    "alloc_bytes",
+    "flops",
+)
 
 
 def _empty() -> pd.DataFrame:
@@ -293,9 +308,21 @@ def _empty() -> pd.DataFrame:
     return TABLES["source"].empty()
 
 
-def _table(rank: np.ndarray, kind: str, label: np.ndarray, file: np.ndarray, line: np.ndarray, function: np.ndarray,
-           library: np.ndarray, calls: np.ndarray, cpu: np.ndarray, self_cpu: np.ndarray, gpu: np.ndarray,
-           alloc: np.ndarray, flops: np.ndarray | None) -> pd.DataFrame:
+def _table(
+    rank: np.ndarray,
+    kind: str,
+    label: np.ndarray,
+    file: np.ndarray,
+    line: np.ndarray,
+    function: np.ndarray,
+    library: np.ndarray,
+    calls: np.ndarray,
+    cpu: np.ndarray,
+    self_cpu: np.ndarray,
+    gpu: np.ndarray,
+    alloc: np.ndarray,
+    flops: np.ndarray | None,
+) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "rank": rank.astype(np.int32),
@@ -348,9 +375,19 @@ def _function_rows(trace: Trace) -> pd.DataFrame | None:
 
     fids = fid[first]
     return _table(
-        rank[first], "function", label[fids], file[fids], line[fids], function[fids], library[fids],
-        np.bincount(group, minlength=count), np.bincount(group[outer], weights=dur[outer], minlength=count),
-        self_cpu, total("gpu"), total("alloc"), None if points["flops"] is None else total("flops"),
+        rank[first],
+        "function",
+        label[fids],
+        file[fids],
+        line[fids],
+        function[fids],
+        library[fids],
+        np.bincount(group, minlength=count),
+        np.bincount(group[outer], weights=dur[outer], minlength=count),
+        self_cpu,
+        total("gpu"),
+        total("alloc"),
+        None if points["flops"] is None else total("flops"),
     )
 
 
@@ -438,11 +475,19 @@ def _line_rows(trace: Trace) -> pd.DataFrame | None:
     ids = entry[first]
     line = entries["line"].to_numpy(dtype=np.float64, na_value=-1)
     return _table(
-        rank[op_idx][first], "line", entries["label"].to_numpy(dtype=object)[ids], entries["file"].to_numpy(dtype=object)[ids],
-        np.nan_to_num(line[ids], nan=-1).astype(np.int64), entries["function"].to_numpy(dtype=object)[ids],
-        entries["library"].to_numpy(dtype=bool)[ids], np.bincount(group[outer], minlength=count),
-        np.bincount(group[outer], weights=events["dur"].to_numpy()[top], minlength=count), self_cpu, total("gpu"),
-        total("alloc"), None if points["flops"] is None else total("flops"),
+        rank[op_idx][first],
+        "line",
+        entries["label"].to_numpy(dtype=object)[ids],
+        entries["file"].to_numpy(dtype=object)[ids],
+        np.nan_to_num(line[ids], nan=-1).astype(np.int64),
+        entries["function"].to_numpy(dtype=object)[ids],
+        entries["library"].to_numpy(dtype=bool)[ids],
+        np.bincount(group[outer], minlength=count),
+        np.bincount(group[outer], weights=events["dur"].to_numpy()[top], minlength=count),
+        self_cpu,
+        total("gpu"),
+        total("alloc"),
+        None if points["flops"] is None else total("flops"),
     )
 
 
@@ -612,7 +657,7 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     dur = events["dur"].to_numpy()
     where = node_of[rows]
     is_gpu_row = np.zeros(rows.size, dtype=bool)
-    is_gpu_row[cpu_rows.size:] = True
+    is_gpu_row[cpu_rows.size :] = True
     calls = np.bincount(where, minlength=count)
     held_dur = _held(trace, cpu_rows, up, level[: cpu_rows.size])
     cpu = np.bincount(where[~is_gpu_row], weights=held_dur, minlength=count)
@@ -627,7 +672,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     self_cpu = cpu - np.bincount(nparent[has_parent], weights=cpu[has_parent], minlength=count)
     gpu = _subtree_sum(self_gpu, nparent)
     extra_arr = np.array(extra + [""], dtype=object)
-    names = np.where(nlabel >= 0, label[np.maximum(nlabel, 0)], extra_arr[np.where(nlabel < 0, -1 - nlabel, len(extra))])
+    names = np.where(
+        nlabel >= 0, label[np.maximum(nlabel, 0)], extra_arr[np.where(nlabel < 0, -1 - nlabel, len(extra))]
+    )
     nfile = np.where(nlabel >= 0, file[np.maximum(nlabel, 0)], "")
     nline = np.where(nlabel >= 0, line[np.maximum(nlabel, 0)], -1)
     nlib = np.where(nlabel >= 0, library[np.maximum(nlabel, 0)], False)
@@ -637,7 +684,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
         for i in np.flatnonzero(nkind == NODE_KINDS.index("line")).tolist():
             e = by_extra[-1 - int(nlabel[i])]
             nfile[i] = entries["file"].iat[e]
-            nline[i] = -1 if entries["line"].iat[e] is None or pd.isna(entries["line"].iat[e]) else int(entries["line"].iat[e])
+            nline[i] = (
+                -1 if entries["line"].iat[e] is None or pd.isna(entries["line"].iat[e]) else int(entries["line"].iat[e])
+            )
             nlib[i] = bool(entries["library"].iat[e])
     ops_kinds = np.isin(nkind, [NODE_KINDS.index(k) for k in ("python", "line")])
     nline = nline.astype(np.int64)

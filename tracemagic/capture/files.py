@@ -99,8 +99,11 @@ def write_with(
             shutil.rmtree(staging, ignore_errors=True)
         else:
             cleaner = threading.Thread(
-                target=shutil.rmtree, args=(staging,), kwargs={"ignore_errors": True},
-                name="tracemagic-cleanup", daemon=True,
+                target=shutil.rmtree,
+                args=(staging,),
+                kwargs={"ignore_errors": True},
+                name="tracemagic-cleanup",
+                daemon=True,
             )
             cleaner.start()
             cleaners.append(cleaner)

@@ -240,11 +240,7 @@ class CaptureSession:
     @property
     def recording(self) -> bool:
         """Whether the current step is being recorded."""
-        return (
-            self._prof is not None
-            and not self._stopped
-            and self._prof.current_action in _RECORDING
-        )
+        return self._prof is not None and not self._stopped and self._prof.current_action in _RECORDING
 
     def step(self) -> None:
         """End the current step and begin the next (``prof.step()``).
@@ -503,11 +499,13 @@ class CaptureSession:
         except Exception as exc:  # noqa: BLE001 - never lose the cell's own error to bookkeeping
             _log.debug("building the manifest failed", exc_info=True)
             manifest = self._base_manifest(status)
-            manifest.update({
-                "files": [{"path": files.MANIFEST, "kind": layout.MANIFEST_KIND}],
-                "notes": [*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
-                "error": _error_entry(error),
-            })
+            manifest.update(
+                {
+                    "files": [{"path": files.MANIFEST, "kind": layout.MANIFEST_KIND}],
+                    "notes": [*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
+                    "error": _error_entry(error),
+                }
+            )
         assert self.dir is not None
         try:
             self._write_manifest(manifest=manifest)
@@ -523,8 +521,10 @@ class CaptureSession:
         if prof is None:
             return
         catch = self._clock.catches[-1]
-        self._notes.append(f"--slow: the loop ended during iteration {catch['recorded']}, "
-                           f"recorded after slow iteration {catch['iteration']}: no trace of it.")
+        self._notes.append(
+            f"--slow: the loop ended during iteration {catch['recorded']}, "
+            f"recorded after slow iteration {catch['iteration']}: no trace of it."
+        )
         with contextlib.suppress(Exception):
             prof.stop()
         with contextlib.suppress(Exception):
@@ -749,9 +749,7 @@ class CaptureSession:
             assert c.kineto is not None
             entries.append({"path": c.kineto, "kind": layout.KINETO_KIND, "rank": self.rank, "cycle": c.label})
             if c.memory:
-                entries.append(
-                    {"path": c.memory, "kind": layout.MEMORY_KIND, "rank": self.rank, "cycle": c.label}
-                )
+                entries.append({"path": c.memory, "kind": layout.MEMORY_KIND, "rank": self.rank, "cycle": c.label})
         for c in self._cycles:
             if c.et:
                 entries.append({"path": c.et, "kind": layout.ET_KIND, "rank": self.rank, "cycle": c.label})
@@ -766,17 +764,19 @@ class CaptureSession:
         maps = {str(c.kineto): module_map(c.window, roots, self.namespace) for c in written}
         first = next(iter(maps.values()), {})
         manifest = self._base_manifest(status)
-        manifest.update({
-            "steps": [asdict(s) for c in self._cycles for s in c.steps],
-            "steps_recorded": sum(len(c.steps) for c in self._cycles),
-            "iterations": self._iterations,
-            "loop_timing": self._clock.as_manifest(self._gpu_ms()),
-            "files": entries,
-            "modules": first,
-            "notes": list(self._notes),
-            "error": _error_entry(error),
-            "hidden_output": list(self._hidden),
-        })
+        manifest.update(
+            {
+                "steps": [asdict(s) for c in self._cycles for s in c.steps],
+                "steps_recorded": sum(len(c.steps) for c in self._cycles),
+                "iterations": self._iterations,
+                "loop_timing": self._clock.as_manifest(self._gpu_ms()),
+                "files": entries,
+                "modules": first,
+                "notes": list(self._notes),
+                "error": _error_entry(error),
+                "hidden_output": list(self._hidden),
+            }
+        )
         if any(m != first for m in maps.values()):
             manifest["modules_by_file"] = maps
         if any(c.memory for c in written):
@@ -803,17 +803,14 @@ class CaptureSession:
             },
             "device": {
                 "type": "cuda" if use_cuda else "cpu",
-                "name": torch.cuda.get_device_name() if use_cuda else platform.processor()
-                or platform.machine(),
+                "name": torch.cuda.get_device_name() if use_cuda else platform.processor() or platform.machine(),
                 "activities": ["CPU", "CUDA"] if use_cuda else ["CPU"],
             },
             "rank": self.rank,
             "world_size": self.world_size,
         }
 
-    def _write_manifest(
-        self, *, status: str = "running", manifest: Manifest | None = None
-    ) -> None:
+    def _write_manifest(self, *, status: str = "running", manifest: Manifest | None = None) -> None:
         assert self.dir is not None
         data = manifest if manifest is not None else self._base_manifest(status)
         if self._directory is not None and self.world_size > 1:  # a job's shared directory

@@ -151,7 +151,9 @@ def _select(rank: _Rank, windows: list[tuple[float, float]] | None, max_events: 
             value = _arg(events[i], key)
             if value is not None:
                 ids.add(value)
-    flows = np.array([bool(is_flow[i]) and (events[i].id in ids or (not trimmed and bool(inside[i]))) for i in range(n)], dtype=bool)
+    flows = np.array(
+        [bool(is_flow[i]) and (events[i].id in ids or (not trimmed and bool(inside[i]))) for i in range(n)], dtype=bool
+    )
     return np.flatnonzero(keep | flows | is_meta).tolist()
 
 
@@ -267,7 +269,9 @@ def to_chrome_trace(
         try:
             loaded = _load_rank(r, str(sources[r]))
         except (OSError, msgspec.DecodeError) as exc:
-            raise TraceError(f"{sources[r]}: cannot re-read the original trace ({exc}).", path=str(sources[r])) from None
+            raise TraceError(
+                f"{sources[r]}: cannot re-read the original trace ({exc}).", path=str(sources[r])
+            ) from None
         keep = _select(loaded, windows, max_events)
         out = path if len(ranks) == 1 else path / f"rank{r}.pt.trace.json{'.gz' if gz else ''}"
         _write(out, loaded, keep, world=len(ranks))

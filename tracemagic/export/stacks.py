@@ -83,9 +83,7 @@ def folded(trace: Trace, *, gpu: bool = False, user_only: bool = False) -> list[
     return [f"{';'.join(names[i] for i in path)} {int(v)}" for path, v in zip(paths, values[order])]
 
 
-def to_folded(
-    trace: Trace, path: str | os.PathLike[str], *, gpu: bool = False, user_only: bool = False
-) -> list[Path]:
+def to_folded(trace: Trace, path: str | os.PathLike[str], *, gpu: bool = False, user_only: bool = False) -> list[Path]:
     """Write the folded stacks (``folded``) to ``path`` (atomically), one line per stack.
 
     Returns:
@@ -130,15 +128,17 @@ def speedscope(trace: Trace, *, gpu: bool = False, user_only: bool = False, name
     for on_gpu in wanted:
         nodes, values = _stacks(tree, on_gpu)
         weights = (values / 1000.0).tolist()
-        profiles.append({
-            "type": "sampled",
-            "name": "GPU time (kernels, memcpy, memset by launching stack)" if on_gpu else "CPU self time",
-            "unit": "microseconds",
-            "startValue": 0,
-            "endValue": float(sum(weights)),
-            "samples": [node_frame[p].tolist() for p in _paths(tree, nodes)],
-            "weights": weights,
-        })
+        profiles.append(
+            {
+                "type": "sampled",
+                "name": "GPU time (kernels, memcpy, memset by launching stack)" if on_gpu else "CPU self time",
+                "unit": "microseconds",
+                "startValue": 0,
+                "endValue": float(sum(weights)),
+                "samples": [node_frame[p].tolist() for p in _paths(tree, nodes)],
+                "weights": weights,
+            }
+        )
     return {
         "$schema": SPEEDSCOPE_SCHEMA,
         "shared": {"frames": frames},

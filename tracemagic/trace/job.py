@@ -94,7 +94,9 @@ def list_ranks(
         return path, None, [RankFile(str(p), p, hint=rank_from_name(p.name)) for p in matched], []
     if path.is_dir():
         manifest, listed, outside = loader.folder_ranks(path)
-        ranks = [RankFile(str(p), p, hint=rank if rank is not None else rank_from_name(p.name)) for p, rank in listed.items()]
+        ranks = [
+            RankFile(str(p), p, hint=rank if rank is not None else rank_from_name(p.name)) for p, rank in listed.items()
+        ]
         return path, manifest, ranks, [loader.skipped(path, outside)] if outside else []
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
@@ -125,7 +127,9 @@ def open_rank(rank: RankFile, options: Options) -> Trace:
             max_bytes=options.max_bytes,
             allow_high_compression=options.allow_high_compression,
         )
-    source = rank.source if rank.source is not None else _member(rank, options.max_bytes, options.allow_high_compression)
+    source = (
+        rank.source if rank.source is not None else _member(rank, options.max_bytes, options.allow_high_compression)
+    )
     parsed = loader.parse_source(source, options.recover, workers=options.workers)
     events, flows, meta, order = loader.assemble([parsed], rank.path)
     return loader.as_trace(events, flows, meta, order, rank.path)

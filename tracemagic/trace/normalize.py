@@ -20,7 +20,6 @@ from tracemagic.trace.kineto import CATEGORY_KIND, CPU_KINDS, GPU_KINDS, KINDS, 
 _INT64 = 2**63
 
 
-
 def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     """The normalized kind of every event (see ``KINDS``)."""
     cats = events["cat"].cat.categories

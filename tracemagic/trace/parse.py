@@ -40,8 +40,19 @@ from tracemagic.trace.jsonvalues import _ANY, _META, _TOP, MAX_NESTING, _decode,
 from tracemagic.trace.read import ByteStream, Source, sniff
 from tracemagic.trace.structs import _LOOSE_EVENTS, decode_structs
 
-__all__ = ["CHUNK_BYTES", "MAX_NESTING", "Interners", "ParsedTrace", "Part", "Progress", "Unstreamable",
-           "parse_events", "parse_source", "read_part", "scans_in_c"]
+__all__ = [
+    "CHUNK_BYTES",
+    "MAX_NESTING",
+    "Interners",
+    "ParsedTrace",
+    "Part",
+    "Progress",
+    "Unstreamable",
+    "parse_events",
+    "parse_source",
+    "read_part",
+    "scans_in_c",
+]
 
 _scan: ModuleType | None  # the C scanner (setup.py builds it where a compiler is found)
 try:
@@ -432,7 +443,9 @@ def _recover_whole(data: bytes | bytearray, name: str, offset: int) -> tuple[byt
     start = data.find(b'"traceEvents"')
     bracket = data.find(b"[", start) if start >= 0 else -1
     if bracket < 0:
-        raise TraceError(f"{name}: damaged at byte {offset} before any event; nothing to recover.", path=name, offset=offset)
+        raise TraceError(
+            f"{name}: damaged at byte {offset} before any event; nothing to recover.", path=name, offset=offset
+        )
     meta: dict[str, Any] = {}
     head = data[:start].rstrip().rstrip(b",") + b"}"
     try:

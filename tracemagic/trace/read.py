@@ -445,8 +445,12 @@ def _read_tar(path: Path, max_bytes: int | None = None, max_ratio: float | None 
     reader = _Archive(path, members)
     return [
         Source(
-            f"{path}!{m.name}", functools.partial(reader.open, m), m.size, rank_from_name(m.name),
-            max_bytes=max_bytes, max_ratio=max_ratio,
+            f"{path}!{m.name}",
+            functools.partial(reader.open, m),
+            m.size,
+            rank_from_name(m.name),
+            max_bytes=max_bytes,
+            max_ratio=max_ratio,
         )
         for m in members
     ]

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Dashboard", "summary", "write_report"]
 
+
 def __getattr__(name: str) -> Any:
     """``Dashboard``, ``write_report`` and ``summary``, imported on first access."""
     value: Any
