@@ -11,8 +11,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tracemagic._version import __version__
 from tracemagic.errors import TracemagicError
@@ -256,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"tracemagic: error: {message}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as exc:  # noqa: BLE001 - a bug: one line unless --debug/TRACEMAGIC_DEBUG asks for the traceback
+    except Exception as exc:
         if os.environ.get("TRACEMAGIC_DEBUG"):
             raise
         print(

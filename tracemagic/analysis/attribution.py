@@ -17,8 +17,8 @@ import pandas as pd
 from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope, layers_at, names_where
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
-from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate
 from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate
 
 #: outermost op of each autograd node run by the engine
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")

@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
-    in_scope,
     layers_at,
     memory_holders,
     names_at,
@@ -39,8 +38,8 @@ from tracemagic.analysis._common import (
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.trace.model import Trace
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
+from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread
 

@@ -47,8 +47,8 @@ from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
-from tracemagic.trace.structure import MODULE_PREFIX
 from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import MODULE_PREFIX
 
 #: the phases, in the table's column order (``<phase>_us`` and ``gpu_<phase>_us``)
 PHASES: tuple[str, ...] = ("dataloader", "forward", "backward", "optimizer", "other")

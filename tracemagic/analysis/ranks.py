@@ -39,8 +39,8 @@ from tracemagic.analysis._common import (
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
-from tracemagic.trace.structure import propagate
 from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import propagate
 
 _KERNEL_COLLECTIVE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 #: normalized collective names (lower case, letters and digits) of the collectives that end

@@ -33,8 +33,8 @@ from tracemagic.analysis._common import (
     nesting_depth,
     rollup,
     text,
-    trace_start,
     text_take,
+    trace_start,
 )
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
@@ -52,11 +52,50 @@ _LIBRARY_PATH = re.compile(r"(?:^|/)(?:site-packages|dist-packages|lib6?4?/pytho
 #: top-level packages whose files count as library code even when the profiler wrote their
 #: path relative to ``sys.path`` (torch strips those prefixes: ``torch/nn/modules/linear.py``)
 LIBRARIES = frozenset(
-    "torch torchvision torchaudio torchtext torchdata functorch triton numpy scipy pandas "
-    "transformers accelerate datasets tokenizers safetensors huggingface_hub peft diffusers "
-    "deepspeed apex fairscale megatron lightning pytorch_lightning timm einops xformers "
-    "flash_attn tqdm IPython ipykernel jupyter_client tornado zmq traitlets tracemagic "
-    "sklearn jax flax optree sympy networkx".split()
+    [
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "torchtext",
+        "torchdata",
+        "functorch",
+        "triton",
+        "numpy",
+        "scipy",
+        "pandas",
+        "transformers",
+        "accelerate",
+        "datasets",
+        "tokenizers",
+        "safetensors",
+        "huggingface_hub",
+        "peft",
+        "diffusers",
+        "deepspeed",
+        "apex",
+        "fairscale",
+        "megatron",
+        "lightning",
+        "pytorch_lightning",
+        "timm",
+        "einops",
+        "xformers",
+        "flash_attn",
+        "tqdm",
+        "IPython",
+        "ipykernel",
+        "jupyter_client",
+        "tornado",
+        "zmq",
+        "traitlets",
+        "tracemagic",
+        "sklearn",
+        "jax",
+        "flax",
+        "optree",
+        "sympy",
+        "networkx",
+    ]
 )
 #: the node kinds of ``call_tree``
 NODE_KINDS = ("rank", "python", "module", "op", "annotation", "kernel", "memcpy", "memset", "line", "other")

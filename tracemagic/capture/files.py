@@ -114,7 +114,6 @@ def place(source: Path, final: Path, gz: bool = False) -> None:
     if not gz:
         os.replace(source, final)
         return
-    with atomic_path(final) as tmp:
-        with open(source, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
+    with atomic_path(final) as tmp, open(source, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
     source.unlink()

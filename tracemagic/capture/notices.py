@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 import select
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator

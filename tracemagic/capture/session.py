@@ -21,7 +21,7 @@ import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +227,7 @@ class CaptureSession:
         # notebook's only; a script's or a rank's crash output must reach its log unbuffered
         self._filter = notices.Filter(self._hidden) if filter_notices else None
         self._switched_off = False  # the profiler was switched off inside the current cycle
-        self._created = datetime.now(timezone.utc)
+        self._created = datetime.now(UTC)
         self._worker = files.tb_worker()
         self._cleaners: list[threading.Thread] = []  # removing staging folders (files.write_with)
 

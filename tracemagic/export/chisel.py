@@ -160,7 +160,7 @@ def _profiled_forward(
     return result
 
 
-def _load(trace_file: Path) -> "Trace":
+def _load(trace_file: Path) -> Trace:
     from tracemagic.trace.loader import load
 
     trace = load(trace_file, use_cache=False)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import gzip
 import os
 import tarfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -167,7 +168,7 @@ def _trim(keep: np.ndarray, dur: np.ndarray, cats: np.ndarray, max_events: int) 
     return out
 
 
-def _step_windows(trace: "Trace", rank: int, steps: Iterable[int]) -> list[tuple[float, float]]:
+def _step_windows(trace: Trace, rank: int, steps: Iterable[int]) -> list[tuple[float, float]]:
     ev = trace.events
     sel = (ev["rank"].to_numpy() == rank) & (ev["kind"] == "step").to_numpy()
     rows = np.flatnonzero(sel)
@@ -182,7 +183,7 @@ def _step_windows(trace: "Trace", rank: int, steps: Iterable[int]) -> list[tuple
     return [(float(a), float(b)) for a, b, s in zip(ts, end, numbers) if int(s) in wanted]
 
 
-def _steps_that_fit(trace: "Trace", rank: int, max_events: int) -> list[int] | None:
+def _steps_that_fit(trace: Trace, rank: int, max_events: int) -> list[int] | None:
     """The first consecutive steps whose events fit in ``max_events`` (at least one), or
     None when the trace has no ProfilerStep."""
     ev = trace.events
@@ -227,7 +228,7 @@ def _write(path: Path, rank: _Rank, keep: list[int], world: int) -> None:
 
 
 def to_chrome_trace(
-    trace: "Trace",
+    trace: Trace,
     path: str | os.PathLike[str],
     steps: Iterable[int] | None = None,
     max_events: int | None = None,

@@ -299,7 +299,7 @@ class _Builder:
             self.numbers[column].append((n, _scanned_numbers(part, floating)))
         self.n += n
 
-    def extend(self, other: "_Builder") -> None:
+    def extend(self, other: _Builder) -> None:
         """Append the events ``other`` read after this builder's (a later part of the file)."""
         if other.interners is not self.interners:
             raise ValueError("only parts read with the same Interners can be joined")

@@ -22,8 +22,8 @@ import numpy as np
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import loader
-from tracemagic.trace.model import Trace
 from tracemagic.trace.kineto import rank_from_name
+from tracemagic.trace.model import Trace
 from tracemagic.trace.read import MAX_RATIO, Source, default_max_bytes, is_tar, read_sources, regular_file
 
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import gc
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import msgspec
 
@@ -119,7 +120,7 @@ class Part:
     meta: dict[str, Any]
     warnings: list[str]
 
-    def extend(self, later: "Part") -> None:
+    def extend(self, later: Part) -> None:
         """Append a part that follows this one in the same file (read with the same ``Interners``)."""
         self.builder.extend(later.builder)
         self.meta.update(later.meta)
@@ -192,7 +193,7 @@ class _StreamParser:
     def run(self) -> ParsedTrace:
         return self.read().finish()
 
-    def read(self) -> "Part":
+    def read(self) -> Part:
         """Decode the whole stream into columns (not yet a table)."""
         self._more()
         sniff(bytes(self.buf[: 1 << 20]), self.name)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 #: below this many bytes on disk a load is quick: no bar unless ``progress=True``
 AUTO_MIN_BYTES = 50 * 1024 * 1024

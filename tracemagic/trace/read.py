@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import functools
 import io
-from contextlib import contextmanager
 import os
 import re
 import stat
 import tarfile
 import zlib
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterable, Iterator, Protocol
+from typing import IO, Protocol
 
 from tracemagic.errors import TraceError
 from tracemagic.trace.kineto import rank_from_name
@@ -142,7 +143,7 @@ class Source:
     max_ratio: float | None = None
 
     @classmethod
-    def from_bytes(cls, name: str, data: bytes, rank_hint: int | None = None) -> "Source":
+    def from_bytes(cls, name: str, data: bytes, rank_hint: int | None = None) -> Source:
         """A source over bytes already in memory (tests, tar members)."""
         return cls(name, lambda: io.BytesIO(data), len(data), rank_hint)
 
@@ -178,7 +179,7 @@ class ByteStream:
     def close(self) -> None:
         self._handle.close()
 
-    def __enter__(self) -> "ByteStream":
+    def __enter__(self) -> ByteStream:
         return self
 
     def __exit__(self, *exc: object) -> None:

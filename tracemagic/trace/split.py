@@ -20,16 +20,16 @@ import io
 import os
 import re
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import parse
 from tracemagic.trace.parse import ParsedTrace, Progress
 from tracemagic.trace.read import ByteStream, Source
-
 
 #: files of at least this much JSON are split (a 10 MB trace loads ~20% faster split;
 #: below a few MB the merge costs about what the second thread saves)

@@ -6,7 +6,6 @@ millions of events. Row numbers below are positions in the events table.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 

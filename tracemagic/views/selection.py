@@ -7,7 +7,7 @@ exists for drawing: lanes, a bound on the events drawn and busy-time bins for th
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import plotly.graph_objects as go
 
