@@ -132,8 +132,9 @@ class TracemagicMagics(Magics):
         ``loop_timing`` in ``capture.json``, and the strip atop the dashboard, where the
         recorded steps are marked. When the recorded steps are not typical of the loop
         (their median 20% or more off the steady state's and outside its 10th-90th
-        percentiles, or the first iterations of a compiled model), the Overview says so. ``--stop`` ends the loop once the profile
-        is done (``break``: the loop's ``else:`` does not run; the loop variable keeps the
+        percentiles, or the first iterations of a compiled model), the Overview says so.
+        ``--stop`` ends the loop once the profile is done (``break``: the loop's ``else:``
+        does not run; the loop variable keeps the
         value of the last iteration run). ``--slow FACTOR`` watches the iterations after
         the schedule (the first 5 of the loop are its warm-up): one slower than FACTOR ×
         the running median gets the next iteration recorded, as

@@ -144,7 +144,7 @@ class _Runner:
         except CaptureError as exc:  # the capture could not start (at the first optimizer step)
             error, status = exc, 2
             print(f"{PROG}: error: {exc}", file=sys.stderr)
-        except BaseException as exc:  # the script failed: keep its files, print the error
+        except BaseException as exc:  # noqa: BLE001 - the script failed, any way: keep its files, print the error
             error, status = exc, 1
             if not isinstance(exc, KeyboardInterrupt):
                 traceback.print_exc()

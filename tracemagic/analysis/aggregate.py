@@ -222,9 +222,10 @@ def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     Annotations, steps and the ops that wrap others (:data:`WRAPPER_OPS`: DataLoader
     iteration, ``Optimizer.*``, ``DistributedDataParallel.forward``, which old traces file as
     ops) are left out, as in the TensorBoard plugin's Operator view (they are listed apart by
-    :func:`top_wrappers`), so self times add up without double counting. An op folded into the one of its name around it (``ops()``'s
-    ``merged``: ``aten::div`` inside ``aten::div``) is no call and adds no total, its self
-    time goes to its name all the same: calls, totals and self times are ``key_averages()``'s.
+    :func:`top_wrappers`), so self times add up without double counting. An op folded into
+    the one of its name around it (``ops()``'s ``merged``: ``aten::div`` inside
+    ``aten::div``) is no call and adds no total, its self time goes to its name all the
+    same: calls, totals and self times are ``key_averages()``'s.
     """
     cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
     if ops.empty:

@@ -51,11 +51,23 @@ class DevicePeaks(NamedTuple):
     source: str
 
 
-_V100 = "NVIDIA Tesla V100 GPU Accelerator datasheet (images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf)"
-_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
-_H100 = "NVIDIA H100 Tensor Core GPU datasheet (resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet); dense = half the sparsity figures"
+_V100 = (
+    "NVIDIA Tesla V100 GPU Accelerator datasheet "
+    "(images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf)"
+)
+_A100 = (
+    "NVIDIA A100 Tensor Core GPU datasheet "
+    "(nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
+)
+_H100 = (
+    "NVIDIA H100 Tensor Core GPU datasheet (resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet); "
+    "dense = half the sparsity figures"
+)
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200/); dense = half the sparsity figures"
-_B200 = "NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx/), 8-GPU figures / 8; dense = half the sparsity figures"
+_B200 = (
+    "NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx/), 8-GPU figures / 8; "
+    "dense = half the sparsity figures"
+)
 _MI250X = (
     "AMD Instinct MI250X datasheet (amd.com/en/products/accelerators/instinct/mi200/mi250x.html), per GCD = package / 2"
 )

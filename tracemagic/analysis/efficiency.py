@@ -111,7 +111,8 @@ ELEMENT_BYTES: dict[str, int] = {
 #: tensor dtype -> the precision of its peak (integer and bool ops have none)
 PRECISION: dict[str, str] = {
     "double": "fp64", "float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16",
-    "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8",
+    "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
+    "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8",
 }  # fmt: skip
 
 #: kernel names of float32 matrix math on TF32 tensor cores, as in the A100 traces: cuBLAS
@@ -427,7 +428,8 @@ def _rank_peaks(trace: Trace, peaks: Peaks | None) -> dict[int, tuple[str | None
             given, label = dict(peaks), str(peaks.get("name", "given peaks"))
         else:
             raise TraceError(
-                f"peaks must be a dict like {{'bf16': 989.5, 'tbytes_per_s': 3.35}} or a devices.DevicePeaks, not {type(peaks).__name__}"
+                f"peaks must be a dict like {{'bf16': 989.5, 'tbytes_per_s': 3.35}} or a devices.DevicePeaks, "
+                f"not {type(peaks).__name__}"
             )
         allowed = {*devices.PRECISIONS, "tbytes_per_s", *devices.DevicePeaks._fields}
         wrong = sorted(set(given) - allowed)

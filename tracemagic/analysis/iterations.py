@@ -115,8 +115,9 @@ def window_check(table: pd.DataFrame, compiled: bool = False) -> WindowCheck | N
 
     Not typical: their median time differs from the steady state's by ``UNTYPICAL_SHARE``
     or more and lies outside the steady state's own ``STEADY_RANGE`` (its 10th to 90th
-    percentile: in a noisy loop a median of a few steps differs by chance), or (``compiled``: the trace ran ``torch.compile``'d code) they include one of
-    the loop's first ``FIRST_ITERATIONS`` iterations. The time compared is the GPU time
+    percentile: in a noisy loop a median of a few steps differs by chance), or
+    (``compiled``: the trace ran ``torch.compile``'d code) they include one of the loop's
+    first ``FIRST_ITERATIONS`` iterations. The time compared is the GPU time
     where every iteration has one (CUDA), else the wall time. The recorded steps carry the
     profiler's own overhead (a step of a few ms with many small ops can take 20% longer
     recorded), which the note says; a window on steps that are really different (the

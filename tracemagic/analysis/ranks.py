@@ -415,8 +415,9 @@ def ranks(trace: Trace) -> pd.DataFrame:
     ``steps()``'s ``window_dur``); the mean per step of ``compute_us``, ``comm_us``,
     ``memcpy_us``, ``memset_us``, ``runtime_us``, ``dataloader_us``, ``cpu_us``,
     ``idle_us`` (see ``steps()``; they add up to ``step_us``); ``gpu_idle_pct`` (% of the
-    windows in which no GPU activity runs, NaN without a GPU); ``overlap_pct`` (% of communication-kernel time overlapped by compute
-    kernels, NaN without communication kernels); ``wait_us`` (mean per step of the time
+    windows in which no GPU activity runs, NaN without a GPU); ``overlap_pct`` (% of
+    communication-kernel time overlapped by compute kernels, NaN without communication
+    kernels); ``wait_us`` (mean per step of the time
     spent waiting for other ranks in collectives, NaN when none are matched);
     ``straggler_steps`` (steps in which this rank was the straggler, see ``stragglers``);
     ``slowest`` (bool: the rank that was the straggler most often, ties broken by the

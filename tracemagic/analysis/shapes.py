@@ -269,7 +269,8 @@ def flops_with_source(
 
 
 def flops(name: str, input_dims: str | None, concrete_inputs: str | None = None) -> float | None:
-    """FLOPs of one call of op ``name`` with ``Input Dims`` (and ``Concrete Inputs``) text, None where they don't fix it."""
+    """FLOPs of one call of op ``name`` with ``Input Dims`` (and ``Concrete Inputs``) text,
+    None where they don't fix it."""
     return flops_with_source(name, input_dims, concrete_inputs)[0]
 
 

@@ -531,6 +531,17 @@ def _line_rows(trace: Trace) -> pd.DataFrame | None:
 
 
 # -- the call tree --------------------------------------------------------------------------
+def _rank_nodes(ranks: np.ndarray, rank_of_rows: np.ndarray, extra: list[str]) -> tuple[dict[int, int], np.ndarray]:
+    """The ``rank N`` nodes above the ranks' trees (numbered 0 up, in ``ranks``' order, their
+    names appended to ``extra``): rank -> node, and the node each of ``rank_of_rows`` hangs below."""
+    rank_node: dict[int, int] = {}
+    for r in ranks.tolist():
+        extra.append(f"rank {r}")
+        rank_node[r] = len(rank_node)
+    top_of = np.array([rank_node[r] for r in ranks.tolist()], dtype=np.int64)[np.searchsorted(ranks, rank_of_rows)]
+    return rank_node, top_of
+
+
 @computes("call_tree")
 def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     """The merged call tree: Python frames, ``nn.Module`` events, ops and annotations, and
@@ -553,8 +564,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
 
     Columns (times µs): ``node``, ``parent`` (-1 at the top), ``depth``, ``rank``, ``name``,
     ``kind`` (``NODE_KINDS``), ``file``, ``line`` (Python frames), ``user``, ``calls``
-    (events merged; 0 for rank and stack-line nodes, which are no events), ``cpu_us`` (their summed duration: merged events are disjoint, as
-    two calls on one path cannot nest; an event that overlaps its siblings or parent partly
+    (events merged; 0 for rank and stack-line nodes, which are no events), ``cpu_us``
+    (their summed duration: merged events are disjoint, as two calls on one path cannot
+    nest; an event that overlaps its siblings or parent partly
     is clipped, see ``_held``, so the top nodes hold each thread's recorded time, the union
     of its events' intervals), ``self_cpu_us`` (``cpu_us`` minus the children's:
     the self times of a subtree add up to its root's ``cpu_us``), ``gpu_us`` (the GPU
@@ -600,20 +612,15 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     node_rank: list[np.ndarray] = []
     node_kind: list[np.ndarray] = []
     extra: list[str] = []
-    count = 0
-    rank_node = {}
+    rank_node: dict[int, int] = {}
+    top_of = np.full(rows.size, -1, dtype=np.int64)
     if multi:
-        for r in ranks.tolist():
-            extra.append(f"rank {r}")
-            rank_node[r] = count
-            count += 1
+        rank_node, top_of = _rank_nodes(ranks, rank[rows], extra)
         node_parent.append(np.full(ranks.size, -1, dtype=np.int64))
         node_label.append(-1 - np.arange(ranks.size, dtype=np.int64))
         node_rank.append(ranks.astype(np.int64))
         node_kind.append(np.full(ranks.size, NODE_KINDS.index("rank"), dtype=np.int64))
-    top_of = np.full(rows.size, -1, dtype=np.int64)
-    if multi:
-        top_of = np.array([rank_node[r] for r in ranks.tolist()], dtype=np.int64)[np.searchsorted(ranks, rank[rows])]
+    count = len(rank_node)
 
     # a top op with a Call stack hangs below its stack's entries (one chain of nodes per stack)
     stacks = _call_stacks(trace)

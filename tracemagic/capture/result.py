@@ -198,7 +198,7 @@ class Capture:
         try:
             layers = self.trace.table(layers_table)
             rows = layers.sort_values("self_cpu_us", ascending=False).head(top)
-        except Exception as exc:  # a display must never raise; say why instead
+        except Exception as exc:  # noqa: BLE001 - a display must never raise; say why instead
             _log.debug("the top layers failed", exc_info=True)
             return [f"  top layers: unavailable ({type(exc).__name__}: {exc})"]
         out = ["  top layers (self CPU time):"]

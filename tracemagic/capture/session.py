@@ -549,7 +549,7 @@ class CaptureSession:
             )
         try:
             prof.stop()
-        except Exception as exc:  # torch failed to stop: make sure nothing stays on
+        except Exception as exc:  # noqa: BLE001 - torch failed to stop: make sure nothing stays on
             self._notes.append(f"torch.profiler failed to stop cleanly: {exc}")
             if torch._C._autograd._profiler_enabled():
                 with contextlib.suppress(Exception):
@@ -597,7 +597,7 @@ class CaptureSession:
         tmp = self._et_partial(self._et_label)
         try:
             self._et.unregister_callback()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - torch's observer failed: noted, and removed below
             self._notes.append(f"the execution trace observer failed to finalize: {exc}")
             with contextlib.suppress(Exception):
                 torch._C._profiler._remove_execution_trace_observer()
@@ -649,12 +649,12 @@ class CaptureSession:
                 name = files.kineto_name(self.rank, label, gz)
             files.write_with(self.dir / name, export, gz=gz, cleaners=self._cleaners)
             cycle.kineto = name
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - torch's export failed: noted, the capture goes on
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
         if self.config.records_memory_categories:
             try:
                 cycle.memory = self._write_memory_timeline(prof, label)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - torch's classification failed: noted, the capture goes on
                 self._notes.append(
                     f"cycle {cycle.number}: no memory timeline (torch could not classify "
                     f"the allocations: {type(exc).__name__}: {exc})"

@@ -25,6 +25,7 @@ Chakra drops it and everything under it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from collections.abc import Sequence
@@ -236,10 +237,8 @@ def _kineto_ids(path: Path) -> tuple[dict[int, tuple[str, str]], list[int]]:
             continue
         name = str(e.name)
         if name.startswith("ProfilerStep#"):
-            try:
+            with contextlib.suppress(ValueError):
                 steps.append(int(name.split("#", 1)[1]))
-            except ValueError:
-                pass
         if e.args is not None and e.args.rf_id is not None:
             try:
                 ids.setdefault(int(e.args.rf_id), (str(e.cat), name))
@@ -355,7 +354,8 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
     elif not pair.converter_accepts:
         pair.problems.append(
             f"schema {pair.schema!r} links, but chakra_converter rejects it ('Unsupported schema version', "
-            f"mlcommons/chakra#127); it accepts {', '.join(CONVERTER_SCHEMAS)}: record with a newer torch (2.5+ writes 1.1.1-chakra.0.0.4)."
+            f"mlcommons/chakra#127); it accepts {', '.join(CONVERTER_SCHEMAS)}: "
+            "record with a newer torch (2.5+ writes 1.1.1-chakra.0.0.4)."
         )
     try:
         ids, steps = _kineto_ids(kineto_path)

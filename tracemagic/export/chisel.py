@@ -17,6 +17,7 @@ Set ``TRACEMAGIC_DISABLE=1`` to turn the decorator into a no-op in production.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -166,10 +167,8 @@ def _load(trace_file: Path) -> Trace:
     trace = load(trace_file, use_cache=False)
     sidecar = layout.modules_sidecar(trace_file)
     if trace.manifest is None and sidecar.is_file():
-        try:
+        with contextlib.suppress(OSError, json.JSONDecodeError):
             trace.manifest = {"modules": json.loads(sidecar.read_text())}
-        except (OSError, json.JSONDecodeError):
-            pass
     return trace
 
 

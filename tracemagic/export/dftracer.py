@@ -293,8 +293,10 @@ def to_pfw(
         raise ValueError(f"unknown event kinds {sorted(bad)}; choose from {DEFAULT_KINDS}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
-    opener: Callable[..., Any] = (
-        (lambda p: gzip.open(p, "wb", compresslevel=6)) if path.name.endswith(".gz") else (lambda p: open(p, "wb"))
+    opener: Callable[..., Any] = (  # the handle it returns is used in a with-statement below
+        (lambda p: gzip.open(p, "wb", compresslevel=6))  # noqa: SIM115
+        if path.name.endswith(".gz")
+        else (lambda p: open(p, "wb"))  # noqa: SIM115
     )
     try:
         with opener(tmp) as fh:

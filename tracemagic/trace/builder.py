@@ -86,10 +86,7 @@ class _Interner:
 
     def _code(self, value: Any) -> int:
         """The code of a value not seen before (missing values are in ``seen`` from the start)."""
-        if self.raw:
-            label = _json_text(value)
-        else:
-            label = value if type(value) is str else str(value)
+        label = _json_text(value) if self.raw else value if type(value) is str else str(value)
         return self.intern(label)
 
     def intern(self, label: str) -> int:

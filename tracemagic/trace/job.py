@@ -140,7 +140,7 @@ def _member(rank: RankFile, max_bytes: int | None, allow_high_compression: bool 
     assert rank.member is not None
     limit = default_max_bytes() if max_bytes is None else max_bytes
     try:
-        archive = tarfile.open(rank.path)
+        archive = tarfile.open(rank.path)  # noqa: SIM115 - open for the returned Source's opener
         info = archive.getmember(rank.member)
     except (tarfile.TarError, KeyError, EOFError, OSError, zlib.error) as exc:
         raise TraceError(f"{rank.name}: cannot be read from its archive ({exc}).", path=rank.name) from None
@@ -178,6 +178,7 @@ def as_rank(trace: Trace, rank: int, time_zero: float) -> Trace:
         trace.flows["rank"] = np.full(len(trace.flows), rank, dtype=np.int32)
         for key in ("ranks", "processes", "threads"):
             if key in trace.meta:
-                trace.meta[key] = {rank: value for value in trace.meta[key].values()}
+                values = list(trace.meta[key].values())  # one rank's: one value, kept under the new number
+                trace.meta[key] = {rank: values[-1]} if values else {}
     trace.meta["time_zero_us"] = time_zero
     return trace

@@ -48,7 +48,7 @@ __all__ = [
     "ParsedTrace",
     "Part",
     "Progress",
-    "Unstreamable",
+    "UnstreamableError",
     "parse_events",
     "parse_source",
     "read_part",
@@ -130,7 +130,7 @@ class Part:
         return self.builder.finish(self.meta, self.warnings)
 
 
-class _Damage(Exception):
+class _DamageError(Exception):
     """The JSON is broken at ``offset`` (absolute, in the decompressed bytes)."""
 
     def __init__(self, offset: int | None, reason: str) -> None:
@@ -139,7 +139,7 @@ class _Damage(Exception):
         self.reason = reason
 
 
-class Unstreamable(Exception):
+class UnstreamableError(Exception):
     """The streaming path cannot handle this layout: decode the whole document instead."""
 
 
@@ -232,9 +232,9 @@ class _StreamParser:
             if match is not None and self.buf[key - 1 : key] != b"\\":
                 break
             if key >= 0 and len(self.buf) - key > 64:  # odd spacing or a string that says traceEvents
-                raise Unstreamable
+                raise UnstreamableError
             if not self._more() or len(self.buf) > (256 << 20):
-                raise Unstreamable
+                raise UnstreamableError
         head = bytes(self.buf[start:key]).rstrip(_WS)
         if head.endswith(b","):
             head = head[:-1]
@@ -242,9 +242,9 @@ class _StreamParser:
             try:
                 top = _decode(_META, head + b"}", self.warnings, self.base + start)
             except msgspec.DecodeError:
-                raise Unstreamable from None
+                raise UnstreamableError from None
             if not isinstance(top, dict):
-                raise Unstreamable
+                raise UnstreamableError
             self.meta.update({k: _literal(v) for k, v in top.items()})
         self._drop(match.end() - 1)
 
@@ -271,7 +271,7 @@ class _StreamParser:
             where = _offset_of(exc)
             if where is None or where >= end:
                 return None  # error at the end of the chunk: the cut was inside an event
-            raise _Damage(self.base + where, str(exc)) from None
+            raise _DamageError(self.base + where, str(exc)) from None
 
     def _next_chunk(self) -> bool:
         """Decode one chunk ending near ``self.chunk``; False when the parse stopped (recovered)."""
@@ -287,7 +287,7 @@ class _StreamParser:
                 tries += 1
                 try:
                     events = self._try_cut(pos + 1)
-                except _Damage as damage:
+                except _DamageError as damage:
                     return self._damaged(damage)
                 if events is None:
                     continue
@@ -297,7 +297,7 @@ class _StreamParser:
                 return True
         if tries < _MAX_CUT_TRIES and len(self.buf) < (256 << 20) and self._more():
             return True  # no boundary yet (one enormous event): read on
-        raise Unstreamable
+        raise UnstreamableError
 
     def _last_chunk(self) -> None:
         """The end of the document: the last events, the ']' and the metadata after it."""
@@ -306,12 +306,10 @@ class _StreamParser:
             close = len(self.buf) - len(body)
         else:
             close = -1
-            tries = 0
-            for match in _LAST_EVENT.finditer(self.buf):
-                tries += 1
+            for tries, match in enumerate(_LAST_EVENT.finditer(self.buf), 1):
                 try:
                     events = self._try_cut(match.start() + 1)
-                except _Damage as damage:
+                except _DamageError as damage:
                     self._damaged(damage)
                     return
                 if events is not None:
@@ -320,7 +318,7 @@ class _StreamParser:
                     close = match.end() - 1
                     break
                 if tries >= _MAX_CUT_TRIES:
-                    raise Unstreamable
+                    raise UnstreamableError
             if close < 0:
                 self._damaged(self._locate_end_damage())
                 return
@@ -340,9 +338,9 @@ class _StreamParser:
             if isinstance(extra, dict):
                 self.meta.update({k: _literal(v) for k, v in extra.items()})
                 return
-        raise Unstreamable
+        raise UnstreamableError
 
-    def _locate_end_damage(self) -> _Damage:
+    def _locate_end_damage(self) -> _DamageError:
         """Where the remainder of the document breaks (it has no complete end)."""
         self.buf[0] = 0x5B  # '[' (it may hold the ',' before the next event)
         try:
@@ -350,9 +348,9 @@ class _StreamParser:
         except msgspec.DecodeError as exc:
             where = _offset_of(exc)
             if where is None:  # truncated: the data just ends
-                return _Damage(self.base + len(self.buf), "the file ends inside the events (truncated)")
-            return _Damage(self.base + where, str(exc))
-        return _Damage(self.base + len(self.buf), "the events array is not closed")
+                return _DamageError(self.base + len(self.buf), "the file ends inside the events (truncated)")
+            return _DamageError(self.base + where, str(exc))
+        return _DamageError(self.base + len(self.buf), "the events array is not closed")
 
     def _error(self, offset: int | None, reason: str) -> TraceError:
         cut = " (the gzip stream is cut off)" if self.stream.truncated else ""
@@ -364,7 +362,7 @@ class _StreamParser:
             offset=offset,
         )
 
-    def _damaged(self, damage: _Damage) -> bool:
+    def _damaged(self, damage: _DamageError) -> bool:
         """Raise, or keep the complete events before the damage (recover=True); stops the parse."""
         if not self.recover:
             raise self._error(damage.offset, damage.reason)
@@ -389,7 +387,8 @@ class _StreamParser:
                 offset=damage.offset,
             )
         self.warnings.append(
-            f"{self.name}: damaged at byte {damage.offset} ({damage.reason}); recovered the {self.builder.n} events before it"
+            f"{self.name}: damaged at byte {damage.offset} ({damage.reason}); "
+            f"recovered the {self.builder.n} events before it"
         )
         self.eof = True
         return False
@@ -477,7 +476,7 @@ def parse_source(
         try:
             with ByteStream(source, block=chunk) as stream:
                 return _StreamParser(source, stream, recover, progress, chunk).run()
-        except Unstreamable:
+        except UnstreamableError:
             pass
         with ByteStream(source, block=chunk) as stream:
             data = stream.read_all()
@@ -514,7 +513,7 @@ def read_part(
 
     Raises:
         TraceError: the JSON is damaged.
-        Unstreamable: a layout only the whole-document path reads.
+        UnstreamableError: a layout only the whole-document path reads.
     """
     chunk = chunk or CHUNK_BYTES
     with _gc_paused(), ByteStream(source, block=chunk) as stream:

@@ -378,7 +378,7 @@ class _Archive:
 
     def open(self, member: tarfile.TarInfo) -> _Member:
         if self._tar is None:
-            self._tar = tarfile.open(self.path)
+            self._tar = tarfile.open(self.path)  # noqa: SIM115 - open for all members, closed by done()
         handle = self._tar.extractfile(member)  # by its TarInfo: by name reads every header first
         if handle is None:  # pragma: no cover - only regular files are listed
             raise TraceError(f"{self.path}!{member.name}: not a regular file.", path=str(self.path))

@@ -65,7 +65,8 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         out.append(
             (
                 "ranks",
-                f"{len(data.rank_ids)} ({', '.join(map(str, data.rank_ids[:16]))}{'…' if len(data.rank_ids) > 16 else ''})",
+                f"{len(data.rank_ids)} ({', '.join(map(str, data.rank_ids[:16]))}"
+                f"{'…' if len(data.rank_ids) > 16 else ''})",
             )
         )
     steps = data.steps
