@@ -10,6 +10,7 @@ import keyword
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -295,17 +296,9 @@ class TracemagicMagics(Magics):
             _warn(f"no trace was written, so {' and '.join(wanted)} wrote nothing")
             return
         if args.pfw:
-            try:
-                say(f"wrote {capture.to_pfw()}")
-            except Exception as exc:  # noqa: BLE001
-                _log.debug("--pfw failed", exc_info=True)
-                _warn(f"--pfw failed ({type(exc).__name__}: {exc})")
+            _write_or_warn("--pfw", capture.to_pfw, say)
         if args.report:
-            try:
-                say(f"wrote {capture.report(Path(args.report).expanduser())}")
-            except Exception as exc:  # noqa: BLE001
-                _log.debug("--report failed", exc_info=True)
-                _warn(f"--report {args.report} failed ({type(exc).__name__}: {exc})")
+            _write_or_warn(f"--report {args.report}", lambda: capture.report(Path(args.report).expanduser()), say)
 
     def _compare(self, capture: Any, vs: str, config: Any) -> None:
         """``--vs last|DIR``: the capture to compare with, set on ``capture`` (one line on
@@ -467,9 +460,19 @@ def _check_outputs(args: Any) -> None:
             raise CaptureError(f"--report {args.report!r}: {parent} is not a writable directory.")
     if args.pfw:
         try:
-            from tracemagic.export.dftracer import to_pfw  # noqa: F401
+            from tracemagic.export.dftracer import to_pfw  # noqa: F401 - checked before the cell runs
         except ImportError as exc:
             raise CaptureError(f"--pfw needs tracemagic.export.dftracer.to_pfw ({exc}).") from None
+
+
+def _write_or_warn(option: str, write: Callable[[], object], say: Callable[[str], None]) -> None:
+    """Write one optional output after the capture (``--pfw``, ``--report``): say where, or
+    warn that ``option`` failed; the capture itself stands either way."""
+    try:
+        say(f"wrote {write()}")
+    except Exception as exc:  # noqa: BLE001 - an optional output failed: warned, the capture stands
+        _log.debug("%s failed", option, exc_info=True)
+        _warn(f"{option} failed ({type(exc).__name__}: {exc})")
 
 
 def _warn(message: str) -> None:

@@ -350,7 +350,7 @@ class CaptureSession:
             prof.stop()
             files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip)
             catch["path"] = name
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - torch's stop or export failed: noted, the loop goes on
             _log.debug("--slow: writing its trace failed", exc_info=True)
             self._notes.append(f"--slow: the trace of iteration {catch['recorded']} was not written ({exc})")
         finally:

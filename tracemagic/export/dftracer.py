@@ -40,7 +40,7 @@ import orjson
 import pandas as pd
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.kineto import GPU_KINDS
+from tracemagic.trace.kineto import GPU_KINDS, KINDS
 from tracemagic.trace.structure import MODULE_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,19 +50,9 @@ __all__ = ["CATEGORY", "DEFAULT_KINDS", "pfw_trace", "read_pfw", "to_pfw", "trac
 
 #: DFTracer's category for PyTorch profiler events
 CATEGORY = "PP"
-#: event kinds written by default (python frames other than ``nn.Module`` ones are skipped)
-DEFAULT_KINDS = (
-    "step",
-    "cpu_op",
-    "user_annotation",
-    "python_function",
-    "runtime",
-    "kernel",
-    "memcpy",
-    "memset",
-    "gpu_annotation",
-    "memory",
-)
+#: event kinds written by default, every kind but the trace's metadata and the unclassified
+#: (python frames other than ``nn.Module`` ones are skipped)
+DEFAULT_KINDS = tuple(k for k in KINDS if k not in ("trace", "other"))
 _EPOCH_US = 1e15  # µs timestamps above this are already since the epoch (after 2001)
 
 
@@ -293,10 +283,10 @@ def to_pfw(
         raise ValueError(f"unknown event kinds {sorted(bad)}; choose from {DEFAULT_KINDS}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
-    opener: Callable[..., Any] = (  # the handle it returns is used in a with-statement below
-        (lambda p: gzip.open(p, "wb", compresslevel=6))  # noqa: SIM115
+    opener: Callable[..., Any] = (
+        (lambda p: gzip.open(p, "wb", compresslevel=6))  # noqa: SIM115 - opened in the with-statement below
         if path.name.endswith(".gz")
-        else (lambda p: open(p, "wb"))  # noqa: SIM115
+        else (lambda p: open(p, "wb"))  # noqa: SIM115 - likewise
     )
     try:
         with opener(tmp) as fh:

@@ -68,6 +68,15 @@ def _paths(tree: pd.DataFrame, nodes: np.ndarray) -> list[list[int]]:
     return paths
 
 
+def _write(path: str | os.PathLike[str], data: bytes) -> list[Path]:
+    """``data`` written to ``path`` atomically (its folder made), the path in a list."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(data)
+    return [final]
+
+
 def folded(trace: Trace, *, gpu: bool = False, user_only: bool = False) -> list[str]:
     """The call tree as folded-stack lines (``frame;frame;... value``, value in ns; see the
     module's docstring), largest first.
@@ -90,11 +99,7 @@ def to_folded(trace: Trace, path: str | os.PathLike[str], *, gpu: bool = False, 
         The path written, in a list (as every exporter of ``tracemagic.export``).
     """
     lines = folded(trace, gpu=gpu, user_only=user_only)
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(final) as tmp:
-        tmp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    return [final]
+    return _write(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
 
 
 def speedscope(trace: Trace, *, gpu: bool = False, user_only: bool = False, name: str | None = None) -> dict[str, Any]:
@@ -158,9 +163,4 @@ def to_speedscope(
     Returns:
         The path written, in a list (as every exporter of ``tracemagic.export``).
     """
-    data = speedscope(trace, gpu=gpu, user_only=user_only)
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(final) as tmp:
-        tmp.write_bytes(orjson.dumps(data))
-    return [final]
+    return _write(path, orjson.dumps(speedscope(trace, gpu=gpu, user_only=user_only)))
