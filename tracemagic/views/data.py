@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -175,7 +176,9 @@ class TraceData:
 
     def call_tree(self, user_only: bool = False) -> pd.DataFrame:
         """``trace.call_tree(user_only)``."""
-        return self.table(f"call_tree:{user_only}", compute=lambda: self.trace.table(TABLES["call_tree"].function, user_only))
+        return self.table(
+            f"call_tree:{user_only}", compute=lambda: self.trace.table(TABLES["call_tree"].function, user_only)
+        )
 
     @property
     def efficiency(self) -> pd.DataFrame:
@@ -195,6 +198,7 @@ class TraceData:
     @property
     def layer_spans(self) -> pd.DataFrame:
         """Forward/backward time spans of the top-level layers (``analysis.spans.layer_spans``)."""
+
         def compute() -> pd.DataFrame:
             from tracemagic.analysis.spans import layer_spans
 
@@ -222,6 +226,7 @@ class TraceData:
         """The Execution Trace's op graph (``tracemagic.analysis.et.et_graph``), read once for
         all steps and cut to ``step`` here (an edge is kept when both its ops are; with one
         ET per cycle, whose ids repeat, the step's own graph is asked for instead)."""
+
         def compute() -> pd.DataFrame:
             from tracemagic.analysis.et import et_graph
 
@@ -234,6 +239,7 @@ class TraceData:
         if nodes.empty:
             return empty_table("et_graph"), empty_table("et_edges")
         if step is not None and nodes["id"].duplicated().any():  # one ET per cycle
+
             def one_step() -> pd.DataFrame:
                 from tracemagic.analysis.et import et_graph
 
