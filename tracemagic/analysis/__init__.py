@@ -34,6 +34,7 @@ from tracemagic.analysis import (  # noqa: F401
     phases,
     ranks,
     shapes,
+    sites,
     source,
     spans,
     steps,

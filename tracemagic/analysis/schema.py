@@ -414,6 +414,19 @@ _TABLES = [
         "self_gpu_us": ("float64", "a GPU node's own duration"),
     }, "the merged call tree (Python frames → ops → kernels) folded stacks and flame graphs draw; "
        "``call_tree(user_only=True)`` leaves library frames out."),
+    Table("sites", "sites()", {
+        "rank": _RANK,
+        "row": _ROW,
+        "kind": ("category", "the event's kind: cpu_op | kernel | memcpy | memset | memory"),
+        "site": ("category", "line (a cell line mark) | function (a user python_function frame) | stack (a user "
+                             "``Call stack`` entry), NA for none"),
+        "where": ("category", "how the views name it: ``line 7 `y = f(x)```, ``func · file.py:LINE``; NA for none"),
+        "file": ("category", "the function's or stack entry's file (empty for a cell line)"),
+        "line": ("Int64", "the cell line, the function's ``def`` line or the stack's call-site line"),
+        "function": ("category", "the function's name (empty for a cell line)"),
+    }, "one row per CPU op, GPU activity and ``[memory]`` event with the user code that launched it "
+       "(GPU work through its launching op, memory through the CPU event around it; the rules: "
+       "``tracemagic.analysis.sites``)."),
     Table("shapes", "shapes()", {
         "rank": _RANK,
         "name": ("str", "top op of the call chain"),
