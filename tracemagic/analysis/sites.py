@@ -39,6 +39,8 @@ from tracemagic.trace.structure import propagate
 
 #: the kinds of site, in ``sites()``' ``site`` column
 SITE_KINDS = ("line", "function", "stack")
+#: the name TorchDynamo gives the op around a compiled region's run (``Torch-Compiled Region: 0/0``)
+REGION_PREFIX = "Torch-Compiled Region"
 #: the longest cell-line text kept in a site's label
 _TEXT_CHARS = 60
 
@@ -138,8 +140,16 @@ def site_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """The site code (:func:`site_codes`) of each of ``rows``: a CPU event's own; a GPU
     activity's through the op that launched it, else its runtime call; a ``[memory]``
     event's through the innermost CPU event around it. -1 where none."""
-    rows = np.asarray(rows, dtype=np.int64)
     code, _ = site_codes(trace)
+    at = anchor_rows(trace, rows)
+    return np.where(at >= 0, code[np.maximum(at, 0)], -1)
+
+
+def anchor_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """The CPU event each of ``rows`` is placed by: itself; for GPU activity the op that
+    launched it, else its runtime call; for a ``[memory]`` event the innermost CPU event
+    around it; -1 where none."""
+    rows = np.asarray(rows, dtype=np.int64)
     if not rows.size:
         return np.zeros(0, dtype=np.int64)
     events = trace.events
@@ -153,7 +163,36 @@ def site_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
     if memory.any():
         held_rows, holder = memory_holders(trace)
         at[memory] = holder[np.searchsorted(held_rows, rows[memory])]
-    return np.where(at >= 0, code[np.maximum(at, 0)], -1)
+    return at
+
+
+def compiled_of_rows(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (placed as :func:`anchor_rows`): the source file Inductor generated for a
+    Triton kernel (the ``kernel_file`` arg torch writes on the op that launches it,
+    ``torch/_inductor/runtime/triton_heuristics.py`` ``get_profiler_kwargs``) and the
+    ``torch.compile`` region around it (the ``Torch-Compiled Region: F/N`` op TorchDynamo
+    records, ``torch/_dynamo/convert_frame.py``); None where there is none."""
+    rows = np.asarray(rows, dtype=np.int64)
+    none = np.full(rows.size, None, dtype=object)
+    events = trace.events
+    if not rows.size or "kernel_file" not in events:
+        return none, none.copy()
+    at = anchor_rows(trace, rows)
+    names = events["name"]
+    region_code = np.append(np.asarray(names.cat.categories.str.startswith(REGION_PREFIX), dtype=bool), False)
+    is_region = region_code[names.cat.codes.to_numpy()] & kind_mask(events, "cpu_op", "user_annotation")
+    files = events["kernel_file"]
+    file_codes = files.cat.codes.to_numpy()
+    file_names = np.append(files.cat.categories.to_numpy(dtype=object), None)
+    kernel_file = np.where(at >= 0, file_names[file_codes[np.maximum(at, 0)]], None)
+    kernel_file = np.where(kernel_file == "", None, kernel_file)
+    region = none.copy()
+    if is_region.any():
+        inner = propagate(events["parent"].to_numpy(), events["depth"].to_numpy(), is_region)
+        above = np.where(at >= 0, inner[np.maximum(at, 0)], -1)
+        name_values = np.append(names.cat.categories.to_numpy(dtype=object), None)
+        region = np.where(above >= 0, name_values[names.cat.codes.to_numpy()[np.maximum(above, 0)]], None)
+    return kernel_file.astype(object), region.astype(object)
 
 
 @computes("sites")
@@ -163,7 +202,9 @@ def sites(trace: Trace) -> pd.DataFrame:
     module's docstring). Columns: ``rank``, ``row``, ``kind`` (the event's), ``site``
     (line | function | stack, NA for none), ``where`` (how the views name it, NA for none),
     ``file``, ``line`` (the cell line, the function's ``def`` line or the stack's call-site
-    line), ``function``."""
+    line), ``function``; ``kernel_file`` and ``compiled_region`` (``torch.compile``: the
+    generated source of a Triton kernel and the compiled region it ran in,
+    :func:`compiled_of_rows`; NA elsewhere)."""
     events = trace.events
     x = (events["ph"] == "X").to_numpy()
     rows = np.flatnonzero((kind_mask(events, "cpu_op", *GPU_ACTIVITY) & x) | kind_mask(events, "memory"))
@@ -177,6 +218,7 @@ def sites(trace: Trace) -> pd.DataFrame:
         return pd.Categorical.from_codes(np.where(code >= 0, inverse[np.maximum(code, 0)] if len(values) else -1, -1),
                                          categories=pd.Index(categories, dtype=object))
 
+    kernel_file, region = compiled_of_rows(trace, rows)
     known = code >= 0
     line = table["line"].to_numpy(dtype=np.int64) if len(table) else np.zeros(1, dtype=np.int64)
     line_at = line[np.maximum(code, 0)]
@@ -190,6 +232,8 @@ def sites(trace: Trace) -> pd.DataFrame:
             "file": column(table["file"].to_numpy()),
             "line": pd.arrays.IntegerArray(np.where(known, line_at, 0), ~known | (line_at < 0)),
             "function": column(table["function"].to_numpy()),
+            "kernel_file": pd.Categorical(kernel_file),
+            "compiled_region": pd.Categorical(region),
         }
     )
 

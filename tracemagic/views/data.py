@@ -215,8 +215,20 @@ class TraceData:
             return table
         keys = pd.DataFrame({"name": kernels["name"].astype(str).to_numpy(),
                              "op": kernels["op"].astype("string").fillna("").astype(str).to_numpy()})
-        found = _sites.where_by(self.trace, kernels["row"].to_numpy(), keys, kernels["dur"].to_numpy(dtype=float))
-        return _insert_after(table.merge(found, on=["name", "op"], how="left"), "op")
+        rows = kernels["row"].to_numpy()
+        found = _sites.where_by(self.trace, rows, keys, kernels["dur"].to_numpy(dtype=float))
+        out = _insert_after(table.merge(found, on=["name", "op"], how="left"), "op")
+        kernel_file, region = _sites.compiled_of_rows(self.trace, rows)
+        if any(v is not None for v in kernel_file) or any(v is not None for v in region):
+            # torch.compile: the generated source of a Triton kernel, and its compiled region
+            compiled = keys.assign(kernel_file=kernel_file, compiled_region=region).groupby(
+                ["name", "op"], sort=False).first().reset_index()
+            out = out.merge(compiled, on=["name", "op"], how="left")
+            at = list(out.columns).index("where") + 1
+            out = out[[*out.columns[:at], "kernel_file", "compiled_region",
+                       *[c for c in out.columns[at:] if c not in ("kernel_file", "compiled_region")]]]
+            out = out.astype({"kernel_file": "str", "compiled_region": "str"})
+        return out
 
     @property
     def shapes_where(self) -> pd.DataFrame:
