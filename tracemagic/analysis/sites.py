@@ -115,13 +115,13 @@ def site_codes(trace: Trace) -> _Sites:
                 inner = propagate(parent, depth, anchored)
                 free = (code < 0) & (inner >= 0)
                 used, back = np.unique(entry_at[inner[free]], return_inverse=True)
-                ids = []
+                stack_ids: list[int] = []
                 for e in used.tolist():
                     raw_line = entries["line"].iat[e]
                     number = -1 if raw_line is None or pd.isna(raw_line) else int(raw_line)
                     file_e, function_e = str(entries["file"].iat[e]), str(entries["function"].iat[e])
-                    ids.append(add("stack", _label(function_e, file_e, number), file_e, number, function_e))
-                code[free] = np.array(ids, dtype=np.int64)[back]
+                    stack_ids.append(add("stack", _label(function_e, file_e, number), file_e, number, function_e))
+                code[free] = np.array(stack_ids, dtype=np.int64)[back]
         table = pd.DataFrame({"site": site, "where": where, "file": files, "line": lines, "function": functions})
         return code, table
 
@@ -183,15 +183,14 @@ def compiled_of_rows(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     is_region = region_code[names.cat.codes.to_numpy()] & kind_mask(events, "cpu_op", "user_annotation")
     files = events["kernel_file"]
     file_codes = files.cat.codes.to_numpy()
-    file_names = np.append(files.cat.categories.to_numpy(dtype=object), None)
-    kernel_file = np.where(at >= 0, file_names[file_codes[np.maximum(at, 0)]], None)
-    kernel_file = np.where(kernel_file == "", None, kernel_file)
+    file_names = np.array([*(str(c) or None for c in files.cat.categories), None], dtype=object)
+    kernel_file: np.ndarray = np.where(at >= 0, file_names[file_codes[np.maximum(at, 0)]], none)
     region = none.copy()
     if is_region.any():
         inner = propagate(events["parent"].to_numpy(), events["depth"].to_numpy(), is_region)
         above = np.where(at >= 0, inner[np.maximum(at, 0)], -1)
-        name_values = np.append(names.cat.categories.to_numpy(dtype=object), None)
-        region = np.where(above >= 0, name_values[names.cat.codes.to_numpy()[np.maximum(above, 0)]], None)
+        name_values = np.array([*(str(c) for c in names.cat.categories), None], dtype=object)
+        region = np.where(above >= 0, name_values[names.cat.codes.to_numpy()[np.maximum(above, 0)]], none)
     return kernel_file.astype(object), region.astype(object)
 
 

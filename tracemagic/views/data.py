@@ -230,7 +230,6 @@ class TraceData:
             out = out.astype({"kernel_file": "str", "compiled_region": "str"})
         return out
 
-    @property
     def shapes_where(self) -> pd.DataFrame:
         """``shapes()`` with ``where``: the user code that called each op × shapes row."""
         def compute() -> pd.DataFrame:
@@ -239,7 +238,6 @@ class TraceData:
 
         return self._where("shapes", compute) if self.can_place else self.shapes
 
-    @property
     def efficiency_where(self) -> pd.DataFrame:
         """``efficiency()`` with ``where`` (and ``attrs['where']`` for the roofline's hover)."""
         def compute() -> pd.DataFrame:
@@ -263,7 +261,6 @@ class TraceData:
         merged = typed.merge(found, on=keys, how="left")
         return _insert_after(table.assign(where=merged["where"].to_numpy()), after)
 
-    @property
     def allocations_where(self) -> pd.DataFrame:
         """:attr:`allocations` with ``where``: the user code that allocated each block."""
         def compute() -> pd.DataFrame:
@@ -278,7 +275,6 @@ class TraceData:
 
         return self._where("allocations", compute) if self.can_place else self.allocations
 
-    @property
     def memory_peaks_where(self) -> pd.DataFrame:
         """``memory_peaks()`` with ``where``: the user code of the event that reached each peak."""
         def compute() -> pd.DataFrame:

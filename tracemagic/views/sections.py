@@ -262,7 +262,7 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
 
 def _memory(data: TraceData, state: ViewState) -> Section:
     memory = data.memory
-    peaks = tables.peaks_of(data.memory_peaks_where, state.step)
+    peaks = tables.peaks_of(data.memory_peaks_where(), state.step)
     facts = [
         ((f"rank {row['rank']} · " if data.several_ranks else "") + f"peak {row['device']}"
          + (f" in step {state.step}" if state.step is not None else ""),
@@ -289,7 +289,7 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     return Section(
         "memory", TITLES["memory"],
         figures=figs,
-        table=display_table(tables.select_step(data.allocations_where, state.step).head(5000), state.unit),
+        table=display_table(tables.select_step(data.allocations_where(), state.step).head(5000), state.unit),
         table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
     )
@@ -303,14 +303,14 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     return Section(
         "shapes", TITLES["shapes"],
         figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
-        table=display_table(data.shapes_where.sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit),
+        table=display_table(data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit),
         table_title="Op × input shapes × dtypes",
         facts=facts,
     )
 
 
 def _roofline(data: TraceData, state: ViewState) -> Section:
-    efficiency = data.efficiency_where
+    efficiency = data.efficiency_where()
     facts = []
     devices = efficiency["device"].dropna().astype(str).unique().tolist() if not efficiency.empty else []
     if devices:
