@@ -205,3 +205,31 @@ def test_a_magic_capture_names_the_cell_line_of_each_op_and_allocation(capture: 
     shapes = sections.build("shapes", data).table
     mm = shapes[shapes["name"].isin(["aten::mm", "aten::matmul"])]
     assert not mm.empty and (mm["where"] == f"line 3 `{texts[3].strip()}`").all()
+
+
+def test_the_dashboards_flame_search_box_highlights_the_matching_boxes() -> None:
+    import html
+
+    from tracemagic.views.dashboard import Dashboard
+
+    dash = Dashboard(tracemagic.load(TRACES / MI300X, use_cache=False))
+    before = dash.figures("flame")
+    labels = [html.unescape(str(label)).lower() for label in before[0]["data"][0]["labels"]]
+    wanted = [i for i, label in enumerate(labels) if "forward" in label]
+    assert wanted and len(wanted) < len(labels)
+    box = dash._tabs["flame"]["search"]
+    box.value = "FORWARD"  # as typed in the Text widget
+    shown = dash.figures("flame")
+    colors = list(shown[0]["data"][0]["marker"]["colors"])
+    assert [i for i, c in enumerate(colors) if c == "#2b7bff"] == wanted
+    assert all(c == "#e6e6e6" for i, c in enumerate(colors) if i not in wanted)
+    every = sum("forward" in html.unescape(str(label)).lower() for fig in before for t in fig["data"]
+                if t.get("type") == "icicle" for label in t["labels"])
+    assert dash._tabs["flame"]["hits"].value == f"{every:,} boxes match"
+    box.value = ""
+    again = dash.figures("flame")[0]["data"][0]["marker"]
+    assert again.get("showscale") == before[0]["data"][0]["marker"].get("showscale")
+    assert not isinstance(again["colors"], list) or not any(c == "#2b7bff" for c in again["colors"])
+    # the Layers tab's icicle gets no search box
+    dash.select("layers")
+    assert "search" not in dash._tabs["layers"]

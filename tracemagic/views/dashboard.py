@@ -396,8 +396,8 @@ class Dashboard:
         self._built[key] = state
 
     def _flame_search(self, key: str, figs: list[go.Figure]) -> list[widgets.Widget]:
-        """The search box above a tab's flame graphs (``views.flame_search``); none without one."""
-        if not any(t.type == "icicle" for fig in figs for t in fig.data):
+        """The search box above the Flame tab's graphs (``views.flame_search``)."""
+        if key != "flame" or not any(t.type == "icicle" for fig in figs for t in fig.data):
             return []
         tab = self._tabs[key]
         tab["flame_figs"] = list(figs)

@@ -236,7 +236,7 @@ class Figures:
         data = _script_safe(to_json_plotly({"data": spec.get("data") or [], "layout": layout, "template": index}))
         search = ('<div class="tm-tools"><input class="tm-flame-search" type="search" placeholder="search boxes…">'
                   '<span class="tm-flame-hits"></span></div>') if any(
-            (t.get("type") == "icicle") for t in spec.get("data") or ()) else ""
+            (t.get("type") == "icicle") for t in spec.get("data") or ()) and div_id.startswith("fig-flame-") else ""
         return (
             f'<div class="tm-figure">{search}<div id="{esc(div_id)}" class="plotly-graph-div" style="height:{float(height):g}px;width:100%"></div>'
             f'<script type="application/json" class="tm-fig" nonce="{self.nonce}">{data}</script></div>'
