@@ -36,16 +36,28 @@ def raw(name: str) -> list[dict[str, Any]]:
 def innermost(candidates: list[dict[str, Any]], at: dict[str, Any]) -> dict[str, Any] | None:
     """The latest-starting (then shortest) of ``candidates`` on ``at``'s thread whose interval
     holds ``at``'s start."""
-    inside = [c for c in candidates if (c["pid"], c["tid"]) == (at["pid"], at["tid"])
-              and c["ts"] <= at["ts"] < c["ts"] + c["dur"]]
+    inside = [
+        c
+        for c in candidates
+        if (c["pid"], c["tid"]) == (at["pid"], at["tid"]) and c["ts"] <= at["ts"] < c["ts"] + c["dur"]
+    ]
     return max(inside, key=lambda c: (c["ts"], -c["dur"])) if inside else None
 
 
-def launching_calls(events: list[dict[str, Any]], runtime_cat: str, gpu_cats: tuple[str, ...]) -> dict[int, dict[str, Any]]:
+def launching_calls(
+    events: list[dict[str, Any]], runtime_cat: str, gpu_cats: tuple[str, ...]
+) -> dict[int, dict[str, Any]]:
     """GPU activity (kernels, memcpy, memset) correlation id -> the runtime call that launched it."""
-    calls = {e["args"]["correlation"]: e for e in events if e.get("cat") == runtime_cat and "correlation" in e.get("args", {})}
-    return {k["args"]["correlation"]: calls[k["args"]["correlation"]] for k in events
-            if k.get("cat") in gpu_cats and k["args"].get("correlation") in calls}
+    calls = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") == runtime_cat and "correlation" in e.get("args", {})
+    }
+    return {
+        k["args"]["correlation"]: calls[k["args"]["correlation"]]
+        for k in events
+        if k.get("cat") in gpu_cats and k["args"].get("correlation") in calls
+    }
 
 
 def kernel_sites(trace: tracemagic.Trace) -> dict[int, tuple[str, str, int]]:
@@ -63,8 +75,11 @@ def kernel_sites(trace: tracemagic.Trace) -> dict[int, tuple[str, str, int]]:
 def test_kernels_of_the_mi300x_trace_name_the_user_function_above_their_launch() -> None:
     events = raw(MI300X)
     # user code: the one script of the run (every other frame is torch's, the standard library's or a built-in)
-    user = [e for e in events if e.get("cat") == "python_function" and e.get("ph") == "X"
-            and e["name"].startswith("test_perf_model.py(")]
+    user = [
+        e
+        for e in events
+        if e.get("cat") == "python_function" and e.get("ph") == "X" and e["name"].startswith("test_perf_model.py(")
+    ]
     expected = {}
     for correlation, call in launching_calls(events, "cuda_runtime", ("kernel", "gpu_memset", "gpu_memcpy")).items():
         frame = innermost(user, call)
@@ -120,7 +135,9 @@ def test_the_views_show_where_in_the_kernels_shapes_roofline_and_memory_tables()
     # the kernels table: each kernel + op row names the sites of its kernels, most GPU time first
     table = sections.build("kernels", data).table
     for row in table.head(10).itertuples():
-        mine = kernels[(kernels["name"].astype(str) == row.name) & (kernels["op"].astype("string").fillna("") == row.op)]
+        mine = kernels[
+            (kernels["name"].astype(str) == row.name) & (kernels["op"].astype("string").fillna("") == row.op)
+        ]
         weights: Counter[str] = Counter()
         for r, dur in zip(mine["row"], mine["dur"]):
             w = sites.loc[int(r), "where"]
@@ -146,7 +163,9 @@ def test_a_triton_kernel_shows_its_generated_file_and_compiled_region() -> None:
     launch = next(e for e in events if e.get("cat") == "cpu_op" and "kernel_file" in e.get("args", {}))
     region = next(e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("Torch-Compiled Region"))
     assert region["ts"] <= launch["ts"] < region["ts"] + region["dur"]
-    kernel = next(e for e in events if e.get("cat") == "kernel" and e["args"]["External id"] == launch["args"]["External id"])
+    kernel = next(
+        e for e in events if e.get("cat") == "kernel" and e["args"]["External id"] == launch["args"]["External id"]
+    )
     trace = tracemagic.load(TRACES / TRITON, use_cache=False)
     sites = trace.sites()
     row = sites[(sites["kind"] == "kernel")].iloc[0]
@@ -173,9 +192,14 @@ for i in range(4):
 def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("sites")
     out = folder / "traces"
-    run_in_kernel(["%load_ext tracemagic\nimport torch\nbig = torch.randn(200, 200)",
-                   f"%%chakra_trace -q --cpu-only --wait 0 --warmup 1 --active 2 --no-memory-timeline --out {out} --name s\n"
-                   + BODY], folder)
+    run_in_kernel(
+        [
+            "%load_ext tracemagic\nimport torch\nbig = torch.randn(200, 200)",
+            f"%%chakra_trace -q --cpu-only --wait 0 --warmup 1 --active 2 --no-memory-timeline --out {out} --name s\n"
+            + BODY,
+        ],
+        folder,
+    )
     (found,) = list(out.iterdir())
     return found
 
@@ -192,8 +216,10 @@ def test_a_magic_capture_names_the_cell_line_of_each_op_and_allocation(capture: 
     trace = tracemagic.load(capture, use_cache=False)
     sites = trace.sites()
     names = trace.events["name"]
-    got = Counter((str(names.iat[int(row)]), int(line) if site == "line" else None)
-                  for row, line, site in zip(sites["row"], sites["line"], sites["site"]))
+    got = Counter(
+        (str(names.iat[int(row)]), int(line) if site == "line" else None)
+        for row, line, site in zip(sites["row"], sites["line"], sites["site"])
+    )
     assert got == expected
     assert {line for _, line in got} >= {3, 4, 5}
     texts = dict(enumerate(json.loads((capture / "capture.json").read_text())["cell"].splitlines(), start=2))
@@ -223,8 +249,13 @@ def test_the_dashboards_flame_search_box_highlights_the_matching_boxes() -> None
     colors = list(shown[0]["data"][0]["marker"]["colors"])
     assert [i for i, c in enumerate(colors) if c == "#2b7bff"] == wanted
     assert all(c == "#e6e6e6" for i, c in enumerate(colors) if i not in wanted)
-    every = sum("forward" in html.unescape(str(label)).lower() for fig in before for t in fig["data"]
-                if t.get("type") == "icicle" for label in t["labels"])
+    every = sum(
+        "forward" in html.unescape(str(label)).lower()
+        for fig in before
+        for t in fig["data"]
+        if t.get("type") == "icicle"
+        for label in t["labels"]
+    )
     assert dash._tabs["flame"]["hits"].value == f"{every:,} boxes match"
     box.value = ""
     again = dash.figures("flame")[0]["data"][0]["marker"]

@@ -82,8 +82,10 @@ def site_codes(trace: Trace) -> _Sites:
         if mark_rows.size:
             texts = cell_lines(trace)
             numbers = np.unique(line_of[line_of >= 0])
-            ids = np.array([add("line", _line_label(int(k), texts.get(int(k), "")), "", int(k), "") for k in numbers],
-                           dtype=np.int64)
+            ids = np.array(
+                [add("line", _line_label(int(k), texts.get(int(k), "")), "", int(k), "") for k in numbers],
+                dtype=np.int64,
+            )
             has = line_of >= 0
             code[has] = ids[np.searchsorted(numbers, line_of[has])]
         # 2. the innermost user python_function frame
@@ -97,8 +99,19 @@ def site_codes(trace: Trace) -> _Sites:
                 free = (code < 0) & (inner >= 0)
                 labs = lab[inner[free]]
                 used, back = np.unique(labs, return_inverse=True)
-                ids = np.array([add("function", _label(str(function[u]), str(file[u]), int(line[u])), str(file[u]),
-                                    int(line[u]), str(function[u])) for u in used], dtype=np.int64)
+                ids = np.array(
+                    [
+                        add(
+                            "function",
+                            _label(str(function[u]), str(file[u]), int(line[u])),
+                            str(file[u]),
+                            int(line[u]),
+                            str(function[u]),
+                        )
+                        for u in used
+                    ],
+                    dtype=np.int64,
+                )
                 code[free] = ids[back]
         # 3. the innermost user entry of an old trace's Call stack
         stacks = _call_stacks(trace)
@@ -214,8 +227,10 @@ def sites(trace: Trace) -> pd.DataFrame:
 
     def column(values: list[str] | np.ndarray) -> pd.Categorical:
         categories, inverse = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
-        return pd.Categorical.from_codes(np.where(code >= 0, inverse[np.maximum(code, 0)] if len(values) else -1, -1),
-                                         categories=pd.Index(categories, dtype=object))
+        return pd.Categorical.from_codes(
+            np.where(code >= 0, inverse[np.maximum(code, 0)] if len(values) else -1, -1),
+            categories=pd.Index(categories, dtype=object),
+        )
 
     kernel_file, region = compiled_of_rows(trace, rows)
     known = code >= 0
@@ -248,7 +263,9 @@ def where_text(trace: Trace, rows: np.ndarray, group: np.ndarray, groups: int, w
     known = code >= 0
     if not known.any():
         return found
-    frame = pd.DataFrame({"group": np.asarray(group)[known], "code": code[known], "w": np.asarray(weights, dtype=float)[known]})
+    frame = pd.DataFrame(
+        {"group": np.asarray(group)[known], "code": code[known], "w": np.asarray(weights, dtype=float)[known]}
+    )
     summed = frame.groupby(["group", "code"], sort=False)["w"].sum().reset_index()
     summed = summed.sort_values(["group", "w"], ascending=[True, False], kind="stable")
     labels = table["where"].to_numpy()

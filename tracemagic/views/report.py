@@ -133,7 +133,8 @@ _SCRIPT = """
     try{
       var spec=JSON.parse(box.querySelector("script.tm-fig").textContent);
       if(spec.template!==null)spec.layout.template=JSON.parse(document.getElementById("tm-template-"+spec.template).textContent);
-      Promise.resolve(Plotly.newPlot(div,spec.data,spec.layout,CONFIG)).then(function(){initSearch(box,div);next();},function(e){fail(div,e);next();});
+      Promise.resolve(Plotly.newPlot(div,spec.data,spec.layout,CONFIG))
+        .then(function(){initSearch(box,div);next();},function(e){fail(div,e);next();});
     }catch(e){fail(div,e);next();}
   }
   // the flame graph's search box (views.flame_search): matching boxes highlighted, the others greyed
@@ -310,6 +311,8 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         "base-uri 'none'; form-action 'none'"
     )
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    script = _SCRIPT.replace("__CONFIG__", script_json(PLOTLY_CONFIG)).replace(
+        "__SEARCH__", script_json([MATCH_COLOR, OTHER_COLOR]))
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
@@ -320,7 +323,7 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         f" · self-contained report (no network)</div>{strip}</header>"
         f"<nav>{''.join(nav)}</nav><main>{''.join(body)}</main>{blocks.template_blocks()}"
         # the first tab's text and tables show before plotly.js (the largest part of the file) runs
-        f'<script nonce="{nonce}">{_SCRIPT.replace("__CONFIG__", script_json(PLOTLY_CONFIG)).replace("__SEARCH__", script_json([MATCH_COLOR, OTHER_COLOR]))}</script>'
+        f'<script nonce="{nonce}">{script}</script>'
         f'<script nonce="{nonce}">window.PlotlyConfig={{MathJaxConfig:"local"}};</script>'
         f'<script nonce="{nonce}" charset="utf-8">{plotly_js(blocks.types)}</script>'
         f'<script nonce="{nonce}">window.tmDrawActive();</script></body></html>\n'

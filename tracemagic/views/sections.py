@@ -303,7 +303,8 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     return Section(
         "shapes", TITLES["shapes"],
         figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
-        table=display_table(data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit),
+        table=display_table(data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes,
+                            state.unit),
         table_title="Op × input shapes × dtypes",
         facts=facts,
     )
