@@ -264,3 +264,17 @@ def test_the_dashboards_flame_search_box_highlights_the_matching_boxes() -> None
     # the Layers tab's icicle gets no search box
     dash.select("layers")
     assert "search" not in dash._tabs["layers"]
+
+
+def test_a_failing_site_lookup_costs_the_column_not_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracemagic.analysis import sites as sites_module
+
+    def broken(trace: Any) -> Any:
+        raise RuntimeError("no sites")
+
+    monkeypatch.setattr(sites_module, "site_codes", broken)
+    data = TraceData(tracemagic.load(TRACES / MI300X, use_cache=False))
+    for key in ("kernels", "shapes", "roofline", "memory"):
+        table = sections.build(key, data).table
+        assert len(table) and "where" not in table.columns, key
+    assert data.problems and all("no sites" in v for v in data.problems.values())

@@ -198,9 +198,19 @@ class TraceData:
 
     # -- "where (code)": the user code behind each row (``analysis.sites``), joined here only
     # when a view shows it, never inside the tables themselves
-    def _where(self, name: str, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
-        """A table with its ``where`` column, or the table as it was if the sites failed."""
-        return self.table(f"where:{name}", compute=compute)
+    def _where(self, name: str, compute: Callable[[], pd.DataFrame], plain: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """A table with its ``where`` column (``compute``), or as it was (``plain``) if the sites
+        failed: the view loses a column, not its table (the error is in ``problems``)."""
+
+        def guarded() -> pd.DataFrame:
+            try:
+                return compute()
+            except Exception as exc:  # noqa: BLE001 - the table without its where column
+                self.problems[f"where:{name}"] = f"{type(exc).__name__}: {exc}"
+                _log.debug("the where column of %s failed", name, exc_info=True)
+                return plain()
+
+        return self.table(f"where:{name}", compute=guarded)
 
     @property
     def can_place(self) -> bool:
@@ -213,6 +223,16 @@ class TraceData:
         table = _aggregate.top_kernels(kernels, by_op=True)
         if not self.can_place or kernels.empty:
             return table
+        try:
+            return self._kernel_where(kernels, table)
+        except Exception as exc:  # noqa: BLE001 - the table without its where column
+            self.problems["where:kernels"] = f"{type(exc).__name__}: {exc}"
+            _log.debug("the where column of the kernels failed", exc_info=True)
+            return table
+
+    def _kernel_where(self, kernels: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+        """``table`` with ``where`` (and, for ``torch.compile`` kernels, ``kernel_file`` and
+        ``compiled_region``, the first of each kernel + op)."""
         keys = pd.DataFrame({"name": kernels["name"].astype(str).to_numpy(),
                              "op": kernels["op"].astype("string").fillna("").astype(str).to_numpy()})
         rows = kernels["row"].to_numpy()
@@ -236,7 +256,7 @@ class TraceData:
             keys = ["rank", "name", "input_dims", "input_type", "concrete_inputs"]
             return self._keyed_where(self.shapes, keys, after="concrete_inputs")
 
-        return self._where("shapes", compute) if self.can_place else self.shapes
+        return self._where("shapes", compute, lambda: self.shapes) if self.can_place else self.shapes
 
     def efficiency_where(self) -> pd.DataFrame:
         """``efficiency()`` with ``where`` (and ``attrs['where']`` for the roofline's hover)."""
@@ -245,7 +265,7 @@ class TraceData:
             out.attrs = {**self.efficiency.attrs, "where": out["where"].fillna("").astype(str).tolist()}
             return out
 
-        return self._where("efficiency", compute) if self.can_place else self.efficiency
+        return self._where("efficiency", compute, lambda: self.efficiency) if self.can_place else self.efficiency
 
     def _keyed_where(self, table: pd.DataFrame, keys: list[str], after: str) -> pd.DataFrame:
         """``table`` (rows keyed by the call chains' top op's ``keys``) with ``where``, the
@@ -273,7 +293,7 @@ class TraceData:
                 where=_where_of_rows(self.trace, made["row"].to_numpy())).drop_duplicates(keys)
             return _insert_after(allocations.merge(found, on=keys, how="left"), "layer")
 
-        return self._where("allocations", compute) if self.can_place else self.allocations
+        return self._where("allocations", compute, lambda: self.allocations) if self.can_place else self.allocations
 
     def memory_peaks_where(self) -> pd.DataFrame:
         """``memory_peaks()`` with ``where``: the user code of the event that reached each peak."""
@@ -288,7 +308,7 @@ class TraceData:
             rows = merged["row"].fillna(-1).to_numpy(dtype="int64")
             return peaks.assign(where=_where_of_rows(self.trace, rows))
 
-        return self._where("memory_peaks", compute) if self.can_place else self.memory_peaks
+        return self._where("memory_peaks", compute, lambda: self.memory_peaks) if self.can_place else self.memory_peaks
 
     @property
     def efficiency(self) -> pd.DataFrame:
