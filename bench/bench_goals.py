@@ -8,9 +8,12 @@ process (see ``benchlib.worker``), in an order that turns each round:
 - ``tracemagic.load`` fresh + the 6 tables (ops, kernels, layers, memory, shapes, steps),
   then the other tables (memory_peaks, efficiency, advice, ranks, diff(self)) for the peak
   RSS of a load and every table;
-- the same 6 tables after reopening from the Arrow cache;
-- efficiency, advice, ranks and diff(self), each alone after a cached load (so each pays
-  for its own intermediate results);
+- the same 6 tables after reopening from the Arrow cache, which holds them from an earlier
+  process (``trace.cache.TableStore``: a trace reopened after it was looked at); and the
+  same with ``$TRACEMAGIC_TABLE_CACHE=0``, computing them (a trace reopened for the first
+  time by this tracemagic version: printed as its own line, same goal);
+- efficiency, advice, ranks and diff(self), each alone after a cached load with
+  ``$TRACEMAGIC_TABLE_CACHE=0`` (so each computes its own intermediate results);
 - ``gzip.decompress`` + ``orjson.loads`` of the GPU trace, and its load + the 6 tables;
 - HolisticTraceAnalysis ``TraceAnalysis`` on the CPU trace where it installs
   (``bench/out/hta-venv``, see ``benchlib.ensure_hta``), in the first ``--hta-rounds``.
@@ -62,11 +65,12 @@ def measurements(cpu: Path, gpu: Path, cache: str) -> dict[str, dict[str, Any]]:
         "orjson": {"kind": "orjson", "path": str(cpu)},
         "fresh": {"kind": "fresh", "path": str(cpu), "tables": [*SIX, *REST], "cache_dir": cache},
         "cached": {"kind": "cached", "path": str(cpu), "tables": list(SIX), "cache_dir": cache},
+        "cached, computed": {"kind": "cached", "path": str(cpu), "tables": list(SIX), "cache_dir": cache, "table_cache": False},
         "gzip-orjson": {"kind": "gzip-orjson", "path": str(gpu)},
         "gpu": {"kind": "fresh", "path": str(gpu), "tables": list(SIX), "cache_dir": cache},
     }
     for name in OTHERS:
-        found[f"{name} alone"] = {"kind": "cached", "path": str(cpu), "tables": [name], "cache_dir": cache}
+        found[f"{name} alone"] = {"kind": "cached", "path": str(cpu), "tables": [name], "cache_dir": cache, "table_cache": False}
     return found
 
 
@@ -81,11 +85,15 @@ def goals(results: dict[str, list[dict[str, Any]]], file_mb: float) -> list[tupl
     orjson = median([r["seconds"] for r in results["orjson"]])
     fresh = median([six(r) for r in results["fresh"]])
     cached = median([six(r) for r in results["cached"]])
+    computed = median([six(r) for r in results["cached, computed"]])
     peak = max((r["peak_mb"] for r in results["fresh"]), default=float("nan"))
     base = min((r["base_mb"] for r in results["fresh"]), default=float("nan"))
     found = [
         ("load + 6 tables, fresh, x orjson.loads", fresh / orjson, "<=", 0.15, f"{fmt_s(fresh)} s vs {fmt_s(orjson)} s"),
-        ("reopen from cache + 6 tables, x orjson.loads", cached / orjson, "<=", 0.05, f"{fmt_s(cached)} s vs {fmt_s(orjson)} s"),
+        ("reopen from cache + 6 tables (stored in the cache), x orjson.loads", cached / orjson, "<=", 0.05,
+         f"{fmt_s(cached)} s vs {fmt_s(orjson)} s"),
+        ("  the same, tables computed (none stored yet), x orjson.loads", computed / orjson, "<=", 0.05,
+         f"{fmt_s(computed)} s"),
         ("peak RSS, load + every table, x file size", peak * 2**20 / 1e6 / file_mb, "<=", 2.5,
          f"{peak:.0f} MiB of a {file_mb:.0f} MB file ({(peak - base) * 2**20 / 1e6 / file_mb:.2f}x above the "
          f"{base:.0f} MiB after imports)"),
@@ -126,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU trace {cpu.name} ({file_mb:.1f} MB), GPU trace {args.gpu_trace.name}; {args.rounds} rounds")
     with tempfile.TemporaryDirectory(prefix="tm-goals-") as cache:
         specs = measurements(cpu, args.gpu_trace.resolve(), cache)
-        run_worker({**specs["cached"], "tables": []})  # write the cache (not timed)
+        run_worker(specs["cached"])  # write the cache, the 6 tables stored in it (not timed)
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in [*specs, "hta"]}
         names = list(specs)
         for r in range(args.rounds):
@@ -140,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                 if res is not None:
                     results["hta"].append(res)
             print(f"  round {r + 1}/{args.rounds} done", flush=True)
-    print(f"\nissue 23's goals (ratios of medians of {args.rounds} rounds; {file_mb:.0f} MB CPU trace):")
+    print(f"\nissue 23's goals (ratios of medians of {args.rounds} rounds; {file_mb:.0f} MB CPU trace; "
+          f"at the end: {machine()}):")
     for goal, value, op, target, detail in goals(results, file_mb):
         if value != value:
             verdict = "n/a"
@@ -150,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {verdict:11s}  {goal}: {shown} (goal {op} {target:g}; {detail})")
     print("\nper table (s, median), fresh: " + ", ".join(
         f"{t} {fmt_s(median([r['tables'].get(t) for r in results['fresh']]))}" for t in [*SIX, *REST]))
-    print("per table (s, median), cached: " + ", ".join(
-        f"{t} {fmt_s(median([r['tables'].get(t) for r in results['cached']]))}" for t in SIX))
+    for label in ("cached", "cached, computed"):
+        print(f"per table (s, median), {label}: " + ", ".join(
+            f"{t} {fmt_s(median([r['tables'].get(t) for r in results[label]]))}" for t in SIX))
     print("\nmeasured elsewhere:")
     for goal, where in EXTERNAL:
         print(f"  {goal}: {where}")

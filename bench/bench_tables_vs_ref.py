@@ -15,6 +15,14 @@ measured in the same run are compared):
 - with ``--alone``, each table also in its own process after a cached load, paying for its
   intermediate results itself.
 
+Every timed measurement runs with ``$TRACEMAGIC_TABLE_CACHE=0``, so a tree that keeps tables
+in its cache (``trace.cache.TableStore``) computes them as the ref does: the guard compares
+the computations. Before the rounds, the outputs are compared (untimed): every table of
+each trace (the CPU and the GPU one) from the ref fresh, against the ref reopened from its
+cache, this tree fresh, reopened computing, reopened storing its tables and reopened
+reading them: ``assert_frame_equal(check_exact=True)``, dtypes, categories' dtypes and
+``attrs`` (``benchlib.identical``); any difference is printed and the exit status is 1.
+
 It prints per measurement the medians (s) of both trees and their ratio new/ref (> 1:
 this tree is slower; ``!`` marks a ratio over ``--tolerance``), and the peak RSS.
 A table the ref lacks is ``-``.
@@ -37,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import ALL, GPU_TRACE, ROOT, cpu_trace, fmt_s, fmt_x, machine, median, run_worker  # noqa: E402
+from benchlib import ALL, GPU_TRACE, ROOT, cpu_trace, fmt_s, fmt_x, identical, machine, median, run_worker  # noqa: E402
 
 
 def checkout(ref: str, where: Path) -> Path:
@@ -62,6 +70,8 @@ def place(trace: Path, folder: Path) -> Path:
     each tree gets its own folder, so neither reads the other's cache)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / trace.name
+    if target.exists():
+        return target
     try:
         os.link(trace, target)
     except OSError:
@@ -79,6 +89,35 @@ def measurements(args: argparse.Namespace, tables: list[str]) -> list[tuple[str,
     return found
 
 
+def check_outputs(trees: dict[str, Path], where: Path, traces: dict[str, Path], tables: list[str]) -> list[str]:
+    """Every table of each trace made every way (see the module doc), compared with the
+    ref's fresh ones; the differences found."""
+    problems = []
+    for which, trace in traces.items():
+        dumps: dict[str, Path] = {}
+        ways = [
+            ("ref fresh", "ref", "fresh", False), ("ref cached", "ref", "cached", False),
+            ("new fresh", "new", "fresh", False), ("new cached, computed", "new", "cached", False),
+            ("new cached, storing", "new", "cached", True), ("new cached, stored", "new", "cached", True),
+        ]
+        for label, tree, kind, stored in ways:
+            folder = where / f"check-{which}-{tree}"
+            dump = where / f"dump-{which}-{label.replace(' ', '_').replace(',', '')}.pickle"
+            spec = {"kind": kind, "path": str(place(trace, folder)), "tables": tables, "cache_dir": str(folder / "cache"),
+                    "table_cache": stored, "dump": str(dump)}
+            if kind == "cached" and not (folder / "cache").exists():
+                run_worker({**spec, "tables": [], "dump": None}, trees[tree])
+            if run_worker(spec, trees[tree]) is not None:
+                dumps[label] = dump
+        if "ref fresh" not in dumps:
+            return [f"{which}: the ref made no tables"]
+        problems += [f"{which}: {p}" for p in identical(dumps)]
+        missing = [label for label, *_ in ways if label not in dumps]
+        problems += [f"{which}: {label} failed" for label in missing]
+        print(f"  {which}: {len(dumps) - 1} ways x {len(tables)} tables compared with the ref's fresh ones", flush=True)
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ref", help="the git ref to compare with (e.g. main, cfc8dfa)")
@@ -91,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alone", action="store_true", help="also time each table in its own process")
     parser.add_argument("--tolerance", type=float, default=1.10, help="ratios above it are marked '!'")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--no-check", action="store_true", help="do not compare the outputs first")
     args = parser.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
     unknown = set(tables) - set(ALL)
@@ -107,13 +147,22 @@ def main(argv: list[str] | None = None) -> int:
         where = Path(tmp)
         print(f"checking out {args.ref} and building its C extensions ...", flush=True)
         trees = {"ref": checkout(args.ref, where), "new": ROOT}
+        problems: list[str] = []
         try:
+            if not args.no_check:
+                print("comparing the outputs (untimed) ...", flush=True)
+                gpu = {} if args.no_gpu else {"gpu": args.gpu_trace.resolve()}
+                problems = check_outputs(trees, where, {"cpu": cpu, **gpu}, tables)
+                print("outputs: " + ("identical" if not problems else f"{len(problems)} DIFFERENCES:"))
+                for problem in problems:
+                    print(f"  {problem}")
             specs: dict[str, dict[str, dict[str, Any]]] = {}
             for name in trees:
                 folder = where / f"data-{name}"
                 traces = {"cpu": place(cpu, folder), "gpu": place(args.gpu_trace.resolve(), folder)}
                 specs[name] = {
-                    label: {"kind": kind, "path": str(traces[which]), "tables": names, "cache_dir": str(folder / "cache")}
+                    label: {"kind": kind, "path": str(traces[which]), "tables": names, "cache_dir": str(folder / "cache"),
+                            "table_cache": False}
                     for label, kind, which, names in measurements(args, tables)
                 }
                 for label, spec in specs[name].items():  # write each tree's caches (not timed)
@@ -134,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     report(results, tables, args.tolerance)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    return 0
+    if problems:
+        print(f"\noutputs: {len(problems)} differences (listed above)")
+    return 1 if problems else 0
 
 
 def _med(runs: list[dict[str, Any]], key: str) -> float:

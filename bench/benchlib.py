@@ -13,6 +13,11 @@ kinds:
   process share the trace's intermediate results, as in a session (``alone`` times a
   single table after a cached load, so it pays for its intermediates itself).
 
+A spec with ``"table_cache": false`` runs with ``$TRACEMAGIC_TABLE_CACHE=0``: the tables are
+computed even where the cache holds them from an earlier process (``trace.cache.TableStore``);
+with ``"dump": PATH`` the tables are also pickled to PATH (``{name: DataFrame}``) for
+``identical`` to compare.
+
 Peak memory is the worker's ``ru_maxrss`` at its end (``base_mb``: after the imports and a
 warm-up load of a tiny trace, so lazy imports are not timed).
 """
@@ -109,6 +114,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     kind = spec["kind"]
     path = Path(spec["path"])
+    if spec.get("table_cache") is False:
+        os.environ["TRACEMAGIC_TABLE_CACHE"] = "0"
     if kind in ("orjson", "gzip-orjson"):
         import gzip
 
@@ -134,16 +141,21 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     trace = tracemagic.load(path, use_cache=kind != "fresh", cache_dir=cache_dir, progress=False)
     load_s = time.perf_counter() - start
     tables: dict[str, float | None] = {}
+    made: dict[str, Any] = {}
     for name in spec.get("tables", ()):
         t = time.perf_counter()
         try:
-            TABLE_CALLS[name](trace)
+            made[name] = TABLE_CALLS[name](trace)
         except Exception as exc:  # noqa: BLE001 - a table an old tree lacks is "-", not a failed bench
             tables[name] = None
             if not (isinstance(exc, AttributeError) and not hasattr(trace, name)):  # lacking it is no news
                 print(f"  ({name}() failed: {type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr)
             continue
         tables[name] = time.perf_counter() - t
+    if spec.get("dump"):
+        import pickle
+
+        Path(spec["dump"]).write_bytes(pickle.dumps(made))
     return {
         "seconds": load_s,
         "tables": tables,
@@ -182,6 +194,37 @@ def _result(proc: subprocess.CompletedProcess[str], label: str) -> dict[str, Any
             return result
     print(f"  {label} failed (rc {proc.returncode}): {proc.stderr.strip()[-800:]}", file=sys.stderr)
     return None
+
+
+def identical(dumps: dict[str, Path]) -> list[str]:
+    """Compare the tables pickled by workers (``"dump"``): label -> file, the first is the
+    reference. Returns the differences found (empty: every table identical, dtypes, the
+    categories' dtypes and ``attrs`` included)."""
+    import pickle
+
+    import pandas as pd
+
+    labels = list(dumps)
+    loaded = {label: pickle.loads(dumps[label].read_bytes()) for label in labels}
+    want = loaded[labels[0]]
+    problems = []
+    for label in labels[1:]:
+        got = loaded[label]
+        for name in want:
+            if name not in got:
+                problems.append(f"{label}: {name} missing")
+                continue
+            a, b = want[name], got[name]
+            try:
+                pd.testing.assert_frame_equal(b, a, check_exact=True, check_categorical=True)
+                for column in a.columns:
+                    assert b[column].dtype == a[column].dtype, f"{column}: dtype {b[column].dtype} != {a[column].dtype}"
+                    if isinstance(a[column].dtype, pd.CategoricalDtype):
+                        assert b[column].cat.categories.dtype == a[column].cat.categories.dtype, f"{column}: categories"
+                assert repr(b.attrs) == repr(a.attrs), "attrs differ"
+            except AssertionError as exc:
+                problems.append(f"{label}: {name}: {str(exc).strip().splitlines()[0][:200]}")
+    return problems
 
 
 # -- figures -----------------------------------------------------------------------------

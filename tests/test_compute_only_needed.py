@@ -127,3 +127,37 @@ def test_the_roofline_of_a_gpu_trace_is_computed_once(tmp_path: Path, calls: Cou
     trace.layers(step=int(trace.steps()["step"].iloc[-1]))
     assert calls["_roofline"] == 1, f"the roofline was computed again: {dict(calls - first)}"
     assert calls["op_cost"] == first["op_cost"], "the cost models ran again for the same call chains"
+
+
+@pytest.fixture
+def peaks_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts the calls of ``memory.peaks`` (``advice`` reads it from its module)."""
+    from tracemagic.analysis import memory as memory_module
+
+    counted: Counter[str] = Counter()
+    real = memory_module.peaks
+
+    def peaks(*args: Any, **kwargs: Any) -> Any:
+        counted["peaks"] += 1
+        return real(*args, **kwargs)
+
+    peaks.__name__, peaks.__module__, peaks.__qualname__ = real.__name__, real.__module__, real.__qualname__
+    monkeypatch.setattr(memory_module, "peaks", peaks)
+    return counted
+
+
+def test_advice_makes_no_memory_peaks_where_every_allocation_is_on_the_cpu(
+    cpu_trace: Path, tmp_path: Path, peaks_calls: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory rules look at GPU peaks alone: a CPU trace's ``advice()`` does not compute
+    ``memory_peaks()``; a trace with GPU allocations does, once."""
+    monkeypatch.setenv("TRACEMAGIC_TABLE_CACHE", "0")  # computed, not read from an earlier test's cache
+    events = json.loads(cpu_trace.read_text())["traceEvents"]
+    memory = [e for e in events if e.get("name") == "[memory]"]
+    assert memory and {e["args"]["Device Type"] for e in memory} == {0}
+    tracemagic.load(cpu_trace, cache_dir=tmp_path).advice()
+    assert peaks_calls["peaks"] == 0
+    gpu = tracemagic.load(TRACES / GPU_TRACE, cache_dir=tmp_path)
+    gpu.advice()
+    assert peaks_calls["peaks"] == 1
+    assert gpu.memory_peaks()["device"].astype(str).str.startswith("cuda").any()

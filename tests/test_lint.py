@@ -1,7 +1,7 @@
 """The lint and format rules (``[tool.ruff]`` in pyproject.toml) catch what they are chosen
 for: each deliberate violation below is reported with its code, a clean file passes, and
-mccabe's limit is 20 exactly. (The package itself is brought under these rules after the
-parallel branches are merged; until then the suite does not run ruff over it.)"""
+mccabe's limit is 20 exactly; the C files' functions are held to the same 20 (lizard's CCN).
+The tests marked ``lint`` (``pytest -m lint``) hold the package itself to these rules."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import lizard
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,3 +91,85 @@ def test_a_formatting_difference_fails_the_format_check(tmp_path: Path) -> None:
     path.write_text(textwrap.dedent(CLEAN).replace("def home(name: str)", "def home( name:str )"))
     done = _ruff("format", "--check", str(path))
     assert done.returncode == 1 and "unformatted.py" in done.stdout + done.stderr
+
+
+# -- the package itself ------------------------------------------------------------------------
+
+#: TEMPORARY: formatted after the merge of wt-glance/wt-speed (they are being edited on those
+#: branches; a reformat here would conflict with theirs). The lead empties this set.
+EXCLUDE = {
+    "tracemagic/views/tables.py",
+    "tracemagic/views/_format.py",
+    "tracemagic/views/figures.py",
+    "tracemagic/views/sections.py",
+    "tracemagic/views/dashboard.py",
+    "tracemagic/views/html.py",
+    "tracemagic/views/report.py",
+    "tracemagic/trace/loader.py",
+    "tracemagic/trace/cache.py",
+    "tracemagic/trace/model.py",
+    "tracemagic/analysis/_common.py",
+    "tracemagic/analysis/advice.py",
+    "tracemagic/facade.py",
+}
+
+#: the most complex a C function may be: lizard's CCN, counted as mccabe counts Python's
+#: (1 + each if, loop, case, &&, || and ?:), at the same limit
+MAX_CCN = 20
+
+
+def _package(*suffixes: str) -> list[str]:
+    """The package's files git tracks, with these endings (the source of truth for what ships)."""
+    done = subprocess.run(["git", "ls-files", "tracemagic"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"not a git checkout: {done.stderr.strip()}")
+    return [f for f in done.stdout.split() if f.endswith(suffixes)]
+
+
+@pytest.mark.lint
+def test_the_package_passes_ruff_check() -> None:
+    files = [f for f in _package(".py", ".pyi") if f not in EXCLUDE]
+    assert len(files) > 50
+    done = _ruff("check", "--output-format", "concise", *files)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.lint
+def test_the_package_is_formatted() -> None:
+    files = [f for f in _package(".py", ".pyi") if f not in EXCLUDE]
+    done = _ruff("format", "--check", *files)
+    assert done.returncode == 0, "run `ruff format` on:\n" + done.stdout + done.stderr
+
+
+def _ccn(path: Path) -> dict[str, int]:
+    """Function name -> lizard's cyclomatic complexity, for a C file."""
+    return {f.name: f.cyclomatic_complexity for f in lizard.analyze_file(str(path)).function_list}
+
+
+def _over_limit(paths: list[Path]) -> dict[str, int]:
+    """``file:function`` -> CCN of the C functions above ``MAX_CCN``."""
+    return {f"{p.name}:{name}": ccn for p in paths for name, ccn in _ccn(p).items() if ccn > MAX_CCN}
+
+
+@pytest.mark.lint
+def test_every_c_function_is_at_most_ccn_20() -> None:
+    files = [ROOT / f for f in _package(".c")]
+    assert files, "no C files found"
+    over = _over_limit(files)
+    assert not over, f"C functions above CCN {MAX_CCN} (split them into static helpers): {over}"
+
+
+def _c_branches(n: int) -> str:
+    """A C function of cyclomatic complexity ``n + 1`` (``n`` ifs)."""
+    body = "".join(f"    if (x == {i}) return {i};\n" for i in range(n))
+    return f"static int f(int x) {{\n{body}    return -1;\n}}\n"
+
+
+def test_the_c_complexity_check_fails_above_20(tmp_path: Path) -> None:
+    path = tmp_path / "branches.c"
+    for ifs, expected in ((19, {}), (20, {"branches.c:f": 21})):
+        path.write_text(_c_branches(ifs))
+        assert _ccn(path) == {"f": ifs + 1}
+        assert _over_limit([path]) == expected
+    path.write_text("static int g(int a, int b) {\n    while (a > 0 && b > 0) a--;\n    return a ? b : a || b;\n}\n")
+    assert _ccn(path) == {"g": 5}  # while, &&, ?:, ||

@@ -11,8 +11,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tracemagic._version import __version__
 from tracemagic.errors import TracemagicError
@@ -26,8 +27,11 @@ LARGE_BYTES = 20 * 2**20
 def _size(path: Path) -> int:
     try:
         if path.is_dir():  # hidden files (a capture's own cache) are not read
-            return sum(p.stat().st_size for p in path.rglob("*")
-                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+            return sum(
+                p.stat().st_size
+                for p in path.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
         return path.stat().st_size
     except OSError:
         return 0
@@ -106,7 +110,11 @@ def cmd_stacks(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.path}: the trace has no GPU activity (kernels, memcpy, memset); leave out --gpu")
     speedscope = args.speedscope
     stem = Path(args.path).name.split(".")[0] or "trace"
-    out = Path(args.output) if args.output else Path(f"{stem}{'.gpu' if args.gpu else ''}.{'speedscope.json' if speedscope else 'folded'}")
+    out = (
+        Path(args.output)
+        if args.output
+        else Path(f"{stem}{'.gpu' if args.gpu else ''}.{'speedscope.json' if speedscope else 'folded'}")
+    )
     write = to_speedscope if speedscope else to_folded
     (written,) = write(trace, out, gpu=args.gpu, user_only=args.user_only)
     print(f"wrote {written} ({written.stat().st_size / 2**10:,.1f} KiB)")
@@ -136,8 +144,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
     found = cache.entries(folder)
     total = sum(e.bytes for e in found)
     print(f"cache folder: {folder}")
-    print(f"{len(found)} cached trace{'s' * (len(found) != 1)}, {_human(total)} of {_human(cache.max_bytes())} "
-          "(TRACEMAGIC_CACHE_SIZE; the least recently used go first)")
+    print(
+        f"{len(found)} cached trace{'s' * (len(found) != 1)}, {_human(total)} of {_human(cache.max_bytes())} "
+        "(TRACEMAGIC_CACHE_SIZE; the least recently used go first)"
+    )
     for cached in reversed(found):  # most recently used first
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(cached.last_used))
         print(f"  {_human(cached.bytes):>12}  {used}  {cached.trace or '(unfinished or damaged entry)'}")
@@ -192,16 +202,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a trace file or directory")
     form = p.add_mutually_exclusive_group(required=True)
     form.add_argument("--folded", action="store_true", help="folded stacks (default name: <trace>.folded)")
-    form.add_argument("--speedscope", action="store_true", help="speedscope JSON (default name: <trace>.speedscope.json)")
+    form.add_argument(
+        "--speedscope", action="store_true", help="speedscope JSON (default name: <trace>.speedscope.json)"
+    )
     p.add_argument("-o", "--output", help="the file to write")
-    p.add_argument("--gpu", action="store_true", help="GPU time of the kernels by launching stack instead of CPU self time")
-    p.add_argument("--user-only", action="store_true", help="leave out library frames (torch, the standard library, built-ins)")
+    p.add_argument(
+        "--gpu", action="store_true", help="GPU time of the kernels by launching stack instead of CPU self time"
+    )
+    p.add_argument(
+        "--user-only", action="store_true", help="leave out library frames (torch, the standard library, built-ins)"
+    )
     common(p)
     p.set_defaults(func=cmd_stacks)
 
     p = sub.add_parser("demo", help="run the quickstart notebook headless: capture a small model, print its summary")
     p.add_argument("out_dir", nargs="?", default="demo-output", help="where to write (default ./demo-output)")
-    p.add_argument("--notebook", type=Path, default=None, help="run this notebook instead of notebooks/quickstart.ipynb")
+    p.add_argument(
+        "--notebook", type=Path, default=None, help="run this notebook instead of notebooks/quickstart.ipynb"
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
@@ -239,11 +257,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"tracemagic: error: {message}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as exc:  # noqa: BLE001 - a bug: one line unless --debug/TRACEMAGIC_DEBUG asks for the traceback
+    except Exception as exc:  # a bug: one line unless --debug/TRACEMAGIC_DEBUG asks for the traceback
         if os.environ.get("TRACEMAGIC_DEBUG"):
             raise
-        print(f"tracemagic: internal error: {type(exc).__name__}: {exc} (set TRACEMAGIC_DEBUG=1 for the traceback)",
-              file=sys.stderr)
+        print(
+            f"tracemagic: internal error: {type(exc).__name__}: {exc} (set TRACEMAGIC_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("tracemagic: interrupted", file=sys.stderr)

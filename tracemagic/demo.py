@@ -34,7 +34,9 @@ def find_notebook(start: Path | None = None) -> Path:
     )
 
 
-def run(out_dir: str | Path = "demo-output", notebook: str | Path | None = None, *, stream: TextIO | None = None) -> Path:
+def run(
+    out_dir: str | Path = "demo-output", notebook: str | Path | None = None, *, stream: TextIO | None = None
+) -> Path:
     """Execute the quickstart notebook in ``out_dir`` and print a summary of what it made.
 
     Returns:
@@ -48,8 +50,7 @@ def run(out_dir: str | Path = "demo-output", notebook: str | Path | None = None,
         from nbclient import NotebookClient
     except ImportError as exc:
         raise ImportError(
-            f"the demo runs a notebook and needs nbclient ({exc}); install it with "
-            "pip install 'tracemagic[demo]'"
+            f"the demo runs a notebook and needs nbclient ({exc}); install it with pip install 'tracemagic[demo]'"
         ) from None
 
     stream = stream or sys.stdout

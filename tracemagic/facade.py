@@ -55,6 +55,13 @@ class Trace(_model.Trace):
     analyses and outputs over them (each a DataFrame with times in µs, computed once per
     trace; see ``tracemagic.analysis`` for their columns)."""
 
+    #: the tables kept in the trace's cache between sessions (``trace.model.Trace.STORED``):
+    #: each reads only the events, the metadata and the capture manifest
+    STORED = frozenset({
+        "ops.ops", "kernels.kernels", "steps.steps", "layers.layers", "memory.memory", "memory.peaks",
+        "shapes.shapes", "efficiency.efficiency", "phases.phases", "ranks.ranks",
+    })
+
     def ops(self) -> pd.DataFrame:
         """Every CPU op and annotation (see ``tracemagic.analysis.ops``)."""
         return self.table(_ops.ops)

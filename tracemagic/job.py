@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
@@ -252,11 +253,19 @@ class Ranks:
             TraceError: it cannot be read any more.
         """
         if rank not in self._files:
-            raise KeyError(f"rank {rank} is not loaded; the ranks are {self.rank_ids}" + (
-                f" ({len(self.failed)} failed: see .failed)" if self.failed else ""))
+            raise KeyError(
+                f"rank {rank} is not loaded; the ranks are {self.rank_ids}"
+                + (f" ({len(self.failed)} failed: see .failed)" if self.failed else "")
+            )
         file = self._files[rank]
-        task = self._engine.submit(_numbered, file.portable() if self._engine.remote else file, rank,
-                                   self._time_zero, self._options, key=f"rank-{rank}")
+        task = self._engine.submit(
+            _numbered,
+            file.portable() if self._engine.remote else file,
+            rank,
+            self._time_zero,
+            self._options,
+            key=f"rank-{rank}",
+        )
         trace: Trace = task.result()
         return facade.Trace.of(trace)
 
@@ -324,7 +333,12 @@ def load_ranks(
     engine = _engine(client)
     where, manifest, listed, warnings = list_ranks(path, max_bytes, allow_high_compression)
     options = Options(
-        recover, None if cache_dir is None else os.fspath(cache_dir), use_cache, max_bytes, workers, allow_high_compression
+        recover,
+        None if cache_dir is None else os.fspath(cache_dir),
+        use_cache,
+        max_bytes,
+        workers,
+        allow_high_compression,
     )
     sent = [f.portable() if engine.remote else f for f in listed]
     facts_of: list[_Task] = []
@@ -347,7 +361,9 @@ def load_ranks(
             found[index] = value
     if not found:
         first = next(iter(failed.values()))
-        raise TraceError(f"{where}: none of its {len(listed)} rank traces could be read; the first: {first}", path=str(where))
+        raise TraceError(
+            f"{where}: none of its {len(listed)} rank traces could be read; the first: {first}", path=str(where)
+        )
     numbered = _numbered_files(listed, found, failed)
     starts = [found[i]["start"] for i, _ in numbered if found[i]["start"] is not None]
     time_zero = min(starts) if starts else 0.0

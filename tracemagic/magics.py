@@ -10,6 +10,7 @@ import keyword
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,50 +51,67 @@ class TracemagicMagics(Magics):
     @magic_arguments(name="%chakra_trace")  # the usage line reads %%chakra_trace
     @_capture_options
     @argument(
-        "--tb-names", action="store_true",
+        "--tb-names",
+        action="store_true",
         help="name the Kineto traces <worker>.<ts>.pt.trace.json[.gz] like "
         "tensorboard_trace_handler (worker: <hostname>_<pid>)",
     )
     @argument(
-        "--report", default=None, metavar="PATH",
+        "--report",
+        default=None,
+        metavar="PATH",
         help="after the cell, write the self-contained HTML report to PATH",
     )
     @argument(
-        "--pfw", action="store_true",
-        help="after the cell, write the events as DFTracer dftracer_<rank>.pfw "
-        "(.pfw.gz with --gzip) next to the trace",
+        "--pfw",
+        action="store_true",
+        help="after the cell, write the events as DFTracer dftracer_<rank>.pfw (.pfw.gz with --gzip) next to the trace",
     )
     @argument(
-        "--stop", action="store_true",
+        "--stop",
+        action="store_true",
         help="end the stepped loop (break) after the schedule's last recorded step (with "
         "--repeat, its last cycle; with --slow, also after --slow-max slow steps were caught): "
         "the cell's variables keep their values, the loop's else: clause does not run, the "
         "code after the loop does",
     )
     @argument(
-        "--no-lines", action="store_true",
+        "--no-lines",
+        action="store_true",
         help="do not mark the cell's statements with their line (tracemagic.line:N annotations "
         "that give trace.lines() and the Source tab; ~1 µs per statement run while recording)",
     )
     @argument(
-        "--vs", default=None, metavar="last|DIR",
+        "--vs",
+        default=None,
+        metavar="last|DIR",
         help="compare with another capture in the Compare tab and one summary line: 'last' "
         "is the previous capture of the same --name in --out",
     )
     @argument(
-        "--loop", type=int, default=None, metavar="LINE",
+        "--loop",
+        type=int,
+        default=None,
+        metavar="LINE",
         help="step the loop at this line of the cell (the %%%%chakra_trace line is line 1)",
     )
     @argument(
-        "-v", "--var", default=None, metavar="NAME",
+        "-v",
+        "--var",
+        default=None,
+        metavar="NAME",
         help="also store the Capture in this user variable",
     )
     @argument(
-        "-o", "--output", action="store_true",
+        "-o",
+        "--output",
+        action="store_true",
         help="return the Capture object (like %%timeit -o)",
     )
     @argument(
-        "-q", "--quiet", action="store_true",
+        "-q",
+        "--quiet",
+        action="store_true",
         help="print nothing but problems (a short or failed capture)",
     )
     @cell_magic
@@ -115,8 +133,9 @@ class TracemagicMagics(Magics):
         ``loop_timing`` in ``capture.json``, and the strip atop the dashboard, where the
         recorded steps are marked. When the recorded steps are not typical of the loop
         (their median 20% or more off the steady state's and outside its 10th-90th
-        percentiles, or the first iterations of a compiled model), the Overview says so. ``--stop`` ends the loop once the profile
-        is done (``break``: the loop's ``else:`` does not run; the loop variable keeps the
+        percentiles, or the first iterations of a compiled model), the Overview says so.
+        ``--stop`` ends the loop once the profile is done (``break``: the loop's ``else:``
+        does not run; the loop variable keeps the
         value of the last iteration run). ``--slow FACTOR`` watches the iterations after
         the schedule (the first 5 of the loop are its warm-up): one slower than FACTOR ×
         the running median gets the next iteration recorded, as
@@ -177,19 +196,29 @@ class TracemagicMagics(Magics):
                 args, loop_line=args.loop, tb_names=args.tb_names, stop=args.stop, lines=not args.no_lines
             )
             prepared = prepare_cell(
-                self.shell, line, cell, loop_line=config.loop_line, handle=config.handle, stop=config.stop,
+                self.shell,
+                line,
+                cell,
+                loop_line=config.loop_line,
+                handle=config.handle,
+                stop=config.stop,
                 lines=config.lines,
             )
             if config.stop and prepared.plan.mode != "loop":
                 raise CaptureError(
                     "--stop ends the stepped loop, and this cell has none"
-                    + (f" (it calls {config.handle}.step() itself: `if {config.handle}.done: break` "
-                       "after it does the same)" if prepared.plan.mode == "manual" else "")
+                    + (
+                        f" (it calls {config.handle}.step() itself: `if {config.handle}.done: break` "
+                        "after it does the same)"
+                        if prepared.plan.mode == "manual"
+                        else ""
+                    )
                     + "; drop --stop."
                 )
             if config.stop and config.repeat == 0:
-                raise CaptureError("--stop with --repeat 0 would never stop (the schedule has no last "
-                                   "cycle); give --repeat N.")
+                raise CaptureError(
+                    "--stop with --repeat 0 would never stop (the schedule has no last cycle); give --repeat N."
+                )
             session = CaptureSession(
                 config, prepared.plan, cell=cell, line=line, namespace=self.shell.user_ns, filter_notices=True
             )
@@ -217,8 +246,9 @@ class TracemagicMagics(Magics):
                 self._publish(capture, args)
             except BaseException as problem:  # noqa: BLE001 - never hide the cell's own error
                 _log.debug("showing the capture failed", exc_info=True)
-                print(f"chakra_trace: could not show the capture ({type(problem).__name__}: "
-                      f"{problem})", file=sys.stderr)
+                print(
+                    f"chakra_trace: could not show the capture ({type(problem).__name__}: {problem})", file=sys.stderr
+                )
             raise
         finally:
             for name in exposed:
@@ -249,8 +279,11 @@ class TracemagicMagics(Magics):
                 _warn(f"the Chakra check failed ({type(exc).__name__}: {exc})")
             else:
                 if report.timed_share < 1 or not report.ok:
-                    untimed = ", ".join(f"{p.label}: {p.et_ops - p.timed_ops} of {p.et_ops}"
-                                        for p in report.pairs if p.timed_ops < p.et_ops)
+                    untimed = ", ".join(
+                        f"{p.label}: {p.et_ops - p.timed_ops} of {p.et_ops}"
+                        for p in report.pairs
+                        if p.timed_ops < p.et_ops
+                    )
                     problems = report.all_problems
                     _warn(
                         f"Chakra: only {report.timed_share:.1%} of the ET ops will get timing"
@@ -263,17 +296,9 @@ class TracemagicMagics(Magics):
             _warn(f"no trace was written, so {' and '.join(wanted)} wrote nothing")
             return
         if args.pfw:
-            try:
-                say(f"wrote {capture.to_pfw()}")
-            except Exception as exc:  # noqa: BLE001
-                _log.debug("--pfw failed", exc_info=True)
-                _warn(f"--pfw failed ({type(exc).__name__}: {exc})")
+            _write_or_warn("--pfw", capture.to_pfw, say)
         if args.report:
-            try:
-                say(f"wrote {capture.report(Path(args.report).expanduser())}")
-            except Exception as exc:  # noqa: BLE001
-                _log.debug("--report failed", exc_info=True)
-                _warn(f"--report {args.report} failed ({type(exc).__name__}: {exc})")
+            _write_or_warn(f"--report {args.report}", lambda: capture.report(Path(args.report).expanduser()), say)
 
     def _compare(self, capture: Any, vs: str, config: Any) -> None:
         """``--vs last|DIR``: the capture to compare with, set on ``capture`` (one line on
@@ -283,8 +308,10 @@ class TracemagicMagics(Magics):
         if vs == "last":
             other = previous_capture(config.out, config.name, exclude=capture.dir)
             if other is None:
-                _warn(f"--vs last: no earlier capture named {config.name!r} with a trace in "
-                      f"{config.out}; nothing to compare with yet (run the cell again).")
+                _warn(
+                    f"--vs last: no earlier capture named {config.name!r} with a trace in "
+                    f"{config.out}; nothing to compare with yet (run the cell again)."
+                )
                 return
         else:
             try:
@@ -325,7 +352,10 @@ class TracemagicMagics(Magics):
     # ==================================================================================
     @magic_arguments()
     @argument(
-        "path", nargs="?", default=None, metavar="PATH",
+        "path",
+        nargs="?",
+        default=None,
+        metavar="PATH",
         help="a Kineto trace (.json, .json.gz), a capture directory, a directory of rank "
         "traces or a .tar[.gz] of them, or the name of a variable holding a Capture, a "
         "Trace or a path (default: the last capture, _chakra_capture)",
@@ -335,8 +365,12 @@ class TracemagicMagics(Magics):
     @argument("--top", type=int, default=15, metavar="N", help="bars in the top-N charts (default 15)")
     @argument("--unit", default="ms", choices=("ms", "us", "µs"), help="time unit: ms (default) or us")
     @argument("--report", default=None, metavar="OUT.html", help="also write the standalone HTML report to OUT.html")
-    @argument("-o", "--output", action="store_true",
-              help="return the Dashboard instead of displaying it (it displays as the cell's result)")
+    @argument(
+        "-o",
+        "--output",
+        action="store_true",
+        help="return the Dashboard instead of displaying it (it displays as the cell's result)",
+    )
     @no_var_expand
     @line_magic
     def chakra_report(self, line: str) -> Any:
@@ -426,9 +460,19 @@ def _check_outputs(args: Any) -> None:
             raise CaptureError(f"--report {args.report!r}: {parent} is not a writable directory.")
     if args.pfw:
         try:
-            from tracemagic.export.dftracer import to_pfw  # noqa: F401
+            from tracemagic.export.dftracer import to_pfw  # noqa: F401 - checked before the cell runs
         except ImportError as exc:
             raise CaptureError(f"--pfw needs tracemagic.export.dftracer.to_pfw ({exc}).") from None
+
+
+def _write_or_warn(option: str, write: Callable[[], object], say: Callable[[str], None]) -> None:
+    """Write one optional output after the capture (``--pfw``, ``--report``): say where, or
+    warn that ``option`` failed; the capture itself stands either way."""
+    try:
+        say(f"wrote {write()}")
+    except Exception as exc:  # noqa: BLE001 - an optional output failed: warned, the capture stands
+        _log.debug("%s failed", option, exc_info=True)
+        _warn(f"{option} failed ({type(exc).__name__}: {exc})")
 
 
 def _warn(message: str) -> None:

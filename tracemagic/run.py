@@ -56,7 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(*flags, **spec)
     add = p.add_argument
     add("--whole", action="store_true", help="record the whole script as one step (no optimizer-step hook)")
-    add("--timeout", type=float, default=300.0, metavar="S", help="seconds rank 0 waits for the other ranks (default 300)")
+    add(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds rank 0 waits for the other ranks (default 300)",
+    )
     add("-q", "--quiet", action="store_true", help="print nothing but problems")
     add("-m", dest="module", metavar="MODULE", help="run a module (like python -m MODULE) instead of a script")
     add("target", nargs=argparse.REMAINDER, help="-- script.py [args...]")
@@ -111,12 +117,14 @@ class _Runner:
     def run_script(self, script: Path, args: list[str]) -> int:
         path = str(script.resolve())
         self.source = path
-        return self._run(lambda: runpy.run_path(path, run_name="__main__"), [str(script), *args],
-                         str(script.resolve().parent))
+        return self._run(
+            lambda: runpy.run_path(path, run_name="__main__"), [str(script), *args], str(script.resolve().parent)
+        )
 
     def run_module(self, module: str, args: list[str]) -> int:
-        return self._run(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True),
-                         [module, *args], os.getcwd())
+        return self._run(
+            lambda: runpy.run_module(module, run_name="__main__", alter_sys=True), [module, *args], os.getcwd()
+        )
 
     def _run(self, call: Any, argv: list[str], path0: str) -> int:
         saved_argv, saved_path = sys.argv[:], sys.path[:]
@@ -136,7 +144,7 @@ class _Runner:
         except CaptureError as exc:  # the capture could not start (at the first optimizer step)
             error, status = exc, 2
             print(f"{PROG}: error: {exc}", file=sys.stderr)
-        except BaseException as exc:  # the script failed: keep its files, print the error
+        except BaseException as exc:  # noqa: BLE001 - the script failed, any way: keep its files, print the error
             error, status = exc, 1
             if not isinstance(exc, KeyboardInterrupt):
                 traceback.print_exc()

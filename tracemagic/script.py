@@ -51,9 +51,7 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def capture(
-    *, timeout: float = 300.0, whole: bool = False, **options: Any
-) -> ScriptCapture:
+def capture(*, timeout: float = 300.0, whole: bool = False, **options: Any) -> ScriptCapture:
     """A capture of a script's step loop, usable as ``with`` block or decorator.
 
     Args:
@@ -335,4 +333,3 @@ class _TermAsExit:
         if self._pending:
             self._pending = False
             signal.raise_signal(signal.SIGTERM)
-

@@ -20,7 +20,7 @@ tests check real tables against it.
 
 # every analysis module, so that each table's ``Table.function`` (marked ``@computes``) is
 # known wherever the package is used, and the contract list below names it
-from tracemagic.analysis import (  # noqa: F401
+from tracemagic.analysis import (  # noqa: F401 - imported for their @computes marks
     advice,
     diff,
     efficiency,

@@ -67,6 +67,19 @@ def _cpu_by_thread(trace: Trace) -> np.ndarray:
     return trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_by_thread(trace.events))
 
 
+def memory_off_cpu(trace: Trace) -> bool:
+    """Whether any ``[memory]`` event is on a device other than the CPU (``Device Type`` not
+    0, or not recorded): only such events give ``memory_peaks()`` rows the GPU memory rules
+    look at; computed once per trace."""
+
+    def compute() -> bool:
+        events = trace.events
+        types = events["device_type"].array[kind_mask(events, "memory")]
+        return bool((np.asarray(types.to_numpy(dtype=np.int64, na_value=-1)) != 0).any())
+
+    return trace.shared(Shared.MEMORY_OFF_CPU, compute)
+
+
 def memory_holders(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """Rows of the ``[memory]`` events and the innermost CPU duration event on the same
     thread containing each (-1 where none; the loader does not nest instants); computed

@@ -30,6 +30,7 @@ from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis import syncs as _syncs
+from tracemagic.analysis._common import memory_off_cpu
 from tracemagic.analysis._text import fmt_bytes, fmt_pct, fmt_time, shorten
 from tracemagic.analysis.schema import TABLES, computes
 
@@ -695,7 +696,8 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
     steps = aggregate.select_step(aggregate.loop_steps(trace.table(_steps.steps), manifest), step)
     ops = aggregate.select_step(trace.table(_ops.ops), step)
     kernels = aggregate.select_step(trace.table(_kernels.kernels), step) if trace.has_gpu else None
-    peaks = aggregate.peaks_of(trace.table(_memory.peaks), step)
+    # the memory rules read GPU peaks alone: no memory_peaks() where every allocation is on the CPU
+    peaks = aggregate.peaks_of(trace.table(_memory.peaks), step) if memory_off_cpu(trace) else None
     ranks = trace.table(_ranks.ranks) if len(trace.rank_ids) > 1 and step is None else None
     phases: pd.DataFrame | None = None  # only the optimizer rule reads phases(): none without an optimizer step
     if any(_phases.OPTIMIZER.match(str(c)) for c in trace.events["name"].cat.categories.tolist()):

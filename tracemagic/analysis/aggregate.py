@@ -17,7 +17,14 @@ import pandas as pd
 
 #: the parts of a step in stacking order (``steps()`` columns; they add up to ``window_dur``)
 STEP_PARTS: tuple[str, ...] = (
-    "compute_us", "comm_us", "memcpy_us", "memset_us", "runtime_us", "dataloader_us", "cpu_us", "idle_us",
+    "compute_us",
+    "comm_us",
+    "memcpy_us",
+    "memset_us",
+    "runtime_us",
+    "dataloader_us",
+    "cpu_us",
+    "idle_us",
 )
 #: step parts that only a GPU has (CUDA runtime calls are the host driving one)
 GPU_PARTS: tuple[str, ...] = ("compute_us", "memcpy_us", "memset_us", "runtime_us")
@@ -51,8 +58,12 @@ def uncounted_steps(manifest: Mapping[str, Any] | None) -> dict[int, str]:
     advice counts them. Empty for other traces."""
     out: dict[int, str] = {}
     for s in (manifest or {}).get("steps") or []:
-        if (isinstance(s, dict) and s.get("end") in UNCOUNTED_ENDS and not s.get("complete")
-                and isinstance(s.get("step"), int)):
+        if (
+            isinstance(s, dict)
+            and s.get("end") in UNCOUNTED_ENDS
+            and not s.get("complete")
+            and isinstance(s.get("step"), int)
+        ):
             out[int(s["step"])] = str(s["end"])
     return dict(sorted(out.items()))
 
@@ -120,8 +131,9 @@ def kernel_rate(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     kern = kernels[(kernels["kind"] == "kernel").to_numpy()] if len(kernels) else kernels
     n_steps = max(int(steps["step"].nunique()) if not steps.empty else 1, 1)
     mean = float(kern["dur"].astype(float).mean()) if len(kern) else float("nan")
-    return pd.Series({"kernels": float(len(kern)), "steps": float(n_steps), "per_step": len(kern) / n_steps,
-                      "mean_us": mean})
+    return pd.Series(
+        {"kernels": float(len(kern)), "steps": float(n_steps), "per_step": len(kern) / n_steps, "mean_us": mean}
+    )
 
 
 def has_gpu_parts(steps: pd.DataFrame) -> bool:
@@ -157,17 +169,23 @@ def _by_name(frame: pd.DataFrame, keep: np.ndarray | None = None) -> pd.DataFram
     # the names' codes (the same sums, in row order, as on the names), each code turned into
     # its text once, in text order
     names = frame["name"]
-    sums = pd.DataFrame({
-        "call": own,
-        "total": np.where(own, frame["dur"].to_numpy()[rows], 0.0),
-        "self_dur": frame["self_dur"].to_numpy()[rows],
-    })
+    sums = pd.DataFrame(
+        {
+            "call": own,
+            "total": np.where(own, frame["dur"].to_numpy()[rows], 0.0),
+            "self_dur": frame["self_dur"].to_numpy()[rows],
+        }
+    )
     aggregations = {"calls": ("call", "sum"), "total_us": ("total", "sum"), "self_us": ("self_dur", "sum")}
     if isinstance(names.dtype, pd.CategoricalDtype):
         codes = names.cat.codes.to_numpy()[rows]
         named = codes >= 0  # a missing name is in no group, as groupby leaves NA out
-        out = sums[named].groupby(codes[named]).sum().rename(
-            columns={"call": "calls", "total": "total_us", "self_dur": "self_us"})
+        out = (
+            sums[named]
+            .groupby(codes[named])
+            .sum()
+            .rename(columns={"call": "calls", "total": "total_us", "self_dur": "self_us"})
+        )
         out.index = names.cat.categories[out.index.to_numpy()].astype(str).rename("name")
     else:
         out = sums.assign(name=names.to_numpy()[rows]).groupby("name").agg(**aggregations)
@@ -189,7 +207,9 @@ def top_wrappers(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=cols)
     out = _by_name(frame)
-    out["kind"] = out["name"].map(frame.assign(name=frame["name"].astype(str)).groupby("name")["kind"].first().astype(str))
+    out["kind"] = out["name"].map(
+        frame.assign(name=frame["name"].astype(str)).groupby("name")["kind"].first().astype(str)
+    )
     out["mean_us"] = out["total_us"] / out["calls"]
     out = out.sort_values(["total_us", "name"], ascending=[False, True], ignore_index=True)
     return out[cols].head(n) if n else out[cols]
@@ -202,9 +222,10 @@ def top_ops(ops: pd.DataFrame, n: int | None = None) -> pd.DataFrame:
     Annotations, steps and the ops that wrap others (:data:`WRAPPER_OPS`: DataLoader
     iteration, ``Optimizer.*``, ``DistributedDataParallel.forward``, which old traces file as
     ops) are left out, as in the TensorBoard plugin's Operator view (they are listed apart by
-    :func:`top_wrappers`), so self times add up without double counting. An op folded into the one of its name around it (``ops()``'s
-    ``merged``: ``aten::div`` inside ``aten::div``) is no call and adds no total, its self
-    time goes to its name all the same: calls, totals and self times are ``key_averages()``'s.
+    :func:`top_wrappers`), so self times add up without double counting. An op folded into
+    the one of its name around it (``ops()``'s ``merged``: ``aten::div`` inside
+    ``aten::div``) is no call and adds no total, its self time goes to its name all the
+    same: calls, totals and self times are ``key_averages()``'s.
     """
     cols = ["name", "calls", "total_us", "self_us", "mean_us", "self_pct"]
     if ops.empty:

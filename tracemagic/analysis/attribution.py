@@ -17,8 +17,8 @@ import pandas as pd
 from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope, layers_at, names_where
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
-from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate
 from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate
 
 #: outermost op of each autograd node run by the engine
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
@@ -112,7 +112,9 @@ def _attribution(trace: Trace, flows: bool) -> Attribution:
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
 
 
-def _fold_compiled(trace: Trace, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _fold_compiled(
+    trace: Trace, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Fold the module events of compiled code into the layer they belong to.
 
     Folded: the model event directly inside its ``OptimizedModule`` event when both have

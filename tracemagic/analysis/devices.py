@@ -51,13 +51,29 @@ class DevicePeaks(NamedTuple):
     source: str
 
 
-_V100 = "NVIDIA Tesla V100 GPU Accelerator datasheet (images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf)"
-_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
-_H100 = "NVIDIA H100 Tensor Core GPU datasheet (resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet); dense = half the sparsity figures"
+_V100 = (
+    "NVIDIA Tesla V100 GPU Accelerator datasheet "
+    "(images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf)"
+)
+_A100 = (
+    "NVIDIA A100 Tensor Core GPU datasheet "
+    "(nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
+)
+_H100 = (
+    "NVIDIA H100 Tensor Core GPU datasheet (resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet); "
+    "dense = half the sparsity figures"
+)
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200/); dense = half the sparsity figures"
-_B200 = "NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx/), 8-GPU figures / 8; dense = half the sparsity figures"
-_MI250X = "AMD Instinct MI250X datasheet (amd.com/en/products/accelerators/instinct/mi200/mi250x.html), per GCD = package / 2"
-_MI250 = "AMD Instinct MI250 datasheet (amd.com/en/products/accelerators/instinct/mi200/mi250.html), per GCD = package / 2"
+_B200 = (
+    "NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx/), 8-GPU figures / 8; "
+    "dense = half the sparsity figures"
+)
+_MI250X = (
+    "AMD Instinct MI250X datasheet (amd.com/en/products/accelerators/instinct/mi200/mi250x.html), per GCD = package / 2"
+)
+_MI250 = (
+    "AMD Instinct MI250 datasheet (amd.com/en/products/accelerators/instinct/mi200/mi250.html), per GCD = package / 2"
+)
 _MI300X = "AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x.html), dense figures"
 _MI325X = "AMD Instinct MI325X datasheet (amd.com/en/products/accelerators/instinct/mi300/mi325x.html), dense figures"
 _MI355X = "AMD Instinct MI355X datasheet (amd.com/en/products/accelerators/instinct/mi350/mi355x.html), dense figures"
@@ -107,7 +123,8 @@ _NAME_RULES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
 #: names that do not say which board it is (ROCm writes ``AMD Radeon Graphics``, an
 #: architecture like ``gfx90a:sramecc+:xnack-`` or nothing): matched by SM/CU count instead
 _GENERIC_NAME = re.compile(
-    r"^\s*(?:(?:AMD|ATI|NVIDIA)\b\s*)?(?:Radeon\s+Graphics|Graphics|Device|GPU|Instinct|gfx[0-9a-f]+(?::\S*)?)?\s*$", re.I
+    r"^\s*(?:(?:AMD|ATI|NVIDIA)\b\s*)?(?:Radeon\s+Graphics|Graphics|Device|GPU|Instinct|gfx[0-9a-f]+(?::\S*)?)?\s*$",
+    re.I,
 )
 
 

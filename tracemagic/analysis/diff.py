@@ -30,7 +30,9 @@ def _ops(trace: Trace) -> pd.DataFrame:
     tops = rows[top == rows]
     codes, names = codes_of(events["name"])
     tops = tops[codes[tops] >= 0]  # a chain without a name is in no group, as groupby drops NA keys
-    chains = pd.DataFrame({"name": codes[tops], "dur": events["dur"].to_numpy()[tops], "gpu_us": gpu_time(events)[tops]})
+    chains = pd.DataFrame(
+        {"name": codes[tops], "dur": events["dur"].to_numpy()[tops], "gpu_us": gpu_time(events)[tops]}
+    )
     # grouped on the name codes (each group's rows in the same order as by text), named once per name
     table = chains.groupby("name").agg(calls=("dur", "size"), us=("dur", "sum"), gpu_us=("gpu_us", "sum"))
     table.index = pd.Index(names[table.index.to_numpy()], name="name").astype(str)

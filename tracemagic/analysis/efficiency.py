@@ -81,7 +81,18 @@ from tracemagic.analysis import devices
 from tracemagic.analysis._common import among, call_chains, codes_of, group_rows, layer_codes, names_where, text
 from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.analysis.shapes import _SOURCES, ARG_RULES, ATTENTION, FLOP_RULES, _arg, _flag, _flags, _op_flops, gpu_time, outermost
+from tracemagic.analysis.shapes import (
+    _SOURCES,
+    ARG_RULES,
+    ATTENTION,
+    FLOP_RULES,
+    _arg,
+    _flag,
+    _flags,
+    _op_flops,
+    gpu_time,
+    outermost,
+)
 from tracemagic.errors import TraceError
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
@@ -100,7 +111,8 @@ ELEMENT_BYTES: dict[str, int] = {
 #: tensor dtype -> the precision of its peak (integer and bool ops have none)
 PRECISION: dict[str, str] = {
     "double": "fp64", "float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16",
-    "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8",
+    "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
+    "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8",
 }  # fmt: skip
 
 #: kernel names of float32 matrix math on TF32 tensor cores, as in the A100 traces: cuBLAS
@@ -269,7 +281,9 @@ def _embedding(dims: Dims, types: list[str]) -> Cost:
     return 0.0, math.prod(indices) * index_size + 2.0 * rows * size
 
 
-def op_cost(name: str, input_dims: str | None, input_type: str | None, concrete_inputs: str | None, flops: float) -> Cost:
+def op_cost(
+    name: str, input_dims: str | None, input_type: str | None, concrete_inputs: str | None, flops: float
+) -> Cost:
     """(FLOPs, bytes) of one call of op ``name`` (see the module docstring); NaN where not modelled.
 
     ``flops`` is what ``shapes`` found for the op (NaN where it has no rule), used for the
@@ -357,7 +371,9 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
 
         found = np.array(
             [
-                op_cost(str(name_of[n]), str(dims_of[d]), given(types_of, t), given(args_of, a), NAN if f < 0 else float(f))
+                op_cost(
+                    str(name_of[n]), str(dims_of[d]), given(types_of, t), given(args_of, a), NAN if f < 0 else float(f)
+                )
                 for n, d, t, a, f in zip(*(column[first] for column in key))
             ]
             + [(NAN, NAN)]
@@ -411,11 +427,16 @@ def _rank_peaks(trace: Trace, peaks: Peaks | None) -> dict[int, tuple[str | None
         elif isinstance(peaks, Mapping):
             given, label = dict(peaks), str(peaks.get("name", "given peaks"))
         else:
-            raise TraceError(f"peaks must be a dict like {{'bf16': 989.5, 'tbytes_per_s': 3.35}} or a devices.DevicePeaks, not {type(peaks).__name__}")
+            raise TraceError(
+                f"peaks must be a dict like {{'bf16': 989.5, 'tbytes_per_s': 3.35}} or a devices.DevicePeaks, "
+                f"not {type(peaks).__name__}"
+            )
         allowed = {*devices.PRECISIONS, "tbytes_per_s", *devices.DevicePeaks._fields}
         wrong = sorted(set(given) - allowed)
         if wrong:
-            raise TraceError(f"peaks has unknown keys {wrong}: use {', '.join(devices.PRECISIONS)} (TFLOP/s) and tbytes_per_s (TB/s)")
+            raise TraceError(
+                f"peaks has unknown keys {wrong}: use {', '.join(devices.PRECISIONS)} (TFLOP/s) and tbytes_per_s (TB/s)"
+            )
         try:
             values = {k: float(given.get(k, NAN)) for k in (*devices.PRECISIONS, "tbytes_per_s")}
         except (TypeError, ValueError) as error:
@@ -489,7 +510,9 @@ def op_shapes(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
             matrix=("matrix", "max"),
             tf32=("tf32", "max"),
         )
-        table = pd.DataFrame({"rank": rank[first], **{k: values[codes[rows[first]]] for k, (codes, values) in coded.items()}})
+        table = pd.DataFrame(
+            {"rank": rank[first], **{k: values[codes[rows[first]]] for k, (codes, values) in coded.items()}}
+        )
         for column in summed.columns:
             table[column] = summed[column].to_numpy()
         # per call; NaN where some calls of the group could not be modelled
@@ -597,9 +620,19 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
     with np.errstate(divide="ignore", invalid="ignore"):
         ridge = peak_flops / peak_bytes
         compute = (flops > 0) & (intensity >= ridge)  # False wherever something is NaN
-        memory = ~compute & ~np.isnan(nbytes) & ~np.isnan(peak_bytes) & ((flops == 0) | np.isnan(peak_flops) | (intensity < ridge))
+        memory = (
+            ~compute
+            & ~np.isnan(nbytes)
+            & ~np.isnan(peak_bytes)
+            & ((flops == 0) | np.isnan(peak_flops) | (intensity < ridge))
+        )
         # below the roof's slope achieved FLOP/s over intensity × bandwidth is achieved bytes/s over bandwidth
-        pct = np.where(compute, table["tflops_per_s"].to_numpy() / peak_flops, table["tbytes_per_s"].to_numpy() / peak_bytes) * 100.0
+        pct = (
+            np.where(
+                compute, table["tflops_per_s"].to_numpy() / peak_flops, table["tbytes_per_s"].to_numpy() / peak_bytes
+            )
+            * 100.0
+        )
     bound = np.full(len(table), None, dtype=object)
     bound[memory], bound[compute] = "memory", "compute"
     table["bound"] = text(bound)
@@ -622,7 +655,7 @@ def _layer_text(trace: Trace, chains: pd.DataFrame, group_of: np.ndarray, groups
     by_group = group[first][order]
     found = [""] * groups
     for start, end in zip(*_runs(by_group)):
-        listed = [str(v) for v in names[layer[first][order[start : end]]]]
+        listed = [str(v) for v in names[layer[first][order[start:end]]]]
         found[int(by_group[start])] = ", ".join(listed[:2]) + (f" (+{len(listed) - 2})" if len(listed) > 2 else "")
     return found
 

@@ -57,7 +57,9 @@ def join(ets: list[ExecutionTrace], trace: Trace | None) -> pd.DataFrame:
     frames = []
     for et in ets:
         nodes = et.nodes.copy()
-        rank = et.rank if trace is None or et.rank in trace.rank_ids else (trace.rank_ids[0] if len(ets) == 1 else et.rank)
+        rank = (
+            et.rank if trace is None or et.rank in trace.rank_ids else (trace.rank_ids[0] if len(ets) == 1 else et.rank)
+        )
         nodes.insert(0, "rank", np.full(len(nodes), rank, dtype=np.int32))
         frames.append(_join(nodes, trace, rank))
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -210,13 +212,30 @@ def _graph(ops: pd.DataFrame, level: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         if owner[k] >= 0:
             for key in outs[k]:
                 writer[key] = int(owner[k])
-    edge_frame = pd.DataFrame(edges, columns=["src", "dst", "tensor", "bytes"]).drop_duplicates(["src", "dst", "tensor"])
+    edge_frame = pd.DataFrame(edges, columns=["src", "dst", "tensor", "bytes"]).drop_duplicates(
+        ["src", "dst", "tensor"]
+    )
     sizes = _tensor_sizes(ops)
     edge_frame["bytes"] = edge_frame["tensor"].map(sizes).fillna(0).astype(np.int64)
-    node_frame = ops.loc[keep, [
-        "id", "name", "op_schema", "parent", "step", "rf_id", "input_shapes", "input_types",
-        "output_shapes", "output_types", "row", "ts", "dur", "self_dur",
-    ]].copy()
+    node_frame = ops.loc[
+        keep,
+        [
+            "id",
+            "name",
+            "op_schema",
+            "parent",
+            "step",
+            "rf_id",
+            "input_shapes",
+            "input_types",
+            "output_shapes",
+            "output_types",
+            "row",
+            "ts",
+            "dur",
+            "self_dur",
+        ],
+    ].copy()
     node_frame.insert(4, "depth", depth[keep])
     return node_frame.reset_index(drop=True), edge_frame.reset_index(drop=True)
 

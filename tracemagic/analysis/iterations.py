@@ -57,7 +57,7 @@ def from_manifest(manifest: Mapping[str, Any] | None) -> pd.DataFrame:
     gpu[: min(n, len(gpu_ms))] = np.asarray(gpu_ms[:n], dtype=float)
     phase = np.full(n, "", dtype=object)
     for name, first, count in timing.get("phases") or []:
-        phase[int(first): int(first) + int(count)] = str(name)
+        phase[int(first) : int(first) + int(count)] = str(name)
     step = pd.array([pd.NA] * n, dtype="Int64")
     for iteration, number in timing.get("recorded") or []:
         if 0 <= int(iteration) < n:
@@ -70,11 +70,17 @@ def from_manifest(manifest: Mapping[str, Any] | None) -> pd.DataFrame:
             ratio[at] = float(catch.get("ratio", np.nan))
         if catch.get("path") and 0 <= recorded < n:
             trace_k[recorded] = k
-    return pd.DataFrame({
-        "iteration": np.arange(n, dtype="int64"), "wall_ms": wall, "gpu_ms": gpu, "step": step,
-        "phase": pd.array(phase.astype(str), dtype="str") if n else pd.array([], dtype="str"),
-        "slow_ratio": ratio, "slow_trace": trace_k,
-    })[COLUMNS]
+    return pd.DataFrame(
+        {
+            "iteration": np.arange(n, dtype="int64"),
+            "wall_ms": wall,
+            "gpu_ms": gpu,
+            "step": step,
+            "phase": pd.array(phase.astype(str), dtype="str") if n else pd.array([], dtype="str"),
+            "slow_ratio": ratio,
+            "slow_trace": trace_k,
+        }
+    )[COLUMNS]
 
 
 @computes("iterations")
@@ -109,8 +115,9 @@ def window_check(table: pd.DataFrame, compiled: bool = False) -> WindowCheck | N
 
     Not typical: their median time differs from the steady state's by ``UNTYPICAL_SHARE``
     or more and lies outside the steady state's own ``STEADY_RANGE`` (its 10th to 90th
-    percentile: in a noisy loop a median of a few steps differs by chance), or (``compiled``: the trace ran ``torch.compile``'d code) they include one of
-    the loop's first ``FIRST_ITERATIONS`` iterations. The time compared is the GPU time
+    percentile: in a noisy loop a median of a few steps differs by chance), or
+    (``compiled``: the trace ran ``torch.compile``'d code) they include one of the loop's
+    first ``FIRST_ITERATIONS`` iterations. The time compared is the GPU time
     where every iteration has one (CUDA), else the wall time. The recorded steps carry the
     profiler's own overhead (a step of a few ms with many small ops can take 20% longer
     recorded), which the note says; a window on steps that are really different (the
@@ -140,12 +147,17 @@ def window_check(table: pd.DataFrame, compiled: bool = False) -> WindowCheck | N
     what = "GPU time" if column == "gpu_ms" else "wall time"
     parts = []
     if off:
-        parts.append(f"their median {what} {recorded:.3g} ms is {fmt_pct(abs(change))} "
-                     f"{'above' if change > 0 else 'below'} the loop's steady-state median {steady_ms:.3g} ms "
-                     f"({len(steady):,} unrecorded iterations; the profiler's own overhead is part of the difference)")
+        parts.append(
+            f"their median {what} {recorded:.3g} ms is {fmt_pct(abs(change))} "
+            f"{'above' if change > 0 else 'below'} the loop's steady-state median {steady_ms:.3g} ms "
+            f"({len(steady):,} unrecorded iterations; the profiler's own overhead is part of the difference)"
+        )
     if compiled and first:
-        parts.append(f"they include the loop's first iteration(s) {', '.join(map(str, first))} of a compiled model "
-                     "(compilation)")
-    text = (f"The recorded steps ({steps}) are not typical of the loop: {'; '.join(parts)}. Move the window with "
-            "--wait/--skip-first, or see the iteration strip.")
+        parts.append(
+            f"they include the loop's first iteration(s) {', '.join(map(str, first))} of a compiled model (compilation)"
+        )
+    text = (
+        f"The recorded steps ({steps}) are not typical of the loop: {'; '.join(parts)}. Move the window with "
+        "--wait/--skip-first, or see the iteration strip."
+    )
     return WindowCheck(recorded, steady_ms, change, first, text)

@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
-    in_scope,
     layers_at,
     memory_holders,
     names_at,
@@ -39,8 +38,8 @@ from tracemagic.analysis._common import (
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.trace.model import Trace
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
+from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread
 
@@ -72,7 +71,9 @@ def step_time(trace: Trace, step: int | None = None) -> dict[int, float]:
     return out
 
 
-def _rollup(start: np.ndarray, weights: np.ndarray, layer_of: np.ndarray, up: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+def _rollup(
+    start: np.ndarray, weights: np.ndarray, layer_of: np.ndarray, up: np.ndarray, count: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Self and inclusive sums per layer of weights placed at module event rows ``start``.
 
     ``up`` is each module event's enclosing module event; inclusive sums walk it upwards.
@@ -243,7 +244,9 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
         columns=[*COLUMNS, "_ts", "_compiled"],
     )
     table = table[used].sort_values(["rank", "_ts"], kind="stable").reset_index(drop=True)
-    compiled_layers = {r: [str(v) for v in table.loc[(table["rank"] == r) & table["_compiled"], "layer"]] for r in trace.rank_ids}
+    compiled_layers = {
+        r: [str(v) for v in table.loc[(table["rank"] == r) & table["_compiled"], "layer"]] for r in trace.rank_ids
+    }
     table = table.drop(columns=["_ts", "_compiled"])
     if table.empty:  # bincount of nothing is int64: give the contract's dtypes
         table = TABLES["layers"].empty()
@@ -257,7 +260,9 @@ def _totals(trace: Trace, table: pd.DataFrame, gpu: np.ndarray, dur: np.ndarray,
     """Fill ``table.attrs`` with per-rank step time and what no layer got."""
     steps = step_time(trace, step)
     rank = trace.events["rank"].to_numpy()
-    attrs: dict[str, dict[int, float]] = {k: {} for k in ("step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us")}
+    attrs: dict[str, dict[int, float]] = {
+        k: {} for k in ("step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us")
+    }
     for r in trace.rank_ids:
         mine = table[table["rank"] == r]
         attributed = float(mine["self_cpu_us"].sum())

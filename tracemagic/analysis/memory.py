@@ -108,7 +108,9 @@ def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
     table["allocated_bytes"] = np.where(missing, rebuilt, known)
     reconstructed: dict[int, list[str]] = {}
     baselines: dict[int, dict[str, int]] = {}
-    for (rank, device), base in table.loc[missing].assign(b=baseline[missing]).groupby(["rank", "device"])["b"].first().items():
+    for (rank, device), base in (
+        table.loc[missing].assign(b=baseline[missing]).groupby(["rank", "device"])["b"].first().items()
+    ):
         reconstructed.setdefault(int(rank), []).append(str(device))
         baselines.setdefault(int(rank), {})[str(device)] = int(base)
     table.attrs["reconstructed"] = reconstructed
@@ -154,7 +156,9 @@ def peaks(trace: Trace) -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True).rename(columns={"allocated_bytes": "peak_bytes"})
     out["step"] = out["step"].astype("Int64")
     out["peak_reserved_bytes"] = out["peak_reserved_bytes"].astype("Int64")
-    return out[columns].sort_values(["rank", "device", "step"], kind="stable", na_position="last").reset_index(drop=True)
+    return (
+        out[columns].sort_values(["rank", "device", "step"], kind="stable", na_position="last").reset_index(drop=True)
+    )
 
 
 @computes("biggest_allocations")
@@ -173,7 +177,9 @@ def biggest_allocations(trace: Trace, n: int | None = 10) -> pd.DataFrame:
     freed = (nxt["rank"] == ordered["rank"]) & (nxt["device"] == ordered["device"]) & (nxt["addr"] == ordered["addr"])
     freed &= nxt["delta_bytes"] < 0
     table["freed_ts"] = nxt["ts"].where(freed.fillna(False)).reindex(table.index)
-    allocations = table[table["delta_bytes"] > 0].sort_values(["delta_bytes", "ts"], ascending=[False, True], kind="stable")
+    allocations = table[table["delta_bytes"] > 0].sort_values(
+        ["delta_bytes", "ts"], ascending=[False, True], kind="stable"
+    )
     out = (allocations if n is None else allocations.head(n)).rename(columns={"delta_bytes": "bytes"})
     out["lifetime_us"] = out["freed_ts"] - out["ts"]
     columns = TABLES["biggest_allocations"].names
@@ -254,8 +260,9 @@ def categories(trace: Trace) -> pd.DataFrame:
             start = _allocator_start(allocator, rank, device, float(ts[0]))
             if start is not None:
                 early = rows[rows[:, 0] < 0]
-                held = np.bincount(np.clip(early[:, 3], 0, len(CATEGORIES) - 1), weights=early[:, 2],
-                                   minlength=len(CATEGORIES)).astype(np.int64)
+                held = np.bincount(
+                    np.clip(early[:, 3], 0, len(CATEGORIES) - 1), weights=early[:, 2], minlength=len(CATEGORIES)
+                ).astype(np.int64)
                 if held.sum() > start:  # the allocator never counted these tensors: leave them out
                     for name, bytes_ in zip(CATEGORIES, held):
                         part[name] -= bytes_

@@ -24,7 +24,8 @@ def ops(trace: Trace) -> pd.DataFrame:
     user_annotation | step); ``ts`` (µs since the trace's start); ``dur``; ``self_dur``
     (duration minus the CPU events directly inside it, ops, runtime calls and
     python_function frames alike: torch's Self CPU, as ``key_averages()`` and TensorBoard
-    count it, so rankings agree; self times of one thread add up without double counting); ``thread`` (the trace's tid); ``step`` (-1 outside steps); ``depth`` and
+    count it, so rankings agree; self times of one thread add up without double
+    counting); ``thread`` (the trace's tid); ``step`` (-1 outside steps); ``depth`` and
     ``parent`` (row of the enclosing CPU event, -1 at top level); ``layer``, ``layer_type``
     (innermost enclosing ``nn.Module``, NA outside modules); ``input_dims``,
     ``input_type`` (JSON text as recorded); ``seq`` (autograd sequence number, links a

@@ -47,8 +47,8 @@ from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
-from tracemagic.trace.structure import MODULE_PREFIX
 from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import MODULE_PREFIX
 
 #: the phases, in the table's column order (``<phase>_us`` and ``gpu_<phase>_us``)
 PHASES: tuple[str, ...] = ("dataloader", "forward", "backward", "optimizer", "other")
@@ -106,8 +106,11 @@ class _PhaseMasks(dict[str, np.ndarray]):
         elif name == "optimizer":
             value = ops & names_where(names, OPTIMIZER)
         else:  # forward
-            modules = self.timed & kind_mask(events, "python_function") & names_where(
-                names, re.compile("^" + re.escape(MODULE_PREFIX)))
+            modules = (
+                self.timed
+                & kind_mask(events, "python_function")
+                & names_where(names, re.compile("^" + re.escape(MODULE_PREFIX)))
+            )
             rank = events["rank"].to_numpy()
             bare = ~np.isin(rank, np.unique(rank[modules]))  # ranks without module events: ops recorded for autograd
             recorded = ops & bare & ~self["backward"] & events["seq"].notna().to_numpy()
@@ -122,8 +125,10 @@ class _PhaseMasks(dict[str, np.ndarray]):
 def _host_windows(trace: Trace) -> pd.DataFrame:
     """``steps.windows`` as ``in_windows`` takes them: the host steps, µs since the trace's start."""
     frame = _steps.windows(trace)
-    return frame.assign(window_ts=frame["start"].to_numpy(dtype=np.float64) - trace_start(trace),
-                        window_dur=frame["dur"].to_numpy(dtype=np.float64))
+    return frame.assign(
+        window_ts=frame["start"].to_numpy(dtype=np.float64) - trace_start(trace),
+        window_dur=frame["dur"].to_numpy(dtype=np.float64),
+    )
 
 
 def _merged(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -227,8 +232,9 @@ def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
         host["other"] = np.maximum(dur - covered, 0.0)
 
     # the GPU: each event's phase at its launch's start, its step the launch's
-    gpu_rows = np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY)
-                              & np.isfinite(events["ts"].to_numpy()))
+    gpu_rows = np.flatnonzero(
+        (events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY) & np.isfinite(events["ts"].to_numpy())
+    )
     launch = events["launch"].to_numpy()[gpu_rows]
     gpu_rows, launch = gpu_rows[launch >= 0], launch[launch >= 0]
     window = _steps.window_of(trace, frame)[gpu_rows]
@@ -245,20 +251,30 @@ def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
         phase = np.full(launch.size, PHASES.index("other"), dtype=np.int64)
         phase[inside] = phase_at(trace, launch_rank[inside], launch_at[inside], priority)
     start = ts[gpu_rows] - t0
-    busy = union_length(window * len(PHASES) + phase, start, start + events["dur"].to_numpy(dtype=np.float64)[gpu_rows],
-                        groups * len(PHASES)).reshape(groups, len(PHASES))
+    busy = union_length(
+        window * len(PHASES) + phase,
+        start,
+        start + events["dur"].to_numpy(dtype=np.float64)[gpu_rows],
+        groups * len(PHASES),
+    ).reshape(groups, len(PHASES))
     gpu_ranks = np.unique(events["rank"].to_numpy()[kind_mask(events, *GPU_ACTIVITY)])
     has_gpu = np.isin(frame["rank"].to_numpy(), gpu_ranks)
 
     shown = PHASES if priority == PRIORITY else priority[-1:]
-    out = pd.DataFrame({
-        "rank": frame["rank"].to_numpy(),
-        "step": frame["step"].to_numpy(),
-        "ts": frame["window_ts"].to_numpy(),
-        "dur": frame["dur"].to_numpy(dtype=np.float64),
-        **{f"{name}_us": host[name] for name in PHASES if name in shown},
-        **{f"gpu_{name}_us": np.where(has_gpu, busy[:, i], np.nan) for i, name in enumerate(PHASES) if name in shown},
-    })
+    out = pd.DataFrame(
+        {
+            "rank": frame["rank"].to_numpy(),
+            "step": frame["step"].to_numpy(),
+            "ts": frame["window_ts"].to_numpy(),
+            "dur": frame["dur"].to_numpy(dtype=np.float64),
+            **{f"{name}_us": host[name] for name in PHASES if name in shown},
+            **{
+                f"gpu_{name}_us": np.where(has_gpu, busy[:, i], np.nan)
+                for i, name in enumerate(PHASES)
+                if name in shown
+            },
+        }
+    )
     out.attrs.update(_optimizer_facts(trace))
     return out
 
@@ -297,8 +313,16 @@ def phase_spans(trace: Trace) -> pd.DataFrame:
         starts, stops, kinds = lo[new], np.zeros(int(new.sum())), phase[new]
         np.maximum.at(stops, run, hi)
         keep = kinds != PHASES.index("other")
-        parts.append(pd.DataFrame({"rank": np.int32(r), "phase": np.asarray(PHASES, dtype=object)[kinds[keep]],
-                                   "ts": starts[keep], "dur": (stops - starts)[keep]}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "rank": np.int32(r),
+                    "phase": np.asarray(PHASES, dtype=object)[kinds[keep]],
+                    "ts": starts[keep],
+                    "dur": (stops - starts)[keep],
+                }
+            )
+        )
     if not parts:
         return empty
     out = pd.concat(parts, ignore_index=True)
@@ -316,14 +340,28 @@ def phase_spans(trace: Trace) -> pd.DataFrame:
     key = out[["rank", "step"]].to_numpy()
     phase = out["phase"].to_numpy()
     new = np.r_[True, (key[1:] != key[:-1]).any(axis=1) | (phase[1:] != phase[:-1])]
-    merged = out.assign(end=out["ts"] + out["dur"], run=np.cumsum(new)).groupby("run", sort=False).agg(
-        rank=("rank", "first"), phase=("phase", "first"), ts=("ts", "min"), end=("end", "max"),
-        step=("step", "first"), busy_us=("dur", "sum"))
-    return pd.DataFrame({
-        "rank": merged["rank"].to_numpy().astype(np.int32), "phase": merged["phase"].astype("str").to_numpy(),
-        "ts": merged["ts"].to_numpy(), "dur": (merged["end"] - merged["ts"]).to_numpy(),
-        "step": merged["step"].to_numpy().astype(np.int64), "busy_us": merged["busy_us"].to_numpy(),
-    }).reset_index(drop=True)
+    merged = (
+        out.assign(end=out["ts"] + out["dur"], run=np.cumsum(new))
+        .groupby("run", sort=False)
+        .agg(
+            rank=("rank", "first"),
+            phase=("phase", "first"),
+            ts=("ts", "min"),
+            end=("end", "max"),
+            step=("step", "first"),
+            busy_us=("dur", "sum"),
+        )
+    )
+    return pd.DataFrame(
+        {
+            "rank": merged["rank"].to_numpy().astype(np.int32),
+            "phase": merged["phase"].astype("str").to_numpy(),
+            "ts": merged["ts"].to_numpy(),
+            "dur": (merged["end"] - merged["ts"]).to_numpy(),
+            "step": merged["step"].to_numpy().astype(np.int64),
+            "busy_us": merged["busy_us"].to_numpy(),
+        }
+    ).reset_index(drop=True)
 
 
 def _optimizer_facts(trace: Trace) -> dict[str, object]:
@@ -341,7 +379,9 @@ def _optimizer_facts(trace: Trace) -> dict[str, object]:
     rows = np.flatnonzero(inside)
     t0 = trace_start(trace)
     rel = events["ts"].to_numpy(dtype=np.float64) - t0
-    merged = _merged(events["rank"].to_numpy()[rows], rel[rows], rel[rows] + events["dur"].to_numpy(dtype=np.float64)[rows])
+    merged = _merged(
+        events["rank"].to_numpy()[rows], rel[rows], rel[rows] + events["dur"].to_numpy(dtype=np.float64)[rows]
+    )
     ops = kind_mask(events, "cpu_op")
 
     def runs(pattern: re.Pattern[str]) -> bool:

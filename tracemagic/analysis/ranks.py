@@ -27,12 +27,20 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import steps as steps_module
-from tracemagic.analysis._common import HOST_COLLECTIVE, is_nccl, names_where, text, trace_start, union_length, values_at
+from tracemagic.analysis._common import (
+    HOST_COLLECTIVE,
+    is_nccl,
+    names_where,
+    text,
+    trace_start,
+    union_length,
+    values_at,
+)
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
-from tracemagic.trace.structure import propagate
 from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import propagate
 
 _KERNEL_COLLECTIVE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 #: normalized collective names (lower case, letters and digits) of the collectives that end
@@ -85,7 +93,9 @@ def _input_bytes(dims: object, types: object) -> float:
     return total
 
 
-def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _message(
+    events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, host: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Message bytes of each collective and its bus factor, NCCL tests' way.
 
     The message is the collective's data: ``In msg nelems`` × the dtype's size, the output
@@ -102,7 +112,11 @@ def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, host: np.
     message is the TensorBoard plugin's: its inputs' bytes (``_input_bytes``); not for
     all-gather, whose message is its output, which those args do not give.
     """
-    size = pd.Series(values_at(events["dtype"], rows), dtype=object).map(_DTYPE_BYTES).to_numpy(dtype=float, na_value=np.nan)
+    size = (
+        pd.Series(values_at(events["dtype"], rows), dtype=object)
+        .map(_DTYPE_BYTES)
+        .to_numpy(dtype=float, na_value=np.nan)
+    )
     n = events["group_size"].to_numpy(dtype=float, na_value=np.nan)[rows]
     n[~(n > 0)] = np.nan  # a group of 0 (or none recorded) has no bus factor, and no 0-division
     nelems = {c: events[c].to_numpy(dtype=float, na_value=np.nan)[rows] for c in ("in_nelems", "out_nelems")}
@@ -119,6 +133,7 @@ def _message(events: pd.DataFrame, rows: np.ndarray, does: np.ndarray, host: np.
                 codes, distinct = pd.factorize(pairs)
                 nbytes[args] = np.array([_input_bytes(d, t) for d, t in distinct], dtype=float)[codes]
     return nbytes, factor
+
 
 def _label(name: str, recorded: object, source: str) -> str:
     """A collective's name: the recorded ``Collective name`` arg, else from the event name."""
@@ -206,7 +221,9 @@ class Summary:
 
 def summarize(trace: Trace) -> Summary:
     """The ``Summary`` of a trace's ranks (computed once per trace)."""
-    return trace.shared(Shared.RANK_SUMMARY, lambda: Summary(trace.table(steps_module.steps), overlap(trace), *_arrivals(trace)))
+    return trace.shared(
+        Shared.RANK_SUMMARY, lambda: Summary(trace.table(steps_module.steps), overlap(trace), *_arrivals(trace))
+    )
 
 
 def _arrivals(trace: Trace) -> tuple[pd.DataFrame, str]:
@@ -292,7 +309,9 @@ def collectives_of(summaries: list[Summary]) -> pd.DataFrame:
     offsets = _clock_offsets(out, match, together) if source == "kernel" else pd.Series(dtype=float)
     arrival = out["ts"] - out["rank"].map(offsets).fillna(0.0)
     out = out.assign(
-        wait_us=(arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(shared & ~out["p2p"]),
+        wait_us=(arrival.groupby([out["step"], out["key"], out["seq"]]).transform("max") - arrival).where(
+            shared & ~out["p2p"]
+        ),
         excess_us=(out["dur"] - match["dur"].transform("min")).where(together),
         ranks=count.to_numpy(),
         source=source,
@@ -376,7 +395,9 @@ def overlap(trace: Trace) -> pd.Series:
     masks = steps_module.category_masks(trace)
     comm_kernels = masks["comm_us"] & (trace.events["kind"] == "kernel").to_numpy()
     ranks = frame["rank"].to_numpy()
-    measured = [steps_module.in_windows(trace, frame, np.flatnonzero(rows)) for rows in (comm_kernels, masks["compute_us"])]
+    measured = [
+        steps_module.in_windows(trace, frame, np.flatnonzero(rows)) for rows in (comm_kernels, masks["compute_us"])
+    ]
     comm = union_length(*measured[0], len(frame))
     compute = union_length(*measured[1], len(frame))
     group, start, end = (np.concatenate(c) for c in zip(*measured))
@@ -394,8 +415,9 @@ def ranks(trace: Trace) -> pd.DataFrame:
     ``steps()``'s ``window_dur``); the mean per step of ``compute_us``, ``comm_us``,
     ``memcpy_us``, ``memset_us``, ``runtime_us``, ``dataloader_us``, ``cpu_us``,
     ``idle_us`` (see ``steps()``; they add up to ``step_us``); ``gpu_idle_pct`` (% of the
-    windows in which no GPU activity runs, NaN without a GPU); ``overlap_pct`` (% of communication-kernel time overlapped by compute
-    kernels, NaN without communication kernels); ``wait_us`` (mean per step of the time
+    windows in which no GPU activity runs, NaN without a GPU); ``overlap_pct`` (% of
+    communication-kernel time overlapped by compute kernels, NaN without communication
+    kernels); ``wait_us`` (mean per step of the time
     spent waiting for other ranks in collectives, NaN when none are matched);
     ``straggler_steps`` (steps in which this rank was the straggler, see ``stragglers``);
     ``slowest`` (bool: the rank that was the straggler most often, ties broken by the

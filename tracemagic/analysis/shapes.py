@@ -239,7 +239,9 @@ FLOP_RULES: dict[str, Callable[[Dims], float | None]] = {
 ESTIMATED = set(_CONV_ARGS)
 
 
-def flops_with_source(name: str, input_dims: str | None, concrete_inputs: str | None = None) -> tuple[float | None, str | None]:
+def flops_with_source(
+    name: str, input_dims: str | None, concrete_inputs: str | None = None
+) -> tuple[float | None, str | None]:
     """FLOPs of one call and how they were had: ('shapes' exact | 'estimate' | None, None if unknown)."""
     rule = FLOP_RULES.get(name)
     if (rule is None and name not in ARG_RULES) or not input_dims:
@@ -267,7 +269,8 @@ def flops_with_source(name: str, input_dims: str | None, concrete_inputs: str | 
 
 
 def flops(name: str, input_dims: str | None, concrete_inputs: str | None = None) -> float | None:
-    """FLOPs of one call of op ``name`` with ``Input Dims`` (and ``Concrete Inputs``) text, None where they don't fix it."""
+    """FLOPs of one call of op ``name`` with ``Input Dims`` (and ``Concrete Inputs``) text,
+    None where they don't fix it."""
     return flops_with_source(name, input_dims, concrete_inputs)[0]
 
 
@@ -286,7 +289,9 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     of ``_SOURCES``, -1 where unknown): the trace's own ``flops`` arg, else the shapes'."""
     value = events["flops"].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
     source = np.where(np.isnan(value), -1, 0)
-    (names, name_of), (dims, dims_of), (args, args_of) = (codes_of(events[c]) for c in ("name", "input_dims", "concrete_inputs"))
+    (names, name_of), (dims, dims_of), (args, args_of) = (
+        codes_of(events[c]) for c in ("name", "input_dims", "concrete_inputs")
+    )
     has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
     names, dims, args = names[rows], dims[rows], args[rows]
     ruled = np.flatnonzero(np.isnan(value) & has_rule[names] & (dims >= 0))
@@ -362,15 +367,19 @@ def shapes(trace: Trace) -> pd.DataFrame:
         chain_flops=np.where(chain_source[tops] >= 0, chain_flops[tops], np.nan),
         source=chain_source[tops],
     )
-    table = chains.groupby(keys, observed=True, dropna=False, sort=False).agg(
-        calls=("dur", "size"),
-        total_us=("dur", "sum"),
-        self_us=("self_dur", "sum"),
-        gpu_us=("gpu_us", "sum"),
-        flops=("chain_flops", "mean"),
-        unknown=("source", "min"),
-        source=("source", "max"),
-    ).reset_index()
+    table = (
+        chains.groupby(keys, observed=True, dropna=False, sort=False)
+        .agg(
+            calls=("dur", "size"),
+            total_us=("dur", "sum"),
+            self_us=("self_dur", "sum"),
+            gpu_us=("gpu_us", "sum"),
+            flops=("chain_flops", "mean"),
+            unknown=("source", "min"),
+            source=("source", "max"),
+        )
+        .reset_index()
+    )
     table["mean_us"] = table["total_us"] / table["calls"]
     # per call only where every call's chain is counted: a mean over the known ones would
     # hold the other calls' time to FLOPs they may not have done (as ``efficiency()``)
@@ -383,5 +392,18 @@ def shapes(trace: Trace) -> pd.DataFrame:
     table["tflops_per_s"] = (table["flops"] * table["calls"] / seconds / 1e12).where(seconds > 0)
     for column in ("name", "input_dims", "input_type", "concrete_inputs"):
         table[column] = text(table[column])
-    columns = ["rank", *keys[1:], "calls", "total_us", "mean_us", "self_us", "gpu_us", "flops", "tflops_per_s", "flops_source"]
-    return table[columns].sort_values(["rank", "total_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    columns = [
+        "rank",
+        *keys[1:],
+        "calls",
+        "total_us",
+        "mean_us",
+        "self_us",
+        "gpu_us",
+        "flops",
+        "tflops_per_s",
+        "flops_source",
+    ]
+    return (
+        table[columns].sort_values(["rank", "total_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    )

@@ -33,8 +33,8 @@ from tracemagic.analysis._common import (
     nesting_depth,
     rollup,
     text,
-    trace_start,
     text_take,
+    trace_start,
 )
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
@@ -52,11 +52,50 @@ _LIBRARY_PATH = re.compile(r"(?:^|/)(?:site-packages|dist-packages|lib6?4?/pytho
 #: top-level packages whose files count as library code even when the profiler wrote their
 #: path relative to ``sys.path`` (torch strips those prefixes: ``torch/nn/modules/linear.py``)
 LIBRARIES = frozenset(
-    "torch torchvision torchaudio torchtext torchdata functorch triton numpy scipy pandas "
-    "transformers accelerate datasets tokenizers safetensors huggingface_hub peft diffusers "
-    "deepspeed apex fairscale megatron lightning pytorch_lightning timm einops xformers "
-    "flash_attn tqdm IPython ipykernel jupyter_client tornado zmq traitlets tracemagic "
-    "sklearn jax flax optree sympy networkx".split()
+    [
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "torchtext",
+        "torchdata",
+        "functorch",
+        "triton",
+        "numpy",
+        "scipy",
+        "pandas",
+        "transformers",
+        "accelerate",
+        "datasets",
+        "tokenizers",
+        "safetensors",
+        "huggingface_hub",
+        "peft",
+        "diffusers",
+        "deepspeed",
+        "apex",
+        "fairscale",
+        "megatron",
+        "lightning",
+        "pytorch_lightning",
+        "timm",
+        "einops",
+        "xformers",
+        "flash_attn",
+        "tqdm",
+        "IPython",
+        "ipykernel",
+        "jupyter_client",
+        "tornado",
+        "zmq",
+        "traitlets",
+        "tracemagic",
+        "sklearn",
+        "jax",
+        "flax",
+        "optree",
+        "sympy",
+        "networkx",
+    ]
 )
 #: the node kinds of ``call_tree``
 NODE_KINDS = ("rank", "python", "module", "op", "annotation", "kernel", "memcpy", "memset", "line", "other")
@@ -276,15 +315,30 @@ def source(trace: Trace) -> pd.DataFrame:
     Rows are sorted by rank, then ``cpu_us``, largest first.
     """
     parts = [_function_rows(trace), _line_rows(trace)]
-    table = pd.concat([p for p in parts if p is not None], ignore_index=True) if any(p is not None for p in parts) else None
+    table = (
+        pd.concat([p for p in parts if p is not None], ignore_index=True) if any(p is not None for p in parts) else None
+    )
     if table is None or table.empty:
         return _empty()
     table = table.sort_values(["rank", "cpu_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
     return table
 
 
-_COLUMNS = ("rank", "kind", "name", "file", "line", "function", "user", "calls", "cpu_us", "self_cpu_us",
-            "gpu_us", "alloc_bytes", "flops")
+_COLUMNS = (
+    "rank",
+    "kind",
+    "name",
+    "file",
+    "line",
+    "function",
+    "user",
+    "calls",
+    "cpu_us",
+    "self_cpu_us",
+    "gpu_us",
+    "alloc_bytes",
+    "flops",
+)
 
 
 def _empty() -> pd.DataFrame:
@@ -293,9 +347,21 @@ def _empty() -> pd.DataFrame:
     return TABLES["source"].empty()
 
 
-def _table(rank: np.ndarray, kind: str, label: np.ndarray, file: np.ndarray, line: np.ndarray, function: np.ndarray,
-           library: np.ndarray, calls: np.ndarray, cpu: np.ndarray, self_cpu: np.ndarray, gpu: np.ndarray,
-           alloc: np.ndarray, flops: np.ndarray | None) -> pd.DataFrame:
+def _table(
+    rank: np.ndarray,
+    kind: str,
+    label: np.ndarray,
+    file: np.ndarray,
+    line: np.ndarray,
+    function: np.ndarray,
+    library: np.ndarray,
+    calls: np.ndarray,
+    cpu: np.ndarray,
+    self_cpu: np.ndarray,
+    gpu: np.ndarray,
+    alloc: np.ndarray,
+    flops: np.ndarray | None,
+) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "rank": rank.astype(np.int32),
@@ -348,9 +414,19 @@ def _function_rows(trace: Trace) -> pd.DataFrame | None:
 
     fids = fid[first]
     return _table(
-        rank[first], "function", label[fids], file[fids], line[fids], function[fids], library[fids],
-        np.bincount(group, minlength=count), np.bincount(group[outer], weights=dur[outer], minlength=count),
-        self_cpu, total("gpu"), total("alloc"), None if points["flops"] is None else total("flops"),
+        rank[first],
+        "function",
+        label[fids],
+        file[fids],
+        line[fids],
+        function[fids],
+        library[fids],
+        np.bincount(group, minlength=count),
+        np.bincount(group[outer], weights=dur[outer], minlength=count),
+        self_cpu,
+        total("gpu"),
+        total("alloc"),
+        None if points["flops"] is None else total("flops"),
     )
 
 
@@ -438,15 +514,34 @@ def _line_rows(trace: Trace) -> pd.DataFrame | None:
     ids = entry[first]
     line = entries["line"].to_numpy(dtype=np.float64, na_value=-1)
     return _table(
-        rank[op_idx][first], "line", entries["label"].to_numpy(dtype=object)[ids], entries["file"].to_numpy(dtype=object)[ids],
-        np.nan_to_num(line[ids], nan=-1).astype(np.int64), entries["function"].to_numpy(dtype=object)[ids],
-        entries["library"].to_numpy(dtype=bool)[ids], np.bincount(group[outer], minlength=count),
-        np.bincount(group[outer], weights=events["dur"].to_numpy()[top], minlength=count), self_cpu, total("gpu"),
-        total("alloc"), None if points["flops"] is None else total("flops"),
+        rank[op_idx][first],
+        "line",
+        entries["label"].to_numpy(dtype=object)[ids],
+        entries["file"].to_numpy(dtype=object)[ids],
+        np.nan_to_num(line[ids], nan=-1).astype(np.int64),
+        entries["function"].to_numpy(dtype=object)[ids],
+        entries["library"].to_numpy(dtype=bool)[ids],
+        np.bincount(group[outer], minlength=count),
+        np.bincount(group[outer], weights=events["dur"].to_numpy()[top], minlength=count),
+        self_cpu,
+        total("gpu"),
+        total("alloc"),
+        None if points["flops"] is None else total("flops"),
     )
 
 
 # -- the call tree --------------------------------------------------------------------------
+def _rank_nodes(ranks: np.ndarray, rank_of_rows: np.ndarray, extra: list[str]) -> tuple[dict[int, int], np.ndarray]:
+    """The ``rank N`` nodes above the ranks' trees (numbered 0 up, in ``ranks``' order, their
+    names appended to ``extra``): rank -> node, and the node each of ``rank_of_rows`` hangs below."""
+    rank_node: dict[int, int] = {}
+    for r in ranks.tolist():
+        extra.append(f"rank {r}")
+        rank_node[r] = len(rank_node)
+    top_of = np.array([rank_node[r] for r in ranks.tolist()], dtype=np.int64)[np.searchsorted(ranks, rank_of_rows)]
+    return rank_node, top_of
+
+
 @computes("call_tree")
 def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     """The merged call tree: Python frames, ``nn.Module`` events, ops and annotations, and
@@ -469,8 +564,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
 
     Columns (times µs): ``node``, ``parent`` (-1 at the top), ``depth``, ``rank``, ``name``,
     ``kind`` (``NODE_KINDS``), ``file``, ``line`` (Python frames), ``user``, ``calls``
-    (events merged; 0 for rank and stack-line nodes, which are no events), ``cpu_us`` (their summed duration: merged events are disjoint, as
-    two calls on one path cannot nest; an event that overlaps its siblings or parent partly
+    (events merged; 0 for rank and stack-line nodes, which are no events), ``cpu_us``
+    (their summed duration: merged events are disjoint, as two calls on one path cannot
+    nest; an event that overlaps its siblings or parent partly
     is clipped, see ``_held``, so the top nodes hold each thread's recorded time, the union
     of its events' intervals), ``self_cpu_us`` (``cpu_us`` minus the children's:
     the self times of a subtree add up to its root's ``cpu_us``), ``gpu_us`` (the GPU
@@ -516,20 +612,15 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     node_rank: list[np.ndarray] = []
     node_kind: list[np.ndarray] = []
     extra: list[str] = []
-    count = 0
-    rank_node = {}
+    rank_node: dict[int, int] = {}
+    top_of = np.full(rows.size, -1, dtype=np.int64)
     if multi:
-        for r in ranks.tolist():
-            extra.append(f"rank {r}")
-            rank_node[r] = count
-            count += 1
+        rank_node, top_of = _rank_nodes(ranks, rank[rows], extra)
         node_parent.append(np.full(ranks.size, -1, dtype=np.int64))
         node_label.append(-1 - np.arange(ranks.size, dtype=np.int64))
         node_rank.append(ranks.astype(np.int64))
         node_kind.append(np.full(ranks.size, NODE_KINDS.index("rank"), dtype=np.int64))
-    top_of = np.full(rows.size, -1, dtype=np.int64)
-    if multi:
-        top_of = np.array([rank_node[r] for r in ranks.tolist()], dtype=np.int64)[np.searchsorted(ranks, rank[rows])]
+    count = len(rank_node)
 
     # a top op with a Call stack hangs below its stack's entries (one chain of nodes per stack)
     stacks = _call_stacks(trace)
@@ -612,7 +703,7 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     dur = events["dur"].to_numpy()
     where = node_of[rows]
     is_gpu_row = np.zeros(rows.size, dtype=bool)
-    is_gpu_row[cpu_rows.size:] = True
+    is_gpu_row[cpu_rows.size :] = True
     calls = np.bincount(where, minlength=count)
     held_dur = _held(trace, cpu_rows, up, level[: cpu_rows.size])
     cpu = np.bincount(where[~is_gpu_row], weights=held_dur, minlength=count)
@@ -627,7 +718,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     self_cpu = cpu - np.bincount(nparent[has_parent], weights=cpu[has_parent], minlength=count)
     gpu = _subtree_sum(self_gpu, nparent)
     extra_arr = np.array(extra + [""], dtype=object)
-    names = np.where(nlabel >= 0, label[np.maximum(nlabel, 0)], extra_arr[np.where(nlabel < 0, -1 - nlabel, len(extra))])
+    names = np.where(
+        nlabel >= 0, label[np.maximum(nlabel, 0)], extra_arr[np.where(nlabel < 0, -1 - nlabel, len(extra))]
+    )
     nfile = np.where(nlabel >= 0, file[np.maximum(nlabel, 0)], "")
     nline = np.where(nlabel >= 0, line[np.maximum(nlabel, 0)], -1)
     nlib = np.where(nlabel >= 0, library[np.maximum(nlabel, 0)], False)
@@ -637,7 +730,9 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
         for i in np.flatnonzero(nkind == NODE_KINDS.index("line")).tolist():
             e = by_extra[-1 - int(nlabel[i])]
             nfile[i] = entries["file"].iat[e]
-            nline[i] = -1 if entries["line"].iat[e] is None or pd.isna(entries["line"].iat[e]) else int(entries["line"].iat[e])
+            nline[i] = (
+                -1 if entries["line"].iat[e] is None or pd.isna(entries["line"].iat[e]) else int(entries["line"].iat[e])
+            )
             nlib[i] = bool(entries["library"].iat[e])
     ops_kinds = np.isin(nkind, [NODE_KINDS.index(k) for k in ("python", "line")])
     nline = nline.astype(np.int64)

@@ -79,34 +79,67 @@ def layer_spans(trace: Trace, depth: int | None = None) -> pd.DataFrame:
     roots, owner = roots[owner >= 0], owner[owner >= 0]
     parts = []
     if fwd.size:
-        parts.append(pd.DataFrame({"rank": rank[fwd], "owner": fwd, "code": codes[fwd], "phase": "forward",
-                                   "ts": ts[fwd], "end": ts[fwd] + dur[fwd], "step": step[fwd]}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "rank": rank[fwd],
+                    "owner": fwd,
+                    "code": codes[fwd],
+                    "phase": "forward",
+                    "ts": ts[fwd],
+                    "end": ts[fwd] + dur[fwd],
+                    "step": step[fwd],
+                }
+            )
+        )
     if roots.size:
-        frame = pd.DataFrame({"rank": rank[roots], "owner": owner, "code": codes[owner], "phase": "backward",
-                              "ts": ts[roots], "end": ts[roots] + dur[roots], "step": step[roots]})
+        frame = pd.DataFrame(
+            {
+                "rank": rank[roots],
+                "owner": owner,
+                "code": codes[owner],
+                "phase": "backward",
+                "ts": ts[roots],
+                "end": ts[roots] + dur[roots],
+                "step": step[roots],
+            }
+        )
         frame = frame.sort_values(["rank", "ts"], kind="stable")
         # a new span starts where the layer (or rank, or step) changes between consecutive ops
         key = frame[["rank", "code", "step"]].to_numpy()
         run = np.r_[True, (key[1:] != key[:-1]).any(axis=1)].cumsum()
-        parts.append(frame.assign(run=run).groupby("run", sort=False).agg(
-            rank=("rank", "first"), owner=("owner", "first"), code=("code", "first"), phase=("phase", "first"),
-            ts=("ts", "min"), end=("end", "max"), step=("step", "first"), calls=("ts", "size"),
-        ).reset_index(drop=True))
+        parts.append(
+            frame.assign(run=run)
+            .groupby("run", sort=False)
+            .agg(
+                rank=("rank", "first"),
+                owner=("owner", "first"),
+                code=("code", "first"),
+                phase=("phase", "first"),
+                ts=("ts", "min"),
+                end=("end", "max"),
+                step=("step", "first"),
+                calls=("ts", "size"),
+            )
+            .reset_index(drop=True)
+        )
     spans = pd.concat(parts, ignore_index=True)
     if "calls" not in spans:
         spans["calls"] = 1
     spans["calls"] = spans["calls"].fillna(1).astype(np.int64)
     name, kind = layers_at(trace, spans["owner"].to_numpy())
-    out = pd.DataFrame({
-        "rank": spans["rank"].to_numpy().astype(np.int32),
-        "layer": text(name),
-        "type": text(kind),
-        "phase": spans["phase"].to_numpy(dtype=object),
-        "ts": spans["ts"].to_numpy() - trace_start(trace),
-        "dur": (spans["end"] - spans["ts"]).to_numpy(),
-        "step": spans["step"].to_numpy(),
-        "calls": spans["calls"].to_numpy(),
-    })
+    out = pd.DataFrame(
+        {
+            "rank": spans["rank"].to_numpy().astype(np.int32),
+            "layer": text(name),
+            "type": text(kind),
+            "phase": spans["phase"].to_numpy(dtype=object),
+            "ts": spans["ts"].to_numpy() - trace_start(trace),
+            "dur": (spans["end"] - spans["ts"]).to_numpy(),
+            "step": spans["step"].to_numpy(),
+            "calls": spans["calls"].to_numpy(),
+        }
+    )
     return out.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
 
 

@@ -244,8 +244,10 @@ def _category_masks(trace: Trace) -> dict[str, np.ndarray]:
     gpu_ranks = np.unique(ranks[kind_mask(events, *GPU_ACTIVITY)])
     cpu_only = ~np.isin(ranks, gpu_ranks)
     host = duration & kind_mask(events, "cpu_op", "user_annotation")
-    host_comm = host & cpu_only & (
-        names_where(events["name"], HOST_COLLECTIVE) | (events["name"] == "record_param_comms").to_numpy()
+    host_comm = (
+        host
+        & cpu_only
+        & (names_where(events["name"], HOST_COLLECTIVE) | (events["name"] == "record_param_comms").to_numpy())
     )
     # gloo runs its collectives on the host, on a GPU rank too (the plugin's GlooOpNameSet);
     # a GPU rank's nccl:* ops only launch the NCCL kernels, which count themselves

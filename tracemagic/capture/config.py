@@ -73,9 +73,7 @@ class CaptureConfig:
             raise CaptureError(f"--slow must be a factor above 1 (e.g. 1.5), got {self.slow!r}.")
         if not isinstance(self.slow_max, int) or isinstance(self.slow_max, bool) or self.slow_max < 1:
             raise CaptureError(f"--slow-max must be an integer >= 1, got {self.slow_max!r}.")
-        if self.loop_line is not None and (
-            not isinstance(self.loop_line, int) or self.loop_line < 1
-        ):
+        if self.loop_line is not None and (not isinstance(self.loop_line, int) or self.loop_line < 1):
             raise CaptureError(f"--loop must be a line number >= 1, got {self.loop_line!r}.")
         if not _NAME_RE.match(self.name):
             raise CaptureError(
@@ -90,9 +88,7 @@ class CaptureConfig:
     @property
     def records_memory_categories(self) -> bool:
         """Whether torch can classify allocations (it needs shapes, memory and stacks)."""
-        return (
-            self.memory_timeline and self.record_shapes and self.profile_memory and self.with_stack
-        )
+        return self.memory_timeline and self.record_shapes and self.profile_memory and self.with_stack
 
     @property
     def steps_before_first_active(self) -> int:
@@ -111,46 +107,84 @@ class CaptureConfig:
 #: order: ``(flags, add_argument keywords)``. Each one's argparse ``dest`` is a keyword of
 #: ``config_from_options``.
 OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--wait",), dict(type=int, default=1, metavar="N",
-                       help="schedule: steps skipped per cycle before warmup (default 1)")),
-    (("--warmup",), dict(type=int, default=1, metavar="N",
-                         help="schedule: warmup steps, traced but discarded (default 1)")),
-    (("--active",), dict(type=int, default=3, metavar="N",
-                         help="schedule: steps recorded per cycle, at least 1 (default 3)")),
-    (("--repeat",), dict(type=int, default=1, metavar="N",
-                         help="schedule: cycles to record, 0 = until the steps end; "
-                         "one trace per cycle (default 1)")),
-    (("--skip-first",), dict(type=int, default=0, metavar="N",
-                             help="schedule: steps skipped once, before the first cycle (default 0)")),
-    (("--skip-first-wait",), dict(type=int, default=0, metavar="N",
-                                  help="schedule: if not 0, the first cycle skips its wait steps (default 0)")),
-    (("--cpu-only",), dict(action="store_true",
-                           help="record CPU activity only, even when CUDA is available")),
-    (("--no-shapes",), dict(action="store_true",
-                            help="do not record input shapes (record_shapes=False)")),
-    (("--no-memory",), dict(action="store_true",
-                            help="do not record allocations (profile_memory=False)")),
-    (("--no-stack",), dict(action="store_true",
-                           help="no Python stacks (with_stack=False): no nn.Module events, no layer names")),
-    (("--with-flops",), dict(action="store_true",
-                             help="estimate FLOPs of matmul/conv ops (with_flops=True)")),
-    (("--no-memory-timeline",), dict(action="store_true",
-                                     help="skip memory_timeline_<rank>.json (allocation categories)")),
-    (("--et",), dict(action="store_true",
-                     help="also write the Execution Trace torch_et_<rank>.json over the same steps "
-                     "(for Chakra; one per cycle with --repeat)")),
-    (("--out",), dict(default="traces", metavar="DIR",
-                      help="directory the capture directory is created in (default ./traces)")),
-    (("--name",), dict(default="capture", metavar="NAME",
-                       help="capture directory name: DIR/NAME-<timestamp> (default capture)")),
-    (("--gzip",), dict(action="store_true",
-                       help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)")),
-    (("--slow",), dict(type=float, default=None, metavar="FACTOR",
-                       help="watch the iterations after the schedule: one slower than FACTOR x the "
-                       "running median (after a warm-up) gets the NEXT iteration recorded (the slow "
-                       "one itself is over when it is seen) as kineto_trace_<rank>_slow<k>.json")),
-    (("--slow-max",), dict(type=int, default=3, metavar="K",
-                           help="with --slow: the most slow-step traces to record (default 3)")),
+    (
+        ("--wait",),
+        dict(type=int, default=1, metavar="N", help="schedule: steps skipped per cycle before warmup (default 1)"),
+    ),
+    (
+        ("--warmup",),
+        dict(type=int, default=1, metavar="N", help="schedule: warmup steps, traced but discarded (default 1)"),
+    ),
+    (
+        ("--active",),
+        dict(type=int, default=3, metavar="N", help="schedule: steps recorded per cycle, at least 1 (default 3)"),
+    ),
+    (
+        ("--repeat",),
+        dict(
+            type=int,
+            default=1,
+            metavar="N",
+            help="schedule: cycles to record, 0 = until the steps end; one trace per cycle (default 1)",
+        ),
+    ),
+    (
+        ("--skip-first",),
+        dict(type=int, default=0, metavar="N", help="schedule: steps skipped once, before the first cycle (default 0)"),
+    ),
+    (
+        ("--skip-first-wait",),
+        dict(
+            type=int,
+            default=0,
+            metavar="N",
+            help="schedule: if not 0, the first cycle skips its wait steps (default 0)",
+        ),
+    ),
+    (("--cpu-only",), dict(action="store_true", help="record CPU activity only, even when CUDA is available")),
+    (("--no-shapes",), dict(action="store_true", help="do not record input shapes (record_shapes=False)")),
+    (("--no-memory",), dict(action="store_true", help="do not record allocations (profile_memory=False)")),
+    (
+        ("--no-stack",),
+        dict(action="store_true", help="no Python stacks (with_stack=False): no nn.Module events, no layer names"),
+    ),
+    (("--with-flops",), dict(action="store_true", help="estimate FLOPs of matmul/conv ops (with_flops=True)")),
+    (
+        ("--no-memory-timeline",),
+        dict(action="store_true", help="skip memory_timeline_<rank>.json (allocation categories)"),
+    ),
+    (
+        ("--et",),
+        dict(
+            action="store_true",
+            help="also write the Execution Trace torch_et_<rank>.json over the same steps "
+            "(for Chakra; one per cycle with --repeat)",
+        ),
+    ),
+    (
+        ("--out",),
+        dict(default="traces", metavar="DIR", help="directory the capture directory is created in (default ./traces)"),
+    ),
+    (
+        ("--name",),
+        dict(default="capture", metavar="NAME", help="capture directory name: DIR/NAME-<timestamp> (default capture)"),
+    ),
+    (("--gzip",), dict(action="store_true", help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)")),
+    (
+        ("--slow",),
+        dict(
+            type=float,
+            default=None,
+            metavar="FACTOR",
+            help="watch the iterations after the schedule: one slower than FACTOR x the "
+            "running median (after a warm-up) gets the NEXT iteration recorded (the slow "
+            "one itself is over when it is seen) as kineto_trace_<rank>_slow<k>.json",
+        ),
+    ),
+    (
+        ("--slow-max",),
+        dict(type=int, default=3, metavar="K", help="with --slow: the most slow-step traces to record (default 3)"),
+    ),
 )
 
 #: ``CaptureConfig`` fields that make no sense outside a notebook cell.

@@ -97,7 +97,7 @@ def _from_rank0(out: Path, name: str, rank: int, seq: int, timeout: float) -> Pa
             error = str(exc)
     try:
         store = dist.distributed_c10d._get_default_store()
-    except Exception:  # no store (a custom backend): one small collective instead
+    except Exception:  # noqa: BLE001 - torch's private API: any failure means no store; one small collective instead
         store = None
     if store is not None:
         if rank == 0:
@@ -105,7 +105,7 @@ def _from_rank0(out: Path, name: str, rank: int, seq: int, timeout: float) -> Pa
         else:
             try:
                 store.wait([key], timedelta(seconds=timeout))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the store's timeout error differs across torch versions
                 raise CaptureError(
                     f"rank {rank}: rank 0 did not share the capture directory within "
                     f"{timeout:g} s ({type(exc).__name__}: {exc})."
@@ -215,7 +215,9 @@ def write_merged_manifest(directory: Path, world: int) -> Manifest:
 
 #: the files a rank writes before its manifest, by the ``kind`` the manifest gives them
 _RANK_FILES: dict[FileKind, re.Pattern[str]] = {
-    layout.KINETO_KIND: layout.KINETO_FILE, layout.ET_KIND: layout.ET_FILE, layout.MEMORY_KIND: layout.MEMORY_FILE,
+    layout.KINETO_KIND: layout.KINETO_FILE,
+    layout.ET_KIND: layout.ET_FILE,
+    layout.MEMORY_KIND: layout.MEMORY_FILE,
 }
 
 
@@ -225,7 +227,11 @@ def _keep_left_files(directory: Path, manifest: Manifest) -> None:
     missing = set(manifest.get("missing_ranks") or [])
     if not missing:
         return
-    entries, ranks, failed = manifest.setdefault("files", []), manifest.setdefault("ranks", {}), manifest.get("failed_ranks", [])
+    entries, ranks, failed = (
+        manifest.setdefault("files", []),
+        manifest.setdefault("ranks", {}),
+        manifest.get("failed_ranks", []),
+    )
     listed = {e.get("path") for e in entries}
     found: dict[int, list[str]] = {}
     for path in sorted(directory.iterdir()):
@@ -246,7 +252,9 @@ def _keep_left_files(directory: Path, manifest: Manifest) -> None:
             "error": {"type": "missing", "message": "the rank stopped before writing its manifest"},
             "notes": [f"kept what it wrote before it stopped: {', '.join(names)}"],
         }
-        manifest.setdefault("notes", []).append(f"rank {rank}: kept what it wrote before it stopped: {', '.join(names)}.")
+        manifest.setdefault("notes", []).append(
+            f"rank {rank}: kept what it wrote before it stopped: {', '.join(names)}."
+        )
     manifest["failed_ranks"] = sorted(set(failed) | set(found))
 
 
@@ -292,15 +300,17 @@ def merge(parts: dict[int, Manifest], world: int) -> Manifest:
         status = "complete"
     notes = [f"rank {r} did not finish: it left no manifest (crashed, killed or still running)." for r in missing]
     notes += [f"rank {r}: {n}" for r in sorted(done) for n in done[r].get("notes", [])]
-    base.update({
-        "status": status,
-        "world_size": world,
-        "ranks": ranks,
-        "missing_ranks": missing,
-        "failed_ranks": failed,
-        "files": entries,
-        "notes": notes,
-    })
+    base.update(
+        {
+            "status": status,
+            "world_size": world,
+            "ranks": ranks,
+            "missing_ranks": missing,
+            "failed_ranks": failed,
+            "files": entries,
+            "notes": notes,
+        }
+    )
     if modules_by_file and any(m != base.get("modules") for m in modules_by_file.values()):
         base["modules_by_file"] = modules_by_file
     return base

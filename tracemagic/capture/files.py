@@ -99,8 +99,11 @@ def write_with(
             shutil.rmtree(staging, ignore_errors=True)
         else:
             cleaner = threading.Thread(
-                target=shutil.rmtree, args=(staging,), kwargs={"ignore_errors": True},
-                name="tracemagic-cleanup", daemon=True,
+                target=shutil.rmtree,
+                args=(staging,),
+                kwargs={"ignore_errors": True},
+                name="tracemagic-cleanup",
+                daemon=True,
             )
             cleaner.start()
             cleaners.append(cleaner)
@@ -111,7 +114,6 @@ def place(source: Path, final: Path, gz: bool = False) -> None:
     if not gz:
         os.replace(source, final)
         return
-    with atomic_path(final) as tmp:
-        with open(source, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
+    with atomic_path(final) as tmp, open(source, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
     source.unlink()

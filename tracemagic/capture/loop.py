@@ -240,8 +240,7 @@ def instrument(
     manual = _calls_step(tree, handle)
     if manual and loop_line is not None:
         raise CaptureError(
-            f"--loop {loop_line}: the cell already calls {handle}.step() itself; "
-            "drop --loop, or the call."
+            f"--loop {loop_line}: the cell already calls {handle}.step() itself; drop --loop, or the call."
         )
     if manual:
         marked = mark_lines(tree, handle=handle) if marks else None
@@ -268,7 +267,11 @@ def instrument(
     kind = {ast.For: "for", ast.While: "while", ast.AsyncFor: "async for"}[type(loop)]
     header = lines[loop.lineno - 1].strip() if loop.lineno <= len(lines) else ""
     return LoopPlan(
-        mode="loop", line=loop.lineno, kind=kind, header=header, brackets_loop=brackets,
+        mode="loop",
+        line=loop.lineno,
+        kind=kind,
+        header=header,
+        brackets_loop=brackets,
         marked_lines=marked,
     )
 
@@ -277,7 +280,15 @@ def instrument(
 MARK_PREFIX = LINE_MARK_PREFIX
 # compound statements whose bodies are marked statement by statement
 _COMPOUND = (
-    ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.If,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    ast.TryStar,
+    ast.Match,
 )
 # statements never marked: nothing to time, or declarations a ``with`` must not hold
 _SKIPPED = (ast.Pass, ast.Break, ast.Continue, ast.Global, ast.Nonlocal)
@@ -441,9 +452,7 @@ def _default_loop(body: list[ast.stmt]) -> ast.For | ast.While | ast.AsyncFor | 
 
 
 def _loop_at(tree: ast.Module, line: int) -> ast.For | ast.While | ast.AsyncFor:
-    loops = sorted(
-        (node for node in ast.walk(tree) if isinstance(node, _LOOPS)), key=lambda n: n.lineno
-    )
+    loops = sorted((node for node in ast.walk(tree) if isinstance(node, _LOOPS)), key=lambda n: n.lineno)
     for loop in loops:
         header_end = loop.body[0].lineno - 1 if loop.body[0].lineno > loop.lineno else loop.lineno
         if loop.lineno <= line <= header_end:
@@ -459,9 +468,7 @@ def _loop_at(tree: ast.Module, line: int) -> ast.For | ast.While | ast.AsyncFor:
 def _session_call(method: str, anchor: ast.stmt) -> ast.Expr:
     call = ast.Expr(
         ast.Call(
-            func=ast.Attribute(
-                value=ast.Name(id=SESSION_NAME, ctx=ast.Load()), attr=method, ctx=ast.Load()
-            ),
+            func=ast.Attribute(value=ast.Name(id=SESSION_NAME, ctx=ast.Load()), attr=method, ctx=ast.Load()),
             args=[],
             keywords=[],
         )
@@ -475,9 +482,7 @@ def _session_call(method: str, anchor: ast.stmt) -> ast.Expr:
 
 def _wrap_body(loop: ast.For | ast.While | ast.AsyncFor) -> None:
     """``with __chakra_trace__._iteration: <body>`` (see ``Iteration``), on the loop's line."""
-    manager = ast.Attribute(
-        value=ast.Name(id=SESSION_NAME, ctx=ast.Load()), attr="_iteration", ctx=ast.Load()
-    )
+    manager = ast.Attribute(value=ast.Name(id=SESSION_NAME, ctx=ast.Load()), attr="_iteration", ctx=ast.Load())
     wrapped = ast.With(items=[ast.withitem(context_expr=manager, optional_vars=None)], body=loop.body)
     for node in (wrapped, manager, manager.value):
         ast.copy_location(node, loop)

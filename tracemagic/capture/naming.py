@@ -59,9 +59,16 @@ _TRACE_KEY = b'"name": "nn.Module: '
 #: allocations, and torch's own Python that calls no model (optimizer steps, autograd,
 #: the profiler). Most of a window's events are there.
 _OPAQUE = (
-    "aten::", "<built-in", "[memory]",
-    "torch/optim/", "torch/autograd/", "torch/_tensor.py", "torch/_ops.py", "torch/profiler/",
-    "torch/_jit_internal.py", "typing.py",
+    "aten::",
+    "<built-in",
+    "[memory]",
+    "torch/optim/",
+    "torch/autograd/",
+    "torch/_tensor.py",
+    "torch/_ops.py",
+    "torch/profiler/",
+    "torch/_jit_internal.py",
+    "typing.py",
 )
 
 
@@ -148,7 +155,7 @@ def count_module_events(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> 
             while block := fh.read(chunk):
                 data = tail + block
                 count += data.count(key)
-                tail = data[-(len(key) - 1):]
+                tail = data[-(len(key) - 1) :]
     except OSError:
         return None
     return count
@@ -173,7 +180,9 @@ _HELD_ITEMS = 256
 _LEAVES = (str, bytes, int, float, complex, bool, type, types.ModuleType, torch.Tensor)
 
 
-def held_modules(values: Iterable[Any], skip: set[int] | None = None, budget: int = _HELD_BUDGET) -> Iterator[torch.nn.Module]:
+def held_modules(
+    values: Iterable[Any], skip: set[int] | None = None, budget: int = _HELD_BUDGET
+) -> Iterator[torch.nn.Module]:
     """The modules held by ``values``, nearest first: through function closures and
     defaults, bound methods, ``functools.partial``, lists, tuples, sets, dicts and instance
     attributes (``model`` in ``def train_step`` made by a function, ``trainer.model``).
@@ -353,14 +362,17 @@ def user_paths(root: torch.nn.Module) -> dict[int, str]:
     for path, sub in named.items():
         parts = path.split(".") if path else []
         kept = [
-            part for i, part in enumerate(parts)
+            part
+            for i, part in enumerate(parts)
             if not (part == _ORIG_MOD and _compiled_wrapper(named[".".join(parts[:i])]))
         ]
         out.setdefault(id(sub), ".".join(kept))
     return out
 
 
-def module_map(window: Mapping[str, torch.nn.Module | str], roots: Iterable[torch.nn.Module], namespace: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+def module_map(
+    window: Mapping[str, torch.nn.Module | str], roots: Iterable[torch.nn.Module], namespace: Mapping[str, Any]
+) -> dict[str, dict[str, str]]:
     """Map one window's trace names to attribute paths.
 
     Args:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 import select
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -56,7 +56,7 @@ def hush(hidden: list[str]) -> Iterator[None]:
     saved: list[tuple[int, int]] = []
     sink = None
     try:
-        sink = tempfile.TemporaryFile()
+        sink = tempfile.TemporaryFile()  # noqa: SIM115 - open across the yield, closed below
         for fd in (1, 2):
             saved.append((fd, os.dup(fd)))
             os.dup2(sink.fileno(), fd)

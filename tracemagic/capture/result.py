@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.layout import KINETO_KIND, MANIFEST, MANIFEST_KIND, FileEntry, Manifest, SlowCatch, read_manifest, write_manifest
+from tracemagic.trace.layout import (
+    KINETO_KIND,
+    MANIFEST,
+    MANIFEST_KIND,
+    FileEntry,
+    Manifest,
+    SlowCatch,
+    read_manifest,
+    write_manifest,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -96,8 +105,11 @@ class Capture:
         """
         catches = self.slow_steps
         if not 1 <= k <= len(catches) or not catches[k - 1].get("path"):
-            raise TraceError(f"{self.dir}: no trace of slow step {k} (this capture has {len(catches)} "
-                             "caught with --slow; see cap.slow_steps).", path=str(self.dir))
+            raise TraceError(
+                f"{self.dir}: no trace of slow step {k} (this capture has {len(catches)} "
+                "caught with --slow; see cap.slow_steps).",
+                path=str(self.dir),
+            )
         from tracemagic.trace.loader import load
 
         return load(self.dir / str(catches[k - 1]["path"]))
@@ -151,8 +163,9 @@ class Capture:
         lines = [f"chakra_trace {self.status}: {_steps_phrase(steps, complete)}"]
         timing = m.get("loop_timing") or {}
         if timing.get("stopped_after") is not None:
-            lines[0] += (f"; loop stopped on purpose by --stop after iteration {timing['stopped_after']} "
-                         "(the profile was done)")
+            lines[0] += (
+                f"; loop stopped on purpose by --stop after iteration {timing['stopped_after']} (the profile was done)"
+            )
         loop = m.get("loop") or {}
         if loop.get("mode") == "loop":
             lines.append(f"  stepped: `{loop.get('kind')}` loop at line {loop.get('line')}")
@@ -160,13 +173,14 @@ class Capture:
         if walls:
             lines.append(f"  iterations: {len(walls):,} timed, median {statistics.median(walls):.3g} ms wall")
         for catch in timing.get("slow") or []:
-            lines.append(f"  slow: iteration {catch['iteration']} took {catch['wall_ms']:.3g} ms, "
-                         f"{catch['ratio']:.1f}x the running median; iteration {catch['recorded']} recorded: "
-                         f"{catch.get('path') or 'not written'}")
+            lines.append(
+                f"  slow: iteration {catch['iteration']} took {catch['wall_ms']:.3g} ms, "
+                f"{catch['ratio']:.1f}x the running median; iteration {catch['recorded']} recorded: "
+                f"{catch.get('path') or 'not written'}"
+            )
         lines.append(f"  dir: {self.dir}")
         files = ", ".join(
-            f"{e['path']} ({_size(e['bytes'])})" if "bytes" in e else e["path"]
-            for e in m.get("files", [])
+            f"{e['path']} ({_size(e['bytes'])})" if "bytes" in e else e["path"] for e in m.get("files", [])
         )
         lines.append(f"  files: {files}")
         if m.get("report"):
@@ -184,15 +198,12 @@ class Capture:
         try:
             layers = self.trace.table(layers_table)
             rows = layers.sort_values("self_cpu_us", ascending=False).head(top)
-        except Exception as exc:  # a display must never raise; say why instead
+        except Exception as exc:  # noqa: BLE001 - a display must never raise; say why instead
             _log.debug("the top layers failed", exc_info=True)
             return [f"  top layers: unavailable ({type(exc).__name__}: {exc})"]
         out = ["  top layers (self CPU time):"]
         for row in rows.itertuples(index=False):
-            out.append(
-                f"    {row.layer:<40} {row.type:<20} {row.self_cpu_us / 1e3:9.3f} ms"
-                f"  {int(row.calls)} calls"
-            )
+            out.append(f"    {row.layer:<40} {row.type:<20} {row.self_cpu_us / 1e3:9.3f} ms  {int(row.calls)} calls")
         return out
 
     def __repr__(self) -> str:

@@ -21,7 +21,7 @@ import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +227,7 @@ class CaptureSession:
         # notebook's only; a script's or a rank's crash output must reach its log unbuffered
         self._filter = notices.Filter(self._hidden) if filter_notices else None
         self._switched_off = False  # the profiler was switched off inside the current cycle
-        self._created = datetime.now(timezone.utc)
+        self._created = datetime.now(UTC)
         self._worker = files.tb_worker()
         self._cleaners: list[threading.Thread] = []  # removing staging folders (files.write_with)
 
@@ -240,11 +240,7 @@ class CaptureSession:
     @property
     def recording(self) -> bool:
         """Whether the current step is being recorded."""
-        return (
-            self._prof is not None
-            and not self._stopped
-            and self._prof.current_action in _RECORDING
-        )
+        return self._prof is not None and not self._stopped and self._prof.current_action in _RECORDING
 
     def step(self) -> None:
         """End the current step and begin the next (``prof.step()``).
@@ -354,7 +350,7 @@ class CaptureSession:
             prof.stop()
             files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip)
             catch["path"] = name
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - torch's stop or export failed: noted, the loop goes on
             _log.debug("--slow: writing its trace failed", exc_info=True)
             self._notes.append(f"--slow: the trace of iteration {catch['recorded']} was not written ({exc})")
         finally:
@@ -503,11 +499,13 @@ class CaptureSession:
         except Exception as exc:  # noqa: BLE001 - never lose the cell's own error to bookkeeping
             _log.debug("building the manifest failed", exc_info=True)
             manifest = self._base_manifest(status)
-            manifest.update({
-                "files": [{"path": files.MANIFEST, "kind": layout.MANIFEST_KIND}],
-                "notes": [*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
-                "error": _error_entry(error),
-            })
+            manifest.update(
+                {
+                    "files": [{"path": files.MANIFEST, "kind": layout.MANIFEST_KIND}],
+                    "notes": [*self._notes, f"capture.json is incomplete ({type(exc).__name__}: {exc})"],
+                    "error": _error_entry(error),
+                }
+            )
         assert self.dir is not None
         try:
             self._write_manifest(manifest=manifest)
@@ -523,8 +521,10 @@ class CaptureSession:
         if prof is None:
             return
         catch = self._clock.catches[-1]
-        self._notes.append(f"--slow: the loop ended during iteration {catch['recorded']}, "
-                           f"recorded after slow iteration {catch['iteration']}: no trace of it.")
+        self._notes.append(
+            f"--slow: the loop ended during iteration {catch['recorded']}, "
+            f"recorded after slow iteration {catch['iteration']}: no trace of it."
+        )
         with contextlib.suppress(Exception):
             prof.stop()
         with contextlib.suppress(Exception):
@@ -549,7 +549,7 @@ class CaptureSession:
             )
         try:
             prof.stop()
-        except Exception as exc:  # torch failed to stop: make sure nothing stays on
+        except Exception as exc:  # noqa: BLE001 - torch failed to stop: make sure nothing stays on
             self._notes.append(f"torch.profiler failed to stop cleanly: {exc}")
             if torch._C._autograd._profiler_enabled():
                 with contextlib.suppress(Exception):
@@ -597,7 +597,7 @@ class CaptureSession:
         tmp = self._et_partial(self._et_label)
         try:
             self._et.unregister_callback()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - torch's observer failed: noted, and removed below
             self._notes.append(f"the execution trace observer failed to finalize: {exc}")
             with contextlib.suppress(Exception):
                 torch._C._profiler._remove_execution_trace_observer()
@@ -649,12 +649,12 @@ class CaptureSession:
                 name = files.kineto_name(self.rank, label, gz)
             files.write_with(self.dir / name, export, gz=gz, cleaners=self._cleaners)
             cycle.kineto = name
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - torch's export failed: noted, the capture goes on
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
         if self.config.records_memory_categories:
             try:
                 cycle.memory = self._write_memory_timeline(prof, label)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - torch's classification failed: noted, the capture goes on
                 self._notes.append(
                     f"cycle {cycle.number}: no memory timeline (torch could not classify "
                     f"the allocations: {type(exc).__name__}: {exc})"
@@ -749,9 +749,7 @@ class CaptureSession:
             assert c.kineto is not None
             entries.append({"path": c.kineto, "kind": layout.KINETO_KIND, "rank": self.rank, "cycle": c.label})
             if c.memory:
-                entries.append(
-                    {"path": c.memory, "kind": layout.MEMORY_KIND, "rank": self.rank, "cycle": c.label}
-                )
+                entries.append({"path": c.memory, "kind": layout.MEMORY_KIND, "rank": self.rank, "cycle": c.label})
         for c in self._cycles:
             if c.et:
                 entries.append({"path": c.et, "kind": layout.ET_KIND, "rank": self.rank, "cycle": c.label})
@@ -766,17 +764,19 @@ class CaptureSession:
         maps = {str(c.kineto): module_map(c.window, roots, self.namespace) for c in written}
         first = next(iter(maps.values()), {})
         manifest = self._base_manifest(status)
-        manifest.update({
-            "steps": [asdict(s) for c in self._cycles for s in c.steps],
-            "steps_recorded": sum(len(c.steps) for c in self._cycles),
-            "iterations": self._iterations,
-            "loop_timing": self._clock.as_manifest(self._gpu_ms()),
-            "files": entries,
-            "modules": first,
-            "notes": list(self._notes),
-            "error": _error_entry(error),
-            "hidden_output": list(self._hidden),
-        })
+        manifest.update(
+            {
+                "steps": [asdict(s) for c in self._cycles for s in c.steps],
+                "steps_recorded": sum(len(c.steps) for c in self._cycles),
+                "iterations": self._iterations,
+                "loop_timing": self._clock.as_manifest(self._gpu_ms()),
+                "files": entries,
+                "modules": first,
+                "notes": list(self._notes),
+                "error": _error_entry(error),
+                "hidden_output": list(self._hidden),
+            }
+        )
         if any(m != first for m in maps.values()):
             manifest["modules_by_file"] = maps
         if any(c.memory for c in written):
@@ -803,17 +803,14 @@ class CaptureSession:
             },
             "device": {
                 "type": "cuda" if use_cuda else "cpu",
-                "name": torch.cuda.get_device_name() if use_cuda else platform.processor()
-                or platform.machine(),
+                "name": torch.cuda.get_device_name() if use_cuda else platform.processor() or platform.machine(),
                 "activities": ["CPU", "CUDA"] if use_cuda else ["CPU"],
             },
             "rank": self.rank,
             "world_size": self.world_size,
         }
 
-    def _write_manifest(
-        self, *, status: str = "running", manifest: Manifest | None = None
-    ) -> None:
+    def _write_manifest(self, *, status: str = "running", manifest: Manifest | None = None) -> None:
         assert self.dir is not None
         data = manifest if manifest is not None else self._base_manifest(status)
         if self._directory is not None and self.world_size > 1:  # a job's shared directory

@@ -25,11 +25,13 @@ Chakra drops it and everything under it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import msgspec
 import orjson
@@ -235,10 +237,8 @@ def _kineto_ids(path: Path) -> tuple[dict[int, tuple[str, str]], list[int]]:
             continue
         name = str(e.name)
         if name.startswith("ProfilerStep#"):
-            try:
+            with contextlib.suppress(ValueError):
                 steps.append(int(name.split("#", 1)[1]))
-            except ValueError:
-                pass
         if e.args is not None and e.args.rf_id is not None:
             try:
                 ids.setdefault(int(e.args.rf_id), (str(e.cat), name))
@@ -251,7 +251,9 @@ def _node_rf_id(node: dict[str, Any]) -> int | None:
     if "rf_id" in node:
         value = node["rf_id"]
     else:
-        value = next((a.get("value") for a in node.get("attrs", []) if isinstance(a, dict) and a.get("name") == "rf_id"), None)
+        value = next(
+            (a.get("value") for a in node.get("attrs", []) if isinstance(a, dict) and a.get("name") == "rf_id"), None
+        )
     try:
         return int(value) if value is not None else None
     except (TypeError, ValueError):
@@ -352,7 +354,8 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
     elif not pair.converter_accepts:
         pair.problems.append(
             f"schema {pair.schema!r} links, but chakra_converter rejects it ('Unsupported schema version', "
-            f"mlcommons/chakra#127); it accepts {', '.join(CONVERTER_SCHEMAS)}: record with a newer torch (2.5+ writes 1.1.1-chakra.0.0.4)."
+            f"mlcommons/chakra#127); it accepts {', '.join(CONVERTER_SCHEMAS)}: "
+            "record with a newer torch (2.5+ writes 1.1.1-chakra.0.0.4)."
         )
     try:
         ids, steps = _kineto_ids(kineto_path)
@@ -371,7 +374,11 @@ def _check_pair(rank: int, et_path: Path, kineto_path: Path) -> ChakraPair:
             "running while it recorded); chakra_trace_link cannot time any ET operator."
         )
     skip = (*ROOT_NAMES, *METADATA_NAMES)
-    ops = [n for n in nodes if str(n.get("name", "")) not in skip and not str(n.get("name", "")).startswith("ProfilerStep#")]
+    ops = [
+        n
+        for n in nodes
+        if str(n.get("name", "")) not in skip and not str(n.get("name", "")).startswith("ProfilerStep#")
+    ]
     rooted, first_missing = _rooted(nodes) if pair.finalized else (set(), {})
     pair.et_ops = len(ops)
     lost: set[int] = set()
@@ -512,7 +519,9 @@ def commands(
             raise TraceError(f"{base}: not a capture directory.", path=str(base))
         pairs, _ = find_pairs(base)
     if not pairs:
-        raise TraceError(f"{base}: no torch_et_<rank>.json + kineto_trace_<rank>.json pair to give Chakra.", path=str(base))
+        raise TraceError(
+            f"{base}: no torch_et_<rank>.json + kineto_trace_<rank>.json pair to give Chakra.", path=str(base)
+        )
     out = (Path(out_dir) if out_dir is not None else base / "chakra").resolve()
     q = shlex.quote
     lines = [f"mkdir -p {q(str(out))}"]
@@ -525,5 +534,7 @@ def commands(
             f"chakra_trace_link --rank {rank} --chakra-host-trace {q(str(et.resolve()))} "
             f"--chakra-device-trace {q(str(k.resolve()))} --output-file {q(str(linked))}"
         )
-        converts.append(f"chakra_converter PyTorch --input {q(str(linked))} --output {q(str(out / f'chakra{tag}.{rank}.et'))}")
+        converts.append(
+            f"chakra_converter PyTorch --input {q(str(linked))} --output {q(str(out / f'chakra{tag}.{rank}.et'))}"
+        )
     return lines + converts

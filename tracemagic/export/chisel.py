@@ -17,6 +17,7 @@ Set ``TRACEMAGIC_DISABLE=1`` to turn the decorator into a no-op in production.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -97,11 +98,22 @@ def capture_model(
                     )
                     self._tracemagic_warned = True
                 return original(self, *args, **kwargs)
-            return _profiled_forward(self, original, name, trace_dir, record_shapes, profile_memory, verbose, profiler_kwargs, args, kwargs)
+            return _profiled_forward(
+                self, original, name, trace_dir, record_shapes, profile_memory, verbose, profiler_kwargs, args, kwargs
+            )
 
         forward.__doc__ = original.__doc__
         forward.__wrapped__ = original  # type: ignore[attr-defined]
-        return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})  # type: ignore[return-value]
+        return type(
+            cls.__name__,
+            (cls,),
+            {
+                "forward": forward,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                "__doc__": cls.__doc__,
+            },
+        )  # type: ignore[return-value]
 
     return decorate
 
@@ -128,7 +140,9 @@ def _profiled_forward(
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace_file = trace_dir / f"{name}_forward_{count:03d}.json"
     options = dict(profiler_kwargs)
-    options.setdefault("activities", [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
+    options.setdefault(
+        "activities", [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    )
     with profile(record_shapes=record_shapes, profile_memory=profile_memory, **options) as prof:
         result = original(model, *args, **kwargs)
     prof.export_chrome_trace(str(trace_file))
@@ -147,16 +161,14 @@ def _profiled_forward(
     return result
 
 
-def _load(trace_file: Path) -> "Trace":
+def _load(trace_file: Path) -> Trace:
     from tracemagic.trace.loader import load
 
     trace = load(trace_file, use_cache=False)
     sidecar = layout.modules_sidecar(trace_file)
     if trace.manifest is None and sidecar.is_file():
-        try:
+        with contextlib.suppress(OSError, json.JSONDecodeError):
             trace.manifest = {"modules": json.loads(sidecar.read_text())}
-        except (OSError, json.JSONDecodeError):
-            pass
     return trace
 
 
@@ -175,8 +187,15 @@ def _shape_tuples(dims_text: Any) -> list[tuple[int, ...]]:
 
 
 def _entry(layer_type: str = "") -> dict[str, Any]:
-    return {"total_time_us": 0, "call_count": 0, "shapes": set(), "operations": set(),
-            "inclusive_time_us": 0, "gpu_time_us": 0, "type": layer_type}
+    return {
+        "total_time_us": 0,
+        "call_count": 0,
+        "shapes": set(),
+        "operations": set(),
+        "inclusive_time_us": 0,
+        "gpu_time_us": 0,
+        "type": layer_type,
+    }
 
 
 def parse_model_trace(trace_file: str | os.PathLike[str], model_name: str = "Unknown") -> dict[str, Any]:
@@ -223,7 +242,10 @@ def parse_model_trace(trace_file: str | os.PathLike[str], model_name: str = "Unk
     in_op = (parent >= 0) & (ev["kind"].to_numpy()[np.maximum(parent, 0)] == "cpu_op")
     unattributed = float(ops.loc[ops["layer"].isna().to_numpy() & ~in_op, "dur"].sum())
     if unattributed > 0 and stats:
-        stats["(no layer)"] = _entry() | {"total_time_us": int(round(unattributed)), "inclusive_time_us": int(round(unattributed))}
+        stats["(no layer)"] = _entry() | {
+            "total_time_us": int(round(unattributed)),
+            "inclusive_time_us": int(round(unattributed)),
+        }
     return {"model_name": model_name, "trace_file": str(trace_file), "layer_stats": stats}
 
 
@@ -234,7 +256,10 @@ def format_layer_summary(analysis: dict[str, Any]) -> str:
         return "No layer information found in trace (profile with with_stack=True)."
     rows = sorted(stats.items(), key=lambda kv: kv[1]["total_time_us"], reverse=True)
     width = max(25, max(len(k) for k in stats) + 1)
-    lines = [f"{'Layer':<{width}} {'Calls':<8} {'Total Time (ms)':<15} {'Avg Time (ms)':<15} {'Shapes':<20}", "─" * (width + 60)]
+    lines = [
+        f"{'Layer':<{width}} {'Calls':<8} {'Total Time (ms)':<15} {'Avg Time (ms)':<15} {'Shapes':<20}",
+        "─" * (width + 60),
+    ]
     for layer, s in rows:
         total_ms = s["total_time_us"] / 1000
         avg_ms = total_ms / s["call_count"] if s["call_count"] else 0.0

@@ -17,9 +17,10 @@ from __future__ import annotations
 import gzip
 import os
 import tarfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -151,7 +152,9 @@ def _select(rank: _Rank, windows: list[tuple[float, float]] | None, max_events: 
             value = _arg(events[i], key)
             if value is not None:
                 ids.add(value)
-    flows = np.array([bool(is_flow[i]) and (events[i].id in ids or (not trimmed and bool(inside[i]))) for i in range(n)], dtype=bool)
+    flows = np.array(
+        [bool(is_flow[i]) and (events[i].id in ids or (not trimmed and bool(inside[i]))) for i in range(n)], dtype=bool
+    )
     return np.flatnonzero(keep | flows | is_meta).tolist()
 
 
@@ -165,7 +168,7 @@ def _trim(keep: np.ndarray, dur: np.ndarray, cats: np.ndarray, max_events: int) 
     return out
 
 
-def _step_windows(trace: "Trace", rank: int, steps: Iterable[int]) -> list[tuple[float, float]]:
+def _step_windows(trace: Trace, rank: int, steps: Iterable[int]) -> list[tuple[float, float]]:
     ev = trace.events
     sel = (ev["rank"].to_numpy() == rank) & (ev["kind"] == "step").to_numpy()
     rows = np.flatnonzero(sel)
@@ -180,7 +183,7 @@ def _step_windows(trace: "Trace", rank: int, steps: Iterable[int]) -> list[tuple
     return [(float(a), float(b)) for a, b, s in zip(ts, end, numbers) if int(s) in wanted]
 
 
-def _steps_that_fit(trace: "Trace", rank: int, max_events: int) -> list[int] | None:
+def _steps_that_fit(trace: Trace, rank: int, max_events: int) -> list[int] | None:
     """The first consecutive steps whose events fit in ``max_events`` (at least one), or
     None when the trace has no ProfilerStep."""
     ev = trace.events
@@ -225,7 +228,7 @@ def _write(path: Path, rank: _Rank, keep: list[int], world: int) -> None:
 
 
 def to_chrome_trace(
-    trace: "Trace",
+    trace: Trace,
     path: str | os.PathLike[str],
     steps: Iterable[int] | None = None,
     max_events: int | None = None,
@@ -267,7 +270,9 @@ def to_chrome_trace(
         try:
             loaded = _load_rank(r, str(sources[r]))
         except (OSError, msgspec.DecodeError) as exc:
-            raise TraceError(f"{sources[r]}: cannot re-read the original trace ({exc}).", path=str(sources[r])) from None
+            raise TraceError(
+                f"{sources[r]}: cannot re-read the original trace ({exc}).", path=str(sources[r])
+            ) from None
         keep = _select(loaded, windows, max_events)
         out = path if len(ranks) == 1 else path / f"rank{r}.pt.trace.json{'.gz' if gz else ''}"
         _write(out, loaded, keep, world=len(ranks))

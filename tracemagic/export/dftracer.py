@@ -40,7 +40,7 @@ import orjson
 import pandas as pd
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.kineto import GPU_KINDS
+from tracemagic.trace.kineto import GPU_KINDS, KINDS
 from tracemagic.trace.structure import MODULE_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,15 +50,13 @@ __all__ = ["CATEGORY", "DEFAULT_KINDS", "pfw_trace", "read_pfw", "to_pfw", "trac
 
 #: DFTracer's category for PyTorch profiler events
 CATEGORY = "PP"
-#: event kinds written by default (python frames other than ``nn.Module`` ones are skipped)
-DEFAULT_KINDS = (
-    "step", "cpu_op", "user_annotation", "python_function", "runtime",
-    "kernel", "memcpy", "memset", "gpu_annotation", "memory",
-)
+#: event kinds written by default, every kind but the trace's metadata and the unclassified
+#: (python frames other than ``nn.Module`` ones are skipped)
+DEFAULT_KINDS = tuple(k for k in KINDS if k not in ("trace", "other"))
 _EPOCH_US = 1e15  # µs timestamps above this are already since the epoch (after 2001)
 
 
-def wall_clock_offset_us(trace: "Trace", rank: int) -> float:
+def wall_clock_offset_us(trace: Trace, rank: int) -> float:
     """What to add to a rank's ``ts`` to get µs since the Unix epoch.
 
     Raises:
@@ -93,7 +91,7 @@ def _na(value: Any) -> Any:
     return None if value is pd.NA or value is None or (isinstance(value, float) and np.isnan(value)) else value
 
 
-def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None) -> Iterator[bytes]:
+def _events_lines(trace: Trace, kinds: Iterable[str], offset_us: float | None) -> Iterator[bytes]:
     ev = trace.events
     kinds = tuple(kinds)
     kind = ev["kind"].astype(str).to_numpy()
@@ -101,18 +99,47 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
     keep = np.isin(kind, kinds)
     if "python_function" in kinds:  # only the nn.Module frames: the layers
         keep &= (kind != "python_function") | np.char.startswith(names.astype(str), MODULE_PREFIX)
-    host = str(next((m.get("host_name") for m in trace.meta.get("ranks", {}).values() if m.get("host_name")), "")) or socket.gethostname()
+    host = (
+        str(next((m.get("host_name") for m in trace.meta.get("ranks", {}).values() if m.get("host_name")), ""))
+        or socket.gethostname()
+    )
     hhash = zlib.crc32(host.encode()) & 0x7FFFFFFF
     memory_in = _memory_inside(trace)
     next_id = 0
     seen_pids: set[tuple[int, int]] = set()
-    yield orjson.dumps({"id": next_id, "name": "HH", "cat": "dftracer", "pid": 0, "tid": 0, "ph": "M",
-                        "args": {"name": host, "value": hhash}})
+    yield orjson.dumps(
+        {
+            "id": next_id,
+            "name": "HH",
+            "cat": "dftracer",
+            "pid": 0,
+            "tid": 0,
+            "ph": "M",
+            "args": {"name": host, "value": hhash},
+        }
+    )
     next_id += 1
     cols = {c: ev[c].to_numpy() for c in ("rank", "ts", "dur", "self_dur", "step")}
-    obj = {c: ev[c].astype(object).to_numpy() for c in (
-        "cat", "pid", "tid", "device", "stream", "rf_id", "external_id", "correlation", "bytes",
-        "total_allocated", "total_reserved", "input_dims", "input_type", "seq", "flops")}
+    obj = {
+        c: ev[c].astype(object).to_numpy()
+        for c in (
+            "cat",
+            "pid",
+            "tid",
+            "device",
+            "stream",
+            "rf_id",
+            "external_id",
+            "correlation",
+            "bytes",
+            "total_allocated",
+            "total_reserved",
+            "input_dims",
+            "input_type",
+            "seq",
+            "flops",
+        )
+    }
     module_row = ev["module"].to_numpy()
     for rank in sorted(set(cols["rank"][keep].tolist())):
         offset = wall_clock_offset_us(trace, rank) if offset_us is None else float(offset_us)
@@ -124,10 +151,24 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
             if (rank, pid) not in seen_pids:
                 seen_pids.add((rank, pid))
                 label = f"rank {rank}" + (" GPU" if kind[r] in GPU_KINDS else "")
-                yield orjson.dumps({"id": next_id, "name": "process_name", "cat": "dftracer", "pid": pid, "tid": pid,
-                                    "ph": "M", "args": {"name": label, "value": label}})
+                yield orjson.dumps(
+                    {
+                        "id": next_id,
+                        "name": "process_name",
+                        "cat": "dftracer",
+                        "pid": pid,
+                        "tid": pid,
+                        "ph": "M",
+                        "args": {"name": label, "value": label},
+                    }
+                )
                 next_id += 1
-            args: dict[str, Any] = {"hhash": hhash, "rank": int(rank), "kind": kind[r], "kineto_cat": str(obj["cat"][r])}
+            args: dict[str, Any] = {
+                "hhash": hhash,
+                "rank": int(rank),
+                "kind": kind[r],
+                "kineto_cat": str(obj["cat"][r]),
+            }
             device = _na(obj["device"][r])
             if kind[r] in GPU_KINDS:
                 args["device"] = f"cuda:{device}" if device is not None else "cuda"
@@ -138,8 +179,14 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
             mem = memory_in.get(int(r))
             if mem is not None:
                 args["cpu_memory"], args["device_memory_usage"] = mem
-            for key, column in (("stream", "stream"), ("rf_id", "rf_id"), ("external_id", "external_id"),
-                                ("correlation", "correlation"), ("seq", "seq"), ("flops", "flops")):
+            for key, column in (
+                ("stream", "stream"),
+                ("rf_id", "rf_id"),
+                ("external_id", "external_id"),
+                ("correlation", "correlation"),
+                ("seq", "seq"),
+                ("flops", "flops"),
+            ):
                 value = _na(obj[column][r])
                 if value is not None:
                     args[key] = value.item() if hasattr(value, "item") else value
@@ -156,15 +203,24 @@ def _events_lines(trace: "Trace", kinds: Iterable[str], offset_us: float | None)
             if step >= 0:
                 args["step"] = step
             if module_row[r] >= 0 and kind[r] != "python_function":
-                args["module"] = names[module_row[r]][len(MODULE_PREFIX):]
-            yield orjson.dumps({
-                "id": next_id, "name": names[r], "cat": CATEGORY, "pid": pid, "tid": tid,
-                "ts": int(start[j]), "dur": int(max(end[j] - start[j], 0)), "ph": "X", "args": args,
-            })
+                args["module"] = names[module_row[r]][len(MODULE_PREFIX) :]
+            yield orjson.dumps(
+                {
+                    "id": next_id,
+                    "name": names[r],
+                    "cat": CATEGORY,
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": int(start[j]),
+                    "dur": int(max(end[j] - start[j], 0)),
+                    "ph": "X",
+                    "args": args,
+                }
+            )
             next_id += 1
 
 
-def _memory_inside(trace: "Trace") -> dict[int, tuple[int, int]]:
+def _memory_inside(trace: Trace) -> dict[int, tuple[int, int]]:
     """Per CPU op row: bytes allocated on the CPU and on devices while it ran (net, inclusive)."""
     ev = trace.events
     kind = ev["kind"].to_numpy()
@@ -196,7 +252,7 @@ def _memory_inside(trace: "Trace") -> dict[int, tuple[int, int]]:
 
 
 def to_pfw(
-    trace: "Trace",
+    trace: Trace,
     path: str | os.PathLike[str],
     *,
     kinds: Iterable[str] = DEFAULT_KINDS,
@@ -227,7 +283,11 @@ def to_pfw(
         raise ValueError(f"unknown event kinds {sorted(bad)}; choose from {DEFAULT_KINDS}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
-    opener: Callable[..., Any] = (lambda p: gzip.open(p, "wb", compresslevel=6)) if path.name.endswith(".gz") else (lambda p: open(p, "wb"))
+    opener: Callable[..., Any] = (
+        (lambda p: gzip.open(p, "wb", compresslevel=6))  # noqa: SIM115 - opened in the with-statement below
+        if path.name.endswith(".gz")
+        else (lambda p: open(p, "wb"))  # noqa: SIM115 - likewise
+    )
     try:
         with opener(tmp) as fh:
             fh.write(b"[\n")
@@ -246,7 +306,7 @@ def to_pfw(
     return path
 
 
-def pfw_trace(path: str | os.PathLike[str]) -> "Trace":
+def pfw_trace(path: str | os.PathLike[str]) -> Trace:
     """Load a ``.pfw``/``.pfw.gz`` file (ours, or any DFTracer trace) as a ``Trace`` (the
     data: ``tracemagic.load(path)``, which reads ``.pfw`` files itself, gives the same with
     the analyses as methods; see ``tracemagic.trace.pfw``).

@@ -68,6 +68,15 @@ def _paths(tree: pd.DataFrame, nodes: np.ndarray) -> list[list[int]]:
     return paths
 
 
+def _write(path: str | os.PathLike[str], data: bytes) -> list[Path]:
+    """``data`` written to ``path`` atomically (its folder made), the path in a list."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(data)
+    return [final]
+
+
 def folded(trace: Trace, *, gpu: bool = False, user_only: bool = False) -> list[str]:
     """The call tree as folded-stack lines (``frame;frame;... value``, value in ns; see the
     module's docstring), largest first.
@@ -83,20 +92,14 @@ def folded(trace: Trace, *, gpu: bool = False, user_only: bool = False) -> list[
     return [f"{';'.join(names[i] for i in path)} {int(v)}" for path, v in zip(paths, values[order])]
 
 
-def to_folded(
-    trace: Trace, path: str | os.PathLike[str], *, gpu: bool = False, user_only: bool = False
-) -> list[Path]:
+def to_folded(trace: Trace, path: str | os.PathLike[str], *, gpu: bool = False, user_only: bool = False) -> list[Path]:
     """Write the folded stacks (``folded``) to ``path`` (atomically), one line per stack.
 
     Returns:
         The path written, in a list (as every exporter of ``tracemagic.export``).
     """
     lines = folded(trace, gpu=gpu, user_only=user_only)
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(final) as tmp:
-        tmp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    return [final]
+    return _write(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
 
 
 def speedscope(trace: Trace, *, gpu: bool = False, user_only: bool = False, name: str | None = None) -> dict[str, Any]:
@@ -130,15 +133,17 @@ def speedscope(trace: Trace, *, gpu: bool = False, user_only: bool = False, name
     for on_gpu in wanted:
         nodes, values = _stacks(tree, on_gpu)
         weights = (values / 1000.0).tolist()
-        profiles.append({
-            "type": "sampled",
-            "name": "GPU time (kernels, memcpy, memset by launching stack)" if on_gpu else "CPU self time",
-            "unit": "microseconds",
-            "startValue": 0,
-            "endValue": float(sum(weights)),
-            "samples": [node_frame[p].tolist() for p in _paths(tree, nodes)],
-            "weights": weights,
-        })
+        profiles.append(
+            {
+                "type": "sampled",
+                "name": "GPU time (kernels, memcpy, memset by launching stack)" if on_gpu else "CPU self time",
+                "unit": "microseconds",
+                "startValue": 0,
+                "endValue": float(sum(weights)),
+                "samples": [node_frame[p].tolist() for p in _paths(tree, nodes)],
+                "weights": weights,
+            }
+        )
     return {
         "$schema": SPEEDSCOPE_SCHEMA,
         "shared": {"frames": frames},
@@ -158,9 +163,4 @@ def to_speedscope(
     Returns:
         The path written, in a list (as every exporter of ``tracemagic.export``).
     """
-    data = speedscope(trace, gpu=gpu, user_only=user_only)
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(final) as tmp:
-        tmp.write_bytes(orjson.dumps(data))
-    return [final]
+    return _write(path, orjson.dumps(speedscope(trace, gpu=gpu, user_only=user_only)))

@@ -20,7 +20,7 @@ def __getattr__(name: str) -> Any:
     if name == "load":
         from tracemagic.trace.loader import load as value
     elif name == "Trace":
-        from tracemagic.trace.model import Trace as value
+        from tracemagic.trace.model import Trace as value  # noqa: N813 - the attribute asked for, by any name
     else:
         raise AttributeError(f"module 'tracemagic.trace' has no attribute {name!r}")
     globals()[name] = value

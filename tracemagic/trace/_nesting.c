@@ -73,26 +73,10 @@ PyDoc_STRVAR(propagate_doc,
              "Fill out (int64) with the row of each row's innermost enclosing anchor, itself\n"
              "included, following parent (int64, -1 at the top), else -1; is_anchor: bool.");
 
-static PyObject *propagate(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer parent, anchor, out;
-    if (!PyArg_ParseTuple(args, "y*y*w*", &parent, &anchor, &out)) return NULL;
-    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
-    PyObject *result = NULL;
-    int64_t *path = NULL;
-    uint8_t *known = NULL;
-    if (anchor.len != n || out.len != n * (Py_ssize_t)sizeof(int64_t)) {
-        PyErr_SetString(PyExc_ValueError, "propagate: buffers of different lengths");
-        goto done;
-    }
-    path = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    known = calloc((size_t)(n ? n : 1), 1);
-    if (path == NULL || known == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const int64_t *up = parent.buf;
-    const uint8_t *is_anchor = anchor.buf;
-    int64_t *found = out.buf;
+/* propagate's work on checked buffers of n rows; path (n rows) and known (n, zeroed) are
+ * its scratch. */
+static void propagate_rows(const int64_t *up, const uint8_t *is_anchor, int64_t *found, Py_ssize_t n,
+                           int64_t *path, uint8_t *known) {
     for (Py_ssize_t i = 0; i < n; i++) {
         /* climb to an anchor, a row already answered, or the top; then answer the path */
         Py_ssize_t len = 0;
@@ -112,6 +96,26 @@ static PyObject *propagate(PyObject *Py_UNUSED(self), PyObject *args) {
             known[k] = 1;
         }
     }
+}
+
+static PyObject *propagate(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer parent, anchor, out;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &parent, &anchor, &out)) return NULL;
+    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    int64_t *path = NULL;
+    uint8_t *known = NULL;
+    if (anchor.len != n || out.len != n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "propagate: buffers of different lengths");
+        goto done;
+    }
+    path = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    known = calloc((size_t)(n ? n : 1), 1);
+    if (path == NULL || known == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    propagate_rows(parent.buf, anchor.buf, out.buf, n, path, known);
     result = Py_NewRef(Py_None);
 done:
     free(path);

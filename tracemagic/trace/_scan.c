@@ -354,29 +354,41 @@ static int code_of(Interner *t, yyjson_val *v, int32_t *out, int text) {
     return 0;
 }
 
+/* text_int's first case: up to 16 hex digits after "0x"; -1 for any other text. */
+static int hex_int(const char *s, size_t n, uint64_t *out) {
+    if (n > 18) return -1; /* over 16 hex digits */
+    uint64_t value = 0;
+    for (size_t i = 2; i < n; i++) {
+        char ch = s[i];
+        int digit = ch >= '0' && ch <= '9' ? ch - '0'
+                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (digit < 0) return -1;
+        value = value * 16 + (uint64_t)digit;
+    }
+    *out = value;
+    return 0;
+}
+
+/* text_int's second case: up to 18 decimal digits without a leading zero; -1 for any other text. */
+static int decimal_int(const char *s, size_t n, uint64_t *out) {
+    if (n == 0 || n > 18 || (s[0] == '0' && n > 1)) return -1; /* 18 digits fit */
+    uint64_t value = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        value = value * 10 + (uint64_t)(s[i] - '0');
+    }
+    *out = value;
+    return 0;
+}
+
 /* Integers written as text, as AMD traces do ("0x0", "2560"): hex digits after "0x", or
  * decimal digits without a leading zero, fitting int64 (what int(text, 0) reads alike);
  * -1 for any other text. */
 static int text_int(const char *s, size_t n, int64_t *out) {
     uint64_t value = 0;
-    if (n > 2 && s[0] == '0' && s[1] == 'x') {
-        if (n > 18) return -1; /* over 16 hex digits */
-        for (size_t i = 2; i < n; i++) {
-            char ch = s[i];
-            int digit = ch >= '0' && ch <= '9' ? ch - '0'
-                        : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                        : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-            if (digit < 0) return -1;
-            value = value * 16 + (uint64_t)digit;
-        }
-    } else {
-        if (n == 0 || n > 18 || (s[0] == '0' && n > 1)) return -1; /* 18 digits fit */
-        for (size_t i = 0; i < n; i++) {
-            if (s[i] < '0' || s[i] > '9') return -1;
-            value = value * 10 + (uint64_t)(s[i] - '0');
-        }
-    }
-    if (value > (uint64_t)INT64_MAX) return -1;
+    int rc = n > 2 && s[0] == '0' && s[1] == 'x' ? hex_int(s, n, &value) : decimal_int(s, n, &value);
+    if (rc < 0 || value > (uint64_t)INT64_MAX) return -1;
     *out = (int64_t)value;
     return 0;
 }
@@ -507,16 +519,44 @@ static int add_flow(Columns *c, yyjson_val **ev) {
 
 static yyjson_val NO_ARGS_OBJ = {YYJSON_TYPE_OBJ, {.u64 = 0}};
 
-static int add_event_args(Columns *c, yyjson_val *event) {
-    if (!yyjson_is_obj(event)) return BAIL;
-    yyjson_val *ev[N_EVENT_KEYS] = {0};
-    yyjson_val **args = c->args;
+/* The event's known keys into ev by slot. */
+static void event_keys(yyjson_val *event, yyjson_val **ev) {
     size_t i, max;
     yyjson_val *key, *val;
     yyjson_obj_foreach(event, i, max, key, val) {
         int slot = lookup(key, event_by_len);
         if (slot >= 0) ev[slot] = val; /* a repeated key: the last one wins, as in msgspec */
     }
+}
+
+/* The known args of an args object into c->args by slot; each slot set first noted in c->set. */
+static void event_args(Columns *c, yyjson_val *a) {
+    yyjson_val **args = c->args;
+    size_t i, max;
+    yyjson_val *key, *val;
+    yyjson_obj_foreach(a, i, max, key, val) {
+        int slot = lookup(key, arg_by_len);
+        if (slot < 0) continue;
+        if (args[slot] == NULL) c->set[c->n_set++] = slot;
+        args[slot] = val;
+    }
+}
+
+/* The event by its phase (a string): timed (X, i, I), flow (s, f, t) or names (M); any
+ * other phase adds nothing. */
+static int add_by_phase(Columns *c, yyjson_val **ev, yyjson_val *ph) {
+    size_t len = yyjson_get_len(ph);
+    const char *p = yyjson_get_str(ph);
+    if (len == 1 && (p[0] == 'X' || p[0] == 'i' || p[0] == 'I')) return add_timed(c, ev, c->args);
+    if (len == 1 && (p[0] == 's' || p[0] == 'f' || p[0] == 't')) return add_flow(c, ev);
+    if (len == 1 && p[0] == 'M') return add_names(c, ev, c->args);
+    return 0;
+}
+
+static int add_event_args(Columns *c, yyjson_val *event) {
+    if (!yyjson_is_obj(event)) return BAIL;
+    yyjson_val *ev[N_EVENT_KEYS] = {0};
+    event_keys(event, ev);
     yyjson_val *ph = ev[E_PH];
     if (ph == NULL) return 0; /* ph "" (the default): neither timed, flow nor metadata */
     if (!yyjson_is_str(ph)) return BAIL;
@@ -524,20 +564,8 @@ static int add_event_args(Columns *c, yyjson_val *event) {
     if (ev[E_DUR] && !yyjson_is_num(ev[E_DUR])) return BAIL;
     yyjson_val *a = ev[E_ARGS] ? ev[E_ARGS] : &NO_ARGS_OBJ;
     if (!yyjson_is_obj(a)) return BAIL;
-    if (ev[E_ARGS]) {
-        yyjson_obj_foreach(a, i, max, key, val) {
-            int slot = lookup(key, arg_by_len);
-            if (slot < 0) continue;
-            if (args[slot] == NULL) c->set[c->n_set++] = slot;
-            args[slot] = val;
-        }
-    }
-    size_t len = yyjson_get_len(ph);
-    const char *p = yyjson_get_str(ph);
-    if (len == 1 && (p[0] == 'X' || p[0] == 'i' || p[0] == 'I')) return add_timed(c, ev, args);
-    if (len == 1 && (p[0] == 's' || p[0] == 'f' || p[0] == 't')) return add_flow(c, ev);
-    if (len == 1 && p[0] == 'M') return add_names(c, ev, args);
-    return 0;
+    if (ev[E_ARGS]) event_args(c, a);
+    return add_by_phase(c, ev, ph);
 }
 
 /* One event into the columns. c->args holds its args by slot, all NULL between events:

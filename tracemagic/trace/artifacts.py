@@ -88,5 +88,3 @@ def _read_rows(path: Path) -> np.ndarray:
     data, _ = read_bytes(path)
     rows = msgspec.json.decode(data)
     return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
-
-

@@ -86,10 +86,7 @@ class _Interner:
 
     def _code(self, value: Any) -> int:
         """The code of a value not seen before (missing values are in ``seen`` from the start)."""
-        if self.raw:
-            label = _json_text(value)
-        else:
-            label = value if type(value) is str else str(value)
+        label = _json_text(value) if self.raw else value if type(value) is str else str(value)
         return self.intern(label)
 
     def intern(self, label: str) -> int:
@@ -262,7 +259,10 @@ class _Builder:
             self.numbers[column].append((n, self._numbers(f"args {_ARG_KEY[source]!r}", columns[source], floating)))
         for column in _ARG_STRINGS:
             values = columns[column]
-            self._keep(column, np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n))
+            self._keep(
+                column,
+                np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n),
+            )
         for column in _ARG_RAW:
             values = columns[column]
             if values.count(_NULL) == n:
@@ -274,8 +274,12 @@ class _Builder:
     def _add_scanned(self, columns: tuple[Any, ...]) -> None:
         n, text, raw, ts, dur, numbers, (n_flows, flow_text, flow_id, flow_ts), names = columns
         if names:
-            self._names([_Event("M", "", name, pid, tid, args=_Args(meta_name=label, labels=labels))
-                         for name, pid, tid, label, labels in names])
+            self._names(
+                [
+                    _Event("M", "", name, pid, tid, args=_Args(meta_name=label, labels=labels))
+                    for name, pid, tid, label, labels in names
+                ]
+            )
         if n_flows:
             for column, (codes, values) in zip(self.flow_cats, flow_text):
                 self._keep(f"flow {column}", *self.flow_cats[column].remap(codes, values))
@@ -292,7 +296,7 @@ class _Builder:
             self.numbers[column].append((n, _scanned_numbers(part, floating)))
         self.n += n
 
-    def extend(self, other: "_Builder") -> None:
+    def extend(self, other: _Builder) -> None:
         """Append the events ``other`` read after this builder's (a later part of the file)."""
         if other.interners is not self.interners:
             raise ValueError("only parts read with the same Interners can be joined")
@@ -321,7 +325,9 @@ class _Builder:
         for column, values in (("ph", ph), ("cat", cat), ("pid", pid), ("tid", tid)):
             self._keep(f"flow {column}", self.flow_cats[column].codes(values, n))
         self.flow_parts["ts"].append(np.array(ts, dtype=np.float64))
-        self.flow_parts["id"].append(self._numbers("the flow events' 'id'", ids, False) or (np.zeros(n, np.int64), np.ones(n, bool)))
+        self.flow_parts["id"].append(
+            self._numbers("the flow events' 'id'", ids, False) or (np.zeros(n, np.int64), np.ones(n, bool))
+        )
 
     def _numbers(self, field: str, values: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
         """``_numbers(values, floating)``, counting the values of ``field`` it left missing."""
@@ -375,7 +381,9 @@ class _Builder:
 
     def _categorical(self, column: str) -> pd.Categorical:
         parts = self.codes[column]
-        return self._in_file_order(column, self.cats[column], np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32))
+        return self._in_file_order(
+            column, self.cats[column], np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        )
 
     def _flow_categorical(self, column: str) -> pd.Categorical:
         parts = self.flow_parts[column]

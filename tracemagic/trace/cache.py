@@ -45,6 +45,8 @@ are read back: nothing from a cache or a trace is ever executed.
 
 from __future__ import annotations
 
+import functools
+import glob
 import hashlib
 import json
 import logging
@@ -53,6 +55,7 @@ import os
 import re
 import tempfile
 import time
+import weakref
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +89,7 @@ _SAMPLE = 64 << 10
 #: the row of the Arrow files' checksum: 8192 64-bit words (64 KiB)
 _BLOCK_WORDS = 8192
 #: the files of the user cache's entries (temporary files of an unfinished write included)
-_ENTRY_FILE = re.compile(r"^\.?([0-9a-f]{24})(\.arrow|\.flows\.arrow|\.seal)(\..*\.tmp)?$")
+_ENTRY_FILE = re.compile(r"^\.?([0-9a-f]{24})(\.arrow|\.flows\.arrow|\.seal|\.t\.[a-z_]+\.[a-z_]+\.(?:arrow|seal))(\..*\.tmp)?$")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 PathLike = str | os.PathLike[str]
@@ -257,13 +260,20 @@ def _read_seal(base: Path) -> dict[str, Any] | None:
         if int(crc, 16) != zlib.crc32(body):
             return None
         seal = json.loads(body)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         return None
     return seal if isinstance(seal, dict) else None
 
 
-def read(found: Entry) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | None:
-    """The cached tables of ``found``, or None (missing, stale, damaged or another's)."""
+def read_seal(base: Path) -> dict[str, Any] | None:
+    """The seal of the entry at ``base`` if it is whole, else None."""
+    return _read_seal(base)
+
+
+def read(found: Entry) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], Path, str] | None:
+    """The cached tables of ``found`` (with the entry's base path and the events file's
+    checksum, which its stored analysis tables are tied to), or None (missing, stale,
+    damaged or another's)."""
     for base in found.places:
         seal = _read_seal(base)
         if seal is None or seal.get("format") != FORMAT or seal.get("source") != found.identity:
@@ -282,7 +292,7 @@ def read(found: Entry) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | No
             continue  # missing, damaged or foreign: parse the trace again
         if base in found.capped:
             _touch(_file(base, SEAL_SUFFIX))
-        return events, flows, meta
+        return events, flows, meta, base, str(seal["events"]["sum"])
     return None
 
 
@@ -443,6 +453,8 @@ def write(found: Entry, trace: Path, events: pd.DataFrame, flows: pd.DataFrame, 
             continue  # a capture directory someone made read-only
         try:
             _file(base, SEAL_SUFFIX).unlink(missing_ok=True)
+            for stale in base.parent.glob(f"{glob.escape(base.name)}{TABLE_INFIX}*"):
+                stale.unlink(missing_ok=True)  # analysis tables of the events replaced here
             seal = {
                 "format": FORMAT,
                 "source": found.identity,
@@ -459,6 +471,314 @@ def write(found: Entry, trace: Path, events: pd.DataFrame, flows: pd.DataFrame, 
             evict(base.parent, keep=base.name)
         return _file(base, SEAL_SUFFIX)
     return None
+
+
+# -- analysis tables stored next to the events ---------------------------------------------------
+
+#: a stored table's files: ``<base>.t.<module>.<function>.arrow`` and ``.seal``
+TABLE_INFIX = ".t."
+#: the dtypes a stored table's columns may have (anything else: the table is not stored)
+_NUMPY_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "float32", "float64"})
+_NULLABLE_DTYPES = frozenset({"Int64", "Float64"})
+#: set to ``0`` to neither read nor write stored analysis tables
+NO_TABLES_ENV = "TRACEMAGIC_TABLE_CACHE"
+
+
+@functools.cache
+def code_version() -> str:
+    """A digest of every tracemagic source file and the versions of numpy, pandas and
+    pyarrow: a stored analysis table is used only by the code that computed it."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{FORMAT} {np.__version__} {pd.__version__} {pa.__version__}".encode())
+    package = Path(__file__).resolve().parent.parent
+    for source in sorted(package.rglob("*.py")):
+        digest.update(str(source.relative_to(package)).encode() + b"\0")
+        try:
+            digest.update(source.read_bytes())
+        except OSError:
+            digest.update(b"?")
+    return digest.hexdigest()
+
+
+def _encode(value: Any) -> Any:
+    """``value`` (a table's ``attrs``) as JSON that ``_decode`` turns back into an equal
+    value of the same types: dicts (any hashable scalar keys), lists, tuples, str, int,
+    float, bool, None. Raises TypeError for anything else (the table is then not stored)."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if type(value) in (int, float):
+        return value if value == value else {"nan": True}  # NaN is not equal to itself
+    if isinstance(value, list) and type(value) is list:
+        return [_encode(v) for v in value]
+    if type(value) is tuple:
+        return {"tuple": [_encode(v) for v in value]}
+    if type(value) is dict:
+        return {"dict": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    raise TypeError(f"not stored: {type(value).__name__}")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict):
+        if "tuple" in value:
+            return tuple(_decode(v) for v in value["tuple"])
+        if "dict" in value:
+            return {_key(_decode(k)): _decode(v) for k, v in value["dict"]}
+        if value.get("nan") is True:
+            return float("nan")
+        raise ValueError("not an encoded value")
+    return value
+
+
+def _key(value: Any) -> Any:
+    if isinstance(value, (list, dict)):
+        raise ValueError("not a key")
+    return value
+
+
+def _column_layout(column: pd.Series) -> dict[str, Any] | None:
+    """How to rebuild one column from Arrow, or None if its dtype is not stored."""
+    dtype = column.dtype
+    if isinstance(dtype, pd.CategoricalDtype):
+        categories = dtype.categories.dtype
+        if dtype.ordered:
+            return None
+        if categories == object:
+            return {"kind": "category", "categories": "object"}
+        if isinstance(categories, pd.StringDtype) and categories.storage == "pyarrow" and categories.na_value is not pd.NA:
+            return {"kind": "category", "categories": "str"}
+        return None
+    if isinstance(dtype, pd.StringDtype):
+        return {"kind": "text", "storage": dtype.storage, "nan": dtype.na_value is not pd.NA}
+    name = str(dtype)
+    if name in _NUMPY_DTYPES:
+        return {"kind": "numpy", "dtype": name}
+    if name in _NULLABLE_DTYPES:
+        return {"kind": "nullable", "dtype": name}
+    return None
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+def _rebuild(table: pa.Table, layout: dict[str, Any]) -> pd.DataFrame:
+    """A stored table as the DataFrame that was stored (its column layouts and attrs)."""
+    columns = layout["columns"]
+    if table.column_names != [c["name"] for c in columns]:
+        raise ValueError("columns differ from the seal's")
+    data: dict[str, Any] = {}
+    for spec, chunked in zip(columns, table.columns):
+        array = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+        kind = spec["kind"]
+        if kind == "category":
+            if not pa.types.is_dictionary(array.type) or not _is_text(array.type.value_type):
+                raise ValueError("not a categorical column")
+            values = _column(array, False, lambda a: a.to_numpy(zero_copy_only=False))
+            if spec["categories"] == "object":
+                values = values.set_categories(pd.Index(values.categories, dtype=object))
+            elif spec["categories"] != "str":
+                raise ValueError("unknown categories")
+            data[spec["name"]] = values
+        elif kind == "text":
+            if not _is_text(array.type):
+                raise ValueError("not a text column")
+            dtype = pd.StringDtype(storage=spec["storage"], na_value=np.nan if spec["nan"] else pd.NA)
+            data[spec["name"]] = pd.array(array, dtype=dtype)
+        elif kind in ("numpy", "nullable"):
+            dtype = np.dtype(spec["dtype"].lower())
+            if pa.from_numpy_dtype(dtype) != array.type:
+                raise ValueError("not the column's type")
+            if kind == "numpy":
+                if array.null_count:
+                    raise ValueError("missing values in a numpy column")
+                data[spec["name"]] = array.to_numpy(zero_copy_only=False)
+            else:
+                values = array.fill_null(0) if array.null_count else array
+                data[spec["name"]] = _numbers(values.to_numpy(zero_copy_only=False).copy(), array, True)
+        else:
+            raise ValueError(f"unknown column kind {kind!r}")
+    frame = pd.DataFrame(data, copy=False)
+    if layout["names"] not in ("str", "object"):
+        raise ValueError("column names are not text")
+    frame.columns = pd.Index([c["name"] for c in columns], dtype=layout["names"])
+    frame.attrs = _decode(layout["attrs"])
+    return frame
+
+
+def _arrow(column: pd.Series, kind: str) -> pa.Array:
+    """One column as Arrow: NaN kept as NaN in numpy columns, categories as text."""
+    if kind == "numpy":
+        return pa.array(column.to_numpy(), from_pandas=False)
+    if kind == "category":
+        codes = column.cat.codes.to_numpy()
+        categories = pa.array(np.asarray(column.cat.categories, dtype=object), type=pa.large_string())
+        return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), categories)
+    array = pa.array(column.array)
+    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+
+
+def _storable(frame: pd.DataFrame) -> tuple[bytes, dict[str, Any]] | None:
+    """The Arrow IPC file and layout of ``frame``, or None unless rebuilding it gives back
+    exactly ``frame`` (index, column names, dtypes, values, attrs)."""
+    index = frame.index
+    if not (isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1):
+        return None
+    if not all(isinstance(c, str) for c in frame.columns) or not frame.columns.is_unique:
+        return None
+    attrs_of = frame.attrs
+    frame = frame.copy(deep=False)  # its columns taken without deep-copying the attrs each time
+    frame.attrs = {}
+    columns = []
+    for name in frame.columns:
+        spec = _column_layout(frame[name])
+        if spec is None:
+            return None
+        columns.append({"name": name, **spec})
+    try:
+        attrs = _encode(attrs_of)
+        layout = {"columns": columns, "names": str(frame.columns.dtype), "attrs": attrs}
+        json.dumps(layout, allow_nan=False)
+        batch = pa.RecordBatch.from_pydict({spec["name"]: _arrow(frame[spec["name"]], spec["kind"]) for spec in columns})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        data = sink.getvalue()
+        table = pa.ipc.open_file(pa.BufferReader(data)).read_all()  # checked as it will be read
+        back = _rebuild(table, json.loads(json.dumps(layout)))
+        rebuilt_attrs, back.attrs = back.attrs, {}
+    except (TypeError, ValueError, pa.ArrowException):
+        return None
+    same = (
+        back.columns.equals(frame.columns)
+        and back.columns.dtype == frame.columns.dtype
+        and all(back[c].dtype == frame[c].dtype for c in frame.columns)
+        and all(
+            back[c].cat.categories.dtype == frame[c].cat.categories.dtype
+            for c in frame.columns
+            if isinstance(frame[c].dtype, pd.CategoricalDtype)
+        )
+        and back.equals(frame)
+        and _same(rebuilt_attrs, attrs_of)
+    )
+    return (data.to_pybytes(), layout) if same else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, with the same types throughout (NaN equal to NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(k, l) and _same(a[k], b[l]) for k, l in zip(a, b))
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return a == b or (a != a and b != b)
+    return bool(a == b)
+
+
+class TableStore:
+    """The analysis tables stored next to one cached trace, so reopening it gives them
+    without computing them again.
+
+    A stored table is two files beside the events: ``<base>.t.<module>.<function>.arrow``
+    (Arrow IPC, no pandas metadata) and its ``.seal``: a CRC-32 of its body, then JSON with
+    the source's identity, the checksum of the events file it was computed from, the
+    ``code_version()`` (a digest of every tracemagic source file and the numpy, pandas and
+    pyarrow versions), a digest of what else the analyses read (the capture manifest),
+    the Arrow file's size and checksum, and how to rebuild the frame (each column's dtype
+    from a fixed list, the ``attrs`` as tagged JSON). A table is used only when all of it
+    matches and Arrow's full validation passes, so a new tracemagic, a re-parsed trace, an
+    edited manifest or a damaged file means it is computed again (edits of ``trace.events``
+    in place are not seen: load with ``use_cache=False`` to analyse edited events); as with the events,
+    nothing read is executed. Only tables that rebuild exactly (checked when stored) are
+    stored, when the trace is dropped or the process ends (``put_later``: computing a table
+    costs no more than without the store; ``flush`` writes them at once), and nothing is
+    read or written with ``$TRACEMAGIC_TABLE_CACHE=0``.
+    """
+
+    def __init__(self, base: Path, found: Entry, events_sum: str, context: str, events: pd.DataFrame) -> None:
+        self.events = events  # the table they were computed from (a trace given other events does not use them)
+        self.base = base
+        self.capped = base in found.capped
+        self.source = found.identity
+        self.events_sum = events_sum
+        self.context = hashlib.blake2b(context.encode(), digest_size=16).hexdigest()
+        self._pending: dict[str, pd.DataFrame] = {}
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    @staticmethod
+    def enabled() -> bool:
+        """Whether stored tables are read and written (``$TRACEMAGIC_TABLE_CACHE`` is not ``0``)."""
+        return os.environ.get(NO_TABLES_ENV, "").strip() != "0"
+
+    def _files(self, name: str) -> tuple[Path, Path]:
+        if not re.fullmatch(r"[a-z_]+\.[a-z_]+", name):
+            raise ValueError(f"not a table name: {name!r}")
+        stem = f"{self.base.name}{TABLE_INFIX}{name}"
+        return self.base.with_name(stem + EVENTS_SUFFIX), self.base.with_name(stem + SEAL_SUFFIX)
+
+    def _expected(self) -> dict[str, Any]:
+        return {"format": FORMAT, "source": self.source, "events": self.events_sum, "code": code_version(),
+                "context": self.context}
+
+    def get(self, name: str) -> pd.DataFrame | None:
+        """The stored table ``name`` (``module.function``), or None (none, stale or damaged)."""
+        try:
+            data, seal_file = self._files(name)
+            seal = _read_seal(seal_file.with_suffix(""))
+            if seal is None or any(seal.get(k) != v for k, v in self._expected().items()):
+                return None
+            mapped = _Mapped(data, seal["table"])
+            table = mapped.reader.read_all()
+            table.validate(full=True)
+            frame = _rebuild(table, seal["layout"])
+        except (OSError, KeyError, ValueError, TypeError, AttributeError, RecursionError, pa.ArrowException):
+            return None
+        if self.capped:
+            _touch(seal_file)
+        return frame
+
+    def put_later(self, name: str, frame: pd.DataFrame, owner: object) -> None:
+        """Store ``frame`` as table ``name`` at ``flush``: when ``owner`` (the trace holding
+        the table) is dropped, or the process ends, so computing a table costs a session no
+        more than without the store."""
+        self._pending[name] = frame
+        if self._finalizer is None or not self._finalizer.alive:
+            self._finalizer = weakref.finalize(owner, self.flush)  # runs at exit too
+
+    def flush(self) -> None:
+        """Store the tables handed to ``put_later`` now (any error: that table is not kept)."""
+        pending, self._pending = self._pending, {}
+        for name, frame in pending.items():
+            try:
+                self.put(name, frame)
+            except Exception:  # noqa: BLE001 - a table not kept is computed next time: never an error of the session's
+                pass
+
+    def put(self, name: str, frame: pd.DataFrame) -> bool:
+        """Store ``frame`` as table ``name`` if it rebuilds exactly; whether it was stored."""
+        stored = _storable(frame)
+        if stored is None:
+            return False
+        ipc, layout = stored
+        try:
+            data, seal_file = self._files(name)
+            if not self.capped and not writable(self.base.parent.parent):
+                return False
+            events_seal = _read_seal(self.base)
+            if events_seal is None or events_seal.get("events", {}).get("sum") != self.events_sum:
+                return False  # the entry was removed or replaced meanwhile (cache clear, another process)
+            seal_file.unlink(missing_ok=True)
+            seal = {**self._expected(), "table": _write_atomic(ipc, data), "layout": layout}
+            body = json.dumps(seal, separators=(",", ":")).encode()
+            _write_atomic(f"{zlib.crc32(body):08x}\n".encode() + body, seal_file)
+        except (OSError, ValueError):
+            return False
+        if self.capped:
+            evict(self.base.parent, keep=self.base.name)
+        return True
 
 
 # -- the user cache folder ----------------------------------------------------------------------

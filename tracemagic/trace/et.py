@@ -43,9 +43,26 @@ ROOT_NAMES = (
 
 #: columns of ``ExecutionTrace.nodes`` (see ``read_et``)
 NODE_COLUMNS = (
-    "id", "name", "parent", "rf_id", "seq_id", "scope", "tid", "fw_parent", "fw_tid",
-    "op_schema", "is_op", "step", "input_shapes", "input_types", "output_shapes",
-    "output_types", "input_tensors", "output_tensors", "input_bytes", "output_bytes",
+    "id",
+    "name",
+    "parent",
+    "rf_id",
+    "seq_id",
+    "scope",
+    "tid",
+    "fw_parent",
+    "fw_tid",
+    "op_schema",
+    "is_op",
+    "step",
+    "input_shapes",
+    "input_types",
+    "output_shapes",
+    "output_types",
+    "input_tensors",
+    "output_tensors",
+    "input_bytes",
+    "output_bytes",
 )
 
 
@@ -120,7 +137,11 @@ def _row(node: dict[str, Any], legacy: bool) -> dict[str, Any]:
     if legacy:
         attrs = node
         ins, in_types, in_shapes = node.get("inputs", []), node.get("input_types", []), node.get("input_shapes", [])
-        outs, out_types, out_shapes = node.get("outputs", []), node.get("output_types", []), node.get("output_shapes", [])
+        outs, out_types, out_shapes = (
+            node.get("outputs", []),
+            node.get("output_types", []),
+            node.get("output_shapes", []),
+        )
         parent = node.get("parent")
     else:
         attrs = {str(a.get("name")): a.get("value") for a in node.get("attrs", []) if isinstance(a, dict)}
@@ -229,5 +250,3 @@ def next_to(base: Path) -> list[ExecutionTrace]:
         return [read_et(p) for p in pairing.ets_in(base)]
     found = find_et(base)
     return [read_et(found)] if found is not None else []
-
-

@@ -22,8 +22,8 @@ import numpy as np
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import loader
-from tracemagic.trace.model import Trace
 from tracemagic.trace.kineto import rank_from_name
+from tracemagic.trace.model import Trace
 from tracemagic.trace.read import MAX_RATIO, Source, default_max_bytes, is_tar, read_sources, regular_file
 
 
@@ -94,7 +94,9 @@ def list_ranks(
         return path, None, [RankFile(str(p), p, hint=rank_from_name(p.name)) for p in matched], []
     if path.is_dir():
         manifest, listed, outside = loader.folder_ranks(path)
-        ranks = [RankFile(str(p), p, hint=rank if rank is not None else rank_from_name(p.name)) for p, rank in listed.items()]
+        ranks = [
+            RankFile(str(p), p, hint=rank if rank is not None else rank_from_name(p.name)) for p, rank in listed.items()
+        ]
         return path, manifest, ranks, [loader.skipped(path, outside)] if outside else []
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory.", path=str(path))
@@ -125,7 +127,9 @@ def open_rank(rank: RankFile, options: Options) -> Trace:
             max_bytes=options.max_bytes,
             allow_high_compression=options.allow_high_compression,
         )
-    source = rank.source if rank.source is not None else _member(rank, options.max_bytes, options.allow_high_compression)
+    source = (
+        rank.source if rank.source is not None else _member(rank, options.max_bytes, options.allow_high_compression)
+    )
     parsed = loader.parse_source(source, options.recover, workers=options.workers)
     events, flows, meta, order = loader.assemble([parsed], rank.path)
     return loader.as_trace(events, flows, meta, order, rank.path)
@@ -136,7 +140,7 @@ def _member(rank: RankFile, max_bytes: int | None, allow_high_compression: bool 
     assert rank.member is not None
     limit = default_max_bytes() if max_bytes is None else max_bytes
     try:
-        archive = tarfile.open(rank.path)
+        archive = tarfile.open(rank.path)  # noqa: SIM115 - open for the returned Source's opener
         info = archive.getmember(rank.member)
     except (tarfile.TarError, KeyError, EOFError, OSError, zlib.error) as exc:
         raise TraceError(f"{rank.name}: cannot be read from its archive ({exc}).", path=rank.name) from None
@@ -174,6 +178,7 @@ def as_rank(trace: Trace, rank: int, time_zero: float) -> Trace:
         trace.flows["rank"] = np.full(len(trace.flows), rank, dtype=np.int32)
         for key in ("ranks", "processes", "threads"):
             if key in trace.meta:
-                trace.meta[key] = {rank: value for value in trace.meta[key].values()}
+                values = list(trace.meta[key].values())  # one rank's: one value, kept under the new number
+                trace.meta[key] = {rank: values[-1]} if values else {}
     trace.meta["time_zero_us"] = time_zero
     return trace

@@ -12,9 +12,18 @@ import re
 from pathlib import Path
 
 __all__ = [
-    "CATEGORY_KIND", "CPU_KINDS", "GPU_ACTIVITY", "GPU_CATEGORIES", "GPU_KINDS", "KINDS", "LINE_MARK_PREFIX", "STEP_NAME",
+    "CATEGORY_KIND",
+    "CPU_KINDS",
+    "GPU_ACTIVITY",
+    "GPU_CATEGORIES",
+    "GPU_KINDS",
+    "KINDS",
+    "LINE_MARK_PREFIX",
+    "STEP_NAME",
     "STEP_PREFIX",
-    "rank_from_name", "rank_at_stem_end", "step_number",
+    "rank_from_name",
+    "rank_at_stem_end",
+    "step_number",
 ]
 
 #: normalized event kinds, in display order

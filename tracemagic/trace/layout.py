@@ -268,8 +268,11 @@ def read_manifest(path: Path) -> Manifest:
             )
     files = data.get("files")
     if isinstance(files, list) and not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in files):
-        raise TraceError(f"{file}: not a capture manifest tracemagic can read: an entry of 'files' "
-                         f"is not an object with a 'path'. {_DAMAGED}", path=str(file))
+        raise TraceError(
+            f"{file}: not a capture manifest tracemagic can read: an entry of 'files' "
+            f"is not an object with a 'path'. {_DAMAGED}",
+            path=str(file),
+        )
     return cast(Manifest, data)
 
 
@@ -277,10 +280,12 @@ def _check_version(file: Path, fmt: Any) -> None:
     """Refuse a manifest of a newer format than this tracemagic reads (other tools' names pass)."""
     if fmt is None or not isinstance(fmt, str) or not fmt.startswith(MANIFEST_NAME + "/"):
         return  # no format (other tools) or theirs; a non-text format is caught as a type
-    version = fmt[len(MANIFEST_NAME) + 1:]
+    version = fmt[len(MANIFEST_NAME) + 1 :]
     if not version.isdigit():
-        raise TraceError(f"{file}: unknown capture manifest format {fmt!r} (this tracemagic reads "
-                         f"{MANIFEST_FORMAT}).", path=str(file))
+        raise TraceError(
+            f"{file}: unknown capture manifest format {fmt!r} (this tracemagic reads {MANIFEST_FORMAT}).",
+            path=str(file),
+        )
     if int(version) > MANIFEST_VERSION:
         from tracemagic._version import __version__
 
@@ -314,7 +319,13 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     key: _runtime_types(hint) for key, hint in get_type_hints(Manifest).items()
 } | {"files": (list, dict)}
 #: what to do about a manifest of the wrong shape
-_DAMAGED = ("Load the trace files themselves, or move this capture.json away to load the folder's traces "
-            "without it.")
-_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-               bool: "true/false", type(None): "null"}
+_DAMAGED = "Load the trace files themselves, or move this capture.json away to load the folder's traces without it."
+_JSON_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true/false",
+    type(None): "null",
+}

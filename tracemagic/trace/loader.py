@@ -4,9 +4,10 @@ into one analysis-ready events table, cached as Arrow IPC (see ``trace.cache``).
 from __future__ import annotations
 
 import ctypes
+import functools
+import json
 import logging
 import os
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -305,9 +306,11 @@ def load(
     if entry is not None:
         hit = cache.read(entry)
         if hit is not None:
-            events, flows, meta = hit
+            events, flows, meta, base, events_sum = hit
             _log.debug("%s: %d events read from the cache", path, len(events))
-            return Trace(events, flows, meta, path=path, manifest=manifest)
+            trace = Trace(events, flows, meta, path=path, manifest=manifest)
+            trace.store = _table_store(base, entry, events_sum, manifest, events)
+            return trace
     if listed is not None:
         sources = [file_source(p, rank, limit, ratio) for p, rank in listed.items()]
     elif is_pfw(path.name):
@@ -325,11 +328,35 @@ def load(
     events, flows, meta, cpu_order = assemble(parsed, path)
     _log.debug("%s: parsed %d file(s) (%.1f MB read), %d events (cache: %s)", path, len(sources), total / 1e6, len(events),
                "off" if not use_cache else "none" if entry is None else "missed")
-    if entry is not None:
-        cache.write(entry, path, events, flows, meta)
+    sealed = cache.write(entry, path, events, flows, meta) if entry is not None else None
     if callback is not None:
         callback(total, total)
-    return as_trace(events, flows, meta, cpu_order, path, manifest)
+    trace = as_trace(events, flows, meta, cpu_order, path, manifest)
+    if sealed is not None and entry is not None:
+        trace.store = _stored_after_write(sealed, entry, manifest, trace.events)
+    return trace
+
+
+def _table_store(
+    base: Path, entry: cache.Entry, events_sum: str, manifest: dict[str, Any] | None, events: pd.DataFrame
+) -> cache.TableStore | None:
+    """Where a cached trace's analysis tables are kept (None with ``$TRACEMAGIC_TABLE_CACHE=0``):
+    tied to its events file, the code, and the manifest the analyses read."""
+    if not cache.TableStore.enabled():
+        return None
+    return cache.TableStore(base, entry, events_sum, json.dumps(manifest, sort_keys=True, default=str), events)
+
+
+def _stored_after_write(
+    sealed: Path, entry: cache.Entry, manifest: dict[str, Any] | None, events: pd.DataFrame
+) -> cache.TableStore | None:
+    """The table store of the entry ``cache.write`` just sealed."""
+    base = sealed.with_name(sealed.name.removesuffix(cache.SEAL_SUFFIX))
+    seal = cache.read_seal(base)
+    sealed_events = seal.get("events") if seal is not None else None
+    if not isinstance(sealed_events, dict) or "sum" not in sealed_events:
+        return None
+    return _table_store(base, entry, str(sealed_events["sum"]), manifest, events)
 
 
 def assemble(parsed: list[ParsedTrace], path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], np.ndarray | None]:

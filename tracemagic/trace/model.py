@@ -67,6 +67,10 @@ class Trace:
         self.path = path
         self.manifest = manifest
         self._shared: dict[Hashable, Any] = {}
+        #: where the tables named in ``STORED`` are kept between sessions (set by ``load``
+        #: for a cached trace: ``cache.TableStore``), else None; not used once ``events``
+        #: is replaced (edits in place are not seen: load with ``use_cache=False`` for that)
+        self.store: Any = None
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -121,11 +125,29 @@ class Trace:
         value: T = self._shared[key]
         return value
 
+    #: the analyses (``module.function``) whose tables, called without arguments, are kept
+    #: in the trace's cache (``tracemagic.trace.cache.TableStore``), so reopening the trace
+    #: gives them without computing them again; the facade names them
+    STORED: frozenset[str] = frozenset()
+
     def table(self, function: Callable[..., pd.DataFrame], *args: Any, **kwargs: Any) -> pd.DataFrame:
-        """``function(self, *args, **kwargs)`` (an analysis), computed once per trace and
-        returned as a copy: the caller may change it freely."""
-        key = (function.__module__.rsplit(".", 1)[-1], function.__name__, args, tuple(sorted(kwargs.items())))
-        return self.shared(key, lambda: function(self, *args, **kwargs)).copy()
+        """``function(self, *args, **kwargs)`` (an analysis), computed once per trace (or
+        read from the trace's cache, see ``STORED``) and returned as a copy: the caller may
+        change it freely."""
+        module = function.__module__.rsplit(".", 1)[-1]
+        key = (module, function.__name__, args, tuple(sorted(kwargs.items())))
+        name = f"{module}.{function.__name__}"
+        if self.store is None or args or kwargs or name not in self.STORED or key in self._shared or self.store.events is not self.events:
+            return self.shared(key, lambda: function(self, *args, **kwargs)).copy()
+
+        def stored() -> pd.DataFrame:
+            frame = self.store.get(name)
+            if frame is None:
+                frame = function(self)
+                self.store.put_later(name, frame, self)  # written when this trace is dropped: the caller does not wait
+            return frame
+
+        return self.shared(key, stored).copy()
 
     @classmethod
     def of(cls: type[TraceT], trace: Trace) -> TraceT:

@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracemagic.trace.kineto import CATEGORY_KIND, CPU_KINDS, GPU_KINDS, KINDS, LINE_MARK_PREFIX, STEP_NAME
+from tracemagic.trace.kineto import CATEGORY_KIND, GPU_KINDS, KINDS, LINE_MARK_PREFIX, STEP_NAME
 
 #: the vocabulary (kinds, step names) is ``tracemagic.trace.kineto``'s; ``STEP_NAME`` is
 #: used with ``match``: ``ProfilerStep#abc`` and the like stay the annotations they are
 _INT64 = 2**63
-
 
 
 def event_kinds(events: pd.DataFrame) -> pd.Categorical:

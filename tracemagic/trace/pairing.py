@@ -20,7 +20,15 @@ from tracemagic.trace.kineto import rank_at_stem_end
 from tracemagic.trace.layout import ET_FILE, ET_PREFIX, KINETO_PREFIX, et_name, kineto_name
 
 __all__ = [
-    "capture_ets", "cycle_of", "et_for", "ets_in", "is_et_name", "is_kineto_name", "kineto_for", "pairs", "rank_of",
+    "capture_ets",
+    "cycle_of",
+    "et_for",
+    "ets_in",
+    "is_et_name",
+    "is_kineto_name",
+    "kineto_for",
+    "pairs",
+    "rank_of",
 ]
 
 #: an ET file name; the digit groups, where there are any, are the rank
@@ -206,8 +214,10 @@ def pairs(folder: str | os.PathLike[str]) -> tuple[list[tuple[int, Path, Path]],
             candidates = [k for k in by_rank.get(key, []) if cycle_of(k.name) == cycle]
             by_rank[key] = [k for k in by_rank.get(key, []) if k not in candidates]
         if not candidates and cycle is not None:
-            problems.append(f"{et.name}: no Kineto trace of the same rank and cycle next to it "
-                            f"(kineto_trace_{r}_cycle{cycle}.json).")
+            problems.append(
+                f"{et.name}: no Kineto trace of the same rank and cycle next to it "
+                f"(kineto_trace_{r}_cycle{cycle}.json)."
+            )
             continue
         if not candidates:
             problems.append(f"{et.name}: no Kineto trace of the same rank next to it (kineto_trace_{r}.json).")

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import gc
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import msgspec
 
@@ -40,8 +41,19 @@ from tracemagic.trace.jsonvalues import _ANY, _META, _TOP, MAX_NESTING, _decode,
 from tracemagic.trace.read import ByteStream, Source, sniff
 from tracemagic.trace.structs import _LOOSE_EVENTS, decode_structs
 
-__all__ = ["CHUNK_BYTES", "MAX_NESTING", "Interners", "ParsedTrace", "Part", "Progress", "Unstreamable",
-           "parse_events", "parse_source", "read_part", "scans_in_c"]
+__all__ = [
+    "CHUNK_BYTES",
+    "MAX_NESTING",
+    "Interners",
+    "ParsedTrace",
+    "Part",
+    "Progress",
+    "UnstreamableError",
+    "parse_events",
+    "parse_source",
+    "read_part",
+    "scans_in_c",
+]
 
 _scan: ModuleType | None  # the C scanner (setup.py builds it where a compiler is found)
 try:
@@ -108,7 +120,7 @@ class Part:
     meta: dict[str, Any]
     warnings: list[str]
 
-    def extend(self, later: "Part") -> None:
+    def extend(self, later: Part) -> None:
         """Append a part that follows this one in the same file (read with the same ``Interners``)."""
         self.builder.extend(later.builder)
         self.meta.update(later.meta)
@@ -118,7 +130,7 @@ class Part:
         return self.builder.finish(self.meta, self.warnings)
 
 
-class _Damage(Exception):
+class _DamageError(Exception):
     """The JSON is broken at ``offset`` (absolute, in the decompressed bytes)."""
 
     def __init__(self, offset: int | None, reason: str) -> None:
@@ -127,7 +139,7 @@ class _Damage(Exception):
         self.reason = reason
 
 
-class Unstreamable(Exception):
+class UnstreamableError(Exception):
     """The streaming path cannot handle this layout: decode the whole document instead."""
 
 
@@ -181,7 +193,7 @@ class _StreamParser:
     def run(self) -> ParsedTrace:
         return self.read().finish()
 
-    def read(self) -> "Part":
+    def read(self) -> Part:
         """Decode the whole stream into columns (not yet a table)."""
         self._more()
         sniff(bytes(self.buf[: 1 << 20]), self.name)
@@ -220,9 +232,9 @@ class _StreamParser:
             if match is not None and self.buf[key - 1 : key] != b"\\":
                 break
             if key >= 0 and len(self.buf) - key > 64:  # odd spacing or a string that says traceEvents
-                raise Unstreamable
+                raise UnstreamableError
             if not self._more() or len(self.buf) > (256 << 20):
-                raise Unstreamable
+                raise UnstreamableError
         head = bytes(self.buf[start:key]).rstrip(_WS)
         if head.endswith(b","):
             head = head[:-1]
@@ -230,9 +242,9 @@ class _StreamParser:
             try:
                 top = _decode(_META, head + b"}", self.warnings, self.base + start)
             except msgspec.DecodeError:
-                raise Unstreamable from None
+                raise UnstreamableError from None
             if not isinstance(top, dict):
-                raise Unstreamable
+                raise UnstreamableError
             self.meta.update({k: _literal(v) for k, v in top.items()})
         self._drop(match.end() - 1)
 
@@ -259,7 +271,7 @@ class _StreamParser:
             where = _offset_of(exc)
             if where is None or where >= end:
                 return None  # error at the end of the chunk: the cut was inside an event
-            raise _Damage(self.base + where, str(exc)) from None
+            raise _DamageError(self.base + where, str(exc)) from None
 
     def _next_chunk(self) -> bool:
         """Decode one chunk ending near ``self.chunk``; False when the parse stopped (recovered)."""
@@ -275,7 +287,7 @@ class _StreamParser:
                 tries += 1
                 try:
                     events = self._try_cut(pos + 1)
-                except _Damage as damage:
+                except _DamageError as damage:
                     return self._damaged(damage)
                 if events is None:
                     continue
@@ -285,7 +297,7 @@ class _StreamParser:
                 return True
         if tries < _MAX_CUT_TRIES and len(self.buf) < (256 << 20) and self._more():
             return True  # no boundary yet (one enormous event): read on
-        raise Unstreamable
+        raise UnstreamableError
 
     def _last_chunk(self) -> None:
         """The end of the document: the last events, the ']' and the metadata after it."""
@@ -294,12 +306,10 @@ class _StreamParser:
             close = len(self.buf) - len(body)
         else:
             close = -1
-            tries = 0
-            for match in _LAST_EVENT.finditer(self.buf):
-                tries += 1
+            for tries, match in enumerate(_LAST_EVENT.finditer(self.buf), 1):
                 try:
                     events = self._try_cut(match.start() + 1)
-                except _Damage as damage:
+                except _DamageError as damage:
                     self._damaged(damage)
                     return
                 if events is not None:
@@ -308,7 +318,7 @@ class _StreamParser:
                     close = match.end() - 1
                     break
                 if tries >= _MAX_CUT_TRIES:
-                    raise Unstreamable
+                    raise UnstreamableError
             if close < 0:
                 self._damaged(self._locate_end_damage())
                 return
@@ -328,9 +338,9 @@ class _StreamParser:
             if isinstance(extra, dict):
                 self.meta.update({k: _literal(v) for k, v in extra.items()})
                 return
-        raise Unstreamable
+        raise UnstreamableError
 
-    def _locate_end_damage(self) -> _Damage:
+    def _locate_end_damage(self) -> _DamageError:
         """Where the remainder of the document breaks (it has no complete end)."""
         self.buf[0] = 0x5B  # '[' (it may hold the ',' before the next event)
         try:
@@ -338,9 +348,9 @@ class _StreamParser:
         except msgspec.DecodeError as exc:
             where = _offset_of(exc)
             if where is None:  # truncated: the data just ends
-                return _Damage(self.base + len(self.buf), "the file ends inside the events (truncated)")
-            return _Damage(self.base + where, str(exc))
-        return _Damage(self.base + len(self.buf), "the events array is not closed")
+                return _DamageError(self.base + len(self.buf), "the file ends inside the events (truncated)")
+            return _DamageError(self.base + where, str(exc))
+        return _DamageError(self.base + len(self.buf), "the events array is not closed")
 
     def _error(self, offset: int | None, reason: str) -> TraceError:
         cut = " (the gzip stream is cut off)" if self.stream.truncated else ""
@@ -352,7 +362,7 @@ class _StreamParser:
             offset=offset,
         )
 
-    def _damaged(self, damage: _Damage) -> bool:
+    def _damaged(self, damage: _DamageError) -> bool:
         """Raise, or keep the complete events before the damage (recover=True); stops the parse."""
         if not self.recover:
             raise self._error(damage.offset, damage.reason)
@@ -377,7 +387,8 @@ class _StreamParser:
                 offset=damage.offset,
             )
         self.warnings.append(
-            f"{self.name}: damaged at byte {damage.offset} ({damage.reason}); recovered the {self.builder.n} events before it"
+            f"{self.name}: damaged at byte {damage.offset} ({damage.reason}); "
+            f"recovered the {self.builder.n} events before it"
         )
         self.eof = True
         return False
@@ -432,7 +443,9 @@ def _recover_whole(data: bytes | bytearray, name: str, offset: int) -> tuple[byt
     start = data.find(b'"traceEvents"')
     bracket = data.find(b"[", start) if start >= 0 else -1
     if bracket < 0:
-        raise TraceError(f"{name}: damaged at byte {offset} before any event; nothing to recover.", path=name, offset=offset)
+        raise TraceError(
+            f"{name}: damaged at byte {offset} before any event; nothing to recover.", path=name, offset=offset
+        )
     meta: dict[str, Any] = {}
     head = data[:start].rstrip().rstrip(b",") + b"}"
     try:
@@ -463,7 +476,7 @@ def parse_source(
         try:
             with ByteStream(source, block=chunk) as stream:
                 return _StreamParser(source, stream, recover, progress, chunk).run()
-        except Unstreamable:
+        except UnstreamableError:
             pass
         with ByteStream(source, block=chunk) as stream:
             data = stream.read_all()
@@ -500,7 +513,7 @@ def read_part(
 
     Raises:
         TraceError: the JSON is damaged.
-        Unstreamable: a layout only the whole-document path reads.
+        UnstreamableError: a layout only the whole-document path reads.
     """
     chunk = chunk or CHUNK_BYTES
     with _gc_paused(), ByteStream(source, block=chunk) as stream:

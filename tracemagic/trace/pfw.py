@@ -37,8 +37,12 @@ def _pfw_lines(path: Path, max_bytes: int | None = None, max_ratio: float | None
 
 
 _ARG_TO_KINETO = {
-    "stream": "stream", "rf_id": "Record function id", "external_id": "External id",
-    "correlation": "correlation", "seq": "Sequence number", "flops": "flops",
+    "stream": "stream",
+    "rf_id": "Record function id",
+    "external_id": "External id",
+    "correlation": "correlation",
+    "seq": "Sequence number",
+    "flops": "flops",
 }
 
 
@@ -48,7 +52,13 @@ def _to_kineto(event: dict[str, Any]) -> dict[str, Any] | None:
     if ph == "M":
         args = event.get("args") or {}
         if event.get("name") in ("process_name", "thread_name"):
-            return {"ph": "M", "name": event["name"], "pid": event.get("pid"), "tid": event.get("tid"), "args": {"name": args.get("name")}}
+            return {
+                "ph": "M",
+                "name": event["name"],
+                "pid": event.get("pid"),
+                "tid": event.get("tid"),
+                "args": {"name": args.get("name")},
+            }
         return None
     args = dict(event.get("args") or {})
     out: dict[str, Any] = {
@@ -75,7 +85,11 @@ def _to_kineto(event: dict[str, Any]) -> dict[str, Any] | None:
         out["s"] = "t"
         kargs["Device Id"] = int(device.split(":", 1)[1]) if device.startswith("cuda:") else -1
         kargs["Device Type"] = 1 if device.startswith("cuda") else 0
-        for key, kkey in (("bytes", "Bytes"), ("total_allocated", "Total Allocated"), ("total_reserved", "Total Reserved")):
+        for key, kkey in (
+            ("bytes", "Bytes"),
+            ("total_allocated", "Total Allocated"),
+            ("total_reserved", "Total Reserved"),
+        ):
             if key in args:
                 kargs[kkey] = args.pop(key)
     out["args"] = kargs

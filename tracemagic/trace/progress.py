@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 #: below this many bytes on disk a load is quick: no bar unless ``progress=True``
 AUTO_MIN_BYTES = 50 * 1024 * 1024
@@ -89,7 +90,7 @@ def in_widget_kernel() -> bool:
     if shell is None or getattr(shell, "kernel", None) is None:
         return False
     try:
-        import ipywidgets  # noqa: F401
+        import ipywidgets  # noqa: F401 - whether it is installed
     except ImportError:
         return False
     return True
@@ -108,7 +109,7 @@ def bar_for(progress: bool | Progress | None, total: int, label: str) -> Progres
     if in_widget_kernel():
         try:
             return WidgetBar(label)
-        except Exception:  # a frontend without widgets: fall back to text  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a frontend without widgets: fall back to text
             pass
     stream = sys.stderr
     if progress is True or (stream is not None and hasattr(stream, "isatty") and stream.isatty()):

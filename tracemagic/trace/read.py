@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import functools
 import io
-from contextlib import contextmanager
 import os
 import re
 import stat
 import tarfile
 import zlib
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterable, Iterator, Protocol
+from typing import IO, Protocol
 
 from tracemagic.errors import TraceError
 from tracemagic.trace.kineto import rank_from_name
@@ -142,7 +143,7 @@ class Source:
     max_ratio: float | None = None
 
     @classmethod
-    def from_bytes(cls, name: str, data: bytes, rank_hint: int | None = None) -> "Source":
+    def from_bytes(cls, name: str, data: bytes, rank_hint: int | None = None) -> Source:
         """A source over bytes already in memory (tests, tar members)."""
         return cls(name, lambda: io.BytesIO(data), len(data), rank_hint)
 
@@ -178,7 +179,7 @@ class ByteStream:
     def close(self) -> None:
         self._handle.close()
 
-    def __enter__(self) -> "ByteStream":
+    def __enter__(self) -> ByteStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -377,7 +378,7 @@ class _Archive:
 
     def open(self, member: tarfile.TarInfo) -> _Member:
         if self._tar is None:
-            self._tar = tarfile.open(self.path)
+            self._tar = tarfile.open(self.path)  # noqa: SIM115 - open for all members, closed by done()
         handle = self._tar.extractfile(member)  # by its TarInfo: by name reads every header first
         if handle is None:  # pragma: no cover - only regular files are listed
             raise TraceError(f"{self.path}!{member.name}: not a regular file.", path=str(self.path))
@@ -445,8 +446,12 @@ def _read_tar(path: Path, max_bytes: int | None = None, max_ratio: float | None 
     reader = _Archive(path, members)
     return [
         Source(
-            f"{path}!{m.name}", functools.partial(reader.open, m), m.size, rank_from_name(m.name),
-            max_bytes=max_bytes, max_ratio=max_ratio,
+            f"{path}!{m.name}",
+            functools.partial(reader.open, m),
+            m.size,
+            rank_from_name(m.name),
+            max_bytes=max_bytes,
+            max_ratio=max_ratio,
         )
         for m in members
     ]

@@ -16,6 +16,8 @@ class Shared:
     THREAD_KEYS: Final = "thread_keys"
     #: the op and layer around each memory event (``analysis._common``)
     MEMORY_HOLDERS: Final = "memory_holders"
+    #: whether any memory event is off the CPU (``analysis._common``)
+    MEMORY_OFF_CPU: Final = "memory_off_cpu"
     #: each op's call chain (``analysis._common``)
     CALL_CHAINS: Final = "call_chains"
     #: the layer of each op name (``analysis._common``)

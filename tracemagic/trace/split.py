@@ -20,16 +20,16 @@ import io
 import os
 import re
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import parse
 from tracemagic.trace.parse import ParsedTrace, Progress
 from tracemagic.trace.read import ByteStream, Source
-
 
 #: files of at least this much JSON are split (a 10 MB trace loads ~20% faster split;
 #: below a few MB the merge costs about what the second thread saves)
@@ -178,7 +178,7 @@ def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progres
     second = _Second(stretches.take_all)
     try:
         stretches.take_all(_Reporter(stretches, source.size, progress))
-    except (TraceError, parse.Unstreamable):
+    except (TraceError, parse.UnstreamableError):
         second.cancel()
         return None  # damage or an odd layout: the whole-file parse says what and where
     except BaseException:  # the user interrupted: do not wait for the second thread
@@ -257,13 +257,13 @@ class _Reporter:
             self._progress(min(self._size, read * self._size // self._total), self._size)
 
 
-class _Cancelled(Exception):
+class _CancelledError(Exception):
     """Raised in the second thread at its next chunk once its result is not wanted."""
 
 
 class _Second:
     """``work`` on a second thread; ``work(stop)`` reports progress to ``stop``, which
-    raises ``_Cancelled`` after ``cancel()``, so an unwanted parse ends at its next chunk."""
+    raises ``_CancelledError`` after ``cancel()``, so an unwanted parse ends at its next chunk."""
 
     def __init__(self, work: Callable[[Progress], Any]) -> None:
         self._work = work
@@ -274,7 +274,7 @@ class _Second:
 
     def _stop(self, done: int, total: int) -> None:
         if not self._wanted:
-            raise _Cancelled
+            raise _CancelledError
 
     def _run(self) -> None:
         try:

@@ -6,7 +6,6 @@ millions of events. Row numbers below are positions in the events table.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 
@@ -27,6 +26,8 @@ NEST_TOLERANCE_US = 0.25
 #: after) another's end, however short, its child: it is a sibling
 NEST_START_MARGIN_US = 0.0005
 MODULE_PREFIX = "nn.Module: "
+
+
 def sort_by_thread(group: np.ndarray, start: np.ndarray, then: np.ndarray | None = None) -> np.ndarray:
     """The order of rows by (``group``, ``start``, ``then``): ``np.lexsort((then, start,
     group))``, ~2x faster on trace data, whose starts are nearly sorted already (a stable
@@ -90,8 +91,13 @@ def nest_sorted(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[
         parent = np.empty(end.size, dtype=np.int64)
         depth = np.empty(end.size, dtype=np.int32)
         _nesting.nest_sorted(
-            np.ascontiguousarray(group, dtype=np.int64), np.ascontiguousarray(start, dtype=np.float64),
-            np.ascontiguousarray(end, dtype=np.float64), NEST_TOLERANCE_US, NEST_START_MARGIN_US, parent, depth,
+            np.ascontiguousarray(group, dtype=np.int64),
+            np.ascontiguousarray(start, dtype=np.float64),
+            np.ascontiguousarray(end, dtype=np.float64),
+            NEST_TOLERANCE_US,
+            NEST_START_MARGIN_US,
+            parent,
+            depth,
         )
         return parent, depth
     parent = previous_enclosing(group, start, end)
@@ -169,7 +175,9 @@ def propagate(parent: np.ndarray, depth: np.ndarray, is_anchor: np.ndarray) -> n
     """Row of the innermost enclosing anchor event (itself included), else -1."""
     if _nesting is not None:
         out = np.empty(parent.size, dtype=np.int64)
-        _nesting.propagate(np.ascontiguousarray(parent, dtype=np.int64), np.ascontiguousarray(is_anchor, dtype=bool), out)
+        _nesting.propagate(
+            np.ascontiguousarray(parent, dtype=np.int64), np.ascontiguousarray(is_anchor, dtype=bool), out
+        )
         return out
     out = np.where(is_anchor, np.arange(parent.size), -1)
     if parent.size == 0:
@@ -291,7 +299,9 @@ def add_structure(events: pd.DataFrame) -> np.ndarray:
     kinds = kind_codes(events)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = (kinds == KINDS.index("python_function")) & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
+    is_module = (kinds == KINDS.index("python_function")) & np.isin(
+        names.cat.codes.to_numpy(), np.flatnonzero(module_names)
+    )
     module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
     op = propagate(parent, depth, is_op)

@@ -19,11 +19,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Dashboard", "summary", "write_report"]
 
+
 def __getattr__(name: str) -> Any:
     """``Dashboard``, ``write_report`` and ``summary``, imported on first access."""
     value: Any
     if name == "Dashboard":
-        from tracemagic.views.dashboard import Dashboard as value
+        from tracemagic.views.dashboard import Dashboard as value  # noqa: N813 - the attribute asked for, by any name
     elif name == "write_report":
         from tracemagic.views.report import write_report as value
     elif name == "summary":

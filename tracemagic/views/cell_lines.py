@@ -85,10 +85,19 @@ def listing_html(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False
     self_gpu = frame["self_gpu_us"].to_numpy(dtype=float, na_value=np.nan)
     held = frame["self_peak_bytes"].to_numpy(dtype=float, na_value=np.nan)
     cpu_heat, gpu_heat, mem_heat = _heat(self_cpu), _heat(self_gpu), _heat(held)
-    both = np.fmax(np.nan_to_num(self_cpu) / max(float(np.nanmax(self_cpu, initial=0.0)), 1e-12),
-                   np.nan_to_num(self_gpu) / max(float(np.nanmax(self_gpu, initial=0.0)), 1e-12) if has_gpu else 0.0)
-    heats = {"text": _heat(both), "cpu_us": cpu_heat, "self_cpu_us": cpu_heat, "step_pct": cpu_heat,
-             "gpu_us": gpu_heat, "alloc_bytes": mem_heat, "peak_bytes": mem_heat}
+    both = np.fmax(
+        np.nan_to_num(self_cpu) / max(float(np.nanmax(self_cpu, initial=0.0)), 1e-12),
+        np.nan_to_num(self_gpu) / max(float(np.nanmax(self_gpu, initial=0.0)), 1e-12) if has_gpu else 0.0,
+    )
+    heats = {
+        "text": _heat(both),
+        "cpu_us": cpu_heat,
+        "self_cpu_us": cpu_heat,
+        "step_pct": cpu_heat,
+        "gpu_us": gpu_heat,
+        "alloc_bytes": mem_heat,
+        "peak_bytes": mem_heat,
+    }
     head = "".join(f"<th>{esc(COLUMNS[c] + (f' ({unit})' if c.endswith('_us') else ''))}</th>" for c in shown)
     rows = []
     records = frame[shown].to_dict("records")
@@ -121,15 +130,31 @@ def lines_bar(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False, t
     ran = ran.sort_values(key, ascending=False).head(top).iloc[::-1]
     labels = [f"L{int(n)} {shorten(str(t).strip(), 40)}" for n, t in zip(ran["line"], ran["text"])]
     fig = go.Figure()
-    fig.add_bar(name="self CPU", y=labels, x=ran["self_cpu_us"].to_numpy(dtype=float) / div, orientation="h",
-                marker_color="#1f77b4", hovertemplate=f"%{{y}}<br>self CPU %{{x:.3f}} {unit} per step<extra></extra>")
+    fig.add_bar(
+        name="self CPU",
+        y=labels,
+        x=ran["self_cpu_us"].to_numpy(dtype=float) / div,
+        orientation="h",
+        marker_color="#1f77b4",
+        hovertemplate=f"%{{y}}<br>self CPU %{{x:.3f}} {unit} per step<extra></extra>",
+    )
     if has_gpu:
-        fig.add_bar(name="self GPU", y=labels, x=ran["self_gpu_us"].to_numpy(dtype=float) / div, orientation="h",
-                    marker_color="#2ca02c",
-                    hovertemplate=f"%{{y}}<br>self GPU %{{x:.3f}} {unit} per step<extra></extra>")
-    fig.update_layout(title="Lines by their own time per step (nested lines apart)", barmode="group",
-                      xaxis_title=f"{unit} per step", height=max(260, 40 + 26 * len(ran)),
-                      margin={"l": 10, "r": 10, "t": 50, "b": 40}, yaxis={"automargin": True})
+        fig.add_bar(
+            name="self GPU",
+            y=labels,
+            x=ran["self_gpu_us"].to_numpy(dtype=float) / div,
+            orientation="h",
+            marker_color="#2ca02c",
+            hovertemplate=f"%{{y}}<br>self GPU %{{x:.3f}} {unit} per step<extra></extra>",
+        )
+    fig.update_layout(
+        title="Lines by their own time per step (nested lines apart)",
+        barmode="group",
+        xaxis_title=f"{unit} per step",
+        height=max(260, 40 + 26 * len(ran)),
+        margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        yaxis={"automargin": True},
+    )
     return fig
 
 

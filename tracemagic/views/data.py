@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -194,7 +195,9 @@ class TraceData:
 
     def call_tree(self, user_only: bool = False) -> pd.DataFrame:
         """``trace.call_tree(user_only)``."""
-        return self.table(f"call_tree:{user_only}", compute=lambda: self.trace.table(TABLES["call_tree"].function, user_only))
+        return self.table(
+            f"call_tree:{user_only}", compute=lambda: self.trace.table(TABLES["call_tree"].function, user_only)
+        )
 
     # -- "where (code)": the user code behind each row (``analysis.sites``), joined here only
     # when a view shows it, never inside the tables themselves
@@ -233,25 +236,40 @@ class TraceData:
     def _kernel_where(self, kernels: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
         """``table`` with ``where`` (and, for ``torch.compile`` kernels, ``kernel_file`` and
         ``compiled_region``, the first of each kernel + op)."""
-        keys = pd.DataFrame({"name": kernels["name"].astype(str).to_numpy(),
-                             "op": kernels["op"].astype("string").fillna("").astype(str).to_numpy()})
+        keys = pd.DataFrame(
+            {
+                "name": kernels["name"].astype(str).to_numpy(),
+                "op": kernels["op"].astype("string").fillna("").astype(str).to_numpy(),
+            }
+        )
         rows = kernels["row"].to_numpy()
         found = _sites.where_by(self.trace, rows, keys, kernels["dur"].to_numpy(dtype=float))
         out = _insert_after(table.merge(found, on=["name", "op"], how="left"), "op")
         kernel_file, region = _sites.compiled_of_rows(self.trace, rows)
         if any(v is not None for v in kernel_file) or any(v is not None for v in region):
             # torch.compile: the generated source of a Triton kernel, and its compiled region
-            compiled = keys.assign(kernel_file=kernel_file, compiled_region=region).groupby(
-                ["name", "op"], sort=False).first().reset_index()
+            compiled = (
+                keys.assign(kernel_file=kernel_file, compiled_region=region)
+                .groupby(["name", "op"], sort=False)
+                .first()
+                .reset_index()
+            )
             out = out.merge(compiled, on=["name", "op"], how="left")
             at = list(out.columns).index("where") + 1
-            out = out[[*out.columns[:at], "kernel_file", "compiled_region",
-                       *[c for c in out.columns[at:] if c not in ("kernel_file", "compiled_region")]]]
+            out = out[
+                [
+                    *out.columns[:at],
+                    "kernel_file",
+                    "compiled_region",
+                    *[c for c in out.columns[at:] if c not in ("kernel_file", "compiled_region")],
+                ]
+            ]
             out = out.astype({"kernel_file": "str", "compiled_region": "str"})
         return out
 
     def shapes_where(self) -> pd.DataFrame:
         """``shapes()`` with ``where``: the user code that called each op × shapes row."""
+
         def compute() -> pd.DataFrame:
             keys = ["rank", "name", "input_dims", "input_type", "concrete_inputs"]
             return self._keyed_where(self.shapes, keys, after="concrete_inputs")
@@ -260,6 +278,7 @@ class TraceData:
 
     def efficiency_where(self) -> pd.DataFrame:
         """``efficiency()`` with ``where`` (and ``attrs['where']`` for the roofline's hover)."""
+
         def compute() -> pd.DataFrame:
             out = self._keyed_where(self.efficiency, ["rank", "name", "input_dims", "input_type"], after="input_type")
             out.attrs = {**self.efficiency.attrs, "where": out["where"].fillna("").astype(str).tolist()}
@@ -274,8 +293,14 @@ class TraceData:
             return table.assign(where=pd.Series(dtype="str"))
         events = self.trace.events
         tops = _sites.chain_tops(self.trace)
-        frame = pd.DataFrame({k: events[k].to_numpy()[tops] if k == "rank" else
-                              pd.array(np.asarray(events[k].array[tops], dtype=object), dtype="str") for k in keys})
+        frame = pd.DataFrame(
+            {
+                k: events[k].to_numpy()[tops]
+                if k == "rank"
+                else pd.array(np.asarray(events[k].array[tops], dtype=object), dtype="str")
+                for k in keys
+            }
+        )
         found = _sites.where_by(self.trace, tops, frame, events["dur"].to_numpy()[tops])
         typed = table[keys].astype({k: "str" for k in keys if k != "rank"})
         merged = typed.merge(found, on=keys, how="left")
@@ -283,20 +308,25 @@ class TraceData:
 
     def allocations_where(self) -> pd.DataFrame:
         """:attr:`allocations` with ``where``: the user code that allocated each block."""
+
         def compute() -> pd.DataFrame:
             allocations, memory = self.allocations, self.memory
             if allocations.empty or memory.empty:
                 return allocations.assign(where=pd.Series(dtype="str"))
             made = memory[memory["delta_bytes"] > 0]
             keys = ["rank", "device", "ts", "addr", "bytes"]
-            found = made.rename(columns={"delta_bytes": "bytes"})[keys].assign(
-                where=_where_of_rows(self.trace, made["row"].to_numpy())).drop_duplicates(keys)
+            found = (
+                made.rename(columns={"delta_bytes": "bytes"})[keys]
+                .assign(where=_where_of_rows(self.trace, made["row"].to_numpy()))
+                .drop_duplicates(keys)
+            )
             return _insert_after(allocations.merge(found, on=keys, how="left"), "layer")
 
         return self._where("allocations", compute, lambda: self.allocations) if self.can_place else self.allocations
 
     def memory_peaks_where(self) -> pd.DataFrame:
         """``memory_peaks()`` with ``where``: the user code of the event that reached each peak."""
+
         def compute() -> pd.DataFrame:
             peaks, memory = self.memory_peaks, self.memory
             if peaks.empty or memory.empty:
@@ -328,6 +358,7 @@ class TraceData:
     @property
     def layer_spans(self) -> pd.DataFrame:
         """Forward/backward time spans of the top-level layers (``analysis.spans.layer_spans``)."""
+
         def compute() -> pd.DataFrame:
             from tracemagic.analysis.spans import layer_spans
 
@@ -355,6 +386,7 @@ class TraceData:
         """The Execution Trace's op graph (``tracemagic.analysis.et.et_graph``), read once for
         all steps and cut to ``step`` here (an edge is kept when both its ops are; with one
         ET per cycle, whose ids repeat, the step's own graph is asked for instead)."""
+
         def compute() -> pd.DataFrame:
             from tracemagic.analysis.et import et_graph
 
@@ -367,6 +399,7 @@ class TraceData:
         if nodes.empty:
             return empty_table("et_graph"), empty_table("et_edges")
         if step is not None and nodes["id"].duplicated().any():  # one ET per cycle
+
             def one_step() -> pd.DataFrame:
                 from tracemagic.analysis.et import et_graph
 

@@ -62,7 +62,13 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
             devices += f" visible; work on GPU {', '.join(map(str, used))}"
     out.append(("devices", devices))
     if data.several_ranks:
-        out.append(("ranks", f"{len(data.rank_ids)} ({', '.join(map(str, data.rank_ids[:16]))}{'…' if len(data.rank_ids) > 16 else ''})"))
+        out.append(
+            (
+                "ranks",
+                f"{len(data.rank_ids)} ({', '.join(map(str, data.rank_ids[:16]))}"
+                f"{'…' if len(data.rank_ids) > 16 else ''})",
+            )
+        )
     steps = data.steps
     chosen = tables.select_step(steps, step)
     if steps.empty:
@@ -72,8 +78,11 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         numbered = [s for s in data.step_ids if s >= 0]
         listed = f"{len(numbered)} ({', '.join(map(str, numbered[:12]))}{'…' if len(numbered) > 12 else ''})"
         if len(numbered) < len(data.step_ids):  # step -1: a rank without ProfilerStep, one span
-            listed = ("none (no ProfilerStep: the whole trace is one span)" if not numbered
-                      else listed + "; ranks without ProfilerStep: one span each (step -1)")
+            listed = (
+                "none (no ProfilerStep: the whole trace is one span)"
+                if not numbered
+                else listed + "; ranks without ProfilerStep: one span each (step -1)"
+            )
         for end, what in tables.UNCOUNTED_ENDS.items():
             left_out = [str(s) for s, e in data.uncounted_steps.items() if e == end]
             if left_out:
@@ -82,13 +91,20 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         step_us = float(mean["step_us"])
         if step is None:
             durs = steps["window_dur"].astype(float)
-            out.append(("mean step", fmt_time(step_us) + (f" (median {fmt_time(float(durs.median()))})"
-                                                          if len(durs) >= 3 else "")))
+            out.append(
+                (
+                    "mean step",
+                    fmt_time(step_us) + (f" (median {fmt_time(float(durs.median()))})" if len(durs) >= 3 else ""),
+                )
+            )
         else:
             out.append((f"step {step}", fmt_time(step_us) + (" (mean over ranks)" if len(chosen) > 1 else "")))
         share = tables.step_shares(mean)
-        parts = [(name, float(share[col])) for col, name in tables.part_names(steps).items()
-                 if col in share and float(share[col]) >= 0.005]  # NaN (no step) is never
+        parts = [
+            (name, float(share[col]))
+            for col, name in tables.part_names(steps).items()
+            if col in share and float(share[col]) >= 0.005
+        ]  # NaN (no step) is never
         out.append(("breakdown", ", ".join(f"{name} {fmt_pct(p)}" for name, p in sorted(parts, key=lambda x: -x[1]))))
         phased = phase_text(data, step)
         if phased:
@@ -97,24 +113,41 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
             busy = float(share["gpu_busy_us"])
             out.append(("GPU", f"busy {fmt_pct(busy)}, idle {fmt_pct(1.0 - busy)} of the step"))
             if "kernel_busy_us" in share:  # the TensorBoard plugin's figure: kernels alone
-                out.append(("GPU utilization", f"{fmt_pct(float(share['kernel_busy_us']))} (kernels only, the "
-                                               "TensorBoard plugin's; busy counts memcpy and memset too)"))
+                out.append(
+                    (
+                        "GPU utilization",
+                        f"{fmt_pct(float(share['kernel_busy_us']))} (kernels only, the "
+                        "TensorBoard plugin's; busy counts memcpy and memset too)",
+                    )
+                )
         unlaunched = steps.attrs.get("unlaunched") or {}
         if unlaunched:
             events = sum(int(v["events"]) for v in unlaunched.values())
             us = sum(float(v["us"]) for v in unlaunched.values())
-            out.append(("in flight", f"{events:,} GPU events ({fmt_time(us)}) running when profiling began, in no step"))
+            out.append(
+                ("in flight", f"{events:,} GPU events ({fmt_time(us)}) running when profiling began, in no step")
+            )
     rate = tables.kernel_rate(tables.select_step(kernels, step), chosen)
     if rate["kernels"]:
         count = int(rate["kernels"])
-        out.append(("kernels", f"{count:,} ({count // int(rate['steps']):,} per step, {fmt_time(float(rate['mean_us']))} "
-                               "on average)"))
+        out.append(
+            (
+                "kernels",
+                f"{count:,} ({count // int(rate['steps']):,} per step, {fmt_time(float(rate['mean_us']))} on average)",
+            )
+        )
     peaks = tables.peaks_of(data.memory_peaks, step)
     if not peaks.empty:
         top = peaks.sort_values("peak_bytes", ascending=False).head(4)
-        out.append(("peak memory" + (f" in step {step}" if step is not None else ""),
-                    "; ".join((f"rank {row['rank']} · " if data.several_ranks else "") + peak_text(row, step)
-                              for _, row in top.iterrows())))
+        out.append(
+            (
+                "peak memory" + (f" in step {step}" if step is not None else ""),
+                "; ".join(
+                    (f"rank {row['rank']} · " if data.several_ranks else "") + peak_text(row, step)
+                    for _, row in top.iterrows()
+                ),
+            )
+        )
     if data.has_gpu and step is None:
         gaps = roofline_gaps(data.efficiency, 1)  # only a gap worth ROOFLINE_MIN_SHARE of the GPU time
         if gaps:
@@ -140,7 +173,8 @@ def phase_text(data: TraceData, step: int | None = None) -> str:
     gpu = {name: float(mean[f"gpu_{p}_us"]) for p, name in tables.PHASE_NAMES.items()}
     if all(v == v for v in gpu.values()) and sum(gpu.values()) > 0:
         text += "; GPU time launched: " + ", ".join(
-            f"{name} {fmt_time(v)}" for name, v in sorted(gpu.items(), key=lambda x: -x[1]) if v > 0)
+            f"{name} {fmt_time(v)}" for name, v in sorted(gpu.items(), key=lambda x: -x[1]) if v > 0
+        )
     return text
 
 
@@ -170,8 +204,10 @@ def roofline_bullets(efficiency: pd.DataFrame, limit: int = 3) -> list[str]:
     largest = _advice.roofline_gaps(efficiency, 1, min_share=0.0)
     if largest.empty:
         return []
-    return [f"No op × shape loses {fmt_pct(_advice.ROOFLINE_MIN_SHARE)} of the GPU time of ops with shapes to its "
-            f"roof; the largest loss: {largest['evidence'].iloc[0]}."]
+    return [
+        f"No op × shape loses {fmt_pct(_advice.ROOFLINE_MIN_SHARE)} of the GPU time of ops with shapes to its "
+        f"roof; the largest loss: {largest['evidence'].iloc[0]}."
+    ]
 
 
 def device_memory(data: TraceData) -> float | None:
@@ -182,13 +218,20 @@ def device_memory(data: TraceData) -> float | None:
 def advice(data: TraceData, step: int | None = None) -> pd.DataFrame:
     """``trace.advice(step)`` over the tables a ``TraceData`` holds (``analysis.advice``'s
     rules; a failed analysis is an empty table, and a job's summarized ranks advise too)."""
-    return data.table("advice" if step is None else f"advice:step {step}", compute=lambda: _advice.evaluate(
-        tables.select_step(data.steps, step), tables.select_step(data.ops, step),
-        tables.select_step(data.kernels, step) if data.has_gpu else None, tables.peaks_of(data.memory_peaks, step),
-        data.ranks if data.several_ranks and step is None else None, device_memory_bytes=device_memory(data),
-        step=step, iterations=data.iterations if step is None and not data.summaries_only else None,
-        phases=phases_of(data, step),
-    ))
+    return data.table(
+        "advice" if step is None else f"advice:step {step}",
+        compute=lambda: _advice.evaluate(
+            tables.select_step(data.steps, step),
+            tables.select_step(data.ops, step),
+            tables.select_step(data.kernels, step) if data.has_gpu else None,
+            tables.peaks_of(data.memory_peaks, step),
+            data.ranks if data.several_ranks and step is None else None,
+            device_memory_bytes=device_memory(data),
+            step=step,
+            iterations=data.iterations if step is None and not data.summaries_only else None,
+            phases=phases_of(data, step),
+        ),
+    )
 
 
 def phases_of(data: TraceData, step: int | None = None) -> pd.DataFrame | None:

@@ -7,7 +7,7 @@ exists for drawing: lanes, a bound on the events drawn and busy-time bins for th
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -50,10 +50,10 @@ def _codes(values: pd.Series, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
 
 def _text_at(values: pd.Series, rows: np.ndarray) -> list[str]:
     """``values`` at ``rows`` as text ('' where missing): only the drawn rows are converted."""
-    return ["" if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else str(v)
-            for v in values.iloc[rows].tolist()]
-
-
+    return [
+        "" if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else str(v)
+        for v in values.iloc[rows].tolist()
+    ]
 
 
 def _busy_bins(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray, lo: float, hi: float, bins: int) -> pd.DataFrame:
@@ -88,10 +88,12 @@ def _busy_bins(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray, lo: float, hi:
         busy += np.cumsum(full)[:bins] * width
         counts = np.bincount(cs, minlength=bins)
         nz = np.nonzero(counts)[0]
-        out.append(pd.DataFrame({"lane": lane[s], "start": edges[nz], "busy": np.minimum(busy[nz] / width, 1.0),
-                                 "count": counts[nz]}))
+        out.append(
+            pd.DataFrame(
+                {"lane": lane[s], "start": edges[nz], "busy": np.minimum(busy[nz] / width, 1.0), "count": counts[nz]}
+            )
+        )
     return pd.concat(out, ignore_index=True)
-
 
 
 def timeline_events(
@@ -170,11 +172,19 @@ def timeline_events(
         code, cats = _codes(ops["thread"], cpu_rows)
         key = rank * (len(cats) + 1) + code
         uniq, inverse = np.unique(key, return_inverse=True)
-        lane_map = np.array([
-            lane_of(k // (len(cats) + 1), 2, names.get((int(k // (len(cats) + 1)), cats[k % (len(cats) + 1)]),
-                                                       f"thread {cats[k % (len(cats) + 1)]}"))
-            for k in uniq
-        ], dtype=np.int64)
+        lane_map = np.array(
+            [
+                lane_of(
+                    k // (len(cats) + 1),
+                    2,
+                    names.get(
+                        (int(k // (len(cats) + 1)), cats[k % (len(cats) + 1)]), f"thread {cats[k % (len(cats) + 1)]}"
+                    ),
+                )
+                for k in uniq
+            ],
+            dtype=np.int64,
+        )
         sources.append(("cpu", ops, cpu_rows, lane_map[inverse.reshape(-1)]))
     gpu_rows = _overlaps(kernels, lo, hi)
     if len(gpu_rows):
@@ -184,9 +194,13 @@ def timeline_events(
         nd, ns = len(dcats) + 1, len(scats) + 1
         key = (rank * nd + dcode) * ns + scode
         uniq, inverse = np.unique(key, return_inverse=True)
-        lane_map = np.array([
-            lane_of(k // (nd * ns), 3, f"GPU {dcats[(k // ns) % nd] or '?'} stream {scats[k % ns] or '?'}") for k in uniq
-        ], dtype=np.int64)
+        lane_map = np.array(
+            [
+                lane_of(k // (nd * ns), 3, f"GPU {dcats[(k // ns) % nd] or '?'} stream {scats[k % ns] or '?'}")
+                for k in uniq
+            ],
+            dtype=np.int64,
+        )
         sources.append(("gpu", kernels, gpu_rows, lane_map[inverse.reshape(-1)]))
     step_rows = _overlaps(steps_df, lo, hi)
     if len(step_rows):
@@ -200,7 +214,9 @@ def timeline_events(
     phases_df = phase_spans if phase_spans is not None else pd.DataFrame(columns=["rank", "phase", "ts", "dur"])
     phase_rows = _overlaps(phases_df, lo, hi)
     if len(phase_rows):
-        lane_map = np.array([lane_of(r, 0.5, "phases") for r in phases_df["rank"].to_numpy()[phase_rows]], dtype=np.int64)
+        lane_map = np.array(
+            [lane_of(r, 0.5, "phases") for r in phases_df["rank"].to_numpy()[phase_rows]], dtype=np.int64
+        )
         sources.append(("phase", phases_df, phase_rows, lane_map))
     if not sources:
         empty = pd.DataFrame(columns=list(COLUMNS))
@@ -210,10 +226,14 @@ def timeline_events(
     lane = np.concatenate([s[3] for s in sources])
     ts = np.concatenate([s[1]["ts"].to_numpy(dtype=float)[s[2]] for s in sources])
     dur = np.concatenate([s[1]["dur"].to_numpy(dtype=float)[s[2]] for s in sources])
-    depth = np.concatenate([
-        s[1]["depth"].to_numpy(dtype=float)[s[2]] if s[0] == "cpu" else np.full(len(s[2]), -1.0 if s[0] == "step" else 0.0)
-        for s in sources
-    ])
+    depth = np.concatenate(
+        [
+            s[1]["depth"].to_numpy(dtype=float)[s[2]]
+            if s[0] == "cpu"
+            else np.full(len(s[2]), -1.0 if s[0] == "step" else 0.0)
+            for s in sources
+        ]
+    )
     total = len(lane)
     # lane order: per rank, steps, then layers, then CPU threads, then GPU streams
     keys = sorted(lane_ids, key=lambda k: (k[0], k[1], k[2]))
@@ -230,7 +250,7 @@ def timeline_events(
     offsets = np.cumsum([0] + [len(s[2]) for s in sources])
     pieces = []
     for (kind, frame, rows, _), start in zip(sources, offsets[:-1]):
-        mine = np.flatnonzero(keep[start:start + len(rows)])
+        mine = np.flatnonzero(keep[start : start + len(rows)])
         if not len(mine):
             continue
         at = rows[mine]
@@ -241,15 +261,20 @@ def timeline_events(
         elif kind == "gpu":
             kinds = _text_at(frame["kind"], at)
             names_at = _text_at(frame["name"], at)
-            info = ["launched by " + (o or "?") for o in (_text_at(frame["op"], at) if "op" in frame else [""] * len(at))]
+            info = [
+                "launched by " + (o or "?") for o in (_text_at(frame["op"], at) if "op" in frame else [""] * len(at))
+            ]
         elif kind == "phase":
             phases = _text_at(frame["phase"], at)
             kinds = [f"phase {p}" for p in phases]
             names_at = [PHASE_LABELS.get(p, p) for p in phases]
             steps_at = frame["step"].to_numpy()[at] if "step" in frame else np.full(len(at), -1)
             busy_at = frame["busy_us"].to_numpy(dtype=float)[at] if "busy_us" in frame else np.full(len(at), np.nan)
-            info = [(f"step {int(s)}" if int(s) >= 0 else "outside steps")
-                    + (f" · {b / 1000:.3f} ms of its own" if b == b else "") for s, b in zip(steps_at, busy_at)]
+            info = [
+                (f"step {int(s)}" if int(s) >= 0 else "outside steps")
+                + (f" · {b / 1000:.3f} ms of its own" if b == b else "")
+                for s, b in zip(steps_at, busy_at)
+            ]
         elif kind == "layer":
             phases = _text_at(frame["phase"], at)
             kinds = [f"layer {p}" for p in phases]
@@ -261,15 +286,35 @@ def timeline_events(
             names_at = [f"ProfilerStep#{int(s)}" for s in frame["step"].to_numpy()[at]]
             info = [""] * len(at)
         idx = start + mine
-        pieces.append(pd.DataFrame({"lane": [label[int(i)] for i in lane[idx]], "kind": kinds, "name": names_at,
-                                    "ts": ts[idx], "dur": dur[idx], "depth": depth[idx], "info": info}))
+        pieces.append(
+            pd.DataFrame(
+                {
+                    "lane": [label[int(i)] for i in lane[idx]],
+                    "kind": kinds,
+                    "name": names_at,
+                    "ts": ts[idx],
+                    "dur": dur[idx],
+                    "depth": depth[idx],
+                    "info": info,
+                }
+            )
+        )
     rest = ~keep & (depth <= 0)  # nested CPU events are inside their parents' time
     if (~keep).any():
         agg = _busy_bins(lane[rest], ts[rest], dur[rest], lo, hi, bins)
         if not agg.empty:
-            pieces.append(pd.DataFrame({"lane": [label[int(i)] for i in agg["lane"]], "kind": "aggregated",
-                                        "ts": agg["start"].to_numpy(dtype=float), "dur": (hi - lo) / bins,
-                                        "count": agg["count"].to_numpy(), "busy": agg["busy"].to_numpy(dtype=float)}))
+            pieces.append(
+                pd.DataFrame(
+                    {
+                        "lane": [label[int(i)] for i in agg["lane"]],
+                        "kind": "aggregated",
+                        "ts": agg["start"].to_numpy(dtype=float),
+                        "dur": (hi - lo) / bins,
+                        "count": agg["count"].to_numpy(),
+                        "busy": agg["busy"].to_numpy(dtype=float),
+                    }
+                )
+            )
     out = pd.concat(pieces, ignore_index=True).reindex(columns=list(COLUMNS))
     out.attrs.update(lanes=[label[lane_ids[k]] for k in keys], window=[lo, hi], total=int(total))
     return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -17,8 +18,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
 
 #: short column names of the step parts for narrow terminals
-SHORT_PARTS = {"compute_us": "kernels", "comm_us": "comm", "memcpy_us": "memcpy", "memset_us": "memset",
-               "runtime_us": "runtime", "dataloader_us": "data", "cpu_us": "CPU only", "idle_us": "idle"}
+SHORT_PARTS = {
+    "compute_us": "kernels",
+    "comm_us": "comm",
+    "memcpy_us": "memcpy",
+    "memset_us": "memset",
+    "runtime_us": "runtime",
+    "dataloader_us": "data",
+    "cpu_us": "CPU only",
+    "idle_us": "idle",
+}
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
@@ -34,7 +43,9 @@ def clean(text: object) -> str:
     return "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
 
 
-def render_table(rows: Sequence[Sequence[object]], headers: Sequence[str], width: int, *, flex: int | None = 0) -> list[str]:
+def render_table(
+    rows: Sequence[Sequence[object]], headers: Sequence[str], width: int, *, flex: int | None = 0
+) -> list[str]:
     """Rows as aligned text lines no wider than ``width``.
 
     Column ``flex`` (the name column) is left-aligned and cut to fit; the others are
@@ -90,12 +101,19 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
         headers = (["rank"] if several else []) + ["step", "time"] + [short[c] for c in cols]
         frame = steps.sort_values(["rank", "step"]).head(40)
         rows = [
-            ([str(int(r["rank"]))] if several else []) + [str(int(r["step"])), fmt_time(float(r["window_dur"]), "ms")]
-            + [f"{100 * float(r[c]) / float(r['window_dur']):.0f}%" if float(r["window_dur"]) > 0 else "–" for c in cols]
+            ([str(int(r["rank"]))] if several else [])
+            + [str(int(r["step"])), fmt_time(float(r["window_dur"]), "ms")]
+            + [
+                f"{100 * float(r[c]) / float(r['window_dur']):.0f}%" if float(r["window_dur"]) > 0 else "–"
+                for c in cols
+            ]
             for _, r in frame.iterrows()
         ]
-        caption = ("Steps (share of each step's device window; kernels = GPU kernels, CPU only = host work, GPU idle)"
-                   if gpu else "Steps (share of each step)")
+        caption = (
+            "Steps (share of each step's device window; kernels = GPU kernels, CPU only = host work, GPU idle)"
+            if gpu
+            else "Steps (share of each step)"
+        )
         out += ["", shorten(caption, width)] + render_table(rows, headers, width, flex=None)
         if len(steps) > len(frame):
             out.append(f"… {len(steps) - len(frame)} more steps")
@@ -105,28 +123,55 @@ def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str
         metric = tables.layer_metric(layers)
         frame = tables.top_layers(layers, top)
         gpu = data.has_gpu  # a CPU-only trace has no GPU column to show
-        rows = [[r["layer"], str(r.get("type", "")), f"{int(r['calls']):,}", fmt_time(float(r["cpu_us"]), "ms")]
-                + ([fmt_time(float(r["gpu_us"]), "ms")] if gpu else []) for _, r in frame.iterrows()]
+        rows = [
+            [r["layer"], str(r.get("type", "")), f"{int(r['calls']):,}", fmt_time(float(r["cpu_us"]), "ms")]
+            + ([fmt_time(float(r["gpu_us"]), "ms")] if gpu else [])
+            for _, r in frame.iterrows()
+        ]
         headers = ["layer", "type", "calls", "CPU"] + (["GPU"] if gpu else [])
         out += ["", f"Top layers (by {metric[:3].upper()} time)"] + render_table(rows, headers, width)
 
     ops = tables.top_ops(data.ops, top)
     if not ops.empty:
-        rows = [[r["name"], f"{int(r['calls']):,}", fmt_time(float(r["self_us"]), "ms"), fmt_time(float(r["total_us"]), "ms"),
-                 f"{float(r['self_pct']):.1f}%"] for _, r in ops.iterrows()]
-        out += ["", "Top ops (by self CPU time)"] + render_table(rows, ["op", "calls", "self", "total", "self %"], width)
+        rows = [
+            [
+                r["name"],
+                f"{int(r['calls']):,}",
+                fmt_time(float(r["self_us"]), "ms"),
+                fmt_time(float(r["total_us"]), "ms"),
+                f"{float(r['self_pct']):.1f}%",
+            ]
+            for _, r in ops.iterrows()
+        ]
+        out += ["", "Top ops (by self CPU time)"] + render_table(
+            rows, ["op", "calls", "self", "total", "self %"], width
+        )
 
     if data.has_gpu:
         kern = tables.top_kernels(data.kernels, min(top, 5))
         if not kern.empty:
-            rows = [[kernel_label(r["name"], width) if r["kind"] == "kernel" else r["name"], f"{int(r['calls']):,}", fmt_time(float(r["total_us"]), "ms"), f"{float(r['pct']):.1f}%"]
-                    for _, r in kern.iterrows()]
+            rows = [
+                [
+                    kernel_label(r["name"], width) if r["kind"] == "kernel" else r["name"],
+                    f"{int(r['calls']):,}",
+                    fmt_time(float(r["total_us"]), "ms"),
+                    f"{float(r['pct']):.1f}%",
+                ]
+                for _, r in kern.iterrows()
+            ]
             out += ["", "Top kernels (by GPU time)"] + render_table(rows, ["kernel", "calls", "total", "GPU %"], width)
 
     peaks = tables.peaks_of(data.memory_peaks)
     if not peaks.empty:
-        rows = [[(f"rank {int(r['rank'])} · " if data.several_ranks else "") + str(r["device"]), fmt_bytes(r["peak_bytes"]),
-                 fmt_bytes(r["start_bytes"]), _where(r)] for _, r in peaks.iterrows()]
+        rows = [
+            [
+                (f"rank {int(r['rank'])} · " if data.several_ranks else "") + str(r["device"]),
+                fmt_bytes(r["peak_bytes"]),
+                fmt_bytes(r["start_bytes"]),
+                _where(r),
+            ]
+            for _, r in peaks.iterrows()
+        ]
         out += ["", "Peak memory (allocated; at start = already allocated when the capture began)"]
         out += render_table(rows, ["device", "peak", "at start", "reached in"], width, flex=3)
 
@@ -158,8 +203,16 @@ def diff_summary(a: Trace | TraceData, b: Trace | TraceData, width: int = 100, *
         frame = tables.biggest_changes(diff, level, top)
         if frame.empty:
             continue
-        rows = [[r["name"], str(r["status"]), fmt_time(_num(r["us_a"]), "ms"), fmt_time(_num(r["us_b"]), "ms"),
-                 f"{_num(r['delta_us']) / 1000:+,.3f} ms"] for _, r in frame.iterrows()]
+        rows = [
+            [
+                r["name"],
+                str(r["status"]),
+                fmt_time(_num(r["us_a"]), "ms"),
+                fmt_time(_num(r["us_b"]), "ms"),
+                f"{_num(r['delta_us']) / 1000:+,.3f} ms",
+            ]
+            for _, r in frame.iterrows()
+        ]
         out += ["", f"Biggest changes by {level} (B − A)"] + render_table(rows, [level, "status", "A", "B", "Δ"], width)
     if diff.empty:
         out.append("no differences found (or the diff analysis is unavailable)")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import plotly.graph_objects as go
 
@@ -91,11 +92,18 @@ class ZoomableFigure:
         if self._lanes:
             # an invisible trace across the base window: double-click (autorange) returns to it
             self.widget.add_scatter(
-                x=[(lo - self.origin) / self.div, (hi - self.origin) / self.div], y=[self._lanes[0]] * 2,
-                mode="markers", marker={"opacity": 0}, hoverinfo="skip", showlegend=False, name="extent",
+                x=[(lo - self.origin) / self.div, (hi - self.origin) / self.div],
+                y=[self._lanes[0]] * 2,
+                mode="markers",
+                marker={"opacity": 0},
+                hoverinfo="skip",
+                showlegend=False,
+                name="extent",
             )
 
-    def reset(self, fig: go.Figure, rebuild: Callable[[tuple[float, float]], go.Figure], *, unit_divisor: float) -> None:
+    def reset(
+        self, fig: go.Figure, rebuild: Callable[[tuple[float, float]], go.Figure], *, unit_divisor: float
+    ) -> None:
         """Show ``fig`` (a new base window: another step or unit) in the same widget."""
         if self._handle is not None:
             self._handle.cancel()

@@ -1,0 +1,270 @@
+"""Analysis tables kept in a trace's cache (``trace.cache.TableStore``): reopening a trace
+gives them without computing them again, exactly as computed, and never a stale, damaged
+or forged one."""
+
+from __future__ import annotations
+
+import functools
+import json
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import pytest
+
+import tracemagic
+from tracemagic.analysis import layers as layers_module
+from tracemagic.analysis import memory as memory_module
+from tracemagic.analysis import ops as ops_module
+from tracemagic.trace import cache
+
+TRACES = Path(__file__).parent / "data" / "traces"
+GPU_TRACE = TRACES / "hta_control.json.gz"
+#: every table the store keeps, by the facade call that asks for it
+CALLS: dict[str, Callable[[Any], pd.DataFrame]] = {
+    "ops.ops": lambda t: t.ops(),
+    "kernels.kernels": lambda t: t.kernels(),
+    "steps.steps": lambda t: t.steps(),
+    "layers.layers": lambda t: t.layers(),
+    "memory.memory": lambda t: t.memory(),
+    "memory.peaks": lambda t: t.memory_peaks(),
+    "shapes.shapes": lambda t: t.shapes(),
+    "efficiency.efficiency": lambda t: t.efficiency(),
+    "phases.phases": lambda t: t.phases(),
+    "ranks.ranks": lambda t: t.ranks(),
+}
+
+
+def identical(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    """The same frame: values, dtypes (categories' too), column names and attrs."""
+    pd.testing.assert_frame_equal(got, want, check_exact=True, check_categorical=True)
+    for column in want.columns:
+        assert got[column].dtype == want[column].dtype, column
+        if isinstance(want[column].dtype, pd.CategoricalDtype):
+            assert got[column].cat.categories.dtype == want[column].cat.categories.dtype, column
+    assert repr(got.attrs) == repr(want.attrs)
+
+
+def stored(folder: Path) -> set[str]:
+    return {p.name.split(cache.TABLE_INFIX, 1)[1].removesuffix(cache.SEAL_SUFFIX) for p in folder.glob(f"*{cache.TABLE_INFIX}*.seal")}
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts the calls of ops(), layers() and memory() (the facade looks them up on their modules)."""
+    calls: Counter[str] = Counter()
+    for module, name in ((ops_module, "ops"), (layers_module, "layers"), (memory_module, "memory")):
+        real = getattr(module, name)
+
+        def counting(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, functools.wraps(real)(counting))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["hta_control.json.gz", "tracelens_normalization_layer_test.json.gz"])
+def test_reopened_tables_are_the_computed_ones(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cache.NO_TABLES_ENV, "0")
+    plain = tracemagic.load(TRACES / name, use_cache=False)
+    want = {key: call(plain) for key, call in CALLS.items()}
+    monkeypatch.delenv(cache.NO_TABLES_ENV)
+    first = tracemagic.load(TRACES / name, cache_dir=tmp_path)
+    for key, call in CALLS.items():
+        identical(call(first), want[key])
+    first.store.flush()  # else written as the process ends
+    assert stored(tmp_path) == set(CALLS)
+    again = tracemagic.load(TRACES / name, cache_dir=tmp_path)
+    for key, call in CALLS.items():
+        identical(call(again), want[key])
+        table = call(again)
+        if len(table):  # each call's copy is the caller's to change
+            table.iloc[0, 0] = table.iloc[-1, 0]
+    for key, call in CALLS.items():
+        identical(call(again), want[key])
+
+
+def test_a_reopened_trace_reads_its_tables_instead_of_computing_them(tmp_path: Path, counted: Counter[str]) -> None:
+    first = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    first.ops(), first.layers(), first.memory()
+    first.store.flush()
+    assert counted == {"ops": 1, "layers": 1, "memory": 1}
+    again = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    again.ops(), again.layers(), again.memory(), again.memory_peaks()
+    assert counted == {"ops": 1, "layers": 1, "memory": 1}, "memory_peaks read, not made from memory()"
+    again.layers(0)  # with an argument: computed, never stored
+    assert counted["layers"] == 2 and "layers.layers" in stored(tmp_path)
+
+
+def test_no_stored_tables_when_turned_off_or_for_a_trace_given_other_events(
+    tmp_path: Path, counted: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(cache.NO_TABLES_ENV, "0")
+    off = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    off.ops()
+    assert off.store is None and stored(tmp_path) == set()
+    monkeypatch.delenv(cache.NO_TABLES_ENV)
+    on = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    on.ops()
+    on.store.flush()
+    assert stored(tmp_path) == {"ops.ops"} and counted["ops"] == 2
+    trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    trace.events = trace.events.assign(dur=trace.events["dur"] * 2)
+    doubled = trace.ops()["dur"].to_numpy()
+    assert (doubled == 2 * tracemagic.load(GPU_TRACE, cache_dir=tmp_path).ops()["dur"].to_numpy()).all()
+    assert counted["ops"] == 3
+
+
+def _seal_body(path: Path) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(path.read_bytes().partition(b"\n")[2])
+    return body
+
+
+def _write_seal(path: Path, body: dict[str, Any]) -> None:
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    path.write_bytes(f"{zlib.crc32(raw):08x}\n".encode() + raw)
+
+
+def test_stale_damaged_or_forged_tables_are_computed_again(
+    tmp_path: Path, counted: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def reopened() -> pd.DataFrame:
+        trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+        table = trace.ops()
+        trace.store.flush()
+        return table
+
+    want = reopened()
+    (seal,) = tmp_path.glob("*.t.ops.ops.seal")
+    data = seal.with_name(seal.name.replace(".seal", ".arrow"))
+    assert counted["ops"] == 1
+
+    # another tracemagic (or numpy/pandas/pyarrow) version: computed again, and stored for it
+    with monkeypatch.context() as patched:
+        patched.setattr(cache, "code_version", lambda: "another version")
+        identical(reopened(), want)
+        assert counted["ops"] == 2
+        identical(reopened(), want)
+        assert counted["ops"] == 2
+    identical(reopened(), want)  # back to this version: its table was replaced, so computed again
+    assert counted["ops"] == 3
+    # a byte of the table changed: its checksum differs
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    data.write_bytes(bytes(raw))
+    identical(reopened(), want)
+    assert counted["ops"] == 4
+    # a seal forged to match a hostile layout (a column said to be of another kind, or a
+    # dtype outside the list): rebuilt tables are refused, never a crash nor a wrong table
+    for forge in (
+        lambda layout: layout["columns"][0].update(kind="numpy", dtype="float64"),
+        lambda layout: layout["columns"][0].update(kind="object"),
+        lambda layout: layout.update(names="datetime64[ns]"),
+        lambda layout: layout.update(attrs={"dict": [[{"dict": []}, 1]]}),
+        lambda layout: layout.update(attrs={"tuple": [{"tuple": []}] * 3, "dict": 1}),
+        lambda layout: layout["columns"][1].update(kind="category", categories="str"),
+        lambda layout: layout["columns"].pop(),
+    ):
+        body = _seal_body(seal)
+        forge(body["layout"])
+        _write_seal(seal, body)
+        before = counted["ops"]
+        identical(reopened(), want)
+        assert counted["ops"] == before + 1
+    # a seal of JSON nested too deep to read
+    raw = b'{"layout":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    seal.write_bytes(f"{zlib.crc32(raw):08x}\n".encode() + raw)
+    before = counted["ops"]
+    identical(reopened(), want)
+    assert counted["ops"] == before + 1
+    # the trace parsed again (a new events file): its tables go with the old one
+    trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    assert trace.store is not None
+    for path in tmp_path.glob("*.seal"):
+        if cache.TABLE_INFIX not in path.name:
+            path.unlink()  # the events' seal: the next load parses and writes a new entry
+    tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    assert stored(tmp_path) == set()
+
+
+def test_a_capture_manifest_edited_after_the_tables_were_stored(tmp_path: Path, counted: Counter[str]) -> None:
+    """Layer names come from the manifest: another manifest means the tables are made again."""
+    folder = tmp_path / "capture"
+    folder.mkdir()
+    trace_file = folder / "kineto_trace_0.json.gz"
+    trace_file.write_bytes((TRACES / "tracelens_normalization_layer_test.json.gz").read_bytes())
+    (folder / "capture.json").write_text(json.dumps({
+        "versions": {"tracemagic": tracemagic.__version__},
+        "files": [{"path": trace_file.name, "kind": "kineto", "rank": 0}],
+    }))
+    trace = tracemagic.load(folder)
+    before = trace.layers()
+    trace.store.flush()
+    assert counted["layers"] == 1 and (folder / cache.CAPTURE_FOLDER).is_dir()
+    again = tracemagic.load(folder)
+    again.layers()
+    again.store.flush()
+    assert counted["layers"] == 1
+    layer = str(before["layer"].iloc[0])  # Net_0: no manifest names it yet
+    manifest = json.loads((folder / "capture.json").read_text())
+    manifest["modules"] = {f"nn.Module: {layer}": {"path": "renamed.path", "type": "Renamed"}}
+    (folder / "capture.json").write_text(json.dumps(manifest))
+    after = tracemagic.load(folder).layers()
+    assert counted["layers"] == 2
+    assert "renamed.path" in set(after["layer"]) and layer not in set(after["layer"])
+
+
+def test_stored_tables_belong_to_their_cache_entry(tmp_path: Path) -> None:
+    trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    trace.ops(), trace.steps()
+    trace.store.flush()
+    (entry,) = cache.entries(tmp_path)
+    assert {p.name.split(".", 1)[1] for p in entry.files} >= {"t.ops.ops.arrow", "t.ops.ops.seal", "t.steps.steps.seal"}
+    assert cache.clear(tmp_path)[0] == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_session_stores_its_tables_as_it_ends(tmp_path: Path, counted: Counter[str]) -> None:
+    """A process that computed tables writes them when it ends; one whose cache entry was
+    cleared meanwhile writes nothing (no table files without their events)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(tracemagic.__file__).resolve().parents[1]
+    script = (
+        "import sys, tracemagic\n"
+        "from tracemagic.trace import cache\n"
+        "trace = tracemagic.load(sys.argv[1], cache_dir=sys.argv[2])\n"
+        "trace.ops(), trace.layers()\n"
+        "if sys.argv[3] == 'clear':\n"
+        "    cache.clear(sys.argv[2])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(root))
+    for folder, then in ((tmp_path / "kept", "keep"), (tmp_path / "cleared", "clear")):
+        subprocess.run([sys.executable, "-c", script, str(GPU_TRACE), str(folder), then], check=True, env=env, timeout=300)
+    assert stored(tmp_path / "kept") == {"ops.ops", "layers.layers"}
+    assert list((tmp_path / "cleared").iterdir()) == []
+    again = tracemagic.load(GPU_TRACE, cache_dir=tmp_path / "kept")
+    again.ops(), again.layers()
+    assert counted == Counter()
+
+
+def test_a_trace_dropped_stores_its_tables(tmp_path: Path, counted: Counter[str]) -> None:
+    """Tables are written when their trace is dropped (a function's trace at its return), not
+    while they are computed."""
+
+    def look() -> None:
+        trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+        trace.ops()
+        assert stored(tmp_path) == set(), "not written while the session computes"
+        trace.memory()
+
+    look()
+    assert stored(tmp_path) == {"ops.ops", "memory.memory"}
+    trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    trace.ops(), trace.memory()
+    assert counted == {"ops": 1, "memory": 1}
