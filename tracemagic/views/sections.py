@@ -262,13 +262,13 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
 
 def _memory(data: TraceData, state: ViewState) -> Section:
     memory = data.memory
-    peaks = tables.peaks_of(data.memory_peaks, state.step)
+    peaks = tables.peaks_of(data.memory_peaks_where(), state.step)
     facts = [
         ((f"rank {row['rank']} · " if data.several_ranks else "") + f"peak {row['device']}"
          + (f" in step {state.step}" if state.step is not None else ""),
          insights.peak_text(row, state.step, device=False)
          + (f" at {fmt_time(float(row['ts']))}" if pd.notna(row["ts"]) else "")
-         + "".join(f" · {v}" for v in (row["op"], row["layer"]) if isinstance(v, str) and v))
+         + "".join(f" · {v}" for v in (row["op"], row["layer"], row.get("where")) if isinstance(v, str) and v))
         for _, row in peaks.iterrows()
     ]
     spans = data.layer_spans if not memory.empty else None
@@ -289,7 +289,7 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     return Section(
         "memory", TITLES["memory"],
         figures=figs,
-        table=display_table(tables.select_step(data.allocations, state.step).head(5000), state.unit),
+        table=display_table(tables.select_step(data.allocations_where(), state.step).head(5000), state.unit),
         table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
     )
@@ -303,14 +303,15 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     return Section(
         "shapes", TITLES["shapes"],
         figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
-        table=display_table(shapes.sort_values("total_us", ascending=False) if not shapes.empty else shapes, state.unit),
+        table=display_table(data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes,
+                            state.unit),
         table_title="Op × input shapes × dtypes",
         facts=facts,
     )
 
 
 def _roofline(data: TraceData, state: ViewState) -> Section:
-    efficiency = data.efficiency
+    efficiency = data.efficiency_where()
     facts = []
     devices = efficiency["device"].dropna().astype(str).unique().tolist() if not efficiency.empty else []
     if devices:
@@ -336,7 +337,7 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
         "kernels", TITLES["kernels"],
         figures=[figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
                  figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit)],
-        table=display_table(tables.top_kernels(kernels, by_op=True), state.unit),
+        table=display_table(data.kernel_table(kernels), state.unit),
         table_title="Kernels by kernel + launching op" + (f" in step {state.step}" if state.step is not None else ""),
     )
 
