@@ -304,3 +304,30 @@ def test_a_model_held_in_no_variable_is_named_under_its_class(tmp_path: Path) ->
     }
     names = {e["name"] for e in _events(cap.dir / "kineto_trace_0.json") if e["name"].startswith("nn.Module: ")}
     assert names == set(modules)
+
+
+def test_the_ops_of_a_compiled_region_name_it_in_sites(compiled_run: dict[str, Any]) -> None:
+    """``trace.sites()``' ``compiled_region``: the ``Torch-Compiled Region: F/N`` op TorchDynamo
+    records around a compiled call (torch/_dynamo/convert_frame.py), checked on the raw JSON."""
+    from collections import Counter
+
+    events = compiled_run["magic"]
+    regions = [e for e in events if e.get("ph") == "X" and e["name"].startswith("Torch-Compiled Region")]
+    assert regions
+    expected: Counter[tuple[str, str | None]] = Counter()
+    for e in events:
+        if e.get("cat") != "cpu_op" or e.get("ph") != "X" or e["name"].startswith("tracemagic.line:"):
+            continue
+        around = [r for r in regions if (r["pid"], r["tid"]) == (e["pid"], e["tid"])
+                  and r["ts"] <= e["ts"] < r["ts"] + r["dur"]]
+        inner = max(around, key=lambda r: (r["ts"], -r["dur"])) if around else None
+        expected[(e["name"], inner["name"] if inner else None)] += 1
+    trace = tracemagic.load(compiled_run["capture"].dir, use_cache=False)
+    sites = trace.sites()
+    ops = sites[sites["kind"] == "cpu_op"]
+    names = trace.events["name"]
+    got = Counter((str(names.iat[int(r)]), c if isinstance(c, str) else None)
+                  for r, c in zip(ops["row"], ops["compiled_region"]))
+    assert got == expected
+    assert any(region for _, region in got)
+    assert sites["kernel_file"].isna().all()  # no Triton kernel on a CPU

@@ -28,6 +28,7 @@ from tracemagic.analysis import ops as _ops
 from tracemagic.analysis import phases as _phases
 from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import shapes as _shapes
+from tracemagic.analysis import sites as _sites
 from tracemagic.analysis import source as _source
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis import syncs as _syncs
@@ -109,6 +110,12 @@ class Trace(_model.Trace):
         calls, inclusive and self CPU time, GPU time, bytes and FLOPs beneath, user code or
         library (the definitions: ``tracemagic.analysis.source``)."""
         return self.table(_source.source)
+
+    def sites(self) -> pd.DataFrame:
+        """Per CPU op, kernel/memcpy/memset and ``[memory]`` event: the user code that
+        launched it, the cell line, else the user function, else the ``Call stack`` line
+        (``tracemagic.analysis.sites``)."""
+        return self.table(_sites.sites)
 
     def call_tree(self, user_only: bool = False) -> pd.DataFrame:
         """The merged call tree, Python frames → ops → kernels, with CPU and GPU time per

@@ -34,6 +34,7 @@ from tracemagic.analysis import (  # noqa: F401 - imported for their @computes m
     phases,
     ranks,
     shapes,
+    sites,
     source,
     spans,
     steps,

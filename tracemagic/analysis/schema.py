@@ -524,6 +524,36 @@ _TABLES = [
         "``call_tree(user_only=True)`` leaves library frames out.",
     ),
     Table(
+        "sites",
+        "sites()",
+        {
+            "rank": _RANK,
+            "row": _ROW,
+            "kind": ("category", "the event's kind: cpu_op | kernel | memcpy | memset | memory"),
+            "site": (
+                "category",
+                "line (a cell line mark) | function (a user python_function frame) | stack (a user "
+                "``Call stack`` entry), NA for none",
+            ),
+            "where": ("category", "how the views name it: ``line 7 `y = f(x)```, ``func · file.py:LINE``; NA for none"),
+            "file": ("category", "the function's or stack entry's file (empty for a cell line)"),
+            "line": ("Int64", "the cell line, the function's ``def`` line or the stack's call-site line"),
+            "function": ("category", "the function's name (empty for a cell line)"),
+            "kernel_file": (
+                "category",
+                "``torch.compile``: the source file Inductor generated for a Triton kernel "
+                "(the launching op's ``kernel_file``), NA elsewhere",
+            ),
+            "compiled_region": (
+                "category",
+                "the ``Torch-Compiled Region: F/N`` op around it, NA outside compiled code",
+            ),
+        },
+        "one row per CPU op, GPU activity and ``[memory]`` event with the user code that launched it "
+        "(GPU work through its launching op, memory through the CPU event around it; the rules: "
+        "``tracemagic.analysis.sites``).",
+    ),
+    Table(
         "shapes",
         "shapes()",
         {

@@ -218,8 +218,8 @@ static int32_t intern(Interner *t, yyjson_val *v) {
 /* -- the columns ----------------------------------------------------------------------- */
 
 /* Text columns of timed events, in parse._Builder's order: ph, cat, name, pid, tid, then
- * _ARG_STRINGS (collective, pg_name, dtype, call_stack): interned as decoded values. */
-enum { S_PH, S_CAT, S_NAME, S_PID, S_TID, S_COLLECTIVE, S_PG_NAME, S_DTYPE, S_CALL_STACK, N_TEXT };
+ * _ARG_STRINGS (collective, pg_name, dtype, call_stack, kernel_file): interned as decoded values. */
+enum { S_PH, S_CAT, S_NAME, S_PID, S_TID, S_COLLECTIVE, S_PG_NAME, S_DTYPE, S_CALL_STACK, S_KERNEL_FILE, N_TEXT };
 /* parse._ARG_RAW: interned as JSON text. */
 enum { R_INPUT_DIMS, R_INPUT_TYPE, R_CONCRETE, R_GRID, R_BLOCK, R_PG_RANKS, N_RAW };
 /* parse._ARG_COLUMNS, in order; only A_FLOPS is floating. */
@@ -231,7 +231,7 @@ enum {
 /* args keys beyond the number columns */
 enum {
     K_EXTERNAL_ID_OLD = N_NUMBERS, K_COLLECTIVE, K_PG_NAME, K_DTYPE, K_INPUT_DIMS, K_INPUT_TYPE,
-    K_CONCRETE, K_GRID, K_BLOCK, K_PG_RANKS, K_META_NAME, K_LABELS, K_CALL_STACK, N_ARG_KEYS
+    K_CONCRETE, K_GRID, K_BLOCK, K_PG_RANKS, K_META_NAME, K_LABELS, K_CALL_STACK, K_KERNEL_FILE, N_ARG_KEYS
 };
 
 typedef struct {
@@ -250,7 +250,7 @@ static const Key ARG_KEYS[] = {
     {"Collective name", K_COLLECTIVE}, {"Process Group Name", K_PG_NAME}, {"dtype", K_DTYPE},
     {"Input Dims", K_INPUT_DIMS}, {"Input type", K_INPUT_TYPE}, {"Concrete Inputs", K_CONCRETE},
     {"grid", K_GRID}, {"block", K_BLOCK}, {"Process Group Ranks", K_PG_RANKS}, {"name", K_META_NAME},
-    {"labels", K_LABELS}, {"Call stack", K_CALL_STACK},
+    {"labels", K_LABELS}, {"Call stack", K_CALL_STACK}, {"kernel_file", K_KERNEL_FILE},
 };
 #define N_KEY_TABLE ((int)(sizeof(ARG_KEYS) / sizeof(ARG_KEYS[0])))
 
@@ -469,7 +469,8 @@ static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
     Py_ssize_t i = c->n;
     yyjson_val *text[N_TEXT] = {ev[E_PH], ev[E_CAT] ? ev[E_CAT] : &EMPTY_STR,
                                 ev[E_NAME] ? ev[E_NAME] : &EMPTY_STR, ev[E_PID], ev[E_TID],
-                                args[K_COLLECTIVE], args[K_PG_NAME], args[K_DTYPE], args[K_CALL_STACK]};
+                                args[K_COLLECTIVE], args[K_PG_NAME], args[K_DTYPE], args[K_CALL_STACK],
+                                args[K_KERNEL_FILE]};
     for (int k = 0; k < N_TEXT; k++)
         if (code_of(&c->text[k], text[k], &c->text_codes[k][i], 1)) return BAIL;
     yyjson_val *raw[N_RAW] = {args[K_INPUT_DIMS], args[K_INPUT_TYPE], args[K_CONCRETE],

@@ -72,7 +72,7 @@ from tracemagic.trace.columns import all_missing
 _log = logging.getLogger(__name__)
 
 #: bump when the events table's columns or meaning, or the entry's files, change
-FORMAT = 10
+FORMAT = 11
 EVENTS_SUFFIX = ".arrow"
 FLOWS_SUFFIX = ".flows.arrow"
 SEAL_SUFFIX = ".seal"

@@ -30,7 +30,8 @@ from tracemagic.trace.kineto import GPU_ACTIVITY
 #: size, or a ``[memory]`` event's signed delta), ``total_allocated``, ``total_reserved``,
 #: ``device_type``, ``addr``, ``flops``, ``group_size``, ``in_nelems``, ``out_nelems``;
 #: strings ``collective``, ``pg_name``, ``dtype``, ``call_stack`` (old traces' ``Call stack``,
-#: ``file(LINE): func;...`` innermost first), ``input_dims``, ``input_type``,
+#: ``file(LINE): func;...`` innermost first), ``kernel_file`` (the Python file Inductor generated
+#: for a Triton kernel, on the op that launches it), ``input_dims``, ``input_type``,
 #: ``concrete_inputs`` (``Concrete Inputs``: the op's scalar and list arguments, one string
 #: per argument, ``''`` for tensors and None), ``grid``, ``block``, ``pg_ranks`` (JSON text
 #: as written).

@@ -51,3 +51,5 @@ class Shared:
     SOURCE_LABELS: Final = "source:labels"
     SOURCE_POINTS: Final = "source:points"
     SOURCE_CALL_STACKS: Final = "source:call_stacks"
+    #: each CPU event's launching user code, and the sites (``analysis.sites``)
+    SITES: Final = "sites"

@@ -49,6 +49,7 @@ class _Args(msgspec.Struct, gc=False):
     out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
     dtype: Any = None
     call_stack: Any = msgspec.field(name="Call stack", default=None)
+    kernel_file: Any = None
     flops: Any = None
     grid: msgspec.Raw = _NULL
     block: msgspec.Raw = _NULL
@@ -121,7 +122,7 @@ _ARG_COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("in_nelems", "in_nelems", False),
     ("out_nelems", "out_nelems", False),
 )
-_ARG_STRINGS = ("collective", "pg_name", "dtype", "call_stack")
+_ARG_STRINGS = ("collective", "pg_name", "dtype", "call_stack", "kernel_file")
 #: the text columns of timed events, in the C scanner's order
 _TEXT = ("ph", "cat", "name", "pid", "tid") + _ARG_STRINGS
 _ARG_RAW = ("input_dims", "input_type", "concrete_inputs", "grid", "block", "pg_ranks")

@@ -128,7 +128,8 @@ HEADERS: dict[str, str] = {
     "delta_pct": "Change %", "status": "Status", "straggler": "Straggler", "gpu_idle_pct": "GPU idle %",
     "steps": "Steps", "step": "Step", "overlap_pct": "Overlap %", "wait": "Wait", "straggler_steps": "Straggler steps",
     "slowest": "Slowest", "kernel": "Kernel", "signature": "Full name", "alloc_bytes": "Allocated (bytes)",
-    "function": "Function", "file": "File", "line": "Line", "user": "User code", "ratio": "Ratio B/A", "gpu_us_a": "GPU A (µs)", "gpu_us_b": "GPU B (µs)",
+    "function": "Function", "file": "File", "line": "Line", "user": "User code",
+    "where": "Where (your code)", "kernel_file": "Kernel file", "compiled_region": "Compiled region", "ratio": "Ratio B/A", "gpu_us_a": "GPU A (µs)", "gpu_us_b": "GPU B (µs)",
 }
 _UNIT_SUFFIXES = {"_ms": "ms", "_us": "µs", "_s": "s"}
 

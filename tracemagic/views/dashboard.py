@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from tracemagic.views import bundle as _bundle
-from tracemagic.views import figures, html, sections, tables
+from tracemagic.views import figures, flame_search, html, sections, tables
 from tracemagic.views._format import esc, fmt_bytes, header, unit_divisor
 from tracemagic.views.data import TraceData
 from tracemagic.views.zoom import ZoomableFigure, figure_widget_available
@@ -397,7 +397,9 @@ class Dashboard:
             shown = [widgets.HBox([shown[0], tab["side"]], layout=widgets.Layout(width="100%", align_items="flex-start",
                                                                                  flex_flow="row wrap")),
                      *shown[1:]]
-        tab["box"].children = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *shown, tab["table"].widget, tab["extra"]]
+        search = self._flame_search(key, section.figures)
+        tab["box"].children = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *search, *shown, tab["table"].widget,
+                               tab["extra"]]
         tab["info"].value = html.style() + top_html
         # each small table with its own filter, sort and pages (one table view per caption, kept across redraws)
         views: list[TableView] = tab["extras"]
@@ -409,6 +411,34 @@ class Dashboard:
         del views[len(section.extra):]
         tab["extra"].children = [view.widget for view in views]
         self._built[key] = state
+
+    def _flame_search(self, key: str, figs: list[go.Figure]) -> list[widgets.Widget]:
+        """The search box above the Flame tab's graphs (``views.flame_search``)."""
+        if key != "flame" or not any(t.type == "icicle" for fig in figs for t in fig.data):
+            return []
+        tab = self._tabs[key]
+        tab["flame_figs"] = list(figs)
+        if "search" not in tab:
+            tab["search"] = widgets.Text(placeholder="search boxes…", description="search",
+                                         layout=widgets.Layout(width="320px"))
+            tab["hits"] = widgets.HTML()
+            tab["search"].observe(lambda change, key=key: self.search_flame(key, str(change["new"])), names="value")
+        if tab["search"].value:
+            self.search_flame(key, tab["search"].value)
+        return [widgets.HBox([tab["search"], tab["hits"]])]
+
+    def search_flame(self, key: str, query: str) -> int:
+        """Highlight the boxes of tab ``key``'s flame graphs whose label holds ``query``
+        (all drawn as before for ''); how many match."""
+        tab = self._tabs[key]
+        found = 0
+        for slot, fig in zip(tab["figures"], tab.get("flame_figs", [])):
+            if isinstance(slot, widgets.Output) and any(t.type == "icicle" for t in fig.data):
+                drawn, hits = flame_search.highlight(fig, query)
+                found += hits
+                set_figure(slot, drawn)
+        tab["hits"].value = f"{found:,} boxes match" if query.strip() else ""
+        return found
 
     def _zoom_toggled(self, key: str, on: bool) -> None:
         """The "detail on zoom" toggle: the Timeline as a zoomable FigureWidget, or static."""

@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import aggregate as _aggregate
@@ -22,6 +23,7 @@ from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import lines as _lines
 from tracemagic.analysis import memory as _memory
 from tracemagic.analysis import phases as _phases
+from tracemagic.analysis import sites as _sites
 from tracemagic.analysis.schema import TABLES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,6 +42,23 @@ def empty_table(name: str) -> pd.DataFrame:
     (``tracemagic.analysis.schema``), no columns for a table without one."""
     table = TABLES.get(name)
     return table.empty() if table is not None else pd.DataFrame()
+
+
+def _insert_after(table: pd.DataFrame, column: str) -> pd.DataFrame:
+    """``table`` with its ``where`` column moved right after ``column`` (text, '' for none)."""
+    where = table["where"].astype("string").fillna("").astype("str")
+    out = table.drop(columns=["where"])
+    at = list(out.columns).index(column) + 1 if column in out.columns else len(out.columns)
+    out.insert(at, "where", where)
+    return out
+
+
+def _where_of_rows(trace: Trace, rows: Any) -> Any:
+    """The ``where`` text of each events row (``analysis.sites``; '' for none or row -1)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    code = _sites.site_of_rows(trace, np.maximum(rows, 0))
+    labels = np.append(_sites.site_codes(trace)[1]["where"].to_numpy(dtype=object), "")
+    return pd.array(labels[np.where((rows >= 0) & (code >= 0), code, -1)], dtype="str")
 
 
 class TraceData:
@@ -179,6 +198,147 @@ class TraceData:
         return self.table(
             f"call_tree:{user_only}", compute=lambda: self.trace.table(TABLES["call_tree"].function, user_only)
         )
+
+    # -- "where (code)": the user code behind each row (``analysis.sites``), joined here only
+    # when a view shows it, never inside the tables themselves
+    def _where(self, name: str, compute: Callable[[], pd.DataFrame], plain: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """A table with its ``where`` column (``compute``), or as it was (``plain``) if the sites
+        failed: the view loses a column, not its table (the error is in ``problems``)."""
+
+        def guarded() -> pd.DataFrame:
+            try:
+                return compute()
+            except Exception as exc:  # noqa: BLE001 - the table without its where column
+                self.problems[f"where:{name}"] = f"{type(exc).__name__}: {exc}"
+                _log.debug("the where column of %s failed", name, exc_info=True)
+                return plain()
+
+        return self.table(f"where:{name}", compute=guarded)
+
+    @property
+    def can_place(self) -> bool:
+        """Whether the trace's events are here to find sites in (not a job's summaries)."""
+        return hasattr(self.trace, "events") and not self.summaries_only
+
+    def kernel_table(self, kernels: pd.DataFrame) -> pd.DataFrame:
+        """``top_kernels(kernels, by_op=True)`` with ``where``: per kernel + launching op, the
+        user code that launched its calls (most GPU time first, ``analysis.sites``)."""
+        table = _aggregate.top_kernels(kernels, by_op=True)
+        if not self.can_place or kernels.empty:
+            return table
+        try:
+            return self._kernel_where(kernels, table)
+        except Exception as exc:  # noqa: BLE001 - the table without its where column
+            self.problems["where:kernels"] = f"{type(exc).__name__}: {exc}"
+            _log.debug("the where column of the kernels failed", exc_info=True)
+            return table
+
+    def _kernel_where(self, kernels: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+        """``table`` with ``where`` (and, for ``torch.compile`` kernels, ``kernel_file`` and
+        ``compiled_region``, the first of each kernel + op)."""
+        keys = pd.DataFrame(
+            {
+                "name": kernels["name"].astype(str).to_numpy(),
+                "op": kernels["op"].astype("string").fillna("").astype(str).to_numpy(),
+            }
+        )
+        rows = kernels["row"].to_numpy()
+        found = _sites.where_by(self.trace, rows, keys, kernels["dur"].to_numpy(dtype=float))
+        out = _insert_after(table.merge(found, on=["name", "op"], how="left"), "op")
+        kernel_file, region = _sites.compiled_of_rows(self.trace, rows)
+        if any(v is not None for v in kernel_file) or any(v is not None for v in region):
+            # torch.compile: the generated source of a Triton kernel, and its compiled region
+            compiled = (
+                keys.assign(kernel_file=kernel_file, compiled_region=region)
+                .groupby(["name", "op"], sort=False)
+                .first()
+                .reset_index()
+            )
+            out = out.merge(compiled, on=["name", "op"], how="left")
+            at = list(out.columns).index("where") + 1
+            out = out[
+                [
+                    *out.columns[:at],
+                    "kernel_file",
+                    "compiled_region",
+                    *[c for c in out.columns[at:] if c not in ("kernel_file", "compiled_region")],
+                ]
+            ]
+            out = out.astype({"kernel_file": "str", "compiled_region": "str"})
+        return out
+
+    def shapes_where(self) -> pd.DataFrame:
+        """``shapes()`` with ``where``: the user code that called each op × shapes row."""
+
+        def compute() -> pd.DataFrame:
+            keys = ["rank", "name", "input_dims", "input_type", "concrete_inputs"]
+            return self._keyed_where(self.shapes, keys, after="concrete_inputs")
+
+        return self._where("shapes", compute, lambda: self.shapes) if self.can_place else self.shapes
+
+    def efficiency_where(self) -> pd.DataFrame:
+        """``efficiency()`` with ``where`` (and ``attrs['where']`` for the roofline's hover)."""
+
+        def compute() -> pd.DataFrame:
+            out = self._keyed_where(self.efficiency, ["rank", "name", "input_dims", "input_type"], after="input_type")
+            out.attrs = {**self.efficiency.attrs, "where": out["where"].fillna("").astype(str).tolist()}
+            return out
+
+        return self._where("efficiency", compute, lambda: self.efficiency) if self.can_place else self.efficiency
+
+    def _keyed_where(self, table: pd.DataFrame, keys: list[str], after: str) -> pd.DataFrame:
+        """``table`` (rows keyed by the call chains' top op's ``keys``) with ``where``, the
+        sites of those top ops, most host time first."""
+        if table.empty:
+            return table.assign(where=pd.Series(dtype="str"))
+        events = self.trace.events
+        tops = _sites.chain_tops(self.trace)
+        frame = pd.DataFrame(
+            {
+                k: events[k].to_numpy()[tops]
+                if k == "rank"
+                else pd.array(np.asarray(events[k].array[tops], dtype=object), dtype="str")
+                for k in keys
+            }
+        )
+        found = _sites.where_by(self.trace, tops, frame, events["dur"].to_numpy()[tops])
+        typed = table[keys].astype({k: "str" for k in keys if k != "rank"})
+        merged = typed.merge(found, on=keys, how="left")
+        return _insert_after(table.assign(where=merged["where"].to_numpy()), after)
+
+    def allocations_where(self) -> pd.DataFrame:
+        """:attr:`allocations` with ``where``: the user code that allocated each block."""
+
+        def compute() -> pd.DataFrame:
+            allocations, memory = self.allocations, self.memory
+            if allocations.empty or memory.empty:
+                return allocations.assign(where=pd.Series(dtype="str"))
+            made = memory[memory["delta_bytes"] > 0]
+            keys = ["rank", "device", "ts", "addr", "bytes"]
+            found = (
+                made.rename(columns={"delta_bytes": "bytes"})[keys]
+                .assign(where=_where_of_rows(self.trace, made["row"].to_numpy()))
+                .drop_duplicates(keys)
+            )
+            return _insert_after(allocations.merge(found, on=keys, how="left"), "layer")
+
+        return self._where("allocations", compute, lambda: self.allocations) if self.can_place else self.allocations
+
+    def memory_peaks_where(self) -> pd.DataFrame:
+        """``memory_peaks()`` with ``where``: the user code of the event that reached each peak."""
+
+        def compute() -> pd.DataFrame:
+            peaks, memory = self.memory_peaks, self.memory
+            if peaks.empty or memory.empty:
+                return peaks.assign(where=pd.Series(dtype="str"))
+            keys = ["rank", "device", "ts"]
+            at = memory.rename(columns={"allocated_bytes": "peak_bytes"})[[*keys, "peak_bytes", "row"]]
+            at = at.drop_duplicates([*keys, "peak_bytes"])
+            merged = peaks[[*keys, "peak_bytes"]].merge(at, on=[*keys, "peak_bytes"], how="left")
+            rows = merged["row"].fillna(-1).to_numpy(dtype="int64")
+            return peaks.assign(where=_where_of_rows(self.trace, rows))
+
+        return self._where("memory_peaks", compute, lambda: self.memory_peaks) if self.can_place else self.memory_peaks
 
     @property
     def efficiency(self) -> pd.DataFrame:

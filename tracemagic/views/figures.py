@@ -846,13 +846,16 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
     """Log-log roofline: arithmetic intensity (FLOP/byte) against achieved TFLOP/s, one point
     per op × shape (``trace.efficiency()`` rows with both figures), sized by GPU time,
     colored by bound, under each device roof ``min(peak TFLOP/s, intensity × TB/s)``.
-    Hover shows the op, shapes, dtypes, layers (``efficiency.attrs['layers']``) and the %
+    Hover shows the op, shapes, dtypes, layers (``efficiency.attrs['layers']``), the user code
+    that called it (``attrs['where']``, joined by ``views.data``) and the %
     of the roof. The ``top`` rows by GPU time are drawn."""
     title = "Roofline: achieved FLOP/s against arithmetic intensity"
     if efficiency.empty:
         return empty("No op ran on a GPU with recorded shapes: record with record_shapes=True on a GPU.", title)
     layers = list(efficiency.attrs.get("layers") or [""] * len(efficiency))
-    frame = efficiency.assign(_layers=layers if len(layers) == len(efficiency) else [""] * len(efficiency))
+    where = list(efficiency.attrs.get("where") or [""] * len(efficiency))  # the views' join (analysis.sites)
+    frame = efficiency.assign(_layers=layers if len(layers) == len(efficiency) else [""] * len(efficiency),
+                              _where=where if len(where) == len(efficiency) else [""] * len(efficiency))
     frame = frame[(frame["intensity"] > 0) & (frame["tflops_per_s"] > 0)]
     if frame.empty:
         return empty("No op here has both FLOPs and bytes from its shapes (see trace.efficiency()).", title)
@@ -889,10 +892,10 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
             customdata=np.stack([
                 esc_all(part["name"]), esc_all(part["input_dims"]), esc_all(part["input_type"]),
                 esc_all(part["_layers"].replace("", "none")), part["gpu_us"].to_numpy(dtype=float) / div,
-                part["calls"].astype(int), pct,
+                part["calls"].astype(int), pct, esc_all(part["_where"].replace("", "unknown")),
             ], axis=-1),
             hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
-            "<br>layer %{customdata[3]}<br>%{customdata[5]} calls, %{customdata[4]:.3f} " + unit
+            "<br>layer %{customdata[3]}<br>code %{customdata[7]}<br>%{customdata[5]} calls, %{customdata[4]:.3f} " + unit
             + "<br>%{x:.3g} FLOP/byte, %{y:.3g} TFLOP/s, %{customdata[6]}<extra></extra>",
         ))
     fig = _layout(fig, title, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s", height=480)

@@ -34,6 +34,7 @@ from tracemagic._version import __version__
 from tracemagic.views import figures, html, sections
 from tracemagic.views._format import PLAIN_COLUMNS, esc, header
 from tracemagic.views.data import TraceData
+from tracemagic.views.flame_search import MATCH_COLOR, OTHER_COLOR
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace import Trace
@@ -67,7 +68,7 @@ main{padding:8px 20px 40px}
 
 _SCRIPT = """
 (function(){
-  var CONFIG=__CONFIG__;
+  var CONFIG=__CONFIG__,SEARCH=__SEARCH__;
   function fmt(v,plain){
     if(v===null||v===undefined)return "";
     if(typeof v==="number"){
@@ -132,8 +133,27 @@ _SCRIPT = """
     try{
       var spec=JSON.parse(box.querySelector("script.tm-fig").textContent);
       if(spec.template!==null)spec.layout.template=JSON.parse(document.getElementById("tm-template-"+spec.template).textContent);
-      Promise.resolve(Plotly.newPlot(div,spec.data,spec.layout,CONFIG)).then(next,function(e){fail(div,e);next();});
+      Promise.resolve(Plotly.newPlot(div,spec.data,spec.layout,CONFIG))
+        .then(function(){initSearch(box,div);next();},function(e){fail(div,e);next();});
     }catch(e){fail(div,e);next();}
+  }
+  // the flame graph's search box (views.flame_search): matching boxes highlighted, the others greyed
+  function unescape(t){var e=document.createElement("textarea");e.innerHTML=t;return e.value;}
+  function initSearch(box,div){
+    var input=box.querySelector("input.tm-flame-search");if(!input)return;
+    var hits=box.querySelector(".tm-flame-hits");
+    var kept=div.data.map(function(t){return t.type==="icicle"?{colors:t.marker.colors,scale:t.marker.showscale,
+      labels:(t.labels||[]).map(function(l){return unescape(String(l)).toLowerCase();})}:null;});
+    input.addEventListener("input",function(){
+      var q=input.value.trim().toLowerCase(),n=0;
+      kept.forEach(function(k,i){
+        if(!k)return;
+        if(!q){Plotly.restyle(div,{"marker.colors":[k.colors],"marker.showscale":k.scale},[i]);return;}
+        var colors=k.labels.map(function(l){var m=l.indexOf(q)>=0;if(m)n++;return m?SEARCH[0]:SEARCH[1];});
+        Plotly.restyle(div,{"marker.colors":[colors],"marker.showscale":false},[i]);
+      });
+      hits.textContent=q?n.toLocaleString("en-US")+" boxes match":"";
+    });
   }
   function fail(div,e){div.textContent="This figure could not be drawn: "+e;div.style.height="auto";}
   function show(key){
@@ -217,8 +237,11 @@ class Figures:
         self.types.update(str(trace.get("type") or "scatter") for trace in spec.get("data") or ())
         height = layout.get("height") or 450
         data = _script_safe(to_json_plotly({"data": spec.get("data") or [], "layout": layout, "template": index}))
+        search = ('<div class="tm-tools"><input class="tm-flame-search" type="search" placeholder="search boxes…">'
+                  '<span class="tm-flame-hits"></span></div>') if any(
+            (t.get("type") == "icicle") for t in spec.get("data") or ()) and div_id.startswith("fig-flame-") else ""
         return (
-            f'<div class="tm-figure"><div id="{esc(div_id)}" class="plotly-graph-div" style="height:{float(height):g}px;width:100%"></div>'
+            f'<div class="tm-figure">{search}<div id="{esc(div_id)}" class="plotly-graph-div" style="height:{float(height):g}px;width:100%"></div>'
             f'<script type="application/json" class="tm-fig" nonce="{self.nonce}">{data}</script></div>'
         )
 
@@ -290,6 +313,8 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         "base-uri 'none'; form-action 'none'"
     )
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    script = _SCRIPT.replace("__CONFIG__", script_json(PLOTLY_CONFIG)).replace(
+        "__SEARCH__", script_json([MATCH_COLOR, OTHER_COLOR]))
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
@@ -300,7 +325,7 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         f" · self-contained report (no network)</div>{strip}</header>"
         f"<nav>{''.join(nav)}</nav><main>{''.join(body)}</main>{blocks.template_blocks()}"
         # the first tab's text and tables show before plotly.js (the largest part of the file) runs
-        f'<script nonce="{nonce}">{_SCRIPT.replace("__CONFIG__", script_json(PLOTLY_CONFIG))}</script>'
+        f'<script nonce="{nonce}">{script}</script>'
         f'<script nonce="{nonce}">window.PlotlyConfig={{MathJaxConfig:"local"}};</script>'
         f'<script nonce="{nonce}" charset="utf-8">{plotly_js(blocks.types)}</script>'
         f'<script nonce="{nonce}">window.tmDrawActive();</script></body></html>\n'

@@ -324,13 +324,13 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
 
 def _memory(data: TraceData, state: ViewState) -> Section:
     memory = data.memory
-    peaks = tables.peaks_of(data.memory_peaks, state.step)
+    peaks = tables.peaks_of(data.memory_peaks_where(), state.step)
     facts = [
         ((f"rank {row['rank']} · " if data.several_ranks else "") + f"peak {row['device']}"
          + (f" in step {state.step}" if state.step is not None else ""),
          insights.peak_text(row, state.step, device=False)
          + (f" at {fmt_time(float(row['ts']))}" if pd.notna(row["ts"]) else "")
-         + "".join(f" · {v}" for v in (row["op"], row["layer"]) if isinstance(v, str) and v))
+         + "".join(f" · {v}" for v in (row["op"], row["layer"], row.get("where")) if isinstance(v, str) and v))
         for _, row in peaks.iterrows()
     ]
     spans = data.layer_spans if not memory.empty else None
@@ -352,7 +352,7 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     return Section(
         "memory", TITLES["memory"],
         figures=figs,
-        table=display_table(tables.select_step(data.allocations, state.step).head(5000), state.unit,
+        table=display_table(tables.select_step(data.allocations_where(), state.step).head(5000), state.unit,
                             first=ALLOCATIONS_FIRST, one_rank=not data.several_ranks),
         table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
@@ -367,7 +367,7 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     return Section(
         "shapes", TITLES["shapes"],
         figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
-        table=display_table((shapes.sort_values("total_us", ascending=False) if not shapes.empty else shapes)
+        table=display_table((data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes)
                             .drop(columns=[] if data.has_gpu else [c for c in ("gpu_us",) if c in shapes]), state.unit,
                             first=SHAPES_FIRST, one_rank=not data.several_ranks),
         table_title="Op × input shapes × dtypes",
@@ -376,7 +376,7 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
 
 
 def _roofline(data: TraceData, state: ViewState) -> Section:
-    efficiency = data.efficiency
+    efficiency = data.efficiency_where()
     facts = []
     devices = efficiency["device"].dropna().astype(str).unique().tolist() if not efficiency.empty else []
     if devices:
@@ -402,7 +402,7 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
         "kernels", TITLES["kernels"],
         figures=[figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
                  figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit)],
-        table=display_table(kernel_names(tables.top_kernels(kernels, by_op=True)), state.unit, first=KERNELS_FIRST),
+        table=display_table(kernel_names(data.kernel_table(kernels)), state.unit, first=KERNELS_FIRST),
         table_title="Kernels by kernel + launching op" + (f" in step {state.step}" if state.step is not None else ""),
     )
 
