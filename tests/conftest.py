@@ -45,6 +45,37 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tests" / "data" / "traces"
 #: the browser tests' screenshots: ``$TRACEMAGIC_ARTIFACTS``, else the system temp folder
 ARTIFACTS = Path(os.environ.get("TRACEMAGIC_ARTIFACTS") or Path(tempfile.gettempdir()) / "tracemagic-artifacts")
+#: Debian's chromium, which the browser tests drive through Playwright (``make browser``)
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless chromium for a browser test module (its tests open their own pages). Not
+    one per session: Playwright's sync API keeps an asyncio loop running while it is open,
+    which later tests that run a loop of their own (``asyncio.run``) cannot share."""
+    import playwright.sync_api as playwright_api
+
+    assert Path(CHROMIUM).exists(), f"Debian's chromium is not installed at {CHROMIUM}: run `make browser`"
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def save_screenshot(page: Any, folder: Path, name: str) -> Path:
+    """A full-page screenshot of ``page`` as ``folder/name.png`` (a test's tmp folder), and a
+    copy in ``$TRACEMAGIC_SCREENSHOTS`` when that is set (to look at them after a run)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    keep = os.environ.get("TRACEMAGIC_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, Path(keep) / path.name)
+    return path
 
 
 # -- the suite writes nowhere but its temporary folders ------------------------------------

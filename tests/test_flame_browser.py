@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import TRACES
-from test_report_browser import Page, browser  # noqa: F401 - the browser fixture
+from test_report_browser import Page  # the browser fixture: conftest.browser
 
 import tracemagic
 from tracemagic.views.report import write_report
@@ -95,7 +95,7 @@ def test_flame_search_highlights_boxes_and_the_views_name_the_code(browser: Any,
         kernels = page.page.locator("#tab-kernels")
         kernels.locator("table.tm-table").first.wait_for(timeout=20_000)
         headers = kernels.locator("table.tm-table th").all_inner_texts()
-        assert any(h.startswith("where") for h in headers)
+        assert any(h.startswith("Where") for h in headers)  # the header in words: "Where (your code)"
         assert "forward · test_perf_model.py:35" in kernels.locator("table.tm-table").first.inner_text()
         # the roofline: hovering a point names the code that called the op
         page.page.locator('nav button[data-tab="roofline"]').click()

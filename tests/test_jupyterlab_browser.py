@@ -2,8 +2,8 @@
 
 A JupyterLab server from this venv starts on a free loopback port with a token, in a
 temporary root holding a copy of ``notebooks/quickstart.ipynb``; Playwright drives Debian's
-Chromium (``/usr/bin/chromium``) to open the notebook and run it with the menu
-(Run > Run All Cells), as a user would. Then:
+Chromium (``/usr/bin/chromium``, the module's: ``conftest.browser``) to open the notebook and
+run it with the menu (Run > Run All Cells), as a user would. Then:
 
 - every cell ran and the saved notebook holds no error output (the kernel's side);
 - the dashboard is there; each of its tabs can be selected and shows its plotly figure,
@@ -11,7 +11,13 @@ Chromium (``/usr/bin/chromium``) to open the notebook and run it with the menu
 - changing the step selector changes the figure of a step-dependent tab;
 - the browser console shows no errors.
 
-Screenshots of each tab go to ``jupyterlab/`` in ``conftest.ARTIFACTS`` (a temporary folder). The server (and its
+Each tab is also measured as the report's are (``test_browser_layout.LAYOUT``: no legend or note
+over the data or a text, key columns in sight, no empty label), with every table's own filter, the
+report name box and the "Save HTML report" button showing their whole text and the layer tree
+beside the icicle at least 400 px wide.
+
+Screenshots of each tab go to the module's tmp folder (and ``$TRACEMAGIC_SCREENSHOTS`` when set);
+a failure's to ``jupyterlab/`` in ``conftest.ARTIFACTS`` (a temporary folder). The server (and its
 kernel) is always stopped, by its process group, whatever happens.
 """
 
@@ -33,21 +39,15 @@ from typing import Any, Iterator
 
 import pytest
 import conftest
+from test_browser_layout import LAYOUT
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = conftest.ARTIFACTS / "jupyterlab"
 NOTEBOOK = "quickstart.ipynb"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 import playwright.sync_api as sync_api  # noqa: E402
-
-assert CHROMIUM.exists(), f"Debian's chromium is not installed at {CHROMIUM}: run `make browser`"
 
 
 # ------------------------------------------------------------------------------------------
@@ -180,6 +180,8 @@ VISIBLE_FIGURES = """(dash) => {
 class Session:
     def __init__(self, page: Any, console: list[tuple[str, str]]) -> None:
         self.page = page
+        #: where the screenshots go
+        self.folder = Path(".")
         self.console = console
         #: the dashboard's ipywidgets Tab, and the box holding it with the controls
         self.dashboard = page.locator(".jp-OutputArea-output .widget-tab").first
@@ -216,37 +218,35 @@ class Session:
         self.page.wait_for_timeout(300)
 
     def screenshot(self, name: str) -> Path:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        path = ARTIFACTS / f"{name}.png"
-        self.page.screenshot(path=str(path))
-        return path
+        return conftest.save_screenshot(self.page, self.folder, f"jupyterlab-{name}")
 
 
 @pytest.fixture(scope="module")
-def session(lab: Lab) -> Iterator[Session]:
+def session(lab: Lab, browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    """The notebook opened in a page of the module's chromium (``conftest.browser``), run with Run All."""
     console: list[tuple[str, str]] = []
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    try:
+        page.set_default_timeout(60_000)
+        page.on("console", lambda m: console.append((m.type, m.text)))
+        page.on("pageerror", lambda e: console.append(("pageerror", str(e))))
+        page.goto(lab.notebook_url(NOTEBOOK))
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-CodeCell")
+        _wait_for_kernel(lab, page)
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        _accept_kernel_dialog(page)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1400})
-            page.set_default_timeout(60_000)
-            page.on("console", lambda m: console.append((m.type, m.text)))
-            page.on("pageerror", lambda e: console.append(("pageerror", str(e))))
-            page.goto(lab.notebook_url(NOTEBOOK))
-            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-CodeCell")
-            _wait_for_kernel(lab, page)
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-            _accept_kernel_dialog(page)
-            try:
-                page.wait_for_function(ALL_RAN, timeout=150_000)
-                page.wait_for_selector(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']")
-            except sync_api.Error:
-                _save_failure(page, "run-all")
-                raise AssertionError(f"Run All did not finish:\n{_errors_on_page(page)}\n{lab.log_tail()}") from None
-            yield Session(page, console)
-        finally:
-            browser.close()
+            page.wait_for_function(ALL_RAN, timeout=150_000)
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']")
+        except sync_api.Error:
+            _save_failure(page, "run-all")
+            raise AssertionError(f"Run All did not finish:\n{_errors_on_page(page)}\n{lab.log_tail()}") from None
+        session = Session(page, console)
+        session.folder = tmp_path_factory.mktemp("jupyterlab-shots")
+        yield session
+    finally:
+        page.close()
 
 
 def _wait_for_kernel(lab: Lab, page: Any, timeout: float = 90) -> None:
@@ -323,15 +323,34 @@ def test_every_tab_can_be_selected_and_shows_its_figure(session: Session) -> Non
     titles = [t.strip() for t in tabs.all_inner_texts()]
     assert titles[:2] == ["Overview", "Layers"], titles
     shots = []
+    problems: list[str] = []
+    # the report name box and the Save button show all their text
+    shown, cut = session.root.evaluate("""(box) => {
+        const all = [...box.querySelectorAll(':scope > .widget-hbox .widget-button, :scope > .widget-hbox .widget-text input')];
+        return [all.map(e => e.textContent.trim() || e.value),
+                all.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim() || e.value)]; }""")
+    assert "Save HTML report" in shown and any(v.endswith(".report.html") for v in shown), shown
+    assert not cut, f"cut off: {cut}"
     for index, title in enumerate(titles):
         tab = tabs.nth(index)
         tab.click()
         assert "lm-mod-current" in (tab.get_attribute("class") or ""), f"tab {title} was not selected"
         figures = session.wait_for_drawn_figure()
         assert all(f["traces"] for f in figures if f["svg"]), f"{title}: a figure without data: {figures}"
+        session.page.wait_for_timeout(300)  # plotly's automargin redraw
+        found = session.dashboard.evaluate(f"(dash) => ({LAYOUT})([...dash.querySelectorAll(':scope > .widget-tab-contents > .lm-Widget')].find(p => !p.classList.contains('lm-mod-hidden')))")
+        # the widget's tables have their filter in a Text widget above them, not in a .tm-tablebox
+        problems += [f"{title}: {p}" for p in found["problems"] if not p.endswith("no filter of its own")]
+        panel = session.dashboard.locator(":scope > .widget-tab-contents > .lm-Widget:not(.lm-mod-hidden)")
+        filters = panel.locator("input[placeholder='filter rows…']").count()
+        assert filters == found["tables"], f"{title}: {filters} filters for {found['tables']} tables"
+        if panel.locator(".tm-tree").count():  # the layer tree is readable beside (or under) the icicle
+            width = panel.locator(".tm-tree").first.evaluate("t => t.getBoundingClientRect().width")
+            assert width >= 400, f"the layer tree is {width:.0f} px wide"
         session.show_dashboard()
         shots.append(session.screenshot(f"{index + 1:02d}-{title.lower()}"))
     assert all(p.stat().st_size > 10_000 for p in shots)
+    assert not problems, "\n".join(problems)
 
 
 def test_the_step_selector_changes_what_is_shown(session: Session) -> None:

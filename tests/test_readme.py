@@ -12,6 +12,10 @@ from tracemagic.facade import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: the pages the README sends to for the details (moved out of it to keep it short)
+DOCS = {p.name: p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))}
+#: the README and the docs pages: every name and command they show must exist
+ALL = "\n".join([README, *DOCS.values()])
 
 
 def _magic_options(ip, magic: str) -> list[set[str]]:
@@ -35,18 +39,19 @@ def test_every_magic_option_in_the_readme_exists(ip) -> None:
 
 
 def test_every_trace_method_and_module_function_in_the_readme_exists() -> None:
-    for method in set(re.findall(r"\btrace\.([a-z_]+)\(", README)):
+    for method in set(re.findall(r"\btrace\.([a-z_]+)\(", ALL)):
         assert callable(getattr(Trace, method, None)), method
-    for name in set(re.findall(r"\btracemagic\.([a-z_]+)\(", README)):
+    for name in set(re.findall(r"\btracemagic\.([a-z_]+)\(", ALL)):
         assert callable(getattr(tracemagic, name, None)), name
-    for dotted in set(re.findall(r"`?(tracemagic\.export\.[a-z_]+\.[a-z_]+)\(", README)):
+    for dotted in set(re.findall(r"`?(tracemagic\.export\.[a-z_]+\.[a-z_]+)\(", ALL)):
         module, _, function = dotted.rpartition(".")
         assert callable(getattr(__import__(module, fromlist=[function]), function, None)), dotted
 
 
 def test_every_cli_command_in_the_readme_exists() -> None:
-    commands = set(re.findall(r"^\s*(?:torchrun .*? -m )?tracemagic ([a-z]+)\b", README, flags=re.M))
-    assert {"summary", "report", "diff"} <= commands
+    blocks = "\n".join([README, *(b for page in DOCS.values() for b in re.findall(r"```[a-z]*\n(.*?)```", page, flags=re.S))])
+    commands = set(re.findall(r"^\s*(?:torchrun .*? -m )?tracemagic ([a-z]+)\b", blocks, flags=re.M))
+    assert {"summary", "report", "diff"} <= set(re.findall(r"^tracemagic ([a-z]+)\b", README, flags=re.M))
     for command in commands:
         done = subprocess.run([sys.executable, "-m", "tracemagic", command, "--help"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (command, done.stderr)
@@ -57,3 +62,14 @@ def test_the_two_commands_are_make_targets() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo:", makefile, flags=re.M) and re.search(r"^test:", makefile, flags=re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_is_short_and_links_every_docs_page() -> None:
+    """A newcomer reads the README in two minutes; the details are in docs/, each page linked
+    from it, and every page it links exists."""
+    assert len(README.splitlines()) <= 220, "keep the README short: move details to a docs/ page"
+    linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)\)", README))
+    assert linked == set(DOCS), (sorted(linked), sorted(DOCS))
+    for section in ("## The two commands", "## In a notebook", "## What each tab answers", "## Open a trace",
+                    "## Notebooks and Binder"):
+        assert section in README, section

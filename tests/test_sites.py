@@ -133,10 +133,11 @@ def test_the_views_show_where_in_the_kernels_shapes_roofline_and_memory_tables()
         assert "where" in table.columns, key
         assert table["where"].str.contains("test_perf_model.py:").any(), key
     # the kernels table: each kernel + op row names the sites of its kernels, most GPU time first
+    # the full kernel name is the table's last column, "signature" (its readable name leads)
     table = sections.build("kernels", data).table
     for row in table.head(10).itertuples():
         mine = kernels[
-            (kernels["name"].astype(str) == row.name) & (kernels["op"].astype("string").fillna("") == row.op)
+            (kernels["name"].astype(str) == row.signature) & (kernels["op"].astype("string").fillna("") == row.op)
         ]
         weights: Counter[str] = Counter()
         for r, dur in zip(mine["row"], mine["dur"]):

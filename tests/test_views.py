@@ -204,7 +204,9 @@ def test_timeline_lanes_and_downsampling() -> None:
     assert min(cpu.x) * 1000 >= np.sort(ops["dur"])[-len(cpu.x)] - 1e-6
     agg = next(t for t in fig.data if t.name == "aggregated")
     assert len(agg.x) <= 2 * 100  # one bar per lane and bin at most
-    assert fig.layout.xaxis.title.text == "time since window start (ms)"
+    # what was left out is said in the axis title (a note of its own under the axis overlapped it)
+    assert fig.layout.xaxis.title.text == (f"time since window start (ms) · {meta['shown']:,} of {meta['total']:,} "
+                                           "events drawn, the rest in grey bins")
     # a small window keeps only its events
     win = figures.timeline(ops, kernels, steps, window=(0.0, 1000.0))
     assert win.layout.meta["total"] < 100
@@ -590,8 +592,11 @@ def test_step_selector_changes_timeline_memory_and_overview(gpu: Any) -> None:
     assert f"step {step}" in dash.figures("memory")[0]["layout"]["title"]["text"]
     overview = dash.figures("overview")
     assert overview[0]["data"][0]["marker"]["opacity"].count(1.0) == 1
-    ops_in_step = tables.top_ops(tables.select_step(gpu.ops(), step), 15)
-    np.testing.assert_allclose(sorted(as_dict(overview[2])["data"][0]["x"]), sorted(ops_in_step["self_us"] / 1000))
+    # a GPU trace's top list is its kernels by GPU time, in the step chosen
+    assert overview[2]["layout"]["title"]["text"] == "Top 15 kernels by GPU time"
+    kernels = gpu.kernels()
+    in_step = kernels[kernels["step"] == step].groupby("name", observed=True)["dur"].sum().nlargest(15)
+    np.testing.assert_allclose(sorted(as_dict(overview[2])["data"][0]["x"]), sorted(in_step / 1000))
 
 
 def test_units_and_top_n_controls(gpu: Any) -> None:
@@ -1193,7 +1198,12 @@ def test_memory_timeline_lane_of_layer_spans() -> None:
     bwd = next(t for t in fig.data if t.name == "layer backward")
     assert fwd.yaxis == bwd.yaxis == "y2" and list(fwd.base) == [0.1, 0.4] and list(bwd.x) == [0.25]
     assert fig.layout.yaxis.title.text == "memory (GiB)" and fig.layout.xaxis2.title.text == "time since trace start (ms)"
-    assert fig.layout.meta == {"spans": 3, "spans_total": 3}
+    # the x range is the memory events' (the category chart under it takes the same)
+    lo, hi = memory["ts"].min(), memory["ts"].max()
+    pad = (hi - lo) / 100
+    assert {k: v for k, v in fig.layout.meta.items() if k != "x_range"} == {"spans": 3, "spans_total": 3}
+    assert fig.layout.meta["x_range"] == pytest.approx([(lo - pad) / 1000, (hi + pad) / 1000])
+    assert list(fig.layout.xaxis.range) == fig.layout.meta["x_range"]
     assert not any(RAW.search(s) for s in all_strings(fig.to_dict()))
     assert len(figures.memory_timeline(memory, steps, spans=spans, step=2).data) == 2  # no spans in step 2: no lane
 

@@ -9,6 +9,7 @@ subset of HTML in labels and hover text, and an ipywidgets ``HTML`` widget sets
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 from typing import Any, Iterable
@@ -37,8 +38,13 @@ def esc_all(values: Iterable[Any]) -> list[str]:
     return [esc(v) for v in values]
 
 
-def fmt_cell(value: Any) -> str:
-    """One table cell as plain text (numbers rounded, missing values blank)."""
+#: columns of numbers that name something (a step, a rank, an id): printed without thousands separators
+PLAIN_COLUMNS = frozenset({"step", "rank", "id", "iteration", "tid", "pid", "stream", "device_id", "step_id", "line"})
+
+
+def fmt_cell(value: Any, plain: bool = False) -> str:
+    """One table cell as plain text (numbers rounded, missing values blank; ``plain``: an
+    integer without thousands separators, for ids such as step numbers)."""
     if value is None or value is pd.NA:
         return ""
     if isinstance(value, (bool, np.bool_)):
@@ -48,10 +54,10 @@ def fmt_cell(value: Any) -> str:
         if math.isnan(number):
             return ""
         if number.is_integer() and abs(number) < 1e15:
-            return f"{int(number):,}"
+            return f"{int(number)}" if plain else f"{int(number):,}"
         return f"{number:,.3f}" if abs(number) < 100 else f"{number:,.1f}"
     if isinstance(value, (int, np.integer)):
-        return f"{int(value):,}"
+        return f"{int(value)}" if plain else f"{int(value):,}"
     return str(value)
 
 
@@ -98,3 +104,69 @@ def unique_labels(labels: Iterable[str]) -> list[str]:
         seen.add(candidate)
         out.append(candidate)
     return out
+
+
+#: the names of table columns as the views show them (the frames keep their own names,
+#: ``analysis.schema``); a time column's unit comes from its suffix (``_ms`` -> "(ms)")
+HEADERS: dict[str, str] = {
+    "rank": "Rank", "ts": "Start", "dur": "Duration", "window_ts": "Device window start",
+    "window_dur": "Device window", "compute": "GPU kernels", "comm": "Communication", "memcpy": "Memcpy",
+    "memset": "Memset", "runtime": "CUDA runtime", "dataloader": "DataLoader", "cpu": "CPU", "idle": "Idle",
+    "gpu_busy": "GPU busy", "gpu_idle": "GPU idle", "kernel_busy": "Kernels busy", "gpu_busy_pct": "GPU busy %",
+    "name": "Name", "kind": "Kind", "calls": "Calls", "total": "Total", "self": "Self", "mean": "Mean", "max": "Max",
+    "self_pct": "Self %", "pct": "% of GPU time", "op": "Op", "layer": "Layer", "type": "Type", "depth": "Depth",
+    "self_cpu": "Self CPU", "fwd_cpu": "Forward CPU", "fwd_self_cpu": "Forward self CPU", "bwd_cpu": "Backward CPU",
+    "bwd_self_cpu": "Backward self CPU", "gpu": "GPU", "self_gpu": "Self GPU", "fwd_gpu": "Forward GPU",
+    "bwd_gpu": "Backward GPU", "tflops_per_s": "TFLOP/s", "tbytes_per_s": "TB/s", "memory_bound_pct": "Memory-bound %",
+    "memory_growth_bytes": "Memory growth (bytes)", "input_shapes": "Input shapes", "module": "Trace module",
+    "device": "Device", "bytes": "Bytes", "addr": "Address", "phase": "Phase", "freed_ts": "Freed at",
+    "lifetime": "Lifetime", "input_dims": "Input shapes", "input_type": "Dtypes", "concrete_inputs": "Constant inputs",
+    "flops": "FLOPs", "flops_source": "FLOPs from", "intensity": "FLOP/byte", "peak_tflops": "Peak TFLOP/s",
+    "peak_tbytes_per_s": "Peak TB/s", "bound": "Bound", "pct_of_roofline": "% of roof", "level": "Level",
+    "op_schema": "Op schema", "input_types": "Dtypes", "reads_from": "Reads from", "feeds": "Feeds",
+    "calls_a": "Calls A", "calls_b": "Calls B", "us_a": "A (µs)", "us_b": "B (µs)", "delta": "Change",
+    "delta_pct": "Change %", "status": "Status", "straggler": "Straggler", "gpu_idle_pct": "GPU idle %",
+    "steps": "Steps", "step": "Step", "overlap_pct": "Overlap %", "wait": "Wait", "straggler_steps": "Straggler steps",
+    "slowest": "Slowest", "kernel": "Kernel", "signature": "Full name", "alloc_bytes": "Allocated (bytes)",
+    "function": "Function", "file": "File", "line": "Line", "user": "User code",
+    "where": "Where (your code)", "kernel_file": "Kernel file", "compiled_region": "Compiled region", "ratio": "Ratio B/A", "gpu_us_a": "GPU A (µs)", "gpu_us_b": "GPU B (µs)",
+}
+_UNIT_SUFFIXES = {"_ms": "ms", "_us": "µs", "_s": "s"}
+
+
+def header(column: object) -> str:
+    """A table column's header: its human name with the unit (``self_ms`` -> ``Self (ms)``,
+    ``self_pct`` -> ``Self %``); a name this module does not know reads as words."""
+    name = str(column)
+    if name in HEADERS:  # a name of its own (``tflops_per_s`` is no time in seconds)
+        return HEADERS[name]
+    unit = ""
+    for suffix, text in _UNIT_SUFFIXES.items():
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name, unit = name[: -len(suffix)], text
+            break
+    label = HEADERS.get(name)
+    if label is None:
+        words = name.replace("_", " ").strip()
+        label = words[:1].upper() + words[1:] if words else str(column)
+        if label.endswith(" pct"):
+            label = label[:-4] + " %"
+    return f"{label} ({unit})" if unit else label
+
+
+def fmt_dtypes(value: Any) -> str:
+    """An op's input dtypes as the trace writes them (JSON text, ``["float", "float", "",
+    "Scalar"]``) as a short list: ``float, float, –, Scalar`` (``–``: an input that is
+    no tensor, such as ``None``); other text is returned as it is."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = str(value)
+    if not text.startswith("["):
+        return text
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(items, list):
+        return text
+    return ", ".join((str(v) if v not in ("", None) else "–") for v in items)

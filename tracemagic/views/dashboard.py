@@ -32,7 +32,7 @@ import plotly.io as pio
 
 from tracemagic.views import bundle as _bundle
 from tracemagic.views import figures, flame_search, html, sections, tables
-from tracemagic.views._format import esc, fmt_bytes, unit_divisor
+from tracemagic.views._format import esc, fmt_bytes, header, unit_divisor
 from tracemagic.views.data import TraceData
 from tracemagic.views.zoom import ZoomableFigure, figure_widget_available
 
@@ -102,11 +102,13 @@ class TableView:
         self.sort = widgets.Dropdown(description="sort", layout=widgets.Layout(width="240px"))
         self.descending = widgets.ToggleButton(value=True, description="desc", tooltip="sort descending", layout=widgets.Layout(width="64px"))
         self.page_size = widgets.Dropdown(options=PAGE_SIZES, value=page_size if page_size in PAGE_SIZES else 25,
-                                          description="rows", layout=widgets.Layout(width="130px"))
+                                          description="rows", style={"description_width": "initial"},
+                                          layout=widgets.Layout(width="120px"))
         self.prev = widgets.Button(description="◀", layout=widgets.Layout(width="40px"), tooltip="previous page")
         self.next = widgets.Button(description="▶", layout=widgets.Layout(width="40px"), tooltip="next page")
         self.status = widgets.Label()
         self.html = widgets.HTML()
+        self.title = widgets.HTML()  # the caption, above the table's own controls
         self.page = 0
         self._quiet = False
         self.frame = pd.DataFrame()
@@ -115,6 +117,7 @@ class TableView:
         self.prev.on_click(lambda _: self.go(self.page - 1))
         self.next.on_click(lambda _: self.go(self.page + 1))
         self.widget = widgets.VBox([
+            self.title,
             widgets.HBox([self.filter, self.sort, self.descending, self.page_size, self.prev, self.next, self.status]),
             self.html,
         ])
@@ -126,7 +129,7 @@ class TableView:
         if caption is not None:
             self.caption = caption
         previous = self.sort.value
-        options = [("table order", "")] + [(str(c), str(c)) for c in self.frame.columns]
+        options = [("table order", "")] + [(header(c), str(c)) for c in self.frame.columns]
         self._quiet = True
         try:
             self.sort.options = options
@@ -164,7 +167,8 @@ class TableView:
         pages = max(1, -(-len(rows) // size))
         self.page = min(self.page, pages - 1)
         shown = rows.iloc[self.page * size:(self.page + 1) * size]
-        self.html.value = html.style() + html.table(shown, caption=self.caption)
+        self.title.value = html.style() + (f'<div class="tm-caption">{esc(self.caption)}</div>' if self.caption else "")
+        self.html.value = html.style() + html.table(shown)
         self.status.value = f"{len(rows):,} rows" + (f" (of {len(self.frame):,})" if len(rows) != len(self.frame) else "") + \
             f" · page {self.page + 1}/{pages}"
         self.prev.disabled = self.page == 0
@@ -275,8 +279,11 @@ class Dashboard:
         self.unit_control = widgets.ToggleButtons(options=["µs", "ms"], value=self.state.unit if self.state.unit in ("µs", "ms") else "ms",
                                                   style={"button_width": "44px"})
         default_path = f"{Path(self.data.name).name.split('.')[0] or 'trace'}.report.html"
-        self.report_path = widgets.Text(value=default_path, description="report", layout=widgets.Layout(width="300px"))
-        self.save_button = widgets.Button(description="Save HTML report", icon="download", button_style="primary")
+        # sized to their text: the name box holds a file name, the button its whole label
+        self.report_path = widgets.Text(value=default_path, description="report", style={"description_width": "initial"},
+                                        layout=widgets.Layout(width=f"{min(max(len(default_path), 24), 60) + 8}ch"))
+        self.save_button = widgets.Button(description="Save HTML report", icon="download", button_style="primary",
+                                          layout=widgets.Layout(width="auto", min_width="170px"))
         self.save_status = widgets.HTML()
         for control in (self.step_control, self.top_control, self.unit_control):
             control.observe(self._controls_changed, names="value")
@@ -369,9 +376,10 @@ class Dashboard:
         if first:
             tab["info"] = widgets.HTML()
             tab["figures"] = []
-            tab["side"] = widgets.HTML(layout=widgets.Layout(flex="2 1 380px", min_width="380px", overflow="auto"))
+            tab["side"] = widgets.HTML(layout=widgets.Layout(flex="1 1 520px", min_width="460px", overflow="auto"))
             tab["table"] = TableView(section.table, section.table_title)
-            tab["extra"] = widgets.HTML()
+            tab["extra"] = widgets.VBox()
+            tab["extras"] = []
         else:
             tab["table"].set_frame(section.table, section.table_title)
         old_slots = tab["figures"]
@@ -384,15 +392,24 @@ class Dashboard:
         tab["side"].value = section.side
         shown = [slot_widget(s) for s in slots]
         if section.side and shown:  # the side panel (the Layers tab's tree table) beside the first figure
-            shown[0].layout.flex = "3 1 480px"
+            shown[0].layout.flex = "1 1 480px"
             shown[0].layout.width = "auto"
-            shown = [widgets.HBox([shown[0], tab["side"]], layout=widgets.Layout(width="100%", align_items="flex-start")),
+            shown = [widgets.HBox([shown[0], tab["side"]], layout=widgets.Layout(width="100%", align_items="flex-start",
+                                                                                 flex_flow="row wrap")),
                      *shown[1:]]
         search = self._flame_search(key, section.figures)
         tab["box"].children = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *search, *shown, tab["table"].widget,
                                tab["extra"]]
         tab["info"].value = html.style() + top_html
-        tab["extra"].value = "".join(html.table(frame, caption=caption, max_rows=50) for caption, frame in section.extra)
+        # each small table with its own filter, sort and pages (one table view per caption, kept across redraws)
+        views: list[TableView] = tab["extras"]
+        for i, (caption, frame) in enumerate(section.extra):
+            if i < len(views):
+                views[i].set_frame(frame, caption)
+            else:
+                views.append(TableView(frame, caption))
+        del views[len(section.extra):]
+        tab["extra"].children = [view.widget for view in views]
         self._built[key] = state
 
     def _flame_search(self, key: str, figs: list[go.Figure]) -> list[widgets.Widget]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Literal, Mapping, cast
+from typing import Any, Literal, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io.json import to_json_plotly
 
+from tracemagic.analysis import devices
 from tracemagic.views import tables
 from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, kernel_label, shorten, unique_labels, unit_divisor
 from tracemagic.views.selection import timeline_events
@@ -72,11 +73,35 @@ def template() -> dict[str, Any]:
     return cast("dict[str, Any]", json.loads(template_json()))
 
 
+#: the plot width the legend is laid out for (px): a legend wider than this wraps into more rows
+LEGEND_WIDTH = 720
+_TITLE_PX, _LEGEND_ROW_PX = 44, 22
+
+
+def _legend_rows(fig: go.Figure) -> int:
+    """How many rows the horizontal legend above the plot takes at ``LEGEND_WIDTH`` (0: no
+    legend): its entries' estimated widths (text at ~7 px a character, 40 px of symbol and gap)."""
+    names = [str(t.name) for t in fig.data if t.name and t.showlegend is not False]
+    if fig.layout.showlegend is False or (len(names) < 2 and fig.layout.showlegend is not True) or not names:
+        return 0
+    rows, used = 1, 0
+    for name in names:
+        width = 40 + 7 * len(name)
+        if used and used + width > LEGEND_WIDTH:
+            rows, used = rows + 1, 0
+        used += width
+    return rows
+
+
 def _layout(fig: go.Figure, title: str, x: str | None = None, y: str | None = None, height: int = 420) -> go.Figure:
+    """The views' common layout: the title atop the figure, the legend in rows of its own
+    between the title and the plot (never over the data or the title), axis titles."""
+    rows = _legend_rows(fig)
+    top = _TITLE_PX + _LEGEND_ROW_PX * rows + (6 if rows else 6)
     fig.update_layout(
-        title={"text": esc(title)},
-        height=height,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        title={"text": esc(title), "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 10}},
+        height=height + max(0, top - 50),
+        margin={"l": 60, "r": 20, "t": top, "b": 50},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
     )
     if x is not None:
@@ -181,7 +206,7 @@ def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
         )
     fig.update_layout(bargap=0, showlegend=True)
     fig = _layout(fig, f"Every iteration ({len(iterations):,}): wall time", None, "ms", height=200)
-    fig.update_layout(margin={"l": 50, "r": 10, "t": 40, "b": 25})
+    fig.update_layout(margin={"l": 50, "r": 10, "b": 25})
     return fig
 def phase_breakdown(phases: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
     """Stacked bar per step of its phases (``trace.phases()``): data loading, forward,
@@ -240,6 +265,10 @@ def top_ops_bar(ops: pd.DataFrame, *, top: int = 15, unit: str = "ms") -> go.Fig
 
 
 # -- Layers -----------------------------------------------------------------------------------
+#: the root the layers tree draws above several top-level layers
+ALL_LAYERS = "all layers"
+
+
 def layers_tree(
     layers: pd.DataFrame,
     *,
@@ -277,12 +306,20 @@ def layers_tree(
          frame["calls"].astype(int)],
         axis=-1,
     )
+    parents = esc_all(frame["parent"])
+    values = np.maximum(frame[self_col].to_numpy(dtype=float), 0.0)
+    if parents.count("") > 1:  # several top layers (a model and its loss): a root that says so, not a blank box
+        parents = [p or ALL_LAYERS for p in parents]
+        ids, labels, values = [*ids, ALL_LAYERS], [*labels, ALL_LAYERS], np.append(values, 0.0)
+        parents.append("")
+        custom = np.vstack([custom, [ALL_LAYERS, "", float(frame.loc[frame["parent"] == "", total_col].sum()) / div,
+                                     0.0, 0]])
     fig = go.Figure(
         kind(
             ids=ids,
             labels=labels,
-            parents=esc_all(frame["parent"]),
-            values=np.maximum(frame[self_col].to_numpy(dtype=float), 0.0),
+            parents=parents,
+            values=values,
             branchvalues="remainder",
             customdata=custom,
             hovertemplate=f"%{{customdata[0]}} (%{{customdata[1]}})<br>total %{{customdata[2]:.3f}} {unit}"
@@ -511,12 +548,9 @@ def timeline(
         meta={"shown": int(len(shown)), "total": int(total), "window": [lo, hi], "origin": origin},
         yaxis={"categoryorder": "array", "categoryarray": [label[lane] for lane in lanes], "autorange": "reversed"},
     )
-    _layout(fig, title, f"time since window start ({unit})", None, height=max(300, 34 * len(lanes) + 120))
-    if len(shown) < total:
-        fig.add_annotation(
-            text=f"{len(shown):,} of {total:,} events drawn; the rest are aggregated (grey bins)",
-            showarrow=False, xref="paper", yref="paper", x=0, y=-0.18, xanchor="left", font={"size": 11},
-        )
+    # what was left out is said in the axis title: a note of its own under the axis would overlap it
+    note = f" · {len(shown):,} of {total:,} events drawn, the rest in grey bins" if len(shown) < total else ""
+    _layout(fig, title, f"time since window start ({unit}){note}", None, height=max(300, 34 * len(lanes) + 120))
     return fig
 
 
@@ -564,6 +598,10 @@ def _spans_in(spans: pd.DataFrame | None, lo: float, hi: float, rank: int | None
     if len(spans) > max_spans:
         spans = spans.nlargest(max_spans, "dur").sort_values("ts", kind="stable")
     return spans
+
+
+#: the left margin of both memory charts (px), so their time axes line up
+MEMORY_LEFT_MARGIN = 110
 
 
 def memory_timeline(
@@ -641,12 +679,15 @@ def memory_timeline(
     marked = pd.DataFrame() if peaks is None or peaks.empty else tables.peaks_of(peaks, step)
     if rank is not None and not marked.empty:
         marked = marked[marked["rank"] == rank]
+    first, last = float(memory["ts"].min()), float(memory["ts"].max())
     for _, peak in marked.iterrows():
         where = " in ".join(esc(shorten(v, 50)) for v in (peak["op"], peak["layer"]) if isinstance(v, str) and v)
-        fig.add_annotation(
+        at = (float(peak["ts"]) - first) / (last - first) if last > first else 0.5
+        fig.add_annotation(  # its text runs into the plot, not off its left or right edge
             x=float(peak["ts"]) / div, y=float(peak["peak_bytes"]) / scale, xref="x", yref="y",
             text=f"peak {fmt_bytes(peak['peak_bytes'])}" + (f": {where}" if where else ""),
             showarrow=True, arrowhead=2, ax=0, ay=-30,
+            xanchor="left" if at < 0.3 else "right" if at > 0.7 else "center",
         )
     if not lane.empty:
         names = list(dict.fromkeys(lane["layer"].astype(str)))
@@ -669,11 +710,8 @@ def memory_timeline(
                 hovertemplate=f"%{{customdata[0]}} ({phase})<br>%{{customdata[1]:.3f}} {unit}<extra></extra>",
                 row=2, col=1,
             )
-        # the legend keys the colors, which are per layer (the lane's rows are the phases)
-        for name in names[:len(LAYER_COLORS)]:
-            fig.add_bar(orientation="h", name=esc(shorten(name.rsplit(".", 1)[-1], 24)), x=[None], y=["forward"],
-                        marker={"color": color[name]}, hoverinfo="skip", legendgroup="layers",
-                        legendgrouptitle={"text": "layers"} if name == names[0] else None, row=2, col=1)
+        # no legend entry per layer: each bar says its layer (inside, and on hover), and a
+        # legend of layers beside the curve's would push the plot off the category chart's axis
         fig.update_layout(barmode="overlay", uniformtext={"minsize": 8, "mode": "hide"})
         fig.update_yaxes(categoryorder="array", categoryarray=["forward", "backward"], autorange="reversed",
                          row=2, col=1, showgrid=False, title_text="layers")
@@ -690,7 +728,14 @@ def memory_timeline(
     fig = _layout(fig, title, None, None, height=480 if not lane.empty else 420)
     fig.update_yaxes(title_text=f"memory ({suffix})", **row)
     fig.update_xaxes(title_text=f"time since trace start ({unit})", **({"row": 2, "col": 1} if not lane.empty else {}))
-    fig.update_layout(meta={"spans": int(len(lane)), "spans_total": int(0 if spans is None else len(spans))})
+    # the x range is the events' (a step boundary or a span outside it does not widen it), shared
+    # with the category chart under it (``memory_categories(x_range=...)``), whose margins are the same
+    pad = 0.01 * (float(memory["ts"].max()) - float(memory["ts"].min()))  # the last step of the curve off the edge
+    x_range = [(float(memory["ts"].min()) - pad) / div, (float(memory["ts"].max()) + pad) / div]
+    if x_range[1] > x_range[0]:
+        fig.update_xaxes(range=x_range)
+    fig.update_layout(margin={"l": MEMORY_LEFT_MARGIN},
+                      meta={"spans": int(len(lane)), "spans_total": int(0 if spans is None else len(spans)), "x_range": x_range})
     return fig
 
 
@@ -702,6 +747,7 @@ def memory_categories(
     rank: int | None = None,
     max_points: int = 2000,
     unit: str = "ms",
+    x_range: Sequence[float] | None = None,
 ) -> go.Figure:
     """Memory stacked by allocation category (parameter, optimizer state, activation,
     gradient, ...) over time, from ``trace.memory_categories()``.
@@ -713,6 +759,8 @@ def memory_categories(
         rank: the rank drawn (default: the lowest); one device (the first).
         max_points: the most points drawn (each bin keeps the extremes of the total).
         unit: time unit of the x axis.
+        x_range: the x axis' range (``unit`` since the trace start), to line up with the
+            memory curve above it (its ``layout.meta["x_range"]``); None: the samples'.
     """
     title = "Memory by category" + (f" — step {step}" if step is not None else "")
     if categories is None or categories.empty:
@@ -748,6 +796,9 @@ def memory_categories(
         )
     clock = categories.attrs.get("clock")
     fig = _layout(fig, title, f"time since trace start ({unit})", f"memory ({suffix})")
+    fig.update_layout(margin={"l": MEMORY_LEFT_MARGIN})
+    if x_range is not None and len(x_range) == 2 and x_range[1] > x_range[0] and clock != "own":
+        fig.update_xaxes(range=[float(x_range[0]), float(x_range[1])])
     if clock == "own":
         fig.add_annotation(text="the memory profile's clock could not be matched to the trace: its time starts at 0",
                            showarrow=False, xref="paper", yref="paper", x=0, y=-0.2, xanchor="left", font={"size": 11})
@@ -798,7 +849,7 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
     Hover shows the op, shapes, dtypes, layers (``efficiency.attrs['layers']``), the user code
     that called it (``attrs['where']``, joined by ``views.data``) and the %
     of the roof. The ``top`` rows by GPU time are drawn."""
-    title = "Roofline: achieved TFLOP/s against arithmetic intensity"
+    title = "Roofline: achieved FLOP/s against arithmetic intensity"
     if efficiency.empty:
         return empty("No op ran on a GPU with recorded shapes: record with record_shapes=True on a GPU.", title)
     layers = list(efficiency.attrs.get("layers") or [""] * len(efficiency))
@@ -816,13 +867,16 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
     roofs = frame[["device", "peak_tflops", "peak_tbytes_per_s"]].drop_duplicates().dropna(subset=["peak_tbytes_per_s"])
     if roofs["peak_tflops"].notna().any():  # integer ops have no compute peak: the float roofs are drawn
         roofs = roofs.dropna(subset=["peak_tflops"])
-    for roof in roofs.itertuples():
+    for i, roof in enumerate(roofs.itertuples()):
         peak, bandwidth = float(roof.peak_tflops), float(roof.peak_tbytes_per_s)
         ridge = peak / bandwidth if peak == peak else hi
         xs = np.array([min(lo, ridge / 4), ridge, max(hi, ridge * 4)]) if peak == peak else np.array([lo, hi])
         ys = np.minimum(peak, xs * bandwidth) if peak == peak else xs * bandwidth
-        label = f"{roof.device or 'given peaks'}: {bandwidth:g} TB/s" + (f", {peak:g} TFLOP/s" if peak == peak else "")
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(label), line={"color": "#444", "width": 1.5},
+        precision = _roof_precision(roof.device, peak)
+        label = (f"{roof.device or 'given peaks'}" + (f" {precision}" if precision else "") + f" roof: {bandwidth:g} TB/s"
+                 + (f", {_flops_text(peak * 1e12)}" if peak == peak else ""))
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(label),
+                                 line={"color": "#444", "width": 1.5, "dash": ROOF_DASHES[i % len(ROOF_DASHES)]},
                                  hovertemplate=esc(label) + "<extra></extra>"))
     sizes = frame["gpu_us"].to_numpy(dtype=float)
     marker = 8 + 32 * np.sqrt(sizes / max(float(sizes.max()), 1e-9))
@@ -844,16 +898,45 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
             "<br>layer %{customdata[3]}<br>code %{customdata[7]}<br>%{customdata[5]} calls, %{customdata[4]:.3f} " + unit
             + "<br>%{x:.3g} FLOP/byte, %{y:.3g} TFLOP/s, %{customdata[6]}<extra></extra>",
         ))
-    fig = _layout(fig, title, "arithmetic intensity (FLOP/byte)", "achieved TFLOP/s", height=480)
+    fig = _layout(fig, title, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s", height=480)
     fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    # one tick per decade, in words (1 GFLOP/s, 10 TFLOP/s): plotly's SI ticks of TFLOP/s read "100µ"
+    values = np.concatenate([frame["tflops_per_s"].to_numpy(dtype=float), roofs["peak_tflops"].to_numpy(dtype=float)])
+    values = values[np.isfinite(values) & (values > 0)]
+    low, high = int(np.floor(np.log10(values.min()))), int(np.ceil(np.log10(values.max())))
+    ticks = [10.0**k for k in range(low, high + 1)]
+    fig.update_yaxes(type="log", tickvals=ticks, ticktext=[_flops_text(t * 1e12) for t in ticks])
     return fig
+
+
+#: line styles of the roofs (a device has one per precision drawn)
+ROOF_DASHES = ("solid", "dash", "dot", "dashdot")
+_FLOP_PREFIXES = ((1e15, "PFLOP/s"), (1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s"), (1e3, "kFLOP/s"))
+
+
+def _flops_text(flops_per_s: float) -> str:
+    """A rate in FLOP/s with its SI prefix: ``1.2e11`` -> ``120 GFLOP/s``."""
+    for factor, name in _FLOP_PREFIXES:
+        if flops_per_s >= factor:
+            return f"{flops_per_s / factor:.3g} {name}"
+    return f"{flops_per_s:.3g} FLOP/s"
+
+
+def _roof_precision(device: Any, peak: float) -> str:
+    """The precision(s) whose datasheet peak ``peak`` is on ``device`` (``TF32``,
+    ``FP64/FP32``), or '' for peaks given by the user or a device not in the table."""
+    if not isinstance(device, str) or peak != peak:
+        return ""
+    for row in devices.PEAKS:
+        if row.name == device:
+            return "/".join(p.upper() for p in devices.PRECISIONS if getattr(row, p) == peak)
+    return ""
 
 
 # -- Kernels ----------------------------------------------------------------------------------
 def top_kernels_bar(kernels: pd.DataFrame, *, top: int = 15, by_op: bool = False, unit: str = "ms") -> go.Figure:
     """Horizontal bars of the ``top`` kernels by total GPU time (by kernel, or kernel + op)."""
-    title = "Top kernels" + (" by launching op" if by_op else "")
+    title = f"Top {top} kernels" + (" with their launching op" if by_op else "") + " by GPU time"
     table = tables.top_kernels(kernels, top, by_op=by_op)
     if table.empty:
         return empty("No GPU kernels in this trace.", title)

@@ -10,13 +10,13 @@ from typing import Sequence
 import pandas as pd
 
 from tracemagic.views import tables
-from tracemagic.views._format import esc, fmt_cell, shorten, unit_divisor
+from tracemagic.views._format import PLAIN_COLUMNS, esc, fmt_cell, header, shorten, unit_divisor
 
 CSS = """
 .tm-table{border-collapse:collapse;font:12px/1.35 system-ui,sans-serif;margin:4px 0}
 .tm-table th,.tm-table td{padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:right;white-space:nowrap}
-.tm-table th{background:#f5f5f5;position:sticky;top:0;cursor:pointer}
-.tm-table td.tm-text,.tm-table th.tm-text{text-align:left;max-width:48em;overflow:hidden;text-overflow:ellipsis}
+.tm-table th{background:#f5f5f5;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom;min-width:3.5em}
+.tm-table td.tm-text,.tm-table th.tm-text{text-align:left;max-width:26em;overflow:hidden;text-overflow:ellipsis}
 .tm-facts{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font:13px system-ui,sans-serif;margin:4px 0}
 .tm-facts dt{color:#666}.tm-facts dd{margin:0}
 .tm-bullets{font:13px system-ui,sans-serif;margin:4px 0;padding-left:1.3em}
@@ -31,15 +31,19 @@ def is_text(series: pd.Series) -> bool:
 
 
 def table(frame: pd.DataFrame, *, caption: str = "", max_rows: int | None = None) -> str:
-    """``frame`` as an escaped HTML table (``max_rows`` first rows)."""
+    """``frame`` as an escaped HTML table (``max_rows`` first rows), its headers
+    ``_format.header`` of the columns (the column's own name on hover), long text cut
+    with the whole value on hover."""
     shown = frame if max_rows is None else frame.head(max_rows)
     text_cols = [is_text(frame[c]) for c in frame.columns]
-    head = "".join(f'<th class="{"tm-text" if t else ""}">{esc(c)}</th>' for c, t in zip(frame.columns, text_cols))
+    head = "".join(f'<th class="{"tm-text" if t else ""}" title="{esc(c)}">{esc(header(c))}</th>'
+                   for c, t in zip(frame.columns, text_cols))
+    plain = [str(c) in PLAIN_COLUMNS for c in frame.columns]
     rows = []
     for values in shown.itertuples(index=False, name=None):
         cells = "".join(
-            f'<td class="tm-text" title="{esc(fmt_cell(v))}">{esc(fmt_cell(v))}</td>' if t else f"<td>{esc(fmt_cell(v))}</td>"
-            for v, t in zip(values, text_cols)
+            f'<td class="tm-text" title="{esc(fmt_cell(v))}">{esc(fmt_cell(v))}</td>' if t else f"<td>{esc(fmt_cell(v, p))}</td>"
+            for v, t, p in zip(values, text_cols, plain)
         )
         rows.append(f"<tr>{cells}</tr>")
     cap = f'<div class="tm-caption">{esc(caption)}</div>' if caption else ""
@@ -73,7 +77,7 @@ TREE_CSS = """
 .tm-tree{font:12px/1.4 system-ui,sans-serif;border:1px solid #eee;max-height:520px;overflow:auto;min-width:420px}
 .tm-tree details>summary{list-style:none;cursor:pointer}
 .tm-tree details>summary::-webkit-details-marker{display:none}
-.tm-tree .tm-row{display:grid;grid-template-columns:minmax(9em,1fr) repeat(5,5.5em);gap:0 6px;padding:1px 6px;
+.tm-tree .tm-row{display:grid;grid-template-columns:minmax(14em,1fr) repeat(4,5em) 3.5em;gap:0 6px;padding:1px 6px;
   border-bottom:1px solid #f0f0f0;white-space:nowrap}
 .tm-tree .tm-row>span{overflow:hidden;text-overflow:ellipsis;text-align:right}
 .tm-tree .tm-row>span.tm-name{text-align:left}
@@ -131,7 +135,8 @@ def layer_tree(
         kind = record.get("type")
         cells = (
             f'<span class="tm-name" style="padding-left:{1.1 * depth:.1f}em" title="{esc(name)}">{esc(shorten(short, 60))}'
-            + (f' <span class="tm-type">{esc(kind)}</span>' if isinstance(kind, str) and kind else "") + "</span>"
+            + (f' <span class="tm-type" title="{esc(kind)}">{esc(kind)}</span>' if isinstance(kind, str) and kind else "")
+            + "</span>"
             + "".join(f"<span>{num(record.get(c))}</span>" for c in (total_col, self_col, fwd_col, bwd_col))
             + f"<span>{esc(fmt_cell(record.get('calls')))}</span>"
         )

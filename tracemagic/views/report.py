@@ -32,7 +32,7 @@ from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from tracemagic._version import __version__
 from tracemagic.views import figures, html, sections
-from tracemagic.views._format import esc
+from tracemagic.views._format import PLAIN_COLUMNS, esc, header
 from tracemagic.views.data import TraceData
 from tracemagic.views.flame_search import MATCH_COLOR, OTHER_COLOR
 
@@ -63,16 +63,16 @@ main{padding:8px 20px 40px}
 .tm-tools input{width:220px;padding:2px 6px}
 .tm-scroll{max-height:520px;overflow:auto;border:1px solid #eee}
 .tm-beside{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
-.tm-beside>.tm-main{flex:3 1 520px;min-width:0}.tm-beside>.tm-side{flex:2 1 380px;min-width:0}
+.tm-beside>.tm-main{flex:1 1 480px;min-width:0}.tm-beside>.tm-side{flex:1 1 520px;min-width:460px}
 """
 
 _SCRIPT = """
 (function(){
   var CONFIG=__CONFIG__,SEARCH=__SEARCH__;
-  function fmt(v){
+  function fmt(v,plain){
     if(v===null||v===undefined)return "";
     if(typeof v==="number"){
-      if(Number.isInteger(v))return v.toLocaleString("en-US");
+      if(Number.isInteger(v))return plain?String(v):v.toLocaleString("en-US");
       return v.toLocaleString("en-US",{maximumFractionDigits:Math.abs(v)<100?3:1});
     }
     if(typeof v==="boolean")return v?"yes":"";
@@ -97,7 +97,7 @@ _SCRIPT = """
       var table=document.createElement("table");table.className="tm-table";
       var tr=document.createElement("tr");
       spec.columns.forEach(function(name,i){
-        var th=document.createElement("th");th.textContent=name+(st.col===i?(st.desc?" \\u25bc":" \\u25b2"):"");
+        var th=document.createElement("th");th.textContent=name+(st.col===i?(st.desc?" \\u25bc":" \\u25b2"):"");th.title=spec.names[i];
         if(spec.text[i])th.className="tm-text";
         th.addEventListener("click",function(){if(st.col===i){st.desc=!st.desc;}else{st.col=i;st.desc=!spec.text[i];}st.page=0;render();});
         tr.appendChild(th);});
@@ -105,7 +105,7 @@ _SCRIPT = """
       var tbody=document.createElement("tbody");
       all.slice(st.page*st.size,(st.page+1)*st.size).forEach(function(r){
         var row=document.createElement("tr");
-        r.forEach(function(v,i){var td=document.createElement("td");td.textContent=fmt(v);
+        r.forEach(function(v,i){var td=document.createElement("td");td.textContent=fmt(v,spec.plain[i]);
           if(spec.text[i]){td.className="tm-text";td.title=fmt(v);}row.appendChild(td);});
         tbody.appendChild(row);});
       table.appendChild(tbody);wrap.replaceChildren(table);
@@ -195,7 +195,9 @@ def table_block(frame: pd.DataFrame, caption: str, nonce: str) -> str:
     total = len(frame)
     kept = frame.head(MAX_TABLE_ROWS)
     spec = {
-        "columns": [str(c) for c in kept.columns],
+        "columns": [header(c) for c in kept.columns],
+        "names": [str(c) for c in kept.columns],
+        "plain": [str(c) in PLAIN_COLUMNS for c in kept.columns],
         "text": [html.is_text(kept[c]) for c in kept.columns],
         "rows": [[_json_value(v) for v in row] for row in kept.itertuples(index=False, name=None)],
         "total": total,
@@ -301,7 +303,7 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
             parts.append(block)
         if len(section.table.columns):
             parts.append(table_block(section.table, section.table_title, nonce))
-        parts += [html.table(frame, caption=caption, max_rows=50) for caption, frame in section.extra]
+        parts += [table_block(frame, caption, nonce) for caption, frame in section.extra]  # each with its own filter
         nav.append(f'<button type="button" data-tab="{key}">{esc(section.title)}</button>')
         body.append(f'<section class="tm-section" id="tab-{key}">{"".join(parts)}</section>')
     csp = (

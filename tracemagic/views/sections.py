@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tracemagic.views import cell_lines, figures, html, insights, tables
-from tracemagic.views._format import fmt_bytes, fmt_time, unit_divisor
+from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, unit_divisor
 from tracemagic.views.data import TraceData
 
 #: the most ops the Graph tab draws (the rest are listed in its table)
@@ -22,6 +22,19 @@ GRAPH_MAX_NODES = 300
 TIMELINE_MAX_EVENTS = 3000
 #: columns never worth a table column (row numbers and join keys)
 HIDDEN_COLUMNS = frozenset({"row", "op_row", "parent_row", "seq", "rf_id", "external_id", "correlation", "parent"})
+#: columns holding a JSON list per input (dtypes, constant values), shown as ``a, b, –``
+DTYPE_COLUMNS = frozenset({"input_type", "input_types", "concrete_inputs"})
+# the columns that answer each table's question, shown first (the rest follow in the frame's order)
+STEPS_FIRST = ("step", "dur", "window_dur", "gpu_busy_pct")
+OPS_FIRST = ("name", "self_us", "self_pct", "total_us", "calls", "mean_us")
+LAYERS_FIRST = ("layer", "type", "calls", "gpu_us", "self_gpu_us", "cpu_us", "self_cpu_us")
+ALLOCATIONS_FIRST = ("bytes", "op", "layer", "phase", "step", "ts", "lifetime_us", "device")
+SHAPES_FIRST = ("name", "input_dims", "calls", "total_us", "self_us", "gpu_us", "mean_us", "tflops_per_s")
+ROOFLINE_FIRST = ("name", "input_dims", "pct_of_roofline", "gpu_us", "calls", "bound", "tflops_per_s", "tbytes_per_s")
+FLAME_FIRST = ("function", "file", "line", "cpu_us", "self_cpu_us", "gpu_us", "calls")
+KERNELS_FIRST = ("kernel", "op", "total_us", "pct", "calls", "mean_us", "max_us")
+#: the layers table's columns that only a GPU fills (left out of a trace without one)
+GPU_LAYER_COLUMNS = ("gpu_us", "self_gpu_us", "fwd_gpu_us", "bwd_gpu_us", "tflops_per_s", "memory_bound_pct")
 
 
 @dataclass
@@ -105,12 +118,25 @@ def available(data: TraceData, other: TraceData | None = None) -> list[str]:
     return [key for key, tab in TABS.items() if tab.available(data, other)]
 
 
-def display_table(frame: pd.DataFrame, unit: str = "ms") -> pd.DataFrame:
-    """A table ready to show: join-key columns dropped, µs columns converted to ``unit``
-    (and renamed ``*_ms`` etc.), string-like columns as plain text."""
+def display_table(frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ...] = (),
+                  one_rank: bool = False) -> pd.DataFrame:
+    """A table ready to show: join-key columns dropped (and ``rank`` where the trace has one
+    rank), the ``first`` columns (those that answer the table's question) moved to the
+    front, µs columns converted to ``unit`` (and renamed ``*_ms`` etc.), string-like
+    columns as plain text, dtype lists as ``float, float`` and addresses in hex. The
+    headers users read are ``_format.header`` of these names."""
     if frame.empty and not len(frame.columns):
         return frame
-    out = frame.drop(columns=[c for c in frame.columns if c in HIDDEN_COLUMNS]).reset_index(drop=True)
+    drop = [c for c in frame.columns if c in HIDDEN_COLUMNS or (one_rank and c == "rank")]
+    out = frame.drop(columns=drop).reset_index(drop=True)
+    if "step" in out and pd.api.types.is_integer_dtype(out["step"]) and (out["step"] < 0).any():
+        # -1 is "outside any step" (``analysis.schema``): blank, and no column at all when nothing is in a step
+        out["step"] = out["step"].astype("Int64").mask(out["step"] < 0)
+        if out["step"].isna().all():
+            out = out.drop(columns="step")
+    if first:
+        front = [c for c in first if c in out.columns]
+        out = out[front + [c for c in out.columns if c not in front]]
     div = unit_divisor(unit)
     suffix = {"µs": "us", "ms": "ms", "s": "s"}[unit]
     renames = {}
@@ -120,9 +146,29 @@ def display_table(frame: pd.DataFrame, unit: str = "ms") -> pd.DataFrame:
                 out[column] = out[column].astype(float) / div
                 base = column.removesuffix("_us")
                 renames[column] = f"{base}_{suffix}"
+        elif column in DTYPE_COLUMNS:
+            shown = {v: fmt_dtypes(v) for v in out[column].dropna().unique()}  # few distinct lists: each once
+            out[column] = out[column].map(shown).astype(object).where(out[column].notna(), "")
+        elif column == "addr" and pd.api.types.is_numeric_dtype(out[column]):
+            out[column] = pd.Series([f"0x{int(v):x}" if pd.notna(v) else "" for v in out[column]], index=out.index,
+                                    dtype=object)
         elif isinstance(out[column].dtype, pd.CategoricalDtype):
             out[column] = out[column].astype("string")
     return out.rename(columns=renames)
+
+
+def kernel_names(frame: pd.DataFrame) -> pd.DataFrame:
+    """A kernels table (``top_kernels``) with each kernel's readable name first (``kernel``:
+    ``_format.kernel_label``, return type, namespaces and arguments dropped) and its full
+    signature last (``signature``, the frame's ``name``), where the filter finds it too."""
+    if "name" not in frame:
+        return frame
+    names = frame["name"].astype(str)
+    kinds = frame["kind"].astype(str) if "kind" in frame else pd.Series("kernel", index=frame.index)
+    labels = [kernel_label(n, 200) if k == "kernel" else n for n, k in zip(names, kinds)]
+    out = frame.drop(columns="name").assign(signature=names)
+    out.insert(0, "kernel", labels)
+    return out
 
 
 def build(key: str, data: TraceData, state: ViewState | None = None, other: TraceData | None = None) -> Section:
@@ -147,6 +193,12 @@ def build(key: str, data: TraceData, state: ViewState | None = None, other: Trac
 
 
 def _overview(data: TraceData, state: ViewState) -> Section:
+    one_rank = not data.several_ranks
+    kernels = tables.select_step(data.kernels, state.step)
+    step_table = tables.step_table(data.steps)
+    # a part of the step that is 0 in every step (no communication on one process) is no column
+    step_table = step_table.drop(columns=[c for c in tables.STEP_PARTS if c in step_table and
+                                          not step_table[c].fillna(0).astype(float).any()])
     ops = tables.select_step(data.ops, state.step)
     steps = data.steps
     fig = figures.step_breakdown(steps, unit=state.unit)
@@ -160,24 +212,31 @@ def _overview(data: TraceData, state: ViewState) -> Section:
                 trace.marker.opacity = [1.0 if i in chosen else 0.35 for i in range(len(labels))]
     section = Section(
         "overview", TITLES["overview"],
-        figures=[fig, phase_fig, figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
-        table=display_table(tables.step_table(steps), state.unit),
+        # on a GPU the time that matters is the GPU's: the kernels lead, by GPU time
+        figures=[fig, phase_fig, figures.top_kernels_bar(kernels, top=state.top, unit=state.unit) if data.has_gpu
+                 else figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
+        table=display_table(step_table, state.unit, first=STEPS_FIRST, one_rank=one_rank),
         table_title="Steps",
         facts=insights.facts(data, state.step),
         bullets=insights.for_trace(data, step=state.step),
     )
     if data.has_line_marks and (hot := cell_lines.hottest_text(data.lines, has_gpu=data.has_gpu)):
         section.facts.append(("hottest line", hot + " (Source tab)"))
+    in_step = f" in step {state.step}" if state.step is not None else ""
+    if data.has_gpu:
+        section.extra.append((f"Top kernels{in_step} (by GPU time)",
+                              display_table(kernel_names(tables.top_kernels(kernels, state.top)), state.unit,
+                                            first=KERNELS_FIRST)))
     layers = data.layers_in(state.step)
     if not layers.empty:
         top_layers = tables.top_layers(layers, state.top)
         cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us") + (("gpu_us",) if data.has_gpu else ())
                 if c in top_layers]
         section.extra.append(("Top layers" + (f" in step {state.step}" if state.step is not None else ""),
-                              display_table(top_layers[cols], state.unit)))
+                              display_table(top_layers[cols], state.unit, first=LAYERS_FIRST, one_rank=one_rank)))
     section.extra.append((
         "Top ops" + (f" in step {state.step}" if state.step is not None else ""),
-        display_table(tables.top_ops(ops, state.top), state.unit),
+        display_table(tables.top_ops(ops, state.top), state.unit, first=OPS_FIRST),
     ))
     for name, problem in data.problems.items():
         section.bullets.append(f"The {name} analysis failed, its view is empty: {problem}")
@@ -187,10 +246,13 @@ def _overview(data: TraceData, state: ViewState) -> Section:
 def _layers(data: TraceData, state: ViewState) -> Section:
     layers = data.layers_in(state.step)
     metric: Literal["cpu", "gpu"] = "gpu" if tables.layer_metric(layers) == "gpu_us" else "cpu"
+    table = tables.layers_table(layers)
+    if not data.has_gpu:
+        table = table.drop(columns=[c for c in GPU_LAYER_COLUMNS if c in table])
     return Section(
         "layers", TITLES["layers"],
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],
-        table=display_table(tables.layers_table(layers), state.unit),
+        table=display_table(table, state.unit, first=LAYERS_FIRST, one_rank=not data.several_ranks),
         table_title="Layers" + (f" in step {state.step}" if state.step is not None else "")
         + " (self = time not in child layers)",
         side=html.layer_tree(layers, metric=metric, unit=state.unit) if not layers.empty else "",
@@ -248,7 +310,7 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
         rebuild[0] = redraw
     section = Section(
         "timeline", TITLES["timeline"], figures=[fig],
-        table=display_table(tables.top_ops(ops), state.unit),
+        table=display_table(tables.top_ops(ops), state.unit, first=OPS_FIRST),
         table_title="Ops" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
         rebuild=rebuild,
@@ -275,7 +337,8 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit, peaks=data.memory_peaks)]
     categories = data.memory_categories
     if not categories.empty:
-        figs.append(figures.memory_categories(categories, data.steps, step=state.step, unit=state.unit))
+        figs.append(figures.memory_categories(categories, data.steps, step=state.step, unit=state.unit,
+                                              x_range=(figs[0].layout.meta or {}).get("x_range")))
     uncounted = categories.attrs.get("uncounted") or {}
     for rank, held in uncounted.items():
         facts.append(((f"rank {rank} · " if data.several_ranks else "") + "not in the allocator's totals",
@@ -289,7 +352,8 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     return Section(
         "memory", TITLES["memory"],
         figures=figs,
-        table=display_table(tables.select_step(data.allocations_where(), state.step).head(5000), state.unit),
+        table=display_table(tables.select_step(data.allocations_where(), state.step).head(5000), state.unit,
+                            first=ALLOCATIONS_FIRST, one_rank=not data.several_ranks),
         table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
     )
@@ -303,8 +367,9 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     return Section(
         "shapes", TITLES["shapes"],
         figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
-        table=display_table(data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes,
-                            state.unit),
+        table=display_table((data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes)
+                            .drop(columns=[] if data.has_gpu else [c for c in ("gpu_us",) if c in shapes]), state.unit,
+                            first=SHAPES_FIRST, one_rank=not data.several_ranks),
         table_title="Op × input shapes × dtypes",
         facts=facts,
     )
@@ -324,7 +389,7 @@ def _roofline(data: TraceData, state: ViewState) -> Section:
     return Section(
         "roofline", TITLES["roofline"],
         figures=[figures.roofline(efficiency, unit=state.unit)],
-        table=display_table(efficiency, state.unit),
+        table=display_table(efficiency, state.unit, first=ROOFLINE_FIRST, one_rank=not data.several_ranks),
         table_title="Op × input shapes × dtypes against the device roofline (flops and bytes per call)",
         facts=facts,
         bullets=insights.roofline_bullets(efficiency),
@@ -337,7 +402,7 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
         "kernels", TITLES["kernels"],
         figures=[figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
                  figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit)],
-        table=display_table(data.kernel_table(kernels), state.unit),
+        table=display_table(kernel_names(data.kernel_table(kernels)), state.unit, first=KERNELS_FIRST),
         table_title="Kernels by kernel + launching op" + (f" in step {state.step}" if state.step is not None else ""),
     )
 
@@ -361,7 +426,7 @@ def _flame(data: TraceData, state: ViewState) -> Section:
     return Section(
         "flame", TITLES["flame"],
         figures=figs,
-        table=display_table(table, state.unit),
+        table=display_table(table, state.unit, first=FLAME_FIRST, one_rank=not data.several_ranks),
         table_title=("User functions" if user_only else "Functions and call-site lines")
         + " (cpu = inclusive, self = not in a child Python frame; trace.source() has them all)",
         facts=facts,
