@@ -264,44 +264,39 @@ def test_a_marked_cell_raises_at_its_own_line(ip: Any, tmp_path: Path, body: str
 
 @pytest.mark.browser
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_the_source_tab_in_a_real_browser(captures: dict[str, Path], tmp_path: Path) -> None:
+def test_the_source_tab_in_a_real_browser(captures: dict[str, Path], tmp_path: Path, browser: Any) -> None:
     """The report of the marked capture: the Source tab lists the cell's lines with their
     figures, draws its chart, sorts its table; the Overview names the hottest line; a
-    screenshot is kept in ``conftest.ARTIFACTS``."""
-    playwright = pytest.importorskip("playwright.sync_api")
-    from conftest import ARTIFACTS
-    from test_report_browser import ARGS, CHROMIUM, Page
+    screenshot is kept in the test's folder (``conftest.save_screenshot``)."""
+    from conftest import save_screenshot
+    from test_report_browser import Page
 
     trace = tracemagic.load(captures["marked"])
     lines = trace.lines()
     hottest = int(lines.loc[lines["self_cpu_us"].idxmax(), "line"])
     path = trace.report(tmp_path / "source.html")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        page = Page(browser)
-        try:
-            page.page.goto(path.as_uri())
-            assert f"line {hottest} `a = big @ big`" in page.page.locator("#tab-overview").inner_text()
-            page.page.locator('nav button[data-tab="source"]').click()
-            section = page.page.locator("#tab-source")
-            section.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=10_000)
-            assert section.locator(".plot-container .barlayer .point").count() >= len(lines)
-            listing = section.locator(".tm-source tbody tr")
-            cell = json.loads((captures["marked"] / "capture.json").read_text())["cell"].splitlines()
-            assert listing.count() == len(cell)
-            row = section.locator('.tm-source tr[data-line="3"]')
-            assert row.locator("code").inner_text().strip() == "a = big @ big"
-            assert "background:rgb(" in (row.locator("td.tm-code").get_attribute("style") or "")
-            box = section.locator(".tm-tablebox")
-            box.locator("th", has_text="self_cpu").first.click()  # numbers sort descending first
-            first = box.locator("tbody tr").first.locator("td").first.inner_text()
-            assert first == str(hottest)
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.page.screenshot(path=str(ARTIFACTS / "report-source.png"), full_page=True)
-            assert page.errors == [] and page.requests == []
-        finally:
-            page.close()
-            browser.close()
+    page = Page(browser)
+    try:
+        page.page.goto(path.as_uri())
+        assert f"line {hottest} `a = big @ big`" in page.page.locator("#tab-overview").inner_text()
+        page.page.locator('nav button[data-tab="source"]').click()
+        section = page.page.locator("#tab-source")
+        section.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=10_000)
+        assert section.locator(".plot-container .barlayer .point").count() >= len(lines)
+        listing = section.locator(".tm-source tbody tr")
+        cell = json.loads((captures["marked"] / "capture.json").read_text())["cell"].splitlines()
+        assert listing.count() == len(cell)
+        row = section.locator('.tm-source tr[data-line="3"]')
+        assert row.locator("code").inner_text().strip() == "a = big @ big"
+        assert "background:rgb(" in (row.locator("td.tm-code").get_attribute("style") or "")
+        box = section.locator(".tm-tablebox")
+        box.locator("th", has_text="Self CPU").first.click()  # numbers sort descending first
+        first = box.locator("tbody tr").first.locator("td").first.inner_text()
+        assert first == str(hottest)
+        save_screenshot(page.page, tmp_path, "report-source")
+        assert page.errors == [] and page.requests == []
+    finally:
+        page.close()
 
 
 def test_gpu_time_of_a_line_is_the_kernels_launched_beneath_it(tmp_path: Path) -> None:

@@ -95,23 +95,6 @@ def test_a_formatting_difference_fails_the_format_check(tmp_path: Path) -> None:
 
 # -- the package itself ------------------------------------------------------------------------
 
-#: TEMPORARY: formatted after the merge of wt-glance/wt-speed (they are being edited on those
-#: branches; a reformat here would conflict with theirs). The lead empties this set.
-EXCLUDE = {
-    "tracemagic/views/tables.py",
-    "tracemagic/views/_format.py",
-    "tracemagic/views/figures.py",
-    "tracemagic/views/sections.py",
-    "tracemagic/views/dashboard.py",
-    "tracemagic/views/html.py",
-    "tracemagic/views/report.py",
-    "tracemagic/trace/loader.py",
-    "tracemagic/trace/cache.py",
-    "tracemagic/trace/model.py",
-    "tracemagic/analysis/_common.py",
-    "tracemagic/analysis/advice.py",
-    "tracemagic/facade.py",
-}
 
 #: the most complex a C function may be: lizard's CCN, counted as mccabe counts Python's
 #: (1 + each if, loop, case, &&, || and ?:), at the same limit
@@ -128,7 +111,7 @@ def _package(*suffixes: str) -> list[str]:
 
 @pytest.mark.lint
 def test_the_package_passes_ruff_check() -> None:
-    files = [f for f in _package(".py", ".pyi") if f not in EXCLUDE]
+    files = _package(".py", ".pyi")
     assert len(files) > 50
     done = _ruff("check", "--output-format", "concise", *files)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -136,7 +119,7 @@ def test_the_package_passes_ruff_check() -> None:
 
 @pytest.mark.lint
 def test_the_package_is_formatted() -> None:
-    files = [f for f in _package(".py", ".pyi") if f not in EXCLUDE]
+    files = _package(".py", ".pyi")
     done = _ruff("format", "--check", *files)
     assert done.returncode == 0, "run `ruff format` on:\n" + done.stdout + done.stderr
 

@@ -57,10 +57,20 @@ class Trace(_model.Trace):
 
     #: the tables kept in the trace's cache between sessions (``trace.model.Trace.STORED``):
     #: each reads only the events, the metadata and the capture manifest
-    STORED = frozenset({
-        "ops.ops", "kernels.kernels", "steps.steps", "layers.layers", "memory.memory", "memory.peaks",
-        "shapes.shapes", "efficiency.efficiency", "phases.phases", "ranks.ranks",
-    })
+    STORED = frozenset(
+        {
+            "ops.ops",
+            "kernels.kernels",
+            "steps.steps",
+            "layers.layers",
+            "memory.memory",
+            "memory.peaks",
+            "shapes.shapes",
+            "efficiency.efficiency",
+            "phases.phases",
+            "ranks.ranks",
+        }
+    )
 
     def ops(self) -> pd.DataFrame:
         """Every CPU op and annotation (see ``tracemagic.analysis.ops``)."""
@@ -194,9 +204,7 @@ class Trace(_model.Trace):
 
         return to_pfw(self, path, **kwargs)
 
-    def to_chrome_trace(
-        self, path: str | os.PathLike[str], steps: Any = None, **kwargs: Any
-    ) -> list[Path]:
+    def to_chrome_trace(self, path: str | os.PathLike[str], steps: Any = None, **kwargs: Any) -> list[Path]:
         """Write a trimmed Chrome/Perfetto trace per rank, e.g. only some steps of a trace
         too large for the viewers (``tracemagic.export.chrome.to_chrome_trace``)."""
         from tracemagic.export.chrome import to_chrome_trace
@@ -217,8 +225,14 @@ def load(
 ) -> Trace:
     return Trace.of(
         _loader.load(
-            path, recover=recover, cache_dir=cache_dir, use_cache=use_cache, workers=workers,
-            progress=progress, max_bytes=max_bytes, allow_high_compression=allow_high_compression,
+            path,
+            recover=recover,
+            cache_dir=cache_dir,
+            use_cache=use_cache,
+            workers=workers,
+            progress=progress,
+            max_bytes=max_bytes,
+            allow_high_compression=allow_high_compression,
         )
     )
 
@@ -257,8 +271,9 @@ class Capture(_result.Capture):
             from tracemagic.views.dashboard import Dashboard  # ipywidgets: imported on first use
 
             other = Capture.of(self.vs).trace if self.vs is not None else None
-            self._dashboard = Dashboard(self.trace, title=self.title, other=other,
-                                        caption=self._header_lines() + self._note_lines())
+            self._dashboard = Dashboard(
+                self.trace, title=self.title, other=other, caption=self._header_lines() + self._note_lines()
+            )
         dashboard: Dashboard = self._dashboard
         return dashboard
 
@@ -283,7 +298,8 @@ class Capture(_result.Capture):
         try:
             before, after = vs.trace, self.trace
             change = _aggregate.mean_step_change(
-                _aggregate.loop_steps(before.steps(), before.manifest), _aggregate.loop_steps(after.steps(), after.manifest)
+                _aggregate.loop_steps(before.steps(), before.manifest),
+                _aggregate.loop_steps(after.steps(), after.manifest),
             )
             diff = _diff.diff(before, after)
             parts = []
@@ -328,8 +344,14 @@ class Capture(_result.Capture):
             path = self.dir / (f"dftracer_{self.manifest.get('rank', 0)}.pfw" + (".gz" if gz else ""))
         written = Path(self.trace.to_pfw(path))
         if written.resolve().parent == self.dir.resolve():
-            self._add_file({"path": written.name, "kind": _layout.PFW_KIND, "rank": self.manifest.get("rank", 0),
-                            "bytes": written.stat().st_size})
+            self._add_file(
+                {
+                    "path": written.name,
+                    "kind": _layout.PFW_KIND,
+                    "rank": self.manifest.get("rank", 0),
+                    "bytes": written.stat().st_size,
+                }
+            )
         self.save_manifest()
         return written
 
@@ -393,4 +415,3 @@ class Capture(_result.Capture):
         if _bundle.wanted(_bundle.TEXT_MIME, include, exclude):
             bundle[_bundle.TEXT_MIME] = "\n".join(self._header_lines() + self._note_lines() + body)
         return _bundle.select(bundle, include, exclude)
-

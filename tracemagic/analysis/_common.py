@@ -14,8 +14,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
 from tracemagic.trace.model import Trace
 from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import (
     MODULE_PREFIX,
     NEST_START_MARGIN_US,
@@ -25,8 +27,6 @@ from tracemagic.trace.structure import (
     sort_by_thread,
     thread_keys,
 )
-from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
-from tracemagic.trace.shared_keys import Shared
 
 _INSTANCE_SUFFIX = re.compile(r"_\d+$")
 #: host-side collective events: ``nccl:all_reduce``, ``gloo:broadcast`` annotations

@@ -78,9 +78,11 @@ RESERVED_MIN_BYTES = 256 * 2**20
 FRAGMENTATION_WEIGHT = 0.20
 #: ``optimizer``: the optimizer's step and zero_grad at least this share of the step (host, or GPU time it launched)
 OPTIMIZER_SHARE = 0.15
-#: ``host_sync``: the host waiting in ``.item()`` (``aten::item``/``aten::_local_scalar_dense``) at least this share of the step, on a GPU
+#: ``host_sync``: the host waiting in ``.item()`` (``aten::item``/``aten::_local_scalar_dense``)
+#: at least this share of the step, on a GPU
 HOST_SYNC_SHARE = 0.10
-#: ``roofline``: a gap heads the Overview only when the GPU time it loses is at least this share of all GPU time of ops with shapes
+#: ``roofline``: a gap heads the Overview only when the GPU time it loses is at least this share
+#: of all GPU time of ops with shapes
 ROOFLINE_MIN_SHARE = 0.01
 #: how many of the rules closest to their thresholds are named when none fired
 CLOSEST = 3
@@ -89,6 +91,9 @@ CLOSEST = 3
 UNTYPICAL_WEIGHT = 0.50
 #: ``untypical_window``: the op dynamo runs each compiled frame in
 COMPILED_REGION_PREFIX = "Torch-Compiled Region"
+
+#: the hint of ``.item()``, under both names torch records it
+_ITEM_HINT = "each .item() turns a tensor into a Python number; keep values as tensors inside the step"
 
 #: what to say about an op that dominates CPU time
 OP_ADVICE = {
@@ -105,8 +110,8 @@ CPU_OP_ADVICE = {
     "aten::copy_": "tensor copies or dtype casts; keep tensors in one dtype and avoid needless copies",
     "aten::to": "dtype casts or copies; keep tensors in one dtype",
     "aten::_to_copy": "dtype casts or copies; keep tensors in one dtype",
-    "aten::item": "each .item() turns a tensor into a Python number; keep values as tensors inside the step",
-    "aten::_local_scalar_dense": "each .item() turns a tensor into a Python number; keep values as tensors inside the step",
+    "aten::item": _ITEM_HINT,
+    "aten::_local_scalar_dense": _ITEM_HINT,
     "aten::nonzero": "nonzero/masked indexing makes outputs of data-dependent size",
 }
 #: what to say about any other op that dominates CPU time
@@ -128,8 +133,9 @@ class Row(NamedTuple):
     text: str
 
 
-def _row(rule: str, value: float, threshold: float, weight: float, evidence: str, advice: str,
-         joint: str = ": ") -> Row:
+def _row(
+    rule: str, value: float, threshold: float, weight: float, evidence: str, advice: str, joint: str = ": "
+) -> Row:
     return Row(rule, float(value), float(threshold), float(weight), evidence, advice, f"{evidence}{joint}{advice}")
 
 
@@ -182,20 +188,38 @@ def _gpu_part(scope: Scope, rule: str, column: str, threshold: float, evidence: 
 
 def gpu_idle(scope: Scope) -> Row | None:
     """The GPU idle ``GPU_IDLE_SHARE`` of the step or more: it waits for the host."""
-    return _gpu_part(scope, "gpu_idle", "gpu_idle_us", GPU_IDLE_SHARE, "GPU idle {pct} of the step",
-                     "the GPU waits for the CPU; bigger batches, fewer syncs, CUDA graphs or torch.compile keep it busy.")
+    return _gpu_part(
+        scope,
+        "gpu_idle",
+        "gpu_idle_us",
+        GPU_IDLE_SHARE,
+        "GPU idle {pct} of the step",
+        "the GPU waits for the CPU; bigger batches, fewer syncs, CUDA graphs or torch.compile keep it busy.",
+    )
 
 
 def memcpy(scope: Scope) -> Row | None:
     """memcpy ``MEMCPY_SHARE`` of the step or more (on a GPU)."""
-    return _gpu_part(scope, "memcpy", "memcpy_us", MEMCPY_SHARE, "memcpy takes {pct} of the step",
-                     "use pin_memory=True and .to(device, non_blocking=True).")
+    return _gpu_part(
+        scope,
+        "memcpy",
+        "memcpy_us",
+        MEMCPY_SHARE,
+        "memcpy takes {pct} of the step",
+        "use pin_memory=True and .to(device, non_blocking=True).",
+    )
 
 
 def communication(scope: Scope) -> Row | None:
     """Collectives ``COMM_SHARE`` of the step or more (on a GPU)."""
-    return _gpu_part(scope, "communication", "comm_us", COMM_SHARE, "Communication takes {pct} of the step",
-                     "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent.")
+    return _gpu_part(
+        scope,
+        "communication",
+        "comm_us",
+        COMM_SHARE,
+        "Communication takes {pct} of the step",
+        "overlap it with compute (bucketed DDP/FSDP) or shrink what is sent.",
+    )
 
 
 def dataloader(scope: Scope) -> Row | None:
@@ -205,8 +229,14 @@ def dataloader(scope: Scope) -> Row | None:
     part = float(scope.share["dataloader_us"])
     if part < DATALOADER_SHARE:
         return None
-    return _row("dataloader", part, DATALOADER_SHARE, part + DATALOADER_BONUS,
-                f"DataLoader takes {fmt_pct(part)} of the step", "raise num_workers, use pin_memory and persistent_workers.")
+    return _row(
+        "dataloader",
+        part,
+        DATALOADER_SHARE,
+        part + DATALOADER_BONUS,
+        f"DataLoader takes {fmt_pct(part)} of the step",
+        "raise num_workers, use pin_memory and persistent_workers.",
+    )
 
 
 def slow_step(scope: Scope) -> Row | None:
@@ -219,9 +249,15 @@ def slow_step(scope: Scope) -> Row | None:
         return None
     slow = scope.steps.loc[durs.idxmax()]
     ratio = float(durs.max()) / median
-    return _row("slow_step", ratio, SLOW_STEP_RATIO, SLOW_STEP_WEIGHT,
-                f"Step {int(slow['step'])} takes {fmt_time(float(slow['window_dur']))}, {ratio:.1f}× the median step "
-                f"({fmt_time(median)})", "warm-up, recompilation or a data stall.")
+    return _row(
+        "slow_step",
+        ratio,
+        SLOW_STEP_RATIO,
+        SLOW_STEP_WEIGHT,
+        f"Step {int(slow['step'])} takes {fmt_time(float(slow['window_dur']))}, {ratio:.1f}× the median step "
+        f"({fmt_time(median)})",
+        "warm-up, recompilation or a data stall.",
+    )
 
 
 def top_op(scope: Scope) -> Row | None:
@@ -238,9 +274,15 @@ def top_op(scope: Scope) -> Row | None:
         return None  # said already, with its time per step
     advice = (OP_ADVICE if scope.has_gpu else CPU_OP_ADVICE).get(str(first["name"]), OTHER_OP_ADVICE)
     where = _op_line(scope, str(first["name"]))
-    return _row("top_op", pct, TOP_OP_SHARE, pct * TOP_OP_DISCOUNT,
-                f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time ({int(first['calls']):,} calls"
-                f"{', mostly ' + where if where else ''})", f"{advice}.")
+    return _row(
+        "top_op",
+        pct,
+        TOP_OP_SHARE,
+        pct * TOP_OP_DISCOUNT,
+        f"{shorten(first['name'], 60)} is {fmt_pct(pct)} of CPU time ({int(first['calls']):,} calls"
+        f"{', mostly ' + where if where else ''})",
+        f"{advice}.",
+    )
 
 
 def _line_name(lines: pd.DataFrame, line: int) -> str:
@@ -272,9 +314,14 @@ def launch_overhead(scope: Scope) -> Row | None:
     rate = aggregate.kernel_rate(scope.kernels, scope.steps)
     if not (rate["per_step"] >= KERNELS_PER_STEP and rate["mean_us"] < SHORT_KERNEL_US):
         return None
-    return _row("launch_overhead", float(rate["per_step"]), KERNELS_PER_STEP, LAUNCH_WEIGHT,
-                f"{int(rate['kernels']) // int(rate['steps']):,} kernels per step averaging {fmt_time(float(rate['mean_us']))}",
-                "launch overhead dominates; fuse with torch.compile or CUDA graphs.")
+    return _row(
+        "launch_overhead",
+        float(rate["per_step"]),
+        KERNELS_PER_STEP,
+        LAUNCH_WEIGHT,
+        f"{int(rate['kernels']) // int(rate['steps']):,} kernels per step averaging {fmt_time(float(rate['mean_us']))}",
+        "launch overhead dominates; fuse with torch.compile or CUDA graphs.",
+    )
 
 
 def straggler_rule(scope: Scope) -> Row | None:
@@ -282,8 +329,15 @@ def straggler_rule(scope: Scope) -> Row | None:
     late = straggler(scope.ranks) if scope.ranks is not None else None
     if late is None or late[0] < STRAGGLER_SHARE:
         return None
-    return _row("straggler", late[0], STRAGGLER_SHARE, late[0] + STRAGGLER_BONUS, late[1],
-                "check its data, placement and load balance.", joint="; ")
+    return _row(
+        "straggler",
+        late[0],
+        STRAGGLER_SHARE,
+        late[0] + STRAGGLER_BONUS,
+        late[1],
+        "check its data, placement and load balance.",
+        joint="; ",
+    )
 
 
 def memory_peak(scope: Scope) -> Row | None:
@@ -302,9 +356,14 @@ def memory_peak(scope: Scope) -> Row | None:
     if lines is not None and not lines.empty and int(lines["self_peak_bytes"].max()) > 0:
         top = lines.loc[lines["self_peak_bytes"].idxmax()]
         held = f"; {_line_name(lines, int(top['line']))} allocated {fmt_bytes(float(top['self_peak_bytes']))} of it"
-    return _row("memory_peak", frac, MEMORY_PEAK_SHARE, frac,
-                f"Peak memory is {fmt_pct(frac)} of the GPU's {fmt_bytes(scope.device_memory_bytes)}{held}",
-                "activation checkpointing or a smaller batch leaves headroom.")
+    return _row(
+        "memory_peak",
+        frac,
+        MEMORY_PEAK_SHARE,
+        frac,
+        f"Peak memory is {fmt_pct(frac)} of the GPU's {fmt_bytes(scope.device_memory_bytes)}{held}",
+        "activation checkpointing or a smaller batch leaves headroom.",
+    )
 
 
 def fragmentation(scope: Scope) -> Row | None:
@@ -319,9 +378,14 @@ def fragmentation(scope: Scope) -> Row | None:
     ratio = float(reserved.max()) / max(float(gpu["peak_bytes"].max()), 1.0)
     if not (ratio >= RESERVED_RATIO and float(reserved.max()) > RESERVED_MIN_BYTES):
         return None
-    return _row("fragmentation", ratio, RESERVED_RATIO, FRAGMENTATION_WEIGHT,
-                f"Reserved memory is {ratio:.1f}× the allocated peak",
-                "fragmentation; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
+    return _row(
+        "fragmentation",
+        ratio,
+        RESERVED_RATIO,
+        FRAGMENTATION_WEIGHT,
+        f"Reserved memory is {ratio:.1f}× the allocated peak",
+        "fragmentation; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+    )
 
 
 def untypical_window(scope: Scope) -> Row | None:
@@ -338,8 +402,14 @@ def untypical_window(scope: Scope) -> Row | None:
     if check is None:
         return None
     value = abs(check.change) if check.change == check.change else 1.0
-    return _row("untypical_window", value, _iterations.UNTYPICAL_SHARE, UNTYPICAL_WEIGHT, check.text,
-                "move the window (--wait/--skip-first) to steps like the rest.")
+    return _row(
+        "untypical_window",
+        value,
+        _iterations.UNTYPICAL_SHARE,
+        UNTYPICAL_WEIGHT,
+        check.text,
+        "move the window (--wait/--skip-first) to steps like the rest.",
+    )
 
 
 #: the ops that make the host wait for the GPU: ``.item()`` and what it runs
@@ -378,17 +448,24 @@ def optimizer(scope: Scope) -> Row | None:
         impl = "fused"
     name = "/".join(classes) or "the optimizer"
     owner = f"{name}'s step" if classes else "the optimizer's step"
-    where = (f"{fmt_pct(host)} of the host step" + (f", {fmt_pct(gpu)} of the GPU's" if gpu == gpu else "")
-             if gpu == gpu else f"{fmt_pct(host)} of the step")
+    where = (
+        f"{fmt_pct(host)} of the host step" + (f", {fmt_pct(gpu)} of the GPU's" if gpu == gpu else "")
+        if gpu == gpu
+        else f"{fmt_pct(host)} of the step"
+    )
     call = f"torch.optim.{classes[0]}(..., " if classes else "the optimizer's constructor ("
     if impl == "fused":
-        advice = ("its update already runs fused: the time is the update itself; step less often (gradient "
-                  "accumulation) or update fewer parameters")
+        advice = (
+            "its update already runs fused: the time is the update itself; step less often (gradient "
+            "accumulation) or update fewer parameters"
+        )
     elif impl == "foreach":
         advice = f"it runs foreach; {call}fused=True) (on CUDA) fuses the update into a few kernels"
     else:
-        advice = (f"it updates one parameter at a time: {call}foreach=True) batches the updates over all "
-                  "parameters, fused=True (on CUDA) fuses them into a few kernels")
+        advice = (
+            f"it updates one parameter at a time: {call}foreach=True) batches the updates over all "
+            "parameters, fused=True (on CUDA) fuses them into a few kernels"
+        )
     return _row("optimizer", value, OPTIMIZER_SHARE, value, f"{owner} and zero_grad take {where}", f"{advice}.")
 
 
@@ -410,7 +487,9 @@ def _host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
     candidates = ops[is_sync]
     names = candidates["name"].astype(str)
     item_rows = candidates["row"].to_numpy()[(names == "aten::item").to_numpy()]
-    inside_item = np.isin(candidates["parent"].to_numpy(), item_rows) & (names == "aten::_local_scalar_dense").to_numpy()
+    inside_item = (
+        np.isin(candidates["parent"].to_numpy(), item_rows) & (names == "aten::_local_scalar_dense").to_numpy()
+    )
     syncs = candidates[~inside_item]
     longest = syncs.sort_values("dur", ascending=False).drop_duplicates("name")
     # grouped on the names' codes (the same sums, in row order), named once per group, in text order
@@ -420,8 +499,9 @@ def _host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
         table.index = syncs["name"].cat.categories[table.index.to_numpy()].astype(str).rename("name")
         table = table.sort_index()
     else:
-        table = syncs.groupby(syncs["name"].astype(str)).agg(calls=("dur", "size"), total_us=("dur", "sum"),
-                                                             max_us=("dur", "max"))
+        table = syncs.groupby(syncs["name"].astype(str)).agg(
+            calls=("dur", "size"), total_us=("dur", "sum"), max_us=("dur", "max")
+        )
     table["layer"] = longest.set_index(longest["name"].astype(str))["layer"].astype("string")
     n_steps = max(int(scope.steps["step"].nunique()), 1)
     window = float(scope.steps["window_dur"].sum())
@@ -441,21 +521,31 @@ def host_sync(scope: Scope) -> Row | None:
     named = _sync_line(scope)
     if named is not None:
         where, stall, calls = named
-        return _row("host_sync", share, HOST_SYNC_SHARE, share,
-                    f"{where} waits {fmt_time(stall)} for the GPU every step"
-                    + (f" ({calls:,.0f} syncs)" if calls > 1.5 else "")
-                    + f"; .item() takes {fmt_pct(share)} of the step",
-                    "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value "
-                    "on the GPU inside the step and read it every N steps.")
+        return _row(
+            "host_sync",
+            share,
+            HOST_SYNC_SHARE,
+            share,
+            f"{where} waits {fmt_time(stall)} for the GPU every step"
+            + (f" ({calls:,.0f} syncs)" if calls > 1.5 else "")
+            + f"; .item() takes {fmt_pct(share)} of the step",
+            "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value "
+            "on the GPU inside the step and read it every N steps.",
+        )
     op = str(table.index[0])
     first = table.iloc[0]
     where = f" in {shorten(str(first['layer']), 40)}" if pd.notna(first["layer"]) and str(first["layer"]) else ""
-    return _row("host_sync", share, HOST_SYNC_SHARE, share,
-                f"The host waits for the GPU in {op} {float(first['calls_per_step']):,.0f}× per step, "
-                f"{fmt_time(float(first['per_step_us']))} per step ({fmt_pct(share)} of the step; the longest "
-                f"{fmt_time(float(first['max_us']))}{where})",
-                "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value on "
-                "the GPU inside the step and read it every N steps.")
+    return _row(
+        "host_sync",
+        share,
+        HOST_SYNC_SHARE,
+        share,
+        f"The host waits for the GPU in {op} {float(first['calls_per_step']):,.0f}× per step, "
+        f"{fmt_time(float(first['per_step_us']))} per step ({fmt_pct(share)} of the step; the longest "
+        f"{fmt_time(float(first['max_us']))}{where})",
+        "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value on "
+        "the GPU inside the step and read it every N steps.",
+    )
 
 
 def _sync_line(scope: Scope) -> tuple[str, float, float] | None:
@@ -478,8 +568,19 @@ def _sync_line(scope: Scope) -> tuple[str, float, float] | None:
 
 #: every rule, in the order that breaks ties of ``weight``
 RULES: tuple[Callable[[Scope], Row | None], ...] = (
-    untypical_window, gpu_idle, memcpy, communication, dataloader, optimizer, host_sync, slow_step, top_op,
-    launch_overhead, straggler_rule, memory_peak, fragmentation,
+    untypical_window,
+    gpu_idle,
+    memcpy,
+    communication,
+    dataloader,
+    optimizer,
+    host_sync,
+    slow_step,
+    top_op,
+    launch_overhead,
+    straggler_rule,
+    memory_peak,
+    fragmentation,
 )
 
 
@@ -496,13 +597,25 @@ def closest(scope: Scope, limit: int = CLOSEST) -> pd.DataFrame:
     share = scope.share
     if share is not None:
         if scope.has_gpu and share["gpu_idle_us"] == share["gpu_idle_us"]:
-            for rule, column, threshold, label in (("gpu_idle", "gpu_idle_us", GPU_IDLE_SHARE, "GPU idle"),
-                                                   ("memcpy", "memcpy_us", MEMCPY_SHARE, "memcpy"),
-                                                   ("communication", "comm_us", COMM_SHARE, "communication")):
-                near(rule, float(share[column]), threshold, f"{label} {fmt_pct(float(share[column]))} of the step",
-                     fmt_pct(threshold))
-        near("dataloader", float(share["dataloader_us"]), DATALOADER_SHARE,
-             f"data loading {fmt_pct(float(share['dataloader_us']))} of the step", fmt_pct(DATALOADER_SHARE))
+            for rule, column, threshold, label in (
+                ("gpu_idle", "gpu_idle_us", GPU_IDLE_SHARE, "GPU idle"),
+                ("memcpy", "memcpy_us", MEMCPY_SHARE, "memcpy"),
+                ("communication", "comm_us", COMM_SHARE, "communication"),
+            ):
+                near(
+                    rule,
+                    float(share[column]),
+                    threshold,
+                    f"{label} {fmt_pct(float(share[column]))} of the step",
+                    fmt_pct(threshold),
+                )
+        near(
+            "dataloader",
+            float(share["dataloader_us"]),
+            DATALOADER_SHARE,
+            f"data loading {fmt_pct(float(share['dataloader_us']))} of the step",
+            fmt_pct(DATALOADER_SHARE),
+        )
         durs = scope.steps["window_dur"].astype(float)
         median = float(durs.median())
         if len(durs) >= SLOW_STEP_MIN_STEPS and median > 0:
@@ -510,17 +623,32 @@ def closest(scope: Scope, limit: int = CLOSEST) -> pd.DataFrame:
             near("slow_step", ratio, SLOW_STEP_RATIO, f"slowest step {ratio:.2f}× the median", f"{SLOW_STEP_RATIO:g}×")
     found = optimizer_share(scope)
     if found is not None:
-        near("optimizer", found[0], OPTIMIZER_SHARE, f"optimizer {fmt_pct(found[0])} of the step",
-             fmt_pct(OPTIMIZER_SHARE))
+        near(
+            "optimizer",
+            found[0],
+            OPTIMIZER_SHARE,
+            f"optimizer {fmt_pct(found[0])} of the step",
+            fmt_pct(OPTIMIZER_SHARE),
+        )
     syncs = host_syncs(scope)
     if syncs is not None:
-        near("host_sync", syncs[0], HOST_SYNC_SHARE, f"host syncs ({syncs[1].index[0]}) {fmt_pct(syncs[0])} of the step",
-             fmt_pct(HOST_SYNC_SHARE))
+        near(
+            "host_sync",
+            syncs[0],
+            HOST_SYNC_SHARE,
+            f"host syncs ({syncs[1].index[0]}) {fmt_pct(syncs[0])} of the step",
+            fmt_pct(HOST_SYNC_SHARE),
+        )
     top = scope.once("top_op", lambda: aggregate.top_ops(scope.ops, 1))
     if not top.empty and float(top["self_us"].sum()) > 0:
         pct = float(top.iloc[0]["self_pct"]) / 100
-        near("top_op", pct, TOP_OP_SHARE, f"{shorten(top.iloc[0]['name'], 40)} {fmt_pct(pct)} of CPU time",
-             fmt_pct(TOP_OP_SHARE))
+        near(
+            "top_op",
+            pct,
+            TOP_OP_SHARE,
+            f"{shorten(top.iloc[0]['name'], 40)} {fmt_pct(pct)} of CPU time",
+            fmt_pct(TOP_OP_SHARE),
+        )
     return _frame(rows, None).head(limit)
 
 
@@ -563,8 +691,9 @@ def evaluate(
     """
     timed = not steps.empty and float(steps["window_dur"].sum()) > 0
     share = aggregate.step_shares(aggregate.step_means(steps)) if timed else None
-    scope = Scope(steps, ops, kernels, peaks, ranks, device_memory_bytes, share, iterations, phases, lines, syncs,
-                  line_of)
+    scope = Scope(
+        steps, ops, kernels, peaks, ranks, device_memory_bytes, share, iterations, phases, lines, syncs, line_of
+    )
     out = _frame([row for rule in RULES if (row := rule(scope)) is not None], step)
     near = closest(scope)
     near["step"] = pd.array([step] * len(near), dtype="Int64")
@@ -580,8 +709,10 @@ def lines(table: pd.DataFrame, limit: int = 6) -> list[str]:
         return [str(text) for text in table["text"].head(limit)]
     near = table.attrs.get("closest")
     figures = ", ".join(str(t) for t in near["text"]) if near is not None and len(near) else ""
-    return [f"No rule fired ({len(RULES)} rules checked, tracemagic.analysis.advice)"
-            + (f"; the closest: {figures}." if figures else ".")]
+    return [
+        f"No rule fired ({len(RULES)} rules checked, tracemagic.analysis.advice)"
+        + (f"; the closest: {figures}." if figures else ".")
+    ]
 
 
 def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
@@ -602,13 +733,17 @@ def straggler(ranks: pd.DataFrame) -> tuple[float, str] | None:
         others = float(waits.drop(late.name).median())
         its = float(waits[late.name]) if pd.notna(waits[late.name]) else 0.0
         cost = max(others - its, 0.0) / median_step
-        return cost, (f"Rank {int(late['rank'])} is the straggler: the other ranks wait for it in collectives "
-                      f"({fmt_time(others)} per step for the median rank, {fmt_time(its)} for rank {int(late['rank'])}, "
-                      f"{fmt_pct(cost)} of the median step)")
+        return cost, (
+            f"Rank {int(late['rank'])} is the straggler: the other ranks wait for it in collectives "
+            f"({fmt_time(others)} per step for the median rank, {fmt_time(its)} for rank {int(late['rank'])}, "
+            f"{fmt_pct(cost)} of the median step)"
+        )
     worst = ranks.loc[ranks["step_us"].idxmax()]
     excess = float(worst["step_us"]) / median_step - 1
-    return excess, (f"Rank {int(worst['rank'])} is {fmt_pct(excess)} slower than the median rank: the others wait for "
-                    "it at each collective")
+    return excess, (
+        f"Rank {int(worst['rank'])} is {fmt_pct(excess)} slower than the median rank: the others wait for "
+        "it at each collective"
+    )
 
 
 def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = ROOFLINE_MIN_SHARE) -> pd.DataFrame:
@@ -624,15 +759,26 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = R
     rows: list[Row] = []
     layers = list(efficiency.attrs.get("layers") or [])
     efficiency = pd.DataFrame(efficiency)  # without its attrs: pandas deep-copies them at every step
-    known = efficiency[efficiency["pct_of_roofline"].notna() & (efficiency["gpu_us"] > 0)] if len(efficiency) else efficiency
+    known = (
+        efficiency[efficiency["pct_of_roofline"].notna() & (efficiency["gpu_us"] > 0)]
+        if len(efficiency)
+        else efficiency
+    )
     total = float(efficiency["gpu_us"].sum()) if len(efficiency) else 0.0
     if len(known) and total > 0:
         lost = known["gpu_us"] * (1 - known["pct_of_roofline"].clip(upper=100) / 100)
         key = known[["name", "input_dims", "input_type"]].astype(str).agg("\x1f".join, axis=1)
-        merged = pd.DataFrame({"key": key, "lost": lost, "gpu_us": known["gpu_us"].astype(float),
-                               "rank": known["rank"] if "rank" in known else 0})
-        groups = merged.groupby("key", sort=False).agg(lost=("lost", "sum"), gpu_us=("gpu_us", "sum"),
-                                                       ranks=("rank", "nunique"), first=("lost", "idxmax"))
+        merged = pd.DataFrame(
+            {
+                "key": key,
+                "lost": lost,
+                "gpu_us": known["gpu_us"].astype(float),
+                "rank": known.get("rank", 0),
+            }
+        )
+        groups = merged.groupby("key", sort=False).agg(
+            lost=("lost", "sum"), gpu_us=("gpu_us", "sum"), ranks=("rank", "nunique"), first=("lost", "idxmax")
+        )
         for _, group in groups.sort_values("lost", ascending=False).head(limit).iterrows():
             weight = float(group["lost"]) / total
             if weight < min_share:
@@ -641,27 +787,35 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = R
             row = known.loc[index]
             where = layers[efficiency.index.get_loc(index)] if len(layers) == len(efficiency) else ""
             device = row["device"] if isinstance(row["device"], str) else "the given"
-            shape = (f"{shorten(str(row['name']), 50)} {shorten(str(row['input_dims']), 50)} "
-                     f"({shorten(str(row['input_type']), 30)})")
+            shape = (
+                f"{shorten(str(row['name']), 50)} {shorten(str(row['input_dims']), 50)} "
+                f"({shorten(str(row['input_type']), 30)})"
+            )
             gpu_us = float(group["gpu_us"])
             pct = 1 - float(group["lost"]) / gpu_us
             if row["bound"] == "compute":
                 roof = f"{float(row['peak_tflops']):g} TFLOP/s"
-                advice = ("compute-bound at this shape: a lower precision (BF16/FP16, TF32 for float32) or larger "
-                          "matrices reach more of it")
+                advice = (
+                    "compute-bound at this shape: a lower precision (BF16/FP16, TF32 for float32) or larger "
+                    "matrices reach more of it"
+                )
             elif row["intensity"] == row["intensity"]:
                 roof = f"{float(row['peak_tbytes_per_s']):g} TB/s"
-                advice = (f"memory-bound at this shape ({float(row['intensity']):.2g} FLOP/byte): fusing it with its "
-                          "neighbours (torch.compile) or a lower precision moves fewer bytes")
+                advice = (
+                    f"memory-bound at this shape ({float(row['intensity']):.2g} FLOP/byte): fusing it with its "
+                    "neighbours (torch.compile) or a lower precision moves fewer bytes"
+                )
             else:
                 roof = f"{float(row['peak_tbytes_per_s']):g} TB/s"
                 advice = "memory-bound: fusing it with its neighbours (torch.compile) moves fewer bytes"
             layer = f" in {shorten(where, 60)}" if where else ""
             ranks = f" on {int(group['ranks'])} ranks" if int(group["ranks"]) > 1 else ""
             part = gpu_us / total
-            evidence = (f"{shape}{layer} runs at {fmt_pct(pct)} of {device} {roof} over {fmt_time(gpu_us)} of GPU "
-                        f"time{ranks} ({f'{100 * part:.1f}%' if part < 0.095 else fmt_pct(part)} of the GPU time of "
-                        "ops with shapes)")
+            evidence = (
+                f"{shape}{layer} runs at {fmt_pct(pct)} of {device} {roof} over {fmt_time(gpu_us)} of GPU "
+                f"time{ranks} ({f'{100 * part:.1f}%' if part < 0.095 else fmt_pct(part)} of the GPU time of "
+                "ops with shapes)"
+            )
             rows.append(_row("roofline", pct, min_share, weight, evidence, f"it is {advice}.", joint="; "))
     return _frame(rows, None)
 
@@ -670,12 +824,18 @@ def _frame(rows: list[Row], step: int | None) -> pd.DataFrame:
     """Advice rows as the ``COLUMNS`` table, by ``weight`` (ties in the rules' order)."""
     rows = sorted(rows, key=lambda row: -row[3])  # stable: ties keep the rules' order
     rule, value, threshold, weight, evidence, advice_, text = (list(c) for c in zip(*rows)) if rows else ([],) * 7
-    return pd.DataFrame({
-        "rule": pd.array(rule, dtype="string"), "step": pd.array([step] * len(rows), dtype="Int64"),
-        "value": np.asarray(value, dtype=float), "threshold": np.asarray(threshold, dtype=float),
-        "weight": np.asarray(weight, dtype=float), "evidence": pd.array(evidence, dtype="string"),
-        "advice": pd.array(advice_, dtype="string"), "text": pd.array(text, dtype="string"),
-    })
+    return pd.DataFrame(
+        {
+            "rule": pd.array(rule, dtype="string"),
+            "step": pd.array([step] * len(rows), dtype="Int64"),
+            "value": np.asarray(value, dtype=float),
+            "threshold": np.asarray(threshold, dtype=float),
+            "weight": np.asarray(weight, dtype=float),
+            "evidence": pd.array(evidence, dtype="string"),
+            "advice": pd.array(advice_, dtype="string"),
+            "text": pd.array(text, dtype="string"),
+        }
+    )
 
 
 def device_memory(devices: list[dict[str, Any]]) -> float | None:
@@ -712,5 +872,17 @@ def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
         def line_of(rows: np.ndarray) -> np.ndarray:
             return _lines.line_of_rows(trace, rows)
 
-    return evaluate(steps, ops, kernels, peaks, ranks, device_memory_bytes=device_memory(trace.devices), step=step,
-                    iterations=loop, phases=phases, lines=lines, syncs=syncs, line_of=line_of)
+    return evaluate(
+        steps,
+        ops,
+        kernels,
+        peaks,
+        ranks,
+        device_memory_bytes=device_memory(trace.devices),
+        step=step,
+        iterations=loop,
+        phases=phases,
+        lines=lines,
+        syncs=syncs,
+        line_of=line_of,
+    )

@@ -45,6 +45,7 @@ are read back: nothing from a cache or a trace is ever executed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -54,12 +55,12 @@ import mmap
 import os
 import re
 import tempfile
-import time
 import weakref
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -89,7 +90,9 @@ _SAMPLE = 64 << 10
 #: the row of the Arrow files' checksum: 8192 64-bit words (64 KiB)
 _BLOCK_WORDS = 8192
 #: the files of the user cache's entries (temporary files of an unfinished write included)
-_ENTRY_FILE = re.compile(r"^\.?([0-9a-f]{24})(\.arrow|\.flows\.arrow|\.seal|\.t\.[a-z_]+\.[a-z_]+\.(?:arrow|seal))(\..*\.tmp)?$")
+_ENTRY_FILE = re.compile(
+    r"^\.?([0-9a-f]{24})(\.arrow|\.flows\.arrow|\.seal|\.t\.[a-z_]+\.[a-z_]+\.(?:arrow|seal))(\..*\.tmp)?$"
+)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 PathLike = str | os.PathLike[str]
@@ -143,7 +146,11 @@ def _fingerprint(path: Path, size: int) -> int:
     with open(path, "rb") as handle:
         if size <= _WHOLE:
             return zlib.crc32(handle.read())
-        blocks = [(0, _EDGE), *((size * i // (_SAMPLES + 1), _SAMPLE) for i in range(1, _SAMPLES + 1)), (size - _EDGE, _EDGE)]
+        blocks = [
+            (0, _EDGE),
+            *((size * i // (_SAMPLES + 1), _SAMPLE) for i in range(1, _SAMPLES + 1)),
+            (size - _EDGE, _EDGE),
+        ]
         crc = 0
         for offset, length in blocks:
             handle.seek(offset)
@@ -298,10 +305,8 @@ def read(found: Entry) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], Path
 
 def _touch(path: Path) -> None:
     """Mark an entry used now (least recently used entries are evicted first)."""
-    try:
+    with contextlib.suppress(OSError):
         os.utime(path)
-    except OSError:
-        pass
 
 
 class _Mapped:
@@ -333,7 +338,7 @@ class _Mapped:
         dtype = np.dtype(kind.to_pandas_dtype())
         data = array.buffers()[1]
         offset = data.address - self.buffer.address + array.offset * dtype.itemsize
-        if 0 <= offset and offset + len(array) * dtype.itemsize <= self.buffer.size:
+        if offset >= 0 and offset + len(array) * dtype.itemsize <= self.buffer.size:
             return np.frombuffer(self.memory, dtype=dtype, count=len(array), offset=offset)
         return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize).copy()
 
@@ -342,11 +347,12 @@ def _numbers(values: np.ndarray, array: pa.Array, nullable: bool) -> Any:
     """A numeric Arrow column (``values``: its data) as numpy, or a nullable ``Int64``/``Float64`` array."""
     if not nullable:
         return values
-    if array.null_count:
-        mask = array.is_null().to_numpy(zero_copy_only=False)
-    else:
-        mask = np.zeros(len(array), dtype=bool)
-    return pd.arrays.FloatingArray(values, mask) if pa.types.is_floating(array.type) else pd.arrays.IntegerArray(values, mask)
+    mask = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else np.zeros(len(array), dtype=bool)
+    return (
+        pd.arrays.FloatingArray(values, mask)
+        if pa.types.is_floating(array.type)
+        else pd.arrays.IntegerArray(values, mask)
+    )
 
 
 def _column(array: pa.Array, nullable: bool, values: Callable[[pa.Array], np.ndarray]) -> Any:
@@ -365,7 +371,9 @@ def _column(array: pa.Array, nullable: bool, values: Callable[[pa.Array], np.nda
 
 def _all_missing_column(dtype: str, n: int) -> Any:
     if dtype == "category":
-        return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), categories=pd.Index([], dtype="str"), validate=False)
+        return pd.Categorical.from_codes(
+            np.full(n, -1, dtype=np.int8), categories=pd.Index([], dtype="str"), validate=False
+        )
     return all_missing(n, floating=dtype == "Float64")
 
 
@@ -544,9 +552,13 @@ def _column_layout(column: pd.Series) -> dict[str, Any] | None:
         categories = dtype.categories.dtype
         if dtype.ordered:
             return None
-        if categories == object:
+        if categories == np.dtype(object):
             return {"kind": "category", "categories": "object"}
-        if isinstance(categories, pd.StringDtype) and categories.storage == "pyarrow" and categories.na_value is not pd.NA:
+        if (
+            isinstance(categories, pd.StringDtype)
+            and categories.storage == "pyarrow"
+            and categories.na_value is not pd.NA
+        ):
             return {"kind": "category", "categories": "str"}
         return None
     if isinstance(dtype, pd.StringDtype):
@@ -640,7 +652,9 @@ def _storable(frame: pd.DataFrame) -> tuple[bytes, dict[str, Any]] | None:
         attrs = _encode(attrs_of)
         layout = {"columns": columns, "names": str(frame.columns.dtype), "attrs": attrs}
         json.dumps(layout, allow_nan=False)
-        batch = pa.RecordBatch.from_pydict({spec["name"]: _arrow(frame[spec["name"]], spec["kind"]) for spec in columns})
+        batch = pa.RecordBatch.from_pydict(
+            {spec["name"]: _arrow(frame[spec["name"]], spec["kind"]) for spec in columns}
+        )
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, batch.schema) as writer:
             writer.write_batch(batch)
@@ -670,7 +684,7 @@ def _same(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(k, l) and _same(a[k], b[l]) for k, l in zip(a, b))
+        return list(a) == list(b) and all(_same(k, m) and _same(a[k], b[m]) for k, m in zip(a, b))
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, float):
@@ -720,8 +734,13 @@ class TableStore:
         return self.base.with_name(stem + EVENTS_SUFFIX), self.base.with_name(stem + SEAL_SUFFIX)
 
     def _expected(self) -> dict[str, Any]:
-        return {"format": FORMAT, "source": self.source, "events": self.events_sum, "code": code_version(),
-                "context": self.context}
+        return {
+            "format": FORMAT,
+            "source": self.source,
+            "events": self.events_sum,
+            "code": code_version(),
+            "context": self.context,
+        }
 
     def get(self, name: str) -> pd.DataFrame | None:
         """The stored table ``name`` (``module.function``), or None (none, stale or damaged)."""
@@ -752,10 +771,9 @@ class TableStore:
         """Store the tables handed to ``put_later`` now (any error: that table is not kept)."""
         pending, self._pending = self._pending, {}
         for name, frame in pending.items():
-            try:
+            # a table not kept is computed next time: never an error of the session's
+            with contextlib.suppress(Exception):
                 self.put(name, frame)
-            except Exception:  # noqa: BLE001 - a table not kept is computed next time: never an error of the session's
-                pass
 
     def put(self, name: str, frame: pd.DataFrame) -> bool:
         """Store ``frame`` as table ``name`` if it rebuilds exactly; whether it was stored."""
@@ -825,13 +843,15 @@ def entries(folder: PathLike | None = None) -> list[CachedTrace]:
     for name, files in groups.items():
         seal = _read_seal(root / name)
         trace = seal.get("trace") if seal is not None else None
-        found.append(CachedTrace(
-            name,
-            tuple(sorted(path for path, _ in files)),
-            sum(stat.st_size for _, stat in files),
-            max(stat.st_mtime for _, stat in files),
-            trace if isinstance(trace, str) else None,
-        ))
+        found.append(
+            CachedTrace(
+                name,
+                tuple(sorted(path for path, _ in files)),
+                sum(stat.st_size for _, stat in files),
+                max(stat.st_mtime for _, stat in files),
+                trace if isinstance(trace, str) else None,
+            )
+        )
     return sorted(found, key=lambda e: (e.last_used, e.name))
 
 

@@ -19,8 +19,8 @@ from tracemagic.errors import TraceError
 from tracemagic.trace import cache, layout, normalize, parse, split, structure
 from tracemagic.trace.model import Trace
 from tracemagic.trace.parse import ParsedTrace
-from tracemagic.trace.progress import Aggregate, Progress, bar_for
 from tracemagic.trace.pfw import is_pfw, pfw_to_kineto
+from tracemagic.trace.progress import Aggregate, Progress, bar_for
 from tracemagic.trace.read import (
     MAX_RATIO,
     Source,
@@ -200,7 +200,9 @@ def _manifest_kineto(path: Path, files: Any) -> dict[Path, int | None] | None:
     if isinstance(files, dict) and isinstance(files.get("kineto"), list):
         entries = [(name, None) for name in files["kineto"]]
     elif isinstance(files, list):
-        entries = [(e.get("path"), e.get("rank")) for e in files if isinstance(e, dict) and e.get("kind") == layout.KINETO_KIND]
+        entries = [
+            (e.get("path"), e.get("rank")) for e in files if isinstance(e, dict) and e.get("kind") == layout.KINETO_KIND
+        ]
     else:
         return None
     # plain names only: a manifest from someone else cannot point outside its folder
@@ -236,7 +238,8 @@ def folder_ranks(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | No
 
 def skipped(path: Path, outside: list[Path]) -> str:
     """The warning for the symlinks of ``path`` that lead out of it."""
-    return f"{path}: skipped {len(outside)} symlinks to files outside the folder ({', '.join(p.name for p in outside[:4])})"
+    names = ", ".join(p.name for p in outside[:4])
+    return f"{path}: skipped {len(outside)} symlinks to files outside the folder ({names})"
 
 
 def load(
@@ -326,8 +329,14 @@ def load(
     if outside:
         parsed[0].warnings.append(skipped(path, outside))
     events, flows, meta, cpu_order = assemble(parsed, path)
-    _log.debug("%s: parsed %d file(s) (%.1f MB read), %d events (cache: %s)", path, len(sources), total / 1e6, len(events),
-               "off" if not use_cache else "none" if entry is None else "missed")
+    _log.debug(
+        "%s: parsed %d file(s) (%.1f MB read), %d events (cache: %s)",
+        path,
+        len(sources),
+        total / 1e6,
+        len(events),
+        "off" if not use_cache else "none" if entry is None else "missed",
+    )
     sealed = cache.write(entry, path, events, flows, meta) if entry is not None else None
     if callback is not None:
         callback(total, total)
@@ -359,7 +368,9 @@ def _stored_after_write(
     return _table_store(base, entry, str(sealed_events["sum"]), manifest, events)
 
 
-def assemble(parsed: list[ParsedTrace], path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], np.ndarray | None]:
+def assemble(
+    parsed: list[ParsedTrace], path: Path
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], np.ndarray | None]:
     """Parsed files into one trace's events, flows and metadata, ranked and stacked (and the
     CPU events' order by thread, see ``_stack``)."""
     ranks = _assign_ranks(parsed)

@@ -7,9 +7,10 @@ the methods users call (``trace.steps()``, ``trace.report(...)``) are those of
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Hashable, TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -137,7 +138,14 @@ class Trace:
         module = function.__module__.rsplit(".", 1)[-1]
         key = (module, function.__name__, args, tuple(sorted(kwargs.items())))
         name = f"{module}.{function.__name__}"
-        if self.store is None or args or kwargs or name not in self.STORED or key in self._shared or self.store.events is not self.events:
+        if (
+            self.store is None
+            or args
+            or kwargs
+            or name not in self.STORED
+            or key in self._shared
+            or self.store.events is not self.events
+        ):
             return self.shared(key, lambda: function(self, *args, **kwargs)).copy()
 
         def stored() -> pd.DataFrame:

@@ -22,8 +22,9 @@ as ``text/plain``, so terminal IPython and frontends without widgets show the su
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 import pandas as pd
@@ -46,8 +47,7 @@ PLOTLY_CONFIG = {"displaylogo": False, "responsive": False}
 #: the step selector's value for "all steps" (ipywidgets 8 shows a None value as blank)
 ALL_STEPS = "all"
 #: the last line of the text beside the widget: what a saved notebook shows until the cell runs again
-WIDGET_HINT = ("(This is the text summary: run the cell again (or trust the notebook) for the interactive "
-               "dashboard.)")
+WIDGET_HINT = "(This is the text summary: run the cell again (or trust the notebook) for the interactive dashboard.)"
 PAGE_SIZES = (10, 25, 50, 100)
 
 
@@ -98,12 +98,20 @@ class TableView:
 
     def __init__(self, frame: pd.DataFrame, caption: str = "", page_size: int = 25) -> None:
         self.caption = caption
-        self.filter = widgets.Text(placeholder="filter rows…", continuous_update=False, layout=widgets.Layout(width="220px"))
+        self.filter = widgets.Text(
+            placeholder="filter rows…", continuous_update=False, layout=widgets.Layout(width="220px")
+        )
         self.sort = widgets.Dropdown(description="sort", layout=widgets.Layout(width="240px"))
-        self.descending = widgets.ToggleButton(value=True, description="desc", tooltip="sort descending", layout=widgets.Layout(width="64px"))
-        self.page_size = widgets.Dropdown(options=PAGE_SIZES, value=page_size if page_size in PAGE_SIZES else 25,
-                                          description="rows", style={"description_width": "initial"},
-                                          layout=widgets.Layout(width="120px"))
+        self.descending = widgets.ToggleButton(
+            value=True, description="desc", tooltip="sort descending", layout=widgets.Layout(width="64px")
+        )
+        self.page_size = widgets.Dropdown(
+            options=PAGE_SIZES,
+            value=page_size if page_size in PAGE_SIZES else 25,
+            description="rows",
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="120px"),
+        )
         self.prev = widgets.Button(description="◀", layout=widgets.Layout(width="40px"), tooltip="previous page")
         self.next = widgets.Button(description="▶", layout=widgets.Layout(width="40px"), tooltip="next page")
         self.status = widgets.Label()
@@ -116,11 +124,15 @@ class TableView:
             control.observe(self._changed, names="value")
         self.prev.on_click(lambda _: self.go(self.page - 1))
         self.next.on_click(lambda _: self.go(self.page + 1))
-        self.widget = widgets.VBox([
-            self.title,
-            widgets.HBox([self.filter, self.sort, self.descending, self.page_size, self.prev, self.next, self.status]),
-            self.html,
-        ])
+        self.widget = widgets.VBox(
+            [
+                self.title,
+                widgets.HBox(
+                    [self.filter, self.sort, self.descending, self.page_size, self.prev, self.next, self.status]
+                ),
+                self.html,
+            ]
+        )
         self.set_frame(frame, caption)
 
     def set_frame(self, frame: pd.DataFrame, caption: str | None = None) -> None:
@@ -166,11 +178,14 @@ class TableView:
         size = int(self.page_size.value)
         pages = max(1, -(-len(rows) // size))
         self.page = min(self.page, pages - 1)
-        shown = rows.iloc[self.page * size:(self.page + 1) * size]
+        shown = rows.iloc[self.page * size : (self.page + 1) * size]
         self.title.value = html.style() + (f'<div class="tm-caption">{esc(self.caption)}</div>' if self.caption else "")
         self.html.value = html.style() + html.table(shown)
-        self.status.value = f"{len(rows):,} rows" + (f" (of {len(self.frame):,})" if len(rows) != len(self.frame) else "") + \
-            f" · page {self.page + 1}/{pages}"
+        self.status.value = (
+            f"{len(rows):,} rows"
+            + (f" (of {len(self.frame):,})" if len(rows) != len(self.frame) else "")
+            + f" · page {self.page + 1}/{pages}"
+        )
         self.prev.disabled = self.page == 0
         self.next.disabled = self.page >= pages - 1
 
@@ -272,18 +287,31 @@ class Dashboard:
         self.step_control = widgets.Dropdown(
             options=[("all steps", ALL_STEPS)] + [(f"step {s}", s) for s in steps],
             value=self.state.step if self.state.step in steps else ALL_STEPS,
-            description="step", layout=widgets.Layout(width="180px"),
+            description="step",
+            layout=widgets.Layout(width="180px"),
         )
-        self.top_control = widgets.BoundedIntText(value=self.state.top, min=1, max=200, description="top N",
-                                                  layout=widgets.Layout(width="140px"))
-        self.unit_control = widgets.ToggleButtons(options=["µs", "ms"], value=self.state.unit if self.state.unit in ("µs", "ms") else "ms",
-                                                  style={"button_width": "44px"})
+        self.top_control = widgets.BoundedIntText(
+            value=self.state.top, min=1, max=200, description="top N", layout=widgets.Layout(width="140px")
+        )
+        self.unit_control = widgets.ToggleButtons(
+            options=["µs", "ms"],
+            value=self.state.unit if self.state.unit in ("µs", "ms") else "ms",
+            style={"button_width": "44px"},
+        )
         default_path = f"{Path(self.data.name).name.split('.')[0] or 'trace'}.report.html"
         # sized to their text: the name box holds a file name, the button its whole label
-        self.report_path = widgets.Text(value=default_path, description="report", style={"description_width": "initial"},
-                                        layout=widgets.Layout(width=f"{min(max(len(default_path), 24), 60) + 8}ch"))
-        self.save_button = widgets.Button(description="Save HTML report", icon="download", button_style="primary",
-                                          layout=widgets.Layout(width="auto", min_width="170px"))
+        self.report_path = widgets.Text(
+            value=default_path,
+            description="report",
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width=f"{min(max(len(default_path), 24), 60) + 8}ch"),
+        )
+        self.save_button = widgets.Button(
+            description="Save HTML report",
+            icon="download",
+            button_style="primary",
+            layout=widgets.Layout(width="auto", min_width="170px"),
+        )
         self.save_status = widgets.HTML()
         for control in (self.step_control, self.top_control, self.unit_control):
             control.observe(self._controls_changed, names="value")
@@ -300,17 +328,24 @@ class Dashboard:
         self.tab.observe(lambda _: self._ensure(self.current), names="selected_index")
         lines = "".join(f"<div>{esc(line)}</div>" for line in self.caption)
         header = widgets.HTML(
-            html.style() + f'<div class="tm-caption" style="font-size:15px">tracemagic · {esc(self.title)}</div>'
-            + (f'<div class="tm-caption" style="font-family:monospace;white-space:pre-wrap">{lines}</div>' if lines else "")
+            html.style()
+            + f'<div class="tm-caption" style="font-size:15px">tracemagic · {esc(self.title)}</div>'
+            + (
+                f'<div class="tm-caption" style="font-family:monospace;white-space:pre-wrap">{lines}</div>'
+                if lines
+                else ""
+            )
         )
         strip = self.strip()
-        root = widgets.VBox([
-            header,
-            *([figure_output(strip)] if strip is not None else []),
-            widgets.HBox([self.step_control, self.top_control, self.unit_control]),
-            widgets.HBox([self.report_path, self.save_button, self.save_status]),
-            self.tab,
-        ])
+        root = widgets.VBox(
+            [
+                header,
+                *([figure_output(strip)] if strip is not None else []),
+                widgets.HBox([self.step_control, self.top_control, self.unit_control]),
+                widgets.HBox([self.report_path, self.save_button, self.save_status]),
+                self.tab,
+            ]
+        )
         self.tab.selected_index = 0
         return root
 
@@ -325,8 +360,14 @@ class Dashboard:
     def controls(self) -> dict[str, widgets.Widget]:
         """The control widgets: ``step``, ``top``, ``unit``, ``report_path``, ``save``, ``tabs``."""
         self.widget  # noqa: B018 - builds them
-        return {"step": self.step_control, "top": self.top_control, "unit": self.unit_control,
-                "report_path": self.report_path, "save": self.save_button, "tabs": self.tab}
+        return {
+            "step": self.step_control,
+            "top": self.top_control,
+            "unit": self.unit_control,
+            "report_path": self.report_path,
+            "save": self.save_button,
+            "tabs": self.tab,
+        }
 
     @property
     def current(self) -> str:
@@ -346,8 +387,9 @@ class Dashboard:
 
     def _controls_changed(self, _: Any) -> None:
         step = self.step_control.value
-        self.state = sections.ViewState(step=None if step == ALL_STEPS else step, top=int(self.top_control.value or 1),
-                                        unit=self.unit_control.value)
+        self.state = sections.ViewState(
+            step=None if step == ALL_STEPS else step, top=int(self.top_control.value or 1), unit=self.unit_control.value
+        )
         self._ensure(self.current)
 
     def _ensure(self, key: str) -> None:
@@ -360,18 +402,25 @@ class Dashboard:
         try:
             section = self.section(key)
         except Exception as exc:  # noqa: BLE001 - one tab's failure must not break the others
-            self._tabs[key]["box"].children = [widgets.HTML(f"<b>This view failed:</b> {esc(type(exc).__name__)}: {esc(exc)}")]
+            self._tabs[key]["box"].children = [
+                widgets.HTML(f"<b>This view failed:</b> {esc(type(exc).__name__)}: {esc(exc)}")
+            ]
             self._built[key] = state
             return
         tab = self._tabs[key]
         if section.rebuild and self.zoom_available and "zoom" not in tab:
             tab["zoom"] = widgets.ToggleButton(
-                value=self.interactive, description="detail on zoom", icon="search-plus",
+                value=self.interactive,
+                description="detail on zoom",
+                icon="search-plus",
                 tooltip="draw the events of the visible range again when you zoom or pan "
-                        "(a plotly FigureWidget: its first start in a kernel takes seconds)",
-                layout=widgets.Layout(width="150px"))
+                "(a plotly FigureWidget: its first start in a kernel takes seconds)",
+                layout=widgets.Layout(width="150px"),
+            )
             tab["zoom"].observe(lambda change, key=key: self._zoom_toggled(key, bool(change["new"])), names="value")
-        top_html = html.facts(section.facts) + html.bullets(section.bullets, "Recommendations" if key == "overview" else "")
+        top_html = html.facts(section.facts) + html.bullets(
+            section.bullets, "Recommendations" if key == "overview" else ""
+        )
         first = "table" not in tab
         if first:
             tab["info"] = widgets.HTML()
@@ -383,9 +432,11 @@ class Dashboard:
         else:
             tab["table"].set_frame(section.table, section.table_title)
         old_slots = tab["figures"]
-        slots = [self._slot(fig, section.rebuild.get(i), old_slots[i] if i < len(old_slots) else None)
-                 for i, fig in enumerate(section.figures)]
-        for stale in old_slots[len(slots):]:
+        slots = [
+            self._slot(fig, section.rebuild.get(i), old_slots[i] if i < len(old_slots) else None)
+            for i, fig in enumerate(section.figures)
+        ]
+        for stale in old_slots[len(slots) :]:
             if isinstance(stale, ZoomableFigure):
                 stale.close()
         tab["figures"] = slots
@@ -394,12 +445,22 @@ class Dashboard:
         if section.side and shown:  # the side panel (the Layers tab's tree table) beside the first figure
             shown[0].layout.flex = "1 1 480px"
             shown[0].layout.width = "auto"
-            shown = [widgets.HBox([shown[0], tab["side"]], layout=widgets.Layout(width="100%", align_items="flex-start",
-                                                                                 flex_flow="row wrap")),
-                     *shown[1:]]
+            shown = [
+                widgets.HBox(
+                    [shown[0], tab["side"]],
+                    layout=widgets.Layout(width="100%", align_items="flex-start", flex_flow="row wrap"),
+                ),
+                *shown[1:],
+            ]
         search = self._flame_search(key, section.figures)
-        tab["box"].children = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *search, *shown, tab["table"].widget,
-                               tab["extra"]]
+        tab["box"].children = [
+            tab["info"],
+            *([tab["zoom"]] if "zoom" in tab else []),
+            *search,
+            *shown,
+            tab["table"].widget,
+            tab["extra"],
+        ]
         tab["info"].value = html.style() + top_html
         # each small table with its own filter, sort and pages (one table view per caption, kept across redraws)
         views: list[TableView] = tab["extras"]
@@ -408,7 +469,7 @@ class Dashboard:
                 views[i].set_frame(frame, caption)
             else:
                 views.append(TableView(frame, caption))
-        del views[len(section.extra):]
+        del views[len(section.extra) :]
         tab["extra"].children = [view.widget for view in views]
         self._built[key] = state
 
@@ -419,8 +480,9 @@ class Dashboard:
         tab = self._tabs[key]
         tab["flame_figs"] = list(figs)
         if "search" not in tab:
-            tab["search"] = widgets.Text(placeholder="search boxes…", description="search",
-                                         layout=widgets.Layout(width="320px"))
+            tab["search"] = widgets.Text(
+                placeholder="search boxes…", description="search", layout=widgets.Layout(width="320px")
+            )
             tab["hits"] = widgets.HTML()
             tab["search"].observe(lambda change, key=key: self.search_flame(key, str(change["new"])), names="value")
         if tab["search"].value:
@@ -446,8 +508,12 @@ class Dashboard:
         self._built.pop(key, None)
         self._ensure(key)
 
-    def _slot(self, fig: go.Figure, rebuild: Callable[[tuple[float, float]], go.Figure] | None,
-              old: widgets.Output | ZoomableFigure | None) -> widgets.Output | ZoomableFigure:
+    def _slot(
+        self,
+        fig: go.Figure,
+        rebuild: Callable[[tuple[float, float]], go.Figure] | None,
+        old: widgets.Output | ZoomableFigure | None,
+    ) -> widgets.Output | ZoomableFigure:
         """The widget for one figure: a zoomable ``FigureWidget`` where the section can draw
         the figure again for a window (and widgets are interactive), else an ``Output``."""
         if rebuild is not None and self.interactive:
@@ -492,10 +558,12 @@ class Dashboard:
         None after showing the error in the dashboard."""
         from tracemagic.views.report import write_report
 
-        target = Path(path if path is not None else (self.report_path.value if self._widget else "report.html")).expanduser()
+        target = Path(
+            path if path is not None else (self.report_path.value if self._widget else "report.html")
+        ).expanduser()
         try:
             written = write_report(self.data, target, other=self.other, title=self.title)
-        except Exception as exc:  # noqa: BLE001 - shown to the user, not raised into the event loop
+        except Exception as exc:
             if self._widget is not None:
                 self.save_status.value = f'<span style="color:#b00">could not save: {esc(exc)}</span>'
             if path is not None:
@@ -539,4 +607,3 @@ class Dashboard:
 
     def __repr__(self) -> str:
         return f"<tracemagic Dashboard: {self.title}, tabs {', '.join(self.keys)}>"
-

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Literal, Mapping, Sequence, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, cast
 
 import numpy as np
 import pandas as pd
@@ -20,10 +21,19 @@ import plotly.io as pio
 from plotly.io.json import to_json_plotly
 
 from tracemagic.analysis import devices
-from tracemagic.views import tables
-from tracemagic.views._format import esc, esc_all, fmt_bytes, fmt_time, kernel_label, shorten, unique_labels, unit_divisor
-from tracemagic.views.selection import timeline_events
 from tracemagic.analysis._common import GPU_ACTIVITY
+from tracemagic.views import tables
+from tracemagic.views._format import (
+    esc,
+    esc_all,
+    fmt_bytes,
+    fmt_time,
+    kernel_label,
+    shorten,
+    unique_labels,
+    unit_divisor,
+)
+from tracemagic.views.selection import timeline_events
 
 #: the plotly template of every figure. Figures do not carry it (plotly validates and copies
 #: the whole template into each figure that sets it: tens of ms per figure); the views add it
@@ -157,7 +167,9 @@ def step_breakdown(steps: pd.DataFrame, *, unit: str = "ms", rank: int | None = 
             x=labels,
             y=values,
             marker_color=PART_COLORS[column],
-            customdata=100 * steps[column].to_numpy(dtype=float) / np.maximum(steps["window_dur"].to_numpy(dtype=float), 1e-9),
+            customdata=100
+            * steps[column].to_numpy(dtype=float)
+            / np.maximum(steps["window_dur"].to_numpy(dtype=float), 1e-9),
             hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} {unit} (%{{customdata:.0f}}%)<extra></extra>",
         )
     fig.update_layout(barmode="stack", legend_traceorder="normal")
@@ -191,16 +203,24 @@ def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
             continue
         step = rows["step"].astype("Float64").fillna(-1).to_numpy(dtype=float)
         fig.add_bar(
-            name=name, x=rows["iteration"].to_numpy(), y=rows["wall_ms"].to_numpy(dtype=float), marker_color=color,
-            customdata=step, marker_line_width=0,
-            hovertemplate="iteration %{x}: %{y:.3f} ms" + (" (ProfilerStep#%{customdata})" if name == "recorded steps" else "")
+            name=name,
+            x=rows["iteration"].to_numpy(),
+            y=rows["wall_ms"].to_numpy(dtype=float),
+            marker_color=color,
+            customdata=step,
+            marker_line_width=0,
+            hovertemplate="iteration %{x}: %{y:.3f} ms"
+            + (" (ProfilerStep#%{customdata})" if name == "recorded steps" else "")
             + f"<extra>{esc(name)}</extra>",
         )
     caught = iterations[iterations["slow_ratio"].notna()]
     if len(caught):
         fig.add_scatter(
-            name="slow, caught by --slow", mode="markers", x=caught["iteration"].to_numpy(),
-            y=caught["wall_ms"].to_numpy(dtype=float), customdata=caught["slow_ratio"].to_numpy(dtype=float),
+            name="slow, caught by --slow",
+            mode="markers",
+            x=caught["iteration"].to_numpy(),
+            y=caught["wall_ms"].to_numpy(dtype=float),
+            customdata=caught["slow_ratio"].to_numpy(dtype=float),
             marker={"symbol": "x", "color": "#d62728", "size": 9},
             hovertemplate="iteration %{x}: %{y:.3f} ms, %{customdata:.1f}× the running median<extra>slow</extra>",
         )
@@ -208,6 +228,8 @@ def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
     fig = _layout(fig, f"Every iteration ({len(iterations):,}): wall time", None, "ms", height=200)
     fig.update_layout(margin={"l": 50, "r": 10, "b": 25})
     return fig
+
+
 def phase_breakdown(phases: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
     """Stacked bar per step of its phases (``trace.phases()``): data loading, forward,
     backward, optimizer and other on the host (they add up to the host step) and, on a GPU
@@ -231,7 +253,10 @@ def phase_breakdown(phases: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
             continue
         share = 100 * host / np.maximum(phases["dur"].to_numpy(dtype=float), 1e-9)
         fig.add_bar(
-            name=name, x=x, y=values / div, marker_color=PHASE_COLORS[phase],
+            name=name,
+            x=x,
+            y=values / div,
+            marker_color=PHASE_COLORS[phase],
             customdata=np.concatenate([share, np.full(len(values) - len(share), np.nan)]),
             hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} {unit}<extra></extra>",
         )
@@ -252,16 +277,16 @@ def top_ops_bar(ops: pd.DataFrame, *, top: int = 15, unit: str = "ms") -> go.Fig
             orientation="h",
             y=[esc(shorten(n, 60)) for n in table["name"]],
             x=table["self_us"].to_numpy(dtype=float) / div,
-            customdata=np.stack(
-                [esc_all(table["name"]), table["calls"].astype(int), table["total_us"] / div], axis=-1
-            ),
+            customdata=np.stack([esc_all(table["name"]), table["calls"].astype(int), table["total_us"] / div], axis=-1),
             hovertemplate=f"%{{customdata[0]}}<br>self %{{x:.3f}} {unit}<br>total %{{customdata[2]:.3f}} {unit}"
             "<br>%{customdata[1]} calls<extra></extra>",
             marker_color=KIND_COLORS["cpu_op"],
             name="self time",
         )
     )
-    return _layout(fig, f"Top {len(table)} ops by self time", f"self time ({unit})", None, height=max(300, 24 * len(table) + 100))
+    return _layout(
+        fig, f"Top {len(table)} ops by self time", f"self time ({unit})", None, height=max(300, 24 * len(table) + 100)
+    )
 
 
 # -- Layers -----------------------------------------------------------------------------------
@@ -302,8 +327,13 @@ def layers_tree(
     labels = [esc(shorten(name.rsplit(".", 1)[-1] or name, 40)) for name in frame["layer"]]
     kind = go.Icicle if style == "icicle" else go.Sunburst
     custom = np.stack(
-        [ids, esc_all(frame.get("type", pd.Series("", index=frame.index))), frame[total_col] / div, frame[self_col] / div,
-         frame["calls"].astype(int)],
+        [
+            ids,
+            esc_all(frame.get("type", pd.Series("", index=frame.index))),
+            frame[total_col] / div,
+            frame[self_col] / div,
+            frame["calls"].astype(int),
+        ],
         axis=-1,
     )
     parents = esc_all(frame["parent"])
@@ -312,8 +342,9 @@ def layers_tree(
         parents = [p or ALL_LAYERS for p in parents]
         ids, labels, values = [*ids, ALL_LAYERS], [*labels, ALL_LAYERS], np.append(values, 0.0)
         parents.append("")
-        custom = np.vstack([custom, [ALL_LAYERS, "", float(frame.loc[frame["parent"] == "", total_col].sum()) / div,
-                                     0.0, 0]])
+        custom = np.vstack(
+            [custom, [ALL_LAYERS, "", float(frame.loc[frame["parent"] == "", total_col].sum()) / div, 0.0, 0]]
+        )
     fig = go.Figure(
         kind(
             ids=ids,
@@ -362,11 +393,18 @@ def _flame_nodes(tree: pd.DataFrame, size: str, max_nodes: int) -> tuple[pd.Data
     drawn["value"] = np.maximum(drawn[own].to_numpy(dtype=float), 0.0)
     if size == "gpu_us":  # GPU time sits on the GPU nodes: the rest of a node is its non-drawn children
         drawn["value"] = np.where(drawn["kind"].isin(GPU_ACTIVITY), drawn["value"], 0.0)
-    others = pd.DataFrame({
-        "node": -2 - np.arange(dropped.size), "parent": dropped.index.to_numpy(), "rank": 0,
-        "name": [f"other ({int(c)} nodes)" for c in left.groupby("parent").size().reindex(dropped.index)],
-        "kind": "other", "cpu_us": 0.0, "gpu_us": 0.0, "value": dropped.to_numpy(dtype=float),
-    })
+    others = pd.DataFrame(
+        {
+            "node": -2 - np.arange(dropped.size),
+            "parent": dropped.index.to_numpy(),
+            "rank": 0,
+            "name": [f"other ({int(c)} nodes)" for c in left.groupby("parent").size().reindex(dropped.index)],
+            "kind": "other",
+            "cpu_us": 0.0,
+            "gpu_us": 0.0,
+            "value": dropped.to_numpy(dtype=float),
+        }
+    )
     if size == "gpu_us":
         others["gpu_us"] = dropped.to_numpy(dtype=float)
     else:
@@ -386,8 +424,14 @@ def _frame_label(name: str, kind: str, file: object, line: object) -> str:
     return shorten(name, 60)
 
 
-def flame(tree: pd.DataFrame, *, metric: Literal["cpu", "gpu"] = "cpu", max_nodes: int = FLAME_MAX_NODES,
-          unit: str = "ms", title: str | None = None) -> go.Figure:
+def flame(
+    tree: pd.DataFrame,
+    *,
+    metric: Literal["cpu", "gpu"] = "cpu",
+    max_nodes: int = FLAME_MAX_NODES,
+    unit: str = "ms",
+    title: str | None = None,
+) -> go.Figure:
     """The merged call tree (``trace.call_tree()``) as an icicle flame graph: the outermost
     frames at the top, each box as wide as its time, coloured by its share of the GPU time
     launched beneath it; click a box to zoom into it, the bar above to zoom out.
@@ -416,15 +460,29 @@ def flame(tree: pd.DataFrame, *, metric: Literal["cpu", "gpu"] = "cpu", max_node
     ids = ["all"] + [str(int(n)) for n in nodes["node"]]
     parents = [""] + ["all" if p < 0 else str(int(p)) for p in nodes["parent"]]
     names = ["all"] + nodes["name"].astype(str).tolist()
-    labels = ["all"] + [esc(_frame_label(n, k, f, ln)) for n, k, f, ln in zip(
-        nodes["name"].astype(str), nodes["kind"].astype(str), nodes.get("file", pd.Series(None, index=nodes.index)),
-        nodes.get("line", pd.Series(None, index=nodes.index)))]
+    labels = ["all"] + [
+        esc(_frame_label(n, k, f, ln))
+        for n, k, f, ln in zip(
+            nodes["name"].astype(str),
+            nodes["kind"].astype(str),
+            nodes.get("file", pd.Series(None, index=nodes.index)),
+            nodes.get("line", pd.Series(None, index=nodes.index)),
+        )
+    ]
     kinds = ["all"] + nodes["kind"].astype(str).tolist()
     cpu = np.append(nodes.loc[top, "cpu_us"].sum(), nodes["cpu_us"].to_numpy(dtype=float))
     gpu = np.append(gpu_total, nodes["gpu_us"].to_numpy(dtype=float))
     share = np.append(0.0, share)
-    custom = np.stack([esc_all(names), esc_all(kinds), cpu / div, gpu / div,
-                       gpu / gpu_total * 100.0 if gpu_total > 0 else np.zeros(len(ids))], axis=-1)
+    custom = np.stack(
+        [
+            esc_all(names),
+            esc_all(kinds),
+            cpu / div,
+            gpu / div,
+            gpu / gpu_total * 100.0 if gpu_total > 0 else np.zeros(len(ids)),
+        ],
+        axis=-1,
+    )
     values = np.append(0.0, nodes["value"].to_numpy(dtype=float))
     fig = go.Figure(
         go.Icicle(
@@ -434,8 +492,14 @@ def flame(tree: pd.DataFrame, *, metric: Literal["cpu", "gpu"] = "cpu", max_node
             values=values,
             branchvalues="remainder",
             customdata=custom,
-            marker={"colors": share, "colorscale": "YlOrRd", "cmin": 0.0, "cmax": max(float(share.max(initial=0.0)), 1e-9),
-                    "showscale": gpu_total > 0, "colorbar": {"title": {"text": "GPU share"}, "tickformat": ".0%"}},
+            marker={
+                "colors": share,
+                "colorscale": "YlOrRd",
+                "cmin": 0.0,
+                "cmax": max(float(share.max(initial=0.0)), 1e-9),
+                "showscale": gpu_total > 0,
+                "colorbar": {"title": {"text": "GPU share"}, "tickformat": ".0%"},
+            },
             hovertemplate=f"%{{customdata[0]}} (%{{customdata[1]}})<br>CPU %{{customdata[2]:.3f}} {unit}"
             f"<br>GPU %{{customdata[3]:.3f}} {unit} (%{{customdata[4]:.1f}}% of the GPU time)<extra></extra>",
             tiling={"orientation": "v"},
@@ -495,8 +559,18 @@ def timeline(
         Horizontal ``Bar`` traces, one per event kind, plus ``aggregated`` bins when needed.
         ``layout.meta`` holds ``{"shown": n, "total": n, "window": [lo, hi], "origin": t}``.
     """
-    events = timeline_events(ops, kernels, steps, step=step, window=window, max_events=max_events, bins=bins,
-                             thread_names=thread_names, spans=spans, phase_spans=phase_spans)
+    events = timeline_events(
+        ops,
+        kernels,
+        steps,
+        step=step,
+        window=window,
+        max_events=max_events,
+        bins=bins,
+        thread_names=thread_names,
+        spans=spans,
+        phase_spans=phase_spans,
+    )
     lo, hi = events.attrs["window"]
     origin = lo if origin is None else float(origin)
     div = unit_divisor(unit)
@@ -521,14 +595,31 @@ def timeline(
             hovertemplate="%{customdata[0]} short events<br>busy %{customdata[1]:.0f}%<extra>aggregated</extra>",
         )
     # outer events first, nested ones drawn on top of them and narrower (a flame graph per lane)
-    draw_order = {"step": 0, "phase dataloader": 0.1, "phase forward": 0.2, "phase backward": 0.3, "phase optimizer": 0.4,
-                  "layer forward": 1, "layer backward": 2, "user_annotation": 3, "cpu_op": 4}
+    draw_order = {
+        "step": 0,
+        "phase dataloader": 0.1,
+        "phase forward": 0.2,
+        "phase backward": 0.3,
+        "phase optimizer": 0.4,
+        "layer forward": 1,
+        "layer backward": 2,
+        "user_annotation": 3,
+        "cpu_op": 4,
+    }
     kinds = sorted(shown["kind"].unique(), key=lambda k: (draw_order.get(k, 5), k))
     for kind in kinds:
         group = shown[shown["kind"] == kind].sort_values(["depth", "ts"], kind="stable")
-        named = {"text": [esc(shorten(n.rsplit(".", 1)[-1], 24)) for n in group["name"]], "textposition": "inside",
-                 "insidetextanchor": "middle", "textangle": 0, "textfont": {"size": 10}} \
-            if kind.startswith(("layer ", "phase ")) else {}
+        named = (
+            {
+                "text": [esc(shorten(n.rsplit(".", 1)[-1], 24)) for n in group["name"]],
+                "textposition": "inside",
+                "insidetextanchor": "middle",
+                "textangle": 0,
+                "textfont": {"size": 10},
+            }
+            if kind.startswith(("layer ", "phase "))
+            else {}
+        )
         fig.add_bar(
             orientation="h",
             name=esc(kind),
@@ -538,7 +629,9 @@ def timeline(
             base=(group["ts"].to_numpy(dtype=float) - origin) / div,
             x=group["dur"].to_numpy(dtype=float) / div,
             marker_color=KIND_COLORS.get(kind, "#bcbd22"),
-            customdata=np.stack([esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div], axis=-1),
+            customdata=np.stack(
+                [esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div], axis=-1
+            ),
             hovertemplate=f"%{{customdata[0]}}<br>%{{customdata[2]:.3f}} {unit}<br>%{{customdata[1]}}<extra></extra>",
             **named,
         )
@@ -576,17 +669,35 @@ def _byte_scale(peak: float) -> tuple[float, str]:
 
 
 #: colors of layer spans (cycled per layer)
-LAYER_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
-                "#eeca3b")
+LAYER_COLORS = (
+    "#4c78a8",
+    "#f58518",
+    "#54a24b",
+    "#e45756",
+    "#72b7b2",
+    "#b279a2",
+    "#ff9da6",
+    "#9d755d",
+    "#bab0ac",
+    "#eeca3b",
+)
 #: colors of the allocation categories of torch's memory profile
 CATEGORY_COLORS = {
-    "before_capture": "#d9d9d9", "parameter": "#4c78a8", "optimizer_state": "#9d755d", "input": "#72b7b2", "temporary": "#bab0ac",
-    "activation": "#f58518", "gradient": "#54a24b", "autograd_detail": "#b279a2", "unknown": "#e45756",
+    "before_capture": "#d9d9d9",
+    "parameter": "#4c78a8",
+    "optimizer_state": "#9d755d",
+    "input": "#72b7b2",
+    "temporary": "#bab0ac",
+    "activation": "#f58518",
+    "gradient": "#54a24b",
+    "autograd_detail": "#b279a2",
+    "unknown": "#e45756",
 }
 
 
-def _spans_in(spans: pd.DataFrame | None, lo: float, hi: float, rank: int | None, step: int | None,
-              max_spans: int) -> pd.DataFrame:
+def _spans_in(
+    spans: pd.DataFrame | None, lo: float, hi: float, rank: int | None, step: int | None, max_spans: int
+) -> pd.DataFrame:
     """The layer spans to draw: in ``[lo, hi]`` (and ``step``, ``rank``), the longest ``max_spans``."""
     if spans is None or spans.empty:
         return pd.DataFrame(columns=["rank", "layer", "phase", "ts", "dur", "step", "calls"])
@@ -643,8 +754,14 @@ def memory_timeline(
     div = unit_divisor(unit)
     scale, suffix = _byte_scale(float(memory[["allocated_bytes", "reserved_bytes"]].max().max() or 0))
     several = memory["rank"].nunique() > 1
-    lane = _spans_in(spans, float(memory["ts"].min()), float(memory["ts"].max()),
-                     rank if rank is not None else (None if several else int(memory["rank"].iloc[0])), step, max_spans)
+    lane = _spans_in(
+        spans,
+        float(memory["ts"].min()),
+        float(memory["ts"].max()),
+        rank if rank is not None else (None if several else int(memory["rank"].iloc[0])),
+        step,
+        max_spans,
+    )
     if not lane.empty:
         from plotly.subplots import make_subplots
 
@@ -661,7 +778,10 @@ def memory_timeline(
             y=small["allocated_bytes"].to_numpy(dtype=float) / scale,
             mode="lines",
             line={"shape": "hv"},
-            customdata=np.stack([esc_all(small["op"].astype("string").fillna("")), esc_all(small["layer"].astype("string").fillna(""))], axis=-1),
+            customdata=np.stack(
+                [esc_all(small["op"].astype("string").fillna("")), esc_all(small["layer"].astype("string").fillna(""))],
+                axis=-1,
+            ),
             hovertemplate=f"%{{y:.2f}} {suffix}<br>%{{customdata[0]}}<br>%{{customdata[1]}}<extra>{label}</extra>",
             **row,
         )
@@ -684,9 +804,15 @@ def memory_timeline(
         where = " in ".join(esc(shorten(v, 50)) for v in (peak["op"], peak["layer"]) if isinstance(v, str) and v)
         at = (float(peak["ts"]) - first) / (last - first) if last > first else 0.5
         fig.add_annotation(  # its text runs into the plot, not off its left or right edge
-            x=float(peak["ts"]) / div, y=float(peak["peak_bytes"]) / scale, xref="x", yref="y",
+            x=float(peak["ts"]) / div,
+            y=float(peak["peak_bytes"]) / scale,
+            xref="x",
+            yref="y",
             text=f"peak {fmt_bytes(peak['peak_bytes'])}" + (f": {where}" if where else ""),
-            showarrow=True, arrowhead=2, ax=0, ay=-30,
+            showarrow=True,
+            arrowhead=2,
+            ax=0,
+            ay=-30,
             xanchor="left" if at < 0.3 else "right" if at > 0.7 else "center",
         )
     if not lane.empty:
@@ -698,33 +824,65 @@ def memory_timeline(
                 continue
             layer_names = part["layer"].astype(str).tolist()
             fig.add_bar(
-                orientation="h", name=f"layer {phase}", showlegend=False,
-                y=[phase] * len(part), base=part["ts"].to_numpy(dtype=float) / div,
+                orientation="h",
+                name=f"layer {phase}",
+                showlegend=False,
+                y=[phase] * len(part),
+                base=part["ts"].to_numpy(dtype=float) / div,
                 x=part["dur"].to_numpy(dtype=float) / div,
-                marker={"color": [color[n] for n in layer_names], "opacity": 0.85 if phase == "forward" else 0.55,
-                        "line": {"width": 0}},
+                marker={
+                    "color": [color[n] for n in layer_names],
+                    "opacity": 0.85 if phase == "forward" else 0.55,
+                    "line": {"width": 0},
+                },
                 text=[esc(shorten(n.rsplit(".", 1)[-1], 24)) for n in layer_names],
-                textposition="inside", insidetextanchor="middle", textfont={"size": 10},
-                customdata=np.stack([esc_all(layer_names), part["dur"].to_numpy(dtype=float) / div,
-                                     part["calls"].to_numpy() if "calls" in part else np.ones(len(part))], axis=-1),
+                textposition="inside",
+                insidetextanchor="middle",
+                textfont={"size": 10},
+                customdata=np.stack(
+                    [
+                        esc_all(layer_names),
+                        part["dur"].to_numpy(dtype=float) / div,
+                        part["calls"].to_numpy() if "calls" in part else np.ones(len(part)),
+                    ],
+                    axis=-1,
+                ),
                 hovertemplate=f"%{{customdata[0]}} ({phase})<br>%{{customdata[1]:.3f}} {unit}<extra></extra>",
-                row=2, col=1,
+                row=2,
+                col=1,
             )
         # no legend entry per layer: each bar says its layer (inside, and on hover), and a
         # legend of layers beside the curve's would push the plot off the category chart's axis
         fig.update_layout(barmode="overlay", uniformtext={"minsize": 8, "mode": "hide"})
-        fig.update_yaxes(categoryorder="array", categoryarray=["forward", "backward"], autorange="reversed",
-                         row=2, col=1, showgrid=False, title_text="layers")
+        fig.update_yaxes(
+            categoryorder="array",
+            categoryarray=["forward", "backward"],
+            autorange="reversed",
+            row=2,
+            col=1,
+            showgrid=False,
+            title_text="layers",
+        )
     if steps is not None and not steps.empty:
         bounds = sorted(set(steps["ts"].tolist()))
         if step is not None:
             bounds = [float(t) for t in steps.loc[steps["step"] == step, "ts"]]
         # one layout update: add_vline per boundary is quadratic in plotly
-        fig.update_layout(shapes=[
-            {"type": "line", "xref": "x", "yref": "paper", "x0": float(t) / div, "x1": float(t) / div, "y0": 0, "y1": 1,
-             "line": {"color": "#aaaaaa", "width": 1, "dash": "dash"}}
-            for t in bounds[:200]
-        ])
+        fig.update_layout(
+            shapes=[
+                {
+                    "type": "line",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": float(t) / div,
+                    "x1": float(t) / div,
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {"color": "#aaaaaa", "width": 1, "dash": "dash"},
+                }
+                for t in bounds[:200]
+            ]
+        )
     fig = _layout(fig, title, None, None, height=480 if not lane.empty else 420)
     fig.update_yaxes(title_text=f"memory ({suffix})", **row)
     fig.update_xaxes(title_text=f"time since trace start ({unit})", **({"row": 2, "col": 1} if not lane.empty else {}))
@@ -734,8 +892,10 @@ def memory_timeline(
     x_range = [(float(memory["ts"].min()) - pad) / div, (float(memory["ts"].max()) + pad) / div]
     if x_range[1] > x_range[0]:
         fig.update_xaxes(range=x_range)
-    fig.update_layout(margin={"l": MEMORY_LEFT_MARGIN},
-                      meta={"spans": int(len(lane)), "spans_total": int(0 if spans is None else len(spans)), "x_range": x_range})
+    fig.update_layout(
+        margin={"l": MEMORY_LEFT_MARGIN},
+        meta={"spans": int(len(lane)), "spans_total": int(0 if spans is None else len(spans)), "x_range": x_range},
+    )
     return fig
 
 
@@ -764,8 +924,9 @@ def memory_categories(
     """
     title = "Memory by category" + (f" — step {step}" if step is not None else "")
     if categories is None or categories.empty:
-        note = (categories.attrs.get("note") if categories is not None else None) or \
-            "No memory profile by category: capture with the memory timeline on (memory_timeline_<rank>.json)."
+        note = (
+            categories.attrs.get("note") if categories is not None else None
+        ) or "No memory profile by category: capture with the memory timeline on (memory_timeline_<rank>.json)."
         return empty(note, title)
     frame = categories
     rank = int(frame["rank"].min()) if rank is None else rank
@@ -773,7 +934,11 @@ def memory_categories(
     if "device" in frame and len(frame):
         frame = frame[frame["device"] == frame["device"].iloc[0]]
     if step is not None and steps is not None and not steps.empty:
-        rows = steps[(steps["step"] == step) & (steps["rank"] == rank)] if "rank" in steps else steps[steps["step"] == step]
+        rows = (
+            steps[(steps["step"] == step) & (steps["rank"] == rank)]
+            if "rank" in steps
+            else steps[steps["step"] == step]
+        )
         if not rows.empty:
             lo, hi = float(rows["ts"].min()), float((rows["ts"] + rows["dur"]).max())
             frame = frame[(frame["ts"] >= lo) & (frame["ts"] <= hi)]
@@ -790,7 +955,11 @@ def memory_categories(
         if not np.nansum(values) > 0:
             continue
         fig.add_scatter(
-            name=esc(name.replace("_", " ")), x=x, y=values / scale, mode="lines", stackgroup="categories",
+            name=esc(name.replace("_", " ")),
+            x=x,
+            y=values / scale,
+            mode="lines",
+            stackgroup="categories",
             line={"shape": "hv", "width": 0.5, "color": CATEGORY_COLORS.get(name)},
             hovertemplate=f"{esc(name)}: %{{y:.2f}} {suffix}<extra></extra>",
         )
@@ -800,8 +969,16 @@ def memory_categories(
     if x_range is not None and len(x_range) == 2 and x_range[1] > x_range[0] and clock != "own":
         fig.update_xaxes(range=[float(x_range[0]), float(x_range[1])])
     if clock == "own":
-        fig.add_annotation(text="the memory profile's clock could not be matched to the trace: its time starts at 0",
-                           showarrow=False, xref="paper", yref="paper", x=0, y=-0.2, xanchor="left", font={"size": 11})
+        fig.add_annotation(
+            text="the memory profile's clock could not be matched to the trace: its time starts at 0",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=-0.2,
+            xanchor="left",
+            font={"size": 11},
+        )
     return fig
 
 
@@ -825,10 +1002,16 @@ def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric:
             orientation="h",
             y=labels,
             x=table[metric].to_numpy(dtype=float) / (div if metric.endswith("_us") else 1),
-            customdata=np.stack([
-                esc_all(table["name"]), esc_all(table["input_dims"]), esc_all(table["input_type"]),
-                table["calls"].astype(int), flops,
-            ], axis=-1),
+            customdata=np.stack(
+                [
+                    esc_all(table["name"]),
+                    esc_all(table["input_dims"]),
+                    esc_all(table["input_type"]),
+                    table["calls"].astype(int),
+                    flops,
+                ],
+                axis=-1,
+            ),
             hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
             f"<br>%{{customdata[3]}} calls, %{{x:.3f}} {unit}<br>%{{customdata[4]}}<extra></extra>",
             marker_color=KIND_COLORS["cpu_op"],
@@ -854,8 +1037,10 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
         return empty("No op ran on a GPU with recorded shapes: record with record_shapes=True on a GPU.", title)
     layers = list(efficiency.attrs.get("layers") or [""] * len(efficiency))
     where = list(efficiency.attrs.get("where") or [""] * len(efficiency))  # the views' join (analysis.sites)
-    frame = efficiency.assign(_layers=layers if len(layers) == len(efficiency) else [""] * len(efficiency),
-                              _where=where if len(where) == len(efficiency) else [""] * len(efficiency))
+    frame = efficiency.assign(
+        _layers=layers if len(layers) == len(efficiency) else [""] * len(efficiency),
+        _where=where if len(where) == len(efficiency) else [""] * len(efficiency),
+    )
     frame = frame[(frame["intensity"] > 0) & (frame["tflops_per_s"] > 0)]
     if frame.empty:
         return empty("No op here has both FLOPs and bytes from its shapes (see trace.efficiency()).", title)
@@ -873,11 +1058,22 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
         xs = np.array([min(lo, ridge / 4), ridge, max(hi, ridge * 4)]) if peak == peak else np.array([lo, hi])
         ys = np.minimum(peak, xs * bandwidth) if peak == peak else xs * bandwidth
         precision = _roof_precision(roof.device, peak)
-        label = (f"{roof.device or 'given peaks'}" + (f" {precision}" if precision else "") + f" roof: {bandwidth:g} TB/s"
-                 + (f", {_flops_text(peak * 1e12)}" if peak == peak else ""))
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=esc(label),
-                                 line={"color": "#444", "width": 1.5, "dash": ROOF_DASHES[i % len(ROOF_DASHES)]},
-                                 hovertemplate=esc(label) + "<extra></extra>"))
+        label = (
+            f"{roof.device or 'given peaks'}"
+            + (f" {precision}" if precision else "")
+            + f" roof: {bandwidth:g} TB/s"
+            + (f", {_flops_text(peak * 1e12)}" if peak == peak else "")
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                name=esc(label),
+                line={"color": "#444", "width": 1.5, "dash": ROOF_DASHES[i % len(ROOF_DASHES)]},
+                hovertemplate=esc(label) + "<extra></extra>",
+            )
+        )
     sizes = frame["gpu_us"].to_numpy(dtype=float)
     marker = 8 + 32 * np.sqrt(sizes / max(float(sizes.max()), 1e-9))
     for bound in ("compute", "memory", None):
@@ -885,19 +1081,37 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
         if part.empty:
             continue
         pct = ["n/a" if v != v else f"{v:.0f}% of its roof" for v in part["pct_of_roofline"].astype(float)]
-        fig.add_trace(go.Scatter(
-            x=part["intensity"], y=part["tflops_per_s"], mode="markers", name=f"{bound or 'unknown'}-bound",
-            marker={"size": marker[frame.index.get_indexer(part.index)], "color": BOUND_COLORS.get(bound or "", "#7f7f7f"),
-                    "opacity": 0.7, "line": {"width": 0.5, "color": "#333"}},
-            customdata=np.stack([
-                esc_all(part["name"]), esc_all(part["input_dims"]), esc_all(part["input_type"]),
-                esc_all(part["_layers"].replace("", "none")), part["gpu_us"].to_numpy(dtype=float) / div,
-                part["calls"].astype(int), pct, esc_all(part["_where"].replace("", "unknown")),
-            ], axis=-1),
-            hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
-            "<br>layer %{customdata[3]}<br>code %{customdata[7]}<br>%{customdata[5]} calls, %{customdata[4]:.3f} " + unit
-            + "<br>%{x:.3g} FLOP/byte, %{y:.3g} TFLOP/s, %{customdata[6]}<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=part["intensity"],
+                y=part["tflops_per_s"],
+                mode="markers",
+                name=f"{bound or 'unknown'}-bound",
+                marker={
+                    "size": marker[frame.index.get_indexer(part.index)],
+                    "color": BOUND_COLORS.get(bound or "", "#7f7f7f"),
+                    "opacity": 0.7,
+                    "line": {"width": 0.5, "color": "#333"},
+                },
+                customdata=np.stack(
+                    [
+                        esc_all(part["name"]),
+                        esc_all(part["input_dims"]),
+                        esc_all(part["input_type"]),
+                        esc_all(part["_layers"].replace("", "none")),
+                        part["gpu_us"].to_numpy(dtype=float) / div,
+                        part["calls"].astype(int),
+                        pct,
+                        esc_all(part["_where"].replace("", "unknown")),
+                    ],
+                    axis=-1,
+                ),
+                hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
+                "<br>layer %{customdata[3]}<br>code %{customdata[7]}<br>%{customdata[5]} calls, %{customdata[4]:.3f} "
+                + unit
+                + "<br>%{x:.3g} FLOP/byte, %{y:.3g} TFLOP/s, %{customdata[6]}<extra></extra>",
+            )
+        )
     fig = _layout(fig, title, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s", height=480)
     fig.update_xaxes(type="log")
     # one tick per decade, in words (1 GFLOP/s, 10 TFLOP/s): plotly's SI ticks of TFLOP/s read "100µ"
@@ -941,9 +1155,11 @@ def top_kernels_bar(kernels: pd.DataFrame, *, top: int = 15, by_op: bool = False
     if table.empty:
         return empty("No GPU kernels in this trace.", title)
     div = unit_divisor(unit)
-    names = [(kernel_label(n, 50 if by_op else 60) if k == "kernel" else shorten(n, 60))
-             + (f" ← {shorten(o, 30)}" if by_op and o else "")
-             for n, k, o in zip(table["name"], table["kind"], table.get("op", [""] * len(table)))]
+    names = [
+        (kernel_label(n, 50 if by_op else 60) if k == "kernel" else shorten(n, 60))
+        + (f" ← {shorten(o, 30)}" if by_op and o else "")
+        for n, k, o in zip(table["name"], table["kind"], table.get("op", [""] * len(table)))
+    ]
     labels = unique_labels(esc(n) for n in names)[::-1]
     table = table.iloc[::-1]
     fig = go.Figure(
@@ -976,17 +1192,34 @@ def rank_breakdown(ranks: pd.DataFrame, *, unit: str = "ms") -> go.Figure:
     parts = tables.part_names(ranks)
     for column, name in parts.items():
         if column in ranks and (ranks[column] > 0).any():
-            fig.add_bar(name=name, x=labels, y=ranks[column].to_numpy(dtype=float) / div, marker_color=PART_COLORS[column],
-                        hovertemplate=f"%{{x}}<br>{name} %{{y:.3f}} {unit}<extra></extra>")
+            fig.add_bar(
+                name=name,
+                x=labels,
+                y=ranks[column].to_numpy(dtype=float) / div,
+                marker_color=PART_COLORS[column],
+                hovertemplate=f"%{{x}}<br>{name} %{{y:.3f}} {unit}<extra></extra>",
+            )
     other = ranks["step_us"] - sum(ranks[c] for c in parts if c in ranks)
     if (other > 1e-6 * ranks["step_us"].abs().max()).any():
-        fig.add_bar(name="other", x=labels, y=np.maximum(other.to_numpy(dtype=float), 0) / div, marker_color="#7f7f7f",
-                    hovertemplate=f"%{{x}}<br>other %{{y:.3f}} {unit}<extra></extra>")
+        fig.add_bar(
+            name="other",
+            x=labels,
+            y=np.maximum(other.to_numpy(dtype=float), 0) / div,
+            marker_color="#7f7f7f",
+            hovertemplate=f"%{{x}}<br>other %{{y:.3f}} {unit}<extra></extra>",
+        )
     fig.update_layout(barmode="stack", legend_traceorder="normal")
     for label, is_slow, total in zip(labels, slow, ranks["step_us"]):
         if is_slow:
-            fig.add_annotation(x=label, y=float(total) / div, text="the others wait for it", showarrow=True, arrowhead=2,
-                               ay=-30, font={"color": "#d62728"})
+            fig.add_annotation(
+                x=label,
+                y=float(total) / div,
+                text="the others wait for it",
+                showarrow=True,
+                arrowhead=2,
+                ay=-30,
+                font={"color": "#d62728"},
+            )
     return _layout(fig, title, "rank", f"mean step time ({unit})")
 
 
@@ -1066,7 +1299,11 @@ def op_graph(
     ids = nodes["id"].to_numpy(dtype=np.int64)
     kept = set(ids.tolist())
     edges = edges[edges["src"].isin(kept) & edges["dst"].isin(kept)] if not edges.empty else edges
-    level = _graph_levels(ids, edges["src"].to_numpy(), edges["dst"].to_numpy()) if len(edges) else np.zeros(len(ids), np.int64)
+    level = (
+        _graph_levels(ids, edges["src"].to_numpy(), edges["dst"].to_numpy())
+        if len(edges)
+        else np.zeros(len(ids), np.int64)
+    )
     # rows within a column: in execution order, centered on 0
     ypos = np.zeros(len(ids), dtype=float)
     for lv in np.unique(level):
@@ -1082,54 +1319,112 @@ def op_graph(
             a, b = at[int(s)], at[int(d)]
             xs += [float(level[a]), float(level[b]), None]
             ys += [float(ypos[a]), float(ypos[b]), None]
-        fig.add_scatter(x=xs, y=ys, mode="lines", name="dependencies", hoverinfo="skip",
-                        line={"color": "rgba(120,120,120,0.45)", "width": 1})
+        fig.add_scatter(
+            x=xs,
+            y=ys,
+            mode="lines",
+            name="dependencies",
+            hoverinfo="skip",
+            line={"color": "rgba(120,120,120,0.45)", "width": 1},
+        )
     dur = nodes["dur"].to_numpy(dtype=float) if "dur" in nodes else np.full(len(nodes), np.nan)
     indeg = pd.Series(edges["dst"].to_numpy()).value_counts() if len(edges) else pd.Series(dtype=int)
     outdeg = pd.Series(edges["src"].to_numpy()).value_counts() if len(edges) else pd.Series(dtype=int)
 
     def column(name: str) -> list[str]:
-        return esc_all(shorten(v, 160) for v in nodes[name].astype("string").fillna("")) if name in nodes else [""] * len(nodes)
+        return (
+            esc_all(shorten(v, 160) for v in nodes[name].astype("string").fillna(""))
+            if name in nodes
+            else [""] * len(nodes)
+        )
 
-    custom = np.stack([
-        esc_all(nodes["name"].astype(str)), column("op_schema"), column("input_shapes"), column("input_types"),
-        column("output_shapes"), column("output_types"),
-        [fmt_time(d) if not np.isnan(d) else "no Kineto match" for d in dur],
-        [str(int(indeg.get(i, 0))) for i in ids], [str(int(outdeg.get(i, 0))) for i in ids], [str(i) for i in ids],
-    ], axis=-1)
-    hover = ("<b>%{customdata[0]}</b> (ET node %{customdata[9]})<br>%{customdata[1]}<br>"
-             "inputs %{customdata[2]} %{customdata[3]}<br>outputs %{customdata[4]} %{customdata[5]}<br>"
-             "duration %{customdata[6]}<br>reads from %{customdata[7]} op(s), feeds %{customdata[8]}<extra></extra>")
+    custom = np.stack(
+        [
+            esc_all(nodes["name"].astype(str)),
+            column("op_schema"),
+            column("input_shapes"),
+            column("input_types"),
+            column("output_shapes"),
+            column("output_types"),
+            [fmt_time(d) if not np.isnan(d) else "no Kineto match" for d in dur],
+            [str(int(indeg.get(i, 0))) for i in ids],
+            [str(int(outdeg.get(i, 0))) for i in ids],
+            [str(i) for i in ids],
+        ],
+        axis=-1,
+    )
+    hover = (
+        "<b>%{customdata[0]}</b> (ET node %{customdata[9]})<br>%{customdata[1]}<br>"
+        "inputs %{customdata[2]} %{customdata[3]}<br>outputs %{customdata[4]} %{customdata[5]}<br>"
+        "duration %{customdata[6]}<br>reads from %{customdata[7]} op(s), feeds %{customdata[8]}<extra></extra>"
+    )
     labels = [esc(shorten(str(n).removeprefix("aten::"), 18)) for n in nodes["name"]]
     show_text = len(nodes) <= 60
     timed = ~np.isnan(dur)
     if timed.any():
         fig.add_scatter(
-            x=level[timed], y=ypos[timed], mode="markers+text" if show_text else "markers", name="ops",
-            text=[labels[i] for i in np.flatnonzero(timed)], textposition="top center", textfont={"size": 9},
-            marker={"size": 12, "color": dur[timed] / div, "colorscale": "Viridis", "showscale": True,
-                    "colorbar": {"title": {"text": unit}, "thickness": 12}, "line": {"width": 0.5, "color": "#333"}},
-            customdata=custom[timed], hovertemplate=hover,
+            x=level[timed],
+            y=ypos[timed],
+            mode="markers+text" if show_text else "markers",
+            name="ops",
+            text=[labels[i] for i in np.flatnonzero(timed)],
+            textposition="top center",
+            textfont={"size": 9},
+            marker={
+                "size": 12,
+                "color": dur[timed] / div,
+                "colorscale": "Viridis",
+                "showscale": True,
+                "colorbar": {"title": {"text": unit}, "thickness": 12},
+                "line": {"width": 0.5, "color": "#333"},
+            },
+            customdata=custom[timed],
+            hovertemplate=hover,
         )
     if (~timed).any():
         fig.add_scatter(
-            x=level[~timed], y=ypos[~timed], mode="markers+text" if show_text else "markers", name="ops without timing",
-            text=[labels[i] for i in np.flatnonzero(~timed)], textposition="top center", textfont={"size": 9},
+            x=level[~timed],
+            y=ypos[~timed],
+            mode="markers+text" if show_text else "markers",
+            name="ops without timing",
+            text=[labels[i] for i in np.flatnonzero(~timed)],
+            textposition="top center",
+            textfont={"size": 9},
             marker={"size": 11, "color": "#c7c7c7", "symbol": "diamond", "line": {"width": 0.5, "color": "#333"}},
-            customdata=custom[~timed], hovertemplate=hover,
+            customdata=custom[~timed],
+            hovertemplate=hover,
         )
     widest = int(np.bincount(level).max()) if len(level) else 1
-    fig.update_xaxes(title_text="topological depth (data dependencies, left to right)", showgrid=False, zeroline=False,
-                     dtick=1)
+    fig.update_xaxes(
+        title_text="topological depth (data dependencies, left to right)", showgrid=False, zeroline=False, dtick=1
+    )
     fig.update_yaxes(visible=False)
-    fig.update_layout(meta={"shown": int(len(nodes)), "total": int(total), "edges": int(len(edges)),
-                            "levels": int(level.max() + 1 if len(level) else 0)})
-    _layout(fig, title + f" ({len(nodes):,} ops, {len(edges):,} dependencies)", None, None,
-            height=int(min(900, max(380, 22 * widest + 140))))
+    fig.update_layout(
+        meta={
+            "shown": int(len(nodes)),
+            "total": int(total),
+            "edges": int(len(edges)),
+            "levels": int(level.max() + 1 if len(level) else 0),
+        }
+    )
+    _layout(
+        fig,
+        title + f" ({len(nodes):,} ops, {len(edges):,} dependencies)",
+        None,
+        None,
+        height=int(min(900, max(380, 22 * widest + 140))),
+    )
     if total > len(nodes):
         fig.add_annotation(
-            text=f"showing the first {len(nodes):,} of {total:,} ops in execution order; pick a step or see the table for the rest",
-            showarrow=False, xref="paper", yref="paper", x=0, y=-0.14, xanchor="left", font={"size": 11, "color": "#b00"},
+            text=f"showing the first {len(nodes):,} of {total:,} ops in execution order; "
+            "pick a step or see the table for the rest",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=-0.14,
+            xanchor="left",
+            font={"size": 11, "color": "#b00"},
         )
     return fig
 
@@ -1151,11 +1446,16 @@ def diff_bars(diff: pd.DataFrame, *, level: str = "op", top: int = 20, unit: str
             y=[esc(shorten(n, 60)) for n in group["name"].astype(str)],
             x=group["delta_us"].to_numpy(dtype=float) / div,
             marker_color=STATUS_COLORS.get(str(status), "#7f7f7f"),
-            customdata=np.stack([esc_all(group["name"]), group["us_a"].fillna(0) / div, group["us_b"].fillna(0) / div], axis=-1),
+            customdata=np.stack(
+                [esc_all(group["name"]), group["us_a"].fillna(0) / div, group["us_b"].fillna(0) / div], axis=-1
+            ),
             hovertemplate=f"%{{customdata[0]}}<br>A %{{customdata[1]:.3f}} {unit} → B %{{customdata[2]:.3f}} {unit}"
             f"<br>Δ %{{x:+.3f}} {unit}<extra>%{{fullData.name}}</extra>",
         )
-    fig.update_layout(barmode="overlay", yaxis={"categoryorder": "array", "categoryarray": [esc(shorten(n, 60)) for n in frame["name"].astype(str)]})
+    fig.update_layout(
+        barmode="overlay",
+        yaxis={"categoryorder": "array", "categoryarray": [esc(shorten(n, 60)) for n in frame["name"].astype(str)]},
+    )
     return _layout(fig, title, f"change in time ({unit})", None, height=max(300, 24 * len(frame) + 100))
 
 

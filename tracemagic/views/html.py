@@ -5,7 +5,7 @@ Used by the dashboard's ``widgets.HTML`` (which sets ``innerHTML``) and the repo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -15,7 +15,8 @@ from tracemagic.views._format import PLAIN_COLUMNS, esc, fmt_cell, header, short
 CSS = """
 .tm-table{border-collapse:collapse;font:12px/1.35 system-ui,sans-serif;margin:4px 0}
 .tm-table th,.tm-table td{padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:right;white-space:nowrap}
-.tm-table th{background:#f5f5f5;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom;min-width:3.5em}
+.tm-table th{background:#f5f5f5;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom;
+  min-width:3.5em}
 .tm-table td.tm-text,.tm-table th.tm-text{text-align:left;max-width:26em;overflow:hidden;text-overflow:ellipsis}
 .tm-facts{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font:13px system-ui,sans-serif;margin:4px 0}
 .tm-facts dt{color:#666}.tm-facts dd{margin:0}
@@ -36,13 +37,17 @@ def table(frame: pd.DataFrame, *, caption: str = "", max_rows: int | None = None
     with the whole value on hover."""
     shown = frame if max_rows is None else frame.head(max_rows)
     text_cols = [is_text(frame[c]) for c in frame.columns]
-    head = "".join(f'<th class="{"tm-text" if t else ""}" title="{esc(c)}">{esc(header(c))}</th>'
-                   for c, t in zip(frame.columns, text_cols))
+    head = "".join(
+        f'<th class="{"tm-text" if t else ""}" title="{esc(c)}">{esc(header(c))}</th>'
+        for c, t in zip(frame.columns, text_cols)
+    )
     plain = [str(c) in PLAIN_COLUMNS for c in frame.columns]
     rows = []
     for values in shown.itertuples(index=False, name=None):
         cells = "".join(
-            f'<td class="tm-text" title="{esc(fmt_cell(v))}">{esc(fmt_cell(v))}</td>' if t else f"<td>{esc(fmt_cell(v, p))}</td>"
+            f'<td class="tm-text" title="{esc(fmt_cell(v))}">{esc(fmt_cell(v))}</td>'
+            if t
+            else f"<td>{esc(fmt_cell(v, p))}</td>"
             for v, t, p in zip(values, text_cols, plain)
         )
         rows.append(f"<tr>{cells}</tr>")
@@ -134,8 +139,13 @@ def layer_tree(
         short = name.rsplit(".", 1)[-1] if record["parent"] and name.startswith(record["parent"] + ".") else name
         kind = record.get("type")
         cells = (
-            f'<span class="tm-name" style="padding-left:{1.1 * depth:.1f}em" title="{esc(name)}">{esc(shorten(short, 60))}'
-            + (f' <span class="tm-type" title="{esc(kind)}">{esc(kind)}</span>' if isinstance(kind, str) and kind else "")
+            f'<span class="tm-name" style="padding-left:{1.1 * depth:.1f}em" title="{esc(name)}">'
+            f"{esc(shorten(short, 60))}"
+            + (
+                f' <span class="tm-type" title="{esc(kind)}">{esc(kind)}</span>'
+                if isinstance(kind, str) and kind
+                else ""
+            )
             + "</span>"
             + "".join(f"<span>{num(record.get(c))}</span>" for c in (total_col, self_col, fwd_col, bwd_col))
             + f"<span>{esc(fmt_cell(record.get('calls')))}</span>"
@@ -150,10 +160,14 @@ def layer_tree(
         opened = " open" if depth < open_depth else ""
         return f"<details{opened}><summary>{row(record, depth)}</summary>{inner}</details>"
 
-    head = (f'<div class="tm-row tm-head"><span class="tm-name">layer</span><span>total {esc(unit)}</span>'
-            f"<span>self {esc(unit)}</span><span>fwd {esc(unit)}</span><span>bwd {esc(unit)}</span><span>calls</span></div>")
+    head = (
+        f'<div class="tm-row tm-head"><span class="tm-name">layer</span><span>total {esc(unit)}</span>'
+        f"<span>self {esc(unit)}</span><span>fwd {esc(unit)}</span><span>bwd {esc(unit)}</span><span>calls</span></div>"
+    )
     body = "".join(node(r, 0) for r in children.get("", []))
     note = f'<div class="tm-caption">{dropped:,} lighter layers not listed</div>' if dropped else ""
-    return (f"<style>{TREE_CSS}</style>"
-            f'<div class="tm-caption">Layer tree ({esc(metric.upper())} time; click a row to expand or collapse)</div>'
-            f'<div class="tm-tree">{head}{body}</div>{note}')
+    return (
+        f"<style>{TREE_CSS}</style>"
+        f'<div class="tm-caption">Layer tree ({esc(metric.upper())} time; click a row to expand or collapse)</div>'
+        f'<div class="tm-tree">{head}{body}</div>{note}'
+    )

@@ -21,7 +21,7 @@ import os
 import re
 import secrets
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,8 +53,10 @@ body{font:14px system-ui,sans-serif;margin:0;color:#222}
 header{padding:12px 20px;border-bottom:1px solid #ddd;background:#fafafa}
 header h1{font-size:18px;margin:0 0 6px}
 header .tm-meta{color:#777;font-size:12px}
-nav{display:flex;gap:4px;padding:8px 20px 0;border-bottom:1px solid #ddd;position:sticky;top:0;background:#fff;z-index:10}
-nav button{border:1px solid #ccc;border-bottom:none;background:#f3f3f3;padding:6px 14px;cursor:pointer;border-radius:4px 4px 0 0;font:inherit}
+nav{display:flex;gap:4px;padding:8px 20px 0;border-bottom:1px solid #ddd;position:sticky;top:0;background:#fff;
+  z-index:10}
+nav button{border:1px solid #ccc;border-bottom:none;background:#f3f3f3;padding:6px 14px;cursor:pointer;
+  border-radius:4px 4px 0 0;font:inherit}
 nav button.active{background:#fff;font-weight:600}
 main{padding:8px 20px 40px}
 .tm-section{display:none}.tm-section.active{display:block}
@@ -86,7 +88,8 @@ _SCRIPT = """
     var size=box.querySelector("select.tm-size"),wrap=box.querySelector(".tm-scroll");
     function rows(){
       var f=st.filter.toLowerCase(),out=spec.rows;
-      if(f){out=out.filter(function(r){return r.some(function(v,i){return spec.text[i]&&v!==null&&String(v).toLowerCase().indexOf(f)>=0;});});}
+      if(f){out=out.filter(function(r){return r.some(function(v,i){
+        return spec.text[i]&&v!==null&&String(v).toLowerCase().indexOf(f)>=0;});});}
       if(st.col>=0){var c=st.col,d=st.desc?-1:1;out=out.slice().sort(function(a,b){
         var x=a[c],y=b[c];if(x===y)return 0;if(x===null)return 1;if(y===null)return -1;return (x<y?-1:1)*d;});}
       return out;
@@ -97,7 +100,8 @@ _SCRIPT = """
       var table=document.createElement("table");table.className="tm-table";
       var tr=document.createElement("tr");
       spec.columns.forEach(function(name,i){
-        var th=document.createElement("th");th.textContent=name+(st.col===i?(st.desc?" \\u25bc":" \\u25b2"):"");th.title=spec.names[i];
+        var th=document.createElement("th");th.title=spec.names[i];
+        th.textContent=name+(st.col===i?(st.desc?" \\u25bc":" \\u25b2"):"");
         if(spec.text[i])th.className="tm-text";
         th.addEventListener("click",function(){if(st.col===i){st.desc=!st.desc;}else{st.col=i;st.desc=!spec.text[i];}st.page=0;render();});
         tr.appendChild(th);});
@@ -109,8 +113,10 @@ _SCRIPT = """
           if(spec.text[i]){td.className="tm-text";td.title=fmt(v);}row.appendChild(td);});
         tbody.appendChild(row);});
       table.appendChild(tbody);wrap.replaceChildren(table);
-      info.textContent=all.length.toLocaleString("en-US")+" rows"+(all.length!==spec.rows.length?" (of "+spec.rows.length.toLocaleString("en-US")+")":"")+
-        (spec.total>spec.rows.length?", first "+spec.rows.length.toLocaleString("en-US")+" of "+spec.total.toLocaleString("en-US")+" kept":"")+
+      info.textContent=all.length.toLocaleString("en-US")+" rows"+
+        (all.length!==spec.rows.length?" (of "+spec.rows.length.toLocaleString("en-US")+")":"")+
+        (spec.total>spec.rows.length?", first "+spec.rows.length.toLocaleString("en-US")+
+          " of "+spec.total.toLocaleString("en-US")+" kept":"")+
         " \\u00b7 page "+(st.page+1)+"/"+pages;
       prev.disabled=st.page===0;next.disabled=st.page>=pages-1;
     }
@@ -129,7 +135,8 @@ _SCRIPT = """
     var box=sec.querySelector(".tm-figure:not(.tm-drawn)");
     if(!box)return;
     box.classList.add("tm-drawn");
-    var div=box.querySelector(".plotly-graph-div"),next=function(){requestAnimationFrame(function(){setTimeout(function(){drawNext(sec);},0);});};
+    var div=box.querySelector(".plotly-graph-div"),
+      next=function(){requestAnimationFrame(function(){setTimeout(function(){drawNext(sec);},0);});};
     try{
       var spec=JSON.parse(box.querySelector("script.tm-fig").textContent);
       if(spec.template!==null)spec.layout.template=JSON.parse(document.getElementById("tm-template-"+spec.template).textContent);
@@ -167,7 +174,8 @@ _SCRIPT = """
   }
   // the figures always shown (the header's iteration strip), then the open tab's
   window.tmDrawActive=function(){document.querySelectorAll(".tm-always, .tm-section.active").forEach(drawNext);};
-  document.querySelectorAll("nav button").forEach(function(b){b.addEventListener("click",function(){show(b.dataset.tab);});});
+  document.querySelectorAll("nav button").forEach(function(b){
+    b.addEventListener("click",function(){show(b.dataset.tab);});});
   var first=document.querySelector("nav button");if(first)show(first.dataset.tab);
 })();
 """
@@ -237,11 +245,17 @@ class Figures:
         self.types.update(str(trace.get("type") or "scatter") for trace in spec.get("data") or ())
         height = layout.get("height") or 450
         data = _script_safe(to_json_plotly({"data": spec.get("data") or [], "layout": layout, "template": index}))
-        search = ('<div class="tm-tools"><input class="tm-flame-search" type="search" placeholder="search boxes…">'
-                  '<span class="tm-flame-hits"></span></div>') if any(
-            (t.get("type") == "icicle") for t in spec.get("data") or ()) and div_id.startswith("fig-flame-") else ""
+        search = (
+            (
+                '<div class="tm-tools"><input class="tm-flame-search" type="search" placeholder="search boxes…">'
+                '<span class="tm-flame-hits"></span></div>'
+            )
+            if any((t.get("type") == "icicle") for t in spec.get("data") or ()) and div_id.startswith("fig-flame-")
+            else ""
+        )
         return (
-            f'<div class="tm-figure">{search}<div id="{esc(div_id)}" class="plotly-graph-div" style="height:{float(height):g}px;width:100%"></div>'
+            f'<div class="tm-figure">{search}<div id="{esc(div_id)}" class="plotly-graph-div" '
+            f'style="height:{float(height):g}px;width:100%"></div>'
             f'<script type="application/json" class="tm-fig" nonce="{self.nonce}">{data}</script></div>'
         )
 
@@ -273,13 +287,24 @@ def _partial_plotlyjs() -> str | None:
 
 def _script_safe(json_text: str) -> str:
     """JSON text safe inside a ``<script>`` element (``<``, ``>``, ``&`` occur only in strings)."""
-    for raw, safe in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    for raw, safe in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
         json_text = json_text.replace(raw, safe)
     return json_text
 
 
-def render(data: TraceData, *, other: TraceData | None = None, title: str | None = None,
-           state: sections.ViewState | None = None) -> str:
+def render(
+    data: TraceData,
+    *,
+    other: TraceData | None = None,
+    title: str | None = None,
+    state: sections.ViewState | None = None,
+) -> str:
     """The report's HTML text (see :func:`write_report`)."""
     state = state or sections.ViewState()
     nonce = secrets.token_urlsafe(16)
@@ -294,12 +319,20 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         try:
             section = sections.build(key, data, state, other)
         except Exception as exc:  # noqa: BLE001 - one failed view must not lose the report
-            section = sections.Section(key, sections.TITLES[key], bullets=[f"This view failed: {type(exc).__name__}: {exc}"])
-        parts = [html.facts(section.facts), html.bullets(section.bullets, "Recommendations" if key == "overview" else "")]
+            section = sections.Section(
+                key, sections.TITLES[key], bullets=[f"This view failed: {type(exc).__name__}: {exc}"]
+            )
+        parts = [
+            html.facts(section.facts),
+            html.bullets(section.bullets, "Recommendations" if key == "overview" else ""),
+        ]
         for i, fig in enumerate(section.figures):
             block = blocks.block(fig, f"fig-{key}-{i}")
             if i == 0 and section.side:  # the side panel (the Layers tab's tree table) beside the first figure
-                block = f'<div class="tm-beside"><div class="tm-main">{block}</div><div class="tm-side">{section.side}</div></div>'
+                block = (
+                    f'<div class="tm-beside"><div class="tm-main">{block}</div>'
+                    f'<div class="tm-side">{section.side}</div></div>'
+                )
             parts.append(block)
         if len(section.table.columns):
             parts.append(table_block(section.table, section.table_title, nonce))
@@ -312,11 +345,12 @@ def render(data: TraceData, *, other: TraceData | None = None, title: str | None
         "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'none'; "
         "base-uri 'none'; form-action 'none'"
     )
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     script = _SCRIPT.replace("__CONFIG__", script_json(PLOTLY_CONFIG)).replace(
-        "__SEARCH__", script_json([MATCH_COLOR, OTHER_COLOR]))
+        "__SEARCH__", script_json([MATCH_COLOR, OTHER_COLOR])
+    )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>tracemagic · {esc(title)}</title>"

@@ -6,8 +6,9 @@ ipywidgets dashboard and the static HTML report draw exactly the same views.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -118,8 +119,9 @@ def available(data: TraceData, other: TraceData | None = None) -> list[str]:
     return [key for key, tab in TABS.items() if tab.available(data, other)]
 
 
-def display_table(frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ...] = (),
-                  one_rank: bool = False) -> pd.DataFrame:
+def display_table(
+    frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ...] = (), one_rank: bool = False
+) -> pd.DataFrame:
     """A table ready to show: join-key columns dropped (and ``rank`` where the trace has one
     rank), the ``first`` columns (those that answer the table's question) moved to the
     front, µs columns converted to ``unit`` (and renamed ``*_ms`` etc.), string-like
@@ -142,7 +144,9 @@ def display_table(frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ..
     renames = {}
     for column in list(out.columns):
         if column.endswith(("_us", "_ts")) or column in ("ts", "dur", "window_dur", "self_dur", "mean", "step_us"):
-            if out.empty or (pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column])):
+            if out.empty or (
+                pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column])
+            ):
                 out[column] = out[column].astype(float) / div
                 base = column.removesuffix("_us")
                 renames[column] = f"{base}_{suffix}"
@@ -150,8 +154,9 @@ def display_table(frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ..
             shown = {v: fmt_dtypes(v) for v in out[column].dropna().unique()}  # few distinct lists: each once
             out[column] = out[column].map(shown).astype(object).where(out[column].notna(), "")
         elif column == "addr" and pd.api.types.is_numeric_dtype(out[column]):
-            out[column] = pd.Series([f"0x{int(v):x}" if pd.notna(v) else "" for v in out[column]], index=out.index,
-                                    dtype=object)
+            out[column] = pd.Series(
+                [f"0x{int(v):x}" if pd.notna(v) else "" for v in out[column]], index=out.index, dtype=object
+            )
         elif isinstance(out[column].dtype, pd.CategoricalDtype):
             out[column] = out[column].astype("string")
     return out.rename(columns=renames)
@@ -197,8 +202,9 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     kernels = tables.select_step(data.kernels, state.step)
     step_table = tables.step_table(data.steps)
     # a part of the step that is 0 in every step (no communication on one process) is no column
-    step_table = step_table.drop(columns=[c for c in tables.STEP_PARTS if c in step_table and
-                                          not step_table[c].fillna(0).astype(float).any()])
+    step_table = step_table.drop(
+        columns=[c for c in tables.STEP_PARTS if c in step_table and not step_table[c].fillna(0).astype(float).any()]
+    )
     ops = tables.select_step(data.ops, state.step)
     steps = data.steps
     fig = figures.step_breakdown(steps, unit=state.unit)
@@ -211,10 +217,16 @@ def _overview(data: TraceData, state: ViewState) -> Section:
             for trace in figure.data:
                 trace.marker.opacity = [1.0 if i in chosen else 0.35 for i in range(len(labels))]
     section = Section(
-        "overview", TITLES["overview"],
+        "overview",
+        TITLES["overview"],
         # on a GPU the time that matters is the GPU's: the kernels lead, by GPU time
-        figures=[fig, phase_fig, figures.top_kernels_bar(kernels, top=state.top, unit=state.unit) if data.has_gpu
-                 else figures.top_ops_bar(ops, top=state.top, unit=state.unit)],
+        figures=[
+            fig,
+            phase_fig,
+            figures.top_kernels_bar(kernels, top=state.top, unit=state.unit)
+            if data.has_gpu
+            else figures.top_ops_bar(ops, top=state.top, unit=state.unit),
+        ],
         table=display_table(step_table, state.unit, first=STEPS_FIRST, one_rank=one_rank),
         table_title="Steps",
         facts=insights.facts(data, state.step),
@@ -224,20 +236,32 @@ def _overview(data: TraceData, state: ViewState) -> Section:
         section.facts.append(("hottest line", hot + " (Source tab)"))
     in_step = f" in step {state.step}" if state.step is not None else ""
     if data.has_gpu:
-        section.extra.append((f"Top kernels{in_step} (by GPU time)",
-                              display_table(kernel_names(tables.top_kernels(kernels, state.top)), state.unit,
-                                            first=KERNELS_FIRST)))
+        section.extra.append(
+            (
+                f"Top kernels{in_step} (by GPU time)",
+                display_table(kernel_names(tables.top_kernels(kernels, state.top)), state.unit, first=KERNELS_FIRST),
+            )
+        )
     layers = data.layers_in(state.step)
     if not layers.empty:
         top_layers = tables.top_layers(layers, state.top)
-        cols = [c for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us") + (("gpu_us",) if data.has_gpu else ())
-                if c in top_layers]
-        section.extra.append(("Top layers" + (f" in step {state.step}" if state.step is not None else ""),
-                              display_table(top_layers[cols], state.unit, first=LAYERS_FIRST, one_rank=one_rank)))
-    section.extra.append((
-        "Top ops" + (f" in step {state.step}" if state.step is not None else ""),
-        display_table(tables.top_ops(ops, state.top), state.unit, first=OPS_FIRST),
-    ))
+        cols = [
+            c
+            for c in ("rank", "layer", "type", "calls", "cpu_us", "self_cpu_us") + (("gpu_us",) if data.has_gpu else ())
+            if c in top_layers
+        ]
+        section.extra.append(
+            (
+                "Top layers" + (f" in step {state.step}" if state.step is not None else ""),
+                display_table(top_layers[cols], state.unit, first=LAYERS_FIRST, one_rank=one_rank),
+            )
+        )
+    section.extra.append(
+        (
+            "Top ops" + (f" in step {state.step}" if state.step is not None else ""),
+            display_table(tables.top_ops(ops, state.top), state.unit, first=OPS_FIRST),
+        )
+    )
     for name, problem in data.problems.items():
         section.bullets.append(f"The {name} analysis failed, its view is empty: {problem}")
     return section
@@ -250,10 +274,12 @@ def _layers(data: TraceData, state: ViewState) -> Section:
     if not data.has_gpu:
         table = table.drop(columns=[c for c in GPU_LAYER_COLUMNS if c in table])
     return Section(
-        "layers", TITLES["layers"],
+        "layers",
+        TITLES["layers"],
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],
         table=display_table(table, state.unit, first=LAYERS_FIRST, one_rank=not data.several_ranks),
-        table_title="Layers" + (f" in step {state.step}" if state.step is not None else "")
+        table_title="Layers"
+        + (f" in step {state.step}" if state.step is not None else "")
         + " (self = time not in child layers)",
         side=html.layer_tree(layers, metric=metric, unit=state.unit) if not layers.empty else "",
         bullets=_compiled_note(layers),
@@ -268,8 +294,10 @@ def _compiled_note(layers: pd.DataFrame) -> list[str]:
     names = sorted({name for per_rank in (layers.attrs.get("compiled_layers") or {}).values() for name in per_rank})
     head = f"torch.compile: {regions:,} compiled region call(s)"
     if not names:
-        return [f"{head}, outside any nn.Module event (a compiled function, or no with_stack): submodule timing "
-                "is not available inside compiled regions, and their ops and kernels belong to no layer."]
+        return [
+            f"{head}, outside any nn.Module event (a compiled function, or no with_stack): submodule timing "
+            "is not available inside compiled regions, and their ops and kernels belong to no layer."
+        ]
     return [
         f"{head}, in {', '.join(names)}. Submodule timing is not available inside compiled regions: dynamo "
         "inlines the submodules into one graph, so their ops and kernels count as the compiled module's own "
@@ -287,9 +315,17 @@ def _numeric(frame: pd.DataFrame, columns: tuple[str, ...] = ("ts", "dur", "dept
 
 def _timeline(data: TraceData, state: ViewState) -> Section:
     spans, phase_spans = data.layer_spans, data.phase_spans
-    fig = figures.timeline(data.ops, data.kernels, data.steps, step=state.step, unit=state.unit,
-                           thread_names=data.thread_names, max_events=TIMELINE_MAX_EVENTS, spans=spans,
-                           phase_spans=phase_spans)
+    fig = figures.timeline(
+        data.ops,
+        data.kernels,
+        data.steps,
+        step=state.step,
+        unit=state.unit,
+        thread_names=data.thread_names,
+        max_events=TIMELINE_MAX_EVENTS,
+        spans=spans,
+        phase_spans=phase_spans,
+    )
     ops = tables.select_step(data.ops, state.step)
     meta = fig.layout.meta or {}
     facts = [("events drawn", f"{meta.get('shown', 0):,} of {meta.get('total', 0):,}")] if meta else []
@@ -303,13 +339,24 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
         def redraw(window: tuple[float, float]) -> go.Figure:
             if not frames:  # once: numeric copies, so each zoom only slices arrays
                 frames.update(ops=_numeric(data.ops), kernels=_numeric(data.kernels), steps=data.steps)
-            return figures.timeline(frames["ops"], frames["kernels"], frames["steps"], window=window, origin=origin,
-                                    unit=unit, thread_names=names, max_events=TIMELINE_MAX_EVENTS, spans=spans,
-                                    phase_spans=phase_spans)
+            return figures.timeline(
+                frames["ops"],
+                frames["kernels"],
+                frames["steps"],
+                window=window,
+                origin=origin,
+                unit=unit,
+                thread_names=names,
+                max_events=TIMELINE_MAX_EVENTS,
+                spans=spans,
+                phase_spans=phase_spans,
+            )
 
         rebuild[0] = redraw
     section = Section(
-        "timeline", TITLES["timeline"], figures=[fig],
+        "timeline",
+        TITLES["timeline"],
+        figures=[fig],
         table=display_table(tables.top_ops(ops), state.unit, first=OPS_FIRST),
         table_title="Ops" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
@@ -317,8 +364,12 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
     )
     wrappers = tables.top_wrappers(ops, state.top)
     if not wrappers.empty:  # apart from the ops: their totals hold the ops inside
-        section.extra.append(("Annotations and wrappers (DataLoader, optimizer; their time holds the ops above)",
-                              display_table(wrappers, state.unit)))
+        section.extra.append(
+            (
+                "Annotations and wrappers (DataLoader, optimizer; their time holds the ops above)",
+                display_table(wrappers, state.unit),
+            )
+        )
     return section
 
 
@@ -326,34 +377,62 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     memory = data.memory
     peaks = tables.peaks_of(data.memory_peaks_where(), state.step)
     facts = [
-        ((f"rank {row['rank']} · " if data.several_ranks else "") + f"peak {row['device']}"
-         + (f" in step {state.step}" if state.step is not None else ""),
-         insights.peak_text(row, state.step, device=False)
-         + (f" at {fmt_time(float(row['ts']))}" if pd.notna(row["ts"]) else "")
-         + "".join(f" · {v}" for v in (row["op"], row["layer"], row.get("where")) if isinstance(v, str) and v))
+        (
+            (f"rank {row['rank']} · " if data.several_ranks else "")
+            + f"peak {row['device']}"
+            + (f" in step {state.step}" if state.step is not None else ""),
+            insights.peak_text(row, state.step, device=False)
+            + (f" at {fmt_time(float(row['ts']))}" if pd.notna(row["ts"]) else "")
+            + "".join(f" · {v}" for v in (row["op"], row["layer"], row.get("where")) if isinstance(v, str) and v),
+        )
         for _, row in peaks.iterrows()
     ]
     spans = data.layer_spans if not memory.empty else None
-    figs = [figures.memory_timeline(memory, data.steps, spans=spans, step=state.step, unit=state.unit, peaks=data.memory_peaks)]
+    figs = [
+        figures.memory_timeline(
+            memory, data.steps, spans=spans, step=state.step, unit=state.unit, peaks=data.memory_peaks
+        )
+    ]
     categories = data.memory_categories
     if not categories.empty:
-        figs.append(figures.memory_categories(categories, data.steps, step=state.step, unit=state.unit,
-                                              x_range=(figs[0].layout.meta or {}).get("x_range")))
+        figs.append(
+            figures.memory_categories(
+                categories,
+                data.steps,
+                step=state.step,
+                unit=state.unit,
+                x_range=(figs[0].layout.meta or {}).get("x_range"),
+            )
+        )
     uncounted = categories.attrs.get("uncounted") or {}
     for rank, held in uncounted.items():
-        facts.append(((f"rank {rank} · " if data.several_ranks else "") + "not in the allocator's totals",
-                      ", ".join(f"{name.replace('_', ' ')} {fmt_bytes(b)}" for name, b in held.items())
-                      + " of tensors made before the capture (the CPU allocator counts only blocks allocated while "
-                      "profiling)"))
+        facts.append(
+            (
+                (f"rank {rank} · " if data.several_ranks else "") + "not in the allocator's totals",
+                ", ".join(f"{name.replace('_', ' ')} {fmt_bytes(b)}" for name, b in held.items())
+                + " of tensors made before the capture (the CPU allocator counts only blocks allocated while "
+                "profiling)",
+            )
+        )
     meta = figs[0].layout.meta or {}
     if meta.get("spans"):
-        facts.append(("layer spans", f"{meta['spans']:,} forward/backward spans of the top-level layers"
-                      + (f" (the longest of {meta['spans_total']:,})" if meta.get("spans_total", 0) > meta["spans"] else "")))
+        facts.append(
+            (
+                "layer spans",
+                f"{meta['spans']:,} forward/backward spans of the top-level layers"
+                + (f" (the longest of {meta['spans_total']:,})" if meta.get("spans_total", 0) > meta["spans"] else ""),
+            )
+        )
     return Section(
-        "memory", TITLES["memory"],
+        "memory",
+        TITLES["memory"],
         figures=figs,
-        table=display_table(tables.select_step(data.allocations_where(), state.step).head(5000), state.unit,
-                            first=ALLOCATIONS_FIRST, one_rank=not data.several_ranks),
+        table=display_table(
+            tables.select_step(data.allocations_where(), state.step).head(5000),
+            state.unit,
+            first=ALLOCATIONS_FIRST,
+            one_rank=not data.several_ranks,
+        ),
         table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
     )
@@ -365,11 +444,17 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     if not shapes.empty and not shapes["input_dims"].astype("string").fillna("").str.len().gt(0).any():
         facts.append(("input shapes", "none in this trace (recorded without record_shapes=True): ops by name only"))
     return Section(
-        "shapes", TITLES["shapes"],
+        "shapes",
+        TITLES["shapes"],
         figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
-        table=display_table((data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes)
-                            .drop(columns=[] if data.has_gpu else [c for c in ("gpu_us",) if c in shapes]), state.unit,
-                            first=SHAPES_FIRST, one_rank=not data.several_ranks),
+        table=display_table(
+            (data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes).drop(
+                columns=[] if data.has_gpu else [c for c in ("gpu_us",) if c in shapes]
+            ),
+            state.unit,
+            first=SHAPES_FIRST,
+            one_rank=not data.several_ranks,
+        ),
         table_title="Op × input shapes × dtypes",
         facts=facts,
     )
@@ -380,14 +465,21 @@ def _roofline(data: TraceData, state: ViewState) -> Section:
     facts = []
     devices = efficiency["device"].dropna().astype(str).unique().tolist() if not efficiency.empty else []
     if devices:
-        facts.append(("device", ", ".join(devices) + " (peaks from the vendor datasheets: tracemagic.analysis.devices)"))
+        facts.append(
+            ("device", ", ".join(devices) + " (peaks from the vendor datasheets: tracemagic.analysis.devices)")
+        )
     elif not efficiency.empty:
-        facts.append(("device", "not recognised: pass its peaks, trace.efficiency(peaks={'bf16': ..., 'tbytes_per_s': ...})"))
+        facts.append(
+            ("device", "not recognised: pass its peaks, trace.efficiency(peaks={'bf16': ..., 'tbytes_per_s': ...})")
+        )
     if not efficiency.empty:
         modelled, total = tables.modelled_gpu_us(efficiency)
-        facts.append(("modelled", f"{fmt_time(modelled)} of {fmt_time(total)} GPU time in ops with shapes has a cost model"))
+        facts.append(
+            ("modelled", f"{fmt_time(modelled)} of {fmt_time(total)} GPU time in ops with shapes has a cost model")
+        )
     return Section(
-        "roofline", TITLES["roofline"],
+        "roofline",
+        TITLES["roofline"],
         figures=[figures.roofline(efficiency, unit=state.unit)],
         table=display_table(efficiency, state.unit, first=ROOFLINE_FIRST, one_rank=not data.several_ranks),
         table_title="Op × input shapes × dtypes against the device roofline (flops and bytes per call)",
@@ -399,9 +491,12 @@ def _roofline(data: TraceData, state: ViewState) -> Section:
 def _kernels(data: TraceData, state: ViewState) -> Section:
     kernels = tables.select_step(data.kernels, state.step)
     return Section(
-        "kernels", TITLES["kernels"],
-        figures=[figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
-                 figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit)],
+        "kernels",
+        TITLES["kernels"],
+        figures=[
+            figures.top_kernels_bar(kernels, top=state.top, unit=state.unit),
+            figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit),
+        ],
         table=display_table(kernel_names(data.kernel_table(kernels)), state.unit, first=KERNELS_FIRST),
         table_title="Kernels by kernel + launching op" + (f" in step {state.step}" if state.step is not None else ""),
     )
@@ -414,17 +509,37 @@ def _flame(data: TraceData, state: ViewState) -> Section:
     user_rows = functions[functions["user"]] if len(functions) else functions
     user_only = len(user_rows) > 0
     tree = data.call_tree(user_only)
-    facts = [("frames", "user code only: library frames (torch, the standard library, built-ins) are hidden, "
-              "what ran inside them hangs below the nearest user frame" if user_only
-              else "every frame" if len(functions) else "no Python frames or call stacks: ops and kernels only")]
-    figs = [figures.flame(tree, unit=state.unit,
-                          title="Call tree by CPU time" + (", user code only" if user_only else "") + " (click a box to zoom)")]
+    facts = [
+        (
+            "frames",
+            "user code only: library frames (torch, the standard library, built-ins) are hidden, "
+            "what ran inside them hangs below the nearest user frame"
+            if user_only
+            else "every frame"
+            if len(functions)
+            else "no Python frames or call stacks: ops and kernels only",
+        )
+    ]
+    figs = [
+        figures.flame(
+            tree,
+            unit=state.unit,
+            title="Call tree by CPU time" + (", user code only" if user_only else "") + " (click a box to zoom)",
+        )
+    ]
     if data.has_gpu:
-        figs.append(figures.flame(tree, metric="gpu", unit=state.unit,
-                                  title="GPU time by launching stack" + (", user code only" if user_only else "")))
+        figs.append(
+            figures.flame(
+                tree,
+                metric="gpu",
+                unit=state.unit,
+                title="GPU time by launching stack" + (", user code only" if user_only else ""),
+            )
+        )
     table = (user_rows if user_only else functions).drop(columns=["name"])
     return Section(
-        "flame", TITLES["flame"],
+        "flame",
+        TITLES["flame"],
         figures=figs,
         table=display_table(table, state.unit, first=FLAME_FIRST, one_rank=not data.several_ranks),
         table_title=("User functions" if user_only else "Functions and call-site lines")
@@ -440,8 +555,12 @@ def _ranks(data: TraceData, state: ViewState) -> Section:
     if straggler is not None:
         facts.append(("straggler", straggler[1]))
     return Section(
-        "ranks", TITLES["ranks"],
-        figures=[figures.rank_breakdown(ranks, unit=state.unit), figures.rank_step_heatmap(data.steps, unit=state.unit)],
+        "ranks",
+        TITLES["ranks"],
+        figures=[
+            figures.rank_breakdown(ranks, unit=state.unit),
+            figures.rank_step_heatmap(data.steps, unit=state.unit),
+        ],
         table=display_table(ranks, state.unit),
         table_title="Ranks",
         facts=facts,
@@ -455,8 +574,14 @@ def _graph(data: TraceData, state: ViewState) -> Section:
         step: int | None = state.step
     elif steps:
         step = steps[0]
-        facts.append(("step", f"{step} (" + (f"step {state.step} is not in the Execution Trace; " if state.step is not None
-                                            else "") + "pick a step to see another)"))
+        facts.append(
+            (
+                "step",
+                f"{step} ("
+                + (f"step {state.step} is not in the Execution Trace; " if state.step is not None else "")
+                + "pick a step to see another)",
+            )
+        )
     else:
         step = None
     nodes, edges = data.et_graph(step)
@@ -465,9 +590,16 @@ def _graph(data: TraceData, state: ViewState) -> Section:
     total = len(nodes)
     if total:
         timed = int(nodes["dur"].notna().sum()) if "dur" in nodes else 0
-        facts += [("ops", f"{total:,} (outermost operators" + (f"; the first {GRAPH_MAX_NODES:,} drawn" if total > GRAPH_MAX_NODES else "") + ")"),
-                  ("data dependencies", f"{len(edges):,}"),
-                  ("timed by Kineto", f"{timed:,} of {total:,} ({100 * timed / total:.0f}%)")]
+        facts += [
+            (
+                "ops",
+                f"{total:,} (outermost operators"
+                + (f"; the first {GRAPH_MAX_NODES:,} drawn" if total > GRAPH_MAX_NODES else "")
+                + ")",
+            ),
+            ("data dependencies", f"{len(edges):,}"),
+            ("timed by Kineto", f"{timed:,} of {total:,} ({100 * timed / total:.0f}%)"),
+        ]
     fig = figures.op_graph(nodes, edges, step=step, max_nodes=GRAPH_MAX_NODES, unit=state.unit)
     table = nodes.copy()
     if total:
@@ -475,12 +607,16 @@ def _graph(data: TraceData, state: ViewState) -> Section:
         table["feeds"] = table["id"].map(edges["src"].value_counts()).fillna(0).astype(int)
         table = table.drop(columns=[c for c in ("ts", "row", "depth", "step") if c in table])
     return Section(
-        "graph", TITLES["graph"], figures=[fig],
+        "graph",
+        TITLES["graph"],
+        figures=[fig],
         table=display_table(table, state.unit),
         table_title="Execution Trace ops" + (f" in step {step}" if step is not None else ""),
         facts=facts,
-        bullets=["Ops are the Execution Trace's outermost operators; a line joins an op to the op that produced a "
-                 "tensor it reads (Chakra's data dependencies); colors are durations from the Kineto trace."],
+        bullets=[
+            "Ops are the Execution Trace's outermost operators; a line joins an op to the op that produced a "
+            "tensor it reads (Chakra's data dependencies); colors are durations from the Kineto trace."
+        ],
     )
 
 
@@ -492,9 +628,12 @@ def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
         facts.append(("mean step", f"{fmt_time(change[0])} → {fmt_time(change[1])} ({change[2]:+.0f}%)"))
     frame = tables.biggest_changes(diff)
     return Section(
-        "compare", TITLES["compare"],
-        figures=[figures.diff_bars(diff, level="op", top=state.top, unit=state.unit),
-                 figures.diff_bars(diff, level="layer", top=state.top, unit=state.unit)],
+        "compare",
+        TITLES["compare"],
+        figures=[
+            figures.diff_bars(diff, level="op", top=state.top, unit=state.unit),
+            figures.diff_bars(diff, level="layer", top=state.top, unit=state.unit),
+        ],
         table=display_table(frame, state.unit),
         table_title="Ops and layers, A vs B",
         facts=facts,
@@ -506,16 +645,27 @@ def _source(data: TraceData, state: ViewState) -> Section:
     frame = cell_lines.listing(lines, data.cell_lines)
     steps, step_us = lines.attrs.get("steps", 0), lines.attrs.get("step_us", 0.0)
     facts = [
-        ("lines", f"{len(lines):,} lines of the cell ran marked statements in the {steps:,} steps counted "
-                  f"(mean step {fmt_time(float(step_us))}); figures are per step"),
-        ("nesting", "a line's CPU, GPU and memory hold its nested lines' (the body of a for/if/with); "
-                    "self CPU and the heat colours do not"),
+        (
+            "lines",
+            f"{len(lines):,} lines of the cell ran marked statements in the {steps:,} steps counted "
+            f"(mean step {fmt_time(float(step_us))}); figures are per step",
+        ),
+        (
+            "nesting",
+            "a line's CPU, GPU and memory hold its nested lines' (the body of a for/if/with); "
+            "self CPU and the heat colours do not",
+        ),
     ]
     if "lines" in data.problems:
         facts.append(("lines", f"could not be computed: {data.problems['lines']}"))
     table = frame.rename(columns={"text": "code"})
+    if "parent_line" in table:  # -1: a top-level statement, shown blank
+        table["parent_line"] = table["parent_line"].astype("Int64").mask(table["parent_line"] < 0)
+    if not data.has_gpu:
+        table = table.drop(columns=[c for c in ("gpu_us", "self_gpu_us") if c in table])
     return Section(
-        "source", TITLES_SOURCE,
+        "source",
+        TITLES_SOURCE,
         figures=[cell_lines.lines_bar(frame, unit=state.unit, has_gpu=data.has_gpu, top=state.top)],
         side=cell_lines.listing_html(frame, unit=state.unit, has_gpu=data.has_gpu),
         table=display_table(table, state.unit),
@@ -527,21 +677,30 @@ def _source(data: TraceData, state: ViewState) -> Section:
 TITLES_SOURCE = "Source"
 
 #: every tab in display order: key -> ``Tab``
-TABS: dict[str, Tab] = {tab.key: tab for tab in (
-    Tab("overview", "Overview", _overview),
-    Tab("layers", "Layers", _layers),
-    Tab("timeline", "Timeline", _timeline),
-    Tab("memory", "Memory", _memory),
-    Tab("source", TITLES_SOURCE, _source, available=lambda data, other: data.has_line_marks, whole_trace=True),
-    Tab("shapes", "Shapes", _shapes, whole_trace=True),
-    Tab("roofline", "Roofline", _roofline, available=lambda data, other: data.has_gpu, whole_trace=True),
-    Tab("kernels", "Kernels", _kernels, available=lambda data, other: data.has_gpu),
-    Tab("flame", "Flame", _flame, whole_trace=True),
-    Tab("ranks", "Ranks", _ranks, available=lambda data, other: data.several_ranks, whole_trace=True),
-    Tab("graph", "Graph", _graph, available=lambda data, other: data.has_et),
-    Tab("compare", "Compare", _compare, available=lambda data, other: other is not None, whole_trace=True,
-        needs_other=True),
-)}
+TABS: dict[str, Tab] = {
+    tab.key: tab
+    for tab in (
+        Tab("overview", "Overview", _overview),
+        Tab("layers", "Layers", _layers),
+        Tab("timeline", "Timeline", _timeline),
+        Tab("memory", "Memory", _memory),
+        Tab("source", TITLES_SOURCE, _source, available=lambda data, other: data.has_line_marks, whole_trace=True),
+        Tab("shapes", "Shapes", _shapes, whole_trace=True),
+        Tab("roofline", "Roofline", _roofline, available=lambda data, other: data.has_gpu, whole_trace=True),
+        Tab("kernels", "Kernels", _kernels, available=lambda data, other: data.has_gpu),
+        Tab("flame", "Flame", _flame, whole_trace=True),
+        Tab("ranks", "Ranks", _ranks, available=lambda data, other: data.several_ranks, whole_trace=True),
+        Tab("graph", "Graph", _graph, available=lambda data, other: data.has_et),
+        Tab(
+            "compare",
+            "Compare",
+            _compare,
+            available=lambda data, other: other is not None,
+            whole_trace=True,
+            needs_other=True,
+        ),
+    )
+}
 #: key -> title, in display order
 TITLES: dict[str, str] = {key: tab.title for key, tab in TABS.items()}
 #: tabs whose content depends on the selected step: all (those in ``WHOLE_TRACE`` say so)

@@ -12,9 +12,21 @@ import pandas as pd
 from tracemagic.analysis import aggregate
 
 #: the parts of a step, in stacking order, with their display names (``steps()`` contract)
-STEP_PARTS: dict[str, str] = dict(zip(aggregate.STEP_PARTS, (
-    "GPU kernels", "communication", "memcpy", "memset", "CUDA runtime", "DataLoader", "CPU (GPU idle)", "idle",
-)))
+STEP_PARTS: dict[str, str] = dict(
+    zip(
+        aggregate.STEP_PARTS,
+        (
+            "GPU kernels",
+            "communication",
+            "memcpy",
+            "memset",
+            "CUDA runtime",
+            "DataLoader",
+            "CPU (GPU idle)",
+            "idle",
+        ),
+    )
+)
 #: step parts that only a GPU has (CUDA runtime calls are the host driving one)
 GPU_PARTS = aggregate.GPU_PARTS
 # the figures the views show are computed in ``analysis.aggregate`` (one rule each, shared
@@ -36,8 +48,13 @@ modelled_gpu_us = aggregate.modelled_gpu_us
 
 
 #: the phases of a step (``phases()``' ``<phase>_us`` columns) as the views name them
-PHASE_NAMES: dict[str, str] = {"dataloader": "data loading", "forward": "forward", "backward": "backward",
-                               "optimizer": "optimizer", "other": "other"}
+PHASE_NAMES: dict[str, str] = {
+    "dataloader": "data loading",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "other": "other",
+}
 
 
 def phase_means(phases: pd.DataFrame) -> pd.Series:
@@ -121,8 +138,9 @@ def layers_table(layers: pd.DataFrame, rank: int | None = None) -> pd.DataFrame:
     return frame.iloc[order].reset_index(drop=True)
 
 
-def layer_hierarchy(layers: pd.DataFrame, *, by: str, rank: int | None = None,
-                    max_nodes: int | None = None) -> tuple[pd.DataFrame, int]:
+def layer_hierarchy(
+    layers: pd.DataFrame, *, by: str, rank: int | None = None, max_nodes: int | None = None
+) -> tuple[pd.DataFrame, int]:
     """One rank's layers ready to draw as a tree, and how many were left out.
 
     ``layer`` and ``parent`` become plain text (a parent missing from the table becomes
@@ -137,8 +155,9 @@ def layer_hierarchy(layers: pd.DataFrame, *, by: str, rank: int | None = None,
     """
     if "rank" in layers and len(layers):
         layers = layers[layers["rank"] == (int(layers["rank"].min()) if rank is None else rank)]
-    frame = layers.assign(layer=layers["layer"].astype(str),
-                          parent=layers["parent"].astype("string").fillna("").astype(str)).drop_duplicates("layer")
+    frame = layers.assign(
+        layer=layers["layer"].astype(str), parent=layers["parent"].astype("string").fillna("").astype(str)
+    ).drop_duplicates("layer")
     frame.loc[~frame["parent"].isin(set(frame["layer"])), "parent"] = ""
     if max_nodes is None or len(frame) <= max_nodes:
         return frame, 0
