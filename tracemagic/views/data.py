@@ -383,12 +383,12 @@ class TraceData:
         return bool(artifacts is not None and artifacts.has_et)
 
     def et_graph(self, step: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The Execution Trace's op graph (``tracemagic.analysis.et.et_graph``), read once for
+        """The Execution Trace's op graph (``tracemagic.analysis.et_graph.et_graph``), read once for
         all steps and cut to ``step`` here (an edge is kept when both its ops are; with one
         ET per cycle, whose ids repeat, the step's own graph is asked for instead)."""
 
         def compute() -> pd.DataFrame:
-            from tracemagic.analysis.et import et_graph
+            from tracemagic.analysis.et_graph import et_graph
 
             nodes, edges = et_graph(self.trace)
             self._tables["et_edges"] = edges
@@ -401,7 +401,7 @@ class TraceData:
         if step is not None and nodes["id"].duplicated().any():  # one ET per cycle
 
             def one_step() -> pd.DataFrame:
-                from tracemagic.analysis.et import et_graph
+                from tracemagic.analysis.et_graph import et_graph
 
                 nodes, edges = et_graph(self.trace, step=step)
                 self._tables[f"et_edges#{step}"] = edges

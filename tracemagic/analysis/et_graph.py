@@ -2,7 +2,7 @@
 
 The join key is the ET node's ``rf_id`` = the Kineto event's ``Record function id``. The
 ETs are those ``load`` found next to the trace (``trace.artifacts.execution_traces``);
-``tracemagic.export.et`` takes paths instead.
+``tracemagic.et`` takes paths instead.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pandas as pd
 
 from tracemagic.analysis.schema import computes
 from tracemagic.errors import TraceError
-from tracemagic.trace.et import ExecutionTrace
+from tracemagic.trace.et_reader import ExecutionTrace
 from tracemagic.trace.model import Trace
 
 __all__ = ["et_graph", "et_ops", "graph", "join"]
