@@ -1,7 +1,7 @@
 """``tracemagic.load_ranks``: a whole job's ranks, each parsed and summarized where it runs.
 
 A job of hundreds of ranks holds more JSON than one machine can parse and keep. Here each
-rank is opened on its own (``trace.job.open_rank``: through the Arrow cache), numbered and
+rank is opened on its own (``trace.rank_files.open_rank``: through the Arrow cache), numbered and
 put on the job's time zero, and reduced to its ``analysis.ranks.Summary`` (its steps,
 overlap and collective arrivals: a few rows per step); only the summaries come back, and
 the cross-rank tables are computed from them. With a ``dask.distributed.Client`` every rank
@@ -33,9 +33,9 @@ import pandas as pd
 
 from tracemagic import facade
 from tracemagic.errors import TraceError
-from tracemagic.trace.job import Options, RankFile, as_rank, facts, list_ranks, open_rank
 from tracemagic.trace.loader import assign_ranks
 from tracemagic.trace.model import Trace
+from tracemagic.trace.rank_files import Options, RankFile, as_rank, facts, list_ranks, open_rank
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.analysis.ranks import Summary
