@@ -39,7 +39,7 @@ def test_load_gives_the_facade_over_the_data_trace(tmp_path) -> None:
 
     from conftest import TRACES
 
-    from tracemagic.trace.model import Trace as TraceData
+    from tracemagic.trace.model import TraceTables as TraceData
 
     trace = tracemagic.load(TRACES / "hta_nccl_data.json.gz", cache_dir=tmp_path)
     assert type(trace) is tracemagic.Trace and isinstance(trace, TraceData)

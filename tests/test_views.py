@@ -889,7 +889,7 @@ def test_views_do_not_read_files() -> None:
     for source in folder.glob("*.py"):
         text = source.read_text()
         assert "json.load(" not in text and "open(" not in text.replace("fdopen(", ""), source.name
-        assert "tracemagic.trace." not in text.replace("from tracemagic.trace import Trace", ""), source.name
+        assert "tracemagic.trace." not in text.replace("from tracemagic.trace import TraceTables", ""), source.name
 
 
 # -- the Timeline's zoom: re-sampled to the visible range ---------------------------------------

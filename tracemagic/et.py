@@ -25,12 +25,12 @@ from tracemagic.errors import TraceError
 from tracemagic.trace import pairing
 from tracemagic.trace.et_reader import ExecutionTrace, find_et, is_et_file, next_to, read_et
 from tracemagic.trace.loader import load
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 
 __all__ = ["ExecutionTrace", "et_graph", "et_ops", "find_et", "read_et"]
 
 
-def _resolve(source: str | os.PathLike[str]) -> tuple[list[ExecutionTrace], Trace | None]:
+def _resolve(source: str | os.PathLike[str]) -> tuple[list[ExecutionTrace], TraceTables | None]:
     """ETs (one per rank) and the Trace to join them with, from a path."""
     base = Path(source)
     if base.is_file() and is_et_file(base):
@@ -47,13 +47,13 @@ def _resolve(source: str | os.PathLike[str]) -> tuple[list[ExecutionTrace], Trac
             path=str(base),
         )
     try:
-        trace: Trace | None = load(base)
+        trace: TraceTables | None = load(base)
     except TraceError:
         trace = None
     return ets, trace
 
 
-def et_ops(source: Trace | str | os.PathLike[str]) -> pd.DataFrame:
+def et_ops(source: TraceTables | str | os.PathLike[str]) -> pd.DataFrame:
     """Every ET node of every rank joined to its Kineto event by ``rf_id``
     (``tracemagic.analysis.et_graph.join``).
 
@@ -65,13 +65,13 @@ def et_ops(source: Trace | str | os.PathLike[str]) -> pd.DataFrame:
     Raises:
         TraceError: no Execution Trace could be found or read.
     """
-    if isinstance(source, Trace):
+    if isinstance(source, TraceTables):
         return analysis.et_ops(source)
     return analysis.join(*_resolve(source))
 
 
 def et_graph(
-    trace_or_dir: Trace | str | os.PathLike[str],
+    trace_or_dir: TraceTables | str | os.PathLike[str],
     step: int | None = None,
     *,
     level: Literal["top", "leaf", "all"] = "top",

@@ -50,12 +50,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Capture", "Trace", "load"]
 
 
-class Trace(_model.Trace):
-    """A loaded Kineto trace: its tables (``tracemagic.trace.model.Trace``) and the
+class Trace(_model.TraceTables):
+    """A loaded Kineto trace: its tables (``tracemagic.trace.model.TraceTables``) and the
     analyses and outputs over them (each a DataFrame with times in µs, computed once per
     trace; see ``tracemagic.analysis`` for their columns)."""
 
-    #: the tables kept in the trace's cache between sessions (``trace.model.Trace.STORED``):
+    #: the tables kept in the trace's cache between sessions (``trace.model.TraceTables.STORED``):
     #: each reads only the events, the metadata and the capture manifest
     STORED = frozenset(
         {
@@ -174,7 +174,7 @@ class Trace(_model.Trace):
         which the views show when none did."""
         return self.table(_advice.advice) if step is None else self.table(_advice.advice, step)
 
-    def diff(self, other: _model.Trace) -> pd.DataFrame:
+    def diff(self, other: _model.TraceTables) -> pd.DataFrame:
         """This trace compared with ``other`` op by op and layer by layer."""
         return _diff.diff(self, other)
 
@@ -184,7 +184,7 @@ class Trace(_model.Trace):
         ``tracemagic.analysis.iterations``; empty for other traces)."""
         return self.table(_iterations.iterations)
 
-    def report(self, path: str | os.PathLike[str], other: _model.Trace | None = None) -> Path:
+    def report(self, path: str | os.PathLike[str], other: _model.TraceTables | None = None) -> Path:
         """Write the self-contained HTML report (``tracemagic.views.report.write_report``).
 
         Args:
@@ -321,7 +321,7 @@ class Capture(_result.Capture):
         line = self.vs_line() if self.vs is not None and self.has_trace else None
         return lines + ([line] if line else [])
 
-    def report(self, path: str | os.PathLike[str], other: _model.Trace | None = None) -> Path:
+    def report(self, path: str | os.PathLike[str], other: _model.TraceTables | None = None) -> Path:
         """Write the standalone HTML report (``Trace.report``); its path goes in the manifest
         (``other`` default: the capture compared with, ``--vs``)."""
         if other is None and self.vs is not None:

@@ -34,7 +34,7 @@ import pandas as pd
 from tracemagic import facade
 from tracemagic.errors import TraceError
 from tracemagic.trace.loader import assign_ranks
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.rank_files import Options, RankFile, as_rank, facts, list_ranks, open_rank
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,21 +46,21 @@ EXTRA = "pip install tracemagic[dask]"
 
 
 # -- the tasks (module-level: a worker imports them by name) ---------------------------------
-def _opened(rank: RankFile, options: Options) -> Trace:
+def _opened(rank: RankFile, options: Options) -> TraceTables:
     return open_rank(rank, options)
 
 
-def _facts(trace: Trace) -> dict[str, Any]:
+def _facts(trace: TraceTables) -> dict[str, Any]:
     return facts(trace)
 
 
-def _numbered(opened: Trace | RankFile, number: int, time_zero: float, options: Options) -> Trace:
+def _numbered(opened: TraceTables | RankFile, number: int, time_zero: float, options: Options) -> TraceTables:
     """A rank opened (or opened again from its cache), numbered and on the job's time zero."""
-    trace = opened if isinstance(opened, Trace) else open_rank(opened, options)
+    trace = opened if isinstance(opened, TraceTables) else open_rank(opened, options)
     return as_rank(trace, number, time_zero)
 
 
-def _summary(opened: Trace | RankFile, number: int, time_zero: float, options: Options) -> Summary:
+def _summary(opened: TraceTables | RankFile, number: int, time_zero: float, options: Options) -> Summary:
     from tracemagic.analysis.ranks import summarize
 
     return summarize(_numbered(opened, number, time_zero, options))
@@ -266,7 +266,7 @@ class Ranks:
             self._options,
             key=f"rank-{rank}",
         )
-        trace: Trace = task.result()
+        trace: TraceTables = task.result()
         return facade.Trace.of(trace)
 
     def dashboard(self, **kwargs: Any) -> Dashboard:

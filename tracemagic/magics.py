@@ -416,7 +416,7 @@ class TracemagicMagics(Magics):
         """``(trace, title)`` for a PATH/--vs value; bad input -> ``UsageError``."""
         from tracemagic.capture.result import Capture
         from tracemagic.facade import Trace, load
-        from tracemagic.trace.model import Trace as TraceData
+        from tracemagic.trace.model import TraceTables
 
         ns = self.shell.user_ns
         value: Any = spec
@@ -432,7 +432,7 @@ class TracemagicMagics(Magics):
         try:
             if isinstance(value, Capture):
                 return Trace.of(value.trace), value.title
-            if isinstance(value, TraceData):
+            if isinstance(value, TraceTables):
                 return Trace.of(value), Path(str(value.path)).name if value.path else "trace"
             if isinstance(value, (str, os.PathLike)):
                 path = Path(value).expanduser()

@@ -24,7 +24,7 @@ from tracemagic.trace.layout import (
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
 CaptureT = TypeVar("CaptureT", bound="Capture")
 _log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class Capture:
         trace in ``dir``; None if it could not be written)."""
         return list((self.manifest.get("loop_timing") or {}).get("slow") or [])
 
-    def slow_trace(self, k: int = 1) -> Trace:
+    def slow_trace(self, k: int = 1) -> TraceTables:
         """The trace of the ``k``-th slow step ``--slow`` caught (from 1), loaded.
 
         Raises:
@@ -125,7 +125,7 @@ class Capture:
         return self.dir.name + ("" if self.status == "complete" else f" ({self.status})")
 
     @property
-    def trace(self) -> Trace:
+    def trace(self) -> TraceTables:
         """The capture loaded with ``tracemagic.trace.load`` (on first access, then kept).
 
         Raises:
@@ -139,7 +139,7 @@ class Capture:
             from tracemagic.trace.loader import load  # pandas: imported on first use
 
             self._trace = load(self.dir)
-        trace: Trace = self._trace
+        trace: TraceTables = self._trace
         return trace
 
     def save_manifest(self) -> None:

@@ -27,7 +27,7 @@ from tracemagic.analysis import sites as _sites
 from tracemagic.analysis.schema import TABLES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace import Trace
+    from tracemagic.trace import TraceTables
 
 _log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _insert_after(table: pd.DataFrame, column: str) -> pd.DataFrame:
     return out
 
 
-def _where_of_rows(trace: Trace, rows: Any) -> Any:
+def _where_of_rows(trace: TraceTables, rows: Any) -> Any:
     """The ``where`` text of each events row (``analysis.sites``; '' for none or row -1)."""
     rows = np.asarray(rows, dtype=np.int64)
     code = _sites.site_of_rows(trace, np.maximum(rows, 0))
@@ -69,7 +69,7 @@ class TraceData:
         name: a display name (default: the trace's file name).
     """
 
-    def __init__(self, trace: Trace, name: str | None = None) -> None:
+    def __init__(self, trace: TraceTables, name: str | None = None) -> None:
         self.trace = trace
         self.name = name or (Path(str(trace.path)).name if getattr(trace, "path", None) else "trace")
         self.problems: dict[str, str] = {}
