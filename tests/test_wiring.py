@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import tracemagic
-from tracemagic.capture import Capture
+from tracemagic.capture import CaptureResult
 from tracemagic.errors import TraceError
 from tracemagic.magics import TracemagicMagics
 from tracemagic.trace import cache, loader
@@ -54,13 +54,13 @@ def shown(out: Any) -> str:
     return out.stdout + out.stderr + "".join(o.data.get("text/plain", "") for o in out.outputs)
 
 
-def capture(ip: Any, line: str = "", body: str | None = None) -> tuple[Capture, Any]:
+def capture(ip: Any, line: str = "", body: str | None = None) -> tuple[CaptureResult, Any]:
     result, out = run(ip, f"%%chakra_trace {line}\n{body or train()}")
     assert result.success, shown(out)
     return ip.user_ns["_chakra_capture"], out
 
 
-def kineto_entries(cap: Capture) -> list[str]:
+def kineto_entries(cap: CaptureResult) -> list[str]:
     return [e["path"] for e in cap.manifest["files"] if e["kind"] == "kineto"]
 
 

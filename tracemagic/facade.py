@@ -240,8 +240,8 @@ def load(
 load.__doc__ = _loader.load.__doc__
 
 
-class Capture(_result.Capture):
-    """A finished capture (``tracemagic.capture.result.Capture``) with what it shows: its
+class Capture(_result.CaptureResult):
+    """A finished capture (``tracemagic.capture.result.CaptureResult``) with what it shows: its
     trace, dashboard, report and Chakra check."""
 
     @property
@@ -277,7 +277,7 @@ class Capture(_result.Capture):
         dashboard: Dashboard = self._dashboard
         return dashboard
 
-    def compare_with(self, other: _result.Capture) -> None:
+    def compare_with(self, other: _result.CaptureResult) -> None:
         """Compare this capture with ``other`` (``--vs``): the dashboard's Compare tab (this
         capture is A, ``other`` B), and ``vs_line`` in the summary. ``other`` is loaded once
         and kept (its trace, and the line, are not read again at every display)."""
