@@ -198,8 +198,9 @@ class Trace(_model.TraceTables):
 
         return write_report(self, path, other=other)
 
-    def to_pfw(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
-        """Write the events as DFTracer ``.pfw``/``.pfw.gz`` (``tracemagic.export.dftracer.to_pfw``)."""
+    def to_pfw(self, path: str | os.PathLike[str], **kwargs: Any) -> list[Path]:
+        """Write the events as DFTracer ``.pfw``/``.pfw.gz`` (``tracemagic.export.dftracer.to_pfw``);
+        returns the path written, in a list (as ``to_chrome_trace``)."""
         from tracemagic.export.dftracer import to_pfw
 
         return to_pfw(self, path, **kwargs)
@@ -342,7 +343,7 @@ class Capture(_result.CaptureResult):
         if path is None:
             gz = bool(self.manifest.get("arguments", {}).get("options", {}).get("gzip"))
             path = self.dir / (f"dftracer_{self.manifest.get('rank', 0)}.pfw" + (".gz" if gz else ""))
-        written = Path(self.trace.to_pfw(path))
+        (written,) = self.trace.to_pfw(path)
         if written.resolve().parent == self.dir.resolve():
             self._add_file(
                 {

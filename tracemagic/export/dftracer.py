@@ -257,7 +257,7 @@ def to_pfw(
     *,
     kinds: Iterable[str] = DEFAULT_KINDS,
     offset_us: float | None = None,
-) -> Path:
+) -> list[Path]:
     """Write a trace's events as DFTracer ``.pfw`` (plain) or ``.pfw.gz`` (gzip), by the name.
 
     Args:
@@ -269,7 +269,7 @@ def to_pfw(
             so timestamps are µs since the epoch).
 
     Returns:
-        The path written.
+        The path written, in a list (as every exporter of ``tracemagic.export``).
 
     Raises:
         ValueError: the name does not end in ``.pfw`` or ``.pfw.gz``.
@@ -303,7 +303,7 @@ def to_pfw(
     finally:
         if tmp.exists():
             tmp.unlink()
-    return path
+    return [path]
 
 
 def pfw_trace(path: str | os.PathLike[str]) -> TraceTables:
@@ -333,7 +333,7 @@ def trace_handler(
     worker_name: str | None = None,
     gz: bool = True,
     kinds: Iterable[str] = DEFAULT_KINDS,
-) -> Callable[[Any], Path]:
+) -> Callable[[Any], list[Path]]:
     """An ``on_trace_ready`` callback that writes each profiler cycle as a ``.pfw[.gz]`` file.
 
     Use in plain torch.profiler code::
@@ -354,7 +354,7 @@ def trace_handler(
     worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
     kinds = tuple(kinds)
 
-    def handler(prof: Any) -> Path:
+    def handler(prof: Any) -> list[Path]:
         from tracemagic.trace.loader import load
 
         folder.mkdir(parents=True, exist_ok=True)
