@@ -204,6 +204,7 @@ def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], na
         "phases": trace.phases(), "phase_spans": phase_spans(trace),
         "source": trace.source(), "call_tree": trace.call_tree(),
         "lines": trace.lines(), "syncs": trace.syncs(),  # lines: empty, no %%chakra_trace line marks
+        "sites": trace.sites(),
     }
     if name == "hta_benchmark_simple_add_trace.json.gz":  # the trace with an Execution Trace beside it
         from tracemagic.analysis.et_graph import et_graph
