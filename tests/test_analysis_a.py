@@ -207,7 +207,7 @@ def test_tables_have_exactly_the_documented_columns(loaded: dict[str, Trace], na
         "sites": trace.sites(),
     }
     if name == "hta_benchmark_simple_add_trace.json.gz":  # the trace with an Execution Trace beside it
-        from tracemagic.analysis.et import et_graph
+        from tracemagic.analysis.et_graph import et_graph
 
         tables["et_graph"], tables["et_edges"] = et_graph(trace)
         assert len(tables["et_graph"]) and len(tables["et_edges"])

@@ -39,7 +39,7 @@ def test_load_gives_the_facade_over_the_data_trace(tmp_path) -> None:
 
     from conftest import TRACES
 
-    from tracemagic.trace.model import Trace as TraceData
+    from tracemagic.trace.model import TraceTables as TraceData
 
     trace = tracemagic.load(TRACES / "hta_nccl_data.json.gz", cache_dir=tmp_path)
     assert type(trace) is tracemagic.Trace and isinstance(trace, TraceData)
@@ -50,3 +50,17 @@ def test_load_gives_the_facade_over_the_data_trace(tmp_path) -> None:
     assert tracemagic.Trace.of(trace) is trace
     # the data class holds no analysis: a data trace is only data
     assert not hasattr(TraceData, "steps") and not hasattr(TraceData, "report")
+
+
+def test_the_data_capture_old_name_warns() -> None:
+    """``tracemagic.capture.Capture`` (the data class's name before issue 28's renames) still
+    gives it, with a DeprecationWarning naming ``CaptureResult``."""
+    import pytest
+
+    import tracemagic.capture
+    from tracemagic.facade import Capture
+
+    with pytest.warns(DeprecationWarning, match="CaptureResult"):
+        old = tracemagic.capture.Capture
+    assert old is tracemagic.capture.CaptureResult
+    assert issubclass(Capture, old)

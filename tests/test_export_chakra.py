@@ -155,7 +155,7 @@ def test_commands_use_chakras_current_flags(two_ranks: Path, tmp_path: Path) -> 
 def test_capture_made_by_tracemagic_passes(tmp_path: Path) -> None:
     """``tracemagic.capture(et=True)`` (what ``%%chakra_trace --et`` runs) gives Chakra a valid pair."""
     from tracemagic.script import capture as tm_capture
-    from tracemagic.export import et
+    from tracemagic import et
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     with tm_capture(active=2, et=True, out=str(tmp_path)) as cap:

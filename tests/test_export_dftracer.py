@@ -55,7 +55,7 @@ def read_lines(path: Path) -> list[str]:
 
 def test_format_is_dftracers(cpu_trace, tmp_path: Path) -> None:
     trace, before, after = cpu_trace
-    path = dftracer.to_pfw(trace, tmp_path / "run.pfw")
+    (path,) = dftracer.to_pfw(trace, tmp_path / "run.pfw")
     lines = read_lines(path)
     assert lines[0] == "[" and lines[-1] != "]"  # DFTracer: opening bracket only
     events = [json.loads(line) for line in lines[1:]]
@@ -83,7 +83,7 @@ def test_round_trip_plain_and_gz(cpu_trace, tmp_path: Path) -> None:
     offset = dftracer.wall_clock_offset_us(trace, 0)
     assert offset > 1.5e15  # baseTimeNanoseconds on torch 2.13
     for name in ("a.pfw", "a.pfw.gz"):
-        path = dftracer.to_pfw(trace, tmp_path / name)
+        (path,) = dftracer.to_pfw(trace, tmp_path / name)
         back = dftracer.pfw_trace(path)
         assert back.path == path
         events = dftracer.read_pfw(path)
@@ -106,7 +106,7 @@ def test_round_trip_plain_and_gz(cpu_trace, tmp_path: Path) -> None:
 def test_real_gpu_traces_round_trip(tmp_path: Path) -> None:
     for name, epoch_from_base in (("hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz", True), ("hta_benchmark_simple_add_trace.json.gz", False)):
         trace = tracemagic.load(TRACES / name, use_cache=False)
-        path = dftracer.to_pfw(trace, tmp_path / name.replace(".json.gz", ".pfw.gz"))
+        (path,) = dftracer.to_pfw(trace, tmp_path / name.replace(".json.gz", ".pfw.gz"))
         back = dftracer.read_pfw(path)
         for kind in ("kernel", "memcpy", "cpu_op"):
             assert (back["kind"] == kind).sum() == (trace.events["kind"] == kind).sum()
@@ -166,7 +166,7 @@ def test_foreign_dftracer_events_load(tmp_path: Path) -> None:
 def test_dftracer_own_tools_read_our_output(cpu_trace, tmp_path: Path, throwaway_venv) -> None:
     """dftracer-utils (DFTracer's analysis reader, from PyPI) reads our .pfw.gz."""
     trace, _, _ = cpu_trace
-    path = dftracer.to_pfw(trace, tmp_path / "run.pfw.gz")
+    (path,) = dftracer.to_pfw(trace, tmp_path / "run.pfw.gz")
     python = throwaway_venv("dftracer", ["dftracer-utils==0.0.14", "pydftracer==2.0.6"])
     script = (
         "import json, sys\n"

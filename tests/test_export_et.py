@@ -1,4 +1,4 @@
-"""Execution Trace reading and its join to Kineto (``tracemagic.export.et``)."""
+"""Execution Trace reading and its join to Kineto (``tracemagic.et``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from conftest import TRACES
 
 import tracemagic
+from tracemagic import et
 from tracemagic.errors import TraceError
-from tracemagic.export import et
 
 import torch  # noqa: E402
 HTA_ET = TRACES / "hta_benchmark_simple_add_et.json.gz"
@@ -188,3 +188,16 @@ def test_one_et_per_cycle_gives_each_step_its_own_cycles_graph(tmp_path: Path) -
         shown, shown_edges = view.et_graph(step)
         assert list(shown["id"]) == list(cut["id"])
         assert len(shown_edges) == len(edges[edges["src"].isin(cut["id"]) & edges["dst"].isin(cut["id"])])
+
+
+def test_the_old_module_path_still_works_and_warns() -> None:
+    """``tracemagic.export.et`` (documented before it moved to ``tracemagic.et``) imports with a
+    DeprecationWarning and gives the same functions."""
+    import importlib
+    import sys
+
+    sys.modules.pop("tracemagic.export.et", None)
+    with pytest.warns(DeprecationWarning, match="tracemagic.et"):
+        old = importlib.import_module("tracemagic.export.et")
+    assert old.et_ops is et.et_ops and old.et_graph is et.et_graph and old.read_et is et.read_et
+    assert old.et_ops(HTA_KINETO).equals(et.et_ops(HTA_KINETO))

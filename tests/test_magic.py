@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import tracemagic
-from tracemagic.capture import Capture
+from tracemagic.capture import CaptureResult
 from tracemagic.magics import TracemagicMagics, register
 from tracemagic.trace import loader
 
@@ -50,7 +50,7 @@ def test_default_capture_writes_trace_memory_and_manifest(ip, kineto_events, rea
     assert isinstance(result.result, float)  # the cell's last expression still displays
     assert "stepping the `for` loop at line 4" in out.stdout
     capture = ip.user_ns["_chakra_capture"]
-    assert isinstance(capture, Capture) and capture.status == "complete"
+    assert isinstance(capture, CaptureResult) and capture.status == "complete"
     assert "chakra" not in ip.user_ns and "__chakra_trace__" not in ip.user_ns
 
     assert capture.dir.parent == Path("traces")
@@ -357,14 +357,14 @@ def test_output_flag_returns_capture_with_lazy_trace(ip, monkeypatch):
     result, out = run(ip, "-o --no-memory-timeline", TRAIN_MLP.format(n=5) + "i\n")
     assert result.success
     capture = result.result
-    assert isinstance(capture, Capture) and capture is ip.user_ns["_chakra_capture"]
+    assert isinstance(capture, CaptureResult) and capture is ip.user_ns["_chakra_capture"]
     assert out.outputs[0].data["text/plain"] == "4"  # the last expression, displayed
     assert capture.dir.is_dir()
     assert all(p.exists() for p in capture.files)
     assert capture.manifest["files"][-1]["path"] == "capture.json"
     loaded: list[Path] = []
     monkeypatch.setattr(loader, "load", lambda path: loaded.append(path) or "TRACE", raising=False)
-    fresh = Capture.from_dir(capture.dir)
+    fresh = CaptureResult.from_dir(capture.dir)
     assert fresh.manifest == capture.manifest
     assert fresh.trace == "TRACE" and fresh.trace == "TRACE"  # lazy, then kept
     assert loaded == [capture.dir]

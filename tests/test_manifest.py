@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tracemagic
-from tracemagic.capture.result import Capture
+from tracemagic.capture.result import CaptureResult
 from tracemagic.errors import TraceError
 from tracemagic.trace import layout
 from tracemagic.trace.layout import FileEntry, Manifest
@@ -61,12 +61,12 @@ def test_a_real_capture_writes_exactly_the_manifest_type(tmp_path: Path) -> None
         origin = typing.get_origin(hints[key]) or hints[key]
         if origin in (list, dict, str, int):
             assert isinstance(value, origin), key
-    assert Capture.from_dir(cap.dir).manifest == raw
+    assert CaptureResult.from_dir(cap.dir).manifest == raw
 
 
 def test_a_format_1_manifest_still_reads(tmp_path: Path) -> None:
     folder = _folder(tmp_path, _v1())
-    cap = Capture.from_dir(folder)
+    cap = CaptureResult.from_dir(folder)
     assert cap.status == "complete" and cap.has_trace
     assert [p.name for p in cap.files] == ["kineto_trace_0.json.gz", "torch_et_0.json", "capture.json"]
     assert tracemagic.load(folder, use_cache=False).manifest["files"][1]["kind"] == layout.ET_KIND
@@ -80,7 +80,7 @@ def test_another_tools_manifest_still_reads(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["tracemagic.capture/2", "tracemagic.capture/10"])
 def test_a_newer_format_asks_to_upgrade_tracemagic(tmp_path: Path, fmt: str) -> None:
     folder = _folder(tmp_path, _v1(format=fmt))
-    for read in (tracemagic.load, Capture.from_dir):
+    for read in (tracemagic.load, CaptureResult.from_dir):
         with pytest.raises(TraceError, match=rf"newer tracemagic \(manifest format {fmt};.*Upgrade tracemagic"):
             read(folder)
 
@@ -98,7 +98,7 @@ def test_a_newer_format_asks_to_upgrade_tracemagic(tmp_path: Path, fmt: str) -> 
 ])
 def test_a_manifest_of_the_wrong_shape_is_a_trace_error(tmp_path: Path, manifest: Any, message: str) -> None:
     folder = _folder(tmp_path, manifest)
-    for read in (tracemagic.load, Capture.from_dir):
+    for read in (tracemagic.load, CaptureResult.from_dir):
         with pytest.raises(TraceError, match=message) as info:
             read(folder)
         if "'" in message:  # a key of the wrong type: what to do

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tracemagic.export import chakra, et
+from tracemagic import et
+from tracemagic.export import chakra
 from tracemagic.trace import pairing
 from tracemagic.trace.artifacts import Artifacts
 from tracemagic.views.data import TraceData

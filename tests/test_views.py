@@ -889,7 +889,7 @@ def test_views_do_not_read_files() -> None:
     for source in folder.glob("*.py"):
         text = source.read_text()
         assert "json.load(" not in text and "open(" not in text.replace("fdopen(", ""), source.name
-        assert "tracemagic.trace." not in text.replace("from tracemagic.trace import Trace", ""), source.name
+        assert "tracemagic.trace." not in text.replace("from tracemagic.trace import TraceTables", ""), source.name
 
 
 # -- the Timeline's zoom: re-sampled to the visible range ---------------------------------------
@@ -1103,7 +1103,7 @@ def test_op_graph_layers_by_topological_depth_and_caps_nodes() -> None:
 
 
 def test_graph_tab_on_the_hta_et_pair(tmp_path: Path) -> None:
-    from tracemagic.export.et import et_graph
+    from tracemagic.et import et_graph
 
     for source, name in zip(HTA_PAIR, ("simple_add_trace.json.gz", "simple_add_et.json.gz")):
         (tmp_path / name).write_bytes(source.read_bytes())
@@ -1127,7 +1127,7 @@ def test_graph_tab_on_the_hta_et_pair(tmp_path: Path) -> None:
 def test_graph_memory_categories_and_spans_of_a_chakra_trace_et_capture(ip: Any, tmp_path: Path) -> None:
     from IPython.utils.capture import capture_output
 
-    from tracemagic.export.et import et_graph
+    from tracemagic.et import et_graph
 
     with capture_output():
         result = ip.run_cell(

@@ -50,12 +50,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Capture", "Trace", "load"]
 
 
-class Trace(_model.Trace):
-    """A loaded Kineto trace: its tables (``tracemagic.trace.model.Trace``) and the
+class Trace(_model.TraceTables):
+    """A loaded Kineto trace: its tables (``tracemagic.trace.model.TraceTables``) and the
     analyses and outputs over them (each a DataFrame with times in µs, computed once per
     trace; see ``tracemagic.analysis`` for their columns)."""
 
-    #: the tables kept in the trace's cache between sessions (``trace.model.Trace.STORED``):
+    #: the tables kept in the trace's cache between sessions (``trace.model.TraceTables.STORED``):
     #: each reads only the events, the metadata and the capture manifest
     STORED = frozenset(
         {
@@ -174,7 +174,7 @@ class Trace(_model.Trace):
         which the views show when none did."""
         return self.table(_advice.advice) if step is None else self.table(_advice.advice, step)
 
-    def diff(self, other: _model.Trace) -> pd.DataFrame:
+    def diff(self, other: _model.TraceTables) -> pd.DataFrame:
         """This trace compared with ``other`` op by op and layer by layer."""
         return _diff.diff(self, other)
 
@@ -184,7 +184,7 @@ class Trace(_model.Trace):
         ``tracemagic.analysis.iterations``; empty for other traces)."""
         return self.table(_iterations.iterations)
 
-    def report(self, path: str | os.PathLike[str], other: _model.Trace | None = None) -> Path:
+    def report(self, path: str | os.PathLike[str], other: _model.TraceTables | None = None) -> Path:
         """Write the self-contained HTML report (``tracemagic.views.report.write_report``).
 
         Args:
@@ -198,8 +198,9 @@ class Trace(_model.Trace):
 
         return write_report(self, path, other=other)
 
-    def to_pfw(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
-        """Write the events as DFTracer ``.pfw``/``.pfw.gz`` (``tracemagic.export.dftracer.to_pfw``)."""
+    def to_pfw(self, path: str | os.PathLike[str], **kwargs: Any) -> list[Path]:
+        """Write the events as DFTracer ``.pfw``/``.pfw.gz`` (``tracemagic.export.dftracer.to_pfw``);
+        returns the path written, in a list (as ``to_chrome_trace``)."""
         from tracemagic.export.dftracer import to_pfw
 
         return to_pfw(self, path, **kwargs)
@@ -240,8 +241,8 @@ def load(
 load.__doc__ = _loader.load.__doc__
 
 
-class Capture(_result.Capture):
-    """A finished capture (``tracemagic.capture.result.Capture``) with what it shows: its
+class Capture(_result.CaptureResult):
+    """A finished capture (``tracemagic.capture.result.CaptureResult``) with what it shows: its
     trace, dashboard, report and Chakra check."""
 
     @property
@@ -277,7 +278,7 @@ class Capture(_result.Capture):
         dashboard: Dashboard = self._dashboard
         return dashboard
 
-    def compare_with(self, other: _result.Capture) -> None:
+    def compare_with(self, other: _result.CaptureResult) -> None:
         """Compare this capture with ``other`` (``--vs``): the dashboard's Compare tab (this
         capture is A, ``other`` B), and ``vs_line`` in the summary. ``other`` is loaded once
         and kept (its trace, and the line, are not read again at every display)."""
@@ -321,7 +322,7 @@ class Capture(_result.Capture):
         line = self.vs_line() if self.vs is not None and self.has_trace else None
         return lines + ([line] if line else [])
 
-    def report(self, path: str | os.PathLike[str], other: _model.Trace | None = None) -> Path:
+    def report(self, path: str | os.PathLike[str], other: _model.TraceTables | None = None) -> Path:
         """Write the standalone HTML report (``Trace.report``); its path goes in the manifest
         (``other`` default: the capture compared with, ``--vs``)."""
         if other is None and self.vs is not None:
@@ -342,7 +343,7 @@ class Capture(_result.Capture):
         if path is None:
             gz = bool(self.manifest.get("arguments", {}).get("options", {}).get("gzip"))
             path = self.dir / (f"dftracer_{self.manifest.get('rank', 0)}.pfw" + (".gz" if gz else ""))
-        written = Path(self.trace.to_pfw(path))
+        (written,) = self.trace.to_pfw(path)
         if written.resolve().parent == self.dir.resolve():
             self._add_file(
                 {

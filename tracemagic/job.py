@@ -1,7 +1,7 @@
 """``tracemagic.load_ranks``: a whole job's ranks, each parsed and summarized where it runs.
 
 A job of hundreds of ranks holds more JSON than one machine can parse and keep. Here each
-rank is opened on its own (``trace.job.open_rank``: through the Arrow cache), numbered and
+rank is opened on its own (``trace.rank_files.open_rank``: through the Arrow cache), numbered and
 put on the job's time zero, and reduced to its ``analysis.ranks.Summary`` (its steps,
 overlap and collective arrivals: a few rows per step); only the summaries come back, and
 the cross-rank tables are computed from them. With a ``dask.distributed.Client`` every rank
@@ -33,9 +33,9 @@ import pandas as pd
 
 from tracemagic import facade
 from tracemagic.errors import TraceError
-from tracemagic.trace.job import Options, RankFile, as_rank, facts, list_ranks, open_rank
 from tracemagic.trace.loader import assign_ranks
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
+from tracemagic.trace.rank_files import Options, RankFile, as_rank, facts, list_ranks, open_rank
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.analysis.ranks import Summary
@@ -46,21 +46,21 @@ EXTRA = "pip install tracemagic[dask]"
 
 
 # -- the tasks (module-level: a worker imports them by name) ---------------------------------
-def _opened(rank: RankFile, options: Options) -> Trace:
+def _opened(rank: RankFile, options: Options) -> TraceTables:
     return open_rank(rank, options)
 
 
-def _facts(trace: Trace) -> dict[str, Any]:
+def _facts(trace: TraceTables) -> dict[str, Any]:
     return facts(trace)
 
 
-def _numbered(opened: Trace | RankFile, number: int, time_zero: float, options: Options) -> Trace:
+def _numbered(opened: TraceTables | RankFile, number: int, time_zero: float, options: Options) -> TraceTables:
     """A rank opened (or opened again from its cache), numbered and on the job's time zero."""
-    trace = opened if isinstance(opened, Trace) else open_rank(opened, options)
+    trace = opened if isinstance(opened, TraceTables) else open_rank(opened, options)
     return as_rank(trace, number, time_zero)
 
 
-def _summary(opened: Trace | RankFile, number: int, time_zero: float, options: Options) -> Summary:
+def _summary(opened: TraceTables | RankFile, number: int, time_zero: float, options: Options) -> Summary:
     from tracemagic.analysis.ranks import summarize
 
     return summarize(_numbered(opened, number, time_zero, options))
@@ -266,7 +266,7 @@ class Ranks:
             self._options,
             key=f"rank-{rank}",
         )
-        trace: Trace = task.result()
+        trace: TraceTables = task.result()
         return facade.Trace.of(trace)
 
     def dashboard(self, **kwargs: Any) -> Dashboard:

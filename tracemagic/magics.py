@@ -303,7 +303,7 @@ class TracemagicMagics(Magics):
     def _compare(self, capture: Any, vs: str, config: Any) -> None:
         """``--vs last|DIR``: the capture to compare with, set on ``capture`` (one line on
         stderr when there is none: the capture itself is kept and shown)."""
-        from tracemagic.capture.result import Capture, previous_capture
+        from tracemagic.capture.result import CaptureResult, previous_capture
 
         if vs == "last":
             other = previous_capture(config.out, config.name, exclude=capture.dir)
@@ -315,7 +315,7 @@ class TracemagicMagics(Magics):
                 return
         else:
             try:
-                other = Capture.from_dir(Path(vs).expanduser())
+                other = CaptureResult.from_dir(Path(vs).expanduser())
             except TraceError as exc:
                 _warn(f"--vs {vs}: {exc}")
                 return
@@ -414,9 +414,9 @@ class TracemagicMagics(Magics):
 
     def _report_source(self, spec: str | None, option: str) -> tuple[Any, str]:
         """``(trace, title)`` for a PATH/--vs value; bad input -> ``UsageError``."""
-        from tracemagic.capture.result import Capture
+        from tracemagic.capture.result import CaptureResult
         from tracemagic.facade import Trace, load
-        from tracemagic.trace.model import Trace as TraceData
+        from tracemagic.trace.model import TraceTables
 
         ns = self.shell.user_ns
         value: Any = spec
@@ -430,9 +430,9 @@ class TracemagicMagics(Magics):
         elif not Path(spec).expanduser().exists() and spec.isidentifier() and spec in ns:
             value = ns[spec]
         try:
-            if isinstance(value, Capture):
+            if isinstance(value, CaptureResult):
                 return Trace.of(value.trace), value.title
-            if isinstance(value, TraceData):
+            if isinstance(value, TraceTables):
                 return Trace.of(value), Path(str(value.path)).name if value.path else "trace"
             if isinstance(value, (str, os.PathLike)):
                 path = Path(value).expanduser()

@@ -90,7 +90,7 @@ class ScriptCapture:
         self.whole = whole
         self.rank, self.world_size = 0, 1
         self.dir: Path | None = None
-        self._finished: _result.Capture | None = None  # the data; ``result`` hands it out
+        self._finished: _result.CaptureResult | None = None  # the data; ``result`` hands it out
         self._full: Capture | None = None
         self._session: CaptureSession | None = None
         self._namespace: dict[str, Any] = {}
@@ -203,7 +203,7 @@ class ScriptCapture:
         assert finished is not None
         return finished
 
-    def end(self, error: BaseException | None = None) -> _result.Capture:
+    def end(self, error: BaseException | None = None) -> _result.CaptureResult:
         """``finish()``, returning the data ``tracemagic.capture.result.Capture`` (its
         directory, manifest and summary) without importing pandas; ``with`` ends this way."""
         session = self._session
@@ -222,7 +222,7 @@ class ScriptCapture:
         self._finished, self._full = finished, None
         return finished
 
-    def _merge(self, own: _result.Capture, failed: bool) -> _result.Capture:
+    def _merge(self, own: _result.CaptureResult, failed: bool) -> _result.CaptureResult:
         """Rank 0 waits for the others (unless its own block failed); any rank merges."""
         assert self.dir is not None
         if self.rank == 0 and not failed:  # a SIGTERM (torchrun stopping the job) ends the wait
@@ -235,7 +235,7 @@ class ScriptCapture:
         except OSError as exc:
             own.manifest.setdefault("notes", []).append(f"capture.json could not be written: {exc}")
             return own
-        return _result.Capture(self.dir, manifest) if self.rank == 0 else own
+        return _result.CaptureResult(self.dir, manifest) if self.rank == 0 else own
 
     def __enter__(self) -> ScriptCapture:
         frame = sys._getframe(1)

@@ -24,7 +24,7 @@ from tracemagic.analysis import (  # noqa: F401 - imported for their @computes m
     advice,
     diff,
     efficiency,
-    et,
+    et_graph,
     iterations,
     kernels,
     layers,

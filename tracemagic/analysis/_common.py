@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import (
@@ -35,7 +35,7 @@ HOST_COLLECTIVE = re.compile(r"^(?:nccl|gloo|mpi|ucc|xccl):\w+")
 _DATALOADER = re.compile(r"DataLoader|^enumerate\(DataPipe\)#")
 
 
-def trace_start(trace: Trace) -> float:
+def trace_start(trace: TraceTables) -> float:
     """The earliest ``ts`` over all events of all ranks (µs): time zero of every table.
 
     A rank opened as part of a job (``tracemagic.load_ranks``) carries the job's time zero
@@ -56,18 +56,18 @@ def in_scope(events: pd.DataFrame) -> np.ndarray:
     return (events["step"].to_numpy() >= 0) | ~np.isin(rank, stepped)
 
 
-def thread_keys_of(trace: Trace) -> np.ndarray:
+def thread_keys_of(trace: TraceTables) -> np.ndarray:
     """``thread_keys`` of ``trace.events``, computed once per trace."""
     return trace.shared(Shared.THREAD_KEYS, lambda: thread_keys(trace.events))
 
 
-def _cpu_by_thread(trace: Trace) -> np.ndarray:
+def _cpu_by_thread(trace: TraceTables) -> np.ndarray:
     """``structure.cpu_by_thread`` of the trace (the order ``enclosing_at`` searches in),
     computed once per trace; ``load`` hands over the one nesting made."""
     return trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_by_thread(trace.events))
 
 
-def memory_off_cpu(trace: Trace) -> bool:
+def memory_off_cpu(trace: TraceTables) -> bool:
     """Whether any ``[memory]`` event is on a device other than the CPU (``Device Type`` not
     0, or not recorded): only such events give ``memory_peaks()`` rows the GPU memory rules
     look at; computed once per trace."""
@@ -80,7 +80,7 @@ def memory_off_cpu(trace: Trace) -> bool:
     return trace.shared(Shared.MEMORY_OFF_CPU, compute)
 
 
-def memory_holders(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def memory_holders(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """Rows of the ``[memory]`` events and the innermost CPU duration event on the same
     thread containing each (-1 where none; the loader does not nest instants); computed
     once per trace (the memory and layers tables both need them)."""
@@ -93,7 +93,7 @@ def memory_holders(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return trace.shared(Shared.MEMORY_HOLDERS, compute)
 
 
-def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
+def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
     """The innermost CPU duration event on thread ``keys`` (see ``thread_keys``) containing
     ``at``; ``among`` (a mask over the events) narrows the candidates.
 
@@ -136,7 +136,7 @@ def enclosing_at(trace: Trace, keys: np.ndarray, at: np.ndarray, among: np.ndarr
     return out
 
 
-def call_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """The CPU op rows, and for each the row of the top of its call chain (-1: in none);
     computed once per trace.
 
@@ -236,7 +236,7 @@ def is_nccl(names: pd.Series) -> np.ndarray:
     return names_where(names, re.compile("nccl", re.IGNORECASE))
 
 
-def is_dataloader(trace: Trace) -> np.ndarray:
+def is_dataloader(trace: TraceTables) -> np.ndarray:
     """Ops and annotations of data loading: DataLoader and DataPipe iteration (the profiler's
     own record functions, ``enumerate(DataLoader)#...`` and ``enumerate(DataPipe)#...``, the
     TensorBoard plugin's DataLoader role in ``event_parser.py``). The plugin takes only
@@ -291,25 +291,25 @@ def among(values: np.ndarray, wanted: Collection[str]) -> np.ndarray:
     return np.fromiter((isinstance(v, str) and v in wanted for v in values), dtype=bool, count=len(values))
 
 
-def names_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
+def names_at(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
     """Event names at ``rows`` (object array), ``None`` where the row is -1."""
     names = trace.events["name"]
     categories = np.append(np.asarray(names.cat.categories, dtype=object), [None])
     return categories[_codes_at(trace, rows)]
 
 
-def name_text(trace: Trace, rows: np.ndarray) -> pd.api.extensions.ExtensionArray:
+def name_text(trace: TraceTables, rows: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """``text(names_at(trace, rows))``, made from the name codes."""
     return text_take(np.asarray(trace.events["name"].cat.categories, dtype=object), _codes_at(trace, rows))
 
 
-def layer_text(trace: Trace, module_rows: np.ndarray) -> pd.api.extensions.ExtensionArray:
+def layer_text(trace: TraceTables, module_rows: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """``text`` of the layer names ``layers_at`` gives, made from the name codes."""
     layer_of, _ = _per_name(trace)
     return text_take(layer_of[:-1], _codes_at(trace, module_rows))
 
 
-def module_labels(trace: Trace) -> dict[str, tuple[str, str]]:
+def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
     """``nn.Module: Linear_0`` -> (layer, type) for every module name in the trace.
 
     The layer is the model path recorded by the capture (``encoder.0``) when the manifest
@@ -330,7 +330,7 @@ def module_labels(trace: Trace) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _per_name(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def _per_name(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """Layer and type for every category of the ``name`` column (None for non-modules),
     computed once per trace."""
 
@@ -344,12 +344,12 @@ def _per_name(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return trace.shared(Shared.LAYER_PER_NAME, compute)
 
 
-def _codes_at(trace: Trace, rows: np.ndarray) -> np.ndarray:
+def _codes_at(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
     codes = trace.events["name"].cat.codes.to_numpy()
     return np.where(rows >= 0, codes[np.maximum(rows, 0)], -1)
 
 
-def layer_codes(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def layer_codes(trace: TraceTables, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The layer names of ``layers_at`` as codes (-1 for none) into the names they stand
     for: group and count layers without a string per row."""
     layer_of, _ = _per_name(trace)
@@ -357,7 +357,7 @@ def layer_codes(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.n
     return codes[_codes_at(trace, module_rows)], np.asarray(names, dtype=object)
 
 
-def layers_at(trace: Trace, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def layers_at(trace: TraceTables, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Layer name and type of the ``nn.Module`` event at each row (``None`` for -1)."""
     layer_of, type_of = _per_name(trace)
     at = _codes_at(trace, module_rows)
@@ -373,14 +373,14 @@ def _categorical(per_code: np.ndarray, at: np.ndarray) -> pd.Categorical:
     return without_unused(pd.Categorical.from_codes(recode[at], categories=categories))
 
 
-def layer_labels(trace: Trace, module_rows: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
+def layer_labels(trace: TraceTables, module_rows: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
     """``layers_at`` as categoricals, for per-event tables of millions of rows."""
     layer_of, type_of = _per_name(trace)
     at = _codes_at(trace, module_rows)
     return _categorical(layer_of, at), _categorical(type_of, at)
 
 
-def name_labels(trace: Trace, rows: np.ndarray) -> pd.Categorical:
+def name_labels(trace: TraceTables, rows: np.ndarray) -> pd.Categorical:
     """Event names at ``rows`` as a categorical (missing where the row is -1)."""
     names = trace.events["name"].array
     return without_unused(pd.Categorical.from_codes(_codes_at(trace, rows), dtype=names.dtype))

@@ -35,7 +35,7 @@ from tracemagic.analysis._text import fmt_bytes, fmt_pct, fmt_time, shorten
 from tracemagic.analysis.schema import TABLES, computes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
 # -- thresholds --------------------------------------------------------------------------
 #: ``gpu_idle``: the GPU idle at least this share of the step (it waits for the host)
@@ -844,7 +844,7 @@ def device_memory(devices: list[dict[str, Any]]) -> float | None:
 
 
 @computes("advice")
-def advice(trace: Trace, step: int | None = None) -> pd.DataFrame:
+def advice(trace: TraceTables, step: int | None = None) -> pd.DataFrame:
     """The recommendations for ``trace`` (of one ProfilerStep, given ``step``): the rules of
     this module over its tables, a row per rule that fired, most important first.
 

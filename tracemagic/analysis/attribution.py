@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope, layers_at, names_where
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate
@@ -54,13 +54,13 @@ class Attribution:
     compiled: np.ndarray
 
 
-def attribution(trace: Trace, flows: bool = True) -> Attribution:
+def attribution(trace: TraceTables, flows: bool = True) -> Attribution:
     """Attribute every event to a layer: forward by module nesting, backward by its forward op
     (computed once per trace and flag; see ``_attribution``)."""
     return trace.shared((Shared.ATTRIBUTION, flows), lambda: _attribution(trace, flows))
 
 
-def _attribution(trace: Trace, flows: bool) -> Attribution:
+def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     """Attribute every event to a layer: forward by module nesting, backward by its forward op.
 
     Backward ops count only when outermost (not inside another backward op) and outside
@@ -113,7 +113,7 @@ def _attribution(trace: Trace, flows: bool) -> Attribution:
 
 
 def _fold_compiled(
-    trace: Trace, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray
+    trace: TraceTables, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fold the module events of compiled code into the layer they belong to.
 
@@ -161,7 +161,7 @@ def _fold_compiled(
     return np.where(module >= 0, into[np.maximum(module, 0)], -1), folded
 
 
-def _flow_links(trace: Trace, root: np.ndarray, is_op: np.ndarray) -> np.ndarray:
+def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> np.ndarray:
     """Per events row: the forward op row linked to it by a ``fwdbwd`` flow, -2 for none.
 
     Set only on outermost backward ops: the flow end is located on the CPU op at its

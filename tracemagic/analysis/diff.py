@@ -15,14 +15,14 @@ from tracemagic.analysis.kernels import kernels as kernels_table
 from tracemagic.analysis.layers import layers as layers_table
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.shapes import gpu_time
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 
 #: relative change in time below which a name counts as ``same``
 TOLERANCE = 0.05
 _COLUMNS = TABLES["diff"].names
 
 
-def _ops(trace: Trace) -> pd.DataFrame:
+def _ops(trace: TraceTables) -> pd.DataFrame:
     """Per name of a call chain's top op: calls, total (inclusive) CPU time, and GPU time
     launched inside the chains."""
     events = trace.events
@@ -39,7 +39,7 @@ def _ops(trace: Trace) -> pd.DataFrame:
     return table.sort_index()
 
 
-def _kernels(trace: Trace) -> pd.DataFrame:
+def _kernels(trace: TraceTables) -> pd.DataFrame:
     """Per GPU kernel / memcpy / memset name: calls and total GPU time."""
     kernels = trace.table(kernels_table)
     table = kernels.groupby("name", observed=True).agg(calls=("dur", "size"), us=("dur", "sum"))
@@ -48,7 +48,7 @@ def _kernels(trace: Trace) -> pd.DataFrame:
     return table
 
 
-def _layers(trace: Trace) -> pd.DataFrame:
+def _layers(trace: TraceTables) -> pd.DataFrame:
     """Per layer: calls, CPU and GPU time (from ``layers()``), with the layer's type."""
     layers = trace.table(layers_table)
     return layers.groupby("layer").agg(
@@ -90,7 +90,7 @@ def _compare(level: str, a: pd.DataFrame, b: pd.DataFrame, tolerance: float) -> 
 
 
 @computes("diff")
-def diff(a: Trace, b: Trace, tolerance: float = TOLERANCE) -> pd.DataFrame:
+def diff(a: TraceTables, b: TraceTables, tolerance: float = TOLERANCE) -> pd.DataFrame:
     """Compare trace ``b`` with trace ``a`` by op name, kernel name and layer.
 
     Args:

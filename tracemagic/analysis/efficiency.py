@@ -95,7 +95,7 @@ from tracemagic.analysis.shapes import (
 )
 from tracemagic.errors import TraceError
 from tracemagic.trace.kineto import GPU_ACTIVITY
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 
@@ -328,7 +328,7 @@ def _cost(name: str, dims: Dims, types: list[str], args: list[str], flops: float
     return rule(name, dims, types, args, flops)
 
 
-def gpu_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def gpu_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """The rows of the GPU events launched by an op, and for each the top of the launching
     op's call chain (-1: in none); computed once per trace."""
 
@@ -344,7 +344,7 @@ def gpu_chains(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return trace.shared(Shared.EFFICIENCY_GPU_CHAINS, compute)
 
 
-def chain_costs(trace: Trace) -> pd.DataFrame:
+def chain_costs(trace: TraceTables) -> pd.DataFrame:
     """Per call chain that launched GPU work (or every chain on a trace without a GPU):
     ``row`` (its top op), ``flops``, ``bytes`` (one call; each the sum over the chain's
     outermost ops for which it is known, NaN unless those ops launched all of the chain's
@@ -419,7 +419,7 @@ def chain_costs(trace: Trace) -> pd.DataFrame:
 Peaks = Mapping[str, float] | devices.DevicePeaks
 
 
-def _rank_peaks(trace: Trace, peaks: Peaks | None) -> dict[int, tuple[str | None, dict[str, float]]]:
+def _rank_peaks(trace: TraceTables, peaks: Peaks | None) -> dict[int, tuple[str | None, dict[str, float]]]:
     """Per rank: the device's name and its peaks ({precision: TFLOP/s, 'tbytes_per_s': TB/s})."""
     if peaks is not None:
         if isinstance(peaks, devices.DevicePeaks):
@@ -452,7 +452,7 @@ def _rank_peaks(trace: Trace, peaks: Peaks | None) -> dict[int, tuple[str | None
     return out
 
 
-def _devices_of(trace: Trace) -> dict[int, list[dict[str, Any]]]:
+def _devices_of(trace: TraceTables) -> dict[int, list[dict[str, Any]]]:
     """Per rank, its ``deviceProperties`` entries (none on a trace without GPU activity)."""
     if not trace.has_gpu:
         return {r: [] for r in trace.rank_ids}
@@ -470,7 +470,7 @@ def _precision(input_type: str | None) -> str | None:
     return next((PRECISION[t] for t in types if isinstance(t, str) and t in PRECISION), None)  # [["x"]]: none
 
 
-def op_shapes(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
+def op_shapes(trace: TraceTables) -> tuple[pd.DataFrame, np.ndarray]:
     """The call chains of ``chain_costs`` grouped by (rank, op, input dims, input type), in
     order of first call, and each chain's group (its row in the table); computed once per
     trace. Columns: those keys (values as ``to_numpy`` gives them), ``calls``, ``gpu_us``,
@@ -523,7 +523,7 @@ def op_shapes(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
     return trace.shared(Shared.EFFICIENCY_OP_SHAPES, compute)
 
 
-def roofline(trace: Trace) -> pd.DataFrame:
+def roofline(trace: TraceTables) -> pd.DataFrame:
     """``op_shapes`` with the rates, peaks, bound and % of the roof at the device's own
     peaks; computed once per trace (``efficiency()`` and ``layers()`` share it)."""
 
@@ -536,7 +536,7 @@ def roofline(trace: Trace) -> pd.DataFrame:
 
 
 @computes("efficiency")
-def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
+def efficiency(trace: TraceTables, peaks: Peaks | None = None) -> pd.DataFrame:
     """Op × input shapes × dtypes with their FLOPs, bytes, achieved rates and roofline, per rank.
 
     One row per (rank, op, ``input_dims``, ``input_type``) of the call chains that launched
@@ -592,7 +592,7 @@ def efficiency(trace: Trace, peaks: Peaks | None = None) -> pd.DataFrame:
     return out
 
 
-def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
+def _roofline(trace: TraceTables, table: pd.DataFrame, peaks: Peaks | None) -> None:
     """Fill the rate, peak, bound and roofline columns of ``table`` in place."""
     per_rank = _rank_peaks(trace, peaks)
     seconds_e12 = table["gpu_us"].to_numpy() * 1e6  # µs × 10⁶: flops / this = TFLOP/s
@@ -639,7 +639,7 @@ def _roofline(trace: Trace, table: pd.DataFrame, peaks: Peaks | None) -> None:
     table["pct_of_roofline"] = np.where(compute | memory, pct, NAN)
 
 
-def _layer_text(trace: Trace, chains: pd.DataFrame, group_of: np.ndarray, groups: int) -> list[str]:
+def _layer_text(trace: TraceTables, chains: pd.DataFrame, group_of: np.ndarray, groups: int) -> list[str]:
     """Per group of ``op_shapes``, the layers its calls ran in (forward by nesting, backward
     by the forward op), most time first (ties: first met first): ``a, b (+3)``."""
     rows = chains["row"].to_numpy()
@@ -668,7 +668,7 @@ def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.r_[starts[1:], values.size]
 
 
-def gpu_shares(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def gpu_shares(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per events row: the FLOPs a GPU event did (its call chain's, shared among the chain's
     GPU events by duration; 0 where the chain's FLOPs are unknown), whether its chain's
     op × shape is memory-bound in ``efficiency()``, and whether that bound is known at all

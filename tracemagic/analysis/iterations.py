@@ -19,7 +19,7 @@ from tracemagic.analysis._text import fmt_pct
 from tracemagic.analysis.schema import TABLES, computes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
 #: the columns of ``iterations()`` (its contract in ``tracemagic.analysis.schema``)
 COLUMNS = TABLES["iterations"].names
@@ -84,7 +84,7 @@ def from_manifest(manifest: Mapping[str, Any] | None) -> pd.DataFrame:
 
 
 @computes("iterations")
-def iterations(trace: Trace) -> pd.DataFrame:
+def iterations(trace: TraceTables) -> pd.DataFrame:
     """Every iteration of the capture's stepped loop (``from_manifest`` of ``trace.manifest``;
     empty for a trace not written by ``%%chakra_trace``)."""
     return from_manifest(getattr(trace, "manifest", None))

@@ -7,7 +7,7 @@ import pandas as pd
 from tracemagic.analysis._common import is_nccl, labels, layer_labels, name_labels, trace_start
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.structure import timed_rows
 
 #: the GPU activity kinds listed, in ``kind`` column order
@@ -15,7 +15,7 @@ KINDS = GPU_ACTIVITY
 
 
 @computes("kernels")
-def kernels(trace: Trace) -> pd.DataFrame:
+def kernels(trace: TraceTables) -> pd.DataFrame:
     """GPU kernels, memcpy and memset, one row each, in the events table's order.
 
     The launching op and layer come from the runtime call that launched the activity

@@ -39,7 +39,7 @@ from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread
 
@@ -48,7 +48,7 @@ TENSOR_DIMS = re.compile(r"\[\d")
 COLUMNS = tuple(TABLES["layers"].names)
 
 
-def step_time(trace: Trace, step: int | None = None) -> dict[int, float]:
+def step_time(trace: TraceTables, step: int | None = None) -> dict[int, float]:
     """Per rank: the summed ProfilerStep durations (only step ``step``'s if given), else the
     span of its CPU and GPU events."""
     events = trace.events
@@ -85,7 +85,7 @@ def _rollup(
     return own, np.bincount(layer_of[rows], weights=inclusive[rows], minlength=count)
 
 
-def _first_op_dims(trace: Trace, calls: np.ndarray) -> np.ndarray:
+def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
     """Input dims (text, None if none) of the first cpu_op with a tensor input inside each
     module call row."""
     events = trace.events
@@ -115,7 +115,9 @@ def _first_op_dims(trace: Trace, calls: np.ndarray) -> np.ndarray:
     return categories[out]
 
 
-def memory_growth(trace: Trace, att: Attribution, in_scope: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def memory_growth(
+    trace: TraceTables, att: Attribution, in_scope: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Module event row enclosing each in-scope forward ``[memory]`` event, and its delta
     (``in_scope``: per events row, default ``att.in_scope``)."""
     events = trace.events
@@ -129,7 +131,7 @@ def memory_growth(trace: Trace, att: Attribution, in_scope: np.ndarray | None = 
 
 
 @computes("layers")
-def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
+def layers(trace: TraceTables, step: int | None = None) -> pd.DataFrame:
     """One row per layer (``nn.Module`` instance) per rank, in order of first call; with
     ``step``, only the work of that ProfilerStep counts (and only layers used in it).
 
@@ -256,7 +258,7 @@ def layers(trace: Trace, step: int | None = None) -> pd.DataFrame:
     return table
 
 
-def _totals(trace: Trace, table: pd.DataFrame, gpu: np.ndarray, dur: np.ndarray, step: int | None = None) -> None:
+def _totals(trace: TraceTables, table: pd.DataFrame, gpu: np.ndarray, dur: np.ndarray, step: int | None = None) -> None:
     """Fill ``table.attrs`` with per-rank step time and what no layer got."""
     steps = step_time(trace, step)
     rank = trace.events["rank"].to_numpy()

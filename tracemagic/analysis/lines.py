@@ -16,13 +16,13 @@ from tracemagic.analysis._common import in_scope, memory_holders, union_length
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.steps import steps
 from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import enclosing_of_kind, propagate
 
 
-def cell_lines(trace: Trace) -> dict[int, str]:
+def cell_lines(trace: TraceTables) -> dict[int, str]:
     """The cell's text by line number as the notebook shows it (the ``%%chakra_trace`` line
     is line 1), from the manifest's ``cell``; empty without one."""
     manifest = trace.manifest or {}
@@ -32,7 +32,7 @@ def cell_lines(trace: Trace) -> dict[int, str]:
     return {number: text for number, text in enumerate(cell.splitlines(), start=2)}
 
 
-def marks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """The line mark events of the trace: (per events row, the cell line of the innermost
     line mark enclosing it, itself included, -1 for none; the mark rows). Computed once per
     trace."""
@@ -58,7 +58,7 @@ def marks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return trace.shared(Shared.LINE_MARKS, compute)
 
 
-def line_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
+def line_of_rows(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
     """The cell line of the innermost line mark above each of ``rows`` (CPU events; GPU
     events by the op that launched them), -1 where none."""
     line, mark_rows = marks(trace)
@@ -72,7 +72,7 @@ def line_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
 
 
 @computes("lines")
-def lines(trace: Trace) -> pd.DataFrame:
+def lines(trace: TraceTables) -> pd.DataFrame:
     """One row per marked cell line that ran in the counted steps, in line order.
 
     Figures are means per step over the steps the Overview counts (``steps()`` less the
@@ -152,7 +152,7 @@ def lines(trace: Trace) -> pd.DataFrame:
     return table
 
 
-def _chain_lines(trace: Trace, line_of: np.ndarray, at: np.ndarray, numbers: np.ndarray) -> list[np.ndarray]:
+def _chain_lines(trace: TraceTables, line_of: np.ndarray, at: np.ndarray, numbers: np.ndarray) -> list[np.ndarray]:
     """For CPU rows ``at``: the index in ``numbers`` of each line on their chain of marks,
     innermost first, one array per level (-1 past the chain's end; a line repeated by a
     one-line compound is given once)."""
@@ -178,7 +178,7 @@ def _chain_lines(trace: Trace, line_of: np.ndarray, at: np.ndarray, numbers: np.
 
 
 def _gpu_time(
-    trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray
+    trace: TraceTables, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per line: summed durations of the GPU work launched beneath it (inclusive, self)."""
     events = trace.events
@@ -199,7 +199,7 @@ def _gpu_time(
 
 
 def _memory(
-    trace: Trace, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray
+    trace: TraceTables, line_of: np.ndarray, numbers: np.ndarray, scoped: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per line: bytes allocated beneath it in the counted steps; bytes it allocated that are
     live at the memory peak (inclusive, self)."""

@@ -10,7 +10,7 @@ import pandas as pd
 from tracemagic.analysis._common import layer_text, memory_holders, name_text, text_take, trace_start
 from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 
 #: c10 ``DeviceType`` numbers -> torch device names (ROCm builds report HIP = 6; torch calls it cuda)
 DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "cuda", 12: "xpu", 13: "mps", 15: "hpu", 19: "mtia", 20: "privateuseone"}
@@ -45,7 +45,7 @@ def device_names(device_type: pd.Series, device: pd.Series) -> tuple[np.ndarray,
 
 
 @computes("memory")
-def memory(trace: Trace) -> pd.DataFrame:
+def memory(trace: TraceTables) -> pd.DataFrame:
     """Every ``[memory]`` event, one row each, ordered by rank and time.
 
     Columns: ``rank``; ``ts`` (µs since the trace's start); ``device`` ('cpu', 'cuda:N');
@@ -125,7 +125,7 @@ def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
 
 
 @computes("memory_peaks")
-def peaks(trace: Trace) -> pd.DataFrame:
+def peaks(trace: TraceTables) -> pd.DataFrame:
     """The highest ``allocated_bytes`` per rank, device and step, and over the whole trace,
     with what was already allocated when that scope began.
 
@@ -162,7 +162,7 @@ def peaks(trace: Trace) -> pd.DataFrame:
 
 
 @computes("biggest_allocations")
-def biggest_allocations(trace: Trace, n: int | None = 10) -> pd.DataFrame:
+def biggest_allocations(trace: TraceTables, n: int | None = 10) -> pd.DataFrame:
     """The ``n`` largest single allocations (all of them for None), with when (and
     whether) they were freed.
 
@@ -208,7 +208,7 @@ def stack(rows: np.ndarray) -> pd.DataFrame:
 
 
 @computes("memory_categories")
-def categories(trace: Trace) -> pd.DataFrame:
+def categories(trace: TraceTables) -> pd.DataFrame:
     """The memory timeline stacked by category, from ``memory_timeline_<rank>.json`` files,
     on the allocator's scale: its total is ``memory()``'s ``allocated_bytes`` at the same time.
 

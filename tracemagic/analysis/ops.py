@@ -9,7 +9,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import labels, layer_labels, trace_start
 from tracemagic.analysis.schema import computes
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.structure import timed_rows
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
@@ -17,7 +17,7 @@ KINDS = ("cpu_op", "user_annotation", "step")
 
 
 @computes("ops")
-def ops(trace: Trace) -> pd.DataFrame:
+def ops(trace: TraceTables) -> pd.DataFrame:
     """CPU ops, user annotations and ProfilerSteps, one row each, in the events table's order.
 
     Columns: ``rank``; ``row`` (position in ``trace.events``); ``name``; ``kind`` (cpu_op |

@@ -45,7 +45,7 @@ from tracemagic.analysis import steps as _steps
 from tracemagic.analysis._common import names_where, thread_keys_of, trace_start, union_length
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import MODULE_PREFIX
@@ -72,7 +72,7 @@ FOREACH_OPS = re.compile(r"^aten::_foreach_")
 COLUMNS = TABLES["phases"].names
 
 
-def phase_masks(trace: Trace) -> dict[str, np.ndarray]:
+def phase_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     """Which events make each phase of ``PRIORITY`` (before priorities apply), by the rules
     of the module docstring; computed once per trace, each phase's when first read (a caller
     of the first phases alone pays for no other), treat it as read-only."""
@@ -82,7 +82,7 @@ def phase_masks(trace: Trace) -> dict[str, np.ndarray]:
 class _PhaseMasks(dict[str, np.ndarray]):
     """``phase_masks``' mapping: a phase's mask is computed the first time it is read."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: TraceTables) -> None:
         super().__init__()
         self.trace = trace
         events = trace.events
@@ -122,7 +122,7 @@ class _PhaseMasks(dict[str, np.ndarray]):
         return value
 
 
-def _host_windows(trace: Trace) -> pd.DataFrame:
+def _host_windows(trace: TraceTables) -> pd.DataFrame:
     """``steps.windows`` as ``in_windows`` takes them: the host steps, µs since the trace's start."""
     frame = _steps.windows(trace)
     return frame.assign(
@@ -160,7 +160,7 @@ def _inside(merged: dict[int, tuple[np.ndarray, np.ndarray]], rank: np.ndarray, 
     return out
 
 
-def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray, priority: tuple[str, ...] = PRIORITY) -> np.ndarray:
+def phase_at(trace: TraceTables, rank: np.ndarray, at: np.ndarray, priority: tuple[str, ...] = PRIORITY) -> np.ndarray:
     """The index in ``PHASES`` of the phase in effect on ``rank`` at each moment ``at`` (µs
     since the trace's start), by the host rule (``PRIORITY``; ``other`` where none).
     ``priority``: the first phases of ``PRIORITY`` alone (the rest count as ``other``), for
@@ -184,7 +184,7 @@ def phase_at(trace: Trace, rank: np.ndarray, at: np.ndarray, priority: tuple[str
 
 
 @computes("phases")
-def phases(trace: Trace) -> pd.DataFrame:
+def phases(trace: TraceTables) -> pd.DataFrame:
     """One row per step and rank: the host time of each phase (they add up to the host
     step's ``dur``) and the GPU time launched from each; the rules are the module docstring's.
 
@@ -199,7 +199,7 @@ def phases(trace: Trace) -> pd.DataFrame:
     return _phases(trace, PRIORITY)
 
 
-def optimizer_phases(trace: Trace) -> pd.DataFrame:
+def optimizer_phases(trace: TraceTables) -> pd.DataFrame:
     """``phases()``' columns ``rank``, ``step``, ``ts``, ``dur``, ``optimizer_us`` and
     ``gpu_optimizer_us``, with its ``attrs``: the same figures, computed without the forward
     phase, which is below the optimizer in ``PRIORITY`` and so changes neither (what the
@@ -207,7 +207,7 @@ def optimizer_phases(trace: Trace) -> pd.DataFrame:
     return _phases(trace, PRIORITY[: PRIORITY.index("optimizer") + 1])
 
 
-def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
+def _phases(trace: TraceTables, priority: tuple[str, ...]) -> pd.DataFrame:
     """``phases()`` over the first phases of ``PRIORITY`` (``priority``): all columns for all of
     them, else the columns of the last of ``priority`` alone (the GPU time of the others and
     ``other`` are then not known). Where only some phases are computed, each GPU event's
@@ -280,7 +280,7 @@ def _phases(trace: Trace, priority: tuple[str, ...]) -> pd.DataFrame:
 
 
 @computes("phase_spans")
-def phase_spans(trace: Trace) -> pd.DataFrame:
+def phase_spans(trace: TraceTables) -> pd.DataFrame:
     """The host phases as time spans, for drawing: per rank, the moments each phase of
     ``PRIORITY`` is in effect by the host rule (its events' union less the higher phases'),
     as runs; a phase's consecutive runs in one step with only ``other`` time between them
@@ -364,7 +364,7 @@ def phase_spans(trace: Trace) -> pd.DataFrame:
     ).reset_index(drop=True)
 
 
-def _optimizer_facts(trace: Trace) -> dict[str, object]:
+def _optimizer_facts(trace: TraceTables) -> dict[str, object]:
     """``optimizers`` and ``optimizer_impl`` of ``phases()``' ``attrs``."""
     events = trace.events
     names = events["name"]

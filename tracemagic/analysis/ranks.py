@@ -37,7 +37,7 @@ from tracemagic.analysis._common import (
     values_at,
 )
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import propagate
@@ -150,7 +150,7 @@ def _key(names: pd.Series | np.ndarray) -> np.ndarray:
     return pd.Series(names, dtype=object).astype(str).str.lower().str.replace(r"[^a-z0-9]", "", regex=True).to_numpy()
 
 
-def _collective_events(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, np.ndarray]:
+def _collective_events(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, np.ndarray]:
     """Rows of the collectives, their names, what each does (the normalized name of the
     operation: a SendRecv kernel launched inside ``nccl:all_to_all`` is an all-to-all),
     which kind of event they are, and the row of each one's ``nccl:*`` / ``gloo:*`` op
@@ -219,14 +219,14 @@ class Summary:
     source: str
 
 
-def summarize(trace: Trace) -> Summary:
+def summarize(trace: TraceTables) -> Summary:
     """The ``Summary`` of a trace's ranks (computed once per trace)."""
     return trace.shared(
         Shared.RANK_SUMMARY, lambda: Summary(trace.table(steps_module.steps), overlap(trace), *_arrivals(trace))
     )
 
 
-def _arrivals(trace: Trace) -> tuple[pd.DataFrame, str]:
+def _arrivals(trace: TraceTables) -> tuple[pd.DataFrame, str]:
     """The collectives of ``trace`` with each rank's arrival and ``seq``, not yet matched."""
     rows, labels, does, source, host = _collective_events(trace)
     frame = steps_module.windows(trace)
@@ -260,7 +260,7 @@ def steps_of(summaries: list[Summary]) -> pd.DataFrame:
 
 
 @computes("collectives")
-def collectives(trace: Trace) -> pd.DataFrame:
+def collectives(trace: TraceTables) -> pd.DataFrame:
     """Every collective on every rank, matched across ranks, with each rank's wait.
 
     Columns: ``rank``, ``step``, ``collective`` (name as recorded), ``seq`` (n-th of that
@@ -342,7 +342,7 @@ def _clock_offsets(out: pd.DataFrame, match: pd.core.groupby.DataFrameGroupBy, t
 
 
 @computes("stragglers")
-def stragglers(trace: Trace) -> pd.DataFrame:
+def stragglers(trace: TraceTables) -> pd.DataFrame:
     """The straggler of each step: the rank the others wait for.
 
     Where collectives are matched across ranks in a step, the straggler is the rank with
@@ -385,7 +385,7 @@ def _stragglers(steps: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TABLES["stragglers"].names) if rows else TABLES["stragglers"].empty()
 
 
-def overlap(trace: Trace) -> pd.Series:
+def overlap(trace: TraceTables) -> pd.Series:
     """Per rank: % of communication-kernel time during which a compute kernel also runs.
 
     Computed over the GPU activity inside the steps' device windows (see ``steps()``);
@@ -408,7 +408,7 @@ def overlap(trace: Trace) -> pd.Series:
 
 
 @computes("ranks")
-def ranks(trace: Trace) -> pd.DataFrame:
+def ranks(trace: TraceTables) -> pd.DataFrame:
     """One row per rank: mean step time and breakdown, overlap, waits, the slowest rank.
 
     Columns: ``rank``; ``steps`` (count); ``step_us`` (mean step time: the device window,

@@ -13,7 +13,7 @@ import pandas as pd
 from tracemagic.analysis._common import among, call_chains, codes_of, group_rows, rollup, text
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import enclosing_of_kind
 
@@ -320,7 +320,7 @@ def outermost(events: pd.DataFrame, rows: np.ndarray, top: np.ndarray, known: np
 
 
 @computes("shapes")
-def shapes(trace: Trace) -> pd.DataFrame:
+def shapes(trace: TraceTables) -> pd.DataFrame:
     """Call chains grouped by rank and their top op's name, input dims and input types,
     busiest first.
 

@@ -32,7 +32,7 @@ from tracemagic.analysis.lines import cell_lines, marks
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.source import _call_stacks, _frame_masks, _labels, _launch_anchor
 from tracemagic.trace.kineto import GPU_ACTIVITY
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import propagate
@@ -53,7 +53,7 @@ def _label(function: str, file: str, line: int) -> str:
     return f"{function} · {base}:{line}" if line >= 0 else f"{function} · {base}"
 
 
-def site_codes(trace: Trace) -> _Sites:
+def site_codes(trace: TraceTables) -> _Sites:
     """Per events row, the code of its site (-1: none) and the sites (``site``, ``where``,
     ``file``, ``line``, ``function``, one row per code); CPU events only (GPU and memory
     rows: :func:`site_of_rows`). Computed once per trace."""
@@ -149,7 +149,7 @@ def _line_label(number: int, text: str) -> str:
     return f"line {number} `{text}`" if text else f"line {number}"
 
 
-def site_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
+def site_of_rows(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
     """The site code (:func:`site_codes`) of each of ``rows``: a CPU event's own; a GPU
     activity's through the op that launched it, else its runtime call; a ``[memory]``
     event's through the innermost CPU event around it. -1 where none."""
@@ -158,7 +158,7 @@ def site_of_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return np.where(at >= 0, code[np.maximum(at, 0)], -1)
 
 
-def anchor_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
+def anchor_rows(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
     """The CPU event each of ``rows`` is placed by: itself; for GPU activity the op that
     launched it, else its runtime call; for a ``[memory]`` event the innermost CPU event
     around it; -1 where none."""
@@ -179,7 +179,7 @@ def anchor_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return at
 
 
-def compiled_of_rows(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def compiled_of_rows(trace: TraceTables, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row (placed as :func:`anchor_rows`): the source file Inductor generated for a
     Triton kernel (the ``kernel_file`` arg torch writes on the op that launches it,
     ``torch/_inductor/runtime/triton_heuristics.py`` ``get_profiler_kwargs``) and the
@@ -208,7 +208,7 @@ def compiled_of_rows(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 @computes("sites")
-def sites(trace: Trace) -> pd.DataFrame:
+def sites(trace: TraceTables) -> pd.DataFrame:
     """One row per CPU op, GPU activity (kernel, memcpy, memset) and ``[memory]`` event, in
     the events table's order, with the user code that launched it (the rules: this
     module's docstring). Columns: ``rank``, ``row``, ``kind`` (the event's), ``site``
@@ -253,7 +253,7 @@ def sites(trace: Trace) -> pd.DataFrame:
 
 
 # -- the views' joins ---------------------------------------------------------------------------
-def where_text(trace: Trace, rows: np.ndarray, group: np.ndarray, groups: int, weights: np.ndarray) -> list[str]:
+def where_text(trace: TraceTables, rows: np.ndarray, group: np.ndarray, groups: int, weights: np.ndarray) -> list[str]:
     """Per group (``group`` of each of ``rows``, ids 0..groups-1): the sites of its rows, most
     ``weights`` first, as text: ``line 7 `y = f(x)```, ``a · f.py:3, b · g.py:9 (+2)``; ''
     where none of its rows has one."""
@@ -275,7 +275,7 @@ def where_text(trace: Trace, rows: np.ndarray, group: np.ndarray, groups: int, w
     return found
 
 
-def where_by(trace: Trace, rows: np.ndarray, keys: pd.DataFrame, weights: np.ndarray) -> pd.DataFrame:
+def where_by(trace: TraceTables, rows: np.ndarray, keys: pd.DataFrame, weights: np.ndarray) -> pd.DataFrame:
     """``keys`` (one row per of ``rows``) made unique, with a ``where`` column: each key's
     sites by :func:`where_text` (most ``weights`` first). The frame to merge on those keys."""
     keys = keys.reset_index(drop=True)
@@ -290,7 +290,7 @@ def where_by(trace: Trace, rows: np.ndarray, keys: pd.DataFrame, weights: np.nda
     return out
 
 
-def chain_tops(trace: Trace) -> np.ndarray:
+def chain_tops(trace: TraceTables) -> np.ndarray:
     """The rows of the call chains' top ops (``shapes()``' and ``efficiency()``' calls)."""
     rows, top = call_chains(trace)
     return rows[top == rows]

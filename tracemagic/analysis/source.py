@@ -38,7 +38,7 @@ from tracemagic.analysis._common import (
 )
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, thread_keys
@@ -163,7 +163,7 @@ def parse_frame(name: str) -> tuple[str, str, int | None, str, bool]:
     return label, "", None, label, False
 
 
-def _labels(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _labels(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per category of the ``name`` column (plus one for missing, code -1): its label code
     (names that differ only by a built-in's address share one), and per label the label,
     file, line (-1: none), function and whether it is library code; once per trace."""
@@ -185,7 +185,7 @@ def _labels(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return trace.shared(Shared.SOURCE_LABELS, compute)
 
 
-def _frame_masks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def _frame_masks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """Masks over the events: Python function frames (python_function events that are not
     ``nn.Module`` events), and ``nn.Module`` events."""
     events = trace.events
@@ -196,7 +196,7 @@ def _frame_masks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return is_py & ~is_module, is_module
 
 
-def _launch_anchor(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def _launch_anchor(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """The GPU activity rows and, per row, the CPU event that launched it: the op of
     ``kernels()`` (``External id`` link) where known, else the runtime call; -1 for none."""
     events = trace.events
@@ -211,7 +211,7 @@ def _launch_anchor(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 _Points = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _points(trace: Trace) -> dict[str, _Points | None]:
+def _points(trace: TraceTables) -> dict[str, _Points | None]:
     """The moments whose weights ``source()`` sums beneath a frame, computed once per trace:
     ``gpu``, each GPU activity's duration at the start of the op that launched it (or of
     its runtime call; ``kernels()``' link); ``alloc``, each positive ``[memory]`` delta at
@@ -287,7 +287,7 @@ def _outermost(group: np.ndarray, key: np.ndarray, start: np.ndarray, end: np.nd
 
 # -- source() -------------------------------------------------------------------------------
 @computes("source")
-def source(trace: Trace) -> pd.DataFrame:
+def source(trace: TraceTables) -> pd.DataFrame:
     """One row per Python function per rank, and per call-site line where ops carry ``Call
     stack`` strings, with the time, GPU work, memory and FLOPs beneath it.
 
@@ -382,7 +382,7 @@ def _table(
     )
 
 
-def _function_rows(trace: Trace) -> pd.DataFrame | None:
+def _function_rows(trace: TraceTables) -> pd.DataFrame | None:
     events = trace.events
     is_fn, _ = _frame_masks(trace)
     rows = np.flatnonzero(is_fn)
@@ -430,7 +430,7 @@ def _function_rows(trace: Trace) -> pd.DataFrame | None:
     )
 
 
-def _call_stacks(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]], pd.DataFrame] | None:
+def _call_stacks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]], pd.DataFrame] | None:
     """The ops with a non-empty ``Call stack``, each one's stack code and nearest enclosing
     such op (-1: none), the stacks as lists of entry ids (innermost first) and the entries
     (label, file, line, function, library); None where the trace has no call stacks; once
@@ -458,7 +458,7 @@ def _call_stacks(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list
     return trace.shared(Shared.SOURCE_CALL_STACKS, compute)
 
 
-def _line_rows(trace: Trace) -> pd.DataFrame | None:
+def _line_rows(trace: TraceTables) -> pd.DataFrame | None:
     """Per call-site line: the ops whose stack holds it (``source``' definitions)."""
     found = _call_stacks(trace)
     if found is None:
@@ -543,7 +543,7 @@ def _rank_nodes(ranks: np.ndarray, rank_of_rows: np.ndarray, extra: list[str]) -
 
 
 @computes("call_tree")
-def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
+def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
     """The merged call tree: Python frames, ``nn.Module`` events, ops and annotations, and
     the GPU activity they launched, with the time of each node.
 
@@ -756,7 +756,7 @@ def call_tree(trace: Trace, user_only: bool = False) -> pd.DataFrame:
     )
 
 
-def _held(trace: Trace, rows: np.ndarray, up: np.ndarray, level: np.ndarray) -> np.ndarray:
+def _held(trace: TraceTables, rows: np.ndarray, up: np.ndarray, level: np.ndarray) -> np.ndarray:
     """The time each of ``rows`` (tree nodes' CPU events) holds in the tree: its interval
     clipped to its tree parent's and after its earlier siblings' (on one thread for the top
     events). Events that overlap partly, as a ``record_function`` annotation that starts

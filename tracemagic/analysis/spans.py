@@ -15,13 +15,13 @@ import pandas as pd
 from tracemagic.analysis._common import layers_at, nesting_depth, text, trace_start
 from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 
 COLUMNS = tuple(TABLES["layer_spans"].names)
 
 
 @computes("layer_spans")
-def layer_spans(trace: Trace, depth: int | None = None) -> pd.DataFrame:
+def layer_spans(trace: TraceTables, depth: int | None = None) -> pd.DataFrame:
     """Forward and backward time intervals of the top-level layers, per rank.
 
     Args:

@@ -30,7 +30,7 @@ from tracemagic.analysis._common import HOST_COLLECTIVE, is_dataloader, is_nccl,
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.kineto import step_number as _step_number
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 
@@ -60,7 +60,7 @@ _TAIL = (
 )
 
 
-def windows(trace: Trace) -> pd.DataFrame:
+def windows(trace: TraceTables) -> pd.DataFrame:
     """The host step windows: ``rank, step, start`` (µs, the rank's own clock), ``dur``; by rank and time.
 
     A rank without any ``ProfilerStep`` gets one window ``step = -1`` over all its events.
@@ -71,7 +71,7 @@ def windows(trace: Trace) -> pd.DataFrame:
     return trace.shared(Shared.STEP_WINDOWS, lambda: _windows(trace))
 
 
-def _windows(trace: Trace) -> pd.DataFrame:
+def _windows(trace: TraceTables) -> pd.DataFrame:
     events = trace.events
     is_step = (events["kind"] == "step").to_numpy()
     names = events["name"][is_step].to_numpy(dtype=object)
@@ -100,7 +100,7 @@ def _windows(trace: Trace) -> pd.DataFrame:
     return frame.sort_values(["rank", "start"], kind="stable").reset_index(drop=True)
 
 
-def window_of(trace: Trace, frame: pd.DataFrame) -> np.ndarray:
+def window_of(trace: TraceTables, frame: pd.DataFrame) -> np.ndarray:
     """Index into ``frame`` (a ``windows`` table) of each event's (rank, step), else -1."""
     events = trace.events
 
@@ -111,14 +111,14 @@ def window_of(trace: Trace, frame: pd.DataFrame) -> np.ndarray:
     return known.get_indexer(key(events["rank"].to_numpy(), events["step"].to_numpy()))
 
 
-def _gpu_rows(trace: Trace) -> np.ndarray:
+def _gpu_rows(trace: TraceTables) -> np.ndarray:
     """Rows of timed GPU activity (kernels, memcpy, memset) with a known start."""
     events = trace.events
     ts = events["ts"].to_numpy()
     return np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY) & np.isfinite(ts))
 
 
-def _relative(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def _relative(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """Every event's start and end in µs since the trace's start (computed once per trace).
 
     Shifted before adding ``dur``: float64 epoch-µs times round to 0.25 µs, their
@@ -132,7 +132,7 @@ def _relative(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return trace.shared(Shared.RELATIVE_TIMES, compute)
 
 
-def device_windows(trace: Trace) -> pd.DataFrame:
+def device_windows(trace: TraceTables) -> pd.DataFrame:
     """``windows`` with each step's device window: ``window_ts`` (µs since the trace's start)
     and ``window_dur`` (µs), the TensorBoard plugin's rule (see the module docstring).
 
@@ -145,7 +145,7 @@ def device_windows(trace: Trace) -> pd.DataFrame:
     return trace.shared(Shared.DEVICE_WINDOWS, lambda: _device_windows(trace))
 
 
-def _device_windows(trace: Trace) -> pd.DataFrame:
+def _device_windows(trace: TraceTables) -> pd.DataFrame:
     frame = windows(trace)
     events = trace.events
     start, end = _relative(trace)
@@ -228,14 +228,14 @@ def _kept_steps(launched: np.ndarray) -> int:
     return keep
 
 
-def category_masks(trace: Trace) -> dict[str, np.ndarray]:
+def category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     """Which events feed each breakdown category (before priorities are applied), and
     ``gloo_on_gpu`` (the ``gloo:*`` host collectives of GPU ranks, in ``comm_us``); computed
     once per trace (``steps`` and ``ranks.overlap`` share it), treat it as read-only."""
     return trace.shared(Shared.CATEGORY_MASKS, lambda: _category_masks(trace))
 
 
-def _category_masks(trace: Trace) -> dict[str, np.ndarray]:
+def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     events = trace.events
     duration = (events["ph"] == "X").to_numpy() & (events["dur"].to_numpy() > 0) & np.isfinite(events["ts"].to_numpy())
     kernel = duration & kind_mask(events, "kernel")
@@ -264,7 +264,7 @@ def _category_masks(trace: Trace) -> dict[str, np.ndarray]:
     }
 
 
-def in_windows(trace: Trace, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(window index, start, end) of the parts of ``rows`` inside the windows of their rank,
     µs from the window's start; an event spanning several windows gives one part in each.
 
@@ -296,7 +296,7 @@ def in_windows(trace: Trace, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.
 
 
 @computes("steps")
-def steps(trace: Trace) -> pd.DataFrame:
+def steps(trace: TraceTables) -> pd.DataFrame:
     """One row per step and rank: host and device time and the device window's partition.
 
     Columns: ``rank``, ``step`` (ProfilerStep number, -1 where a rank has none), ``ts``

@@ -22,7 +22,7 @@ from tracemagic.analysis._common import in_scope, trace_start
 from tracemagic.analysis.lines import cell_lines, line_of_rows, marks
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import enclosing_of_kind, propagate
 
@@ -55,7 +55,7 @@ def _names_mask(names: pd.Series, test: object) -> np.ndarray:
 
 
 @computes("syncs")
-def syncs(trace: Trace) -> pd.DataFrame:
+def syncs(trace: TraceTables) -> pd.DataFrame:
     """One row per host-device synchronisation inside the steps, in time order.
 
     Found: ``.item()`` ops, copies to the host (a ``COPY_OPS`` op that launched a
@@ -150,7 +150,7 @@ def syncs(trace: Trace) -> pd.DataFrame:
     return table.sort_values(["rank", "ts", "row"], kind="stable").reset_index(drop=True)
 
 
-def _function_above(trace: Trace, rows: np.ndarray) -> list[str]:
+def _function_above(trace: TraceTables, rows: np.ndarray) -> list[str]:
     """The innermost ``python_function`` frame above each row that is not torch's own or a builtin."""
     events = trace.events
     user = kind_mask(events, "python_function") & ~_names_mask(events["name"], _NOT_USER)
@@ -160,7 +160,7 @@ def _function_above(trace: Trace, rows: np.ndarray) -> list[str]:
     return _names_at(events["name"], above)
 
 
-def _op_around(trace: Trace, rows: np.ndarray) -> list[str]:
+def _op_around(trace: TraceTables, rows: np.ndarray) -> list[str]:
     """The innermost CPU op or annotation around each row, line marks and steps aside."""
     events = trace.events
     ops = kind_mask(events, "cpu_op", "user_annotation")

@@ -1,4 +1,4 @@
-"""``Capture``: what one ``%%chakra_trace`` run left on disk (its directory, manifest and
+"""``CaptureResult``: what one ``%%chakra_trace`` run left on disk (its directory, manifest and
 trace); ``tracemagic.facade.Capture`` adds how it displays (dashboard, report, Chakra check)."""
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from tracemagic.trace.layout import (
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
-CaptureT = TypeVar("CaptureT", bound="Capture")
+CaptureT = TypeVar("CaptureT", bound="CaptureResult")
 _log = logging.getLogger(__name__)
 
 
-class Capture:
+class CaptureResult:
     """A finished capture: its directory, its files and its manifest (the data; the
     magic and a script's ``cap.result`` hand out ``tracemagic.facade.Capture``, which adds
     the dashboard and outputs).
 
-    Everything here is rebuilt from the directory alone (``Capture.from_dir``), so a live
+    Everything here is rebuilt from the directory alone (``CaptureResult.from_dir``), so a live
     capture and one loaded later behave the same.
 
     Attributes:
@@ -48,20 +48,22 @@ class Capture:
         self.manifest = manifest
         self._trace: Any = None
         self._dashboard: Any = None  # built by tracemagic.facade.Capture.dashboard
-        self.vs: Capture | None = None  # the capture it is compared with (--vs)
+        self.vs: CaptureResult | None = None  # the capture it is compared with (--vs)
 
     @classmethod
-    def of(cls: type[CaptureT], capture: Capture) -> CaptureT:
+    def of(cls: type[CaptureT], capture: CaptureResult) -> CaptureT:
         """``capture`` as an instance of ``cls`` (``tracemagic.facade.Capture``), sharing
         its directory, manifest and loaded trace."""
         if type(capture) is cls:
             return capture
-        new = cls.__new__(cls)
-        new.__dict__.update(capture.__dict__)
+        new = cls(capture.dir, capture.manifest)
+        new._trace = capture._trace  # the trace, if loaded, is not loaded again
+        new._dashboard = capture._dashboard
+        new.vs = capture.vs
         return new
 
     @classmethod
-    def from_dir(cls, directory: str | Path) -> Capture:
+    def from_dir(cls, directory: str | Path) -> CaptureResult:
         """Read a capture directory written by ``%%chakra_trace``."""
         path = Path(directory)
         return cls(path, read_manifest(path))
@@ -97,7 +99,7 @@ class Capture:
         trace in ``dir``; None if it could not be written)."""
         return list((self.manifest.get("loop_timing") or {}).get("slow") or [])
 
-    def slow_trace(self, k: int = 1) -> Trace:
+    def slow_trace(self, k: int = 1) -> TraceTables:
         """The trace of the ``k``-th slow step ``--slow`` caught (from 1), loaded.
 
         Raises:
@@ -125,7 +127,7 @@ class Capture:
         return self.dir.name + ("" if self.status == "complete" else f" ({self.status})")
 
     @property
-    def trace(self) -> Trace:
+    def trace(self) -> TraceTables:
         """The capture loaded with ``tracemagic.trace.load`` (on first access, then kept).
 
         Raises:
@@ -139,7 +141,7 @@ class Capture:
             from tracemagic.trace.loader import load  # pandas: imported on first use
 
             self._trace = load(self.dir)
-        trace: Trace = self._trace
+        trace: TraceTables = self._trace
         return trace
 
     def save_manifest(self) -> None:
@@ -210,7 +212,7 @@ class Capture:
         return f"<Capture {self.status} {len(self.steps)} steps at {str(self.dir)!r}>"
 
 
-def previous_capture(out: str | Path, name: str, exclude: Path | None = None) -> Capture | None:
+def previous_capture(out: str | Path, name: str, exclude: Path | None = None) -> CaptureResult | None:
     """The latest capture named ``name`` in ``out`` that wrote a trace (``--vs last``), or None.
 
     Looks at the ``NAME-<timestamp>[-n]`` folders of ``out`` (not ``exclude``, the capture
@@ -218,13 +220,13 @@ def previous_capture(out: str | Path, name: str, exclude: Path | None = None) ->
     """
     folder = Path(out)
     pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}(?:-\d+)?$")
-    found: list[tuple[int, Capture]] = []
+    found: list[tuple[int, CaptureResult]] = []
     skip = exclude.resolve() if exclude is not None else None
     for path in folder.iterdir() if folder.is_dir() else []:
         if not pattern.match(path.name) or (skip is not None and path.resolve() == skip):
             continue
         try:
-            capture = Capture.from_dir(path)
+            capture = CaptureResult.from_dir(path)
             written = (path / MANIFEST).stat().st_mtime_ns
         except (TraceError, OSError):
             continue

@@ -33,7 +33,7 @@ from tracemagic.capture import distributed, files, notices
 from tracemagic.capture.config import CaptureConfig
 from tracemagic.capture.loop import Iteration, LoopPlan
 from tracemagic.capture.naming import Called, find_roots, module_map, namespace_modules, recorded_modules, resolve
-from tracemagic.capture.result import Capture
+from tracemagic.capture.result import CaptureResult
 from tracemagic.capture.watch import LoopClock
 from tracemagic.errors import CaptureError
 from tracemagic.trace import layout
@@ -472,7 +472,7 @@ class CaptureSession:
             out["skip_first_wait"] = c.skip_first_wait
         return out
 
-    def finish(self, error: BaseException | None = None) -> Capture:
+    def finish(self, error: BaseException | None = None) -> CaptureResult:
         """Stop everything, write what was recorded and the manifest; never raises.
 
         Args:
@@ -511,7 +511,7 @@ class CaptureSession:
             self._write_manifest(manifest=manifest)
         except OSError as exc:
             manifest["notes"].append(f"capture.json could not be written: {exc}")
-        return Capture(self.dir, manifest)
+        return CaptureResult(self.dir, manifest)
 
     # -- internals ---------------------------------------------------------------------
     def _abandon_slow(self) -> None:

@@ -39,7 +39,7 @@ import orjson
 from tracemagic.errors import TraceError
 from tracemagic.trace import pairing
 from tracemagic.trace._files import read_bytes
-from tracemagic.trace.et import ROOT_NAMES
+from tracemagic.trace.et_reader import ROOT_NAMES
 from tracemagic.trace.kineto import STEP_NAME
 
 __all__ = [

@@ -33,7 +33,7 @@ import numpy as np
 from tracemagic.trace import layout
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
 __all__ = ["DISABLE_ENV", "capture_model", "format_layer_summary", "parse_model_trace"]
 
@@ -161,7 +161,7 @@ def _profiled_forward(
     return result
 
 
-def _load(trace_file: Path) -> Trace:
+def _load(trace_file: Path) -> TraceTables:
     from tracemagic.trace.loader import load
 
     trace = load(trace_file, use_cache=False)

@@ -31,7 +31,7 @@ from tracemagic.errors import TraceError
 from tracemagic.trace.kineto import GPU_CATEGORIES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
 __all__ = ["to_chrome_trace", "tb_name"]
 
@@ -168,7 +168,7 @@ def _trim(keep: np.ndarray, dur: np.ndarray, cats: np.ndarray, max_events: int) 
     return out
 
 
-def _step_windows(trace: Trace, rank: int, steps: Iterable[int]) -> list[tuple[float, float]]:
+def _step_windows(trace: TraceTables, rank: int, steps: Iterable[int]) -> list[tuple[float, float]]:
     ev = trace.events
     sel = (ev["rank"].to_numpy() == rank) & (ev["kind"] == "step").to_numpy()
     rows = np.flatnonzero(sel)
@@ -183,7 +183,7 @@ def _step_windows(trace: Trace, rank: int, steps: Iterable[int]) -> list[tuple[f
     return [(float(a), float(b)) for a, b, s in zip(ts, end, numbers) if int(s) in wanted]
 
 
-def _steps_that_fit(trace: Trace, rank: int, max_events: int) -> list[int] | None:
+def _steps_that_fit(trace: TraceTables, rank: int, max_events: int) -> list[int] | None:
     """The first consecutive steps whose events fit in ``max_events`` (at least one), or
     None when the trace has no ProfilerStep."""
     ev = trace.events
@@ -228,7 +228,7 @@ def _write(path: Path, rank: _Rank, keep: list[int], world: int) -> None:
 
 
 def to_chrome_trace(
-    trace: Trace,
+    trace: TraceTables,
     path: str | os.PathLike[str],
     steps: Iterable[int] | None = None,
     max_events: int | None = None,

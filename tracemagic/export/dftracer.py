@@ -44,7 +44,7 @@ from tracemagic.trace.kineto import GPU_KINDS, KINDS
 from tracemagic.trace.structure import MODULE_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
 __all__ = ["CATEGORY", "DEFAULT_KINDS", "pfw_trace", "read_pfw", "to_pfw", "trace_handler", "wall_clock_offset_us"]
 
@@ -56,7 +56,7 @@ DEFAULT_KINDS = tuple(k for k in KINDS if k not in ("trace", "other"))
 _EPOCH_US = 1e15  # µs timestamps above this are already since the epoch (after 2001)
 
 
-def wall_clock_offset_us(trace: Trace, rank: int) -> float:
+def wall_clock_offset_us(trace: TraceTables, rank: int) -> float:
     """What to add to a rank's ``ts`` to get µs since the Unix epoch.
 
     Raises:
@@ -91,7 +91,7 @@ def _na(value: Any) -> Any:
     return None if value is pd.NA or value is None or (isinstance(value, float) and np.isnan(value)) else value
 
 
-def _events_lines(trace: Trace, kinds: Iterable[str], offset_us: float | None) -> Iterator[bytes]:
+def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | None) -> Iterator[bytes]:
     ev = trace.events
     kinds = tuple(kinds)
     kind = ev["kind"].astype(str).to_numpy()
@@ -220,7 +220,7 @@ def _events_lines(trace: Trace, kinds: Iterable[str], offset_us: float | None) -
             next_id += 1
 
 
-def _memory_inside(trace: Trace) -> dict[int, tuple[int, int]]:
+def _memory_inside(trace: TraceTables) -> dict[int, tuple[int, int]]:
     """Per CPU op row: bytes allocated on the CPU and on devices while it ran (net, inclusive)."""
     ev = trace.events
     kind = ev["kind"].to_numpy()
@@ -252,12 +252,12 @@ def _memory_inside(trace: Trace) -> dict[int, tuple[int, int]]:
 
 
 def to_pfw(
-    trace: Trace,
+    trace: TraceTables,
     path: str | os.PathLike[str],
     *,
     kinds: Iterable[str] = DEFAULT_KINDS,
     offset_us: float | None = None,
-) -> Path:
+) -> list[Path]:
     """Write a trace's events as DFTracer ``.pfw`` (plain) or ``.pfw.gz`` (gzip), by the name.
 
     Args:
@@ -269,7 +269,7 @@ def to_pfw(
             so timestamps are µs since the epoch).
 
     Returns:
-        The path written.
+        The path written, in a list (as every exporter of ``tracemagic.export``).
 
     Raises:
         ValueError: the name does not end in ``.pfw`` or ``.pfw.gz``.
@@ -303,10 +303,10 @@ def to_pfw(
     finally:
         if tmp.exists():
             tmp.unlink()
-    return path
+    return [path]
 
 
-def pfw_trace(path: str | os.PathLike[str]) -> Trace:
+def pfw_trace(path: str | os.PathLike[str]) -> TraceTables:
     """Load a ``.pfw``/``.pfw.gz`` file (ours, or any DFTracer trace) as a ``Trace`` (the
     data: ``tracemagic.load(path)``, which reads ``.pfw`` files itself, gives the same with
     the analyses as methods; see ``tracemagic.trace.pfw``).
@@ -333,7 +333,7 @@ def trace_handler(
     worker_name: str | None = None,
     gz: bool = True,
     kinds: Iterable[str] = DEFAULT_KINDS,
-) -> Callable[[Any], Path]:
+) -> Callable[[Any], list[Path]]:
     """An ``on_trace_ready`` callback that writes each profiler cycle as a ``.pfw[.gz]`` file.
 
     Use in plain torch.profiler code::
@@ -354,7 +354,7 @@ def trace_handler(
     worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
     kinds = tuple(kinds)
 
-    def handler(prof: Any) -> Path:
+    def handler(prof: Any) -> list[Path]:
         from tracemagic.trace.loader import load
 
         folder.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from tracemagic.analysis.source import call_tree
 from tracemagic.trace.layout import atomic_path
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
 __all__ = ["folded", "to_folded", "to_speedscope"]
 
@@ -41,7 +41,7 @@ SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 _CLEAN = str.maketrans({";": ",", "\n": " ", "\r": " "})
 
 
-def _tree(trace: Trace, gpu: bool, user_only: bool) -> pd.DataFrame:
+def _tree(trace: TraceTables, gpu: bool, user_only: bool) -> pd.DataFrame:
     if gpu and not trace.has_gpu:
         raise ValueError("the trace has no GPU activity (kernels, memcpy, memset): leave out gpu / --gpu")
     return trace.table(call_tree, user_only)  # computed once per trace, as trace.call_tree()
@@ -77,7 +77,7 @@ def _write(path: str | os.PathLike[str], data: bytes) -> list[Path]:
     return [final]
 
 
-def folded(trace: Trace, *, gpu: bool = False, user_only: bool = False) -> list[str]:
+def folded(trace: TraceTables, *, gpu: bool = False, user_only: bool = False) -> list[str]:
     """The call tree as folded-stack lines (``frame;frame;... value``, value in ns; see the
     module's docstring), largest first.
 
@@ -92,7 +92,9 @@ def folded(trace: Trace, *, gpu: bool = False, user_only: bool = False) -> list[
     return [f"{';'.join(names[i] for i in path)} {int(v)}" for path, v in zip(paths, values[order])]
 
 
-def to_folded(trace: Trace, path: str | os.PathLike[str], *, gpu: bool = False, user_only: bool = False) -> list[Path]:
+def to_folded(
+    trace: TraceTables, path: str | os.PathLike[str], *, gpu: bool = False, user_only: bool = False
+) -> list[Path]:
     """Write the folded stacks (``folded``) to ``path`` (atomically), one line per stack.
 
     Returns:
@@ -102,7 +104,9 @@ def to_folded(trace: Trace, path: str | os.PathLike[str], *, gpu: bool = False, 
     return _write(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
 
 
-def speedscope(trace: Trace, *, gpu: bool = False, user_only: bool = False, name: str | None = None) -> dict[str, Any]:
+def speedscope(
+    trace: TraceTables, *, gpu: bool = False, user_only: bool = False, name: str | None = None
+) -> dict[str, Any]:
     """The call tree as a speedscope file (a dict; see the module's docstring).
 
     Raises:
@@ -155,7 +159,7 @@ def speedscope(trace: Trace, *, gpu: bool = False, user_only: bool = False, name
 
 
 def to_speedscope(
-    trace: Trace, path: str | os.PathLike[str], *, gpu: bool = False, user_only: bool = False
+    trace: TraceTables, path: str | os.PathLike[str], *, gpu: bool = False, user_only: bool = False
 ) -> list[Path]:
     """Write the speedscope file (``speedscope``) to ``path`` (atomically); open it at
     https://www.speedscope.app or with the ``speedscope`` command.

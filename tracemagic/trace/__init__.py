@@ -1,6 +1,6 @@
-"""Loading Kineto traces into typed pandas tables (``load``, ``Trace``: the data).
+"""Loading Kineto traces into typed pandas tables (``load``, ``TraceTables``: the data).
 
-``load`` and ``Trace`` are imported on first access, so the light modules here (``layout``,
+``load`` and ``TraceTables`` are imported on first access, so the light modules here (``layout``,
 ``pairing``) cost nothing heavy (pandas) to the capture side that imports them.
 """
 
@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.loader import load
-    from tracemagic.trace.model import Trace
+    from tracemagic.trace.model import TraceTables
 
-__all__ = ["Trace", "load"]
+__all__ = ["TraceTables", "load"]
 
 
 def __getattr__(name: str) -> Any:
     value: Any
     if name == "load":
         from tracemagic.trace.loader import load as value
-    elif name == "Trace":
-        from tracemagic.trace.model import Trace as value  # noqa: N813 - the attribute asked for, by any name
+    elif name == "TraceTables":
+        from tracemagic.trace.model import TraceTables as value  # noqa: N813 - the attribute asked for, by any name
     else:
         raise AttributeError(f"module 'tracemagic.trace' has no attribute {name!r}")
     globals()[name] = value

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from tracemagic.trace import et, layout, pairing
+from tracemagic.trace import et_reader, layout, pairing
 from tracemagic.trace._files import read_bytes
 
 
@@ -28,10 +28,10 @@ class Artifacts:
         self.path = None if path is None else Path(path)
 
     @cached_property
-    def execution_traces(self) -> list[et.ExecutionTrace]:
+    def execution_traces(self) -> list[et_reader.ExecutionTrace]:
         """The Execution Traces of the capture (one per rank, or per cycle), or the one
         paired with the Kineto file (``tracemagic.trace.pairing``); empty when none."""
-        return [] if self.path is None else et.next_to(self.path)
+        return [] if self.path is None else et_reader.next_to(self.path)
 
     @cached_property
     def has_et(self) -> bool:

@@ -17,7 +17,7 @@ from pandas.api.types import union_categoricals
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import cache, layout, normalize, parse, split, structure
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.pfw import is_pfw, pfw_to_kineto
 from tracemagic.trace.progress import Aggregate, Progress, bar_for
@@ -252,7 +252,7 @@ def load(
     progress: bool | Progress | None = None,
     max_bytes: int | None = None,
     allow_high_compression: bool = False,
-) -> Trace:
+) -> TraceTables:
     """Load a Kineto trace into an analysis-ready ``Trace``.
 
     Args:
@@ -311,7 +311,7 @@ def load(
         if hit is not None:
             events, flows, meta, base, events_sum = hit
             _log.debug("%s: %d events read from the cache", path, len(events))
-            trace = Trace(events, flows, meta, path=path, manifest=manifest)
+            trace = TraceTables(events, flows, meta, path=path, manifest=manifest)
             trace.store = _table_store(base, entry, events_sum, manifest, events)
             return trace
     if listed is not None:
@@ -392,9 +392,9 @@ def as_trace(
     cpu_order: np.ndarray | None,
     path: Path,
     manifest: dict[str, Any] | None = None,
-) -> Trace:
+) -> TraceTables:
     """The ``Trace`` of assembled tables."""
-    trace = Trace(events, flows, meta, path=path, manifest=manifest)
+    trace = TraceTables(events, flows, meta, path=path, manifest=manifest)
     if cpu_order is not None:  # nesting sorted them already: the analyses need not again
         trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_order)
     return trace

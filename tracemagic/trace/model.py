@@ -1,4 +1,4 @@
-"""The ``Trace`` data: one loaded trace (all its ranks), its metadata and artifacts.
+"""``TraceTables``: the data of one loaded trace (all its ranks), its metadata and artifacts.
 
 ``trace.events`` is the normalized table every analysis reads. This class holds data only;
 the methods users call (``trace.steps()``, ``trace.report(...)``) are those of
@@ -38,10 +38,10 @@ from tracemagic.trace.kineto import GPU_ACTIVITY
 #: as written).
 EVENT_COLUMNS_DOC = __doc__
 T = TypeVar("T")
-TraceT = TypeVar("TraceT", bound="Trace")
+TraceT = TypeVar("TraceT", bound="TraceTables")
 
 
-class Trace:
+class TraceTables:
     """A loaded Kineto trace: the normalized events of every rank plus metadata (data
     only: ``tracemagic.Trace`` adds the analyses and outputs).
 
@@ -158,11 +158,13 @@ class Trace:
         return self.shared(key, stored).copy()
 
     @classmethod
-    def of(cls: type[TraceT], trace: Trace) -> TraceT:
-        """``trace`` as an instance of ``cls`` (the facade ``tracemagic.Trace``): the same
-        tables, metadata and shared cache, nothing copied."""
+    def of(cls: type[TraceT], trace: TraceTables) -> TraceT:
+        """``trace`` as an instance of ``cls`` (the facade ``tracemagic.Trace``), made by its
+        constructor from the same tables and metadata, sharing the cache of computed tables and
+        the table store (nothing copied)."""
         if type(trace) is cls:
             return trace
-        new = cls.__new__(cls)
-        new.__dict__.update(trace.__dict__)
+        new = cls(trace.events, trace.flows, trace.meta, path=trace.path, manifest=trace.manifest)
+        new._shared = trace._shared  # one cache of computed tables for both
+        new.store = trace.store
         return new

@@ -38,7 +38,7 @@ from tracemagic.views.data import TraceData
 from tracemagic.views.zoom import ZoomableFigure, figure_widget_available
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace import Trace
+    from tracemagic.trace import TraceTables
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # not "responsive": in JupyterLab's plotly renderer a responsive figure drops its height
@@ -217,10 +217,10 @@ class Dashboard:
 
     def __init__(
         self,
-        trace: Trace,
+        trace: TraceTables,
         *,
         title: str | None = None,
-        other: Trace | None = None,
+        other: TraceTables | None = None,
         step: int | None = None,
         top: int = 15,
         unit: str = "ms",

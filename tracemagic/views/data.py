@@ -27,7 +27,7 @@ from tracemagic.analysis import sites as _sites
 from tracemagic.analysis.schema import TABLES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace import Trace
+    from tracemagic.trace import TraceTables
 
 _log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _insert_after(table: pd.DataFrame, column: str) -> pd.DataFrame:
     return out
 
 
-def _where_of_rows(trace: Trace, rows: Any) -> Any:
+def _where_of_rows(trace: TraceTables, rows: Any) -> Any:
     """The ``where`` text of each events row (``analysis.sites``; '' for none or row -1)."""
     rows = np.asarray(rows, dtype=np.int64)
     code = _sites.site_of_rows(trace, np.maximum(rows, 0))
@@ -69,7 +69,7 @@ class TraceData:
         name: a display name (default: the trace's file name).
     """
 
-    def __init__(self, trace: Trace, name: str | None = None) -> None:
+    def __init__(self, trace: TraceTables, name: str | None = None) -> None:
         self.trace = trace
         self.name = name or (Path(str(trace.path)).name if getattr(trace, "path", None) else "trace")
         self.problems: dict[str, str] = {}
@@ -383,12 +383,12 @@ class TraceData:
         return bool(artifacts is not None and artifacts.has_et)
 
     def et_graph(self, step: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The Execution Trace's op graph (``tracemagic.analysis.et.et_graph``), read once for
+        """The Execution Trace's op graph (``tracemagic.analysis.et_graph.et_graph``), read once for
         all steps and cut to ``step`` here (an edge is kept when both its ops are; with one
         ET per cycle, whose ids repeat, the step's own graph is asked for instead)."""
 
         def compute() -> pd.DataFrame:
-            from tracemagic.analysis.et import et_graph
+            from tracemagic.analysis.et_graph import et_graph
 
             nodes, edges = et_graph(self.trace)
             self._tables["et_edges"] = edges
@@ -401,7 +401,7 @@ class TraceData:
         if step is not None and nodes["id"].duplicated().any():  # one ET per cycle
 
             def one_step() -> pd.DataFrame:
-                from tracemagic.analysis.et import et_graph
+                from tracemagic.analysis.et_graph import et_graph
 
                 nodes, edges = et_graph(self.trace, step=step)
                 self._tables[f"et_edges#{step}"] = edges

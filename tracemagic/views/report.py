@@ -37,7 +37,7 @@ from tracemagic.views.data import TraceData
 from tracemagic.views.flame_search import MATCH_COLOR, OTHER_COLOR
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace import Trace
+    from tracemagic.trace import TraceTables
 
 #: rows of one table embedded in the report (the rest is summarized in a note)
 MAX_TABLE_ROWS = 5000
@@ -367,10 +367,10 @@ def render(
 
 
 def write_report(
-    trace: Trace | TraceData,
+    trace: TraceTables | TraceData,
     path: str | os.PathLike[str],
     *,
-    other: Trace | TraceData | None = None,
+    other: TraceTables | TraceData | None = None,
     title: str | None = None,
 ) -> Path:
     """Write the standalone HTML report of ``trace`` (compared with ``other`` if given).

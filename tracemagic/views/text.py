@@ -15,7 +15,7 @@ from tracemagic.views._format import fmt_bytes, fmt_time, kernel_label, shorten
 from tracemagic.views.data import TraceData
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracemagic.trace import Trace
+    from tracemagic.trace import TraceTables
 
 #: short column names of the step parts for narrow terminals
 SHORT_PARTS = {
@@ -70,7 +70,7 @@ def render_table(
     return [shorten(text, width) for text in lines]
 
 
-def summary(trace: Trace | TraceData, width: int = 100, *, top: int = 10) -> str:
+def summary(trace: TraceTables | TraceData, width: int = 100, *, top: int = 10) -> str:
     """A plain-text summary of a trace.
 
     Args:
@@ -188,7 +188,7 @@ def _where(row: pd.Series) -> str:
     return " in ".join(parts)
 
 
-def diff_summary(a: Trace | TraceData, b: Trace | TraceData, width: int = 100, *, top: int = 15) -> str:
+def diff_summary(a: TraceTables | TraceData, b: TraceTables | TraceData, width: int = 100, *, top: int = 15) -> str:
     """A plain-text comparison of two traces: mean step time and the biggest changes by op
     and by layer (``trace.diff``), A being the baseline."""
     da = a if isinstance(a, TraceData) else TraceData(a)

@@ -23,7 +23,7 @@ import numpy as np
 from tracemagic.errors import TraceError
 from tracemagic.trace import loader
 from tracemagic.trace.kineto import rank_from_name
-from tracemagic.trace.model import Trace
+from tracemagic.trace.model import TraceTables
 from tracemagic.trace.read import MAX_RATIO, Source, default_max_bytes, is_tar, read_sources, regular_file
 
 
@@ -109,7 +109,7 @@ def list_ranks(
     return path, None, [RankFile(str(path), path, hint=rank_from_name(path.name))], []
 
 
-def open_rank(rank: RankFile, options: Options) -> Trace:
+def open_rank(rank: RankFile, options: Options) -> TraceTables:
     """One rank's ``Trace``, numbered as the file says (as ``tracemagic.load`` would open it
     alone; a file goes through its Arrow cache).
 
@@ -155,7 +155,7 @@ def _member(rank: RankFile, max_bytes: int | None, allow_high_compression: bool 
     return Source(rank.name, opener, info.size, rank.hint, max_bytes=limit, max_ratio=ratio)
 
 
-def facts(trace: Trace) -> dict[str, Any]:
+def facts(trace: TraceTables) -> dict[str, Any]:
     """What the job needs of one freshly opened rank to number it and set time zero: its
     parse metadata (``rank`` from ``distributedInfo``), its earliest ``ts`` (None without
     events), its warnings and whether it ran GPU work."""
@@ -169,7 +169,7 @@ def facts(trace: Trace) -> dict[str, Any]:
     }
 
 
-def as_rank(trace: Trace, rank: int, time_zero: float) -> Trace:
+def as_rank(trace: TraceTables, rank: int, time_zero: float) -> TraceTables:
     """``trace`` (one rank, as ``open_rank`` gives it) numbered ``rank`` and on the job's
     time zero (``meta["time_zero_us"]``: its tables' ``ts`` count from the job's start)."""
     (was,) = trace.meta["ranks"]

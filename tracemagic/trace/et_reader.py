@@ -1,6 +1,6 @@
 """PyTorch Execution Traces (ET, Chakra's "host trace"): read one into a table.
 
-(Joining it to its Kineto trace is ``tracemagic.analysis.et``; ``tracemagic.export.et``
+(Joining it to its Kineto trace is ``tracemagic.analysis.et_graph``; ``tracemagic.et``
 takes paths.)
 
 An ET (``ExecutionTraceObserver``) records every operator with its ``op_schema``, input and

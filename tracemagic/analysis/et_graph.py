@@ -2,7 +2,7 @@
 
 The join key is the ET node's ``rf_id`` = the Kineto event's ``Record function id``. The
 ETs are those ``load`` found next to the trace (``trace.artifacts.execution_traces``);
-``tracemagic.export.et`` takes paths instead.
+``tracemagic.et`` takes paths instead.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pandas as pd
 
 from tracemagic.analysis.schema import computes
 from tracemagic.errors import TraceError
-from tracemagic.trace.et import ExecutionTrace
-from tracemagic.trace.model import Trace
+from tracemagic.trace.et_reader import ExecutionTrace
+from tracemagic.trace.model import TraceTables
 
 __all__ = ["et_graph", "et_ops", "graph", "join"]
 
 
-def et_ops(trace: Trace) -> pd.DataFrame:
+def et_ops(trace: TraceTables) -> pd.DataFrame:
     """Every ET node of every rank of ``trace`` joined to its Kineto event (see ``join``).
 
     Raises:
@@ -40,7 +40,7 @@ def et_ops(trace: Trace) -> pd.DataFrame:
     return join(ets, trace)
 
 
-def join(ets: list[ExecutionTrace], trace: Trace | None) -> pd.DataFrame:
+def join(ets: list[ExecutionTrace], trace: TraceTables | None) -> pd.DataFrame:
     """Every ET node of every rank joined to its Kineto event by ``rf_id``.
 
     Args:
@@ -68,7 +68,7 @@ def join(ets: list[ExecutionTrace], trace: Trace | None) -> pd.DataFrame:
     return out
 
 
-def _join(nodes: pd.DataFrame, trace: Trace | None, rank: int) -> pd.DataFrame:
+def _join(nodes: pd.DataFrame, trace: TraceTables | None, rank: int) -> pd.DataFrame:
     n = len(nodes)
     row = np.full(n, -1, dtype=np.int64)
     ts = np.full(n, np.nan)
@@ -107,7 +107,7 @@ def _join(nodes: pd.DataFrame, trace: Trace | None, rank: int) -> pd.DataFrame:
 
 @computes("et_graph", "et_edges")
 def et_graph(
-    trace: Trace,
+    trace: TraceTables,
     step: int | None = None,
     *,
     level: Literal["top", "leaf", "all"] = "top",
