@@ -33,7 +33,7 @@ for i in range(6):
 QUIET = BODY.replace("    c = small.sum().item()\n", "    c = small.sum()\n")
 HEAD = "%%chakra_trace -q --cpu-only --wait 1 --warmup 1 --active 3 --no-memory-timeline --out {out} --name {name}"
 SETUP = ("%load_ext tracemagic\nimport torch\ntorch.manual_seed(0)\n"
-         "big = torch.randn(300, 300)\nsmall = torch.randn(8, 8)")
+         "big = torch.randn(600, 600)\nsmall = torch.randn(8, 8)")
 
 
 @pytest.fixture(scope="module")
