@@ -525,10 +525,7 @@ class CaptureSession:
             f"--slow: the loop ended during iteration {catch['recorded']}, "
             f"recorded after slow iteration {catch['iteration']}: no trace of it."
         )
-        with contextlib.suppress(Exception):
-            prof.stop()
-        with contextlib.suppress(Exception):
-            torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
+        stop_profiler(prof)
 
     def _stop_profiler(self, end: str) -> None:
         self._marking = self._slow_prof is not None
@@ -547,16 +544,9 @@ class CaptureSession:
                     wall_ms=(time.perf_counter_ns() - self._t_step) / 1e6,
                 )
             )
-        try:
-            prof.stop()
-        except Exception as exc:  # noqa: BLE001 - torch failed to stop: make sure nothing stays on
-            self._notes.append(f"torch.profiler failed to stop cleanly: {exc}")
-            if torch._C._autograd._profiler_enabled():
-                with contextlib.suppress(Exception):
-                    torch.autograd._disable_profiler()
-        finally:
-            with contextlib.suppress(Exception):
-                torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
+        failed = stop_profiler(prof)
+        if failed is not None:
+            self._notes.append(f"torch.profiler failed to stop cleanly: {failed}")
 
     def _cleanup(self) -> None:
         """Unregister the ET observer of a cycle that never ended; wait for the staging
@@ -817,6 +807,43 @@ class CaptureSession:
             distributed.write_part(self.dir, self.rank, data)
         else:
             layout.write_manifest(self.dir, data)
+
+
+def start_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> None:
+    """Start ``prof``; with ``hidden``, torch's start notices are kept out of the output
+    and collected there (``notices.hush``; a ``_Profiler`` hushes itself)."""
+    with notices.hush(hidden) if hidden is not None else contextlib.nullcontext():
+        prof.start()
+
+
+def stop_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> str | None:
+    """Stop ``prof`` and make sure no profiler stays on, whatever torch raises.
+
+    Where torch fails to stop, the autograd profiler is switched off by hand; the step
+    counter ``ProfilerStep`` is reset either way (the next profiler counts from 0).
+
+    Args:
+        prof: a started profiler.
+        hidden: as ``start_profiler``'s.
+
+    Returns:
+        None, or torch's error text when it failed to stop (its results are then unusable).
+    """
+    failed = None
+    with notices.hush(hidden) if hidden is not None else contextlib.nullcontext():
+        try:
+            prof.stop()
+        except Exception as exc:  # noqa: BLE001 - torch failed to stop: make sure nothing stays on
+            failed = str(exc)
+            with contextlib.suppress(Exception):
+                if torch._C._autograd._profiler_enabled():
+                    torch.autograd._disable_profiler()
+                if not torch._C._autograd._profiler_enabled():  # torch's flag, read by profiler_busy
+                    torch.autograd.profiler._set_is_profiler_enabled(False)
+        finally:
+            with contextlib.suppress(Exception):
+                torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
+    return failed
 
 
 #: why ``--et`` cannot record while another ExecutionTraceObserver is registered

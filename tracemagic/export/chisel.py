@@ -13,6 +13,10 @@ Here the same API and dict shape come from tracemagic's layer attribution: a lay
 spent in the layer itself (nested layers are not counted in their parents, so the values
 add up to the forward time), and ops nested in other ops are listed but not re-counted.
 Set ``TRACEMAGIC_DISABLE=1`` to turn the decorator into a no-op in production.
+
+Each forward is a one-step capture on the capture session's pieces (``capture.session``
+starts and stops the profiler, ``capture.files`` places the files atomically): the profiler
+is stopped whatever the forward raises, and a forward that raises writes no file.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ def capture_model(
     def decorate(cls: T) -> T:
         import torch
 
+        from tracemagic.capture.session import profiler_busy
+
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
             raise TypeError(f"@capture_model decorates an nn.Module subclass, not {cls!r}")
         if _disabled():
@@ -89,7 +95,7 @@ def capture_model(
         original = cls.forward
 
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if _disabled() or torch.autograd.profiler._is_profiler_enabled:
+            if _disabled() or profiler_busy():  # the capture session's own test
                 if not _disabled() and not getattr(self, "_tracemagic_warned", False):
                     warnings.warn(
                         f"@capture_model({name}): a profiler is already running (e.g. %%chakra_trace); "
@@ -130,10 +136,16 @@ def _profiled_forward(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
+    """One forward as a one-step capture, on the capture session's pieces: the profiler
+    started and stopped with torch's notices hushed (``capture.session``), stopped also
+    when the forward raises (then nothing is written), the trace and its modules placed
+    atomically (``capture.files``), the modules named by ``capture.naming``."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from tracemagic.capture.naming import module_map, recorded_modules, resolve
+    from tracemagic.capture import files
+    from tracemagic.capture.naming import module_map
+    from tracemagic.capture.session import start_profiler, stop_profiler
 
     count = getattr(model, "_tracemagic_calls", 0) + 1
     model._tracemagic_calls = count
@@ -143,22 +155,48 @@ def _profiled_forward(
     options.setdefault(
         "activities", [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     )
-    with profile(record_shapes=record_shapes, profile_memory=profile_memory, **options) as prof:
-        result = original(model, *args, **kwargs)
-    prof.export_chrome_trace(str(trace_file))
-    # the model's own call is on the stack when the tracer starts: torch records it too
+    prof = profile(record_shapes=record_shapes, profile_memory=profile_memory, **options)
+    hidden: list[str] = []  # torch's start/stop notices: kept out of the output
+    start_profiler(prof, hidden)
     try:
-        window = resolve(recorded_modules(prof.profiler), [model]) if prof.with_stack else {}
-    except Exception:  # noqa: BLE001 - names are a convenience: never lose the forward's result
-        _log.debug("naming the model's modules failed", exc_info=True)
-        window = {}
+        result = original(model, *args, **kwargs)
+    finally:
+        # switched off under us (torch.autograd._disable_profiler()): exporting would crash
+        switched_off = not torch._C._autograd._profiler_enabled()
+        failed = stop_profiler(prof, hidden)
+    if switched_off or failed is not None:
+        why = "was switched off inside the forward" if switched_off else f"failed to stop ({failed})"
+        warnings.warn(f"@capture_model({name}): torch.profiler {why}; no trace written.", stacklevel=3)
+        return result
+    window: dict[str, Any] = {}
+
+    def export(path: str) -> None:  # the model's modules are named while the results are alive
+        nonlocal window
+        prof.export_chrome_trace(path)
+        window = _window(prof, model, path)
+
+    files.write_with(trace_file, export)
     modules = module_map(window, [model], {name: model})  # the model itself is named `name`
-    layout.write_json(layout.modules_sidecar(trace_file), modules)
+    files.write_json(layout.modules_sidecar(trace_file), modules)
     print(f"[capture_model] {name} forward pass #{count} -> {trace_file}", file=sys.stdout)
     if verbose:
         stats = parse_model_trace(trace_file, name)
         print(format_layer_summary(stats), file=sys.stdout)
     return result
+
+
+def _window(prof: Any, model: Any, trace: str) -> dict[str, Any]:
+    """The trace's module names -> modules (the model's own call is on the stack when the
+    tracer starts: torch records it too); empty without ``with_stack`` or on failure."""
+    from tracemagic.capture.naming import recorded_modules, resolve
+
+    if not prof.with_stack:
+        return {}
+    try:
+        return resolve(recorded_modules(prof.profiler, trace), [model])
+    except Exception:  # noqa: BLE001 - names are a convenience: never lose the forward's result
+        _log.debug("naming the model's modules failed", exc_info=True)
+        return {}
 
 
 def _load(trace_file: Path) -> TraceTables:
