@@ -117,6 +117,31 @@ def test_lines_match_the_raw_marks_and_rank_the_known_lines(captures: dict[str, 
     assert int(lines.loc[lines["peak_bytes"].idxmax(), "line"]) == 4
 
 
+def test_the_call_tree_and_folded_stacks_name_marks_by_their_cell_line(captures: dict[str, Path]) -> None:
+    """The flame graph and the folded stacks name a line mark as the Source tab does
+    (``line 3 `a = big @ big```, the text from the manifest's cell), never by its raw
+    annotation name; each line's nodes merge every raw mark of it."""
+    capture = captures["marked"]
+    cell = json.loads((capture / "capture.json").read_text())["cell"].splitlines()
+    raw = json.loads(next(capture.glob("kineto_trace_*.json")).read_text())
+    marks = defaultdict(list)
+    for event in raw["traceEvents"]:
+        if event.get("ph") == "X" and str(event.get("name", "")).startswith(PREFIX):
+            marks[int(event["name"][len(PREFIX):])].append((event["ts"], event["ts"] + event["dur"]))
+    trace = tracemagic.load(capture)
+    tree = trace.call_tree()
+    assert not tree["name"].str.startswith(PREFIX).any()
+    for number, spans in marks.items():
+        label = f"line {number} `{cell[number - 2].strip()}`"
+        nodes = tree[tree["name"] == label]
+        assert len(nodes), label
+        assert nodes["calls"].sum() == len(spans)
+    from tracemagic.export.stacks import folded as folded_stacks
+
+    folded = folded_stacks(trace)
+    assert any("line 3 `a = big @ big`" in line for line in folded)
+
+
 def test_bytes_live_at_the_peak_match_the_raw_allocations(captures: dict[str, Path]) -> None:
     events, _ = raw(captures["marked"])
     memory = [e for e in events if e.get("name") == "[memory]"]

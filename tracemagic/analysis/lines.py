@@ -32,6 +32,19 @@ def cell_lines(trace: TraceTables) -> dict[int, str]:
     return {number: text for number, text in enumerate(cell.splitlines(), start=2)}
 
 
+#: the most characters of a line's text a label shows
+LABEL_CHARS = 60
+
+
+def line_label(number: int, text: str) -> str:
+    """``line 7 `loss = model(x)``` (the text shortened), ``line 7`` without it: how views,
+    sites and the call tree name a cell line."""
+    text = text.strip()
+    if len(text) > LABEL_CHARS:
+        text = text[: LABEL_CHARS - 1] + "…"
+    return f"line {number} `{text}`" if text else f"line {number}"
+
+
 def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """The line mark events of the trace: (per events row, the cell line of the innermost
     line mark enclosing it, itself included, -1 for none; the mark rows). Computed once per

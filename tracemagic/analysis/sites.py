@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import call_chains, memory_holders
-from tracemagic.analysis.lines import cell_lines, marks
+from tracemagic.analysis.lines import cell_lines, line_label, marks
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.source import _call_stacks, _frame_masks, _labels, _launch_anchor
 from tracemagic.trace.kineto import GPU_ACTIVITY
@@ -41,8 +41,6 @@ from tracemagic.trace.structure import propagate
 SITE_KINDS = ("line", "function", "stack")
 #: the name TorchDynamo gives the op around a compiled region's run (``Torch-Compiled Region: 0/0``)
 REGION_PREFIX = "Torch-Compiled Region"
-#: the longest cell-line text kept in a site's label
-_TEXT_CHARS = 60
 
 _Sites = tuple[np.ndarray, pd.DataFrame]
 
@@ -83,7 +81,7 @@ def site_codes(trace: TraceTables) -> _Sites:
             texts = cell_lines(trace)
             numbers = np.unique(line_of[line_of >= 0])
             ids = np.array(
-                [add("line", _line_label(int(k), texts.get(int(k), "")), "", int(k), "") for k in numbers],
+                [add("line", line_label(int(k), texts.get(int(k), "")), "", int(k), "") for k in numbers],
                 dtype=np.int64,
             )
             has = line_of >= 0
@@ -139,14 +137,6 @@ def site_codes(trace: TraceTables) -> _Sites:
         return code, table
 
     return trace.shared(Shared.SITES, compute)
-
-
-def _line_label(number: int, text: str) -> str:
-    """``line 7 `loss = model(x)``` (the text shortened), ``line 7`` without it."""
-    text = text.strip()
-    if len(text) > _TEXT_CHARS:
-        text = text[: _TEXT_CHARS - 1] + "…"
-    return f"line {number} `{text}`" if text else f"line {number}"
 
 
 def site_of_rows(trace: TraceTables, rows: np.ndarray) -> np.ndarray:

@@ -36,8 +36,9 @@ from tracemagic.analysis._common import (
     text_take,
     trace_start,
 )
+from tracemagic.analysis.lines import cell_lines, line_label
 from tracemagic.analysis.schema import computes
-from tracemagic.trace.kineto import GPU_ACTIVITY
+from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
@@ -736,6 +737,7 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
             nlib[i] = bool(entries["library"].iat[e])
     ops_kinds = np.isin(nkind, [NODE_KINDS.index(k) for k in ("python", "line")])
     nline = nline.astype(np.int64)
+    names = _cell_line_names(trace, names, nkind)
     return pd.DataFrame(
         {
             "node": np.arange(count, dtype=np.int64),
@@ -754,6 +756,26 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
             "self_gpu_us": self_gpu,
         }
     )
+
+
+def _cell_line_names(trace: TraceTables, names: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """The node names with the magic's line marks (``tracemagic.line:7`` annotations) named
+    as the Source tab names them: ``line 7 `loss = model(x)```."""
+    texts = cell_lines(trace)
+    marked = [
+        i
+        for i in np.flatnonzero(kinds == NODE_KINDS.index("annotation")).tolist()
+        if isinstance(names[i], str)
+        and names[i].startswith(LINE_MARK_PREFIX)
+        and names[i][len(LINE_MARK_PREFIX) :].isdigit()
+    ]
+    if not marked:
+        return names
+    names = names.copy()
+    for i in marked:
+        number = int(names[i][len(LINE_MARK_PREFIX) :])
+        names[i] = line_label(number, texts.get(number, ""))
+    return names
 
 
 def _held(trace: TraceTables, rows: np.ndarray, up: np.ndarray, level: np.ndarray) -> np.ndarray:
