@@ -324,21 +324,29 @@ def test_the_source_tab_in_a_real_browser(captures: dict[str, Path], tmp_path: P
         page.close()
 
 
+def _with_line_marks(trace_file: str, tmp_path: Path, first: int) -> tuple[list[dict[str, Any]], Path]:
+    """A real trace of ``tests/data/traces`` with its annotations (not ``ProfilerStep#N``)
+    renamed line marks numbered from ``first`` in name order: its events and the file written."""
+    with gzip.open(TRACES / trace_file, "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"]
+    names = sorted({e["name"] for e in events if e.get("cat") == "user_annotation"
+                    and not e["name"].startswith("ProfilerStep#")})
+    number = {name: first + i for i, name in enumerate(names)}
+    for e in events:
+        if e.get("cat") == "user_annotation" and e["name"] in number:
+            e["name"] = f"{PREFIX}{number[e['name']]}"
+    path = tmp_path / "marked.json"
+    path.write_text(json.dumps(doc))
+    return events, path
+
+
 def test_gpu_time_of_a_line_is_the_kernels_launched_beneath_it(tmp_path: Path) -> None:
     """A real MI300X trace whose annotations are renamed line marks (``BatchNorm affine=True``
     becomes ``tracemagic.line:N``): each line's GPU time is the summed duration of the kernels
     whose launching runtime call (same correlation id) runs inside one of its marks, on its
     thread; its CPU time the union of its marks."""
-    with gzip.open(TRACES / "tracelens_normalization_layer_test.json.gz", "rt") as f:
-        doc = json.load(f)
-    events = doc["traceEvents"]
-    names = sorted({e["name"] for e in events if e.get("cat") == "user_annotation"})
-    number = {name: 10 + i for i, name in enumerate(names)}
-    for e in events:
-        if e.get("cat") == "user_annotation":
-            e["name"] = f"{PREFIX}{number[e['name']]}"
-    path = tmp_path / "marked.json"
-    path.write_text(json.dumps(doc))
+    events, path = _with_line_marks("tracelens_normalization_layer_test.json.gz", tmp_path, 10)
     marks = [e for e in events if e.get("cat") == "user_annotation"]
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
@@ -371,17 +379,7 @@ def test_the_host_sync_advice_names_the_line_that_waits(tmp_path: Path, monkeypa
     from tracemagic.analysis import advice as advice_module
     from tracemagic.analysis._text import fmt_time
 
-    with gzip.open(TRACES / "hta_control.json.gz", "rt") as f:
-        doc = json.load(f)
-    events = doc["traceEvents"]
-    names = sorted({e["name"] for e in events if e.get("cat") == "user_annotation"
-                    and not e["name"].startswith("ProfilerStep#")})
-    number = {name: 100 + i for i, name in enumerate(names)}
-    for e in events:
-        if e.get("cat") == "user_annotation" and e["name"] in number:
-            e["name"] = f"{PREFIX}{number[e['name']]}"
-    path = tmp_path / "marked.json"
-    path.write_text(json.dumps(doc))
+    events, path = _with_line_marks("hta_control.json.gz", tmp_path, 100)
     steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
     marks = [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith(PREFIX)]
     cpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime")]
@@ -419,16 +417,7 @@ def test_the_memory_peak_advice_names_the_line_holding_most_of_it(
     allocations are most of the GPU memory live at the peak, counted here from the raw events."""
     from tracemagic.analysis import advice as advice_module
 
-    with gzip.open(TRACES / "tracelens_normalization_layer_test.json.gz", "rt") as f:
-        doc = json.load(f)
-    events = doc["traceEvents"]
-    names = sorted({e["name"] for e in events if e.get("cat") == "user_annotation"})
-    number = {name: 10 + i for i, name in enumerate(names)}
-    for e in events:
-        if e.get("cat") == "user_annotation":
-            e["name"] = f"{PREFIX}{number[e['name']]}"
-    path = tmp_path / "marked.json"
-    path.write_text(json.dumps(doc))
+    events, path = _with_line_marks("tracelens_normalization_layer_test.json.gz", tmp_path, 10)
     memory = [e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") != 0]
     peak = max(memory, key=lambda e: e["args"]["Total Allocated"])
     live: dict[int, dict[str, Any]] = {}
