@@ -272,11 +272,6 @@ def _read_seal(base: Path) -> dict[str, Any] | None:
     return seal if isinstance(seal, dict) else None
 
 
-def read_seal(base: Path) -> dict[str, Any] | None:
-    """The seal of the entry at ``base`` if it is whole, else None."""
-    return _read_seal(base)
-
-
 def read(found: Entry) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], Path, str] | None:
     """The cached tables of ``found`` (with the entry's base path and the events file's
     checksum, which its stored analysis tables are tied to), or None (missing, stale,
@@ -440,9 +435,12 @@ def _table(frame: pd.DataFrame, stored: dict[str, Any]) -> pa.Table:
     return table.replace_schema_metadata({_META_KEY: payload})
 
 
-def write(found: Entry, trace: Path, events: pd.DataFrame, flows: pd.DataFrame, meta: dict[str, Any]) -> Path | None:
+def write(
+    found: Entry, trace: Path, events: pd.DataFrame, flows: pd.DataFrame, meta: dict[str, Any]
+) -> tuple[Path, str] | None:
     """Store the tables at the first place of ``found`` that takes them (a capture
-    directory only if its folder is writable); returns the seal written, or None.
+    directory only if its folder is writable); returns the entry's base path (its files'
+    common stem) and the checksum of the events file written, or None.
 
     Nothing is stored when a source changed while it was parsed, and a write into a user
     cache folder evicts its least recently used entries beyond ``max_bytes()``.
@@ -463,11 +461,12 @@ def write(found: Entry, trace: Path, events: pd.DataFrame, flows: pd.DataFrame, 
             _file(base, SEAL_SUFFIX).unlink(missing_ok=True)
             for stale in base.parent.glob(f"{glob.escape(base.name)}{TABLE_INFIX}*"):
                 stale.unlink(missing_ok=True)  # analysis tables of the events replaced here
+            events_sealed = _write_atomic(table, _file(base, EVENTS_SUFFIX))
             seal = {
                 "format": FORMAT,
                 "source": found.identity,
                 "trace": str(trace.resolve()),
-                "events": _write_atomic(table, _file(base, EVENTS_SUFFIX)),
+                "events": events_sealed,
                 "flows": _write_atomic(flow_table, _file(base, FLOWS_SUFFIX)),
             }
             body = json.dumps(seal, separators=(",", ":")).encode()
@@ -477,7 +476,7 @@ def write(found: Entry, trace: Path, events: pd.DataFrame, flows: pd.DataFrame, 
             continue
         if base in found.capped:
             evict(base.parent, keep=base.name)
-        return _file(base, SEAL_SUFFIX)
+        return base, str(events_sealed["sum"])
     return None
 
 

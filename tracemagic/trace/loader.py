@@ -342,7 +342,8 @@ def load(
         callback(total, total)
     trace = as_trace(events, flows, meta, cpu_order, path, manifest)
     if sealed is not None and entry is not None:
-        trace.store = _stored_after_write(sealed, entry, manifest, trace.events)
+        base, events_sum = sealed
+        trace.store = _table_store(base, entry, events_sum, manifest, trace.events)
     return trace
 
 
@@ -354,18 +355,6 @@ def _table_store(
     if not cache.TableStore.enabled():
         return None
     return cache.TableStore(base, entry, events_sum, json.dumps(manifest, sort_keys=True, default=str), events)
-
-
-def _stored_after_write(
-    sealed: Path, entry: cache.Entry, manifest: dict[str, Any] | None, events: pd.DataFrame
-) -> cache.TableStore | None:
-    """The table store of the entry ``cache.write`` just sealed."""
-    base = sealed.with_name(sealed.name.removesuffix(cache.SEAL_SUFFIX))
-    seal = cache.read_seal(base)
-    sealed_events = seal.get("events") if seal is not None else None
-    if not isinstance(sealed_events, dict) or "sum" not in sealed_events:
-        return None
-    return _table_store(base, entry, str(sealed_events["sum"]), manifest, events)
 
 
 def assemble(
