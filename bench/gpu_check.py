@@ -131,8 +131,21 @@ def environment() -> dict[str, Any]:
 
     env["distributions"] = {
         name: [d.version for d in metadata.distributions(name=name)]
-        for name in ("pandas", "numpy", "pyarrow", "narwhals", "python-dateutil", "typing_extensions", "psutil",
-                     "packaging", "pygments", "setuptools", "jinja2", "ipykernel", "plotly")
+        for name in (
+            "pandas",
+            "numpy",
+            "pyarrow",
+            "narwhals",
+            "python-dateutil",
+            "typing_extensions",
+            "psutil",
+            "packaging",
+            "pygments",
+            "setuptools",
+            "jinja2",
+            "ipykernel",
+            "plotly",
+        )
     }
     from tracemagic.trace import parse, structure
 
@@ -177,10 +190,15 @@ def peak():
 def expected_layers(var, model):  # the root by its variable, the rest by their attribute path
     return sorted(var if not n else n for n, m in model.named_modules()
                   if not isinstance(m, (nn.ModuleList, nn.ModuleDict)))
-def note(key, cap, var, model, cell_peak, times):
-    INFO["captures"][key] = {{"dir": str(cap.dir.resolve()), "status": cap.status, "var": var,
-        "named_modules": expected_layers(var, model) if model is not None else None,
-        "max_memory_allocated": cell_peak, "iteration_s": times}}
+def note(key, var, model):
+    # what the capture cell left (a cell that raised before its end leaves None: not noted)
+    global cap, cell_peak, times
+    if cap is not None:
+        INFO["captures"][key] = {{"dir": str(cap.dir.resolve()), "status": cap.status, "var": var,
+            "named_modules": expected_layers(var, model) if model is not None else None,
+            "max_memory_allocated": cell_peak, "iteration_s": times}}
+    cap = cell_peak = times = None
+cap = cell_peak = times = None
 """
     quick_model = notebook_code("quickstart.ipynb", "class SmallNet").replace(
         "model = SmallNet()", "model = SmallNet().to(DEV)"
@@ -309,22 +327,22 @@ for i in range(6):
         quick_model,
         # shown as a user sees it: the dashboard widget (plotly + ipywidgets) in the output
         f"%%chakra_trace --out traces -v cap --et --name quickstart_et\n{quick_loop}",
-        "note('quickstart_et', cap, 'model', model, cell_peak, times)",
+        "note('quickstart_et', 'model', model)",
         f"%%chakra_trace {flags} -v cap --name quickstart\n{quick_loop}",
-        "note('quickstart', cap, 'model', model, cell_peak, times)",
+        "note('quickstart', 'model', model)",
         bert,
         f"%%chakra_trace {flags} -v cap --et --name transformer_et\n{bert_loop}",
-        "note('transformer_et', cap, 'bert', bert, cell_peak, times)",
+        "note('transformer_et', 'bert', bert)",
         bare,
         f"%%chakra_trace {flags} -v cap --name transformer\n{bert_loop}",
-        "note('transformer', cap, 'bert', bert, cell_peak, times)\nINFO['timings']['magic'] = times",
+        "INFO['timings']['magic'] = times\nnote('transformer', 'bert', bert)",
         matmul,
         f"%%chakra_trace {flags} -v cap --name matmul --wait 0 --warmup 1 --active 2 --no-memory-timeline\n"
         f"{matmul_loop}",
-        "note('matmul', cap, None, None, None, None)",
+        "note('matmul', None, None)",
         compiled,
         f"%%chakra_trace {flags} -v cap --name compiled\n{compiled_loop}",
-        f"note('compiled', cap, 'cm', None, None, None)\n"
+        "note('compiled', 'cm', None)\n"
         f"INFO['compiled'] = {{'backend': {backend!r}, 'frames_before': frames_before, "
         "'frames_after': sum(counters['frames'].values())}",
         f"INFO['bare'] = {str(work / 'bare.json')!r}\nopen({str(work / 'info.json')!r}, 'w').write(json.dumps(INFO))",
@@ -352,7 +370,7 @@ def run_kernel(work: Path, cuda: bool) -> dict[str, Any]:
         [str(work / "jupyter"), *filter(None, [os.environ.get("JUPYTER_PATH")])]
     )
     client = nbclient.NotebookClient(
-        nb, timeout=400, kernel_name="python3", resources={"metadata": {"path": str(work)}}
+        nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(work)}}
     )
     t0 = time.perf_counter()
     try:
@@ -361,8 +379,9 @@ def run_kernel(work: Path, cuda: bool) -> dict[str, Any]:
         for i, cell in enumerate(nb.cells):
             for out in cell.get("outputs", []):
                 if out.get("output_type") == "error":
-                    print(f"cell {i} raised {out['ename']}: {out['evalue']}", flush=True)
                     print("\n".join(out.get("traceback", []))[-3000:], flush=True)
+                    first = cell.source.splitlines()[0][:60]
+                    record("FAIL", f"kernel cell {i} ({first})", f"{out['ename']}: {out['evalue'][:500]}")
     print(f"kernel cells ran in {time.perf_counter() - t0:.1f} s", flush=True)
     info: dict[str, Any] = json.loads((work / "info.json").read_text())
     shown = [o for o in nb.cells[2].get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
@@ -666,13 +685,16 @@ def _eq(a: Any, b: Any) -> None:
 
 
 def pack(key: str, entry: dict[str, Any], env: dict[str, Any], out: Path) -> Path:
-    """``<out>/cuda_<key>.tar.gz`` (``cpu_`` without CUDA): the capture folder and ``gpu_check.json``."""
+    """``<out>/cuda_<key>.tar.gz`` (``cpu_`` without CUDA): the capture folder as the magic wrote
+    it, and beside it (not in it: the folder stays a capture) ``gpu_check.json``."""
     folder = Path(entry["dir"])
     meta = {"environment": env, "capture": key, **{k: v for k, v in entry.items() if k != "dir"}}
-    (folder / "gpu_check.json").write_text(json.dumps(meta, indent=1))
+    meta_path = folder.parent / f".{key}.gpu_check.json"
+    meta_path.write_text(json.dumps(meta, indent=1))
     prefix = "cuda" if env["cuda_available"] else "cpu"
     path = out / f"{prefix}_{key}.tar.gz"
     with tarfile.open(path, "w:gz", compresslevel=9) as tar:
+        tar.add(meta_path, arcname="gpu_check.json")
         for p in sorted(folder.iterdir()):
             if p.is_file() and not p.name.startswith("."):
                 tar.add(p, arcname=f"{prefix}_{key}/{p.name}")
@@ -704,6 +726,32 @@ def timings(info: dict[str, Any], work: Path) -> None:
         ]
 
     print(f"TIMING ProfilerStep ms, bare: {steps_ms(bare_doc)}, magic: {steps_ms(magic_doc)}", flush=True)
+
+
+def pytest_cuda_test(cuda: bool) -> None:
+    """``pytest tests/test_magic.py -k cuda``: the CUDA test the suite skips without a GPU."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "tests/test_magic.py",
+        "-k",
+        "cuda",
+    ]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as exc:
+        record("FAIL", "pytest tests/test_magic.py -k cuda", f"timed out after {exc.timeout} s")
+        return
+    print(done.stdout[-3000:] + done.stderr[-2000:], flush=True)
+    last = (done.stdout.strip().splitlines() or ["?"])[-1]
+    passed = done.returncode == 0 and "passed" in last
+    status = "PASS" if passed else ("SKIP" if done.returncode == 0 and not cuda else "FAIL")
+    record(status, "pytest tests/test_magic.py -k cuda", last)
 
 
 def main() -> int:
@@ -764,32 +812,7 @@ def main() -> int:
     if args.no_pytest:
         record("SKIP", "pytest tests/test_magic.py -k cuda", "--no-pytest")
     else:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-rs",
-                "tests/test_magic.py",
-                "-k",
-                "cuda",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        print(done.stdout[-3000:] + done.stderr[-2000:], flush=True)
-        last = (done.stdout.strip().splitlines() or ["?"])[-1]
-        status = (
-            "PASS"
-            if done.returncode == 0 and "passed" in last
-            else ("SKIP" if done.returncode == 0 and not cuda else "FAIL")
-        )
-        record(status, "pytest tests/test_magic.py -k cuda", last)
+        pytest_cuda_test(cuda)
     shutil.rmtree(work, ignore_errors=True)
     counts = {s: sum(1 for r in RESULTS if r[0] == s) for s in ("PASS", "FAIL", "SKIP")}
     print(

@@ -1,7 +1,7 @@
 """Our own CUDA captures (made on a GPU by ``bench/gpu_check.py``), parsed on any machine.
 
 Each ``tests/data/cuda/*.tar.gz`` holds one capture folder as the magic wrote it on the GPU,
-plus ``gpu_check.json`` (the GPU, driver, torch, and what the cell itself read:
+and beside it ``gpu_check.json`` (the GPU, driver, torch, and what the cell itself read:
 ``torch.cuda.max_memory_allocated()`` over the recorded iterations, ``named_modules()``).
 Every figure is checked against the raw JSON, computed here. ``TRACEMAGIC_CUDA_CAPTURES=DIR``
 points the module at another folder of such archives (``bench/gpu_check.py --out DIR`` on a
@@ -44,7 +44,7 @@ class Capture:
             tar.extractall(into, filter="data")
         (self.dir,) = [p for p in into.iterdir() if p.is_dir()]
         self.key = _key(archive)
-        self.meta: dict[str, Any] = json.loads((self.dir / "gpu_check.json").read_text())
+        self.meta: dict[str, Any] = json.loads((into / "gpu_check.json").read_text())
         self.manifest: dict[str, Any] = json.loads((self.dir / "capture.json").read_text())
         self.doc: dict[str, Any] = json.loads((self.dir / "kineto_trace_0.json").read_text())
         self.trace = tracemagic.load(self.dir, cache_dir=into / "cache")
