@@ -2,7 +2,7 @@
 
 The device command (one line, from the repository root, with ``.whl`` carried)::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && (python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || echo BUILD FAILED: the Python loader route is used) ; set -o pipefail; PYTHONUNBUFFERED=1 timeout 560 python3 bench/gpu_check.py 2>&1 | tee $OUT/gpu_check.log
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && (python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || echo BUILD FAILED: the Python loader route is used) ; set -o pipefail; PYTHONUNBUFFERED=1 timeout 480 python3 bench/gpu_check.py 2>&1 | tee $OUT/gpu_check.log
 
 What it does, through the magic in a real kernel (nbclient + ipykernel, as JupyterLab runs
 cells): captures the quickstart model (``notebooks/quickstart.ipynb``) and the BERT-like
@@ -593,9 +593,15 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
             joined = launching & et_rf
             assert not cuda or launching, "no launching op with a Record function id"
             assert joined == launching, f"{len(launching - joined)} launching ops not in the ET"
+            # and every op of the recorded steps (as tests/test_cuda_captures.py checks)
+            in_steps = [e for e in cpu_ops.values() if any(s["ts"] <= e["ts"] <= s["ts"] + s["dur"] for s in steps)]
+            recorded = {e["args"].get("Record function id") for e in in_steps} - {None}
+            missing = recorded - et_rf
+            assert recorded and not missing, f"{len(missing)}/{len(recorded)} ops of the steps not in the ET"
             return (
                 f"chakra check OK, {report.timed_share:.0%} of {report.pairs[0].et_ops} ET ops timed; "
-                f"{len(joined)}/{len(launching)} kernel-launching ops joined by rf_id"
+                f"{len(joined)}/{len(launching)} kernel-launching ops and {len(recorded)} ops of the steps "
+                "joined by rf_id"
             )
 
         check(f"{key}: ET joined to Kineto", et)
