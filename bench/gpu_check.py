@@ -474,9 +474,6 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
         prev_end = float("-inf")
         for row, s in zip(table.itertuples(), steps):
             start, host_end = s["ts"], s["ts"] + s["dur"]
-            launched = [
-                launches[k["args"]["correlation"]] for k in kernels_raw if k["args"].get("correlation") in launches
-            ]
             ends = [
                 k["ts"] + k["dur"]
                 for k in kernels_raw
@@ -484,10 +481,11 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
                 and start <= launches[k["args"]["correlation"]]["ts"]
                 and launches[k["args"]["correlation"]]["ts"] + launches[k["args"]["correlation"]]["dur"] <= host_end
             ]
-            del launched
             w_start = max(start, prev_end)
             w_end = max([host_end, *ends])
             prev_end = w_end
+            # the window's start against the host step's: both offsets from the same origin
+            assert abs((row.window_ts - row.ts) - (w_start - start)) <= 2.0, (row.step, row.window_ts - row.ts)
             assert abs(row.window_dur - (w_end - w_start)) <= max(2.0, 1e-4 * row.window_dur), (
                 row.step,
                 row.window_dur,

@@ -138,6 +138,7 @@ def test_device_windows_and_gpu_busy_follow_the_raw_events(capture: Capture) -> 
                 ends.append(k["ts"] + k["dur"])
         w_start, w_end = max(start, prev_end), max([host_end, *ends])
         prev_end = w_end
+        assert row.window_ts - row.ts == pytest.approx(w_start - start, abs=2.0)
         assert row.window_dur == pytest.approx(w_end - w_start, abs=max(2.0, 1e-4 * row.window_dur))
         busy = _union(
             [
