@@ -422,7 +422,7 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
     manifest = json.loads((folder / "capture.json").read_text()) if (folder / "capture.json").exists() else {}
     check(f"{key}: capture complete", lambda: _eq(entry["status"], "complete") or f"{len(events):,} events")
     xs = [e for e in events if e.get("ph") == "X"]
-    steps = sorted((e for e in xs if e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    steps = sorted((e for e in xs if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
     kernels_raw = [e for e in xs if e.get("cat") in GPU_CATS]
     launches = {
         e["args"]["correlation"]: e for e in xs if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {})
@@ -727,7 +727,7 @@ def timings(info: dict[str, Any], work: Path) -> None:
         return [
             round(e["dur"] / 1e3, 3)
             for e in doc["traceEvents"]
-            if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")
+            if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
         ]
 
     print(f"TIMING ProfilerStep ms, bare: {steps_ms(bare_doc)}, magic: {steps_ms(magic_doc)}", flush=True)

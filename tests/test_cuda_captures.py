@@ -50,7 +50,7 @@ class Capture:
         self.trace = tracemagic.load(self.dir, cache_dir=into / "cache")
         xs = [e for e in self.doc["traceEvents"] if e.get("ph") == "X"]
         self.xs = xs
-        self.steps = sorted((e for e in xs if e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
+        self.steps = sorted((e for e in xs if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
         self.gpu = [e for e in xs if e.get("cat") in GPU_CATS]
         self.launches = {
             e["args"]["correlation"]: e
