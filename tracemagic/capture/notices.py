@@ -17,6 +17,7 @@ for ``capture.json``.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import re
@@ -105,7 +106,6 @@ class Filter:
     def __init__(self, hidden: list[str]) -> None:
         self.hidden = hidden
         self._saved: int | None = None
-        self._thread: threading.Thread | None = None
         self._closing = False
         self._drained = threading.Event()
 
@@ -139,8 +139,9 @@ class Filter:
         self._saved = saved
         self._closing = False
         self._drained = threading.Event()
-        self._thread = threading.Thread(target=self._pump, args=(read, forward), name="tracemagic-notices", daemon=True)
-        self._thread.start()
+        # a bare thread: ``threading.Thread.start`` waits until it runs (a wait on a busy
+        # machine before the user's loop); ``_drained`` says when it is done
+        _thread.start_new_thread(self._pump, (read, forward))
 
     def stop(self, timeout: float = 2.0) -> None:
         """Put descriptor 2 back and wait, up to ``timeout``, until the thread has passed on
@@ -158,7 +159,6 @@ class Filter:
             os.close(self._saved)
         self._saved = None
         self._drained.wait(timeout)
-        self._thread = None
 
     def _route(self, line: bytes, forward: int) -> None:
         text = line.decode("utf-8", "replace").rstrip("\r\n")

@@ -220,9 +220,10 @@ def atomic_path(final: Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, final)
-    finally:
+    except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        raise
 
 
 def write_json(final: Path, data: Any, gz: bool = False) -> None:
@@ -237,7 +238,9 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
     """Write a manifest (``path``: a capture directory, or the file itself, e.g. a rank's
     ``part_path``) atomically; values JSON cannot hold are written as text."""
     final = path / MANIFEST if path.is_dir() else path
-    write_json(final, json.loads(json.dumps(manifest, default=str)))
+    text = json.dumps(manifest, indent=1, default=str)  # as write_json writes it, in one pass
+    with atomic_path(final) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 # -- reading -------------------------------------------------------------------------------
