@@ -33,6 +33,13 @@ KNOWN_NOTICES = (
     re.compile(r"CPUAllocator.*allocated before the profil", re.IGNORECASE),
     re.compile(r"execution_trace_observer\.cpp:\d+\]\s*(?:Enabling|Disabling) Execution Trace Observer"),
 )
+#: the notices as one pattern (``is_notice``: one search per line, no Python loop; the
+#: filter's thread runs while the profiler records, and its Python calls are recorded)
+_ANY_NOTICE = re.compile(
+    "|".join(f"(?i:{p.pattern})" if p.flags & re.IGNORECASE else f"(?:{p.pattern})" for p in KNOWN_NOTICES)
+)
+#: where ``Filter`` cuts what it reads into lines: after each newline or carriage return
+_LINE_END = re.compile(rb"(?<=[\n\r])")
 #: how long ``Filter`` holds an unfinished line (no newline or carriage return yet) before
 #: passing it on: a progress bar's partial line is not held back longer than this (s)
 PARTIAL_LINE_WAIT_S = 0.05
@@ -40,7 +47,7 @@ PARTIAL_LINE_WAIT_S = 0.05
 
 def is_notice(line: str) -> bool:
     """Whether ``line`` is one of torch's known start/stop notices."""
-    return any(pattern.search(line) for pattern in KNOWN_NOTICES)
+    return _ANY_NOTICE.search(line) is not None
 
 
 @contextlib.contextmanager
@@ -183,7 +190,7 @@ class Filter:
                 if not chunk:
                     break
                 pending += chunk
-                lines = re.split(rb"(?<=[\n\r])", pending)
+                lines = _LINE_END.split(pending)
                 pending = lines.pop()  # '' after a terminator, else the unfinished line
                 for line in lines:
                     self._route(line, forward)
