@@ -187,6 +187,18 @@ def test_a_bad_magic_line_is_refused_every_time(ip, counted):
     assert len(counted["options"]) == 2  # not kept
 
 
+def test_a_one_line_cell_is_prepared_every_time_as_the_namespace_decides_its_meaning(ip, counted):
+    """IPython's prefilter reads a one-line cell against the namespace: ``pwd`` is the
+    magic while no variable has that name, the variable once one does."""
+    run(ip, "pwd")
+    assert ip.user_ns["_chakra_capture"].status == "complete"
+    ip.run_cell("pwd = 'a variable'").raise_error()
+    with capture_output():
+        result = ip.run_cell(f"{HEAD}\npwd", store_history=True)
+    assert result.result == "a variable"
+    assert len(counted["instrument"]) == 2
+
+
 def test_the_prepared_cache_keeps_the_most_recent_cells():
     cache = loop.PreparedCache(size=2)
     made = {}

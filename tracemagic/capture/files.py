@@ -56,7 +56,8 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe
     """
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        if not out.is_dir():  # one stat where it exists (mkdir would fail, then stat it)
+            out.mkdir(parents=True, exist_ok=True)
         taken: set[str] | None = None
         for n in range(1000):
             candidate = out / (f"{name}-{stamp}" if n == 0 else f"{name}-{stamp}-{n}")

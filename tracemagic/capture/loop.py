@@ -168,9 +168,9 @@ def prepare_cell(
 ) -> PreparedCell:
     """Transform, instrument and compile a ``%%chakra_trace`` cell.
 
-    A cell run again unchanged (same text, magic line and options, and the shell's
-    transformers and ``__future__`` flags unchanged) is not transformed, rewritten nor
-    compiled again: its code is taken from ``PREPARED``, renamed after the cell's new
+    A cell of several lines run again unchanged (same text, magic line and options, and the
+    shell's transformers and ``__future__`` flags unchanged) is not transformed, rewritten
+    nor compiled again: its code is taken from ``PREPARED``, renamed after the cell's new
     execution count where the shell names cells by it (tracebacks show the run's own cell).
 
     Args:
@@ -191,8 +191,11 @@ def prepare_cell(
     display = f"%%chakra_trace {line}".rstrip() + "\n" + cell
     running = getattr(shell.displayhook, "exec_result", None)  # the cell being run
     number = running.execution_count if running is not None else shell.execution_count
+    # a one-line cell goes through IPython's prefilter, whose result depends on the
+    # namespace (automagic, autocall): it is prepared every time (it is cheap)
+    kept = sum(1 for text in cell.splitlines() if text.strip()) > 1
     key, keep = _cell_key(shell, display, loop_line, handle, stop, lines)
-    cached = PREPARED.get(key, keep)
+    cached = PREPARED.get(key, keep) if kept else None
     filename = shell.compile.cache(display, number, raw_code="# %%chakra_trace\n" + display)
     if cached is not None:
         return _renamed(cached, filename)
@@ -211,7 +214,8 @@ def prepare_cell(
     body = shell.compile(tree, filename, "exec")
     expr = shell.compile(last_expr, filename, "eval") if last_expr is not None else None
     prepared = PreparedCell(body=body, last_expr=expr, plan=plan, filename=filename)
-    PREPARED.put(key, keep, prepared)
+    if kept:
+        PREPARED.put(key, keep, prepared)
     return prepared
 
 
@@ -262,6 +266,7 @@ def _cell_key(
     manager = getattr(shell, "input_transformer_manager", None)
     keep = (
         *getattr(shell, "ast_transformers", ()),
+        *getattr(shell, "input_transformers_post", ()),
         *getattr(manager, "cleanup_transforms", ()),
         *getattr(manager, "line_transforms", ()),
         *getattr(manager, "token_transformers", ()),
