@@ -110,12 +110,14 @@ def write_with(
     try:
         write(str(raw))
         place(raw, final, gz=gz)
+    except BaseException:
+        if staging is not None:
+            with contextlib.suppress(OSError):
+                raw.unlink(missing_ok=True)  # what the failed write left in the caller's folder
+        raise
     finally:
         if staging is None:
             shutil.rmtree(folder, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                raw.unlink(missing_ok=True)  # what a failed write left
 
 
 def staging_dir(parent: Path) -> Path:
