@@ -35,7 +35,11 @@ whole loop is judged on CPU time (``time.process_time``) too: on a shared machin
 less than the wall time. ``--threads`` (default 1) pins torch's intra-op threads, for the
 same reason.
 
-    .venv/bin/python bench/bench_magic_overhead.py [--reps 9] [--steps 20] [--threads 1]
+``--phases`` prints instead where the magic's own time goes: the CPU time of each of its
+phases (and of torch's calls inside them) in ``--reps`` captures of the ``variable`` case,
+timed by wrapping the functions (a few µs of wrapping each).
+
+    .venv/bin/python bench/bench_magic_overhead.py [--reps 9] [--steps 20] [--threads 1] [--phases]
 """
 
 from __future__ import annotations
@@ -164,6 +168,64 @@ def run_case(ip: Any, case: str, reps: int, out: Path) -> dict[str, Any]:
     return {"med": med, "paired": paired, "cold": (cold_bare, cold_magic)}
 
 
+def phases(ip: Any, reps: int, out: Path) -> None:
+    """Print the median CPU time of each phase of a capture (``--phases``)."""
+    import functools
+
+    from tracemagic import magics
+    from tracemagic.capture import files, loop, naming, notices, session
+    from tracemagic.trace import layout
+
+    spent: dict[str, float] = {}
+
+    def wrap(owner: Any, name: str, label: str) -> None:
+        real = getattr(owner, name)
+
+        @functools.wraps(real)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            began = time.process_time()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.process_time() - began
+
+        setattr(owner, name, timed)
+
+    targets = [
+        (magics.TracemagicMagics, "_options", "magic line parsed (kept per line)"),
+        (loop, "prepare_cell", "cell rewritten and compiled (kept per cell)"),
+        (session.CaptureSession, "open", "open: capture directory + running manifest"),
+        (files, "make_capture_dir", "  capture directory"),
+        (session.CaptureSession, "start", "start: notices filter + profiler"),
+        (notices.Filter, "start", "  notices filter started"),
+        (session.CaptureSession, "step", "step() x every iteration (torch's step inside)"),
+        (torch.profiler.profile, "step", "  torch: prof.step() (trace export inside)"),
+        (session.CaptureSession, "_on_trace_ready", "window written (export, naming, staging)"),
+        (torch.profiler.profile, "export_chrome_trace", "  torch: export_chrome_trace"),
+        (session._Profiler, "_modules", "  nn.Module events named"),
+        (naming, "count_module_events", "    module events counted in the JSON"),
+        (naming, "_module_calls", "    event tree walked"),
+        (files, "staging_dir", "  staging folder made"),
+        (session.CaptureSession, "stop", "stop: profiler stopped, filter stopped"),
+        (notices.Filter, "stop", "  notices filter stopped"),
+        (session.CaptureSession, "finish", "finish: manifest, staging folder removed"),
+        (session.CaptureSession, "_manifest", "  manifest built"),
+        (layout, "write_manifest", "manifest written (x2: running, final)"),
+        (torch.profiler.profile, "stop_trace", "torch: stop_trace (in step() or stop())"),
+    ]
+    for owner, name, label in targets:
+        wrap(owner, name, label)
+    runs: list[dict[str, float]] = []
+    totals: list[float] = []
+    for _ in range(reps):
+        spent.clear()
+        totals.append(magic(ip, out)[1])
+        runs.append(dict(spent))
+    print(f"CPU time per phase, medians of {reps} captures (ms), whole cell {statistics.median(totals) * 1e3:.2f} ms:")
+    for _, _, label in targets:
+        print(f"  {statistics.median(r.get(label, 0.0) for r in runs) * 1e3:8.3f}  {label}")
+
+
 def verdict(ratio: float, goal: float) -> str:
     """``pass`` when ``ratio`` is within ``goal``, else ``falls short``."""
     return "pass" if ratio <= goal else "falls short"
@@ -174,6 +236,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--phases", action="store_true", help="print where the magic's own time goes instead")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -189,6 +252,11 @@ def main() -> None:
         ip.user_ns["train_step"] = make_workload()  # warm both paths up once (imports, first calls)
         bare(ip, out)
         magic(ip, out)
+        if args.phases:
+            ip.run_cell(DEFINE_HELD).raise_error()
+            magic(ip, out)
+            phases(ip, args.reps, out)
+            return
         for case in ("variable", "function"):
             results[case] = run_case(ip, case, args.reps, out)
 
