@@ -4,6 +4,12 @@ The magic runs each statement of the cell under a ``tracemagic.line:N`` annotati
 (``capture.loop.mark_lines``); every op, kernel and allocation beneath one belongs to line N.
 A compound statement's mark (``for``, ``if``, ``with`` ...) encloses its inner lines', so a
 line's inclusive figures hold its nested lines' and its ``self_`` ones do not.
+
+Work another thread does while a line runs belongs to that line too: on a GPU, autograd runs
+``loss.backward()``'s ops (and launches their kernels) on a thread of its own while the cell's
+thread waits inside the line's mark, so an op, annotation or runtime call on a thread without
+marks is the line's whose mark holds its start (the innermost event of the marked thread at
+that moment, as ``memory_holders`` places ``[memory]`` events).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import aggregate
-from tracemagic.analysis._common import in_scope, memory_holders, union_length
+from tracemagic.analysis._common import enclosing_at, in_scope, memory_holders, thread_keys_of, union_length
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.steps import steps
 from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
@@ -47,10 +53,16 @@ def line_label(number: int, text: str) -> str:
 
 def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """The line mark events of the trace: (per events row, the cell line of the innermost
-    line mark enclosing it, itself included, -1 for none; the mark rows). Computed once per
-    trace."""
+    line mark enclosing it, itself included, or for a thread without marks holding its start
+    (see the module's docstring), -1 for none; the mark rows). Computed once per trace."""
+    line, rows, _ = _marks(trace)
+    return line, rows
 
-    def compute() -> tuple[np.ndarray, np.ndarray]:
+
+def _marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`marks` and, per events row, the row of that innermost line mark (-1 for none)."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         events = trace.events
         names = events["name"]
         categories = names.cat.categories
@@ -64,11 +76,41 @@ def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
         is_mark = (line_of >= 0) & kind_mask(events, "user_annotation")
         rows = np.flatnonzero(is_mark)
         if not rows.size:
-            return np.full(len(events), -1, dtype=np.int64), rows
+            none = np.full(len(events), -1, dtype=np.int64)
+            return none, rows, none
         inner = propagate(events["parent"].to_numpy(), events["depth"].to_numpy(), is_mark)
-        return np.where(inner >= 0, line_of[np.maximum(inner, 0)], -1), rows
+        _other_threads(trace, inner, rows)
+        return np.where(inner >= 0, line_of[np.maximum(inner, 0)], -1), rows, inner
 
     return trace.shared(Shared.LINE_MARKS, compute)
+
+
+def _other_threads(trace: TraceTables, inner: np.ndarray, mark_rows: np.ndarray) -> None:
+    """Give the ops, annotations and runtime calls of threads without marks (autograd's
+    backward thread) the innermost mark of their rank's marked thread holding their start:
+    ``inner`` (the innermost mark row above each row) is filled in place."""
+    events = trace.events
+    keys = thread_keys_of(trace)
+    marked, counts = np.unique(keys[mark_rows], return_counts=True)
+    free = np.flatnonzero(
+        (inner < 0) & kind_mask(events, "cpu_op", "user_annotation", "runtime") & ~np.isin(keys, marked)
+    )
+    if not free.size:
+        return
+    rank = events["rank"].to_numpy()
+    order = np.argsort(-counts, kind="stable")  # per rank its thread with the most marks
+    home: dict[int, int] = {}
+    for key in marked[order].tolist():
+        home.setdefault(int(rank[mark_rows[np.argmax(keys[mark_rows] == key)]]), int(key))
+    target = np.full(free.size, -1, dtype=np.int64)
+    for r, key in home.items():
+        target[rank[free] == r] = key
+    free, target = free[target >= 0], target[target >= 0]
+    if not free.size:
+        return
+    host = enclosing_at(trace, target, events["ts"].to_numpy()[free])
+    held = host >= 0
+    inner[free[held]] = inner[host[held]]
 
 
 def line_of_rows(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
@@ -97,8 +139,9 @@ def lines(trace: TraceTables) -> pd.DataFrame:
     line, -1 at top level); ``calls`` (the line's runs per step: its outermost marks);
     ``cpu_us`` (the union of the line's mark intervals: host wall time, like an op's total
     CPU time); ``self_cpu_us`` (less its nested lines' marks); ``gpu_us`` (the summed
-    durations of the kernels, memcpy and memset launched by ops beneath the line: the
-    TensorBoard plugin's and ``key_averages``' device total, streams summed);
+    durations of the kernels, memcpy and memset launched by ops beneath the line, or by
+    another thread while it ran, as autograd's backward thread does: the TensorBoard
+    plugin's and ``key_averages``' device total, streams summed);
     ``self_gpu_us`` (those whose innermost line it is); ``step_pct`` (``cpu_us`` as % of the
     mean step, ``steps()``' ``window_dur``); ``alloc_bytes`` (bytes allocated beneath the
     line per step); ``peak_bytes`` (bytes allocated beneath the line, at any time, still
@@ -169,12 +212,8 @@ def _chain_lines(trace: TraceTables, line_of: np.ndarray, at: np.ndarray, number
     """For CPU rows ``at``: the index in ``numbers`` of each line on their chain of marks,
     innermost first, one array per level (-1 past the chain's end; a line repeated by a
     one-line compound is given once)."""
-    events = trace.events
-    parent = events["parent"].to_numpy()
-    _, mark_rows = marks(trace)
-    is_mark = np.zeros(len(events), dtype=bool)
-    is_mark[mark_rows] = True
-    inner = propagate(parent, events["depth"].to_numpy(), is_mark)
+    parent = trace.events["parent"].to_numpy()
+    _, _, inner = _marks(trace)
     levels = []
     cur = np.where(at >= 0, inner[np.maximum(at, 0)], -1)
     last = np.full(at.size, -1, dtype=np.int64)
