@@ -513,3 +513,18 @@ def test_cuda0_memory_is_the_raw_allocator_events(capture: Capture) -> None:
     assert common[1] >= 0.95 * len(offsets), Counter(offsets).most_common(3)
     assert set(categories["before_capture"]) == {common[0]}
     assert max(categories["total_bytes"]) == max(moments) and len(categories) >= len(moments)
+
+
+@pytest.mark.browser
+@each("matmul")
+def test_the_iteration_strip_numbers_whole_iterations(capture: Capture, browser: Any, tmp_path: Path) -> None:
+    """The report's strip of every iteration (4 here) in Chromium: one tick per iteration,
+    whole numbers (plotly's own ticks put 0.5 steps on so short a range)."""
+    page = browser.new_page(viewport={"width": 1024, "height": 900})
+    try:
+        page.goto(write_report(capture.trace, tmp_path / "report.html").as_uri())
+        page.wait_for_selector("#fig-strip .xtick text")
+        ticks = page.evaluate("[...document.querySelectorAll('#fig-strip .xtick text')].map(t => t.textContent)")
+    finally:
+        page.close()
+    assert ticks == [str(i) for i in range(capture.manifest["iterations"])], ticks
