@@ -528,3 +528,16 @@ def test_the_iteration_strip_numbers_whole_iterations(capture: Capture, browser:
     finally:
         page.close()
     assert ticks == [str(i) for i in range(capture.manifest["iterations"])], ticks
+
+
+@each("matmul")
+def test_a_bf16_matmul_below_its_roof_is_not_told_to_lower_its_precision(capture: Capture, tmp_path: Path) -> None:
+    """The Overview names the op furthest below its roof: for the bf16 matmul (its inputs
+    BFloat16 in the raw JSON) the advice is larger matrices, not a lower precision."""
+    capture.needs_gpu()
+    mm = [e for e in capture.cpu_ops.values() if e["name"] == "aten::mm" and capture.step_of(e["ts"]) >= 0]
+    assert mm and {tuple(e["args"]["Input type"]) for e in mm} == {("c10::BFloat16", "c10::BFloat16")}
+    html = write_report(capture.trace, tmp_path / "report.html").read_text(encoding="utf-8")
+    (fact,) = re.findall(r"furthest below its roof</dt><dd>(.*?)</dd>", html)
+    assert fact.startswith("aten::mm [[8192, 8192], [8192, 8192]]") and "compute-bound" in fact, fact
+    assert "already in a low precision" in fact and "BF16/FP16" not in fact, fact
