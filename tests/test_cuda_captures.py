@@ -541,3 +541,24 @@ def test_a_bf16_matmul_below_its_roof_is_not_told_to_lower_its_precision(capture
     (fact,) = re.findall(r"furthest below its roof</dt><dd>(.*?)</dd>", html)
     assert fact.startswith("aten::mm [[8192, 8192], [8192, 8192]]") and "compute-bound" in fact, fact
     assert "already in a low precision" in fact and "BF16/FP16" not in fact, fact
+
+
+@each("quickstart", "transformer_et")
+def test_the_flame_hangs_the_backward_below_its_line(capture: Capture) -> None:
+    """The call tree (the Flame tab's) of a GPU capture: autograd's backward thread's ops hang
+    below ``loss.backward()``'s line, which holds the GPU work launched while it ran (raw),
+    and no autograd op is a root of its own."""
+    capture.needs_gpu()
+    raw = _raw_lines(capture)
+    raw.pop(-1)
+    n = len(_counted(capture))
+    cell = dict(enumerate(capture.manifest["cell"].splitlines(), start=2))
+    (number,) = [k for k in raw if cell[k].strip() == "loss.backward()"]
+    for user_only in (True, False):
+        tree = capture.trace.call_tree(user_only=user_only)
+        (row,) = tree[tree["name"].astype(str).str.startswith(f"line {number} ")].itertuples()
+        assert row.gpu_us == pytest.approx(raw[number]["gpu_us"] * n, abs=1.0)
+        assert row.self_cpu_us >= 0 and row.cpu_us > 0
+        roots = tree[tree["parent"] == -1]
+        assert not roots["name"].astype(str).str.startswith("autograd::").any()
+        assert float(roots["gpu_us"].sum()) == pytest.approx(sum(k["dur"] for k in capture.gpu), abs=1.0)

@@ -90,27 +90,37 @@ def _other_threads(trace: TraceTables, inner: np.ndarray, mark_rows: np.ndarray)
     backward thread) the innermost mark of their rank's marked thread holding their start:
     ``inner`` (the innermost mark row above each row) is filled in place."""
     events = trace.events
-    keys = thread_keys_of(trace)
-    marked, counts = np.unique(keys[mark_rows], return_counts=True)
-    free = np.flatnonzero(
-        (inner < 0) & kind_mask(events, "cpu_op", "user_annotation", "runtime") & ~np.isin(keys, marked)
-    )
-    if not free.size:
-        return
-    rank = events["rank"].to_numpy()
-    order = np.argsort(-counts, kind="stable")  # per rank its thread with the most marks
-    home: dict[int, int] = {}
-    for key in marked[order].tolist():
-        home.setdefault(int(rank[mark_rows[np.argmax(keys[mark_rows] == key)]]), int(key))
-    target = np.full(free.size, -1, dtype=np.int64)
-    for r, key in home.items():
-        target[rank[free] == r] = key
-    free, target = free[target >= 0], target[target >= 0]
-    if not free.size:
-        return
-    host = enclosing_at(trace, target, events["ts"].to_numpy()[free])
+    free = np.flatnonzero((inner < 0) & kind_mask(events, "cpu_op", "user_annotation", "runtime"))
+    host = waited_in(trace, free, mark_rows)
     held = host >= 0
     inner[free[held]] = inner[host[held]]
+
+
+def waited_in(trace: TraceTables, rows: np.ndarray, mark_rows: np.ndarray | None = None) -> np.ndarray:
+    """For CPU ``rows`` on threads without line marks (autograd's backward thread): the
+    innermost CPU event of their rank's marked thread (the one with the most marks) holding
+    their start, where the cell waited for them; -1 for rows on a marked thread, of a rank
+    without marks or at a moment that thread recorded nothing."""
+    out = np.full(np.size(rows), -1, dtype=np.int64)
+    if mark_rows is None:
+        mark_rows = marks(trace)[1]
+    if not mark_rows.size or not out.size:
+        return out
+    events = trace.events
+    keys = thread_keys_of(trace)
+    marked, counts = np.unique(keys[mark_rows], return_counts=True)
+    rank = events["rank"].to_numpy()
+    home: dict[int, int] = {}
+    for key in marked[np.argsort(-counts, kind="stable")].tolist():
+        home.setdefault(int(rank[mark_rows[np.argmax(keys[mark_rows] == key)]]), int(key))
+    rows = np.asarray(rows, dtype=np.int64)
+    target = np.full(rows.size, -1, dtype=np.int64)
+    for r, key in home.items():
+        target[rank[rows] == r] = key
+    free = (target >= 0) & ~np.isin(keys[rows], marked)
+    if free.any():
+        out[free] = enclosing_at(trace, target[free], events["ts"].to_numpy()[rows[free]])
+    return out
 
 
 def line_of_rows(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
