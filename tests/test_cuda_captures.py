@@ -562,3 +562,38 @@ def test_the_flame_hangs_the_backward_below_its_line(capture: Capture) -> None:
         roots = tree[tree["parent"] == -1]
         assert not roots["name"].astype(str).str.startswith("autograd::").any()
         assert float(roots["gpu_us"].sum()) == pytest.approx(sum(k["dur"] for k in capture.gpu), abs=1.0)
+
+
+@each("transformer")
+def test_only_autograds_threads_work_for_a_line(capture: Capture, tmp_path: Path) -> None:
+    """The same capture with its ``pt_autograd_0`` thread renamed (as a DataLoader's
+    pin-memory thread would be named): its work runs on its own, no line's, so the
+    ``loss.backward()`` line keeps only the GPU work its own thread launched (raw)."""
+    capture.needs_gpu()
+    doc = json.loads((capture.dir / "kineto_trace_0.json").read_text())
+    renamed = 0
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and "pt_autograd_" in e["args"]["name"]:
+            e["args"]["name"] = e["args"]["name"].replace("pt_autograd_0", "python3")
+            renamed += 1
+    assert renamed
+    folder = tmp_path / "renamed"
+    folder.mkdir()
+    (folder / "kineto_trace_0.json").write_text(json.dumps(doc))
+    (folder / "capture.json").write_text((capture.dir / "capture.json").read_text())
+    lines = tracemagic.load(folder, cache_dir=tmp_path / "cache").lines().set_index("line")
+    counted = _counted(capture)
+    marks = _line_marks(capture, counted)
+    cell = dict(enumerate(capture.manifest["cell"].splitlines(), start=2))
+    (number,) = {_line(m) for m in marks if cell[_line(m)].strip() == "loss.backward()"}
+    own = {m["tid"] for m in marks}
+    mine = [m for m in marks if _line(m) == number]
+    expected = sum(
+        k["dur"]
+        for k in capture.gpu
+        if (launch := capture.launches.get(k["args"].get("correlation"))) is not None
+        and launch["tid"] in own
+        and any(_holds(m, launch["ts"]) for m in mine)
+    ) / len(counted)
+    assert float(lines.loc[number, "gpu_us"]) == pytest.approx(expected, abs=0.5)
+    assert float(capture.trace.lines().loc[lambda t: t["line"] == number, "gpu_us"].iloc[0]) > expected + 100

@@ -5,11 +5,12 @@ The magic runs each statement of the cell under a ``tracemagic.line:N`` annotati
 A compound statement's mark (``for``, ``if``, ``with`` ...) encloses its inner lines', so a
 line's inclusive figures hold its nested lines' and its ``self_`` ones do not.
 
-Work another thread does while a line runs belongs to that line too: on a GPU, autograd runs
-``loss.backward()``'s ops (and launches their kernels) on a thread of its own while the cell's
-thread waits inside the line's mark, so an op, annotation or runtime call on a thread without
-marks is the line's whose mark holds its start (the innermost event of the marked thread at
-that moment, as ``memory_holders`` places ``[memory]`` events).
+Work autograd's threads do while a line runs belongs to that line too: on a GPU, autograd runs
+``loss.backward()``'s ops (and launches their kernels) on a thread of its own
+(``pt_autograd_0``) while the cell's thread waits inside the line's mark, so an op, annotation
+or runtime call of that thread is the line's whose mark holds its start (the innermost event
+of the marked thread at that moment, as ``memory_holders`` places ``[memory]`` events). Other
+threads (a DataLoader's pin-memory thread) run on their own: no line's (see ``waited_in``).
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def _marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _other_threads(trace: TraceTables, inner: np.ndarray, mark_rows: np.ndarray) -> None:
-    """Give the ops, annotations and runtime calls of threads without marks (autograd's
-    backward thread) the innermost mark of their rank's marked thread holding their start:
+    """Give the ops, annotations and runtime calls of autograd's threads (``waited_in``) the
+    innermost mark of their rank's marked thread holding their start:
     ``inner`` (the innermost mark row above each row) is filled in place."""
     events = trace.events
     free = np.flatnonzero((inner < 0) & kind_mask(events, "cpu_op", "user_annotation", "runtime"))
@@ -96,11 +97,18 @@ def _other_threads(trace: TraceTables, inner: np.ndarray, mark_rows: np.ndarray)
     inner[free[held]] = inner[host[held]]
 
 
+#: the name torch gives autograd's device threads (``pt_autograd_0``), which run a backward
+#: while the thread that called it waits
+AUTOGRAD_THREAD = "pt_autograd_"
+
+
 def waited_in(trace: TraceTables, rows: np.ndarray, mark_rows: np.ndarray | None = None) -> np.ndarray:
-    """For CPU ``rows`` on threads without line marks (autograd's backward thread): the
-    innermost CPU event of their rank's marked thread (the one with the most marks) holding
-    their start, where the cell waited for them; -1 for rows on a marked thread, of a rank
-    without marks or at a moment that thread recorded nothing."""
+    """For CPU ``rows`` on threads without line marks that work for the cell (autograd's
+    backward threads, ``AUTOGRAD_THREAD``; every such thread where the trace names none):
+    the innermost CPU event of their rank's marked thread (the one with the most marks)
+    holding their start, where the cell waited for them; -1 for rows on other threads, of a
+    rank without marks or at a moment that thread recorded nothing. A thread that runs on
+    its own (a DataLoader's pin-memory thread) is no line's."""
     out = np.full(np.size(rows), -1, dtype=np.int64)
     if mark_rows is None:
         mark_rows = marks(trace)[1]
@@ -117,10 +125,26 @@ def waited_in(trace: TraceTables, rows: np.ndarray, mark_rows: np.ndarray | None
     target = np.full(rows.size, -1, dtype=np.int64)
     for r, key in home.items():
         target[rank[rows] == r] = key
-    free = (target >= 0) & ~np.isin(keys[rows], marked)
+    free = (target >= 0) & ~np.isin(keys[rows], marked) & np.isin(keys[rows], _helper_threads(trace, keys, rows))
     if free.any():
         out[free] = enclosing_at(trace, target[free], events["ts"].to_numpy()[rows[free]])
     return out
+
+
+def _helper_threads(trace: TraceTables, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The thread keys among ``rows``' that work for the cell's thread: those the trace
+    names ``AUTOGRAD_THREAD…``, or all of a rank whose threads the trace does not name."""
+    events = trace.events
+    names = trace.meta.get("threads") or {}
+    found, first = np.unique(keys[rows], return_index=True)
+    at = rows[first]
+    pid, tid, rank = events["pid"].to_numpy()[at], events["tid"].to_numpy()[at], events["rank"].to_numpy()[at]
+    keep = []
+    for key, p, t, r in zip(found.tolist(), pid, tid, rank.tolist()):
+        named = names.get(r) or names.get(str(r)) or {}
+        if not named or AUTOGRAD_THREAD in str(named.get(f"{p}/{t}", "")):
+            keep.append(key)
+    return np.asarray(keep, dtype=np.int64)
 
 
 def line_of_rows(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
@@ -150,7 +174,7 @@ def lines(trace: TraceTables) -> pd.DataFrame:
     ``cpu_us`` (the union of the line's mark intervals: host wall time, like an op's total
     CPU time); ``self_cpu_us`` (less its nested lines' marks); ``gpu_us`` (the summed
     durations of the kernels, memcpy and memset launched by ops beneath the line, or by
-    another thread while it ran, as autograd's backward thread does: the TensorBoard
+    autograd's backward thread while it ran: the TensorBoard
     plugin's and ``key_averages``' device total, streams summed);
     ``self_gpu_us`` (those whose innermost line it is); ``step_pct`` (``cpu_us`` as % of the
     mean step, ``steps()``' ``window_dur``); ``alloc_bytes`` (bytes allocated beneath the

@@ -556,8 +556,8 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
     time is their parent's self time); a kernel hangs below the op that launched it (the
     runtime call's ``External id``), else below the node around its runtime call, else
     below ``NO_LAUNCH``. Several ranks: one ``rank N`` node above each rank's tree. In a
-    ``%%chakra_trace`` capture (line marks) the outermost ops of a thread without marks, as
-    autograd's backward thread's, hang below the node of the cell's thread that waited for them (the
+    ``%%chakra_trace`` capture (line marks) the outermost ops of autograd's backward thread
+    (``lines.waited_in``) hang below the node of the cell's thread that waited for them (the
     ``loss.backward()`` line), not beside it: that node's time holds them.
 
     Args:
@@ -593,9 +593,8 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
     cpu_rows = np.flatnonzero(is_node)
     up = np.full(n, -1, dtype=np.int64)
     up[cpu_rows] = enclosing_of_kind(parent, depth, is_node, cpu_rows)
-    # a %%chakra_trace capture: the outermost ops of a thread without line marks (autograd's
-    # backward thread; not Python frames: a background thread's run no line waits for) hang
-    # below the node of the cell's thread that waited for them
+    # a %%chakra_trace capture: the outermost ops of autograd's backward thread (not Python
+    # frames) hang below the node of the cell's thread that waited for them
     tops = cpu_rows[(up[cpu_rows] < 0) & (is_op | is_ann)[cpu_rows]]
     host = waited_in(trace, tops)
     if (host >= 0).any():
