@@ -307,16 +307,23 @@ def test_memory_and_launch_rules_at_their_thresholds() -> None:
     assert fired.keys() == set()  # a busy GPU, nothing else to say
 
 
-def test_no_rule_fired_is_said_with_the_closest_figures(loaded: dict[str, tracemagic.Trace]) -> None:
+def test_no_rule_fired_is_said_with_the_closest_figures(
+    loaded: dict[str, tracemagic.Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The A100 trace: communication and GPU idle just under their 20% thresholds (from the raw
-    windows here), no rule fires, and every view says so with those figures instead of nothing."""
+    windows here), no rule fires, and every view says so with those figures instead of nothing.
+    Its host waits for the GPU 16% of the step in syncs (``host_sync`` fires at 10%: the stalls
+    are checked against the raw runtime calls in test_lines), so that rule's threshold is set
+    above it here: this test is about the closest figures of the others."""
     from tracemagic.views import Dashboard, text
 
     name = "hta_control.json.gz"
     ref = step_shares(raw_events(name))
     assert rules.COMM_SHARE - 0.05 < ref["communication"] < rules.COMM_SHARE - MARGIN
     assert rules.GPU_IDLE_SHARE - 0.08 < ref["gpu_idle"] < rules.GPU_IDLE_SHARE - MARGIN
-    trace = loaded[name]
+    assert "host_sync" in set(loaded[name].advice()["rule"])
+    monkeypatch.setattr(rules, "HOST_SYNC_SHARE", 0.5)
+    trace = tracemagic.load(TRACES / name, use_cache=False)  # the fixture's trace keeps its advice
     table = trace.advice()
     assert table.empty
     closest = table.attrs["closest"]

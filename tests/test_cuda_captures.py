@@ -424,10 +424,16 @@ def test_each_steps_sync_stall_is_its_raw_blocking_calls(capture: Capture) -> No
     assert not any(b["tid"] == i["tid"] and _holds(i, b["ts"]) for i in items for b in blocking)
     listed = syncs[syncs["what"] == "item"]
     assert len(listed) == len(items) and not listed["gpu_wait"].any() and float(listed["stall_us"].sum()) == 0.0
-    # host_sync: the host in .item() (its own time, the rule's figure) against the steps' windows
-    spans = dict(zip(recorded, _windows(capture)))
-    share = sum(e["dur"] for e in items) / sum(end - start for start, end in spans.values())
-    assert ("host_sync" in set(capture.trace.advice()["rule"])) == (share >= HOST_SYNC_SHARE)
+    # host_sync: the stall of the syncs that waited (the raw blocking calls here; the CPU
+    # .item()s count nothing) over the steps' device windows; where it fires it names the line
+    share = sum(e["dur"] for e in raw) / sum(end - start for start, end in _windows(capture))
+    table = capture.trace.advice()
+    assert ("host_sync" in set(table["rule"])) == (share >= HOST_SYNC_SHARE), share
+    if share >= HOST_SYNC_SHARE:
+        (value,) = table.loc[table["rule"] == "host_sync", "value"]
+        assert value == pytest.approx(share, rel=1e-6)
+        (evidence,) = table.loc[table["rule"] == "host_sync", "evidence"]
+        assert re.match(rf"line ({'|'.join(map(str, lines))}) `sync\(\)` waits ", evidence), evidence
 
 
 @each()

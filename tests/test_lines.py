@@ -404,9 +404,15 @@ def test_the_host_sync_advice_names_the_line_that_waits(tmp_path: Path, monkeypa
             stall[int(min(around, key=lambda m: m["dur"])["name"][len(PREFIX):])] += r["dur"]
     top = max(stall, key=lambda k: stall[k])
     monkeypatch.setattr(advice_module, "HOST_SYNC_SHARE", 0.001)
-    table = tracemagic.load(path, use_cache=False).advice()
+    trace = tracemagic.load(path, use_cache=False)
+    table = trace.advice()
     (text,) = table.loc[table["rule"] == "host_sync", "evidence"]
     assert text.startswith(f"line {top} waits {fmt_time(stall[top] / len(steps))} for the GPU every step"), text
+    # the dashboard's Overview says the same, the line named
+    from tracemagic.views import Dashboard
+
+    (line,) = table.loc[table["rule"] == "host_sync", "text"]
+    assert line in Dashboard(trace).section("overview").bullets
 
 
 def test_the_memory_peak_advice_names_the_line_holding_most_of_it(

@@ -79,8 +79,9 @@ RESERVED_MIN_BYTES = 256 * 2**20
 FRAGMENTATION_WEIGHT = 0.20
 #: ``optimizer``: the optimizer's step and zero_grad at least this share of the step (host, or GPU time it launched)
 OPTIMIZER_SHARE = 0.15
-#: ``host_sync``: the host waiting in ``.item()`` (``aten::item``/``aten::_local_scalar_dense``)
-#: at least this share of the step, on a GPU
+#: ``host_sync``: the host waiting for the GPU in its syncs (``syncs()``: ``.item()``, copies to
+#: the host, ``torch.cuda.synchronize()`` and other blocking runtime calls) at least this share
+#: of the step, on a GPU
 HOST_SYNC_SHARE = 0.10
 #: ``roofline``: a gap heads the Overview only when the GPU time it loses is at least this share
 #: of all GPU time of ops with shapes
@@ -147,8 +148,8 @@ def _row(
 class Scope:
     """The tables one evaluation looks at (see :func:`evaluate`), and the mean step's shares
     (``aggregate.step_shares``; None without steps of some length); ``phases``: the scope's
-    ``phases()`` rows (None where not given); ``lines``, ``syncs``: the trace's ``lines()``
-    and the scope's ``syncs()`` where the rules name cell lines (None otherwise); ``line_of``:
+    ``phases()`` rows (None where not given); ``syncs``: the scope's ``syncs()`` on a GPU
+    (None otherwise); ``lines``: the trace's ``lines()`` where the rules name cell lines; ``line_of``:
     events rows -> their cell line (-1 for none), where the trace has line marks."""
 
     steps: pd.DataFrame
@@ -417,7 +418,7 @@ def untypical_window(scope: Scope) -> Row | None:
 
 
 #: the ops that make the host wait for the GPU: ``.item()`` and what it runs
-SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
+SYNC_OPS = _syncs.ITEM_OPS
 
 
 def optimizer_share(scope: Scope) -> tuple[float, float, float] | None:
@@ -474,50 +475,38 @@ def optimizer(scope: Scope) -> Row | None:
 
 
 def host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
-    """The host's waits for the GPU in ``.item()``: (their share of the mean step, the sync
-    ops — ``SYNC_OPS``, an ``aten::_local_scalar_dense`` inside an ``aten::item`` counted
-    once, as its ``aten::item`` — per name: ``calls``, ``total_us``, ``max_us``, ``layer`` of
-    the longest); None without a GPU, steps of some length or syncs."""
+    """The host's waits for the GPU: (the stall of the scope's ``syncs()`` that waited —
+    ``gpu_wait`` — over the steps' device windows, those syncs per name: ``calls``,
+    ``total_us`` and ``max_us`` of stall, ``where`` of the longest); None without a GPU,
+    steps of some length or such syncs. A CPU tensor's ``.item()`` (an optimizer's step
+    count) waits for nothing and is not counted."""
     return scope.once("host_syncs", lambda: _host_syncs(scope))
 
 
 def _host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
-    ops = scope.ops
-    if not scope.has_gpu or scope.share is None or ops.empty:
+    syncs = scope.syncs
+    if not scope.has_gpu or scope.share is None or syncs is None or syncs.empty:
         return None
-    is_sync = ops["name"].isin(SYNC_OPS).to_numpy()  # on the categorical's codes
-    if not is_sync.any():
+    waited = syncs[syncs["gpu_wait"].to_numpy(dtype=bool)]
+    if waited.empty:
         return None
-    candidates = ops[is_sync]
-    names = candidates["name"].astype(str)
-    item_rows = candidates["row"].to_numpy()[(names == "aten::item").to_numpy()]
-    inside_item = (
-        np.isin(candidates["parent"].to_numpy(), item_rows) & (names == "aten::_local_scalar_dense").to_numpy()
-    )
-    syncs = candidates[~inside_item]
-    longest = syncs.sort_values("dur", ascending=False).drop_duplicates("name")
-    # grouped on the names' codes (the same sums, in row order), named once per group, in text order
-    if isinstance(syncs["name"].dtype, pd.CategoricalDtype):
-        codes = syncs["name"].cat.codes.to_numpy()
-        table = syncs["dur"].groupby(codes).agg(calls="size", total_us="sum", max_us="max")
-        table.index = syncs["name"].cat.categories[table.index.to_numpy()].astype(str).rename("name")
-        table = table.sort_index()
-    else:
-        table = syncs.groupby(syncs["name"].astype(str)).agg(
-            calls=("dur", "size"), total_us=("dur", "sum"), max_us=("dur", "max")
-        )
-    table["layer"] = longest.set_index(longest["name"].astype(str))["layer"].astype("string")
+    names = waited["name"].astype(str)
+    table = waited["stall_us"].groupby(names).agg(calls="size", total_us="sum", max_us="max")
+    table.index.name = "name"
+    longest = waited.sort_values("stall_us", ascending=False, kind="stable").drop_duplicates("name")
+    table["where"] = longest.set_index(longest["name"].astype(str))["where"].astype("string")
     n_steps = max(int(scope.steps["step"].nunique()), 1)
     window = float(scope.steps["window_dur"].sum())
     share = float(table["total_us"].sum()) / window if window > 0 else 0.0
     table["per_step_us"] = table["total_us"] / n_steps
     table["calls_per_step"] = table["calls"] / n_steps
-    return share, table.sort_values("total_us", ascending=False)
+    return share, table.sort_values("total_us", ascending=False, kind="stable")
 
 
 def host_sync(scope: Scope) -> Row | None:
-    """On a GPU, the host waiting in ``.item()`` (:func:`host_syncs`) ``HOST_SYNC_SHARE`` of
-    the step or more: names the op, its calls and time per step, and the longest wait."""
+    """On a GPU, the host waiting for the GPU in its syncs (:func:`host_syncs`)
+    ``HOST_SYNC_SHARE`` of the step or more: names the cell line that waits longest, else
+    the sync, its calls and stall per step, and where the longest wait is."""
     found = host_syncs(scope)
     if found is None or found[0] < HOST_SYNC_SHARE:
         return None
@@ -532,13 +521,12 @@ def host_sync(scope: Scope) -> Row | None:
             share,
             f"{where} waits {fmt_time(stall)} for the GPU every step"
             + (f" ({calls:,.0f} syncs)" if calls > 1.5 else "")
-            + f"; .item() takes {fmt_pct(share)} of the step",
-            "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value "
-            "on the GPU inside the step and read it every N steps.",
+            + f"; syncs stall the host {fmt_pct(share)} of the step",
+            _SYNC_ADVICE,
         )
     op = str(table.index[0])
     first = table.iloc[0]
-    where = f" in {shorten(str(first['layer']), 40)}" if pd.notna(first["layer"]) and str(first["layer"]) else ""
+    where = f" in {shorten(str(first['where']), 40)}" if pd.notna(first["where"]) and str(first["where"]) else ""
     return _row(
         "host_sync",
         share,
@@ -547,9 +535,15 @@ def host_sync(scope: Scope) -> Row | None:
         f"The host waits for the GPU in {op} {float(first['calls_per_step']):,.0f}× per step, "
         f"{fmt_time(float(first['per_step_us']))} per step ({fmt_pct(share)} of the step; the longest "
         f"{fmt_time(float(first['max_us']))}{where})",
-        "each .item() (or .cpu(), or printing a tensor) waits for all queued GPU work; keep the value on "
-        "the GPU inside the step and read it every N steps.",
+        _SYNC_ADVICE,
     )
+
+
+#: what ``host_sync`` advises
+_SYNC_ADVICE = (
+    "each sync (.item(), .cpu(), printing a tensor, torch.cuda.synchronize()) waits for all queued GPU work; "
+    "keep values on the GPU inside the step, read them every N steps, and synchronize only where you time."
+)
 
 
 def _sync_line(scope: Scope) -> tuple[str, float, float] | None:
@@ -684,7 +678,7 @@ def evaluate(
         iterations: a capture's ``iterations()`` (the whole trace only), for ``untypical_window``.
         phases: the scope's ``phases()`` rows (None: no ``optimizer`` rule).
         lines: the trace's ``lines()`` (None: the rules name no cell line).
-        syncs: the scope's ``syncs()`` (None: ``host_sync`` names no cell line).
+        syncs: the scope's ``syncs()`` on a GPU (None: no ``host_sync`` rule).
         line_of: events rows -> their cell line, -1 for none (None: ``top_op`` names no line).
 
     Returns:
@@ -871,10 +865,11 @@ def advice(trace: TraceTables, step: int | None = None) -> pd.DataFrame:
         phases = trace.table(_phases.optimizer_phases)  # its columns alone: no forward phase computed
         phases = aggregate.of_steps(phases, steps)
     loop = trace.table(_iterations.iterations) if step is None and manifest else None
-    lines = syncs = line_of = None
+    lines = line_of = None
+    # the host_sync rule's figure, on a GPU (its rows name cell lines where the trace has line marks)
+    syncs = aggregate.of_steps(trace.table(_syncs.syncs), steps) if kernels is not None else None
     if _lines.marks(trace)[1].size:  # a %%chakra_trace capture with line marks: the rules name lines
         lines = trace.table(_lines.lines)
-        syncs = aggregate.of_steps(trace.table(_syncs.syncs), steps) if kernels is not None else None
 
         def line_of(rows: np.ndarray) -> np.ndarray:
             return _lines.line_of_rows(trace, rows)

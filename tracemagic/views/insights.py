@@ -216,10 +216,13 @@ def device_memory(data: TraceData) -> float | None:
 
 
 def advice(data: TraceData, step: int | None = None) -> pd.DataFrame:
-    """``trace.advice(step)`` over the tables a ``TraceData`` holds (``analysis.advice``'s
-    rules; a failed analysis is an empty table, and a job's summarized ranks advise too)."""
+    """``trace.advice(step)``: the same rows, cell lines named (a failed analysis is an empty
+    table); a job's summarized ranks (no events) are advised from the tables they hold."""
+    key = "advice" if step is None else f"advice:step {step}"
+    if not data.summaries_only:
+        return data.table(key, compute=lambda: data.trace.table(_advice.advice, *(() if step is None else (step,))))
     return data.table(
-        "advice" if step is None else f"advice:step {step}",
+        key,
         compute=lambda: _advice.evaluate(
             tables.select_step(data.steps, step),
             tables.select_step(data.ops, step),
@@ -228,8 +231,6 @@ def advice(data: TraceData, step: int | None = None) -> pd.DataFrame:
             data.ranks if data.several_ranks and step is None else None,
             device_memory_bytes=device_memory(data),
             step=step,
-            iterations=data.iterations if step is None and not data.summaries_only else None,
-            phases=phases_of(data, step),
         ),
     )
 
