@@ -134,7 +134,9 @@ class TraceTables:
     def table(self, function: Callable[..., pd.DataFrame], *args: Any, **kwargs: Any) -> pd.DataFrame:
         """``function(self, *args, **kwargs)`` (an analysis), computed once per trace (or
         read from the trace's cache, see ``STORED``) and returned as a copy: the caller may
-        change it freely."""
+        change it freely. The copy is shallow: pandas' copy-on-write (always on from pandas
+        3) copies a column only when either frame changes it, so handing out a table costs
+        neither the time nor the memory of copying it (``attrs`` are still deep-copied)."""
         module = function.__module__.rsplit(".", 1)[-1]
         key = (module, function.__name__, args, tuple(sorted(kwargs.items())))
         name = f"{module}.{function.__name__}"
@@ -146,7 +148,7 @@ class TraceTables:
             or key in self._shared
             or self.store.events is not self.events
         ):
-            return self.shared(key, lambda: function(self, *args, **kwargs)).copy()
+            return self.shared(key, lambda: function(self, *args, **kwargs)).copy(deep=False)
 
         def stored() -> pd.DataFrame:
             frame = self.store.get(name)
@@ -155,7 +157,7 @@ class TraceTables:
                 self.store.put_later(name, frame, self)  # written when this trace is dropped: the caller does not wait
             return frame
 
-        return self.shared(key, stored).copy()
+        return self.shared(key, stored).copy(deep=False)
 
     @classmethod
     def of(cls: type[TraceT], trace: TraceTables) -> TraceT:
