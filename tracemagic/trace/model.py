@@ -41,6 +41,10 @@ T = TypeVar("T")
 TraceT = TypeVar("TraceT", bound="TraceTables")
 
 
+class _Lifetime:
+    """A token held by a trace and its ``TraceTables.of`` copies (``weakref.finalize`` on it)."""
+
+
 class TraceTables:
     """A loaded Kineto trace: the normalized events of every rank plus metadata (data
     only: ``tracemagic.Trace`` adds the analyses and outputs).
@@ -72,6 +76,9 @@ class TraceTables:
         #: for a cached trace: ``cache.TableStore``), else None; not used once ``events``
         #: is replaced (edits in place are not seen: load with ``use_cache=False`` for that)
         self.store: Any = None
+        #: shared by this trace and its ``of`` copies: when the last of them is dropped,
+        #: what waits for that runs (``load`` writes a freshly parsed trace's cache entry then)
+        self.lifetime: object = _Lifetime()
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -169,4 +176,5 @@ class TraceTables:
         new = cls(trace.events, trace.flows, trace.meta, path=trace.path, manifest=trace.manifest)
         new._shared = trace._shared  # one cache of computed tables for both
         new.store = trace.store
+        new.lifetime = trace.lifetime
         return new
