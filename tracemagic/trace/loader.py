@@ -81,9 +81,9 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
         parsed.warnings.append("timestamps were in nanoseconds; converted to µs")
     normalize.fill_device_and_stream(events)
     memory = (events["kind"] == "memory").to_numpy()
-    if memory.any():
-        nbytes = events["bytes"].copy()
-        nbytes[memory] = events["mem_bytes"][memory]
+    if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
+        nbytes = events["bytes"].array.copy()
+        nbytes[memory] = events["mem_bytes"].array[memory]
         events["bytes"] = nbytes
     events = parsed.events = events.drop(columns=["mem_bytes", "device_id"])
     parsed.cpu_by_thread = structure.add_structure(events)
