@@ -220,6 +220,12 @@ def entry(path: Path, files: list[Path] | None, recover: bool, cache_dir: PathLi
     """
     max_bytes()  # a bad cap is reported on every load, not only when a cache is written
     sources = tuple(files if files is not None else [path])
+    places = _places(path, recover, cache_dir)
+    return Entry(places, sources, recover, identity(list(sources), recover), frozenset(places[-1:]))
+
+
+def _places(path: Path, recover: bool, cache_dir: PathLike | None) -> tuple[Path, ...]:
+    """Where the cache of ``load(path)`` lies (see ``entry``): the user cache's place last."""
     resolved = path.resolve()
     suffix = "-recover" if recover else ""
     places: list[Path] = []
@@ -228,15 +234,15 @@ def entry(path: Path, files: list[Path] | None, recover: bool, cache_dir: PathLi
         inner = path.name if resolved != home.resolve() else "traces"
         places.append(home / CAPTURE_FOLDER / f"{inner}{suffix}")
     folder = Path(cache_dir) if cache_dir is not None else user_cache_dir()
-    user = folder / hashlib.sha256(os.fsencode(f"{resolved}{suffix}")).hexdigest()[:24]  # any file name
-    places.append(user)
-    return Entry(tuple(places), sources, recover, identity(list(sources), recover), frozenset([user]))
+    places.append(folder / hashlib.sha256(os.fsencode(f"{resolved}{suffix}")).hexdigest()[:24])  # any file name
+    return tuple(places)
 
 
 def locations(path: PathLike, cache_dir: PathLike | None = None, recover: bool = False) -> list[Path]:
-    """The seal files ``load(path)`` would look for, in order (for tools and tests); the
-    entry of a trace parsed in this process and not yet written is written first."""
-    found = entry(Path(path), None, recover, cache_dir).places
+    """The seal files ``load(path)`` would look for, in order (for tools and tests), for a
+    file or a folder; the entry of a trace parsed in this process and not yet written is
+    written first."""
+    found = _places(Path(path), recover, cache_dir)
     flush_pending(found)
     return [_file(base, SEAL_SUFFIX) for base in found]
 
