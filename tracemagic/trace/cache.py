@@ -504,7 +504,9 @@ class PendingEntry:
 
     It keeps a snapshot of the tables as parsed: shallow copies, which pandas'
     copy-on-write keeps as they were when the user edits ``trace.events`` in place (the
-    edited columns are copied then), so the entry written is always the parse's. A source
+    edited columns are copied then; a ``trace.events`` replaced by another frame keeps the
+    parsed one in memory until the entry is written), so the entry written is always the
+    parse's. A source
     edited meanwhile is seen by ``write`` (its identity no longer matches): nothing is
     written. A process killed before the trace is dropped leaves no entry: the next load
     parses again.
