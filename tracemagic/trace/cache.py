@@ -532,6 +532,15 @@ class PendingEntry:
         """Whether it was written (or given up)."""
         return self._tables is None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled trace (sent to another process) carries its entry as done: only the
+        process that parsed it writes it."""
+        return {"found": self.found, "_tables": None, "_written": self._written}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def flush(self) -> tuple[Path, str] | None:
         """Write the entry now if it is not yet (once); what ``write`` returned: its base
         path and events checksum, or None where it was not written."""
