@@ -63,8 +63,8 @@ def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
         line_of = numbers[names.cat.codes.to_numpy()]  # code -1 (missing) reads the last: -1
         is_mark = (line_of >= 0) & kind_mask(events, "user_annotation")
         rows = np.flatnonzero(is_mark)
-        if not rows.size:  # none (most traces): -1 everywhere, a read-only view costing no memory
-            return np.broadcast_to(np.int64(-1), (len(events),)), rows
+        if not rows.size:
+            return np.full(len(events), -1, dtype=np.int64), rows
         inner = propagate(events["parent"].to_numpy(), events["depth"].to_numpy(), is_mark)
         return np.where(inner >= 0, line_of[np.maximum(inner, 0)], -1), rows
 
