@@ -13,6 +13,10 @@ kinds:
   process share the trace's intermediate results, as in a session (``alone`` times a
   single table after a cached load, so it pays for its intermediates itself).
 
+A ``cached`` spec with ``"empty_cache": true`` loads into a new, empty cache folder: the
+first load of a trace with the cache on (``load``'s default), which parses it and leaves
+its cache entry to be written (as the process ends, see ``trace.cache.PendingEntry``).
+
 A spec with ``"table_cache": false`` runs with ``$TRACEMAGIC_TABLE_CACHE=0``: the tables are
 computed even where the cache holds them from an earlier process (``trace.cache.TableStore``);
 with ``"dump": PATH`` the tables are also pickled to PATH (``{name: DataFrame}``) for
@@ -135,6 +139,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     cache_dir = spec["cache_dir"]
     _warm_up(cache_dir)
+    if spec.get("empty_cache"):  # a first load with the cache on (the default): nothing in it yet
+        import tempfile
+
+        cache_dir = tempfile.mkdtemp(dir=cache_dir, prefix="empty-")
     gc.collect()
     base = _rss_mb()
     start = time.perf_counter()

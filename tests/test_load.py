@@ -595,6 +595,25 @@ def test_second_load_comes_from_the_cache(copied_trace: Path, user_cache: Path, 
     pd.testing.assert_frame_equal(first.events, third.events)
 
 
+def test_a_parsed_trace_writes_its_cache_entry_when_dropped_and_only_in_its_process(tmp_path: Path) -> None:
+    """``load`` returns before the cache entry is written: it is written when the trace is
+    dropped (or the process ends); a pickled copy (sent to another process) never writes it."""
+    import gc
+    import pickle
+
+    folder = tmp_path / "cache"
+    trace = tracemagic.load(trace_path("hta_triton_example.json.gz"), cache_dir=folder)
+    assert not list(folder.glob("*.seal")), "written inside load"
+    copy = pickle.loads(pickle.dumps(trace))
+    copy.ops()
+    del copy
+    gc.collect()
+    assert not list(folder.glob("*.seal")), "written by a copy"
+    del trace
+    gc.collect()
+    assert len(list(folder.glob("*.seal"))) == 1
+
+
 def test_all_missing_columns_are_missing_writable_and_picklable_parsed_or_cached(tmp_path: Path) -> None:
     """A CPU trace has no stream, device or collective fields: those columns are all
     missing (and backed by lazily zeroed pages); they must behave as any column."""
@@ -687,6 +706,7 @@ def test_flipped_bytes_in_a_cache_mean_a_fresh_parse(tmp_path: Path, user_cache:
             assert len(spy.calls) == flips, f"{target.name} byte {offset} flipped: the damaged cache was used"
             pd.testing.assert_frame_equal(reloaded.events, truth.events)
             pd.testing.assert_frame_equal(reloaded.flows, truth.flows)
+            del reloaded  # its cache entry is written as it is dropped (before the next damage)
     assert flips == 180
 
 
@@ -787,6 +807,7 @@ def test_a_cache_copied_from_another_trace_is_not_used(tmp_path: Path, monkeypat
         assert spy.calls[-1] == str(ours), f"{suffixes} of another trace were used"
         pd.testing.assert_frame_equal(reloaded.events, truth.events)
         pd.testing.assert_frame_equal(reloaded.flows, truth.flows)
+        del reloaded  # its cache entry is written as it is dropped (before the next copy)
     assert len(spy.calls) == 3
 
 

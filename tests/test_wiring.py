@@ -318,6 +318,7 @@ def test_loader_reads_the_manifest_files_and_ignores_caches(ip):
     (name,) = kineto_entries(cap)
     assert TB_NAME.match(name) and not name.endswith(".gz")
     n = len(cap.trace.events)  # loaded once by the display: the capture keeps its cache inside
+    cache.locations(cap.dir)  # the entry of a trace parsed in this process is written when asked for
     caches = sorted(p.name for p in (cap.dir / cache.CAPTURE_FOLDER).iterdir())
     assert "traces.seal" in caches, "a capture directory tracemagic wrote keeps its cache inside itself"
     assert not any(p.name in caches for p in cap.files)

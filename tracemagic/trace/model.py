@@ -41,6 +41,10 @@ T = TypeVar("T")
 TraceT = TypeVar("TraceT", bound="TraceTables")
 
 
+class _Lifetime:
+    """A token held by a trace and its ``TraceTables.of`` copies (``weakref.finalize`` on it)."""
+
+
 class TraceTables:
     """A loaded Kineto trace: the normalized events of every rank plus metadata (data
     only: ``tracemagic.Trace`` adds the analyses and outputs).
@@ -72,6 +76,9 @@ class TraceTables:
         #: for a cached trace: ``cache.TableStore``), else None; not used once ``events``
         #: is replaced (edits in place are not seen: load with ``use_cache=False`` for that)
         self.store: Any = None
+        #: shared by this trace and its ``of`` copies: when the last of them is dropped,
+        #: what waits for that runs (``load`` writes a freshly parsed trace's cache entry then)
+        self.lifetime: object = _Lifetime()
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -134,7 +141,9 @@ class TraceTables:
     def table(self, function: Callable[..., pd.DataFrame], *args: Any, **kwargs: Any) -> pd.DataFrame:
         """``function(self, *args, **kwargs)`` (an analysis), computed once per trace (or
         read from the trace's cache, see ``STORED``) and returned as a copy: the caller may
-        change it freely."""
+        change it freely. The copy is shallow: pandas' copy-on-write (always on from pandas
+        3) copies a column only when either frame changes it, so handing out a table costs
+        neither the time nor the memory of copying it (``attrs`` are still deep-copied)."""
         module = function.__module__.rsplit(".", 1)[-1]
         key = (module, function.__name__, args, tuple(sorted(kwargs.items())))
         name = f"{module}.{function.__name__}"
@@ -146,7 +155,7 @@ class TraceTables:
             or key in self._shared
             or self.store.events is not self.events
         ):
-            return self.shared(key, lambda: function(self, *args, **kwargs)).copy()
+            return self.shared(key, lambda: function(self, *args, **kwargs)).copy(deep=False)
 
         def stored() -> pd.DataFrame:
             frame = self.store.get(name)
@@ -155,7 +164,7 @@ class TraceTables:
                 self.store.put_later(name, frame, self)  # written when this trace is dropped: the caller does not wait
             return frame
 
-        return self.shared(key, stored).copy()
+        return self.shared(key, stored).copy(deep=False)
 
     @classmethod
     def of(cls: type[TraceT], trace: TraceTables) -> TraceT:
@@ -167,4 +176,5 @@ class TraceTables:
         new = cls(trace.events, trace.flows, trace.meta, path=trace.path, manifest=trace.manifest)
         new._shared = trace._shared  # one cache of computed tables for both
         new.store = trace.store
+        new.lifetime = trace.lifetime
         return new

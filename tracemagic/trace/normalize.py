@@ -105,9 +105,9 @@ def fill_device_and_stream(events: pd.DataFrame) -> None:
     no GPU activity too: a CPU-activity profile of a CUDA model)."""
     kinds = events["kind"]
     memory = (kinds == "memory").to_numpy()
-    if memory.any():
-        device = events["device"].copy()
-        device[memory] = events["device_id"][memory]
+    if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
+        device = events["device"].array.copy()
+        device[memory] = events["device_id"].array[memory]
         events["device"] = device
     gpu = kinds.isin(GPU_KINDS).to_numpy()
     if not gpu.any():
@@ -117,11 +117,11 @@ def fill_device_and_stream(events: pd.DataFrame) -> None:
     tid_numbers = pd.array([_number(c) for c in events["tid"].cat.categories] + [None], dtype="Int64")
     pid_codes = events["pid"].cat.codes.to_numpy()
     tid_codes = events["tid"].cat.codes.to_numpy()
-    device = events["device"].copy()
-    stream = events["stream"].copy()
-    need_device = gpu & device.isna().to_numpy()
+    device = events["device"].array.copy()
+    stream = events["stream"].array.copy()
+    need_device = gpu & device.isna()
     device[need_device] = pid_numbers[pid_codes[need_device]]
-    need_stream = gpu & stream.isna().to_numpy()
+    need_stream = gpu & stream.isna()
     stream[need_stream] = tid_numbers[tid_codes[need_stream]]
     events["device"] = device
     events["stream"] = stream

@@ -222,7 +222,7 @@ class _StreamParser:
 
     def _find_events(self) -> None:
         """Move to the '[' of the events array; decode the metadata before it."""
-        start = len(self.buf) - len(self.buf.lstrip(b"\xef\xbb\xbf" + _WS))
+        start = _LEADING.match(self.buf).end()  # type: ignore[union-attr]  # (lstrip would copy the chunk)
         if self.buf[start : start + 1] == b"[":
             self._drop(start)
             return
