@@ -10,8 +10,11 @@ extremes, the tree keeps the heaviest layers.
 from __future__ import annotations
 
 import functools
+import html
 import json
-from collections.abc import Mapping, Sequence
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -103,15 +106,40 @@ def _legend_rows(fig: go.Figure) -> int:
     return rows
 
 
+#: px per character of a 12 px tick label (DejaVu Sans and Verdana, the widest of plotly's
+#: fonts; Arial is narrower), and what plotly adds beside the labels
+_TICK_CHAR_PX, _TICK_PAD_PX, _AXIS_TITLE_PX = 7.4, 16, 24
+#: the bottom margin that holds the x axis' tick labels and title (plotly needs 53 px)
+_BOTTOM_PX = 60
+
+
+def _label_chars(label: object) -> int:
+    """How many characters the longest line of a (plotly HTML) label shows."""
+    text = re.sub(r"<[^>]*>", "\n", str(label)) if "<" in str(label) else str(label)
+    return max((len(html.unescape(line)) for line in text.split("\n")), default=0)
+
+
+def tick_margin(labels: Iterable[object], *, title: bool = False, least: int = 60) -> int:
+    """A left margin (px) wide enough for these y tick labels (and the axis title), so that
+    plotly's automargin never has to widen it: widening it draws the whole figure a second
+    time, which doubled the time to draw a figure with long labels."""
+    chars = max((_label_chars(label) for label in labels), default=0)
+    need = chars * _TICK_CHAR_PX + _TICK_PAD_PX + (_AXIS_TITLE_PX if title else 0) if chars else 0
+    return max(least, int(math.ceil(need)))
+
+
 def _layout(fig: go.Figure, title: str, x: str | None = None, y: str | None = None, height: int = 420) -> go.Figure:
     """The views' common layout: the title atop the figure, the legend in rows of its own
-    between the title and the plot (never over the data or the title), axis titles."""
+    between the title and the plot (never over the data or the title), axis titles. The
+    margins hold the axes' labels (horizontal bars' names, :func:`tick_margin`) as drawn,
+    so plotly draws the figure once instead of again with wider margins."""
     rows = _legend_rows(fig)
     top = _TITLE_PX + _LEGEND_ROW_PX * rows + (6 if rows else 6)
+    names = [label for t in fig.data if getattr(t, "orientation", None) == "h" and t.y is not None for label in t.y]
     fig.update_layout(
         title={"text": esc(title), "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 10}},
         height=height + max(0, top - 50),
-        margin={"l": 60, "r": 20, "t": top, "b": 50},
+        margin={"l": tick_margin(names, title=y is not None), "r": 20, "t": top, "b": _BOTTOM_PX},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
     )
     if x is not None:
@@ -226,7 +254,7 @@ def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
         )
     fig.update_layout(bargap=0, showlegend=True)
     fig = _layout(fig, f"Every iteration ({len(iterations):,}): wall time", None, "ms", height=200)
-    fig.update_layout(margin={"l": 50, "r": 10, "b": 25})
+    fig.update_layout(margin={"l": 56, "r": 10, "b": 30})  # what plotly needs (51, 26): no second draw
     return fig
 
 
@@ -509,7 +537,10 @@ def flame(
     )
     if merged:
         title = f"{title}; {merged:,} smaller boxes merged, one other box per parent"
-    return _layout(fig, title, height=560)
+    fig = _layout(fig, title, height=560)
+    if gpu_total > 0:  # room for the colour bar (plotly widens the margin to 126 px: a second draw)
+        fig.update_layout(margin={"r": 130})
+    return fig
 
 
 # -- Timeline ---------------------------------------------------------------------------------
@@ -1119,7 +1150,9 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
     values = values[np.isfinite(values) & (values > 0)]
     low, high = int(np.floor(np.log10(values.min()))), int(np.ceil(np.log10(values.max())))
     ticks = [10.0**k for k in range(low, high + 1)]
-    fig.update_yaxes(type="log", tickvals=ticks, ticktext=[_flops_text(t * 1e12) for t in ticks])
+    text = [_flops_text(t * 1e12) for t in ticks]
+    fig.update_yaxes(type="log", tickvals=ticks, ticktext=text)
+    fig.update_layout(margin={"l": tick_margin(text, title=True)})
     return fig
 
 
