@@ -109,8 +109,9 @@ def _legend_rows(fig: go.Figure) -> int:
 #: px per character of a 12 px tick label (DejaVu Sans and Verdana, the widest of plotly's
 #: fonts; Arial is narrower), and what plotly adds beside the labels
 _TICK_CHAR_PX, _TICK_PAD_PX, _AXIS_TITLE_PX = 7.4, 16, 24
-#: the bottom margin that holds the x axis' tick labels and title (plotly needs 53 px)
-_BOTTOM_PX = 60
+#: the bottom margin that holds the x axis' tick labels and title (plotly needs 53 px), the
+#: right one half the last x tick label (centred on the plot's right edge)
+_BOTTOM_PX, _RIGHT_PX = 60, 32
 
 
 def _label_chars(label: object) -> int:
@@ -136,10 +137,12 @@ def _layout(fig: go.Figure, title: str, x: str | None = None, y: str | None = No
     rows = _legend_rows(fig)
     top = _TITLE_PX + _LEGEND_ROW_PX * rows + (6 if rows else 6)
     names = [label for t in fig.data if getattr(t, "orientation", None) == "h" and t.y is not None for label in t.y]
+    # a numeric y axis with a title: ticks of up to 5 characters (plotly needed 61 px for 4)
+    left = tick_margin(names, title=y is not None, least=72 if y else 60)
     fig.update_layout(
         title={"text": esc(title), "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 10}},
         height=height + max(0, top - 50),
-        margin={"l": tick_margin(names, title=y is not None), "r": 20, "t": top, "b": _BOTTOM_PX},
+        margin={"l": left, "r": _RIGHT_PX, "t": top, "b": _BOTTOM_PX},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
     )
     if x is not None:
