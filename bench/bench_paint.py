@@ -290,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"Debian's chromium is not installed at {CHROMIUM}: run scripts/install_chromium.sh")
     import playwright.sync_api as playwright_api
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -358,7 +359,9 @@ def main(argv: list[str] | None = None) -> None:
                   + ("" if short else " (the slowest)"))
         print(f"\ngoals: first figure <= {FIRST_FIGURE_GOAL_MS:.0f} ms, every tab <= {TAB_GOAL_MS:.0f} ms"
               + (f", the Timeline in JupyterLab < {LAB_TIMELINE_GOAL_S:.0f} s" if args.lab_rounds > 0 else "") + ": "
-              + ("pass" if all(w == "pass" for w in verdicts) else "falls short"))
+              + ("nothing measured" if not verdicts else "pass" if all(w == "pass" for w in verdicts) else "falls short"))
+        print(f"machine: {os.cpu_count()} CPUs, load average {load_before[0]:.1f} at the start, "
+              f"{os.getloadavg()[0]:.1f} at the end (absolute times move with it; the ratios much less)")
 
 
 if __name__ == "__main__":
