@@ -359,7 +359,8 @@ def main(argv: list[str] | None = None) -> None:
                   + ("" if short else " (the slowest)"))
         print(f"\ngoals: first figure <= {FIRST_FIGURE_GOAL_MS:.0f} ms, every tab <= {TAB_GOAL_MS:.0f} ms"
               + (f", the Timeline in JupyterLab < {LAB_TIMELINE_GOAL_S:.0f} s" if args.lab_rounds > 0 else "") + ": "
-              + ("nothing measured" if not verdicts else "pass" if all(w == "pass" for w in verdicts) else "falls short"))
+              + ("nothing measured" if not verdicts
+                 else "pass" if all(w == "pass" for w in verdicts) else "falls short"))
         print(f"machine: {os.cpu_count()} CPUs, load average {load_before[0]:.1f} at the start, "
               f"{os.getloadavg()[0]:.1f} at the end (absolute times move with it; the ratios much less)")
 
