@@ -350,13 +350,18 @@ def throwaway_venv() -> Callable[[str, list[str]], Path]:
     return _throwaway_venv
 
 
-def run_in_kernel(cells: list[str], folder: Path, env: dict[str, str] | None = None) -> Any:
+def run_in_kernel(
+    cells: list[str], folder: Path, env: dict[str, str] | None = None, allow_errors: bool = False
+) -> Any:
     """Execute ``cells`` in a real Jupyter kernel (nbclient, ipykernel: as JupyterLab runs
-    them) with ``folder`` as its working directory; the executed notebook."""
+    them) with ``folder`` as its working directory; the executed notebook (``allow_errors``:
+    a cell that raises does not stop the others, its error is in its outputs)."""
     import nbclient
     import nbformat
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", allow_errors=allow_errors, resources={"metadata": {"path": str(folder)}}
+    )
     client.execute(**({"env": env} if env is not None else {}))
     return nb

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import tarfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -40,6 +41,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::UserWarni
 #: the GPU traces: an A100 rank of an 8-GPU job, DLRM on 8 ranks, an MI300X with layers and memory
 GPU_TRACES = {"a100": "hta_control.json.gz", "dlrm": "param_dlrm_kineto.tar.gz",
               "mi300x": "tracelens_normalization_layer_test.json.gz"}
+#: our own CUDA capture (bench/gpu_check.py on an H200, tests/data/cuda): the magic's folder, with
+#: line marks, memory on cuda:0 and its memory timeline
+CUDA_CAPTURES = {"cuda_transformer": "cuda_transformer.tar.gz"}
 #: the columns of a table that must be in sight (the first ones: they answer its question)
 KEY_COLUMNS = 4
 
@@ -105,6 +109,11 @@ def reports(_shell: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         out["bert"] = write_report(ns["bert_capture"].trace, folder / "bert.html")
     for name, file in GPU_TRACES.items():
         out[name] = write_report(tracemagic.load(TRACES / file, cache_dir=folder / "cache"), folder / f"{name}.html")
+    for name, file in CUDA_CAPTURES.items():  # the archive holds the capture folder and gpu_check.json
+        with tarfile.open(ROOT / "tests" / "data" / "cuda" / file) as tar:
+            tar.extractall(folder / name, filter="data")
+        (capture,) = [p for p in (folder / name).iterdir() if p.is_dir()]
+        out[name] = write_report(tracemagic.load(capture, cache_dir=folder / "cache"), folder / f"{name}.html")
     return out
 
 
@@ -196,16 +205,17 @@ DRAWN = ("s => [...document.querySelectorAll(s + ' div.plotly-graph-div')]"
          ".every(g => g.classList.contains('js-plotly-plot') && g.querySelector('.main-svg'))")
 
 
-@pytest.mark.parametrize("name", ["quickstart", "bert", *GPU_TRACES])
+@pytest.mark.parametrize("name", ["quickstart", "bert", *GPU_TRACES, *CUDA_CAPTURES])
 def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], name: str,
                                            tmp_path: Path) -> None:
     page.errors.clear()
     page.goto(reports[name].as_uri())
     keys = [b.get_attribute("data-tab") for b in page.locator("nav button").all()]
     assert keys[:4] == ["overview", "layers", "timeline", "memory"] and "shapes" in keys, keys
-    if name in ("quickstart", "bert"):  # the magic marks the cell's lines
+    gpu = name in GPU_TRACES or name in CUDA_CAPTURES
+    if name in ("quickstart", "bert", *CUDA_CAPTURES):  # the magic marks the cell's lines
         assert "source" in keys
-    if name in GPU_TRACES:
+    if gpu:
         assert {"roofline", "kernels"} <= set(keys)
     if name == "dlrm":
         assert "ranks" in keys
@@ -233,7 +243,7 @@ def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], 
     assert ("Rank" in steps) == (name == "dlrm")
     top = [h for h in overview if h[0] in ("Name", "Kernel")]
     assert top and all(any(re.search(r"\((ms|µs)\)$", c) for c in h[:KEY_COLUMNS]) for h in top), overview
-    if name in GPU_TRACES:  # the GPU's time leads: the first top list is kernels by GPU time
+    if gpu:  # the GPU's time leads: the first top list is kernels by GPU time
         assert overview[1][:3] == ["Kernel", "Total (ms)", "% of GPU time"], overview
         assert page.locator("#tab-overview .gtitle").nth(2).text_content().endswith("kernels by GPU time")
         assert seen["kernels"]["headers"][0][:3] == ["Kernel", "Op", "Total (ms)"], seen["kernels"]["headers"]

@@ -247,6 +247,20 @@ def test_atomic_writers_keep_the_old_file_or_none_when_the_write_fails(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.json"]
 
 
+def test_a_sessions_staging_folder_is_left_empty_by_failed_and_placed_writes(tmp_path):
+    # a session stages every file of its capture in one folder, removed when it finishes
+    from tracemagic.capture import files
+
+    staging = files.staging_dir(tmp_path)
+    with pytest.raises(RuntimeError, match="exporter failed"):
+        files.write_with(tmp_path / "k.json.gz", _write_then_raise, gz=True, staging=staging)
+    assert list(staging.iterdir()) == []  # the half-written file went
+    files.write_with(tmp_path / "k.json", lambda p: Path(p).write_text("[0]"), staging=staging)
+    assert list(staging.iterdir()) == [] and (tmp_path / "k.json").read_text() == "[0]"
+    files.remove_staging(staging)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.json"]
+
+
 def test_writers_sharing_a_directory_do_not_remove_each_others_staging(tmp_path):
     # two ranks exporting into one capture directory at the same time (here: nested)
     from tracemagic.capture import files

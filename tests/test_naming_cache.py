@@ -303,7 +303,9 @@ def test_captures_in_the_same_second_take_the_first_free_suffix(tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle")
-def test_staging_folders_are_removed_before_the_next_window_and_the_cell_end(ip, read_json):
+def test_no_staging_folder_is_left_and_no_thread_of_ours_runs_in_a_window(ip, read_json):
+    """Back-to-back windows share the session's one staging folder, removed at the cell's end;
+    no folder is removed in the background (no cleanup thread in any window)."""
     import threading
 
     ip.run_cell(MAKE).raise_error()

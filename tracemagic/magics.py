@@ -6,6 +6,7 @@ the user namespace inside a ``CaptureSession`` and displays the resulting ``Capt
 
 from __future__ import annotations
 
+import argparse
 import keyword
 import logging
 import os
@@ -28,6 +29,8 @@ _log = logging.getLogger(__name__)
 
 #: Where the last capture is kept in the user namespace.
 LAST_CAPTURE = "_chakra_capture"
+#: magic lines whose parsed options are kept (``TracemagicMagics._options``)
+_PARSED_LINES = 32
 
 
 def _capture_options(magic: Any) -> Any:
@@ -44,6 +47,11 @@ class TracemagicMagics(Magics):
 
     #: the shell they are registered on (``Magics`` allows None; ``register`` always gives one)
     shell: InteractiveShell
+
+    def __init__(self, shell: InteractiveShell | None = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        #: ``%%chakra_trace`` lines parsed, with their config (``_options``)
+        self._parsed: dict[str, tuple[argparse.Namespace, Any]] = {}
 
     # ==================================================================================
     # %%chakra_trace
@@ -189,12 +197,9 @@ class TracemagicMagics(Magics):
         from tracemagic.capture.loop import SESSION_NAME, prepare_cell
         from tracemagic.capture.session import CaptureSession
 
-        args = parse_argstring(self.chakra_trace, line)
+        args, config = self._options(line)
         try:
             _check_outputs(args)
-            config = config_from_args(
-                args, loop_line=args.loop, tb_names=args.tb_names, stop=args.stop, lines=not args.no_lines
-            )
             prepared = prepare_cell(
                 self.shell,
                 line,
@@ -264,6 +269,25 @@ class TracemagicMagics(Magics):
                 display(value)
             return capture
         return value
+
+    def _options(self, line: str) -> tuple[argparse.Namespace, Any]:
+        """The parsed magic line and its ``CaptureConfig``, kept per line (a cell run again
+        parses nothing): a bad line raises ``UsageError`` and is not kept."""
+        cache = self._parsed
+        kept = cache.get(line)
+        if kept is None:
+            args = parse_argstring(self.chakra_trace, line)
+            try:
+                config = config_from_args(
+                    args, loop_line=args.loop, tb_names=args.tb_names, stop=args.stop, lines=not args.no_lines
+                )
+            except CaptureError as exc:
+                raise UsageError(f"%%chakra_trace: {exc}") from None
+            if len(cache) >= _PARSED_LINES:
+                cache.pop(next(iter(cache)))
+            kept = cache[line] = (args, config)
+        args, config = kept
+        return argparse.Namespace(**vars(args)), config
 
     def _after(self, capture: Any, args: Any) -> None:
         """The outputs asked for besides the trace: Chakra check, ``.pfw``, HTML report.

@@ -13,6 +13,7 @@ a rule says otherwise. ``weight`` orders the rows: a rule's own share where it h
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -91,6 +92,9 @@ CLOSEST = 3
 UNTYPICAL_WEIGHT = 0.50
 #: ``untypical_window``: the op dynamo runs each compiled frame in
 COMPILED_REGION_PREFIX = "Torch-Compiled Region"
+
+#: ``roofline``: an op whose inputs are already 16- or 8-bit floats (no lower precision to advise)
+_LOW_PRECISION = re.compile(r"c10::(?:BFloat16|Half|Float8)")
 
 #: the hint of ``.item()``, under both names torch records it
 _ITEM_HINT = "each .item() turns a tensor into a Python number; keep values as tensors inside the step"
@@ -793,7 +797,10 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = R
             )
             gpu_us = float(group["gpu_us"])
             pct = 1 - float(group["lost"]) / gpu_us
-            if row["bound"] == "compute":
+            if row["bound"] == "compute" and _LOW_PRECISION.search(str(row["input_type"])):
+                roof = f"{float(row['peak_tflops']):g} TFLOP/s"  # its roof is already its 16/8-bit one
+                advice = "compute-bound at this shape, already in a low precision: larger matrices reach more of it"
+            elif row["bound"] == "compute":
                 roof = f"{float(row['peak_tflops']):g} TFLOP/s"
                 advice = (
                     "compute-bound at this shape: a lower precision (BF16/FP16, TF32 for float32) or larger "

@@ -4,6 +4,13 @@ The magic runs each statement of the cell under a ``tracemagic.line:N`` annotati
 (``capture.loop.mark_lines``); every op, kernel and allocation beneath one belongs to line N.
 A compound statement's mark (``for``, ``if``, ``with`` ...) encloses its inner lines', so a
 line's inclusive figures hold its nested lines' and its ``self_`` ones do not.
+
+Work autograd's threads do while a line runs belongs to that line too: on a GPU, autograd runs
+``loss.backward()``'s ops (and launches their kernels) on a thread of its own
+(``pt_autograd_0``) while the cell's thread waits inside the line's mark, so an op, annotation
+or runtime call of that thread is the line's whose mark holds its start (the innermost event
+of the marked thread at that moment, as ``memory_holders`` places ``[memory]`` events). Other
+threads (a DataLoader's pin-memory thread) run on their own: no line's (see ``waited_in``).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import aggregate
-from tracemagic.analysis._common import in_scope, memory_holders, union_length
+from tracemagic.analysis._common import enclosing_at, in_scope, memory_holders, thread_keys_of, union_length
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.steps import steps
 from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
@@ -47,10 +54,16 @@ def line_label(number: int, text: str) -> str:
 
 def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """The line mark events of the trace: (per events row, the cell line of the innermost
-    line mark enclosing it, itself included, -1 for none; the mark rows). Computed once per
-    trace."""
+    line mark enclosing it, itself included, or for a thread without marks holding its start
+    (see the module's docstring), -1 for none; the mark rows). Computed once per trace."""
+    line, rows, _ = _marks(trace)
+    return line, rows
 
-    def compute() -> tuple[np.ndarray, np.ndarray]:
+
+def _marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`marks` and, per events row, the row of that innermost line mark (-1 for none)."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         events = trace.events
         names = events["name"]
         categories = names.cat.categories
@@ -64,11 +77,74 @@ def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
         is_mark = (line_of >= 0) & kind_mask(events, "user_annotation")
         rows = np.flatnonzero(is_mark)
         if not rows.size:
-            return np.full(len(events), -1, dtype=np.int64), rows
+            none = np.full(len(events), -1, dtype=np.int64)
+            return none, rows, none
         inner = propagate(events["parent"].to_numpy(), events["depth"].to_numpy(), is_mark)
-        return np.where(inner >= 0, line_of[np.maximum(inner, 0)], -1), rows
+        _other_threads(trace, inner, rows)
+        return np.where(inner >= 0, line_of[np.maximum(inner, 0)], -1), rows, inner
 
     return trace.shared(Shared.LINE_MARKS, compute)
+
+
+def _other_threads(trace: TraceTables, inner: np.ndarray, mark_rows: np.ndarray) -> None:
+    """Give the ops, annotations and runtime calls of autograd's threads (``waited_in``) the
+    innermost mark of their rank's marked thread holding their start:
+    ``inner`` (the innermost mark row above each row) is filled in place."""
+    events = trace.events
+    free = np.flatnonzero((inner < 0) & kind_mask(events, "cpu_op", "user_annotation", "runtime"))
+    host = waited_in(trace, free, mark_rows)
+    held = host >= 0
+    inner[free[held]] = inner[host[held]]
+
+
+#: the name torch gives autograd's device threads (``pt_autograd_0``), which run a backward
+#: while the thread that called it waits
+AUTOGRAD_THREAD = "pt_autograd_"
+
+
+def waited_in(trace: TraceTables, rows: np.ndarray, mark_rows: np.ndarray | None = None) -> np.ndarray:
+    """For CPU ``rows`` on threads without line marks that work for the cell (autograd's
+    backward threads, ``AUTOGRAD_THREAD``; every such thread where the trace names none):
+    the innermost CPU event of their rank's marked thread (the one with the most marks)
+    holding their start, where the cell waited for them; -1 for rows on other threads, of a
+    rank without marks or at a moment that thread recorded nothing. A thread that runs on
+    its own (a DataLoader's pin-memory thread) is no line's."""
+    out = np.full(np.size(rows), -1, dtype=np.int64)
+    if mark_rows is None:
+        mark_rows = marks(trace)[1]
+    if not mark_rows.size or not out.size:
+        return out
+    events = trace.events
+    keys = thread_keys_of(trace)
+    marked, counts = np.unique(keys[mark_rows], return_counts=True)
+    rank = events["rank"].to_numpy()
+    home: dict[int, int] = {}
+    for key in marked[np.argsort(-counts, kind="stable")].tolist():
+        home.setdefault(int(rank[mark_rows[np.argmax(keys[mark_rows] == key)]]), int(key))
+    rows = np.asarray(rows, dtype=np.int64)
+    target = np.full(rows.size, -1, dtype=np.int64)
+    for r, key in home.items():
+        target[rank[rows] == r] = key
+    free = (target >= 0) & ~np.isin(keys[rows], marked) & np.isin(keys[rows], _helper_threads(trace, keys, rows))
+    if free.any():
+        out[free] = enclosing_at(trace, target[free], events["ts"].to_numpy()[rows[free]])
+    return out
+
+
+def _helper_threads(trace: TraceTables, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The thread keys among ``rows``' that work for the cell's thread: those the trace
+    names ``AUTOGRAD_THREAD…``, or all of a rank whose threads the trace does not name."""
+    events = trace.events
+    names = trace.meta.get("threads") or {}
+    found, first = np.unique(keys[rows], return_index=True)
+    at = rows[first]
+    pid, tid, rank = events["pid"].to_numpy()[at], events["tid"].to_numpy()[at], events["rank"].to_numpy()[at]
+    keep = []
+    for key, p, t, r in zip(found.tolist(), pid, tid, rank.tolist()):
+        named = names.get(r) or names.get(str(r)) or {}
+        if not named or AUTOGRAD_THREAD in str(named.get(f"{p}/{t}", "")):
+            keep.append(key)
+    return np.asarray(keep, dtype=np.int64)
 
 
 def line_of_rows(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
@@ -97,8 +173,9 @@ def lines(trace: TraceTables) -> pd.DataFrame:
     line, -1 at top level); ``calls`` (the line's runs per step: its outermost marks);
     ``cpu_us`` (the union of the line's mark intervals: host wall time, like an op's total
     CPU time); ``self_cpu_us`` (less its nested lines' marks); ``gpu_us`` (the summed
-    durations of the kernels, memcpy and memset launched by ops beneath the line: the
-    TensorBoard plugin's and ``key_averages``' device total, streams summed);
+    durations of the kernels, memcpy and memset launched by ops beneath the line, or by
+    autograd's backward thread while it ran: the TensorBoard
+    plugin's and ``key_averages``' device total, streams summed);
     ``self_gpu_us`` (those whose innermost line it is); ``step_pct`` (``cpu_us`` as % of the
     mean step, ``steps()``' ``window_dur``); ``alloc_bytes`` (bytes allocated beneath the
     line per step); ``peak_bytes`` (bytes allocated beneath the line, at any time, still
@@ -169,12 +246,8 @@ def _chain_lines(trace: TraceTables, line_of: np.ndarray, at: np.ndarray, number
     """For CPU rows ``at``: the index in ``numbers`` of each line on their chain of marks,
     innermost first, one array per level (-1 past the chain's end; a line repeated by a
     one-line compound is given once)."""
-    events = trace.events
-    parent = events["parent"].to_numpy()
-    _, mark_rows = marks(trace)
-    is_mark = np.zeros(len(events), dtype=bool)
-    is_mark[mark_rows] = True
-    inner = propagate(parent, events["depth"].to_numpy(), is_mark)
+    parent = trace.events["parent"].to_numpy()
+    _, _, inner = _marks(trace)
     levels = []
     cur = np.where(at >= 0, inner[np.maximum(at, 0)], -1)
     last = np.full(at.size, -1, dtype=np.int64)

@@ -36,13 +36,13 @@ from tracemagic.analysis._common import (
     text_take,
     trace_start,
 )
-from tracemagic.analysis.lines import cell_lines, line_label
+from tracemagic.analysis.lines import cell_lines, line_label, waited_in
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
-from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, thread_keys
+from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate, thread_keys
 
 #: ``file(LINE): func`` of a python_function event (and of each ``Call stack`` entry)
 FRAME_NAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
@@ -555,7 +555,10 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
     above the outermost op. ProfilerStep annotations and runtime calls are not nodes (their
     time is their parent's self time); a kernel hangs below the op that launched it (the
     runtime call's ``External id``), else below the node around its runtime call, else
-    below ``NO_LAUNCH``. Several ranks: one ``rank N`` node above each rank's tree.
+    below ``NO_LAUNCH``. Several ranks: one ``rank N`` node above each rank's tree. In a
+    ``%%chakra_trace`` capture (line marks) the outermost ops of autograd's backward thread
+    (``lines.waited_in``) hang below the node of the cell's thread that waited for them (the
+    ``loss.backward()`` line), not beside it: that node's time holds them.
 
     Args:
         user_only: leave out library frames and stack lines (``is_library``: torch's own,
@@ -590,6 +593,14 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
     cpu_rows = np.flatnonzero(is_node)
     up = np.full(n, -1, dtype=np.int64)
     up[cpu_rows] = enclosing_of_kind(parent, depth, is_node, cpu_rows)
+    # a %%chakra_trace capture: the outermost ops of autograd's backward thread (not Python
+    # frames) hang below the node of the cell's thread that waited for them
+    tops = cpu_rows[(up[cpu_rows] < 0) & (is_op | is_ann)[cpu_rows]]
+    host = waited_in(trace, tops)
+    if (host >= 0).any():
+        node_above = propagate(parent, depth, is_node)[np.maximum(host, 0)]
+        grafted = (host >= 0) & (node_above >= 0)
+        up[tops[grafted]] = node_above[grafted]
     gpu_rows, anchor = _launch_anchor(trace)
     held = np.maximum(anchor, 0)
     gpu_up = np.where(anchor >= 0, np.where(is_node[held], anchor, enclosing_of_kind(parent, depth, is_node, held)), -1)

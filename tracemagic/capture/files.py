@@ -8,12 +8,12 @@ final name (an interrupted write leaves only a ``.*.partial`` file behind, or no
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import shutil
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -43,15 +43,21 @@ def tb_name(worker: str, ts: int | None = None, gz: bool = False) -> str:
     return f"{worker}.{stamp}.pt.trace.json" + (".gz" if gz else "")
 
 
-def make_capture_dir(out: Path, name: str, now: datetime | None = None) -> Path:
+def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe: bool = True) -> Path:
     """Create ``out/NAME-<timestamp>`` (made unique), checking that it can be written.
+
+    Args:
+        probe: write and remove a file in it, to check that it can be written (a caller
+            that writes a file there at once, such as a session's first manifest, checks by
+            that write instead, turning its ``OSError`` into ``unwritable(out, exc)``).
 
     Raises:
         CaptureError: the directory cannot be created or written, with the reason.
     """
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        if not out.is_dir():  # one stat where it exists (mkdir would fail, then stat it)
+            out.mkdir(parents=True, exist_ok=True)
         taken: set[str] | None = None
         for n in range(1000):
             candidate = out / (f"{name}-{stamp}" if n == 0 else f"{name}-{stamp}-{n}")
@@ -63,50 +69,68 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None) -> Path:
                 if taken is None:  # several captures this second: skip the names seen taken
                     taken = set(os.listdir(out))
                 continue
-            probe = partial_path(candidate / MANIFEST)
-            probe.write_text("{}")
-            probe.unlink()
+            if probe:
+                path = partial_path(candidate / MANIFEST)
+                path.write_text("{}")
+                path.unlink()
             return candidate
     except OSError as exc:
-        raise CaptureError(
-            f"cannot write the capture to --out {str(out)!r}: {exc.strerror or exc}. "
-            "Pick a writable directory with --out DIR."
-        ) from None
+        raise unwritable(out, exc) from None
     raise CaptureError(f"too many captures named {name!r} in {str(out)!r} this second.")
 
 
+def unwritable(out: Path, exc: OSError) -> CaptureError:
+    """The error for a capture that cannot be written under ``--out out``."""
+    return CaptureError(
+        f"cannot write the capture to --out {str(out)!r}: {exc.strerror or exc}. "
+        "Pick a writable directory with --out DIR."
+    )
+
+
 def write_with(
-    final: Path, write: Callable[[str], None], gz: bool = False, *, cleaners: list[threading.Thread] | None = None
+    final: Path,
+    write: Callable[[str], None],
+    gz: bool = False,
+    *,
+    staging: Path | None = None,
 ) -> None:
     """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically.
 
-    The exporter writes into a hidden staging folder of its own (``.partial-*``: ranks
-    sharing the directory never remove one another's) under the file's own name (Kineto
-    records that name as ``traceName``), and the file is moved out when done.
+    The exporter writes into a hidden staging folder (``.partial-*``: ranks sharing the
+    directory never remove one another's) under the file's own name (Kineto records that
+    name as ``traceName``), and the file is moved out when done.
 
     Args:
-        cleaners: where given, the staging folder is removed by a background thread added
-            to this list (removing a folder can wait milliseconds on the disk, inside the
-            user's loop); the caller joins them before it is done.
+        staging: a staging folder of the caller's (a session's, made once by
+            ``staging_dir`` and removed when it is done: no folder is made or removed
+            inside the user's loop); default: one made and removed for this file.
     """
-    staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=final.parent))
-    raw = staging / (final.name[: -len(".gz")] if final.name.endswith(".gz") else final.name)
+    folder = staging if staging is not None else staging_dir(final.parent)
+    raw = folder / (final.name[: -len(".gz")] if final.name.endswith(".gz") else final.name)
     try:
         write(str(raw))
         place(raw, final, gz=gz)
+    except BaseException:
+        if staging is not None:
+            with contextlib.suppress(OSError):
+                raw.unlink(missing_ok=True)  # what the failed write left in the caller's folder
+        raise
     finally:
-        if cleaners is None:
-            shutil.rmtree(staging, ignore_errors=True)
-        else:
-            cleaner = threading.Thread(
-                target=shutil.rmtree,
-                args=(staging,),
-                kwargs={"ignore_errors": True},
-                name="tracemagic-cleanup",
-                daemon=True,
-            )
-            cleaner.start()
-            cleaners.append(cleaner)
+        if staging is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def staging_dir(parent: Path) -> Path:
+    """A new hidden staging folder in ``parent`` for ``write_with``."""
+    return Path(tempfile.mkdtemp(prefix=".partial-", dir=parent))
+
+
+def remove_staging(folder: Path) -> None:
+    """Remove a staging folder (empty unless a write failed), ignoring errors."""
+    try:
+        os.rmdir(folder)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def place(source: Path, final: Path, gz: bool = False) -> None:

@@ -32,7 +32,8 @@ import ast
 import copy
 import io
 import tokenize
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from types import CodeType, TracebackType
 from typing import Any, Literal, Protocol
 
@@ -167,6 +168,11 @@ def prepare_cell(
 ) -> PreparedCell:
     """Transform, instrument and compile a ``%%chakra_trace`` cell.
 
+    A cell of several lines run again unchanged (same text, magic line and options, and the
+    shell's transformers and ``__future__`` flags unchanged) is not transformed, rewritten
+    nor compiled again: its code is taken from ``PREPARED``, renamed after the cell's new
+    execution count where the shell names cells by it (tracebacks show the run's own cell).
+
     Args:
         shell: the IPython shell (its transforms, compiler and AST transformers).
         line: the magic's argument line, shown as the cell's line 1 in tracebacks.
@@ -183,12 +189,20 @@ def prepare_cell(
         SyntaxError: the cell is not valid Python (with the cell's own line numbers).
     """
     display = f"%%chakra_trace {line}".rstrip() + "\n" + cell
+    running = getattr(shell.displayhook, "exec_result", None)  # the cell being run
+    number = running.execution_count if running is not None else shell.execution_count
+    # a one-line cell goes through IPython's prefilter, whose result depends on the
+    # namespace (automagic, autocall): it is prepared every time (it is cheap)
+    kept = sum(1 for text in cell.splitlines() if text.strip()) > 1
+    key, keep = _cell_key(shell, display, loop_line, handle, stop, lines)
+    cached = PREPARED.get(key, keep) if kept else None
+    filename = shell.compile.cache(display, number, raw_code="# %%chakra_trace\n" + display)
+    if cached is not None:
+        return _renamed(cached, filename)
+
     blank = len(cell) - len(cell.lstrip("\n \t\r\f"))
     leading = cell[:blank].count("\n")  # IPython's transforms drop leading empty lines
     source = "\n" * (1 + leading) + shell.transform_cell(cell)
-    running = getattr(shell.displayhook, "exec_result", None)  # the cell being run
-    number = running.execution_count if running is not None else shell.execution_count
-    filename = shell.compile.cache(display, number, raw_code="# %%chakra_trace\n" + display)
     tree = shell.compile.ast_parse(source, filename=filename)
     tree = shell.transform_ast(tree)
 
@@ -199,7 +213,80 @@ def prepare_cell(
     plan = instrument(tree, display.splitlines(), loop_line=loop_line, handle=handle, stop=stop, marks=lines)
     body = shell.compile(tree, filename, "exec")
     expr = shell.compile(last_expr, filename, "eval") if last_expr is not None else None
-    return PreparedCell(body=body, last_expr=expr, plan=plan, filename=filename)
+    prepared = PreparedCell(body=body, last_expr=expr, plan=plan, filename=filename)
+    if kept:
+        PREPARED.put(key, keep, prepared)
+    return prepared
+
+
+class PreparedCache:
+    """The cells ``prepare_cell`` compiled, most recent last, at most ``size`` of them.
+
+    Keyed by what the result depends on: the cell with its magic line, the options that
+    change the rewrite, the shell's ``__future__`` flags and its input and AST
+    transformers (by identity: an entry holds them, so a new transformer never takes an
+    old one's ``id``).
+    """
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], PreparedCell]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Forget every cell."""
+        self._entries.clear()
+
+    def get(self, key: tuple[Any, ...], keep: tuple[Any, ...]) -> PreparedCell | None:
+        """The cell prepared under ``key`` with these very transformers, if kept."""
+        entry = self._entries.get(key)
+        if entry is None or len(entry[0]) != len(keep) or any(a is not b for a, b in zip(entry[0], keep)):
+            return None
+        self._entries.move_to_end(key)
+        return entry[1]
+
+    def put(self, key: tuple[Any, ...], keep: tuple[Any, ...], prepared: PreparedCell) -> None:
+        """Keep ``prepared`` (the oldest entry goes beyond ``size``)."""
+        self._entries[key] = (keep, prepared)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
+#: the process's prepared cells (``prepare_cell``)
+PREPARED = PreparedCache()
+
+
+def _cell_key(
+    shell: Any, display: str, loop_line: int | None, handle: str, stop: bool, lines: bool
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``prepare_cell``'s cache key, and the transformers it was made with."""
+    manager = getattr(shell, "input_transformer_manager", None)
+    keep = (
+        *getattr(shell, "ast_transformers", ()),
+        *getattr(shell, "input_transformers_post", ()),
+        *getattr(manager, "cleanup_transforms", ()),
+        *getattr(manager, "line_transforms", ()),
+        *getattr(manager, "token_transformers", ()),
+    )
+    flags = getattr(shell.compile, "flags", 0)
+    key = (id(shell), display, loop_line, handle, stop, lines, flags, tuple(id(t) for t in keep))
+    return key, keep
+
+
+def _renamed(prepared: PreparedCell, filename: str) -> PreparedCell:
+    """``prepared`` with its code (nested functions' included) named ``filename``."""
+    if prepared.filename == filename:
+        return prepared
+    expr = _refile(prepared.last_expr, filename) if prepared.last_expr is not None else None
+    return replace(prepared, body=_refile(prepared.body, filename), last_expr=expr, filename=filename)
+
+
+def _refile(code: CodeType, filename: str) -> CodeType:
+    consts = tuple(_refile(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def _ends_with_semicolon(source: str) -> bool:

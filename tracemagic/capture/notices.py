@@ -17,6 +17,7 @@ for ``capture.json``.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import re
@@ -32,6 +33,13 @@ KNOWN_NOTICES = (
     re.compile(r"CPUAllocator.*allocated before the profil", re.IGNORECASE),
     re.compile(r"execution_trace_observer\.cpp:\d+\]\s*(?:Enabling|Disabling) Execution Trace Observer"),
 )
+#: the notices as one pattern (``is_notice``: one search per line, no Python loop; the
+#: filter's thread runs while the profiler records, and its Python calls are recorded)
+_ANY_NOTICE = re.compile(
+    "|".join(f"(?i:{p.pattern})" if p.flags & re.IGNORECASE else f"(?:{p.pattern})" for p in KNOWN_NOTICES)
+)
+#: where ``Filter`` cuts what it reads into lines: after each newline or carriage return
+_LINE_END = re.compile(rb"(?<=[\n\r])")
 #: how long ``Filter`` holds an unfinished line (no newline or carriage return yet) before
 #: passing it on: a progress bar's partial line is not held back longer than this (s)
 PARTIAL_LINE_WAIT_S = 0.05
@@ -39,7 +47,7 @@ PARTIAL_LINE_WAIT_S = 0.05
 
 def is_notice(line: str) -> bool:
     """Whether ``line`` is one of torch's known start/stop notices."""
-    return any(pattern.search(line) for pattern in KNOWN_NOTICES)
+    return _ANY_NOTICE.search(line) is not None
 
 
 @contextlib.contextmanager
@@ -105,7 +113,6 @@ class Filter:
     def __init__(self, hidden: list[str]) -> None:
         self.hidden = hidden
         self._saved: int | None = None
-        self._thread: threading.Thread | None = None
         self._closing = False
         self._drained = threading.Event()
 
@@ -139,8 +146,9 @@ class Filter:
         self._saved = saved
         self._closing = False
         self._drained = threading.Event()
-        self._thread = threading.Thread(target=self._pump, args=(read, forward), name="tracemagic-notices", daemon=True)
-        self._thread.start()
+        # a bare thread: ``threading.Thread.start`` waits until it runs (a wait on a busy
+        # machine before the user's loop); ``_drained`` says when it is done
+        _thread.start_new_thread(self._pump, (read, forward))
 
     def stop(self, timeout: float = 2.0) -> None:
         """Put descriptor 2 back and wait, up to ``timeout``, until the thread has passed on
@@ -158,7 +166,6 @@ class Filter:
             os.close(self._saved)
         self._saved = None
         self._drained.wait(timeout)
-        self._thread = None
 
     def _route(self, line: bytes, forward: int) -> None:
         text = line.decode("utf-8", "replace").rstrip("\r\n")
@@ -183,7 +190,7 @@ class Filter:
                 if not chunk:
                     break
                 pending += chunk
-                lines = re.split(rb"(?<=[\n\r])", pending)
+                lines = _LINE_END.split(pending)
                 pending = lines.pop()  # '' after a terminator, else the unfinished line
                 for line in lines:
                     self._route(line, forward)

@@ -17,7 +17,6 @@ import platform
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -127,12 +126,11 @@ class _Profiler(torch.profiler.profile):
         self._session = session
 
     def prepare_trace(self) -> None:
-        with notices.hush(self._session._hidden):
+        with self._session._hushed():
             super().prepare_trace()
 
     def start_trace(self) -> None:
-        self._session._join_cleaners()  # no thread of ours runs while a window records
-        with notices.hush(self._session._hidden):
+        with self._session._hushed():
             super().start_trace()
 
     def stop_trace(self) -> None:
@@ -140,7 +138,7 @@ class _Profiler(torch.profiler.profile):
             # switched off under us (torch.autograd._disable_profiler(), another profiler):
             # torch's results are then invalid, and exporting them crashes the process
             self._session._switched_off = True
-        with notices.hush(self._session._hidden):
+        with self._session._hushed():
             super().stop_trace()
 
     def _modules(self, trace: str | None = None) -> Called:
@@ -229,7 +227,8 @@ class CaptureSession:
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(UTC)
         self._worker = files.tb_worker()
-        self._cleaners: list[threading.Thread] = []  # removing staging folders (files.write_with)
+        self._staging: Path | None = None  # the folder files.write_with stages in, made at the first write
+        self._base: Manifest | None = None  # the manifest's fixed part (_base_manifest)
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -277,7 +276,8 @@ class CaptureSession:
         else:
             phase = "skip" if prof.step_num < self.config.skip_first else "wait"
         self._clock.add(now - self._t_step, phase)
-        self._gpu_mark()
+        if self._gpu_events is not None:
+            self._gpu_mark()
         prof.step()
         if self.config.repeat and len(self._cycles) >= self.config.repeat:
             self._schedule_done = True
@@ -348,7 +348,7 @@ class CaptureSession:
         name = layout.slow_name(self.rank, len(self._clock.catches), self.config.gzip)
         try:
             prof.stop()
-            files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip)
+            files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip, staging=self._stage())
             catch["path"] = name
         except Exception as exc:  # noqa: BLE001 - torch's stop or export failed: noted, the loop goes on
             _log.debug("--slow: writing its trace failed", exc_info=True)
@@ -404,7 +404,12 @@ class CaptureSession:
             busy = profiler_busy(et=self.config.et)
             if busy:
                 raise CaptureError(busy)
-            self.dir = files.make_capture_dir(self.config.out, self.config.name)
+            self.dir = files.make_capture_dir(self.config.out, self.config.name, probe=False)
+            try:  # also the check that the directory can be written
+                self._write_manifest(status="running")
+            except OSError as exc:
+                raise files.unwritable(self.config.out, exc) from None
+            return self.dir
         self._write_manifest(status="running")
         return self.dir
 
@@ -549,16 +554,26 @@ class CaptureSession:
             self._notes.append(f"torch.profiler failed to stop cleanly: {failed}")
 
     def _cleanup(self) -> None:
-        """Unregister the ET observer of a cycle that never ended; wait for the staging
-        folders to be gone."""
+        """Unregister the ET observer of a cycle that never ended; remove the staging folder."""
         self._close_et(None)
-        self._join_cleaners()
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            files.remove_staging(staging)
 
-    def _join_cleaners(self) -> None:
-        """Wait for the staging folders being removed in the background to be gone."""
-        for cleaner in self._cleaners:
-            cleaner.join()
-        self._cleaners.clear()
+    def _stage(self) -> Path:
+        """The staging folder of this session's files (``files.write_with``), made at its
+        first write and removed by ``finish()``: none is made or removed per file."""
+        if self._staging is None:
+            assert self.dir is not None
+            self._staging = files.staging_dir(self.dir)
+        return self._staging
+
+    def _hushed(self) -> contextlib.AbstractContextManager[None]:
+        """What torch's profiler calls run in: ``notices.hush``, unless the notices filter is
+        on (descriptor 2 already goes through it, and it keeps the notices in the same list)."""
+        if self._filter is not None and self._filter.active:
+            return contextlib.nullcontext()
+        return notices.hush(self._hidden)
 
     # -- the Execution Trace: one per cycle, like the Kineto trace ------------------------
     def _cycle_label(self, number: int) -> int | None:
@@ -637,7 +652,7 @@ class CaptureSession:
                 name = files.tb_name(self._worker, gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
-            files.write_with(self.dir / name, export, gz=gz, cleaners=self._cleaners)
+            files.write_with(self.dir / name, export, gz=gz, staging=self._stage())
             cycle.kineto = name
         except Exception as exc:  # noqa: BLE001 - torch's export failed: noted, the capture goes on
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
@@ -668,7 +683,7 @@ class CaptureSession:
             self.dir / name,
             lambda path: timeline.export_memory_timeline_raw(path, device),
             gz=self.config.gzip,
-            cleaners=self._cleaners,
+            staging=self._stage(),
         )
         return name
 
@@ -774,10 +789,17 @@ class CaptureSession:
         return manifest
 
     def _base_manifest(self, status: str) -> Manifest:
+        """The manifest's part known before the cell runs, with ``status`` (made once per
+        session; a new dict each call, its values shared)."""
+        if self._base is None:
+            self._base = self._fixed_manifest()
+        return {**self._base, "status": status}
+
+    def _fixed_manifest(self) -> Manifest:
         use_cuda = torch.cuda.is_available() and not self.config.cpu_only
         return {
             "format": layout.MANIFEST_FORMAT,
-            "status": status,
+            "status": "running",
             "name": self.config.name,
             "created": self._created.isoformat(timespec="seconds"),
             "arguments": {"line": self.line, "options": self.config.as_dict()},

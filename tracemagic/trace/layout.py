@@ -220,9 +220,10 @@ def atomic_path(final: Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, final)
-    finally:
+    except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        raise
 
 
 def write_json(final: Path, data: Any, gz: bool = False) -> None:
@@ -237,7 +238,17 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
     """Write a manifest (``path``: a capture directory, or the file itself, e.g. a rank's
     ``part_path``) atomically; values JSON cannot hold are written as text."""
     final = path / MANIFEST if path.is_dir() else path
-    write_json(final, json.loads(json.dumps(manifest, default=str)))
+    text = manifest_text(manifest)
+    with atomic_path(final) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def manifest_text(manifest: Manifest) -> str:
+    """A manifest as JSON text: one top-level key a line, each value compact (``json``'s C
+    encoder: an indented dump runs its Python encoder, milliseconds for a long loop's
+    ``loop_timing``); values JSON cannot hold are written as text."""
+    items = [f"{json.dumps(str(key))}: {json.dumps(value, default=str)}" for key, value in manifest.items()]
+    return "{\n" + ",\n".join(items) + "\n}\n"
 
 
 # -- reading -------------------------------------------------------------------------------

@@ -216,6 +216,10 @@ STRIP_GROUPS = {
 }
 
 
+#: up to this many iterations the strip labels each one (beyond, plotly's ticks are whole numbers)
+STRIP_EVERY_TICK = 12
+
+
 def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
     """A small bar chart of every iteration's wall time (``iterations()``' ``wall_ms``),
     the recorded steps in blue and the slow ones ``--slow`` caught marked with a red ×.
@@ -256,6 +260,8 @@ def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
             hovertemplate="iteration %{x}: %{y:.3f} ms, %{customdata:.1f}× the running median<extra>slow</extra>",
         )
     fig.update_layout(bargap=0, showlegend=True)
+    if len(iterations) <= STRIP_EVERY_TICK:  # whole iterations: plotly's own ticks halve a short range
+        fig.update_xaxes(tick0=0, dtick=1)
     fig = _layout(fig, f"Every iteration ({len(iterations):,}): wall time", None, "ms", height=200)
     fig.update_layout(margin={"l": 56, "r": 10, "b": 30})  # what plotly needs (51, 26): no second draw
     return fig
