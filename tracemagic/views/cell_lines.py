@@ -154,7 +154,8 @@ def lines_bar(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False, t
         xaxis_title=f"{unit} per step",
         height=max(260, 40 + 26 * len(ran)),
         # as wide as the labels: plotly's automargin widening it would draw the figure twice
-        margin={"l": tick_margin(labels, least=10), "r": 10, "t": 50, "b": 56},
+        # (on the right the legend of the two bars: "self CPU", "self GPU")
+        margin={"l": tick_margin(labels, least=10), "r": 120 if len(fig.data) > 1 else 10, "t": 50, "b": 56},
         yaxis={"automargin": True},
     )
     return fig

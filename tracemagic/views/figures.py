@@ -263,7 +263,8 @@ def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
     if len(iterations) <= STRIP_EVERY_TICK:  # whole iterations: plotly's own ticks halve a short range
         fig.update_xaxes(tick0=0, dtick=1)
     fig = _layout(fig, f"Every iteration ({len(iterations):,}): wall time", None, "ms", height=200)
-    fig.update_layout(margin={"l": 56, "r": 10, "b": 30})  # what plotly needs (51, 26): no second draw
+    # what plotly needs (51-61, 26; on the right half the last tick label of a long loop): no second draw
+    fig.update_layout(margin={"l": 66, "r": 24, "b": 30})
     return fig
 
 
@@ -1284,7 +1285,10 @@ def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "w
         )
     )
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, title, "step", "rank", height=max(260, 28 * len(grid) + 140))
+    fig = _layout(fig, title, "step", "rank", height=max(260, 28 * len(grid) + 140))
+    # the rank names and the colour bar on the right (plotly widens 32 px to 94): drawn once
+    fig.update_layout(margin={"l": tick_margin(fig.data[0].y, title=True), "r": 110})
+    return fig
 
 
 # -- Execution Trace graph --------------------------------------------------------------------
