@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 import pytest
 from conftest import ROOT, TRACES, own_namespace, save_screenshot
+import test_report_browser
 
 import tracemagic
 from tracemagic.views.report import write_report
@@ -224,7 +225,7 @@ def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], 
     for key in keys:
         page.locator(f'nav button[data-tab="{key}"]').click()
         page.wait_for_function(DRAWN, arg=f"#tab-{key}", timeout=30_000)
-        page.wait_for_timeout(150)  # plotly's automargin redraw
+        page.wait_for_timeout(150)  # a redraw, if plotly's automargin widened a margin (checked below)
         found = page.locator(f"#tab-{key}").evaluate(LAYOUT)
         problems += [f"{key}: {p}" for p in found["problems"]]
         assert found["figures"] >= 1 and found["tables"] >= 1, (key, found)
@@ -235,6 +236,8 @@ def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], 
         problems += [f"header: {p}" for p in page.locator(".tm-always").evaluate(LAYOUT)["problems"]]
     assert not problems, "\n".join(problems)
     assert page.errors == []
+    # every figure drawn once, in the margins written (none widened by plotly's automargin)
+    assert test_report_browser.widened(page.evaluate(test_report_browser.MARGINS)) == []
     # the tables say what they answer, in words with units, and a one-process trace has no rank column
     overview = seen["overview"]["headers"]
     steps = overview[0]

@@ -158,6 +158,51 @@ def test_hidden_tabs_are_drawn_only_when_opened(browser: Any, reports: dict[str,
         page.close()
 
 
+#: every drawn figure's margins as written and as plotly drew the plot area (plotly's automargin
+#: widens a margin too narrow for the tick labels or colour bar it measured, then draws the whole
+#: figure again); x tick labels turned by plotly (their angle depends on the window's width)
+MARGINS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
+  const m = gd._fullLayout.margin, s = gd._fullLayout._size;
+  const turned = [...gd.querySelectorAll('.xaxislayer-above text')]
+      .some(t => /rotate\\((?!0[,)])/.test(t.getAttribute('transform') || ''));
+  return {id: gd.id, written: [m.l, m.r, m.t, m.b], drawn: [s.l, s.r, s.t, s.b].map(Math.round), turned};
+})"""
+
+
+def widened(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The figures of :data:`MARGINS` that plotly drew in wider margins than written (the
+    bottom and right ones may grow for x labels plotly turned, which depends on the window)."""
+    return [f for f in figures if [f["drawn"][0], f["drawn"][2]] != [f["written"][0], f["written"][2]]
+            or any(f["drawn"][i] != f["written"][i] and not (f["turned"] and f["drawn"][i] > f["written"][i])
+                   for i in (1, 3))]
+
+
+@pytest.mark.parametrize("name", ["gpu", "cpu"])
+def test_every_figure_is_drawn_in_the_margins_it_was_written_with(
+    browser: Any, reports: dict[str, Path], name: str
+) -> None:
+    """The views write margins wide enough for the axes' labels (horizontal bars' names,
+    ``figures.tick_margin``), the x axis' title and the flame graph's colour bar, so plotly
+    draws each figure once: before, its automargin widened nearly every figure's margins by
+    a few pixels and drew it a second time. Every figure of every tab, as drawn in the page:
+    its plot area sits in the margins written (the bottom and right ones may grow only for x
+    labels plotly turned, which depends on the window's width)."""
+    page = Page(browser)
+    try:
+        page.page.goto(reports[name].as_uri())
+        for key in [b.get_attribute("data-tab") for b in page.page.locator("nav button").all()]:
+            page.page.locator(f'nav button[data-tab="{key}"]').click()
+            page.page.wait_for_function(
+                "s => [...document.querySelectorAll(s + ' div.plotly-graph-div')].every(g => g.classList.contains('js-plotly-plot') && g.querySelector('.main-svg'))",
+                arg=f"#tab-{key}", timeout=20_000)
+        figures = page.page.evaluate(MARGINS)
+        assert len(figures) >= 8, figures
+        assert widened(figures) == [], widened(figures)
+        assert page.errors == []
+    finally:
+        page.close()
+
+
 def test_partial_plotlyjs_draws_every_trace_type_it_claims(browser: Any) -> None:
     """The report's partial plotly.js bundle draws a figure of each of its trace types with
     no error; a report with another trace type gets plotly's full bundle."""

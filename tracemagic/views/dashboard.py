@@ -426,7 +426,6 @@ class Dashboard:
             tab["info"] = widgets.HTML()
             tab["figures"] = []
             tab["side"] = widgets.HTML(layout=widgets.Layout(flex="1 1 520px", min_width="460px", overflow="auto"))
-            tab["table"] = TableView(section.table, section.table_title)
             tab["extra"] = widgets.VBox()
             tab["extras"] = []
         else:
@@ -453,15 +452,12 @@ class Dashboard:
                 *shown[1:],
             ]
         search = self._flame_search(key, section.figures)
-        tab["box"].children = [
-            tab["info"],
-            *([tab["zoom"]] if "zoom" in tab else []),
-            *search,
-            *shown,
-            tab["table"].widget,
-            tab["extra"],
-        ]
+        head = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *search, *shown]
         tab["info"].value = html.style() + top_html
+        if first:  # the figures reach the page before the table's dozen widgets are made and sent
+            tab["box"].children = head
+            tab["table"] = TableView(section.table, section.table_title)
+        tab["box"].children = [*head, tab["table"].widget, tab["extra"]]
         # each small table with its own filter, sort and pages (one table view per caption, kept across redraws)
         views: list[TableView] = tab["extras"]
         for i, (caption, frame) in enumerate(section.extra):

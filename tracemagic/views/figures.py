@@ -10,8 +10,11 @@ extremes, the tree keeps the heaviest layers.
 from __future__ import annotations
 
 import functools
+import html
 import json
-from collections.abc import Mapping, Sequence
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -103,15 +106,43 @@ def _legend_rows(fig: go.Figure) -> int:
     return rows
 
 
+#: px per character of a 12 px tick label (DejaVu Sans and Verdana, the widest of plotly's
+#: fonts; Arial is narrower), and what plotly adds beside the labels
+_TICK_CHAR_PX, _TICK_PAD_PX, _AXIS_TITLE_PX = 7.4, 16, 24
+#: the bottom margin that holds the x axis' tick labels and title (plotly needs 53 px), the
+#: right one half the last x tick label (centred on the plot's right edge)
+_BOTTOM_PX, _RIGHT_PX = 60, 32
+
+
+def _label_chars(label: object) -> int:
+    """How many characters the longest line of a (plotly HTML) label shows."""
+    text = re.sub(r"<[^>]*>", "\n", str(label)) if "<" in str(label) else str(label)
+    return max((len(html.unescape(line)) for line in text.split("\n")), default=0)
+
+
+def tick_margin(labels: Iterable[object], *, title: bool = False, least: int = 60) -> int:
+    """A left margin (px) wide enough for these y tick labels (and the axis title), so that
+    plotly's automargin never has to widen it: widening it draws the whole figure a second
+    time, which doubled the time to draw a figure with long labels."""
+    chars = max((_label_chars(label) for label in labels), default=0)
+    need = chars * _TICK_CHAR_PX + _TICK_PAD_PX + (_AXIS_TITLE_PX if title else 0) if chars else 0
+    return max(least, int(math.ceil(need)))
+
+
 def _layout(fig: go.Figure, title: str, x: str | None = None, y: str | None = None, height: int = 420) -> go.Figure:
     """The views' common layout: the title atop the figure, the legend in rows of its own
-    between the title and the plot (never over the data or the title), axis titles."""
+    between the title and the plot (never over the data or the title), axis titles. The
+    margins hold the axes' labels (horizontal bars' names, :func:`tick_margin`) as drawn,
+    so plotly draws the figure once instead of again with wider margins."""
     rows = _legend_rows(fig)
     top = _TITLE_PX + _LEGEND_ROW_PX * rows + (6 if rows else 6)
+    names = [label for t in fig.data if getattr(t, "orientation", None) == "h" and t.y is not None for label in t.y]
+    # a numeric y axis with a title: ticks of up to 5 characters (plotly needed 61 px for 4)
+    left = tick_margin(names, title=y is not None, least=72 if y else 60)
     fig.update_layout(
         title={"text": esc(title), "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 10}},
         height=height + max(0, top - 50),
-        margin={"l": 60, "r": 20, "t": top, "b": 50},
+        margin={"l": left, "r": _RIGHT_PX, "t": top, "b": _BOTTOM_PX},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
     )
     if x is not None:
@@ -232,7 +263,8 @@ def iteration_strip(iterations: pd.DataFrame) -> go.Figure:
     if len(iterations) <= STRIP_EVERY_TICK:  # whole iterations: plotly's own ticks halve a short range
         fig.update_xaxes(tick0=0, dtick=1)
     fig = _layout(fig, f"Every iteration ({len(iterations):,}): wall time", None, "ms", height=200)
-    fig.update_layout(margin={"l": 50, "r": 10, "b": 25})
+    # what plotly needs (51-61, 26; on the right half the last tick label of a long loop): no second draw
+    fig.update_layout(margin={"l": 66, "r": 24, "b": 30})
     return fig
 
 
@@ -515,7 +547,10 @@ def flame(
     )
     if merged:
         title = f"{title}; {merged:,} smaller boxes merged, one other box per parent"
-    return _layout(fig, title, height=560)
+    fig = _layout(fig, title, height=560)
+    if gpu_total > 0:  # room for the colour bar (plotly widens the margin to 126 px: a second draw)
+        fig.update_layout(margin={"r": 130})
+    return fig
 
 
 # -- Timeline ---------------------------------------------------------------------------------
@@ -1125,7 +1160,9 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
     values = values[np.isfinite(values) & (values > 0)]
     low, high = int(np.floor(np.log10(values.min()))), int(np.ceil(np.log10(values.max())))
     ticks = [10.0**k for k in range(low, high + 1)]
-    fig.update_yaxes(type="log", tickvals=ticks, ticktext=[_flops_text(t * 1e12) for t in ticks])
+    text = [_flops_text(t * 1e12) for t in ticks]
+    fig.update_yaxes(type="log", tickvals=ticks, ticktext=text)
+    fig.update_layout(margin={"l": tick_margin(text, title=True)})
     return fig
 
 
@@ -1248,7 +1285,10 @@ def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "w
         )
     )
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, title, "step", "rank", height=max(260, 28 * len(grid) + 140))
+    fig = _layout(fig, title, "step", "rank", height=max(260, 28 * len(grid) + 140))
+    # the rank names and the colour bar on the right (plotly widens 32 px to 94): drawn once
+    fig.update_layout(margin={"l": tick_margin(fig.data[0].y, title=True), "r": 110})
+    return fig
 
 
 # -- Execution Trace graph --------------------------------------------------------------------

@@ -129,14 +129,15 @@ _SCRIPT = """
   function initTables(sec){
     sec.querySelectorAll(".tm-tablebox:not(.tm-ready)").forEach(function(box){box.classList.add("tm-ready");initTable(box);});
   }
-  // figures are drawn when their tab shows, one at a time (a frame painted between two)
-  function drawNext(sec){
-    if(!window.Plotly||!(sec.classList.contains("active")||sec.classList.contains("tm-always")))return;
+  // figures are drawn when their tab shows, one at a time (a frame painted between two);
+  // then=what to draw after this section's figures (the open tab after the header's strip)
+  function drawNext(sec,then){
+    if(!window.Plotly||!(sec.classList.contains("active")||sec.classList.contains("tm-always"))){if(then)then();return;}
     var box=sec.querySelector(".tm-figure:not(.tm-drawn)");
-    if(!box)return;
+    if(!box){if(then)then();return;}
     box.classList.add("tm-drawn");
     var div=box.querySelector(".plotly-graph-div"),
-      next=function(){requestAnimationFrame(function(){setTimeout(function(){drawNext(sec);},0);});};
+      next=function(){requestAnimationFrame(function(){setTimeout(function(){drawNext(sec,then);},0);});};
     try{
       var spec=JSON.parse(box.querySelector("script.tm-fig").textContent);
       if(spec.template!==null)spec.layout.template=JSON.parse(document.getElementById("tm-template-"+spec.template).textContent);
@@ -172,8 +173,12 @@ _SCRIPT = """
     if(window.Plotly){sec.querySelectorAll(".js-plotly-plot").forEach(function(p){Plotly.Plots.resize(p);});}
     drawNext(sec);
   }
-  // the figures always shown (the header's iteration strip), then the open tab's
-  window.tmDrawActive=function(){document.querySelectorAll(".tm-always, .tm-section.active").forEach(drawNext);};
+  // the figures always shown (the header's iteration strip), then the open tab's: one figure per frame
+  window.tmDrawActive=function(){
+    var active=function(){var sec=document.querySelector(".tm-section.active");if(sec)drawNext(sec);},
+      strip=document.querySelector(".tm-always");
+    if(strip)drawNext(strip,active);else active();
+  };
   document.querySelectorAll("nav button").forEach(function(b){
     b.addEventListener("click",function(){show(b.dataset.tab);});});
   var first=document.querySelector("nav button");if(first)show(first.dataset.tab);
