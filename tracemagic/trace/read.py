@@ -187,8 +187,12 @@ class ByteStream:
 
     def read(self) -> bytes:
         """The next block of (decompressed) bytes; ``b""`` when the source is exhausted."""
+        return self._checked(self._read)
+
+    def _checked(self, read: Callable[[], bytes]) -> bytes:
+        """``read()``, its I/O and decompression errors a ``TraceError`` that names the file."""
         try:
-            return self._read()
+            return read()
         except TraceError:
             raise
         except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
@@ -211,7 +215,9 @@ class ByteStream:
             return data
         return self._read_gzip()
 
-    def _read_gzip(self) -> bytes:
+    def _read_gzip(self, sink: bytearray | None = None) -> bytes:
+        """The next block decompressed; appended to ``sink`` instead where one is given
+        (``read_all``: each chunk copied once), then ``b""``."""
         assert self._decomp is not None
         out: list[bytes] = []
         size = 0
@@ -237,7 +243,10 @@ class ByteStream:
                     "re-record the trace.",
                     path=self.source.name,
                 ) from None
-            out.append(chunk)
+            if sink is None:
+                out.append(chunk)
+            else:
+                sink += chunk
             size += len(chunk)
             self.produced += len(chunk)
             if self.source.max_bytes is not None and self.produced > self.source.max_bytes:
@@ -262,6 +271,10 @@ class ByteStream:
         """Everything that is left (used on the slow paths: damaged files, odd layouts), in
         one buffer grown in place (a list of blocks joined would need the size twice)."""
         out = bytearray()
+        if self._gzip:
+            while not self._done:
+                self._checked(lambda: self._read_gzip(out))
+            return out
         while block := self.read():
             out += block
         return out
