@@ -187,8 +187,10 @@ def peak_reset():
         torch.cuda.reset_peak_memory_stats()
 def peak():
     return torch.cuda.max_memory_allocated() if DEV == "cuda" else None
-def expected_layers(var, model):  # the root by its variable, the rest by their attribute path
-    return sorted(var if not n else n for n, m in model.named_modules()
+def expected_layers(var, model):  # the root by its variable (`var (Class)` where var is also a path), the rest by their path
+    named = dict(model.named_modules())
+    root = f"{{var}} ({{type(model).__name__}})" if var in named else var
+    return sorted(root if not n else n for n, m in named.items()
                   if not isinstance(m, (nn.ModuleList, nn.ModuleDict)))
 def note(key, var, model):
     # what the capture cell left (a cell that raised before its end leaves None: not noted)

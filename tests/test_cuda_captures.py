@@ -209,12 +209,47 @@ def test_the_device_is_named_and_its_peaks_known(capture: Capture) -> None:
     assert peaks is not None and peaks.bf16 > 0 and peaks.tbytes_per_s > 0
 
 
+def _expected_layers(capture: Capture) -> set[str]:
+    """``named_modules()`` as gpu_check.py lists them (the root by its variable), with the
+    root named ``var (Class)`` where its variable is also a child's path (then the list holds
+    ``var`` twice: ``bert = BertForMaskedLM(...)`` and its ``.bert``); the root's class is the
+    type the manifest records for it (its entry whose qualified name is the variable)."""
+    var, names = capture.meta["var"], list(capture.meta["named_modules"])
+    if names.count(var) > 1:
+        (kind,) = {m["type"] for m in capture.manifest["modules"].values() if m["qualname"] == var}
+        names[names.index(var)] = f"{var} ({kind})"
+    return set(names)
+
+
 @each("quickstart", "quickstart_et", "transformer", "transformer_et")
 def test_layer_names_are_the_models_named_modules(capture: Capture) -> None:
-    expected = capture.meta["named_modules"]
-    ours = set(capture.trace.layers()["layer"])
+    expected = _expected_layers(capture)
+    table = capture.trace.layers()
+    ours = set(table["layer"])
     others = {m["root"] for m in capture.manifest["modules"].values() if m["root"] != capture.meta["var"]}
-    assert set(expected) <= ours and ours - set(expected) <= others
+    assert expected <= ours and ours - expected <= others
+    assert not table.duplicated(["rank", "layer"]).any()
+
+
+@each("transformer", "transformer_et")
+def test_a_root_named_like_its_child_has_its_own_layer_and_level(capture: Capture) -> None:
+    # `bert = BertForMaskedLM(...)` and its `.bert`: captures made before roots were renamed
+    # name both `bert` in their manifest, and the loader tells them apart
+    var, expected = capture.meta["var"], _expected_layers(capture)
+    (root,) = [name for name in expected if name.startswith(f"{var} (")]
+    paths = expected - {root}
+    assert var in paths
+    table = capture.trace.layers().set_index("layer")
+    assert table.loc[root, "depth"] == 0 and table.loc[var, "parent"] == root and table.loc[var, "depth"] == 1
+    # every child's parent is its nearest enclosing path that is a layer (the paths
+    # gpu_check.json lists), the root's children the root
+    for layer, row in table.drop(index=root).iterrows():
+        if layer not in paths:
+            continue  # another root (the loss)
+        parts = str(layer).split(".")
+        enclosing = [".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in paths]
+        assert row["parent"] == (enclosing[-1] if enclosing else root), layer
+        assert row["depth"] == len(enclosing) + 1, layer
 
 
 @each(et=True)

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracemagic.trace import layout
 from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
@@ -314,9 +315,11 @@ def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
 
     The layer is the model path recorded by the capture (``encoder.0``) when the manifest
     has one, else the trace's instance name without the prefix (``Linear_0``); the type is
-    the class name.
+    the class name. A root named like a path in a capture made before roots were renamed
+    (``bert`` for both ``bert = BertForMaskedLM(...)`` and its ``.bert``) is named as
+    captures name it now (``layout.root_layer``: ``bert (BertForMaskedLM)``).
     """
-    known = trace.module_names
+    known = _unique_roots(trace.module_names)
     out = {}
     for name in trace.events["name"].cat.categories:
         text = str(name)
@@ -327,6 +330,20 @@ def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
         layer = str(entry.get("path") or instance)
         kind = str(entry.get("type") or _INSTANCE_SUFFIX.sub("", instance))
         out[text] = (layer, kind)
+    return out
+
+
+def _unique_roots(known: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """``known`` with each root entry (``qualname`` == ``root``) whose ``path`` is also a
+    submodule's path renamed ``layout.root_layer(path, type)``."""
+    entries = [e for e in known.values() if isinstance(e, dict)]
+    child_paths = {e.get("path") for e in entries if e.get("qualname") != e.get("root")}
+    out = dict(known)
+    for name, e in known.items():
+        if not isinstance(e, dict) or not e.get("root") or e.get("qualname") != e.get("root"):
+            continue
+        if e.get("path") == e["root"] and e["root"] in child_paths:
+            out[name] = {**e, "path": layout.root_layer(str(e["root"]), str(e.get("type") or e["root"]))}
     return out
 
 

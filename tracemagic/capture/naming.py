@@ -7,7 +7,10 @@ call within one recording window; ``PythonIDVisitor`` in
 these calls, the module object's address (``id()``) and class: ``recorded_modules`` reads
 them from the profiler once a window has stopped, ``resolve`` finds those objects among
 the models reachable from the user's namespace, and ``module_map`` turns them into
-attribute paths (``encoder.layers.0.self_attn``).
+attribute paths (``encoder.layers.0.self_attn``). Each root is named after the user's
+variable holding it, unless that name is also an attribute path under a root
+(``bert = BertForMaskedLM(...)``, whose ``.bert`` is a ``BertModel``): that root is the
+layer ``bert (BertForMaskedLM)``, so every layer has a name of its own.
 
 Nothing is installed while a window records. A global module hook (what this module used
 to register) changes what runs: dynamo guards on global hooks, so a ``torch.compile``'d
@@ -42,6 +45,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+
+from tracemagic.trace import layout
 
 #: what a window's module calls resolve to: the module object, or its class name when the
 #: object cannot be found any more (a module that died before the window was read)
@@ -382,13 +387,16 @@ def module_map(
 
     Returns:
         ``{"nn.Module: Linear_0": {"path": "encoder.0", "type": "Linear", "root": "model",
-        "qualname": "model.encoder.0"}, ...}``. ``path`` is relative to the root (a root
-        itself gets its variable name); ``qualname`` always starts with the root's name.
+        "qualname": "model.encoder.0"}, ...}``. ``path`` (the layer's name) is relative to
+        the root; a root itself gets its variable name, or ``bert (BertForMaskedLM)`` where
+        that name is also a path (``bert = BertForMaskedLM(...)``, whose ``.bert`` is a
+        ``BertModel``: ``layout.root_layer``), so no two layers share a name. ``root`` is the
+        variable's name and ``qualname`` always starts with it (``bert.bert.embeddings``).
         A ``torch.compile(model)`` wrapper and its model share one path, and the wrapper's
         ``type`` is the model's class (the layer the user knows). A module that could not
         be found is named by its class.
     """
-    where: dict[int, tuple[str, str]] = {}
+    named: list[tuple[torch.nn.Module, str, dict[int, str]]] = []
     taken: set[str] = set()
     for root in roots:
         name = _root_name(root, namespace)
@@ -397,14 +405,22 @@ def module_map(
             n += 1
             name = f"{base}{n}"
         taken.add(name)
-        for sub, path in user_paths(root).items():
-            where.setdefault(sub, (name, path))
+        named.append((root, name, user_paths(root)))
+    # a root whose name is also a path (``bert = BertForMaskedLM(...)`` and its ``.bert``)
+    # is the layer ``bert (BertForMaskedLM)``: every layer keeps a name of its own
+    paths = {path for _, _, subs in named for path in subs.values() if path}
+    where: dict[int, tuple[str, str, str]] = {}
+    for root, name, subs in named:
+        label = layout.root_layer(name, type(_unwrapped(root)).__name__) if name in paths else name
+        for sub, path in subs.items():
+            where.setdefault(sub, (name, label, path))
     out: dict[str, dict[str, str]] = {}
     for trace_name, module in window.items():
         kind = module if isinstance(module, str) else type(_unwrapped(module)).__name__
-        root_name, path = (kind, "") if isinstance(module, str) else where.get(id(module), (kind, ""))
+        found = (kind, kind, "") if isinstance(module, str) else where.get(id(module), (kind, kind, ""))
+        root_name, label, path = found
         out[trace_name] = {
-            "path": path or root_name,
+            "path": path or label,
             "type": kind,
             "root": root_name,
             "qualname": f"{root_name}.{path}" if path else root_name,

@@ -207,6 +207,18 @@ def modules_sidecar(trace_file: Path) -> Path:
     return trace_file.with_name(name + ".modules.json")
 
 
+def root_layer(name: str, kind: str) -> str:
+    """The layer name of a root module whose name is also an attribute path under a root.
+
+    A root is named after the user's variable and its submodules by their attribute paths
+    (the manifest's ``modules``: ``path``). ``bert = BertForMaskedLM(...)`` holds a
+    ``BertModel`` at ``.bert``: both would be the layer ``bert``. Such a root is the layer
+    ``bert (BertForMaskedLM)`` instead, which no attribute path can be (a path has no space),
+    and its children keep their ``named_modules()`` paths.
+    """
+    return f"{name} ({kind})"
+
+
 # -- writing, atomically -------------------------------------------------------------------
 def partial_path(final: Path) -> Path:
     """The hidden name a file is written under before it gets its final name."""
