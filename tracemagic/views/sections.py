@@ -445,8 +445,10 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     facts = []
     if not shapes.empty and not shapes["input_dims"].astype("string").fillna("").str.len().gt(0).any():
         facts.append(("input shapes", "none in this trace (recorded without record_shapes=True): ops by name only"))
-    # a GPU trace ranks op × shapes by GPU time (ties by total CPU time), as its other top lists
-    order = ["gpu_us", "total_us"] if data.has_gpu and "gpu_us" in shapes else ["total_us"]
+    # a GPU trace ranks op × shapes by GPU time (ties by total CPU time), as its other top lists;
+    # by CPU time where none of them launched GPU work
+    gpu = data.has_gpu and "gpu_us" in shapes and bool((shapes["gpu_us"] > 0).any())
+    order = ["gpu_us", "total_us"] if gpu else ["total_us"]
     ranked = shapes.sort_values(order, ascending=False, kind="stable") if not shapes.empty else shapes
     table = data.shapes_where().sort_values(order, ascending=False, kind="stable") if not shapes.empty else shapes
     return Section(
