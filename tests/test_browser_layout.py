@@ -202,6 +202,10 @@ LAYOUT = """(root) => {
           headers: tables.map(t => [...t.querySelectorAll('thead th')].map(text))};
 }""".replace("${KEY}", str(KEY_COLUMNS))
 
+#: the Source tab's listing: each header's right edge, and the page's width
+SOURCE_EDGES = """(table) => ({width: document.documentElement.clientWidth,
+  heads: [...table.querySelectorAll('thead th')].map(th => [th.textContent.trim(), th.getBoundingClientRect().right])})"""
+
 DRAWN = ("s => [...document.querySelectorAll(s + ' div.plotly-graph-div')]"
          ".every(g => g.classList.contains('js-plotly-plot') && g.querySelector('.main-svg'))")
 
@@ -231,6 +235,11 @@ def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], 
         assert found["figures"] >= 1 and found["tables"] >= 1, (key, found)
         assert found["filters"] == found["tables"], (key, found)  # one filter per table
         seen[key] = found
+        if key == "source":  # the heat listing: all its figure columns in sight, long code lines wrapped
+            edges = page.locator("#tab-source .tm-source table").evaluate(SOURCE_EDGES)
+            problems += [f"source: the listing's column \"{h}\" ends at {r:.0f} px, past the page's {edges['width']} px"
+                         for h, r in edges["heads"] if r > edges["width"] + 1]
+            assert edges["heads"] and edges["heads"][-1][0] == "live at peak", edges
         save_screenshot(page, tmp_path, f"{name}-{key}")
     if page.locator(".tm-always .js-plotly-plot").count():  # the iteration strip atop a capture's report
         problems += [f"header: {p}" for p in page.locator(".tm-always").evaluate(LAYOUT)["problems"]]
@@ -254,8 +263,8 @@ def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], 
         assert firsts and not any(k.startswith("void ") for k in firsts), firsts  # readable names, signature last
         roofline = seen["roofline"]["headers"][0]
         assert roofline[:4] == ["Name", "Input shapes", "% of roof", "GPU (ms)"], roofline
-    shapes = seen["shapes"]["headers"][0]
-    assert shapes[:4] == ["Name", "Input shapes", "Calls", "Total (ms)"], shapes
+    shapes = seen["shapes"]["headers"][0]  # on a GPU the GPU's time leads here too
+    assert shapes[:4] == ["Name", "Input shapes", "Calls", "GPU (ms)" if gpu else "Total (ms)"], shapes
     assert len(list(tmp_path.glob("*.png"))) == len(keys)
 
 

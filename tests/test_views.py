@@ -4,6 +4,7 @@ and on real traces (a CPU capture made here, GPU, multi-rank and old-format trac
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -1331,3 +1332,44 @@ def test_timeline_events_cover_the_raw_trace_within_the_bound(name: str) -> None
         assert sorted(mine["dur"], reverse=True) == pytest.approx(top), lane
         if lane.split("· ")[-1].startswith("GPU"):  # no nesting: every event not kept is binned
             assert bins_.loc[bins_["lane"] == lane, "count"].sum() == len(durations) - len(top), lane
+
+
+def _launched_gpu_us(raw: dict[str, Any], name: str, dims: str) -> float:
+    """The GPU work (kernels, memcpy, memset) launched inside the ``cpu_op`` events called
+    ``name`` with input dims ``dims`` (as the table writes them), from the raw JSON."""
+    spans = [(e["pid"], e["tid"], e["ts"], e["ts"] + e["dur"]) for e in raw["traceEvents"]
+             if e.get("cat") == "cpu_op" and e.get("name") == name
+             and json.dumps(e.get("args", {}).get("Input Dims")) == dims]
+    launches = {e["args"]["correlation"]: (e["pid"], e["tid"], e["ts"]) for e in raw["traceEvents"]
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    total = 0.0
+    for e in raw["traceEvents"]:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X":
+            at = launches.get(e["args"].get("correlation"))
+            if at and any(at[:2] == (pid, tid) and start <= at[2] <= end for pid, tid, start, end in spans):
+                total += e["dur"]
+    return total
+
+
+def test_shapes_tab_ranks_by_gpu_time_on_a_gpu_trace(cpu_capture: Any, tmp_path: Path) -> None:
+    """On a GPU trace the Shapes table and chart lead with the op × shapes that ran the most GPU
+    time (as the Overview and Kernels tabs do); a CPU trace keeps them by total CPU time."""
+    path = TRACES / "hta_control.json.gz"
+    control = tracemagic.load(path, cache_dir=tmp_path)
+    dash = Dashboard(control)
+    table = dash.table("shapes").frame
+    assert list(table.columns[:4]) == ["name", "input_dims", "calls", "gpu_ms"]
+    gpu_ms = table["gpu_ms"].to_numpy(dtype=float)
+    assert gpu_ms[0] > 0 and (np.diff(gpu_ms) <= 0).all()  # most GPU time first
+    assert (np.diff(table["total_ms"].to_numpy(dtype=float)) > 0).any()  # which is not the CPU's order here
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        raw = json.load(fh)
+    for _, row in table.head(2).iterrows():  # the figure ranked by is the GPU work the op × shapes launched
+        assert abs(row["gpu_ms"] - _launched_gpu_us(raw, row["name"], row["input_dims"]) / 1e3) <= 5e-4, row
+    bars = dash.section("shapes").figures[0].data[0]
+    top = len(bars.x)
+    assert np.allclose(np.asarray(bars.x, dtype=float)[::-1], gpu_ms[:top], atol=5e-4)  # the chart: same rows
+    assert (np.diff(control.shapes()["total_us"].to_numpy(dtype=float)) <= 0).all()  # the analysis keeps its order
+    cpu = Dashboard(cpu_capture).table("shapes").frame
+    assert "gpu_ms" not in cpu and list(cpu.columns[:4]) == ["name", "input_dims", "calls", "total_ms"]
+    assert (np.diff(cpu["total_ms"].to_numpy(dtype=float)) <= 0).all()

@@ -72,8 +72,9 @@ def _cell(column: str, value: object, div: float) -> str:
 
 def listing_html(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False) -> str:
     """The cell as an HTML table (no script, every text escaped): each line's code, as
-    indented as written, and its figures; the code and time cells heat-coloured by the
-    line's own (self) time, the memory cells by the bytes it holds at the peak.
+    indented as written (a line too long for the width wraps, so that the figures stay in
+    sight), and its figures; the code and time cells heat-coloured by the line's own (self)
+    time, the memory cells by the bytes it holds at the peak.
 
     Args:
         frame: :func:`listing`.
@@ -114,7 +115,9 @@ def listing_html(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False
     return (
         '<div class="tm-source"><style>.tm-source table{border-collapse:collapse;font-size:12px}'
         ".tm-source td,.tm-source th{padding:1px 6px;border-bottom:1px solid #eee;white-space:nowrap}"
-        ".tm-source .tm-num{text-align:right}.tm-source .tm-code code{white-space:pre}</style>"
+        # a long line wraps (its indent kept) so the figures' columns stay in sight at 1024 px
+        ".tm-source .tm-num{text-align:right}.tm-source td.tm-code{white-space:normal}"
+        ".tm-source .tm-code code{white-space:pre-wrap;overflow-wrap:anywhere}</style>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 

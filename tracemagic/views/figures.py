@@ -1025,8 +1025,9 @@ def memory_categories(
 
 # -- Shapes -----------------------------------------------------------------------------------
 def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric: str = "total_us") -> go.Figure:
-    """Horizontal bars of the ``top`` (op, input shapes, dtypes) rows by ``metric``."""
-    title = "Ops by input shape"
+    """Horizontal bars of the ``top`` (op, input shapes, dtypes) rows by ``metric`` (ties in
+    the frame's order)."""
+    title = "Ops by input shape" + (", by GPU time" if metric == "gpu_us" else "")
     if shapes.empty:
         return empty("No input shapes: record with record_shapes=True.", title)
     div = unit_divisor(unit)
@@ -1054,11 +1055,13 @@ def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric:
                 axis=-1,
             ),
             hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
-            f"<br>%{{customdata[3]}} calls, %{{x:.3f}} {unit}<br>%{{customdata[4]}}<extra></extra>",
+            f"<br>%{{customdata[3]}} calls, %{{x:.3f}} {unit}{' GPU' if metric == 'gpu_us' else ''}"
+            "<br>%{customdata[4]}<extra></extra>",
             marker_color=KIND_COLORS["cpu_op"],
         )
     )
-    axis = f"{metric.removesuffix('_us').replace('_', ' ')} ({unit})" if metric.endswith("_us") else metric
+    name = "GPU" if metric == "gpu_us" else metric.removesuffix("_us").replace("_", " ")
+    axis = f"{name} ({unit})" if metric.endswith("_us") else metric
     return _layout(fig, title, axis, None, height=max(300, 24 * len(table) + 100))
 
 

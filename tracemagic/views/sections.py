@@ -31,6 +31,8 @@ OPS_FIRST = ("name", "self_us", "self_pct", "total_us", "calls", "mean_us")
 LAYERS_FIRST = ("layer", "type", "calls", "gpu_us", "self_gpu_us", "cpu_us", "self_cpu_us")
 ALLOCATIONS_FIRST = ("bytes", "op", "layer", "phase", "step", "ts", "lifetime_us", "device")
 SHAPES_FIRST = ("name", "input_dims", "calls", "total_us", "self_us", "gpu_us", "mean_us", "tflops_per_s")
+#: on a trace with GPU work the GPU's time leads, as in the Overview and Kernels tabs
+SHAPES_FIRST_GPU = ("name", "input_dims", "calls", "gpu_us", "total_us", "self_us", "mean_us", "tflops_per_s")
 ROOFLINE_FIRST = ("name", "input_dims", "pct_of_roofline", "gpu_us", "calls", "bound", "tflops_per_s", "tbytes_per_s")
 FLAME_FIRST = ("function", "file", "line", "cpu_us", "self_cpu_us", "gpu_us", "calls")
 KERNELS_FIRST = ("kernel", "op", "total_us", "pct", "calls", "mean_us", "max_us")
@@ -443,16 +445,20 @@ def _shapes(data: TraceData, state: ViewState) -> Section:
     facts = []
     if not shapes.empty and not shapes["input_dims"].astype("string").fillna("").str.len().gt(0).any():
         facts.append(("input shapes", "none in this trace (recorded without record_shapes=True): ops by name only"))
+    # a GPU trace ranks op × shapes by GPU time (ties by total CPU time), as its other top lists;
+    # by CPU time where none of them launched GPU work
+    gpu = data.has_gpu and "gpu_us" in shapes and bool((shapes["gpu_us"] > 0).any())
+    order = ["gpu_us", "total_us"] if gpu else ["total_us"]
+    ranked = shapes.sort_values(order, ascending=False, kind="stable") if not shapes.empty else shapes
+    table = data.shapes_where().sort_values(order, ascending=False, kind="stable") if not shapes.empty else shapes
     return Section(
         "shapes",
         TITLES["shapes"],
-        figures=[figures.shapes_bar(shapes, top=state.top, unit=state.unit)],
+        figures=[figures.shapes_bar(ranked, top=state.top, unit=state.unit, metric=order[0])],
         table=display_table(
-            (data.shapes_where().sort_values("total_us", ascending=False) if not shapes.empty else shapes).drop(
-                columns=[] if data.has_gpu else [c for c in ("gpu_us",) if c in shapes]
-            ),
+            table.drop(columns=[] if data.has_gpu else [c for c in ("gpu_us",) if c in shapes]),
             state.unit,
-            first=SHAPES_FIRST,
+            first=SHAPES_FIRST_GPU if order[0] == "gpu_us" else SHAPES_FIRST,
             one_rank=not data.several_ranks,
         ),
         table_title="Op × input shapes × dtypes",
