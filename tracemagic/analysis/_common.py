@@ -428,21 +428,32 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
     of the earlier intervals of its group. Vectorized, O(n log n).
     """
     keep = end > start
-    group, start, end = group[keep], start[keep], end[keep]
+    if not keep.all():  # (a copy only where some interval is empty: these arrays are per row)
+        group, start, end = group[keep], start[keep], end[keep]
+    del keep
     if group.size == 0:
         return np.zeros(groups)
     order = sort_by_thread(group, start)
     group, start, end = group[order], start[order], end[order]
+    del order
     # running maximum per group in one pass: each group is lifted above all earlier ones,
     # and the row holding each maximum gives its exact value back
-    lifted = end + group * (float(end.max() - min(start.min(), 0.0)) + 1.0)
+    lifted = group * (float(end.max() - min(start.min(), 0.0)) + 1.0)
+    lifted += end
     top = np.maximum.accumulate(lifted)
-    reach = end[np.maximum.accumulate(np.where(lifted == top, np.arange(end.size), 0))]
+    at = np.arange(end.size)
+    at[lifted != top] = 0
+    del lifted, top
+    reach = end[np.maximum.accumulate(at, out=at)]
+    del at
     previous = np.empty_like(reach)
     previous[0] = -np.inf
     previous[1:] = reach[:-1]
     previous[1:][group[1:] != group[:-1]] = -np.inf
-    added = np.maximum(end - np.maximum(start, previous), 0.0)
+    del reach
+    added = np.maximum(start, previous, out=previous)  # in place: these arrays are per row
+    np.subtract(end, added, out=added)
+    np.maximum(added, 0.0, out=added)
     return np.bincount(group, weights=added, minlength=groups)
 
 
