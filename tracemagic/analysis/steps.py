@@ -314,11 +314,12 @@ def _rank_parts(
     length = win_dur[group]
     source = mine[part]
     del part
-    return (
-        group,
-        np.clip(start[source] - origin, 0.0, length),
-        np.clip(end[source] - origin, 0.0, length),
-    )
+    since = start[source]
+    since -= origin
+    until = end[source]
+    until -= origin
+    del source, origin
+    return group, np.clip(since, 0.0, length, out=since), np.clip(until, 0.0, length, out=until)
 
 
 def joined(pieces: list[np.ndarray] | tuple[np.ndarray, ...]) -> np.ndarray:
