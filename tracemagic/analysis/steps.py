@@ -118,18 +118,21 @@ def _gpu_rows(trace: TraceTables) -> np.ndarray:
     return np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY) & np.isfinite(ts))
 
 
-def _relative(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
-    """Every event's start and end in µs since the trace's start (computed once per trace).
+def _relative(trace: TraceTables) -> np.ndarray:
+    """Every event's start in µs since the trace's start (computed once per trace); its
+    end is ``start + dur``, taken at the rows needed (``_ends``), not kept for every event.
 
     Shifted before adding ``dur``: float64 epoch-µs times round to 0.25 µs, their
     differences are exact.
     """
+    return trace.shared(
+        Shared.RELATIVE_TIMES, lambda: trace.events["ts"].to_numpy(dtype=np.float64) - trace_start(trace)
+    )
 
-    def compute() -> tuple[np.ndarray, np.ndarray]:
-        start = trace.events["ts"].to_numpy(dtype=np.float64) - trace_start(trace)
-        return start, start + trace.events["dur"].to_numpy(dtype=np.float64)
 
-    return trace.shared(Shared.RELATIVE_TIMES, compute)
+def _ends(trace: TraceTables, start: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The ends (µs since the trace's start) of ``rows``, whose ``start`` is ``_relative(trace)[rows]``."""
+    return start + trace.events["dur"].to_numpy(dtype=np.float64)[rows]
 
 
 def device_windows(trace: TraceTables) -> pd.DataFrame:
@@ -148,13 +151,15 @@ def device_windows(trace: TraceTables) -> pd.DataFrame:
 def _device_windows(trace: TraceTables) -> pd.DataFrame:
     frame = windows(trace)
     events = trace.events
-    start, end = _relative(trace)
+    start = _relative(trace)
     gpu = _gpu_rows(trace)
     gpu_rank = events["rank"].to_numpy()[gpu]
-    gpu_start, gpu_end = start[gpu], end[gpu]
+    gpu_start = start[gpu]
+    gpu_end = _ends(trace, gpu_start, gpu)
     launch = events["launch"].to_numpy()[gpu]
-    launch_start = np.where(launch >= 0, start[np.maximum(launch, 0)], np.nan)
-    launch_end = np.where(launch >= 0, end[np.maximum(launch, 0)], np.nan)
+    launcher = np.maximum(launch, 0)
+    launch_start = np.where(launch >= 0, start[launcher], np.nan)
+    launch_end = np.where(launch >= 0, _ends(trace, start[launcher], launcher), np.nan)
 
     host_dur = frame["dur"].to_numpy(dtype=np.float64)
     window_ts = frame["start"].to_numpy(dtype=np.float64) - trace_start(trace)
@@ -271,7 +276,8 @@ def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tup
     ``frame`` is a ``device_windows`` table (windows of a rank do not overlap).
     """
     rank = trace.events["rank"].to_numpy()[rows]
-    start, end = (times[rows] for times in _relative(trace))
+    start = _relative(trace)[rows]
+    end = _ends(trace, start, rows)
     win_start = frame["window_ts"].to_numpy(dtype=np.float64)
     win_dur = frame["window_dur"].to_numpy(dtype=np.float64)
     win_end = win_start + win_dur
