@@ -183,11 +183,7 @@ def _by_name(frame: pd.DataFrame, keep: np.ndarray | None = None) -> pd.DataFram
         named = codes >= 0  # a missing name is in no group, as groupby leaves NA out
         if not named.all():  # (else no copy of the rows)
             sums, codes = sums[named], codes[named]
-        out = (
-            sums.groupby(codes)
-            .sum()
-            .rename(columns={"call": "calls", "total": "total_us", "self_dur": "self_us"})
-        )
+        out = sums.groupby(codes).sum().rename(columns={"call": "calls", "total": "total_us", "self_dur": "self_us"})
         out.index = names.cat.categories[out.index.to_numpy()].astype(str).rename("name")
     else:
         out = sums.assign(name=names.to_numpy()[rows]).groupby("name").agg(**aggregations)
