@@ -428,21 +428,32 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
     of the earlier intervals of its group. Vectorized, O(n log n).
     """
     keep = end > start
-    group, start, end = group[keep], start[keep], end[keep]
+    if not keep.all():  # (a copy only where some interval is empty: these arrays are per row)
+        group, start, end = group[keep], start[keep], end[keep]
+    del keep
     if group.size == 0:
         return np.zeros(groups)
     order = sort_by_thread(group, start)
     group, start, end = group[order], start[order], end[order]
+    del order
     # running maximum per group in one pass: each group is lifted above all earlier ones,
     # and the row holding each maximum gives its exact value back
-    lifted = end + group * (float(end.max() - min(start.min(), 0.0)) + 1.0)
+    lifted = group * (float(end.max() - min(start.min(), 0.0)) + 1.0)
+    lifted += end
     top = np.maximum.accumulate(lifted)
-    reach = end[np.maximum.accumulate(np.where(lifted == top, np.arange(end.size), 0))]
+    at = np.arange(end.size)
+    at[lifted != top] = 0
+    del lifted, top
+    reach = end[np.maximum.accumulate(at, out=at)]
+    del at
     previous = np.empty_like(reach)
     previous[0] = -np.inf
     previous[1:] = reach[:-1]
     previous[1:][group[1:] != group[:-1]] = -np.inf
-    added = np.maximum(end - np.maximum(start, previous), 0.0)
+    del reach
+    added = np.maximum(start, previous, out=previous)  # in place: these arrays are per row
+    np.subtract(end, added, out=added)
+    np.maximum(added, 0.0, out=added)
     return np.bincount(group, weights=added, minlength=groups)
 
 
@@ -453,6 +464,16 @@ def text(values: pd.Series | np.ndarray) -> pd.api.extensions.ExtensionArray:
 
 def text_take(labels: np.ndarray, at: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """``text(labels[at])`` for per-row tables: ``labels`` are few (per code, None for none),
-    ``at`` indexes them (-1: missing), so no string is made per row (Arrow's take)."""
-    taken = pc.take(pa.array(labels, type=pa.large_string()), pa.array(at, mask=at < 0))
+    ``at`` indexes them (-1: missing), so no string is made per row (Arrow's take).
+
+    Made in the C library's heap (``pa.system_memory_pool``), not Arrow's default pool:
+    mimalloc's arena is backed by 2 MiB huge pages, so the few MB of a per-row column
+    (``memory()``: 61k rows, 3.6 MB) held ~16 MiB resident there, never given back; the
+    heap reuses what the analyses freed."""
+    pool = pa.system_memory_pool()
+    taken = pc.take(
+        pa.array(labels, type=pa.large_string(), memory_pool=pool),
+        pa.array(at, mask=at < 0, memory_pool=pool),
+        memory_pool=pool,
+    )
     return pd.array(taken, dtype="str")

@@ -174,18 +174,16 @@ def _by_name(frame: pd.DataFrame, keep: np.ndarray | None = None) -> pd.DataFram
             "call": own,
             "total": np.where(own, frame["dur"].to_numpy()[rows], 0.0),
             "self_dur": frame["self_dur"].to_numpy()[rows],
-        }
+        },
+        copy=False,  # columns made here (per op row): no second copy
     )
     aggregations = {"calls": ("call", "sum"), "total_us": ("total", "sum"), "self_us": ("self_dur", "sum")}
     if isinstance(names.dtype, pd.CategoricalDtype):
         codes = names.cat.codes.to_numpy()[rows]
         named = codes >= 0  # a missing name is in no group, as groupby leaves NA out
-        out = (
-            sums[named]
-            .groupby(codes[named])
-            .sum()
-            .rename(columns={"call": "calls", "total": "total_us", "self_dur": "self_us"})
-        )
+        if not named.all():  # (else no copy of the rows)
+            sums, codes = sums[named], codes[named]
+        out = sums.groupby(codes).sum().rename(columns={"call": "calls", "total": "total_us", "self_dur": "self_us"})
         out.index = names.cat.categories[out.index.to_numpy()].astype(str).rename("name")
     else:
         out = sums.assign(name=names.to_numpy()[rows]).groupby("name").agg(**aggregations)

@@ -85,19 +85,24 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     is_module &= ~folded
     fwd_tid = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)
     is_bwd = is_op & (names_where(events["name"], BACKWARD_OP) | (fwd_tid > 0))
+    del fwd_tid  # (per-event temporaries are freed as soon as done: this runs at a peak)
     above = enclosing_of_kind(parent, depth, is_bwd, np.arange(n))
     is_root = is_bwd & (above < 0) & (module < 0)
+    del above
     root = propagate(parent, depth, is_root)
     seq = events["seq"].to_numpy(dtype=np.int64, na_value=-1)
     ts = events["ts"].to_numpy()
-    rank = events["rank"].to_numpy().astype(np.int64)
+    rank = events["rank"].to_numpy()
     linked = _flow_links(trace, root, is_op) if flows else np.full(n, -2, dtype=np.int64)
     roots = np.flatnonzero(is_root & (seq >= 0) & (linked == -2))
     forward = np.flatnonzero(is_op & ~is_bwd & (seq >= 0) & (root < 0))
     matched = np.where(linked >= 0, module[np.maximum(linked, 0)], -1)
+    del linked
     if roots.size and forward.size:
-        left = pd.DataFrame({"ts": ts[roots], "rank": rank[roots], "seq": seq[roots], "row": roots})
-        right = pd.DataFrame({"ts": ts[forward], "rank": rank[forward], "seq": seq[forward], "fwd": module[forward]})
+        left = pd.DataFrame({"ts": ts[roots], "rank": rank[roots].astype(np.int64), "seq": seq[roots], "row": roots})
+        right = pd.DataFrame(
+            {"ts": ts[forward], "rank": rank[forward].astype(np.int64), "seq": seq[forward], "fwd": module[forward]}
+        )
         joined = pd.merge_asof(
             left.sort_values("ts", kind="stable"),
             right.sort_values("ts", kind="stable"),
@@ -106,8 +111,10 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
             direction="backward",
         )
         matched[joined["row"].to_numpy()] = joined["fwd"].fillna(-1).to_numpy(dtype=np.int64)
+    del seq
     backward = root >= 0
     layer = np.where(backward, matched[np.maximum(root, 0)], module)
+    del matched
     module_parent = np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1)
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
 

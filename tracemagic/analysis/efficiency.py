@@ -384,30 +384,35 @@ def chain_costs(trace: TraceTables) -> pd.DataFrame:
         flops = np.where(np.isnan(flops) & ~known, shaped, flops)
         n = len(events)
         launched = gpu_time(events)
-        chain: dict[str, np.ndarray] = {}
-        for field, value in (("flops", flops), ("bytes", nbytes)):
-            outer = outermost(events, rows, top, ~np.isnan(value))
-            total = np.bincount(top[outer], weights=value[outer], minlength=n)
-            # a chain's figure counts only where its modelled ops launched all its GPU work
-            covered = np.bincount(top[outer], weights=launched[rows[outer]], minlength=n)
-            complete = (np.bincount(top[outer], minlength=n) > 0) & (covered >= launched * (1 - 1e-9))
-            chain[field] = np.where(complete, total, NAN)
-            if field == "flops":
-                matrix = np.zeros(n, dtype=bool)
-                matrix[top[outer & among(name_of, MATRIX_OPS)[names]]] = True
-        gpu, chain_top = gpu_chains(trace)
-        tf32 = np.zeros(n, dtype=bool)
-        tf32[chain_top[names_where(events["name"], TF32_KERNEL)[gpu] & (chain_top >= 0)]] = True
         tops = rows[top == rows]
         time_us = launched[tops] if trace.has_gpu else events["dur"].to_numpy()[tops]
         keep = time_us > 0
         tops = tops[keep]
+        # summed per event (a chain's top), kept at the tops alone: per-event arrays are
+        # 2 MB each on a 100 MB trace, and this ran at the session's peak memory
+        chain: dict[str, np.ndarray] = {}
+        for field, value in (("flops", flops), ("bytes", nbytes)):
+            outer = outermost(events, rows, top, ~np.isnan(value))
+            total = np.bincount(top[outer], weights=value[outer], minlength=n)[tops]
+            # a chain's figure counts only where its modelled ops launched all its GPU work
+            covered = np.bincount(top[outer], weights=launched[rows[outer]], minlength=n)[tops]
+            complete = (np.bincount(top[outer], minlength=n)[tops] > 0) & (covered >= launched[tops] * (1 - 1e-9))
+            chain[field] = np.where(complete, total, NAN)
+            if field == "flops":
+                matrix = np.zeros(n, dtype=bool)
+                matrix[top[outer & among(name_of, MATRIX_OPS)[names]]] = True
+                matrix = matrix[tops]
+            del outer, total, covered, complete
+        del launched
+        gpu, chain_top = gpu_chains(trace)
+        tf32 = np.zeros(n, dtype=bool)
+        tf32[chain_top[names_where(events["name"], TF32_KERNEL)[gpu] & (chain_top >= 0)]] = True
         return pd.DataFrame(
             {
                 "row": tops,
-                "flops": chain["flops"][tops],
-                "bytes": chain["bytes"][tops],
-                "matrix": matrix[tops],
+                "flops": chain["flops"],
+                "bytes": chain["bytes"],
+                "matrix": matrix,
                 "tf32": tf32[tops],
                 "time_us": time_us[keep],
             }

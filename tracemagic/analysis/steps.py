@@ -118,18 +118,21 @@ def _gpu_rows(trace: TraceTables) -> np.ndarray:
     return np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY) & np.isfinite(ts))
 
 
-def _relative(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
-    """Every event's start and end in µs since the trace's start (computed once per trace).
+def _relative(trace: TraceTables) -> np.ndarray:
+    """Every event's start in µs since the trace's start (computed once per trace); its
+    end is ``start + dur``, taken at the rows needed (``_ends``), not kept for every event.
 
     Shifted before adding ``dur``: float64 epoch-µs times round to 0.25 µs, their
     differences are exact.
     """
+    return trace.shared(
+        Shared.RELATIVE_TIMES, lambda: trace.events["ts"].to_numpy(dtype=np.float64) - trace_start(trace)
+    )
 
-    def compute() -> tuple[np.ndarray, np.ndarray]:
-        start = trace.events["ts"].to_numpy(dtype=np.float64) - trace_start(trace)
-        return start, start + trace.events["dur"].to_numpy(dtype=np.float64)
 
-    return trace.shared(Shared.RELATIVE_TIMES, compute)
+def _ends(trace: TraceTables, start: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The ends (µs since the trace's start) of ``rows``, whose ``start`` is ``_relative(trace)[rows]``."""
+    return start + trace.events["dur"].to_numpy(dtype=np.float64)[rows]
 
 
 def device_windows(trace: TraceTables) -> pd.DataFrame:
@@ -148,13 +151,15 @@ def device_windows(trace: TraceTables) -> pd.DataFrame:
 def _device_windows(trace: TraceTables) -> pd.DataFrame:
     frame = windows(trace)
     events = trace.events
-    start, end = _relative(trace)
+    start = _relative(trace)
     gpu = _gpu_rows(trace)
     gpu_rank = events["rank"].to_numpy()[gpu]
-    gpu_start, gpu_end = start[gpu], end[gpu]
+    gpu_start = start[gpu]
+    gpu_end = _ends(trace, gpu_start, gpu)
     launch = events["launch"].to_numpy()[gpu]
-    launch_start = np.where(launch >= 0, start[np.maximum(launch, 0)], np.nan)
-    launch_end = np.where(launch >= 0, end[np.maximum(launch, 0)], np.nan)
+    launcher = np.maximum(launch, 0)
+    launch_start = np.where(launch >= 0, start[launcher], np.nan)
+    launch_end = np.where(launch >= 0, _ends(trace, start[launcher], launcher), np.nan)
 
     host_dur = frame["dur"].to_numpy(dtype=np.float64)
     window_ts = frame["start"].to_numpy(dtype=np.float64) - trace_start(trace)
@@ -271,28 +276,65 @@ def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tup
     ``frame`` is a ``device_windows`` table (windows of a rank do not overlap).
     """
     rank = trace.events["rank"].to_numpy()[rows]
-    start, end = (times[rows] for times in _relative(trace))
+    start = _relative(trace)[rows]
+    end = _ends(trace, start, rows)
     win_start = frame["window_ts"].to_numpy(dtype=np.float64)
-    win_end = win_start + frame["window_dur"].to_numpy(dtype=np.float64)
+    win_dur = frame["window_dur"].to_numpy(dtype=np.float64)
+    win_end = win_start + win_dur
     groups, starts, ends = [], [], []
     for r, where in frame.groupby("rank").indices.items():
-        mine = rank == r
-        lo = np.searchsorted(win_end[where], start[mine], side="right")  # first window ending after the start
-        hi = np.searchsorted(win_start[where], end[mine], side="left")  # past the last window starting before the end
-        count = np.maximum(hi - lo, 0)
-        if not count.any():
-            continue
-        part = np.repeat(np.arange(count.size), count)
-        offset = np.arange(part.size) - np.repeat(np.cumsum(count) - count, count)
-        group = where[lo[part] + offset]
-        origin = win_start[group]
-        length = frame["window_dur"].to_numpy(dtype=np.float64)[group]
-        groups.append(group)
-        starts.append(np.clip(start[mine][part] - origin, 0.0, length))
-        ends.append(np.clip(end[mine][part] - origin, 0.0, length))
+        found = _rank_parts(np.flatnonzero(rank == r), where, start, end, win_start, win_end, win_dur)
+        if found is not None:
+            groups.append(found[0])
+            starts.append(found[1])
+            ends.append(found[2])
     if not groups:
         return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
-    return np.concatenate(groups), np.concatenate(starts), np.concatenate(ends)
+    return joined(groups), joined(starts), joined(ends)
+
+
+def _rank_parts(
+    mine: np.ndarray,
+    where: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    win_start: np.ndarray,
+    win_end: np.ndarray,
+    win_dur: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``in_windows`` for one rank: ``mine`` (positions in ``start``/``end``) against its
+    windows ``where``; None when no part falls in one. A function of its own so that its
+    per-row temporaries are freed before the next rank's (and the caller's join)."""
+    lo = np.searchsorted(win_end[where], start[mine], side="right")  # first window ending after the start
+    hi = np.searchsorted(win_start[where], end[mine], side="left")  # past the last window starting before the end
+    count = np.maximum(hi - lo, 0)
+    del hi
+    if not count.any():
+        return None
+    part = np.repeat(np.arange(count.size), count)
+    offset = np.arange(part.size) - np.repeat(np.cumsum(count) - count, count)
+    del count
+    group = where[lo[part] + offset]
+    del lo, offset
+    origin = win_start[group]
+    length = win_dur[group]
+    source = mine[part]
+    del part
+    since = start[source]
+    since -= origin
+    until = end[source]
+    until -= origin
+    del source, origin
+    return group, np.clip(since, 0.0, length, out=since), np.clip(until, 0.0, length, out=until)
+
+
+def joined(pieces: list[np.ndarray] | tuple[np.ndarray, ...]) -> np.ndarray:
+    """``np.concatenate(pieces)``, without the copy where one piece holds every value (the
+    others empty, of the same dtype): the per-row arrays of a one-rank trace."""
+    full = [p for p in pieces if p.size]
+    if len(full) == 1 and all(p.dtype == full[0].dtype for p in pieces):
+        return full[0]
+    return np.concatenate(pieces)
 
 
 @computes("steps")
@@ -323,7 +365,7 @@ def steps(trace: TraceTables) -> pd.DataFrame:
     so_far: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for name in CATEGORIES:
         so_far.append(in_windows(trace, frame, np.flatnonzero(masks[name])))
-        group, start, end = (np.concatenate(column) for column in zip(*so_far))
+        group, start, end = (joined(column) for column in zip(*so_far))
         total = union_length(group, start, end, groups)
         parts[name] = total - covered
         covered = total

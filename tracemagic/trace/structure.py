@@ -41,8 +41,10 @@ def sort_by_thread(group: np.ndarray, start: np.ndarray, then: np.ndarray | None
             run = np.cumsum(np.append(True, ~same))[tied]
             rows = order[tied]
             order[tied] = rows[np.lexsort((then[rows], run))]
+        del ordered, same  # (per row: freed before the next sort)
     codes, uniques = pd.factorize(group[order], sort=True)
     dense = codes.astype(np.int16 if len(uniques) < 2**15 else np.int64)  # int16 sorts by radix
+    del codes
     return order[np.argsort(dense, kind="stable")]
 
 
