@@ -498,8 +498,8 @@ class PendingEntry:
     """The cache entry of a trace just parsed, written later (``flush``) so that the user
     does not wait for it: when the trace is dropped or the process ends, when the same
     trace is loaded again in this process (then it is read from the cache), or when a
-    tool asks where the cache lies or what it holds (``locations``, ``entries``,
-    ``clear``). Writing it costs ~10-15% of a fresh load (the Arrow conversion, 47 MB
+    tool asks where the cache lies or what it holds (``locations``, ``entries``);
+    ``clear`` drops it unwritten. Writing it costs ~10-15% of a fresh load (the Arrow conversion, 47 MB
     written and checksummed for a 100 MB trace).
 
     It keeps a snapshot of the tables as parsed: shallow copies, which pandas'
@@ -570,16 +570,22 @@ _PENDING: dict[tuple[Path, ...], PendingEntry] = {}
 _PENDING_LOCK = threading.Lock()
 
 
-def flush_pending(places: tuple[Path, ...] | None = None, folder: Path | None = None) -> None:
-    """Write the pending entries now: the one at ``places``, or those with a place in
-    ``folder``, or (neither given) all of them."""
+def _pending(places: tuple[Path, ...] | None = None, folder: Path | None = None) -> list[PendingEntry]:
+    """The pending entries: the one at ``places``, or those with a place in ``folder``, or
+    (neither given) all of them."""
     with _PENDING_LOCK:
         found = list(_PENDING.values())
-    for pending in found:
-        if places is not None and pending.found.places != places:
-            continue
-        if folder is not None and not any(base.parent == folder for base in pending.found.places):
-            continue
+    return [
+        pending
+        for pending in found
+        if (places is None or pending.found.places == places)
+        and (folder is None or any(base.parent == folder for base in pending.found.places))
+    ]
+
+
+def flush_pending(places: tuple[Path, ...] | None = None, folder: Path | None = None) -> None:
+    """Write the pending entries now (``_pending``'s: at ``places``, in ``folder``, or all)."""
+    for pending in _pending(places, folder):
         pending.flush()
 
 
@@ -1022,9 +1028,7 @@ def clear(folder: PathLike | None = None) -> tuple[int, int]:
     returns how many traces and bytes were removed (the entries of traces parsed in this
     process and not yet written are dropped: not written later). Capture directories keep theirs."""
     root = Path(folder) if folder is not None else user_cache_dir()
-    with _PENDING_LOCK:
-        dropped = [p for p in _PENDING.values() if any(base.parent == root for base in p.found.places)]
-    for pending in dropped:
+    for pending in _pending(folder=root):
         pending.cancel()
     found = _entries(root)
     return len(found), sum(_remove(cached) for cached in found)
