@@ -275,6 +275,14 @@ def test_hta_flame_draws_each_views_visible_boxes_and_names_them(browser: Any, t
         page.page.mouse.click(*box)
         page.page.wait_for_function("gd => !gd.data[0].level", arg=cpu.element_handle(), timeout=10_000)
         _check_view(cpu, spec, root)
+        # a narrower window: the view of the new width (fewer boxes, fewer names)
+        width = cpu.evaluate("gd => gd._fullLayout._size.w")
+        page.page.set_viewport_size({"width": 800, "height": 900})
+        page.page.wait_for_function(  # plotly's resize, then the view of the new width: no box under 0.9 px
+            "([gd, w]) => gd._fullLayout._size.w < w - 100 && [...gd.querySelectorAll('g.slice path.surface')]"
+            ".every(p => p.getBBox().width >= 0.9)", arg=[cpu.element_handle(), width], timeout=10_000)
+        narrower = _check_view(cpu, spec, root)
+        assert len(narrower) < len(before)
         assert page.errors == [] and page.requests == []
     finally:
         page.close()

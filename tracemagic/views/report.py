@@ -5,7 +5,9 @@ views draw (``plotly-report.min.js``) where it can draw every figure of the repo
 and tables are embedded as escaped JSON, with the plotly template once, and drawn by a few
 lines of inline script only when their tab shows: the first tab at once (its text before
 plotly.js has loaded), a hidden tab's figures and tables when the tab is opened, so the
-first figure waits only for plotly.js and the first tab. Tables are drawn with
+first figure waits only for plotly.js and the first tab. A flame graph (the Flame tab's
+icicles) is drawn one view at a time: the boxes at least a pixel wide, named where the name
+fits, a click drawing the clicked box's view (plotly measures every label it draws). Tables are drawn with
 ``textContent`` (sort, filter, pages), and a
 Content-Security-Policy with a per-file nonce forbids network access and any script the
 report did not write itself (an ``onerror=`` smuggled in through a name cannot run even if
@@ -192,15 +194,17 @@ _SCRIPT = """
       return {trace:Object.assign({},t,{ids:out.ids,parents:out.parents,labels:out.labels,values:out.values,
         customdata:out.customdata,text:out.text,textinfo:"text",marker:marker,level:e<0?"":t.ids[e]}),idx:idx};
     }
-    var shown=[];
+    var shown=[],drawnWidth=0;
     function data(){
       var L=div._fullLayout,m=(spec.layout||{}).margin||{};
       var w=L&&L._size?L._size.w:div.getBoundingClientRect().width-(m.l==null?80:m.l)-(m.r==null?80:m.r);
-      var v=view(st.level,Math.max(w,1));shown=v.idx;
+      var v=view(st.level,Math.max(w,1));shown=v.idx;drawnWidth=w;
       return spec.data.map(function(x,j){return j===ti?v.trace:x;});
     }
     this.plot=function(){return Plotly.newPlot(div,data(),spec.layout,CONFIG);};
     this.draw=function(){return Plotly.react(div,data(),div.layout);};
+    // the page resized the figure (plotly's responsive config): the view of the new width
+    this.resized=function(){var L=div._fullLayout;if(L&&L._size&&Math.abs(L._size.w-drawnWidth)>0.5)this.draw();};
     // the box clicked: its view; the box at the top of the view: its parent's
     this.click=function(ev){
       var p=ev&&ev.points&&ev.points[0];if(!p||p.curveNumber!==ti)return;
@@ -215,7 +219,10 @@ _SCRIPT = """
     var ti=-1;spec.data.forEach(function(t,j){if(t.type==="icicle"&&ti<0)ti=j;});
     if(ti<0||!spec.data[ti].ids)return Plotly.newPlot(div,spec.data,spec.layout,CONFIG);
     var f=div.tmFlame=new Flame(div,spec,ti);
-    return Promise.resolve(f.plot()).then(function(){div.on("plotly_icicleclick",function(ev){return f.click(ev);});});
+    return Promise.resolve(f.plot()).then(function(){
+      div.on("plotly_icicleclick",function(ev){return f.click(ev);});
+      div.on("plotly_relayout",function(){f.resized();});
+    });
   }
   // the flame graph's search box (views.flame_search): matching boxes highlighted, the others greyed
   function initSearch(box,div){
