@@ -136,6 +136,12 @@ def test_flame_search_highlights_boxes_and_the_views_name_the_code(browser: Any,
 BOX_PX, LABEL_PX = 1.0, 4.0
 #: the edges of those rules are left alone (rounding, and two ways of measuring a label's width)
 BOX_BAND, LABEL_BAND = (0.9, 1.1), (3.5, 4.5)
+#: where a box (by its id) lies on the page: its middle, or 3 px from its left edge (the text's side)
+AT = """(gd, [id, left]) => {
+    const g = [...gd.querySelectorAll('g.slice')].find(g => g.__data__.data.data.id === id);
+    const r = g.querySelector('path.surface').getBoundingClientRect();
+    return [left ? r.x + 3 : r.x + r.width / 2, r.y + r.height / 2];
+}"""
 #: what is drawn: each slice's id, its box's width (px) and the text it shows
 DRAWN = """gd => [...gd.querySelectorAll('g.slice')].map(g => [
     g.__data__.data.data.id, g.querySelector('path.surface').getBBox().width,
@@ -214,7 +220,7 @@ def _check_view(gd: Any, spec: dict[str, Any], entry: str, names: int = 0) -> di
     return drawn
 
 
-def test_hta_flame_draws_each_views_visible_boxes_and_names_them(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_hta_flame_draws_each_views_visible_boxes_and_names_them(browser: Any, tmp_path: Path) -> None:
     """hta_control's call tree (713 boxes, three in four narrower than a pixel): each flame
     graph of the tab draws the boxes at least a pixel wide, each as wide as its time, named
     where the name fits; a narrow box shows its hover; a click on a box draws its subtree the
@@ -247,9 +253,7 @@ def test_hta_flame_draws_each_views_visible_boxes_and_names_them(browser: Any, t
         # a narrow box has its hover: its name
         drawn = {i: w for i, (w, _) in before.items()}
         narrow = min((i for i in drawn if drawn[i] >= 3), key=drawn.__getitem__)
-        box = cpu.evaluate("(gd, id) => { const g = [...gd.querySelectorAll('g.slice')].find(g => g.__data__.data.data.id === id);"
-                           " const r = g.querySelector('path.surface').getBoundingClientRect();"
-                           " return [r.x + r.width / 2, r.y + r.height / 2]; }", narrow)
+        box = cpu.evaluate(AT, [narrow, False])
         page.page.mouse.move(*box)
         page.page.wait_for_function("gd => !!gd.querySelector('g.hovertext')", arg=cpu.element_handle(), timeout=5_000)
         assert custom[narrow] in (cpu.locator("g.hovertext").first.text_content() or "")
@@ -259,19 +263,16 @@ def test_hta_flame_draws_each_views_visible_boxes_and_names_them(browser: Any, t
 
         clicked = max((i for i in ids if parents[i] == root and i in drawn), key=beneath)
         page.page.mouse.move(0, 0)
-        box = cpu.evaluate("(gd, id) => { const g = [...gd.querySelectorAll('g.slice')].find(g => g.__data__.data.data.id === id);"
-                           " const r = g.querySelector('path.surface').getBoundingClientRect();"
-                           " return [r.x + 3, r.y + r.height / 2]; }", clicked)
+        box = cpu.evaluate(AT, [clicked, True])
         page.page.mouse.click(*box)
-        page.page.wait_for_function("([gd, id]) => gd.data[0].level === id", arg=[cpu.element_handle(), clicked], timeout=10_000)
+        page.page.wait_for_function("([gd, id]) => gd.data[0].level === id", arg=[cpu.element_handle(), clicked],
+                                    timeout=10_000)
         zoomed = _check_view(cpu, spec, clicked)
         assert set(zoomed) - set(drawn), "the zoom drew no box that was too narrow before"
         assert any(t and not before.get(i, (0, ""))[1] for i, (_, t) in zoomed.items()), "the zoom named no box"
         save_screenshot(page.page, tmp_path, "hta-flame-zoomed")
         # the box at the top (the one clicked) zooms out to its parent: the whole tree
-        box = cpu.evaluate("(gd, id) => { const g = [...gd.querySelectorAll('g.slice')].find(g => g.__data__.data.data.id === id);"
-                           " const r = g.querySelector('path.surface').getBoundingClientRect();"
-                           " return [r.x + 3, r.y + r.height / 2]; }", clicked)
+        box = cpu.evaluate(AT, [clicked, True])
         page.page.mouse.click(*box)
         page.page.wait_for_function("gd => !gd.data[0].level", arg=cpu.element_handle(), timeout=10_000)
         _check_view(cpu, spec, root)

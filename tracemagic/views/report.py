@@ -153,10 +153,13 @@ _SCRIPT = """
   // its parent's remainder) and names the boxes whose label fits at FLAME.font px or more; a click
   // on a box (or on the bar above) draws that box's view, as plotly's own zoom would
   var FLAME={box:1,font:4,pad:3},ESC={"&amp;":"&","&lt;":"<","&gt;":">","&quot;":'"',"&#x27;":"'","&#39;":"'"};
-  function unescape(t){t=String(t);return t.indexOf("&")<0?t:t.replace(/&(amp|lt|gt|quot|#x27|#39);/g,function(m){return ESC[m];});}
+  function unescape(t){
+    t=String(t);return t.indexOf("&")<0?t:t.replace(/&(amp|lt|gt|quot|#x27|#39);/g,function(m){return ESC[m];});
+  }
   function decoded(v){  // plotly.py writes numeric arrays as base64 (bdata)
     if(!v||!v.bdata)return v||[];
-    var T={f8:Float64Array,f4:Float32Array,i4:Int32Array,u4:Uint32Array,i2:Int16Array,u2:Uint16Array,i1:Int8Array,u1:Uint8Array}[v.dtype];
+    var T={f8:Float64Array,f4:Float32Array,i4:Int32Array,u4:Uint32Array,i2:Int16Array,u2:Uint16Array,
+      i1:Int8Array,u1:Uint8Array}[v.dtype];
     var b=atob(v.bdata),u=new Uint8Array(b.length);for(var i=0;i<b.length;i++)u[i]=b.charCodeAt(i);
     var a=Array.prototype.slice.call(new T(u.buffer)),shape=String(v.shape||"").split(",").map(Number);
     if(shape.length<2)return a;
@@ -171,13 +174,15 @@ _SCRIPT = """
     var order=[],stack=roots.slice();  // parents before children; totals summed children first
     while(stack.length){k=stack.pop();order.push(k);for(i=0;i<kids[k].length;i++)stack.push(kids[k][i]);}
     for(i=order.length-1;i>=0;i--){k=order[i];if(up[k]>=0)tot[up[k]]+=tot[k];}
-    var font=((spec.layout||{}).font)||{},size=font.size||12,ctx=document.createElement("canvas").getContext("2d"),width={};
+    var font=((spec.layout||{}).font)||{},size=font.size||12,width={};
+    var ctx=document.createElement("canvas").getContext("2d");
     ctx.font=size+"px "+(font.family||'"Open Sans", verdana, arial, sans-serif');
     var st={level:-1,query:""};
     function textWidth(i){if(!(i in width))width[i]=ctx.measureText(labels[i]).width;return width[i];}
     // the arrays plotly draws for the view of box e (-1: the whole tree), w px wide
     function view(e,w){
-      var all=e<0?roots.reduce(function(a,r){return a+tot[r];},0):tot[e],px=all>0?w/all:0,keep=new Uint8Array(n),q=st.query;
+      var all=e<0?roots.reduce(function(a,r){return a+tot[r];},0):tot[e],px=all>0?w/all:0;
+      var keep=new Uint8Array(n),q=st.query;
       for(k=e<0?-1:up[e];k>=0;k=up[k])keep[k]=2;  // ancestors: the bar above
       var todo=e<0?roots.slice():[e];
       while(todo.length){k=todo.pop();if(k!==e&&tot[k]*px<FLAME.box)continue;keep[k]=1;for(i=0;i<kids[k].length;i++)todo.push(kids[k][i]);}
@@ -209,11 +214,14 @@ _SCRIPT = """
     this.click=function(ev){
       var p=ev&&ev.points&&ev.points[0];if(!p||p.curveNumber!==ti)return;
       var i=p.pointNumber==null?-1:shown[p.pointNumber];if(i===undefined)return false;
-      st.level=i===st.level?up[i]:i;if(st.level>=0&&up[st.level]<0&&roots.length===1)st.level=-1;  // the root: the whole tree
+      st.level=i===st.level?up[i]:i;
+      if(st.level>=0&&up[st.level]<0&&roots.length===1)st.level=-1;  // the root: the whole tree
       this.draw();return false;
     };
     // the search box's text: every box holding it coloured; how many boxes of the whole tree hold it
-    this.search=function(q){st.query=q;this.draw();return q?lower.filter(function(l){return l.indexOf(q)>=0;}).length:0;};
+    this.search=function(q){
+      st.query=q;this.draw();return q?lower.filter(function(l){return l.indexOf(q)>=0;}).length:0;
+    };
   }
   function flamePlot(div,spec){
     var ti=-1;spec.data.forEach(function(t,j){if(t.type==="icicle"&&ti<0)ti=j;});
