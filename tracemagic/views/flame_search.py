@@ -1,7 +1,8 @@
 """Search in the flame graph: the boxes whose label holds a text are highlighted, the others
 greyed (plotly's icicle has no search box of its own).
 
-The report does it in the page (``report._SCRIPT``: the same colours by ``Plotly.restyle``);
+The report does it in the page (``report._SCRIPT``: the same colours in the view it draws,
+the count over every box);
 the dashboard draws the figure again with :func:`highlight` when its search box changes.
 """
 

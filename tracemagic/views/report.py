@@ -5,7 +5,9 @@ views draw (``plotly-report.min.js``) where it can draw every figure of the repo
 and tables are embedded as escaped JSON, with the plotly template once, and drawn by a few
 lines of inline script only when their tab shows: the first tab at once (its text before
 plotly.js has loaded), a hidden tab's figures and tables when the tab is opened, so the
-first figure waits only for plotly.js and the first tab. Tables are drawn with
+first figure waits only for plotly.js and the first tab. A flame graph (the Flame tab's
+icicles) is drawn one view at a time: the boxes at least a pixel wide, named where the name
+fits, a click drawing the clicked box's view (plotly measures every label it draws). Tables are drawn with
 ``textContent`` (sort, filter, pages), and a
 Content-Security-Policy with a per-file nonce forbids network access and any script the
 report did not write itself (an ``onerror=`` smuggled in through a name cannot run even if
@@ -141,25 +143,101 @@ _SCRIPT = """
     try{
       var spec=JSON.parse(box.querySelector("script.tm-fig").textContent);
       if(spec.template!==null)spec.layout.template=JSON.parse(document.getElementById("tm-template-"+spec.template).textContent);
-      Promise.resolve(Plotly.newPlot(div,spec.data,spec.layout,CONFIG))
+      Promise.resolve(div.id.indexOf("fig-flame-")===0?flamePlot(div,spec):Plotly.newPlot(div,spec.data,spec.layout,CONFIG))
         .then(function(){initSearch(box,div);next();},function(e){fail(div,e);next();});
     }catch(e){fail(div,e);next();}
   }
-  // the flame graph's search box (views.flame_search): matching boxes highlighted, the others greyed
-  function unescape(t){var e=document.createElement("textarea");e.innerHTML=t;return e.value;}
-  function initSearch(box,div){
-    var input=box.querySelector("input.tm-flame-search");if(!input)return;
-    var hits=box.querySelector(".tm-flame-hits");
-    var kept=div.data.map(function(t){return t.type==="icicle"?{colors:t.marker.colors,scale:t.marker.showscale,
-      labels:(t.labels||[]).map(function(l){return unescape(String(l)).toLowerCase();})}:null;});
-    input.addEventListener("input",function(){
-      var q=input.value.trim().toLowerCase(),n=0;
-      kept.forEach(function(k,i){
-        if(!k)return;
-        if(!q){Plotly.restyle(div,{"marker.colors":[k.colors],"marker.showscale":k.scale},[i]);return;}
-        var colors=k.labels.map(function(l){var m=l.indexOf(q)>=0;if(m)n++;return m?SEARCH[0]:SEARCH[1];});
-        Plotly.restyle(div,{"marker.colors":[colors],"marker.showscale":false},[i]);
+  // the flame graph (views.figures.flame): plotly's icicle draws every box it is given and
+  // measures every label it draws (a forced layout each, about a millisecond), so each view gives
+  // it the boxes at least FLAME.box px wide (a narrower box's time stays in its parent's width, as
+  // its parent's remainder) and names the boxes whose label fits at FLAME.font px or more; a click
+  // on a box (or on the bar above) draws that box's view, as plotly's own zoom would
+  var FLAME={box:1,font:4,pad:3},ESC={"&amp;":"&","&lt;":"<","&gt;":">","&quot;":'"',"&#x27;":"'","&#39;":"'"};
+  function unescape(t){
+    t=String(t);return t.indexOf("&")<0?t:t.replace(/&(amp|lt|gt|quot|#x27|#39);/g,function(m){return ESC[m];});
+  }
+  function decoded(v){  // plotly.py writes numeric arrays as base64 (bdata)
+    if(!v||!v.bdata)return v||[];
+    var T={f8:Float64Array,f4:Float32Array,i4:Int32Array,u4:Uint32Array,i2:Int16Array,u2:Uint16Array,
+      i1:Int8Array,u1:Uint8Array}[v.dtype];
+    var b=atob(v.bdata),u=new Uint8Array(b.length);for(var i=0;i<b.length;i++)u[i]=b.charCodeAt(i);
+    var a=Array.prototype.slice.call(new T(u.buffer)),shape=String(v.shape||"").split(",").map(Number);
+    if(shape.length<2)return a;
+    var rows=[];for(i=0;i<shape[0];i++)rows.push(a.slice(i*shape[1],(i+1)*shape[1]));return rows;
+  }
+  function Flame(div,spec,ti){
+    var t=spec.data[ti],n=t.ids.length,custom=decoded(t.customdata),at={},up=[],kids=[],roots=[],i,k;
+    var own=decoded(t.values),colors=decoded(t.marker&&t.marker.colors),tot=own.slice();
+    var lower=(t.labels||[]).map(function(l){return unescape(l).toLowerCase();}),labels=(t.labels||[]).map(unescape);
+    for(i=0;i<n;i++){at[t.ids[i]]=i;kids.push([]);}
+    for(i=0;i<n;i++){k=t.parents[i] in at?at[t.parents[i]]:-1;up.push(k);(k<0?roots:kids[k]).push(i);}
+    var order=[],stack=roots.slice();  // parents before children; totals summed children first
+    while(stack.length){k=stack.pop();order.push(k);for(i=0;i<kids[k].length;i++)stack.push(kids[k][i]);}
+    for(i=order.length-1;i>=0;i--){k=order[i];if(up[k]>=0)tot[up[k]]+=tot[k];}
+    var font=((spec.layout||{}).font)||{},size=font.size||12,width={};
+    var ctx=document.createElement("canvas").getContext("2d");
+    ctx.font=size+"px "+(font.family||'"Open Sans", verdana, arial, sans-serif');
+    var st={level:-1,query:""};
+    function textWidth(i){if(!(i in width))width[i]=ctx.measureText(labels[i]).width;return width[i];}
+    // the arrays plotly draws for the view of box e (-1: the whole tree), w px wide
+    function view(e,w){
+      var all=e<0?roots.reduce(function(a,r){return a+tot[r];},0):tot[e],px=all>0?w/all:0;
+      var keep=new Uint8Array(n),q=st.query;
+      for(k=e<0?-1:up[e];k>=0;k=up[k])keep[k]=2;  // ancestors: the bar above
+      var todo=e<0?roots.slice():[e];
+      while(todo.length){k=todo.pop();if(k!==e&&tot[k]*px<FLAME.box)continue;keep[k]=1;for(i=0;i<kids[k].length;i++)todo.push(kids[k][i]);}
+      var idx=[];for(i=0;i<n;i++)if(keep[i])idx.push(i);
+      var out={ids:[],parents:[],labels:[],values:[],customdata:[],text:[],colors:[]};
+      idx.forEach(function(i){
+        var v=own[i];kids[i].forEach(function(c){if(!keep[c])v+=tot[c];});
+        var room=tot[i]*px-2*FLAME.pad,fits=keep[i]===1&&room>0&&size*Math.min(1,room/textWidth(i))>=FLAME.font;
+        out.ids.push(t.ids[i]);out.parents.push(t.parents[i]);out.labels.push(t.labels[i]);out.values.push(v);
+        out.customdata.push(custom[i]);out.text.push(fits?t.labels[i]:"");
+        out.colors.push(q?(lower[i].indexOf(q)>=0?SEARCH[0]:SEARCH[1]):colors[i]);
       });
+      var marker=Object.assign({},t.marker,{colors:out.colors});if(q)marker.showscale=false;
+      return {trace:Object.assign({},t,{ids:out.ids,parents:out.parents,labels:out.labels,values:out.values,
+        customdata:out.customdata,text:out.text,textinfo:"text",marker:marker,level:e<0?"":t.ids[e]}),idx:idx};
+    }
+    var shown=[],drawnWidth=0;
+    function data(){
+      var L=div._fullLayout,m=(spec.layout||{}).margin||{};
+      var w=L&&L._size?L._size.w:div.getBoundingClientRect().width-(m.l==null?80:m.l)-(m.r==null?80:m.r);
+      var v=view(st.level,Math.max(w,1));shown=v.idx;drawnWidth=w;
+      return spec.data.map(function(x,j){return j===ti?v.trace:x;});
+    }
+    this.plot=function(){return Plotly.newPlot(div,data(),spec.layout,CONFIG);};
+    this.draw=function(){return Plotly.react(div,data(),div.layout);};
+    // the page resized the figure (plotly's responsive config): the view of the new width
+    this.resized=function(){var L=div._fullLayout;if(L&&L._size&&Math.abs(L._size.w-drawnWidth)>0.5)this.draw();};
+    // the box clicked: its view; the box at the top of the view: its parent's
+    this.click=function(ev){
+      var p=ev&&ev.points&&ev.points[0];if(!p||p.curveNumber!==ti)return;
+      var i=p.pointNumber==null?-1:shown[p.pointNumber];if(i===undefined)return false;
+      st.level=i===st.level?up[i]:i;
+      if(st.level>=0&&up[st.level]<0&&roots.length===1)st.level=-1;  // the root: the whole tree
+      this.draw();return false;
+    };
+    // the search box's text: every box holding it coloured; how many boxes of the whole tree hold it
+    this.search=function(q){
+      st.query=q;this.draw();return q?lower.filter(function(l){return l.indexOf(q)>=0;}).length:0;
+    };
+  }
+  function flamePlot(div,spec){
+    var ti=-1;spec.data.forEach(function(t,j){if(t.type==="icicle"&&ti<0)ti=j;});
+    if(ti<0||!spec.data[ti].ids)return Plotly.newPlot(div,spec.data,spec.layout,CONFIG);
+    var f=div.tmFlame=new Flame(div,spec,ti);
+    return Promise.resolve(f.plot()).then(function(){
+      div.on("plotly_icicleclick",function(ev){return f.click(ev);});
+      div.on("plotly_relayout",function(){f.resized();});
+    });
+  }
+  // the flame graph's search box (views.flame_search): matching boxes highlighted, the others greyed
+  function initSearch(box,div){
+    var input=box.querySelector("input.tm-flame-search");if(!input||!div.tmFlame)return;
+    var hits=box.querySelector(".tm-flame-hits");
+    input.addEventListener("input",function(){
+      var q=input.value.trim().toLowerCase(),n=div.tmFlame.search(q);
       hits.textContent=q?n.toLocaleString("en-US")+" boxes match":"";
     });
   }
