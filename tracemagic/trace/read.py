@@ -226,9 +226,9 @@ class ByteStream:
             return data
         return self._read_gzip()
 
-    def _read_gzip(self, sink: bytearray | None = None) -> bytes:
-        """The next block decompressed; appended to ``sink`` instead where one is given
-        (``read_all``: each chunk copied once), then ``b""``."""
+    def _read_gzip(self, sink: Callable[[bytes], object] | None = None) -> bytes:
+        """The next block decompressed; each piece handed to ``sink`` instead where one is
+        given (``read_all``, ``read_blocks``: no block joined), then ``b""``."""
         assert self._decomp is not None
         out: list[bytes] = []
         size = 0
@@ -254,10 +254,7 @@ class ByteStream:
                     "re-record the trace.",
                     path=self.source.name,
                 ) from None
-            if sink is None:
-                out.append(chunk)
-            else:
-                sink += chunk
+            (out.append if sink is None else sink)(chunk)
             size += len(chunk)
             self.produced += len(chunk)
             if self.source.max_bytes is not None and self.produced > self.source.max_bytes:
@@ -284,11 +281,23 @@ class ByteStream:
         out = bytearray()
         if self._gzip:
             while not self._done:
-                self._checked(lambda: self._read_gzip(out))
+                self._checked(lambda: self._read_gzip(out.extend))
             return out
         while block := self.read():
             out += block
         return out
+
+    def read_blocks(self) -> list[bytes]:
+        """Everything that is left, as the blocks it came in (gzip: as inflated, none
+        copied again): for a reader that copies out the ranges it needs anyway."""
+        blocks: list[bytes] = []
+        if self._gzip:
+            while not self._done:
+                self._checked(lambda: self._read_gzip(blocks.append))
+            return blocks
+        while block := self.read():
+            blocks.append(block)
+        return blocks
 
 
 def is_trace_name(name: str) -> bool:
