@@ -111,3 +111,79 @@ def test_a_root_whose_variable_is_no_path_keeps_its_name(ip: Any) -> None:
     assert "model" in expected
     assert set(table["layer"]) == set(expected) and table["layer"].is_unique
     assert dict(zip(table["layer"], table["depth"], strict=True)) == {k: v[2] for k, v in expected.items()}
+
+
+GAN = """\
+gen = nn.Sequential()
+gen.add_module("fc", nn.Linear(8, 16))
+gen.add_module("act", nn.ReLU())
+disc = nn.Sequential()
+disc.add_module("fc", nn.Linear(16, 1))
+opt = torch.optim.SGD([*gen.parameters(), *disc.parameters()], lr=0.01)
+for i in range(4):
+    disc(gen(torch.randn(4, 8))).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _module_events(capture: Any) -> dict[str, tuple[int, float]]:
+    """``nn.Module: <Class>_<k>`` -> (calls, summed duration in µs), from the raw Kineto JSON."""
+    import gzip
+    import json
+
+    out: dict[str, tuple[int, float]] = {}
+    for path in capture.dir.rglob("kineto_trace_*.json*"):
+        raw = path.read_bytes()
+        events = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)["traceEvents"]
+        for e in events:
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("nn.Module: "):
+                calls, dur = out.get(e["name"], (0, 0.0))
+                out[e["name"]] = (calls + 1, dur + float(e["dur"]))
+    return out
+
+
+def test_two_models_with_a_layer_at_one_path_are_two_layers(ip: Any, tmp_path: Any) -> None:
+    """A GAN's generator and discriminator both hold an ``fc``: two layers, ``gen.fc`` and
+    ``disc.fc``, each with its own calls and time (the events of the first ``Linear`` called
+    in each step, ``Linear_0``, are the generator's), not one ``fc`` adding up both."""
+    with capture_output() as out:
+        result = ip.run_cell(f"%%chakra_trace --no-memory-timeline --out {tmp_path}\n{GAN}", store_history=True)
+    assert result.success, out.stdout
+    capture = ip.user_ns["_chakra_capture"]
+    table = capture.trace.layers().set_index("layer")
+    assert table.index.is_unique
+    assert {"gen", "disc", "gen.fc", "gen.act", "disc.fc"} <= set(table.index) and "fc" not in table.index
+    raw = _module_events(capture)
+    for layer, event in (("gen.fc", "nn.Module: Linear_0"), ("disc.fc", "nn.Module: Linear_1"), ("gen.act", "nn.Module: ReLU_0")):
+        calls, dur = raw[event]
+        assert int(table.loc[layer, "calls"]) == calls
+        assert abs(float(table.loc[layer, "fwd_cpu_us"]) - dur) < 1e-6 * max(dur, 1.0) + 1e-3
+    assert table.loc["gen.fc", "parent"] == "gen" and table.loc["disc.fc", "parent"] == "disc"
+    modules = capture.manifest["modules"]
+    assert modules["nn.Module: Linear_0"] == {"path": "gen.fc", "type": "Linear", "root": "gen", "qualname": "gen.fc"}
+
+
+def test_a_capture_made_before_clashing_layers_were_qualified_loads_them_apart(ip: Any, tmp_path: Any) -> None:
+    """An older capture named both ``fc`` (its manifest's ``path``): loaded now, they are two layers."""
+    import json
+    import shutil
+
+    import tracemagic
+
+    with capture_output() as out:
+        result = ip.run_cell(f"%%chakra_trace --no-memory-timeline --out {tmp_path}\n{GAN}", store_history=True)
+    assert result.success, out.stdout
+    now = ip.user_ns["_chakra_capture"].trace.layers().set_index("layer")
+    old = tmp_path / "old"
+    shutil.copytree(ip.user_ns["_chakra_capture"].dir, old)
+    manifest_file = old / "capture.json"
+    manifest = json.loads(manifest_file.read_text())
+    for entry in manifest["modules"].values():
+        if entry["qualname"] != entry["root"]:
+            entry["path"] = entry["qualname"].split(".", 1)[1]  # as module_map wrote it then
+    assert [e["path"] for e in manifest["modules"].values()].count("fc") == 2
+    manifest_file.write_text(json.dumps(manifest))
+    loaded = tracemagic.load(old, use_cache=False).layers().set_index("layer")
+    assert set(loaded.index) == set(now.index) and loaded.index.is_unique
+    assert (loaded.loc[now.index, "calls"] == now["calls"]).all()

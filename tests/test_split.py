@@ -260,6 +260,17 @@ def test_gzip_files_are_split_after_decompressing(tmp_path: Path, monkeypatch: p
     assert_same(alone, both)
 
 
+def test_a_gzip_is_read_in_the_blocks_it_was_inflated_in() -> None:
+    """The second thread reads its stretches of a gzip from the inflated blocks, unjoined:
+    every range, across block ends and past the end, is that of the whole JSON."""
+    whole = gzip.decompress((TRACES / "hta_nccl_data.json.gz").read_bytes())
+    cuts = [0, 1, 4096, 4096, 70000, len(whole) // 2, len(whole)]  # an empty block too
+    read_at = split._blocks_reader([whole[a:b] for a, b in zip(cuts, cuts[1:])])
+    for offset in (0, 1, 4095, 4096, 4097, 69999, len(whole) // 2 - 3, len(whole) - 5, len(whole), len(whole) + 9):
+        for size in (0, 1, 2, 5000, 70001, len(whole)):
+            assert read_at(offset, size) == whole[offset : offset + size], (offset, size)
+
+
 def test_a_truncated_gzip_file_is_reported_as_the_one_process_parse_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
     data = (TRACES / "hta_nccl_data.json.gz").read_bytes()

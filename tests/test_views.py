@@ -1373,3 +1373,28 @@ def test_shapes_tab_ranks_by_gpu_time_on_a_gpu_trace(cpu_capture: Any, tmp_path:
     cpu = Dashboard(cpu_capture).table("shapes").frame
     assert "gpu_ms" not in cpu and list(cpu.columns[:4]) == ["name", "input_dims", "calls", "total_ms"]
     assert (np.diff(cpu["total_ms"].to_numpy(dtype=float)) <= 0).all()
+
+
+def test_hover_numbers_reach_the_page_as_numbers(tmp_path: Path) -> None:
+    """Every hover value a figure formats as a number (``%{customdata[k]:.3f}``) is sent as a
+    number (or null), in every tab of a GPU trace: not as text as wide as the longest name
+    beside it (what ``np.stack`` of names and numbers made)."""
+    control = tracemagic.load(TRACES / "hta_control.json.gz", cache_dir=tmp_path)
+    dash = Dashboard(control)
+    checked = 0
+    for key in sections.available(dash.data):
+        for fig in dash.section(key).figures:
+            spec = json.loads(fig.to_json())
+            for trace in spec["data"]:
+                rows = trace.get("customdata")
+                formatted = {int(k) for k in re.findall(r"%\{customdata\[(\d+)\]:[^}]*[fde%]\}", trace.get("hovertemplate", ""))}
+                if not rows or not formatted:
+                    continue
+                if isinstance(rows, dict):  # a numeric array, sent typed (plotly's base64 ``bdata``)
+                    assert rows["dtype"][0] in "fiu", (key, rows["dtype"])
+                    continue
+                for row in rows:
+                    for k in formatted:
+                        assert row[k] is None or isinstance(row[k], (int, float)), (key, trace.get("type"), k, row[k])
+                checked += 1
+    assert checked >= 5  # flame, timeline, shapes, roofline, top ops at least

@@ -317,7 +317,8 @@ def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
     has one, else the trace's instance name without the prefix (``Linear_0``); the type is
     the class name. A root named like a path in a capture made before roots were renamed
     (``bert`` for both ``bert = BertForMaskedLM(...)`` and its ``.bert``) is named as
-    captures name it now (``layout.root_layer``: ``bert (BertForMaskedLM)``).
+    captures name it now (``layout.root_layer``: ``bert (BertForMaskedLM)``), and so are two
+    models' submodules at one path (``fc`` of both ``gen`` and ``disc``: ``gen.fc``, ``disc.fc``).
     """
     known = _unique_roots(trace.module_names)
     out = {}
@@ -334,11 +335,25 @@ def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
 
 
 def _unique_roots(known: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-    """``known`` with each root entry (``qualname`` == ``root``) whose ``path`` is also a
-    submodule's path renamed ``layout.root_layer(path, type)``."""
-    entries = [e for e in known.values() if isinstance(e, dict)]
-    child_paths = {e.get("path") for e in entries if e.get("qualname") != e.get("root")}
+    """``known`` as captures name it now: the submodules of roots whose paths clash
+    (``layout.clashing_roots``) named by their ``qualname``, and each root entry
+    (``qualname`` == ``root``) whose ``path`` is also a submodule's path renamed
+    ``layout.root_layer(path, type)``."""
     out = dict(known)
+    children = {
+        name: e
+        for name, e in known.items()
+        if isinstance(e, dict) and e.get("root") and e.get("qualname") != e.get("root")
+    }
+    paths_by_root: dict[str, list[str]] = {}
+    for e in children.values():
+        paths_by_root.setdefault(str(e["root"]), []).append(str(e.get("path")))
+    clashing = layout.clashing_roots(paths_by_root)
+    for name, e in children.items():
+        if e["root"] in clashing and e.get("qualname"):
+            out[name] = {**e, "path": str(e["qualname"])}
+    entries = [e for e in out.values() if isinstance(e, dict)]
+    child_paths = {e.get("path") for e in entries if e.get("qualname") != e.get("root")}
     for name, e in known.items():
         if not isinstance(e, dict) or not e.get("root") or e.get("qualname") != e.get("root"):
             continue

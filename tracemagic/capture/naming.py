@@ -388,7 +388,9 @@ def module_map(
     Returns:
         ``{"nn.Module: Linear_0": {"path": "encoder.0", "type": "Linear", "root": "model",
         "qualname": "model.encoder.0"}, ...}``. ``path`` (the layer's name) is relative to
-        the root; a root itself gets its variable name, or ``bert (BertForMaskedLM)`` where
+        the root, or the ``qualname`` where another root called in the capture has a
+        submodule at the same path (``gen.fc`` and ``disc.fc``: ``layout.clashing_roots``);
+        a root itself gets its variable name, or ``bert (BertForMaskedLM)`` where
         that name is also a path (``bert = BertForMaskedLM(...)``, whose ``.bert`` is a
         ``BertModel``: ``layout.root_layer``), so no two layers share a name. ``root`` is the
         variable's name and ``qualname`` always starts with it (``bert.bert.embeddings``).
@@ -406,6 +408,12 @@ def module_map(
             name = f"{base}{n}"
         taken.add(name)
         named.append((root, name, user_paths(root)))
+    # two models with a submodule at one path (``gen.fc``, ``disc.fc``): theirs are qualified
+    clashing = layout.clashing_roots({name: [p for p in subs.values() if p] for _, name, subs in named})
+    named = [
+        (root, name, {sub: f"{name}.{p}" if p and name in clashing else p for sub, p in subs.items()})
+        for root, name, subs in named
+    ]
     # a root whose name is also a path (``bert = BertForMaskedLM(...)`` and its ``.bert``)
     # is the layer ``bert (BertForMaskedLM)``: every layer keeps a name of its own
     paths = {path for _, _, subs in named for path in subs.values() if path}
@@ -423,6 +431,6 @@ def module_map(
             "path": path or label,
             "type": kind,
             "root": root_name,
-            "qualname": f"{root_name}.{path}" if path else root_name,
+            "qualname": (path if root_name in clashing else f"{root_name}.{path}") if path else root_name,
         }
     return out

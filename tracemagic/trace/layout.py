@@ -23,7 +23,7 @@ import gzip
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
 
@@ -217,6 +217,25 @@ def root_layer(name: str, kind: str) -> str:
     and its children keep their ``named_modules()`` paths.
     """
     return f"{name} ({kind})"
+
+
+def clashing_roots(paths_by_root: Mapping[str, Iterable[str]]) -> set[str]:
+    """The roots whose submodules' attribute paths are also another root's.
+
+    Two models called in one capture (a GAN's generator and discriminator, a teacher and
+    its student) may each have an ``fc``: named by their paths alone, both would be the
+    layer ``fc`` and one table row would add up two layers. A clashing root's submodules
+    are named by their qualified names instead (``gen.fc``, ``disc.fc``); the other roots'
+    keep their paths.
+    """
+    owner: dict[str, str] = {}
+    clashing: set[str] = set()
+    for root, paths in paths_by_root.items():
+        for path in paths:
+            other = owner.setdefault(path, root)
+            if other != root:
+                clashing |= {root, other}
+    return clashing
 
 
 # -- writing, atomically -------------------------------------------------------------------

@@ -21,6 +21,7 @@ import os
 import re
 import stat
 import tarfile
+import types
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -32,13 +33,23 @@ from tracemagic.errors import TraceError
 from tracemagic.trace.kineto import rank_from_name
 from tracemagic.trace.layout import ET_PREFIX, KINETO_PREFIX, MANIFEST, MEMORY_PREFIX
 
+_inflate: types.ModuleType
+try:  # ISA-L's inflate (python-isal, zlib's API): a trace's gzip in 0.4x zlib's time
+    from isal import isal_zlib as _inflate
+except ImportError:  # pragma: no cover - a platform without its wheel: zlib, same results
+    _inflate = zlib
+
 #: file names that hold a Kineto trace inside a directory or tar
 _TRACE_NAME = re.compile(rf"(\.pt\.trace\.json|{KINETO_PREFIX}\d+(_\w+)?\.json|trace.*\.json|\.json)(\.gz)?$")
 _NOT_KINETO = re.compile(
     rf"({ET_PREFIX}|_et\.json|\.et\.json|{MEMORY_PREFIX.rstrip('_')}|{re.escape(MANIFEST)}|\.pfw"
     r"|_slow\d+\.json)"  # a --slow recording (layout.SLOW_FILE) is no rank: it loads on its own
 )
-#: compressed bytes fed to zlib per step (a trace compresses ~10-30x)
+#: what a damaged gzip stream raises (zlib's, and ISA-L's where it inflates)
+INFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error,) if _inflate is zlib else (zlib.error, _inflate.error)
+#: what reading a (gzip, tar) file raises when it is damaged or unreadable
+_READ_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, tarfile.TarError, *INFLATE_ERRORS)
+#: compressed bytes fed to the inflater per step (a trace compresses ~10-30x)
 _GZIP_STEP = 1 << 18
 _GZIP_MAGIC = b"\x1f\x8b"
 #: entries of a tar archive read at most (each costs a header read; a tar of thousands of
@@ -168,12 +179,12 @@ class ByteStream:
         try:
             self._handle = source.opener()
             first = self._handle.read(2)
-        except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+        except _READ_ERRORS as exc:
             raise TraceError(f"{source.name}: the file cannot be read ({exc}).", path=source.name) from None
         self.consumed = len(first)
         self._gzip = first == _GZIP_MAGIC
         self._pending = first
-        self._decomp = zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzip else None
+        self._decomp = _inflate.decompressobj(16 + zlib.MAX_WBITS) if self._gzip else None
         self._done = False
 
     def close(self) -> None:
@@ -195,7 +206,7 @@ class ByteStream:
             return read()
         except TraceError:
             raise
-        except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+        except _READ_ERRORS as exc:
             raise TraceError(
                 f"{self.source.name}: the file cannot be read after {self.consumed} bytes ({exc}); "
                 "it is truncated or damaged.",
@@ -215,9 +226,9 @@ class ByteStream:
             return data
         return self._read_gzip()
 
-    def _read_gzip(self, sink: bytearray | None = None) -> bytes:
-        """The next block decompressed; appended to ``sink`` instead where one is given
-        (``read_all``: each chunk copied once), then ``b""``."""
+    def _read_gzip(self, sink: Callable[[bytes], object] | None = None) -> bytes:
+        """The next block decompressed; each piece handed to ``sink`` instead where one is
+        given (``read_all``, ``read_blocks``: no block joined), then ``b""``."""
         assert self._decomp is not None
         out: list[bytes] = []
         size = 0
@@ -236,17 +247,14 @@ class ByteStream:
             try:  # at most the rest of the block: a bomb inflates by 1,000x per call
                 chunk = self._decomp.decompress(raw, self.block - size)
                 self.packed += len(raw) - len(self._decomp.unconsumed_tail) - len(self._decomp.unused_data)
-            except zlib.error as exc:
+            except INFLATE_ERRORS as exc:
                 raise TraceError(
                     f"{self.source.name}: the gzip data is corrupt ({exc}) after "
                     f"{self.consumed} compressed bytes; the file cannot be read. Re-copy or "
                     "re-record the trace.",
                     path=self.source.name,
                 ) from None
-            if sink is None:
-                out.append(chunk)
-            else:
-                sink += chunk
+            (out.append if sink is None else sink)(chunk)
             size += len(chunk)
             self.produced += len(chunk)
             if self.source.max_bytes is not None and self.produced > self.source.max_bytes:
@@ -260,7 +268,7 @@ class ByteStream:
                     rest = self._handle.read(2)
                     self.consumed += len(rest)
                 if rest[:2] == _GZIP_MAGIC:  # a multi-member gzip file: go on
-                    self._decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    self._decomp = _inflate.decompressobj(16 + zlib.MAX_WBITS)
                     self._pending = rest
                 else:  # the end (trailing junk is ignored, like gzip(1) with a warning)
                     self._done = True
@@ -273,11 +281,23 @@ class ByteStream:
         out = bytearray()
         if self._gzip:
             while not self._done:
-                self._checked(lambda: self._read_gzip(out))
+                self._checked(lambda: self._read_gzip(out.extend))
             return out
         while block := self.read():
             out += block
         return out
+
+    def read_blocks(self) -> list[bytes]:
+        """Everything that is left, as the blocks it came in (gzip: as inflated, none
+        copied again): for a reader that copies out the ranges it needs anyway."""
+        blocks: list[bytes] = []
+        if self._gzip:
+            while not self._done:
+                self._checked(lambda: self._read_gzip(blocks.append))
+            return blocks
+        while block := self.read():
+            blocks.append(block)
+        return blocks
 
 
 def is_trace_name(name: str) -> bool:

@@ -16,7 +16,9 @@ the one-thread parse, so the result is always exactly what it would have been.
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import os
 import re
 import threading
@@ -110,15 +112,34 @@ def _contents(source: Source) -> Iterator[tuple[ReadAt, int] | None]:
             return
     try:
         with ByteStream(source, block=8 << 20) as stream:
-            data = stream.read_all()
+            blocks = stream.read_blocks()
             truncated = stream.truncated
     except TraceError:
         truncated = True
     if truncated:
         yield None
         return
-    view = memoryview(data)
-    yield (lambda offset, size: bytes(view[offset : offset + size])), len(data)
+    yield _blocks_reader(blocks), sum(len(b) for b in blocks)
+
+
+def _blocks_reader(blocks: list[bytes]) -> ReadAt:
+    """``read_at`` over bytes held as consecutive blocks (a gzip inflated piece by piece:
+    joining them first would copy the whole JSON once more)."""
+    starts = list(itertools.accumulate((len(b) for b in blocks), initial=0))
+
+    def read_at(offset: int, size: int) -> bytes:
+        stop = min(offset + size, starts[-1])
+        index = bisect.bisect_right(starts, offset) - 1
+        parts: list[memoryview] = []
+        while offset < stop:
+            block = memoryview(blocks[index])
+            piece = block[offset - starts[index] : stop - starts[index]]
+            parts.append(piece)
+            offset += len(piece)
+            index += 1
+        return b"".join(parts) if len(parts) != 1 else parts[0].tobytes()
+
+    return read_at
 
 
 def _reader(file: BinaryIO) -> ReadAt:

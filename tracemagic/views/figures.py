@@ -38,6 +38,23 @@ from tracemagic.views._format import (
 )
 from tracemagic.views.selection import timeline_events
 
+
+def hover_columns(*columns: Iterable[Any]) -> np.ndarray:
+    """A trace's ``customdata``: one column per hover value, each value kept as it is.
+
+    ``np.stack`` of names and numbers makes one text array as wide as the longest name,
+    every number written as text: copied and checked by plotly, and sent, at that width
+    (0.1 s for the Flame tab of a large GPU trace).
+    """
+    values = [
+        c.to_numpy() if isinstance(c, pd.Series) else c if isinstance(c, np.ndarray) else list(c) for c in columns
+    ]
+    out = np.empty((len(values[0]) if values else 0, len(values)), dtype=object)
+    for i, column in enumerate(values):
+        out[:, i] = column
+    return out
+
+
 #: the plotly template of every figure. Figures do not carry it (plotly validates and copies
 #: the whole template into each figure that sets it: tens of ms per figure); the views add it
 #: where a figure is shown (:func:`template`), once per page in the HTML report
@@ -317,7 +334,7 @@ def top_ops_bar(ops: pd.DataFrame, *, top: int = 15, unit: str = "ms") -> go.Fig
             orientation="h",
             y=[esc(shorten(n, 60)) for n in table["name"]],
             x=table["self_us"].to_numpy(dtype=float) / div,
-            customdata=np.stack([esc_all(table["name"]), table["calls"].astype(int), table["total_us"] / div], axis=-1),
+            customdata=hover_columns(esc_all(table["name"]), table["calls"].astype(int), table["total_us"] / div),
             hovertemplate=f"%{{customdata[0]}}<br>self %{{x:.3f}} {unit}<br>total %{{customdata[2]:.3f}} {unit}"
             "<br>%{customdata[1]} calls<extra></extra>",
             marker_color=KIND_COLORS["cpu_op"],
@@ -366,15 +383,12 @@ def layers_tree(
     ids = esc_all(frame["layer"])
     labels = [esc(shorten(name.rsplit(".", 1)[-1] or name, 40)) for name in frame["layer"]]
     kind = go.Icicle if style == "icicle" else go.Sunburst
-    custom = np.stack(
-        [
-            ids,
-            esc_all(frame.get("type", pd.Series("", index=frame.index))),
-            frame[total_col] / div,
-            frame[self_col] / div,
-            frame["calls"].astype(int),
-        ],
-        axis=-1,
+    custom = hover_columns(
+        ids,
+        esc_all(frame.get("type", pd.Series("", index=frame.index))),
+        frame[total_col] / div,
+        frame[self_col] / div,
+        frame["calls"].astype(int),
     )
     parents = esc_all(frame["parent"])
     values = np.maximum(frame[self_col].to_numpy(dtype=float), 0.0)
@@ -513,15 +527,12 @@ def flame(
     cpu = np.append(nodes.loc[top, "cpu_us"].sum(), nodes["cpu_us"].to_numpy(dtype=float))
     gpu = np.append(gpu_total, nodes["gpu_us"].to_numpy(dtype=float))
     share = np.append(0.0, share)
-    custom = np.stack(
-        [
-            esc_all(names),
-            esc_all(kinds),
-            cpu / div,
-            gpu / div,
-            gpu / gpu_total * 100.0 if gpu_total > 0 else np.zeros(len(ids)),
-        ],
-        axis=-1,
+    custom = hover_columns(
+        esc_all(names),
+        esc_all(kinds),
+        cpu / div,
+        gpu / div,
+        gpu / gpu_total * 100.0 if gpu_total > 0 else np.zeros(len(ids)),
     )
     values = np.append(0.0, nodes["value"].to_numpy(dtype=float))
     fig = go.Figure(
@@ -672,8 +683,8 @@ def timeline(
             base=(group["ts"].to_numpy(dtype=float) - origin) / div,
             x=group["dur"].to_numpy(dtype=float) / div,
             marker_color=KIND_COLORS.get(kind, "#bcbd22"),
-            customdata=np.stack(
-                [esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div], axis=-1
+            customdata=hover_columns(
+                esc_all(s[:120] for s in group["name"]), esc_all(group["info"]), group["dur"] / div
             ),
             hovertemplate=f"%{{customdata[0]}}<br>%{{customdata[2]:.3f}} {unit}<br>%{{customdata[1]}}<extra></extra>",
             **named,
@@ -821,9 +832,8 @@ def memory_timeline(
             y=small["allocated_bytes"].to_numpy(dtype=float) / scale,
             mode="lines",
             line={"shape": "hv"},
-            customdata=np.stack(
-                [esc_all(small["op"].astype("string").fillna("")), esc_all(small["layer"].astype("string").fillna(""))],
-                axis=-1,
+            customdata=hover_columns(
+                esc_all(small["op"].astype("string").fillna("")), esc_all(small["layer"].astype("string").fillna(""))
             ),
             hovertemplate=f"%{{y:.2f}} {suffix}<br>%{{customdata[0]}}<br>%{{customdata[1]}}<extra>{label}</extra>",
             **row,
@@ -882,13 +892,10 @@ def memory_timeline(
                 textposition="inside",
                 insidetextanchor="middle",
                 textfont={"size": 10},
-                customdata=np.stack(
-                    [
-                        esc_all(layer_names),
-                        part["dur"].to_numpy(dtype=float) / div,
-                        part["calls"].to_numpy() if "calls" in part else np.ones(len(part)),
-                    ],
-                    axis=-1,
+                customdata=hover_columns(
+                    esc_all(layer_names),
+                    part["dur"].to_numpy(dtype=float) / div,
+                    part["calls"].to_numpy() if "calls" in part else np.ones(len(part)),
                 ),
                 hovertemplate=f"%{{customdata[0]}} ({phase})<br>%{{customdata[1]:.3f}} {unit}<extra></extra>",
                 row=2,
@@ -1046,15 +1053,12 @@ def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric:
             orientation="h",
             y=labels,
             x=table[metric].to_numpy(dtype=float) / (div if metric.endswith("_us") else 1),
-            customdata=np.stack(
-                [
-                    esc_all(table["name"]),
-                    esc_all(table["input_dims"]),
-                    esc_all(table["input_type"]),
-                    table["calls"].astype(int),
-                    flops,
-                ],
-                axis=-1,
+            customdata=hover_columns(
+                esc_all(table["name"]),
+                esc_all(table["input_dims"]),
+                esc_all(table["input_type"]),
+                table["calls"].astype(int),
+                flops,
             ),
             hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
             f"<br>%{{customdata[3]}} calls, %{{x:.3f}} {unit}{' GPU' if metric == 'gpu_us' else ''}"
@@ -1139,18 +1143,15 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
                     "opacity": 0.7,
                     "line": {"width": 0.5, "color": "#333"},
                 },
-                customdata=np.stack(
-                    [
-                        esc_all(part["name"]),
-                        esc_all(part["input_dims"]),
-                        esc_all(part["input_type"]),
-                        esc_all(part["_layers"].replace("", "none")),
-                        part["gpu_us"].to_numpy(dtype=float) / div,
-                        part["calls"].astype(int),
-                        pct,
-                        esc_all(part["_where"].replace("", "unknown")),
-                    ],
-                    axis=-1,
+                customdata=hover_columns(
+                    esc_all(part["name"]),
+                    esc_all(part["input_dims"]),
+                    esc_all(part["input_type"]),
+                    esc_all(part["_layers"].replace("", "none")),
+                    part["gpu_us"].to_numpy(dtype=float) / div,
+                    part["calls"].astype(int),
+                    pct,
+                    esc_all(part["_where"].replace("", "unknown")),
                 ),
                 hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
                 "<br>layer %{customdata[3]}<br>code %{customdata[7]}<br>%{customdata[5]} calls, %{customdata[4]:.3f} "
@@ -1216,7 +1217,7 @@ def top_kernels_bar(kernels: pd.DataFrame, *, top: int = 15, by_op: bool = False
             y=labels,
             x=table["total_us"].to_numpy(dtype=float) / div,
             marker_color=[KIND_COLORS.get(k, "#2ca02c") for k in table["kind"]],
-            customdata=np.stack([esc_all(table["name"]), table["calls"].astype(int), table["pct"]], axis=-1),
+            customdata=hover_columns(esc_all(table["name"]), table["calls"].astype(int), table["pct"]),
             hovertemplate=f"%{{customdata[0]}}<br>%{{x:.3f}} {unit} (%{{customdata[2]:.1f}}% of GPU time)"
             "<br>%{customdata[1]} calls<extra></extra>",
         )
@@ -1389,20 +1390,17 @@ def op_graph(
             else [""] * len(nodes)
         )
 
-    custom = np.stack(
-        [
-            esc_all(nodes["name"].astype(str)),
-            column("op_schema"),
-            column("input_shapes"),
-            column("input_types"),
-            column("output_shapes"),
-            column("output_types"),
-            [fmt_time(d) if not np.isnan(d) else "no Kineto match" for d in dur],
-            [str(int(indeg.get(i, 0))) for i in ids],
-            [str(int(outdeg.get(i, 0))) for i in ids],
-            [str(i) for i in ids],
-        ],
-        axis=-1,
+    custom = hover_columns(
+        esc_all(nodes["name"].astype(str)),
+        column("op_schema"),
+        column("input_shapes"),
+        column("input_types"),
+        column("output_shapes"),
+        column("output_types"),
+        [fmt_time(d) if not np.isnan(d) else "no Kineto match" for d in dur],
+        [str(int(indeg.get(i, 0))) for i in ids],
+        [str(int(outdeg.get(i, 0))) for i in ids],
+        [str(i) for i in ids],
     )
     hover = (
         "<b>%{customdata[0]}</b> (ET node %{customdata[9]})<br>%{customdata[1]}<br>"
@@ -1497,8 +1495,8 @@ def diff_bars(diff: pd.DataFrame, *, level: str = "op", top: int = 20, unit: str
             y=[esc(shorten(n, 60)) for n in group["name"].astype(str)],
             x=group["delta_us"].to_numpy(dtype=float) / div,
             marker_color=STATUS_COLORS.get(str(status), "#7f7f7f"),
-            customdata=np.stack(
-                [esc_all(group["name"]), group["us_a"].fillna(0) / div, group["us_b"].fillna(0) / div], axis=-1
+            customdata=hover_columns(
+                esc_all(group["name"]), group["us_a"].fillna(0) / div, group["us_b"].fillna(0) / div
             ),
             hovertemplate=f"%{{customdata[0]}}<br>A %{{customdata[1]:.3f}} {unit} → B %{{customdata[2]:.3f}} {unit}"
             f"<br>Δ %{{x:+.3f}} {unit}<extra>%{{fullData.name}}</extra>",
