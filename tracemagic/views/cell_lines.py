@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tracemagic.views._format import esc, fmt_bytes, fmt_time, shorten, unit_divisor
-from tracemagic.views.figures import tick_margin
+from tracemagic.views.figures import RIGHT_PX, tick_margin
 
 #: the listing's columns: lines() column -> header
 COLUMNS = {
@@ -157,8 +157,9 @@ def lines_bar(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False, t
         xaxis_title=f"{unit} per step",
         height=max(260, 40 + 26 * len(ran)),
         # as wide as the labels: plotly's automargin widening it would draw the figure twice
-        # (on the right the legend of the two bars: "self CPU", "self GPU")
-        margin={"l": tick_margin(labels, least=10), "r": 120 if len(fig.data) > 1 else 10, "t": 50, "b": 56},
+        # (on the right the legend of the two bars: "self CPU", "self GPU", else half the
+        # last x tick label, whose width depends on the times)
+        margin={"l": tick_margin(labels, least=10), "r": 120 if len(fig.data) > 1 else RIGHT_PX, "t": 50, "b": 56},
         yaxis={"automargin": True},
     )
     return fig

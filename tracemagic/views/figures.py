@@ -128,7 +128,7 @@ def _legend_rows(fig: go.Figure) -> int:
 _TICK_CHAR_PX, _TICK_PAD_PX, _AXIS_TITLE_PX = 7.4, 16, 24
 #: the bottom margin that holds the x axis' tick labels and title (plotly needs 53 px), the
 #: right one half the last x tick label (centred on the plot's right edge)
-_BOTTOM_PX, _RIGHT_PX = 60, 32
+_BOTTOM_PX, RIGHT_PX = 60, 32
 
 
 def _label_chars(label: object) -> int:
@@ -159,7 +159,7 @@ def _layout(fig: go.Figure, title: str, x: str | None = None, y: str | None = No
     fig.update_layout(
         title={"text": esc(title), "yref": "container", "y": 1.0, "yanchor": "top", "pad": {"t": 10}},
         height=height + max(0, top - 50),
-        margin={"l": left, "r": _RIGHT_PX, "t": top, "b": _BOTTOM_PX},
+        margin={"l": left, "r": RIGHT_PX, "t": top, "b": _BOTTOM_PX},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
     )
     if x is not None:
