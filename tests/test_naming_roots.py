@@ -5,12 +5,21 @@ variable) and the child (named by its attribute path) were both the layer ``bert
 child's parent was itself by name and the Layers tree merged the two levels. The capture is
 made by the magic in the test's shell; the expected names, types, parents and depths are
 computed in the test from the model's ``named_modules()``.
+
+Two models called in one capture with a submodule at the same path (a GAN's ``gen.fc`` and
+``disc.fc``) are two layers: captured by the magic in a real kernel (nbclient), checked
+against the module events of the raw Kineto JSON.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import run_in_kernel
 from IPython.utils.capture import capture_output
 
 import torch  # noqa: E402
@@ -127,13 +136,10 @@ for i in range(4):
 """
 
 
-def _module_events(capture: Any) -> dict[str, tuple[int, float]]:
+def _module_events(capture: Path) -> dict[str, tuple[int, float]]:
     """``nn.Module: <Class>_<k>`` -> (calls, summed duration in µs), from the raw Kineto JSON."""
-    import gzip
-    import json
-
     out: dict[str, tuple[int, float]] = {}
-    for path in capture.dir.rglob("kineto_trace_*.json*"):
+    for path in capture.rglob("kineto_trace_*.json*"):
         raw = path.read_bytes()
         events = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)["traceEvents"]
         for e in events:
@@ -143,40 +149,45 @@ def _module_events(capture: Any) -> dict[str, tuple[int, float]]:
     return out
 
 
-def test_two_models_with_a_layer_at_one_path_are_two_layers(ip: Any, tmp_path: Any) -> None:
+@pytest.fixture(scope="module")
+def gan_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The GAN cell captured by the magic in a real kernel (nbclient, as JupyterLab runs it)."""
+    folder = tmp_path_factory.mktemp("gan")
+    out = folder / "traces"
+    setup = "%load_ext tracemagic\nimport torch\nfrom torch import nn\ntorch.manual_seed(0)"
+    run_in_kernel([setup, f"%%chakra_trace -q --no-memory-timeline --out {out} --name gan\n{GAN}"], folder)
+    (capture,) = out.iterdir()
+    return capture
+
+
+def test_two_models_with_a_layer_at_one_path_are_two_layers(gan_capture: Path) -> None:
     """A GAN's generator and discriminator both hold an ``fc``: two layers, ``gen.fc`` and
     ``disc.fc``, each with its own calls and time (the events of the first ``Linear`` called
     in each step, ``Linear_0``, are the generator's), not one ``fc`` adding up both."""
-    with capture_output() as out:
-        result = ip.run_cell(f"%%chakra_trace --no-memory-timeline --out {tmp_path}\n{GAN}", store_history=True)
-    assert result.success, out.stdout
-    capture = ip.user_ns["_chakra_capture"]
-    table = capture.trace.layers().set_index("layer")
+    import tracemagic
+
+    table = tracemagic.load(gan_capture, use_cache=False).layers().set_index("layer")
     assert table.index.is_unique
     assert {"gen", "disc", "gen.fc", "gen.act", "disc.fc"} <= set(table.index) and "fc" not in table.index
-    raw = _module_events(capture)
+    raw = _module_events(gan_capture)
     for layer, event in (("gen.fc", "nn.Module: Linear_0"), ("disc.fc", "nn.Module: Linear_1"), ("gen.act", "nn.Module: ReLU_0")):
         calls, dur = raw[event]
         assert int(table.loc[layer, "calls"]) == calls
         assert abs(float(table.loc[layer, "fwd_cpu_us"]) - dur) < 1e-6 * max(dur, 1.0) + 1e-3
     assert table.loc["gen.fc", "parent"] == "gen" and table.loc["disc.fc", "parent"] == "disc"
-    modules = capture.manifest["modules"]
+    modules = json.loads((gan_capture / "capture.json").read_text())["modules"]
     assert modules["nn.Module: Linear_0"] == {"path": "gen.fc", "type": "Linear", "root": "gen", "qualname": "gen.fc"}
 
 
-def test_a_capture_made_before_clashing_layers_were_qualified_loads_them_apart(ip: Any, tmp_path: Any) -> None:
+def test_a_capture_made_before_clashing_layers_were_qualified_loads_them_apart(gan_capture: Path, tmp_path: Path) -> None:
     """An older capture named both ``fc`` (its manifest's ``path``): loaded now, they are two layers."""
-    import json
     import shutil
 
     import tracemagic
 
-    with capture_output() as out:
-        result = ip.run_cell(f"%%chakra_trace --no-memory-timeline --out {tmp_path}\n{GAN}", store_history=True)
-    assert result.success, out.stdout
-    now = ip.user_ns["_chakra_capture"].trace.layers().set_index("layer")
+    now = tracemagic.load(gan_capture, use_cache=False).layers().set_index("layer")
     old = tmp_path / "old"
-    shutil.copytree(ip.user_ns["_chakra_capture"].dir, old)
+    shutil.copytree(gan_capture, old)
     manifest_file = old / "capture.json"
     manifest = json.loads(manifest_file.read_text())
     for entry in manifest["modules"].values():
