@@ -479,7 +479,8 @@ def _frame_label(name: str, kind: str, file: object, line: object, cells: Mappin
     """A box's label: ``func · file.py:LINE`` for Python frames and stack lines (the file's
     base name: absolute paths fill the box; a notebook cell's ``Cell In[3]``), else the
     name, shortened."""
-    if kind in ("python", "line") and isinstance(file, str) and file and not file.startswith("<"):
+    named = isinstance(file, str) and cells is not None and file in cells  # IPython's <ipython-input-1-...> too
+    if kind in ("python", "line") and isinstance(file, str) and file and (named or not file.startswith("<")):
         func = name.rsplit("): ", 1)[-1]
         place = cell_file(file, cells)
         where = (place if place != file else file.rsplit("/", 1)[-1]) + (
