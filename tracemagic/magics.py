@@ -225,7 +225,13 @@ class TracemagicMagics(Magics):
                     "--stop with --repeat 0 would never stop (the schedule has no last cycle); give --repeat N."
                 )
             session = CaptureSession(
-                config, prepared.plan, cell=cell, line=line, namespace=self.shell.user_ns, filter_notices=True
+                config,
+                prepared.plan,
+                cell=cell,
+                line=line,
+                namespace=self.shell.user_ns,
+                cells=getattr(self.shell.compile, "_filename_map", None),  # IPython's: file -> In[n]
+                filter_notices=True,
             )
             session.open()
         except CaptureError as exc:

@@ -535,7 +535,11 @@ _TABLES = [
                 "line (a cell line mark) | function (a user python_function frame) | stack (a user "
                 "``Call stack`` entry), NA for none",
             ),
-            "where": ("category", "how the views name it: ``line 7 `y = f(x)```, ``func · file.py:LINE``; NA for none"),
+            "where": (
+                "category",
+                "how the views name it: ``line 7 `y = f(x)```, ``func · file.py:LINE`` (a notebook cell's "
+                "``func · Cell In[3]:LINE``); NA for none",
+            ),
             "file": ("category", "the function's or stack entry's file (empty for a cell line)"),
             "line": ("Int64", "the cell line, the function's ``def`` line or the stack's call-site line"),
             "function": ("category", "the function's name (empty for a cell line)"),

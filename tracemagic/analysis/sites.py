@@ -23,6 +23,7 @@ Nothing here runs unless a view or ``trace.sites()`` asks: ``ops()``, ``kernels(
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -45,9 +46,12 @@ REGION_PREFIX = "Torch-Compiled Region"
 _Sites = tuple[np.ndarray, pd.DataFrame]
 
 
-def _label(function: str, file: str, line: int) -> str:
-    """``func · file.py:LINE`` (the file's base name: the full path is in ``file``)."""
-    base = os.path.basename(file.replace("\\", "/")) or file
+def _label(function: str, file: str, line: int, cells: Mapping[str, int] | None = None) -> str:
+    """``func · file.py:LINE`` (the file's base name: the full path is in ``file``; a
+    notebook cell's file ``Cell In[3]``, as tracebacks name it: ``cells``, the capture's
+    ``trace.cell_numbers``)."""
+    number = cells.get(file) if cells else None
+    base = f"Cell In[{number}]" if number is not None else os.path.basename(file.replace("\\", "/")) or file
     return f"{function} · {base}:{line}" if line >= 0 else f"{function} · {base}"
 
 
@@ -75,6 +79,7 @@ def site_codes(trace: TraceTables) -> _Sites:
             return len(site) - 1
 
         code = np.full(n, -1, dtype=np.int64)
+        cells = getattr(trace, "cell_numbers", None)
         # 1. line marks
         line_of, mark_rows = marks(trace)
         if mark_rows.size:
@@ -101,7 +106,7 @@ def site_codes(trace: TraceTables) -> _Sites:
                     [
                         add(
                             "function",
-                            _label(str(function[u]), str(file[u]), int(line[u])),
+                            _label(str(function[u]), str(file[u]), int(line[u]), cells),
                             str(file[u]),
                             int(line[u]),
                             str(function[u]),
@@ -131,7 +136,9 @@ def site_codes(trace: TraceTables) -> _Sites:
                     raw_line = entries["line"].iat[e]
                     number = -1 if raw_line is None or pd.isna(raw_line) else int(raw_line)
                     file_e, function_e = str(entries["file"].iat[e]), str(entries["function"].iat[e])
-                    stack_ids.append(add("stack", _label(function_e, file_e, number), file_e, number, function_e))
+                    stack_ids.append(
+                        add("stack", _label(function_e, file_e, number, cells), file_e, number, function_e)
+                    )
                 code[free] = np.array(stack_ids, dtype=np.int64)[back]
         table = pd.DataFrame({"site": site, "where": where, "file": files, "line": lines, "function": functions})
         return code, table

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -163,6 +164,9 @@ class CaptureSession:
         cell: the cell source, kept in the manifest.
         line: the magic's argument line, kept in the manifest.
         namespace: the user namespace, to name models after their variables.
+        cells: the notebook's cell files -> execution counts (IPython's compiler's map,
+            read as the capture starts): the manifest's ``cells``, so the views name
+            a cell's frames ``Cell In[3]`` as tracebacks do, not by its temporary file.
         rank: this process's rank (default: ``torch.distributed``'s, else 0).
         world_size: the number of ranks (default: ``torch.distributed``'s, else 1); with
             several, this rank's manifest goes to ``ranks/<rank>.json``, from which
@@ -185,6 +189,7 @@ class CaptureSession:
         cell: str = "",
         line: str = "",
         namespace: dict[str, Any] | None = None,
+        cells: Mapping[str, int] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         directory: Path | None = None,
@@ -195,6 +200,7 @@ class CaptureSession:
         self.cell = cell
         self.line = line
         self.namespace = namespace if namespace is not None else {}
+        self.cells = cells
         self.dir: Path | None = None
         if rank is None or world_size is None:
             rank, world_size = _rank_and_world()
@@ -820,6 +826,7 @@ class CaptureSession:
             },
             "rank": self.rank,
             "world_size": self.world_size,
+            **({"cells": cell_numbers(self.cells)} if self.cells else {}),
         }
 
     def _write_manifest(self, *, status: str = "running", manifest: Manifest | None = None) -> None:
@@ -868,6 +875,8 @@ def stop_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None)
     return failed
 
 
+#: the most notebook cells a manifest names (``cells``: the session's latest)
+MAX_CELLS = 2000
 #: why ``--et`` cannot record while another ExecutionTraceObserver is registered
 ET_OBSERVER_BUSY = (
     "--et: an ExecutionTraceObserver is already registered in this process (yours, or "
@@ -914,6 +923,13 @@ def _always_record(step: int) -> ProfilerAction:
 def cfg_cuda(config: CaptureConfig) -> bool:
     """Whether the capture records CUDA (available and not ``--cpu-only``)."""
     return torch.cuda.is_available() and not config.cpu_only
+
+
+def cell_numbers(cells: Mapping[str, int], most: int = MAX_CELLS) -> dict[str, int]:
+    """The last ``most`` entries of a shell's map of cell files to execution counts (IPython's
+    ``CachingCompiler._filename_map``), those whose count is a number."""
+    items = [(str(name), int(number)) for name, number in list(cells.items())[-most:] if isinstance(number, int)]
+    return dict(items)
 
 
 def _error_entry(error: BaseException | None) -> dict[str, Any] | None:

@@ -156,6 +156,7 @@ class Manifest(TypedDict, total=False):
     files: list[FileEntry]
     modules: dict[str, dict[str, str]]
     modules_by_file: dict[str, Any]
+    cells: dict[str, int]  # notebook cells' files (``/tmp/ipykernel_<pid>/<hash>.py``) -> execution count
     memory_timeline: dict[str, Any]  # the raw rows' format (``capture.session.MEMORY_TIMELINE_FORMAT``)
     notes: list[str]
     error: dict[str, Any] | None

@@ -118,6 +118,15 @@ class TraceTables:
             return {}
         return dict(self.manifest.get("modules") or {})
 
+    @property
+    def cell_numbers(self) -> dict[str, int]:
+        """Notebook cells' files (``/tmp/ipykernel_<pid>/<hash>.py``) -> their execution
+        count (``Cell In[3]`` in a traceback), from the capture; empty elsewhere."""
+        cells = self.manifest.get("cells") if self.manifest else None
+        if not isinstance(cells, dict):
+            return {}
+        return {str(f): n for f, n in cells.items() if isinstance(n, int) and not isinstance(n, bool)}
+
     def __repr__(self) -> str:
         kinds = self.events["kind"].value_counts()
         parts = ", ".join(f"{int(kinds[k])} {k}" for k in ("cpu_op", "kernel", "memory", "step") if kinds.get(k, 0))

@@ -193,6 +193,11 @@ class TraceData:
         """``trace.source()``: per Python function (or call-site line) of the trace."""
         return self.table("source")
 
+    @property
+    def cells(self) -> dict[str, int]:
+        """Notebook cells' files -> execution counts (``trace.cell_numbers``: a capture's)."""
+        return dict(getattr(self.trace, "cell_numbers", None) or {})
+
     def call_tree(self, user_only: bool = False) -> pd.DataFrame:
         """``trace.call_tree(user_only)``."""
         return self.table(

@@ -468,12 +468,24 @@ def _flame_nodes(tree: pd.DataFrame, size: str, max_nodes: int) -> tuple[pd.Data
     return out, int(len(keep) - int(chosen[keep["node"].to_numpy()].sum()))
 
 
-def _frame_label(name: str, kind: str, file: object, line: object) -> str:
+def cell_file(file: str, cells: Mapping[str, int] | None) -> str:
+    """A frame's file as the user knows it: ``Cell In[3]`` for a notebook cell's file (as
+    IPython's tracebacks name it; ``cells``: ``trace.cell_numbers``), else the file."""
+    number = cells.get(file) if cells else None
+    return f"Cell In[{number}]" if number is not None else file
+
+
+def _frame_label(name: str, kind: str, file: object, line: object, cells: Mapping[str, int] | None = None) -> str:
     """A box's label: ``func · file.py:LINE`` for Python frames and stack lines (the file's
-    base name: absolute paths fill the box), else the name, shortened."""
-    if kind in ("python", "line") and isinstance(file, str) and file and not file.startswith("<"):
+    base name: absolute paths fill the box; a notebook cell's ``Cell In[3]``), else the
+    name, shortened."""
+    named = isinstance(file, str) and cells is not None and file in cells  # IPython's <ipython-input-1-...> too
+    if kind in ("python", "line") and isinstance(file, str) and file and (named or not file.startswith("<")):
         func = name.rsplit("): ", 1)[-1]
-        where = file.rsplit("/", 1)[-1] + (f":{int(line)}" if line is not None and not pd.isna(line) else "")  # type: ignore[call-overload]
+        place = cell_file(file, cells)
+        where = (place if place != file else file.rsplit("/", 1)[-1]) + (
+            f":{int(line)}" if line is not None and not pd.isna(line) else ""  # type: ignore[call-overload]
+        )
         return shorten(f"{func} · {where}", 60)
     return shorten(name, 60)
 
@@ -485,6 +497,7 @@ def flame(
     max_nodes: int = FLAME_MAX_NODES,
     unit: str = "ms",
     title: str | None = None,
+    cells: Mapping[str, int] | None = None,
 ) -> go.Figure:
     """The merged call tree (``trace.call_tree()``) as an icicle flame graph: the outermost
     frames at the top, each box as wide as its time, coloured by its share of the GPU time
@@ -499,6 +512,8 @@ def flame(
             title says how many were merged.
         unit: time unit of the hover text.
         title: the figure's title (default: says what the widths are).
+        cells: notebook cells' files -> execution counts (``trace.cell_numbers``): their
+            frames are labelled ``Cell In[3]:LINE``.
     """
     size = f"{metric}_us"
     title = title or f"Call tree by {metric.upper()} time (click a box to zoom)"
@@ -514,8 +529,14 @@ def flame(
     ids = ["all"] + [str(int(n)) for n in nodes["node"]]
     parents = [""] + ["all" if p < 0 else str(int(p)) for p in nodes["parent"]]
     names = ["all"] + nodes["name"].astype(str).tolist()
+    if cells:  # a notebook cell's frame hovers as ``Cell In[3](165): forward``, not its temporary file
+        files = nodes.get("file", pd.Series(None, index=nodes.index))
+        names = ["all"] + [
+            n.replace(f, cell_file(f, cells), 1) if isinstance(f, str) and f in cells else n
+            for n, f in zip(names[1:], files)
+        ]
     labels = ["all"] + [
-        esc(_frame_label(n, k, f, ln))
+        esc(_frame_label(n, k, f, ln, cells))
         for n, k, f, ln in zip(
             nodes["name"].astype(str),
             nodes["kind"].astype(str),

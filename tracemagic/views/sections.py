@@ -526,11 +526,13 @@ def _flame(data: TraceData, state: ViewState) -> Section:
             else "no Python frames or call stacks: ops and kernels only",
         )
     ]
+    cells = data.cells
     figs = [
         figures.flame(
             tree,
             unit=state.unit,
             title="Call tree by CPU time" + (", user code only" if user_only else "") + " (click a box to zoom)",
+            cells=cells,
         )
     ]
     if data.has_gpu:
@@ -540,9 +542,12 @@ def _flame(data: TraceData, state: ViewState) -> Section:
                 metric="gpu",
                 unit=state.unit,
                 title="GPU time by launching stack" + (", user code only" if user_only else ""),
+                cells=cells,
             )
         )
     table = (user_rows if user_only else functions).drop(columns=["name"])
+    if cells and len(table):  # a notebook cell's file as tracebacks name it (``Cell In[3]``)
+        table = table.assign(file=[figures.cell_file(f, cells) if isinstance(f, str) else f for f in table["file"]])
     return Section(
         "flame",
         TITLES["flame"],
