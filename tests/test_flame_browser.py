@@ -22,6 +22,21 @@ from tracemagic.views.report import write_report
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
+#: every plotly figure of a tab drawn
+_DRAWN = "s => [...document.querySelectorAll(s + ' div.plotly-graph-div')].every(g => g.querySelector('.main-svg'))"
+
+
+def open_flame_tab(page: Page, trace_file: str, folder: Path) -> Any:
+    """Write the report of ``trace_file`` (of ``tests/data/traces``), open it, click its Flame
+    tab and wait for its figures; the tab's section (a Playwright locator)."""
+    trace = tracemagic.load(TRACES / trace_file, use_cache=False)
+    report = write_report(trace, folder / "report.html")
+    page.page.goto(report.as_uri())
+    page.page.locator('nav button[data-tab="flame"]').click()
+    page.page.wait_for_function(_DRAWN, arg="#tab-flame", timeout=20_000)
+    return page.page.locator("#tab-flame")
+
+
 @pytest.mark.parametrize("name", ["tracelens_normalization_layer_test.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"])
 def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) -> None:  # noqa: F811
     trace = tracemagic.load(TRACES / name, use_cache=False)
@@ -64,16 +79,9 @@ def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) 
 def test_flame_search_highlights_boxes_and_the_views_name_the_code(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     """The search box above the flame graph colours the boxes whose label holds the text; the
     Kernels table has its ``where`` column and the roofline's hover names the user code."""
-    trace = tracemagic.load(TRACES / "tracelens_normalization_layer_test.json.gz", use_cache=False)
-    report = write_report(trace, tmp_path / "report.html")
     page = Page(browser)
     try:
-        page.page.goto(report.as_uri())
-        page.page.locator('nav button[data-tab="flame"]').click()
-        section = page.page.locator("#tab-flame")
-        page.page.wait_for_function(
-            "s => [...document.querySelectorAll(s + ' div.plotly-graph-div')].every(g => g.querySelector('.main-svg'))",
-            arg="#tab-flame", timeout=20_000)
+        section = open_flame_tab(page, "tracelens_normalization_layer_test.json.gz", tmp_path)
         cpu = section.locator("div.plotly-graph-div").first
         before = cpu.evaluate("gd => Array.from(gd.data[0].marker.colors)")
         labels = cpu.evaluate("gd => gd.data[0].labels.map(l => { const e = document.createElement('textarea'); "
@@ -225,16 +233,9 @@ def test_hta_flame_draws_each_views_visible_boxes_and_names_them(browser: Any, t
     graph of the tab draws the boxes at least a pixel wide, each as wide as its time, named
     where the name fits; a narrow box shows its hover; a click on a box draws its subtree the
     same way (names of boxes too narrow before), a click on the box at the top zooms out."""
-    trace = tracemagic.load(TRACES / "hta_control.json.gz", use_cache=False)
-    report = write_report(trace, tmp_path / "report.html")
     page = Page(browser)
     try:
-        page.page.goto(report.as_uri())
-        page.page.locator('nav button[data-tab="flame"]').click()
-        section = page.page.locator("#tab-flame")
-        page.page.wait_for_function(
-            "s => [...document.querySelectorAll(s + ' div.plotly-graph-div')].every(g => g.querySelector('.main-svg'))",
-            arg="#tab-flame", timeout=20_000)
+        section = open_flame_tab(page, "hta_control.json.gz", tmp_path)
         figures = section.locator(".tm-figure")
         assert figures.count() == 2  # CPU time, GPU time
         specs = [json.loads(figures.nth(k).locator("script.tm-fig").text_content() or "") for k in range(2)]
