@@ -33,7 +33,8 @@ class Attribution:
     """Which layer each event's time belongs to.
 
     Attributes:
-        module: per events row, the ``nn.Module`` event row whose layer gets the row's time:
+        module: per events row (int32 rows where they fit, as ``root`` and ``module_parent``),
+            the ``nn.Module`` event row whose layer gets the row's time:
             the innermost enclosing module for forward work, the module of the matching
             forward op for work inside a backward op; -1 for none.
         backward: per events row, whether it lies inside an outermost backward op.
@@ -115,8 +116,16 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     backward = root >= 0
     layer = np.where(backward, matched[np.maximum(root, 0)], module)
     del matched
-    module_parent = np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1)
+    layer = _narrow(layer)
+    root = _narrow(root)
+    module_parent = _narrow(np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1))
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
+
+
+def _narrow(rows: np.ndarray) -> np.ndarray:
+    """Row numbers (-1 for none) as int32 where every row fits: the per-event arrays an
+    ``Attribution`` keeps for the trace's lifetime take half the memory (they index alike)."""
+    return rows.astype(np.int32) if rows.size < 2**31 else rows
 
 
 def _fold_compiled(
