@@ -247,7 +247,12 @@ class _Stretches:
 
     def take_all(self, progress: Callable[[int, int], None]) -> None:
         """Parse stretches until none is left (or a stretch failed on either thread);
-        ``progress(done, total)`` after each chunk."""
+        ``progress(done, total)`` after each chunk. The thread's chunks are decoded in one
+        ``parse.scan_pool``, handed back as the thread ends its part."""
+        with parse.scan_pool() as pool:
+            self._take_all(progress, pool)
+
+    def _take_all(self, progress: Callable[[int, int], None], pool: Any) -> None:
         while (index := self._take()) is not None:
 
             def report(done: int, total: int, index: int = index) -> None:
@@ -256,7 +261,7 @@ class _Stretches:
 
             try:
                 self.parts[index] = parse.read_part(
-                    self.sources[index], base=self.bases[index], progress=report, interners=self.interners
+                    self.sources[index], base=self.bases[index], progress=report, interners=self.interners, pool=pool
                 )
             except BaseException:
                 self._failed = True  # the other thread takes no further stretch
