@@ -17,6 +17,8 @@ the one-thread parse, so the result is always exactly what it would have been.
 from __future__ import annotations
 
 import bisect
+import ctypes
+import functools
 import io
 import itertools
 import os
@@ -214,7 +216,12 @@ def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progres
     for part in later:
         assert part is not None
         first.extend(part)
-    return first.finish()
+    del later
+    stretches.parts.clear()
+    parsed = first.finish()
+    del first, stretches, second  # what the second thread read: freed before its arena is trimmed
+    trim_thread_arena()
+    return parsed
 
 
 class _Stretches:
@@ -285,6 +292,52 @@ class _Reporter:
 
 class _CancelledError(Exception):
     """Raised in the second thread at its next chunk once its result is not wanted."""
+
+
+#: blocks a thread takes (untouched: no memory) and frees to make glibc trim its arena,
+#: see ``trim_thread_arena``
+_TRIM_BLOCK = 1 << 20
+_TRIM_BLOCKS = 40
+
+
+@functools.cache
+def _libc() -> tuple[Any, Any] | None:
+    """glibc's ``malloc`` and ``free``, or None where the C library is another one."""
+    try:
+        libc = ctypes.CDLL(None)
+        if getattr(libc, "malloc_trim", None) is None:  # not glibc: its arenas are not the issue
+            return None
+        malloc, free = libc.malloc, libc.free
+    except (OSError, TypeError, AttributeError):
+        return None
+    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    free.restype, free.argtypes = None, [ctypes.c_void_p]
+    return malloc, free
+
+
+def trim_thread_arena() -> None:
+    """Hand back the free top of the glibc arena the second parsing thread used, on a
+    short thread of its own (glibc gives a new thread the arena of the thread that ended
+    last). The parts that thread read lived there; freed, the arena is all free, but
+    ``malloc_trim`` trims a thread arena's holes, not its top, and glibc trims that top on
+    a free only when it is larger than its trim threshold (up to 64 MiB): ~6 MiB of pages
+    stayed resident after a 100 MB trace, 0-11 MiB with how the threads interleaved.
+    Taking ``_TRIM_BLOCKS`` untouched blocks (malloc writes their headers only: no memory)
+    grows the top past the threshold, and freeing them trims it. ~0.4 ms; a no-op where the
+    C library is not glibc."""
+    if _libc() is not None:
+        worker = threading.Thread(target=_take_and_free_blocks, name="tracemagic-trim", daemon=True)
+        worker.start()
+        worker.join()
+
+
+def _take_and_free_blocks() -> None:
+    libc = _libc()
+    assert libc is not None
+    malloc, free = libc
+    blocks = [malloc(_TRIM_BLOCK) for _ in range(_TRIM_BLOCKS)]
+    for block in reversed(blocks):
+        free(block)
 
 
 class _Second:
