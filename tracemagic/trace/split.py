@@ -24,6 +24,7 @@ import itertools
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -219,8 +220,9 @@ def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progres
     del later
     stretches.parts.clear()
     parsed = first.finish()
+    ended = second.native_id
     del first, stretches, second  # what the second thread read: freed before its arena is trimmed
-    trim_thread_arena()
+    trim_thread_arena(ended)
     return parsed
 
 
@@ -315,10 +317,12 @@ def _libc() -> tuple[Any, Any] | None:
     return malloc, free
 
 
-def trim_thread_arena() -> None:
+def trim_thread_arena(ended: int | None = None) -> None:
     """Hand back the free top of the glibc arena the second parsing thread used, on a
     short thread of its own (glibc gives a new thread the arena of the thread that ended
-    last). The parts that thread read lived there; freed, the arena is all free, but
+    last: ``ended``, the native id of that thread, is waited for, up to 50 ms, as Python
+    lets a thread be joined before it has quite ended). The parts that thread read lived
+    there; freed, the arena is all free, but
     ``malloc_trim`` trims a thread arena's holes, not its top, and glibc trims that top on
     a free only when it is larger than its trim threshold (up to 64 MiB): ~6 MiB of pages
     stayed resident after a 100 MB trace, 0-11 MiB with how the threads interleaved.
@@ -326,6 +330,11 @@ def trim_thread_arena() -> None:
     grows the top past the threshold, and freeing them trims it. ~0.4 ms; a no-op where the
     C library is not glibc."""
     if _libc() is not None:
+        if ended is not None:
+            task = Path(f"/proc/self/task/{ended}")
+            deadline = time.monotonic() + 0.05
+            while task.exists() and time.monotonic() < deadline:
+                time.sleep(0.0002)
         worker = threading.Thread(target=_take_and_free_blocks, name="tracemagic-trim", daemon=True)
         worker.start()
         worker.join()
@@ -336,7 +345,7 @@ def _take_and_free_blocks() -> None:
     assert libc is not None
     malloc, free = libc
     blocks = [malloc(_TRIM_BLOCK) for _ in range(_TRIM_BLOCKS)]
-    for block in reversed(blocks):
+    for block in blocks:  # in the order taken: the last, next to the top, joins all of them to it
         free(block)
 
 
@@ -348,6 +357,8 @@ class _Second:
         self._work = work
         self._wanted = True
         self._ok = False
+        #: the thread's id in the system (``threading.get_native_id``), once it runs
+        self.native_id: int | None = None
         self._thread = threading.Thread(target=self._run, name="tracemagic-parse", daemon=True)
         self._thread.start()
 
@@ -356,6 +367,7 @@ class _Second:
             raise _CancelledError
 
     def _run(self) -> None:
+        self.native_id = threading.get_native_id()
         try:
             self._work(self._stop)
             self._ok = True
