@@ -18,7 +18,7 @@ from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
-from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate
+from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, narrow_rows, propagate
 
 #: outermost op of each autograd node run by the engine
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
@@ -116,16 +116,10 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     backward = root >= 0
     layer = np.where(backward, matched[np.maximum(root, 0)], module)
     del matched
-    layer = _narrow(layer)
-    root = _narrow(root)
-    module_parent = _narrow(np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1))
+    layer = narrow_rows(layer)
+    root = narrow_rows(root)
+    module_parent = narrow_rows(np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1))
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
-
-
-def _narrow(rows: np.ndarray) -> np.ndarray:
-    """Row numbers (-1 for none) as int32 where every row fits: the per-event arrays an
-    ``Attribution`` keeps for the trace's lifetime take half the memory (they index alike)."""
-    return rows.astype(np.int32) if rows.size < 2**31 else rows
 
 
 def _fold_compiled(

@@ -395,7 +395,8 @@ def as_trace(
     """The ``Trace`` of assembled tables."""
     trace = TraceTables(events, flows, meta, path=path, manifest=manifest)
     if cpu_order is not None:  # nesting sorted them already: the analyses need not again
-        trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_order)
+        kept = structure.narrow_rows(cpu_order)
+        trace.shared(Shared.CPU_BY_THREAD, lambda: kept)
     return trace
 
 
