@@ -474,8 +474,17 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
 
 
 def text(values: pd.Series | np.ndarray) -> pd.api.extensions.ExtensionArray:
-    """Values as pandas' string dtype, missing ones (None, NaN) as NA: one text type everywhere."""
-    return pd.array(np.asarray(values, dtype=object), dtype="str")
+    """Values as pandas' string dtype, missing ones (None, NaN) as NA: one text type everywhere.
+
+    Made in the C library's heap, as ``text_take`` (Arrow's default pool, mimalloc, takes a
+    new 2 MiB huge page when its pages are full, and never gives it back); values that are
+    not text (numbers) are converted by pandas, in its pool."""
+    objects = np.asarray(values, dtype=object)
+    try:
+        arrow = pa.array(objects, type=pa.large_string(), from_pandas=True, memory_pool=pa.system_memory_pool())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pd.array(objects, dtype="str")
+    return pd.array(arrow, dtype="str")
 
 
 def text_take(labels: np.ndarray, at: np.ndarray) -> pd.api.extensions.ExtensionArray:
