@@ -183,17 +183,28 @@ def _cuts(read_at: ReadAt, size: int) -> list[tuple[int, int]] | None:
     return stretches + [(start, size)]
 
 
-def parse_split(source: Source, progress: Progress | None = None) -> ParsedTrace | None:
+def parse_split(source: Source, progress: Progress | None = None, trim: bool = False) -> ParsedTrace | None:
     """Parse ``source`` on two threads; None when it cannot be, and then the caller parses
     it whole (which also reports damage exactly where the one-thread parse would).
 
     Progress is reported from this thread, counting the bytes both threads have read.
+    ``trim``: hand the memory the parse freed back to the system as it ends, the second
+    thread's arena included (``trim_thread_arena``).
     """
     with _contents(source) as contents:
-        return _parse_split(source, contents, progress) if contents is not None else None
+        found = _parse_split(source, contents, progress) if contents is not None else None
+    if found is None:
+        return None
+    parsed, ended = found
+    if trim:
+        trim_thread_arena(ended)
+    return parsed
 
 
-def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progress | None) -> ParsedTrace | None:
+def _parse_split(
+    source: Source, contents: tuple[ReadAt, int], progress: Progress | None
+) -> tuple[ParsedTrace, int | None] | None:
+    """``parse_split``'s parse, and the second thread's native id."""
     read_at, size = contents
     cuts = _cuts(read_at, size)
     if cuts is None:
@@ -220,10 +231,7 @@ def _parse_split(source: Source, contents: tuple[ReadAt, int], progress: Progres
     del later
     stretches.parts.clear()
     parsed = first.finish()
-    ended = second.native_id
-    del first, stretches, second  # what the second thread read: freed before its arena is trimmed
-    trim_thread_arena(ended)
-    return parsed
+    return parsed, second.native_id
 
 
 class _Stretches:
@@ -303,8 +311,8 @@ _TRIM_BLOCKS = 40
 
 
 @functools.cache
-def _libc() -> tuple[Any, Any] | None:
-    """glibc's ``malloc`` and ``free``, or None where the C library is another one."""
+def _libc() -> tuple[Any, Any, Any] | None:
+    """glibc's ``malloc``, ``free`` and ``malloc_trim``, or None where the C library is another one."""
     try:
         libc = ctypes.CDLL(None)
         if getattr(libc, "malloc_trim", None) is None:  # not glibc: its arenas are not the issue
@@ -314,21 +322,23 @@ def _libc() -> tuple[Any, Any] | None:
         return None
     malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     free.restype, free.argtypes = None, [ctypes.c_void_p]
-    return malloc, free
+    return malloc, free, libc.malloc_trim
 
 
 def trim_thread_arena(ended: int | None = None) -> None:
-    """Hand back the free top of the glibc arena the second parsing thread used, on a
-    short thread of its own (glibc gives a new thread the arena of the thread that ended
-    last: ``ended``, the native id of that thread, is waited for, up to 50 ms, as Python
-    lets a thread be joined before it has quite ended). The parts that thread read lived
-    there; freed, the arena is all free, but
+    """Hand back the memory the parse freed, the free top of the glibc arena the second
+    parsing thread used included, on a short thread of its own (glibc gives a new thread the
+    arena of the thread that ended last: ``ended``, that thread's native id, is waited for,
+    up to 50 ms, as Python lets a thread be joined just before it has ended).
+
+    The parts that thread read lived in its arena; freed, the arena is all free, but
     ``malloc_trim`` trims a thread arena's holes, not its top, and glibc trims that top on
-    a free only when it is larger than its trim threshold (up to 64 MiB): ~6 MiB of pages
-    stayed resident after a 100 MB trace, 0-11 MiB with how the threads interleaved.
-    Taking ``_TRIM_BLOCKS`` untouched blocks (malloc writes their headers only: no memory)
-    grows the top past the threshold, and freeing them trims it. ~0.4 ms; a no-op where the
-    C library is not glibc."""
+    a free only when it is larger than its trim threshold (up to 64 MiB): 0-11 MiB of pages
+    stayed resident after a 100 MB trace, with how the threads interleaved. The thread
+    takes ``_TRIM_BLOCKS`` untouched blocks (malloc writes their headers only: no memory),
+    the last of them at the top; frees the others, so the free space below the last one,
+    the old top with it, is no longer the top, and ``malloc_trim`` (every arena) hands its
+    pages back; then frees the last. ~2 ms; a no-op where the C library is not glibc."""
     if _libc() is not None:
         if ended is not None:
             task = Path(f"/proc/self/task/{ended}")
@@ -343,10 +353,13 @@ def trim_thread_arena(ended: int | None = None) -> None:
 def _take_and_free_blocks() -> None:
     libc = _libc()
     assert libc is not None
-    malloc, free = libc
+    malloc, free, trim = libc
     blocks = [malloc(_TRIM_BLOCK) for _ in range(_TRIM_BLOCKS)]
-    for block in blocks:  # in the order taken: the last, next to the top, joins all of them to it
+    guard = blocks.pop()  # the last, at the top: what is freed below it is not the top
+    for block in blocks:  # in the order taken: each joins the free space before it
         free(block)
+    trim(0)  # the free space below the guard, the parse's old top included, handed back
+    free(guard)  # joins it all to the top, which glibc trims now that it passed the threshold
 
 
 class _Second:
