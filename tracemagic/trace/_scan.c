@@ -792,6 +792,38 @@ PyDoc_STRVAR(scan_doc,
              "made in where they fit (malloc beyond); its contents are overwritten, so one\n"
              "pool serves one thread at a time, chunk after chunk.");
 
+/* Parse buf and fill c (runs without the GIL): 0 done, BAIL, or -1 out of memory. *doc is
+ * the document to free (or NULL); c is always safe to free. */
+static int read_events(const char *buf, size_t len, Pool *p, yyjson_doc **doc, Columns *c) {
+    yyjson_alc alc = {alc_malloc, alc_realloc, alc_free, p};
+    yyjson_read_err err;
+    /* numbers beyond 64 bits stay text (as a RAW value): they take the msgspec path */
+    *doc = yyjson_read_opts((char *)buf, len, YYJSON_READ_BIGNUM_AS_RAW, p ? &alc : NULL, &err);
+    yyjson_val *root = *doc ? yyjson_doc_get_root(*doc) : NULL;
+    if (root == NULL || !yyjson_is_arr(root)) {
+        memset(c, 0, sizeof(*c));
+        return BAIL;
+    }
+    if (columns_init(c, yyjson_arr_size(root), p) < 0) return -1;
+    size_t i, max;
+    yyjson_val *event;
+    yyjson_arr_foreach(root, i, max, event) {
+        if (add_event(c, event) == BAIL) return BAIL;
+    }
+    return 0;
+}
+
+/* scan()'s answer for read_events' status: the columns, None (BAIL), or NULL with an error. */
+static PyObject *answer(int status, Columns *c) {
+    if (status == -1) return PyErr_NoMemory();
+    if (status == 0) {
+        PyObject *result = to_python(c);
+        if (result != NULL || PyErr_ExceptionMatches(PyExc_MemoryError)) return result;
+        PyErr_Clear(); /* text that is not valid UTF-8 for Python: the msgspec path says */
+    }
+    return Py_NewRef(Py_None);
+}
+
 static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
         PyErr_SetString(PyExc_TypeError, "scan(data, pool=None) takes 1 or 2 arguments");
@@ -806,45 +838,16 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     }
     Pool pool = {has_pool ? (char *)pool_view.buf : NULL, has_pool ? (size_t)pool_view.len : 0, 0};
     Pool *p = has_pool ? &pool : NULL;
-    yyjson_alc alc = {alc_malloc, alc_realloc, alc_free, p};
     yyjson_doc *doc;
     Columns c;
-    int status = 0; /* 0 done, BAIL, or -1 out of memory */
+    int status;
     /* everything up to the Python objects runs without the GIL: chunks of one trace can
      * be scanned on several threads at once (trace.split) */
     Py_BEGIN_ALLOW_THREADS
-    yyjson_read_err err;
-    /* numbers beyond 64 bits stay text (as a RAW value): they take the msgspec path */
-    doc = yyjson_read_opts((char *)view.buf, (size_t)view.len, YYJSON_READ_BIGNUM_AS_RAW, p ? &alc : NULL, &err);
-    yyjson_val *root = doc ? yyjson_doc_get_root(doc) : NULL;
-    if (root == NULL || !yyjson_is_arr(root)) {
-        status = BAIL;
-        memset(&c, 0, sizeof(c));
-    } else if (columns_init(&c, yyjson_arr_size(root), p) < 0) {
-        status = -1;
-    } else {
-        size_t i, max;
-        yyjson_val *event;
-        yyjson_arr_foreach(root, i, max, event) {
-            if (add_event(&c, event) == BAIL) {
-                status = BAIL;
-                break;
-            }
-        }
-    }
+    status = read_events((const char *)view.buf, (size_t)view.len, p, &doc, &c);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    PyObject *result = NULL;
-    if (status == 0) {
-        result = to_python(&c);
-        if (result == NULL && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
-            PyErr_Clear(); /* text that is not valid UTF-8 for Python: the msgspec path says */
-            status = BAIL;
-        }
-    } else if (status == -1) {
-        PyErr_NoMemory();
-    }
-    if (status == BAIL) result = Py_NewRef(Py_None);
+    PyObject *result = answer(status, &c);
     columns_free(&c, p);
     if (doc) yyjson_doc_free(doc);
     if (has_pool) PyBuffer_Release(&pool_view);
