@@ -28,6 +28,7 @@ from conftest import TRACES
 import tracemagic
 from tracemagic.errors import TraceError
 from tracemagic.trace import cache, parse, progress, structure
+from tracemagic.trace.read import file_source
 
 MISSING = f"the real traces folder {TRACES} is missing (see tests/data/traces/README.md)"
 #: the traces in it (hidden files and the README are not traces)
@@ -906,20 +907,36 @@ def test_damaged_cache_is_ignored(copied_trace: Path, monkeypatch: pytest.Monkey
 def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After parsing a large trace the loader calls ``malloc_trim(0)`` (glibc keeps what the
     parsing threads freed: ~40 MB after a 100 MB trace); not after a small one, nor when
-    the trace comes from the cache. Where the C library has none, loading works alike."""
+    the trace comes from the cache. A parse on two threads (this trace's 9.8 MB of JSON,
+    where two cores are free) hands back what it freed itself as it ends, the second
+    thread's arena included (``split.trim_thread_arena``, given that thread's id), in
+    place of the loader's first trim. Where the C library has none, loading works alike."""
     loader = importlib.import_module("tracemagic.trace.loader")
+    split = importlib.import_module("tracemagic.trace.split")
     real = loader._malloc_trim()
     assert real is None or callable(real)
     calls: list[int] = []
+    ended: list[int | None] = []
     monkeypatch.setattr(loader, "_malloc_trim", lambda: calls.append)
+    monkeypatch.setattr(split, "trim_thread_arena", ended.append)
     tracemagic.load(copied_trace)
-    assert calls == [], "a small trace: no trim"
+    assert calls == [] and ended == [], "a small trace: no trim"
     monkeypatch.setattr(loader, "TRIM_MIN_BYTES", copied_trace.stat().st_size)
-    tracemagic.load(copied_trace, use_cache=False)
-    assert calls == [0, 0], "after the parse, and after the trace is assembled"
+    tracemagic.load(copied_trace, use_cache=False, workers=1)
+    assert calls == [0, 0] and ended == [], "after the parse, and after the trace is assembled"
+    calls.clear()
+    tracemagic.load(copied_trace, use_cache=False, workers=2)
+    if split.can_split(file_source(copied_trace), 2):
+        assert len(ended) == 1 and isinstance(ended[0], int), "the split parse's own, given its thread"
+        assert calls == [0], "then only after the trace is assembled"
+    else:  # one core: parsed on one thread
+        assert calls == [0, 0] and ended == []
+    calls.clear()
+    ended.clear()
     tracemagic.load(copied_trace)
-    assert calls == [0, 0], "the cache: nothing parsed"
+    assert calls == [] and ended == [], "the cache: nothing parsed"
     monkeypatch.setattr(loader, "_malloc_trim", lambda: None)
+    monkeypatch.undo()
     assert len(tracemagic.load(copied_trace, use_cache=False).events) > 0
 
 

@@ -71,8 +71,8 @@ class ScanSpy:
 
         class Spy:
             @staticmethod
-            def scan(data: Any) -> Any:
-                columns = real.scan(data)
+            def scan(data: Any, pool: Any = None) -> Any:
+                columns = real.scan(data, pool)
                 if columns is None:
                     self.left += 1
                 else:
@@ -236,6 +236,31 @@ def test_malformed_json_is_left_to_msgspec() -> None:
     assert _scan.scan(b'[{"ph": "X", "name": "a"}]') is not None
     for broken in (b'[{"ph": "X", "name": "a}]', b'[{"ph": "X"},]', b'{"ph": "X"}', b"", b"[NaN]", b'["\xff"]'):
         assert _scan.scan(broken) is None, broken
+
+
+def test_a_scan_pool_gives_the_columns_malloc_gives() -> None:
+    """Chunks decoded in a reused pool (``parse.scan_pool``), one that holds them, one too
+    small (the rest from malloc) and none, give the same columns; a broken chunk between
+    them leaves the pool usable; a read-only buffer is refused."""
+    import mmap
+
+    from tracemagic.trace import _scan
+
+    data = gzip.decompress((TRACES / "hta_control.json.gz").read_bytes())
+    start = data.index(b"[", data.index(b'"traceEvents"'))
+    chunks = []
+    for cut in (200_000, 500_000, 900_000):  # whole events: up to the '}' before a '},{'
+        end = data.index(b"},", start + cut) + 1
+        chunks.append(data[start:end] + b"]")
+    for size in (16 << 20, 64 << 10, 0):
+        pool = mmap.mmap(-1, size) if size else bytearray(0)
+        for chunk in [*chunks, b'[{"ph": "X"},]', *reversed(chunks)]:
+            want = _scan.scan(chunk)
+            got = _scan.scan(chunk, pool)
+            assert got == want, size
+            assert _scan.scan(chunk, None) == want
+    with pytest.raises(BufferError):
+        _scan.scan(chunks[0], b"x" * 1024)
 
 
 def test_damage_is_reported_as_msgspec_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

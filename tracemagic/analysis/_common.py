@@ -24,6 +24,7 @@ from tracemagic.trace.structure import (
     NEST_START_MARGIN_US,
     cpu_by_thread,
     enclosing_of_kind,
+    narrow_rows,
     propagate,
     sort_by_thread,
     thread_keys,
@@ -65,7 +66,7 @@ def thread_keys_of(trace: TraceTables) -> np.ndarray:
 def _cpu_by_thread(trace: TraceTables) -> np.ndarray:
     """``structure.cpu_by_thread`` of the trace (the order ``enclosing_at`` searches in),
     computed once per trace; ``load`` hands over the one nesting made."""
-    return trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_by_thread(trace.events))
+    return trace.shared(Shared.CPU_BY_THREAD, lambda: narrow_rows(cpu_by_thread(trace.events)))
 
 
 def memory_off_cpu(trace: TraceTables) -> bool:
@@ -138,8 +139,8 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
 
 
 def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
-    """The CPU op rows, and for each the row of the top of its call chain (-1: in none);
-    computed once per trace.
+    """The CPU op rows, and for each the row of the top of its call chain (-1: in none; int32
+    where rows fit, see ``narrow_rows``); computed once per trace.
 
     A call chain is an op the program called and every op it runs inside (``aten::conv2d``
     -> ``aten::convolution`` -> ``aten::_convolution`` -> ``aten::mkldnn_convolution``), so
@@ -162,7 +163,7 @@ def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
         is_top = np.zeros(len(events), dtype=bool)
         is_top[at[enclosing_of_kind(parent, depth, candidate, at) < 0]] = True
         rows = np.flatnonzero(is_op)
-        return rows, propagate(parent, depth, is_top)[rows]
+        return rows, narrow_rows(propagate(parent, depth, is_top)[rows])
 
     return trace.shared(Shared.CALL_CHAINS, compute)
 
@@ -473,8 +474,17 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
 
 
 def text(values: pd.Series | np.ndarray) -> pd.api.extensions.ExtensionArray:
-    """Values as pandas' string dtype, missing ones (None, NaN) as NA: one text type everywhere."""
-    return pd.array(np.asarray(values, dtype=object), dtype="str")
+    """Values as pandas' string dtype, missing ones (None, NaN) as NA: one text type everywhere.
+
+    Made in the C library's heap, as ``text_take`` (Arrow's default pool, mimalloc, takes a
+    new 2 MiB huge page when its pages are full, and never gives it back); values that are
+    not text (numbers) are converted by pandas, in its pool."""
+    objects = np.asarray(values, dtype=object)
+    try:
+        arrow = pa.array(objects, type=pa.large_string(), from_pandas=True, memory_pool=pa.system_memory_pool())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pd.array(objects, dtype="str")
+    return pd.array(arrow, dtype="str")
 
 
 def text_take(labels: np.ndarray, at: np.ndarray) -> pd.api.extensions.ExtensionArray:

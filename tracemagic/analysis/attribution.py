@@ -18,7 +18,7 @@ from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
-from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, propagate
+from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, narrow_rows, propagate
 
 #: outermost op of each autograd node run by the engine
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
@@ -33,7 +33,8 @@ class Attribution:
     """Which layer each event's time belongs to.
 
     Attributes:
-        module: per events row, the ``nn.Module`` event row whose layer gets the row's time:
+        module: per events row (int32 rows where they fit, as ``root`` and ``module_parent``),
+            the ``nn.Module`` event row whose layer gets the row's time:
             the innermost enclosing module for forward work, the module of the matching
             forward op for work inside a backward op; -1 for none.
         backward: per events row, whether it lies inside an outermost backward op.
@@ -115,7 +116,9 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     backward = root >= 0
     layer = np.where(backward, matched[np.maximum(root, 0)], module)
     del matched
-    module_parent = np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1)
+    layer = narrow_rows(layer)
+    root = narrow_rows(root)
+    module_parent = narrow_rows(np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1))
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
 
 

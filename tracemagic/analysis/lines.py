@@ -55,7 +55,8 @@ def line_label(number: int, text: str) -> str:
 def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """The line mark events of the trace: (per events row, the cell line of the innermost
     line mark enclosing it, itself included, or for a thread without marks holding its start
-    (see the module's docstring), -1 for none; the mark rows). Computed once per trace."""
+    (see the module's docstring), -1 for none; the mark rows). Computed once per trace;
+    read-only (shared by every analysis)."""
     line, rows, _ = _marks(trace)
     return line, rows
 
@@ -73,11 +74,15 @@ def _marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             text = str(name)
             if text.startswith(LINE_MARK_PREFIX) and text[prefix:].isdigit():
                 numbers[code] = int(text[prefix:])
+        # a trace without marks (not a %%chakra_trace capture) holds no per-event array:
+        # -1 for every row, read-only, in no memory
+        none = np.broadcast_to(np.array(-1, dtype=np.int64), (len(events),))
+        if not (numbers >= 0).any():
+            return none, np.zeros(0, dtype=np.int64), none
         line_of = numbers[names.cat.codes.to_numpy()]  # code -1 (missing) reads the last: -1
         is_mark = (line_of >= 0) & kind_mask(events, "user_annotation")
         rows = np.flatnonzero(is_mark)
         if not rows.size:
-            none = np.full(len(events), -1, dtype=np.int64)
             return none, rows, none
         inner = propagate(events["parent"].to_numpy(), events["depth"].to_numpy(), is_mark)
         _other_threads(trace, inner, rows)

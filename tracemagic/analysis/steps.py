@@ -132,7 +132,9 @@ def _relative(trace: TraceTables) -> np.ndarray:
 
 def _ends(trace: TraceTables, start: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The ends (µs since the trace's start) of ``rows``, whose ``start`` is ``_relative(trace)[rows]``."""
-    return start + trace.events["dur"].to_numpy(dtype=np.float64)[rows]
+    end = trace.events["dur"].to_numpy(dtype=np.float64)[rows]
+    end += start  # (in place: one per-row array, not two)
+    return end
 
 
 def device_windows(trace: TraceTables) -> pd.DataFrame:
@@ -257,7 +259,7 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     # gloo runs its collectives on the host, on a GPU rank too (the plugin's GlooOpNameSet);
     # a GPU rank's nccl:* ops only launch the NCCL kernels, which count themselves
     gloo_on_gpu = host & ~cpu_only & names_where(events["name"], _GLOO)
-    return {
+    masks = {
         "compute_us": kernel & ~nccl,
         "comm_us": (kernel & nccl) | host_comm | gloo_on_gpu,
         "gloo_on_gpu": gloo_on_gpu,
@@ -267,11 +269,16 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
         "dataloader_us": duration & is_dataloader(trace),
         "cpu_us": duration & kind_mask(events, "cpu_op"),
     }
+    # kept for the trace's lifetime: a category no event feeds (a CPU trace's six GPU ones)
+    # is a read-only view of one False, in no memory
+    none = np.broadcast_to(np.False_, duration.shape)
+    return {name: mask if mask.any() else none for name, mask in masks.items()}
 
 
 def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(window index, start, end) of the parts of ``rows`` inside the windows of their rank,
-    µs from the window's start; an event spanning several windows gives one part in each.
+    """(window index (int32: per part, as small as it can be), start, end) of the parts of
+    ``rows`` inside the windows of their rank, µs from the window's start; an event spanning
+    several windows gives one part in each.
 
     ``frame`` is a ``device_windows`` table (windows of a rank do not overlap).
     """
@@ -283,18 +290,22 @@ def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tup
     win_end = win_start + win_dur
     groups, starts, ends = [], [], []
     for r, where in frame.groupby("rank").indices.items():
-        found = _rank_parts(np.flatnonzero(rank == r), where, start, end, win_start, win_end, win_dur)
+        of_rank = rank == r
+        mine = None if of_rank.all() else np.flatnonzero(of_rank)  # None: all of them (one rank)
+        del of_rank
+        found = _rank_parts(mine, where, start, end, win_start, win_end, win_dur)
         if found is not None:
             groups.append(found[0])
             starts.append(found[1])
             ends.append(found[2])
+    del rank, start, end
     if not groups:
-        return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
+        return np.zeros(0, dtype=np.int32), np.zeros(0), np.zeros(0)
     return joined(groups), joined(starts), joined(ends)
 
 
 def _rank_parts(
-    mine: np.ndarray,
+    mine: np.ndarray | None,
     where: np.ndarray,
     start: np.ndarray,
     end: np.ndarray,
@@ -302,29 +313,35 @@ def _rank_parts(
     win_end: np.ndarray,
     win_dur: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``in_windows`` for one rank: ``mine`` (positions in ``start``/``end``) against its
-    windows ``where``; None when no part falls in one. A function of its own so that its
-    per-row temporaries are freed before the next rank's (and the caller's join)."""
-    lo = np.searchsorted(win_end[where], start[mine], side="right")  # first window ending after the start
-    hi = np.searchsorted(win_start[where], end[mine], side="left")  # past the last window starting before the end
-    count = np.maximum(hi - lo, 0)
-    del hi
+    """``in_windows`` for one rank: ``mine`` (positions in ``start``/``end``, None for all)
+    against its windows ``where``; None when no part falls in one. A function of its own so
+    that its per-row temporaries are freed before the next rank's (and the caller's join)."""
+    # first window ending after the start, past the last window starting before the end
+    lo = np.searchsorted(win_end[where], start if mine is None else start[mine], side="right")
+    count = np.searchsorted(win_start[where], end if mine is None else end[mine], side="left")
+    count -= lo
+    np.maximum(count, 0, out=count)
     if not count.any():
         return None
-    part = np.repeat(np.arange(count.size), count)
-    offset = np.arange(part.size) - np.repeat(np.cumsum(count) - count, count)
-    del count
-    group = where[lo[part] + offset]
-    del lo, offset
-    origin = win_start[group]
-    length = win_dur[group]
-    source = mine[part]
+    if count.max() == 1:  # each row in one window at most (the usual case): no row repeats
+        part = np.flatnonzero(count)
+        del count
+        group = where.astype(np.int32)[lo[part]]
+    else:
+        part = np.repeat(np.arange(count.size), count)
+        offset = np.arange(part.size) - np.repeat(np.cumsum(count) - count, count)
+        del count
+        group = where.astype(np.int32)[lo[part] + offset]
+        del offset
+    del lo
+    source = part if mine is None else mine[part]
     del part
     since = start[source]
-    since -= origin
+    since -= win_start[group]
     until = end[source]
-    until -= origin
-    del source, origin
+    del source
+    until -= win_start[group]
+    length = win_dur[group]
     return group, np.clip(since, 0.0, length, out=since), np.clip(until, 0.0, length, out=until)
 
 

@@ -99,12 +99,14 @@ def parse_source(
         TraceError: the file is damaged, or too large for the memory (``memory_guard``).
     """
     with memory_guard(source.name, source.max_bytes):
-        parsed = split.parse_split(source, progress) if split.can_split(source, workers) else None
+        large = source.size >= TRIM_MIN_BYTES
+        parsed = split.parse_split(source, progress, trim=large) if split.can_split(source, workers) else None
+        trimmed = parsed is not None  # (a split parse hands back what it freed itself, see split.trim_thread_arena)
         if parsed is None:
             parsed = parse.parse_source(source, recover=recover, progress=progress)
         parsed.meta["source"] = source.name
         parsed.meta.setdefault("rank_hint", source.rank_hint)
-        if source.size >= TRIM_MIN_BYTES:
+        if large and not trimmed:
             release_free_memory()  # before the structure adds its columns
         return _prepare(parsed)
 
@@ -395,7 +397,8 @@ def as_trace(
     """The ``Trace`` of assembled tables."""
     trace = TraceTables(events, flows, meta, path=path, manifest=manifest)
     if cpu_order is not None:  # nesting sorted them already: the analyses need not again
-        trace.shared(Shared.CPU_BY_THREAD, lambda: cpu_order)
+        kept = structure.narrow_rows(cpu_order)
+        trace.shared(Shared.CPU_BY_THREAD, lambda: kept)
     return trace
 
 

@@ -26,6 +26,7 @@ JSON values, metadata, error offsets).
 from __future__ import annotations
 
 import gc
+import mmap
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ __all__ = [
     "parse_events",
     "parse_source",
     "read_part",
+    "scan_pool",
     "scans_in_c",
 ]
 
@@ -64,6 +66,9 @@ except ImportError:  # pragma: no cover - installed without a C compiler: msgspe
 #: bytes of events decoded at once (peak memory holds about one chunk's Python objects;
 #: 1-8 MB measured alike in speed, smaller is lighter)
 CHUNK_BYTES = 2 << 20
+#: a scan pool holds this many chunks' bytes: a chunk's document (yyjson's copy of the text
+#: and its values, ~3.6x the text) and its columns (~0.8x) fit in it
+POOL_CHUNKS = 5
 #: how many cut candidates to try before falling back to the whole-document path
 _MAX_CUT_TRIES = 16
 #: progress callback: (bytes read from the file so far, the file's size)
@@ -96,17 +101,37 @@ def scans_in_c() -> bool:
     return _scan is not None
 
 
-def _decode_events(data: Any, name: str, notes: list[str] | None = None, base: int = 0) -> list[Any] | tuple[Any, ...]:
+@contextmanager
+def scan_pool(chunk: int = CHUNK_BYTES) -> Iterator[mmap.mmap | None]:
+    """Memory for the C scanner to decode chunks of up to ``chunk`` bytes in, one after
+    another on one thread (see ``_scan.c``'s ``Pool``), unmapped on exit; None without the
+    scanner. Its pages are handed back to the system at once when the parse ends, wherever
+    it ran, instead of staying in a glibc arena (a second parsing thread's is never trimmed)."""
+    if _scan is None:
+        yield None
+        return
+    private = getattr(mmap, "MAP_PRIVATE", None)  # a private map: pages made as they are written
+    size = POOL_CHUNKS * chunk
+    pool = mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _decode_events(
+    data: Any, name: str, notes: list[str] | None = None, base: int = 0, pool: mmap.mmap | None = None
+) -> list[Any] | tuple[Any, ...]:
     """A JSON array of events -> the C scanner's columns, or structs (typed fast path,
     loose fallback) where the scanner leaves the array to msgspec.
 
     ``notes`` gets what had to be repaired to decode it (see ``_decode``; ``base`` is the
-    data's offset in the file).
+    data's offset in the file); ``pool``: ``scan_pool``'s memory, for this thread alone.
 
     Raises msgspec.DecodeError for malformed JSON (the caller locates it).
     """
     if _scan is not None:
-        columns = _scan.scan(data)
+        columns = _scan.scan(data, pool)
         if columns is not None:
             return columns
     return decode_structs(data, name, notes, base)
@@ -155,8 +180,10 @@ class _StreamParser:
         chunk: int,
         base: int = 0,
         interners: Interners | None = None,
+        pool: mmap.mmap | None = None,
     ) -> None:
         self.source = source
+        self.pool = pool
         self.name = source.name
         self.stream = stream
         self.recover = recover
@@ -255,10 +282,10 @@ class _StreamParser:
         saved = buf[end] if end < len(buf) else None
         try:
             if saved is None:
-                return _decode_events(bytes(buf) + b"]", self.name, self.warnings, self.base)
+                return _decode_events(bytes(buf) + b"]", self.name, self.warnings, self.base, self.pool)
             buf[end] = 0x5D  # ']'
             with memoryview(buf) as view:
-                return _decode_events(view[: end + 1], self.name, self.warnings, self.base)
+                return _decode_events(view[: end + 1], self.name, self.warnings, self.base, self.pool)
         finally:
             if saved is not None:
                 buf[end] = saved
@@ -474,8 +501,8 @@ def parse_source(
     chunk = chunk or CHUNK_BYTES
     with _gc_paused():
         try:
-            with ByteStream(source, block=chunk) as stream:
-                return _StreamParser(source, stream, recover, progress, chunk).run()
+            with ByteStream(source, block=chunk) as stream, scan_pool(chunk) as pool:
+                return _StreamParser(source, stream, recover, progress, chunk, pool=pool).run()
         except UnstreamableError:
             pass
         with ByteStream(source, block=chunk) as stream:
@@ -503,6 +530,7 @@ def read_part(
     chunk: int | None = None,
     progress: Progress | None = None,
     interners: Interners | None = None,
+    pool: mmap.mmap | None = None,
 ) -> Part:
     """Stream-decode ``source`` into columns, strictly (no recovery, no whole-document
     fallback): used on stretches of one file parsed side by side (``trace.split``).
@@ -510,6 +538,7 @@ def read_part(
     Args:
         base: the file offset of the source's first byte, so damage is located in the file.
         interners: shared with the other stretches of the file (see ``Interners``).
+        pool: ``scan_pool(chunk)``'s memory, used by this thread alone (None: malloc's).
 
     Raises:
         TraceError: the JSON is damaged.
@@ -517,7 +546,7 @@ def read_part(
     """
     chunk = chunk or CHUNK_BYTES
     with _gc_paused(), ByteStream(source, block=chunk) as stream:
-        return _StreamParser(source, stream, False, progress, chunk, base, interners).read()
+        return _StreamParser(source, stream, False, progress, chunk, base, interners, pool).read()
 
 
 def parse_events(data: bytes, name: str, *, recover: bool = False) -> ParsedTrace:

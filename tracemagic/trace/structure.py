@@ -131,6 +131,13 @@ def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
     return np.flatnonzero(kind_mask(events, *kinds) & (events["ph"] == "X").to_numpy())
 
 
+def narrow_rows(rows: np.ndarray) -> np.ndarray:
+    """Row numbers of the events table (-1 for none) as int32 where the table's rows fit
+    (2**31 of them, always in practice): what a trace keeps per event for its lifetime in
+    half the memory; they index alike."""
+    return rows.astype(np.int32, copy=False) if rows.size < 2**31 and (not rows.size or rows.max() < 2**31) else rows
+
+
 def cpu_by_thread(events: pd.DataFrame) -> np.ndarray:
     """Rows of the CPU duration events sorted by (thread, start, longest first): the order
     nesting walks and ``enclosing_at`` searches (a trace made by ``load`` has it already)."""
