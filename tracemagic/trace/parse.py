@@ -25,6 +25,7 @@ JSON values, metadata, error offsets).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import mmap
 import re
@@ -113,6 +114,10 @@ def scan_pool(chunk: int = CHUNK_BYTES) -> Iterator[mmap.mmap | None]:
     private = getattr(mmap, "MAP_PRIVATE", None)  # a private map: pages made as they are written
     size = POOL_CHUNKS * chunk
     pool = mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
+    huge = getattr(mmap, "MADV_HUGEPAGE", None)
+    if huge is not None:  # 2 MiB pages where the system makes them: ~500x fewer page faults
+        with contextlib.suppress(OSError):
+            pool.madvise(huge)
     try:
         yield pool
     finally:

@@ -338,16 +338,16 @@ def trim_thread_arena(ended: int | None = None) -> None:
     takes ``_TRIM_BLOCKS`` untouched blocks (malloc writes their headers only: no memory),
     the last of them at the top; frees the others, so the free space below the last one,
     the old top with it, is no longer the top, and ``malloc_trim`` (every arena) hands its
-    pages back; then frees the last. ~2 ms; a no-op where the C library is not glibc."""
+    pages back; then frees the last. That takes 2–3 ms, on the core the parse has just left:
+    ``load`` does not wait for it (glibc locks each arena while it trims it). A no-op where
+    the C library is not glibc."""
     if _libc() is not None:
         if ended is not None:
             task = Path(f"/proc/self/task/{ended}")
             deadline = time.monotonic() + 0.05
             while task.exists() and time.monotonic() < deadline:
                 time.sleep(0.0002)
-        worker = threading.Thread(target=_take_and_free_blocks, name="tracemagic-trim", daemon=True)
-        worker.start()
-        worker.join()
+        threading.Thread(target=_take_and_free_blocks, name="tracemagic-trim", daemon=True).start()
 
 
 def _take_and_free_blocks() -> None:
