@@ -46,12 +46,18 @@ REGION_PREFIX = "Torch-Compiled Region"
 _Sites = tuple[np.ndarray, pd.DataFrame]
 
 
+def cell_file(file: str, cells: Mapping[str, int] | None) -> str:
+    """A frame's file as the user knows it: ``Cell In[3]`` for a notebook cell's file (as
+    IPython's tracebacks name it; ``cells``: ``trace.cell_numbers``), else the file."""
+    number = cells.get(file) if cells else None
+    return f"Cell In[{number}]" if number is not None else file
+
+
 def _label(function: str, file: str, line: int, cells: Mapping[str, int] | None = None) -> str:
     """``func · file.py:LINE`` (the file's base name: the full path is in ``file``; a
-    notebook cell's file ``Cell In[3]``, as tracebacks name it: ``cells``, the capture's
-    ``trace.cell_numbers``)."""
-    number = cells.get(file) if cells else None
-    base = f"Cell In[{number}]" if number is not None else os.path.basename(file.replace("\\", "/")) or file
+    notebook cell's file ``Cell In[3]``: ``cell_file``)."""
+    place = cell_file(file, cells)
+    base = place if place != file else os.path.basename(file.replace("\\", "/")) or file
     return f"{function} · {base}:{line}" if line >= 0 else f"{function} · {base}"
 
 

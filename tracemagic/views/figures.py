@@ -25,6 +25,7 @@ from plotly.io.json import to_json_plotly
 
 from tracemagic.analysis import devices
 from tracemagic.analysis._common import GPU_ACTIVITY
+from tracemagic.analysis.sites import cell_file
 from tracemagic.views import tables
 from tracemagic.views._format import (
     esc,
@@ -466,13 +467,6 @@ def _flame_nodes(tree: pd.DataFrame, size: str, max_nodes: int) -> tuple[pd.Data
         others["gpu_us"] = left.groupby("parent")["gpu_us"].sum().reindex(dropped.index).to_numpy(dtype=float)
     out = pd.concat([drawn, others], ignore_index=True) if len(others) else drawn
     return out, int(len(keep) - int(chosen[keep["node"].to_numpy()].sum()))
-
-
-def cell_file(file: str, cells: Mapping[str, int] | None) -> str:
-    """A frame's file as the user knows it: ``Cell In[3]`` for a notebook cell's file (as
-    IPython's tracebacks name it; ``cells``: ``trace.cell_numbers``), else the file."""
-    number = cells.get(file) if cells else None
-    return f"Cell In[{number}]" if number is not None else file
 
 
 def _frame_label(name: str, kind: str, file: object, line: object, cells: Mapping[str, int] | None = None) -> str:

@@ -13,6 +13,7 @@ from typing import Literal
 import pandas as pd
 import plotly.graph_objects as go
 
+from tracemagic.analysis.sites import cell_file
 from tracemagic.views import cell_lines, figures, html, insights, tables
 from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, unit_divisor
 from tracemagic.views.data import TraceData
@@ -547,7 +548,7 @@ def _flame(data: TraceData, state: ViewState) -> Section:
         )
     table = (user_rows if user_only else functions).drop(columns=["name"])
     if cells and len(table):  # a notebook cell's file as tracebacks name it (``Cell In[3]``)
-        table = table.assign(file=[figures.cell_file(f, cells) if isinstance(f, str) else f for f in table["file"]])
+        table = table.assign(file=[cell_file(f, cells) if isinstance(f, str) else f for f in table["file"]])
     return Section(
         "flame",
         TITLES["flame"],
