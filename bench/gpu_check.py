@@ -389,6 +389,10 @@ def run_kernel(work: Path, cuda: bool) -> dict[str, Any]:
     info: dict[str, Any] = json.loads((work / "info.json").read_text())
     shown = [o for o in nb.cells[2].get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
     info["dashboard"] = [sorted(o.get("data", {})) for o in shown]
+    for key, entry in info.get("captures", {}).items():  # the In[n] the notebook shows for its cell
+        made = [c for c in nb.cells if c.source.startswith("%%chakra_trace")
+                and f" --name {key} " in c.source.splitlines()[0] + " "]
+        entry["cell"] = made[0].execution_count if made else None
     return info
 
 
@@ -569,6 +573,29 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
             )
 
         check(f"{key}: layer names = named_modules()", layer_names)
+
+    if entry.get("cell") is not None:
+
+        def cell_names() -> str:
+            # the manifest maps ipykernel's cell files to execution counts; every function site
+            # in a cell is named as IPython's tracebacks name it, from the raw frame names
+            cells_map = manifest.get("cells") or {}
+            assert entry["cell"] in cells_map.values(), (entry["cell"], sorted(set(cells_map.values())))
+            frame = re.compile(r"^(.*)\((\d+)\): (.*)$")
+            expected = set()
+            for e in xs:
+                m = frame.match(str(e.get("name", ""))) if e.get("cat") == "python_function" else None
+                if m and m.group(1) in cells_map:
+                    expected.add(f"{m.group(3)} · Cell In[{cells_map[m.group(1)]}]:{m.group(2)}")
+            where = set(trace.sites()["where"].dropna().astype(str))
+            temp = {os.path.basename(f) for f in cells_map}
+            leaked = sorted(w for w in where if any(t in w for t in temp))
+            assert not leaked, f"a cell's temporary file named: {leaked[:3]}"
+            ours = {w for w in where if "Cell In[" in w}
+            assert ours and ours <= expected, (sorted(ours - expected)[:5], sorted(expected)[:5])
+            return f"{len(ours)} function sites named Cell In[n] (the capture cell In[{entry['cell']}]), none by a temporary file"
+
+        check(f"{key}: notebook cells named as IPython names them", cell_names)
 
     if key.endswith("_et"):
 

@@ -428,6 +428,31 @@ def test_the_source_tab_shows_the_lines_figures(capture: Capture, tmp_path: Path
     assert any(f["gpu_us"] > 0 for f in raw.values())
 
 
+@each("transformer", "quickstart")
+def test_the_timeline_names_line_marks_as_the_source_tab(capture: Capture, tmp_path: Path) -> None:
+    """The Timeline's annotations table names each line mark ``line N `code``` (the cell's
+    line N, from the manifest), with the mark's calls and total time from the raw events;
+    no ``tracemagic.line:N`` is left in the page's tables."""
+    body = capture.manifest["cell"].splitlines()
+    raw: dict[int, list[float]] = {}
+    for e in capture.xs:
+        # recorded as CPU ops (torch's fast record_function) or annotations, never the GPU's copies
+        if e.get("cat") in ("cpu_op", "user_annotation") and str(e.get("name", "")).startswith(MARK):
+            raw.setdefault(int(e["name"][len(MARK) :]), []).append(float(e["dur"]))
+    assert raw, "no line marks in the raw JSON"
+    html = write_report(capture.trace, tmp_path / "report.html").read_text(encoding="utf-8")
+    (data,) = re.findall(r'Annotations and wrappers.*?<script class="tm-data"[^>]*>(.*?)</script>', html, flags=re.S)
+    table = json.loads(data)
+    named = {row[0]: dict(zip(table["columns"], row)) for row in table["rows"]}
+    for number, durations in raw.items():
+        text = body[number - 2].strip()  # the %%chakra_trace line is line 1
+        label = f"line {number} `{text}`" if len(text) <= 60 else f"line {number} `{text[:59]}…`"
+        row = named[label]
+        assert row["Calls"] == len(durations)
+        assert row["Total (ms)"] == pytest.approx(sum(durations) / 1e3, rel=1e-9)
+    assert MARK not in html  # nor in the Timeline's hover
+
+
 @each()
 def test_each_steps_sync_stall_is_its_raw_blocking_calls(capture: Capture) -> None:
     """Every cell of bench/gpu_check.py calls ``torch.cuda.synchronize()`` once a step (its
