@@ -741,7 +741,8 @@ def test_the_flames_module_boxes_are_named_as_the_layers(capture: Capture, tmp_p
             icicle = fig.data[0]
             for i, label, custom in zip(icicle.ids, icicle.labels, icicle.customdata):
                 if str(i).lstrip("-").isdigit() and int(i) >= 0 and tree.loc[int(i), "kind"] == "module":
-                    out.append((str(tree.loc[int(i), "name"]), html.unescape(str(label)), html.unescape(str(custom[0]))))
+                    name = str(tree.loc[int(i), "name"])
+                    out.append((name, html.unescape(str(label)), html.unescape(str(custom[0]))))
         return out
 
     drawn = boxes(capture.trace)

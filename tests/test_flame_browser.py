@@ -38,7 +38,7 @@ def open_flame_tab(page: Page, trace_file: str | Path, folder: Path) -> Any:
 
 
 @pytest.mark.parametrize("name", ["tracelens_normalization_layer_test.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"])
-def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) -> None:  # noqa: F811
+def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) -> None:
     trace = tracemagic.load(TRACES / name, use_cache=False)
     report = write_report(trace, tmp_path / "report.html")
     page = Page(browser)
@@ -76,7 +76,7 @@ def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) 
         page.close()
 
 
-def test_flame_search_highlights_boxes_and_the_views_name_the_code(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_flame_search_highlights_boxes_and_the_views_name_the_code(browser: Any, tmp_path: Path) -> None:
     """The search box above the flame graph colours the boxes whose label holds the text; the
     Kernels table has its ``where`` column and the roofline's hover names the user code."""
     page = Page(browser)
@@ -290,7 +290,7 @@ def test_hta_flame_draws_each_views_visible_boxes_and_names_them(browser: Any, t
         page.close()
 
 
-def test_a_magic_captures_flame_names_the_cell_once_and_the_layers(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_a_magic_captures_flame_names_the_cell_once_and_the_layers(browser: Any, tmp_path: Path) -> None:
     """The Flame tab of a ``%%chakra_trace`` GPU capture (tests/data/cuda) as drawn: one
     ``<module>`` box per graph (the cell's body, not also the line IPython ran the magic
     from: raw, inside tracemagic's frames), and the ``nn.Module`` boxes drawn with the names

@@ -544,8 +544,7 @@ def flame(
     ]
     # the hover's kind of a named layer keeps the trace's instance name: ``module BertLayer_0``
     kinds = ["all"] + [
-        f"{k} {n.removeprefix(MODULE_PREFIX)}" if lay else k
-        for k, n, lay in zip(nodes["kind"].astype(str), raw, layer)
+        f"{k} {n.removeprefix(MODULE_PREFIX)}" if lay else k for k, n, lay in zip(nodes["kind"].astype(str), raw, layer)
     ]
     cpu = np.append(nodes.loc[top, "cpu_us"].sum(), nodes["cpu_us"].to_numpy(dtype=float))
     gpu = np.append(gpu_total, nodes["gpu_us"].to_numpy(dtype=float))
