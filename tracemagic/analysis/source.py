@@ -29,9 +29,8 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
+    _unique_roots,
     group_rows,
-    layers_at,
-    names_at,
     nesting_depth,
     rollup,
     text,
@@ -224,9 +223,10 @@ def _magic_lines(trace: TraceTables) -> np.ndarray:
     none = np.zeros(0, dtype=np.int64)
     if not user_module.any():
         return none
-    magic_file = library & pd.Series(file, dtype=object).astype(str).str.replace("\\", "/", regex=False).str.contains(
-        _MAGIC_FILE
-    ).to_numpy(dtype=bool)
+    magic_file = np.array(
+        [lib and "tracemagic" in f and bool(_MAGIC_FILE.search(f.replace("\\", "/"))) for f, lib in zip(file, library)],
+        dtype=bool,
+    )
     if not magic_file.any():
         return none
     is_fn, _ = _frame_masks(trace)
@@ -247,13 +247,17 @@ def _magic_lines(trace: TraceTables) -> np.ndarray:
 
 def _frame_masks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """Masks over the events: Python function frames (python_function events that are not
-    ``nn.Module`` events), and ``nn.Module`` events."""
-    events = trace.events
-    is_py = kind_mask(events, "python_function") & (events["ph"] == "X").to_numpy()
-    categories = events["name"].cat.categories
-    module_code = np.append(np.asarray(categories.str.startswith(MODULE_PREFIX), dtype=bool), False)
-    is_module = is_py & module_code[events["name"].cat.codes.to_numpy()]
-    return is_py & ~is_module, is_module
+    ``nn.Module`` events); once per trace (read-only)."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        is_py = kind_mask(events, "python_function") & (events["ph"] == "X").to_numpy()
+        categories = events["name"].cat.categories
+        module_code = np.append(np.asarray(categories.str.startswith(MODULE_PREFIX), dtype=bool), False)
+        is_module = is_py & module_code[events["name"].cat.codes.to_numpy()]
+        return is_py & ~is_module, is_module
+
+    return trace.shared(Shared.SOURCE_FRAME_MASKS, compute)
 
 
 def _launch_anchor(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
@@ -756,7 +760,6 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
         top_of[cpu_rows.size + lost] = ids[np.searchsorted(lost_ranks, rank[gpu_rows[lost]])]
 
     fixed_count = count
-    node_row: list[np.ndarray] = [np.full(count, -1, dtype=np.int64)]  # per node, one of its events
     # the events' nodes, level by level: a node is (parent node, label)
     node_of = np.full(n, -1, dtype=np.int64)
     level = nesting_depth(up, rows) if rows.size else np.zeros(0, dtype=np.int64)
@@ -774,7 +777,6 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
         node_label.append(lab[sel[firsts]])
         node_rank.append(rank[sel[firsts]])
         node_kind.append(kind_of[sel[firsts]])
-        node_row.append(sel[firsts])
         count += uniques.size
 
     nparent = np.concatenate(node_parent) if node_parent else np.zeros(0, dtype=np.int64)
@@ -818,7 +820,7 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
     ops_kinds = np.isin(nkind, [NODE_KINDS.index(k) for k in ("python", "line")])
     nline = nline.astype(np.int64)
     names = _cell_line_names(trace, names, nkind)
-    layer = _layer_names(trace, nkind, np.concatenate(node_row))
+    layer = _layer_names(trace, nkind, names)
     return pd.DataFrame(
         {
             "node": np.arange(count, dtype=np.int64),
@@ -860,22 +862,25 @@ def _cell_line_names(trace: TraceTables, names: np.ndarray, kinds: np.ndarray) -
     return names
 
 
-def _layer_names(trace: TraceTables, kinds: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Per node (``kinds``, one event of each at ``rows``): an ``nn.Module`` node's layer as
-    ``layers()`` and the Layers tab name it (``bert.encoder.layer.0``, the model's attribute
-    path the capture recorded: the manifest's ``modules``), None where the capture named no
-    such module (a trace without the map keeps torch's ``nn.Module: BertLayer_0``) and for
-    the other nodes."""
+def _layer_names(trace: TraceTables, kinds: np.ndarray, names: np.ndarray) -> np.ndarray:
+    """Per node (``kinds``, ``names``): an ``nn.Module`` node's layer as ``layers()`` and the
+    Layers tab name it (``bert.encoder.layer.0``, the model's attribute path the capture
+    recorded: the manifest's ``modules``, roots renamed as ``_common.module_labels`` renames
+    them), None where the capture named no such module (a trace without the map keeps
+    torch's ``nn.Module: BertLayer_0``) and for the other nodes. Only the module nodes' names
+    are looked up: ``call_tree()`` alone never pays for the layers of every event name."""
     out = np.full(kinds.size, None, dtype=object)
-    known = trace.module_names
     at = np.flatnonzero(kinds == NODE_KINDS.index("module"))
-    if not known or not at.size:
+    if not at.size or not trace.module_names:
         return out
-    names = names_at(trace, rows[at])
-    layer, _ = layers_at(trace, rows[at])
-    for i, name, path in zip(at.tolist(), names.tolist(), layer.tolist()):
-        if isinstance(name, str) and (name in known or name[len(MODULE_PREFIX) :] in known) and path:
-            out[i] = str(path)
+    known = _unique_roots(trace.module_names)
+    for i in at.tolist():
+        name = names[i]
+        if not isinstance(name, str):
+            continue
+        entry = known.get(name) or known.get(name[len(MODULE_PREFIX) :])
+        if isinstance(entry, dict) and entry.get("path"):
+            out[i] = str(entry["path"])
     return out
 
 
