@@ -495,7 +495,9 @@ def flame(
 ) -> go.Figure:
     """The merged call tree (``trace.call_tree()``) as an icicle flame graph: the outermost
     frames at the top, each box as wide as its time, coloured by its share of the GPU time
-    launched beneath it; click a box to zoom into it, the bar above to zoom out.
+    launched beneath it; click a box to zoom into it, the bar above to zoom out. An
+    ``nn.Module`` box is named by the tree's ``layer`` (the Layers tab's name) where it has one,
+    its hover keeping torch's instance name (``module BertLayer_0``).
 
     Args:
         tree: ``trace.call_tree()`` (or ``call_tree(user_only=True)``).
