@@ -11,6 +11,7 @@ CPU makes ``cpu_*.tar.gz``: the GPU-only tests then skip, each saying why).
 from __future__ import annotations
 
 import bisect
+import html
 import json
 import os
 import re
@@ -663,3 +664,123 @@ def test_only_autograds_threads_work_for_a_line(capture: Capture, tmp_path: Path
     ) / len(counted)
     assert float(lines.loc[number, "gpu_us"]) == pytest.approx(expected, abs=0.5)
     assert float(capture.trace.lines().loc[lambda t: t["line"] == number, "gpu_us"].iloc[0]) > expected + 100
+
+
+# -- the Flame tab: one <module> per %%chakra_trace cell, modules named as the Layers tab ------
+#: a Python frame's event name: ``<file>(<line>): <function>``
+FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
+
+
+def _within(inner: dict[str, Any], outer: dict[str, Any]) -> bool:
+    """Whether event ``inner`` nests in ``outer`` on one thread (0.01 us: the ends of frames
+    that end together differ in the last digit of torch's floats)."""
+    return (
+        inner["pid"] == outer["pid"]
+        and inner["tid"] == outer["tid"]
+        and outer["ts"] <= inner["ts"]
+        and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 0.01
+    )
+
+
+def magic_cells(events: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """From raw Kineto events: the names of the notebook cells' ``<module>`` frames that are
+    the bodies the magic ran (inside a frame of tracemagic's own package), and of those that
+    ran the magic (IPython's ``run_cell_magic`` line: the cell ``<module>`` around a body)."""
+    frames = [e for e in events if e.get("cat") == "python_function" and e.get("ph") == "X"]
+    parsed = [(e, FRAME.match(str(e.get("name", "")))) for e in frames]
+    cells = [e for e, m in parsed if m and m["function"] == "<module>" and "/ipykernel_" in m["file"]]
+    magic = [e for e, m in parsed if m and "tracemagic/" in m["file"].replace("\\", "/")]
+    bodies = [e for e in cells if any(_within(e, t) for t in magic)]
+    lines = {e["name"] for e in cells if e not in bodies and any(_within(b, e) for b in bodies)}
+    return {e["name"] for e in bodies}, lines
+
+
+def expected_layers(manifest: dict[str, Any]) -> dict[str, str]:
+    """``nn.Module: X_k`` -> the layer the Layers tab names it by, from the manifest's module
+    map: the recorded attribute path; a root whose path is also one of its submodules' (a
+    capture made before roots were renamed: ``bert`` for both ``bert`` and ``bert.bert``) as
+    captures name it now, ``bert (BertForMaskedLM)``."""
+    modules = manifest.get("modules") or {}
+    children = {e["path"] for e in modules.values() if e.get("qualname") != e.get("root")}
+    out = {}
+    for name, e in modules.items():
+        root = e.get("qualname") == e.get("root")
+        out[name] = f"{e['path']} ({e['type']})" if root and e["path"] in children else e["path"]
+    return out
+
+
+@each()
+def test_the_user_call_tree_has_one_module_frame_per_magic_cell(capture: Capture) -> None:
+    """The magic's cell is one ``<module>`` frame in the user-code tree (the Flame tab's): its
+    body's, at the top, with its own file and line; the line IPython ran the magic from (the
+    same cell's ``<module>`` around it, raw) is in the full tree only, and is no user code in
+    the functions table either. Works without the manifest's ``cells`` map (these captures)."""
+    from tracemagic.views.dashboard import Dashboard
+
+    bodies, lines = magic_cells(capture.xs)
+    assert len(bodies) == 1 and len(lines) == 1, (bodies, lines)
+    (body,) = bodies
+    frame = FRAME.match(body)
+    assert frame
+    tree = capture.trace.call_tree(user_only=True)
+    modules = tree[(tree["kind"] == "python") & tree["name"].astype(str).str.endswith("): <module>")]
+    assert list(modules["name"]) == [body]
+    (row,) = modules.itertuples()
+    assert row.file == frame["file"] and row.line == int(frame["line"]) and row.parent == -1
+    full = capture.trace.call_tree()
+    outer = full[full["name"].astype(str).isin(lines)]
+    assert len(outer) == 1 and not outer["user"].any()
+    source = capture.trace.source()
+    assert not source.loc[source["name"].astype(str).isin(lines), "user"].any()
+    assert source.loc[source["name"].astype(str).isin(bodies), "user"].all()
+    # the Flame tab: one <module> box per graph
+    for fig in Dashboard(capture.trace).section("flame").figures:
+        labels = [str(label) for label in fig.data[0].labels]
+        assert sum(label.startswith("&lt;module&gt;") for label in labels) == 1, labels[:6]
+
+
+@each("quickstart", "quickstart_et", "transformer", "transformer_et", "compiled")
+def test_the_flames_module_boxes_are_named_as_the_layers(capture: Capture, tmp_path: Path) -> None:
+    """Every ``nn.Module`` box of the Flame tab (label and hover) carries its layer's name from
+    the manifest's module map, as the Layers tab names it, and the paths are the model's
+    ``named_modules()`` (read by the cell itself); a trace without the map keeps torch's names."""
+    from tracemagic.views.dashboard import Dashboard
+
+    expected = expected_layers(capture.manifest)
+    raw = {str(e["name"]) for e in capture.xs if e.get("cat") == "python_function" and
+           str(e.get("name", "")).startswith("nn.Module: ")}
+    assert raw and raw <= set(expected)
+    named = set(capture.meta.get("named_modules") or [])  # none read by the compiled capture's cell
+    for name in raw if named else ():
+        entry = capture.manifest["modules"][name]
+        assert entry["path"] in named or entry["qualname"] == entry["root"], (name, entry)
+    layers = capture.trace.layers()
+    by_module = dict(zip(layers["module"].astype(str), layers["layer"].astype(str)))
+    assert {m: by_module[m] for m in raw if m in by_module} == {m: expected[m] for m in raw if m in by_module}
+
+    def boxes(trace: Any) -> list[tuple[str, str, str]]:
+        """(raw name, label, hover name) of each module box of the Flame tab's graphs."""
+        tree = trace.call_tree(user_only=True).set_index("node")
+        out = []
+        for fig in Dashboard(trace).section("flame").figures:
+            icicle = fig.data[0]
+            for i, label, custom in zip(icicle.ids, icicle.labels, icicle.customdata):
+                if str(i).lstrip("-").isdigit() and int(i) >= 0 and tree.loc[int(i), "kind"] == "module":
+                    name = str(tree.loc[int(i), "name"])
+                    out.append((name, html.unescape(str(label)), html.unescape(str(custom[0]))))
+        return out
+
+    drawn = boxes(capture.trace)
+    assert drawn
+    for name, label, hover in drawn:
+        assert name in raw
+        assert label == expected[name] and hover == expected[name], (name, label, hover)
+    # without the map: torch's names
+    folder = tmp_path / "no-map"
+    folder.mkdir()
+    manifest = dict(capture.manifest)
+    manifest.pop("modules")
+    (folder / "capture.json").write_text(json.dumps(manifest))
+    (folder / "kineto_trace_0.json").write_text((capture.dir / "kineto_trace_0.json").read_text())
+    plain = boxes(tracemagic.load(folder, cache_dir=tmp_path / "cache"))
+    assert plain and all(label == name and hover == name for name, label, hover in plain)
