@@ -784,3 +784,22 @@ def test_the_flames_module_boxes_are_named_as_the_layers(capture: Capture, tmp_p
     (folder / "kineto_trace_0.json").write_text((capture.dir / "kineto_trace_0.json").read_text())
     plain = boxes(tracemagic.load(folder, cache_dir=tmp_path / "cache"))
     assert plain and all(label == name and hover == name for name, label, hover in plain)
+
+
+@each("transformer")
+def test_the_dashboards_flame_search_finds_a_module_by_its_class(capture: Capture) -> None:
+    """A module box is named by its path (``bert.encoder.layer.0``); the dashboard's search box
+    finds it by its class too (torch's ``nn.Module: BertLayer_0``, which its hover shows)."""
+    from tracemagic.views.dashboard import Dashboard
+
+    raw = {
+        str(node): str(name)
+        for node, name, kind in capture.trace.call_tree(user_only=True)[["node", "name", "kind"]].itertuples(index=False)
+        if kind == "module"
+    }
+    dash = Dashboard(capture.trace)
+    dash.figures("flame")
+    dash._tabs["flame"]["search"].value = "BertLayer"  # as typed in the Text widget
+    icicle = dash.figures("flame")[0]["data"][0]
+    hits = {i for i, c in zip(icicle["ids"], icicle["marker"]["colors"]) if c == "#2b7bff"}
+    assert hits and hits == {i for i in icicle["ids"] if "BertLayer" in raw.get(i, "")}

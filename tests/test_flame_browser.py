@@ -339,6 +339,14 @@ def test_a_magic_captures_flame_names_the_cell_once_and_the_layers(browser: Any,
         page.page.wait_for_function("gd => !!gd.querySelector('g.hovertext')", arg=gd.element_handle(), timeout=5_000)
         hover = gd.locator("g.hovertext").first.text_content() or ""
         assert hover.startswith(expected[raw_of[widest[0]]] + " (module "), hover
+        # the search finds a module box by its class too (torch's name, in its hover), not only by its path
+        section.locator("input.tm-flame-search").first.fill("BertLayer")
+        page.page.wait_for_function("gd => typeof gd.data[0].marker.colors[0] === 'string'", arg=gd.element_handle(),
+                                    timeout=10_000)
+        ids = gd.evaluate("gd => Array.from(gd.data[0].ids)")
+        colors = gd.evaluate("gd => Array.from(gd.data[0].marker.colors)")
+        hits = {ids[i] for i, c in enumerate(colors) if c == "#2b7bff"}
+        assert hits and hits == {i for i in ids if "BertLayer" in raw_of.get(i, "")}, (hits, len(ids))
         save_screenshot(page.page, tmp_path, "magic-flame")
         assert page.errors == [] and page.requests == []
     finally:
