@@ -29,13 +29,13 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
-    _unique_roots,
     group_rows,
     nesting_depth,
     rollup,
     text,
     text_take,
     trace_start,
+    unique_roots,
 )
 from tracemagic.analysis.lines import cell_lines, line_label, waited_in
 from tracemagic.analysis.schema import computes
@@ -873,7 +873,7 @@ def _layer_names(trace: TraceTables, kinds: np.ndarray, names: np.ndarray) -> np
     at = np.flatnonzero(kinds == NODE_KINDS.index("module"))
     if not at.size or not trace.module_names:
         return out
-    known = _unique_roots(trace.module_names)
+    known = unique_roots(trace.module_names)
     for i in at.tolist():
         name = names[i]
         if not isinstance(name, str):
