@@ -803,3 +803,17 @@ def test_the_dashboards_flame_search_finds_a_module_by_its_class(capture: Captur
     icicle = dash.figures("flame")[0]["data"][0]
     hits = {i for i, c in zip(icicle["ids"], icicle["marker"]["colors"]) if c == "#2b7bff"}
     assert hits and hits == {i for i in icicle["ids"] if "BertLayer" in raw.get(i, "")}
+
+
+@each("transformer", "quickstart")
+def test_code_generated_from_a_string_is_no_users_code(capture: Capture) -> None:
+    """``<string>`` frames (a dataclass's ``__init__``: here the magic's own, called from
+    tracemagic's step) are library code: not ``user`` in ``source()``, no node of the user
+    call tree, no row of the Flame tab's functions table."""
+    raw = {e["name"] for e in capture.xs if e.get("cat") == "python_function" and e["name"].startswith("<string>(")}
+    assert raw, "no <string> frames in the raw JSON"
+    functions = capture.trace.source()
+    generated = functions[functions["file"] == "<string>"]
+    assert len(generated) and not generated["user"].any()
+    tree = capture.trace.call_tree(user_only=True)
+    assert not tree["name"].isin(raw).any()

@@ -111,7 +111,8 @@ NO_LAUNCH = "<no launching call in the trace>"
 # -- frames ---------------------------------------------------------------------------------
 def is_library(file: str) -> bool:
     """Whether a frame's file is library code rather than the user's: a built-in or frozen
-    module (``<built-in ...>``, ``<frozen os>``), a path through ``site-packages``,
+    module (``<built-in ...>``, ``<frozen os>``), code generated from a string (``<string>``:
+    a dataclass's or ``NamedTuple``'s ``__init__``, written by no one), a path through ``site-packages``,
     ``dist-packages`` or ``lib/pythonX.Y``, or a path (as torch writes it, relative to
     ``sys.path``) whose first part is a standard-library module (``typing.py``), a known
     package (``LIBRARIES``: torch, numpy, transformers, ...; also as a folder further down an
@@ -120,7 +121,7 @@ def is_library(file: str) -> bool:
     scripts (``train.py``) included, is user code.
     """
     if file.startswith("<"):
-        return file.startswith(("<built-in", "<frozen", "<method", "<slot"))
+        return file.startswith(("<built-in", "<frozen", "<method", "<slot", "<string>"))
     if _LIBRARY_PATH.search(file):
         return True
     parts = file.replace("\\", "/").lstrip("./").split("/")
