@@ -39,7 +39,12 @@ same reason.
 phases (and of torch's calls inside them) in ``--reps`` captures of the ``variable`` case,
 timed by wrapping the functions (a few µs of wrapping each).
 
-    .venv/bin/python bench/bench_magic_overhead.py [--reps 9] [--steps 20] [--threads 1] [--phases]
+``--device cuda`` runs the same model and data on the GPU: both sides then record CUDA
+activity too (the bare profiler with ``ProfilerActivity.CUDA``, the magic without
+``--cpu-only``, as a user runs it there), and both cells end with
+``torch.cuda.synchronize()`` so that the GPU's work counts on both sides.
+
+    .venv/bin/python bench/bench_magic_overhead.py [--reps 9] [--steps 20] [--threads 1] [--phases] [--device cuda]
 """
 
 from __future__ import annotations
@@ -67,10 +72,16 @@ for x in data:
     train_step(x)
 """
 
+#: the device the model and data live on (``--device``), and what both sides record
+DEVICE = "cpu"
+ACTIVITIES = [ProfilerActivity.CPU]
+#: what ends both cells: nothing on CPU; on CUDA, waiting for the GPU's queued work
+CELL_END = ""
+
 #: the ``variable`` case: the model, its optimizer and the step are notebook variables
 DEFINE_HELD = """\
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).to(DEVICE)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
 def train_step(x):
@@ -85,7 +96,7 @@ def make_workload() -> Any:
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    )
+    ).to(DEVICE)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def train_step(x: torch.Tensor) -> None:
@@ -99,7 +110,7 @@ def make_workload() -> Any:
 def bare_loop(train_step: Any, data: list[torch.Tensor], out: str) -> None:
     """What a user writes by hand; the trace goes to ``out`` (a new file each run)."""
     with profile(
-        activities=[ProfilerActivity.CPU],
+        activities=ACTIVITIES,
         schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
         on_trace_ready=lambda p: p.export_chrome_trace(out),
         record_shapes=True,
@@ -115,7 +126,8 @@ def step_ms(trace: Path) -> float:
     """The median duration of the trace's ``ProfilerStep#N`` spans (the active steps, as the
     trace shows them: from one ``step()`` to the next), in ms."""
     events = json.loads(trace.read_text())["traceEvents"]
-    spans = [e["dur"] for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    spans = [e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation"
+             and str(e.get("name", "")).startswith("ProfilerStep#")]  # the host's steps, not the GPU's copies
     return statistics.median(spans) / 1e3
 
 
@@ -135,13 +147,14 @@ _BARE_RUNS = itertools.count()
 def bare(ip: Any, out: Path) -> tuple[float, float, float]:
     """The plain torch.profiler loop, run as a cell too; (loop s, CPU s, median step ms)."""
     trace = out / f"bare-{next(_BARE_RUNS)}.json"
-    wall, cpu = _timed(ip, f"bare_loop(train_step, data, {str(trace)!r})")
+    wall, cpu = _timed(ip, f"bare_loop(train_step, data, {str(trace)!r})\n{CELL_END}")
     return wall, cpu, step_ms(trace)
 
 
 def magic(ip: Any, out: Path) -> tuple[float, float, float]:
     """The same loop under %%chakra_trace; (loop s, CPU s, median active-step ms)."""
-    wall, cpu = _timed(ip, f"%%chakra_trace -q --cpu-only --no-memory-timeline --out {out}\n{CELL}")
+    flags = "--cpu-only " if DEVICE == "cpu" else ""
+    wall, cpu = _timed(ip, f"%%chakra_trace -q {flags}--no-memory-timeline --out {out}\n{CELL}{CELL_END}")
     return wall, cpu, step_ms(Path(ip.user_ns["_chakra_capture"].dir) / "kineto_trace_0.json")
 
 
@@ -237,15 +250,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--phases", action="store_true", help="print where the magic's own time goes instead")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
     args = parser.parse_args()
+    global DEVICE, ACTIVITIES, CELL_END
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device here")
+        DEVICE, ACTIVITIES, CELL_END = "cuda", [ProfilerActivity.CPU, ProfilerActivity.CUDA], "torch.cuda.synchronize()\n"
     if args.threads:
         torch.set_num_threads(args.threads)
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "tracemagic")
     torch.manual_seed(1)
-    ip.user_ns.update(torch=torch, nn=nn, bare_loop=bare_loop,
-                      data=[torch.randn(64, 256) for _ in range(args.steps)])
+    ip.user_ns.update(torch=torch, nn=nn, bare_loop=bare_loop, DEVICE=DEVICE,
+                      data=[torch.randn(64, 256, device=DEVICE) for _ in range(args.steps)])
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -260,7 +279,8 @@ def main() -> None:
         for case in ("variable", "function"):
             results[case] = run_case(ip, case, args.reps, out)
 
-    print(f"{args.reps} alternating repetitions per case, {args.steps} steps each, "
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
+    print(f"{args.reps} alternating repetitions per case, {args.steps} steps each, on {where}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")
     for case, res in results.items():
         med = res["med"]

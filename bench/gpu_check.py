@@ -12,7 +12,9 @@ capture with tracemagic and checks it against its raw JSON, computed here indepe
 kernels and their launching ops (correlation and External id), device windows and GPU busy,
 the ``cuda:0`` memory peak against ``torch.cuda.max_memory_allocated()`` read inside the cell,
 the device and its peaks, the matmul's ``pct_of_roofline``, layer names against
-``named_modules()``, the ET joined to Kineto (``chakra.check`` and rf_id), and, for the compiled
+``named_modules()``, the Flame tab's boxes (one ``<module>`` per cell, named ``Cell In[n]`` as
+the executed notebook numbers it, modules by their attribute path), the ET joined to Kineto
+(``chakra.check`` and rf_id), and, for the compiled
 model, no re-trace inside the window and Triton kernels attributed to the compiled layer. It
 prints the step times with no profiler, a bare ``torch.profiler`` and the magic (same run),
 writes each capture as ``<name>.tar.gz`` into ``$OUT`` (else ``--out``) with ``gpu_check.json``
@@ -389,6 +391,10 @@ def run_kernel(work: Path, cuda: bool) -> dict[str, Any]:
     info: dict[str, Any] = json.loads((work / "info.json").read_text())
     shown = [o for o in nb.cells[2].get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
     info["dashboard"] = [sorted(o.get("data", {})) for o in shown]
+    for key, entry in info.get("captures", {}).items():  # the In[n] the notebook shows for its cell
+        made = [c for c in nb.cells if c.source.startswith("%%chakra_trace")
+                and f" --name {key} " in c.source.splitlines()[0] + " "]
+        entry["cell"] = made[0].execution_count if made else None
     return info
 
 
@@ -569,6 +575,33 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
             )
 
         check(f"{key}: layer names = named_modules()", layer_names)
+
+    if entry.get("cell") is not None:
+
+        def flame() -> str:
+            # the Flame tab as drawn: one <module> box for the capture cell, named Cell In[n] (the
+            # In[n] the executed notebook shows), no cell's temporary file, modules by layer path
+            from html import unescape
+
+            from tracemagic.views import figures
+
+            fig = figures.flame(trace.call_tree(user_only=True), cells=trace.cell_numbers)
+            labels = [unescape(str(label)) for label in fig.data[0].labels]
+            top = [label for label in labels if label.startswith("<module>")]
+            assert len(top) == 1 and f"Cell In[{entry['cell']}]:" in top[0], top
+            temp = {os.path.basename(f) for f in manifest.get("cells") or {}}
+            assert temp and not [label for label in labels if any(t in label for t in temp)], temp
+            detail = f"one {top[0]!r} box"
+            if entry.get("named_modules"):
+                assert not [label for label in labels if label.startswith("nn.Module: ")], "torch's module names"
+                others = {m["root"] for m in manifest["modules"].values() if m["root"] != entry["var"]}
+                shown = {label.split(" · ")[0] for label in labels}
+                named = shown & (set(entry["named_modules"]) | others)
+                assert entry["named_modules"][0] in named or entry["var"] in named, sorted(shown)[:10]
+                detail += f", {len(named)} module boxes named by {entry['var']}.named_modules() paths"
+            return detail + ", no temporary cell file"
+
+        check(f"{key}: Flame: one box per cell, Cell In[n], modules by path", flame)
 
     if key.endswith("_et"):
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import run_in_kernel
+from test_cuda_captures import magic_cells
 
 import tracemagic
 from tracemagic.views.dashboard import Dashboard
@@ -35,6 +36,8 @@ LOOP = "for i in range(5):\n    model(torch.randn(8, 32)).backward()"
 FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
 
 
+#: the model's ``named_modules()`` as the kernel sees them: [[path, class name], ...]
+NAMED = "import json\nprint(json.dumps([[n, type(m).__name__] for n, m in model.named_modules()]))"
 HEAD = "%%chakra_trace -q --no-memory-timeline --out {out} --name {name}"
 
 
@@ -45,7 +48,7 @@ def kernel_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path
     folder = tmp_path_factory.mktemp("cells")
     out = folder / "traces"
     cells = [SETUP, MODEL, HEAD.format(out=out, name="cells") + "\n" + LOOP,
-             HEAD.format(out=out, name="plain") + " --no-lines\n" + LOOP]
+             HEAD.format(out=out, name="plain") + " --no-lines\n" + LOOP, NAMED]
     nb = run_in_kernel(cells, folder)
     found = {p.name.split("-")[0]: p for p in out.iterdir()}
     assert set(found) == {"cells", "plain"}, found
@@ -108,3 +111,63 @@ def test_the_where_column_names_the_cell(kernel_run: tuple[dict[str, Path], Any]
     sites = trace.sites()
     assert f"forward · Cell In[{nb.cells[1].execution_count}]:{line}" in set(sites["where"].astype(str))
     assert not sites["where"].astype(str).str.contains(Path(file).name, regex=False).any()
+
+
+@pytest.mark.parametrize("name", ["cells", "plain"])
+def test_one_module_frame_per_magic_cell(kernel_run: tuple[dict[str, Path], Any], name: str) -> None:
+    """The magic's cell is one ``<module>`` in the user-code call tree and the Flame tab: the
+    body's (raw: the cell ``<module>`` inside tracemagic's frames), named ``Cell In[n]`` at
+    the line torch gives it, not the line IPython ran the magic from (the same cell's)."""
+    capture, nb = kernel_run[0][name], kernel_run[1]
+    cell = nb.cells[2 if name == "cells" else 3]
+    events = json.loads((capture / "kineto_trace_0.json").read_text())["traceEvents"]
+    bodies, lines = magic_cells(events)
+    assert len(bodies) == 1 and len(lines) == 1, (bodies, lines)
+    (body,) = bodies
+    frame = FRAME.match(body)
+    assert frame
+    (outer,) = [FRAME.match(line) for line in lines]
+    assert outer
+    numbers = json.loads((capture / "capture.json").read_text())["cells"]
+    # two files, one cell: both are In[n] (what made the flame graph show two <module> boxes)
+    assert numbers[frame["file"]] == numbers[outer["file"]] == cell.execution_count
+    line = int(frame["line"])
+    assert cell.source.splitlines()[line - 1].startswith("for i in range(5):")  # the loop: the line running
+    trace = tracemagic.load(capture, use_cache=False)
+    tree = trace.call_tree(user_only=True)
+    modules = tree[tree["name"].astype(str).str.endswith("): <module>")]
+    assert list(modules["name"]) == [body] and list(modules["line"]) == [line]
+    for fig in Dashboard(trace).section("flame").figures:
+        labels = [str(label) for label in fig.data[0].labels]
+        assert [label for label in labels if label.startswith("&lt;module&gt;")] == [
+            f"&lt;module&gt; · Cell In[{cell.execution_count}]:{line}"
+        ]
+    # the user's own function frames below stay
+    assert (tree["name"].astype(str).str.endswith("): forward")).any()
+
+
+def test_the_flames_module_boxes_are_named_as_the_layers(kernel_run: tuple[dict[str, Path], Any]) -> None:
+    """The ``nn.Module`` boxes of the Flame tab carry the names the Layers tab gives: the
+    root by the user's variable (``model``), the others by their ``named_modules()`` path (as
+    the kernel printed them), in the label and the hover; the Layers table agrees."""
+    capture, nb = kernel_run[0]["cells"], kernel_run[1]
+    printed = json.loads("".join(o.get("text", "") for o in nb.cells[4].outputs))
+    by_type = {kind: path or "model" for path, kind in printed}  # one instance per class here
+    events = json.loads((capture / "kineto_trace_0.json").read_text())["traceEvents"]
+    raw = {str(e["name"]) for e in events if e.get("cat") == "python_function"
+           and str(e.get("name", "")).startswith("nn.Module: ")}
+    expected = {r: by_type[re.sub(r"_\d+$", "", r.removeprefix("nn.Module: "))] for r in raw}
+    assert expected == {"nn.Module: Net_0": "model", "nn.Module: Linear_0": "fc"}
+    trace = tracemagic.load(capture, use_cache=False)
+    layers = trace.layers()
+    assert dict(zip(layers["module"].astype(str), layers["layer"].astype(str))) == expected
+    tree = trace.call_tree(user_only=True).set_index("node")
+    seen = set()
+    for fig in Dashboard(trace).section("flame").figures:
+        icicle = fig.data[0]
+        for i, label, custom in zip(icicle.ids, icicle.labels, icicle.customdata):
+            if str(i).isdigit() and tree.loc[int(i), "kind"] == "module":
+                raw_name = str(tree.loc[int(i), "name"])
+                assert (str(label), str(custom[0])) == (expected[raw_name], expected[raw_name])
+                seen.add(raw_name)
+    assert seen == set(expected)

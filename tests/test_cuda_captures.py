@@ -11,6 +11,7 @@ CPU makes ``cpu_*.tar.gz``: the GPU-only tests then skip, each saying why).
 from __future__ import annotations
 
 import bisect
+import html
 import json
 import os
 import re
@@ -428,6 +429,31 @@ def test_the_source_tab_shows_the_lines_figures(capture: Capture, tmp_path: Path
     assert any(f["gpu_us"] > 0 for f in raw.values())
 
 
+@each("transformer", "quickstart")
+def test_the_timeline_names_line_marks_as_the_source_tab(capture: Capture, tmp_path: Path) -> None:
+    """The Timeline's annotations table names each line mark ``line N `code``` (the cell's
+    line N, from the manifest), with the mark's calls and total time from the raw events;
+    no ``tracemagic.line:N`` is left in the page's tables."""
+    body = capture.manifest["cell"].splitlines()
+    raw: dict[int, list[float]] = {}
+    for e in capture.xs:
+        # recorded as CPU ops (torch's fast record_function) or annotations, never the GPU's copies
+        if e.get("cat") in ("cpu_op", "user_annotation") and str(e.get("name", "")).startswith(MARK):
+            raw.setdefault(int(e["name"][len(MARK) :]), []).append(float(e["dur"]))
+    assert raw, "no line marks in the raw JSON"
+    html = write_report(capture.trace, tmp_path / "report.html").read_text(encoding="utf-8")
+    (data,) = re.findall(r'Annotations and wrappers.*?<script class="tm-data"[^>]*>(.*?)</script>', html, flags=re.S)
+    table = json.loads(data)
+    named = {row[0]: dict(zip(table["columns"], row)) for row in table["rows"]}
+    for number, durations in raw.items():
+        text = body[number - 2].strip()  # the %%chakra_trace line is line 1
+        label = f"line {number} `{text}`" if len(text) <= 60 else f"line {number} `{text[:59]}…`"
+        row = named[label]
+        assert row["Calls"] == len(durations)
+        assert row["Total (ms)"] == pytest.approx(sum(durations) / 1e3, rel=1e-9)
+    assert MARK not in html  # nor in the Timeline's hover
+
+
 @each()
 def test_each_steps_sync_stall_is_its_raw_blocking_calls(capture: Capture) -> None:
     """Every cell of bench/gpu_check.py calls ``torch.cuda.synchronize()`` once a step (its
@@ -638,3 +664,156 @@ def test_only_autograds_threads_work_for_a_line(capture: Capture, tmp_path: Path
     ) / len(counted)
     assert float(lines.loc[number, "gpu_us"]) == pytest.approx(expected, abs=0.5)
     assert float(capture.trace.lines().loc[lambda t: t["line"] == number, "gpu_us"].iloc[0]) > expected + 100
+
+
+# -- the Flame tab: one <module> per %%chakra_trace cell, modules named as the Layers tab ------
+#: a Python frame's event name: ``<file>(<line>): <function>``
+FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
+
+
+def _within(inner: dict[str, Any], outer: dict[str, Any]) -> bool:
+    """Whether event ``inner`` nests in ``outer`` on one thread (0.01 us: the ends of frames
+    that end together differ in the last digit of torch's floats)."""
+    return (
+        inner["pid"] == outer["pid"]
+        and inner["tid"] == outer["tid"]
+        and outer["ts"] <= inner["ts"]
+        and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 0.01
+    )
+
+
+def magic_cells(events: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """From raw Kineto events: the names of the notebook cells' ``<module>`` frames that are
+    the bodies the magic ran (inside a frame of tracemagic's own package), and of those that
+    ran the magic (IPython's ``run_cell_magic`` line: the cell ``<module>`` around a body)."""
+    frames = [e for e in events if e.get("cat") == "python_function" and e.get("ph") == "X"]
+    parsed = [(e, FRAME.match(str(e.get("name", "")))) for e in frames]
+    cells = [e for e, m in parsed if m and m["function"] == "<module>" and "/ipykernel_" in m["file"]]
+    magic = [e for e, m in parsed if m and "tracemagic/" in m["file"].replace("\\", "/")]
+    bodies = [e for e in cells if any(_within(e, t) for t in magic)]
+    lines = {e["name"] for e in cells if e not in bodies and any(_within(b, e) for b in bodies)}
+    return {e["name"] for e in bodies}, lines
+
+
+def expected_layers(manifest: dict[str, Any]) -> dict[str, str]:
+    """``nn.Module: X_k`` -> the layer the Layers tab names it by, from the manifest's module
+    map: the recorded attribute path; a root whose path is also one of its submodules' (a
+    capture made before roots were renamed: ``bert`` for both ``bert`` and ``bert.bert``) as
+    captures name it now, ``bert (BertForMaskedLM)``."""
+    modules = manifest.get("modules") or {}
+    children = {e["path"] for e in modules.values() if e.get("qualname") != e.get("root")}
+    out = {}
+    for name, e in modules.items():
+        root = e.get("qualname") == e.get("root")
+        out[name] = f"{e['path']} ({e['type']})" if root and e["path"] in children else e["path"]
+    return out
+
+
+@each()
+def test_the_user_call_tree_has_one_module_frame_per_magic_cell(capture: Capture) -> None:
+    """The magic's cell is one ``<module>`` frame in the user-code tree (the Flame tab's): its
+    body's, at the top, with its own file and line; the line IPython ran the magic from (the
+    same cell's ``<module>`` around it, raw) is in the full tree only, and is no user code in
+    the functions table either. Works without the manifest's ``cells`` map (these captures)."""
+    from tracemagic.views.dashboard import Dashboard
+
+    bodies, lines = magic_cells(capture.xs)
+    assert len(bodies) == 1 and len(lines) == 1, (bodies, lines)
+    (body,) = bodies
+    frame = FRAME.match(body)
+    assert frame
+    tree = capture.trace.call_tree(user_only=True)
+    modules = tree[(tree["kind"] == "python") & tree["name"].astype(str).str.endswith("): <module>")]
+    assert list(modules["name"]) == [body]
+    (row,) = modules.itertuples()
+    assert row.file == frame["file"] and row.line == int(frame["line"]) and row.parent == -1
+    full = capture.trace.call_tree()
+    outer = full[full["name"].astype(str).isin(lines)]
+    assert len(outer) == 1 and not outer["user"].any()
+    source = capture.trace.source()
+    assert not source.loc[source["name"].astype(str).isin(lines), "user"].any()
+    assert source.loc[source["name"].astype(str).isin(bodies), "user"].all()
+    # the Flame tab: one <module> box per graph
+    for fig in Dashboard(capture.trace).section("flame").figures:
+        labels = [str(label) for label in fig.data[0].labels]
+        assert sum(label.startswith("&lt;module&gt;") for label in labels) == 1, labels[:6]
+
+
+@each("quickstart", "quickstart_et", "transformer", "transformer_et", "compiled")
+def test_the_flames_module_boxes_are_named_as_the_layers(capture: Capture, tmp_path: Path) -> None:
+    """Every ``nn.Module`` box of the Flame tab (label and hover) carries its layer's name from
+    the manifest's module map, as the Layers tab names it, and the paths are the model's
+    ``named_modules()`` (read by the cell itself); a trace without the map keeps torch's names."""
+    from tracemagic.views.dashboard import Dashboard
+
+    expected = expected_layers(capture.manifest)
+    raw = {str(e["name"]) for e in capture.xs if e.get("cat") == "python_function" and
+           str(e.get("name", "")).startswith("nn.Module: ")}
+    assert raw and raw <= set(expected)
+    named = set(capture.meta.get("named_modules") or [])  # none read by the compiled capture's cell
+    for name in raw if named else ():
+        entry = capture.manifest["modules"][name]
+        assert entry["path"] in named or entry["qualname"] == entry["root"], (name, entry)
+    layers = capture.trace.layers()
+    by_module = dict(zip(layers["module"].astype(str), layers["layer"].astype(str)))
+    assert {m: by_module[m] for m in raw if m in by_module} == {m: expected[m] for m in raw if m in by_module}
+
+    def boxes(trace: Any) -> list[tuple[str, str, str]]:
+        """(raw name, label, hover name) of each module box of the Flame tab's graphs."""
+        tree = trace.call_tree(user_only=True).set_index("node")
+        out = []
+        for fig in Dashboard(trace).section("flame").figures:
+            icicle = fig.data[0]
+            for i, label, custom in zip(icicle.ids, icicle.labels, icicle.customdata):
+                if str(i).lstrip("-").isdigit() and int(i) >= 0 and tree.loc[int(i), "kind"] == "module":
+                    name = str(tree.loc[int(i), "name"])
+                    out.append((name, html.unescape(str(label)), html.unescape(str(custom[0]))))
+        return out
+
+    drawn = boxes(capture.trace)
+    assert drawn
+    for name, label, hover in drawn:
+        assert name in raw
+        assert label == expected[name] and hover == expected[name], (name, label, hover)
+    # without the map: torch's names
+    folder = tmp_path / "no-map"
+    folder.mkdir()
+    manifest = dict(capture.manifest)
+    manifest.pop("modules")
+    (folder / "capture.json").write_text(json.dumps(manifest))
+    (folder / "kineto_trace_0.json").write_text((capture.dir / "kineto_trace_0.json").read_text())
+    plain = boxes(tracemagic.load(folder, cache_dir=tmp_path / "cache"))
+    assert plain and all(label == name and hover == name for name, label, hover in plain)
+
+
+@each("transformer")
+def test_the_dashboards_flame_search_finds_a_module_by_its_class(capture: Capture) -> None:
+    """A module box is named by its path (``bert.encoder.layer.0``); the dashboard's search box
+    finds it by its class too (torch's ``nn.Module: BertLayer_0``, which its hover shows)."""
+    from tracemagic.views.dashboard import Dashboard
+
+    raw = {
+        str(node): str(name)
+        for node, name, kind in capture.trace.call_tree(user_only=True)[["node", "name", "kind"]].itertuples(index=False)
+        if kind == "module"
+    }
+    dash = Dashboard(capture.trace)
+    dash.figures("flame")
+    dash._tabs["flame"]["search"].value = "BertLayer"  # as typed in the Text widget
+    icicle = dash.figures("flame")[0]["data"][0]
+    hits = {i for i, c in zip(icicle["ids"], icicle["marker"]["colors"]) if c == "#2b7bff"}
+    assert hits and hits == {i for i in icicle["ids"] if "BertLayer" in raw.get(i, "")}
+
+
+@each("transformer", "quickstart")
+def test_code_generated_from_a_string_is_no_users_code(capture: Capture) -> None:
+    """``<string>`` frames (a dataclass's ``__init__``: here the magic's own, called from
+    tracemagic's step) are library code: not ``user`` in ``source()``, no node of the user
+    call tree, no row of the Flame tab's functions table."""
+    raw = {e["name"] for e in capture.xs if e.get("cat") == "python_function" and e["name"].startswith("<string>(")}
+    assert raw, "no <string> frames in the raw JSON"
+    functions = capture.trace.source()
+    generated = functions[functions["file"] == "<string>"]
+    assert len(generated) and not generated["user"].any()
+    tree = capture.trace.call_tree(user_only=True)
+    assert not tree["name"].isin(raw).any()

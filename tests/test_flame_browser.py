@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::UserWarni
 _DRAWN = "s => [...document.querySelectorAll(s + ' div.plotly-graph-div')].every(g => g.querySelector('.main-svg'))"
 
 
-def open_flame_tab(page: Page, trace_file: str, folder: Path) -> Any:
-    """Write the report of ``trace_file`` (of ``tests/data/traces``), open it, click its Flame
+def open_flame_tab(page: Page, trace_file: str | Path, folder: Path) -> Any:
+    """Write the report of ``trace_file`` (of ``tests/data/traces``, or a path), open it, click its Flame
     tab and wait for its figures; the tab's section (a Playwright locator)."""
     trace = tracemagic.load(TRACES / trace_file, use_cache=False)
     report = write_report(trace, folder / "report.html")
@@ -38,7 +38,7 @@ def open_flame_tab(page: Page, trace_file: str, folder: Path) -> Any:
 
 
 @pytest.mark.parametrize("name", ["tracelens_normalization_layer_test.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"])
-def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) -> None:  # noqa: F811
+def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) -> None:
     trace = tracemagic.load(TRACES / name, use_cache=False)
     report = write_report(trace, tmp_path / "report.html")
     page = Page(browser)
@@ -76,7 +76,7 @@ def test_flame_tab_draws_the_call_tree(browser: Any, tmp_path: Path, name: str) 
         page.close()
 
 
-def test_flame_search_highlights_boxes_and_the_views_name_the_code(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_flame_search_highlights_boxes_and_the_views_name_the_code(browser: Any, tmp_path: Path) -> None:
     """The search box above the flame graph colours the boxes whose label holds the text; the
     Kernels table has its ``where`` column and the roofline's hover names the user code."""
     page = Page(browser)
@@ -285,6 +285,69 @@ def test_hta_flame_draws_each_views_visible_boxes_and_names_them(browser: Any, t
             ".every(p => p.getBBox().width >= 0.9)", arg=[cpu.element_handle(), width], timeout=10_000)
         narrower = _check_view(cpu, spec, root)
         assert len(narrower) < len(before)
+        assert page.errors == [] and page.requests == []
+    finally:
+        page.close()
+
+
+def test_a_magic_captures_flame_names_the_cell_once_and_the_layers(browser: Any, tmp_path: Path) -> None:
+    """The Flame tab of a ``%%chakra_trace`` GPU capture (tests/data/cuda) as drawn: one
+    ``<module>`` box per graph (the cell's body, not also the line IPython ran the magic
+    from: raw, inside tracemagic's frames), and the ``nn.Module`` boxes drawn with the names
+    of the manifest's module map (as the Layers tab), in their text and their hover."""
+    import tarfile
+
+    from test_cuda_captures import DATA, expected_layers, magic_cells
+
+    archive = DATA / "cuda_transformer.tar.gz"
+    if not archive.is_file():
+        pytest.skip(f"no {archive.name} in {DATA}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "capture", filter="data")
+    (folder,) = [p for p in (tmp_path / "capture").iterdir() if p.is_dir()]
+    manifest = json.loads((folder / "capture.json").read_text())
+    events = json.loads((folder / "kineto_trace_0.json").read_text())["traceEvents"]
+    (body,), lines = magic_cells(events)
+    assert len(lines) == 1
+    body_file, body_line = body.rsplit("(", 1)[0], int(body.rsplit("(", 1)[1].split(")")[0])
+    number = (manifest.get("cells") or {}).get(body_file)  # a capture with the map: Cell In[n]
+    place = f"Cell In[{number}]" if number is not None else body_file.rsplit("/", 1)[-1]
+    expected = expected_layers(manifest)
+    tree = tracemagic.load(folder, use_cache=False).call_tree(user_only=True)
+    raw_of = {str(n): str(name) for n, name, kind in zip(tree["node"], tree["name"], tree["kind"]) if kind == "module"}
+    page = Page(browser)
+    try:
+        section = open_flame_tab(page, folder, tmp_path)
+        graphs = section.locator("div.plotly-graph-div")
+        assert graphs.count() == 2
+        for k in range(2):
+            gd = graphs.nth(k)
+            drawn = gd.evaluate(DRAWN)
+            texts = [t for _, _, t in drawn]
+            assert [t for t in texts if t.startswith("<module>")] == [f"<module> · {place}:{body_line}"], texts[:5]
+            modules = [(i, t) for i, _, t in drawn if i in raw_of]
+            assert modules and not any(t.startswith("nn.Module:") for t in texts)
+            named = [(i, t) for i, t in modules if t]
+            assert len(named) >= 3, modules
+            assert all(t == expected[raw_of[i]] for i, t in named), named
+            assert any(t == "bert.encoder.layer.0" for _, t in named)
+        # the hover of the widest module box names the layer
+        gd = graphs.first
+        drawn = gd.evaluate(DRAWN)
+        widest = max((d for d in drawn if d[0] in raw_of), key=lambda d: d[1])
+        page.page.mouse.move(*gd.evaluate(AT, [widest[0], False]))
+        page.page.wait_for_function("gd => !!gd.querySelector('g.hovertext')", arg=gd.element_handle(), timeout=5_000)
+        hover = gd.locator("g.hovertext").first.text_content() or ""
+        assert hover.startswith(expected[raw_of[widest[0]]] + " (module "), hover
+        # the search finds a module box by its class too (torch's name, in its hover), not only by its path
+        section.locator("input.tm-flame-search").first.fill("BertLayer")
+        page.page.wait_for_function("gd => typeof gd.data[0].marker.colors[0] === 'string'", arg=gd.element_handle(),
+                                    timeout=10_000)
+        ids = gd.evaluate("gd => Array.from(gd.data[0].ids)")
+        colors = gd.evaluate("gd => Array.from(gd.data[0].marker.colors)")
+        hits = {ids[i] for i, c in enumerate(colors) if c == "#2b7bff"}
+        assert hits and hits == {i for i in ids if "BertLayer" in raw_of.get(i, "")}, (hits, len(ids))
+        save_screenshot(page.page, tmp_path, "magic-flame")
         assert page.errors == [] and page.requests == []
     finally:
         page.close()

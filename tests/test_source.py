@@ -434,3 +434,43 @@ def test_flame_figure_is_bounded_and_its_boxes_hold_the_recorded_time(cap: int) 
     gpu = figures.flame(tree, metric="gpu", max_nodes=cap)
     assert sum(gpu.data[0].values) == pytest.approx(
         sum(float(e["dur"]) for e in timed(events) if e.get("cat") in GPU_CATS), rel=1e-9)  # µs, as the boxes
+
+
+def _frames_trace(path: Path, between: str) -> Path:
+    """A Kineto trace of nested Python frames: a script's ``<module>`` running, through
+    ``between`` (library frames), another ``<module>`` of user code that calls ``helper``
+    (the op ``aten::add`` inside)."""
+    names = [
+        "train.py(1): <module>",
+        *between.split(";"),
+        "mylib.py(1): <module>",
+        "mylib.py(5): helper",
+    ]
+    events = [
+        {"ph": "X", "cat": "python_function", "name": n, "pid": 1, "tid": 1, "ts": 100 + i, "dur": 100 - 2 * i}
+        for i, n in enumerate(names)
+    ]
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 150, "dur": 5})
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_only_the_magics_own_cell_line_leaves_the_user_tree(tmp_path: Path) -> None:
+    """A user ``<module>`` that imports user code (importlib's frames between) keeps its frame
+    in ``call_tree(user_only=True)`` and stays user code in ``source()``; the same frames with
+    the magic's between (IPython's ``run_cell_magic``, ``tracemagic/magics.py``: a
+    ``%%chakra_trace`` cell's own line running its body) lose the outer ``<module>`` only."""
+    imported = _frames_trace(tmp_path / "import.json", "<frozen importlib._bootstrap>(1): _find_and_load")
+    magic = _frames_trace(
+        tmp_path / "magic.json",
+        "IPython/core/interactiveshell.py(2644): run_cell_magic;tracemagic/magics.py(249): chakra_trace",
+    )
+    for path, kept in ((imported, True), (magic, False)):
+        trace = load(path)
+        tree = trace.call_tree(user_only=True)
+        python = tree[tree["kind"] == "python"]
+        expected = (["train.py(1): <module>"] if kept else []) + ["mylib.py(1): <module>", "mylib.py(5): helper"]
+        assert list(python["name"]) == expected, path.name
+        assert (tree["name"] == "aten::add").any()
+        user = trace.source().set_index("name")["user"]
+        assert bool(user["train.py(1): <module>"]) is kept and user["mylib.py(1): <module>"] and user["mylib.py(5): helper"]

@@ -321,7 +321,7 @@ def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
     captures name it now (``layout.root_layer``: ``bert (BertForMaskedLM)``), and so are two
     models' submodules at one path (``fc`` of both ``gen`` and ``disc``: ``gen.fc``, ``disc.fc``).
     """
-    known = _unique_roots(trace.module_names)
+    known = unique_roots(trace.module_names)
     out = {}
     for name in trace.events["name"].cat.categories:
         text = str(name)
@@ -335,7 +335,7 @@ def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _unique_roots(known: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+def unique_roots(known: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     """``known`` as captures name it now: the submodules of roots whose paths clash
     (``layout.clashing_roots``) named by their ``qualname``, and each root entry
     (``qualname`` == ``root``) whose ``path`` is also a submodule's path renamed

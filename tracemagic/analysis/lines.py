@@ -15,6 +15,8 @@ threads (a DataLoader's pin-memory thread) run on their own: no line's (see ``wa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 
@@ -50,6 +52,23 @@ def line_label(number: int, text: str) -> str:
     if len(text) > LABEL_CHARS:
         text = text[: LABEL_CHARS - 1] + "…"
     return f"line {number} `{text}`" if text else f"line {number}"
+
+
+def mark_names(names: pd.Series, texts: Mapping[int, str]) -> pd.Series:
+    """``names`` (a categorical column of event names) with each line mark
+    ``tracemagic.line:N`` named as the other views name its line (``line_label``: ``line 7
+    `loss = model(x)```; ``texts``: ``cell_lines``); other names, and a column where a label
+    would take an existing name, unchanged. Renames categories only: no per-row work."""
+    categories = names.cat.categories
+    prefix = len(LINE_MARK_PREFIX)
+    renamed = {
+        name: line_label(int(name[prefix:]), texts.get(int(name[prefix:]), ""))
+        for name in map(str, categories)
+        if name.startswith(LINE_MARK_PREFIX) and name[prefix:].isdigit()
+    }
+    if not renamed or not set(renamed.values()).isdisjoint(map(str, categories)):
+        return names
+    return names.cat.rename_categories(lambda name: renamed.get(str(name), name))
 
 
 def marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:

@@ -490,7 +490,11 @@ _TABLES = [
             "file": ("str", "the file (``<built-in>`` for C functions)"),
             "line": ("Int64", "a function's ``def`` line, a line row's call-site line; NA for built-ins"),
             "function": ("str", "the function's name"),
-            "user": ("bool", "user code, not a library, the standard library or a built-in"),
+            "user": (
+                "bool",
+                "user code, not a library, the standard library or a built-in, nor a ``%%chakra_trace`` "
+                "cell's own line",
+            ),
             "calls": ("int64", "frames (lines: the outermost ops recorded at the line)"),
             "cpu_us": ("float64", "inclusive: the union of the frames' intervals per thread, summed over threads"),
             "self_cpu_us": ("float64", "time not in a child Python frame (lines: ops whose innermost entry it is)"),
@@ -519,6 +523,11 @@ _TABLES = [
             "self_cpu_us": ("float64", "``cpu_us`` minus the children's"),
             "gpu_us": ("float64", "GPU activity at and below the node"),
             "self_gpu_us": ("float64", "a GPU node's own duration"),
+            "layer": (
+                "str",
+                "an ``nn.Module`` node's layer as ``layers()`` names it (the capture's attribute path: "
+                "``bert.encoder.layer.0``); NA for other nodes and modules the capture did not name",
+            ),
         },
         "the merged call tree (Python frames → ops → kernels) folded stacks and flame graphs draw; "
         "``call_tree(user_only=True)`` leaves library frames out.",

@@ -7,7 +7,8 @@ innermost enclosing user code, found in this order:
 1. the cell line of the innermost ``tracemagic.line:N`` mark above it (``%%chakra_trace``
    captures): ``line 7 `loss = model(x)```;
 2. else the innermost ``python_function`` frame above it that is user code
-   (``source.is_library``: not torch, the standard library or a built-in):
+   (``source.user_labels``: not torch, the standard library or a built-in, nor a
+   ``%%chakra_trace`` cell's own line):
    ``train_step · train.py:41`` (the function's ``def`` line, all such frames give);
 3. else, in old traces with ``Call stack`` strings, the innermost user entry of the stack of
    the innermost op around it: ``forward · model.py:88`` (the call-site line);
@@ -31,7 +32,7 @@ import pandas as pd
 from tracemagic.analysis._common import call_chains, memory_holders
 from tracemagic.analysis.lines import cell_lines, line_label, marks
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.analysis.source import _call_stacks, _frame_masks, _labels, _launch_anchor
+from tracemagic.analysis.source import _call_stacks, _frame_masks, _labels, _launch_anchor, user_labels
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
@@ -100,9 +101,9 @@ def site_codes(trace: TraceTables) -> _Sites:
         # 2. the innermost user python_function frame
         is_fn, _ = _frame_masks(trace)
         if is_fn.any():
-            lab_code, _label_text, file, line, function, library = _labels(trace)
+            lab_code, _label_text, file, line, function, _ = _labels(trace)
             lab = lab_code[events["name"].cat.codes.to_numpy()]
-            user_fn = is_fn & ~library[lab]
+            user_fn = is_fn & user_labels(trace)[lab]
             if user_fn.any():
                 inner = propagate(parent, depth, user_fn)
                 free = (code < 0) & (inner >= 0)

@@ -35,6 +35,7 @@ from tracemagic.analysis._common import (
     text,
     text_take,
     trace_start,
+    unique_roots,
 )
 from tracemagic.analysis.lines import cell_lines, line_label, waited_in
 from tracemagic.analysis.schema import computes
@@ -98,6 +99,9 @@ LIBRARIES = frozenset(
         "networkx",
     ]
 )
+#: a file of this package's (the magic's frames: ``tracemagic/magics.py(249): chakra_trace``),
+#: as torch writes it: relative to ``sys.path`` or absolute (an editable install)
+_MAGIC_FILE = re.compile(r"(?:^|/)tracemagic/")
 #: the node kinds of ``call_tree``
 NODE_KINDS = ("rank", "python", "module", "op", "annotation", "kernel", "memcpy", "memset", "line", "other")
 #: the name of the node that holds GPU work whose launching call is not in the trace
@@ -107,7 +111,8 @@ NO_LAUNCH = "<no launching call in the trace>"
 # -- frames ---------------------------------------------------------------------------------
 def is_library(file: str) -> bool:
     """Whether a frame's file is library code rather than the user's: a built-in or frozen
-    module (``<built-in ...>``, ``<frozen os>``), a path through ``site-packages``,
+    module (``<built-in ...>``, ``<frozen os>``), code generated from a string (``<string>``:
+    a dataclass's or ``NamedTuple``'s ``__init__``, written by no one), a path through ``site-packages``,
     ``dist-packages`` or ``lib/pythonX.Y``, or a path (as torch writes it, relative to
     ``sys.path``) whose first part is a standard-library module (``typing.py``), a known
     package (``LIBRARIES``: torch, numpy, transformers, ...; also as a folder further down an
@@ -116,7 +121,7 @@ def is_library(file: str) -> bool:
     scripts (``train.py``) included, is user code.
     """
     if file.startswith("<"):
-        return file.startswith(("<built-in", "<frozen", "<method", "<slot"))
+        return file.startswith(("<built-in", "<frozen", "<method", "<slot", "<string>"))
     if _LIBRARY_PATH.search(file):
         return True
     parts = file.replace("\\", "/").lstrip("./").split("/")
@@ -186,15 +191,74 @@ def _labels(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return trace.shared(Shared.SOURCE_LABELS, compute)
 
 
+def user_labels(trace: TraceTables) -> np.ndarray:
+    """Per label (``_labels``' codes): whether its frames are user code: not library code
+    (``is_library``) and not a ``%%chakra_trace`` cell's own line (``_magic_lines``); once
+    per trace. ``source()``' ``user``, the frames ``call_tree(user_only=True)`` keeps and
+    the frames ``sites()`` names all come from it."""
+
+    def compute() -> np.ndarray:
+        library = _labels(trace)[5]
+        user = ~library
+        user[_magic_lines(trace)] = False
+        return user
+
+    return trace.shared(Shared.SOURCE_USER, compute)
+
+
+def _magic_lines(trace: TraceTables) -> np.ndarray:
+    """The label codes (``_labels``) of ``%%chakra_trace`` cells' own lines.
+
+    IPython runs a cell ``%%chakra_trace ...`` + body as ``get_ipython().run_cell_magic(...)``,
+    a ``<module>`` frame of the cell's file; the magic (this package's frames, below IPython's)
+    compiles the body under a file of its own, mapped to the same ``Cell In[n]``, whose
+    ``<module>`` frame holds the user's code. One cell, two ``<module>`` frames: the outer one
+    is the magic's invocation, no code of the user's. It is found by the path, so a capture
+    without the manifest's ``cells`` map reads the same: a user ``<module>`` frame that is the
+    nearest user frame above another user ``<module>`` frame, with a frame of this package
+    between them. A user's ``<module>`` that imports or calls user code (no frame of this
+    package between) keeps its frame."""
+    events = trace.events
+    code, _label, file, _line, function, library = _labels(trace)
+    user_module = (function == "<module>") & ~library
+    none = np.zeros(0, dtype=np.int64)
+    if not user_module.any():
+        return none
+    magic_file = np.array(
+        [lib and "tracemagic" in f and bool(_MAGIC_FILE.search(f.replace("\\", "/"))) for f, lib in zip(file, library)],
+        dtype=bool,
+    )
+    if not magic_file.any():
+        return none
+    is_fn, _ = _frame_masks(trace)
+    lab = code[events["name"].cat.codes.to_numpy()]
+    user_fn = is_fn & ~library[lab]
+    body = np.flatnonzero(user_fn & user_module[lab])
+    if body.size == 0:
+        return none
+    parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
+    outer = enclosing_of_kind(parent, depth, user_fn, body)
+    via = enclosing_of_kind(parent, depth, is_fn & magic_file[lab], body)
+    # both are ancestors of the body: the magic's frame lies between where it is the deeper one
+    hit = (outer >= 0) & (via >= 0)
+    hit[hit] = depth[via[hit]] > depth[outer[hit]]
+    hit[hit] = user_module[lab[outer[hit]]]
+    return np.unique(lab[outer[hit]]).astype(np.int64)
+
+
 def _frame_masks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     """Masks over the events: Python function frames (python_function events that are not
-    ``nn.Module`` events), and ``nn.Module`` events."""
-    events = trace.events
-    is_py = kind_mask(events, "python_function") & (events["ph"] == "X").to_numpy()
-    categories = events["name"].cat.categories
-    module_code = np.append(np.asarray(categories.str.startswith(MODULE_PREFIX), dtype=bool), False)
-    is_module = is_py & module_code[events["name"].cat.codes.to_numpy()]
-    return is_py & ~is_module, is_module
+    ``nn.Module`` events); once per trace (read-only)."""
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        events = trace.events
+        is_py = kind_mask(events, "python_function") & (events["ph"] == "X").to_numpy()
+        categories = events["name"].cat.categories
+        module_code = np.append(np.asarray(categories.str.startswith(MODULE_PREFIX), dtype=bool), False)
+        is_module = is_py & module_code[events["name"].cat.codes.to_numpy()]
+        return is_py & ~is_module, is_module
+
+    return trace.shared(Shared.SOURCE_FRAME_MASKS, compute)
 
 
 def _launch_anchor(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
@@ -311,7 +375,9 @@ def source(trace: TraceTables) -> pd.DataFrame:
     - ``alloc_bytes``: the bytes allocated beneath (positive ``[memory]`` deltas).
     - ``flops``: the trace's own ``flops`` (``with_flops``) of the ops beneath, NaN where
       the trace has none.
-    - ``user``: user code, not a library, the standard library or a built-in (``is_library``).
+    - ``user``: user code, not a library, the standard library or a built-in (``is_library``),
+      nor a ``%%chakra_trace`` cell's own line (``user_labels``: the cell's code is its body's
+      ``<module>``).
 
     Rows are sorted by rank, then ``cpu_us``, largest first.
     """
@@ -389,7 +455,8 @@ def _function_rows(trace: TraceTables) -> pd.DataFrame | None:
     rows = np.flatnonzero(is_fn)
     if rows.size == 0:
         return None
-    code, label, file, line, function, library = _labels(trace)
+    code, label, file, line, function, _ = _labels(trace)
+    library = ~user_labels(trace)  # a %%chakra_trace cell's own line is no user code either
     fid = code[events["name"].cat.codes.to_numpy()[rows]]
     rank = events["rank"].to_numpy()[rows].astype(np.int64)
     group, first = group_rows(rank, fid)
@@ -562,7 +629,9 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
 
     Args:
         user_only: leave out library frames and stack lines (``is_library``: torch's own,
-            the standard library, built-ins); what ran inside them hangs below the nearest
+            the standard library, built-ins) and a ``%%chakra_trace`` cell's own line (the
+            ``<module>`` IPython runs the magic from, ``_magic_lines``: the cell's body is
+            its one ``<module>`` frame); what ran inside them hangs below the nearest
             user frame (the own time of a library frame above every user frame, a script's
             runner, is then in no node).
 
@@ -574,14 +643,17 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
     is clipped, see ``_held``, so the top nodes hold each thread's recorded time, the union
     of its events' intervals), ``self_cpu_us`` (``cpu_us`` minus the children's:
     the self times of a subtree add up to its root's ``cpu_us``), ``gpu_us`` (the GPU
-    activity below, its own included), ``self_gpu_us`` (a GPU node's own duration).
-    Nodes come parents first.
+    activity below, its own included), ``self_gpu_us`` (a GPU node's own duration),
+    ``layer`` (an ``nn.Module`` node's layer as ``layers()`` and the Layers tab name it,
+    ``bert.encoder.layer.0``, where the capture's module map names it; NA elsewhere: the
+    ``name`` stays the trace's ``nn.Module: BertLayer_0``). Nodes come parents first.
     """
     events = trace.events
     n = len(events)
     parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
     is_fn, is_module = _frame_masks(trace)
-    code, label, file, line, function, library = _labels(trace)
+    code, label, file, line, function, _ = _labels(trace)
+    library = ~user_labels(trace)  # a %%chakra_trace cell's own line is no user code either
     name_code = events["name"].cat.codes.to_numpy()
     lab = code[name_code]
     if user_only:
@@ -749,6 +821,7 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
     ops_kinds = np.isin(nkind, [NODE_KINDS.index(k) for k in ("python", "line")])
     nline = nline.astype(np.int64)
     names = _cell_line_names(trace, names, nkind)
+    layer = _layer_names(trace, nkind, names)
     return pd.DataFrame(
         {
             "node": np.arange(count, dtype=np.int64),
@@ -765,6 +838,7 @@ def call_tree(trace: TraceTables, user_only: bool = False) -> pd.DataFrame:
             "self_cpu_us": self_cpu,
             "gpu_us": gpu,
             "self_gpu_us": self_gpu,
+            "layer": text(layer),
         }
     )
 
@@ -787,6 +861,28 @@ def _cell_line_names(trace: TraceTables, names: np.ndarray, kinds: np.ndarray) -
         number = int(names[i][len(LINE_MARK_PREFIX) :])
         names[i] = line_label(number, texts.get(number, ""))
     return names
+
+
+def _layer_names(trace: TraceTables, kinds: np.ndarray, names: np.ndarray) -> np.ndarray:
+    """Per node (``kinds``, ``names``): an ``nn.Module`` node's layer as ``layers()`` and the
+    Layers tab name it (``bert.encoder.layer.0``, the model's attribute path the capture
+    recorded: the manifest's ``modules``, roots renamed as ``_common.module_labels`` renames
+    them), None where the capture named no such module (a trace without the map keeps
+    torch's ``nn.Module: BertLayer_0``) and for the other nodes. Only the module nodes' names
+    are looked up: ``call_tree()`` alone never pays for the layers of every event name."""
+    out = np.full(kinds.size, None, dtype=object)
+    at = np.flatnonzero(kinds == NODE_KINDS.index("module"))
+    if not at.size or not trace.module_names:
+        return out
+    known = unique_roots(trace.module_names)
+    for i in at.tolist():
+        name = names[i]
+        if not isinstance(name, str):
+            continue
+        entry = known.get(name) or known.get(name[len(MODULE_PREFIX) :])
+        if isinstance(entry, dict) and entry.get("path"):
+            out[i] = str(entry["path"])
+    return out
 
 
 def _held(trace: TraceTables, rows: np.ndarray, up: np.ndarray, level: np.ndarray) -> np.ndarray:

@@ -51,5 +51,9 @@ class Shared:
     SOURCE_LABELS: Final = "source:labels"
     SOURCE_POINTS: Final = "source:points"
     SOURCE_CALL_STACKS: Final = "source:call_stacks"
+    SOURCE_FRAME_MASKS: Final = "source:frame_masks"
+    #: per frame label, whether it is user code (``analysis.source``: not a library, nor a
+    #: ``%%chakra_trace`` cell's own line)
+    SOURCE_USER: Final = "source:user"
     #: each CPU event's launching user code, and the sites (``analysis.sites``)
     SITES: Final = "sites"

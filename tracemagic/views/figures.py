@@ -24,7 +24,7 @@ import plotly.io as pio
 from plotly.io.json import to_json_plotly
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import GPU_ACTIVITY
+from tracemagic.analysis._common import GPU_ACTIVITY, MODULE_PREFIX
 from tracemagic.analysis.sites import cell_file
 from tracemagic.views import tables
 from tracemagic.views._format import (
@@ -495,7 +495,9 @@ def flame(
 ) -> go.Figure:
     """The merged call tree (``trace.call_tree()``) as an icicle flame graph: the outermost
     frames at the top, each box as wide as its time, coloured by its share of the GPU time
-    launched beneath it; click a box to zoom into it, the bar above to zoom out.
+    launched beneath it; click a box to zoom into it, the bar above to zoom out. An
+    ``nn.Module`` box is named by the tree's ``layer`` (the Layers tab's name) where it has one,
+    its hover keeping torch's instance name (``module BertLayer_0``).
 
     Args:
         tree: ``trace.call_tree()`` (or ``call_tree(user_only=True)``).
@@ -522,7 +524,10 @@ def flame(
     top = nodes["parent"] < 0
     ids = ["all"] + [str(int(n)) for n in nodes["node"]]
     parents = [""] + ["all" if p < 0 else str(int(p)) for p in nodes["parent"]]
-    names = ["all"] + nodes["name"].astype(str).tolist()
+    raw = nodes["name"].astype(str).tolist()
+    # an nn.Module box named as the Layers tab names it (the capture's attribute path), where known
+    layer = [v if isinstance(v, str) and v else None for v in nodes.get("layer", pd.Series(None, index=nodes.index))]
+    names = ["all"] + [lay or n for n, lay in zip(raw, layer)]
     if cells:  # a notebook cell's frame hovers as ``Cell In[3](165): forward``, not its temporary file
         files = nodes.get("file", pd.Series(None, index=nodes.index))
         names = ["all"] + [
@@ -530,15 +535,19 @@ def flame(
             for n, f in zip(names[1:], files)
         ]
     labels = ["all"] + [
-        esc(_frame_label(n, k, f, ln, cells))
-        for n, k, f, ln in zip(
-            nodes["name"].astype(str),
+        esc(_frame_label(lay or n, k, f, ln, cells))
+        for n, lay, k, f, ln in zip(
+            raw,
+            layer,
             nodes["kind"].astype(str),
             nodes.get("file", pd.Series(None, index=nodes.index)),
             nodes.get("line", pd.Series(None, index=nodes.index)),
         )
     ]
-    kinds = ["all"] + nodes["kind"].astype(str).tolist()
+    # the hover's kind of a named layer keeps the trace's instance name: ``module BertLayer_0``
+    kinds = ["all"] + [
+        f"{k} {n.removeprefix(MODULE_PREFIX)}" if lay else k for k, n, lay in zip(nodes["kind"].astype(str), raw, layer)
+    ]
     cpu = np.append(nodes.loc[top, "cpu_us"].sum(), nodes["cpu_us"].to_numpy(dtype=float))
     gpu = np.append(gpu_total, nodes["gpu_us"].to_numpy(dtype=float))
     share = np.append(0.0, share)

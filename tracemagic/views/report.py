@@ -168,7 +168,11 @@ _SCRIPT = """
   function Flame(div,spec,ti){
     var t=spec.data[ti],n=t.ids.length,custom=decoded(t.customdata),at={},up=[],kids=[],roots=[],i,k;
     var own=decoded(t.values),colors=decoded(t.marker&&t.marker.colors),tot=own.slice();
-    var lower=(t.labels||[]).map(function(l){return unescape(l).toLowerCase();}),labels=(t.labels||[]).map(unescape);
+    // what the search looks in (views.flame_search.searched_text): the label, and the full name and
+    // the kind the hover shows (a frame's file, a module box's torch name: module BertLayer_0)
+    var labels=(t.labels||[]).map(unescape),lower=labels.map(function(l,j){
+      var c=custom[j]||[],more=[c[0],c[1]].filter(function(v){return v!=null;});
+      return [l].concat(more.map(function(v){return unescape(String(v));})).join("\\n").toLowerCase();});
     for(i=0;i<n;i++){at[t.ids[i]]=i;kids.push([]);}
     for(i=0;i<n;i++){k=t.parents[i] in at?at[t.parents[i]]:-1;up.push(k);(k<0?roots:kids[k]).push(i);}
     var order=[],stack=roots.slice();  // parents before children; totals summed children first

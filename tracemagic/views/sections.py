@@ -13,6 +13,7 @@ from typing import Literal
 import pandas as pd
 import plotly.graph_objects as go
 
+from tracemagic.analysis.lines import mark_names
 from tracemagic.analysis.sites import cell_file
 from tracemagic.views import cell_lines, figures, html, insights, tables
 from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, unit_divisor
@@ -318,8 +319,11 @@ def _numeric(frame: pd.DataFrame, columns: tuple[str, ...] = ("ts", "dur", "dept
 
 def _timeline(data: TraceData, state: ViewState) -> Section:
     spans, phase_spans = data.layer_spans, data.phase_spans
+    all_ops = data.ops
+    if data.has_line_marks:  # a cell's line marks named as the Source tab names their lines
+        all_ops = all_ops.assign(name=mark_names(all_ops["name"], data.cell_lines))
     fig = figures.timeline(
-        data.ops,
+        all_ops,
         data.kernels,
         data.steps,
         step=state.step,
@@ -329,7 +333,7 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
         spans=spans,
         phase_spans=phase_spans,
     )
-    ops = tables.select_step(data.ops, state.step)
+    ops = tables.select_step(all_ops, state.step)
     meta = fig.layout.meta or {}
     facts = [("events drawn", f"{meta.get('shown', 0):,} of {meta.get('total', 0):,}")] if meta else []
     if state.step is None and len(data.step_ids) > 1:
@@ -341,7 +345,7 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
 
         def redraw(window: tuple[float, float]) -> go.Figure:
             if not frames:  # once: numeric copies, so each zoom only slices arrays
-                frames.update(ops=_numeric(data.ops), kernels=_numeric(data.kernels), steps=data.steps)
+                frames.update(ops=_numeric(all_ops), kernels=_numeric(data.kernels), steps=data.steps)
             return figures.timeline(
                 frames["ops"],
                 frames["kernels"],
