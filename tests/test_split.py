@@ -90,25 +90,24 @@ def test_stretches_are_taken_by_both_threads_and_joined_in_file_order(tmp_path: 
     monkeypatch.setattr(split, "STRETCH_BYTES", path.stat().st_size // 12)
     monkeypatch.setattr(parse, "CHUNK_BYTES", 128 * 1024)
     taken: list[tuple[str, int]] = []
-    real = parse.read_part
+    real = split._Stretches._read
     # each thread parses its first stretch only once the other has taken one too, so
     # neither can take every stretch before the other starts
     both_started = threading.Barrier(2, timeout=30)
 
-    def gated(source: Any, **kwargs: Any) -> Any:
+    def gated(self: Any, index: int, *args: Any) -> Any:
         name = threading.current_thread().name
         first = name not in {n for n, _ in taken}
-        taken.append((name, kwargs["base"]))
+        taken.append((name, index))
         if first:
             both_started.wait()
-        return real(source, **kwargs)
+        return real(self, index, *args)
 
-    monkeypatch.setattr(parse, "read_part", gated)
+    monkeypatch.setattr(split._Stretches, "_read", gated)
     both = tracemagic.load(path, use_cache=False)
     assert len(taken) == 12
     assert {name for name, _ in taken} == {"MainThread", "tracemagic-parse"}
-    bases = sorted(base for _, base in taken)
-    assert bases[0] == 0 and len(set(bases)) == 12, "every stretch read once"
+    assert sorted(index for _, index in taken) == list(range(12)), "every stretch read once"
     assert_same(alone, both)
 
 
@@ -338,3 +337,64 @@ def test_split_without_pread_reads_under_a_lock(tmp_path: Path, monkeypatch: pyt
     both = tracemagic.load(path, use_cache=False)
     assert spy.results == [True]
     assert_same(alone, both)
+
+
+class StretchSpy:
+    """Records each inner stretch the C scanner read: (its length, how much of it it read)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[int, int]] = []
+        real = parse.scan_stretch
+
+        def spy(data: Any, *args: Any, **kwargs: Any) -> Any:
+            part, done = real(data, *args, **kwargs)
+            self.calls.append((len(data), done))
+            return part, done
+
+        monkeypatch.setattr(parse, "scan_stretch", spy)
+
+
+def test_inner_stretches_are_scanned_in_c_straight_from_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the first stretch and the last (which hold the metadata around the events),
+    the C scanner cuts each stretch into chunks itself, reading the file's bytes in place."""
+    path = plain("kineto_worker0.1623143089861.pt.trace.json.gz", tmp_path)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    monkeypatch.setattr(split, "STRETCH_BYTES", path.stat().st_size // 6)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 256 * 1024)
+    spy = StretchSpy(monkeypatch)
+    both = tracemagic.load(path, use_cache=False)
+    assert len(spy.calls) == 4, "the 4 stretches between the first and the last"
+    assert all(done == size for size, done in spy.calls), "each read to its end in C"
+    assert_same(alone, both)
+    assert both.warnings == alone.warnings
+
+
+@pytest.mark.parametrize("chunk", [4 * 1024, 64 * 1024])
+def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
+    chunk: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event the scanner does not read exactly as msgspec does (a float where an integer
+    id belongs, a number beyond 64 bits) stops the C stretch there: the rest of the stretch
+    is read as any stretch is, and the result is the one-thread parse's, warnings included."""
+    events = []
+    for i in range(3000):
+        args: dict[str, Any] = {"External id": i, "Input Dims": [[i % 7, 3], []], "Call stack": "a.py(1): f"}
+        if i in (1200, 1201, 2100):
+            args["External id"] = i + 0.5  # a float id: read by msgspec's rules
+        if i == 1700:
+            args["Sequence number"] = 2**70  # beyond 64 bits
+        events.append(
+            {"ph": "X", "cat": "cpu_op", "name": f"op{i % 13}", "pid": 1, "tid": 2, "ts": 10.0 * i, "dur": 5.0, "args": args}
+        )
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events, "traceName": "t"}, indent=2)
+    path = tmp_path / "odd.json"
+    path.write_text(text)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "STRETCH_BYTES", len(text) // 5)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", chunk)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    spy = StretchSpy(monkeypatch)
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.calls and any(done < size for size, done in spy.calls), "a stretch was left to msgspec midway"
+    assert_same(alone, both)
+    assert both.warnings == alone.warnings

@@ -794,11 +794,12 @@ PyDoc_STRVAR(scan_doc,
 
 /* Parse buf and fill c (runs without the GIL): 0 done, BAIL, or -1 out of memory. *doc is
  * the document to free (or NULL); c is always safe to free. */
-static int read_events(const char *buf, size_t len, Pool *p, yyjson_doc **doc, Columns *c) {
+static int read_events_opts(const char *buf, size_t len, Pool *p, yyjson_doc **doc, Columns *c,
+                            yyjson_read_flag flags) {
     yyjson_alc alc = {alc_malloc, alc_realloc, alc_free, p};
     yyjson_read_err err;
     /* numbers beyond 64 bits stay text (as a RAW value): they take the msgspec path */
-    *doc = yyjson_read_opts((char *)buf, len, YYJSON_READ_BIGNUM_AS_RAW, p ? &alc : NULL, &err);
+    *doc = yyjson_read_opts((char *)buf, len, YYJSON_READ_BIGNUM_AS_RAW | flags, p ? &alc : NULL, &err);
     yyjson_val *root = *doc ? yyjson_doc_get_root(*doc) : NULL;
     if (root == NULL || !yyjson_is_arr(root)) {
         memset(c, 0, sizeof(*c));
@@ -811,6 +812,10 @@ static int read_events(const char *buf, size_t len, Pool *p, yyjson_doc **doc, C
         if (add_event(c, event) == BAIL) return BAIL;
     }
     return 0;
+}
+
+static int read_events(const char *buf, size_t len, Pool *p, yyjson_doc **doc, Columns *c) {
+    return read_events_opts(buf, len, p, doc, c, 0);
 }
 
 /* scan()'s answer for read_events' status: the columns, None (BAIL), or NULL with an error. */
@@ -854,8 +859,143 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     return result;
 }
 
+/* -- a stretch of events, cut into chunks here ----------------------------------------- */
+
+static inline int json_space(char ch) { return ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t'; }
+
+/* Whether buf[at] is the '}' of an event followed by white space, ',', white space and the
+ * '{' of the next one (parse._NEXT_EVENT, JSON's white space only); *next: that '{'. */
+static int event_boundary(const char *buf, size_t len, size_t at, size_t *next) {
+    if (buf[at] != '}') return 0;
+    size_t i = at + 1;
+    while (i < len && json_space(buf[i])) i++;
+    if (i >= len || buf[i] != ',') return 0;
+    i++;
+    while (i < len && json_space(buf[i])) i++;
+    if (i >= len || buf[i] != '{') return 0;
+    *next = i;
+    return 1;
+}
+
+/* The end (exclusive) of the chunk of buf[start:] to decode next and, in *next, where the
+ * one after it starts (len: none): the last event boundary at most `chunk` bytes on, else
+ * the first beyond (one enormous event), else the rest. */
+static size_t chunk_end(const char *buf, size_t len, size_t start, size_t chunk, size_t *next) {
+    if (len - start > chunk) {
+        const char *lo = buf + start;
+        size_t limit = start + chunk;
+        for (;;) { /* backwards over the '}' before limit */
+            const char *hit = NULL;
+            for (const char *q = buf + limit; q > lo;) { /* memrchr is not C99 */
+                q--;
+                if (*q == '}') {
+                    hit = q;
+                    break;
+                }
+            }
+            if (hit == NULL) break;
+            size_t at = (size_t)(hit - buf);
+            if (event_boundary(buf, len, at, next)) return at + 1;
+            limit = at;
+        }
+        for (size_t at = start + chunk; at < len; at++) {
+            const char *hit = memchr(buf + at, '}', len - at);
+            if (hit == NULL) break;
+            at = (size_t)(hit - buf);
+            if (event_boundary(buf, len, at, next)) return at + 1;
+        }
+    }
+    *next = len;
+    return len;
+}
+
+PyDoc_STRVAR(scan_stretch_doc,
+             "scan_stretch(data, pool, chunk) -> (list of columns, done)\n\n"
+             "scan() of each chunk of about `chunk` bytes of `data`: events separated by\n"
+             "commas, from the '{' of the first to the '}' of the last, no brackets.\n"
+             "Each chunk is copied (between '[' and ']') into the pool and decoded there,\n"
+             "so `data` (a read-only map of the file) is never written. Stops at the first\n"
+             "chunk scan() would leave to msgspec: `done` is the offset of that chunk's\n"
+             "first '{' (len(data): all read), the caller reads the rest its own way.");
+
+static PyObject *scan_stretch(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scan_stretch(data, pool, chunk) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t chunk = PyLong_AsSsize_t(args[2]);
+    if (chunk == -1 && PyErr_Occurred()) return NULL;
+    if (chunk < 1) {
+        PyErr_SetString(PyExc_ValueError, "chunk must be positive");
+        return NULL;
+    }
+    Py_buffer view, pool_view;
+    int has_pool = args[1] != Py_None;
+    if (has_pool && PyObject_GetBuffer(args[1], &pool_view, PyBUF_WRITABLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        if (has_pool) PyBuffer_Release(&pool_view);
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    const char *buf = (const char *)view.buf;
+    size_t len = (size_t)view.len, start = 0;
+    while (out != NULL && start < len) {
+        Pool pool = {has_pool ? (char *)pool_view.buf : NULL, has_pool ? (size_t)pool_view.len : 0, 0};
+        Pool *p = has_pool ? &pool : NULL;
+        yyjson_doc *doc = NULL;
+        Columns c;
+        int status;
+        size_t next = len, end, size = 0;
+        char *text = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        end = chunk_end(buf, len, start, (size_t)chunk, &next);
+        size = end - start + 2;                                  /* '[' chunk ']' */
+        text = size + YYJSON_PADDING_SIZE > size ? pool_take(p, size + YYJSON_PADDING_SIZE) : NULL;
+        if (text == NULL) {
+            memset(&c, 0, sizeof(c));
+            status = -1;
+        } else {
+            text[0] = '[';
+            memcpy(text + 1, buf + start, end - start);
+            text[size - 1] = ']';
+            memset(text + size, 0, YYJSON_PADDING_SIZE);
+            status = read_events_opts(text, size, p, &doc, &c, YYJSON_READ_INSITU);
+        }
+        Py_END_ALLOW_THREADS
+        PyObject *result = NULL;
+        if (status == 0) {
+            result = to_python(&c);
+            if (result == NULL && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                PyErr_Clear(); /* text that is not valid UTF-8 for Python: the caller's route says */
+                status = BAIL;
+            }
+        }
+        columns_free(&c, p);
+        if (doc) yyjson_doc_free(doc);
+        if (text) pool_give(p, text);
+        if (status == -1 && !PyErr_Occurred()) PyErr_NoMemory();
+        if (status == BAIL) break; /* the rest from `start` on: the caller's */
+        if (result == NULL || PyList_Append(out, result) < 0) {
+            Py_XDECREF(result);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(result);
+        start = next;
+        if (PyErr_CheckSignals() < 0) { /* Ctrl-C between chunks, as between scan() calls */
+            Py_CLEAR(out);
+            break;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (has_pool) PyBuffer_Release(&pool_view);
+    if (out == NULL) return NULL;
+    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(start < len ? start : len));
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL, scan_doc},
+    {"scan_stretch", (PyCFunction)(void (*)(void))scan_stretch, METH_FASTCALL, scan_stretch_doc},
     {NULL, NULL, 0, NULL},
 };
 

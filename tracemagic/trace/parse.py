@@ -102,6 +102,28 @@ def scans_in_c() -> bool:
     return _scan is not None
 
 
+def scans_stretches() -> bool:
+    """Whether the C scanner cuts stretches of events into chunks itself (``scan_stretch``)."""
+    return _scan is not None and hasattr(_scan, "scan_stretch")
+
+
+def scan_stretch(
+    data: Any, interners: Interners, pool: mmap.mmap | None = None, chunk: int | None = None
+) -> tuple[Part, int]:
+    """The columns of the events in ``data`` (events separated by commas, from the first
+    one's ``{`` to the last one's ``}``, no brackets), cut into chunks of about ``chunk``
+    bytes and scanned in C without a Python buffer per chunk; and how many bytes of
+    ``data`` that read: from there on (the ``{`` of the first chunk the scanner leaves to
+    msgspec) the caller reads the rest with ``read_part``."""
+    assert _scan is not None
+    found, done = _scan.scan_stretch(data, pool, chunk or CHUNK_BYTES)
+    builder = _Builder(interners)
+    with _gc_paused():
+        for columns in found:
+            builder.add(columns)
+    return Part(builder, {}, []), done
+
+
 @contextmanager
 def scan_pool(chunk: int = CHUNK_BYTES) -> Iterator[mmap.mmap | None]:
     """Memory for the C scanner to decode chunks of up to ``chunk`` bytes in, one after
