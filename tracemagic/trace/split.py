@@ -298,15 +298,19 @@ class _Stretches:
         self.parts: list[parse.Part | None] = [None] * len(cuts)
         self.interners = parse.Interners()
         self.done = [0] * len(cuts)  # bytes read of each stretch, for progress
+        # the first and the last stretch (the metadata around the events: read by
+        # ``read_part``, ~1.4x slower than the scanner's inner stretches) are taken first,
+        # so that the stretches left at the end, when a thread may wait for the other, are short
+        self._order = [0, *([last] if last else []), *range(1, last)]
         self._next = 0
         self._failed = False
         self._lock = threading.Lock()
 
     def _take(self) -> int | None:
         with self._lock:
-            index = self._next
+            taken = self._next
             self._next += 1
-        return index if index < len(self.sources) and not self._failed else None
+        return self._order[taken] if taken < len(self._order) and not self._failed else None
 
     def take_all(self, progress: Callable[[int, int], None]) -> None:
         """Parse stretches until none is left (or a stretch failed on either thread);
