@@ -380,31 +380,52 @@ class _Builder:
         return ParsedTrace(table, flows, normalize.metadata(meta), self.processes, self.threads, warnings)
 
     def _categorical(self, column: str) -> pd.Categorical:
-        parts = self.codes[column]
-        return self._in_file_order(
-            column, self.cats[column], np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        )
+        return self._in_file_order(column, self.cats[column], self.codes[column])
 
     def _flow_categorical(self, column: str) -> pd.Categorical:
-        parts = self.flow_parts[column]
-        codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        return self._in_file_order(f"flow {column}", self.flow_cats[column], codes)
+        return self._in_file_order(f"flow {column}", self.flow_cats[column], self.flow_parts[column])
 
-    def _in_file_order(self, column: str, interner: _Interner, codes: np.ndarray) -> pd.Categorical:
-        """The column as a categorical whose categories are in the order the file first has
-        them, as a one-thread parse makes them, however the threads met them."""
-        if self.firsts is None or not self.firsts[column]:
-            return interner.categorical(codes)
+    def _in_file_order(self, column: str, interner: _Interner, parts: list[np.ndarray]) -> pd.Categorical:
+        """The column (its chunks' codes joined) as a categorical whose categories are in the
+        order the file first has them, as a one-thread parse makes them, however the threads
+        met them."""
         count = len(interner.labels)
+        if self.firsts is None or not self.firsts[column]:
+            return interner.categorical(_joined_codes(parts, count))
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
         if len(order) < count:  # values no chunk had (none expected): after the others
             order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
         if (order == np.arange(count)).all():
-            return interner.categorical(codes)
-        renumber = np.full(count + 1, -1, dtype=np.int32)  # the last: missing stays -1
-        renumber[order] = np.arange(count, dtype=np.int32)
+            return interner.categorical(_joined_codes(parts, count))
+        renumber = np.full(count + 1, -1, dtype=_code_dtype(count))  # the last: missing stays -1
+        renumber[order] = np.arange(count)
         categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
-        return pd.Categorical.from_codes(renumber[codes], categories=categories, validate=False)
+        return pd.Categorical.from_codes(_joined_codes(parts, count, renumber), categories=categories, validate=False)
+
+
+def _code_dtype(count: int) -> type[np.signedinteger[Any]]:
+    """The integer type pandas keeps the codes of a categorical of ``count`` categories in
+    (``coerce_indexer_dtype``): codes made in it are kept as they are, not converted."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if count < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
+
+
+def _joined_codes(parts: list[np.ndarray], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
+    """The chunks' codes (int32, -1 missing) of a column of ``count`` categories joined into
+    one array of ``_code_dtype(count)``, through ``renumber`` (indexed by code, its last
+    entry -1 for the missing ones) where given: one pass, no int32 copy of the column."""
+    out = np.empty(sum(len(p) for p in parts), dtype=_code_dtype(count))
+    at = 0
+    for part in parts:
+        piece = out[at : at + len(part)]
+        if renumber is None:
+            piece[...] = part
+        else:
+            np.take(renumber, part, out=piece)
+        at += len(part)
+    return out
 
 
 def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -416,12 +437,23 @@ def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[
 
 
 def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: int, floating: bool) -> Any:
-    """A nullable Int64/Float64 array from chunk parts (None parts are all missing)."""
+    """A nullable Int64/Float64 array from chunk parts (None parts are all missing), filled
+    in place (no zeros and ones made for the missing parts to be joined: ~2 ms less of a
+    100 MB trace's load)."""
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
         return all_missing(n, floating)
-    values = np.concatenate([p[0] if p is not None else np.zeros(k, dtype=dtype) for k, p in parts])
-    mask = np.concatenate([p[1] if p is not None else np.ones(k, dtype=bool) for k, p in parts])
+    values = np.empty(n, dtype=dtype)
+    mask = np.empty(n, dtype=bool)
+    at = 0
+    for k, part in parts:
+        if part is None:
+            values[at : at + k] = 0
+            mask[at : at + k] = True
+        else:
+            values[at : at + k] = part[0]
+            mask[at : at + k] = part[1]
+        at += k
     if floating:
         return pd.arrays.FloatingArray(values, mask)
     return pd.arrays.IntegerArray(values, mask)
