@@ -340,24 +340,40 @@ def test_split_without_pread_reads_under_a_lock(tmp_path: Path, monkeypatch: pyt
 
 
 class StretchSpy:
-    """Records each inner stretch the C scanner read: (its length, how much of it it read)."""
+    """Records each inner stretch the C scanner read (from the file itself where it can,
+    ``scan_file``, else from bytes read first): (its length, how much of it it read)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[int, int]] = []
-        real = parse.scan_stretch
+        real_stretch, real_file = parse.scan_stretch, parse.scan_file
 
-        def spy(data: Any, *args: Any, **kwargs: Any) -> Any:
-            part, done = real(data, *args, **kwargs)
+        def spy_stretch(data: Any, *args: Any, **kwargs: Any) -> Any:
+            part, done = real_stretch(data, *args, **kwargs)
             self.calls.append((len(data), done))
             return part, done
 
-        monkeypatch.setattr(parse, "scan_stretch", spy)
+        def spy_file(fd: int, start: int, stop: int, *args: Any, **kwargs: Any) -> Any:
+            part, done = real_file(fd, start, stop, *args, **kwargs)
+            self.calls.append((stop - start, done))
+            return part, done
+
+        monkeypatch.setattr(parse, "scan_stretch", spy_stretch)
+        monkeypatch.setattr(parse, "scan_file", spy_file)
 
 
-def test_inner_stretches_are_scanned_in_c_straight_from_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("route", ["file", "bytes", "gzip"])
+def test_inner_stretches_are_scanned_in_c_straight_from_the_file(
+    route: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Between the first stretch and the last (which hold the metadata around the events),
-    the C scanner cuts each stretch into chunks itself, reading the file's bytes in place."""
+    the C scanner cuts each stretch into chunks itself, reading them from the file itself
+    (``scan_file``), else from the stretch's bytes (a gzip file's, inflated)."""
     path = plain("kineto_worker0.1623143089861.pt.trace.json.gz", tmp_path)
+    if route == "bytes":
+        monkeypatch.setattr(parse, "scans_files", lambda: False)
+    if route == "gzip":
+        path = path.with_suffix(".json.gz")
+        path.write_bytes(gzip.compress(path.with_suffix("").read_bytes(), compresslevel=1))
     alone = tracemagic.load(path, use_cache=False, workers=1)
     monkeypatch.setattr(split, "STRETCH_BYTES", path.stat().st_size // 6)
     monkeypatch.setattr(parse, "CHUNK_BYTES", 256 * 1024)
@@ -375,13 +391,16 @@ def test_inner_stretches_are_scanned_in_c_straight_from_the_file(tmp_path: Path,
     assert both.warnings == alone.warnings
 
 
+@pytest.mark.parametrize("from_file", [True, False])
 @pytest.mark.parametrize("chunk", [4 * 1024, 64 * 1024])
 def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
-    chunk: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    chunk: int, from_file: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An event the scanner does not read exactly as msgspec does (a float where an integer
-    id belongs, a number beyond 64 bits) stops the C stretch there: the rest of the stretch
-    is read as any stretch is, and the result is the one-thread parse's, warnings included."""
+    id belongs, a number beyond 64 bits), or one longer than a chunk, stops the C stretch
+    there: the rest of the stretch is read as any stretch is, and the result is the
+    one-thread parse's, warnings included; whether the scanner reads the file itself
+    (``scan_file``) or bytes read for it (``scan_stretch``, as for gzip)."""
     events = []
     for i in range(3000):
         args: dict[str, Any] = {"External id": i, "Input Dims": [[i % 7, 3], []], "Call stack": "a.py(1): f"}
@@ -389,6 +408,8 @@ def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
             args["External id"] = i + 0.5  # a float id: read by msgspec's rules
         if i == 1700:
             args["Sequence number"] = 2**70  # beyond 64 bits
+        if i == 2500:
+            args["Call stack"] = "a.py(1): f;" * 2000  # an event of over 20 kB
         events.append(
             {"ph": "X", "cat": "cpu_op", "name": f"op{i % 13}", "pid": 1, "tid": 2, "ts": 10.0 * i, "dur": 5.0, "args": args}
         )
@@ -398,6 +419,8 @@ def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
     monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
     monkeypatch.setattr(split, "STRETCH_BYTES", len(text) // 5)
     monkeypatch.setattr(parse, "CHUNK_BYTES", chunk)
+    if not from_file:
+        monkeypatch.setattr(parse, "scans_files", lambda: False)
     alone = tracemagic.load(path, use_cache=False, workers=1)
     spy = StretchSpy(monkeypatch)
     both = tracemagic.load(path, use_cache=False)

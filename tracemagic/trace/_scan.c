@@ -22,6 +22,10 @@
 
 #include "yyjson.h"
 
+#if defined(__unix__) || defined(__APPLE__)
+#define SCAN_HAS_PREAD 1 /* scan_file: POSIX pread */
+#endif
+
 /* -- interning: distinct JSON values of one column, in first-seen order -------------- */
 
 typedef struct {
@@ -916,61 +920,123 @@ static size_t chunk_end(const char *buf, size_t len, size_t start, size_t chunk,
     return len;
 }
 
-PyDoc_STRVAR(scan_stretch_doc,
-             "scan_stretch(data, pool, chunk) -> (list of columns, done)\n\n"
-             "scan() of each chunk of about `chunk` bytes of `data`: events separated by\n"
-             "commas, from the '{' of the first to the '}' of the last, no brackets.\n"
-             "Each chunk is copied (between '[' and ']') into the pool and decoded there,\n"
-             "so `data` (a read-only map of the file) is never written. Stops at the first\n"
-             "chunk scan() would leave to msgspec: `done` is the offset of that chunk's\n"
-             "first '{' (len(data): all read), the caller reads the rest its own way.");
+/* Whether buf[:len] has an event boundary (event_boundary) whose '}' is before `limit`:
+ * the last such '}' + 1, with *next, or 0 when there is none. */
+static size_t last_cut(const char *buf, size_t len, size_t limit, size_t *next) {
+    while (limit > 0) {
+        const char *hit = NULL;
+        for (const char *q = buf + limit; q > buf;) { /* memrchr is not C99 */
+            q--;
+            if (*q == '}') {
+                hit = q;
+                break;
+            }
+        }
+        if (hit == NULL) return 0;
+        size_t at = (size_t)(hit - buf);
+        if (event_boundary(buf, len, at, next)) return at + 1;
+        limit = at;
+    }
+    return 0;
+}
 
-static PyObject *scan_stretch(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "scan_stretch(data, pool, chunk) takes 3 arguments");
-        return NULL;
+/* A stretch of events to scan: bytes in memory (buf), or bytes [base, base + len) of the
+ * file fd, read chunk by chunk into the pool with pread (no copy of the whole stretch). */
+typedef struct {
+    const char *buf;
+    int fd;
+    long long base;
+    size_t len;
+} Stretch;
+
+/* bytes read beyond a chunk's `chunk` bytes, for the end of its last event */
+#define LOOKAHEAD (64 << 10)
+#define LEAD 3 /* room for "[  " before a chunk */
+
+#ifdef SCAN_HAS_PREAD
+#include <errno.h>
+#include <unistd.h>
+/* len bytes of fd at offset into out; 0 when they were all read. */
+static int read_fully(int fd, char *out, size_t len, long long offset) {
+    while (len > 0) {
+        ssize_t got = pread(fd, out, len, (off_t)offset);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        out += got;
+        len -= (size_t)got;
+        offset += got;
     }
-    Py_ssize_t chunk = PyLong_AsSsize_t(args[2]);
-    if (chunk == -1 && PyErr_Occurred()) return NULL;
-    if (chunk < 1) {
-        PyErr_SetString(PyExc_ValueError, "chunk must be positive");
-        return NULL;
+    return 0;
+}
+#endif
+
+/* The next chunk of the stretch from `start`, copied (read) into the pool between '[' and
+ * ']' and decoded into c: 0, BAIL (also: a file that could not be read, or no end of an
+ * event in reach: the caller reads from `start` on its own way) or -1 (no memory). *next:
+ * where the chunk after it starts. Runs without the GIL. */
+static int scan_chunk(const Stretch *st, size_t start, size_t chunk, Pool *p, char **text, yyjson_doc **doc,
+                      Columns *c, size_t *next) {
+    memset(c, 0, sizeof(*c));
+    size_t rest = st->len - start, take, end;
+    const char *region;
+    if (st->buf != NULL) {
+        region = st->buf + start;
+        end = chunk_end(st->buf, st->len, start, chunk, next) - start;
+        *next = *next < st->len ? *next : st->len;
+        take = end;
+    } else {
+        take = rest > chunk + LOOKAHEAD ? chunk + LOOKAHEAD : rest;
+        end = take;
     }
-    Py_buffer view, pool_view;
-    int has_pool = args[1] != Py_None;
-    if (has_pool && PyObject_GetBuffer(args[1], &pool_view, PyBUF_WRITABLE) < 0) return NULL;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
-        if (has_pool) PyBuffer_Release(&pool_view);
-        return NULL;
+    size_t size = LEAD + take + 1 + YYJSON_PADDING_SIZE;
+    if (size < take) return -1; /* overflow */
+    *text = pool_take(p, size);
+    if (*text == NULL) return -1;
+    char *body = *text + LEAD;
+    if (st->buf != NULL) {
+        memcpy(body, region, take);
+    } else {
+#ifdef SCAN_HAS_PREAD
+        if (read_fully(st->fd, body, take, st->base + (long long)start) < 0) return BAIL;
+        if (take < rest) { /* the chunk ends at the last event boundary before `chunk` bytes */
+            size_t after;
+            end = last_cut(body, take, chunk, &after);
+            if (end == 0) return BAIL; /* one event of over `chunk` bytes: the caller's */
+            *next = start + after;
+        } else {
+            *next = st->len;
+        }
+#else
+        return BAIL;
+#endif
     }
+    /* yyjson reads indented JSON faster in its "pretty" mode, which it picks when the two
+     * bytes after the '[' are white space: "[  " before events indented as Kineto's */
+    size_t lead = end > 2 && json_space(body[1]) && json_space(body[2]) ? 3 : 1;
+    char *json = body - lead;
+    memcpy(json, "[  ", lead);
+    body[end] = ']';
+    memset(body + end + 1, 0, YYJSON_PADDING_SIZE);
+    return read_events_opts(json, lead + end + 1, p, doc, c, YYJSON_READ_INSITU);
+}
+
+/* scan()'s columns of each chunk of the stretch, in a list, and where it stopped. */
+static PyObject *scan_chunks(const Stretch *st, Py_ssize_t chunk, PyObject *pool_obj) {
+    Py_buffer pool_view;
+    int has_pool = pool_obj != Py_None;
+    if (has_pool && PyObject_GetBuffer(pool_obj, &pool_view, PyBUF_WRITABLE) < 0) return NULL;
     PyObject *out = PyList_New(0);
-    const char *buf = (const char *)view.buf;
-    size_t len = (size_t)view.len, start = 0;
-    while (out != NULL && start < len) {
+    size_t start = 0;
+    while (out != NULL && start < st->len) {
         Pool pool = {has_pool ? (char *)pool_view.buf : NULL, has_pool ? (size_t)pool_view.len : 0, 0};
         Pool *p = has_pool ? &pool : NULL;
         yyjson_doc *doc = NULL;
         Columns c;
-        int status;
-        size_t next = len, end, size = 0;
         char *text = NULL;
+        size_t next = st->len;
+        int status;
         Py_BEGIN_ALLOW_THREADS
-        end = chunk_end(buf, len, start, (size_t)chunk, &next);
-        /* yyjson reads indented JSON faster in its "pretty" mode, which it picks when the two
-         * bytes after the '[' are white space: "[  " before events indented as Kineto's */
-        size_t lead = end - start > 2 && json_space(buf[start + 1]) && json_space(buf[start + 2]) ? 3 : 1;
-        size = end - start + lead + 1; /* '[' (and two spaces), the chunk, ']' */
-        text = size + YYJSON_PADDING_SIZE > size ? pool_take(p, size + YYJSON_PADDING_SIZE) : NULL;
-        if (text == NULL) {
-            memset(&c, 0, sizeof(c));
-            status = -1;
-        } else {
-            memcpy(text, "[  ", lead);
-            memcpy(text + lead, buf + start, end - start);
-            text[size - 1] = ']';
-            memset(text + size, 0, YYJSON_PADDING_SIZE);
-            status = read_events_opts(text, size, p, &doc, &c, YYJSON_READ_INSITU);
-        }
+        status = scan_chunk(st, start, (size_t)chunk, p, &text, &doc, &c, &next);
         Py_END_ALLOW_THREADS
         PyObject *result = NULL;
         if (status == 0) {
@@ -997,15 +1063,80 @@ static PyObject *scan_stretch(PyObject *Py_UNUSED(self), PyObject *const *args, 
             break;
         }
     }
-    PyBuffer_Release(&view);
     if (has_pool) PyBuffer_Release(&pool_view);
     if (out == NULL) return NULL;
-    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(start < len ? start : len));
+    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(start < st->len ? start : st->len));
 }
+
+static Py_ssize_t chunk_arg(PyObject *arg) {
+    Py_ssize_t chunk = PyLong_AsSsize_t(arg);
+    if (chunk == -1 && PyErr_Occurred()) return -1;
+    if (chunk < 1) {
+        PyErr_SetString(PyExc_ValueError, "chunk must be positive");
+        return -1;
+    }
+    return chunk;
+}
+
+PyDoc_STRVAR(scan_stretch_doc,
+             "scan_stretch(data, pool, chunk) -> (list of columns, done)\n\n"
+             "scan() of each chunk of about `chunk` bytes of `data`: events separated by\n"
+             "commas, from the '{' of the first to the '}' of the last, no brackets.\n"
+             "Each chunk is copied (between '[' and ']') into the pool and decoded there,\n"
+             "so `data` is never written. Stops at the first chunk scan() would leave to\n"
+             "msgspec: `done` is the offset of that chunk's first '{' (len(data): all\n"
+             "read), the caller reads the rest its own way.");
+
+static PyObject *scan_stretch(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scan_stretch(data, pool, chunk) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t chunk = chunk_arg(args[2]);
+    if (chunk < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    Stretch st = {(const char *)view.buf, -1, 0, (size_t)view.len};
+    PyObject *result = scan_chunks(&st, chunk, args[1]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+#ifdef SCAN_HAS_PREAD
+PyDoc_STRVAR(scan_file_doc,
+             "scan_file(fd, offset, length, pool, chunk) -> (list of columns, done)\n\n"
+             "scan_stretch() of bytes [offset, offset + length) of the open file fd, each\n"
+             "chunk read with pread straight into the pool (no copy of the stretch, no map\n"
+             "of the file). Also stops (`done`) where the file cannot be read or an event\n"
+             "is longer than `chunk` bytes.");
+
+static PyObject *scan_file(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "scan_file(fd, offset, length, pool, chunk) takes 5 arguments");
+        return NULL;
+    }
+    long fd_long = PyLong_AsLong(args[0]);
+    int fd = fd_long > INT32_MAX ? -1 : (int)fd_long;
+    long long offset = PyLong_AsLongLong(args[1]);
+    Py_ssize_t length = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (fd < 0 || offset < 0 || length < 0) {
+        PyErr_SetString(PyExc_ValueError, "fd, offset and length must not be negative");
+        return NULL;
+    }
+    Py_ssize_t chunk = chunk_arg(args[4]);
+    if (chunk < 0) return NULL;
+    Stretch st = {NULL, fd, offset, (size_t)length};
+    return scan_chunks(&st, chunk, args[3]);
+}
+#endif
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL, scan_doc},
     {"scan_stretch", (PyCFunction)(void (*)(void))scan_stretch, METH_FASTCALL, scan_stretch_doc},
+#ifdef SCAN_HAS_PREAD
+    {"scan_file", (PyCFunction)(void (*)(void))scan_file, METH_FASTCALL, scan_file_doc},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -107,6 +107,22 @@ def scans_stretches() -> bool:
     return _scan is not None and hasattr(_scan, "scan_stretch")
 
 
+def scans_files() -> bool:
+    """Whether the C scanner reads stretches of a file itself (``scan_file``: POSIX ``pread``)."""
+    return _scan is not None and hasattr(_scan, "scan_file")
+
+
+def scan_file(
+    fd: int, start: int, stop: int, interners: Interners, pool: mmap.mmap | None = None, chunk: int | None = None
+) -> tuple[Part, int]:
+    """``scan_stretch`` of the bytes ``[start, stop)`` of the open file ``fd``, which the
+    scanner reads chunk by chunk straight into ``pool`` (no Python buffer, no copy of the
+    stretch); ``done`` counts from ``start``."""
+    assert _scan is not None
+    found, done = _scan.scan_file(fd, start, stop - start, pool, chunk or CHUNK_BYTES)
+    return _scanned_part(found, interners), done
+
+
 def scan_stretch(
     data: Any, interners: Interners, pool: mmap.mmap | None = None, chunk: int | None = None
 ) -> tuple[Part, int]:
@@ -117,11 +133,15 @@ def scan_stretch(
     msgspec) the caller reads the rest with ``read_part``."""
     assert _scan is not None
     found, done = _scan.scan_stretch(data, pool, chunk or CHUNK_BYTES)
+    return _scanned_part(found, interners), done
+
+
+def _scanned_part(found: list[tuple[Any, ...]], interners: Interners) -> Part:
     builder = _Builder(interners)
     with _gc_paused():
         for columns in found:
             builder.add(columns)
-    return Part(builder, {}, []), done
+    return Part(builder, {}, [])
 
 
 @contextmanager

@@ -17,12 +17,10 @@ the one-thread parse, so the result is always exactly what it would have been.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import ctypes
 import functools
 import io
 import itertools
-import mmap
 import os
 import re
 import threading
@@ -53,9 +51,9 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 #: ``read_at(offset, size)``: bytes of the JSON (a plain file's, or decompressed gzip)
 ReadAt = Callable[[int, int], bytes]
-#: ``view_at(start, stop)``: the JSON's bytes ``[start, stop)`` as a read-only buffer
-#: without copying them where that can be (a memory map of a plain file)
-ViewAt = Callable[[int, int], memoryview]
+#: ``scan_at(start, stop, interners, pool)``: ``parse.scan_stretch`` of the JSON's bytes
+#: ``[start, stop)`` (a plain file's read by the scanner itself, chunk by chunk)
+ScanAt = Callable[[int, int, parse.Interners, Any], tuple[parse.Part, int]]
 
 
 class _Slice(io.RawIOBase):
@@ -111,16 +109,20 @@ def _json_size(path: Path, size: int) -> int:
 
 
 @contextmanager
-def _contents(source: Source) -> Iterator[tuple[ReadAt, int, ViewAt] | None]:
-    """``(read_at, size, view_at)`` over the JSON: a plain file read in place (both threads
+def _contents(source: Source) -> Iterator[tuple[ReadAt, int, ScanAt] | None]:
+    """``(read_at, size, scan_at)`` over the JSON: a plain file read in place (both threads
     read their stretch from it), a gzip file decompressed into memory; None for a damaged
     gzip stream (the one-thread parse reports it)."""
     assert source.path is not None
     with open(source.path, "rb") as file:
         if file.read(2) != _GZIP_MAGIC:
-            size = os.fstat(file.fileno()).st_size
-            with _mapped(file, size) as view_at:
-                yield _reader(file), size, view_at
+            read_at = _reader(file)
+            if parse.scans_files():  # the scanner reads its chunks straight from the file
+                fd = file.fileno()
+                scan_at: ScanAt = partial(parse.scan_file, fd)
+            else:
+                scan_at = partial(_scan_read, read_at)
+            yield read_at, os.fstat(file.fileno()).st_size, scan_at
             return
     try:
         with ByteStream(source, block=8 << 20) as stream:
@@ -132,41 +134,13 @@ def _contents(source: Source) -> Iterator[tuple[ReadAt, int, ViewAt] | None]:
         yield None
         return
     read_at = _blocks_reader(blocks)
-    yield read_at, sum(len(b) for b in blocks), lambda start, stop: memoryview(read_at(start, stop - start))
+    yield read_at, sum(len(b) for b in blocks), partial(_scan_read, read_at)
 
 
-def _unmap_pages(mapped: mmap.mmap, start: int, stop: int) -> None:
-    """Drop the pages of ``[start, stop)`` read from the map out of this process (they stay
-    in the page cache): mapped file pages count in the resident set, and a 100 MB trace
-    mapped whole would raise the load's peak RSS by ~80 MB. Pages the stretch shares with
-    its neighbours are kept (another thread may be reading them; dropping them anyway
-    would only make it fault them in again)."""
-    dontneed = getattr(mmap, "MADV_DONTNEED", None)
-    page = mmap.PAGESIZE
-    lo, hi = -(-start // page) * page, stop // page * page
-    if dontneed is not None and hi > lo:
-        with contextlib.suppress(OSError, ValueError):
-            mapped.madvise(dontneed, lo, hi - lo)
-
-
-@contextmanager
-def _mapped(file: BinaryIO, size: int) -> Iterator[ViewAt]:
-    """``view_at`` over a plain file: a read-only memory map, which the C scanner reads
-    in place (``parse.scan_stretch`` copies each chunk once, into its pool: no ``pread``
-    copy, no Python buffer per chunk); ``pread`` where the file cannot be mapped."""
-    try:
-        mapped = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        read_at = _reader(file)
-        yield lambda start, stop: memoryview(read_at(start, stop - start))
-        return
-    try:
-        yield lambda start, stop: memoryview(mapped)[start:stop]
-    finally:
-        # a thread given up on (``_Second.cancel``) may still read a view of it: then the
-        # map is unmapped when its last view goes (CPython frees it with its last reference)
-        with contextlib.suppress(BufferError):
-            mapped.close()
+def _scan_read(read_at: ReadAt, start: int, stop: int, interners: parse.Interners, pool: Any) -> tuple[parse.Part, int]:
+    """``scan_at`` over ``read_at``: the stretch's bytes read (copied) first."""
+    with memoryview(read_at(start, stop - start)) as data:
+        return parse.scan_stretch(data, interners, pool)
 
 
 def _blocks_reader(blocks: list[bytes]) -> ReadAt:
@@ -260,11 +234,11 @@ def _parse_split(
     source: Source, contents: tuple[ReadAt, int], progress: Progress | None
 ) -> tuple[ParsedTrace, int | None] | None:
     """``parse_split``'s parse, and the second thread's native id."""
-    read_at, size, view_at = contents
+    read_at, size, scan_at = contents
     cuts = _cuts(read_at, size)
     if cuts is None:
         return None
-    stretches = _Stretches(read_at, cuts, source, view_at)
+    stretches = _Stretches(read_at, cuts, source, scan_at)
     second = _Second(stretches.take_all)
     try:
         stretches.take_all(_Reporter(stretches, source.size, progress))
@@ -292,10 +266,10 @@ def _parse_split(
 class _Stretches:
     """The stretches of one file, handed out in file order to whichever thread asks next."""
 
-    def __init__(self, read_at: ReadAt, cuts: list[tuple[int, int]], source: Source, view_at: ViewAt) -> None:
+    def __init__(self, read_at: ReadAt, cuts: list[tuple[int, int]], source: Source, scan_at: ScanAt) -> None:
         last = len(cuts) - 1
         self.read_at = read_at
-        self.view_at = view_at
+        self.scan_at = scan_at
         self.cuts = cuts
         self.source = source
         self.sources = [
@@ -361,10 +335,7 @@ class _Stretches:
         scanned in C straight from the file's bytes; from the first chunk the scanner
         leaves to msgspec, the rest as ``read_part`` reads any stretch."""
         start, stop = self.cuts[index]
-        with self.view_at(start, stop) as data:
-            part, done = parse.scan_stretch(data, self.interners, pool)
-            if isinstance(data.obj, mmap.mmap):
-                _unmap_pages(data.obj, start, stop)
+        part, done = self.scan_at(start, stop, self.interners, pool)
         if done < stop - start:
             rest = Source(
                 self.source.name,
