@@ -303,8 +303,9 @@ def mutant(seeds: list[Path], seed: int, index: int) -> tuple[str, bytes]:
 # -- the worker --------------------------------------------------------------------------------
 
 
-def _load(path: Path, c_path: bool) -> tuple[str, Any]:
-    """(outcome, detail) of loading ``path`` and computing the tables on one path."""
+def _load(path: Path, c_path: bool, workers: int | None = 1) -> tuple[str, Any]:
+    """(outcome, detail) of loading ``path`` and computing the tables on one path
+    (``workers=None``: on two threads, where ``trace.split`` takes the file)."""
     import tracemagic
     from tracemagic.trace import parse, structure
 
@@ -312,7 +313,7 @@ def _load(path: Path, c_path: bool) -> tuple[str, Any]:
     if not c_path:
         parse._scan, structure._nesting = None, None
     try:
-        trace = tracemagic.load(path, use_cache=False, workers=1, progress=False)
+        trace = tracemagic.load(path, use_cache=False, workers=workers, progress=False)
         tables = [getattr(trace, name)() for name in TABLES]
     except tracemagic.TraceError as exc:
         if str(path) not in str(exc):
@@ -346,15 +347,22 @@ def _same(a: Any, b: Any) -> str | None:
 def run_one(seeds: list[Path], seed: int, index: int, folder: Path) -> dict[str, Any]:
     """Load mutant ``index`` both ways; its outcome."""
     import tracemagic.trace.parse as parse
+    import tracemagic.trace.split as split
 
     rng = random.Random(f"chunk:{seed}:{index}")
     parse.CHUNK_BYTES = rng.choice((2 << 20, 2 << 20, 4096, 1024))  # small chunks: many cuts
     name, data = mutant(seeds, seed, index)
+    # two of three mutants parsed on two threads on the C path (the small files are cut into
+    # 3-14 stretches: the inner ones scanned by scan_file / scan_stretch)
+    two_threads = rng.random() < 2 / 3
+    split.SPLIT_MIN_BYTES = 0
+    split.STRETCH_BYTES = max(1, len(data) // rng.choice((3, 6, 12)))
+    split.EDGE_BYTES = rng.choice((1 << 20, 256, 4096))
     work = folder / f"m{index}"
     work.mkdir()
     path = work / name
     path.write_bytes(data)
-    fast = _load(path, True)
+    fast = _load(path, True, None if two_threads else 1)
     slow = _load(path, False)
     result: dict[str, Any] = {"i": index, "file": name, "size": len(data)}
     for outcome in ("exception", "unnamed"):

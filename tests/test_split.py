@@ -427,3 +427,27 @@ def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
     assert spy.calls and any(done < size for size, done in spy.calls), "a stretch was left to msgspec midway"
     assert_same(alone, both)
     assert both.warnings == alone.warnings
+
+
+def test_a_process_name_and_its_labels_in_different_stretches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process's labels are added to its name (``"python3 GPU 5"``) also when the name
+    and the labels are in stretches read apart (each stretch's names were joined as a
+    dict, so the later stretch's bare labels replaced the name)."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 5, "tid": 0, "args": {"name": "python3"}},
+    ]
+    events += [
+        {"ph": "X", "cat": "kernel", "name": f"k{i % 7}", "pid": 5, "tid": 7, "ts": 10.0 * i, "dur": 5.0, "args": {"correlation": i}}
+        for i in range(3000)
+    ]
+    events.append({"ph": "M", "name": "process_labels", "pid": 5, "tid": 0, "args": {"labels": "GPU 5"}})
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events}, indent=1)
+    path = tmp_path / "labels.json"
+    path.write_text(text)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "STRETCH_BYTES", len(text) // 6)
+    spy = SplitSpy(monkeypatch)
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.results == [True]
+    assert both.meta["processes"][0]["5"] == "python3 GPU 5"
+    assert_same(tracemagic.load(path, use_cache=False, workers=1), both)

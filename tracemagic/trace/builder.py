@@ -214,7 +214,9 @@ class _Builder:
         self.flow_parts: dict[str, list[Any]] = {c: [] for c in ("ph", "cat", "pid", "tid", "id", "ts")}
         #: per (JSON field, floating): values present that are not numbers fitting the column (left missing)
         self.dropped: dict[tuple[str, bool], int] = {}
-        self.processes: dict[str, str] = {}
+        #: the processes' names and labels as the file gives them, in order (pid, text, a
+        #: label?): a label is added to the name before it, which may be in an earlier part
+        self.process_names: list[tuple[str, Any, bool]] = []
         self.threads: dict[tuple[str, str], str] = {}
         # with shared interners, codes follow the order the threads met values in: the
         # distinct codes of each chunk (in its own order) put them back in file order
@@ -311,7 +313,7 @@ class _Builder:
         if self.firsts is not None and other.firsts is not None:
             for column, firsts in other.firsts.items():
                 self.firsts[column] += firsts
-        self.processes.update(other.processes)
+        self.process_names += other.process_names
         self.threads.update(other.threads)
         for key, count in other.dropped.items():
             self.dropped[key] = self.dropped.get(key, 0) + count
@@ -343,9 +345,9 @@ class _Builder:
             args = event.args if isinstance(event.args, _Args) else _EMPTY_ARGS
             value = args.meta_name
             if event.name == "process_name" and value is not None:
-                self.processes[str(event.pid)] = str(value)
+                self.process_names.append((str(event.pid), str(value), False))
             elif event.name == "process_labels" and args.labels:
-                self.processes[str(event.pid)] = f"{self.processes.get(str(event.pid), '')} {args.labels}".strip()
+                self.process_names.append((str(event.pid), args.labels, True))
             elif event.name == "thread_name" and value is not None:
                 self.threads[(str(event.pid), str(event.tid))] = str(value)
 
@@ -377,7 +379,10 @@ class _Builder:
         for (where, floating), count in self.dropped.items():
             kind = "float64" if floating else "int64"
             warnings.append(f"{count} values of {where} are not numbers that fit {kind}; left missing")
-        return ParsedTrace(table, flows, normalize.metadata(meta), self.processes, self.threads, warnings)
+        processes: dict[str, str] = {}
+        for pid, text, label in self.process_names:
+            processes[pid] = f"{processes.get(pid, '')} {text}".strip() if label else text
+        return ParsedTrace(table, flows, normalize.metadata(meta), processes, self.threads, warnings)
 
     def _categorical(self, column: str) -> pd.Categorical:
         return self._in_file_order(column, self.cats[column], self.codes[column])
