@@ -20,8 +20,11 @@ answering is replaced and the mutant it was on is recorded.
 Usage: ``.venv/bin/python bench/fuzz_load.py [--mutants 10000] [--seed 0] [--jobs 2]
 [--batch 100] [--json]`` prints the counts by outcome (and the failures, reproducible
 with ``--only N``, written to a folder with ``--save DIR --only N``); exit status 1 when any
-failure was found. ``TRACEMAGIC_FUZZ_CRASH_AT=N`` / ``TRACEMAGIC_FUZZ_HANG_AT=N`` make the
-worker die or stall at mutant N (``tests/test_fuzz.py`` checks the harness reports them).
+failure was found. ``--split`` loads two of three mutants on two threads on the C path,
+each cut into 3-14 stretches (``trace.split``: the inner ones read by ``scan_file`` /
+``scan_stretch``), compared with the one-thread pure Python parse.
+``TRACEMAGIC_FUZZ_CRASH_AT=N`` / ``TRACEMAGIC_FUZZ_HANG_AT=N`` make the worker die or stall
+at mutant N (``tests/test_fuzz.py`` checks the harness reports them).
 """
 
 from __future__ import annotations
@@ -352,12 +355,13 @@ def run_one(seeds: list[Path], seed: int, index: int, folder: Path) -> dict[str,
     rng = random.Random(f"chunk:{seed}:{index}")
     parse.CHUNK_BYTES = rng.choice((2 << 20, 2 << 20, 4096, 1024))  # small chunks: many cuts
     name, data = mutant(seeds, seed, index)
-    # two of three mutants parsed on two threads on the C path (the small files are cut into
-    # 3-14 stretches: the inner ones scanned by scan_file / scan_stretch)
-    two_threads = rng.random() < 2 / 3
-    split.SPLIT_MIN_BYTES = 0
-    split.STRETCH_BYTES = max(1, len(data) // rng.choice((3, 6, 12)))
-    split.EDGE_BYTES = rng.choice((1 << 20, 256, 4096))
+    # --split: two of three mutants parsed on two threads on the C path (the small files cut
+    # into 3-14 stretches: the inner ones scanned by scan_file / scan_stretch)
+    two_threads = os.environ.get("TRACEMAGIC_FUZZ_SPLIT") == "1" and rng.random() < 2 / 3
+    if two_threads:
+        split.SPLIT_MIN_BYTES = 0
+        split.STRETCH_BYTES = max(1, len(data) // rng.choice((3, 6, 12)))
+        split.EDGE_BYTES = rng.choice((1 << 20, 256, 4096))
     work = folder / f"m{index}"
     work.mkdir()
     path = work / name
@@ -486,11 +490,18 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds one mutant may take (both paths)")
     parser.add_argument("--only", default=None, help="comma-separated mutant numbers to rerun")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="load two of three mutants on two threads (cut into 3-14 stretches) on the C path",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (counts and failures)")
     parser.add_argument("--save", default=None, help="write mutant N's file here (with --only N) and exit")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--indices", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.split:  # the workers (subprocesses) read it
+        os.environ["TRACEMAGIC_FUZZ_SPLIT"] = "1"
     if args.worker:
         worker(Path(args.worker), args.seed, [int(i) for i in args.indices.split(",") if i])
         return 0

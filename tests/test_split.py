@@ -410,9 +410,8 @@ def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
             args["Sequence number"] = 2**70  # beyond 64 bits
         if i == 2500:
             args["Call stack"] = "a.py(1): f;" * 2000  # an event of over 20 kB
-        events.append(
-            {"ph": "X", "cat": "cpu_op", "name": f"op{i % 13}", "pid": 1, "tid": 2, "ts": 10.0 * i, "dur": 5.0, "args": args}
-        )
+        event = {"ph": "X", "cat": "cpu_op", "name": f"op{i % 13}", "pid": 1, "tid": 2, "ts": 10.0 * i, "dur": 5.0}
+        events.append({**event, "args": args})
     text = json.dumps({"schemaVersion": 1, "traceEvents": events, "traceName": "t"}, indent=2)
     path = tmp_path / "odd.json"
     path.write_text(text)
@@ -436,10 +435,8 @@ def test_a_process_name_and_its_labels_in_different_stretches(tmp_path: Path, mo
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": 5, "tid": 0, "args": {"name": "python3"}},
     ]
-    events += [
-        {"ph": "X", "cat": "kernel", "name": f"k{i % 7}", "pid": 5, "tid": 7, "ts": 10.0 * i, "dur": 5.0, "args": {"correlation": i}}
-        for i in range(3000)
-    ]
+    kernel = {"ph": "X", "cat": "kernel", "pid": 5, "tid": 7, "dur": 5.0}
+    events += [{**kernel, "name": f"k{i % 7}", "ts": 10.0 * i, "args": {"correlation": i}} for i in range(3000)]
     events.append({"ph": "M", "name": "process_labels", "pid": 5, "tid": 0, "args": {"labels": "GPU 5"}})
     text = json.dumps({"schemaVersion": 1, "traceEvents": events}, indent=1)
     path = tmp_path / "labels.json"

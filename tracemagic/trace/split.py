@@ -231,7 +231,7 @@ def parse_split(source: Source, progress: Progress | None = None, trim: bool = F
 
 
 def _parse_split(
-    source: Source, contents: tuple[ReadAt, int], progress: Progress | None
+    source: Source, contents: tuple[ReadAt, int, ScanAt], progress: Progress | None
 ) -> tuple[ParsedTrace, int | None] | None:
     """``parse_split``'s parse, and the second thread's native id."""
     read_at, size, scan_at = contents
@@ -318,7 +318,6 @@ class _Stretches:
             except BaseException:
                 self._failed = True  # the other thread takes no further stretch
                 raise
-
 
     def _read(self, index: int, report: Progress, pool: Any) -> parse.Part:
         """The columns of stretch ``index``: an inner one scanned in C straight from the
