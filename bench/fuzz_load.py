@@ -21,8 +21,8 @@ Usage: ``.venv/bin/python bench/fuzz_load.py [--mutants 10000] [--seed 0] [--job
 [--batch 100] [--json]`` prints the counts by outcome (and the failures, reproducible
 with ``--only N``, written to a folder with ``--save DIR --only N``); exit status 1 when any
 failure was found. ``--split`` loads two of three mutants on two threads on the C path,
-each cut into 3-14 stretches (``trace.split``: the inner ones read by ``scan_file`` /
-``scan_stretch``), compared with the one-thread pure Python parse.
+each cut into 3-14 stretches (``trace.split``: the inner ones of a plain file read by
+``scan_file``), compared with the one-thread pure Python parse.
 ``TRACEMAGIC_FUZZ_CRASH_AT=N`` / ``TRACEMAGIC_FUZZ_HANG_AT=N`` make the worker die or stall
 at mutant N (``tests/test_fuzz.py`` checks the harness reports them).
 """
@@ -356,7 +356,7 @@ def run_one(seeds: list[Path], seed: int, index: int, folder: Path) -> dict[str,
     parse.CHUNK_BYTES = rng.choice((2 << 20, 2 << 20, 4096, 1024))  # small chunks: many cuts
     name, data = mutant(seeds, seed, index)
     # --split: two of three mutants parsed on two threads on the C path (the small files cut
-    # into 3-14 stretches: the inner ones scanned by scan_file / scan_stretch)
+    # into 3-14 stretches: a plain file's inner ones scanned by scan_file)
     two_threads = os.environ.get("TRACEMAGIC_FUZZ_SPLIT") == "1" and rng.random() < 2 / 3
     if two_threads:
         split.SPLIT_MIN_BYTES = 0

@@ -340,36 +340,31 @@ def test_split_without_pread_reads_under_a_lock(tmp_path: Path, monkeypatch: pyt
 
 
 class StretchSpy:
-    """Records each inner stretch the C scanner read (from the file itself where it can,
-    ``scan_file``, else from bytes read first): (its length, how much of it it read)."""
+    """Records each inner stretch the C scanner read from the file itself (``scan_file``):
+    (its length, how much of it it read)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[int, int]] = []
-        real_stretch, real_file = parse.scan_stretch, parse.scan_file
+        real = parse.scan_file
 
-        def spy_stretch(data: Any, *args: Any, **kwargs: Any) -> Any:
-            part, done = real_stretch(data, *args, **kwargs)
-            self.calls.append((len(data), done))
-            return part, done
-
-        def spy_file(fd: int, start: int, stop: int, *args: Any, **kwargs: Any) -> Any:
-            part, done = real_file(fd, start, stop, *args, **kwargs)
+        def spy(fd: int, start: int, stop: int, *args: Any, **kwargs: Any) -> Any:
+            part, done = real(fd, start, stop, *args, **kwargs)
             self.calls.append((stop - start, done))
             return part, done
 
-        monkeypatch.setattr(parse, "scan_stretch", spy_stretch)
-        monkeypatch.setattr(parse, "scan_file", spy_file)
+        monkeypatch.setattr(parse, "scan_file", spy)
 
 
-@pytest.mark.parametrize("route", ["file", "bytes", "gzip"])
+@pytest.mark.parametrize("route", ["file", "no scan_file", "gzip"])
 def test_inner_stretches_are_scanned_in_c_straight_from_the_file(
     route: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Between the first stretch and the last (which hold the metadata around the events),
-    the C scanner cuts each stretch into chunks itself, reading them from the file itself
-    (``scan_file``), else from the stretch's bytes (a gzip file's, inflated)."""
+    the C scanner cuts each stretch of a plain file into chunks itself, reading them from
+    the file (``scan_file``); a gzip file's stretches (inflated in memory), and any where
+    there is no ``scan_file`` (no ``pread``), are read by ``read_part``: the same columns."""
     path = plain("kineto_worker0.1623143089861.pt.trace.json.gz", tmp_path)
-    if route == "bytes":
+    if route == "no scan_file":
         monkeypatch.setattr(parse, "scans_files", lambda: False)
     if route == "gzip":
         path = path.with_suffix(".json.gz")
@@ -383,24 +378,25 @@ def test_inner_stretches_are_scanned_in_c_straight_from_the_file(
     monkeypatch.setattr(split, "_cuts", lambda *args: cuts.append(real_cuts(*args)) or cuts[-1])
     both = tracemagic.load(path, use_cache=False)
     assert len(cuts) == 1 and len(cuts[0]) >= 6
-    assert sorted(size for size, _ in spy.calls) == sorted(stop - start for start, stop in cuts[0][1:-1]), (
-        "every stretch between the first and the last"
-    )
-    assert all(done == size for size, done in spy.calls), "each read to its end in C"
+    if route == "file":
+        assert sorted(size for size, _ in spy.calls) == sorted(stop - start for start, stop in cuts[0][1:-1]), (
+            "every stretch between the first and the last"
+        )
+        assert all(done == size for size, done in spy.calls), "each read to its end in C"
+    else:
+        assert spy.calls == []
     assert_same(alone, both)
     assert both.warnings == alone.warnings
 
 
-@pytest.mark.parametrize("from_file", [True, False])
 @pytest.mark.parametrize("chunk", [4 * 1024, 64 * 1024])
 def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
-    chunk: int, from_file: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    chunk: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An event the scanner does not read exactly as msgspec does (a float where an integer
     id belongs, a number beyond 64 bits), or one longer than a chunk, stops the C stretch
     there: the rest of the stretch is read as any stretch is, and the result is the
-    one-thread parse's, warnings included; whether the scanner reads the file itself
-    (``scan_file``) or bytes read for it (``scan_stretch``, as for gzip)."""
+    one-thread parse's, warnings included."""
     events = []
     for i in range(3000):
         args: dict[str, Any] = {"External id": i, "Input Dims": [[i % 7, 3], []], "Call stack": "a.py(1): f"}
@@ -418,8 +414,6 @@ def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
     monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
     monkeypatch.setattr(split, "STRETCH_BYTES", len(text) // 5)
     monkeypatch.setattr(parse, "CHUNK_BYTES", chunk)
-    if not from_file:
-        monkeypatch.setattr(parse, "scans_files", lambda: False)
     alone = tracemagic.load(path, use_cache=False, workers=1)
     spy = StretchSpy(monkeypatch)
     both = tracemagic.load(path, use_cache=False)

@@ -870,7 +870,11 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     return result;
 }
 
-/* -- a stretch of events, cut into chunks here ----------------------------------------- */
+/* -- a stretch of a file's events, cut into chunks here (POSIX pread) ---------------- */
+
+#ifdef SCAN_HAS_PREAD
+#include <errno.h>
+#include <unistd.h>
 
 static inline int json_space(char ch) { return ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t'; }
 
@@ -886,38 +890,6 @@ static int event_boundary(const char *buf, size_t len, size_t at, size_t *next) 
     if (i >= len || buf[i] != '{') return 0;
     *next = i;
     return 1;
-}
-
-/* The end (exclusive) of the chunk of buf[start:] to decode next and, in *next, where the
- * one after it starts (len: none): the last event boundary at most `chunk` bytes on, else
- * the first beyond (one enormous event), else the rest. */
-static size_t chunk_end(const char *buf, size_t len, size_t start, size_t chunk, size_t *next) {
-    if (len - start > chunk) {
-        const char *lo = buf + start;
-        size_t limit = start + chunk;
-        for (;;) { /* backwards over the '}' before limit */
-            const char *hit = NULL;
-            for (const char *q = buf + limit; q > lo;) { /* memrchr is not C99 */
-                q--;
-                if (*q == '}') {
-                    hit = q;
-                    break;
-                }
-            }
-            if (hit == NULL) break;
-            size_t at = (size_t)(hit - buf);
-            if (event_boundary(buf, len, at, next)) return at + 1;
-            limit = at;
-        }
-        for (size_t at = start + chunk; at < len; at++) {
-            const char *hit = memchr(buf + at, '}', len - at);
-            if (hit == NULL) break;
-            at = (size_t)(hit - buf);
-            if (event_boundary(buf, len, at, next)) return at + 1;
-        }
-    }
-    *next = len;
-    return len;
 }
 
 /* Whether buf[:len] has an event boundary (event_boundary) whose '}' is before `limit`:
@@ -940,10 +912,9 @@ static size_t last_cut(const char *buf, size_t len, size_t limit, size_t *next) 
     return 0;
 }
 
-/* A stretch of events to scan: bytes in memory (buf), or bytes [base, base + len) of the
- * file fd, read chunk by chunk into the pool with pread (no copy of the whole stretch). */
+/* A stretch of events to scan: bytes [base, base + len) of the file fd, read chunk by
+ * chunk into the pool with pread (no copy of the whole stretch). */
 typedef struct {
-    const char *buf;
     int fd;
     long long base;
     size_t len;
@@ -953,9 +924,6 @@ typedef struct {
 #define LOOKAHEAD (64 << 10)
 #define LEAD 3 /* room for "[  " before a chunk */
 
-#ifdef SCAN_HAS_PREAD
-#include <errno.h>
-#include <unistd.h>
 /* len bytes of fd at offset into out; 0 when they were all read. */
 static int read_fully(int fd, char *out, size_t len, long long offset) {
     while (len > 0) {
@@ -968,7 +936,6 @@ static int read_fully(int fd, char *out, size_t len, long long offset) {
     }
     return 0;
 }
-#endif
 
 /* The next chunk of the stretch from `start`, copied (read) into the pool between '[' and
  * ']' and decoded into c: 0, BAIL (also: a file that could not be read, or no end of an
@@ -977,38 +944,20 @@ static int read_fully(int fd, char *out, size_t len, long long offset) {
 static int scan_chunk(const Stretch *st, size_t start, size_t chunk, Pool *p, char **text, yyjson_doc **doc,
                       Columns *c, size_t *next) {
     memset(c, 0, sizeof(*c));
-    size_t rest = st->len - start, take, end;
-    const char *region;
-    if (st->buf != NULL) {
-        region = st->buf + start;
-        end = chunk_end(st->buf, st->len, start, chunk, next) - start;
-        *next = *next < st->len ? *next : st->len;
-        take = end;
-    } else {
-        take = rest > chunk + LOOKAHEAD ? chunk + LOOKAHEAD : rest;
-        end = take;
-    }
+    size_t rest = st->len - start, take = rest > chunk + LOOKAHEAD ? chunk + LOOKAHEAD : rest, end = take;
     size_t size = LEAD + take + 1 + YYJSON_PADDING_SIZE;
     if (size < take) return -1; /* overflow */
     *text = pool_take(p, size);
     if (*text == NULL) return -1;
     char *body = *text + LEAD;
-    if (st->buf != NULL) {
-        memcpy(body, region, take);
+    if (read_fully(st->fd, body, take, st->base + (long long)start) < 0) return BAIL;
+    if (take < rest) { /* the chunk ends at the last event boundary before `chunk` bytes */
+        size_t after;
+        end = last_cut(body, take, chunk, &after);
+        if (end == 0) return BAIL; /* one event of over `chunk` bytes: the caller's */
+        *next = start + after;
     } else {
-#ifdef SCAN_HAS_PREAD
-        if (read_fully(st->fd, body, take, st->base + (long long)start) < 0) return BAIL;
-        if (take < rest) { /* the chunk ends at the last event boundary before `chunk` bytes */
-            size_t after;
-            end = last_cut(body, take, chunk, &after);
-            if (end == 0) return BAIL; /* one event of over `chunk` bytes: the caller's */
-            *next = start + after;
-        } else {
-            *next = st->len;
-        }
-#else
-        return BAIL;
-#endif
+        *next = st->len;
     }
     /* yyjson reads indented JSON faster in its "pretty" mode, which it picks when the two
      * bytes after the '[' are white space: "[  " before events indented as Kineto's */
@@ -1078,37 +1027,15 @@ static Py_ssize_t chunk_arg(PyObject *arg) {
     return chunk;
 }
 
-PyDoc_STRVAR(scan_stretch_doc,
-             "scan_stretch(data, pool, chunk) -> (list of columns, done)\n\n"
-             "scan() of each chunk of about `chunk` bytes of `data`: events separated by\n"
-             "commas, from the '{' of the first to the '}' of the last, no brackets.\n"
-             "Each chunk is copied (between '[' and ']') into the pool and decoded there,\n"
-             "so `data` is never written. Stops at the first chunk scan() would leave to\n"
-             "msgspec: `done` is the offset of that chunk's first '{' (len(data): all\n"
-             "read), the caller reads the rest its own way.");
-
-static PyObject *scan_stretch(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "scan_stretch(data, pool, chunk) takes 3 arguments");
-        return NULL;
-    }
-    Py_ssize_t chunk = chunk_arg(args[2]);
-    if (chunk < 0) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    Stretch st = {(const char *)view.buf, -1, 0, (size_t)view.len};
-    PyObject *result = scan_chunks(&st, chunk, args[1]);
-    PyBuffer_Release(&view);
-    return result;
-}
-
-#ifdef SCAN_HAS_PREAD
 PyDoc_STRVAR(scan_file_doc,
              "scan_file(fd, offset, length, pool, chunk) -> (list of columns, done)\n\n"
-             "scan_stretch() of bytes [offset, offset + length) of the open file fd, each\n"
-             "chunk read with pread straight into the pool (no copy of the stretch, no map\n"
-             "of the file). Also stops (`done`) where the file cannot be read or an event\n"
-             "is longer than `chunk` bytes.");
+             "scan() of each chunk of about `chunk` bytes of [offset, offset + length) of\n"
+             "the open file fd: events separated by commas, from the '{' of the first to\n"
+             "the '}' of the last. Each chunk is read with pread straight into the pool\n"
+             "(between '[' and ']') and decoded there: no copy of the stretch, no map of the\n"
+             "file. Stops at the first chunk scan() would leave to msgspec, that cannot be\n"
+             "read, or that is one event of over `chunk` bytes: `done` is the offset of its\n"
+             "first '{' (length: all read); the caller reads the rest its own way.");
 
 static PyObject *scan_file(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
@@ -1126,14 +1053,13 @@ static PyObject *scan_file(PyObject *Py_UNUSED(self), PyObject *const *args, Py_
     }
     Py_ssize_t chunk = chunk_arg(args[4]);
     if (chunk < 0) return NULL;
-    Stretch st = {NULL, fd, offset, (size_t)length};
+    Stretch st = {fd, offset, (size_t)length};
     return scan_chunks(&st, chunk, args[3]);
 }
 #endif
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL, scan_doc},
-    {"scan_stretch", (PyCFunction)(void (*)(void))scan_stretch, METH_FASTCALL, scan_stretch_doc},
 #ifdef SCAN_HAS_PREAD
     {"scan_file", (PyCFunction)(void (*)(void))scan_file, METH_FASTCALL, scan_file_doc},
 #endif

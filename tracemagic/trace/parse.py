@@ -102,11 +102,6 @@ def scans_in_c() -> bool:
     return _scan is not None
 
 
-def scans_stretches() -> bool:
-    """Whether the C scanner cuts stretches of events into chunks itself (``scan_stretch``)."""
-    return _scan is not None and hasattr(_scan, "scan_stretch")
-
-
 def scans_files() -> bool:
     """Whether the C scanner reads stretches of a file itself (``scan_file``: POSIX ``pread``)."""
     return _scan is not None and hasattr(_scan, "scan_file")
@@ -115,24 +110,14 @@ def scans_files() -> bool:
 def scan_file(
     fd: int, start: int, stop: int, interners: Interners, pool: mmap.mmap | None = None, chunk: int | None = None
 ) -> tuple[Part, int]:
-    """``scan_stretch`` of the bytes ``[start, stop)`` of the open file ``fd``, which the
-    scanner reads chunk by chunk straight into ``pool`` (no Python buffer, no copy of the
-    stretch); ``done`` counts from ``start``."""
+    """The columns of the events in bytes ``[start, stop)`` of the open file ``fd`` (events
+    separated by commas, from the first one's ``{`` to the last one's ``}``), which the C
+    scanner reads chunk by chunk (of about ``chunk`` bytes) straight into ``pool``: no Python
+    buffer, no copy of the stretch, no cut searched in Python. And how many bytes of it that
+    read: from there on (the ``{`` of the first chunk the scanner leaves to msgspec) the
+    caller reads the rest with ``read_part``."""
     assert _scan is not None
     found, done = _scan.scan_file(fd, start, stop - start, pool, chunk or CHUNK_BYTES)
-    return _scanned_part(found, interners), done
-
-
-def scan_stretch(
-    data: Any, interners: Interners, pool: mmap.mmap | None = None, chunk: int | None = None
-) -> tuple[Part, int]:
-    """The columns of the events in ``data`` (events separated by commas, from the first
-    one's ``{`` to the last one's ``}``, no brackets), cut into chunks of about ``chunk``
-    bytes and scanned in C without a Python buffer per chunk; and how many bytes of
-    ``data`` that read: from there on (the ``{`` of the first chunk the scanner leaves to
-    msgspec) the caller reads the rest with ``read_part``."""
-    assert _scan is not None
-    found, done = _scan.scan_stretch(data, pool, chunk or CHUNK_BYTES)
     return _scanned_part(found, interners), done
 
 

@@ -51,8 +51,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 #: ``read_at(offset, size)``: bytes of the JSON (a plain file's, or decompressed gzip)
 ReadAt = Callable[[int, int], bytes]
-#: ``scan_at(start, stop, interners, pool)``: ``parse.scan_stretch`` of the JSON's bytes
-#: ``[start, stop)`` (a plain file's read by the scanner itself, chunk by chunk)
+#: ``scan_at(start, stop, interners, pool)``: ``parse.scan_file`` of the file's bytes
+#: ``[start, stop)`` (a plain file's, where the scanner reads it itself)
 ScanAt = Callable[[int, int, parse.Interners, Any], tuple[parse.Part, int]]
 
 
@@ -109,20 +109,17 @@ def _json_size(path: Path, size: int) -> int:
 
 
 @contextmanager
-def _contents(source: Source) -> Iterator[tuple[ReadAt, int, ScanAt] | None]:
+def _contents(source: Source) -> Iterator[tuple[ReadAt, int, ScanAt | None] | None]:
     """``(read_at, size, scan_at)`` over the JSON: a plain file read in place (both threads
-    read their stretch from it), a gzip file decompressed into memory; None for a damaged
-    gzip stream (the one-thread parse reports it)."""
+    read their stretch from it; ``scan_at`` where the scanner reads it itself), a gzip file
+    decompressed into memory (no ``scan_at``: a stretch's bytes copied out of the inflated
+    blocks for it measured slower than ``read_part``'s chunks); None for a damaged gzip
+    stream (the one-thread parse reports it)."""
     assert source.path is not None
     with open(source.path, "rb") as file:
         if file.read(2) != _GZIP_MAGIC:
-            read_at = _reader(file)
-            if parse.scans_files():  # the scanner reads its chunks straight from the file
-                fd = file.fileno()
-                scan_at: ScanAt = partial(parse.scan_file, fd)
-            else:
-                scan_at = partial(_scan_read, read_at)
-            yield read_at, os.fstat(file.fileno()).st_size, scan_at
+            scan_at = partial(parse.scan_file, file.fileno()) if parse.scans_files() else None
+            yield _reader(file), os.fstat(file.fileno()).st_size, scan_at
             return
     try:
         with ByteStream(source, block=8 << 20) as stream:
@@ -133,14 +130,7 @@ def _contents(source: Source) -> Iterator[tuple[ReadAt, int, ScanAt] | None]:
     if truncated:
         yield None
         return
-    read_at = _blocks_reader(blocks)
-    yield read_at, sum(len(b) for b in blocks), partial(_scan_read, read_at)
-
-
-def _scan_read(read_at: ReadAt, start: int, stop: int, interners: parse.Interners, pool: Any) -> tuple[parse.Part, int]:
-    """``scan_at`` over ``read_at``: the stretch's bytes read (copied) first."""
-    with memoryview(read_at(start, stop - start)) as data:
-        return parse.scan_stretch(data, interners, pool)
+    yield _blocks_reader(blocks), sum(len(b) for b in blocks), None
 
 
 def _blocks_reader(blocks: list[bytes]) -> ReadAt:
@@ -180,19 +170,22 @@ def _reader(file: BinaryIO) -> ReadAt:
     return read_at
 
 
-def _targets(events: int, size: int) -> list[int]:
-    """Where to look for the cuts between stretches (``events``: where the events start).
-    The first and the last stretch, which hold the metadata around the events and are read
-    by ``parse.read_part`` (~1.4x slower than the C scanner's inner stretches), are short
-    (``EDGE_BYTES``); at least two inner stretches (both threads busy), of about
-    ``STRETCH_BYTES`` (up to ``MAX_STRETCHES`` in all) between them."""
+def _targets(events: int, size: int, scanned: bool) -> list[int]:
+    """Where to look for the cuts between stretches (``events``: where the events start),
+    for about ``STRETCH_BYTES`` each, up to ``MAX_STRETCHES``. Where the scanner reads the
+    inner stretches itself (``scanned``), the first and the last, which hold the metadata
+    around the events and are read by ``parse.read_part`` (~1.4x slower), are short
+    (``EDGE_BYTES``), with at least two inner ones (both threads busy) between them."""
+    if not scanned:
+        count = max(2, min(MAX_STRETCHES, size // STRETCH_BYTES))
+        return [size * i // count for i in range(1, count)]
     span = size - events
     edge = min(EDGE_BYTES, span // 8)
     inner = max(2, min(MAX_STRETCHES - 2, (span - 2 * edge) // STRETCH_BYTES))
     return [events + edge + (span - 2 * edge) * i // inner for i in range(inner)] + [size - edge]
 
 
-def _cuts(read_at: ReadAt, size: int) -> list[tuple[int, int]] | None:
+def _cuts(read_at: ReadAt, size: int, scanned: bool = False) -> list[tuple[int, int]] | None:
     """``[(start, stop)]`` of each stretch: the first from byte 0 to an event's ``}``, each
     later one from the next event's ``{``, the last to the end; None when no boundary is found."""
     match = _EVENTS_KEY.search(read_at(0, 1 << 20))
@@ -200,7 +193,7 @@ def _cuts(read_at: ReadAt, size: int) -> list[tuple[int, int]] | None:
         return None
     stretches: list[tuple[int, int]] = []
     start = 0
-    for target in _targets(match.end(), size):
+    for target in _targets(match.end(), size, scanned):
         target = max(match.end(), start + 1, target)
         boundary = _BOUNDARY.search(read_at(target, 64 << 10)) or _BOUNDARY.search(read_at(target, 4 << 20))
         if boundary is None:
@@ -231,11 +224,11 @@ def parse_split(source: Source, progress: Progress | None = None, trim: bool = F
 
 
 def _parse_split(
-    source: Source, contents: tuple[ReadAt, int, ScanAt], progress: Progress | None
+    source: Source, contents: tuple[ReadAt, int, ScanAt | None], progress: Progress | None
 ) -> tuple[ParsedTrace, int | None] | None:
     """``parse_split``'s parse, and the second thread's native id."""
     read_at, size, scan_at = contents
-    cuts = _cuts(read_at, size)
+    cuts = _cuts(read_at, size, scan_at is not None)
     if cuts is None:
         return None
     stretches = _Stretches(read_at, cuts, source, scan_at)
@@ -266,7 +259,7 @@ def _parse_split(
 class _Stretches:
     """The stretches of one file, handed out in file order to whichever thread asks next."""
 
-    def __init__(self, read_at: ReadAt, cuts: list[tuple[int, int]], source: Source, scan_at: ScanAt) -> None:
+    def __init__(self, read_at: ReadAt, cuts: list[tuple[int, int]], source: Source, scan_at: ScanAt | None) -> None:
         last = len(cuts) - 1
         self.read_at = read_at
         self.scan_at = scan_at
@@ -321,9 +314,9 @@ class _Stretches:
 
     def _read(self, index: int, report: Progress, pool: Any) -> parse.Part:
         """The columns of stretch ``index``: an inner one scanned in C straight from the
-        file's bytes where the scanner can, the first and last (with the metadata around
-        the events) and any other by ``parse.read_part``."""
-        if 0 < index < len(self.cuts) - 1 and parse.scans_stretches():
+        file where the scanner can, the first and last (with the metadata around the
+        events) and any other by ``parse.read_part``."""
+        if 0 < index < len(self.cuts) - 1 and self.scan_at is not None:
             return self._scan_inner(index, report, pool)
         return parse.read_part(
             self.sources[index], base=self.bases[index], progress=report, interners=self.interners, pool=pool
@@ -333,6 +326,7 @@ class _Stretches:
         """An inner stretch (events alone, no metadata around them) cut into chunks and
         scanned in C straight from the file's bytes; from the first chunk the scanner
         leaves to msgspec, the rest as ``read_part`` reads any stretch."""
+        assert self.scan_at is not None
         start, stop = self.cuts[index]
         part, done = self.scan_at(start, stop, self.interners, pool)
         if done < stop - start:
