@@ -15,6 +15,9 @@ setup(
             "tracemagic.trace._scan",
             sources=["tracemagic/trace/_scan.c", "vendor/yyjson/yyjson.c"],
             include_dirs=["vendor/yyjson"],
+            # no comments, trailing commas, NaN/Infinity literals or invalid Unicode: the scanner
+            # asks for none of them (msgspec reads those), and yyjson reads 2-6% faster without
+            define_macros=[("YYJSON_DISABLE_NON_STANDARD", "1")],
             optional=True,
         ),
         Extension("tracemagic.trace._nesting", sources=["tracemagic/trace/_nesting.c"], optional=True),

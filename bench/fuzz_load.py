@@ -20,8 +20,11 @@ answering is replaced and the mutant it was on is recorded.
 Usage: ``.venv/bin/python bench/fuzz_load.py [--mutants 10000] [--seed 0] [--jobs 2]
 [--batch 100] [--json]`` prints the counts by outcome (and the failures, reproducible
 with ``--only N``, written to a folder with ``--save DIR --only N``); exit status 1 when any
-failure was found. ``TRACEMAGIC_FUZZ_CRASH_AT=N`` / ``TRACEMAGIC_FUZZ_HANG_AT=N`` make the
-worker die or stall at mutant N (``tests/test_fuzz.py`` checks the harness reports them).
+failure was found. ``--split`` loads two of three mutants on two threads on the C path,
+each cut into 3-14 stretches (``trace.split``: the inner ones of a plain file read by
+``scan_file``), compared with the one-thread pure Python parse.
+``TRACEMAGIC_FUZZ_CRASH_AT=N`` / ``TRACEMAGIC_FUZZ_HANG_AT=N`` make the worker die or stall
+at mutant N (``tests/test_fuzz.py`` checks the harness reports them).
 """
 
 from __future__ import annotations
@@ -303,8 +306,9 @@ def mutant(seeds: list[Path], seed: int, index: int) -> tuple[str, bytes]:
 # -- the worker --------------------------------------------------------------------------------
 
 
-def _load(path: Path, c_path: bool) -> tuple[str, Any]:
-    """(outcome, detail) of loading ``path`` and computing the tables on one path."""
+def _load(path: Path, c_path: bool, workers: int | None = 1) -> tuple[str, Any]:
+    """(outcome, detail) of loading ``path`` and computing the tables on one path
+    (``workers=None``: on two threads, where ``trace.split`` takes the file)."""
     import tracemagic
     from tracemagic.trace import parse, structure
 
@@ -312,7 +316,7 @@ def _load(path: Path, c_path: bool) -> tuple[str, Any]:
     if not c_path:
         parse._scan, structure._nesting = None, None
     try:
-        trace = tracemagic.load(path, use_cache=False, workers=1, progress=False)
+        trace = tracemagic.load(path, use_cache=False, workers=workers, progress=False)
         tables = [getattr(trace, name)() for name in TABLES]
     except tracemagic.TraceError as exc:
         if str(path) not in str(exc):
@@ -346,15 +350,23 @@ def _same(a: Any, b: Any) -> str | None:
 def run_one(seeds: list[Path], seed: int, index: int, folder: Path) -> dict[str, Any]:
     """Load mutant ``index`` both ways; its outcome."""
     import tracemagic.trace.parse as parse
+    import tracemagic.trace.split as split
 
     rng = random.Random(f"chunk:{seed}:{index}")
     parse.CHUNK_BYTES = rng.choice((2 << 20, 2 << 20, 4096, 1024))  # small chunks: many cuts
     name, data = mutant(seeds, seed, index)
+    # --split: two of three mutants parsed on two threads on the C path (the small files cut
+    # into 3-14 stretches: a plain file's inner ones scanned by scan_file)
+    two_threads = os.environ.get("TRACEMAGIC_FUZZ_SPLIT") == "1" and rng.random() < 2 / 3
+    if two_threads:
+        split.SPLIT_MIN_BYTES = 0
+        split.STRETCH_BYTES = max(1, len(data) // rng.choice((3, 6, 12)))
+        split.EDGE_BYTES = rng.choice((1 << 20, 256, 4096))
     work = folder / f"m{index}"
     work.mkdir()
     path = work / name
     path.write_bytes(data)
-    fast = _load(path, True)
+    fast = _load(path, True, None if two_threads else 1)
     slow = _load(path, False)
     result: dict[str, Any] = {"i": index, "file": name, "size": len(data)}
     for outcome in ("exception", "unnamed"):
@@ -478,11 +490,18 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds one mutant may take (both paths)")
     parser.add_argument("--only", default=None, help="comma-separated mutant numbers to rerun")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="load two of three mutants on two threads (cut into 3-14 stretches) on the C path",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (counts and failures)")
     parser.add_argument("--save", default=None, help="write mutant N's file here (with --only N) and exit")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--indices", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.split:  # the workers (subprocesses) read it
+        os.environ["TRACEMAGIC_FUZZ_SPLIT"] = "1"
     if args.worker:
         worker(Path(args.worker), args.seed, [int(i) for i in args.indices.split(",") if i])
         return 0

@@ -90,25 +90,24 @@ def test_stretches_are_taken_by_both_threads_and_joined_in_file_order(tmp_path: 
     monkeypatch.setattr(split, "STRETCH_BYTES", path.stat().st_size // 12)
     monkeypatch.setattr(parse, "CHUNK_BYTES", 128 * 1024)
     taken: list[tuple[str, int]] = []
-    real = parse.read_part
+    real = split._Stretches._read
     # each thread parses its first stretch only once the other has taken one too, so
     # neither can take every stretch before the other starts
     both_started = threading.Barrier(2, timeout=30)
 
-    def gated(source: Any, **kwargs: Any) -> Any:
+    def gated(self: Any, index: int, *args: Any) -> Any:
         name = threading.current_thread().name
         first = name not in {n for n, _ in taken}
-        taken.append((name, kwargs["base"]))
+        taken.append((name, index))
         if first:
             both_started.wait()
-        return real(source, **kwargs)
+        return real(self, index, *args)
 
-    monkeypatch.setattr(parse, "read_part", gated)
+    monkeypatch.setattr(split._Stretches, "_read", gated)
     both = tracemagic.load(path, use_cache=False)
-    assert len(taken) == 12
+    assert len(taken) > 8, "many stretches"
     assert {name for name, _ in taken} == {"MainThread", "tracemagic-parse"}
-    bases = sorted(base for _, base in taken)
-    assert bases[0] == 0 and len(set(bases)) == 12, "every stretch read once"
+    assert sorted(index for _, index in taken) == list(range(len(taken))), "every stretch read once"
     assert_same(alone, both)
 
 
@@ -338,3 +337,108 @@ def test_split_without_pread_reads_under_a_lock(tmp_path: Path, monkeypatch: pyt
     both = tracemagic.load(path, use_cache=False)
     assert spy.results == [True]
     assert_same(alone, both)
+
+
+class StretchSpy:
+    """Records each inner stretch the C scanner read from the file itself (``scan_file``):
+    (its length, how much of it it read)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[int, int]] = []
+        real = parse.scan_file
+
+        def spy(fd: int, start: int, stop: int, *args: Any, **kwargs: Any) -> Any:
+            part, done = real(fd, start, stop, *args, **kwargs)
+            self.calls.append((stop - start, done))
+            return part, done
+
+        monkeypatch.setattr(parse, "scan_file", spy)
+
+
+@pytest.mark.parametrize("route", ["file", "no scan_file", "gzip"])
+def test_inner_stretches_are_scanned_in_c_straight_from_the_file(
+    route: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the first stretch and the last (which hold the metadata around the events),
+    the C scanner cuts each stretch of a plain file into chunks itself, reading them from
+    the file (``scan_file``); a gzip file's stretches (inflated in memory), and any where
+    there is no ``scan_file`` (no ``pread``), are read by ``read_part``: the same columns."""
+    path = plain("kineto_worker0.1623143089861.pt.trace.json.gz", tmp_path)
+    if route == "no scan_file":
+        monkeypatch.setattr(parse, "scans_files", lambda: False)
+    if route == "gzip":
+        path = path.with_suffix(".json.gz")
+        path.write_bytes(gzip.compress(path.with_suffix("").read_bytes(), compresslevel=1))
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    monkeypatch.setattr(split, "STRETCH_BYTES", path.stat().st_size // 6)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 256 * 1024)
+    spy = StretchSpy(monkeypatch)
+    cuts: list[list[tuple[int, int]]] = []
+    real_cuts = split._cuts
+    monkeypatch.setattr(split, "_cuts", lambda *args: cuts.append(real_cuts(*args)) or cuts[-1])
+    both = tracemagic.load(path, use_cache=False)
+    assert len(cuts) == 1 and len(cuts[0]) >= 6
+    if route == "file":
+        assert sorted(size for size, _ in spy.calls) == sorted(stop - start for start, stop in cuts[0][1:-1]), (
+            "every stretch between the first and the last"
+        )
+        assert all(done == size for size, done in spy.calls), "each read to its end in C"
+    else:
+        assert spy.calls == []
+    assert_same(alone, both)
+    assert both.warnings == alone.warnings
+
+
+@pytest.mark.parametrize("chunk", [4 * 1024, 64 * 1024])
+def test_a_stretch_the_scanner_leaves_midway_is_read_on_by_msgspec(
+    chunk: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event the scanner does not read exactly as msgspec does (a float where an integer
+    id belongs, a number beyond 64 bits), or one longer than a chunk, stops the C stretch
+    there: the rest of the stretch is read as any stretch is, and the result is the
+    one-thread parse's, warnings included."""
+    events = []
+    for i in range(3000):
+        args: dict[str, Any] = {"External id": i, "Input Dims": [[i % 7, 3], []], "Call stack": "a.py(1): f"}
+        if i in (1200, 1201, 2100):
+            args["External id"] = i + 0.5  # a float id: read by msgspec's rules
+        if i == 1700:
+            args["Sequence number"] = 2**70  # beyond 64 bits
+        if i == 2500:
+            args["Call stack"] = "a.py(1): f;" * 2000  # an event of over 20 kB
+        event = {"ph": "X", "cat": "cpu_op", "name": f"op{i % 13}", "pid": 1, "tid": 2, "ts": 10.0 * i, "dur": 5.0}
+        events.append({**event, "args": args})
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events, "traceName": "t"}, indent=2)
+    path = tmp_path / "odd.json"
+    path.write_text(text)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "STRETCH_BYTES", len(text) // 5)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", chunk)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    spy = StretchSpy(monkeypatch)
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.calls and any(done < size for size, done in spy.calls), "a stretch was left to msgspec midway"
+    assert_same(alone, both)
+    assert both.warnings == alone.warnings
+
+
+def test_a_process_name_and_its_labels_in_different_stretches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process's labels are added to its name (``"python3 GPU 5"``) also when the name
+    and the labels are in stretches read apart (each stretch's names were joined as a
+    dict, so the later stretch's bare labels replaced the name)."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 5, "tid": 0, "args": {"name": "python3"}},
+    ]
+    kernel = {"ph": "X", "cat": "kernel", "pid": 5, "tid": 7, "dur": 5.0}
+    events += [{**kernel, "name": f"k{i % 7}", "ts": 10.0 * i, "args": {"correlation": i}} for i in range(3000)]
+    events.append({"ph": "M", "name": "process_labels", "pid": 5, "tid": 0, "args": {"labels": "GPU 5"}})
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events}, indent=1)
+    path = tmp_path / "labels.json"
+    path.write_text(text)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "STRETCH_BYTES", len(text) // 6)
+    spy = SplitSpy(monkeypatch)
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.results == [True]
+    assert both.meta["processes"][0]["5"] == "python3 GPU 5"
+    assert_same(tracemagic.load(path, use_cache=False, workers=1), both)

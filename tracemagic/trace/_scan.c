@@ -22,6 +22,10 @@
 
 #include "yyjson.h"
 
+#if defined(__unix__) || defined(__APPLE__)
+#define SCAN_HAS_PREAD 1 /* scan_file: POSIX pread */
+#endif
+
 /* -- interning: distinct JSON values of one column, in first-seen order -------------- */
 
 typedef struct {
@@ -54,8 +58,15 @@ static uint64_t hash_bytes(uint64_t h, const char *s, size_t n) {
     return h ^ (h >> 33);
 }
 
-/* Short strings compare faster in a loop than through a call to memcmp. */
+/* Eight bytes at a time, then the tail (short strings compare faster so than through a
+ * call to memcmp; operator names and shapes are mostly 8-40 bytes). */
 static inline int same_bytes(const char *a, const char *b, size_t n) {
+    for (; n >= 8; a += 8, b += 8, n -= 8) {
+        uint64_t x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+        if (x != y) return 0;
+    }
     for (size_t i = 0; i < n; i++)
         if (a[i] != b[i]) return 0;
     return 1;
@@ -794,11 +805,12 @@ PyDoc_STRVAR(scan_doc,
 
 /* Parse buf and fill c (runs without the GIL): 0 done, BAIL, or -1 out of memory. *doc is
  * the document to free (or NULL); c is always safe to free. */
-static int read_events(const char *buf, size_t len, Pool *p, yyjson_doc **doc, Columns *c) {
+static int read_events_opts(const char *buf, size_t len, Pool *p, yyjson_doc **doc, Columns *c,
+                            yyjson_read_flag flags) {
     yyjson_alc alc = {alc_malloc, alc_realloc, alc_free, p};
     yyjson_read_err err;
     /* numbers beyond 64 bits stay text (as a RAW value): they take the msgspec path */
-    *doc = yyjson_read_opts((char *)buf, len, YYJSON_READ_BIGNUM_AS_RAW, p ? &alc : NULL, &err);
+    *doc = yyjson_read_opts((char *)buf, len, YYJSON_READ_BIGNUM_AS_RAW | flags, p ? &alc : NULL, &err);
     yyjson_val *root = *doc ? yyjson_doc_get_root(*doc) : NULL;
     if (root == NULL || !yyjson_is_arr(root)) {
         memset(c, 0, sizeof(*c));
@@ -811,6 +823,10 @@ static int read_events(const char *buf, size_t len, Pool *p, yyjson_doc **doc, C
         if (add_event(c, event) == BAIL) return BAIL;
     }
     return 0;
+}
+
+static int read_events(const char *buf, size_t len, Pool *p, yyjson_doc **doc, Columns *c) {
+    return read_events_opts(buf, len, p, doc, c, 0);
 }
 
 /* scan()'s answer for read_events' status: the columns, None (BAIL), or NULL with an error. */
@@ -854,8 +870,199 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     return result;
 }
 
+/* -- a stretch of a file's events, cut into chunks here (POSIX pread) ---------------- */
+
+#ifdef SCAN_HAS_PREAD
+#include <errno.h>
+#include <unistd.h>
+
+static inline int json_space(char ch) { return ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t'; }
+
+/* Whether buf[at] is the '}' of an event followed by white space, ',', white space and the
+ * '{' of the next one (parse._NEXT_EVENT, JSON's white space only); *next: that '{'. */
+static int event_boundary(const char *buf, size_t len, size_t at, size_t *next) {
+    if (buf[at] != '}') return 0;
+    size_t i = at + 1;
+    while (i < len && json_space(buf[i])) i++;
+    if (i >= len || buf[i] != ',') return 0;
+    i++;
+    while (i < len && json_space(buf[i])) i++;
+    if (i >= len || buf[i] != '{') return 0;
+    *next = i;
+    return 1;
+}
+
+/* Whether buf[:len] has an event boundary (event_boundary) whose '}' is before `limit`:
+ * the last such '}' + 1, with *next, or 0 when there is none. */
+static size_t last_cut(const char *buf, size_t len, size_t limit, size_t *next) {
+    while (limit > 0) {
+        const char *hit = NULL;
+        for (const char *q = buf + limit; q > buf;) { /* memrchr is not C99 */
+            q--;
+            if (*q == '}') {
+                hit = q;
+                break;
+            }
+        }
+        if (hit == NULL) return 0;
+        size_t at = (size_t)(hit - buf);
+        if (event_boundary(buf, len, at, next)) return at + 1;
+        limit = at;
+    }
+    return 0;
+}
+
+/* A stretch of events to scan: bytes [base, base + len) of the file fd, read chunk by
+ * chunk into the pool with pread (no copy of the whole stretch). */
+typedef struct {
+    int fd;
+    long long base;
+    size_t len;
+} Stretch;
+
+/* bytes read beyond a chunk's `chunk` bytes, for the end of its last event */
+#define LOOKAHEAD (64 << 10)
+#define LEAD 3 /* room for "[  " before a chunk */
+
+/* len bytes of fd at offset into out; 0 when they were all read. */
+static int read_fully(int fd, char *out, size_t len, long long offset) {
+    while (len > 0) {
+        ssize_t got = pread(fd, out, len, (off_t)offset);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        out += got;
+        len -= (size_t)got;
+        offset += got;
+    }
+    return 0;
+}
+
+/* The next chunk of the stretch from `start`, copied (read) into the pool between '[' and
+ * ']' and decoded into c: 0, BAIL (also: a file that could not be read, or no end of an
+ * event in reach: the caller reads from `start` on its own way) or -1 (no memory). *next:
+ * where the chunk after it starts. Runs without the GIL. */
+static int scan_chunk(const Stretch *st, size_t start, size_t chunk, Pool *p, char **text, yyjson_doc **doc,
+                      Columns *c, size_t *next) {
+    memset(c, 0, sizeof(*c));
+    size_t rest = st->len - start, take = rest > chunk + LOOKAHEAD ? chunk + LOOKAHEAD : rest, end = take;
+    size_t size = LEAD + take + 1 + YYJSON_PADDING_SIZE;
+    if (size < take) return -1; /* overflow */
+    *text = pool_take(p, size);
+    if (*text == NULL) return -1;
+    char *body = *text + LEAD;
+    if (read_fully(st->fd, body, take, st->base + (long long)start) < 0) return BAIL;
+    if (take < rest) { /* the chunk ends at the last event boundary before `chunk` bytes */
+        size_t after;
+        end = last_cut(body, take, chunk, &after);
+        if (end == 0) return BAIL; /* one event of over `chunk` bytes: the caller's */
+        *next = start + after;
+    } else {
+        *next = st->len;
+    }
+    /* yyjson reads indented JSON faster in its "pretty" mode, which it picks when the two
+     * bytes after the '[' are white space: "[  " before events indented as Kineto's */
+    size_t lead = end > 2 && json_space(body[1]) && json_space(body[2]) ? 3 : 1;
+    char *json = body - lead;
+    memcpy(json, "[  ", lead);
+    body[end] = ']';
+    memset(body + end + 1, 0, YYJSON_PADDING_SIZE);
+    return read_events_opts(json, lead + end + 1, p, doc, c, YYJSON_READ_INSITU);
+}
+
+/* scan()'s columns of each chunk of the stretch, in a list, and where it stopped. */
+static PyObject *scan_chunks(const Stretch *st, Py_ssize_t chunk, PyObject *pool_obj) {
+    Py_buffer pool_view;
+    int has_pool = pool_obj != Py_None;
+    if (has_pool && PyObject_GetBuffer(pool_obj, &pool_view, PyBUF_WRITABLE) < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    size_t start = 0;
+    while (out != NULL && start < st->len) {
+        Pool pool = {has_pool ? (char *)pool_view.buf : NULL, has_pool ? (size_t)pool_view.len : 0, 0};
+        Pool *p = has_pool ? &pool : NULL;
+        yyjson_doc *doc = NULL;
+        Columns c;
+        char *text = NULL;
+        size_t next = st->len;
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = scan_chunk(st, start, (size_t)chunk, p, &text, &doc, &c, &next);
+        Py_END_ALLOW_THREADS
+        PyObject *result = NULL;
+        if (status == 0) {
+            result = to_python(&c);
+            if (result == NULL && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                PyErr_Clear(); /* text that is not valid UTF-8 for Python: the caller's route says */
+                status = BAIL;
+            }
+        }
+        columns_free(&c, p);
+        if (doc) yyjson_doc_free(doc);
+        if (text) pool_give(p, text);
+        if (status == -1 && !PyErr_Occurred()) PyErr_NoMemory();
+        if (status == BAIL) break; /* the rest from `start` on: the caller's */
+        if (result == NULL || PyList_Append(out, result) < 0) {
+            Py_XDECREF(result);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(result);
+        start = next;
+        if (PyErr_CheckSignals() < 0) { /* Ctrl-C between chunks, as between scan() calls */
+            Py_CLEAR(out);
+            break;
+        }
+    }
+    if (has_pool) PyBuffer_Release(&pool_view);
+    if (out == NULL) return NULL;
+    return Py_BuildValue("(Nn)", out, (Py_ssize_t)(start < st->len ? start : st->len));
+}
+
+static Py_ssize_t chunk_arg(PyObject *arg) {
+    Py_ssize_t chunk = PyLong_AsSsize_t(arg);
+    if (chunk == -1 && PyErr_Occurred()) return -1;
+    if (chunk < 1) {
+        PyErr_SetString(PyExc_ValueError, "chunk must be positive");
+        return -1;
+    }
+    return chunk;
+}
+
+PyDoc_STRVAR(scan_file_doc,
+             "scan_file(fd, offset, length, pool, chunk) -> (list of columns, done)\n\n"
+             "scan() of each chunk of about `chunk` bytes of [offset, offset + length) of\n"
+             "the open file fd: events separated by commas, from the '{' of the first to\n"
+             "the '}' of the last. Each chunk is read with pread straight into the pool\n"
+             "(between '[' and ']') and decoded there: no copy of the stretch, no map of the\n"
+             "file. Stops at the first chunk scan() would leave to msgspec, that cannot be\n"
+             "read, or that is one event of over `chunk` bytes: `done` is the offset of its\n"
+             "first '{' (length: all read); the caller reads the rest its own way.");
+
+static PyObject *scan_file(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "scan_file(fd, offset, length, pool, chunk) takes 5 arguments");
+        return NULL;
+    }
+    long fd_long = PyLong_AsLong(args[0]);
+    int fd = fd_long > INT32_MAX ? -1 : (int)fd_long;
+    long long offset = PyLong_AsLongLong(args[1]);
+    Py_ssize_t length = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (fd < 0 || offset < 0 || length < 0) {
+        PyErr_SetString(PyExc_ValueError, "fd, offset and length must not be negative");
+        return NULL;
+    }
+    Py_ssize_t chunk = chunk_arg(args[4]);
+    if (chunk < 0) return NULL;
+    Stretch st = {fd, offset, (size_t)length};
+    return scan_chunks(&st, chunk, args[3]);
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL, scan_doc},
+#ifdef SCAN_HAS_PREAD
+    {"scan_file", (PyCFunction)(void (*)(void))scan_file, METH_FASTCALL, scan_file_doc},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

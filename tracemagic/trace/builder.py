@@ -214,7 +214,9 @@ class _Builder:
         self.flow_parts: dict[str, list[Any]] = {c: [] for c in ("ph", "cat", "pid", "tid", "id", "ts")}
         #: per (JSON field, floating): values present that are not numbers fitting the column (left missing)
         self.dropped: dict[tuple[str, bool], int] = {}
-        self.processes: dict[str, str] = {}
+        #: the processes' names and labels as the file gives them, in order (pid, text, a
+        #: label?): a label is added to the name before it, which may be in an earlier part
+        self.process_names: list[tuple[str, Any, bool]] = []
         self.threads: dict[tuple[str, str], str] = {}
         # with shared interners, codes follow the order the threads met values in: the
         # distinct codes of each chunk (in its own order) put them back in file order
@@ -311,7 +313,7 @@ class _Builder:
         if self.firsts is not None and other.firsts is not None:
             for column, firsts in other.firsts.items():
                 self.firsts[column] += firsts
-        self.processes.update(other.processes)
+        self.process_names += other.process_names
         self.threads.update(other.threads)
         for key, count in other.dropped.items():
             self.dropped[key] = self.dropped.get(key, 0) + count
@@ -343,9 +345,9 @@ class _Builder:
             args = event.args if isinstance(event.args, _Args) else _EMPTY_ARGS
             value = args.meta_name
             if event.name == "process_name" and value is not None:
-                self.processes[str(event.pid)] = str(value)
+                self.process_names.append((str(event.pid), str(value), False))
             elif event.name == "process_labels" and args.labels:
-                self.processes[str(event.pid)] = f"{self.processes.get(str(event.pid), '')} {args.labels}".strip()
+                self.process_names.append((str(event.pid), args.labels, True))
             elif event.name == "thread_name" and value is not None:
                 self.threads[(str(event.pid), str(event.tid))] = str(value)
 
@@ -377,34 +379,58 @@ class _Builder:
         for (where, floating), count in self.dropped.items():
             kind = "float64" if floating else "int64"
             warnings.append(f"{count} values of {where} are not numbers that fit {kind}; left missing")
-        return ParsedTrace(table, flows, normalize.metadata(meta), self.processes, self.threads, warnings)
+        processes: dict[str, str] = {}
+        for pid, text, label in self.process_names:
+            processes[pid] = f"{processes.get(pid, '')} {text}".strip() if label else text
+        return ParsedTrace(table, flows, normalize.metadata(meta), processes, self.threads, warnings)
 
     def _categorical(self, column: str) -> pd.Categorical:
-        parts = self.codes[column]
-        return self._in_file_order(
-            column, self.cats[column], np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        )
+        return self._in_file_order(column, self.cats[column], self.codes[column])
 
     def _flow_categorical(self, column: str) -> pd.Categorical:
-        parts = self.flow_parts[column]
-        codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        return self._in_file_order(f"flow {column}", self.flow_cats[column], codes)
+        return self._in_file_order(f"flow {column}", self.flow_cats[column], self.flow_parts[column])
 
-    def _in_file_order(self, column: str, interner: _Interner, codes: np.ndarray) -> pd.Categorical:
-        """The column as a categorical whose categories are in the order the file first has
-        them, as a one-thread parse makes them, however the threads met them."""
-        if self.firsts is None or not self.firsts[column]:
-            return interner.categorical(codes)
+    def _in_file_order(self, column: str, interner: _Interner, parts: list[np.ndarray]) -> pd.Categorical:
+        """The column (its chunks' codes joined) as a categorical whose categories are in the
+        order the file first has them, as a one-thread parse makes them, however the threads
+        met them."""
         count = len(interner.labels)
+        if self.firsts is None or not self.firsts[column]:
+            return interner.categorical(_joined_codes(parts, count))
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
         if len(order) < count:  # values no chunk had (none expected): after the others
             order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
         if (order == np.arange(count)).all():
-            return interner.categorical(codes)
-        renumber = np.full(count + 1, -1, dtype=np.int32)  # the last: missing stays -1
-        renumber[order] = np.arange(count, dtype=np.int32)
+            return interner.categorical(_joined_codes(parts, count))
+        renumber = np.full(count + 1, -1, dtype=_code_dtype(count))  # the last: missing stays -1
+        renumber[order] = np.arange(count)
         categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
-        return pd.Categorical.from_codes(renumber[codes], categories=categories, validate=False)
+        return pd.Categorical.from_codes(_joined_codes(parts, count, renumber), categories=categories, validate=False)
+
+
+def _code_dtype(count: int) -> type[np.signedinteger[Any]]:
+    """The integer type pandas keeps the codes of a categorical of ``count`` categories in
+    (``coerce_indexer_dtype``): codes made in it are kept as they are, not converted."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if count < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
+
+
+def _joined_codes(parts: list[np.ndarray], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
+    """The chunks' codes (int32, -1 missing) of a column of ``count`` categories joined into
+    one array of ``_code_dtype(count)``, through ``renumber`` (indexed by code, its last
+    entry -1 for the missing ones) where given: one pass, no int32 copy of the column."""
+    out = np.empty(sum(len(p) for p in parts), dtype=_code_dtype(count))
+    at = 0
+    for part in parts:
+        piece = out[at : at + len(part)]
+        if renumber is None:
+            piece[...] = part
+        else:
+            np.take(renumber, part, out=piece)
+        at += len(part)
+    return out
 
 
 def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -416,12 +442,23 @@ def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[
 
 
 def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: int, floating: bool) -> Any:
-    """A nullable Int64/Float64 array from chunk parts (None parts are all missing)."""
+    """A nullable Int64/Float64 array from chunk parts (None parts are all missing), filled
+    in place (no zeros and ones made for the missing parts to be joined: ~2 ms less of a
+    100 MB trace's load)."""
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
         return all_missing(n, floating)
-    values = np.concatenate([p[0] if p is not None else np.zeros(k, dtype=dtype) for k, p in parts])
-    mask = np.concatenate([p[1] if p is not None else np.ones(k, dtype=bool) for k, p in parts])
+    values = np.empty(n, dtype=dtype)
+    mask = np.empty(n, dtype=bool)
+    at = 0
+    for k, part in parts:
+        if part is None:
+            values[at : at + k] = 0
+            mask[at : at + k] = True
+        else:
+            values[at : at + k] = part[0]
+            mask[at : at + k] = part[1]
+        at += k
     if floating:
         return pd.arrays.FloatingArray(values, mask)
     return pd.arrays.IntegerArray(values, mask)

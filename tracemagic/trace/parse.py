@@ -102,6 +102,33 @@ def scans_in_c() -> bool:
     return _scan is not None
 
 
+def scans_files() -> bool:
+    """Whether the C scanner reads stretches of a file itself (``scan_file``: POSIX ``pread``)."""
+    return _scan is not None and hasattr(_scan, "scan_file")
+
+
+def scan_file(
+    fd: int, start: int, stop: int, interners: Interners, pool: mmap.mmap | None = None, chunk: int | None = None
+) -> tuple[Part, int]:
+    """The columns of the events in bytes ``[start, stop)`` of the open file ``fd`` (events
+    separated by commas, from the first one's ``{`` to the last one's ``}``), which the C
+    scanner reads chunk by chunk (of about ``chunk`` bytes) straight into ``pool``: no Python
+    buffer, no copy of the stretch, no cut searched in Python. And how many bytes of it that
+    read: from there on (the ``{`` of the first chunk the scanner leaves to msgspec) the
+    caller reads the rest with ``read_part``."""
+    assert _scan is not None
+    found, done = _scan.scan_file(fd, start, stop - start, pool, chunk or CHUNK_BYTES)
+    return _scanned_part(found, interners), done
+
+
+def _scanned_part(found: list[tuple[Any, ...]], interners: Interners) -> Part:
+    builder = _Builder(interners)
+    with _gc_paused():
+        for columns in found:
+            builder.add(columns)
+    return Part(builder, {}, [])
+
+
 @contextmanager
 def scan_pool(chunk: int = CHUNK_BYTES) -> Iterator[mmap.mmap | None]:
     """Memory for the C scanner to decode chunks of up to ``chunk`` bytes in, one after
