@@ -13,7 +13,8 @@ kernels and their launching ops (correlation and External id), device windows an
 the ``cuda:0`` memory peak against ``torch.cuda.max_memory_allocated()`` read inside the cell,
 the device and its peaks, the matmul's ``pct_of_roofline``, layer names against
 ``named_modules()``, the Flame tab's boxes (one ``<module>`` per cell, named ``Cell In[n]`` as
-the executed notebook numbers it, modules by their attribute path), the ET joined to Kineto
+the executed notebook numbers it, modules by their attribute path), the ``loss.backward()``
+line's GPU work (launched by autograd's thread, from the raw marks), the ET joined to Kineto
 (``chakra.check`` and rf_id), and, for the compiled
 model, no re-trace inside the window and Triton kernels attributed to the compiled layer. It
 prints the step times with no profiler, a bare ``torch.profiler`` and the magic (same run),
@@ -392,8 +393,11 @@ def run_kernel(work: Path, cuda: bool) -> dict[str, Any]:
     shown = [o for o in nb.cells[2].get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
     info["dashboard"] = [sorted(o.get("data", {})) for o in shown]
     for key, entry in info.get("captures", {}).items():  # the In[n] the notebook shows for its cell
-        made = [c for c in nb.cells if c.source.startswith("%%chakra_trace")
-                and f" --name {key} " in c.source.splitlines()[0] + " "]
+        made = [
+            c
+            for c in nb.cells
+            if c.source.startswith("%%chakra_trace") and f" --name {key} " in c.source.splitlines()[0] + " "
+        ]
         entry["cell"] = made[0].execution_count if made else None
     return info
 
@@ -430,7 +434,10 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
     manifest = json.loads((folder / "capture.json").read_text()) if (folder / "capture.json").exists() else {}
     check(f"{key}: capture complete", lambda: _eq(entry["status"], "complete") or f"{len(events):,} events")
     xs = [e for e in events if e.get("ph") == "X"]
-    steps = sorted((e for e in xs if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    steps = sorted(
+        (e for e in xs if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")),
+        key=lambda e: e["ts"],
+    )
     kernels_raw = [e for e in xs if e.get("cat") in GPU_CATS]
     launches = {
         e["args"]["correlation"]: e for e in xs if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {})
@@ -603,6 +610,35 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
 
         check(f"{key}: Flame: one box per cell, Cell In[n], modules by path", flame)
 
+    cell_text = dict(enumerate(str(manifest.get("cell", "")).splitlines(), start=2))
+    backward_lines = [n for n, text in cell_text.items() if text.strip() == "loss.backward()"]
+    if backward_lines:
+
+        def backward_line() -> str:
+            # the GPU work launched (any thread: autograd's runs the backward) inside the
+            # loss.backward() line's marks, per run, from the raw events; lines() per step
+            (number,) = backward_lines
+            mark = f"tracemagic.line:{number}"
+            marks = [e for e in xs if e.get("name") == mark and e.get("cat") in ("cpu_op", "user_annotation")]
+            assert marks, f"no {mark} in the raw JSON"
+            raw = sum(
+                k["dur"]
+                for k in kernels_raw
+                if (launch := launches.get(k.get("args", {}).get("correlation"))) is not None
+                and any(m["ts"] <= launch["ts"] < m["ts"] + m["dur"] for m in marks)
+            ) / len(marks)
+            row = trace.lines().set_index("line").loc[number]
+            ours = float(row["gpu_us"]) / float(row["calls"])
+            assert raw > 0 and abs(ours - raw) <= max(1.0, 1e-3 * raw), (ours, raw)
+            return f"line {number} `loss.backward()`: {ours:.1f} µs of GPU work per run (raw {raw:.1f})"
+
+        check(
+            f"{key}: lines: loss.backward() holds the GPU work autograd's thread launched",
+            backward_line,
+            cuda_only=True,
+            cuda=cuda,
+        )
+
     if key.endswith("_et"):
 
         def et() -> str:
@@ -762,7 +798,9 @@ def timings(info: dict[str, Any], work: Path) -> None:
         return [
             round(e["dur"] / 1e3, 3)
             for e in doc["traceEvents"]
-            if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
+            if e.get("ph") == "X"
+            and e.get("cat") == "user_annotation"
+            and e.get("name", "").startswith("ProfilerStep#")
         ]
 
     print(f"TIMING ProfilerStep ms, bare: {steps_ms(bare_doc)}, magic: {steps_ms(magic_doc)}", flush=True)

@@ -474,3 +474,28 @@ def test_only_the_magics_own_cell_line_leaves_the_user_tree(tmp_path: Path) -> N
         assert (tree["name"] == "aten::add").any()
         user = trace.source().set_index("name")["user"]
         assert bool(user["train.py(1): <module>"]) is kept and user["mylib.py(1): <module>"] and user["mylib.py(5): helper"]
+
+
+def test_a_folder_pip_installed_into_on_the_path_is_library_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pip install --target DIR`` with DIR on ``PYTHONPATH`` (no ``site-packages`` in its
+    name): its files (``ipykernel_launcher.py``'s ``<module>`` above every notebook cell) are
+    library code; the same folder off ``sys.path``, or without ``*.dist-info``, is not."""
+    from tracemagic.analysis import source
+
+    target = tmp_path / "site"
+    (target / "launcher_pkg-1.0.dist-info").mkdir(parents=True)
+    (target / "launcher_mod.py").write_text("x = 1\n")
+    plain = tmp_path / "project"
+    plain.mkdir()
+    (plain / "train.py").write_text("x = 1\n")
+    frame = str(target / "launcher_mod.py")
+    mine = str(plain / "train.py")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(plain)])
+    assert not source.is_library(frame) and not source.is_library(mine)  # the target is not on the path yet
+    monkeypatch.setattr(sys, "path", [*sys.path, str(target)])
+    assert source.is_library(frame) and not source.is_library(mine)
+    # through the public table: the folder's frame is no user code, the script's is
+    trace = _frames_trace(tmp_path / "t.json", f"{frame}(18): <module>")
+    table = load(trace).source()
+    assert not table.loc[table["file"] == frame, "user"].any()
+    assert table.loc[table["file"] == "mylib.py", "user"].all() and (table["file"] == frame).any()

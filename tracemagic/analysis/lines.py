@@ -7,10 +7,11 @@ line's inclusive figures hold its nested lines' and its ``self_`` ones do not.
 
 Work autograd's threads do while a line runs belongs to that line too: on a GPU, autograd runs
 ``loss.backward()``'s ops (and launches their kernels) on a thread of its own
-(``pt_autograd_0``) while the cell's thread waits inside the line's mark, so an op, annotation
-or runtime call of that thread is the line's whose mark holds its start (the innermost event
-of the marked thread at that moment, as ``memory_holders`` places ``[memory]`` events). Other
-threads (a DataLoader's pin-memory thread) run on their own: no line's (see ``waited_in``).
+(``pt_autograd_0``; told by the backward it runs, since the trace does not always name it so)
+while the cell's thread waits inside the line's mark, so an op, annotation or runtime call of
+that thread is the line's whose mark holds its start (the innermost event of the marked thread
+at that moment, as ``memory_holders`` places ``[memory]`` events). Other threads (a
+DataLoader's pin-memory thread) run on their own: no line's (see ``waited_in``).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ AUTOGRAD_THREAD = "pt_autograd_"
 
 def waited_in(trace: TraceTables, rows: np.ndarray, mark_rows: np.ndarray | None = None) -> np.ndarray:
     """For CPU ``rows`` on threads without line marks that work for the cell (autograd's
-    backward threads, ``AUTOGRAD_THREAD``; every such thread where the trace names none):
+    backward threads: ``_helper_threads``; every such thread where the trace names none):
     the innermost CPU event of their rank's marked thread (the one with the most marks)
     holding their start, where the cell waited for them; -1 for rows on other threads, of a
     rank without marks or at a moment that thread recorded nothing. A thread that runs on
@@ -156,17 +157,24 @@ def waited_in(trace: TraceTables, rows: np.ndarray, mark_rows: np.ndarray | None
 
 
 def _helper_threads(trace: TraceTables, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The thread keys among ``rows``' that work for the cell's thread: those the trace
-    names ``AUTOGRAD_THREAD…``, or all of a rank whose threads the trace does not name."""
+    """The thread keys among ``rows``' that work for the cell's thread: those that run
+    autograd's backward (an op with a forward thread, ``Fwd thread id``: autograd's device
+    threads, whatever name the trace gives them; Kineto may record ``pt_autograd_0`` as
+    ``thread 571 (python3)``), those the trace names ``AUTOGRAD_THREAD…``, or all of a rank
+    whose threads the trace does not name."""
     events = trace.events
     names = trace.meta.get("threads") or {}
     found, first = np.unique(keys[rows], return_index=True)
     at = rows[first]
     pid, tid, rank = events["pid"].to_numpy()[at], events["tid"].to_numpy()[at], events["rank"].to_numpy()[at]
+    backward = set()
+    if "fwd_tid" in events:
+        runs = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)[rows] > 0
+        backward = set(np.unique(keys[rows][runs]).tolist())
     keep = []
     for key, p, t, r in zip(found.tolist(), pid, tid, rank.tolist()):
         named = names.get(r) or names.get(str(r)) or {}
-        if not named or AUTOGRAD_THREAD in str(named.get(f"{p}/{t}", "")):
+        if key in backward or not named or AUTOGRAD_THREAD in str(named.get(f"{p}/{t}", "")):
             keep.append(key)
     return np.asarray(keep, dtype=np.int64)
 

@@ -21,6 +21,7 @@ Nothing here is computed unless asked for: the other tables never pay for it.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from functools import lru_cache
@@ -113,7 +114,8 @@ def is_library(file: str) -> bool:
     """Whether a frame's file is library code rather than the user's: a built-in or frozen
     module (``<built-in ...>``, ``<frozen os>``), code generated from a string (``<string>``:
     a dataclass's or ``NamedTuple``'s ``__init__``, written by no one), a path through ``site-packages``,
-    ``dist-packages`` or ``lib/pythonX.Y``, or a path (as torch writes it, relative to
+    ``dist-packages`` or ``lib/pythonX.Y`` or a folder of ``sys.path`` pip installed into
+    (``_install_paths``: ``pip install --target``), or a path (as torch writes it, relative to
     ``sys.path``) whose first part is a standard-library module (``typing.py``), a known
     package (``LIBRARIES``: torch, numpy, transformers, ...; also as a folder further down an
     absolute path, as in an editable install) or a package installed where the trace is read.
@@ -124,11 +126,34 @@ def is_library(file: str) -> bool:
         return file.startswith(("<built-in", "<frozen", "<method", "<slot", "<string>"))
     if _LIBRARY_PATH.search(file):
         return True
-    parts = file.replace("\\", "/").lstrip("./").split("/")
+    path = file.replace("\\", "/")
+    if path.startswith("/") and path.startswith(_install_paths(tuple(sys.path))):
+        return True
+    parts = path.lstrip("./").split("/")
     top = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
     if top in LIBRARIES or top in sys.stdlib_module_names or _installed(top):
         return True
     return any(part in LIBRARIES for part in parts[1:-1])  # an editable install: /src/torch/nn/...
+
+
+@lru_cache(maxsize=8)
+def _install_paths(path: tuple[str, ...]) -> tuple[str, ...]:
+    """The folders of ``sys.path`` (``path``) pip installed packages into without a
+    ``site-packages`` in their name (they hold ``*.dist-info`` folders: ``pip install
+    --target DIR`` on ``PYTHONPATH``), each ending in ``/``: their files are library code.
+    Only ``sys.path`` entries count, so a notebook's cell folder never does."""
+    found = []
+    for entry in path:
+        folder = os.path.abspath(entry or os.curdir).replace("\\", "/").rstrip("/")
+        if not folder or _LIBRARY_PATH.search(folder):
+            continue
+        try:
+            with os.scandir(folder) as listing:
+                if any(e.name.endswith(".dist-info") and e.is_dir() for e in listing):
+                    found.append(folder + "/")
+        except OSError:
+            continue
+    return tuple(found)
 
 
 @lru_cache(maxsize=4096)
@@ -148,7 +173,8 @@ def _installed(top: str) -> bool:
     where = (spec.origin or "") if spec is not None else ""
     if spec is not None and not where and spec.submodule_search_locations:
         where = next(iter(spec.submodule_search_locations), "")
-    return bool(_LIBRARY_PATH.search(where.replace("\\", "/")))
+    where = where.replace("\\", "/")
+    return bool(_LIBRARY_PATH.search(where)) or where.startswith(_install_paths(tuple(sys.path)))
 
 
 @lru_cache(maxsize=65536)

@@ -501,7 +501,7 @@ static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
         int k = c->set[j], rc;
         if (k >= N_NUMBERS || args[k] == NULL) continue;
         if (k == A_FLOPS) {
-            double value;
+            double value = 0.0; /* float_of leaves it unset where the value is missing */
             rc = float_of(args[k], &value, &c->missing[k][i]);
             memcpy(&c->numbers[k][i], &value, sizeof(value));
         } else {
@@ -969,6 +969,37 @@ static int scan_chunk(const Stretch *st, size_t start, size_t chunk, Pool *p, ch
     return read_events_opts(json, lead + end + 1, p, doc, c, YYJSON_READ_INSITU);
 }
 
+/* The chunk of the stretch from `start`, scanned without the GIL, as scan()'s columns (a new
+ * reference in *result); *next: where the chunk after it starts. 0, BAIL (the rest from
+ * `start` is the caller's: also text Python cannot decode) or -1 (an error is set). */
+static int next_chunk(const Stretch *st, size_t start, size_t chunk, Pool *p, PyObject **result, size_t *next) {
+    yyjson_doc *doc = NULL;
+    Columns c;
+    char *text = NULL;
+    int status;
+    *result = NULL;
+    *next = st->len;
+    Py_BEGIN_ALLOW_THREADS
+    status = scan_chunk(st, start, chunk, p, &text, &doc, &c, next);
+    Py_END_ALLOW_THREADS
+    if (status == 0) {
+        *result = to_python(&c);
+        if (*result == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                status = -1;
+            } else {
+                PyErr_Clear(); /* text that is not valid UTF-8 for Python: the caller's route says */
+                status = BAIL;
+            }
+        }
+    }
+    columns_free(&c, p);
+    if (doc) yyjson_doc_free(doc);
+    if (text) pool_give(p, text);
+    if (status == -1 && !PyErr_Occurred()) PyErr_NoMemory();
+    return status;
+}
+
 /* scan()'s columns of each chunk of the stretch, in a list, and where it stopped. */
 static PyObject *scan_chunks(const Stretch *st, Py_ssize_t chunk, PyObject *pool_obj) {
     Py_buffer pool_view;
@@ -978,29 +1009,11 @@ static PyObject *scan_chunks(const Stretch *st, Py_ssize_t chunk, PyObject *pool
     size_t start = 0;
     while (out != NULL && start < st->len) {
         Pool pool = {has_pool ? (char *)pool_view.buf : NULL, has_pool ? (size_t)pool_view.len : 0, 0};
-        Pool *p = has_pool ? &pool : NULL;
-        yyjson_doc *doc = NULL;
-        Columns c;
-        char *text = NULL;
-        size_t next = st->len;
-        int status;
-        Py_BEGIN_ALLOW_THREADS
-        status = scan_chunk(st, start, (size_t)chunk, p, &text, &doc, &c, &next);
-        Py_END_ALLOW_THREADS
-        PyObject *result = NULL;
-        if (status == 0) {
-            result = to_python(&c);
-            if (result == NULL && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
-                PyErr_Clear(); /* text that is not valid UTF-8 for Python: the caller's route says */
-                status = BAIL;
-            }
-        }
-        columns_free(&c, p);
-        if (doc) yyjson_doc_free(doc);
-        if (text) pool_give(p, text);
-        if (status == -1 && !PyErr_Occurred()) PyErr_NoMemory();
+        PyObject *result;
+        size_t next;
+        int status = next_chunk(st, start, (size_t)chunk, has_pool ? &pool : NULL, &result, &next);
         if (status == BAIL) break; /* the rest from `start` on: the caller's */
-        if (result == NULL || PyList_Append(out, result) < 0) {
+        if (status != 0 || PyList_Append(out, result) < 0) {
             Py_XDECREF(result);
             Py_CLEAR(out);
             break;
