@@ -11,6 +11,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 PyDoc_STRVAR(nest_sorted_doc,
              "nest_sorted(group, start, end, tolerance, margin, parent, depth)\n\n"
@@ -126,9 +127,212 @@ done:
     return result;
 }
 
+/* ---- nest_rows: the whole nesting of a table's CPU rows in one call ---- */
+
+/* Order of starts and of negated durations as numpy sorts them: NaN last, NaNs equal. */
+static inline int cmp_nan_last(double a, double b) {
+    if (a != a) return b != b ? 0 : 1;
+    if (b != b) return -1;
+    return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/* Whether row a goes after row b within a thread: by start, then longest first (-dur);
+ * equal ones keep row order (the sort is stable and rows come in table order). */
+static inline int row_after(const double *ts, const double *dur, int64_t a, int64_t b) {
+    int c = cmp_nan_last(ts[a], ts[b]);
+    if (c == 0) c = cmp_nan_last(-dur[a], -dur[b]);
+    return c > 0;
+}
+
+/* Stable natural merge sort of rows[0..n) by row_after: the ascending runs found, then
+ * merged pairwise, so rows nearly in order (a trace's, in file order) cost a pass or two,
+ * and any order O(n log n). tmp: n scratch; bounds: n + 1 scratch. */
+static void sort_rows(int64_t *rows, int64_t *tmp, Py_ssize_t *bounds, Py_ssize_t n, const double *ts,
+                      const double *dur) {
+    Py_ssize_t runs = 0;
+    bounds[runs++] = 0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (row_after(ts, dur, rows[i - 1], rows[i])) bounds[runs++] = i;
+    bounds[runs] = n;
+    int64_t *src = rows, *dst = tmp;
+    while (runs > 1) {
+        Py_ssize_t merged = 0;
+        for (Py_ssize_t k = 0; k < runs; k += 2) {
+            Py_ssize_t lo = bounds[k];
+            Py_ssize_t mid = bounds[k + 1 < runs ? k + 1 : runs];
+            Py_ssize_t hi = bounds[k + 2 < runs ? k + 2 : runs];
+            Py_ssize_t i = lo, j = mid, out = lo;
+            while (i < mid && j < hi) dst[out++] = row_after(ts, dur, src[i], src[j]) ? src[j++] : src[i++];
+            while (i < mid) dst[out++] = src[i++];
+            while (j < hi) dst[out++] = src[j++];
+            bounds[merged++] = lo;
+        }
+        bounds[merged] = n;
+        runs = merged;
+        int64_t *swap = src;
+        src = dst;
+        dst = swap;
+    }
+    if (src != rows) memcpy(rows, src, sizeof(int64_t) * (size_t)n);
+}
+
+#define NEST_MAX_THREADS 256
+
+PyDoc_STRVAR(nest_rows_doc,
+             "nest_rows(mask, keys, ts, dur, t0, tolerance, margin, ordered, parent, depth, self_dur) -> bool\n\n"
+             "structure.nest in one call: the rows where mask (uint8, n) is set, sorted by (keys,\n"
+             "ts, -dur) as numpy's stable lexsort does (NaN last), into ordered (int64, one per set\n"
+             "row); for those rows parent (int64, a row number), depth (int32) and self_dur (float64:\n"
+             "dur less the children's durations summed in that order, at least 0) as nest_sorted\n"
+             "and numpy give them, from starts ts - t0; -1, -1 and dur elsewhere. False (nothing\n"
+             "written) where the rows have more than 256 distinct keys: the caller sorts with numpy.");
+
+static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer mask, keys, tsb, durb, ordb, parb, depb, selfb;
+    double t0, tolerance, margin;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*dddw*w*w*w*", &mask, &keys, &tsb, &durb, &t0, &tolerance, &margin, &ordb,
+                          &parb, &depb, &selfb))
+        return NULL;
+    Py_ssize_t n = mask.len;
+    Py_ssize_t m = ordb.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    uint8_t *bucket = NULL;
+    int64_t *tmp = NULL, *stack = NULL;
+    double *child = NULL;
+    if (keys.len != n * (Py_ssize_t)sizeof(int64_t) || tsb.len != n * (Py_ssize_t)sizeof(double) ||
+        durb.len != n * (Py_ssize_t)sizeof(double) || parb.len != n * (Py_ssize_t)sizeof(int64_t) ||
+        depb.len != n * (Py_ssize_t)sizeof(int32_t) || selfb.len != n * (Py_ssize_t)sizeof(double) ||
+        ordb.len != m * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "nest_rows: buffers of different lengths");
+        goto done;
+    }
+    const uint8_t *on = mask.buf;
+    const int64_t *key = keys.buf;
+    const double *ts = tsb.buf;
+    const double *dur = durb.buf;
+    int64_t *ordered = ordb.buf;
+    int64_t *up = parb.buf;
+    int32_t *level = depb.buf;
+    double *self_dur = selfb.buf;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t r = 0; r < n; r++) count += on[r] != 0;
+    if (count != m) {
+        PyErr_SetString(PyExc_ValueError, "nest_rows: ordered must hold one row per set mask entry");
+        goto done;
+    }
+    /* the distinct keys, in order of discovery, and each set row's one */
+    int64_t seen[NEST_MAX_THREADS];
+    Py_ssize_t per[NEST_MAX_THREADS + 1];
+    int distinct = 0, last = -1;
+    bucket = malloc(n > 0 ? (size_t)n : 1);
+    if (bucket == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < n; r++) {
+        if (!on[r]) continue;
+        if (last < 0 || seen[last] != key[r]) {
+            last = -1;
+            for (int k = 0; k < distinct; k++)
+                if (seen[k] == key[r]) {
+                    last = k;
+                    break;
+                }
+            if (last < 0) {
+                if (distinct == NEST_MAX_THREADS) {
+                    result = Py_NewRef(Py_False);
+                    goto done;
+                }
+                seen[distinct] = key[r];
+                last = distinct++;
+            }
+        }
+        bucket[r] = (uint8_t)last;
+    }
+    /* rank of each discovered key among the sorted keys (few: a simple count) */
+    int rank[NEST_MAX_THREADS];
+    for (int k = 0; k < distinct; k++) {
+        rank[k] = 0;
+        for (int j = 0; j < distinct; j++) rank[k] += seen[j] < seen[k];
+    }
+    for (int k = 0; k <= distinct; k++) per[k] = 0;
+    for (Py_ssize_t r = 0; r < n; r++)
+        if (on[r]) per[rank[bucket[r]] + 1]++;
+    for (int k = 0; k < distinct; k++) per[k + 1] += per[k];
+    {
+        Py_ssize_t fill[NEST_MAX_THREADS];
+        for (int k = 0; k < distinct; k++) fill[k] = per[k];
+        for (Py_ssize_t r = 0; r < n; r++)
+            if (on[r]) ordered[fill[rank[bucket[r]]]++] = r;
+    }
+    tmp = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
+    stack = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* also the sort's run bounds */
+    child = calloc((size_t)(m ? m : 1), sizeof(double));
+    if (tmp == NULL || stack == NULL || child == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int k = 0; k < distinct; k++) { /* each thread's rows by (start, longest first) */
+        int64_t *rows = ordered + per[k];
+        Py_ssize_t len = per[k + 1] - per[k];
+        sort_rows(rows, tmp, (Py_ssize_t *)stack, len, ts, dur);
+    }
+    for (Py_ssize_t r = 0; r < n; r++) {
+        up[r] = -1;
+        level[r] = -1;
+        self_dur[r] = dur[r];
+    }
+    /* nest_sorted's walk over the sorted rows (positions in ordered), then rows */
+    double *start = (double *)tmp; /* the sort's scratch, now each position's start */
+    Py_ssize_t top = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = ordered[i];
+        double s = ts[r] - t0;
+        double e = s + dur[r];
+        start[i] = s;
+        int same_thread = i > 0 && key[r] == key[ordered[i - 1]];
+        if (!same_thread) top = 0;
+        if (!(same_thread && s == start[i - 1])) {
+            double target = e - tolerance;
+            if (s + margin > target) target = s + margin;
+            while (top > 0 && !(ts[ordered[stack[top - 1]]] - t0 + dur[ordered[stack[top - 1]]] >= target)) top--;
+        }
+        if (top > 0) {
+            Py_ssize_t p = (Py_ssize_t)stack[top - 1];
+            up[r] = ordered[p];
+            level[r] = level[ordered[p]] + 1;
+            child[p] += dur[r];
+        } else {
+            level[r] = 0;
+        }
+        stack[top++] = i;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = ordered[i];
+        double own = dur[r] - child[i];
+        self_dur[r] = own < 0.0 ? 0.0 : own;
+    }
+    result = Py_NewRef(Py_True);
+done:
+    free(bucket);
+    free(tmp);
+    free(stack);
+    free(child);
+    PyBuffer_Release(&mask);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&tsb);
+    PyBuffer_Release(&durb);
+    PyBuffer_Release(&ordb);
+    PyBuffer_Release(&parb);
+    PyBuffer_Release(&depb);
+    PyBuffer_Release(&selfb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"nest_sorted", nest_sorted, METH_VARARGS, nest_sorted_doc},
     {"propagate", propagate, METH_VARARGS, propagate_doc},
+    {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

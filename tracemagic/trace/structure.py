@@ -126,9 +126,20 @@ def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndar
     return keys
 
 
+def timed_mask(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
+    """Whether each row is a duration (``X``) event of one of the given kinds."""
+    ph = events["ph"]
+    if isinstance(ph.dtype, pd.CategoricalDtype):  # on the codes: no string comparison per row
+        at = ph.cat.categories.get_indexer(["X"])[0]
+        is_x = ph.cat.codes.to_numpy() == at if at >= 0 else np.zeros(len(ph), dtype=bool)
+    else:
+        is_x = (ph == "X").to_numpy()
+    return kind_mask(events, *kinds) & is_x
+
+
 def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
     """Rows of the duration (``X``) events of the given kinds, in table order."""
-    return np.flatnonzero(kind_mask(events, *kinds) & (events["ph"] == "X").to_numpy())
+    return np.flatnonzero(timed_mask(events, kinds))
 
 
 def narrow_rows(rows: np.ndarray) -> np.ndarray:
@@ -162,9 +173,29 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     self time equal to their duration.
     """
     n = len(events)
+    dur = events["dur"].to_numpy()
+    if _nesting is not None:  # sort, nest and self time in one call (few threads: all traces)
+        mask = timed_mask(events, CPU_KINDS)
+        parent = np.empty(n, dtype=np.int64)
+        depth = np.empty(n, dtype=np.int32)
+        self_dur = np.empty(n, dtype=np.float64)
+        ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
+        if _nesting.nest_rows(
+            mask.view(np.uint8),
+            thread_keys(events),
+            np.ascontiguousarray(events["ts"].to_numpy(), dtype=np.float64),
+            np.ascontiguousarray(dur, dtype=np.float64),
+            t0,
+            NEST_TOLERANCE_US,
+            NEST_START_MARGIN_US,
+            ordered,
+            parent,
+            depth,
+            self_dur,
+        ):
+            return parent, depth, self_dur, ordered
     parent = np.full(n, -1, dtype=np.int64)
     depth = np.full(n, -1, dtype=np.int32)
-    dur = events["dur"].to_numpy()
     self_dur = dur.copy()
     ordered, keys = _cpu_by_thread_keyed(events)
     if ordered.size == 0:
