@@ -79,15 +79,27 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
         events["dur"] = events["dur"] / 1000.0
         parsed.flows["ts"] = parsed.flows["ts"] / 1000.0
         parsed.warnings.append("timestamps were in nanoseconds; converted to µs")
-    normalize.fill_device_and_stream(events)
+    changed = normalize.device_and_stream(events)
     memory = (events["kind"] == "memory").to_numpy()
     if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
         nbytes = events["bytes"].array.copy()
         nbytes[memory] = events["mem_bytes"].array[memory]
-        events["bytes"] = nbytes
-    events = parsed.events = events.drop(columns=["mem_bytes", "device_id"])
-    parsed.cpu_by_thread = structure.add_structure(events)
+        changed["bytes"] = nbytes
+    added, parsed.cpu_by_thread = structure.structure_columns(events)
+    # one new table sharing the columns (``events[c] = ...`` copies each, ~1.5 ms a column)
+    data = {c: changed[c] if c in changed else _values(events[c]) for c in events.columns if c not in _PARSE_ONLY}
+    data.update(added)
+    parsed.events = pd.DataFrame(data, copy=False)
     return parsed
+
+
+#: columns the parse fills for ``_prepare`` alone
+_PARSE_ONLY = ("mem_bytes", "device_id")
+
+
+def _values(column: pd.Series) -> Any:
+    """A column's array, for a new table to share (not copy)."""
+    return column.array if isinstance(column.dtype, pd.api.extensions.ExtensionDtype) else column.to_numpy()
 
 
 def parse_source(

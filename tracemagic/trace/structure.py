@@ -236,13 +236,14 @@ def enclosing_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray
     return np.where(start >= 0, inner[np.maximum(start, 0)], -1)
 
 
-def step_numbers(events: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> tuple[np.ndarray, pd.DataFrame]:
     """The ProfilerStep number of every event by time, and the steps table (number, ts, dur).
 
     GPU events are given the step of the runtime call that launched them later
     (see ``launches``); here they are placed by their own time.
     """
-    step_rows = np.flatnonzero(kind_codes(events) == KINDS.index("step"))
+    kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
+    step_rows = np.flatnonzero(kinds == KINDS.index("step"))
     names = events["name"]
     step_names = names.cat.categories.take(names.cat.codes.to_numpy()[step_rows]) if step_rows.size else []
     steps = pd.DataFrame(
@@ -254,21 +255,19 @@ def step_numbers(events: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
         }
     )
     steps = steps.sort_values("ts", kind="stable").drop_duplicates("step").reset_index(drop=True)
-    number = np.full(len(events), -1, dtype=np.int64)
     if steps.empty:
-        return number, steps
+        return np.full(len(events), -1, dtype=np.int64), steps
     ts = events["ts"].to_numpy()
     index = np.searchsorted(steps["ts"].to_numpy(), ts, side="right") - 1
-    inside = index >= 0
-    ends = (steps["ts"] + steps["dur"]).to_numpy()
-    inside[inside] &= ts[inside] <= ends[index[inside]] + NEST_TOLERANCE_US
-    number[inside] = steps["step"].to_numpy()[index[inside]]
-    return number, steps
+    # per step, then a last entry for index -1 (before the first step): no time is at or before NaN
+    last = np.append((steps["ts"] + steps["dur"]).to_numpy() + NEST_TOLERANCE_US, np.nan)
+    numbers = np.append(steps["step"].to_numpy(dtype=np.int64), -1)
+    return np.where(ts <= last[index], numbers[index], -1), steps
 
 
-def launches(events: pd.DataFrame) -> np.ndarray:
+def launches(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
     """Row of the runtime call that launched each GPU event (by correlation id), else -1."""
-    kinds = kind_codes(events)
+    kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
     launch = np.full(len(events), -1, dtype=np.int64)
     has_corr = events["correlation"].notna().to_numpy()
     runtime_rows = np.flatnonzero((kinds == KINDS.index("runtime")) & has_corr)
@@ -317,9 +316,10 @@ def by_external_id(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return found
 
 
-def add_structure(events: pd.DataFrame) -> np.ndarray:
-    """Add ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and ``module``;
-    return the ``cpu_by_thread`` rows (the analyses search in that order too).
+def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The columns ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and
+    ``module`` (by name, in that order) and the ``cpu_by_thread`` rows (the analyses search
+    in that order too).
 
     ``op`` is the CPU op that launched a GPU event (or a runtime call's op): the innermost
     ``cpu_op`` at or around the op, annotation or step that shares the runtime call's
@@ -334,9 +334,9 @@ def add_structure(events: pd.DataFrame) -> np.ndarray:
     ts = events["ts"].to_numpy()
     t0 = float(np.nanmin(ts)) if len(ts) else 0.0
     parent, depth, self_dur, ordered = nest(events, t0)
-    step, _ = step_numbers(events)
-    launch = launches(events)
     kinds = kind_codes(events)
+    step, _ = step_numbers(events, kinds)
+    launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
     is_module = (kinds == KINDS.index("python_function")) & np.isin(
@@ -356,11 +356,14 @@ def add_structure(events: pd.DataFrame) -> np.ndarray:
     op[rows] = op[launch[rows]]
     step[np.isin(kinds, [KINDS.index(k) for k in GPU_ACTIVITY])] = -1
     step[rows] = step[launch[rows]]
-    events["parent"] = parent
-    events["depth"] = depth
-    events["self_dur"] = self_dur
-    events["step"] = step
-    events["launch"] = launch
-    events["op"] = op
-    events["module"] = module
+    columns = {"parent": parent, "depth": depth, "self_dur": self_dur, "step": step, "launch": launch}
+    columns.update(op=op, module=module)
+    return columns, ordered
+
+
+def add_structure(events: pd.DataFrame) -> np.ndarray:
+    """Add the ``structure_columns`` to ``events``; return the ``cpu_by_thread`` rows."""
+    columns, ordered = structure_columns(events)
+    for column, values in columns.items():
+        events[column] = values
     return ordered
