@@ -265,13 +265,21 @@ def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> tuple
     return np.where(ts <= last[index], numbers[index], -1), steps
 
 
+def _kind_in(kinds: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """Whether each of ``kind_codes`` (-1: no kind) is one of the kinds named: one gather
+    from a table by code (``np.isin`` sorts)."""
+    table = np.zeros(len(KINDS) + 1, dtype=bool)  # the last entry: code -1
+    table[[KINDS.index(k) for k in names]] = True
+    return table[kinds]
+
+
 def launches(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
     """Row of the runtime call that launched each GPU event (by correlation id), else -1."""
     kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
     launch = np.full(len(events), -1, dtype=np.int64)
     has_corr = events["correlation"].notna().to_numpy()
     runtime_rows = np.flatnonzero((kinds == KINDS.index("runtime")) & has_corr)
-    gpu_rows = np.flatnonzero(np.isin(kinds, [KINDS.index(k) for k in GPU_KINDS]) & has_corr)
+    gpu_rows = np.flatnonzero(_kind_in(kinds, GPU_KINDS) & has_corr)
     if runtime_rows.size == 0 or gpu_rows.size == 0:
         return launch
     corr = events["correlation"].to_numpy(dtype=np.int64, na_value=-1)
@@ -339,9 +347,8 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = (kinds == KINDS.index("python_function")) & np.isin(
-        names.cat.codes.to_numpy(), np.flatnonzero(module_names)
-    )
+    is_module = np.append(module_names, False)[names.cat.codes.to_numpy()]  # (code -1: no name)
+    is_module &= kinds == KINDS.index("python_function")
     module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
     op = propagate(parent, depth, is_op)
@@ -354,7 +361,7 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     rows = np.flatnonzero(has_launch)
     module[rows] = module[launch[rows]]
     op[rows] = op[launch[rows]]
-    step[np.isin(kinds, [KINDS.index(k) for k in GPU_ACTIVITY])] = -1
+    step[_kind_in(kinds, GPU_ACTIVITY)] = -1
     step[rows] = step[launch[rows]]
     columns = {"parent": parent, "depth": depth, "self_dur": self_dur, "step": step, "launch": launch}
     columns.update(op=op, module=module)
