@@ -80,7 +80,7 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
         parsed.flows["ts"] = parsed.flows["ts"] / 1000.0
         parsed.warnings.append("timestamps were in nanoseconds; converted to µs")
     changed = normalize.device_and_stream(events)
-    memory = (events["kind"] == "memory").to_numpy()
+    memory = normalize.kind_mask(events, "memory")
     if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
         nbytes = events["bytes"].array.copy()
         nbytes[memory] = events["mem_bytes"].array[memory]

@@ -43,7 +43,8 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         is_mark = np.append(mark_names, False)[name_codes]
         is_mark &= codes == KINDS.index("cpu_op")
         codes[is_mark] = KINDS.index("user_annotation")
-    return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"))
+    # (codes are KINDS indices by construction: not validated again)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"), validate=False)
 
 
 def _per_code(column: pd.Series, test: Any, missing: bool) -> np.ndarray:
@@ -120,14 +121,13 @@ def device_and_stream(events: pd.DataFrame) -> dict[str, Any]:
     ``[memory]`` events take their ``Device Id`` (CUDA memory has its device in traces with
     no GPU activity too: a CPU-activity profile of a CUDA model)."""
     out: dict[str, Any] = {}
-    kinds = events["kind"]
-    memory = (kinds == "memory").to_numpy()
+    memory = kind_mask(events, "memory")
     device = events["device"].array
     if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
         device = device.copy()
         device[memory] = events["device_id"].array[memory]
         out["device"] = device
-    gpu = kinds.isin(GPU_KINDS).to_numpy()
+    gpu = kind_mask(events, *GPU_KINDS)
     if not gpu.any():
         return out
     # a last entry, missing, for the events without a pid or tid (code -1)
