@@ -90,7 +90,32 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
     data = {c: changed[c] if c in changed else _values(events[c]) for c in events.columns if c not in _PARSE_ONLY}
     data.update(added)
     parsed.events = pd.DataFrame(data, copy=False)
+    heap_for_tables(len(parsed.events))
     return parsed
+
+
+#: ``heap_for_tables``: the most the analyses' temporaries reuse from the heap, in bytes a
+#: row (four float64 columns), and glibc's cap on its mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX``)
+HEAP_BYTES_A_ROW = 32
+_MMAP_THRESHOLD_MAX = 32 << 20
+
+
+def heap_for_tables(rows: int) -> None:
+    """Let the analyses' temporaries (a few columns each) reuse freed heap memory.
+
+    glibc serves a request above its mmap threshold with a fresh mapping, each page of
+    it faulted in on first touch and unmapped when freed; the threshold rises to the
+    largest mapped block freed (up to 32 MiB). The loader's numpy temporaries used to
+    raise it as a side effect; with the nesting in C nothing that large is freed, and
+    the tables of a 100 MB trace paid ~10000 more page faults (``layers`` twice its own).
+    Allocating and freeing one block of ``HEAP_BYTES_A_ROW`` bytes a row, never touched
+    (no page of it is used), raises it as before. A no-op but for the allocation
+    elsewhere than glibc.
+    """
+    size = min(HEAP_BYTES_A_ROW * rows, _MMAP_THRESHOLD_MAX - (1 << 20))
+    if size > 0:
+        block = np.empty(size, dtype=np.uint8)  # (numpy's allocation: glibc's malloc, then free)
+        del block
 
 
 #: columns the parse fills for ``_prepare`` alone
