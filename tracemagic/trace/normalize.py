@@ -146,12 +146,6 @@ def device_and_stream(events: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def fill_device_and_stream(events: pd.DataFrame) -> None:
-    """``device_and_stream`` set into ``events``."""
-    for column, values in device_and_stream(events).items():
-        events[column] = values
-
-
 def metadata(meta: dict[str, Any]) -> dict[str, Any]:
     """Top-level trace metadata with ``rank``, ``world_size`` and ``devices`` filled in."""
     out = dict(meta)

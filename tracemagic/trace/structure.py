@@ -366,11 +366,3 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     columns = {"parent": parent, "depth": depth, "self_dur": self_dur, "step": step, "launch": launch}
     columns.update(op=op, module=module)
     return columns, ordered
-
-
-def add_structure(events: pd.DataFrame) -> np.ndarray:
-    """Add the ``structure_columns`` to ``events``; return the ``cpu_by_thread`` rows."""
-    columns, ordered = structure_columns(events)
-    for column, values in columns.items():
-        events[column] = values
-    return ordered
