@@ -360,3 +360,58 @@ def test_sort_by_thread_is_lexsort() -> None:
             end[rng.random(n) < 0.02] = np.nan
             np.testing.assert_array_equal(structure.sort_by_thread(group, start, -end), np.lexsort((-end, start, group)))
             np.testing.assert_array_equal(structure.sort_by_thread(group, start), np.lexsort((start, group)))
+
+
+def random_events(rng: np.random.Generator, n: int, threads: int) -> pd.DataFrame:
+    """An events table with CPU duration events of ``threads`` threads in file order (starts
+    nearly sorted, some out of order), ties, zero, negative and missing durations, missing
+    starts, instants and GPU kernels between them."""
+    from tracemagic.trace.kineto import KINDS
+
+    kinds = rng.choice(["cpu_op", "python_function", "user_annotation", "kernel", "runtime", "memory"], n)
+    ts = np.sort(np.round(rng.uniform(0, 200, n), 1)) + rng.choice([0.0] * 8 + [3.0, -4.0], n)
+    ts[rng.random(n) < 0.01] = np.nan
+    dur = np.round(rng.exponential(8, n), 1) * (rng.random(n) > 0.1) + rng.choice([0.0, 0.1, 0.2, 0.3], n)
+    dur[rng.random(n) < 0.02] = np.nan
+    dur[rng.random(n) < 0.02] = -0.0
+    dur[rng.random(n) < 0.02] = -1.0
+    return pd.DataFrame(
+        {
+            "ph": pd.Categorical(rng.choice(["X", "X", "X", "i"], n)),
+            "pid": pd.Categorical(rng.integers(0, max(threads // 4, 1), n).astype(str)),
+            "tid": pd.Categorical(rng.integers(0, min(threads, 4), n).astype(str)),
+            "ts": ts,
+            "dur": dur,
+            "kind": pd.Categorical(kinds, categories=pd.Index(KINDS, dtype="str")),
+        }
+    )
+
+
+def test_one_call_nesting_equals_the_numpy_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``structure.nest`` in one C call (sort by thread, nesting, self time) gives the numpy
+    path's rows, parents, depths and self times exactly: NaN starts and durations, ties,
+    zero and negative durations; beyond 256 threads it hands the sort back to numpy."""
+    from tracemagic.trace import _nesting
+
+    calls = []
+    monkeypatch.setattr(structure, "_nesting", type("Spy", (), {
+        "nest_rows": staticmethod(lambda *a: calls.append(_nesting.nest_rows(*a)) or calls[-1]),
+        "nest_sorted": staticmethod(_nesting.nest_sorted),
+        "propagate": staticmethod(_nesting.propagate),
+    }))
+    rng = np.random.default_rng(23)
+    for threads in (1, 3, 16, 2000):
+        for _ in range(8):
+            events = random_events(rng, int(rng.integers(1, 3000)), threads)
+            t0 = float(np.nanmin(events["ts"].to_numpy()))
+            fast = structure.nest(events, t0)
+            with monkeypatch.context() as m:  # numpy's sort, then nest_sorted's walk
+                m.setattr(structure, "_nesting", type("Sorted", (), {
+                    "nest_rows": staticmethod(lambda *a: False),
+                    "nest_sorted": staticmethod(_nesting.nest_sorted),
+                }))
+                slow = structure.nest(events, t0)
+            for got, want in zip(fast, slow):
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(got, want)
+    assert True in calls and False in calls  # both the C sort and the numpy fallback ran

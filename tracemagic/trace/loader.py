@@ -79,15 +79,52 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
         events["dur"] = events["dur"] / 1000.0
         parsed.flows["ts"] = parsed.flows["ts"] / 1000.0
         parsed.warnings.append("timestamps were in nanoseconds; converted to µs")
-    normalize.fill_device_and_stream(events)
-    memory = (events["kind"] == "memory").to_numpy()
+    changed = normalize.device_and_stream(events)
+    memory = normalize.kind_mask(events, "memory")
     if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
         nbytes = events["bytes"].array.copy()
         nbytes[memory] = events["mem_bytes"].array[memory]
-        events["bytes"] = nbytes
-    events = parsed.events = events.drop(columns=["mem_bytes", "device_id"])
-    parsed.cpu_by_thread = structure.add_structure(events)
+        changed["bytes"] = nbytes
+    added, parsed.cpu_by_thread = structure.structure_columns(events)
+    # one new table sharing the columns (``events[c] = ...`` copies each, ~1.5 ms a column)
+    data = {c: changed[c] if c in changed else _values(events[c]) for c in events.columns if c not in _PARSE_ONLY}
+    data.update(added)
+    parsed.events = pd.DataFrame(data, copy=False)
+    heap_for_tables(len(parsed.events))
     return parsed
+
+
+#: ``heap_for_tables``: the most the analyses' temporaries reuse from the heap, in bytes a
+#: row (four float64 columns), and glibc's cap on its mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX``)
+HEAP_BYTES_A_ROW = 32
+_MMAP_THRESHOLD_MAX = 32 << 20
+
+
+def heap_for_tables(rows: int) -> None:
+    """Let the analyses' temporaries (a few columns each) reuse freed heap memory.
+
+    glibc serves a request above its mmap threshold with a fresh mapping, each page of
+    it faulted in on first touch and unmapped when freed; the threshold rises to the
+    largest mapped block freed (up to 32 MiB). The loader's numpy temporaries used to
+    raise it as a side effect; with the nesting in C nothing that large is freed, and
+    the tables of a 100 MB trace paid ~10000 more page faults (``layers`` twice its own).
+    Allocating and freeing one block of ``HEAP_BYTES_A_ROW`` bytes a row, never touched
+    (no page of it is used), raises it as before. A no-op but for the allocation
+    elsewhere than glibc.
+    """
+    size = min(HEAP_BYTES_A_ROW * rows, _MMAP_THRESHOLD_MAX - (1 << 20))
+    if size > 0:
+        block = np.empty(size, dtype=np.uint8)  # (numpy's allocation: glibc's malloc, then free)
+        del block
+
+
+#: columns the parse fills for ``_prepare`` alone
+_PARSE_ONLY = ("mem_bytes", "device_id")
+
+
+def _values(column: pd.Series) -> Any:
+    """A column's array, for a new table to share (not copy)."""
+    return column.array if isinstance(column.dtype, pd.api.extensions.ExtensionDtype) else column.to_numpy()
 
 
 def parse_source(

@@ -28,19 +28,32 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         dtype=np.int8,
     )
     codes = lookup[events["cat"].cat.codes.to_numpy()]
+    # per-name (and per-phase) answers, indexed by the codes (-1, a missing value: the last)
     names = events["name"]
-    is_memory = (events["ph"] != "X").to_numpy() & (names == "[memory]").to_numpy()
-    codes = np.where(is_memory, KINDS.index("memory"), codes)
+    name_codes = names.cat.codes.to_numpy()
+    is_memory = _per_code(events["ph"], lambda c: c != "X", True) & _per_code(names, lambda c: c == "[memory]", False)
+    codes[is_memory] = KINDS.index("memory")
     step_names = np.asarray(names.cat.categories.str.match(STEP_NAME.pattern), dtype=bool)
     if step_names.any():
-        is_step = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(step_names))
-        on_cpu = np.isin(codes, [KINDS.index("cpu_op"), KINDS.index("user_annotation")])
-        codes = np.where(is_step & on_cpu, KINDS.index("step"), codes)
+        is_step = np.append(step_names, False)[name_codes]
+        is_step &= (codes == KINDS.index("cpu_op")) | (codes == KINDS.index("user_annotation"))
+        codes[is_step] = KINDS.index("step")
     mark_names = np.asarray(names.cat.categories.str.startswith(LINE_MARK_PREFIX), dtype=bool)
     if mark_names.any():  # the magic's line marks: recorded as cpu_op, annotations by what they mean
-        is_mark = np.isin(names.cat.codes.to_numpy(), np.flatnonzero(mark_names))
-        codes = np.where(is_mark & (codes == KINDS.index("cpu_op")), KINDS.index("user_annotation"), codes)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"))
+        is_mark = np.append(mark_names, False)[name_codes]
+        is_mark &= codes == KINDS.index("cpu_op")
+        codes[is_mark] = KINDS.index("user_annotation")
+    # (codes are KINDS indices by construction: not validated again)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"), validate=False)
+
+
+def _per_code(column: pd.Series, test: Any, missing: bool) -> np.ndarray:
+    """``test`` of each value of a categorical column, decided once per category (``missing``
+    for a missing value)."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return np.asarray(test(column.to_numpy()), dtype=bool)
+    per_category = np.asarray(test(column.cat.categories), dtype=bool)
+    return np.append(per_category, missing)[column.cat.codes.to_numpy()]
 
 
 def _kind_per_category(events: pd.DataFrame) -> np.ndarray:
@@ -87,8 +100,11 @@ def without_timeless(table: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 def timestamps_in_ns(ts: np.ndarray) -> bool:
     """Whether timestamps are nanoseconds (µs epoch times are ~1.7e15; ns ones ~1.7e18)."""
-    finite = ts[np.isfinite(ts)]
-    return bool(finite.size) and float(np.median(finite)) > 1e17
+    finite = ts if np.isfinite(ts).all() else ts[np.isfinite(ts)]
+    # fewer than half above 1e17: the median is not (counted, not sorted: the usual µs case)
+    if np.count_nonzero(finite > 1e17) < (finite.size + 1) // 2:
+        return False
+    return float(np.median(finite)) > 1e17
 
 
 def _number(text: Any) -> int | None:
@@ -99,32 +115,35 @@ def _number(text: Any) -> int | None:
     return number if -_INT64 <= number < _INT64 else None
 
 
-def fill_device_and_stream(events: pd.DataFrame) -> None:
-    """GPU events without ``device``/``stream`` args take them from pid/tid ('stream 7');
+def device_and_stream(events: pd.DataFrame) -> dict[str, Any]:
+    """The ``device`` and ``stream`` columns filled in, those that change (by name): GPU
+    events without ``device``/``stream`` args take them from pid/tid ('stream 7');
     ``[memory]`` events take their ``Device Id`` (CUDA memory has its device in traces with
     no GPU activity too: a CPU-activity profile of a CUDA model)."""
-    kinds = events["kind"]
-    memory = (kinds == "memory").to_numpy()
+    out: dict[str, Any] = {}
+    memory = kind_mask(events, "memory")
+    device = events["device"].array
     if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
-        device = events["device"].array.copy()
+        device = device.copy()
         device[memory] = events["device_id"].array[memory]
-        events["device"] = device
-    gpu = kinds.isin(GPU_KINDS).to_numpy()
+        out["device"] = device
+    gpu = kind_mask(events, *GPU_KINDS)
     if not gpu.any():
-        return
+        return out
     # a last entry, missing, for the events without a pid or tid (code -1)
     pid_numbers = pd.array([_number(c) for c in events["pid"].cat.categories] + [None], dtype="Int64")
     tid_numbers = pd.array([_number(c) for c in events["tid"].cat.categories] + [None], dtype="Int64")
     pid_codes = events["pid"].cat.codes.to_numpy()
     tid_codes = events["tid"].cat.codes.to_numpy()
-    device = events["device"].array.copy()
+    device = device.copy() if "device" not in out else device
     stream = events["stream"].array.copy()
     need_device = gpu & device.isna()
     device[need_device] = pid_numbers[pid_codes[need_device]]
     need_stream = gpu & stream.isna()
     stream[need_stream] = tid_numbers[tid_codes[need_stream]]
-    events["device"] = device
-    events["stream"] = stream
+    out["device"] = device
+    out["stream"] = stream
+    return out
 
 
 def metadata(meta: dict[str, Any]) -> dict[str, Any]:

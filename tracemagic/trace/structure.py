@@ -126,9 +126,20 @@ def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndar
     return keys
 
 
+def timed_mask(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
+    """Whether each row is a duration (``X``) event of one of the given kinds."""
+    ph = events["ph"]
+    if isinstance(ph.dtype, pd.CategoricalDtype):  # on the codes: no string comparison per row
+        at = ph.cat.categories.get_indexer(["X"])[0]
+        is_x = ph.cat.codes.to_numpy() == at if at >= 0 else np.zeros(len(ph), dtype=bool)
+    else:
+        is_x = (ph == "X").to_numpy()
+    return kind_mask(events, *kinds) & is_x
+
+
 def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
     """Rows of the duration (``X``) events of the given kinds, in table order."""
-    return np.flatnonzero(kind_mask(events, *kinds) & (events["ph"] == "X").to_numpy())
+    return np.flatnonzero(timed_mask(events, kinds))
 
 
 def narrow_rows(rows: np.ndarray) -> np.ndarray:
@@ -162,9 +173,29 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     self time equal to their duration.
     """
     n = len(events)
+    dur = events["dur"].to_numpy()
+    if _nesting is not None:  # sort, nest and self time in one call (few threads: all traces)
+        mask = timed_mask(events, CPU_KINDS)
+        parent = np.empty(n, dtype=np.int64)
+        depth = np.empty(n, dtype=np.int32)
+        self_dur = np.empty(n, dtype=np.float64)
+        ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
+        if _nesting.nest_rows(
+            mask.view(np.uint8),
+            thread_keys(events),
+            np.ascontiguousarray(events["ts"].to_numpy(), dtype=np.float64),
+            np.ascontiguousarray(dur, dtype=np.float64),
+            t0,
+            NEST_TOLERANCE_US,
+            NEST_START_MARGIN_US,
+            ordered,
+            parent,
+            depth,
+            self_dur,
+        ):
+            return parent, depth, self_dur, ordered
     parent = np.full(n, -1, dtype=np.int64)
     depth = np.full(n, -1, dtype=np.int32)
-    dur = events["dur"].to_numpy()
     self_dur = dur.copy()
     ordered, keys = _cpu_by_thread_keyed(events)
     if ordered.size == 0:
@@ -205,13 +236,14 @@ def enclosing_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray
     return np.where(start >= 0, inner[np.maximum(start, 0)], -1)
 
 
-def step_numbers(events: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> tuple[np.ndarray, pd.DataFrame]:
     """The ProfilerStep number of every event by time, and the steps table (number, ts, dur).
 
     GPU events are given the step of the runtime call that launched them later
     (see ``launches``); here they are placed by their own time.
     """
-    step_rows = np.flatnonzero(kind_codes(events) == KINDS.index("step"))
+    kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
+    step_rows = np.flatnonzero(kinds == KINDS.index("step"))
     names = events["name"]
     step_names = names.cat.categories.take(names.cat.codes.to_numpy()[step_rows]) if step_rows.size else []
     steps = pd.DataFrame(
@@ -223,25 +255,31 @@ def step_numbers(events: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
         }
     )
     steps = steps.sort_values("ts", kind="stable").drop_duplicates("step").reset_index(drop=True)
-    number = np.full(len(events), -1, dtype=np.int64)
     if steps.empty:
-        return number, steps
+        return np.full(len(events), -1, dtype=np.int64), steps
     ts = events["ts"].to_numpy()
     index = np.searchsorted(steps["ts"].to_numpy(), ts, side="right") - 1
-    inside = index >= 0
-    ends = (steps["ts"] + steps["dur"]).to_numpy()
-    inside[inside] &= ts[inside] <= ends[index[inside]] + NEST_TOLERANCE_US
-    number[inside] = steps["step"].to_numpy()[index[inside]]
-    return number, steps
+    # per step, then a last entry for index -1 (before the first step): no time is at or before NaN
+    last = np.append((steps["ts"] + steps["dur"]).to_numpy() + NEST_TOLERANCE_US, np.nan)
+    numbers = np.append(steps["step"].to_numpy(dtype=np.int64), -1)
+    return np.where(ts <= last[index], numbers[index], -1), steps
 
 
-def launches(events: pd.DataFrame) -> np.ndarray:
+def _kind_in(kinds: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """Whether each of ``kind_codes`` (-1: no kind) is one of the kinds named: one gather
+    from a table by code (``np.isin`` sorts)."""
+    table = np.zeros(len(KINDS) + 1, dtype=bool)  # the last entry: code -1
+    table[[KINDS.index(k) for k in names]] = True
+    return table[kinds]
+
+
+def launches(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
     """Row of the runtime call that launched each GPU event (by correlation id), else -1."""
-    kinds = kind_codes(events)
+    kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
     launch = np.full(len(events), -1, dtype=np.int64)
     has_corr = events["correlation"].notna().to_numpy()
     runtime_rows = np.flatnonzero((kinds == KINDS.index("runtime")) & has_corr)
-    gpu_rows = np.flatnonzero(np.isin(kinds, [KINDS.index(k) for k in GPU_KINDS]) & has_corr)
+    gpu_rows = np.flatnonzero(_kind_in(kinds, GPU_KINDS) & has_corr)
     if runtime_rows.size == 0 or gpu_rows.size == 0:
         return launch
     corr = events["correlation"].to_numpy(dtype=np.int64, na_value=-1)
@@ -286,9 +324,10 @@ def by_external_id(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return found
 
 
-def add_structure(events: pd.DataFrame) -> np.ndarray:
-    """Add ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and ``module``;
-    return the ``cpu_by_thread`` rows (the analyses search in that order too).
+def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The columns ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and
+    ``module`` (by name, in that order) and the ``cpu_by_thread`` rows (the analyses search
+    in that order too).
 
     ``op`` is the CPU op that launched a GPU event (or a runtime call's op): the innermost
     ``cpu_op`` at or around the op, annotation or step that shares the runtime call's
@@ -303,14 +342,13 @@ def add_structure(events: pd.DataFrame) -> np.ndarray:
     ts = events["ts"].to_numpy()
     t0 = float(np.nanmin(ts)) if len(ts) else 0.0
     parent, depth, self_dur, ordered = nest(events, t0)
-    step, _ = step_numbers(events)
-    launch = launches(events)
     kinds = kind_codes(events)
+    step, _ = step_numbers(events, kinds)
+    launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = (kinds == KINDS.index("python_function")) & np.isin(
-        names.cat.codes.to_numpy(), np.flatnonzero(module_names)
-    )
+    is_module = np.append(module_names, False)[names.cat.codes.to_numpy()]  # (code -1: no name)
+    is_module &= kinds == KINDS.index("python_function")
     module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
     op = propagate(parent, depth, is_op)
@@ -323,13 +361,8 @@ def add_structure(events: pd.DataFrame) -> np.ndarray:
     rows = np.flatnonzero(has_launch)
     module[rows] = module[launch[rows]]
     op[rows] = op[launch[rows]]
-    step[np.isin(kinds, [KINDS.index(k) for k in GPU_ACTIVITY])] = -1
+    step[_kind_in(kinds, GPU_ACTIVITY)] = -1
     step[rows] = step[launch[rows]]
-    events["parent"] = parent
-    events["depth"] = depth
-    events["self_dur"] = self_dur
-    events["step"] = step
-    events["launch"] = launch
-    events["op"] = op
-    events["module"] = module
-    return ordered
+    columns = {"parent": parent, "depth": depth, "self_dur": self_dur, "step": step, "launch": launch}
+    columns.update(op=op, module=module)
+    return columns, ordered
