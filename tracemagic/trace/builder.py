@@ -37,7 +37,7 @@ from tracemagic.trace.structs import (
     _Event,
 )
 
-_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 @dataclass
@@ -137,7 +137,9 @@ def _objects(values: Any, n: int) -> np.ndarray:
 def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
     """(values, missing mask) of a column of JSON numbers with Nones; None if all missing.
 
-    Hex strings ('0x7f..') and numeric strings are read as numbers; anything else is missing.
+    Hex strings ('0x7f..') and numeric strings are read as numbers; anything else is missing,
+    ``true``/``false`` too. Each value is read alone: never as its neighbours make it (a
+    chunk's, or a stretch's, on two threads: ``trace.split``).
     """
     n = len(col)
     nones = col.count(None)
@@ -150,6 +152,10 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
         floats = None
     if floats is not None and floats.ndim == 1:
         mask = ~np.isfinite(floats)  # inf: numeric text beyond float64 ("1e400")
+        if ((floats == 0) | (floats == 1)).any():  # (only then can a bool, read as 0 or 1, be there)
+            bools = _bools(col, n)
+            if bools is not None:
+                mask |= bools
         if floating:
             return floats, mask
         finite = floats[~mask]
@@ -158,7 +164,10 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
             return floats.astype(np.int64), mask
     objects = _objects(col, n)
     mask = (objects == None) if nones else np.zeros(n, dtype=bool)  # noqa: E711 - elementwise
-    if nones:
+    bools = _bools(col, n)
+    if bools is not None:
+        mask |= bools
+    if nones or bools is not None:
         objects[mask] = 0
     try:
         values = objects.astype(dtype)
@@ -179,11 +188,19 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
                 if not math.isfinite(number):
                     continue
                 number = int(number)  # truncated, as astype does
-            if abs(number) > _INT64_MAX:
+            if not _INT64_MIN <= number <= _INT64_MAX:
                 continue
         values[i] = number
         mask[i] = False
     return values, mask
+
+
+def _bools(col: tuple[Any, ...], n: int) -> np.ndarray | None:
+    """Where ``col`` holds ``true``/``false`` (not numbers: missing, as ``_to_number`` reads
+    them), or None where it holds none."""
+    if bool not in set(map(type, col)):
+        return None
+    return np.fromiter((type(value) is bool for value in col), dtype=bool, count=n)
 
 
 class Interners:
