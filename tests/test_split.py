@@ -445,10 +445,10 @@ def test_a_process_name_and_its_labels_in_different_stretches(tmp_path: Path, mo
 
 
 def _odd_trace(
-    tmp_path: Path, odd: dict[int, dict[str, Any]], raw: dict[int, bytes] | None = None
+    tmp_path: Path, odd: dict[int, dict[str, Any]], raw: dict[str, bytes] | None = None
 ) -> tuple[Path, list[dict[str, Any]]]:
     """3000 plain CPU ops, event ``i`` changed by ``odd[i]`` (merged into it, args too);
-    ``raw[i]``: bytes put into event ``i``'s name as they are (``x<bytes>i``: invalid UTF-8)."""
+    ``raw``: JSON strings (``"x"``) written as other bytes (invalid UTF-8)."""
     events = []
     for i in range(3000):
         event: dict[str, Any] = {"ph": "X", "cat": "cpu_op", "name": f"op{i % 13}", "pid": 1, "tid": 2}
@@ -459,11 +459,10 @@ def _odd_trace(
             else:
                 event[key] = value
         events.append(event)
-    for i in raw or {}:
-        events[i]["name"] = f"x{i}"
     data = json.dumps({"schemaVersion": 1, "traceEvents": events}, indent=1).encode()
-    for i, bad in (raw or {}).items():
-        data = data.replace(f'"x{i}"'.encode(), b'"x' + bad + f'{i}"'.encode())
+    for text, bad in (raw or {}).items():
+        assert data.count(f'"{text}"'.encode()) == 1
+        data = data.replace(f'"{text}"'.encode(), b'"' + bad + b'"')
     path = tmp_path / "odd.json"
     path.write_bytes(data)
     return path, events
@@ -512,14 +511,36 @@ def test_a_number_is_read_alone_not_as_its_stretch_makes_it(
 
 def test_invalid_utf8_is_noted_once_for_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Invalid UTF-8 in two stretches was noted once per chunk, each with its own count
-    (``1 bytes``, ``1 bytes``), and once for the file on one thread (``2 bytes``)."""
-    path, _ = _odd_trace(tmp_path, {}, raw={500: b"\xff", 2200: b"\xc3"})
+    (``1 bytes``, ``1 bytes``), and once for the file on one thread (``2 bytes``); and in a
+    key msgspec skips, only where another byte of the chunk made it repair the chunk."""
+    odd = {300: {"args": {"k300": 1}}, 500: {"name": "x500"}, 2200: {"name": "x2200"}}
+    raw = {"k300": b"k\xfe300", "x500": b"x\xff500", "x2200": b"x\xc32200"}
+    path, _ = _odd_trace(tmp_path, odd, raw)
     alone, both = _one_and_two_threads(path, monkeypatch)
     assert_same(alone, both)
     data = path.read_bytes()
-    first = data.index(b"\xff")
-    assert both.warnings == alone.warnings == [f"invalid UTF-8 at byte {first} (2 bytes in all read as '?')"]
+    first = data.index(b"\xfe")
+    assert both.warnings == alone.warnings == [f"invalid UTF-8 at byte {first} (3 bytes in all read as '?')"]
     assert set(both.events["name"]) == {f"op{i}" for i in range(13)} | {"x?500", "x?2200"}
+
+
+def test_a_number_or_bool_as_text_keeps_its_own_label(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cat: false`` was labelled ``0`` where a ``cat: 0`` had been met first (``False == 0``
+    as a dict key), and on two threads whichever thread met one first decided."""
+    odd = {
+        100: {"cat": 0},
+        900: {"cat": 1.0, "pid": 2},
+        1500: {"cat": True, "pid": 2.0},
+        2100: {"cat": 1, "tid": False},
+        2900: {"cat": False, "tid": 0},
+    }
+    path, events = _odd_trace(tmp_path, odd)
+    alone, both = _one_and_two_threads(path, monkeypatch)
+    assert_same(alone, both)
+    # independently: each value's text as Python writes what json.loads gives
+    by_ts = both.events.sort_values("ts")
+    for column in ("cat", "pid", "tid"):
+        assert by_ts[column].astype(str).tolist() == [str(e[column]) for e in events], column
 
 
 def test_durations_that_are_not_numbers_are_noted_once_for_the_file(

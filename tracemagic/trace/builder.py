@@ -54,6 +54,10 @@ class ParsedTrace:
     cpu_by_thread: np.ndarray | None = None
 
 
+#: the types of the values an ``_Interner`` looks up as they are (no two equal across types)
+_EXACT_KEYS = frozenset((str, int, type(None)))
+
+
 class _Interner:
     """Labels -> categorical codes, shared by all chunks of a column (insertion order).
 
@@ -71,6 +75,11 @@ class _Interner:
 
     def codes(self, values: Any, n: int) -> np.ndarray:
         seen = self.seen
+        if not self.raw and not _EXACT_KEYS.issuperset(map(type, values)):
+            # a float or a bool equals an int (2.0 == 2, False == 0): looked up as itself it
+            # would take the label of whichever came first in the file (or in a stretch, on
+            # two threads), so it is looked up by its own label
+            values = [v if type(v) in _EXACT_KEYS else str(v) for v in values]
         try:
             found = list(map(seen.get, values))
         except TypeError:  # an unhashable value (a list where a string belongs)

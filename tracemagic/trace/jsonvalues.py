@@ -113,13 +113,27 @@ def _decode(decoder: Any, data: Any, notes: list[str] | None = None, base: int =
     Raises msgspec.DecodeError for malformed JSON, as ``decode`` does.
     """
     try:
-        return decoder.decode(data)
+        value = decoder.decode(data)
     except (UnicodeDecodeError, RecursionError):
         fixed, done = _repair(bytes(data), base)
-    value = decoder.decode(fixed)
+        value = decoder.decode(fixed)
+    else:  # msgspec skips the strings it does not read (keys, args it ignores) unchecked: they
+        done = _invalid_utf8(data, base) if notes is not None else []  # are counted all the same
     if notes is not None:  # only for a decode that succeeded: a cut tried inside an event, or
         notes.extend(done)  # the typed route given up for the loose one, repaired nothing kept
     return value
+
+
+def _invalid_utf8(data: Any, base: int) -> list[str]:
+    """``_repair``'s note on the invalid UTF-8 in ``data`` (none: ``[]``), so that every
+    such byte of a file is noted, whichever chunk (and so whichever route) it was read in."""
+    if isinstance(data, (bytes, bytearray)) and data.isascii():
+        return []
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError:
+        return _repair(bytes(data), base)[1]
+    return []
 
 
 def merge_notes(notes: list[str]) -> list[str]:
