@@ -54,43 +54,57 @@ class ParsedTrace:
     cpu_by_thread: np.ndarray | None = None
 
 
-#: the types of the values an ``_Interner`` looks up as they are (no two equal across types)
+#: the types of the values an ``_Interner`` keys by themselves: no two of them are equal
+#: across types; any other value (a float or a bool, equal to an int: ``2.0 == 2``,
+#: ``False == 0``) is keyed by its label, or it would take the label of whichever of them
+#: came first in the file (or in a stretch, on two threads)
 _EXACT_KEYS = frozenset((str, int, type(None)))
+
+
+def _keys(values: Any) -> list[Any]:
+    """``_Interner``'s keys of ``values``: themselves where their type is exact, else their label."""
+    return [v if type(v) in _EXACT_KEYS else str(v) for v in values]
 
 
 class _Interner:
     """Labels -> categorical codes, shared by all chunks of a column (insertion order).
 
     Values are looked up in a dict keyed by the decoded value itself (a C-level ``map``
-    over the chunk), so only values not seen before cost Python work.
+    over the chunk), so only values not seen before cost Python work. Floats and bools are
+    keyed by their label (``_EXACT_KEYS``): in a column that holds integers, the chunk's
+    types are checked first (the only case where one could find an integer's key).
     """
 
-    __slots__ = ("index", "labels", "raw", "seen")
+    __slots__ = ("index", "ints", "labels", "raw", "seen")
 
     def __init__(self, raw: bool = False) -> None:
         self.index: dict[str, int] = {}
         self.labels: list[str] = []
         self.raw = raw  # values are JSON text as bytes; b"null" is missing
         self.seen: dict[Any, int] = {b"null": -1} if raw else {None: -1}
+        self.ints = False  # whether an integer is among the keys of ``seen``
 
     def codes(self, values: Any, n: int) -> np.ndarray:
         seen = self.seen
-        if not self.raw and not _EXACT_KEYS.issuperset(map(type, values)):
-            # a float or a bool equals an int (2.0 == 2, False == 0): looked up as itself it
-            # would take the label of whichever came first in the file (or in a stretch, on
-            # two threads), so it is looked up by its own label
-            values = [v if type(v) in _EXACT_KEYS else str(v) for v in values]
+        if self.ints and not _EXACT_KEYS.issuperset(map(type, values)):
+            values = _keys(values)
         try:
             found = list(map(seen.get, values))
         except TypeError:  # an unhashable value (a list where a string belongs)
             values = [v if isinstance(v, (str, int, float, bytes)) or v is None else str(v) for v in values]
+            values = values if self.raw else _keys(values)
             found = list(map(seen.get, values))
         try:
             return np.array(found, dtype=np.int32)
         except TypeError:  # some values not seen before (their lookup gave None)
             pass
-        for value in dict.fromkeys(v for v, c in zip(values, found) if c is None):  # in order
+        new = [v for v, c in zip(values, found) if c is None]
+        if not self.raw and not _EXACT_KEYS.issuperset(map(type, new)):
+            values = _keys(values)
+            new = [v for v in values if v not in seen]
+        for value in dict.fromkeys(new):  # in order
             seen[value] = self._code(value)
+            self.ints = self.ints or type(value) is int
         return np.array(list(map(seen.__getitem__, values)), dtype=np.int32)
 
     def _code(self, value: Any) -> int:
