@@ -20,9 +20,10 @@ answering is replaced and the mutant it was on is recorded.
 Usage: ``.venv/bin/python bench/fuzz_load.py [--mutants 10000] [--seed 0] [--jobs 2]
 [--batch 100] [--json]`` prints the counts by outcome (and the failures, reproducible
 with ``--only N``, written to a folder with ``--save DIR --only N``); exit status 1 when any
-failure was found. ``--split`` loads two of three mutants on two threads on the C path,
-each cut into 3-14 stretches (``trace.split``: the inner ones of a plain file read by
-``scan_file``), compared with the one-thread pure Python parse.
+failure was found. Two of three mutants are loaded on two threads on the C path, each cut
+into 3-14 stretches (``trace.split``: the inner ones of a plain file read by ``scan_file``),
+and compared with the one-thread pure Python parse, warnings included (``--no-split``: all
+on one thread).
 ``TRACEMAGIC_FUZZ_CRASH_AT=N`` / ``TRACEMAGIC_FUZZ_HANG_AT=N`` make the worker die or stall
 at mutant N (``tests/test_fuzz.py`` checks the harness reports them).
 """
@@ -355,9 +356,9 @@ def run_one(seeds: list[Path], seed: int, index: int, folder: Path) -> dict[str,
     rng = random.Random(f"chunk:{seed}:{index}")
     parse.CHUNK_BYTES = rng.choice((2 << 20, 2 << 20, 4096, 1024))  # small chunks: many cuts
     name, data = mutant(seeds, seed, index)
-    # --split: two of three mutants parsed on two threads on the C path (the small files cut
-    # into 3-14 stretches: a plain file's inner ones scanned by scan_file)
-    two_threads = os.environ.get("TRACEMAGIC_FUZZ_SPLIT") == "1" and rng.random() < 2 / 3
+    # two of three mutants parsed on two threads on the C path (the small files cut into
+    # 3-14 stretches: a plain file's inner ones scanned by scan_file); not with --no-split
+    two_threads = os.environ.get("TRACEMAGIC_FUZZ_SPLIT", "1") == "1" and rng.random() < 2 / 3
     if two_threads:
         split.SPLIT_MIN_BYTES = 0
         split.STRETCH_BYTES = max(1, len(data) // rng.choice((3, 6, 12)))
@@ -492,16 +493,18 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated mutant numbers to rerun")
     parser.add_argument(
         "--split",
-        action="store_true",
-        help="load two of three mutants on two threads (cut into 3-14 stretches) on the C path",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="load two of three mutants on two threads (cut into 3-14 stretches) on the C path "
+        "(the default; --no-split: all on one thread)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object (counts and failures)")
     parser.add_argument("--save", default=None, help="write mutant N's file here (with --only N) and exit")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--indices", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.split:  # the workers (subprocesses) read it
-        os.environ["TRACEMAGIC_FUZZ_SPLIT"] = "1"
+    if not args.worker:  # the workers (subprocesses) read it
+        os.environ["TRACEMAGIC_FUZZ_SPLIT"] = "1" if args.split else "0"
     if args.worker:
         worker(Path(args.worker), args.seed, [int(i) for i in args.indices.split(",") if i])
         return 0
@@ -521,6 +524,7 @@ def main() -> int:
     summary = {
         "mutants": len(results),
         "seed": args.seed,
+        "split": args.split,
         "seconds": round(time.monotonic() - started, 1),
         "counts": dict(sorted(counts.items())),
         "by_format": {
@@ -532,7 +536,11 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"{len(results)} mutants (seed {args.seed}) in {summary['seconds']} s, each on the C and the Python path")
+        split = " (two of three on two threads)" if args.split else ""
+        print(
+            f"{len(results)} mutants (seed {args.seed}) in {summary['seconds']} s, "
+            f"each on the C{split} and the Python path"
+        )
         for outcome in ("ok", "trace_error", *FAILURES):
             print(f"  {outcome:12} {counts.get(outcome, 0)}")
         for failure in failures[:50]:

@@ -1,8 +1,9 @@
 """A fixed-seed fuzz of ``tracemagic.load`` (``bench/fuzz_load.py``, issue 14): mutants of the
 real traces (bytes flipped, cut, inserted; numbers beyond int64/float64; invalid UTF-8;
 nesting thousands of levels deep; odd step names; fields dropped or of the wrong type;
-damaged gzip; tars), each loaded on the C and on the pure Python path with the main tables
-computed. Each must load with the same tables on both paths or raise the same
+damaged gzip; tars), each loaded on the C path (two of three on two threads, cut into
+3-14 stretches: ``trace.split``) and on the one-thread pure Python path with the main tables
+computed. Each must load with the same tables and warnings on both paths or raise the same
 ``TraceError`` naming the file. Workers run the mutants in batches in subprocesses, so a
 crash or a hang fails the test naming the mutant (rerun it with ``--only N``)."""
 

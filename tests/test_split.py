@@ -442,3 +442,118 @@ def test_a_process_name_and_its_labels_in_different_stretches(tmp_path: Path, mo
     assert spy.results == [True]
     assert both.meta["processes"][0]["5"] == "python3 GPU 5"
     assert_same(tracemagic.load(path, use_cache=False, workers=1), both)
+
+
+def _odd_trace(
+    tmp_path: Path, odd: dict[int, dict[str, Any]], raw: dict[str, bytes] | None = None
+) -> tuple[Path, list[dict[str, Any]]]:
+    """3000 plain CPU ops, event ``i`` changed by ``odd[i]`` (merged into it, args too);
+    ``raw``: JSON strings (``"x"``) written as other bytes (invalid UTF-8)."""
+    events = []
+    for i in range(3000):
+        event: dict[str, Any] = {"ph": "X", "cat": "cpu_op", "name": f"op{i % 13}", "pid": 1, "tid": 2}
+        event.update(ts=10.0 * i, dur=5.0, args={"External id": i, "stream": 7})
+        for key, value in odd.get(i, {}).items():
+            if key == "args":
+                event["args"].update(value)
+            else:
+                event[key] = value
+        events.append(event)
+    data = json.dumps({"schemaVersion": 1, "traceEvents": events}, indent=1).encode()
+    for text, bad in (raw or {}).items():
+        assert data.count(f'"{text}"'.encode()) == 1
+        data = data.replace(f'"{text}"'.encode(), b'"' + bad + b'"')
+    path = tmp_path / "odd.json"
+    path.write_bytes(data)
+    return path, events
+
+
+def _one_and_two_threads(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[tracemagic.Trace, tracemagic.Trace]:
+    """``path`` parsed on one thread in one chunk, and on two in 6 stretches of small chunks."""
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "STRETCH_BYTES", path.stat().st_size // 6)
+    monkeypatch.setattr(split, "EDGE_BYTES", 4096)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 16 * 1024)
+    spy = SplitSpy(monkeypatch)
+    both = tracemagic.load(path, use_cache=False)
+    assert spy.results == [True], "the file was parsed on two threads"
+    return alone, both
+
+
+@pytest.mark.parametrize(
+    "value",
+    [False, True, -(2**63)],
+    ids=["false", "true", "int64-min"],
+)
+def test_a_number_is_read_alone_not_as_its_stretch_makes_it(
+    value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stream: false`` was 0 in a chunk of numbers (numpy's fast path) but missing in one
+    with text (the value-by-value rules), and -2**63 the other way round: the value depended
+    on where the file was cut. A float id beside it sends its chunk to msgspec's route."""
+    odd = {
+        400: {"args": {"stream": "abc"}},  # text: the chunk is read value by value
+        2000: {"args": {"stream": value, "External id": 2000.5}},
+    }
+    path, events = _odd_trace(tmp_path, odd)
+    alone, both = _one_and_two_threads(path, monkeypatch)
+    assert_same(alone, both)
+    assert both.warnings == alone.warnings
+    # independently: JSON true/false are not numbers; -2**63 fits int64
+    streams = [e["args"]["stream"] for e in events]
+    expected = [s if type(s) is int and -(2**63) <= s < 2**63 else None for s in streams]
+    got = both.events.sort_values("ts")["stream"].astype(object).where(lambda s: s.notna(), None).tolist()
+    assert got == expected
+    missing = sum(e is None for e in expected)
+    assert f"{missing} values of args 'stream' are not numbers that fit int64; left missing" in both.warnings
+
+
+def test_invalid_utf8_is_noted_once_for_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invalid UTF-8 in two stretches was noted once per chunk, each with its own count
+    (``1 bytes``, ``1 bytes``), and once for the file on one thread (``2 bytes``); and in a
+    key msgspec skips, only where another byte of the chunk made it repair the chunk."""
+    odd = {300: {"args": {"k300": 1}}, 500: {"name": "x500"}, 2200: {"name": "x2200"}}
+    raw = {"k300": b"k\xfe300", "x500": b"x\xff500", "x2200": b"x\xc32200"}
+    path, _ = _odd_trace(tmp_path, odd, raw)
+    alone, both = _one_and_two_threads(path, monkeypatch)
+    assert_same(alone, both)
+    data = path.read_bytes()
+    first = data.index(b"\xfe")
+    assert both.warnings == alone.warnings == [f"invalid UTF-8 at byte {first} (3 bytes in all read as '?')"]
+    assert set(both.events["name"]) == {f"op{i}" for i in range(13)} | {"x?500", "x?2200"}
+
+
+def test_a_number_or_bool_as_text_keeps_its_own_label(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cat: false`` was labelled ``0`` where a ``cat: 0`` had been met first (``False == 0``
+    as a dict key), and on two threads whichever thread met one first decided."""
+    odd = {
+        100: {"cat": 0},
+        900: {"cat": 1.0, "pid": 2},
+        1500: {"cat": True, "pid": 2.0},
+        2100: {"cat": 1, "tid": False},
+        2900: {"cat": False, "tid": 0},
+    }
+    path, events = _odd_trace(tmp_path, odd)
+    alone, both = _one_and_two_threads(path, monkeypatch)
+    assert_same(alone, both)
+    # independently: each value's text as Python writes what json.loads gives
+    by_ts = both.events.sort_values("ts")
+    for column in ("cat", "pid", "tid"):
+        assert by_ts[column].astype(str).tolist() == [str(e[column]) for e in events], column
+
+
+def test_durations_that_are_not_numbers_are_noted_once_for_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events whose ``dur`` is not a finite number were noted per chunk, after the chunk's
+    first byte (where the file was cut): now once for the file, with the first of them."""
+    odd = {300: {"dur": "x"}, 1500: {"dur": None}, 1501: {"dur": [1]}, 2700: {"dur": "long"}}
+    path, events = _odd_trace(tmp_path, odd)
+    alone, both = _one_and_two_threads(path, monkeypatch)
+    assert_same(alone, both)
+    odd_count = sum(not isinstance(e["dur"], (int, float)) for e in events if e["dur"] is not None)
+    assert both.warnings == alone.warnings == [
+        f"{odd_count} events have a dur that is not a finite number; read as 0 (the first: 'op1' at ts 3000.0)"
+    ]
+    assert both.events.loc[both.events["ts"] == 3000.0, "dur"].tolist() == [0.0]

@@ -37,7 +37,7 @@ from tracemagic.trace.structs import (
     _Event,
 )
 
-_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 @dataclass
@@ -54,34 +54,57 @@ class ParsedTrace:
     cpu_by_thread: np.ndarray | None = None
 
 
+#: the types of the values an ``_Interner`` keys by themselves: no two of them are equal
+#: across types; any other value (a float or a bool, equal to an int: ``2.0 == 2``,
+#: ``False == 0``) is keyed by its label, or it would take the label of whichever of them
+#: came first in the file (or in a stretch, on two threads)
+_EXACT_KEYS = frozenset((str, int, type(None)))
+
+
+def _keys(values: Any) -> list[Any]:
+    """``_Interner``'s keys of ``values``: themselves where their type is exact, else their label."""
+    return [v if type(v) in _EXACT_KEYS else str(v) for v in values]
+
+
 class _Interner:
     """Labels -> categorical codes, shared by all chunks of a column (insertion order).
 
     Values are looked up in a dict keyed by the decoded value itself (a C-level ``map``
-    over the chunk), so only values not seen before cost Python work.
+    over the chunk), so only values not seen before cost Python work. Floats and bools are
+    keyed by their label (``_EXACT_KEYS``): in a column that holds integers, the chunk's
+    types are checked first (the only case where one could find an integer's key).
     """
 
-    __slots__ = ("index", "labels", "raw", "seen")
+    __slots__ = ("index", "ints", "labels", "raw", "seen")
 
     def __init__(self, raw: bool = False) -> None:
         self.index: dict[str, int] = {}
         self.labels: list[str] = []
         self.raw = raw  # values are JSON text as bytes; b"null" is missing
         self.seen: dict[Any, int] = {b"null": -1} if raw else {None: -1}
+        self.ints = False  # whether an integer is among the keys of ``seen``
 
     def codes(self, values: Any, n: int) -> np.ndarray:
         seen = self.seen
+        if self.ints and not _EXACT_KEYS.issuperset(map(type, values)):
+            values = _keys(values)
         try:
             found = list(map(seen.get, values))
         except TypeError:  # an unhashable value (a list where a string belongs)
             values = [v if isinstance(v, (str, int, float, bytes)) or v is None else str(v) for v in values]
+            values = values if self.raw else _keys(values)
             found = list(map(seen.get, values))
         try:
             return np.array(found, dtype=np.int32)
         except TypeError:  # some values not seen before (their lookup gave None)
             pass
-        for value in dict.fromkeys(v for v, c in zip(values, found) if c is None):  # in order
+        new = [v for v, c in zip(values, found) if c is None]
+        if not self.raw and not _EXACT_KEYS.issuperset(map(type, new)):
+            values = _keys(values)
+            new = [v for v in values if v not in seen]
+        for value in dict.fromkeys(new):  # in order
             seen[value] = self._code(value)
+            self.ints = self.ints or type(value) is int
         return np.array(list(map(seen.__getitem__, values)), dtype=np.int32)
 
     def _code(self, value: Any) -> int:
@@ -137,7 +160,9 @@ def _objects(values: Any, n: int) -> np.ndarray:
 def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarray] | None:
     """(values, missing mask) of a column of JSON numbers with Nones; None if all missing.
 
-    Hex strings ('0x7f..') and numeric strings are read as numbers; anything else is missing.
+    Hex strings ('0x7f..') and numeric strings are read as numbers; anything else is missing,
+    ``true``/``false`` too. Each value is read alone: never as its neighbours make it (a
+    chunk's, or a stretch's, on two threads: ``trace.split``).
     """
     n = len(col)
     nones = col.count(None)
@@ -150,6 +175,10 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
         floats = None
     if floats is not None and floats.ndim == 1:
         mask = ~np.isfinite(floats)  # inf: numeric text beyond float64 ("1e400")
+        if ((floats == 0) | (floats == 1)).any():  # (only then can a bool, read as 0 or 1, be there)
+            bools = _bools(col, n)
+            if bools is not None:
+                mask |= bools
         if floating:
             return floats, mask
         finite = floats[~mask]
@@ -158,7 +187,10 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
             return floats.astype(np.int64), mask
     objects = _objects(col, n)
     mask = (objects == None) if nones else np.zeros(n, dtype=bool)  # noqa: E711 - elementwise
-    if nones:
+    bools = _bools(col, n)
+    if bools is not None:
+        mask |= bools
+    if nones or bools is not None:
         objects[mask] = 0
     try:
         values = objects.astype(dtype)
@@ -179,11 +211,19 @@ def _numbers(col: tuple[Any, ...], floating: bool) -> tuple[np.ndarray, np.ndarr
                 if not math.isfinite(number):
                     continue
                 number = int(number)  # truncated, as astype does
-            if abs(number) > _INT64_MAX:
+            if not _INT64_MIN <= number <= _INT64_MAX:
                 continue
         values[i] = number
         mask[i] = False
     return values, mask
+
+
+def _bools(col: tuple[Any, ...], n: int) -> np.ndarray | None:
+    """Where ``col`` holds ``true``/``false`` (not numbers: missing, as ``_to_number`` reads
+    them), or None where it holds none."""
+    if bool not in set(map(type, col)):
+        return None
+    return np.fromiter((type(value) is bool for value in col), dtype=bool, count=n)
 
 
 class Interners:

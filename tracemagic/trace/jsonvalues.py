@@ -38,6 +38,25 @@ _STRUCTURE = re.compile(rb'[\[\]{}"]')
 _STRING_REST = re.compile(rb'(?:[^"\\]|\\.)*"', re.S)
 _TOO_DEEP = b"<nested too deep>"
 _BAD_BYTE = re.compile("[\udc80-\udcff]")
+#: notes that tally what one chunk's decoding repaired or read as something else (the first
+#: number: where it starts in the file, unique to the chunk); ``merge_notes`` joins each kind
+#: into one note for the file, which does not depend on where the file was cut into chunks
+_BAD_UTF8 = "invalid UTF-8 at byte {first} ({count} bytes in all read as '?')"
+ODD_DURATIONS = (
+    "{count} events after byte {base} have a dur that is not a finite number; read as 0 (the first: {first})"
+)
+#: (the chunk's note, the file's)
+_TALLIES = (
+    (re.compile(r"invalid UTF-8 at byte (?P<first>\d+) \((?P<count>\d+) bytes in all read as '\?'\)\Z"), _BAD_UTF8),
+    (
+        re.compile(
+            r"(?P<count>\d+) events after byte \d+ have a dur that is not a finite number; "
+            r"read as 0 \(the first: (?P<first>.*)\)\Z",
+            re.S,
+        ),
+        "{count} events have a dur that is not a finite number; read as 0 (the first: {first})",
+    ),
+)
 
 
 def _repair(data: bytes, base: int = 0) -> tuple[bytes, list[str]]:
@@ -51,7 +70,7 @@ def _repair(data: bytes, base: int = 0) -> tuple[bytes, list[str]]:
         offset = base + len(text[: bad.start()].encode("utf-8", "surrogateescape"))
         count = len(_BAD_BYTE.findall(text))
         data = _BAD_BYTE.sub("?", text).encode("utf-8")
-        notes.append(f"invalid UTF-8 at byte {offset} ({count} bytes in all read as '?')")
+        notes.append(_BAD_UTF8.format(first=offset, count=count))
     out = bytearray(data)
     depth, deep_from, pos = 0, -1, 0
     while (match := _STRUCTURE.search(data, pos)) is not None:
@@ -94,12 +113,52 @@ def _decode(decoder: Any, data: Any, notes: list[str] | None = None, base: int =
     Raises msgspec.DecodeError for malformed JSON, as ``decode`` does.
     """
     try:
-        return decoder.decode(data)
+        value = decoder.decode(data)
     except (UnicodeDecodeError, RecursionError):
         fixed, done = _repair(bytes(data), base)
-    if notes is not None:
-        notes.extend(done)
-    return decoder.decode(fixed)
+        value = decoder.decode(fixed)
+    else:  # msgspec skips the strings it does not read (keys, args it ignores) unchecked: they
+        done = _invalid_utf8(data, base) if notes is not None else []  # are counted all the same
+    if notes is not None:  # only for a decode that succeeded: a cut tried inside an event, or
+        notes.extend(done)  # the typed route given up for the loose one, repaired nothing kept
+    return value
+
+
+def _invalid_utf8(data: Any, base: int) -> list[str]:
+    """``_repair``'s note on the invalid UTF-8 in ``data`` (none: ``[]``), so that every
+    such byte of a file is noted, whichever chunk (and so whichever route) it was read in."""
+    whole = data.obj if isinstance(data, memoryview) else data  # (a view of a chunk's buffer)
+    if isinstance(whole, (bytes, bytearray)) and whole.isascii():  # ~20x faster than decoding
+        return []
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError:
+        return _repair(bytes(data), base)[1]
+    return []
+
+
+def merge_notes(notes: list[str]) -> list[str]:
+    """``notes`` in order, each repeated one once, and the chunks' tallies (``_TALLIES``)
+    joined into one note of each kind for the file, where the first stood: counts summed,
+    the first's place (the earliest in the file) kept. So the warnings are the same however
+    the file was cut into chunks (``CHUNK_BYTES``) or into stretches on two threads
+    (``trace.split``)."""
+    merged: list[str] = []
+    tallies: dict[int, tuple[int, int, str]] = {}  # kind -> (its place in merged, count, first)
+    for note in dict.fromkeys(notes):  # a chunk decoded twice notes its repairs twice
+        for kind, (pattern, _) in enumerate(_TALLIES):
+            match = pattern.match(note)
+            if match is not None:
+                place, count, first = tallies.get(kind, (len(merged), 0, match["first"]))
+                if place == len(merged):
+                    merged.append(note)
+                tallies[kind] = (place, count + int(match["count"]), first)
+                break
+        else:
+            merged.append(note)
+    for kind, (place, count, first) in tallies.items():
+        merged[place] = _TALLIES[kind][1].format(first=first, count=count)
+    return merged
 
 
 def _literal(value: Any) -> Any:

@@ -39,7 +39,7 @@ import msgspec
 
 from tracemagic.errors import TraceError
 from tracemagic.trace.builder import Interners, ParsedTrace, _Builder
-from tracemagic.trace.jsonvalues import _ANY, _META, _TOP, MAX_NESTING, _decode, _literal, _offset_of
+from tracemagic.trace.jsonvalues import _ANY, _META, _TOP, MAX_NESTING, _decode, _literal, _offset_of, merge_notes
 from tracemagic.trace.read import ByteStream, Source, sniff
 from tracemagic.trace.structs import _LOOSE_EVENTS, decode_structs
 
@@ -184,7 +184,7 @@ class Part:
         self.warnings += later.warnings
 
     def finish(self) -> ParsedTrace:
-        return self.builder.finish(self.meta, self.warnings)
+        return self.builder.finish(self.meta, merge_notes(self.warnings))
 
 
 class _DamageError(Exception):
@@ -495,7 +495,7 @@ def _parse_whole(data: bytes | bytearray, name: str, recover: bool) -> ParsedTra
     except msgspec.DecodeError as exc:
         raise TraceError(f"{name}: corrupt traceEvents ({exc}).", path=name, offset=_offset_of(exc)) from None
     builder.add(events)
-    return builder.finish(meta, warnings)
+    return builder.finish(meta, merge_notes(warnings))
 
 
 def _recover_whole(data: bytes | bytearray, name: str, offset: int) -> tuple[bytes | bytearray, dict[str, Any]]:

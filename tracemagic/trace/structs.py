@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.jsonvalues import _decode, _finite, _float_or_text
+from tracemagic.trace.jsonvalues import ODD_DURATIONS, _decode, _finite, _float_or_text
 
 _NULL = msgspec.Raw(b"null")
 
@@ -147,16 +147,19 @@ def decode_structs(data: Any, name: str, notes: list[str] | None = None, base: i
     except msgspec.ValidationError as exc:
         raise TraceError(f"{name}: an event has an unreadable shape ({exc}).", path=name) from None
     odd_durations = 0
+    first = ""
     for event in events:
         event.ph = event.ph if isinstance(event.ph, str) else str(event.ph)
         ts = _finite(event.ts)
         event.ts = ts if ts is not None else math.nan  # left out later, with a warning
         dur = _finite(event.dur)
-        odd_durations += dur is None and event.dur is not None
+        if dur is None and event.dur is not None:
+            odd_durations += 1
+            first = first or f"{event.name!r:.80} at ts {event.ts}"
         event.dur = dur or 0.0
         event.args = _loose_args(event.args)
-    if odd_durations and notes is not None:
-        notes.append(f"{odd_durations} events after byte {base} have a dur that is not a finite number; read as 0")
+    if odd_durations and notes is not None:  # joined for the file by ``merge_notes``
+        notes.append(ODD_DURATIONS.format(count=odd_durations, base=base, first=first))
     return events
 
 
