@@ -328,11 +328,18 @@ def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
         if not text.startswith(MODULE_PREFIX):
             continue
         instance = text[len(MODULE_PREFIX) :]
-        entry = known.get(text) or known.get(instance) or {}
+        entry = module_entry(known, text)
         layer = str(entry.get("path") or instance)
         kind = str(entry.get("type") or _INSTANCE_SUFFIX.sub("", instance))
         out[text] = (layer, kind)
     return out
+
+
+def module_entry(known: dict[str, dict[str, str]], name: str) -> dict[str, str]:
+    """The module map's entry (``unique_roots``) of the trace's ``nn.Module: Linear_0``,
+    kept under that name or (older captures) under ``Linear_0``; empty where it has none."""
+    entry = known.get(name) or known.get(name.removeprefix(MODULE_PREFIX))
+    return entry if isinstance(entry, dict) else {}
 
 
 def unique_roots(known: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:

@@ -31,6 +31,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import (
     group_rows,
+    module_entry,
     nesting_depth,
     rollup,
     text,
@@ -905,9 +906,9 @@ def _layer_names(trace: TraceTables, kinds: np.ndarray, names: np.ndarray) -> np
         name = names[i]
         if not isinstance(name, str):
             continue
-        entry = known.get(name) or known.get(name[len(MODULE_PREFIX) :])
-        if isinstance(entry, dict) and entry.get("path"):
-            out[i] = str(entry["path"])
+        path = module_entry(known, name).get("path")
+        if path:
+            out[i] = str(path)
     return out
 
 
