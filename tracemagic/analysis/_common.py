@@ -429,12 +429,25 @@ def name_labels(trace: TraceTables, rows: np.ndarray) -> pd.Categorical:
 def without_unused(values: pd.Categorical) -> pd.Categorical:
     """``values.remove_unused_categories()`` by counting codes instead of sorting them."""
     codes = values.codes
-    used = np.bincount(codes[codes >= 0], minlength=len(values.categories)) > 0
+    used = np.zeros(len(values.categories) + 1, dtype=bool)  # the last entry: -1 (missing)
+    used[codes] = True
+    used = used[:-1]
     if used.all():
         return values
-    remap = np.full(used.size + 1, -1, dtype=np.int64)  # the last entry maps -1 (missing)
-    remap[np.flatnonzero(used)] = np.arange(int(used.sum()))
+    kept = int(used.sum())
+    # the new codes made in the width pandas keeps them in (no int64 copy cast down after)
+    remap = np.full(used.size + 1, -1, dtype=_codes_dtype(kept))  # the last entry maps -1 (missing)
+    remap[np.flatnonzero(used)] = np.arange(kept)
     return pd.Categorical.from_codes(remap[codes], categories=values.categories[used], validate=False)
+
+
+def _codes_dtype(categories: int) -> type[np.signedinteger]:
+    """The integer type pandas keeps the codes of that many categories in
+    (``coerce_indexer_dtype``)."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if categories < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
 
 
 def labels(values: pd.Series) -> pd.Categorical:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import is_nccl, labels, layer_labels, name_labels, trace_start
@@ -35,29 +38,39 @@ def kernels(trace: TraceTables) -> pd.DataFrame:
     """
     events = trace.events
     rows = timed_rows(events, KINDS)
-    picked = events.iloc[rows]
-    op_rows = picked["op"].to_numpy()
-    layer, layer_type = layer_labels(trace, picked["module"].to_numpy())
+
+    def at(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:
+        # column by column, as ops() does: ``events.iloc[rows]`` took every column of the table
+        values = events[column].array
+        if isinstance(values, pd.arrays.NumpyExtensionArray):
+            return values.to_numpy()[rows]
+        return values.take(rows)
+
+    op_rows = at("op")
+    layer, layer_type = layer_labels(trace, at("module"))
+    names = pd.Series(at("name"))
+    kind = cast(pd.Categorical, at("kind"))
     return pd.DataFrame(
         {
-            "rank": picked["rank"].to_numpy(),
+            "rank": at("rank"),
             "row": rows,
-            "name": labels(picked["name"]),
-            "kind": picked["kind"].array.set_categories(list(KINDS)),
-            "device": picked["device"].array,
-            "stream": picked["stream"].array,
-            "ts": picked["ts"].to_numpy() - trace_start(trace),
-            "dur": picked["dur"].to_numpy(),
-            "step": picked["step"].to_numpy(),
+            "name": labels(names),
+            "kind": kind.set_categories(list(KINDS)),
+            "device": at("device"),
+            "stream": at("stream"),
+            "ts": at("ts") - trace_start(trace),
+            "dur": at("dur"),
+            "step": at("step"),
             "op": name_labels(trace, op_rows),
             "op_row": op_rows,
             "layer": layer,
             "layer_type": layer_type,
-            "correlation": picked["correlation"].array,
-            "bytes": picked["bytes"].array,
-            "grid": labels(picked["grid"]),
-            "block": labels(picked["block"]),
-            "collective": labels(picked["collective"]),
-            "is_comm": (picked["kind"] == "kernel").to_numpy() & is_nccl(picked["name"]),
-        }
+            "correlation": at("correlation"),
+            "bytes": at("bytes"),
+            "grid": labels(pd.Series(at("grid"))),
+            "block": labels(pd.Series(at("block"))),
+            "collective": labels(pd.Series(at("collective"))),
+            "is_comm": np.asarray(kind == "kernel") & is_nccl(names),
+        },
+        copy=False,  # every column is made here
     )

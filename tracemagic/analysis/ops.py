@@ -83,19 +83,24 @@ def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     parent = events["parent"].to_numpy()
     up = parent[rows]
     out = np.zeros(rows.size, dtype=bool)
-    codes = events["name"].cat.codes.to_numpy()
+    codes = cast(pd.Categorical, events["name"].array).codes  # (``.cat.codes`` copies them)
     # same name as the parent first (one pass, -1 parents masked): few rows, so the rest looks at those alone
     where = np.flatnonzero((up >= 0) & (codes[up] == codes[rows]))
     if where.size == 0:
         return out
     outer = up[where]
-    kinds = events["kind"]
-    op_kinds = np.flatnonzero(np.isin(np.asarray(kinds.cat.categories, dtype=object), KINDS))
+    kinds = cast(pd.Categorical, events["kind"].array)
+    op_kinds = np.flatnonzero(np.isin(np.asarray(kinds.categories, dtype=object), KINDS))
     # a 0 µs parent (integer-µs traces) holds nothing: the plugin's tree makes such ops siblings
-    keep = np.isin(kinds.cat.codes.to_numpy()[outer], op_kinds) & (events["dur"].to_numpy()[outer] > 0)
+    keep = np.isin(kinds.codes[outer], op_kinds) & (events["dur"].to_numpy()[outer] > 0)
     where, outer = where[keep], outer[keep]
     if where.size == 0:
         return out
-    children = np.bincount(parent[parent >= 0], minlength=len(events))
-    out[where] = children[outer] == 1
+    # the CPU events directly inside each outer op, counted for those few ops alone (not a
+    # count for every row: two table-long int64 arrays)
+    holders = np.unique(outer)
+    is_holder = np.zeros(len(events) + 1, dtype=bool)  # the last entry: parent -1 (top level)
+    is_holder[holders] = True
+    children = np.bincount(np.searchsorted(holders, parent[is_holder[parent]]), minlength=holders.size)
+    out[where] = children[np.searchsorted(holders, outer)] == 1
     return out

@@ -129,12 +129,17 @@ def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndar
 def timed_mask(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
     """Whether each row is a duration (``X``) event of one of the given kinds."""
     ph = events["ph"]
-    if isinstance(ph.dtype, pd.CategoricalDtype):  # on the codes: no string comparison per row
-        at = ph.cat.categories.get_indexer(["X"])[0]
-        is_x = ph.cat.codes.to_numpy() == at if at >= 0 else np.zeros(len(ph), dtype=bool)
-    else:
-        is_x = (ph == "X").to_numpy()
-    return kind_mask(events, *kinds) & is_x
+    if not isinstance(ph.dtype, pd.CategoricalDtype):
+        return kind_mask(events, *kinds) & (ph == "X").to_numpy()
+    # on the codes: no string comparison per row; the category by get_loc and the codes off
+    # the array (get_indexer and .cat.codes cost more than the comparison itself)
+    values = ph.array
+    try:
+        at = values.categories.get_loc("X")
+    except KeyError:
+        return np.zeros(len(ph), dtype=bool)
+    is_x = values.codes == at
+    return np.logical_and(kind_mask(events, *kinds), is_x, out=is_x)
 
 
 def timed_rows(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
