@@ -6,6 +6,7 @@ Private to ``tracemagic.analysis``; everything here is vectorized over the event
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Collection
 
@@ -114,22 +115,24 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
         return out
     events = trace.events
     t0 = trace_start(trace)
-    ts = events["ts"].to_numpy() - t0  # from t0: epoch-µs floats are coarse
+    ts = events["ts"].to_numpy()  # taken from t0 where read: epoch-µs floats are coarse
+    dur = events["dur"].to_numpy()
     at = at - t0
-    end = ts + events["dur"].to_numpy()
     parent = events["parent"].to_numpy()
-    cand_keys = thread_keys_of(trace)[cand]
-    for key in np.unique(keys):  # one pass per thread
-        lo, hi = np.searchsorted(cand_keys, [key, key + 1])
+    key_of = thread_keys_of(trace)
+    for key in np.unique(keys):  # one pass per thread; cand is sorted by key: found by bisection
+        lo = bisect.bisect_left(cand, key, key=key_of.__getitem__)
+        hi = bisect.bisect_left(cand, key + 1, lo, key=key_of.__getitem__)
         if lo == hi:
             continue
         where = np.flatnonzero(keys == key)
-        pos = np.searchsorted(ts[cand[lo:hi]], at[where], side="right") - 1
+        pos = np.searchsorted(ts[cand[lo:hi]] - t0, at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
 
     def ended(rows: np.ndarray, moment: np.ndarray) -> np.ndarray:
         held = np.maximum(rows, 0)
-        return (rows >= 0) & (end[held] < moment + NEST_START_MARGIN_US) & (ts[held] != moment)
+        start = ts[held] - t0
+        return (rows >= 0) & (start + dur[held] < moment + NEST_START_MARGIN_US) & (start != moment)
 
     climb = np.flatnonzero(ended(out, at))
     while climb.size:  # one round per nesting level, over the ones still climbing

@@ -87,9 +87,10 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     fwd_tid = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)
     is_bwd = is_op & (names_where(events["name"], BACKWARD_OP) | (fwd_tid > 0))
     del fwd_tid  # (per-event temporaries are freed as soon as done: this runs at a peak)
-    above = enclosing_of_kind(parent, depth, is_bwd, np.arange(n))
-    is_root = is_bwd & (above < 0) & (module < 0)
-    del above
+    bwd_rows = np.flatnonzero(is_bwd)
+    is_root = np.zeros(n, dtype=bool)
+    is_root[bwd_rows[(enclosing_of_kind(parent, depth, is_bwd, bwd_rows) < 0) & (module[bwd_rows] < 0)]] = True
+    del bwd_rows
     root = propagate(parent, depth, is_root)
     seq = events["seq"].to_numpy(dtype=np.int64, na_value=-1)
     ts = events["ts"].to_numpy()
