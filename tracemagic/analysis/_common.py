@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from tracemagic.trace import layout
 from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.normalize import kind_mask, per_category
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import (
     MODULE_PREFIX,
@@ -233,7 +233,7 @@ def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     codes = names.cat.codes.to_numpy()
     if not hit.any():
         return np.zeros(codes.size, dtype=bool)
-    return np.append(hit, False)[codes]  # code -1 (missing): the False at the end
+    return per_category(hit, codes)
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:

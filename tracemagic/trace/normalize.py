@@ -31,29 +31,34 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     # per-name (and per-phase) answers, indexed by the codes (-1, a missing value: the last)
     names = events["name"]
     name_codes = names.cat.codes.to_numpy()
-    is_memory = _per_code(events["ph"], lambda c: c != "X", True) & _per_code(names, lambda c: c == "[memory]", False)
+    is_memory = per_code(events["ph"], lambda c: c != "X", True) & per_code(names, lambda c: c == "[memory]", False)
     codes[is_memory] = KINDS.index("memory")
     step_names = np.asarray(names.cat.categories.str.match(STEP_NAME.pattern), dtype=bool)
     if step_names.any():
-        is_step = np.append(step_names, False)[name_codes]
+        is_step = per_category(step_names, name_codes)
         is_step &= (codes == KINDS.index("cpu_op")) | (codes == KINDS.index("user_annotation"))
         codes[is_step] = KINDS.index("step")
     mark_names = np.asarray(names.cat.categories.str.startswith(LINE_MARK_PREFIX), dtype=bool)
     if mark_names.any():  # the magic's line marks: recorded as cpu_op, annotations by what they mean
-        is_mark = np.append(mark_names, False)[name_codes]
+        is_mark = per_category(mark_names, name_codes)
         is_mark &= codes == KINDS.index("cpu_op")
         codes[is_mark] = KINDS.index("user_annotation")
     # (codes are KINDS indices by construction: not validated again)
     return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"), validate=False)
 
 
-def _per_code(column: pd.Series, test: Any, missing: bool) -> np.ndarray:
+def per_code(column: pd.Series, test: Any, missing: bool) -> np.ndarray:
     """``test`` of each value of a categorical column, decided once per category (``missing``
     for a missing value)."""
     if not isinstance(column.dtype, pd.CategoricalDtype):
         return np.asarray(test(column.to_numpy()), dtype=bool)
-    per_category = np.asarray(test(column.cat.categories), dtype=bool)
-    return np.append(per_category, missing)[column.cat.codes.to_numpy()]
+    return per_category(np.asarray(test(column.cat.categories), dtype=bool), column.cat.codes.to_numpy(), missing)
+
+
+def per_category(answers: np.ndarray, codes: np.ndarray, missing: bool = False) -> np.ndarray:
+    """Per row, the answer of its category: ``answers`` (one per category) indexed by a
+    categorical's ``codes``, ``missing`` where the code is -1 (a missing value)."""
+    return np.append(answers, missing)[codes]
 
 
 def _kind_per_category(events: pd.DataFrame) -> np.ndarray:
