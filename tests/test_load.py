@@ -27,7 +27,7 @@ from conftest import TRACES
 
 import tracemagic
 from tracemagic.errors import TraceError
-from tracemagic.trace import cache, parse, progress, structure
+from tracemagic.trace import cache, normalize, parse, progress, structure
 from tracemagic.trace.read import file_source
 
 MISSING = f"the real traces folder {TRACES} is missing (see tests/data/traces/README.md)"
@@ -273,6 +273,20 @@ def test_the_block_of_event_columns_holds_only_columns_the_table_keeps(name: str
     assert len(arrays) > 20  # the codes of the text columns, ts and dur, the number columns
     used = sum(array.nbytes for array in arrays)
     assert used <= block.nbytes <= used + 64 * (len(arrays) + 1)
+
+
+def test_per_category_gives_each_row_its_categorys_answer() -> None:
+    """``normalize.per_category`` compares the codes with the categories where few answer
+    True (or few False): each row still gets its category's answer, ``missing`` for code -1,
+    whatever the answers, the codes' width and how many categories answer either way."""
+    rng = np.random.default_rng(23)
+    for _ in range(2000):
+        categories = int(rng.integers(1, 40))
+        answers = rng.random(categories) < rng.random()
+        codes = rng.integers(-1, categories, int(rng.integers(0, 300))).astype(rng.choice([np.int8, np.int16, np.int32]))
+        for missing in (False, True):
+            expected = [missing if code < 0 else bool(answers[code]) for code in codes.tolist()]
+            assert normalize.per_category(answers, codes, missing).tolist() == expected
 
 
 def test_ns_resolution_trace_is_in_microseconds() -> None:
