@@ -55,7 +55,7 @@ def trace_start(trace: TraceTables) -> float:
 def in_scope(events: pd.DataFrame) -> np.ndarray:
     """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
     rank = events["rank"].to_numpy()
-    stepped = np.unique(rank[(events["kind"] == "step").to_numpy()])
+    stepped = np.unique(rank[kind_mask(events, "step")])
     return (events["step"].to_numpy() >= 0) | ~np.isin(rank, stepped)
 
 
@@ -90,7 +90,7 @@ def memory_holders(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
         events = trace.events
-        rows = np.flatnonzero((events["kind"] == "memory").to_numpy())
+        rows = np.flatnonzero(kind_mask(events, "memory"))
         return rows, enclosing_at(trace, thread_keys_of(trace)[rows], events["ts"].to_numpy()[rows])
 
     return trace.shared(Shared.MEMORY_HOLDERS, compute)
@@ -247,8 +247,8 @@ def is_dataloader(trace: TraceTables) -> np.ndarray:
     TensorBoard plugin's DataLoader role in ``event_parser.py``). The plugin takes only
     ``enumerate(DataLoader)#...__next__``; we take any name holding ``DataLoader``."""
     events = trace.events
-    host = events["kind"].isin(("cpu_op", "user_annotation")).to_numpy()
-    return host & names_where(events["name"], _DATALOADER)
+    named = names_where(events["name"], _DATALOADER)
+    return named & kind_mask(events, "cpu_op", "user_annotation") if named.any() else named
 
 
 def values_at(column: pd.Series, rows: np.ndarray) -> np.ndarray:

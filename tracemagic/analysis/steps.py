@@ -73,7 +73,7 @@ def windows(trace: TraceTables) -> pd.DataFrame:
 
 def _windows(trace: TraceTables) -> pd.DataFrame:
     events = trace.events
-    is_step = (events["kind"] == "step").to_numpy()
+    is_step = kind_mask(events, "step")
     names = events["name"][is_step].to_numpy(dtype=object)
     frame = pd.DataFrame(
         {
