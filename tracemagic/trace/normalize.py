@@ -80,7 +80,7 @@ def per_category(answers: np.ndarray, codes: np.ndarray, missing: bool = False) 
 def _kind_per_category(events: pd.DataFrame) -> np.ndarray:
     """The ``KINDS`` index of each category of ``events['kind']`` (unknown ones are
     ``other``), then -1 for a missing kind: indexed by the column's codes."""
-    return _kinds_of(tuple(events["kind"].cat.categories))
+    return _kinds_of(tuple(events["kind"].array.categories))
 
 
 @functools.lru_cache(maxsize=32)
@@ -97,10 +97,12 @@ def kind_codes(events: pd.DataFrame) -> np.ndarray:
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
     """Boolean mask of the events whose kind is one of ``kinds`` (decided once per category;
-    one comparison of the codes per matching category, cheaper than a gather)."""
-    hit = np.flatnonzero(np.isin(_kind_per_category(events)[:-1], [KINDS.index(k) for k in kinds]))
-    codes = events["kind"].cat.codes.to_numpy()
-    if hit.size == 0:
+    one comparison of the codes per matching category, cheaper than a gather). Called
+    ~20 times a table: kept lean (the column's codes without pandas' accessor)."""
+    wanted = {KINDS.index(k) for k in kinds}
+    hit = [code for code, kind in enumerate(_kind_per_category(events)[:-1].tolist()) if kind in wanted]
+    codes = events["kind"].array.codes
+    if not hit:
         return np.zeros(codes.size, dtype=bool)
     mask = codes == hit[0]
     for code in hit[1:]:
