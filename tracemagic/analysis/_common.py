@@ -6,6 +6,7 @@ Private to ``tracemagic.analysis``; everything here is vectorized over the event
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Collection
 
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 from tracemagic.trace import layout
 from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.normalize import kind_mask, per_category
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import (
     MODULE_PREFIX,
@@ -54,7 +55,7 @@ def trace_start(trace: TraceTables) -> float:
 def in_scope(events: pd.DataFrame) -> np.ndarray:
     """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
     rank = events["rank"].to_numpy()
-    stepped = np.unique(rank[(events["kind"] == "step").to_numpy()])
+    stepped = np.unique(rank[kind_mask(events, "step")])
     return (events["step"].to_numpy() >= 0) | ~np.isin(rank, stepped)
 
 
@@ -89,7 +90,7 @@ def memory_holders(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
         events = trace.events
-        rows = np.flatnonzero((events["kind"] == "memory").to_numpy())
+        rows = np.flatnonzero(kind_mask(events, "memory"))
         return rows, enclosing_at(trace, thread_keys_of(trace)[rows], events["ts"].to_numpy()[rows])
 
     return trace.shared(Shared.MEMORY_HOLDERS, compute)
@@ -114,22 +115,24 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
         return out
     events = trace.events
     t0 = trace_start(trace)
-    ts = events["ts"].to_numpy() - t0  # from t0: epoch-µs floats are coarse
+    ts = events["ts"].to_numpy()  # taken from t0 where read: epoch-µs floats are coarse
+    dur = events["dur"].to_numpy()
     at = at - t0
-    end = ts + events["dur"].to_numpy()
     parent = events["parent"].to_numpy()
-    cand_keys = thread_keys_of(trace)[cand]
-    for key in np.unique(keys):  # one pass per thread
-        lo, hi = np.searchsorted(cand_keys, [key, key + 1])
+    key_of = thread_keys_of(trace)
+    for key in np.unique(keys):  # one pass per thread; cand is sorted by key: found by bisection
+        lo = bisect.bisect_left(cand, key, key=key_of.__getitem__)
+        hi = bisect.bisect_left(cand, key + 1, lo, key=key_of.__getitem__)
         if lo == hi:
             continue
         where = np.flatnonzero(keys == key)
-        pos = np.searchsorted(ts[cand[lo:hi]], at[where], side="right") - 1
+        pos = np.searchsorted(ts[cand[lo:hi]] - t0, at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
 
     def ended(rows: np.ndarray, moment: np.ndarray) -> np.ndarray:
         held = np.maximum(rows, 0)
-        return (rows >= 0) & (end[held] < moment + NEST_START_MARGIN_US) & (ts[held] != moment)
+        start = ts[held] - t0
+        return (rows >= 0) & (start + dur[held] < moment + NEST_START_MARGIN_US) & (start != moment)
 
     climb = np.flatnonzero(ended(out, at))
     while climb.size:  # one round per nesting level, over the ones still climbing
@@ -230,7 +233,7 @@ def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     codes = names.cat.codes.to_numpy()
     if not hit.any():
         return np.zeros(codes.size, dtype=bool)
-    return np.append(hit, False)[codes]  # code -1 (missing): the False at the end
+    return per_category(hit, codes)
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:
@@ -244,8 +247,8 @@ def is_dataloader(trace: TraceTables) -> np.ndarray:
     TensorBoard plugin's DataLoader role in ``event_parser.py``). The plugin takes only
     ``enumerate(DataLoader)#...__next__``; we take any name holding ``DataLoader``."""
     events = trace.events
-    host = events["kind"].isin(("cpu_op", "user_annotation")).to_numpy()
-    return host & names_where(events["name"], _DATALOADER)
+    named = names_where(events["name"], _DATALOADER)
+    return named & kind_mask(events, "cpu_op", "user_annotation") if named.any() else named
 
 
 def values_at(column: pd.Series, rows: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope, layers_at, names_where
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.normalize import kind_mask, per_category
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, narrow_rows, propagate
 
@@ -79,17 +79,18 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     depth = events["depth"].to_numpy()
     is_op = kind_mask(events, "cpu_op")
     names = events["name"]
-    module_names = names.cat.categories.str.startswith(MODULE_PREFIX)
-    is_module = kind_mask(events, "python_function") & np.isin(names.cat.codes.to_numpy(), np.flatnonzero(module_names))
+    module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
+    is_module = kind_mask(events, "python_function") & per_category(module_names, names.cat.codes.to_numpy())
     compiled = np.flatnonzero(is_op & names_where(names, COMPILED_REGION))
     module, folded = _fold_compiled(trace, events["module"].to_numpy(), is_module, compiled)
     is_module &= ~folded
     fwd_tid = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)
     is_bwd = is_op & (names_where(events["name"], BACKWARD_OP) | (fwd_tid > 0))
     del fwd_tid  # (per-event temporaries are freed as soon as done: this runs at a peak)
-    above = enclosing_of_kind(parent, depth, is_bwd, np.arange(n))
-    is_root = is_bwd & (above < 0) & (module < 0)
-    del above
+    bwd_rows = np.flatnonzero(is_bwd)
+    is_root = np.zeros(n, dtype=bool)
+    is_root[bwd_rows[(enclosing_of_kind(parent, depth, is_bwd, bwd_rows) < 0) & (module[bwd_rows] < 0)]] = True
+    del bwd_rows
     root = propagate(parent, depth, is_root)
     seq = events["seq"].to_numpy(dtype=np.int64, na_value=-1)
     ts = events["ts"].to_numpy()

@@ -92,7 +92,7 @@ def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
     categories = np.append(np.asarray(events["input_dims"].cat.categories, dtype=object), [None])
     out = np.full(calls.size, -1, dtype=np.int64)
     tensor_input = names_where(events["input_dims"], TENSOR_DIMS)
-    ops = np.flatnonzero((events["kind"] == "cpu_op").to_numpy() & tensor_input)
+    ops = np.flatnonzero(kind_mask(events, "cpu_op") & tensor_input)
     if ops.size == 0 or calls.size == 0:
         return categories[out]
     keys = thread_keys_of(trace)

@@ -100,6 +100,11 @@ def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
     """Rebuild ``allocated_bytes`` from deltas on devices whose events carry no totals
     (``table['_device']`` keys the (rank, device) pairs; it is dropped here)."""
     keys = table.pop("_device")
+    table.attrs["reconstructed"] = {}
+    table.attrs["baseline_bytes"] = {}
+    if not table["allocated_bytes"].isna().any():  # every event has its total (recent traces): nothing to rebuild
+        table["allocated_bytes"] = table["allocated_bytes"].to_numpy(dtype=np.int64)
+        return table
     missing = table["allocated_bytes"].isna().groupby(keys).transform("all").to_numpy()
     running = table["delta_bytes"].groupby(keys).cumsum()
     baseline = (-running.groupby(keys).transform("min")).clip(lower=0)

@@ -98,7 +98,7 @@ class _PhaseMasks(dict[str, np.ndarray]):
         if name == "backward":
             evaluate = ops & names_where(names, BACKWARD)
             keys = thread_keys_of(self.trace)
-            step_threads = np.unique(keys[(events["kind"] == "step").to_numpy()])
+            step_threads = np.unique(keys[kind_mask(events, "step")])
             backward_threads = np.setdiff1d(np.unique(keys[evaluate]), step_threads)
             value = evaluate | (ops & np.isin(keys, backward_threads))
         elif name == "dataloader":

@@ -393,7 +393,7 @@ def overlap(trace: TraceTables) -> pd.Series:
     """
     frame = steps_module.device_windows(trace)
     masks = steps_module.category_masks(trace)
-    comm_kernels = masks["comm_us"] & (trace.events["kind"] == "kernel").to_numpy()
+    comm_kernels = masks["comm_us"] & kind_mask(trace.events, "kernel")
     ranks = frame["rank"].to_numpy()
     measured = [
         steps_module.in_windows(trace, frame, np.flatnonzero(rows)) for rows in (comm_kernels, masks["compute_us"])

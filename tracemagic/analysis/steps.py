@@ -73,7 +73,7 @@ def windows(trace: TraceTables) -> pd.DataFrame:
 
 def _windows(trace: TraceTables) -> pd.DataFrame:
     events = trace.events
-    is_step = (events["kind"] == "step").to_numpy()
+    is_step = kind_mask(events, "step")
     names = events["name"][is_step].to_numpy(dtype=object)
     frame = pd.DataFrame(
         {
@@ -381,9 +381,13 @@ def steps(trace: TraceTables) -> pd.DataFrame:
     parts: dict[str, np.ndarray] = {}
     so_far: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for name in CATEGORIES:
-        so_far.append(in_windows(trace, frame, np.flatnonzero(masks[name])))
-        group, start, end = (joined(column) for column in zip(*so_far))
-        total = union_length(group, start, end, groups)
+        rows = np.flatnonzero(masks[name])
+        total = covered  # a category no event feeds covers nothing more (a CPU trace's GPU ones)
+        if rows.size:
+            so_far.append(in_windows(trace, frame, rows))
+            group, start, end = (joined(column) for column in zip(*so_far))
+            total = union_length(group, start, end, groups)
+        del rows
         parts[name] = total - covered
         covered = total
         if name == "comm_us":

@@ -16,6 +16,7 @@ import pandas as pd
 
 from tracemagic.trace.artifacts import Artifacts
 from tracemagic.trace.kineto import GPU_ACTIVITY
+from tracemagic.trace.normalize import kind_mask
 
 #: The events table: one row per duration (``X``) or instant (``i``) event, all ranks.
 #:
@@ -98,7 +99,7 @@ class TraceTables:
     @cached_property
     def has_gpu(self) -> bool:
         """Whether any kernel, memcpy or memset was recorded."""
-        return bool(self.events["kind"].isin(GPU_ACTIVITY).any())
+        return bool(kind_mask(self.events, *GPU_ACTIVITY).any())
 
     @property
     def warnings(self) -> list[str]:

@@ -31,35 +31,56 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     # per-name (and per-phase) answers, indexed by the codes (-1, a missing value: the last)
     names = events["name"]
     name_codes = names.cat.codes.to_numpy()
-    is_memory = _per_code(events["ph"], lambda c: c != "X", True) & _per_code(names, lambda c: c == "[memory]", False)
+    is_memory = per_code(events["ph"], lambda c: c != "X", True) & per_code(names, lambda c: c == "[memory]", False)
     codes[is_memory] = KINDS.index("memory")
     step_names = np.asarray(names.cat.categories.str.match(STEP_NAME.pattern), dtype=bool)
     if step_names.any():
-        is_step = np.append(step_names, False)[name_codes]
+        is_step = per_category(step_names, name_codes)
         is_step &= (codes == KINDS.index("cpu_op")) | (codes == KINDS.index("user_annotation"))
         codes[is_step] = KINDS.index("step")
     mark_names = np.asarray(names.cat.categories.str.startswith(LINE_MARK_PREFIX), dtype=bool)
     if mark_names.any():  # the magic's line marks: recorded as cpu_op, annotations by what they mean
-        is_mark = np.append(mark_names, False)[name_codes]
+        is_mark = per_category(mark_names, name_codes)
         is_mark &= codes == KINDS.index("cpu_op")
         codes[is_mark] = KINDS.index("user_annotation")
     # (codes are KINDS indices by construction: not validated again)
     return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"), validate=False)
 
 
-def _per_code(column: pd.Series, test: Any, missing: bool) -> np.ndarray:
+def per_code(column: pd.Series, test: Any, missing: bool) -> np.ndarray:
     """``test`` of each value of a categorical column, decided once per category (``missing``
     for a missing value)."""
     if not isinstance(column.dtype, pd.CategoricalDtype):
         return np.asarray(test(column.to_numpy()), dtype=bool)
-    per_category = np.asarray(test(column.cat.categories), dtype=bool)
-    return np.append(per_category, missing)[column.cat.codes.to_numpy()]
+    return per_category(np.asarray(test(column.cat.categories), dtype=bool), column.cat.codes.to_numpy(), missing)
+
+
+#: ``per_category`` compares the codes with at most this many categories rather than gather
+_FEW_CATEGORIES = 8
+
+
+def per_category(answers: np.ndarray, codes: np.ndarray, missing: bool = False) -> np.ndarray:
+    """Per row, the answer of its category: ``answers`` (one per category) indexed by a
+    categorical's ``codes``, ``missing`` where the code is -1 (a missing value).
+
+    Where few categories answer True (or few False), by comparing the codes with each of
+    them: a gather first widens the codes (int8 or int16) to 64 bits, ~10x slower."""
+    hits = np.flatnonzero(answers)
+    invert = hits.size > answers.size - hits.size  # the fewer side: its rows are compared
+    if invert:
+        hits = np.flatnonzero(~np.asarray(answers, dtype=bool))
+    if hits.size > _FEW_CATEGORIES:
+        return np.append(answers, missing)[codes]
+    out = codes < 0 if missing != invert else np.zeros(codes.shape, dtype=bool)
+    for code in hits:
+        out |= codes == code
+    return ~out if invert else out
 
 
 def _kind_per_category(events: pd.DataFrame) -> np.ndarray:
     """The ``KINDS`` index of each category of ``events['kind']`` (unknown ones are
     ``other``), then -1 for a missing kind: indexed by the column's codes."""
-    return _kinds_of(tuple(events["kind"].cat.categories))
+    return _kinds_of(tuple(events["kind"].array.categories))
 
 
 @functools.lru_cache(maxsize=32)
@@ -76,10 +97,12 @@ def kind_codes(events: pd.DataFrame) -> np.ndarray:
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
     """Boolean mask of the events whose kind is one of ``kinds`` (decided once per category;
-    one comparison of the codes per matching category, cheaper than a gather)."""
-    hit = np.flatnonzero(np.isin(_kind_per_category(events)[:-1], [KINDS.index(k) for k in kinds]))
-    codes = events["kind"].cat.codes.to_numpy()
-    if hit.size == 0:
+    one comparison of the codes per matching category, cheaper than a gather). Called
+    ~20 times a table: kept lean (the column's codes without pandas' accessor)."""
+    wanted = {KINDS.index(k) for k in kinds}
+    hit = [code for code, kind in enumerate(_kind_per_category(events)[:-1].tolist()) if kind in wanted]
+    codes = events["kind"].array.codes
+    if not hit:
         return np.zeros(codes.size, dtype=bool)
     mask = codes == hit[0]
     for code in hit[1:]:

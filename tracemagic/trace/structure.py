@@ -11,7 +11,7 @@ import pandas as pd
 
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS, KINDS
 from tracemagic.trace.kineto import step_number as _step_number
-from tracemagic.trace.normalize import kind_codes, kind_mask
+from tracemagic.trace.normalize import kind_codes, kind_mask, per_category
 
 try:  # the one-pass nesting in C (setup.py builds it where a compiler is found)
     from tracemagic.trace import _nesting
@@ -352,7 +352,7 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = np.append(module_names, False)[names.cat.codes.to_numpy()]  # (code -1: no name)
+    is_module = per_category(module_names, names.cat.codes.to_numpy())
     is_module &= kinds == KINDS.index("python_function")
     module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
