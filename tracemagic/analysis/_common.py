@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracemagic.trace import layout
+from tracemagic.trace.columns import code_dtype
 from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask, per_category
@@ -439,18 +440,9 @@ def without_unused(values: pd.Categorical) -> pd.Categorical:
         return values
     kept = int(used.sum())
     # the new codes made in the width pandas keeps them in (no int64 copy cast down after)
-    remap = np.full(used.size + 1, -1, dtype=_codes_dtype(kept))  # the last entry maps -1 (missing)
+    remap = np.full(used.size + 1, -1, dtype=code_dtype(kept))  # the last entry maps -1 (missing)
     remap[np.flatnonzero(used)] = np.arange(kept)
     return pd.Categorical.from_codes(remap[codes], categories=values.categories[used], validate=False)
-
-
-def _codes_dtype(categories: int) -> type[np.signedinteger]:
-    """The integer type pandas keeps the codes of that many categories in
-    (``coerce_indexer_dtype``)."""
-    for dtype in (np.int8, np.int16, np.int32):
-        if categories < np.iinfo(dtype).max:
-            return dtype
-    return np.int64
 
 
 def labels(values: pd.Series) -> pd.Categorical:

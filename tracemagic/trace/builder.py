@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, packed
+from tracemagic.trace.columns import all_missing, code_dtype, packed
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -441,7 +441,7 @@ class _Builder:
         one, but for ``REWRITTEN``, made apart so that their memory goes with them."""
         specs: dict[tuple[str, str], tuple[int, type]] = {}
         for column in ("ph", "cat", "name", "pid", "tid"):
-            specs["codes", column] = (self.n, _code_dtype(len(self.cats[column].labels)))
+            specs["codes", column] = (self.n, code_dtype(len(self.cats[column].labels)))
         for column in ("ts", "dur"):
             specs["floats", column] = (self.n, np.float64)
         for column, _, floating in _ARG_COLUMNS:
@@ -449,7 +449,7 @@ class _Builder:
                 specs["values", column] = (self.n, np.float64 if floating else np.int64)
                 specs["mask", column] = (self.n, np.bool_)
         for column in _ARG_STRINGS + _ARG_RAW:
-            specs["codes", column] = (self.n, _code_dtype(len(self.cats[column].labels)))
+            specs["codes", column] = (self.n, code_dtype(len(self.cats[column].labels)))
         return dict(zip(specs, packed(list(specs.values()))))
 
     def _categorical(self, column: str, out: np.ndarray) -> pd.Categorical:
@@ -472,31 +472,22 @@ class _Builder:
             order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
         if (order == np.arange(count)).all():
             return interner.categorical(_joined_codes(parts, count, out=out))
-        renumber = np.full(count + 1, -1, dtype=_code_dtype(count))  # the last: missing stays -1
+        renumber = np.full(count + 1, -1, dtype=code_dtype(count))  # the last: missing stays -1
         renumber[order] = np.arange(count)
         categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
         codes = _joined_codes(parts, count, renumber, out)
         return pd.Categorical.from_codes(codes, categories=categories, validate=False)
 
 
-def _code_dtype(count: int) -> type[np.signedinteger[Any]]:
-    """The integer type pandas keeps the codes of a categorical of ``count`` categories in
-    (``coerce_indexer_dtype``): codes made in it are kept as they are, not converted."""
-    for dtype in (np.int8, np.int16, np.int32):
-        if count < np.iinfo(dtype).max:
-            return dtype
-    return np.int64
-
-
 def _joined_codes(
     parts: list[np.ndarray], count: int, renumber: np.ndarray | None = None, out: np.ndarray | None = None
 ) -> np.ndarray:
     """The chunks' codes (int32, -1 missing) of a column of ``count`` categories joined into
-    one array of ``_code_dtype(count)`` (``out`` where given), through ``renumber``
+    one array of ``code_dtype(count)`` (``out`` where given), through ``renumber``
     (indexed by code, its last entry -1 for the missing ones) where given: one pass, no
     int32 copy of the column."""
     if out is None:
-        out = np.empty(sum(len(p) for p in parts), dtype=_code_dtype(count))
+        out = np.empty(sum(len(p) for p in parts), dtype=code_dtype(count))
     at = 0
     for part in parts:
         piece = out[at : at + len(part)]

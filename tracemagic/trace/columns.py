@@ -6,6 +6,7 @@ memory costs a page fault per 4 KiB; reading a cached trace was ~20% page faults
 from __future__ import annotations
 
 import mmap
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -57,3 +58,12 @@ def all_missing(n: int, floating: bool) -> pd.arrays.IntegerArray | pd.arrays.Fl
     if floating:
         return pd.arrays.FloatingArray(lazy_zeros(n, np.float64), np.ones(n, dtype=bool))
     return pd.arrays.IntegerArray(lazy_zeros(n, np.int64), np.ones(n, dtype=bool))
+
+
+def code_dtype(count: int) -> type[np.signedinteger[Any]]:
+    """The integer type pandas keeps the codes of a categorical of ``count`` categories in
+    (``coerce_indexer_dtype``): codes made in it are kept as they are, not converted."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if count < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
