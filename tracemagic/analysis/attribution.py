@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope, layers_at, names_where
+from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope, key_groups, layers_at, names_where
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask, per_category
 from tracemagic.trace.shared_keys import Shared
@@ -189,12 +189,19 @@ def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> np.n
     if fwdbwd.empty:
         return out
     at = enclosing_at(trace, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), is_op)
-    table = pd.DataFrame({"rank": fwdbwd["rank"].to_numpy(), "id": fwdbwd["id"].to_numpy(dtype=np.int64), "row": at})
-    start = table[(fwdbwd["ph"] == "s").to_numpy()].drop_duplicates(["rank", "id"])
-    finish = table[(fwdbwd["ph"] == "f").to_numpy()].drop_duplicates(["rank", "id"])
-    pairs = finish.merge(start, on=["rank", "id"], suffixes=("_bwd", "_fwd"))
-    bwd = pairs["row_bwd"].to_numpy(dtype=np.int64)
-    fwd = pairs["row_fwd"].to_numpy(dtype=np.int64)
+    # a flow is its (rank, id); the first start and the first end of each, paired in the
+    # order of the ends (an inner merge of the two de-duplicated, without building frames)
+    flow, first = key_groups(fwdbwd["rank"], fwdbwd["id"])
+    none = len(flow)
+    start = np.full(len(first), none, dtype=np.int64)
+    starts = np.flatnonzero((fwdbwd["ph"] == "s").to_numpy())
+    np.minimum.at(start, flow[starts], starts)
+    finish = np.full(len(first), none, dtype=np.int64)
+    ends = np.flatnonzero((fwdbwd["ph"] == "f").to_numpy())
+    np.minimum.at(finish, flow[ends], ends)
+    ends = ends[(finish[flow[ends]] == ends) & (start[flow[ends]] < none)]
+    bwd = at[ends].astype(np.int64, copy=False)
+    fwd = at[start[flow[ends]]].astype(np.int64, copy=False)
     bwd_root = np.where(bwd >= 0, root[np.maximum(bwd, 0)], -1)
     fwd = np.where((fwd >= 0) & (root[np.maximum(fwd, 0)] < 0), fwd, -1)
     keep = bwd_root >= 0
