@@ -284,6 +284,38 @@ def test_loading_a_thousand_threads_matches_the_raw_json(tmp_path: Path, monkeyp
     assert max(want["depth"]) >= 3
 
 
+OUT_OF_MEMORY = """
+import resource, sys
+import numpy as np
+from tracemagic.trace import _nesting
+m = 2_000_000
+mask, keys = np.ones(m, dtype=np.uint8), np.arange(m, dtype=np.int64)[::-1].copy()  # all distinct
+ts, dur, self_dur = np.zeros(m), np.ones(m), np.empty(m)
+ordered, parent, depth = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int32)
+vm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (int(sys.argv[1]) << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+try:
+    _nesting.nest_rows(mask, keys, ts, dur, 0.0, 0.25, 0.0005, ordered, parent, depth, self_dur)
+    print("nested", (depth == 0).all())
+except MemoryError:
+    print("MemoryError")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the address space size from /proc")
+def test_the_c_nesting_out_of_memory_raises_memory_error() -> None:
+    """2 million rows of as many threads under an address-space limit: the C nesting raises
+    ``MemoryError`` where its scratch (4 MiB more allowed) or its growing table of threads
+    (64 MiB: the scratch fits) cannot be had, never crashes, and nests them given room."""
+    import subprocess
+    import sys
+
+    for headroom, want in ((4, "MemoryError"), (64, "MemoryError"), (1024, "nested True")):
+        done = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY, str(headroom)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == want, (headroom, done.stdout, done.stderr)
+
+
 def write_trace(path: Path, spans: list[tuple[str, float, float]]) -> Path:
     events = [
         {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": 1_000.0 + ts, "dur": dur, "args": {}}
