@@ -258,8 +258,8 @@ def test_loading_a_thousand_threads_matches_the_raw_json(tmp_path: Path, monkeyp
     says, and the C and numpy loads agree bit for bit."""
     rng = np.random.default_rng(1000)
     table = many_threads_table(rng, 30_000, 50, 20, nans=False)
-    cats = {"cpu_op": "cpu_op", "python_function": "python_function", "user_annotation": "user_annotation",
-            "runtime": "cuda_runtime", "kernel": "kernel", "memory": "cpu_instant_event"}
+    cats = dict(zip(["cpu_op", "python_function", "user_annotation"], ["cpu_op", "python_function", "user_annotation"]))
+    cats.update(runtime="cuda_runtime", kernel="kernel", memory="cpu_instant_event")
     raw = []
     for ph, pid, tid, ts, dur, kind in table[["ph", "pid", "tid", "ts", "dur", "kind"]].itertuples(index=False):
         event = {"ph": ph, "cat": cats[kind], "name": f"{kind}", "pid": int(pid), "tid": int(tid), "ts": ts, "args": {}}
@@ -311,7 +311,8 @@ def test_the_c_nesting_out_of_memory_raises_memory_error() -> None:
     import sys
 
     for headroom, want in ((4, "MemoryError"), (64, "MemoryError"), (1024, "nested True")):
-        done = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY, str(headroom)], capture_output=True, text=True, timeout=120)
+        command = [sys.executable, "-c", OUT_OF_MEMORY, str(headroom)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == want, (headroom, done.stdout, done.stderr)
 
