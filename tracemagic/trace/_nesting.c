@@ -122,10 +122,11 @@ static void sort_rows(int64_t *rows, int64_t *tmp, Py_ssize_t *bounds, Py_ssize_
     if (src != rows) memcpy(rows, src, sizeof(int64_t) * (size_t)n);
 }
 
-/* The distinct thread keys met so far: a hash table that grows (there is no limit on the
- * number of threads but memory). */
+/* The distinct thread keys met so far and each one's rows: a hash table that grows (no
+ * limit on the number of threads but memory). */
 typedef struct {
     int64_t *keys;          /* the distinct keys, in order of discovery */
+    Py_ssize_t *rows;       /* the number of rows of each */
     Py_ssize_t *slots;      /* open addressing: 1 + an index into keys, 0 where free */
     Py_ssize_t count, room; /* keys held and room for them; slots has 2 * room entries */
 } KeySet;
@@ -134,12 +135,14 @@ static int keyset_init(KeySet *set) {
     set->count = 0;
     set->room = 64;
     set->keys = malloc(sizeof(int64_t) * (size_t)set->room);
+    set->rows = malloc(sizeof(Py_ssize_t) * (size_t)set->room);
     set->slots = calloc((size_t)set->room * 2, sizeof(Py_ssize_t));
-    return set->keys != NULL && set->slots != NULL ? 0 : -1;
+    return set->keys != NULL && set->rows != NULL && set->slots != NULL ? 0 : -1;
 }
 
 static void keyset_free(KeySet *set) {
     free(set->keys);
+    free(set->rows);
     free(set->slots);
 }
 
@@ -154,13 +157,16 @@ static Py_ssize_t *keyset_slot(const KeySet *set, int64_t key) {
     return &set->slots[at];
 }
 
-/* Twice the room; -1 where it cannot be had (the set is unchanged then). */
+/* Twice the room; -1 where it cannot be had (what the set holds is unchanged then). */
 static int keyset_grow(KeySet *set) {
     if (set->room > PY_SSIZE_T_MAX / 4 / (Py_ssize_t)sizeof(int64_t)) return -1;
     Py_ssize_t room = set->room * 2;
     int64_t *keys = realloc(set->keys, sizeof(int64_t) * (size_t)room);
     if (keys == NULL) return -1;
     set->keys = keys;
+    Py_ssize_t *rows = realloc(set->rows, sizeof(Py_ssize_t) * (size_t)room);
+    if (rows == NULL) return -1;
+    set->rows = rows;
     Py_ssize_t *slots = calloc((size_t)room * 2, sizeof(Py_ssize_t));
     if (slots == NULL) return -1;
     free(set->slots);
@@ -170,7 +176,7 @@ static int keyset_grow(KeySet *set) {
     return 0;
 }
 
-/* The index of key in the set, added where new; -1 out of memory. */
+/* The index of key in the set, added (with no rows) where new; -1 out of memory. */
 static Py_ssize_t keyset_index(KeySet *set, int64_t key) {
     Py_ssize_t *slot = keyset_slot(set, key);
     if (*slot != 0) return *slot - 1;
@@ -179,22 +185,23 @@ static Py_ssize_t keyset_index(KeySet *set, int64_t key) {
         slot = keyset_slot(set, key);
     }
     set->keys[set->count] = key;
+    set->rows[set->count] = 0;
     *slot = ++set->count;
     return set->count - 1;
 }
 
-/* Each set row's key as an index into the set (ids: one per set row, in row order); rows
- * of one thread mostly follow each other, so the table is asked only where the key changes.
- * 0, or -1 out of memory. */
-static int discover_keys(const uint8_t *on, const int64_t *key, Py_ssize_t n, KeySet *set, int64_t *ids) {
-    Py_ssize_t i = 0, last = -1;
+/* The keys of the set rows (on, n) and how many rows each has; rows of one thread mostly
+ * follow each other, so the table is asked only where the key changes. 0, or -1 out of
+ * memory. */
+static int count_keys(const uint8_t *on, const int64_t *key, Py_ssize_t n, KeySet *set) {
+    Py_ssize_t last = -1;
     for (Py_ssize_t r = 0; r < n; r++) {
         if (!on[r]) continue;
         if (last < 0 || set->keys[last] != key[r]) {
             last = keyset_index(set, key[r]);
             if (last < 0) return -1;
         }
-        ids[i++] = last;
+        set->rows[last]++;
     }
     return 0;
 }
@@ -204,54 +211,55 @@ static int cmp_int64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* rank: the place of each of the count distinct keys among them sorted; 0 or -1 out of memory. */
-static int rank_keys(const int64_t *keys, Py_ssize_t count, Py_ssize_t *rank) {
+/* per (count + 1 entries): where each key's rows start with the keys in ascending order,
+ * then the end; fill (count): the same by order of discovery. 0 or -1 out of memory. */
+static int place_keys(const KeySet *set, Py_ssize_t *per, Py_ssize_t *fill) {
+    Py_ssize_t count = set->count;
     int64_t *sorted = malloc(sizeof(int64_t) * (size_t)(count ? count : 1));
     if (sorted == NULL) return -1;
-    if (count > 0) memcpy(sorted, keys, sizeof(int64_t) * (size_t)count);
+    if (count > 0) memcpy(sorted, set->keys, sizeof(int64_t) * (size_t)count);
     qsort(sorted, (size_t)count, sizeof(int64_t), cmp_int64);
-    for (Py_ssize_t k = 0; k < count; k++) {
+    for (Py_ssize_t k = 0; k < count; k++) { /* the rank of keys[k]: fill[k], for now */
         Py_ssize_t lo = 0, hi = count;
         while (lo < hi) {
             Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (sorted[mid] < keys[k])
+            if (sorted[mid] < set->keys[k])
                 lo = mid + 1;
             else
                 hi = mid;
         }
-        rank[k] = lo;
+        fill[k] = lo;
+        per[lo + 1] = set->rows[k];
     }
     free(sorted);
+    per[0] = 0;
+    for (Py_ssize_t k = 0; k < count; k++) per[k + 1] += per[k];
+    for (Py_ssize_t k = 0; k < count; k++) fill[k] = per[fill[k]];
     return 0;
 }
 
-/* The m set rows (on, n) by key, ascending, each key's in table order, into ordered; *per:
- * the first position of each key's rows (distinct + 1 entries; the caller frees it); ids:
- * m scratch. Returns the number of distinct keys, or -1 out of memory. */
-static Py_ssize_t bucket_rows(const uint8_t *on, const int64_t *key, Py_ssize_t n, Py_ssize_t m, int64_t *ordered,
-                              int64_t *ids, Py_ssize_t **per_out) {
+/* The set rows (on, n) by key, ascending, each key's in table order, into ordered; *per:
+ * the first position of each key's rows (distinct + 1 entries; the caller frees it).
+ * Returns the number of distinct keys, or -1 out of memory. */
+static Py_ssize_t bucket_rows(const uint8_t *on, const int64_t *key, Py_ssize_t n, int64_t *ordered,
+                              Py_ssize_t **per_out) {
     KeySet set;
-    Py_ssize_t distinct = -1, *rank = NULL, *per = NULL;
-    if (keyset_init(&set) < 0 || discover_keys(on, key, n, &set, ids) < 0) goto done;
-    Py_ssize_t count = set.count;
-    rank = malloc(sizeof(Py_ssize_t) * (size_t)(count ? count : 1));
-    per = calloc((size_t)count + 1, sizeof(Py_ssize_t));
-    if (rank == NULL || per == NULL || rank_keys(set.keys, count, rank) < 0) goto done;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        ids[i] = rank[ids[i]];
-        per[ids[i] + 1]++;
+    Py_ssize_t distinct = -1, *fill = NULL, *per = NULL;
+    if (keyset_init(&set) < 0 || count_keys(on, key, n, &set) < 0) goto done;
+    fill = malloc(sizeof(Py_ssize_t) * (size_t)(set.count ? set.count : 1));
+    per = malloc(sizeof(Py_ssize_t) * ((size_t)set.count + 1));
+    if (fill == NULL || per == NULL || place_keys(&set, per, fill) < 0) goto done;
+    for (Py_ssize_t r = 0, last = -1; r < n; r++) {
+        if (!on[r]) continue;
+        if (last < 0 || set.keys[last] != key[r]) last = *keyset_slot(&set, key[r]) - 1; /* all in the set */
+        ordered[fill[last]++] = r;
     }
-    for (Py_ssize_t k = 0; k < count; k++) per[k + 1] += per[k];
-    Py_ssize_t *fill = rank; /* (the ranks are in ids now) */
-    if (count > 0) memcpy(fill, per, sizeof(Py_ssize_t) * (size_t)count);
-    for (Py_ssize_t r = 0, i = 0; r < n; r++)
-        if (on[r]) ordered[fill[ids[i++]]++] = r;
     *per_out = per;
     per = NULL;
-    distinct = count;
+    distinct = set.count;
 done:
     keyset_free(&set);
-    free(rank);
+    free(fill);
     free(per);
     return distinct;
 }
@@ -309,7 +317,7 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
     int64_t *stack = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* also the sort's run bounds */
     double *child = calloc((size_t)(m ? m : 1), sizeof(double));
     if (tmp == NULL || stack == NULL || child == NULL) goto done;
-    Py_ssize_t distinct = bucket_rows(on, key, n, m, ordered, tmp, &per);
+    Py_ssize_t distinct = bucket_rows(on, key, n, ordered, &per);
     if (distinct < 0) goto done;
     for (Py_ssize_t k = 0; k < distinct; k++) /* each thread's rows by (start, longest first) */
         sort_rows(ordered + per[k], tmp, (Py_ssize_t *)stack, per[k + 1] - per[k], ts, dur);
@@ -321,7 +329,8 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
     walk_rows(ordered, m, key, ts, dur, t0, tolerance, margin, up, level, child, (double *)tmp, stack);
     for (Py_ssize_t i = 0; i < m; i++) {
         double own = dur[ordered[i]] - child[i];
-        self_dur[ordered[i]] = own > 0.0 || own != own ? own : 0.0; /* np.maximum(own, 0.0): -0.0 too */
+        /* np.maximum(own, 0.0), branch-free: NaN kept, and -0.0 + 0.0 is +0.0 */
+        self_dur[ordered[i]] = (own < 0.0 ? 0.0 : own) + 0.0;
     }
     status = 0;
 done:
