@@ -191,15 +191,17 @@ static Py_ssize_t keyset_index(KeySet *set, int64_t key) {
 }
 
 /* The keys of the set rows (on, n) and how many rows each has; rows of one thread mostly
- * follow each other, so the table is asked only where the key changes. 0, or -1 out of
- * memory. */
+ * follow each other, or alternate with another's, so the table is asked only where the key
+ * is neither of the last two. 0, or -1 out of memory. */
 static int count_keys(const uint8_t *on, const int64_t *key, Py_ssize_t n, KeySet *set) {
-    Py_ssize_t last = -1;
+    Py_ssize_t last = -1, other = -1;
     for (Py_ssize_t r = 0; r < n; r++) {
         if (!on[r]) continue;
         if (last < 0 || set->keys[last] != key[r]) {
-            last = keyset_index(set, key[r]);
-            if (last < 0) return -1;
+            Py_ssize_t k = other >= 0 && set->keys[other] == key[r] ? other : keyset_index(set, key[r]);
+            if (k < 0) return -1;
+            other = last;
+            last = k;
         }
         set->rows[last]++;
     }
@@ -249,9 +251,13 @@ static Py_ssize_t bucket_rows(const uint8_t *on, const int64_t *key, Py_ssize_t 
     fill = malloc(sizeof(Py_ssize_t) * (size_t)(set.count ? set.count : 1));
     per = malloc(sizeof(Py_ssize_t) * ((size_t)set.count + 1));
     if (fill == NULL || per == NULL || place_keys(&set, per, fill) < 0) goto done;
-    for (Py_ssize_t r = 0, last = -1; r < n; r++) {
+    for (Py_ssize_t r = 0, last = -1, other = -1; r < n; r++) {
         if (!on[r]) continue;
-        if (last < 0 || set.keys[last] != key[r]) last = *keyset_slot(&set, key[r]) - 1; /* all in the set */
+        if (last < 0 || set.keys[last] != key[r]) { /* (as count_keys; every key is in the set now) */
+            Py_ssize_t k = other >= 0 && set.keys[other] == key[r] ? other : *keyset_slot(&set, key[r]) - 1;
+            other = last;
+            last = k;
+        }
         ordered[fill[last]++] = r;
     }
     *per_out = per;
