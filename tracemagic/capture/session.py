@@ -12,6 +12,7 @@ writes what was recorded and the manifest, and returns a ``Capture``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import platform
 import shutil
@@ -20,7 +21,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -233,8 +234,8 @@ class CaptureSession:
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(UTC)
         self._worker = files.tb_worker()
-        self._staging: Path | None = None  # the folder files.write_with stages in, made at the first write
         self._base: Manifest | None = None  # the manifest's fixed part (_base_manifest)
+        self._written: dict[str, tuple[Any, str]] = {}  # its lines as written (layout.manifest_text's memo)
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -354,7 +355,7 @@ class CaptureSession:
         name = layout.slow_name(self.rank, len(self._clock.catches), self.config.gzip)
         try:
             prof.stop()
-            files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip, staging=self._stage())
+            files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip, beside=True)
             catch["path"] = name
         except Exception as exc:  # noqa: BLE001 - torch's stop or export failed: noted, the loop goes on
             _log.debug("--slow: writing its trace failed", exc_info=True)
@@ -560,19 +561,8 @@ class CaptureSession:
             self._notes.append(f"torch.profiler failed to stop cleanly: {failed}")
 
     def _cleanup(self) -> None:
-        """Unregister the ET observer of a cycle that never ended; remove the staging folder."""
+        """Unregister the ET observer of a cycle that never ended."""
         self._close_et(None)
-        staging, self._staging = self._staging, None
-        if staging is not None:
-            files.remove_staging(staging)
-
-    def _stage(self) -> Path:
-        """The staging folder of this session's files (``files.write_with``), made at its
-        first write and removed by ``finish()``: none is made or removed per file."""
-        if self._staging is None:
-            assert self.dir is not None
-            self._staging = files.staging_dir(self.dir)
-        return self._staging
 
     def _hushed(self) -> contextlib.AbstractContextManager[None]:
         """What torch's profiler calls run in: ``notices.hush``, unless the notices filter is
@@ -658,7 +648,7 @@ class CaptureSession:
                 name = files.tb_name(self._worker, gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
-            files.write_with(self.dir / name, export, gz=gz, staging=self._stage())
+            files.write_with(self.dir / name, export, gz=gz, beside=True)
             cycle.kineto = name
         except Exception as exc:  # noqa: BLE001 - torch's export failed: noted, the capture goes on
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
@@ -689,7 +679,7 @@ class CaptureSession:
             self.dir / name,
             lambda path: timeline.export_memory_timeline_raw(path, device),
             gz=self.config.gzip,
-            staging=self._stage(),
+            beside=True,
         )
         return name
 
@@ -777,7 +767,7 @@ class CaptureSession:
         manifest = self._base_manifest(status)
         manifest.update(
             {
-                "steps": [asdict(s) for c in self._cycles for s in c.steps],
+                "steps": [dict(vars(s)) for c in self._cycles for s in c.steps],  # asdict deep-copies
                 "steps_recorded": sum(len(c.steps) for c in self._cycles),
                 "iterations": self._iterations,
                 "loop_timing": self._clock.as_manifest(self._gpu_ms()),
@@ -835,7 +825,7 @@ class CaptureSession:
         if self._directory is not None and self.world_size > 1:  # a job's shared directory
             distributed.write_part(self.dir, self.rank, data)
         else:
-            layout.write_manifest(self.dir, data)
+            layout.write_manifest(self.dir, data, memo=self._written)
 
 
 def start_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> None:
@@ -928,8 +918,11 @@ def cfg_cuda(config: CaptureConfig) -> bool:
 def cell_numbers(cells: Mapping[str, int], most: int = MAX_CELLS) -> dict[str, int]:
     """The last ``most`` entries of a shell's map of cell files to execution counts (IPython's
     ``CachingCompiler._filename_map``), those whose count is a number."""
-    items = [(str(name), int(number)) for name, number in list(cells.items())[-most:] if isinstance(number, int)]
-    return dict(items)
+    size = len(cells)
+    picked = dict(cells) if size <= most else dict(itertools.islice(cells.items(), size - most, None))
+    if set(map(type, picked)) <= {str} and set(map(type, picked.values())) <= {int}:
+        return picked  # IPython's map, as it is (checked in C, not entry by entry)
+    return {str(name): int(number) for name, number in picked.items() if isinstance(number, int)}
 
 
 def _error_entry(error: BaseException | None) -> dict[str, Any] | None:

@@ -266,20 +266,36 @@ def write_json(final: Path, data: Any, gz: bool = False) -> None:
             json.dump(data, fh, indent=None if gz else 1, default=str)
 
 
-def write_manifest(path: Path, manifest: Manifest) -> None:
+def write_manifest(path: Path, manifest: Manifest, memo: dict[str, tuple[Any, str]] | None = None) -> None:
     """Write a manifest (``path``: a capture directory, or the file itself, e.g. a rank's
-    ``part_path``) atomically; values JSON cannot hold are written as text."""
+    ``part_path``) atomically; values JSON cannot hold are written as text (``memo``: as
+    ``manifest_text``'s)."""
     final = path / MANIFEST if path.is_dir() else path
-    text = manifest_text(manifest)
+    text = manifest_text(manifest, memo)
     with atomic_path(final) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 
-def manifest_text(manifest: Manifest) -> str:
+def manifest_text(manifest: Manifest, memo: dict[str, tuple[Any, str]] | None = None) -> str:
     """A manifest as JSON text: one top-level key a line, each value compact (``json``'s C
     encoder: an indented dump runs its Python encoder, milliseconds for a long loop's
-    ``loop_timing``); values JSON cannot hold are written as text."""
-    items = [f"{json.dumps(str(key))}: {json.dumps(value, default=str)}" for key, value in manifest.items()]
+    ``loop_timing``); values JSON cannot hold are written as text.
+
+    Args:
+        memo: the lines written before, by key, with their value, kept by a caller that
+            writes one manifest several times (a capture's ``running`` and final
+            manifests share their fixed part): a value that is the very object encoded
+            before is not encoded again. Such values must not be changed in place.
+    """
+    if memo is None:
+        items = [f"{json.dumps(str(key))}: {json.dumps(value, default=str)}" for key, value in manifest.items()]
+    else:
+        items = []
+        for key, value in manifest.items():
+            known = memo.get(key)
+            if known is None or known[0] is not value:
+                known = memo[key] = (value, f"{json.dumps(str(key))}: {json.dumps(value, default=str)}")
+            items.append(known[1])
     return "{\n" + ",\n".join(items) + "\n}\n"
 
 
