@@ -254,6 +254,13 @@ def test_a_write_beside_its_final_name_leaves_nothing_when_it_fails(tmp_path):
     with pytest.raises(RuntimeError, match="exporter failed"):
         files.write_with(tmp_path / "k.json.gz", _write_then_raise, gz=True, beside=True)
     assert list(tmp_path.iterdir()) == []  # the half-written file went
+
+    def kineto_fails_quietly(path: str) -> None:  # writes PATH.tmp first; a failed write leaves it
+        Path(path + ".tmp").write_text("[")
+
+    with pytest.raises(FileNotFoundError):
+        files.write_with(tmp_path / "k.json", kineto_fails_quietly, beside=True)
+    assert list(tmp_path.iterdir()) == []
     seen: list[tuple[Path, str]] = []
 
     def export(path: str) -> None:  # Kineto's ending, the path written as it is

@@ -299,6 +299,12 @@ def test_captures_in_the_same_second_take_the_first_free_suffix(tmp_path):
     (tmp_path / f"{stamp}-1").rmdir()  # a freed name is taken again, as before
     assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-1"
     assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-4"
+    # past the names tried one by one, the folder is listed once: the same first free suffix
+    made = [files.make_capture_dir(tmp_path, "cap", now=now).name for _ in range(files._PROBED + 4)]
+    assert made == [f"{stamp}-{n}" for n in range(5, files._PROBED + 9)]
+    (tmp_path / f"{stamp}-{files._PROBED + 2}").rmdir()
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 2}"
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 9}"
     assert not any(p.name.startswith(".") for q in tmp_path.iterdir() for p in q.iterdir())
 
 

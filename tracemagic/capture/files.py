@@ -44,6 +44,10 @@ def tb_name(worker: str, ts: int | None = None, gz: bool = False) -> str:
     return f"{worker}.{stamp}.pt.trace.json" + (".gz" if gz else "")
 
 
+#: names ``make_capture_dir`` tries one by one before it lists the folder
+_PROBED = 8
+
+
 def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe: bool = True) -> Path:
     """Create ``out/NAME-<timestamp>`` (made unique), checking that it can be written.
 
@@ -67,8 +71,8 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe
             try:
                 candidate.mkdir()
             except FileExistsError:
-                if taken is None:  # several captures this second: skip the names seen taken
-                    taken = set(os.listdir(out))
+                if taken is None and n >= _PROBED:  # many captures this second: skip the names seen taken
+                    taken = set(os.listdir(out))  # (a failed mkdir is cheaper than listing a big folder)
                 continue
             if probe:
                 path = partial_path(candidate / MANIFEST)
@@ -116,8 +120,9 @@ def write_with(
             _set_trace_name(raw, final)
             place(raw, final, gz=gz)
         except BaseException:
-            with contextlib.suppress(OSError):
-                raw.unlink(missing_ok=True)
+            for left in (raw, raw.with_name(raw.name + ".tmp")):  # and Kineto's own temporary file
+                with contextlib.suppress(OSError):
+                    left.unlink(missing_ok=True)
             raise
         return
     folder = staging_dir(final.parent)

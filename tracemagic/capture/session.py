@@ -233,7 +233,6 @@ class CaptureSession:
         self._filter = notices.Filter(self._hidden) if filter_notices else None
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(UTC)
-        self._worker = files.tb_worker()
         self._base: Manifest | None = None  # the manifest's fixed part (_base_manifest)
         self._written: dict[str, tuple[Any, str]] = {}  # its lines as written (layout.manifest_text's memo)
 
@@ -645,7 +644,7 @@ class CaptureSession:
 
         try:
             if self.config.tb_names:
-                name = files.tb_name(self._worker, gz=gz)
+                name = files.tb_name(files.tb_worker(), gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
             files.write_with(self.dir / name, export, gz=gz, beside=True)
