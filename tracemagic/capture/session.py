@@ -224,7 +224,10 @@ class CaptureSession:
         self._gpu_events: list[Any] | None = None  # CUDA events at the iteration boundaries
         self._schedule_done = False
         self._slow_prof: _Profiler | None = None  # a --slow recording in progress
-        self._pending: list[StepRecord] = []
+        # the steps of the cycle being recorded, (step, complete, end, wall_ms): their cycle is
+        # the one they are written in (``_on_trace_ready`` makes them ``StepRecord``s)
+        self._pending: list[tuple[int, bool, str, float]] = []
+        self._written_cycles = 0  # len(self._cycles), read by step() without a call
         self._cycles: list[_Cycle] = []
         self._notes: list[str] = []
         self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
@@ -267,16 +270,10 @@ class CaptureSession:
         action = prof.current_action
         if action in _RECORDING:
             phase = "active"
-            self._clock.recorded.append([self._iterations - 1, prof.step_num])
-            self._pending.append(
-                StepRecord(
-                    step=prof.step_num,
-                    cycle=len(self._cycles) + 1,
-                    complete=True,
-                    end="step",
-                    wall_ms=(now - self._t_step) / 1e6,
-                )
-            )
+            # ``+=``, not ``append``: while torch records, each call here (C ones too) is an
+            # event in the user's trace, and an operator is none
+            self._clock.recorded += ([self._iterations - 1, prof.step_num],)
+            self._pending += ((prof.step_num, True, "step", (now - self._t_step) / 1e6),)
         elif action == ProfilerAction.WARMUP:
             phase = "warmup"
         else:
@@ -285,7 +282,7 @@ class CaptureSession:
         if self._gpu_events is not None:
             self._gpu_mark()
         prof.step()
-        if self.config.repeat and len(self._cycles) >= self.config.repeat:
+        if self.config.repeat and self._written_cycles >= self.config.repeat:
             self._schedule_done = True
             self.stop()  # the schedule is done: no cost for the rest of the loop
         self._t_step = time.perf_counter_ns()
@@ -546,15 +543,8 @@ class CaptureSession:
         self._stopped = True
         prof = self._prof
         if prof.current_action in _RECORDING:
-            self._pending.append(
-                StepRecord(
-                    step=prof.step_num,
-                    cycle=len(self._cycles) + 1,
-                    complete=self._one_step and end == "cell_end",
-                    end=end,
-                    wall_ms=(time.perf_counter_ns() - self._t_step) / 1e6,
-                )
-            )
+            complete = self._one_step and end == "cell_end"
+            self._pending.append((prof.step_num, complete, end, (time.perf_counter_ns() - self._t_step) / 1e6))
         failed = stop_profiler(prof)
         if failed is not None:
             self._notes.append(f"torch.profiler failed to stop cleanly: {failed}")
@@ -617,16 +607,18 @@ class CaptureSession:
     def _on_trace_ready(self, prof: torch.profiler.profile) -> None:
         """Write one cycle's Kineto trace and memory timeline (never raises into the loop)."""
         assert self.dir is not None
-        if self._pending and all(s.end == "loop_exit" for s in self._pending):
+        if self._pending and all(end == "loop_exit" for _, _, end, _ in self._pending):
             # the loop ended just as the window opened: a trace of its exit alone is noise
             self._pending = []
             self._close_et(None)
             return
         number = len(self._cycles) + 1
         label = self._cycle_label(number)
-        cycle = _Cycle(number, label, steps=self._pending)
+        steps = [StepRecord(step, number, complete, end, wall_ms) for step, complete, end, wall_ms in self._pending]
+        cycle = _Cycle(number, label, steps=steps)
         self._pending = []
         self._cycles.append(cycle)
+        self._written_cycles = len(self._cycles)
         if self._switched_off:
             self._switched_off = False
             self._notes.append(
@@ -824,7 +816,8 @@ class CaptureSession:
         if self._directory is not None and self.world_size > 1:  # a job's shared directory
             distributed.write_part(self.dir, self.rank, data)
         else:
-            layout.write_manifest(self.dir, data, memo=self._written)
+            # the final manifest replaces the running one
+            layout.write_manifest(self.dir, data, memo=self._written, replacing=manifest is not None)
 
 
 def start_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> None:
