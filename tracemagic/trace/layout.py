@@ -322,6 +322,10 @@ def write_manifest(
         tmp.write_text(text, encoding="utf-8")
 
 
+#: how manifest values are written: compact, and what JSON cannot hold as text
+_MANIFEST_ENCODER = json.JSONEncoder(default=str)
+
+
 def manifest_text(manifest: Manifest, memo: dict[str, tuple[Any, str]] | None = None) -> str:
     """A manifest as JSON text: one top-level key a line, each value compact (``json``'s C
     encoder: an indented dump runs its Python encoder, milliseconds for a long loop's
@@ -333,14 +337,15 @@ def manifest_text(manifest: Manifest, memo: dict[str, tuple[Any, str]] | None = 
             manifests share their fixed part): a value that is the very object encoded
             before is not encoded again. Such values must not be changed in place.
     """
+    encode = _MANIFEST_ENCODER.encode  # one encoder: json.dumps(default=...) makes one per call
     if memo is None:
-        items = [f"{json.dumps(str(key))}: {json.dumps(value, default=str)}" for key, value in manifest.items()]
+        items = [f"{encode(str(key))}: {encode(value)}" for key, value in manifest.items()]
     else:
         items = []
         for key, value in manifest.items():
             known = memo.get(key)
             if known is None or known[0] is not value:
-                known = memo[key] = (value, f"{json.dumps(str(key))}: {json.dumps(value, default=str)}")
+                known = memo[key] = (value, f"{encode(str(key))}: {encode(value)}")
             items.append(known[1])
     return "{\n" + ",\n".join(items) + "\n}\n"
 
