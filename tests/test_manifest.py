@@ -123,3 +123,20 @@ def test_a_manifest_replacing_another_is_swapped_in_whole_and_leaves_nothing(tmp
     missing = tmp_path / ".x.partial"
     missing.write_text("{}")
     assert not layout.replace_existing(missing, tmp_path / "absent.json") and missing.exists()
+
+
+def test_cell_numbers_keeps_the_last_cells_whose_count_is_a_number() -> None:
+    from tracemagic.capture.session import cell_numbers
+
+    def expected(cells: dict[Any, Any], most: int) -> dict[str, int]:  # the rule, entry by entry
+        last = list(cells.items())[len(cells) - most :] if len(cells) > most else list(cells.items())
+        return {str(k): int(v) for k, v in last if isinstance(v, int)}
+
+    ipython = {f"/tmp/ipykernel_1/{i:08x}.py": i for i in range(50)}  # IPython's map: str -> int
+    ipython["/tmp/ipykernel_1/00000003.py"] = 77  # a cell run again: its count changes in place
+    odd: dict[Any, Any] = {"a": 1, "b": True, "c": None, 4: 5, "d": "6", "e": 7}
+    for cells in (ipython, odd, {}):
+        for most in (1, 3, 40, 2000):
+            got = cell_numbers(cells, most)
+            assert got == expected(cells, most) and list(got) == list(expected(cells, most))
+            assert got is not cells
