@@ -237,7 +237,7 @@ class CaptureSession:
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(UTC)
         self._base: Manifest | None = None  # the manifest's fixed part (_base_manifest)
-        self._written: dict[str, tuple[Any, str]] = {}  # its lines as written (layout.manifest_text's memo)
+        self._manifest_lines: dict[str, tuple[Any, str]] = {}  # as written (layout.manifest_text memo)
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -817,7 +817,7 @@ class CaptureSession:
             distributed.write_part(self.dir, self.rank, data)
         else:
             # the final manifest replaces the running one
-            layout.write_manifest(self.dir, data, memo=self._written, replacing=manifest is not None)
+            layout.write_manifest(self.dir, data, memo=self._manifest_lines, replacing=manifest is not None)
 
 
 def start_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> None:
