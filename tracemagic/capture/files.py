@@ -154,17 +154,13 @@ def _set_trace_name(written: Path, final: Path) -> None:
     new = json.dumps(str(final), ensure_ascii=False).encode("utf-8")
     if len(new) > len(old):
         return
-    fd = os.open(written, os.O_RDWR)
-    try:
-        size = os.fstat(fd).st_size
-        start = max(0, size - _TAIL)
-        tail = os.pread(fd, size - start, start)
-        at = tail.rfind(_TRACE_NAME + old)
-        if at < 0:
-            return
-        os.pwrite(fd, new + b" " * (len(old) - len(new)), start + at + len(_TRACE_NAME))
-    finally:
-        os.close(fd)
+    with open(written, "r+b") as fh:
+        start = max(0, fh.seek(0, os.SEEK_END) - _TAIL)
+        fh.seek(start)
+        at = fh.read().rfind(_TRACE_NAME + old)
+        if at >= 0:
+            fh.seek(start + at + len(_TRACE_NAME))
+            fh.write(new + b" " * (len(old) - len(new)))
 
 
 def place(source: Path, final: Path, gz: bool = False) -> None:

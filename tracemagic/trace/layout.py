@@ -291,7 +291,7 @@ def replace_existing(new: Path, final: Path) -> bool:
             if _renameat2 is not None:
                 _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
                 _renameat2.restype = ctypes.c_int
-        except (OSError, AttributeError, ImportError):
+        except Exception:  # noqa: BLE001 - no libc to ask (Windows, a static build): no swap
             _renameat2 = None
     if _renameat2 is None:
         return False
