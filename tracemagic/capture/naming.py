@@ -59,10 +59,10 @@ _ORIG_MOD = "_orig_mod"
 MODULE_EVENT = "nn.Module: "
 #: how a module call's name is spelled in the Kineto JSON torch exports
 _TRACE_KEY = b'"name": "nn.Module: '
-#: events whose inside is searched only when the module calls outside them fall short of
-#: the trace's count: ``aten::`` ops, C functions (``<built-in method linear ...>``),
-#: allocations, and torch's own Python that calls no model (optimizer steps, autograd,
-#: the profiler). Most of a window's events are there.
+#: events whose inside is searched only when the module calls outside them leave a name of
+#: the trace's unfound: ``aten::`` ops, C functions (``<built-in method linear ...>``),
+#: allocations, torch's own Python that calls no model (optimizer steps, autograd, the
+#: profiler) and the magic's. Most of a window's events are there.
 _OPAQUE = (
     "aten::",
     "<built-in",
@@ -74,6 +74,7 @@ _OPAQUE = (
     "torch/profiler/",
     "torch/_jit_internal.py",
     "typing.py",
+    "tracemagic/capture/",  # the magic's own step(), run between the user's iterations
 )
 
 
