@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -194,6 +196,10 @@ for x in [torch.randn(4, 1, 16, 16) for _ in range(5)]:
     assert capture.dir.parent == tmp_path / "runs" and capture.dir.name.startswith("cnn_run-")
     trace = capture.dir / "kineto_trace_0.json.gz"
     assert trace in capture.files
+    # written beside its final name, compressed, moved into place: nothing hidden is left, and
+    # the trace names its final path, as torch's own exporters write it
+    assert json.loads(gzip.decompress(trace.read_bytes()))["traceName"] == str(trace)
+    assert not [p.name for p in capture.dir.iterdir() if p.name.startswith(".")]
     events = kineto_events(trace)
     assert len(step_events(events)) == 3
     assert capture.manifest["arguments"]["options"]["with_flops"] is True

@@ -247,18 +247,37 @@ def test_atomic_writers_keep_the_old_file_or_none_when_the_write_fails(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.json"]
 
 
-def test_a_sessions_staging_folder_is_left_empty_by_failed_and_placed_writes(tmp_path):
-    # a session stages every file of its capture in one folder, removed when it finishes
+def test_a_write_beside_its_final_name_leaves_nothing_when_it_fails(tmp_path):
+    # a session's exporters write under a hidden name next to the final one (no folder)
     from tracemagic.capture import files
 
-    staging = files.staging_dir(tmp_path)
     with pytest.raises(RuntimeError, match="exporter failed"):
-        files.write_with(tmp_path / "k.json.gz", _write_then_raise, gz=True, staging=staging)
-    assert list(staging.iterdir()) == []  # the half-written file went
-    files.write_with(tmp_path / "k.json", lambda p: Path(p).write_text("[0]"), staging=staging)
-    assert list(staging.iterdir()) == [] and (tmp_path / "k.json").read_text() == "[0]"
-    files.remove_staging(staging)
+        files.write_with(tmp_path / "k.json.gz", _write_then_raise, gz=True, beside=True)
+    assert list(tmp_path.iterdir()) == []  # the half-written file went
+
+    def kineto_fails_quietly(path: str) -> None:  # writes PATH.tmp first; a failed write leaves it
+        Path(path + ".tmp").write_text("[")
+
+    with pytest.raises(FileNotFoundError):
+        files.write_with(tmp_path / "k.json", kineto_fails_quietly, beside=True)
+    assert list(tmp_path.iterdir()) == []
+    seen: list[tuple[Path, str]] = []
+
+    def export(path: str) -> None:  # Kineto's ending, the path written as it is
+        text = '{"traceEvents": [],\n  "traceName": "%s" }\n' % path
+        seen.append((Path(path), text))
+        Path(path).write_text(text)
+
+    final = tmp_path / "k.json"
+    files.write_with(final, export, beside=True)
+    [(written, before)] = seen
+    assert written.parent == tmp_path and written.name.startswith(".") and written != final
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.json"]
+    text = final.read_text()
+    assert json.loads(text)["traceName"] == str(final)  # as torch writes it when exporting to final
+    assert len(text) == len(before) and text.startswith('{"traceEvents": [],')  # padded in place
+    files.write_with(tmp_path / "m.json", lambda p: Path(p).write_text("[0]"), beside=True)
+    assert (tmp_path / "m.json").read_text() == "[0]"  # no traceName: left as written
 
 
 def test_writers_sharing_a_directory_do_not_remove_each_others_staging(tmp_path):

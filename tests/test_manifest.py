@@ -103,3 +103,40 @@ def test_a_manifest_of_the_wrong_shape_is_a_trace_error(tmp_path: Path, manifest
             read(folder)
         if "'" in message:  # a key of the wrong type: what to do
             assert "Load the trace files themselves, or move this capture.json away" in str(info.value)
+
+
+def test_a_manifest_replacing_another_is_swapped_in_whole_and_leaves_nothing(tmp_path: Path) -> None:
+    """The final manifest takes the running one's place (swapped where the system can, else
+    renamed over it); a manifest with no earlier version is renamed into place; the lines of
+    values written before are reused only while they are the very same objects."""
+    layout.write_manifest(tmp_path, {"format": layout.MANIFEST_FORMAT, "status": "running"})
+    memo: dict[str, tuple[Any, str]] = {}
+    layout.write_manifest(tmp_path, {"status": "running", "cell": ["x = 1"]}, memo, replacing=True)
+    layout.write_manifest(tmp_path, {"status": "complete", "cell": ["x = 2"], "steps": [{"step": 1}]}, memo, replacing=True)
+    assert json.loads((tmp_path / "capture.json").read_text()) == {
+        "status": "complete", "cell": ["x = 2"], "steps": [{"step": 1}]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.json"]  # the old one removed
+    fresh = tmp_path / "new"
+    fresh.mkdir()
+    layout.write_manifest(fresh, {"status": "running"}, replacing=True)  # nothing to replace
+    assert sorted(p.name for p in fresh.iterdir()) == ["capture.json"]
+    missing = tmp_path / ".x.partial"
+    missing.write_text("{}")
+    assert not layout.replace_existing(missing, tmp_path / "absent.json") and missing.exists()
+
+
+def test_cell_numbers_keeps_the_last_cells_whose_count_is_a_number() -> None:
+    from tracemagic.capture.session import cell_numbers
+
+    def expected(cells: dict[Any, Any], most: int) -> dict[str, int]:  # the rule, entry by entry
+        last = list(cells.items())[len(cells) - most :] if len(cells) > most else list(cells.items())
+        return {str(k): int(v) for k, v in last if isinstance(v, int)}
+
+    ipython = {f"/tmp/ipykernel_1/{i:08x}.py": i for i in range(50)}  # IPython's map: str -> int
+    ipython["/tmp/ipykernel_1/00000003.py"] = 77  # a cell run again: its count changes in place
+    odd: dict[Any, Any] = {"a": 1, "b": True, "c": None, 4: 5, "d": "6", "e": 7}
+    for cells in (ipython, odd, {}):
+        for most in (1, 3, 40, 2000):
+            got = cell_numbers(cells, most)
+            assert got == expected(cells, most) and list(got) == list(expected(cells, most))
+            assert got is not cells

@@ -232,7 +232,7 @@ def test_a_module_called_inside_an_aten_op_is_still_found(tmp_path):
 
     profiler, trace = _window(tmp_path, body)
     names = _json_module_names(trace)
-    assert naming.count_module_events(trace) == len(names) == 2
+    assert naming.module_event_names(trace) == set(names) and len(names) == 2
     assert naming.recorded_modules(profiler, trace) == {
         "nn.Module: Linear_0": (id(lin), "Linear"),
         "nn.Module: Identity_0": (id(inner), "Identity"),
@@ -260,8 +260,9 @@ def test_the_pruned_walk_finds_what_the_full_walk_finds(tmp_path):
     assert fast == naming.recorded_modules(profiler)
     assert set(fast) == set(_json_module_names(trace))
     assert fast["nn.Module: Linear_4"] == (id(head), "Linear")
-    # chunked reading: a key split across chunks is counted once
-    assert naming.count_module_events(trace, chunk=7) == len(_json_module_names(trace))
+    # chunked reading: a key or a name split across chunks is read whole, once
+    for chunk in (7, 19, 23, 64):
+        assert naming.module_event_names(trace, chunk=chunk) == set(_json_module_names(trace))
 
 
 def test_held_modules_follows_closures_methods_partials_containers_and_attributes():
@@ -298,14 +299,21 @@ def test_captures_in_the_same_second_take_the_first_free_suffix(tmp_path):
     (tmp_path / f"{stamp}-1").rmdir()  # a freed name is taken again, as before
     assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-1"
     assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-4"
+    # past the names tried one by one, the folder is listed once: the same first free suffix
+    made = [files.make_capture_dir(tmp_path, "cap", now=now).name for _ in range(files._PROBED + 4)]
+    assert made == [f"{stamp}-{n}" for n in range(5, files._PROBED + 9)]
+    (tmp_path / f"{stamp}-{files._PROBED + 2}").rmdir()
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 2}"
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 9}"
     assert not any(p.name.startswith(".") for q in tmp_path.iterdir() for p in q.iterdir())
 
 
 @pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle")
-def test_no_staging_folder_is_left_and_no_thread_of_ours_runs_in_a_window(ip, read_json):
-    """Back-to-back windows share the session's one staging folder, removed at the cell's end;
-    no folder is removed in the background (no cleanup thread in any window)."""
+def test_no_staging_file_or_folder_is_left_and_no_thread_of_ours_runs_in_a_window(ip, read_json):
+    """Back-to-back windows each write beside their final names (no folder made or removed,
+    nothing in the background: no cleanup thread in any window), and each trace's
+    ``traceName`` is its final path, as torch writes it."""
     import threading
 
     ip.run_cell(MAKE).raise_error()
@@ -321,3 +329,5 @@ def test_no_staging_folder_is_left_and_no_thread_of_ours_runs_in_a_window(ip, re
         names = {e["args"].get("name") for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
         assert "tracemagic-cleanup" not in names
         assert any(e.get("cat") == "python_function" for e in events)
+        trace = Path(cap.dir) / f"kineto_trace_0_cycle{k}.json"
+        assert read_json(trace)["traceName"] == str(trace)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import tracemagic
@@ -129,6 +130,191 @@ def test_nesting_of_real_traces_matches_the_raw_json(name: str, monkeypatch: pyt
         up = parent[child]
         assert ((start[child] < end[up]) | (start[child] == start[up])).all(), how
     assert max(want["depth"]) > 3 and sum(p >= 0 for p in want["parent"]) > 1000
+
+
+def nest_reference(
+    thread: list[tuple[int, int]], ts: list[float], dur: list[float], cpu: list[bool], t0: float
+) -> tuple[list[int], list[int], list[float], list[int]]:
+    """``structure.nest``'s answer written again on plain Python floats, for any table:
+    each thread's rows by (start, longest first, row), NaN last as numpy sorts, threads by
+    ``thread`` (the pid and tid codes); then one stack per thread. A row's parent is the
+    previous row where both start together, else the innermost open row that ends no
+    earlier than the later of (its end - TOLERANCE, its start + MARGIN) (a comparison with
+    NaN is false: such rows enclose nothing, and nothing encloses them); self time is the
+    duration less the children's, summed in walk order, at least +0.0 (NaN kept)."""
+    n = len(ts)
+    parent, depth, child = [-1] * n, [-1] * n, [0.0] * n
+    rows_of: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i in range(n):
+        if cpu[i]:
+            rows_of[thread[i]].append(i)
+
+    def nan_last(x: float) -> tuple[bool, float]:
+        return (x != x, 0.0 if x != x else x)
+
+    walked: list[int] = []
+    for key in sorted(rows_of):
+        rows = sorted(rows_of[key], key=lambda i: (nan_last(ts[i]), nan_last(-dur[i]), i))
+        stack: list[int] = []
+        for i in rows:
+            start = ts[i] - t0
+            end = start + dur[i]
+            if not (stack and ts[stack[-1]] - t0 == start):
+                target = end - TOLERANCE
+                if start + MARGIN > target:
+                    target = start + MARGIN
+                while stack and not (ts[stack[-1]] - t0 + dur[stack[-1]] >= target):
+                    stack.pop()
+            if stack:
+                parent[i], depth[i] = stack[-1], depth[stack[-1]] + 1
+                child[stack[-1]] += dur[i]
+            else:
+                depth[i] = 0
+            stack.append(i)
+        walked += rows
+    own = [dur[i] - child[i] if cpu[i] else dur[i] for i in range(n)]
+    self_time = [x if not cpu[i] or x > 0.0 or x != x else 0.0 for i, x in enumerate(own)]
+    return parent, depth, self_time, walked
+
+
+def many_threads_table(
+    rng: np.random.Generator, n: int, pids: int, tids: int, nans: bool, span: float = 400.0
+) -> pd.DataFrame:
+    """An events table of ``pids * tids`` threads in file order (starts nearly sorted, some
+    out of order): nests with ends a little past their parent's, ties of start (and of
+    duration), zero, -0.0 and negative durations, short events at or 1 ns before another's
+    end, NaN starts and durations (``nans``), starts within ``span`` µs, instants and GPU kernels between them."""
+    from tracemagic.trace.kineto import KINDS
+
+    ts = np.sort(np.round(rng.uniform(0, span, n), 1)) + rng.choice([0.0] * 8 + [3.0, -4.0], n)
+    dur = np.round(rng.exponential(8, n), 1) * (rng.random(n) > 0.1) + rng.choice([0.0, 0.1, 0.2, 0.3], n)
+    short = rng.random(n) < 0.2
+    earlier = rng.integers(0, n, n)
+    ts = np.where(short, ts[earlier] + dur[earlier] - rng.choice([0.0, 0.001], n), ts)
+    dur = np.where(short, rng.choice([0.0, 0.05, 0.2], n), dur)
+    dur[rng.random(n) < 0.02] = -0.0
+    dur[rng.random(n) < 0.01] = -1.0
+    if nans:
+        ts[rng.random(n) < 0.01] = np.nan
+        dur[rng.random(n) < 0.02] = np.nan
+    kinds = rng.choice(["cpu_op", "python_function", "user_annotation", "runtime", "kernel", "memory"], n)
+    return pd.DataFrame(
+        {
+            "ph": pd.Categorical(rng.choice(["X", "X", "X", "i"], n)),
+            "pid": pd.Categorical(rng.integers(0, pids, n).astype(str)),
+            "tid": pd.Categorical(rng.integers(0, tids, n).astype(str)),
+            "ts": 1_000_000.0 + ts,
+            "dur": dur,
+            "kind": pd.Categorical(kinds, categories=pd.Index(KINDS, dtype="str")),
+        }
+    )
+
+
+def assert_bits(got: np.ndarray, want: list[Any], dtype: Any, what: str) -> None:
+    """Equal values, dtype and bits (-0.0 is not 0.0)."""
+    expected = np.array(want, dtype=dtype)
+    assert got.dtype == expected.dtype, what
+    np.testing.assert_array_equal(got, expected, err_msg=what)
+    assert got.tobytes() == expected.tobytes(), what
+
+
+@pytest.mark.parametrize("pids, tids", [(1, 1), (4, 4), (50, 20), (200, 20)])
+def test_nesting_of_any_number_of_threads_matches_a_reference_walk(
+    pids: int, tids: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to 4,000 threads (once the C code's limit was 256: it handed the sort to numpy):
+    the C nesting equals the reference walk bit for bit, NaNs included; numpy's (no C
+    extension) equals it where there is no NaN (a load never gives one: a missing ``dur``
+    is read as 0, an event without ``ts`` is left out)."""
+    rng = np.random.default_rng(pids * 1000 + tids)
+    for nans in (True, False):
+        events = many_threads_table(rng, 20_000, pids, tids, nans, span=400.0 if pids * tids < 100 else 40.0)
+        cpu = (events["ph"] == "X") & events["kind"].isin(["cpu_op", "python_function", "user_annotation", "runtime"])
+        thread = list(zip(events["pid"].cat.codes.tolist(), events["tid"].cat.codes.tolist()))
+        ts, dur = events["ts"].tolist(), events["dur"].tolist()
+        t0 = float(np.nanmin(events["ts"].to_numpy()))
+        want = nest_reference(thread, ts, dur, cpu.tolist(), t0)
+        assert len({thread[i] for i in want[3]}) > pids * tids * 0.9
+        paths = ["C", "numpy"] if not nans else ["C"]
+        for how in paths:
+            with monkeypatch.context() as m:
+                if how == "numpy":
+                    m.setattr(structure, "_nesting", None)
+                else:
+                    assert structure._nesting is not None, "the C nesting is built (see test_scan.py)"
+                parent, depth, self_dur, ordered = structure.nest(events, t0)
+            assert_bits(parent, want[0], np.int64, f"{how}: parent")
+            assert_bits(depth, want[1], np.int32, f"{how}: depth")
+            assert_bits(self_dur, want[2], np.float64, f"{how}: self time")
+            assert_bits(ordered, want[3], np.int64, f"{how}: order")
+        assert max(want[1]) >= 3 and sum(p >= 0 for p in want[0]) > 500
+        walked_self = [want[2][i] for i in want[3]]
+        assert 0.0 in walked_self and not any(x < 0 for x in walked_self)  # clipped at +0.0
+
+
+def test_loading_a_thousand_threads_matches_the_raw_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace of 1,000 threads (50 pids, 20 tids each), nests with ties, zero durations and
+    short events at another's end, rows out of order: both loads nest it as the raw JSON
+    says, and the C and numpy loads agree bit for bit."""
+    rng = np.random.default_rng(1000)
+    table = many_threads_table(rng, 30_000, 50, 20, nans=False)
+    cats = dict(zip(["cpu_op", "python_function", "user_annotation"], ["cpu_op", "python_function", "user_annotation"]))
+    cats.update(runtime="cuda_runtime", kernel="kernel", memory="cpu_instant_event")
+    raw = []
+    for ph, pid, tid, ts, dur, kind in table[["ph", "pid", "tid", "ts", "dur", "kind"]].itertuples(index=False):
+        event = {"ph": ph, "cat": cats[kind], "name": f"{kind}", "pid": int(pid), "tid": int(tid), "ts": ts, "args": {}}
+        if ph == "X":
+            event["dur"] = max(dur, 0.0)  # (negative durations: test above)
+        elif kind != "memory":
+            event["s"] = "t"
+        raw.append(event)
+    path = tmp_path / "threads.json"
+    path.write_text(json.dumps({"traceEvents": raw}))
+    events = table_events(path)
+    want = oracle(events)
+    loaded = load_both(path, monkeypatch)
+    for how, trace in loaded.items():
+        assert_same_rows(trace, events)
+        np.testing.assert_array_equal(trace.events["parent"].to_numpy(), want["parent"], err_msg=how)
+        np.testing.assert_array_equal(trace.events["depth"].to_numpy(), want["depth"], err_msg=how)
+        np.testing.assert_allclose(trace.events["self_dur"].to_numpy(), want["self"], atol=1e-6, err_msg=how)
+    for column in ("parent", "depth", "self_dur"):
+        assert loaded["C"].events[column].to_numpy().tobytes() == loaded["numpy"].events[column].to_numpy().tobytes()
+    assert len({(e["pid"], e["tid"]) for e in events if is_cpu(e)}) == 1000
+    assert max(want["depth"]) >= 3
+
+
+OUT_OF_MEMORY = """
+import resource, sys
+import numpy as np
+from tracemagic.trace import _nesting
+m = 2_000_000
+mask, keys = np.ones(m, dtype=np.uint8), np.arange(m, dtype=np.int64)[::-1].copy()  # all distinct
+ts, dur, self_dur = np.zeros(m), np.ones(m), np.empty(m)
+ordered, parent, depth = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int32)
+vm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (int(sys.argv[1]) << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+try:
+    _nesting.nest_rows(mask, keys, ts, dur, 0.0, 0.25, 0.0005, ordered, parent, depth, self_dur)
+    print("nested", (depth == 0).all())
+except MemoryError:
+    print("MemoryError")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the address space size from /proc")
+def test_the_c_nesting_out_of_memory_raises_memory_error() -> None:
+    """2 million rows of as many threads under an address-space limit: the C nesting raises
+    ``MemoryError`` where its scratch (4 MiB more allowed) or its growing table of threads
+    (64 MiB: the scratch fits) cannot be had, never crashes, and nests them given room."""
+    import subprocess
+    import sys
+
+    for headroom, want in ((4, "MemoryError"), (64, "MemoryError"), (1024, "nested True")):
+        command = [sys.executable, "-c", OUT_OF_MEMORY, str(headroom)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == want, (headroom, done.stdout, done.stderr)
 
 
 def write_trace(path: Path, spans: list[tuple[str, float, float]]) -> Path:

@@ -124,3 +124,18 @@ def test_the_filter_does_not_wait_for_a_child_that_inherited_it(capfd: pytest.Ca
         child.wait(timeout=30)
     time.sleep(10 * notices.PARTIAL_LINE_WAIT_S)
     assert "child line\n" in capfd.readouterr().err
+
+
+def test_what_is_written_before_stop_is_passed_on_before_it_returns(capfd: pytest.CaptureFixture[str]) -> None:
+    """Lines written just before stop() (no time for the thread to run) are passed on, or kept
+    as notices, by the time it returns, every time."""
+    notice = b"USDT:2026-11-26 12:00:00 1:1 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"
+    for i in range(30):
+        hidden: list[str] = []
+        live = notices.Filter(hidden)
+        live.start()
+        os.write(2, b"line %d\n" % i + notice + b"tail %d" % i)  # the last line unfinished
+        live.stop()
+        assert capfd.readouterr().err == f"line {i}\ntail {i}"
+        assert len(hidden) == 1 and hidden[0].endswith("profiler_stop")
+

@@ -291,35 +291,49 @@ def test_chunks_parsed_on_two_threads_at_once(monkeypatch: pytest.MonkeyPatch) -
         pd.testing.assert_frame_equal(events, expected)
 
 
-def test_one_pass_nesting_equals_the_numpy_nesting() -> None:
+def assert_same_bits(got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...]) -> None:
+    """Arrays equal bit for bit (-0.0 is not 0.0; NaNs where the other has them)."""
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+        assert a.tobytes() == b.tobytes()
+
+
+def test_one_pass_nesting_equals_the_numpy_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random nests per thread, with ends a little past their parent's (within and beyond
     the tolerance), short events starting at or just before another's end, equal starts
-    and zero durations."""
-    from tracemagic.trace import _nesting
+    and zero durations, rows in any order: ``structure.nest`` in C and with numpy alone."""
+    from tracemagic.trace.kineto import KINDS
 
     rng = np.random.default_rng(7)
     for _ in range(30):
         n = int(rng.integers(1, 400))
-        group = np.sort(rng.integers(0, 4, n)).astype(np.int64)
+        group = rng.integers(0, 4, n)
         start = np.round(rng.uniform(0, 100, n), 1)
         end = start + np.round(rng.exponential(10, n), 1) * (rng.random(n) > 0.1)
-        jitter = rng.choice([0.0, 0.1, 0.2, 0.3], n)
-        end = end + jitter
+        end = end + rng.choice([0.0, 0.1, 0.2, 0.3], n)
         short = rng.random(n) < 0.3  # tiny events starting at, or 1 ns before, an earlier one's end
         earlier = rng.integers(0, n, n)
         start = np.where(short, end[earlier] - rng.choice([0.0, 0.001], n), start)
         end = np.where(short, start + rng.choice([0.0, 0.05, 0.2], n), end)
-        order = np.lexsort((-end, start, group))
-        group, start, end = group[order], start[order], end[order]
-        parent = np.empty(n, dtype=np.int64)
-        depth = np.empty(n, dtype=np.int32)
-        _nesting.nest_sorted(group, start, end, structure.NEST_TOLERANCE_US, structure.NEST_START_MARGIN_US, parent, depth)
-        expected = structure.previous_enclosing(group, start, end)
-        np.testing.assert_array_equal(parent, expected)
-        levels = np.zeros(n, dtype=np.int32)
-        for i in range(n):  # parents come first in this order
-            levels[i] = levels[parent[i]] + 1 if parent[i] >= 0 else 0
-        np.testing.assert_array_equal(depth, levels)
+        events = pd.DataFrame(
+            {
+                "ph": pd.Categorical(["X"] * n),
+                "pid": pd.Categorical(group.astype(str)),
+                "tid": pd.Categorical(["1"] * n),
+                "ts": start,
+                "dur": end - start,
+                "kind": pd.Categorical(["cpu_op"] * n, categories=pd.Index(KINDS, dtype="str")),
+            }
+        )
+        fast = structure.nest(events, 0.0)
+        with monkeypatch.context() as m:
+            m.setattr(structure, "_nesting", None)
+            slow = structure.nest(events, 0.0)
+        assert_same_bits(fast, slow)
+        parent, depth = fast[0], fast[1]
+        for i in fast[3]:  # in the walk's order parents come first
+            assert depth[i] == (depth[parent[i]] + 1 if parent[i] >= 0 else 0)
 
 
 def test_one_pass_propagate_equals_the_numpy_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -388,30 +402,24 @@ def random_events(rng: np.random.Generator, n: int, threads: int) -> pd.DataFram
 
 
 def test_one_call_nesting_equals_the_numpy_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``structure.nest`` in one C call (sort by thread, nesting, self time) gives the numpy
-    path's rows, parents, depths and self times exactly: NaN starts and durations, ties,
-    zero and negative durations; beyond 256 threads it hands the sort back to numpy."""
-    from tracemagic.trace import _nesting
-
-    calls = []
-    monkeypatch.setattr(structure, "_nesting", type("Spy", (), {
-        "nest_rows": staticmethod(lambda *a: calls.append(_nesting.nest_rows(*a)) or calls[-1]),
-        "nest_sorted": staticmethod(_nesting.nest_sorted),
-        "propagate": staticmethod(_nesting.propagate),
-    }))
+    """``structure.nest`` in one C call (sort by thread, nesting, self time) sorts the rows
+    as numpy does (NaN starts and durations, ties) and, on what a load can give (no NaN:
+    tests/test_nesting.py checks NaNs against a reference walk), gives the numpy path's
+    parents, depths and self times bit for bit: ties, zero, -0.0 and negative durations;
+    few threads and thousands of them (no limit)."""
     rng = np.random.default_rng(23)
+    most = 0
     for threads in (1, 3, 16, 2000):
         for _ in range(8):
             events = random_events(rng, int(rng.integers(1, 3000)), threads)
             t0 = float(np.nanmin(events["ts"].to_numpy()))
+            assert_same_bits(structure.nest(events, t0)[3:], (structure.cpu_by_thread(events),))
+            events["ts"] = events["ts"].fillna(t0 + 7.0)  # as a load reads them: no NaN
+            events["dur"] = events["dur"].fillna(0.0)
             fast = structure.nest(events, t0)
-            with monkeypatch.context() as m:  # numpy's sort, then nest_sorted's walk
-                m.setattr(structure, "_nesting", type("Sorted", (), {
-                    "nest_rows": staticmethod(lambda *a: False),
-                    "nest_sorted": staticmethod(_nesting.nest_sorted),
-                }))
+            with monkeypatch.context() as m:  # numpy's sort, then previous_enclosing's walk
+                m.setattr(structure, "_nesting", None)
                 slow = structure.nest(events, t0)
-            for got, want in zip(fast, slow):
-                assert got.dtype == want.dtype
-                np.testing.assert_array_equal(got, want)
-    assert True in calls and False in calls  # both the C sort and the numpy fallback ran
+            assert_same_bits(fast, slow)
+            most = max(most, len(np.unique(structure.thread_keys(events, fast[3]))))
+    assert most > 900  # far more threads than the old limit of 256

@@ -98,7 +98,7 @@ class CaptureConfig:
 
     def as_dict(self) -> dict[str, Any]:
         """The options as plain JSON values, for the manifest."""
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # scalars: no deep copy
         out["out"] = str(self.out)
         return out
 

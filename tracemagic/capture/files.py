@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import os
 import shutil
 import socket
@@ -43,6 +44,10 @@ def tb_name(worker: str, ts: int | None = None, gz: bool = False) -> str:
     return f"{worker}.{stamp}.pt.trace.json" + (".gz" if gz else "")
 
 
+#: names ``make_capture_dir`` tries one by one before it lists the folder
+_PROBED = 8
+
+
 def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe: bool = True) -> Path:
     """Create ``out/NAME-<timestamp>`` (made unique), checking that it can be written.
 
@@ -66,8 +71,8 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe
             try:
                 candidate.mkdir()
             except FileExistsError:
-                if taken is None:  # several captures this second: skip the names seen taken
-                    taken = set(os.listdir(out))
+                if taken is None and n >= _PROBED:  # many captures this second: skip the names seen taken
+                    taken = set(os.listdir(out))  # (a failed mkdir is cheaper than listing a big folder)
                 continue
             if probe:
                 path = partial_path(candidate / MANIFEST)
@@ -92,32 +97,41 @@ def write_with(
     write: Callable[[str], None],
     gz: bool = False,
     *,
-    staging: Path | None = None,
+    beside: bool = False,
 ) -> None:
     """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically.
 
-    The exporter writes into a hidden staging folder (``.partial-*``: ranks sharing the
-    directory never remove one another's) under the file's own name (Kineto records that
-    name as ``traceName``), and the file is moved out when done.
+    By default the exporter writes into a hidden staging folder (``.partial-*``: writers
+    sharing the directory never remove one another's) under the file's own name, and the
+    file is moved out when done.
 
     Args:
-        staging: a staging folder of the caller's (a session's, made once by
-            ``staging_dir`` and removed when it is done: no folder is made or removed
-            inside the user's loop); default: one made and removed for this file.
+        beside: write under the hidden name ``.<name>.partial`` in ``final``'s own directory
+            instead (no folder made or removed: a capture session's files, written inside
+            the user's loop). A Kineto trace's ``traceName`` (the path torch wrote to) is
+            then set to ``final``'s path (``_set_trace_name``), as torch's own exporters
+            write it. An exporter that fails leaves nothing behind either way.
     """
-    folder = staging if staging is not None else staging_dir(final.parent)
-    raw = folder / (final.name[: -len(".gz")] if final.name.endswith(".gz") else final.name)
+    raw_final = final.with_name(final.name[: -len(".gz")]) if final.name.endswith(".gz") else final
+    if beside:
+        raw = partial_path(raw_final)
+        try:
+            write(str(raw))
+            _set_trace_name(raw, final)
+            place(raw, final, gz=gz)
+        except BaseException:
+            for left in (raw, raw.with_name(raw.name + ".tmp")):  # and Kineto's own temporary file
+                with contextlib.suppress(OSError):
+                    left.unlink(missing_ok=True)
+            raise
+        return
+    folder = staging_dir(final.parent)
     try:
+        raw = folder / raw_final.name
         write(str(raw))
         place(raw, final, gz=gz)
-    except BaseException:
-        if staging is not None:
-            with contextlib.suppress(OSError):
-                raw.unlink(missing_ok=True)  # what the failed write left in the caller's folder
-        raise
     finally:
-        if staging is None:
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def staging_dir(parent: Path) -> Path:
@@ -125,12 +139,28 @@ def staging_dir(parent: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=".partial-", dir=parent))
 
 
-def remove_staging(folder: Path) -> None:
-    """Remove a staging folder (empty unless a write failed), ignoring errors."""
-    try:
-        os.rmdir(folder)
-    except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
+#: how far from its end a Kineto trace holds its ``"traceName": ...`` (its last key)
+_TAIL = 4096
+_TRACE_NAME = b'"traceName": '
+
+
+def _set_trace_name(written: Path, final: Path) -> None:
+    """Make the ``traceName`` Kineto wrote (the path it was given, ``written``) name
+    ``final`` instead, in place: the value is overwritten and padded with spaces (JSON
+    whitespace), so nothing else in the file moves. A file whose tail does not hold
+    exactly ``"traceName": "<written>"`` (not a Kineto trace, a memory timeline) is left
+    as it is; so is a ``final`` whose JSON string would not fit."""
+    old = b'"' + os.fsencode(str(written)) + b'"'
+    new = json.dumps(str(final), ensure_ascii=False).encode("utf-8")
+    if len(new) > len(old):
+        return
+    with open(written, "r+b") as fh:
+        start = max(0, fh.seek(0, os.SEEK_END) - _TAIL)
+        fh.seek(start)
+        at = fh.read().rfind(_TRACE_NAME + old)
+        if at >= 0:
+            fh.seek(start + at + len(_TRACE_NAME))
+            fh.write(new + b" " * (len(old) - len(new)))
 
 
 def place(source: Path, final: Path, gz: bool = False) -> None:

@@ -19,11 +19,11 @@ extra time for its ``OptimizedModule``.
 
 Both look-ups cost time inside the profiled loop, so both are kept cheap:
 
-- ``recorded_modules`` searches the inside of ``aten::`` ops, C functions and torch's own
-  optimizer/autograd code (most of a window's events) only when the module calls found
-  outside them are fewer than the exported trace holds (``count_module_events``): a
-  module called from inside them (backward recomputation, a compiled region) is still
-  found.
+- ``recorded_modules`` searches the event tree only until it has found every module name
+  the exported trace holds (``module_event_names``), and the inside of ``aten::`` ops, C
+  functions and torch's own optimizer/autograd code (most of a window's events) only when
+  a name is still unfound outside them: a module called from inside them (backward
+  recomputation, a compiled region) is still found.
 - ``resolve`` remembers the modules it found (``ModuleCache``, held by weak reference), so
   a later window of the same model finds them without searching. A model seen for the
   first time is looked for among the namespace's values and what they hold (a closure's
@@ -59,10 +59,10 @@ _ORIG_MOD = "_orig_mod"
 MODULE_EVENT = "nn.Module: "
 #: how a module call's name is spelled in the Kineto JSON torch exports
 _TRACE_KEY = b'"name": "nn.Module: '
-#: events whose inside is searched only when the module calls outside them fall short of
-#: the trace's count: ``aten::`` ops, C functions (``<built-in method linear ...>``),
-#: allocations, and torch's own Python that calls no model (optimizer steps, autograd,
-#: the profiler). Most of a window's events are there.
+#: events whose inside is searched only when the module calls outside them leave a name of
+#: the trace's unfound: ``aten::`` ops, C functions (``<built-in method linear ...>``),
+#: allocations, torch's own Python that calls no model (optimizer steps, autograd, the
+#: profiler) and the magic's. Most of a window's events are there.
 _OPAQUE = (
     "aten::",
     "<built-in",
@@ -74,6 +74,7 @@ _OPAQUE = (
     "torch/profiler/",
     "torch/_jit_internal.py",
     "typing.py",
+    "tracemagic/capture/",  # the magic's own step(), run between the user's iterations
 )
 
 
@@ -84,19 +85,20 @@ def recorded_modules(profiler: Any, trace: str | os.PathLike[str] | None = None)
         profiler: the ``torch.autograd.profiler.profile`` of a stopped window
             (``torch.profiler.profile(...).profiler``), recorded with ``with_stack=True``.
         trace: the window's Kineto JSON, just exported (plain, not gzip). With it, the
-            inside of ``aten::`` ops, C functions and torch's optimizer/autograd code is
-            searched only when the module calls found outside them are fewer than the
-            trace holds (``count_module_events``); without it, every event is searched.
+            event tree is searched only until every module name the trace holds
+            (``module_event_names``) has been found, and the inside of ``aten::`` ops, C
+            functions and torch's optimizer/autograd code only when the events outside them
+            leave a name unfound; without it, every event is searched.
 
     Returns:
-        ``{"nn.Module: Linear_0": (id of the module, "Linear"), ...}`` in order of first
-        call; empty when the window holds no Python tracer events.
+        ``{"nn.Module: Linear_0": (id of the module, "Linear"), ...}``, in order of the
+        earliest call found; empty when the window holds no Python tracer events.
     """
     results = getattr(profiler, "kineto_results", None)
     if results is None:
         return {}
-    expected = count_module_events(trace) if trace is not None else None
-    calls = _module_calls(results.experimental_event_tree(), expected)
+    wanted = module_event_names(trace) if trace is not None else None
+    calls = _module_calls(results.experimental_event_tree(), wanted)
     calls.sort()
     out: dict[str, tuple[int, str]] = {}
     for _, name, ptr, cls_name in calls:
@@ -104,21 +106,26 @@ def recorded_modules(profiler: Any, trace: str | os.PathLike[str] | None = None)
     return out
 
 
-def _module_calls(roots: Iterable[Any], expected: int | None) -> list[tuple[int, str, int, str]]:
-    """The module calls under ``roots``: ``(start ns, name, id, class)``.
+def _module_calls(roots: Iterable[Any], wanted: set[str] | None) -> list[tuple[int, str, int, str]]:
+    """Module calls under ``roots``: ``(start ns, name, id, class)``, at least one per name.
 
     Module calls also run inside ops and C functions (backward recomputation, a compiled
     region, ``autograd.Function.apply``), so every event may hold one. The events outside
     ``_OPAQUE`` ones are searched first, telling module calls by their name (cheaper than
-    their tag); the opaque ones' insides are then searched only until ``expected`` module
-    calls (the trace's count) have been seen: not at all in the usual case, all of them
-    when ``expected`` is None.
+    their tag); the opaque ones' insides are then searched only while a name of ``wanted``
+    (the trace's) is still unfound: not at all in the usual case, all of them when
+    ``wanted`` is None. Either search stops as soon as every wanted name is found: torch
+    names a call after its module (``<Class>_<k>``, one ``k`` per instance in the window),
+    so one call of each name gives the same map as all of them, and the latest calls
+    (searched first: the stack pops the last child) hold every module a loop calls.
     """
     from torch._C._profiler import _EventType
 
     py_call = _EventType.PyCall
     calls: list[tuple[int, str, int, str]] = []
-    seen = 0
+    left = set(wanted) if wanted is not None else None
+    if left is not None and not left:
+        return calls
     deferred: list[Any] = []
     pending = list(roots)
     pop, extend = pending.pop, pending.extend
@@ -126,44 +133,60 @@ def _module_calls(roots: Iterable[Any], expected: int | None) -> list[tuple[int,
         event = pop()
         name = event.name
         if name.startswith(MODULE_EVENT):
-            seen += 1
             if event.tag == py_call:
                 module = event.extra_fields.module
                 if module is not None:
                     calls.append((event.start_time_ns, name, module.self_ptr, module.cls_name))
+                    if left is not None:
+                        left.discard(name)
+                        if not left:
+                            return calls
         elif name.startswith(_OPAQUE):
             deferred.append(event)
             continue
         extend(event.children)
-    if expected is not None and seen == expected:
-        return calls
     pending = [child for event in deferred for child in event.children]
     pop, extend = pending.pop, pending.extend
-    while pending and (expected is None or seen < expected):
+    while pending:
         event = pop()
         if event.tag == py_call:
             module = event.extra_fields.module
             if module is not None:
-                seen += 1
-                calls.append((event.start_time_ns, event.name, module.self_ptr, module.cls_name))
+                name = event.name
+                calls.append((event.start_time_ns, name, module.self_ptr, module.cls_name))
+                if left is not None:
+                    left.discard(name)
+                    if not left:
+                        return calls
         extend(event.children)
     return calls
 
 
-def count_module_events(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> int | None:
-    """How many module-call events (``"name": "nn.Module: ...``) a Kineto JSON file holds,
-    read in chunks; None where it cannot be read."""
+def module_event_names(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> set[str] | None:
+    """The names of the module-call events (``"name": "nn.Module: ...``) a Kineto JSON file
+    holds, read in chunks; None where it cannot be read."""
     key = _TRACE_KEY
-    count, tail = 0, b""
+    prefix = len(key) - len(MODULE_EVENT)
+    names: set[bytes] = set()
+    tail = b""
     try:
         with open(trace, "rb") as fh:
             while block := fh.read(chunk):
                 data = tail + block
-                count += data.count(key)
-                tail = data[-(len(key) - 1) :]
+                pos, carry = 0, None
+                while (at := data.find(key, pos)) >= 0:
+                    end = data.find(b'"', at + len(key))
+                    if end < 0:  # its name goes on in the next chunk
+                        carry = at
+                        break
+                    names.add(data[at + prefix : end])
+                    pos = end + 1
+                if carry is None:  # a key may begin at the end of this chunk
+                    carry = max(pos, len(data) - len(key) + 1)
+                tail = data[carry:]
     except OSError:
         return None
-    return count
+    return {name.decode("utf-8", "replace") for name in names}
 
 
 def namespace_modules(namespace: Mapping[str, Any]) -> Iterator[torch.nn.Module]:

@@ -12,6 +12,7 @@ writes what was recorded and the manifest, and returns a ``Capture``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import platform
 import shutil
@@ -20,7 +21,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,10 @@ class CaptureSession:
         self._gpu_events: list[Any] | None = None  # CUDA events at the iteration boundaries
         self._schedule_done = False
         self._slow_prof: _Profiler | None = None  # a --slow recording in progress
-        self._pending: list[StepRecord] = []
+        # the steps of the cycle being recorded, (step, complete, end, wall_ms): their cycle is
+        # the one they are written in (``_on_trace_ready`` makes them ``StepRecord``s)
+        self._pending: list[tuple[int, bool, str, float]] = []
+        self._written_cycles = 0  # len(self._cycles), read by step() without a call
         self._cycles: list[_Cycle] = []
         self._notes: list[str] = []
         self._hidden: list[str] = []  # torch's own start/stop notices, kept out of the output
@@ -232,9 +236,8 @@ class CaptureSession:
         self._filter = notices.Filter(self._hidden) if filter_notices else None
         self._switched_off = False  # the profiler was switched off inside the current cycle
         self._created = datetime.now(UTC)
-        self._worker = files.tb_worker()
-        self._staging: Path | None = None  # the folder files.write_with stages in, made at the first write
         self._base: Manifest | None = None  # the manifest's fixed part (_base_manifest)
+        self._manifest_lines: dict[str, tuple[Any, str]] = {}  # as written (layout.manifest_text memo)
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -267,16 +270,10 @@ class CaptureSession:
         action = prof.current_action
         if action in _RECORDING:
             phase = "active"
-            self._clock.recorded.append([self._iterations - 1, prof.step_num])
-            self._pending.append(
-                StepRecord(
-                    step=prof.step_num,
-                    cycle=len(self._cycles) + 1,
-                    complete=True,
-                    end="step",
-                    wall_ms=(now - self._t_step) / 1e6,
-                )
-            )
+            # ``+=``, not ``append``: while torch records, each call here (C ones too) is an
+            # event in the user's trace, and an operator is none
+            self._clock.recorded += ([self._iterations - 1, prof.step_num],)
+            self._pending += ((prof.step_num, True, "step", (now - self._t_step) / 1e6),)
         elif action == ProfilerAction.WARMUP:
             phase = "warmup"
         else:
@@ -285,7 +282,7 @@ class CaptureSession:
         if self._gpu_events is not None:
             self._gpu_mark()
         prof.step()
-        if self.config.repeat and len(self._cycles) >= self.config.repeat:
+        if self.config.repeat and self._written_cycles >= self.config.repeat:
             self._schedule_done = True
             self.stop()  # the schedule is done: no cost for the rest of the loop
         self._t_step = time.perf_counter_ns()
@@ -354,7 +351,7 @@ class CaptureSession:
         name = layout.slow_name(self.rank, len(self._clock.catches), self.config.gzip)
         try:
             prof.stop()
-            files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip, staging=self._stage())
+            files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip, beside=True)
             catch["path"] = name
         except Exception as exc:  # noqa: BLE001 - torch's stop or export failed: noted, the loop goes on
             _log.debug("--slow: writing its trace failed", exc_info=True)
@@ -546,33 +543,15 @@ class CaptureSession:
         self._stopped = True
         prof = self._prof
         if prof.current_action in _RECORDING:
-            self._pending.append(
-                StepRecord(
-                    step=prof.step_num,
-                    cycle=len(self._cycles) + 1,
-                    complete=self._one_step and end == "cell_end",
-                    end=end,
-                    wall_ms=(time.perf_counter_ns() - self._t_step) / 1e6,
-                )
-            )
+            complete = self._one_step and end == "cell_end"
+            self._pending.append((prof.step_num, complete, end, (time.perf_counter_ns() - self._t_step) / 1e6))
         failed = stop_profiler(prof)
         if failed is not None:
             self._notes.append(f"torch.profiler failed to stop cleanly: {failed}")
 
     def _cleanup(self) -> None:
-        """Unregister the ET observer of a cycle that never ended; remove the staging folder."""
+        """Unregister the ET observer of a cycle that never ended."""
         self._close_et(None)
-        staging, self._staging = self._staging, None
-        if staging is not None:
-            files.remove_staging(staging)
-
-    def _stage(self) -> Path:
-        """The staging folder of this session's files (``files.write_with``), made at its
-        first write and removed by ``finish()``: none is made or removed per file."""
-        if self._staging is None:
-            assert self.dir is not None
-            self._staging = files.staging_dir(self.dir)
-        return self._staging
 
     def _hushed(self) -> contextlib.AbstractContextManager[None]:
         """What torch's profiler calls run in: ``notices.hush``, unless the notices filter is
@@ -628,16 +607,18 @@ class CaptureSession:
     def _on_trace_ready(self, prof: torch.profiler.profile) -> None:
         """Write one cycle's Kineto trace and memory timeline (never raises into the loop)."""
         assert self.dir is not None
-        if self._pending and all(s.end == "loop_exit" for s in self._pending):
+        if self._pending and all(end == "loop_exit" for _, _, end, _ in self._pending):
             # the loop ended just as the window opened: a trace of its exit alone is noise
             self._pending = []
             self._close_et(None)
             return
         number = len(self._cycles) + 1
         label = self._cycle_label(number)
-        cycle = _Cycle(number, label, steps=self._pending)
+        steps = [StepRecord(step, number, complete, end, wall_ms) for step, complete, end, wall_ms in self._pending]
+        cycle = _Cycle(number, label, steps=steps)
         self._pending = []
         self._cycles.append(cycle)
+        self._written_cycles = len(self._cycles)
         if self._switched_off:
             self._switched_off = False
             self._notes.append(
@@ -655,10 +636,10 @@ class CaptureSession:
 
         try:
             if self.config.tb_names:
-                name = files.tb_name(self._worker, gz=gz)
+                name = files.tb_name(files.tb_worker(), gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
-            files.write_with(self.dir / name, export, gz=gz, staging=self._stage())
+            files.write_with(self.dir / name, export, gz=gz, beside=True)
             cycle.kineto = name
         except Exception as exc:  # noqa: BLE001 - torch's export failed: noted, the capture goes on
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
@@ -689,7 +670,7 @@ class CaptureSession:
             self.dir / name,
             lambda path: timeline.export_memory_timeline_raw(path, device),
             gz=self.config.gzip,
-            staging=self._stage(),
+            beside=True,
         )
         return name
 
@@ -777,7 +758,7 @@ class CaptureSession:
         manifest = self._base_manifest(status)
         manifest.update(
             {
-                "steps": [asdict(s) for c in self._cycles for s in c.steps],
+                "steps": [dict(vars(s)) for c in self._cycles for s in c.steps],  # asdict deep-copies
                 "steps_recorded": sum(len(c.steps) for c in self._cycles),
                 "iterations": self._iterations,
                 "loop_timing": self._clock.as_manifest(self._gpu_ms()),
@@ -835,7 +816,8 @@ class CaptureSession:
         if self._directory is not None and self.world_size > 1:  # a job's shared directory
             distributed.write_part(self.dir, self.rank, data)
         else:
-            layout.write_manifest(self.dir, data)
+            # the final manifest replaces the running one
+            layout.write_manifest(self.dir, data, memo=self._manifest_lines, replacing=manifest is not None)
 
 
 def start_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> None:
@@ -928,8 +910,11 @@ def cfg_cuda(config: CaptureConfig) -> bool:
 def cell_numbers(cells: Mapping[str, int], most: int = MAX_CELLS) -> dict[str, int]:
     """The last ``most`` entries of a shell's map of cell files to execution counts (IPython's
     ``CachingCompiler._filename_map``), those whose count is a number."""
-    items = [(str(name), int(number)) for name, number in list(cells.items())[-most:] if isinstance(number, int)]
-    return dict(items)
+    size = len(cells)
+    picked = dict(cells) if size <= most else dict(itertools.islice(cells.items(), size - most, None))
+    if set(map(type, picked)) <= {str} and set(map(type, picked.values())) <= {int}:
+        return picked  # IPython's map, as it is (checked in C, not entry by entry)
+    return {str(name): int(number) for name, number in picked.items() if isinstance(number, int)}
 
 
 def _error_entry(error: BaseException | None) -> dict[str, Any] | None:

@@ -41,19 +41,23 @@ class LoopClock:
         self.recorded: list[list[int]] = []  # [iteration, ProfilerStep number]
         self.catches: list[SlowCatch] = []
         self.stopped_after: int | None = None
+        self._count = 0  # len(self.wall_ns)
         self._window: deque[int] = deque()
         self._sorted: list[int] = []
 
     def add(self, wall_ns: int, phase: str) -> float | None:
         """Record one iteration; with ``slow``, its ratio to the running median when it
         is slower than ``slow`` × that median (else None)."""
-        i = len(self.wall_ns)
-        self.wall_ns.append(wall_ns)
+        # no call on this path (``+=``, a count kept): inside a recording window, each call
+        # is an event in the user's trace (torch's Python tracer records C calls too)
+        i = self._count
+        self._count = i + 1
+        self.wall_ns += (wall_ns,)
         runs = self.phases
         if runs and runs[-1][0] == phase:
             runs[-1][2] += 1
         else:
-            runs.append([phase, i, 1])
+            runs += ([phase, i, 1],)
         if self.slow is None or phase in PROFILED or i < SLOW_WARMUP:
             return None
         ratio = None

@@ -1,73 +1,19 @@
-/* Nesting of CPU events in one pass: each event's parent and depth (a stack per thread),
- * and each event's innermost enclosing event of a kind (memoized climbs up the parents).
+/* Nesting of CPU events in one pass: each event's parent, depth and self time (rows bucketed
+ * by thread, sorted, then a stack per thread), and each event's innermost enclosing event of
+ * a kind (memoized climbs up the parents).
  *
- * Why: structure.previous_enclosing and structure.propagate answer the same questions
- * with numpy (binary lifting over ~18 full passes; one pass per nesting level), which was
- * the largest part of preparing a large trace and of attributing it to layers; these are
- * O(n). structure uses them where built and its numpy code otherwise (tests/test_scan.py
- * compares the two on every shared trace).
+ * Why: structure.nest_sorted and structure.propagate answer the same questions with numpy
+ * (binary lifting over ~18 full passes; one pass per nesting level), which was the largest
+ * part of preparing a large trace and of attributing it to layers; these are O(n) (the sort
+ * O(n log n), close to linear on a trace's nearly sorted rows). structure uses them where
+ * built and its numpy code otherwise (tests/test_scan.py and tests/test_nesting.py compare
+ * the two).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-PyDoc_STRVAR(nest_sorted_doc,
-             "nest_sorted(group, start, end, tolerance, margin, parent, depth)\n\n"
-             "For rows sorted by (group, start, -end) (int64, float64 and float64 buffers), fill\n"
-             "parent (int64: the nearest earlier row of the same group that encloses this one, else\n"
-             "-1) and depth (int32: its parent's + 1). A row encloses a later one that starts with it,\n"
-             "or that ends at most tolerance after it ends and starts at least margin before it ends.");
-
-static PyObject *nest_sorted(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer group, start, end, parent, depth;
-    double tolerance, margin;
-    if (!PyArg_ParseTuple(args, "y*y*y*ddw*w*", &group, &start, &end, &tolerance, &margin, &parent, &depth)) return NULL;
-    Py_ssize_t n = group.len / (Py_ssize_t)sizeof(int64_t);
-    PyObject *result = NULL;
-    int64_t *stack = NULL;
-    if (start.len != n * (Py_ssize_t)sizeof(double) || end.len != n * (Py_ssize_t)sizeof(double) ||
-        parent.len != n * (Py_ssize_t)sizeof(int64_t) || depth.len != n * (Py_ssize_t)sizeof(int32_t)) {
-        PyErr_SetString(PyExc_ValueError, "nest_sorted: buffers of different lengths");
-        goto done;
-    }
-    stack = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    if (stack == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const int64_t *g = group.buf;
-    const double *s = start.buf;
-    const double *e = end.buf;
-    int64_t *up = parent.buf;
-    int32_t *level = depth.buf;
-    Py_ssize_t top = 0; /* stack size */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int same_thread = i > 0 && g[i] == g[i - 1];
-        if (!same_thread) top = 0; /* a new thread */
-        /* a row starting with the one before it nests in it (on top of the stack); else a
-         * row that ends too early, or before this one starts, cannot enclose it nor
-         * anything after it */
-        if (!(same_thread && s[i] == s[i - 1])) {
-            double target = e[i] - tolerance;
-            if (s[i] + margin > target) target = s[i] + margin;
-            while (top > 0 && !(e[stack[top - 1]] >= target)) top--;
-        }
-        up[i] = top > 0 ? stack[top - 1] : -1;
-        level[i] = top > 0 ? level[stack[top - 1]] + 1 : 0;
-        stack[top++] = i;
-    }
-    result = Py_NewRef(Py_None);
-done:
-    free(stack);
-    PyBuffer_Release(&group);
-    PyBuffer_Release(&start);
-    PyBuffer_Release(&end);
-    PyBuffer_Release(&parent);
-    PyBuffer_Release(&depth);
-    return result;
-}
 
 PyDoc_STRVAR(propagate_doc,
              "propagate(parent, is_anchor, out)\n\n"
@@ -176,47 +122,158 @@ static void sort_rows(int64_t *rows, int64_t *tmp, Py_ssize_t *bounds, Py_ssize_
     if (src != rows) memcpy(rows, src, sizeof(int64_t) * (size_t)n);
 }
 
-#define NEST_MAX_THREADS 256
+/* The distinct thread keys met so far and each one's rows: a hash table that grows (no
+ * limit on the number of threads but memory). */
+typedef struct {
+    int64_t *keys;          /* the distinct keys, in order of discovery */
+    Py_ssize_t *rows;       /* the number of rows of each */
+    Py_ssize_t *slots;      /* open addressing: 1 + an index into keys, 0 where free */
+    Py_ssize_t count, room; /* keys held and room for them; slots has 2 * room entries */
+} KeySet;
 
-/* The set rows (on, n) by key, ascending, each key's in table order, into ordered; per: the
- * first position of each key's rows (distinct + 1 entries); bucket: n scratch. Returns the
- * number of distinct keys, or -1 where there are more than NEST_MAX_THREADS. */
-static int bucket_rows(const uint8_t *on, const int64_t *key, Py_ssize_t n, int64_t *ordered, Py_ssize_t *per,
-                       uint8_t *bucket) {
-    int64_t seen[NEST_MAX_THREADS]; /* the distinct keys, in order of discovery */
-    int distinct = 0, last = -1;
+static int keyset_init(KeySet *set) {
+    set->count = 0;
+    set->room = 64;
+    set->keys = malloc(sizeof(int64_t) * (size_t)set->room);
+    set->rows = malloc(sizeof(Py_ssize_t) * (size_t)set->room);
+    set->slots = calloc((size_t)set->room * 2, sizeof(Py_ssize_t));
+    return set->keys != NULL && set->rows != NULL && set->slots != NULL ? 0 : -1;
+}
+
+static void keyset_free(KeySet *set) {
+    free(set->keys);
+    free(set->rows);
+    free(set->slots);
+}
+
+/* The slot holding key, or the free one where it goes (slots are at most half full). */
+static Py_ssize_t *keyset_slot(const KeySet *set, int64_t key) {
+    size_t mask = (size_t)set->room * 2 - 1;
+    uint64_t h = (uint64_t)key; /* splitmix64's finalizer: keys differ in few bits */
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9u;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebu;
+    size_t at = (size_t)(h ^ (h >> 31)) & mask;
+    while (set->slots[at] != 0 && set->keys[set->slots[at] - 1] != key) at = (at + 1) & mask;
+    return &set->slots[at];
+}
+
+/* Twice the room; -1 where it cannot be had (what the set holds is unchanged then). */
+static int keyset_grow(KeySet *set) {
+    if (set->room > PY_SSIZE_T_MAX / 4 / (Py_ssize_t)sizeof(int64_t)) return -1;
+    Py_ssize_t room = set->room * 2;
+    int64_t *keys = realloc(set->keys, sizeof(int64_t) * (size_t)room);
+    if (keys == NULL) return -1;
+    set->keys = keys;
+    Py_ssize_t *rows = realloc(set->rows, sizeof(Py_ssize_t) * (size_t)room);
+    if (rows == NULL) return -1;
+    set->rows = rows;
+    Py_ssize_t *slots = calloc((size_t)room * 2, sizeof(Py_ssize_t));
+    if (slots == NULL) return -1;
+    free(set->slots);
+    set->slots = slots;
+    set->room = room;
+    for (Py_ssize_t k = 0; k < set->count; k++) *keyset_slot(set, keys[k]) = k + 1;
+    return 0;
+}
+
+/* The index of key in the set, added (with no rows) where new; -1 out of memory. */
+static Py_ssize_t keyset_index(KeySet *set, int64_t key) {
+    Py_ssize_t *slot = keyset_slot(set, key);
+    if (*slot != 0) return *slot - 1;
+    if (set->count == set->room) {
+        if (keyset_grow(set) < 0) return -1;
+        slot = keyset_slot(set, key);
+    }
+    set->keys[set->count] = key;
+    set->rows[set->count] = 0;
+    *slot = ++set->count;
+    return set->count - 1;
+}
+
+/* The keys of the set rows (on, n) and how many rows each has; rows of one thread mostly
+ * follow each other, or alternate with another's, so the table is asked only where the key
+ * is neither of the last two. 0, or -1 out of memory. */
+static int count_keys(const uint8_t *on, const int64_t *key, Py_ssize_t n, KeySet *set) {
+    Py_ssize_t last = -1, other = -1;
     for (Py_ssize_t r = 0; r < n; r++) {
         if (!on[r]) continue;
-        if (last < 0 || seen[last] != key[r]) {
-            last = -1;
-            for (int k = 0; k < distinct && last < 0; k++)
-                if (seen[k] == key[r]) last = k;
-            if (last < 0) {
-                if (distinct == NEST_MAX_THREADS) return -1;
-                seen[distinct] = key[r];
-                last = distinct++;
-            }
+        if (last < 0 || set->keys[last] != key[r]) {
+            Py_ssize_t k = other >= 0 && set->keys[other] == key[r] ? other : keyset_index(set, key[r]);
+            if (k < 0) return -1;
+            other = last;
+            last = k;
         }
-        bucket[r] = (uint8_t)last;
+        set->rows[last]++;
     }
-    int rank[NEST_MAX_THREADS]; /* of each discovered key among the sorted keys */
-    Py_ssize_t fill[NEST_MAX_THREADS];
-    for (int k = 0; k < distinct; k++) {
-        rank[k] = 0;
-        for (int j = 0; j < distinct; j++) rank[k] += seen[j] < seen[k];
+    return 0;
+}
+
+static int cmp_int64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* per (count + 1 entries): where each key's rows start with the keys in ascending order,
+ * then the end; fill (count): the same by order of discovery. 0 or -1 out of memory. */
+static int place_keys(const KeySet *set, Py_ssize_t *per, Py_ssize_t *fill) {
+    Py_ssize_t count = set->count;
+    int64_t *sorted = malloc(sizeof(int64_t) * (size_t)(count ? count : 1));
+    if (sorted == NULL) return -1;
+    if (count > 0) memcpy(sorted, set->keys, sizeof(int64_t) * (size_t)count);
+    qsort(sorted, (size_t)count, sizeof(int64_t), cmp_int64);
+    for (Py_ssize_t k = 0; k < count; k++) { /* the rank of keys[k]: fill[k], for now */
+        Py_ssize_t lo = 0, hi = count;
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (sorted[mid] < set->keys[k])
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        fill[k] = lo;
+        per[lo + 1] = set->rows[k];
     }
-    for (int k = 0; k <= distinct; k++) per[k] = 0;
-    for (Py_ssize_t r = 0; r < n; r++)
-        if (on[r]) per[rank[bucket[r]] + 1]++;
-    for (int k = 0; k < distinct; k++) per[k + 1] += per[k];
-    for (int k = 0; k < distinct; k++) fill[k] = per[k];
-    for (Py_ssize_t r = 0; r < n; r++)
-        if (on[r]) ordered[fill[rank[bucket[r]]]++] = r;
+    free(sorted);
+    per[0] = 0;
+    for (Py_ssize_t k = 0; k < count; k++) per[k + 1] += per[k];
+    for (Py_ssize_t k = 0; k < count; k++) fill[k] = per[fill[k]];
+    return 0;
+}
+
+/* The set rows (on, n) by key, ascending, each key's in table order, into ordered; *per:
+ * the first position of each key's rows (distinct + 1 entries; the caller frees it).
+ * Returns the number of distinct keys, or -1 out of memory. */
+static Py_ssize_t bucket_rows(const uint8_t *on, const int64_t *key, Py_ssize_t n, int64_t *ordered,
+                              Py_ssize_t **per_out) {
+    KeySet set;
+    Py_ssize_t distinct = -1, *fill = NULL, *per = NULL;
+    if (keyset_init(&set) < 0 || count_keys(on, key, n, &set) < 0) goto done;
+    fill = malloc(sizeof(Py_ssize_t) * (size_t)(set.count ? set.count : 1));
+    per = malloc(sizeof(Py_ssize_t) * ((size_t)set.count + 1));
+    if (fill == NULL || per == NULL || place_keys(&set, per, fill) < 0) goto done;
+    for (Py_ssize_t r = 0, last = -1, other = -1; r < n; r++) {
+        if (!on[r]) continue;
+        if (last < 0 || set.keys[last] != key[r]) { /* (as count_keys; every key is in the set now) */
+            Py_ssize_t k = other >= 0 && set.keys[other] == key[r] ? other : *keyset_slot(&set, key[r]) - 1;
+            other = last;
+            last = k;
+        }
+        ordered[fill[last]++] = r;
+    }
+    *per_out = per;
+    per = NULL;
+    distinct = set.count;
+done:
+    keyset_free(&set);
+    free(fill);
+    free(per);
     return distinct;
 }
 
-/* nest_sorted's walk over the m rows of ordered (sorted by key, start, longest first):
- * parent and depth by row, and each position's children's durations summed in child (m,
+/* The walk over the m rows of ordered (sorted by key, start, longest first): each row's
+ * parent, the nearest earlier row of its thread that encloses it (one that starts with it,
+ * or ends at most tolerance after it ends and at least margin after it starts; else -1),
+ * and depth by row, and each position's children's durations summed in child (m,
  * zeroed) in that order; start and stack: m and m scratch. */
 static void walk_rows(const int64_t *ordered, Py_ssize_t m, const int64_t *key, const double *ts, const double *dur,
                       double t0, double tolerance, double margin, int64_t *up, int32_t *level, double *child,
@@ -247,29 +304,28 @@ static void walk_rows(const int64_t *ordered, Py_ssize_t m, const int64_t *key, 
 }
 
 PyDoc_STRVAR(nest_rows_doc,
-             "nest_rows(mask, keys, ts, dur, t0, tolerance, margin, ordered, parent, depth, self_dur) -> bool\n\n"
+             "nest_rows(mask, keys, ts, dur, t0, tolerance, margin, ordered, parent, depth, self_dur)\n\n"
              "structure.nest in one call: the rows where mask (uint8, n) is set, sorted by (keys,\n"
              "ts, -dur) as numpy's stable lexsort does (NaN last), into ordered (int64, one per set\n"
-             "row); for those rows parent (int64, a row number), depth (int32) and self_dur (float64:\n"
-             "dur less the children's durations summed in that order, at least 0) as nest_sorted\n"
-             "and numpy give them, from starts ts - t0; -1, -1 and dur elsewhere. False (nothing\n"
-             "written) where the rows have more than 256 distinct keys: the caller sorts with numpy.");
+             "row); for those rows parent (int64, a row number: the nearest earlier row of the same\n"
+             "key that encloses it, as structure.previous_enclosing says), depth (int32) and self_dur\n"
+             "(float64: dur less the children's durations summed in that order, at least +0.0, NaN\n"
+             "kept, as np.maximum gives it), from starts ts - t0; -1, -1 and dur elsewhere. Any number\n"
+             "of distinct keys.");
 
-/* nest_rows on checked buffers: 1 done, 0 too many keys, -1 out of memory. */
+/* nest_rows on checked buffers: 0 done, -1 out of memory. */
 static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double *ts, const double *dur, double t0,
                              double tolerance, double margin, Py_ssize_t n, int64_t *ordered, Py_ssize_t m,
                              int64_t *up, int32_t *level, double *self_dur) {
-    Py_ssize_t per[NEST_MAX_THREADS + 1];
     int status = -1;
-    uint8_t *bucket = malloc(n > 0 ? (size_t)n : 1);
+    Py_ssize_t *per = NULL;
     int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
     int64_t *stack = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* also the sort's run bounds */
     double *child = calloc((size_t)(m ? m : 1), sizeof(double));
-    if (bucket == NULL || tmp == NULL || stack == NULL || child == NULL) goto done;
-    int distinct = bucket_rows(on, key, n, ordered, per, bucket);
-    status = 0;
+    if (tmp == NULL || stack == NULL || child == NULL) goto done;
+    Py_ssize_t distinct = bucket_rows(on, key, n, ordered, &per);
     if (distinct < 0) goto done;
-    for (int k = 0; k < distinct; k++) /* each thread's rows by (start, longest first) */
+    for (Py_ssize_t k = 0; k < distinct; k++) /* each thread's rows by (start, longest first) */
         sort_rows(ordered + per[k], tmp, (Py_ssize_t *)stack, per[k + 1] - per[k], ts, dur);
     for (Py_ssize_t r = 0; r < n; r++) {
         up[r] = -1;
@@ -279,11 +335,12 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
     walk_rows(ordered, m, key, ts, dur, t0, tolerance, margin, up, level, child, (double *)tmp, stack);
     for (Py_ssize_t i = 0; i < m; i++) {
         double own = dur[ordered[i]] - child[i];
-        self_dur[ordered[i]] = own < 0.0 ? 0.0 : own;
+        /* np.maximum(own, 0.0), branch-free: NaN kept, and -0.0 + 0.0 is +0.0 */
+        self_dur[ordered[i]] = (own < 0.0 ? 0.0 : own) + 0.0;
     }
-    status = 1;
+    status = 0;
 done:
-    free(bucket);
+    free(per);
     free(tmp);
     free(stack);
     free(child);
@@ -307,12 +364,11 @@ static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         ordb.len != m * (Py_ssize_t)sizeof(int64_t) || count != m) {
         PyErr_SetString(PyExc_ValueError, "nest_rows: buffers of different lengths");
     } else {
-        int status = nest_rows_checked(mask.buf, keys.buf, tsb.buf, durb.buf, t0, tolerance, margin, n, ordb.buf, m,
-                                       parb.buf, depb.buf, selfb.buf);
-        if (status < 0)
+        if (nest_rows_checked(mask.buf, keys.buf, tsb.buf, durb.buf, t0, tolerance, margin, n, ordb.buf, m, parb.buf,
+                              depb.buf, selfb.buf) < 0)
             PyErr_NoMemory();
         else
-            result = Py_NewRef(status ? Py_True : Py_False);
+            result = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&mask);
     PyBuffer_Release(&keys);
@@ -326,7 +382,6 @@ static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"nest_sorted", nest_sorted, METH_VARARGS, nest_sorted_doc},
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
     {NULL, NULL, 0, NULL},

@@ -88,20 +88,8 @@ def previous_enclosing(group: np.ndarray, start: np.ndarray, end: np.ndarray) ->
 
 def nest_sorted(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For rows sorted by (group, start, -end): each row's parent (``previous_enclosing``)
-    and depth (0 at the top); in one pass in C where built, else with numpy."""
-    if _nesting is not None:
-        parent = np.empty(end.size, dtype=np.int64)
-        depth = np.empty(end.size, dtype=np.int32)
-        _nesting.nest_sorted(
-            np.ascontiguousarray(group, dtype=np.int64),
-            np.ascontiguousarray(start, dtype=np.float64),
-            np.ascontiguousarray(end, dtype=np.float64),
-            NEST_TOLERANCE_US,
-            NEST_START_MARGIN_US,
-            parent,
-            depth,
-        )
-        return parent, depth
+    and depth (0 at the top), with numpy: ``nest``'s path where the C extension is not
+    built (``_nesting.nest_rows`` does the same walk in one pass)."""
     parent = previous_enclosing(group, start, end)
     depth = np.zeros(end.size, dtype=np.int32)
     while True:  # one round per nesting level; parents precede children, so it ends
@@ -175,30 +163,38 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     ``cpu_by_thread`` order it walked.
 
     Events nest per (pid, tid); GPU events and instants get parent -1, depth -1 and
-    self time equal to their duration.
+    self time equal to their duration. Sorting, nesting and self time are one C call
+    (``_nesting.nest_rows``) where the extension is built, else numpy (the same values).
     """
+    if _nesting is None:
+        return _nest_with_numpy(events, t0)
+    n = len(events)
+    mask = timed_mask(events, CPU_KINDS)
+    parent = np.empty(n, dtype=np.int64)
+    depth = np.empty(n, dtype=np.int32)
+    self_dur = np.empty(n, dtype=np.float64)
+    ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
+    _nesting.nest_rows(
+        mask.view(np.uint8),
+        thread_keys(events),
+        np.ascontiguousarray(events["ts"].to_numpy(), dtype=np.float64),
+        np.ascontiguousarray(events["dur"].to_numpy(), dtype=np.float64),
+        t0,
+        NEST_TOLERANCE_US,
+        NEST_START_MARGIN_US,
+        ordered,
+        parent,
+        depth,
+        self_dur,
+    )
+    return parent, depth, self_dur, ordered
+
+
+def _nest_with_numpy(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``nest`` without the C extension: numpy's sort by thread, ``nest_sorted``'s walk,
+    then the children's durations summed per parent (in the walk's order, as C sums them)."""
     n = len(events)
     dur = events["dur"].to_numpy()
-    if _nesting is not None:  # sort, nest and self time in one call (few threads: all traces)
-        mask = timed_mask(events, CPU_KINDS)
-        parent = np.empty(n, dtype=np.int64)
-        depth = np.empty(n, dtype=np.int32)
-        self_dur = np.empty(n, dtype=np.float64)
-        ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
-        if _nesting.nest_rows(
-            mask.view(np.uint8),
-            thread_keys(events),
-            np.ascontiguousarray(events["ts"].to_numpy(), dtype=np.float64),
-            np.ascontiguousarray(dur, dtype=np.float64),
-            t0,
-            NEST_TOLERANCE_US,
-            NEST_START_MARGIN_US,
-            ordered,
-            parent,
-            depth,
-            self_dur,
-        ):
-            return parent, depth, self_dur, ordered
     parent = np.full(n, -1, dtype=np.int64)
     depth = np.full(n, -1, dtype=np.int32)
     self_dur = dur.copy()
