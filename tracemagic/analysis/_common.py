@@ -274,22 +274,6 @@ def codes_of(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return codes, np.append(np.asarray(categories, dtype=object), [np.nan])
 
 
-def group_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows grouped by equal values in all ``columns`` (numbers: codes, ids, floats): each
-    row's group, numbered in order of first appearance (as ``pd.factorize`` of the row
-    tuples), and the first row of each group. Column by column on integers, never
-    building a tuple per row."""
-    size = len(columns[0]) if columns else 0
-    group = np.zeros(size, dtype=np.int64)
-    for column in columns:
-        codes, uniques = pd.factorize(column, use_na_sentinel=False)
-        group, _ = pd.factorize(group * (len(uniques) + 1) + codes)  # < rows² after each step: no overflow
-    count = int(group.max()) + 1 if size else 0
-    first = np.full(count, size, dtype=np.int64)
-    np.minimum.at(first, group, np.arange(size))
-    return group, first
-
-
 def among(values: np.ndarray, wanted: Collection[str]) -> np.ndarray:
     """Mask of ``values`` (few: the values of ``codes_of``) that are one of ``wanted``;
     index it by the codes for a mask per row."""
@@ -519,31 +503,33 @@ def text_take(labels: np.ndarray, at: np.ndarray) -> pd.api.extensions.Extension
     return pd.array(taken, dtype="str")
 
 
-def key_groups(*columns: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Rows grouped by equal values in all ``columns``, as ``groupby(columns, sort=False,
-    dropna=False, observed=True)`` groups them: each row's group (int64), numbered in order
-    of first appearance, and the first row of each group.
+def group_rows(*columns: np.ndarray | pd.Series | pd.Categorical) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by equal values in all ``columns``, as ``pd.factorize`` of the row tuples
+    and ``groupby(columns, sort=False, dropna=False, observed=True)`` group them: each row's
+    group (int64), numbered in order of first appearance, and the first row of each group.
 
-    ``group_rows`` for columns of any dtype, cheaper where they are categoricals: their codes
-    (missing: one more code) are combined as digits of one int64 key without factorizing
-    each, and the key is factorized only where its next digit could overflow; missing values
-    form one group per column. Group on the result with pandas' own aggregations (one int
-    key: a cheap grouper, the same summation order within each group)."""
+    Column by column, never building a tuple per row: a categorical's codes are used as they
+    are (missing: one more code), any other column is factorized (a missing value is one
+    value); the codes are combined as the digits of one int64 key, renumbered only where the
+    next digit could overflow. Group a table on the result with pandas' own aggregations:
+    one int key is a cheap grouper (five categorical keys cost more than the sums), and
+    the sums keep pandas' order within each group."""
     size = len(columns[0]) if columns else 0
     key = np.zeros(size, dtype=np.int64)
     span = 1  # every key value is below it
     for column in columns:
-        if isinstance(column.dtype, pd.CategoricalDtype):
-            codes = column.cat.codes.to_numpy().astype(np.int64) + 1  # -1, missing, becomes 0
-            base = len(column.cat.categories) + 1
+        values = column.array if isinstance(column, pd.Series) else column
+        if isinstance(values, pd.Categorical):
+            codes = values.codes.astype(np.int64) + 1  # -1, missing, becomes 0
+            base = len(values.categories) + 1
         else:
-            codes, uniques = pd.factorize(column, use_na_sentinel=False)
+            codes, uniques = pd.factorize(values, use_na_sentinel=False)
             codes, base = codes.astype(np.int64, copy=False), max(len(uniques), 1)
         if span > _INT64_MAX // base:
             key, span = _factorized(key)
             if span > _INT64_MAX // base:  # more categories than rows
                 codes, base = _factorized(codes)
-        key = key * base + codes  # fits: else both were renumbered below the row count (< 3e9)
+        key = key * base + codes  # fits: else both were renumbered below the row count
         span *= base
     group, _ = pd.factorize(key)
     group = group.astype(np.int64, copy=False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import enclosing_at, flow_thread_keys, in_scope, key_groups, layers_at, names_where
+from tracemagic.analysis._common import enclosing_at, flow_thread_keys, group_rows, in_scope, layers_at, names_where
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask, per_category
 from tracemagic.trace.shared_keys import Shared
@@ -191,7 +191,7 @@ def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> np.n
     at = enclosing_at(trace, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), is_op)
     # a flow is its (rank, id); the first start and the first end of each, paired in the
     # order of the ends (an inner merge of the two de-duplicated, without building frames)
-    flow, first = key_groups(fwdbwd["rank"], fwdbwd["id"])
+    flow, first = group_rows(fwdbwd["rank"], fwdbwd["id"])
     none = len(flow)
     start = np.full(len(first), none, dtype=np.int64)
     starts = np.flatnonzero((fwdbwd["ph"] == "s").to_numpy())

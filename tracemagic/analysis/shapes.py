@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import among, call_chains, codes_of, group_rows, key_groups, rollup, text, values_at
+from tracemagic.analysis._common import among, call_chains, codes_of, group_rows, rollup, text, values_at
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
@@ -375,7 +375,7 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
     # (a grouper of 5 categoricals cost more than the sums): the groups are numbered in
     # order of first appearance, so pandas' sorted groups come in that order
     key_columns = {key: events[key].iloc[tops] for key in keys}
-    group, first = key_groups(*key_columns.values())
+    group, first = group_rows(*key_columns.values())
     by = chains.groupby(group)
     calls = by.size()
     total = by["dur"].sum()
