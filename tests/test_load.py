@@ -289,6 +289,34 @@ def test_per_category_gives_each_row_its_categorys_answer() -> None:
             assert normalize.per_category(answers, codes, missing).tolist() == expected
 
 
+def test_notes_of_values_left_missing_do_not_depend_on_where_the_file_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values that are no numbers where a number belongs are left missing with one note per
+    field. A chunk counts its fields in column order, the file in the order its chunks met
+    them: the notes must come in one order however the file was cut (a fuzzed mutant gave
+    the two in the other order on two threads than on one)."""
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0, "args": {"Device Id": "gpu"}},
+        *(
+            {"ph": "X", "cat": "cpu_op", "name": "pad", "pid": 1, "tid": 1, "ts": 3.0 + i, "dur": 0.5, "args": {}}
+            for i in range(20)
+        ),
+        {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": 30.0, "dur": 1.0, "args": {"External id": "x"}},
+    ]
+    path = write_trace(tmp_path / "odd.json", events)
+    seen = []
+    scanner = parse._scan
+    for chunk in (1 << 20, 512):  # both odd events in one chunk, then each in a chunk of its own
+        for scan in (scanner, None):  # the C scanner's path and the pure Python one
+            monkeypatch.setattr(parse, "CHUNK_BYTES", chunk)
+            monkeypatch.setattr(parse, "_scan", scan)
+            warnings = tracemagic.load(path, use_cache=False, workers=1).meta["warnings"]
+            seen.append([w for w in warnings if "left missing" in w])
+    assert all(len(notes) == 2 for notes in seen), seen
+    assert all(notes == seen[0] for notes in seen), seen
+
+
 def test_ns_resolution_trace_is_in_microseconds() -> None:
     """``displayTimeUnit: ns`` is a display hint: the ts values are float µs (~1.7e15 since
     the epoch) at ns resolution, and durations are µs. Nothing is divided by 1000."""

@@ -425,7 +425,9 @@ class _Builder:
             }
         )
         warnings = list(dict.fromkeys(warnings))  # a chunk decoded twice notes its repairs twice
-        for (where, floating), count in self.dropped.items():
+        # by field, not in the order the chunks met them: that order depends on where the
+        # file was cut into chunks and stretches (a chunk counts its fields in column order)
+        for (where, floating), count in sorted(self.dropped.items()):
             kind = "float64" if floating else "int64"
             warnings.append(f"{count} values of {where} are not numbers that fit {kind}; left missing")
         processes: dict[str, str] = {}
