@@ -226,55 +226,6 @@ def test_new_memory_events_with_totals() -> None:
     assert memory["device"].tolist() == [e["args"]["Device Id"] for e in raw]
 
 
-def _arrays_of(column: pd.Series) -> list[np.ndarray]:
-    """The numpy arrays holding a column's data (a masked column's values and mask)."""
-    values = column.array
-    if isinstance(values, pd.Categorical):
-        return [values.codes]
-    if isinstance(values, pd.arrays.IntegerArray | pd.arrays.FloatingArray):
-        return [values._data, values._mask]  # (pandas' masked arrays keep both as numpy arrays)
-    return [column.to_numpy()]
-
-
-def _allocation(array: np.ndarray) -> np.ndarray:
-    """The array at the end of ``array``'s chain of bases: the memory it is a view of."""
-    while isinstance(array.base, np.ndarray):
-        array = array.base
-    return array
-
-
-@pytest.mark.parametrize(
-    ("name", "plain"),
-    [
-        # GPU events and memory events: device, stream and bytes rewritten by the loader
-        ("tracelens_normalization_layer_test.json.gz", False),
-        # memory events; the plain file (35 MB) is parsed on two threads
-        ("kineto_worker0.1623143089861.pt.trace.json.gz", True),
-    ],
-)
-def test_the_block_of_event_columns_holds_only_columns_the_table_keeps(name: str, plain: bool, tmp_path: Path) -> None:
-    """The parse writes the event columns into one block of memory (one allocation, faulted
-    in as huge pages): a column the loader then drops or replaces would keep its share of
-    it for the trace's lifetime. Every byte of the block but the alignment between arrays
-    belongs to a column of the loaded events table."""
-    path = trace_path(name)
-    if plain:
-        path = tmp_path / name.removesuffix(".gz")
-        path.write_bytes(gzip.decompress(trace_path(name).read_bytes()))
-    events = tracemagic.load(path, use_cache=False, workers=2).events
-    held: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
-    for column in events.columns:
-        for array in _arrays_of(events[column]):
-            root = _allocation(array)
-            held.setdefault(id(root), (root, []))[1].append(array)
-    blocks = [(root, arrays) for root, arrays in held.values() if len(arrays) > 2]
-    assert len(blocks) == 1, [len(arrays) for _, arrays in held.values()]
-    block, arrays = blocks[0]
-    assert len(arrays) > 20  # the codes of the text columns, ts and dur, the number columns
-    used = sum(array.nbytes for array in arrays)
-    assert used <= block.nbytes <= used + 64 * (len(arrays) + 1)
-
-
 def test_per_category_gives_each_row_its_categorys_answer() -> None:
     """``normalize.per_category`` compares the codes with the categories where few answer
     True (or few False): each row still gets its category's answer, ``missing`` for code -1,

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, code_dtype, packed
+from tracemagic.trace.columns import all_missing, code_dtype
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -38,12 +38,6 @@ from tracemagic.trace.structs import (
 )
 
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
-
-#: the number columns ``loader._prepare`` drops (``mem_bytes`` and ``device_id``, which it
-#: alone reads) or replaces (the memory events' ``bytes``; ``device`` and ``stream``, see
-#: ``normalize.device_and_stream``): made apart from the block of the other columns
-#: (``_Builder._column_block``), which lives as long as any of them
-REWRITTEN = ("mem_bytes", "device_id", "bytes", "device", "stream")
 
 
 @dataclass
@@ -398,19 +392,16 @@ class _Builder:
                 self.threads[(str(event.pid), str(event.tid))] = str(value)
 
     def finish(self, meta: dict[str, Any], warnings: list[str]) -> ParsedTrace:
-        block = self._column_block()
         frame: dict[str, Any] = {}
         for column in ("ph", "cat", "name", "pid", "tid"):
-            frame[column] = self._categorical(column, block["codes", column])
+            frame[column] = self._categorical(column)
         for column in ("ts", "dur"):
             parts = self.floats[column]
-            frame[column] = np.concatenate(parts, out=block["floats", column]) if parts else np.zeros(0)
+            frame[column] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
         for column, _, floating in _ARG_COLUMNS:
-            frame[column] = _masked(
-                self.numbers[column], self.n, floating, block.get(("values", column)), block.get(("mask", column))
-            )
+            frame[column] = _masked(self.numbers[column], self.n, floating)
         for column in _ARG_STRINGS + _ARG_RAW:
-            frame[column] = self._categorical(column, block["codes", column])
+            frame[column] = self._categorical(column)
         table = pd.DataFrame(frame, copy=False)
 
         fp = self.flow_parts
@@ -435,61 +426,35 @@ class _Builder:
             processes[pid] = f"{processes.get(pid, '')} {text}".strip() if label else text
         return ParsedTrace(table, flows, normalize.metadata(meta), processes, self.threads, warnings)
 
-    def _column_block(self) -> dict[tuple[str, str], np.ndarray]:
-        """The arrays the event columns are written into, made as one block
-        (``columns.packed``: ~8,000 page faults and ~7 ms less of a 100 MB trace's load),
-        keyed by (part, column): each text column's ``codes``, ``ts`` and ``dur``
-        (``floats``), and each number column's ``values`` and ``mask`` where some chunk has
-        one, but for ``REWRITTEN``, made apart so that their memory goes with them."""
-        specs: dict[tuple[str, str], tuple[int, type]] = {}
-        for column in ("ph", "cat", "name", "pid", "tid"):
-            specs["codes", column] = (self.n, code_dtype(len(self.cats[column].labels)))
-        for column in ("ts", "dur"):
-            specs["floats", column] = (self.n, np.float64)
-        for column, _, floating in _ARG_COLUMNS:
-            if column not in REWRITTEN and any(p is not None for _, p in self.numbers[column]):
-                specs["values", column] = (self.n, np.float64 if floating else np.int64)
-                specs["mask", column] = (self.n, np.bool_)
-        for column in _ARG_STRINGS + _ARG_RAW:
-            specs["codes", column] = (self.n, code_dtype(len(self.cats[column].labels)))
-        return dict(zip(specs, packed(list(specs.values()))))
-
-    def _categorical(self, column: str, out: np.ndarray) -> pd.Categorical:
-        return self._in_file_order(column, self.cats[column], self.codes[column], out)
+    def _categorical(self, column: str) -> pd.Categorical:
+        return self._in_file_order(column, self.cats[column], self.codes[column])
 
     def _flow_categorical(self, column: str) -> pd.Categorical:
         return self._in_file_order(f"flow {column}", self.flow_cats[column], self.flow_parts[column])
 
-    def _in_file_order(
-        self, column: str, interner: _Interner, parts: list[np.ndarray], out: np.ndarray | None = None
-    ) -> pd.Categorical:
-        """The column (its chunks' codes joined, into ``out`` where given) as a categorical
-        whose categories are in the order the file first has them, as a one-thread parse
-        makes them, however the threads met them."""
+    def _in_file_order(self, column: str, interner: _Interner, parts: list[np.ndarray]) -> pd.Categorical:
+        """The column (its chunks' codes joined) as a categorical whose categories are in the
+        order the file first has them, as a one-thread parse makes them, however the threads
+        met them."""
         count = len(interner.labels)
         if self.firsts is None or not self.firsts[column]:
-            return interner.categorical(_joined_codes(parts, count, out=out))
+            return interner.categorical(_joined_codes(parts, count))
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
         if len(order) < count:  # values no chunk had (none expected): after the others
             order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
         if (order == np.arange(count)).all():
-            return interner.categorical(_joined_codes(parts, count, out=out))
+            return interner.categorical(_joined_codes(parts, count))
         renumber = np.full(count + 1, -1, dtype=code_dtype(count))  # the last: missing stays -1
         renumber[order] = np.arange(count)
         categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
-        codes = _joined_codes(parts, count, renumber, out)
-        return pd.Categorical.from_codes(codes, categories=categories, validate=False)
+        return pd.Categorical.from_codes(_joined_codes(parts, count, renumber), categories=categories, validate=False)
 
 
-def _joined_codes(
-    parts: list[np.ndarray], count: int, renumber: np.ndarray | None = None, out: np.ndarray | None = None
-) -> np.ndarray:
+def _joined_codes(parts: list[np.ndarray], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
     """The chunks' codes (int32, -1 missing) of a column of ``count`` categories joined into
-    one array of ``code_dtype(count)`` (``out`` where given), through ``renumber``
-    (indexed by code, its last entry -1 for the missing ones) where given: one pass, no
-    int32 copy of the column."""
-    if out is None:
-        out = np.empty(sum(len(p) for p in parts), dtype=code_dtype(count))
+    one array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last
+    entry -1 for the missing ones) where given: one pass, no int32 copy of the column."""
+    out = np.empty(sum(len(p) for p in parts), dtype=code_dtype(count))
     at = 0
     for part in parts:
         piece = out[at : at + len(part)]
@@ -509,21 +474,15 @@ def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[
     return np.frombuffer(values, dtype=np.float64 if floating else np.int64), np.frombuffer(missing, dtype=bool)
 
 
-def _masked(
-    parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]],
-    n: int,
-    floating: bool,
-    values: np.ndarray | None = None,
-    mask: np.ndarray | None = None,
-) -> Any:
+def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: int, floating: bool) -> Any:
     """A nullable Int64/Float64 array from chunk parts (None parts are all missing), filled
     in place (no zeros and ones made for the missing parts to be joined: ~2 ms less of a
-    100 MB trace's load), into ``values`` and ``mask`` where given."""
+    100 MB trace's load)."""
+    dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
         return all_missing(n, floating)
-    if values is None or mask is None:
-        values = np.empty(n, dtype=np.float64 if floating else np.int64)
-        mask = np.empty(n, dtype=bool)
+    values = np.empty(n, dtype=dtype)
+    mask = np.empty(n, dtype=bool)
     at = 0
     for k, part in parts:
         if part is None:

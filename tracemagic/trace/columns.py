@@ -28,31 +28,6 @@ def lazy_zeros(n: int, dtype: np.dtype | type) -> np.ndarray:
     return np.frombuffer(pages, dtype=kind, count=n)
 
 
-#: where each array of a ``packed`` block starts: on a cache line
-_LINE = 64
-
-
-def packed(specs: list[tuple[int, np.dtype | type]]) -> list[np.ndarray]:
-    """Uninitialized arrays of the given (length, type), carved out of one allocation.
-
-    Fresh memory costs a page fault per 4 KiB page when first written, unless it is in
-    huge pages (2 MiB, one fault each), which numpy asks for only for an allocation of
-    4 MiB or more, and only for the whole 2 MiB pages inside it: the parse's columns (text
-    codes and missing-value masks of 0.7-1.4 MB each on a 100 MB trace, numbers of 5.6 MB)
-    made together are one such allocation, nearly all of it in huge pages. Each array
-    starts on a cache line; the block lives as long as any of them does.
-    """
-    kinds = [np.dtype(dtype) for _, dtype in specs]
-    sizes = [-(-n * kind.itemsize // _LINE) * _LINE for (n, _), kind in zip(specs, kinds)]
-    block = np.empty(sum(sizes) + _LINE, dtype=np.uint8)
-    at = -block.ctypes.data % _LINE
-    out = []
-    for (n, _), kind, size in zip(specs, kinds, sizes):
-        out.append(block[at : at + n * kind.itemsize].view(kind))
-        at += size
-    return out
-
-
 def all_missing(n: int, floating: bool) -> pd.arrays.IntegerArray | pd.arrays.FloatingArray:
     """A nullable ``Int64`` (``Float64`` if ``floating``) column of ``n`` missing values."""
     if floating:
