@@ -262,6 +262,16 @@ def values_at(column: pd.Series, rows: np.ndarray) -> np.ndarray:
     return column.to_numpy()[rows]
 
 
+def column_at(column: pd.Series, rows: np.ndarray) -> pd.api.extensions.ExtensionArray | np.ndarray:
+    """A column's values at ``rows``, kept in its own type (a categorical stays one): taken
+    column by column, as the per-event tables take theirs (a frame of every used column
+    taken at once, ``events.iloc[rows]``, copies all of the table's columns)."""
+    values = column.array
+    if isinstance(values, pd.arrays.NumpyExtensionArray):
+        return values.to_numpy()[rows]
+    return values.take(rows)
+
+
 def codes_of(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """A column of repeated strings as codes (-1: missing) and the values they stand for,
     with NaN, the missing marker of ``to_numpy``, appended (so ``values[codes]`` is

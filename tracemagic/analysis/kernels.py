@@ -7,7 +7,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import is_nccl, labels, layer_labels, name_labels, trace_start
+from tracemagic.analysis._common import column_at, is_nccl, labels, layer_labels, name_labels, trace_start
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
@@ -40,11 +40,7 @@ def kernels(trace: TraceTables) -> pd.DataFrame:
     rows = timed_rows(events, KINDS)
 
     def at(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:
-        # column by column, as ops() does: ``events.iloc[rows]`` took every column of the table
-        values = events[column].array
-        if isinstance(values, pd.arrays.NumpyExtensionArray):
-            return values.to_numpy()[rows]
-        return values.take(rows)
+        return column_at(events[column], rows)
 
     op_rows = at("op")
     layer, layer_type = layer_labels(trace, at("module"))

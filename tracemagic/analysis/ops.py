@@ -7,7 +7,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import labels, layer_labels, trace_start
+from tracemagic.analysis._common import column_at, labels, layer_labels, trace_start
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.structure import timed_rows
@@ -36,11 +36,7 @@ def ops(trace: TraceTables) -> pd.DataFrame:
     rows = timed_rows(events, KINDS)
 
     def at(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:
-        # column by column: a frame of every used column taken at once costs a copy of each
-        values = events[column].array
-        if isinstance(values, pd.arrays.NumpyExtensionArray):
-            return values.to_numpy()[rows]
-        return values.take(rows)
+        return column_at(events[column], rows)
 
     layer, layer_type = layer_labels(trace, at("module"))
     return pd.DataFrame(
