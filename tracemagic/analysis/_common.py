@@ -19,7 +19,7 @@ from tracemagic.trace import layout
 from tracemagic.trace.columns import code_dtype
 from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask, per_category
+from tracemagic.trace.normalize import kind_mask, per_code
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import (
     MODULE_PREFIX,
@@ -228,13 +228,14 @@ def rollup(start: np.ndarray, weights: np.ndarray, up: np.ndarray) -> np.ndarray
 
 def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of rows whose categorical name matches ``pattern`` (tested once per name)."""
-    categories = names.cat.categories
-    # the categories as a list first: iterating an Arrow-backed index is ~8x slower
-    hit = np.fromiter((bool(pattern.search(str(c))) for c in categories.tolist()), dtype=bool, count=len(categories))
-    codes = names.cat.codes.to_numpy()
-    if not hit.any():
-        return np.zeros(codes.size, dtype=bool)
-    return per_category(hit, codes)
+
+    def matches(categories: pd.Index) -> np.ndarray:
+        # the categories as a list first: iterating an Arrow-backed index is ~8x slower
+        return np.fromiter(
+            (bool(pattern.search(str(c))) for c in categories.tolist()), dtype=bool, count=len(categories)
+        )
+
+    return per_code(names, matches, False)
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:

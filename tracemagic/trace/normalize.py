@@ -52,7 +52,8 @@ def per_code(column: pd.Series, test: Any, missing: bool) -> np.ndarray:
     for a missing value)."""
     if not isinstance(column.dtype, pd.CategoricalDtype):
         return np.asarray(test(column.to_numpy()), dtype=bool)
-    return per_category(np.asarray(test(column.cat.categories), dtype=bool), column.cat.codes.to_numpy(), missing)
+    values = column.array  # (``.cat.codes`` copies the codes: read off the array)
+    return per_category(np.asarray(test(values.categories), dtype=bool), values.codes, missing)
 
 
 #: ``per_category`` compares the codes with at most this many categories rather than gather
@@ -71,9 +72,13 @@ def per_category(answers: np.ndarray, codes: np.ndarray, missing: bool = False) 
         hits = np.flatnonzero(~np.asarray(answers, dtype=bool))
     if hits.size > _FEW_CATEGORIES:
         return np.append(answers, missing)[codes]
-    out = codes < 0 if missing != invert else np.zeros(codes.shape, dtype=bool)
-    for code in hits:
+    # Python ints: compared in the codes' own width (a numpy int64 would widen them first)
+    compared = hits.tolist()
+    out = codes == compared[0] if compared else np.zeros(codes.shape, dtype=bool)
+    for code in compared[1:]:
         out |= codes == code
+    if missing != invert:  # the missing rows' answer is the compared side's
+        out |= codes < 0
     return ~out if invert else out
 
 
@@ -96,18 +101,12 @@ def kind_codes(events: pd.DataFrame) -> np.ndarray:
 
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
-    """Boolean mask of the events whose kind is one of ``kinds`` (decided once per category;
-    one comparison of the codes per matching category, cheaper than a gather). Called
-    ~20 times a table: kept lean (the column's codes without pandas' accessor)."""
+    """Boolean mask of the events whose kind is one of ``kinds``, decided once per category
+    (``per_category``). Called ~20 times a table: kept lean (no ``np.isin`` of a few
+    categories, the codes read without pandas' accessor)."""
     wanted = {KINDS.index(k) for k in kinds}
-    hit = [code for code, kind in enumerate(_kind_per_category(events)[:-1].tolist()) if kind in wanted]
-    codes = events["kind"].array.codes
-    if not hit:
-        return np.zeros(codes.size, dtype=bool)
-    mask = codes == hit[0]
-    for code in hit[1:]:
-        mask |= codes == code
-    return mask
+    answers = np.array([kind in wanted for kind in _kind_per_category(events)[:-1].tolist()], dtype=bool)
+    return per_category(answers, events["kind"].array.codes)
 
 
 def without_timeless(table: pd.DataFrame) -> tuple[pd.DataFrame, int]:
