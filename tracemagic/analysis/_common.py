@@ -460,9 +460,10 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
     del keep
     if group.size == 0:
         return np.zeros(groups)
-    order = sort_by_thread(group, start)
-    group, start, end = group[order], start[order], end[order]
-    del order
+    if not _ordered_by(group, start):  # (in_windows gives each category's parts in order already)
+        order = sort_by_thread(group, start)
+        group, start, end = group[order], start[order], end[order]
+        del order
     # running maximum per group in one pass: each group is lifted above all earlier ones,
     # and the row holding each maximum gives its exact value back
     lifted = group * (float(end.max() - min(start.min(), 0.0)) + 1.0)
@@ -589,3 +590,15 @@ def in_thread_order(trace: TraceTables, mask: np.ndarray) -> np.ndarray | None:
     if np.count_nonzero(picked) != np.count_nonzero(mask):
         return None
     return ordered[picked]
+
+
+def _ordered_by(group: np.ndarray, start: np.ndarray) -> bool:
+    """Whether the rows are sorted by (``group``, ``start``) already, with no NaN start:
+    then ``sort_by_thread(group, start)``, a stable sort, leaves every row where it is."""
+    if group.size < 2:
+        return True
+    if not (group[1:] >= group[:-1]).all():
+        return False
+    back = group[1:] == group[:-1]  # within a group, a start before the one above it
+    back &= start[1:] < start[:-1]
+    return not back.any() and not np.isnan(start).any()

@@ -26,13 +26,23 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
+from tracemagic.analysis._common import (
+    HOST_COLLECTIVE,
+    group_rows,
+    is_dataloader,
+    is_nccl,
+    names_where,
+    trace_start,
+    union_length,
+    values_at,
+)
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.kineto import step_number as _step_number
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import timed_rows
 
 #: breakdown columns in priority order (a higher one wins where activities overlap)
 CATEGORIES = (
@@ -73,31 +83,38 @@ def windows(trace: TraceTables) -> pd.DataFrame:
 
 def _windows(trace: TraceTables) -> pd.DataFrame:
     events = trace.events
-    is_step = kind_mask(events, "step")
-    names = events["name"][is_step].to_numpy(dtype=object)
-    frame = pd.DataFrame(
-        {
-            "rank": events["rank"].to_numpy()[is_step],
-            "step": [_step_number(n) for n in names],
-            "start": events["ts"].to_numpy()[is_step],
-            "dur": events["dur"].to_numpy()[is_step],
-        }
+    rows = np.flatnonzero(kind_mask(events, "step"))
+    rank = events["rank"].to_numpy()[rows]
+    start = events["ts"].to_numpy()[rows]
+    # by rank and start (stable), then the first window of each (rank, step) number
+    order = np.lexsort((start, rank))
+    rows, rank, start = rows[order], rank[order], start[order]
+    step = np.fromiter((_step_number(n) for n in values_at(events["name"], rows)), dtype=np.int64, count=rows.size)
+    _, first = group_rows(rank, step)
+    rank = rank[first].astype(np.int32, copy=False)
+    frame = pd.DataFrame({"rank": rank, "step": step[first], "start": start[first], "dur": events["dur"].to_numpy()[rows[first]]})
+    bare = sorted(set(trace.rank_ids) - set(rank.tolist()))
+    if not bare:  # (in order already)
+        return frame
+    timed = events.loc[events["rank"].isin(bare) & events["ts"].notna(), ["rank", "ts", "dur"]]
+    start_of = timed.groupby("rank")["ts"].transform("min")
+    span = (
+        timed.assign(start=start_of, end=timed["ts"] - start_of + timed["dur"])
+        .groupby("rank")
+        .agg(start=("start", "first"), dur=("end", "max"))
+        .reset_index()
+        .assign(step=-1)
     )
-    frame = frame.sort_values(["rank", "start"], kind="stable").drop_duplicates(["rank", "step"])
-    bare = sorted(set(trace.rank_ids) - set(frame["rank"]))
-    if bare:
-        timed = events.loc[events["rank"].isin(bare) & events["ts"].notna(), ["rank", "ts", "dur"]]
-        start = timed.groupby("rank")["ts"].transform("min")
-        span = (
-            timed.assign(start=start, end=timed["ts"] - start + timed["dur"])
-            .groupby("rank")
-            .agg(start=("start", "first"), dur=("end", "max"))
-            .reset_index()
-            .assign(step=-1)
-        )
-        frame = pd.concat([frame, span[["rank", "step", "start", "dur"]]], ignore_index=True)
+    frame = pd.concat([frame, span[["rank", "step", "start", "dur"]]], ignore_index=True)
     frame = frame.astype({"rank": np.int32, "step": np.int64})
     return frame.sort_values(["rank", "start"], kind="stable").reset_index(drop=True)
+
+
+def by_rank(frame: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
+    """``frame.groupby("rank").indices`` (rank -> its rows, ranks ascending) of a table
+    sorted by rank, without building a groupby: a trace has one rank or a few."""
+    rank = frame["rank"].to_numpy()
+    return [(r, np.flatnonzero(rank == r)) for r in np.unique(rank)]
 
 
 def window_of(trace: TraceTables, frame: pd.DataFrame) -> np.ndarray:
@@ -114,8 +131,11 @@ def window_of(trace: TraceTables, frame: pd.DataFrame) -> np.ndarray:
 def _gpu_rows(trace: TraceTables) -> np.ndarray:
     """Rows of timed GPU activity (kernels, memcpy, memset) with a known start."""
     events = trace.events
-    ts = events["ts"].to_numpy()
-    return np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY) & np.isfinite(ts))
+    gpu = kind_mask(events, *GPU_ACTIVITY)
+    if not gpu.any():  # a CPU trace: no phase test over the table
+        return np.flatnonzero(gpu)
+    rows = timed_rows(events, GPU_ACTIVITY)
+    return rows[np.isfinite(events["ts"].to_numpy()[rows])]
 
 
 def _relative(trace: TraceTables) -> np.ndarray:
@@ -170,7 +190,7 @@ def _device_windows(trace: TraceTables) -> pd.DataFrame:
     tail: dict[int, list[int]] = {}
     drop: list[int] = []
     foreign = not getattr(trace, "manifest", None)  # our captures say which steps are whole
-    for rank, where in frame.groupby("rank").indices.items():
+    for rank, where in by_rank(frame):
         mine = gpu_rank == rank
         orphans = mine & (launch < 0)
         if orphans.any():
@@ -289,7 +309,7 @@ def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tup
     win_dur = frame["window_dur"].to_numpy(dtype=np.float64)
     win_end = win_start + win_dur
     groups, starts, ends = [], [], []
-    for r, where in frame.groupby("rank").indices.items():
+    for r, where in by_rank(frame):
         of_rank = rank == r
         mine = None if of_rank.all() else np.flatnonzero(of_rank)  # None: all of them (one rank)
         del of_rank
@@ -396,7 +416,8 @@ def steps(trace: TraceTables) -> pd.DataFrame:
         kernels = masks["compute_us"] | (masks["comm_us"] & ~masks["gloo_on_gpu"])
         kernel_busy = union_length(*in_windows(trace, frame, np.flatnonzero(kernels)), groups)
     window_dur = frame["window_dur"].to_numpy(dtype=np.float64)
-    busy = union_length(*in_windows(trace, frame, _gpu_rows(trace)), groups)
+    gpu = _gpu_rows(trace)
+    busy = union_length(*in_windows(trace, frame, gpu), groups) if gpu.size else np.zeros(groups)
     events = trace.events
     gpu_ranks = np.unique(events["rank"].to_numpy()[kind_mask(events, *GPU_ACTIVITY)])
     has_gpu = np.isin(frame["rank"].to_numpy(), gpu_ranks)
