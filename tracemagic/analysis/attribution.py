@@ -147,8 +147,11 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     if layer is module:  # (a copy: ``module`` is the events' column)
         layer = module.copy()
     inside = np.flatnonzero(backward)
-    if inside.size:
-        layer[inside] = matched[np.searchsorted(roots, root[inside])]
+    if inside.size:  # each backward row gets its outermost backward op's layer
+        of_root = np.full(n, -1, dtype=layer.dtype)
+        of_root[roots] = matched
+        layer[inside] = of_root[root[inside]]
+        del of_root
     del inside, matched
     root = narrow_rows(root)
     module_parent = np.full(n, -1, dtype=layer.dtype)  # (the dtype ``narrow_rows`` gives rows of n events)
@@ -224,7 +227,8 @@ def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> tupl
     flows = trace.flows
     if flows.empty or "cat" not in flows:
         return no_links
-    fwdbwd = flows[(flows["cat"] == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()]
+    wanted = (flows["cat"] == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()
+    fwdbwd = flows if wanted.all() else flows[wanted]  # (a trace's flows are often all fwdbwd ones)
     if fwdbwd.empty:
         return no_links
     at = enclosing_at(trace, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), is_op)

@@ -137,8 +137,8 @@ def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
         ops = np.flatnonzero(is_op)
         ops = ops[sort_by_thread(thread_keys(events, ops), ts[ops], -dur[ops])]
     del is_op
-    keys = thread_keys(events, calls)
     key_of = row_thread_key(events)
+    keys = np.fromiter((key_of(row) for row in calls.tolist()), dtype=np.int64, count=calls.size)  # (a few rows)
     for key in np.unique(keys):  # one pass per thread; ops are sorted by thread: found by bisection
         lo = bisect.bisect_left(ops, key, key=key_of)
         hi = bisect.bisect_left(ops, key + 1, lo, key=key_of)

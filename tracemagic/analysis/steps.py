@@ -40,7 +40,7 @@ from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.kineto import step_number as _step_number
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.normalize import kind_mask, per_code
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import timed_rows
 
@@ -264,21 +264,23 @@ def category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
 
 def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     events = trace.events
-    duration = (events["ph"] == "X").to_numpy() & (events["dur"].to_numpy() > 0) & np.isfinite(events["ts"].to_numpy())
+    names = events["name"]
+    duration = per_code(events["ph"], lambda c: c == "X", False)
+    duration &= events["dur"].to_numpy() > 0
+    duration &= np.isfinite(events["ts"].to_numpy())
     kernel = duration & kind_mask(events, "kernel")
-    nccl = is_nccl(events["name"])
+    nccl = is_nccl(names) if kernel.any() else kernel  # (only kernels are told apart by it)
     ranks = events["rank"].to_numpy()
     gpu_ranks = np.unique(ranks[kind_mask(events, *GPU_ACTIVITY)])
-    cpu_only = ~np.isin(ranks, gpu_ranks)
+    on_gpu_rank = _of_ranks(ranks, gpu_ranks)
     host = duration & kind_mask(events, "cpu_op", "user_annotation")
-    host_comm = (
-        host
-        & cpu_only
-        & (names_where(events["name"], HOST_COLLECTIVE) | (events["name"] == "record_param_comms").to_numpy())
-    )
+    collective = names_where(names, HOST_COLLECTIVE)
+    collective |= per_code(names, lambda c: c == "record_param_comms", False)
+    host_comm = host & ~on_gpu_rank & collective
+    del collective
     # gloo runs its collectives on the host, on a GPU rank too (the plugin's GlooOpNameSet);
     # a GPU rank's nccl:* ops only launch the NCCL kernels, which count themselves
-    gloo_on_gpu = host & ~cpu_only & names_where(events["name"], _GLOO)
+    gloo_on_gpu = host & on_gpu_rank & names_where(names, _GLOO) if gpu_ranks.size else on_gpu_rank
     masks = {
         "compute_us": kernel & ~nccl,
         "comm_us": (kernel & nccl) | host_comm | gloo_on_gpu,
@@ -295,6 +297,17 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     return {name: mask if mask.any() else none for name, mask in masks.items()}
 
 
+def _of_ranks(ranks: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``np.isin(ranks, wanted)``, by comparison where ``wanted`` holds a few ranks (isin
+    sorts the table's)."""
+    if wanted.size > 8:
+        return np.isin(ranks, wanted)
+    out = np.zeros(ranks.size, dtype=bool)
+    for rank in wanted.tolist():
+        out |= ranks == rank
+    return out
+
+
 def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(window index (int32: per part, as small as it can be), start, end) of the parts of
     ``rows`` inside the windows of their rank, µs from the window's start; an event spanning
@@ -302,7 +315,11 @@ def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tup
 
     ``frame`` is a ``device_windows`` table (windows of a rank do not overlap).
     """
-    rank = trace.events["rank"].to_numpy()[rows]
+    ranks = trace.events["rank"].to_numpy()
+    # one rank in the whole table (the usual case): no rank per row to compare
+    lone = int(ranks[0]) if ranks.size and ranks.min() == ranks.max() else None
+    rank = ranks[rows] if lone is None else None
+    del ranks
     start = _relative(trace)[rows]
     end = _ends(trace, start, rows)
     win_start = frame["window_ts"].to_numpy(dtype=np.float64)
@@ -310,9 +327,12 @@ def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tup
     win_end = win_start + win_dur
     groups, starts, ends = [], [], []
     for r, where in by_rank(frame):
-        of_rank = rank == r
-        mine = None if of_rank.all() else np.flatnonzero(of_rank)  # None: all of them (one rank)
-        del of_rank
+        if rank is None:  # None: all of them (one rank)
+            mine = None if r == lone else np.zeros(0, dtype=np.int64)
+        else:
+            of_rank = rank == r
+            mine = None if of_rank.all() else np.flatnonzero(of_rank)
+            del of_rank
         found = _rank_parts(mine, where, start, end, win_start, win_end, win_dur)
         if found is not None:
             groups.append(found[0])
@@ -442,7 +462,7 @@ def steps(trace: TraceTables) -> pd.DataFrame:
 def _noted(out: pd.DataFrame, unlaunched: dict[int, dict[str, float]], tail: dict[int, list[int]]) -> pd.DataFrame:
     """``out`` (a ``steps`` table) with its ``attrs``: ``unlaunched``, ``tail`` and the ``note``."""
     notes = []
-    bare = sorted(int(r) for r in out.loc[out["step"] < 0, "rank"])
+    bare = sorted(int(r) for r in out["rank"].to_numpy()[out["step"].to_numpy() < 0])
     if bare:
         notes.append(_NO_STEPS.format(ranks=", ".join(map(str, bare))))
     notes += [_UNLAUNCHED.format(rank=rank, **found) for rank, found in sorted(unlaunched.items())]
