@@ -356,6 +356,18 @@ def _rank_parts(
     """``in_windows`` for one rank: ``mine`` (positions in ``start``/``end``, None for all)
     against its windows ``where``; None when no part falls in one. A function of its own so
     that its per-row temporaries are freed before the next rank's (and the caller's join)."""
+    found = _in_one_window(
+        start if mine is None else start[mine], end if mine is None else end[mine], win_start[where], win_end[where]
+    )
+    if found is not None:  # each row in one window at most, rows in time order (the usual case)
+        lo, hit = found
+        if not hit.any():
+            return None
+        part = np.flatnonzero(hit)
+        del hit
+        group = where.astype(np.int32)[lo[part]]
+        del lo
+        return _clipped(mine, part, group, start, end, win_start, win_dur)
     # first window ending after the start, past the last window starting before the end
     lo = np.searchsorted(win_end[where], start if mine is None else start[mine], side="right")
     count = np.searchsorted(win_start[where], end if mine is None else end[mine], side="left")
@@ -363,7 +375,7 @@ def _rank_parts(
     np.maximum(count, 0, out=count)
     if not count.any():
         return None
-    if count.max() == 1:  # each row in one window at most (the usual case): no row repeats
+    if count.max() == 1:  # each row in one window at most: no row repeats
         part = np.flatnonzero(count)
         del count
         group = where.astype(np.int32)[lo[part]]
@@ -374,6 +386,20 @@ def _rank_parts(
         group = where.astype(np.int32)[lo[part] + offset]
         del offset
     del lo
+    return _clipped(mine, part, group, start, end, win_start, win_dur)
+
+
+def _clipped(
+    mine: np.ndarray | None,
+    part: np.ndarray,
+    group: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    win_start: np.ndarray,
+    win_dur: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts (``part``: positions in ``mine``, in window ``group``) as ``_rank_parts``
+    gives them: from their window's start, clipped to it."""
     source = part if mine is None else mine[part]
     del part
     since = start[source]
@@ -383,6 +409,32 @@ def _rank_parts(
     until -= win_start[group]
     length = win_dur[group]
     return group, np.clip(since, 0.0, length, out=since), np.clip(until, 0.0, length, out=until)
+
+
+def _in_one_window(
+    start: np.ndarray, end: np.ndarray, win_start: np.ndarray, win_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """For rows sorted by start (no NaN) and sorted windows of one rank, where no row
+    reaches into two windows: the first window ending after each start (``searchsorted(
+    win_end, start, 'right')``) and whether the row reaches into it (the window starts
+    before the row ends). Without a search per row: the rows where each window ends are
+    found instead (the windows are few). None where the rows or windows are not so (the
+    caller searches per row)."""
+    if not start.size or np.isnan(start).any() or np.isnan(end).any():
+        return None
+    if np.isnan(win_start).any() or np.isnan(win_end).any():
+        return None
+    if (start[1:] < start[:-1]).any() or (win_end[1:] < win_end[:-1]).any() or (win_start[1:] < win_start[:-1]).any():
+        return None
+    # a row is past window j from the first row starting at or after its end on
+    past = np.searchsorted(start, win_end, side="left")
+    lo = np.repeat(np.arange(win_end.size + 1), np.diff(past, prepend=0, append=start.size))
+    del past
+    after = np.append(win_start, [np.inf, np.inf])  # (no window past the last)
+    hit = after[lo] < end
+    if (hit & (after[lo + 1] < end)).any():  # a row reaching into the next window too
+        return None
+    return lo, hit
 
 
 def joined(pieces: list[np.ndarray] | tuple[np.ndarray, ...]) -> np.ndarray:
