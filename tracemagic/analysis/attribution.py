@@ -16,7 +16,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import enclosing_at, flow_thread_keys, group_rows, in_scope, layers_at, names_where
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask, per_category
+from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, narrow_rows, propagate
 
@@ -129,7 +129,12 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
                 {"ts": ts[unlinked], "rank": rank[unlinked].astype(np.int64), "seq": seq_all[unlinked], "row": unlinked}
             )
             right = pd.DataFrame(
-                {"ts": ts[forward], "rank": rank[forward].astype(np.int64), "seq": seq_all[forward], "fwd": module[forward]}
+                {
+                    "ts": ts[forward],
+                    "rank": rank[forward].astype(np.int64),
+                    "seq": seq_all[forward],
+                    "fwd": module[forward],
+                }
             )
             joined = pd.merge_asof(
                 left.sort_values("ts", kind="stable"),
@@ -234,7 +239,7 @@ def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> tupl
     at = enclosing_at(trace, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), is_op)
     # a flow is its (rank, id); the first start and the first end of each, paired in the
     # order of the ends (an inner merge of the two de-duplicated, without building frames)
-    flow, first = group_rows(fwdbwd["rank"], fwdbwd["id"])
+    flow, first = group_rows(fwdbwd["rank"].to_numpy(), fwdbwd["id"].to_numpy(dtype=np.int64))  # (ids all known)
     none = len(flow)
     start = np.full(len(first), none, dtype=np.int64)
     starts = np.flatnonzero((fwdbwd["ph"] == "s").to_numpy())

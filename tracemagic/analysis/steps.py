@@ -92,7 +92,9 @@ def _windows(trace: TraceTables) -> pd.DataFrame:
     step = np.fromiter((_step_number(n) for n in values_at(events["name"], rows)), dtype=np.int64, count=rows.size)
     _, first = group_rows(rank, step)
     rank = rank[first].astype(np.int32, copy=False)
-    frame = pd.DataFrame({"rank": rank, "step": step[first], "start": start[first], "dur": events["dur"].to_numpy()[rows[first]]})
+    frame = pd.DataFrame(
+        {"rank": rank, "step": step[first], "start": start[first], "dur": events["dur"].to_numpy()[rows[first]]}
+    )
     bare = sorted(set(trace.rank_ids) - set(rank.tolist()))
     if not bare:  # (in order already)
         return frame
