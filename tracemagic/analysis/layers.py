@@ -20,7 +20,6 @@ module's own time, forward (the region's ops and kernels) and backward
 
 from __future__ import annotations
 
-import bisect
 import re
 from dataclasses import dataclass
 
@@ -36,7 +35,6 @@ from tracemagic.analysis._common import (
     names_where,
     nesting_depth,
     rollup,
-    row_thread_key,
     text,
 )
 from tracemagic.analysis.attribution import Attribution, attribution
@@ -132,19 +130,20 @@ def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
     ts = events["ts"].to_numpy()
     dur = events["dur"].to_numpy()
     dims = events["input_dims"].array.codes
-    ops = in_thread_order(trace, is_op)  # by thread, start, longest first
-    if ops is None:  # an op that is no CPU duration event: sorted here
+    ops = in_thread_order(trace, is_op)  # by thread, start, longest first: the order the trace keeps
+    op_keys = thread_keys(events, ops) if ops is not None else np.zeros(0, dtype=np.int64)
+    if ops is None or (op_keys[1:] < op_keys[:-1]).any():  # (none kept, or threads out of key order: sorted here)
         ops = np.flatnonzero(is_op)
-        ops = ops[sort_by_thread(thread_keys(events, ops), ts[ops], -dur[ops])]
+        op_keys = thread_keys(events, ops)
+        order = sort_by_thread(op_keys, ts[ops], -dur[ops])
+        ops, op_keys = ops[order], op_keys[order]
     del is_op
-    key_of = row_thread_key(events)
-    keys = np.fromiter((key_of(row) for row in calls.tolist()), dtype=np.int64, count=calls.size)  # (a few rows)
-    for key in np.unique(keys):  # one pass per thread; ops are sorted by thread: found by bisection
-        lo = bisect.bisect_left(ops, key, key=key_of)
-        hi = bisect.bisect_left(ops, key + 1, lo, key=key_of)
+    keys = thread_keys(events, calls)
+    for key in np.unique(keys):  # one pass per thread
+        lo, hi = np.searchsorted(op_keys, [key, key + 1])
+        where = np.flatnonzero(keys == key)
         if lo == hi:
             continue
-        where = np.flatnonzero(keys == key)
         mine = ops[lo:hi]
         pos = np.searchsorted(ts[mine], ts[calls[where]] - NEST_TOLERANCE_US, side="left")
         ok = pos < mine.size
