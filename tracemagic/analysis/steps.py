@@ -365,6 +365,8 @@ def _rank_parts(
         lo, hit = found
         if not hit.any():
             return None
+        if mine is None and hit.all():  # every row in a window: no selection, shifted in place
+            return _clipped(None, None, where.astype(np.int32)[lo], start, end, win_start, win_dur)
         part = np.flatnonzero(hit)
         del hit
         group = where.astype(np.int32)[lo[part]]
@@ -393,7 +395,7 @@ def _rank_parts(
 
 def _clipped(
     mine: np.ndarray | None,
-    part: np.ndarray,
+    part: np.ndarray | None,
     group: np.ndarray,
     start: np.ndarray,
     end: np.ndarray,
@@ -401,13 +403,18 @@ def _clipped(
     win_dur: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The parts (``part``: positions in ``mine``, in window ``group``) as ``_rank_parts``
-    gives them: from their window's start, clipped to it."""
-    source = part if mine is None else mine[part]
-    del part
-    since = start[source]
+    gives them: from their window's start, clipped to it. ``part`` None: every row of
+    ``start`` and ``end`` (``mine`` None), which are shifted in place (``in_windows``'
+    own per-row arrays)."""
+    if part is None:
+        since, until = start, end
+    else:
+        source = part if mine is None else mine[part]
+        del part
+        since = start[source]
+        until = end[source]
+        del source
     since -= win_start[group]
-    until = end[source]
-    del source
     until -= win_start[group]
     length = win_dur[group]
     return group, np.clip(since, 0.0, length, out=since), np.clip(until, 0.0, length, out=until)
