@@ -499,3 +499,17 @@ def test_cuda_is_recorded_by_default_when_available(ip, kineto_events):
     assert capture.manifest["device"]["activities"] == ["CPU", "CUDA"]
     events = kineto_events(capture.dir / "kineto_trace_0.json")
     assert any(e.get("cat") == "kernel" for e in events)
+    # each iteration's GPU time, from the magic's CUDA events at the iteration boundaries
+    timing = capture.manifest["loop_timing"]
+    assert len(timing["gpu_ms"]) == len(timing["wall_ms"]) == 5
+    assert all(ms > 0 for ms in timing["gpu_ms"])
+    # and those events add no Python frames of torch's under the magic's step() in the user's trace
+    frames = [e for e in events if e.get("cat") == "python_function"]
+    steps = [e for e in frames if re.match(r"tracemagic/capture/session\.py\(\d+\): step$", e["name"])]
+    assert steps
+    inside = [
+        f["name"] for s in steps for f in frames
+        if f["tid"] == s["tid"] and s["ts"] < f["ts"] and f["ts"] + f["dur"] <= s["ts"] + s["dur"]
+        and f["name"].startswith("torch/cuda/")
+    ]
+    assert not inside, inside
