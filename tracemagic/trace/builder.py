@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, code_dtype
+from tracemagic.trace.columns import all_missing, code_dtype, lazy_zeros
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -261,6 +261,8 @@ class _Builder:
         # with shared interners, codes follow the order the threads met values in: the
         # distinct codes of each chunk (in its own order) put them back in file order
         self.firsts: dict[str, list[np.ndarray]] | None = None
+        #: the dtype of a text column no chunk had a value of (``_Interner.categorical``'s with no labels)
+        self._no_categories: pd.CategoricalDtype | None = None
         if interners is not None:
             self.firsts = {c: [] for c in [*self.cats, *(f"flow {c}" for c in self.flow_cats)]}
 
@@ -437,6 +439,11 @@ class _Builder:
         order the file first has them, as a one-thread parse makes them, however the threads
         met them."""
         count = len(interner.labels)
+        if count == 0:  # no value in any chunk (most args columns of a CPU trace): all missing
+            n = sum(len(p) for p in parts)
+            if self._no_categories is None:  # (one dtype for all of them: making one costs ~0.1 ms)
+                self._no_categories = pd.CategoricalDtype(pd.Index([], dtype="str"), ordered=False)
+            return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), dtype=self._no_categories, validate=False)
         if self.firsts is None or not self.firsts[column]:
             return interner.categorical(_joined_codes(parts, count))
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
@@ -481,12 +488,11 @@ def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: in
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
         return all_missing(n, floating)
-    values = np.empty(n, dtype=dtype)
+    values = lazy_zeros(n, dtype)
     mask = np.empty(n, dtype=bool)
     at = 0
     for k, part in parts:
         if part is None:
-            values[at : at + k] = 0
             mask[at : at + k] = True
         else:
             values[at : at + k] = part[0]

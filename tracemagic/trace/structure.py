@@ -107,9 +107,12 @@ def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndar
     rank = events["rank"].to_numpy() if "rank" in events else None  # one rank before stacking
     if rows is not None:
         pid, tid, rank = pid[rows], tid[rows], (rank[rows] if rank is not None else None)
-    keys = (pid.astype(np.int64) + 1) << 21
-    keys |= tid.astype(np.int64) + 1
-    if rank is not None:
+    # no int64 temporary (each a fresh mapping, faulted in): a code + 1 fits its own type
+    # (categorical codes have room for one more category), and a rank 0 adds nothing
+    keys = np.add(pid, 1, dtype=np.int64)
+    keys <<= 21
+    keys |= tid + 1
+    if rank is not None and rank.any():
         keys |= rank.astype(np.int64) << 42
     return keys
 
@@ -267,11 +270,11 @@ def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> tuple
 
 
 def _kind_in(kinds: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
-    """Whether each of ``kind_codes`` (-1: no kind) is one of the kinds named: one gather
-    from a table by code (``np.isin`` sorts)."""
-    table = np.zeros(len(KINDS) + 1, dtype=bool)  # the last entry: code -1
-    table[[KINDS.index(k) for k in names]] = True
-    return table[kinds]
+    """Whether each of ``kind_codes`` (-1: no kind) is one of the kinds named, decided per
+    kind (``per_category``: the int8 codes compared, not widened for a gather; ``np.isin`` sorts)."""
+    answers = np.zeros(len(KINDS), dtype=bool)
+    answers[[KINDS.index(k) for k in names]] = True
+    return per_category(answers, kinds)
 
 
 def launches(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
