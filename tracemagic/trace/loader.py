@@ -82,9 +82,7 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
     changed = normalize.device_and_stream(events)
     memory = normalize.kind_mask(events, "memory")
     if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
-        nbytes = events["bytes"].array.copy()
-        nbytes[memory] = events["mem_bytes"].array[memory]
-        changed["bytes"] = nbytes
+        changed["bytes"] = normalize.filled_where(events["bytes"].array, events["mem_bytes"].array, memory)
     added, parsed.cpu_by_thread = structure.structure_columns(events)
     # one new table sharing the columns (``events[c] = ...`` copies each, ~1.5 ms a column)
     data = {c: changed[c] if c in changed else _values(events[c]) for c in events.columns if c not in _PARSE_ONLY}

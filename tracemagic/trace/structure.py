@@ -240,33 +240,37 @@ def enclosing_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray
     return np.where(start >= 0, inner[np.maximum(start, 0)], -1)
 
 
-def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> tuple[np.ndarray, pd.DataFrame]:
-    """The ProfilerStep number of every event by time, and the steps table (number, ts, dur).
+def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
+    """The ProfilerStep number of every event by time (-1: in no step): the last step that
+    starts at or before it, if it has not ended (with ``NEST_TOLERANCE_US``) by then. Of
+    steps with one number, the first to start counts.
 
     GPU events are given the step of the runtime call that launched them later
     (see ``launches``); here they are placed by their own time.
     """
     kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
     step_rows = np.flatnonzero(kinds == KINDS.index("step"))
-    names = events["name"]
-    step_names = names.cat.categories.take(names.cat.codes.to_numpy()[step_rows]) if step_rows.size else []
-    steps = pd.DataFrame(
-        {
-            "step": [_step_number(n) for n in step_names],
-            "row": step_rows,
-            "ts": events["ts"].to_numpy()[step_rows],
-            "dur": events["dur"].to_numpy()[step_rows],
-        }
-    )
-    steps = steps.sort_values("ts", kind="stable").drop_duplicates("step").reset_index(drop=True)
-    if steps.empty:
-        return np.full(len(events), -1, dtype=np.int64), steps
+    if step_rows.size == 0:
+        return np.full(len(events), -1, dtype=np.int64)
     ts = events["ts"].to_numpy()
-    index = np.searchsorted(steps["ts"].to_numpy(), ts, side="right") - 1
-    # per step, then a last entry for index -1 (before the first step): no time is at or before NaN
-    last = np.append((steps["ts"] + steps["dur"]).to_numpy() + NEST_TOLERANCE_US, np.nan)
-    numbers = np.append(steps["step"].to_numpy(dtype=np.int64), -1)
-    return np.where(ts <= last[index], numbers[index], -1), steps
+    # numpy on the few steps (a pandas table of them cost ~2 ms); each name parsed once
+    names = events["name"].array
+    codes, at = np.unique(names.codes[step_rows], return_inverse=True)
+    categories = names.categories
+    numbers = np.array([_step_number(categories[c]) for c in codes.tolist()], dtype=np.int64)[at.reshape(-1)]
+    starts = ts[step_rows]
+    order = np.argsort(starts, kind="stable")
+    first = np.unique(numbers[order], return_index=True)[1]
+    keep = order[np.sort(first)]  # by start, the first of each number
+    starts, numbers = starts[keep], numbers[keep]
+    index = np.searchsorted(starts, ts, side="right")  # 0: before the first step
+    # per step, after a first entry for index 0: no time is at or before NaN
+    last = np.concatenate(([np.nan], starts + events["dur"].to_numpy()[step_rows[keep]] + NEST_TOLERANCE_US))
+    outside = np.less_equal(ts, last.take(index))
+    np.logical_not(outside, out=outside)
+    step = np.concatenate(([-1], numbers)).take(index)
+    step[outside] = -1
+    return step
 
 
 def _kind_in(kinds: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
@@ -347,7 +351,7 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     t0 = float(np.nanmin(ts)) if len(ts) else 0.0
     parent, depth, self_dur, ordered = nest(events, t0)
     kinds = kind_codes(events)
-    step, _ = step_numbers(events, kinds)
+    step = step_numbers(events, kinds)
     launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
