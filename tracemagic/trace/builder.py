@@ -120,12 +120,15 @@ class _Interner:
             self.labels.append(label)
         return code
 
-    def remap(self, codes: bytes, values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Codes of a chunk the C scanner interned on its own (``codes`` index ``values``),
-        and the codes of ``values`` (the chunk's distinct values in the order it met them)."""
+    def remap(self, codes: bytes | None, values: list[Any], n: int) -> tuple[np.ndarray | int, np.ndarray]:
+        """Codes of a chunk of ``n`` rows the C scanner interned on its own (``codes`` index
+        ``values``; None: no value, ``n`` is kept for ``n`` missing ones), and the codes of
+        ``values`` (the chunk's distinct values in the order it met them)."""
+        if codes is None:
+            return n, _NO_CODES
         local = np.frombuffer(codes, dtype=np.int32)
         if not values:
-            return local, np.zeros(0, dtype=np.int32)
+            return local, _NO_CODES
         table = np.append(self.codes(values, len(values)), np.int32(-1))  # -1 stays missing
         return table[local], table[:-1]
 
@@ -245,7 +248,8 @@ class _Builder:
         self.n = 0
         self.interners = interners or Interners()
         self.cats = self.interners.cats
-        self.codes: dict[str, list[np.ndarray]] = {c: [] for c in self.cats}
+        #: per text column, its chunks' codes (int32, -1 missing), or a chunk's number of rows where it has no value
+        self.codes: dict[str, list[np.ndarray | int]] = {c: [] for c in self.cats}
         self.floats: dict[str, list[np.ndarray]] = {"ts": [], "dur": []}
         self.numbers: dict[str, list[tuple[int, tuple[np.ndarray, np.ndarray] | None]]] = {
             c: [] for c, _, _ in _ARG_COLUMNS
@@ -266,12 +270,15 @@ class _Builder:
         if interners is not None:
             self.firsts = {c: [] for c in [*self.cats, *(f"flow {c}" for c in self.flow_cats)]}
 
-    def _keep(self, column: str, codes: np.ndarray, firsts: np.ndarray | None = None) -> None:
-        """Append a chunk's codes of a text column (``flow X`` for the flows' columns)."""
+    def _keep(self, column: str, codes: np.ndarray | int, firsts: np.ndarray | None = None) -> None:
+        """Append a chunk's codes of a text column (``flow X`` for the flows' columns); a
+        number of rows stands for as many missing values (``_joined_codes``)."""
         parts = self.flow_parts[column[5:]] if column.startswith("flow ") else self.codes[column]
         parts.append(codes)
         if self.firsts is not None:
-            self.firsts[column].append(pd.unique(codes[codes >= 0]) if firsts is None else firsts)
+            if firsts is None:
+                firsts = _NO_CODES if isinstance(codes, int) else pd.unique(codes[codes >= 0])
+            self.firsts[column].append(firsts)
 
     def add(self, events: list[Any] | tuple[Any, ...]) -> None:
         """Append a chunk: msgspec's event structs, or the C scanner's columns (a tuple)."""
@@ -305,12 +312,12 @@ class _Builder:
             values = columns[column]
             self._keep(
                 column,
-                np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n),
+                n if values.count(None) == n else self.cats[column].codes(values, n),
             )
         for column in _ARG_RAW:
             values = columns[column]
             if values.count(_NULL) == n:
-                self._keep(column, np.full(n, -1, dtype=np.int32))
+                self._keep(column, n)
             else:
                 self._keep(column, self.cats[column].codes(list(map(bytes, values)), n))
         self.n += n
@@ -326,14 +333,14 @@ class _Builder:
             )
         if n_flows:
             for column, (codes, values) in zip(self.flow_cats, flow_text):
-                self._keep(f"flow {column}", *self.flow_cats[column].remap(codes, values))
+                self._keep(f"flow {column}", *self.flow_cats[column].remap(codes, values, n_flows))
             self.flow_parts["ts"].append(np.frombuffer(flow_ts, dtype=np.float64))
             ids = _scanned_numbers(flow_id, False)
             self.flow_parts["id"].append(ids or (np.zeros(n_flows, np.int64), np.ones(n_flows, bool)))
         if not n:
             return
         for column, (codes, values) in zip(_TEXT + _ARG_RAW, text + raw):
-            self._keep(column, *self.cats[column].remap(codes, values))
+            self._keep(column, *self.cats[column].remap(codes, values, n))
         self.floats["ts"].append(np.frombuffer(ts, dtype=np.float64))
         self.floats["dur"].append(np.frombuffer(dur, dtype=np.float64))
         for (column, _, floating), part in zip(_ARG_COLUMNS, numbers):
@@ -434,13 +441,13 @@ class _Builder:
     def _flow_categorical(self, column: str) -> pd.Categorical:
         return self._in_file_order(f"flow {column}", self.flow_cats[column], self.flow_parts[column])
 
-    def _in_file_order(self, column: str, interner: _Interner, parts: list[np.ndarray]) -> pd.Categorical:
+    def _in_file_order(self, column: str, interner: _Interner, parts: list[np.ndarray | int]) -> pd.Categorical:
         """The column (its chunks' codes joined) as a categorical whose categories are in the
         order the file first has them, as a one-thread parse makes them, however the threads
         met them."""
         count = len(interner.labels)
         if count == 0:  # no value in any chunk (most args columns of a CPU trace): all missing
-            n = sum(len(p) for p in parts)
+            n = sum(map(_rows, parts))
             if self._no_categories is None:  # (one dtype for all of them: making one costs ~0.1 ms)
                 self._no_categories = pd.CategoricalDtype(pd.Index([], dtype="str"), ordered=False)
             return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), dtype=self._no_categories, validate=False)
@@ -457,19 +464,33 @@ class _Builder:
         return pd.Categorical.from_codes(_joined_codes(parts, count, renumber), categories=categories, validate=False)
 
 
-def _joined_codes(parts: list[np.ndarray], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
-    """The chunks' codes (int32, -1 missing) of a column of ``count`` categories joined into
-    one array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last
-    entry -1 for the missing ones) where given: one pass, no int32 copy of the column."""
-    out = np.empty(sum(len(p) for p in parts), dtype=code_dtype(count))
+#: the codes of no value
+_NO_CODES = np.zeros(0, dtype=np.int32)
+_NO_CODES.flags.writeable = False
+
+
+def _rows(part: np.ndarray | int) -> int:
+    """The rows of a chunk's codes (a number: that many missing values)."""
+    return part if isinstance(part, int) else len(part)
+
+
+def _joined_codes(parts: list[np.ndarray | int], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
+    """The chunks' codes (int32, -1 missing; a number of rows: all missing) of a column of
+    ``count`` categories joined into one array of ``code_dtype(count)``, through
+    ``renumber`` (indexed by code, its last entry -1 for the missing ones) where given: one
+    pass, no int32 copy of the column."""
+    out = np.empty(sum(map(_rows, parts)), dtype=code_dtype(count))
     at = 0
     for part in parts:
-        piece = out[at : at + len(part)]
-        if renumber is None:
+        rows = _rows(part)
+        piece = out[at : at + rows]
+        if isinstance(part, int):
+            piece[...] = -1
+        elif renumber is None:
             piece[...] = part
         else:
             np.take(renumber, part, out=piece)
-        at += len(part)
+        at += rows
     return out
 
 
