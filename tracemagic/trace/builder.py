@@ -52,6 +52,8 @@ class ParsedTrace:
     warnings: list[str] = field(default_factory=list)
     #: the CPU duration events' rows in nesting order (``structure.cpu_by_thread``), once prepared
     cpu_by_thread: np.ndarray | None = None
+    #: its events' ``structure.thread_keys`` (before the ranks are stacked), once prepared
+    thread_keys: np.ndarray | None = None
 
 
 #: the types of the values an ``_Interner`` keys by themselves: no two of them are equal

@@ -161,9 +161,11 @@ def _cpu_by_thread_keyed(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return rows[order], keys[order]
 
 
-def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def nest(
+    events: pd.DataFrame, t0: float, keys: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Parent row, depth and self time (µs) of every CPU-side duration event, and the
-    ``cpu_by_thread`` order it walked.
+    ``cpu_by_thread`` order it walked (``keys``: the ``thread_keys`` of ``events``, where known).
 
     Events nest per (pid, tid); GPU events and instants get parent -1, depth -1 and
     self time equal to their duration. Sorting, nesting and self time are one C call
@@ -179,7 +181,7 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
     _nesting.nest_rows(
         mask.view(np.uint8),
-        thread_keys(events),
+        thread_keys(events) if keys is None else keys,
         np.ascontiguousarray(events["ts"].to_numpy(), dtype=np.float64),
         np.ascontiguousarray(events["dur"].to_numpy(), dtype=np.float64),
         t0,
@@ -332,10 +334,10 @@ def by_external_id(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return found
 
 
-def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """The columns ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and
-    ``module`` (by name, in that order) and the ``cpu_by_thread`` rows (the analyses search
-    in that order too).
+    ``module`` (by name, in that order), the ``cpu_by_thread`` rows (the analyses search
+    in that order too) and the ``thread_keys`` of ``events`` (which several analyses use).
 
     ``op`` is the CPU op that launched a GPU event (or a runtime call's op): the innermost
     ``cpu_op`` at or around the op, annotation or step that shares the runtime call's
@@ -349,7 +351,8 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     """
     ts = events["ts"].to_numpy()
     t0 = float(np.nanmin(ts)) if len(ts) else 0.0
-    parent, depth, self_dur, ordered = nest(events, t0)
+    keys = thread_keys(events)
+    parent, depth, self_dur, ordered = nest(events, t0, keys)
     kinds = kind_codes(events)
     step = step_numbers(events, kinds)
     launch = launches(events, kinds)
@@ -373,4 +376,4 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     step[rows] = step[launch[rows]]
     columns = {"parent": parent, "depth": depth, "self_dur": self_dur, "step": step, "launch": launch}
     columns.update(op=op, module=module)
-    return columns, ordered
+    return columns, ordered, keys
