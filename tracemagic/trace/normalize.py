@@ -28,10 +28,10 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         [KINDS.index(CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats] + [KINDS.index("other")],
         dtype=np.int8,
     )
-    codes = lookup[events["cat"].cat.codes.to_numpy()]
+    codes = lookup[events["cat"].array.codes]  # (``.cat.codes`` would copy the codes first)
     # per-name (and per-phase) answers, indexed by the codes (-1, a missing value: the last)
     names = events["name"]
-    name_codes = names.cat.codes.to_numpy()
+    name_codes = names.array.codes
     is_memory = per_code(events["ph"], lambda c: c != "X", True) & per_code(names, lambda c: c == "[memory]", False)
     codes[is_memory] = KINDS.index("memory")
     step_names = np.asarray(names.cat.categories.str.match(STEP_NAME.pattern), dtype=bool)

@@ -102,8 +102,8 @@ def nest_sorted(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[
 def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     """One int64 per row (of ``rows``, default all) naming its (rank, pid, tid): events
     nest only within one key; keys order threads by rank, then pid and tid codes."""
-    pid = events["pid"].cat.codes.to_numpy()
-    tid = events["tid"].cat.codes.to_numpy()
+    pid = events["pid"].array.codes  # (``.cat.codes`` copies them)
+    tid = events["tid"].array.codes
     rank = events["rank"].to_numpy() if "rank" in events else None  # one rank before stacking
     if rows is not None:
         pid, tid, rank = pid[rows], tid[rows], (rank[rows] if rank is not None else None)
@@ -334,6 +334,18 @@ def by_external_id(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return found
 
 
+def _kind_codes(events: pd.DataFrame) -> np.ndarray:
+    """``kind_codes`` (read-only): the kind column's codes themselves where its categories
+    are ``KINDS`` in order, as ``normalize.event_kinds`` makes them (no gather, no copy)."""
+    kind = events["kind"].array
+    if isinstance(kind, pd.Categorical) and kind.categories.tolist() == list(KINDS):
+        codes = kind.codes.view()
+    else:
+        codes = kind_codes(events)
+    codes.flags.writeable = False
+    return codes
+
+
 def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """The columns ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and
     ``module`` (by name, in that order), the ``cpu_by_thread`` rows (the analyses search
@@ -353,12 +365,12 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     t0 = float(np.nanmin(ts)) if len(ts) else 0.0
     keys = thread_keys(events)
     parent, depth, self_dur, ordered = nest(events, t0, keys)
-    kinds = kind_codes(events)
+    kinds = _kind_codes(events)
     step = step_numbers(events, kinds)
     launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = per_category(module_names, names.cat.codes.to_numpy())
+    is_module = per_category(module_names, names.array.codes)
     is_module &= kinds == KINDS.index("python_function")
     module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
