@@ -988,7 +988,9 @@ def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch
     the trace comes from the cache. A parse on two threads (this trace's 9.8 MB of JSON,
     where two cores are free) hands back what it freed itself as it ends, the second
     thread's arena included (``split.trim_thread_arena``, given that thread's id), in
-    place of the loader's first trim. Where the C library has none, loading works alike."""
+    place of the loader's first trim. What preparing the events frees is left to the tables
+    (trimmed, they would fault its pages in again), but after files too small for a trim
+    of their own. Where the C library has none, loading works alike."""
     loader = importlib.import_module("tracemagic.trace.loader")
     split = importlib.import_module("tracemagic.trace.split")
     real = loader._malloc_trim()
@@ -1001,14 +1003,25 @@ def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch
     assert calls == [] and ended == [], "a small trace: no trim"
     monkeypatch.setattr(loader, "TRIM_MIN_BYTES", copied_trace.stat().st_size)
     tracemagic.load(copied_trace, use_cache=False, workers=1)
-    assert calls == [0, 0] and ended == [], "after the parse, and after the trace is assembled"
+    assert calls == [0] and ended == [], "after the parse, not after the preparation (its heap is the tables')"
     calls.clear()
     tracemagic.load(copied_trace, use_cache=False, workers=2)
     if split.can_split(file_source(copied_trace), 2):
         assert len(ended) == 1 and isinstance(ended[0], int), "the split parse's own, given its thread"
-        assert calls == [0], "then only after the trace is assembled"
+        assert calls == [], "in place of the loader's"
     else:  # one core: parsed on one thread
-        assert calls == [0, 0] and ended == []
+        assert calls == [0] and ended == []
+    calls.clear()
+    size = file_source(copied_trace).size
+    monkeypatch.setattr(loader, "TRIM_MIN_BYTES", size + 1)
+    small = copied_trace.parent / "ranks"
+    small.mkdir()
+    for rank in range(2):
+        shutil.copy(copied_trace, small / f"rank{rank}.json.gz")
+    tracemagic.load(small, use_cache=False)
+    assert calls == [0], "files too small for their own trim, together large: trimmed once, after them"
+    calls.clear()
+    monkeypatch.setattr(loader, "TRIM_MIN_BYTES", copied_trace.stat().st_size)
     calls.clear()
     ended.clear()
     tracemagic.load(copied_trace)

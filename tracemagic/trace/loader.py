@@ -385,7 +385,11 @@ def load(
     total = sum(s.size for s in sources)
     callback = bar_for(progress, total, path.name)
     parsed = _parse_sources(sources, recover, callback, total, workers)
-    if total >= TRIM_MIN_BYTES:
+    if total >= TRIM_MIN_BYTES and min(s.size for s in sources) < TRIM_MIN_BYTES:
+        # files too small to be trimmed after their own parse (``parse_source``): the heap
+        # they freed. Not after large files alone: what is free then is what preparing the
+        # last one freed, on this thread, which the analyses reuse (trimmed, its pages are
+        # faulted in again by the first tables)
         release_free_memory()
     if outside:
         parsed[0].warnings.append(skipped(path, outside))
