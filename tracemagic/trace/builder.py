@@ -9,7 +9,7 @@ import json
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 import numpy as np
@@ -122,17 +122,19 @@ class _Interner:
             self.labels.append(label)
         return code
 
-    def remap(self, codes: bytes | None, values: list[Any], n: int) -> tuple[np.ndarray | int, np.ndarray]:
-        """Codes of a chunk of ``n`` rows the C scanner interned on its own (``codes`` index
-        ``values``; None: no value, ``n`` is kept for ``n`` missing ones), and the codes of
-        ``values`` (the chunk's distinct values in the order it met them)."""
+    def remap(self, codes: bytes | None, values: list[Any], n: int) -> tuple[ChunkCodes, np.ndarray]:
+        """A chunk of ``n`` rows the C scanner interned on its own (``codes`` index
+        ``values``; None: no value) as a ``ChunkCodes``: its codes and the table to this interner's
+        (``_joined_codes`` looks them up as it joins the chunks: one pass, out of the
+        parsing threads' turns at the GIL), and the codes of ``values`` (the chunk's distinct
+        values in the order it met them)."""
         if codes is None:
             return n, _NO_CODES
         local = np.frombuffer(codes, dtype=np.int32)
         if not values:
             return local, _NO_CODES
         table = np.append(self.codes(values, len(values)), np.int32(-1))  # -1 stays missing
-        return table[local], table[:-1]
+        return (local, table), table[:-1]
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype="str"), validate=False)
@@ -250,8 +252,8 @@ class _Builder:
         self.n = 0
         self.interners = interners or Interners()
         self.cats = self.interners.cats
-        #: per text column, its chunks' codes (int32, -1 missing), or a chunk's number of rows where it has no value
-        self.codes: dict[str, list[np.ndarray | int]] = {c: [] for c in self.cats}
+        #: per text column, its chunks' codes (``ChunkCodes``)
+        self.codes: dict[str, list[ChunkCodes]] = {c: [] for c in self.cats}
         self.floats: dict[str, list[np.ndarray]] = {"ts": [], "dur": []}
         self.numbers: dict[str, list[tuple[int, tuple[np.ndarray, np.ndarray] | None]]] = {
             c: [] for c, _, _ in _ARG_COLUMNS
@@ -272,13 +274,14 @@ class _Builder:
         if interners is not None:
             self.firsts = {c: [] for c in [*self.cats, *(f"flow {c}" for c in self.flow_cats)]}
 
-    def _keep(self, column: str, codes: np.ndarray | int, firsts: np.ndarray | None = None) -> None:
-        """Append a chunk's codes of a text column (``flow X`` for the flows' columns); a
-        number of rows stands for as many missing values (``_joined_codes``)."""
+    def _keep(self, column: str, codes: ChunkCodes, firsts: np.ndarray | None = None) -> None:
+        """Append a chunk's codes of a text column (``flow X`` for the flows' columns), a
+        ``ChunkCodes`` (``firsts`` given where they are not an array of codes)."""
         parts = self.flow_parts[column[5:]] if column.startswith("flow ") else self.codes[column]
         parts.append(codes)
         if self.firsts is not None:
             if firsts is None:
+                assert isinstance(codes, (int, np.ndarray))
                 firsts = _NO_CODES if isinstance(codes, int) else pd.unique(codes[codes >= 0])
             self.firsts[column].append(firsts)
 
@@ -443,7 +446,7 @@ class _Builder:
     def _flow_categorical(self, column: str) -> pd.Categorical:
         return self._in_file_order(f"flow {column}", self.flow_cats[column], self.flow_parts[column])
 
-    def _in_file_order(self, column: str, interner: _Interner, parts: list[np.ndarray | int]) -> pd.Categorical:
+    def _in_file_order(self, column: str, interner: _Interner, parts: list[ChunkCodes]) -> pd.Categorical:
         """The column (its chunks' codes joined) as a categorical whose categories are in the
         order the file first has them, as a one-thread parse makes them, however the threads
         met them."""
@@ -470,17 +473,21 @@ class _Builder:
 _NO_CODES = np.zeros(0, dtype=np.int32)
 _NO_CODES.flags.writeable = False
 
+#: a chunk's codes of a text column: the interner's codes (int32, -1 missing); or a number
+#: of rows, all missing; or the scanner's own codes of the chunk (int32, -1 missing) and the
+#: interner's code of each (int32, then -1 for the missing ones)
+ChunkCodes: TypeAlias = np.ndarray | int | tuple[np.ndarray, np.ndarray]
 
-def _rows(part: np.ndarray | int) -> int:
-    """The rows of a chunk's codes (a number: that many missing values)."""
-    return part if isinstance(part, int) else len(part)
+
+def _rows(part: ChunkCodes) -> int:
+    """The rows of a chunk's ``ChunkCodes``."""
+    return part if isinstance(part, int) else len(part[0]) if isinstance(part, tuple) else len(part)
 
 
-def _joined_codes(parts: list[np.ndarray | int], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
-    """The chunks' codes (int32, -1 missing; a number of rows: all missing) of a column of
-    ``count`` categories joined into one array of ``code_dtype(count)``, through
-    ``renumber`` (indexed by code, its last entry -1 for the missing ones) where given: one
-    pass, no int32 copy of the column."""
+def _joined_codes(parts: list[ChunkCodes], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
+    """The chunks' codes (``ChunkCodes``) of a column of ``count`` categories joined into one
+    array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last entry -1
+    for the missing ones) where given: one pass, no int32 copy of the column."""
     out = np.empty(sum(map(_rows, parts)), dtype=code_dtype(count))
     at = 0
     for part in parts:
@@ -488,6 +495,10 @@ def _joined_codes(parts: list[np.ndarray | int], count: int, renumber: np.ndarra
         piece = out[at : at + rows]
         if isinstance(part, int):
             piece[...] = -1
+        elif isinstance(part, tuple):
+            local, table = part
+            table = renumber[table] if renumber is not None else table.astype(out.dtype)
+            np.take(table, local, out=piece, mode="wrap")  # (-1, missing: the table's last entry)
         elif renumber is None:
             piece[...] = part
         else:
