@@ -133,7 +133,8 @@ class _Interner:
         local = np.frombuffer(codes, dtype=np.int32)
         if not values:
             return local, _NO_CODES
-        table = np.append(self.codes(values, len(values)), np.int32(-1))  # -1 stays missing
+        # a missing value last (``seen`` has it as -1), for the chunk's -1 codes to stay missing
+        table = self.codes([*values, b"null" if self.raw else None], len(values) + 1)
         return (local, table), table[:-1]
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
