@@ -523,7 +523,7 @@ def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: in
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
         return all_missing(n, floating)
-    values = lazy_zeros(n, dtype)
+    values = lazy_zeros(n, dtype, populate=True)
     mask = np.empty(n, dtype=bool)
     at = 0
     for k, part in parts:

@@ -210,7 +210,7 @@ def filled_where(target: Any, source: Any, where: np.ndarray) -> Any:
     column of a 100 MB trace."""
     masked = isinstance(target, (pd.arrays.IntegerArray, pd.arrays.FloatingArray))
     if masked and type(source) is type(target) and source.dtype == target.dtype and target._mask.all():
-        values = lazy_zeros(len(target), target._data.dtype)
+        values = lazy_zeros(len(target), target._data.dtype, populate=True)
         np.copyto(values, source._data, where=where)  # (missing: zeros under the mask, as in target)
         mask = np.logical_not(where)
         mask |= source._mask
