@@ -12,7 +12,7 @@ class Shared:
 
     #: the CPU events' order by thread (``trace.loader``, read by ``analysis._common``)
     CPU_BY_THREAD: Final = "cpu_by_thread"
-    #: each event's thread key (``analysis._common``)
+    #: each event's thread key (``trace.loader`` for one file, else ``analysis._common``)
     THREAD_KEYS: Final = "thread_keys"
     #: the op and layer around each memory event (``analysis._common``)
     MEMORY_HOLDERS: Final = "memory_holders"
