@@ -90,14 +90,15 @@ def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     out = np.zeros(rows.size, dtype=bool)
     codes = cast(pd.Categorical, events["name"].array).codes  # (``.cat.codes`` copies them)
     # same name as the parent first (one pass, -1 parents masked): few rows, so the rest looks at those alone
-    where = np.flatnonzero((up >= 0) & (codes[up] == codes[rows]))
+    # (``take``: indexing the small codes by int64 rows is slower; a -1 parent takes the last row's, masked)
+    where = np.flatnonzero((up >= 0) & (np.take(codes, up) == np.take(codes, rows)))
     if where.size == 0:
         return out
     outer = up[where]
     kinds = cast(pd.Categorical, events["kind"].array)
-    op_kinds = np.flatnonzero(np.isin(np.asarray(kinds.categories, dtype=object), KINDS))
+    is_op_kind = np.array([k in KINDS for k in kinds.categories.tolist()] + [False])  # the last: -1 (missing)
     # a 0 µs parent (integer-µs traces) holds nothing: the plugin's tree makes such ops siblings
-    keep = np.isin(kinds.codes[outer], op_kinds) & (events["dur"].to_numpy()[outer] > 0)
+    keep = np.take(is_op_kind, kinds.codes[outer]) & (events["dur"].to_numpy()[outer] > 0)
     where, outer = where[keep], outer[keep]
     if where.size == 0:
         return out

@@ -442,22 +442,26 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
         {"dur": np.take(events["dur"].to_numpy(), tops), "self_dur": chain_self, "gpu_us": gpu_time(events, tops)}
     )
     sums = chains.groupby(group).sum()
-    total, gpu = sums["dur"], sums["gpu_us"]
-    calls = pd.Series(np.bincount(group, minlength=first.size), index=total.index)
+    totals, gpu = sums["dur"].to_numpy(), sums["gpu_us"].to_numpy()
+    calls = np.bincount(group, minlength=first.size)
     # per call only where every call's chain is counted: a mean over the known ones would
     # hold the other calls' time to FLOPs they may not have done (as ``efficiency()``)
     every = np.bincount(group[chain_source < 0], minlength=first.size) == 0
-    mean = pd.Series(np.where(chain_source >= 0, chain_flops, np.nan)).groupby(group).mean()
-    flops = mean.astype("Float64").where(every)
+    mean = pd.Series(np.where(chain_source >= 0, chain_flops, np.nan)).groupby(group).mean().to_numpy()
     best = np.full(first.size, -1, dtype=np.int64)
     np.maximum.at(best, group, chain_source)
     source = np.where(every, best, -1)
     named = np.array([*_SOURCES, None], dtype=object)
-    seconds = gpu.where(gpu > 0, total) * 1e-6
-    tflops = (flops * calls / seconds / 1e12).where(seconds > 0)
+    seconds = np.where(gpu > 0, gpu, totals) * 1e-6
+    # as nullable floats (``Float64``): missing where unknown, and where pandas' arithmetic
+    # on them would make NaN (it masks such results), computed on the numbers
+    unknown = np.isnan(mean) | ~every
+    with np.errstate(all="ignore"):
+        rate = mean * calls / seconds / 1e12
+    flops = pd.arrays.FloatingArray(mean, unknown)
+    tflops = pd.arrays.FloatingArray(rate, unknown | ~(seconds > 0) | np.isnan(rate))
     # busiest first per rank: ordered before the columns are made (``sort_values(["rank",
     # "total_us"], ascending=[True, False], kind="stable")``, which puts NaN last)
-    totals = total.to_numpy()
     ranks = rank[first]
     if np.isnan(totals).any():
         order = pd.DataFrame({"r": ranks, "t": totals}).sort_values(["r", "t"], ascending=[True, False], kind="stable")
@@ -469,13 +473,13 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
         {
             "rank": ranks[order],
             **{key: _text_at(key_columns[key], at) for key in keys[1:]},
-            "calls": calls.to_numpy()[order],
+            "calls": calls[order],
             "total_us": totals[order],
-            "mean_us": (total / calls).to_numpy()[order],
+            "mean_us": (totals / calls)[order],
             "self_us": sums["self_dur"].to_numpy()[order],
-            "gpu_us": gpu.to_numpy()[order],
-            "flops": flops.array.take(order),
-            "tflops_per_s": tflops.array.take(order),
+            "gpu_us": gpu[order],
+            "flops": flops.take(order),
+            "tflops_per_s": tflops.take(order),
             "flops_source": text(named[source[order]]),  # -1: the None at the end
         }
     )
