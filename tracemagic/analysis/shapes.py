@@ -315,9 +315,8 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     ruled = np.flatnonzero(unknown & np.take(has_rule, names) & (dims >= 0))
     names, dims, args = names[ruled], dims[ruled], args[ruled]
     if len(name_of) * len(dims_of) * len(args_of) < 2**62:  # one int key (codes + 1: -1 is missing)
-        codes, first = group_rows(
-            (names.astype(np.int64) + 1) * (len(dims_of) * len(args_of)) + (dims + 1) * len(args_of) + (args + 1)
-        )
+        wide = [c.astype(np.int64) + 1 for c in (names, dims, args)]  # (the codes are int8 or int16)
+        codes, first = group_rows((wide[0] * len(dims_of) + wide[1]) * len(args_of) + wide[2])
     else:
         codes, first = group_rows(names, dims, args)
     found = [
