@@ -438,7 +438,12 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
     group, first = group_rows(rank, *key_columns.values())
     # pandas' sums (compensated: they differ from a plain sum in the last bits), all in one call
     chains = pd.DataFrame(
-        {"dur": np.take(events["dur"].to_numpy(), tops), "self_dur": chain_self, "gpu_us": gpu_time(events, tops)}
+        {
+            "dur": np.take(events["dur"].to_numpy(), tops),
+            "self_dur": chain_self,
+            "gpu_us": gpu_time(events, tops),
+            "flops": np.where(chain_source >= 0, chain_flops, np.nan),
+        }
     )
     sums = chains.groupby(group).sum()
     totals, gpu = sums["dur"].to_numpy(), sums["gpu_us"].to_numpy()
@@ -446,7 +451,8 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
     # per call only where every call's chain is counted: a mean over the known ones would
     # hold the other calls' time to FLOPs they may not have done (as ``efficiency()``)
     every = np.bincount(group[chain_source < 0], minlength=first.size) == 0
-    mean = pd.Series(np.where(chain_source >= 0, chain_flops, np.nan)).groupby(group).mean().to_numpy()
+    # pandas' mean where every call is known: its compensated sum over the calls
+    mean = np.where(every, sums["flops"].to_numpy() / calls, np.nan)
     best = np.full(first.size, -1, dtype=np.int64)
     np.maximum.at(best, group, chain_source)
     source = np.where(every, best, -1)
