@@ -82,7 +82,8 @@ def memory(trace: TraceTables) -> pd.DataFrame:
     phase = np.where(backward, 1, np.where(layer_rows >= 0, 0, -1))
     devices, device = device_names(pd.Series(picked["device_type"]), pd.Series(picked["device"]))
     rank = np.asarray(picked["rank"])
-    ts = np.asarray(picked["ts"]) - trace_start(trace)
+    ts = np.asarray(picked["ts"], dtype=np.float64)
+    ts -= trace_start(trace)  # (in place: taken at the rows, the array is this table's own)
     allocated = pd.array(picked["total_allocated"], copy=False)
     complete = not allocated.isna().any()  # every event has its total (recent traces): nothing to rebuild
     columns = {
@@ -98,11 +99,11 @@ def memory(trace: TraceTables) -> pd.DataFrame:
         "phase": text_take(np.array(["forward", "backward"], dtype=object), phase),
         "step": picked["step"],
         "addr": picked["addr"],
-        "row": rows,
+        "row": rows.copy(),  # (the shared rows of ``memory_holders``: the frame holds its own)
     }
     if not complete:
         columns["_device"] = rank.astype(np.int64) * (len(devices) + 1) + device  # one key per (rank, device)
-    table = pd.DataFrame(columns)
+    table = pd.DataFrame(columns, copy=False)  # every column is made here: no second copy of each
     if not _in_order(rank, ts):  # (the events come in time order: rarely sorted again)
         table = table.sort_values(["rank", "ts", "row"], kind="stable").reset_index(drop=True)
     if complete:

@@ -39,13 +39,15 @@ def ops(trace: TraceTables) -> pd.DataFrame:
         return column_at(events[column], rows)
 
     layer, layer_type = layer_labels(trace, at("module"))
+    ts = np.asarray(at("ts"), dtype=np.float64)
+    ts -= trace_start(trace)  # (in place: taken at the rows, the array is this table's own)
     return pd.DataFrame(
         {
             "rank": at("rank"),
             "row": rows,
             "name": labels(pd.Series(at("name"))),
             "kind": kinds_at(events, rows),
-            "ts": at("ts") - trace_start(trace),
+            "ts": ts,
             "dur": at("dur"),
             "self_dur": at("self_dur"),
             "thread": labels(pd.Series(at("tid"))),
