@@ -412,8 +412,8 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
     # chain are made at the chains alone, not per event (each 2 MB on a 100 MB trace)
     chain = np.full(len(events), -1, dtype=np.int32)
     chain[tops] = np.arange(tops.size, dtype=np.int32)
-    chain = np.take(chain, top)  # (a top of -1 takes the last row's entry: -1, no row is after it)
-    chain[top < 0] = -1
+    chain = np.take(chain, top)
+    chain[top < 0] = -1  # (a top of -1 took the last row's entry)
     inside = chain >= 0
     all_inside = bool(inside.all())
     self_dur = np.take(events["self_dur"].to_numpy(), rows)
@@ -493,6 +493,6 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
 def _text_at(values: pd.Categorical | pd.Series, at: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """``text`` of ``values`` at ``at``: a categorical's strings taken by code (one string
     per distinct value made, then Arrow's take)."""
-    if isinstance(values, pd.Categorical):
+    if isinstance(values, pd.Categorical) and values.categories.inferred_type == "string":
         return text_take(np.asarray(values.categories, dtype=object), np.take(values.codes, at))
-    return text(values_at(values, at))
+    return text(values_at(pd.Series(values), at))
