@@ -675,6 +675,42 @@ def test_all_missing_columns_are_missing_writable_and_picklable_parsed_or_cached
     assert tracemagic.load(path).events["stream"].isna().all(), "the cache is unchanged"
 
 
+def test_columns_missing_in_whole_chunks_are_missing_writable_and_picklable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where whole chunks of the file have no value of a column (the memory events of a CPU
+    trace have no ``External id``, the ops no ``Bytes``), those rows' values are lazily
+    zeroed pages, never written: the column still reads, writes and pickles as any."""
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 16 << 10)  # many chunks, some with no id at all
+    events = [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": float(i), "dur": 0.5,
+               **({"args": {"External id": i}} if (i // 2000) % 2 == 0 else {})} for i in range(12_000)]
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    want = pd.array([e.get("args", {}).get("External id") for e in events], dtype="Int64")
+    parsed, cached = tracemagic.load(path, cache_dir=tmp_path), tracemagic.load(path, cache_dir=tmp_path)
+    for trace in (parsed, cached):
+        values = trace.events["external_id"]
+        pd.testing.assert_extension_array_equal(values.array, want)
+        assert pickle.loads(pickle.dumps(values)).equals(values)
+        trace.events.loc[trace.events.index[2000:2003], "external_id"] = 7
+        assert trace.events["external_id"].iloc[2001] == 7 and trace.events["external_id"].notna().sum() == 6003
+
+
+@pytest.mark.parametrize(
+    "name", ["hta_control.json.gz", "hta_nccl_data.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"]
+)
+def test_load_hands_the_thread_keys_to_the_analyses(name: str) -> None:
+    """Nesting keys each event by its (rank, pid, tid); ``load`` passes the keys of one
+    file on, with its rank (``hta_control`` is rank 3), exactly as the analyses compute
+    them from the table; of several ranks (whose categories are joined) it passes none."""
+    trace = tracemagic.load(trace_path(name), use_cache=False)
+    handed = trace.shared("thread_keys", lambda: None)
+    assert handed is not None
+    np.testing.assert_array_equal(handed, structure.thread_keys(trace.events))
+    ranks = tracemagic.load(trace_path("param_dlrm_kineto.tar.gz"), use_cache=False)
+    assert ranks.shared("thread_keys", lambda: None) is None and ranks.events["rank"].nunique() > 1
+
+
 @pytest.mark.parametrize(
     "name", ["param_dlrm_kineto.tar.gz", "hta_nccl_data.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"]
 )
@@ -952,7 +988,9 @@ def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch
     the trace comes from the cache. A parse on two threads (this trace's 9.8 MB of JSON,
     where two cores are free) hands back what it freed itself as it ends, the second
     thread's arena included (``split.trim_thread_arena``, given that thread's id), in
-    place of the loader's first trim. Where the C library has none, loading works alike."""
+    place of the loader's first trim. What preparing the events frees is left to the tables
+    (trimmed, they would fault its pages in again), but after files too small for a trim
+    of their own. Where the C library has none, loading works alike."""
     loader = importlib.import_module("tracemagic.trace.loader")
     split = importlib.import_module("tracemagic.trace.split")
     real = loader._malloc_trim()
@@ -965,14 +1003,25 @@ def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch
     assert calls == [] and ended == [], "a small trace: no trim"
     monkeypatch.setattr(loader, "TRIM_MIN_BYTES", copied_trace.stat().st_size)
     tracemagic.load(copied_trace, use_cache=False, workers=1)
-    assert calls == [0, 0] and ended == [], "after the parse, and after the trace is assembled"
+    assert calls == [0] and ended == [], "after the parse, not after the preparation (its heap is the tables')"
     calls.clear()
     tracemagic.load(copied_trace, use_cache=False, workers=2)
     if split.can_split(file_source(copied_trace), 2):
         assert len(ended) == 1 and isinstance(ended[0], int), "the split parse's own, given its thread"
-        assert calls == [0], "then only after the trace is assembled"
+        assert calls == [], "in place of the loader's"
     else:  # one core: parsed on one thread
-        assert calls == [0, 0] and ended == []
+        assert calls == [0] and ended == []
+    calls.clear()
+    size = file_source(copied_trace).size
+    monkeypatch.setattr(loader, "TRIM_MIN_BYTES", size + 1)
+    small = copied_trace.parent / "ranks"
+    small.mkdir()
+    for rank in range(2):
+        shutil.copy(copied_trace, small / f"rank{rank}.json.gz")
+    tracemagic.load(small, use_cache=False)
+    assert calls == [0], "files too small for their own trim, together large: trimmed once, after them"
+    calls.clear()
+    monkeypatch.setattr(loader, "TRIM_MIN_BYTES", copied_trace.stat().st_size)
     calls.clear()
     ended.clear()
     tracemagic.load(copied_trace)

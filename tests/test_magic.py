@@ -499,3 +499,25 @@ def test_cuda_is_recorded_by_default_when_available(ip, kineto_events):
     assert capture.manifest["device"]["activities"] == ["CPU", "CUDA"]
     events = kineto_events(capture.dir / "kineto_trace_0.json")
     assert any(e.get("cat") == "kernel" for e in events)
+    # each iteration's GPU time, from the magic's CUDA events at the iteration boundaries
+    timing = capture.manifest["loop_timing"]
+    assert len(timing["gpu_ms"]) == len(timing["wall_ms"]) == 5
+    assert all(ms > 0 for ms in timing["gpu_ms"])
+    # and those events add no Python frames of torch.cuda's under the magic's step() in the user's
+    # trace (torch's own profiler.step() may stop the profiler there, which synchronizes)
+    frames = [e for e in events if e.get("cat") == "python_function"]
+    steps = [e for e in frames if re.match(r"tracemagic/capture/session\.py\(\d+\): step$", e["name"])]
+    assert steps
+
+    def within(outer: dict, inner: dict) -> bool:
+        return outer["tid"] == inner["tid"] and outer["ts"] <= inner["ts"] and (
+            inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]
+        )
+
+    torch_own = [f for f in frames if f["name"].startswith("torch/profiler/")]
+    inside = [
+        f["name"] for s in steps for f in frames
+        if f["name"].startswith("torch/cuda/") and within(s, f)
+        and not any(within(s, p) and within(p, f) for p in torch_own)
+    ]
+    assert not inside, inside

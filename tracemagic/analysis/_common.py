@@ -332,7 +332,7 @@ def module_labels(trace: TraceTables) -> dict[str, tuple[str, str]]:
     """
     known = unique_roots(trace.module_names)
     out = {}
-    for name in trace.events["name"].cat.categories.tolist():  # (iterating an Arrow-backed index is ~8x slower)
+    for name in trace.events["name"].cat.categories.tolist():  # (a list: iterating the Arrow-backed index is slow)
         text = str(name)
         if not text.startswith(MODULE_PREFIX):
             continue
@@ -385,6 +385,7 @@ def _per_name(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
         labels = module_labels(trace)
+        # as a list first: iterating an Arrow-backed index is ~8x slower
         categories = trace.events["name"].cat.categories.tolist()
         layer_of = np.array([labels.get(str(c), (None, None))[0] for c in categories] + [None], dtype=object)
         type_of = np.array([labels.get(str(c), (None, None))[1] for c in categories] + [None], dtype=object)
@@ -394,8 +395,10 @@ def _per_name(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _codes_at(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
-    codes = trace.events["name"].cat.codes.to_numpy()
-    return np.where(rows >= 0, codes[np.maximum(rows, 0)], -1)
+    codes = trace.events["name"].array.codes  # (``.cat.codes`` copies them)
+    out = np.take(codes, rows)  # (``take``: indexing by int64 rows converts the small codes first)
+    out[rows < 0] = -1
+    return out
 
 
 def layer_codes(trace: TraceTables, module_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -426,7 +429,9 @@ def layer_labels(trace: TraceTables, module_rows: np.ndarray) -> tuple[pd.Catego
     """``layers_at`` as categoricals, for per-event tables of millions of rows."""
     layer_of, type_of = _per_name(trace)
     at = _codes_at(trace, module_rows)
-    return _categorical(layer_of, at), _categorical(type_of, at)
+    used = np.zeros(layer_of.size, dtype=bool)  # the names present (-1: the None at the end)
+    used[at.astype(np.intp)] = True
+    return _used_categorical(layer_of, at, used), _used_categorical(type_of, at, used)
 
 
 def name_labels(trace: TraceTables, rows: np.ndarray) -> pd.Categorical:
@@ -439,7 +444,7 @@ def without_unused(values: pd.Categorical) -> pd.Categorical:
     """``values.remove_unused_categories()`` by counting codes instead of sorting them."""
     codes = values.codes
     used = np.zeros(len(values.categories) + 1, dtype=bool)  # the last entry: -1 (missing)
-    used[codes] = True
+    used[codes.astype(np.intp)] = True  # (small codes as indices are converted first, slower)
     used = used[:-1]
     if used.all():
         return values
@@ -447,7 +452,7 @@ def without_unused(values: pd.Categorical) -> pd.Categorical:
     # the new codes made in the width pandas keeps them in (no int64 copy cast down after)
     remap = np.full(used.size + 1, -1, dtype=code_dtype(kept))  # the last entry maps -1 (missing)
     remap[np.flatnonzero(used)] = np.arange(kept)
-    return pd.Categorical.from_codes(remap[codes], categories=values.categories[used], validate=False)
+    return pd.Categorical.from_codes(np.take(remap, codes), categories=values.categories[used], validate=False)
 
 
 def labels(values: pd.Series) -> pd.Categorical:
@@ -611,3 +616,15 @@ def _ordered_by(group: np.ndarray, start: np.ndarray) -> bool:
     back = group[1:] == group[:-1]  # within a group, a start before the one above it
     back &= start[1:] < start[:-1]
     return not back.any() and not np.isnan(start).any()
+
+
+def _used_categorical(per_code: np.ndarray, at: np.ndarray, used: np.ndarray) -> pd.Categorical:
+    """``_categorical(per_code, at)`` (unused categories left out) made from the ``used``
+    codes alone: only their values are sorted, and no code is remapped twice."""
+    keep = used & np.array([v is not None for v in per_code])
+    if not keep.any():  # no category: made as ``_categorical`` makes it (its dtype depends on the unused ones)
+        return _categorical(per_code, at)
+    categories, index = np.unique(per_code[keep].astype(str), return_inverse=True)
+    recode = np.full(per_code.size, -1, dtype=code_dtype(len(categories)))
+    recode[np.flatnonzero(keep)] = index
+    return pd.Categorical.from_codes(np.take(recode, at), categories=categories, validate=False)

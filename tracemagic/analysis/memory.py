@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import layer_text, memory_holders, name_text, text_take, trace_start
+from tracemagic.analysis._common import column_at, layer_text, memory_holders, name_text, text_take, trace_start
 from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.model import TraceTables
@@ -36,12 +36,19 @@ def device_names(device_type: pd.Series, device: pd.Series) -> tuple[np.ndarray,
     distinct names (object array) and, per row, the index of its name."""
     kind = device_type.to_numpy(dtype=np.int64, na_value=-1)
     index = device.to_numpy(dtype=np.int64, na_value=-1)
-    keys, inverse = np.unique((kind << 32) + index + 1, return_inverse=True)
+    # factorized, then the few distinct keys sorted (``np.unique(..., return_inverse=True)``
+    # sorts every row)
+    codes, found = pd.factorize((kind << 32) + index + 1)
+    order = np.argsort(found)
+    keys = found[order]
+    position = np.empty(order.size, dtype=np.intp)
+    position[order] = np.arange(order.size)
+    inverse = np.take(position, codes)
     labels = []
     for k, i in zip(keys >> 32, (keys & 0xFFFFFFFF) - 1):
         name = DEVICE_TYPES.get(int(k), f"device{int(k)}")
         labels.append(name if name == "cpu" or i < 0 else f"{name}:{int(i)}")
-    return np.asarray(labels, dtype=object), inverse.reshape(-1)
+    return np.asarray(labels, dtype=object), inverse
 
 
 @computes("memory")
@@ -64,47 +71,64 @@ def memory(trace: TraceTables) -> pd.DataFrame:
     """
     events = trace.events
     rows, holder = memory_holders(trace)
-    picked = events[_USED].iloc[rows]
+    # column by column at the memory rows (a frame of them taken at once copies each twice)
+    picked = {column: column_at(events[column], rows) for column in _USED}
     att = attribution(trace)
     found = holder >= 0
     safe = np.maximum(holder, 0)
-    op_rows = np.where(found, events["op"].to_numpy()[safe], -1)
-    layer_rows = np.where(found, att.module[safe], -1)
-    backward = found & att.backward[safe]
+    op_rows = np.where(found, np.take(events["op"].to_numpy(), safe), -1)
+    layer_rows = np.where(found, np.take(att.module, safe), -1)
+    backward = found & np.take(att.backward, safe)
     phase = np.where(backward, 1, np.where(layer_rows >= 0, 0, -1))
-    devices, device = device_names(picked["device_type"], picked["device"])
-    rank = picked["rank"].to_numpy()
-    table = pd.DataFrame(
-        {
-            "rank": rank,
-            "ts": picked["ts"].to_numpy() - trace_start(trace),
-            "device": text_take(devices, device),
-            "allocated_bytes": picked["total_allocated"].array,
-            "reserved_bytes": picked["total_reserved"].array,
-            "delta_bytes": picked["bytes"].fillna(0).to_numpy(dtype=np.int64),
-            "op": name_text(trace, op_rows),
-            "op_row": op_rows,
-            "layer": layer_text(trace, layer_rows),
-            "phase": text_take(np.array(["forward", "backward"], dtype=object), phase),
-            "step": picked["step"].to_numpy(),
-            "addr": picked["addr"].array,
-            "row": rows,
-            "_device": rank.astype(np.int64) * (len(devices) + 1) + device,  # one key per (rank, device)
-        }
-    )
-    table = table.sort_values(["rank", "ts", "row"], kind="stable").reset_index(drop=True)
+    devices, device = device_names(pd.Series(picked["device_type"]), pd.Series(picked["device"]))
+    rank = np.asarray(picked["rank"])
+    ts = np.asarray(picked["ts"], dtype=np.float64)
+    ts -= trace_start(trace)  # (in place: taken at the rows, the array is this table's own)
+    allocated = pd.array(picked["total_allocated"], copy=False)
+    complete = not allocated.isna().any()  # every event has its total (recent traces): nothing to rebuild
+    columns = {
+        "rank": rank,
+        "ts": ts,
+        "device": text_take(devices, device),
+        "allocated_bytes": allocated.to_numpy(dtype=np.int64) if complete else allocated,
+        "reserved_bytes": picked["total_reserved"],
+        "delta_bytes": pd.array(picked["bytes"], copy=False).to_numpy(dtype=np.int64, na_value=0),
+        "op": name_text(trace, op_rows),
+        "op_row": op_rows,
+        "layer": layer_text(trace, layer_rows),
+        "phase": text_take(np.array(["forward", "backward"], dtype=object), phase),
+        "step": picked["step"],
+        "addr": picked["addr"],
+        "row": rows.copy(),  # (the shared rows of ``memory_holders``: the frame holds its own)
+    }
+    if not complete:
+        columns["_device"] = rank.astype(np.int64) * (len(devices) + 1) + device  # one key per (rank, device)
+    table = pd.DataFrame(columns, copy=False)  # every column is made here: no second copy of each
+    if not _in_order(rank, ts):  # (the events come in time order: rarely sorted again)
+        table = table.sort_values(["rank", "ts", "row"], kind="stable").reset_index(drop=True)
+    if complete:
+        table.attrs["reconstructed"] = {}
+        table.attrs["baseline_bytes"] = {}
+        return table
     return _fill_allocated(table)
+
+
+def _in_order(rank: np.ndarray, ts: np.ndarray) -> bool:
+    """Whether rows (increasing row numbers) with these ``rank`` and ``ts`` are ordered as
+    ``sort_values(["rank", "ts", "row"])`` orders them (no ts missing: those go last)."""
+    if np.isnan(ts).any():
+        return False
+    same_rank = rank[1:] == rank[:-1]
+    return bool((rank[1:] >= rank[:-1]).all() and ((ts[1:] >= ts[:-1]) | ~same_rank).all())
 
 
 def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:
     """Rebuild ``allocated_bytes`` from deltas on devices whose events carry no totals
-    (``table['_device']`` keys the (rank, device) pairs; it is dropped here)."""
+    (``table['_device']`` keys the (rank, device) pairs; it is dropped here): for a table
+    where some event has no total (``memory`` makes the others itself)."""
     keys = table.pop("_device")
     table.attrs["reconstructed"] = {}
     table.attrs["baseline_bytes"] = {}
-    if not table["allocated_bytes"].isna().any():  # every event has its total (recent traces): nothing to rebuild
-        table["allocated_bytes"] = table["allocated_bytes"].to_numpy(dtype=np.int64)
-        return table
     missing = table["allocated_bytes"].isna().groupby(keys).transform("all").to_numpy()
     running = table["delta_bytes"].groupby(keys).cumsum()
     baseline = (-running.groupby(keys).transform("min")).clip(lower=0)

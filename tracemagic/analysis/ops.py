@@ -39,13 +39,15 @@ def ops(trace: TraceTables) -> pd.DataFrame:
         return column_at(events[column], rows)
 
     layer, layer_type = layer_labels(trace, at("module"))
+    ts = np.asarray(at("ts"), dtype=np.float64)
+    ts -= trace_start(trace)  # (in place: taken at the rows, the array is this table's own)
     return pd.DataFrame(
         {
             "rank": at("rank"),
             "row": rows,
             "name": labels(pd.Series(at("name"))),
-            "kind": cast(pd.Categorical, at("kind")).set_categories(list(KINDS)),
-            "ts": at("ts") - trace_start(trace),
+            "kind": kinds_at(events, rows),
+            "ts": ts,
             "dur": at("dur"),
             "self_dur": at("self_dur"),
             "thread": labels(pd.Series(at("tid"))),
@@ -65,6 +67,15 @@ def ops(trace: TraceTables) -> pd.DataFrame:
     )
 
 
+def kinds_at(events: pd.DataFrame, rows: np.ndarray) -> pd.Categorical:
+    """The ``kind`` of ``rows`` as a categorical of ``KINDS``, made from the codes
+    (``set_categories`` on the rows' values recodes them through a hash table)."""
+    kinds = cast(pd.Categorical, events["kind"].array)
+    lookup = [KINDS.index(k) if k in KINDS else -1 for k in kinds.categories.tolist()]
+    codes = np.take(np.array([*lookup, -1], dtype=np.int8), np.take(kinds.codes, rows))  # -1 (missing): the last
+    return pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(list(KINDS), ordered=kinds.ordered), validate=False)
+
+
 def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """Which of ``rows`` (op rows) run as the only CPU event directly inside an op of their own
     name (``aten::div`` dispatching to ``aten::div``): torch's ``key_averages()``
@@ -81,14 +92,15 @@ def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     out = np.zeros(rows.size, dtype=bool)
     codes = cast(pd.Categorical, events["name"].array).codes  # (``.cat.codes`` copies them)
     # same name as the parent first (one pass, -1 parents masked): few rows, so the rest looks at those alone
-    where = np.flatnonzero((up >= 0) & (codes[up] == codes[rows]))
+    # (``take``: indexing the small codes by int64 rows is slower; a -1 parent takes the last row's, masked)
+    where = np.flatnonzero((up >= 0) & (np.take(codes, up) == np.take(codes, rows)))
     if where.size == 0:
         return out
     outer = up[where]
     kinds = cast(pd.Categorical, events["kind"].array)
-    op_kinds = np.flatnonzero(np.isin(np.asarray(kinds.categories, dtype=object), KINDS))
+    is_op_kind = np.array([k in KINDS for k in kinds.categories.tolist()] + [False])  # the last: -1 (missing)
     # a 0 µs parent (integer-µs traces) holds nothing: the plugin's tree makes such ops siblings
-    keep = np.isin(kinds.codes[outer], op_kinds) & (events["dur"].to_numpy()[outer] > 0)
+    keep = np.take(is_op_kind, kinds.codes[outer]) & (events["dur"].to_numpy()[outer] > 0)
     where, outer = where[keep], outer[keep]
     if where.size == 0:
         return out

@@ -10,7 +10,17 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import among, call_chains, codes_of, group_rows, rollup, text, values_at
+from tracemagic.analysis._common import (
+    among,
+    call_chains,
+    codes_of,
+    column_at,
+    group_rows,
+    rollup,
+    text,
+    text_take,
+    values_at,
+)
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
@@ -274,10 +284,14 @@ def flops(name: str, input_dims: str | None, concrete_inputs: str | None = None)
     return flops_with_source(name, input_dims, concrete_inputs)[0]
 
 
-def gpu_time(events: pd.DataFrame) -> np.ndarray:
-    """Per events row: duration of the GPU work (kernels, memcpy, memset) launched inside it."""
+def gpu_time(events: pd.DataFrame, at: np.ndarray | None = None) -> np.ndarray:
+    """Per events row (or per row of ``at``): duration of the GPU work (kernels, memcpy,
+    memset) launched inside it."""
     gpu = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & (events["launch"].to_numpy() >= 0))
-    return rollup(events["launch"].to_numpy()[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
+    if at is not None and gpu.size == 0:  # nothing launched (a CPU trace): no table-long zeros
+        return np.zeros(at.size)
+    total = rollup(events["launch"].to_numpy()[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
+    return total if at is None else total[at]
 
 
 #: how a figure of FLOPs was had, most trusted first: a chain's is its least trusted part's
@@ -287,25 +301,43 @@ _SOURCES = ("trace", "shapes", "estimate")
 def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """FLOPs of one call of each of ``rows`` (NaN where unknown) and their source (an index
     of ``_SOURCES``, -1 where unknown): the trace's own ``flops`` arg, else the shapes'."""
-    value = events["flops"].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
-    source = np.where(np.isnan(value), -1, 0)
+    flops = events["flops"]
+    if flops.array.isna().all():  # no ``with_flops`` (the usual case)
+        value = np.full(rows.size, np.nan)
+    else:  # taken at the rows first: the whole column is not converted
+        value = pd.Series(column_at(flops, rows)).to_numpy(dtype=np.float64, na_value=np.nan)
+    unknown = np.isnan(value)
+    source = np.where(unknown, -1, 0)
     (names, name_of), (dims, dims_of), (args, args_of) = (
-        codes_of(events[c]) for c in ("name", "input_dims", "concrete_inputs")
+        _codes_at_rows(events[c], rows) for c in ("name", "input_dims", "concrete_inputs")
     )
     has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
-    names, dims, args = names[rows], dims[rows], args[rows]
-    ruled = np.flatnonzero(np.isnan(value) & has_rule[names] & (dims >= 0))
+    ruled = np.flatnonzero(unknown & np.take(has_rule, names) & (dims >= 0))
     names, dims, args = names[ruled], dims[ruled], args[ruled]
-    codes, first = group_rows(names, dims, args)
+    if len(name_of) * len(dims_of) * len(args_of) < 2**62:  # one int key (codes + 1: -1 is missing)
+        wide = [c.astype(np.int64) + 1 for c in (names, dims, args)]  # (the codes are int8 or int16)
+        codes, first = group_rows((wide[0] * len(dims_of) + wide[1]) * len(args_of) + wide[2])
+    else:
+        codes, first = group_rows(names, dims, args)
     found = [
         flops_with_source(str(name_of[n]), str(dims_of[d]), str(args_of[a]) if a >= 0 and args_of[a] else None)
-        for n, d, a in zip(names[first], dims[first], args[first])
+        for n, d, a in zip(names[first].tolist(), dims[first].tolist(), args[first].tolist())
     ]
     per_key = np.array([np.nan if f is None else f for f, _ in found] + [np.nan])
     per_key_source = np.array([-1 if f is None else _SOURCES.index(str(how)) for f, how in found] + [-1])
     value[ruled] = per_key[codes]
     source[ruled] = per_key_source[codes]
     return value, source
+
+
+def _codes_at_rows(column: pd.Series, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``codes_of(column)`` with the codes taken at ``rows`` (a categorical's codes are read
+    off the array: ``.cat.codes`` copies every row's)."""
+    values = column.array
+    if isinstance(values, pd.Categorical):
+        return np.take(values.codes, rows), np.append(np.asarray(values.categories, dtype=object), [np.nan])
+    codes, labels = codes_of(column)
+    return codes[rows], labels
 
 
 def outermost(events: pd.DataFrame, rows: np.ndarray, top: np.ndarray, known: np.ndarray) -> np.ndarray:
@@ -315,8 +347,33 @@ def outermost(events: pd.DataFrame, rows: np.ndarray, top: np.ndarray, known: np
     at = np.zeros(len(events), dtype=bool)
     at[rows[known]] = True
     outer = (top >= 0) & known
-    outer[outer] = enclosing_of_kind(events["parent"].to_numpy(), events["depth"].to_numpy(), at, rows[outer]) < 0
+    candidates = rows[outer]
+    parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
+    levels = int(depth[candidates].max(initial=0)) + 1
+    if candidates.size * levels < len(events) // 2:
+        # few known ops: climbed from them, one round per nesting level, rather than a
+        # pass over every event
+        outer[outer] = ~_known_above(parent, at, candidates)
+        return outer
+    outer[outer] = enclosing_of_kind(parent, depth, at, candidates) < 0
     return outer
+
+
+def _known_above(parent: np.ndarray, at: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Whether each of ``rows`` has a strict ancestor (along ``parent``) with ``at`` set:
+    one round per nesting level, over the rows still climbing."""
+    found = np.zeros(rows.size, dtype=bool)
+    which = np.arange(rows.size)
+    up = parent[rows]
+    for _ in range(parent.size):  # (a bound: the nesting has no cycle)
+        live = up >= 0
+        which, up = which[live], up[live]
+        if not up.size:
+            break
+        hit = at[up]
+        found[which[hit]] = True
+        which, up = which[~hit], parent[up[~hit]]
+    return found
 
 
 @computes("shapes")
@@ -351,55 +408,91 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
     events = trace.events
     rows, top = call_chains(trace)
     tops = rows[top == rows]
-    n = len(events)
-    inside = top >= 0
-    # per event (a chain's top) while summing, kept at the tops alone (each 2 MB on a 100 MB trace)
-    chain_self = np.bincount(top[inside], weights=events["self_dur"].to_numpy()[rows[inside]], minlength=n)[tops]
+    # each op's chain as the position of its top among ``tops`` (-1: in none): sums per
+    # chain are made at the chains alone, not per event (each 2 MB on a 100 MB trace)
+    chain = np.full(len(events), -1, dtype=np.int32)
+    chain[tops] = np.arange(tops.size, dtype=np.int32)
+    chain = np.take(chain, top)
+    chain[top < 0] = -1  # (a top of -1 took the last row's entry)
+    inside = chain >= 0
+    all_inside = bool(inside.all())
+    self_dur = np.take(events["self_dur"].to_numpy(), rows)
+    # bincount adds each chain's values in row order, as before: the same sums
+    chain_self = np.bincount(chain if all_inside else chain[inside],
+                             weights=self_dur if all_inside else self_dur[inside], minlength=tops.size)
     value, source = _op_flops(events, rows)
     outer = outermost(events, rows, top, ~np.isnan(value))
-    chain_flops = np.bincount(top[outer], weights=value[outer], minlength=n)[tops]
-    chain_source = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(chain_source, top[outer], source[outer])
-    chain_source = chain_source[tops]
+    chain_flops = np.bincount(chain[outer], weights=value[outer], minlength=tops.size)
+    chain_source = np.full(tops.size, -1, dtype=np.int64)
+    np.maximum.at(chain_source, chain[outer], source[outer])
     keys = ["rank", "name", "input_dims", "input_type", "concrete_inputs"]
+    # grouped as ``groupby(keys, sort=False, dropna=False, observed=True)``, on one int key
+    # made from the categoricals' codes at the tops (a grouper of 5 categoricals cost more
+    # than the sums): the groups are numbered in order of first appearance
+    rank = np.take(events["rank"].to_numpy(), tops)
+    key_values = {key: events[key].array for key in keys[1:]}
+    key_columns = {
+        key: values.take(tops) if isinstance(values, pd.Categorical) else events[key].iloc[tops]
+        for key, values in key_values.items()
+    }
+    group, first = group_rows(rank, *key_columns.values())
+    # pandas' sums (compensated: they differ from a plain sum in the last bits), all in one call
     chains = pd.DataFrame(
         {
-            "dur": events["dur"].to_numpy()[tops],
+            "dur": np.take(events["dur"].to_numpy(), tops),
             "self_dur": chain_self,
-            "gpu_us": gpu_time(events)[tops],
-            "chain_flops": np.where(chain_source >= 0, chain_flops, np.nan),
-            "source": chain_source,
+            "gpu_us": gpu_time(events, tops),
+            "flops": np.where(chain_source >= 0, chain_flops, np.nan),
         }
     )
-    # grouped as ``groupby(keys, sort=False, dropna=False, observed=True)``, on one int key
-    # (a grouper of 5 categoricals cost more than the sums): the groups are numbered in
-    # order of first appearance, so pandas' sorted groups come in that order
-    key_columns = {key: events[key].iloc[tops] for key in keys}
-    group, first = group_rows(*key_columns.values())
-    by = chains.groupby(group)
-    calls = by.size()
-    total = by["dur"].sum()
-    gpu = by["gpu_us"].sum()
+    sums = chains.groupby(group).sum()
+    totals, gpu = sums["dur"].to_numpy(), sums["gpu_us"].to_numpy()
+    calls = np.bincount(group, minlength=first.size)
     # per call only where every call's chain is counted: a mean over the known ones would
     # hold the other calls' time to FLOPs they may not have done (as ``efficiency()``)
-    every = by["source"].min().to_numpy() >= 0
-    flops = by["chain_flops"].mean().astype("Float64").where(every)
-    source = np.where(every, by["source"].max().to_numpy(), -1)
+    every = np.bincount(group[chain_source < 0], minlength=first.size) == 0
+    # pandas' mean where every call is known: its compensated sum over the calls
+    mean = np.where(every, sums["flops"].to_numpy() / calls, np.nan)
+    best = np.full(first.size, -1, dtype=np.int64)
+    np.maximum.at(best, group, chain_source)
+    source = np.where(every, best, -1)
     named = np.array([*_SOURCES, None], dtype=object)
-    seconds = gpu.where(gpu > 0, total) * 1e-6
-    # built at once: each column set on a frame costs ~0.3 ms (its text column index)
-    table = pd.DataFrame(
+    seconds = np.where(gpu > 0, gpu, totals) * 1e-6
+    # as nullable floats (``Float64``): missing where unknown, and where pandas' arithmetic
+    # on them would make NaN (it masks such results), computed on the numbers
+    unknown = np.isnan(mean) | ~every
+    with np.errstate(all="ignore"):
+        rate = mean * calls / seconds / 1e12
+    flops = pd.arrays.FloatingArray(mean, unknown)
+    tflops = pd.arrays.FloatingArray(rate, unknown | ~(seconds > 0) | np.isnan(rate))
+    # busiest first per rank: ordered before the columns are made (``sort_values(["rank",
+    # "total_us"], ascending=[True, False], kind="stable")``, which puts NaN last)
+    ranks = rank[first]
+    if np.isnan(totals).any():
+        order = pd.DataFrame({"r": ranks, "t": totals}).sort_values(["r", "t"], ascending=[True, False], kind="stable")
+        order = order.index.to_numpy()
+    else:
+        order = np.lexsort((-totals, ranks))  # (stable)
+    at = first[order]
+    return pd.DataFrame(
         {
-            "rank": key_columns["rank"].to_numpy()[first],
-            **{key: text(values_at(key_columns[key], first)) for key in keys[1:]},
-            "calls": calls.to_numpy(),
-            "total_us": total.to_numpy(),
-            "mean_us": (total / calls).to_numpy(),
-            "self_us": by["self_dur"].sum().to_numpy(),
-            "gpu_us": gpu.to_numpy(),
-            "flops": flops.array,
-            "tflops_per_s": (flops * calls / seconds / 1e12).where(seconds > 0).array,
-            "flops_source": text(named[source]),  # -1: the None at the end
+            "rank": ranks[order],
+            **{key: _text_at(key_columns[key], at) for key in keys[1:]},
+            "calls": calls[order],
+            "total_us": totals[order],
+            "mean_us": (totals / calls)[order],
+            "self_us": sums["self_dur"].to_numpy()[order],
+            "gpu_us": gpu[order],
+            "flops": flops.take(order),
+            "tflops_per_s": tflops.take(order),
+            "flops_source": text(named[source[order]]),  # -1: the None at the end
         }
     )
-    return table.sort_values(["rank", "total_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
+
+
+def _text_at(values: pd.Categorical | pd.Series, at: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``text`` of ``values`` at ``at``: a categorical's strings taken by code (one string
+    per distinct value made, then Arrow's take)."""
+    if isinstance(values, pd.Categorical) and values.categories.inferred_type == "string":
+        return text_take(np.asarray(values.categories, dtype=object), np.take(values.codes, at))
+    return text(values_at(pd.Series(values), at))

@@ -35,7 +35,7 @@ from tracemagic.capture.config import CaptureConfig
 from tracemagic.capture.loop import Iteration, LoopPlan
 from tracemagic.capture.naming import Called, find_roots, module_map, namespace_modules, recorded_modules, resolve
 from tracemagic.capture.result import CaptureResult
-from tracemagic.capture.watch import LoopClock
+from tracemagic.capture.watch import GpuMarks, LoopClock
 from tracemagic.errors import CaptureError
 from tracemagic.trace import layout
 from tracemagic.trace.layout import FileEntry, Manifest, SlowCatch
@@ -221,7 +221,7 @@ class CaptureSession:
         self._iterations = 0
         self._t_step = 0  # perf_counter_ns at the start of the current iteration
         self._clock = LoopClock(config.slow)
-        self._gpu_events: list[Any] | None = None  # CUDA events at the iteration boundaries
+        self._gpu: GpuMarks | None = None  # CUDA events at the iteration boundaries
         self._schedule_done = False
         self._slow_prof: _Profiler | None = None  # a --slow recording in progress
         # the steps of the cycle being recorded, (step, complete, end, wall_ms): their cycle is
@@ -279,8 +279,8 @@ class CaptureSession:
         else:
             phase = "skip" if prof.step_num < self.config.skip_first else "wait"
         self._clock.add(now - self._t_step, phase)
-        if self._gpu_events is not None:
-            self._gpu_mark()
+        if self._gpu is not None:
+            self._gpu.mark()
         prof.step()
         if self.config.repeat and self._written_cycles >= self.config.repeat:
             self._schedule_done = True
@@ -291,28 +291,20 @@ class CaptureSession:
         """``step()`` past the schedule: time the iteration, and the ``--slow`` watch."""
         slow = self._slow_prof
         ratio = self._clock.add(now - self._t_step, "after" if slow is None else "slow")
-        self._gpu_mark()
+        if self._gpu is not None:
+            self._gpu.mark()
         if slow is not None:
             self._end_slow(slow)
         elif ratio is not None and len(self._clock.catches) < self.config.slow_max:
             self._begin_slow(now - self._t_step, ratio)
         self._t_step = time.perf_counter_ns()
 
-    def _gpu_mark(self) -> None:
-        """A CUDA event at the iteration boundary (CUDA only: the GPU time per iteration)."""
-        if self._gpu_events is not None:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._gpu_events.append(event)
-
     def _gpu_ms(self) -> list[float] | None:
         """The GPU time of each timed iteration: between consecutive boundary events."""
-        events = self._gpu_events
-        if not events:
+        if self._gpu is None or not self._gpu.count:
             return None
         try:
-            events[-1].synchronize()
-            return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+            return self._gpu.elapsed_ms()
         except Exception as exc:  # noqa: BLE001 - the GPU times are a convenience
             _log.debug("no GPU time per iteration", exc_info=True)
             self._notes.append(f"no GPU time per iteration ({type(exc).__name__}: {exc})")
@@ -426,7 +418,8 @@ class CaptureSession:
         self._started = True
         _ACTIVE = self
         if cfg_cuda(self.config):
-            self._gpu_events = []
+            cfg = self.config
+            self._gpu = GpuMarks(cfg.skip_first + (cfg.wait + cfg.warmup + cfg.active) * max(cfg.repeat, 1) + 1)
         if self._filter is not None:
             self._filter.start()
         if self.config.et:
@@ -445,7 +438,8 @@ class CaptureSession:
         self._marking = True
         # ProfilerStep#0 begins at the end of start(): its wall time is measured from here,
         # not from before the profiler's own set-up
-        self._gpu_mark()
+        if self._gpu is not None:
+            self._gpu.mark()
         self._t_step = time.perf_counter_ns()
 
     def _profile_kwargs(self) -> dict[str, Any]:

@@ -25,6 +25,8 @@ SLOW_MIN_HISTORY = 5
 SLOW_WINDOW = 64
 #: iterations that the profiler recorded (their time holds its overhead): out of the median
 PROFILED = frozenset({"warmup", "active", "slow"})
+#: CUDA events made before the loop at most (``GpuMarks``; a longer loop doubles the pool)
+GPU_POOL_MAX = 1024
 
 
 class LoopClock:
@@ -91,3 +93,46 @@ class LoopClock:
         if gpu_ms is not None:
             out["gpu_ms"] = [round(ms, 6) for ms in gpu_ms]
         return out
+
+
+class GpuMarks:
+    """CUDA events at the iteration boundaries of the stepped loop: each iteration's GPU time.
+
+    While torch records with stacks, every Python frame and C call made here is an event in
+    the user's trace, under their step: ``torch.cuda.Event().record()`` runs ~15 Python
+    frames (the current stream, the device index; ~110 µs a step measured in a capture on an
+    H200). So a mark is one C call: the next event of a pool made before the loop, recorded
+    on the stream that was current when the capture began (the loop's own stream, where the
+    step boundary is). The pool doubles when a loop outruns it.
+
+    Args:
+        size: events made up front (the steps the schedule spans, plus one; at most
+            ``GPU_POOL_MAX``).
+    """
+
+    def __init__(self, size: int) -> None:
+        import torch  # CUDA only: the clock above runs on every loop
+
+        self._event = torch.cuda.Event
+        self._record = torch._C._CudaEventBase.record
+        self.stream = torch.cuda.current_stream()
+        self.events: list[Any] = [self._event(enable_timing=True) for _ in range(min(max(size, 1), GPU_POOL_MAX))]
+        self._size = len(self.events)  # len(self.events), read without a call
+        self.count = 0  # events recorded
+
+    def mark(self) -> None:
+        """Record the next event (one C call while the pool lasts)."""
+        count = self.count
+        if count == self._size:
+            self.events += [self._event(enable_timing=True) for _ in range(self._size)]
+            self._size += self._size
+        self._record(self.events[count], self.stream)
+        self.count = count + 1
+
+    def elapsed_ms(self) -> list[float]:
+        """The GPU time between consecutive marks, in ms (waits for the last one)."""
+        events = self.events[: self.count]
+        if not events:
+            return []
+        events[-1].synchronize()
+        return [a.elapsed_time(b) for a, b in zip(events, events[1:], strict=False)]

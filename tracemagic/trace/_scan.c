@@ -594,10 +594,13 @@ static PyObject *array_bytes(const void *data, Py_ssize_t n, size_t width) {
     return PyBytes_FromStringAndSize((const char *)data, n * (Py_ssize_t)width);
 }
 
-/* (codes as int32 bytes, [distinct values]) of one interned column. */
+/* (codes as int32 bytes, [distinct values]) of one interned column; (None, []) where the
+ * chunk has no value in it (every code -1: most args columns of a trace, whose n codes
+ * would be copied out for nothing). */
 static PyObject *interned(Interner *t, int32_t *codes, Py_ssize_t n, int raw) {
     PyObject *values = PyList_New(t->count);
     if (values == NULL) return NULL;
+    if (t->count == 0) return Py_BuildValue("(ON)", Py_None, values);
     for (Py_ssize_t i = 0; i < t->count; i++) {
         PyObject *item;
         if (raw) {

@@ -9,14 +9,14 @@ import json
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, code_dtype
+from tracemagic.trace.columns import all_missing, code_dtype, lazy_zeros
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -52,6 +52,8 @@ class ParsedTrace:
     warnings: list[str] = field(default_factory=list)
     #: the CPU duration events' rows in nesting order (``structure.cpu_by_thread``), once prepared
     cpu_by_thread: np.ndarray | None = None
+    #: its events' ``structure.thread_keys`` (before the ranks are stacked), once prepared
+    thread_keys: np.ndarray | None = None
 
 
 #: the types of the values an ``_Interner`` keys by themselves: no two of them are equal
@@ -120,14 +122,20 @@ class _Interner:
             self.labels.append(label)
         return code
 
-    def remap(self, codes: bytes, values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Codes of a chunk the C scanner interned on its own (``codes`` index ``values``),
-        and the codes of ``values`` (the chunk's distinct values in the order it met them)."""
+    def remap(self, codes: bytes | None, values: list[Any], n: int) -> tuple[ChunkCodes, np.ndarray]:
+        """A chunk of ``n`` rows the C scanner interned on its own (``codes`` index
+        ``values``; None: no value) as a ``ChunkCodes``: its codes and the table to this interner's
+        (``_joined_codes`` looks them up as it joins the chunks: one pass, out of the
+        parsing threads' turns at the GIL), and the codes of ``values`` (the chunk's distinct
+        values in the order it met them)."""
+        if codes is None:
+            return n, _NO_CODES
         local = np.frombuffer(codes, dtype=np.int32)
         if not values:
-            return local, np.zeros(0, dtype=np.int32)
-        table = np.append(self.codes(values, len(values)), np.int32(-1))  # -1 stays missing
-        return table[local], table[:-1]
+            return local, _NO_CODES
+        # a missing value last (``seen`` has it as -1), for the chunk's -1 codes to stay missing
+        table = self.codes([*values, b"null" if self.raw else None], len(values) + 1)
+        return (local, table), table[:-1]
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
         return pd.Categorical.from_codes(codes, categories=pd.Index(self.labels, dtype="str"), validate=False)
@@ -245,7 +253,8 @@ class _Builder:
         self.n = 0
         self.interners = interners or Interners()
         self.cats = self.interners.cats
-        self.codes: dict[str, list[np.ndarray]] = {c: [] for c in self.cats}
+        #: per text column, its chunks' codes (``ChunkCodes``)
+        self.codes: dict[str, list[ChunkCodes]] = {c: [] for c in self.cats}
         self.floats: dict[str, list[np.ndarray]] = {"ts": [], "dur": []}
         self.numbers: dict[str, list[tuple[int, tuple[np.ndarray, np.ndarray] | None]]] = {
             c: [] for c, _, _ in _ARG_COLUMNS
@@ -261,15 +270,21 @@ class _Builder:
         # with shared interners, codes follow the order the threads met values in: the
         # distinct codes of each chunk (in its own order) put them back in file order
         self.firsts: dict[str, list[np.ndarray]] | None = None
+        #: the dtype of a text column no chunk had a value of (``_Interner.categorical``'s with no labels)
+        self._no_categories: pd.CategoricalDtype | None = None
         if interners is not None:
             self.firsts = {c: [] for c in [*self.cats, *(f"flow {c}" for c in self.flow_cats)]}
 
-    def _keep(self, column: str, codes: np.ndarray, firsts: np.ndarray | None = None) -> None:
-        """Append a chunk's codes of a text column (``flow X`` for the flows' columns)."""
+    def _keep(self, column: str, codes: ChunkCodes, firsts: np.ndarray | None = None) -> None:
+        """Append a chunk's codes of a text column (``flow X`` for the flows' columns), a
+        ``ChunkCodes`` (``firsts`` given where they are not an array of codes)."""
         parts = self.flow_parts[column[5:]] if column.startswith("flow ") else self.codes[column]
         parts.append(codes)
         if self.firsts is not None:
-            self.firsts[column].append(pd.unique(codes[codes >= 0]) if firsts is None else firsts)
+            if firsts is None:
+                assert isinstance(codes, (int, np.ndarray))
+                firsts = _NO_CODES if isinstance(codes, int) else pd.unique(codes[codes >= 0])
+            self.firsts[column].append(firsts)
 
     def add(self, events: list[Any] | tuple[Any, ...]) -> None:
         """Append a chunk: msgspec's event structs, or the C scanner's columns (a tuple)."""
@@ -303,12 +318,12 @@ class _Builder:
             values = columns[column]
             self._keep(
                 column,
-                np.full(n, -1, dtype=np.int32) if values.count(None) == n else self.cats[column].codes(values, n),
+                n if values.count(None) == n else self.cats[column].codes(values, n),
             )
         for column in _ARG_RAW:
             values = columns[column]
             if values.count(_NULL) == n:
-                self._keep(column, np.full(n, -1, dtype=np.int32))
+                self._keep(column, n)
             else:
                 self._keep(column, self.cats[column].codes(list(map(bytes, values)), n))
         self.n += n
@@ -324,14 +339,14 @@ class _Builder:
             )
         if n_flows:
             for column, (codes, values) in zip(self.flow_cats, flow_text):
-                self._keep(f"flow {column}", *self.flow_cats[column].remap(codes, values))
+                self._keep(f"flow {column}", *self.flow_cats[column].remap(codes, values, n_flows))
             self.flow_parts["ts"].append(np.frombuffer(flow_ts, dtype=np.float64))
             ids = _scanned_numbers(flow_id, False)
             self.flow_parts["id"].append(ids or (np.zeros(n_flows, np.int64), np.ones(n_flows, bool)))
         if not n:
             return
         for column, (codes, values) in zip(_TEXT + _ARG_RAW, text + raw):
-            self._keep(column, *self.cats[column].remap(codes, values))
+            self._keep(column, *self.cats[column].remap(codes, values, n))
         self.floats["ts"].append(np.frombuffer(ts, dtype=np.float64))
         self.floats["dur"].append(np.frombuffer(dur, dtype=np.float64))
         for (column, _, floating), part in zip(_ARG_COLUMNS, numbers):
@@ -432,11 +447,16 @@ class _Builder:
     def _flow_categorical(self, column: str) -> pd.Categorical:
         return self._in_file_order(f"flow {column}", self.flow_cats[column], self.flow_parts[column])
 
-    def _in_file_order(self, column: str, interner: _Interner, parts: list[np.ndarray]) -> pd.Categorical:
+    def _in_file_order(self, column: str, interner: _Interner, parts: list[ChunkCodes]) -> pd.Categorical:
         """The column (its chunks' codes joined) as a categorical whose categories are in the
         order the file first has them, as a one-thread parse makes them, however the threads
         met them."""
         count = len(interner.labels)
+        if count == 0:  # no value in any chunk (most args columns of a CPU trace): all missing
+            n = sum(map(_rows, parts))
+            if self._no_categories is None:  # (one dtype for all of them: making one costs ~0.1 ms)
+                self._no_categories = pd.CategoricalDtype(pd.Index([], dtype="str"), ordered=False)
+            return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), dtype=self._no_categories, validate=False)
         if self.firsts is None or not self.firsts[column]:
             return interner.categorical(_joined_codes(parts, count))
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
@@ -450,19 +470,41 @@ class _Builder:
         return pd.Categorical.from_codes(_joined_codes(parts, count, renumber), categories=categories, validate=False)
 
 
-def _joined_codes(parts: list[np.ndarray], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
-    """The chunks' codes (int32, -1 missing) of a column of ``count`` categories joined into
-    one array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last
-    entry -1 for the missing ones) where given: one pass, no int32 copy of the column."""
-    out = np.empty(sum(len(p) for p in parts), dtype=code_dtype(count))
+#: the codes of no value
+_NO_CODES = np.zeros(0, dtype=np.int32)
+_NO_CODES.flags.writeable = False
+
+#: a chunk's codes of a text column: the interner's codes (int32, -1 missing); or a number
+#: of rows, all missing; or the scanner's own codes of the chunk (int32, -1 missing) and the
+#: interner's code of each (int32, then -1 for the missing ones)
+ChunkCodes: TypeAlias = np.ndarray | int | tuple[np.ndarray, np.ndarray]
+
+
+def _rows(part: ChunkCodes) -> int:
+    """The rows of a chunk's ``ChunkCodes``."""
+    return part if isinstance(part, int) else len(part[0]) if isinstance(part, tuple) else len(part)
+
+
+def _joined_codes(parts: list[ChunkCodes], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
+    """The chunks' codes (``ChunkCodes``) of a column of ``count`` categories joined into one
+    array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last entry -1
+    for the missing ones) where given: one pass, no int32 copy of the column."""
+    out = np.empty(sum(map(_rows, parts)), dtype=code_dtype(count))
     at = 0
     for part in parts:
-        piece = out[at : at + len(part)]
-        if renumber is None:
+        rows = _rows(part)
+        piece = out[at : at + rows]
+        if isinstance(part, int):
+            piece[...] = -1
+        elif isinstance(part, tuple):
+            local, table = part
+            table = renumber[table] if renumber is not None else table.astype(out.dtype)
+            np.take(table, local, out=piece, mode="wrap")  # (-1, missing: the table's last entry)
+        elif renumber is None:
             piece[...] = part
         else:
             np.take(renumber, part, out=piece)
-        at += len(part)
+        at += rows
     return out
 
 
@@ -481,12 +523,11 @@ def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: in
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
         return all_missing(n, floating)
-    values = np.empty(n, dtype=dtype)
+    values = lazy_zeros(n, dtype, populate=True)
     mask = np.empty(n, dtype=bool)
     at = 0
     for k, part in parts:
         if part is None:
-            values[at : at + k] = 0
             mask[at : at + k] = True
         else:
             values[at : at + k] = part[0]

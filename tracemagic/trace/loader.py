@@ -10,7 +10,7 @@ import logging
 import os
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -64,7 +64,9 @@ def release_free_memory() -> None:
 
 
 def _prepare(parsed: ParsedTrace) -> ParsedTrace:
-    """Normalize one rank's columns and add the derived structure."""
+    """Normalize one rank's columns and add the derived structure (its temporaries, too,
+    reuse freed heap memory: ``heap_for_tables`` first)."""
+    heap_for_tables(len(parsed.events))
     parsed.events, dropped = normalize.without_timeless(parsed.events)
     parsed.flows, dropped_flows = normalize.without_timeless(parsed.flows)
     if dropped or dropped_flows:
@@ -82,15 +84,12 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
     changed = normalize.device_and_stream(events)
     memory = normalize.kind_mask(events, "memory")
     if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
-        nbytes = events["bytes"].array.copy()
-        nbytes[memory] = events["mem_bytes"].array[memory]
-        changed["bytes"] = nbytes
-    added, parsed.cpu_by_thread = structure.structure_columns(events)
+        changed["bytes"] = normalize.filled_where(events["bytes"].array, events["mem_bytes"].array, memory)
+    added, parsed.cpu_by_thread, parsed.thread_keys = structure.structure_columns(events)
     # one new table sharing the columns (``events[c] = ...`` copies each, ~1.5 ms a column)
     data = {c: changed[c] if c in changed else _values(events[c]) for c in events.columns if c not in _PARSE_ONLY}
     data.update(added)
     parsed.events = pd.DataFrame(data, copy=False)
-    heap_for_tables(len(parsed.events))
     return parsed
 
 
@@ -193,29 +192,48 @@ def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray | None]:
+def _fresh(values: np.ndarray, frame: pd.DataFrame) -> pd.Series:
+    """A new column for ``frame.insert`` that it keeps as it is (an array is copied: ~1 ms
+    and 500 page faults for the rank column of a 100 MB trace)."""
+    return pd.Series(values, index=frame.index, copy=False)
+
+
+class Found(NamedTuple):
+    """What preparing the events found that the analyses share (``Trace.shared``), or None:
+    the CPU events' rows in nesting order (``structure.cpu_by_thread``) and each event's
+    ``structure.thread_keys``."""
+
+    cpu_by_thread: np.ndarray | None = None
+    thread_keys: np.ndarray | None = None
+
+
+def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, Found]:
     """The ranks' events and flows stacked in rank order (row columns shifted to match),
-    and their ``cpu_by_thread`` rows (None if a rank lacks them)."""
+    and what the preparation found: the ``cpu_by_thread`` rows (unless a rank lacks them),
+    and of one file its ``thread_keys`` (stacked ranks' categories, and so keys, are others)."""
     offset = 0
     events: list[pd.DataFrame] = []
     flows: list[pd.DataFrame] = []
     orders: list[np.ndarray] = []
     for p, rank in sorted(zip(parsed, ranks), key=lambda pr: pr[1]):
         frame = p.events
-        frame.insert(0, "rank", np.full(len(frame), rank, dtype=np.int32))
+        frame.insert(0, "rank", _fresh(np.full(len(frame), rank, dtype=np.int32), frame))
         if offset:
             for column in ROW_COLUMNS:
                 values = frame[column].to_numpy()
                 frame[column] = np.where(values >= 0, values + offset, -1)
         if p.cpu_by_thread is not None:
-            orders.append(p.cpu_by_thread + offset)
+            orders.append(p.cpu_by_thread + offset if offset else p.cpu_by_thread)
         offset += len(frame)
         events.append(frame)
-        p.flows.insert(0, "rank", np.full(len(p.flows), rank, dtype=np.int32))
+        p.flows.insert(0, "rank", _fresh(np.full(len(p.flows), rank, dtype=np.int32), p.flows))
         flows.append(p.flows)
     # threads are keyed by rank first, so the ranks' orders one after another are the whole's
-    order = np.concatenate(orders) if orders and len(orders) == len(parsed) else None
-    return concat(events), concat(flows), order
+    order = (orders[0] if len(orders) == 1 else np.concatenate(orders)) if orders and len(orders) == len(parsed) else None
+    keys = parsed[0].thread_keys if len(parsed) == 1 else None
+    if keys is not None and ranks[0]:  # (as ``structure.thread_keys`` of the table with its rank column)
+        keys |= np.int64(ranks[0]) << 42
+    return concat(events), concat(flows), Found(order, keys)
 
 
 def _manifest(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | None] | None]:
@@ -367,11 +385,15 @@ def load(
     total = sum(s.size for s in sources)
     callback = bar_for(progress, total, path.name)
     parsed = _parse_sources(sources, recover, callback, total, workers)
-    if total >= TRIM_MIN_BYTES:
+    if total >= TRIM_MIN_BYTES and min(s.size for s in sources) < TRIM_MIN_BYTES:
+        # files too small to be trimmed after their own parse (``parse_source``): the heap
+        # they freed. Not after large files alone: what is free then is what preparing the
+        # last one freed, on this thread, which the analyses reuse (trimmed, its pages are
+        # faulted in again by the first tables)
         release_free_memory()
     if outside:
         parsed[0].warnings.append(skipped(path, outside))
-    events, flows, meta, cpu_order = assemble(parsed, path)
+    events, flows, meta, found = assemble(parsed, path)
     _log.debug(
         "%s: parsed %d file(s) (%.1f MB read), %d events (cache: %s)",
         path,
@@ -382,7 +404,7 @@ def load(
     )
     if callback is not None:
         callback(total, total)
-    trace = as_trace(events, flows, meta, cpu_order, path, manifest)
+    trace = as_trace(events, flows, meta, found, path, manifest)
     if entry is not None:
         # the cache entry is written when the trace is dropped or the process ends (or the
         # trace is loaded again): the user does not wait for it (see cache.PendingEntry)
@@ -408,11 +430,11 @@ def _table_store(
 
 def assemble(
     parsed: list[ParsedTrace], path: Path
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], np.ndarray | None]:
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], Found]:
     """Parsed files into one trace's events, flows and metadata, ranked and stacked (and the
-    CPU events' order by thread, see ``_stack``)."""
+    intermediate results the analyses share that the preparation found, see ``_stack``)."""
     ranks = _assign_ranks(parsed)
-    events, flows, cpu_order = _stack(parsed, ranks)
+    events, flows, found = _stack(parsed, ranks)
     meta = {
         "path": str(path),
         "ranks": {rank: p.meta for p, rank in zip(parsed, ranks)},
@@ -420,22 +442,26 @@ def assemble(
         "threads": {rank: {f"{k[0]}/{k[1]}": v for k, v in p.threads.items()} for p, rank in zip(parsed, ranks)},
         "warnings": [w for p in parsed for w in p.warnings],
     }
-    return events, flows, meta, cpu_order
+    return events, flows, meta, found
 
 
 def as_trace(
     events: pd.DataFrame,
     flows: pd.DataFrame,
     meta: dict[str, Any],
-    cpu_order: np.ndarray | None,
+    found: Found,
     path: Path,
     manifest: dict[str, Any] | None = None,
 ) -> TraceTables:
-    """The ``Trace`` of assembled tables."""
+    """The ``Trace`` of assembled tables, with what the preparation found (nesting sorted
+    the CPU events and keyed their threads already: the analyses need not again)."""
     trace = TraceTables(events, flows, meta, path=path, manifest=manifest)
-    if cpu_order is not None:  # nesting sorted them already: the analyses need not again
-        kept = structure.narrow_rows(cpu_order)
+    if found.cpu_by_thread is not None:
+        kept = structure.narrow_rows(found.cpu_by_thread)
         trace.shared(Shared.CPU_BY_THREAD, lambda: kept)
+    keys = found.thread_keys
+    if keys is not None:
+        trace.shared(Shared.THREAD_KEYS, lambda: keys)
     return trace
 
 

@@ -131,8 +131,8 @@ def open_rank(rank: RankFile, options: Options) -> TraceTables:
         rank.source if rank.source is not None else _member(rank, options.max_bytes, options.allow_high_compression)
     )
     parsed = loader.parse_source(source, options.recover, workers=options.workers)
-    events, flows, meta, order = loader.assemble([parsed], rank.path)
-    return loader.as_trace(events, flows, meta, order, rank.path)
+    events, flows, meta, found = loader.assemble([parsed], rank.path)
+    return loader.as_trace(events, flows, meta, found, rank.path)
 
 
 def _member(rank: RankFile, max_bytes: int | None, allow_high_compression: bool = False) -> Source:

@@ -12,7 +12,7 @@ class Shared:
 
     #: the CPU events' order by thread (``trace.loader``, read by ``analysis._common``)
     CPU_BY_THREAD: Final = "cpu_by_thread"
-    #: each event's thread key (``analysis._common``)
+    #: each event's thread key (``trace.loader`` for one file, else ``analysis._common``)
     THREAD_KEYS: Final = "thread_keys"
     #: the earliest event start, the trace's time zero without a job's (``analysis._common``)
     EARLIEST_TS: Final = "earliest_ts"

@@ -44,6 +44,9 @@ STRETCH_BYTES = 8 << 20
 MAX_STRETCHES = 16
 #: the first and the last stretch end / start about this far into the events (see ``_targets``)
 EDGE_BYTES = 1 << 20
+#: the last inner stretch is cut into up to this many pieces of at least TAIL_MIN_BYTES (see ``_targets``)
+TAIL_PIECES = 4
+TAIL_MIN_BYTES = 1 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -182,7 +185,14 @@ def _targets(events: int, size: int, scanned: bool) -> list[int]:
     span = size - events
     edge = min(EDGE_BYTES, span // 8)
     inner = max(2, min(MAX_STRETCHES - 2, (span - 2 * edge) // STRETCH_BYTES))
-    return [events + edge + (span - 2 * edge) * i // inner for i in range(inner)] + [size - edge]
+    starts = [events + edge + (span - 2 * edge) * i // inner for i in range(inner)]
+    # the last inner stretch in pieces of at least TAIL_MIN_BYTES: the thread that finds no
+    # stretch left waits for the other's last one (half a stretch on average, ~7 ms of a
+    # 100 MB trace's ~95), a piece of it rather than the whole
+    last = size - edge - starts[-1]
+    pieces = max(1, min(TAIL_PIECES, last // TAIL_MIN_BYTES))
+    tail = [starts[-1] + last * i // pieces for i in range(1, pieces)]
+    return starts + tail + [size - edge]
 
 
 def _cuts(read_at: ReadAt, size: int, scanned: bool = False) -> list[tuple[int, int]] | None:

@@ -104,14 +104,17 @@ def nest_sorted(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[
 def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     """One int64 per row (of ``rows``, default all) naming its (rank, pid, tid): events
     nest only within one key; keys order threads by rank, then pid and tid codes."""
-    pid = events["pid"].cat.codes.to_numpy()
-    tid = events["tid"].cat.codes.to_numpy()
+    pid = events["pid"].array.codes  # (``.cat.codes`` copies them)
+    tid = events["tid"].array.codes
     rank = events["rank"].to_numpy() if "rank" in events else None  # one rank before stacking
     if rows is not None:
         pid, tid, rank = pid[rows], tid[rows], (rank[rows] if rank is not None else None)
-    keys = (pid.astype(np.int64) + 1) << 21
-    keys |= tid.astype(np.int64) + 1
-    if rank is not None:
+    # no int64 temporary (each a fresh mapping, faulted in): a code + 1 fits its own type
+    # (categorical codes have room for one more category), and a rank 0 adds nothing
+    keys = np.add(pid, 1, dtype=np.int64)
+    keys <<= 21
+    keys |= tid + 1
+    if rank is not None and rank.any():
         keys |= rank.astype(np.int64) << 42
     return keys
 
@@ -160,9 +163,11 @@ def _cpu_by_thread_keyed(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return rows[order], keys[order]
 
 
-def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def nest(
+    events: pd.DataFrame, t0: float, keys: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Parent row, depth and self time (µs) of every CPU-side duration event, and the
-    ``cpu_by_thread`` order it walked.
+    ``cpu_by_thread`` order it walked (``keys``: the ``thread_keys`` of ``events``, where known).
 
     Events nest per (pid, tid); GPU events and instants get parent -1, depth -1 and
     self time equal to their duration. Sorting, nesting and self time are one C call
@@ -178,7 +183,7 @@ def nest(events: pd.DataFrame, t0: float) -> tuple[np.ndarray, np.ndarray, np.nd
     ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
     _nesting.nest_rows(
         mask.view(np.uint8),
-        thread_keys(events),
+        thread_keys(events) if keys is None else keys,
         np.ascontiguousarray(events["ts"].to_numpy(), dtype=np.float64),
         np.ascontiguousarray(events["dur"].to_numpy(), dtype=np.float64),
         t0,
@@ -239,41 +244,45 @@ def enclosing_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray
     return np.where(start >= 0, inner[np.maximum(start, 0)], -1)
 
 
-def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> tuple[np.ndarray, pd.DataFrame]:
-    """The ProfilerStep number of every event by time, and the steps table (number, ts, dur).
+def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
+    """The ProfilerStep number of every event by time (-1: in no step): the last step that
+    starts at or before it, if it has not ended (with ``NEST_TOLERANCE_US``) by then. Of
+    steps with one number, the first to start counts.
 
     GPU events are given the step of the runtime call that launched them later
     (see ``launches``); here they are placed by their own time.
     """
     kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
     step_rows = np.flatnonzero(kinds == KINDS.index("step"))
-    names = events["name"]
-    step_names = names.cat.categories.take(names.cat.codes.to_numpy()[step_rows]) if step_rows.size else []
-    steps = pd.DataFrame(
-        {
-            "step": [_step_number(n) for n in step_names],
-            "row": step_rows,
-            "ts": events["ts"].to_numpy()[step_rows],
-            "dur": events["dur"].to_numpy()[step_rows],
-        }
-    )
-    steps = steps.sort_values("ts", kind="stable").drop_duplicates("step").reset_index(drop=True)
-    if steps.empty:
-        return np.full(len(events), -1, dtype=np.int64), steps
+    if step_rows.size == 0:
+        return np.full(len(events), -1, dtype=np.int64)
     ts = events["ts"].to_numpy()
-    index = np.searchsorted(steps["ts"].to_numpy(), ts, side="right") - 1
-    # per step, then a last entry for index -1 (before the first step): no time is at or before NaN
-    last = np.append((steps["ts"] + steps["dur"]).to_numpy() + NEST_TOLERANCE_US, np.nan)
-    numbers = np.append(steps["step"].to_numpy(dtype=np.int64), -1)
-    return np.where(ts <= last[index], numbers[index], -1), steps
+    # numpy on the few steps (a pandas table of them cost ~2 ms); each name parsed once
+    names = events["name"].array
+    codes, at = np.unique(names.codes[step_rows], return_inverse=True)
+    categories = names.categories
+    numbers = np.array([_step_number(categories[c]) for c in codes.tolist()], dtype=np.int64)[at.reshape(-1)]
+    starts = ts[step_rows]
+    order = np.argsort(starts, kind="stable")
+    first = np.unique(numbers[order], return_index=True)[1]
+    keep = order[np.sort(first)]  # by start, the first of each number
+    starts, numbers = starts[keep], numbers[keep]
+    index = np.searchsorted(starts, ts, side="right")  # 0: before the first step
+    # per step, after a first entry for index 0: no time is at or before NaN
+    last = np.concatenate(([np.nan], starts + events["dur"].to_numpy()[step_rows[keep]] + NEST_TOLERANCE_US))
+    outside = np.less_equal(ts, last.take(index))
+    np.logical_not(outside, out=outside)
+    step = np.concatenate(([-1], numbers)).take(index)
+    step[outside] = -1
+    return step
 
 
 def _kind_in(kinds: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
-    """Whether each of ``kind_codes`` (-1: no kind) is one of the kinds named: one gather
-    from a table by code (``np.isin`` sorts)."""
-    table = np.zeros(len(KINDS) + 1, dtype=bool)  # the last entry: code -1
-    table[[KINDS.index(k) for k in names]] = True
-    return table[kinds]
+    """Whether each of ``kind_codes`` (-1: no kind) is one of the kinds named, decided per
+    kind (``per_category``: the int8 codes compared, not widened for a gather; ``np.isin`` sorts)."""
+    answers = np.zeros(len(KINDS), dtype=bool)
+    answers[[KINDS.index(k) for k in names]] = True
+    return per_category(answers, kinds)
 
 
 def launches(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
@@ -327,10 +336,22 @@ def by_external_id(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return found
 
 
-def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _kind_codes(events: pd.DataFrame) -> np.ndarray:
+    """``kind_codes`` (read-only): the kind column's codes themselves where its categories
+    are ``KINDS`` in order, as ``normalize.event_kinds`` makes them (no gather, no copy)."""
+    kind = events["kind"].array
+    if isinstance(kind, pd.Categorical) and kind.categories.tolist() == list(KINDS):
+        codes = kind.codes.view()
+    else:
+        codes = kind_codes(events)
+    codes.flags.writeable = False
+    return codes
+
+
+def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """The columns ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and
-    ``module`` (by name, in that order) and the ``cpu_by_thread`` rows (the analyses search
-    in that order too).
+    ``module`` (by name, in that order), the ``cpu_by_thread`` rows (the analyses search
+    in that order too) and the ``thread_keys`` of ``events`` (which several analyses use).
 
     ``op`` is the CPU op that launched a GPU event (or a runtime call's op): the innermost
     ``cpu_op`` at or around the op, annotation or step that shares the runtime call's
@@ -344,13 +365,14 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     """
     ts = events["ts"].to_numpy()
     t0 = float(np.nanmin(ts)) if len(ts) else 0.0
-    parent, depth, self_dur, ordered = nest(events, t0)
-    kinds = kind_codes(events)
-    step, _ = step_numbers(events, kinds)
+    keys = thread_keys(events)
+    parent, depth, self_dur, ordered = nest(events, t0, keys)
+    kinds = _kind_codes(events)
+    step = step_numbers(events, kinds)
     launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = per_category(module_names, names.cat.codes.to_numpy())
+    is_module = per_category(module_names, names.array.codes)
     is_module &= kinds == KINDS.index("python_function")
     module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
@@ -368,4 +390,4 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     step[rows] = step[launch[rows]]
     columns = {"parent": parent, "depth": depth, "self_dur": self_dur, "step": step, "launch": launch}
     columns.update(op=op, module=module)
-    return columns, ordered
+    return columns, ordered, keys
