@@ -20,6 +20,7 @@ import pytest
 
 import tracemagic
 from conftest import TRACES, make_cnn
+from tracemagic.analysis._common import row_thread_key
 from tracemagic.trace import parse, structure
 
 #: the raw categories of events that run on a CPU thread and nest there
@@ -282,6 +283,10 @@ def test_loading_a_thousand_threads_matches_the_raw_json(tmp_path: Path, monkeyp
         assert loaded["C"].events[column].to_numpy().tobytes() == loaded["numpy"].events[column].to_numpy().tobytes()
     assert len({(e["pid"], e["tid"]) for e in events if is_cpu(e)}) == 1000
     assert max(want["depth"]) >= 3
+    # the bisections over the thread order read one row's key at a time: the same keys
+    for ranked in (loaded["C"].events, loaded["C"].events.assign(rank=np.int32(5))):
+        keys, key_of = structure.thread_keys(ranked), row_thread_key(ranked)
+        assert [key_of(row) for row in range(len(keys))] == keys.tolist()
 
 
 OUT_OF_MEMORY = """

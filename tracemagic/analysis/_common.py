@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import numpy as np
 import pandas as pd
@@ -49,7 +49,10 @@ def trace_start(trace: TraceTables) -> float:
     given = trace.meta.get("time_zero_us") if isinstance(trace.meta, dict) else None
     if given is not None:
         return float(given)
-    ts = trace.events["ts"].to_numpy()
+    return trace.shared(Shared.EARLIEST_TS, lambda: _earliest(trace.events["ts"].to_numpy()))
+
+
+def _earliest(ts: np.ndarray) -> float:
     return float(np.nanmin(ts)) if ts.size else 0.0
 
 
@@ -57,7 +60,13 @@ def in_scope(events: pd.DataFrame) -> np.ndarray:
     """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
     rank = events["rank"].to_numpy()
     stepped = np.unique(rank[kind_mask(events, "step")])
-    return (events["step"].to_numpy() >= 0) | ~np.isin(rank, stepped)
+    out = events["step"].to_numpy() >= 0
+    if stepped.size > 8:
+        return out | ~np.isin(rank, stepped)
+    bare = rank != stepped[0] if stepped.size else np.ones(rank.size, dtype=bool)
+    for r in stepped[1:].tolist():  # (a few ranks: compared, not sorted as np.isin does)
+        bare &= rank != r
+    return out | bare
 
 
 def thread_keys_of(trace: TraceTables) -> np.ndarray:
@@ -92,7 +101,7 @@ def memory_holders(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     def compute() -> tuple[np.ndarray, np.ndarray]:
         events = trace.events
         rows = np.flatnonzero(kind_mask(events, "memory"))
-        return rows, enclosing_at(trace, thread_keys_of(trace)[rows], events["ts"].to_numpy()[rows])
+        return rows, enclosing_at(trace, thread_keys(events, rows), events["ts"].to_numpy()[rows])
 
     return trace.shared(Shared.MEMORY_HOLDERS, compute)
 
@@ -120,13 +129,14 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
     dur = events["dur"].to_numpy()
     at = at - t0
     parent = events["parent"].to_numpy()
-    key_of = thread_keys_of(trace)
-    for key in np.unique(keys):  # one pass per thread; cand is sorted by key: found by bisection
-        lo = bisect.bisect_left(cand, key, key=key_of.__getitem__)
-        hi = bisect.bisect_left(cand, key + 1, lo, key=key_of.__getitem__)
+    key_of = row_thread_key(events)  # (the keys of the few rows the bisection reads)
+    lone = keys.min() == keys.max()  # one thread (the usual case): no grouping of the keys
+    for key in keys[:1] if lone else np.unique(keys):  # one pass per thread; cand is sorted by key
+        lo = bisect.bisect_left(cand, key, key=key_of)
+        hi = bisect.bisect_left(cand, key + 1, lo, key=key_of)
         if lo == hi:
             continue
-        where = np.flatnonzero(keys == key)
+        where = slice(None) if lone else np.flatnonzero(keys == key)
         pos = np.searchsorted(ts[cand[lo:hi]] - t0, at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
 
@@ -464,9 +474,10 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
     del keep
     if group.size == 0:
         return np.zeros(groups)
-    order = sort_by_thread(group, start)
-    group, start, end = group[order], start[order], end[order]
-    del order
+    if not _ordered_by(group, start):  # (in_windows gives each category's parts in order already)
+        order = sort_by_thread(group, start)
+        group, start, end = group[order], start[order], end[order]
+        del order
     # running maximum per group in one pass: each group is lifted above all earlier ones,
     # and the row holding each maximum gives its exact value back
     lifted = group * (float(end.max() - min(start.min(), 0.0)) + 1.0)
@@ -565,6 +576,46 @@ def _factorized(values: np.ndarray) -> tuple[np.ndarray, int]:
     """``values`` renumbered 0.. in order of first appearance, and how many distinct."""
     codes, uniques = pd.factorize(values)
     return codes.astype(np.int64, copy=False), max(len(uniques), 1)
+
+
+def row_thread_key(events: pd.DataFrame) -> Callable[[int], int]:
+    """``structure.thread_keys`` of one row at a time: the key function of a bisection over
+    rows sorted by thread (``cpu_by_thread``), which reads a few rows' keys, where making
+    every row's key (``thread_keys_of``) costs a pass over the table (tests/test_nesting.py
+    checks it against ``thread_keys``)."""
+    pid = events["pid"].array.codes  # (``.cat.codes`` copies them)
+    tid = events["tid"].array.codes
+    rank = events["rank"].to_numpy() if "rank" in events else None  # one rank before stacking
+
+    def key(row: int) -> int:
+        # as thread_keys: (pid code + 1) << 21 | (tid code + 1) | rank << 42, in int64
+        value = ((int(pid[row]) + 1) << 21) | (int(tid[row]) + 1)
+        return value | (int(rank[row]) << 42) if rank is not None else value
+
+    return key
+
+
+def in_thread_order(trace: TraceTables, mask: np.ndarray) -> np.ndarray | None:
+    """The rows of ``mask`` in ``cpu_by_thread`` order (by thread, start, longest first, then
+    row), read off the order the trace keeps instead of sorted again; None where some row
+    of the mask is no CPU duration event (not in that order)."""
+    ordered = _cpu_by_thread(trace)
+    picked = mask[ordered]
+    if np.count_nonzero(picked) != np.count_nonzero(mask):
+        return None
+    return ordered[picked]
+
+
+def _ordered_by(group: np.ndarray, start: np.ndarray) -> bool:
+    """Whether the rows are sorted by (``group``, ``start``) already, with no NaN start:
+    then ``sort_by_thread(group, start)``, a stable sort, leaves every row where it is."""
+    if group.size < 2:
+        return True
+    if not (group[1:] >= group[:-1]).all():
+        return False
+    back = group[1:] == group[:-1]  # within a group, a start before the one above it
+    back &= start[1:] < start[:-1]
+    return not back.any() and not np.isnan(start).any()
 
 
 def _used_categorical(per_code: np.ndarray, at: np.ndarray, used: np.ndarray) -> pd.Categorical:

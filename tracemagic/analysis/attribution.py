@@ -16,7 +16,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import enclosing_at, flow_thread_keys, group_rows, in_scope, layers_at, names_where
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask, per_category
+from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, narrow_rows, propagate
 
@@ -72,6 +72,10 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     flows, or ``flows=False``) the latest earlier forward op with the same ``Sequence
     number`` on the rank (sequence numbers are per thread, so they can collide). Module
     events inside a backward op (activation recomputation) count as that backward op's time.
+
+    Per-event work is kept to masks and the propagation; what only some rows need (the
+    outermost backward ops, the module events, the rows with a forward thread id) is
+    computed over those rows alone.
     """
     events = trace.events
     n = len(events)
@@ -79,53 +83,92 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     depth = events["depth"].to_numpy()
     is_op = kind_mask(events, "cpu_op")
     names = events["name"]
+    codes = names.array.codes  # (``.cat.codes`` copies them)
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = kind_mask(events, "python_function") & per_category(module_names, names.cat.codes.to_numpy())
+    functions = np.flatnonzero(kind_mask(events, "python_function"))
+    is_module = np.zeros(n, dtype=bool)
+    is_module[functions[module_names[codes[functions]]]] = True
+    del functions
     compiled = np.flatnonzero(is_op & names_where(names, COMPILED_REGION))
     module, folded = _fold_compiled(trace, events["module"].to_numpy(), is_module, compiled)
-    is_module &= ~folded
-    fwd_tid = events["fwd_tid"].to_numpy(dtype=np.int64, na_value=0)
-    is_bwd = is_op & (names_where(events["name"], BACKWARD_OP) | (fwd_tid > 0))
-    del fwd_tid  # (per-event temporaries are freed as soon as done: this runs at a peak)
+    if folded is not None:
+        is_module &= ~folded
+    del folded
+    is_bwd = names_where(names, BACKWARD_OP)
+    fwd_tid = events["fwd_tid"].array  # (> 0 where known: read at the rows that have one)
+    known = np.flatnonzero(~np.asarray(fwd_tid.isna(), dtype=bool))
+    if known.size:
+        is_bwd[known[np.asarray(fwd_tid[known].to_numpy(dtype=np.int64)) > 0]] = True
+    del known
+    is_bwd &= is_op
     bwd_rows = np.flatnonzero(is_bwd)
     is_root = np.zeros(n, dtype=bool)
     is_root[bwd_rows[(enclosing_of_kind(parent, depth, is_bwd, bwd_rows) < 0) & (module[bwd_rows] < 0)]] = True
     del bwd_rows
     root = propagate(parent, depth, is_root)
-    seq = events["seq"].to_numpy(dtype=np.int64, na_value=-1)
-    ts = events["ts"].to_numpy()
-    rank = events["rank"].to_numpy()
-    linked = _flow_links(trace, root, is_op) if flows else np.full(n, -2, dtype=np.int64)
-    roots = np.flatnonzero(is_root & (seq >= 0) & (linked == -2))
-    forward = np.flatnonzero(is_op & ~is_bwd & (seq >= 0) & (root < 0))
-    matched = np.where(linked >= 0, module[np.maximum(linked, 0)], -1)
-    del linked
-    if roots.size and forward.size:
-        left = pd.DataFrame({"ts": ts[roots], "rank": rank[roots].astype(np.int64), "seq": seq[roots], "row": roots})
-        right = pd.DataFrame(
-            {"ts": ts[forward], "rank": rank[forward].astype(np.int64), "seq": seq[forward], "fwd": module[forward]}
-        )
-        joined = pd.merge_asof(
-            left.sort_values("ts", kind="stable"),
-            right.sort_values("ts", kind="stable"),
-            on="ts",
-            by=["rank", "seq"],
-            direction="backward",
-        )
-        matched[joined["row"].to_numpy()] = joined["fwd"].fillna(-1).to_numpy(dtype=np.int64)
-    del seq
+    roots = np.flatnonzero(is_root)
+    del is_root
+    # per outermost backward op (``roots``): the layer of its forward op, and whether a flow linked it
+    matched = np.full(roots.size, -1, dtype=np.int64)
+    linked = np.zeros(roots.size, dtype=bool)
+    if flows and roots.size:
+        at, fwd = _flow_links(trace, root, is_op)
+        where = np.searchsorted(roots, at)  # (each end's outermost backward op is one of ``roots``)
+        linked[where] = True
+        matched[where] = np.where(fwd >= 0, module[np.maximum(fwd, 0)], -1)
+    seq = events["seq"].array
+    unlinked = roots[~linked]
+    unlinked = unlinked[np.asarray(seq[unlinked].to_numpy(dtype=np.int64, na_value=-1)) >= 0]
+    if unlinked.size:
+        seq_all = seq.to_numpy(dtype=np.int64, na_value=-1)
+        forward = np.flatnonzero(is_op & ~is_bwd & (seq_all >= 0) & (root < 0))
+        if forward.size:
+            ts = events["ts"].to_numpy()
+            rank = events["rank"].to_numpy()
+            left = pd.DataFrame(
+                {"ts": ts[unlinked], "rank": rank[unlinked].astype(np.int64), "seq": seq_all[unlinked], "row": unlinked}
+            )
+            right = pd.DataFrame(
+                {
+                    "ts": ts[forward],
+                    "rank": rank[forward].astype(np.int64),
+                    "seq": seq_all[forward],
+                    "fwd": module[forward],
+                }
+            )
+            joined = pd.merge_asof(
+                left.sort_values("ts", kind="stable"),
+                right.sort_values("ts", kind="stable"),
+                on="ts",
+                by=["rank", "seq"],
+                direction="backward",
+            )
+            found = np.searchsorted(roots, joined["row"].to_numpy())
+            matched[found] = joined["fwd"].fillna(-1).to_numpy(dtype=np.int64)
+        del seq_all, forward
+    del is_bwd, unlinked
     backward = root >= 0
-    layer = np.where(backward, matched[np.maximum(root, 0)], module)
-    del matched
-    layer = narrow_rows(layer)
+    layer = narrow_rows(module)
+    if layer is module:  # (a copy: ``module`` is the events' column)
+        layer = module.copy()
+    inside = np.flatnonzero(backward)
+    if inside.size:  # each backward row gets its outermost backward op's layer
+        of_root = np.full(n, -1, dtype=layer.dtype)
+        of_root[roots] = matched
+        layer[inside] = of_root[root[inside]]
+        del of_root
+    del inside, matched
     root = narrow_rows(root)
-    module_parent = narrow_rows(np.where(is_module & (parent >= 0), module[np.maximum(parent, 0)], -1))
+    module_parent = np.full(n, -1, dtype=layer.dtype)  # (the dtype ``narrow_rows`` gives rows of n events)
+    held = np.flatnonzero(is_module)
+    held = held[parent[held] >= 0]
+    module_parent[held] = module[parent[held]]
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
 
 
 def _fold_compiled(
     trace: TraceTables, module: np.ndarray, is_module: np.ndarray, compiled: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Fold the module events of compiled code into the layer they belong to.
 
     Folded: the model event directly inside its ``OptimizedModule`` event when both have
@@ -140,27 +183,29 @@ def _fold_compiled(
 
     Returns:
         ``module`` with each folded event replaced by the event it folds into, and the mask
-        of folded rows.
+        of folded rows (None where none is folded: ``module`` is returned as given).
     """
     events = trace.events
-    folded = np.zeros(len(events), dtype=bool)
     rows = np.flatnonzero(is_module)
     parent = events["parent"].to_numpy()
     up = np.where(parent[rows] >= 0, module[np.maximum(parent[rows], 0)], -1)
     keep = up >= 0
     rows, up = rows[keep], up[keep]
     if not rows.size:
-        return module, folded
-    wrapper = names_where(events["name"], COMPILED_WRAPPER)
-    layer, _ = layers_at(trace, rows)
-    up_layer, _ = layers_at(trace, up)
-    fold = wrapper[up] & (layer == up_layer)
+        return module, None
+    fold = names_where(events["name"], COMPILED_WRAPPER)[up]
+    if fold.any():  # the layer names compared only inside a wrapper (none without torch.compile)
+        inside = np.flatnonzero(fold)
+        layer, _ = layers_at(trace, rows[inside])
+        up_layer, _ = layers_at(trace, up[inside])
+        fold[inside] = layer == up_layer
     if compiled.size:
         region = np.zeros(len(events), dtype=bool)
         region[compiled] = True
         fold |= enclosing_of_kind(parent, events["depth"].to_numpy(), region, rows) >= 0
     if not fold.any():
-        return module, folded
+        return module, None
+    folded = np.zeros(len(events), dtype=bool)
     folded[rows[fold]] = True
     into = np.arange(len(events))
     into[rows[fold]] = up[fold]
@@ -172,26 +217,29 @@ def _fold_compiled(
     return np.where(module >= 0, into[np.maximum(module, 0)], -1), folded
 
 
-def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> np.ndarray:
-    """Per events row: the forward op row linked to it by a ``fwdbwd`` flow, -2 for none.
+def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The outermost backward ops linked to a forward op by a ``fwdbwd`` flow, and that
+    forward op's row (-1: linked, but to no forward op), one pair per flow in flow order
+    (an op linked by several flows: the last pair holds).
 
-    Set only on outermost backward ops: the flow end is located on the CPU op at its
-    (rank, pid, tid, ts), the flow start on the forward op there, and the end's outermost
-    backward op gets the start's op. A start that lands on no op, or inside backward work,
-    leaves -1 (linked, but to no forward op). Vectorized: one ``searchsorted`` per thread.
+    The flow end is located on the CPU op at its (rank, pid, tid, ts), the flow start on
+    the forward op there, and the end's outermost backward op gets the start's op. A start
+    that lands on no op, or inside backward work, gives -1. Vectorized: one
+    ``searchsorted`` per thread.
     """
     events = trace.events
-    out = np.full(len(events), -2, dtype=np.int64)
+    no_links = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     flows = trace.flows
     if flows.empty or "cat" not in flows:
-        return out
-    fwdbwd = flows[(flows["cat"] == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()]
+        return no_links
+    wanted = (flows["cat"] == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()
+    fwdbwd = flows if wanted.all() else flows[wanted]  # (a trace's flows are often all fwdbwd ones)
     if fwdbwd.empty:
-        return out
+        return no_links
     at = enclosing_at(trace, flow_thread_keys(events, fwdbwd), fwdbwd["ts"].to_numpy(dtype=np.float64), is_op)
     # a flow is its (rank, id); the first start and the first end of each, paired in the
     # order of the ends (an inner merge of the two de-duplicated, without building frames)
-    flow, first = group_rows(fwdbwd["rank"], fwdbwd["id"])
+    flow, first = group_rows(fwdbwd["rank"].to_numpy(), fwdbwd["id"].to_numpy(dtype=np.int64))  # (ids all known)
     none = len(flow)
     start = np.full(len(first), none, dtype=np.int64)
     starts = np.flatnonzero((fwdbwd["ph"] == "s").to_numpy())
@@ -205,5 +253,4 @@ def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> np.n
     bwd_root = np.where(bwd >= 0, root[np.maximum(bwd, 0)], -1)
     fwd = np.where((fwd >= 0) & (root[np.maximum(fwd, 0)] < 0), fwd, -1)
     keep = bwd_root >= 0
-    out[bwd_root[keep]] = fwd[keep]
-    return out
+    return bwd_root[keep], fwd[keep]

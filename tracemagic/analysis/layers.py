@@ -21,11 +21,14 @@ module's own time, forward (the region's ops and kernels) and backward
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
+    group_rows,
+    in_thread_order,
     layers_at,
     memory_holders,
     names_at,
@@ -33,7 +36,6 @@ from tracemagic.analysis._common import (
     nesting_depth,
     rollup,
     text,
-    thread_keys_of,
 )
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
@@ -41,7 +43,7 @@ from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
-from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread
+from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread, thread_keys
 
 #: ``Input Dims`` text with at least one tensor of one or more dimensions
 TENSOR_DIMS = re.compile(r"\[\d")
@@ -56,33 +58,63 @@ def step_time(trace: TraceTables, step: int | None = None) -> dict[int, float]:
     is_step = kind_mask(events, "step")
     if step is not None:
         is_step &= events["step"].to_numpy() == step
-    is_timed = kind_mask(events, *CPU_KINDS + GPU_KINDS) & (events["ph"] == "X").to_numpy()
+    step_rows = np.flatnonzero(is_step)
+    names = events["name"].array.codes
+    dur = events["dur"].to_numpy()
+    is_timed = None
     out = {}
     for r in trace.rank_ids:
-        mine = rank == r
-        steps = events.loc[mine & is_step, ["name", "dur"]].drop_duplicates("name")
-        if len(steps):
-            out[r] = float(steps["dur"].sum())
+        mine = step_rows[rank[step_rows] == r]
+        if mine.size:  # the first step of each name (a step recorded twice counts once), in row order
+            _, first = np.unique(names[mine], return_index=True)
+            out[r] = float(pd.Series(dur[mine[np.sort(first)]]).sum())
             continue
-        timed = mine & is_timed
+        if is_timed is None:
+            is_timed = kind_mask(events, *CPU_KINDS + GPU_KINDS) & (events["ph"] == "X").to_numpy()
+        timed = (rank == r) & is_timed
         ts = events["ts"].to_numpy()[timed]
-        end = ts + events["dur"].to_numpy()[timed]
+        end = ts + dur[timed]
         out[r] = float(end.max() - ts.min()) if ts.size else 0.0
     return out
 
 
-def _rollup(
-    start: np.ndarray, weights: np.ndarray, layer_of: np.ndarray, up: np.ndarray, count: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Self and inclusive sums per layer of weights placed at module event rows ``start``.
+@dataclass(frozen=True)
+class _Modules:
+    """The module events of the layers (``Attribution.is_module``), numbered 0.. in row
+    order: the sums up the module nesting run over these few rows, not the whole table.
 
-    ``up`` is each module event's enclosing module event; inclusive sums walk it upwards.
+    Attributes:
+        rows: their rows.
+        up: per module event, the number of its enclosing module event, -1 at the top.
+        layer: per module event, its layer (-1 for one inside a backward op).
+        count: how many layers.
     """
-    ok = start >= 0
-    own = np.bincount(layer_of[start[ok]], weights=np.asarray(weights, dtype=np.float64)[ok], minlength=count)
-    inclusive = rollup(start, weights, up)
-    rows = np.flatnonzero(layer_of >= 0)
-    return own, np.bincount(layer_of[rows], weights=inclusive[rows], minlength=count)
+
+    rows: np.ndarray
+    up: np.ndarray
+    layer: np.ndarray
+    count: int
+
+
+def _numbered(rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The position in ``rows`` (ascending) of each of ``wanted``, -1 where it is not there
+    (as for -1, no row)."""
+    if not rows.size:
+        return np.full(np.size(wanted), -1, dtype=np.int64)
+    pos = np.searchsorted(rows, wanted)
+    np.minimum(pos, rows.size - 1, out=pos)
+    return np.where(rows[pos] == wanted, pos, -1)
+
+
+def _rollup(start: np.ndarray, weights: np.ndarray, modules: _Modules) -> tuple[np.ndarray, np.ndarray]:
+    """Self and inclusive sums per layer of weights placed at module event rows ``start``
+    (-1: nowhere); inclusive sums walk the module nesting upwards."""
+    at = _numbered(modules.rows, start)
+    ok = at >= 0
+    own = np.bincount(modules.layer[at[ok]], weights=np.asarray(weights, dtype=np.float64)[ok], minlength=modules.count)
+    inclusive = rollup(at, weights, modules.up)
+    rows = np.flatnonzero(modules.layer >= 0)
+    return own, np.bincount(modules.layer[rows], weights=inclusive[rows], minlength=modules.count)
 
 
 def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
@@ -91,19 +123,25 @@ def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
     events = trace.events
     categories = np.append(np.asarray(events["input_dims"].cat.categories, dtype=object), [None])
     out = np.full(calls.size, -1, dtype=np.int64)
-    tensor_input = names_where(events["input_dims"], TENSOR_DIMS)
-    ops = np.flatnonzero(kind_mask(events, "cpu_op") & tensor_input)
-    if ops.size == 0 or calls.size == 0:
+    is_op = kind_mask(events, "cpu_op")
+    is_op &= names_where(events["input_dims"], TENSOR_DIMS)
+    if calls.size == 0 or not is_op.any():
         return categories[out]
-    keys = thread_keys_of(trace)
     ts = events["ts"].to_numpy()
     dur = events["dur"].to_numpy()
-    dims = events["input_dims"].cat.codes.to_numpy()
-    ops = ops[sort_by_thread(keys[ops], ts[ops], -dur[ops])]
-    op_keys = keys[ops]
-    for key in np.unique(keys[calls]):  # one pass per thread
+    dims = events["input_dims"].array.codes
+    ops = in_thread_order(trace, is_op)  # by thread, start, longest first: the order the trace keeps
+    op_keys = thread_keys(events, ops) if ops is not None else np.zeros(0, dtype=np.int64)
+    if ops is None or (op_keys[1:] < op_keys[:-1]).any():  # (none kept, or threads out of key order: sorted here)
+        ops = np.flatnonzero(is_op)
+        op_keys = thread_keys(events, ops)
+        order = sort_by_thread(op_keys, ts[ops], -dur[ops])
+        ops, op_keys = ops[order], op_keys[order]
+    del is_op
+    keys = thread_keys(events, calls)
+    for key in np.unique(keys):  # one pass per thread
         lo, hi = np.searchsorted(op_keys, [key, key + 1])
-        where = np.flatnonzero(keys[calls] == key)
+        where = np.flatnonzero(keys == key)
         if lo == hi:
             continue
         mine = ops[lo:hi]
@@ -127,7 +165,8 @@ def memory_growth(
     ok = holder >= 0
     rows, holder = rows[ok], holder[ok]
     fwd = ~att.backward[holder]
-    return att.module[holder[fwd]], events["bytes"].to_numpy(dtype=np.float64, na_value=0.0)[rows[fwd]]
+    grown = events["bytes"].array[rows[fwd]]  # (converted at these rows alone)
+    return att.module[holder[fwd]], np.asarray(grown.to_numpy(dtype=np.float64, na_value=0.0))
 
 
 @computes("layers")
@@ -163,41 +202,49 @@ def layers(trace: TraceTables, step: int | None = None) -> pd.DataFrame:
     events = trace.events
     att = attribution(trace)
     scope = att.in_scope if step is None else att.in_scope & (events["step"].to_numpy() == step)
-    modules = np.flatnonzero(att.is_module & (att.root < 0))
     rank = events["rank"].to_numpy()
     dur = events["dur"].to_numpy()
     ts = events["ts"].to_numpy()
-    codes = events["name"].cat.codes.to_numpy()
-    layer_id, keys = pd.factorize(pd.MultiIndex.from_arrays([rank[modules], codes[modules]]), sort=False)
-    count = len(keys)
-    layer_of = np.full(len(events), -1, dtype=np.int64)
-    layer_of[modules] = layer_id
-    calls_rows = modules[scope[modules]]
-    calls = np.bincount(layer_of[calls_rows], minlength=count)
-    fwd_cpu = np.bincount(layer_of[calls_rows], weights=dur[calls_rows], minlength=count)
-    children = calls_rows[att.module_parent[calls_rows] >= 0]
-    child_time = np.bincount(att.module_parent[children], weights=dur[children], minlength=len(events))
-    fwd_self = np.bincount(layer_of[calls_rows], weights=dur[calls_rows] - child_time[calls_rows], minlength=count)
-    up = att.module_parent
-    roots = np.flatnonzero((att.root == np.arange(len(events))) & scope)
-    bwd_self, bwd_cpu = _rollup(att.module[roots], dur[roots], layer_of, up, count)
+    held = np.flatnonzero(att.is_module)
+    forward = att.root[held] < 0  # (a module event inside a backward op is no call of its layer)
+    modules = held[forward]
+    layer_id, first_of = group_rows(rank[modules], events["name"].array.codes[modules])
+    count = len(first_of)
+    layer_of = np.full(held.size, -1, dtype=np.int64)
+    layer_of[forward] = layer_id
+    space = _Modules(held, _numbered(held, att.module_parent[held]), layer_of, count)
+    calls_at = np.flatnonzero(forward & scope[held])
+    calls_rows = held[calls_at]
+    call_layer = layer_of[calls_at]
+    calls = np.bincount(call_layer, minlength=count)
+    fwd_cpu = np.bincount(call_layer, weights=dur[calls_rows], minlength=count)
+    children = calls_at[space.up[calls_at] >= 0]
+    child_time = np.bincount(space.up[children], weights=dur[held[children]], minlength=held.size)
+    fwd_self = np.bincount(call_layer, weights=dur[calls_rows] - child_time[calls_at], minlength=count)
+    inside = np.flatnonzero(att.backward)
+    roots = inside[att.root[inside] == inside]
+    del inside
+    roots = roots[scope[roots]]
+    bwd_self, bwd_cpu = _rollup(att.module[roots], dur[roots], space)
     launch = events["launch"].to_numpy()
-    gpu_all = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & scope)
+    gpu_all = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY))
+    gpu_all = gpu_all[scope[gpu_all]]
     gpu = gpu_all[launch[gpu_all] >= 0]
     gpu_layer = att.module[launch[gpu]]
     gpu_bwd = att.backward[launch[gpu]]
-    fwd_gpu_self, fwd_gpu = _rollup(np.where(gpu_bwd, -1, gpu_layer), dur[gpu], layer_of, up, count)
-    bwd_gpu_self, bwd_gpu = _rollup(np.where(gpu_bwd, gpu_layer, -1), dur[gpu], layer_of, up, count)
-    _, growth = _rollup(*memory_growth(trace, att, scope), layer_of, up, count)
+    fwd_gpu_self, fwd_gpu = _rollup(np.where(gpu_bwd, -1, gpu_layer), dur[gpu], space)
+    bwd_gpu_self, bwd_gpu = _rollup(np.where(gpu_bwd, gpu_layer, -1), dur[gpu], space)
+    _, growth = _rollup(*memory_growth(trace, att, scope), space)
     regions = att.compiled[scope[att.compiled]]
-    region_layer = np.where(att.module[regions] >= 0, layer_of[np.maximum(att.module[regions], 0)], -1)
+    region_at = _numbered(held, att.module[regions])
+    region_layer = layer_of[region_at[region_at >= 0]]  # (-1: a module event inside a backward op)
     compiled = np.bincount(region_layer[region_layer >= 0], minlength=count) > 0
     if (gpu_layer >= 0).any():  # the roofline only where a layer launched GPU work: a CPU trace never needs it
         flops_of, memory_bound, has_bound = gpu_shares(trace)
-        _, flops = _rollup(gpu_layer, flops_of[gpu], layer_of, up, count)
-        _, memory_us = _rollup(gpu_layer, np.where(memory_bound[gpu], dur[gpu], 0.0), layer_of, up, count)
-        _, modelled = _rollup(gpu_layer, (flops_of[gpu] > 0).astype(np.float64), layer_of, up, count)
-        _, bounded = _rollup(gpu_layer, has_bound[gpu].astype(np.float64), layer_of, up, count)
+        _, flops = _rollup(gpu_layer, flops_of[gpu], space)
+        _, memory_us = _rollup(gpu_layer, np.where(memory_bound[gpu], dur[gpu], 0.0), space)
+        _, modelled = _rollup(gpu_layer, (flops_of[gpu] > 0).astype(np.float64), space)
+        _, bounded = _rollup(gpu_layer, has_bound[gpu].astype(np.float64), space)
     else:  # no layer to share them out to: no FLOPs, no bound (NaN below)
         flops = memory_us = modelled = bounded = np.zeros(count)
     gpu_us = fwd_gpu + bwd_gpu
@@ -206,50 +253,53 @@ def layers(trace: TraceTables, step: int | None = None) -> pd.DataFrame:
         # NaN where no op of the layer has a known bound (an unknown device: not 0% memory-bound)
         memory_pct = np.where((bounded > 0) & (gpu_us > 0), memory_us / gpu_us * 100.0, np.nan)
 
-    used = (calls > 0) | (bwd_cpu > 0) | (bwd_gpu > 0)
-    first = pd.Series(ts[calls_rows]).groupby(layer_of[calls_rows]).idxmin()
-    first_row = np.full(count, -1, dtype=np.int64)
-    first_row[first.index.to_numpy()] = calls_rows[first.to_numpy()]
-    any_row = pd.Series(modules).groupby(layer_id).first()
-    first_row = np.where(first_row >= 0, first_row, any_row.reindex(range(count)).to_numpy())
-    parent_row = up[first_row]
-    depth = nesting_depth(up, first_row)
+    # each layer's first call in scope (the earliest; of calls starting together the first
+    # row), else its first module event
+    first_row = modules[first_of]
+    if calls_rows.size:
+        by_layer = np.lexsort((ts[calls_rows], call_layer))
+        ordered = call_layer[by_layer]
+        head = np.flatnonzero(np.append(True, ordered[1:] != ordered[:-1]))
+        first_row[ordered[head]] = calls_rows[by_layer[head]]
+    used = np.flatnonzero((calls > 0) | (bwd_cpu > 0) | (bwd_gpu > 0))
+    layer_rank = rank[first_row].astype(np.int32)
+    used = used[np.lexsort((ts[first_row[used]], layer_rank[used]))]  # by rank, then first call
+    first_row = first_row[used]
+    depth = nesting_depth(att.module_parent, first_row)
     name, kind = layers_at(trace, first_row)
-    parent_name, _ = layers_at(trace, parent_row)
-    trace_name = names_at(trace, first_row)
+    parent_name, _ = layers_at(trace, att.module_parent[first_row])
     table = pd.DataFrame(
         {
-            "rank": np.asarray([k[0] for k in keys], dtype=np.int32),
+            "rank": layer_rank[used],
             "layer": text(name),
             "type": text(kind),
             "depth": depth,
             "parent": text(parent_name),
-            "calls": calls,
-            "cpu_us": fwd_cpu + bwd_cpu,
-            "self_cpu_us": fwd_self + bwd_self,
-            "fwd_cpu_us": fwd_cpu,
-            "fwd_self_cpu_us": fwd_self,
-            "bwd_cpu_us": bwd_cpu,
-            "bwd_self_cpu_us": bwd_self,
-            "gpu_us": fwd_gpu + bwd_gpu,
-            "self_gpu_us": fwd_gpu_self + bwd_gpu_self,
-            "fwd_gpu_us": fwd_gpu,
-            "bwd_gpu_us": bwd_gpu,
-            "tflops_per_s": tflops,
-            "memory_bound_pct": memory_pct,
-            "memory_growth_bytes": growth.astype(np.int64),
+            "calls": calls[used],
+            "cpu_us": (fwd_cpu + bwd_cpu)[used],
+            "self_cpu_us": (fwd_self + bwd_self)[used],
+            "fwd_cpu_us": fwd_cpu[used],
+            "fwd_self_cpu_us": fwd_self[used],
+            "bwd_cpu_us": bwd_cpu[used],
+            "bwd_self_cpu_us": bwd_self[used],
+            "gpu_us": gpu_us[used],
+            "self_gpu_us": (fwd_gpu_self + bwd_gpu_self)[used],
+            "fwd_gpu_us": fwd_gpu[used],
+            "bwd_gpu_us": bwd_gpu[used],
+            "tflops_per_s": tflops[used],
+            "memory_bound_pct": memory_pct[used],
+            "memory_growth_bytes": growth.astype(np.int64)[used],
             "input_shapes": text(_first_op_dims(trace, first_row)),
-            "module": text(trace_name),
-            "_ts": ts[first_row],
-            "_compiled": compiled,
+            "module": text(names_at(trace, first_row)),
         },
-        columns=[*COLUMNS, "_ts", "_compiled"],
+        columns=list(COLUMNS),
     )
-    table = table[used].sort_values(["rank", "_ts"], kind="stable").reset_index(drop=True)
-    compiled_layers = {
-        r: [str(v) for v in table.loc[(table["rank"] == r) & table["_compiled"], "layer"]] for r in trace.rank_ids
-    }
-    table = table.drop(columns=["_ts", "_compiled"])
+    compiled = compiled[used]
+    compiled_layers: dict[int, list[str]] = {r: [] for r in trace.rank_ids}
+    if compiled.any():
+        layer_text = table["layer"].array
+        for r in trace.rank_ids:
+            compiled_layers[r] = [str(v) for v in layer_text[(layer_rank[used] == r) & compiled]]
     if table.empty:  # bincount of nothing is int64: give the contract's dtypes
         table = TABLES["layers"].empty()
     _totals(trace, table, gpu_all, dur, step)
@@ -262,16 +312,19 @@ def _totals(trace: TraceTables, table: pd.DataFrame, gpu: np.ndarray, dur: np.nd
     """Fill ``table.attrs`` with per-rank step time and what no layer got."""
     steps = step_time(trace, step)
     rank = trace.events["rank"].to_numpy()
+    table_rank = table["rank"].to_numpy()
+    self_cpu = table["self_cpu_us"].to_numpy()
+    self_gpu = table["self_gpu_us"].to_numpy()
     attrs: dict[str, dict[int, float]] = {
         k: {} for k in ("step_us", "unattributed_us", "overlap_us", "gpu_us", "gpu_unattributed_us")
     }
     for r in trace.rank_ids:
-        mine = table[table["rank"] == r]
-        attributed = float(mine["self_cpu_us"].sum())
+        mine = table_rank == r
+        attributed = float(pd.Series(self_cpu[mine]).sum())
         attrs["step_us"][r] = steps.get(r, 0.0)
         attrs["unattributed_us"][r] = max(steps.get(r, 0.0) - attributed, 0.0)
         attrs["overlap_us"][r] = max(attributed - steps.get(r, 0.0), 0.0)
         gpu_total = float(dur[gpu[rank[gpu] == r]].sum())
         attrs["gpu_us"][r] = gpu_total
-        attrs["gpu_unattributed_us"][r] = max(gpu_total - float(mine["self_gpu_us"].sum()), 0.0)
+        attrs["gpu_unattributed_us"][r] = max(gpu_total - float(pd.Series(self_gpu[mine]).sum()), 0.0)
     table.attrs.update(attrs)

@@ -26,13 +26,23 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import HOST_COLLECTIVE, is_dataloader, is_nccl, names_where, trace_start, union_length
+from tracemagic.analysis._common import (
+    HOST_COLLECTIVE,
+    group_rows,
+    is_dataloader,
+    is_nccl,
+    names_where,
+    trace_start,
+    union_length,
+    values_at,
+)
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.kineto import step_number as _step_number
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.normalize import kind_mask, per_code
 from tracemagic.trace.shared_keys import Shared
+from tracemagic.trace.structure import timed_rows
 
 #: breakdown columns in priority order (a higher one wins where activities overlap)
 CATEGORIES = (
@@ -73,31 +83,40 @@ def windows(trace: TraceTables) -> pd.DataFrame:
 
 def _windows(trace: TraceTables) -> pd.DataFrame:
     events = trace.events
-    is_step = kind_mask(events, "step")
-    names = events["name"][is_step].to_numpy(dtype=object)
+    rows = np.flatnonzero(kind_mask(events, "step"))
+    rank = events["rank"].to_numpy()[rows]
+    start = events["ts"].to_numpy()[rows]
+    # by rank and start (stable), then the first window of each (rank, step) number
+    order = np.lexsort((start, rank))
+    rows, rank, start = rows[order], rank[order], start[order]
+    step = np.fromiter((_step_number(n) for n in values_at(events["name"], rows)), dtype=np.int64, count=rows.size)
+    _, first = group_rows(rank, step)
+    rank = rank[first].astype(np.int32, copy=False)
     frame = pd.DataFrame(
-        {
-            "rank": events["rank"].to_numpy()[is_step],
-            "step": [_step_number(n) for n in names],
-            "start": events["ts"].to_numpy()[is_step],
-            "dur": events["dur"].to_numpy()[is_step],
-        }
+        {"rank": rank, "step": step[first], "start": start[first], "dur": events["dur"].to_numpy()[rows[first]]}
     )
-    frame = frame.sort_values(["rank", "start"], kind="stable").drop_duplicates(["rank", "step"])
-    bare = sorted(set(trace.rank_ids) - set(frame["rank"]))
-    if bare:
-        timed = events.loc[events["rank"].isin(bare) & events["ts"].notna(), ["rank", "ts", "dur"]]
-        start = timed.groupby("rank")["ts"].transform("min")
-        span = (
-            timed.assign(start=start, end=timed["ts"] - start + timed["dur"])
-            .groupby("rank")
-            .agg(start=("start", "first"), dur=("end", "max"))
-            .reset_index()
-            .assign(step=-1)
-        )
-        frame = pd.concat([frame, span[["rank", "step", "start", "dur"]]], ignore_index=True)
+    bare = sorted(set(trace.rank_ids) - set(rank.tolist()))
+    if not bare:  # (in order already)
+        return frame
+    timed = events.loc[events["rank"].isin(bare) & events["ts"].notna(), ["rank", "ts", "dur"]]
+    start_of = timed.groupby("rank")["ts"].transform("min")
+    span = (
+        timed.assign(start=start_of, end=timed["ts"] - start_of + timed["dur"])
+        .groupby("rank")
+        .agg(start=("start", "first"), dur=("end", "max"))
+        .reset_index()
+        .assign(step=-1)
+    )
+    frame = pd.concat([frame, span[["rank", "step", "start", "dur"]]], ignore_index=True)
     frame = frame.astype({"rank": np.int32, "step": np.int64})
     return frame.sort_values(["rank", "start"], kind="stable").reset_index(drop=True)
+
+
+def by_rank(frame: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
+    """``frame.groupby("rank").indices`` (rank -> its rows, ranks ascending) of a table
+    sorted by rank, without building a groupby: a trace has one rank or a few."""
+    rank = frame["rank"].to_numpy()
+    return [(r, np.flatnonzero(rank == r)) for r in np.unique(rank)]
 
 
 def window_of(trace: TraceTables, frame: pd.DataFrame) -> np.ndarray:
@@ -114,8 +133,11 @@ def window_of(trace: TraceTables, frame: pd.DataFrame) -> np.ndarray:
 def _gpu_rows(trace: TraceTables) -> np.ndarray:
     """Rows of timed GPU activity (kernels, memcpy, memset) with a known start."""
     events = trace.events
-    ts = events["ts"].to_numpy()
-    return np.flatnonzero((events["ph"] == "X").to_numpy() & kind_mask(events, *GPU_ACTIVITY) & np.isfinite(ts))
+    gpu = kind_mask(events, *GPU_ACTIVITY)
+    if not gpu.any():  # a CPU trace: no phase test over the table
+        return np.flatnonzero(gpu)
+    rows = timed_rows(events, GPU_ACTIVITY)
+    return rows[np.isfinite(events["ts"].to_numpy()[rows])]
 
 
 def _relative(trace: TraceTables) -> np.ndarray:
@@ -170,7 +192,7 @@ def _device_windows(trace: TraceTables) -> pd.DataFrame:
     tail: dict[int, list[int]] = {}
     drop: list[int] = []
     foreign = not getattr(trace, "manifest", None)  # our captures say which steps are whole
-    for rank, where in frame.groupby("rank").indices.items():
+    for rank, where in by_rank(frame):
         mine = gpu_rank == rank
         orphans = mine & (launch < 0)
         if orphans.any():
@@ -244,21 +266,23 @@ def category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
 
 def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     events = trace.events
-    duration = (events["ph"] == "X").to_numpy() & (events["dur"].to_numpy() > 0) & np.isfinite(events["ts"].to_numpy())
+    names = events["name"]
+    duration = per_code(events["ph"], lambda c: c == "X", False)
+    duration &= events["dur"].to_numpy() > 0
+    duration &= np.isfinite(events["ts"].to_numpy())
     kernel = duration & kind_mask(events, "kernel")
-    nccl = is_nccl(events["name"])
+    nccl = is_nccl(names) if kernel.any() else kernel  # (only kernels are told apart by it)
     ranks = events["rank"].to_numpy()
     gpu_ranks = np.unique(ranks[kind_mask(events, *GPU_ACTIVITY)])
-    cpu_only = ~np.isin(ranks, gpu_ranks)
+    on_gpu_rank = _of_ranks(ranks, gpu_ranks)
     host = duration & kind_mask(events, "cpu_op", "user_annotation")
-    host_comm = (
-        host
-        & cpu_only
-        & (names_where(events["name"], HOST_COLLECTIVE) | (events["name"] == "record_param_comms").to_numpy())
-    )
+    collective = names_where(names, HOST_COLLECTIVE)
+    collective |= per_code(names, lambda c: c == "record_param_comms", False)
+    host_comm = host & ~on_gpu_rank & collective
+    del collective
     # gloo runs its collectives on the host, on a GPU rank too (the plugin's GlooOpNameSet);
     # a GPU rank's nccl:* ops only launch the NCCL kernels, which count themselves
-    gloo_on_gpu = host & ~cpu_only & names_where(events["name"], _GLOO)
+    gloo_on_gpu = host & on_gpu_rank & names_where(names, _GLOO) if gpu_ranks.size else on_gpu_rank
     masks = {
         "compute_us": kernel & ~nccl,
         "comm_us": (kernel & nccl) | host_comm | gloo_on_gpu,
@@ -275,6 +299,17 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     return {name: mask if mask.any() else none for name, mask in masks.items()}
 
 
+def _of_ranks(ranks: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``np.isin(ranks, wanted)``, by comparison where ``wanted`` holds a few ranks (isin
+    sorts the table's)."""
+    if wanted.size > 8:
+        return np.isin(ranks, wanted)
+    out = np.zeros(ranks.size, dtype=bool)
+    for rank in wanted.tolist():
+        out |= ranks == rank
+    return out
+
+
 def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(window index (int32: per part, as small as it can be), start, end) of the parts of
     ``rows`` inside the windows of their rank, µs from the window's start; an event spanning
@@ -282,17 +317,24 @@ def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tup
 
     ``frame`` is a ``device_windows`` table (windows of a rank do not overlap).
     """
-    rank = trace.events["rank"].to_numpy()[rows]
+    ranks = trace.events["rank"].to_numpy()
+    # one rank in the whole table (the usual case): no rank per row to compare
+    lone = int(ranks[0]) if ranks.size and ranks.min() == ranks.max() else None
+    rank = ranks[rows] if lone is None else None
+    del ranks
     start = _relative(trace)[rows]
     end = _ends(trace, start, rows)
     win_start = frame["window_ts"].to_numpy(dtype=np.float64)
     win_dur = frame["window_dur"].to_numpy(dtype=np.float64)
     win_end = win_start + win_dur
     groups, starts, ends = [], [], []
-    for r, where in frame.groupby("rank").indices.items():
-        of_rank = rank == r
-        mine = None if of_rank.all() else np.flatnonzero(of_rank)  # None: all of them (one rank)
-        del of_rank
+    for r, where in by_rank(frame):
+        if rank is None:  # None: all of them (one rank)
+            mine = None if r == lone else np.zeros(0, dtype=np.int64)
+        else:
+            of_rank = rank == r
+            mine = None if of_rank.all() else np.flatnonzero(of_rank)
+            del of_rank
         found = _rank_parts(mine, where, start, end, win_start, win_end, win_dur)
         if found is not None:
             groups.append(found[0])
@@ -316,6 +358,20 @@ def _rank_parts(
     """``in_windows`` for one rank: ``mine`` (positions in ``start``/``end``, None for all)
     against its windows ``where``; None when no part falls in one. A function of its own so
     that its per-row temporaries are freed before the next rank's (and the caller's join)."""
+    found = _in_one_window(
+        start if mine is None else start[mine], end if mine is None else end[mine], win_start[where], win_end[where]
+    )
+    if found is not None:  # each row in one window at most, rows in time order (the usual case)
+        lo, hit = found
+        if not hit.any():
+            return None
+        if mine is None and hit.all():  # every row in a window: no selection, shifted in place
+            return _clipped(None, None, where.astype(np.int32)[lo], start, end, win_start, win_dur)
+        part = np.flatnonzero(hit)
+        del hit
+        group = where.astype(np.int32)[lo[part]]
+        del lo
+        return _clipped(mine, part, group, start, end, win_start, win_dur)
     # first window ending after the start, past the last window starting before the end
     lo = np.searchsorted(win_end[where], start if mine is None else start[mine], side="right")
     count = np.searchsorted(win_start[where], end if mine is None else end[mine], side="left")
@@ -323,7 +379,7 @@ def _rank_parts(
     np.maximum(count, 0, out=count)
     if not count.any():
         return None
-    if count.max() == 1:  # each row in one window at most (the usual case): no row repeats
+    if count.max() == 1:  # each row in one window at most: no row repeats
         part = np.flatnonzero(count)
         del count
         group = where.astype(np.int32)[lo[part]]
@@ -334,15 +390,60 @@ def _rank_parts(
         group = where.astype(np.int32)[lo[part] + offset]
         del offset
     del lo
-    source = part if mine is None else mine[part]
-    del part
-    since = start[source]
+    return _clipped(mine, part, group, start, end, win_start, win_dur)
+
+
+def _clipped(
+    mine: np.ndarray | None,
+    part: np.ndarray | None,
+    group: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    win_start: np.ndarray,
+    win_dur: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts (``part``: positions in ``mine``, in window ``group``) as ``_rank_parts``
+    gives them: from their window's start, clipped to it. ``part`` None: every row of
+    ``start`` and ``end`` (``mine`` None), which are shifted in place (``in_windows``'
+    own per-row arrays)."""
+    if part is None:
+        since, until = start, end
+    else:
+        source = part if mine is None else mine[part]
+        del part
+        since = start[source]
+        until = end[source]
+        del source
     since -= win_start[group]
-    until = end[source]
-    del source
     until -= win_start[group]
     length = win_dur[group]
     return group, np.clip(since, 0.0, length, out=since), np.clip(until, 0.0, length, out=until)
+
+
+def _in_one_window(
+    start: np.ndarray, end: np.ndarray, win_start: np.ndarray, win_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """For rows sorted by start (no NaN) and sorted windows of one rank, where no row
+    reaches into two windows: the first window ending after each start (``searchsorted(
+    win_end, start, 'right')``) and whether the row reaches into it (the window starts
+    before the row ends). Without a search per row: the rows where each window ends are
+    found instead (the windows are few). None where the rows or windows are not so (the
+    caller searches per row)."""
+    if not start.size or np.isnan(start).any() or np.isnan(end).any():
+        return None
+    if np.isnan(win_start).any() or np.isnan(win_end).any():
+        return None
+    if (start[1:] < start[:-1]).any() or (win_end[1:] < win_end[:-1]).any() or (win_start[1:] < win_start[:-1]).any():
+        return None
+    # a row is past window j from the first row starting at or after its end on
+    past = np.searchsorted(start, win_end, side="left")
+    lo = np.repeat(np.arange(win_end.size + 1), np.diff(past, prepend=0, append=start.size))
+    del past
+    after = np.append(win_start, [np.inf, np.inf])  # (no window past the last)
+    hit = after[lo] < end
+    if (hit & (after[lo + 1] < end)).any():  # a row reaching into the next window too
+        return None
+    return lo, hit
 
 
 def joined(pieces: list[np.ndarray] | tuple[np.ndarray, ...]) -> np.ndarray:
@@ -396,7 +497,8 @@ def steps(trace: TraceTables) -> pd.DataFrame:
         kernels = masks["compute_us"] | (masks["comm_us"] & ~masks["gloo_on_gpu"])
         kernel_busy = union_length(*in_windows(trace, frame, np.flatnonzero(kernels)), groups)
     window_dur = frame["window_dur"].to_numpy(dtype=np.float64)
-    busy = union_length(*in_windows(trace, frame, _gpu_rows(trace)), groups)
+    gpu = _gpu_rows(trace)
+    busy = union_length(*in_windows(trace, frame, gpu), groups) if gpu.size else np.zeros(groups)
     events = trace.events
     gpu_ranks = np.unique(events["rank"].to_numpy()[kind_mask(events, *GPU_ACTIVITY)])
     has_gpu = np.isin(frame["rank"].to_numpy(), gpu_ranks)
@@ -421,7 +523,7 @@ def steps(trace: TraceTables) -> pd.DataFrame:
 def _noted(out: pd.DataFrame, unlaunched: dict[int, dict[str, float]], tail: dict[int, list[int]]) -> pd.DataFrame:
     """``out`` (a ``steps`` table) with its ``attrs``: ``unlaunched``, ``tail`` and the ``note``."""
     notes = []
-    bare = sorted(int(r) for r in out.loc[out["step"] < 0, "rank"])
+    bare = sorted(int(r) for r in out["rank"].to_numpy()[out["step"].to_numpy() < 0])
     if bare:
         notes.append(_NO_STEPS.format(ranks=", ".join(map(str, bare))))
     notes += [_UNLAUNCHED.format(rank=rank, **found) for rank, found in sorted(unlaunched.items())]

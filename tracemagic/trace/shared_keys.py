@@ -14,6 +14,8 @@ class Shared:
     CPU_BY_THREAD: Final = "cpu_by_thread"
     #: each event's thread key (``trace.loader`` for one file, else ``analysis._common``)
     THREAD_KEYS: Final = "thread_keys"
+    #: the earliest event start, the trace's time zero without a job's (``analysis._common``)
+    EARLIEST_TS: Final = "earliest_ts"
     #: the op and layer around each memory event (``analysis._common``)
     MEMORY_HOLDERS: Final = "memory_holders"
     #: whether any memory event is off the CPU (``analysis._common``)

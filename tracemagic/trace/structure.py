@@ -42,6 +42,8 @@ def sort_by_thread(group: np.ndarray, start: np.ndarray, then: np.ndarray | None
             rows = order[tied]
             order[tied] = rows[np.lexsort((then[rows], run))]
         del ordered, same  # (per row: freed before the next sort)
+    if not group.size or group.min() == group.max():  # one thread: the stable sort by it keeps this order
+        return order
     codes, uniques = pd.factorize(group[order], sort=True)
     dense = codes.astype(np.int16 if len(uniques) < 2**15 else np.int64)  # int16 sorts by radix
     del codes
