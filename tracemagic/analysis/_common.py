@@ -578,6 +578,10 @@ def _factorized(values: np.ndarray) -> tuple[np.ndarray, int]:
     return codes.astype(np.int64, copy=False), max(len(uniques), 1)
 
 
+#: int64's range, half of it (``row_thread_key`` wraps as numpy's int64 arithmetic does)
+_WRAP = 1 << 63
+
+
 def row_thread_key(events: pd.DataFrame) -> Callable[[int], int]:
     """``structure.thread_keys`` of one row at a time: the key function of a bisection over
     rows sorted by thread (``cpu_by_thread``), which reads a few rows' keys, where making
@@ -588,9 +592,12 @@ def row_thread_key(events: pd.DataFrame) -> Callable[[int], int]:
     rank = events["rank"].to_numpy() if "rank" in events else None  # one rank before stacking
 
     def key(row: int) -> int:
-        # as thread_keys: (pid code + 1) << 21 | (tid code + 1) | rank << 42, in int64
+        # as thread_keys: (pid code + 1) << 21 | (tid code + 1) | rank << 42, wrapped to
+        # int64 as numpy wraps it (a rank of 2**21 or more leaves 64 bits)
         value = ((int(pid[row]) + 1) << 21) | (int(tid[row]) + 1)
-        return value | (int(rank[row]) << 42) if rank is not None else value
+        if rank is not None:
+            value = ((value | (int(rank[row]) << 42)) + _WRAP) % (2 * _WRAP) - _WRAP
+        return value
 
     return key
 

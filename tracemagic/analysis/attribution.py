@@ -84,7 +84,8 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     is_op = kind_mask(events, "cpu_op")
     names = events["name"]
     codes = names.array.codes  # (``.cat.codes`` copies them)
-    module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
+    # per category, and False for a missing name (code -1: the appended last entry)
+    module_names = np.append(np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool), False)
     functions = np.flatnonzero(kind_mask(events, "python_function"))
     is_module = np.zeros(n, dtype=bool)
     is_module[functions[module_names[codes[functions]]]] = True

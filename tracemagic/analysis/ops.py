@@ -73,7 +73,9 @@ def kinds_at(events: pd.DataFrame, rows: np.ndarray) -> pd.Categorical:
     kinds = cast(pd.Categorical, events["kind"].array)
     lookup = [KINDS.index(k) if k in KINDS else -1 for k in kinds.categories.tolist()]
     codes = np.take(np.array([*lookup, -1], dtype=np.int8), np.take(kinds.codes, rows))  # -1 (missing): the last
-    return pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(list(KINDS), ordered=kinds.ordered), validate=False)
+    return pd.Categorical.from_codes(
+        codes, dtype=pd.CategoricalDtype(list(KINDS), ordered=kinds.ordered), validate=False
+    )
 
 
 def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

@@ -418,8 +418,11 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
     all_inside = bool(inside.all())
     self_dur = np.take(events["self_dur"].to_numpy(), rows)
     # bincount adds each chain's values in row order, as before: the same sums
-    chain_self = np.bincount(chain if all_inside else chain[inside],
-                             weights=self_dur if all_inside else self_dur[inside], minlength=tops.size)
+    chain_self = np.bincount(
+        chain if all_inside else chain[inside],
+        weights=self_dur if all_inside else self_dur[inside],
+        minlength=tops.size,
+    )
     value, source = _op_flops(events, rows)
     outer = outermost(events, rows, top, ~np.isnan(value))
     chain_flops = np.bincount(chain[outer], weights=value[outer], minlength=tops.size)

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-
 #: ``madvise`` advice (Linux 5.14+; Python 3.11's ``mmap`` has no name for it): map every
 #: page of a range for reading at once (the zero page, for memory never written)
 _MADV_POPULATE_READ = 22

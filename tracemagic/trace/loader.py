@@ -228,12 +228,21 @@ def _stack(parsed: list[ParsedTrace], ranks: list[int]) -> tuple[pd.DataFrame, p
         events.append(frame)
         p.flows.insert(0, "rank", _fresh(np.full(len(p.flows), rank, dtype=np.int32), p.flows))
         flows.append(p.flows)
-    # threads are keyed by rank first, so the ranks' orders one after another are the whole's
-    order = (orders[0] if len(orders) == 1 else np.concatenate(orders)) if orders and len(orders) == len(parsed) else None
+    order = None
+    if orders and len(orders) == len(parsed):
+        order = orders[0] if len(orders) == 1 else np.concatenate(orders)
     keys = parsed[0].thread_keys if len(parsed) == 1 else None
     if keys is not None and ranks[0]:  # (as ``structure.thread_keys`` of the table with its rank column)
         keys |= np.int64(ranks[0]) << 42
-    return concat(events), concat(flows), Found(order, keys)
+    stacked = concat(events)
+    if order is not None and len(orders) > 1:
+        # each rank's order is by its own pid/tid codes; stacking renumbers them (one set of
+        # categories for all ranks), so the ranks' orders one after another are the whole's
+        # only where the stacked keys still never go down: else it is made again when needed
+        along = structure.thread_keys(stacked, order)
+        if (along[1:] < along[:-1]).any():
+            order = None
+    return stacked, concat(flows), Found(order, keys)
 
 
 def _manifest(path: Path) -> tuple[dict[str, Any] | None, dict[Path, int | None] | None]:
@@ -428,9 +437,7 @@ def _table_store(
     return cache.TableStore(sealed, entry, json.dumps(manifest, sort_keys=True, default=str), events)
 
 
-def assemble(
-    parsed: list[ParsedTrace], path: Path
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], Found]:
+def assemble(parsed: list[ParsedTrace], path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], Found]:
     """Parsed files into one trace's events, flows and metadata, ranked and stacked (and the
     intermediate results the analyses share that the preparation found, see ``_stack``)."""
     ranks = _assign_ranks(parsed)

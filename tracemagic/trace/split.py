@@ -39,7 +39,8 @@ from tracemagic.trace.read import ByteStream, Source
 #: files of at least this much JSON are split (a 10 MB trace loads ~20% faster split;
 #: below a few MB the merge costs about what the second thread saves)
 SPLIT_MIN_BYTES = 4 << 20
-#: the events are cut into stretches of about this many bytes (at most MAX_STRETCHES)
+#: the events are cut into stretches of about this many bytes (at most MAX_STRETCHES, and
+#: TAIL_PIECES - 1 more where the last inner one is cut into pieces: see ``_targets``)
 STRETCH_BYTES = 8 << 20
 MAX_STRETCHES = 16
 #: the first and the last stretch end / start about this far into the events (see ``_targets``)
@@ -175,7 +176,8 @@ def _reader(file: BinaryIO) -> ReadAt:
 
 def _targets(events: int, size: int, scanned: bool) -> list[int]:
     """Where to look for the cuts between stretches (``events``: where the events start),
-    for about ``STRETCH_BYTES`` each, up to ``MAX_STRETCHES``. Where the scanner reads the
+    for about ``STRETCH_BYTES`` each, up to ``MAX_STRETCHES`` (and ``TAIL_PIECES - 1`` pieces
+    of the last inner one). Where the scanner reads the
     inner stretches itself (``scanned``), the first and the last, which hold the metadata
     around the events and are read by ``parse.read_part`` (~1.4x slower), are short
     (``EDGE_BYTES``), with at least two inner ones (both threads busy) between them."""
