@@ -338,6 +338,7 @@ typedef struct {
     double *ts, *dur, *flow_ts;
     int64_t *numbers[N_NUMBERS]; /* A_FLOPS holds doubles (same width) */
     uint8_t *missing[N_NUMBERS];
+    Py_ssize_t filled[N_NUMBERS]; /* rows [0, filled) of numbers and missing written */
     int present[N_NUMBERS];
     int64_t *flow_id;
     uint8_t *flow_id_missing;
@@ -476,6 +477,16 @@ static int add_names(Columns *c, yyjson_val **ev, yyjson_val **args) {
     return 0;
 }
 
+/* Rows [filled, upto) of number column k: no value (0, missing). */
+static inline void fill_numbers(Columns *c, int k, Py_ssize_t upto) {
+    Py_ssize_t from = c->filled[k];
+    if (from < upto) {
+        memset(c->numbers[k] + from, 0, (size_t)(upto - from) * sizeof(int64_t));
+        memset(c->missing[k] + from, 1, (size_t)(upto - from));
+    }
+    if (c->filled[k] < upto + 1) c->filled[k] = upto + 1;
+}
+
 static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
     Py_ssize_t i = c->n;
     yyjson_val *text[N_TEXT] = {ev[E_PH], ev[E_CAT] ? ev[E_CAT] : &EMPTY_STR,
@@ -496,10 +507,12 @@ static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
         args[A_EXTERNAL_ID] = args[K_EXTERNAL_ID_OLD];
         if (args[A_EXTERNAL_ID] != NULL) c->set[c->n_set++] = A_EXTERNAL_ID;
     }
-    /* the number columns start all missing (columns_init): only the keys present count */
+    /* a number column's rows are written as its keys are met: the rows before with no
+     * value (0, missing) first (fill_numbers), the rest of the chunk once it ends */
     for (int j = 0; j < c->n_set; j++) {
         int k = c->set[j], rc;
         if (k >= N_NUMBERS || args[k] == NULL) continue;
+        fill_numbers(c, k, i);
         if (k == A_FLOPS) {
             double value = 0.0; /* float_of leaves it unset where the value is missing */
             rc = float_of(args[k], &value, &c->missing[k][i]);
@@ -664,6 +677,10 @@ static PyObject *to_python(Columns *c) {
         PyTuple_SET_ITEM(raw, k, col);
     }
     for (int k = 0; k < N_NUMBERS; k++) {
+        if (c->present[k] && c->filled[k] < c->n) { /* the rows after its last value */
+            memset(c->numbers[k] + c->filled[k], 0, (size_t)(c->n - c->filled[k]) * sizeof(int64_t));
+            memset(c->missing[k] + c->filled[k], 1, (size_t)(c->n - c->filled[k]));
+        }
         PyObject *col = numbers(c->numbers[k], c->missing[k], c->present[k], c->n);
         if (col == NULL) goto fail;
         PyTuple_SET_ITEM(nums, k, col);
@@ -782,11 +799,9 @@ static int columns_init(Columns *c, size_t n, Pool *p) {
         bad |= interner_init(&c->flow_text[k]);
         bad |= (c->flow_codes[k] = pool_take(p, m * sizeof(int32_t))) == NULL;
     }
-    for (int k = 0; k < N_NUMBERS; k++) { /* all missing until a value is read */
+    for (int k = 0; k < N_NUMBERS; k++) { /* written as values are read (fill_numbers) */
         bad |= (c->numbers[k] = pool_take(p, m * sizeof(int64_t))) == NULL;
-        if (c->numbers[k]) memset(c->numbers[k], 0, m * sizeof(int64_t));
         bad |= (c->missing[k] = pool_take(p, m)) == NULL;
-        if (c->missing[k]) memset(c->missing[k], 1, m);
     }
     bad |= (c->ts = pool_take(p, m * sizeof(double))) == NULL;
     bad |= (c->dur = pool_take(p, m * sizeof(double))) == NULL;
