@@ -126,39 +126,34 @@ static uint64_t hash_value(yyjson_val *v, int depth) {
 }
 
 /* Same JSON value, same spelling of its numbers (1 and 1.0 stay apart; Python merges them).
- * Only called on values hash_value accepted, so the recursion is at most MAX_DEPTH deep. */
+ * One pass over the two values' nodes: a document holds a container's values right after
+ * it, in order, and its uni.ofs is the bytes up to its next sibling; two values are equal
+ * where node after node has the same type, length (or size), span (containers), number
+ * bits or bytes (strings, raw numbers). The first node's span checked equal, b is read no
+ * further than its own end. */
 static int same_value(yyjson_val *a, yyjson_val *b) {
-    if ((yyjson_get_tag(a) & 0xff) != (yyjson_get_tag(b) & 0xff)) return 0;
-    switch (yyjson_get_type(a)) {
-        case YYJSON_TYPE_STR:
-        case YYJSON_TYPE_RAW:
-            return yyjson_get_len(a) == yyjson_get_len(b) && same_bytes(text_of(a), text_of(b), yyjson_get_len(a));
-        case YYJSON_TYPE_NUM:
-            return a->uni.u64 == b->uni.u64;
-        case YYJSON_TYPE_ARR: {
-            if (yyjson_arr_size(a) != yyjson_arr_size(b)) return 0;
-            yyjson_val *x = yyjson_arr_get_first(a), *y = yyjson_arr_get_first(b);
-            for (size_t i = 0, n = yyjson_arr_size(a); i < n; i++) {
-                if (!same_value(x, y)) return 0;
-                x = unsafe_yyjson_get_next(x);
-                y = unsafe_yyjson_get_next(y);
-            }
-            return 1;
+    yyjson_val *end = unsafe_yyjson_get_next(a);
+    for (; a < end; a++, b++) {
+        uint64_t ta = yyjson_get_tag(a), tb = yyjson_get_tag(b);
+        if ((ta & 0xff) != (tb & 0xff)) return 0;
+        switch (ta & YYJSON_TYPE_MASK) {
+            case YYJSON_TYPE_STR:
+            case YYJSON_TYPE_RAW:
+                if (yyjson_get_len(a) != yyjson_get_len(b) || !same_bytes(text_of(a), text_of(b), yyjson_get_len(a)))
+                    return 0;
+                break;
+            case YYJSON_TYPE_NUM:
+                if (a->uni.u64 != b->uni.u64) return 0;
+                break;
+            case YYJSON_TYPE_ARR:
+            case YYJSON_TYPE_OBJ:
+                if ((ta >> YYJSON_TAG_BIT) != (tb >> YYJSON_TAG_BIT) || a->uni.ofs != b->uni.ofs) return 0;
+                break;
+            default:
+                break; /* null, true, false: the tag says it all */
         }
-        case YYJSON_TYPE_OBJ: {
-            if (yyjson_obj_size(a) != yyjson_obj_size(b)) return 0;
-            yyjson_val *x = (yyjson_val *)unsafe_yyjson_get_first(a);
-            yyjson_val *y = (yyjson_val *)unsafe_yyjson_get_first(b);
-            for (size_t i = 0, n = yyjson_obj_size(a) * 2; i < n; i++) { /* key, value, key, ... */
-                if (!same_value(x, y)) return 0;
-                x = unsafe_yyjson_get_next(x);
-                y = unsafe_yyjson_get_next(y);
-            }
-            return 1;
-        }
-        default:
-            return 1; /* null, true, false: the tag says it all */
     }
+    return 1;
 }
 
 static int interner_init(Interner *t) {
