@@ -133,6 +133,10 @@ READ = {
         event(args={"Input Dims": [[8, 32], [64, 32]]}),
         {**event(), "args": json.loads('{"Input Dims": [[8,32],[64,32]], "Input type": ["float","float"]}')},
     ],
+    "shapes alike but for their nesting": [
+        event(args={"Input Dims": dims})
+        for dims in ([[1, 2], [3]], [[1], [2, 3]], [[1, 2, 3]], [1, [2, 3]], [[1, 2], [3]], [[], []], [[[]]])
+    ],
     "a repeated key (the last wins)": [event(name="first")],  # duplicated in the text below
     "names and labels of processes and threads": [
         {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
@@ -201,6 +205,9 @@ def test_values_the_scanner_reads_give_the_msgspec_columns(case: str, tmp_path: 
         assert fast.events["name"].astype(str).tolist() == ["second"]
     if case == "input dims in any spacing":
         assert fast.events["input_dims"].astype(str).tolist() == ["[[8, 32], [64, 32]]"] * 2
+    if case == "shapes alike but for their nesting":
+        written = [json.dumps(e["args"]["Input Dims"]) for e in READ[case]]
+        assert fast.events["input_dims"].astype(str).tolist() == written
     if case == "old and new external id keys, and nulls":
         assert fast.events["external_id"].tolist() == [5, 6, 7, pd.NA]
         assert fast.events["fwd_tid"].tolist() == [pd.NA, pd.NA, pd.NA, 3]

@@ -126,39 +126,34 @@ static uint64_t hash_value(yyjson_val *v, int depth) {
 }
 
 /* Same JSON value, same spelling of its numbers (1 and 1.0 stay apart; Python merges them).
- * Only called on values hash_value accepted, so the recursion is at most MAX_DEPTH deep. */
+ * One pass over the two values' nodes: a document holds a container's values right after
+ * it, in order, and its uni.ofs is the bytes up to its next sibling; two values are equal
+ * where node after node has the same type, length (or size), span (containers), number
+ * bits or bytes (strings, raw numbers). The first node's span checked equal, b is read no
+ * further than its own end. */
 static int same_value(yyjson_val *a, yyjson_val *b) {
-    if ((yyjson_get_tag(a) & 0xff) != (yyjson_get_tag(b) & 0xff)) return 0;
-    switch (yyjson_get_type(a)) {
-        case YYJSON_TYPE_STR:
-        case YYJSON_TYPE_RAW:
-            return yyjson_get_len(a) == yyjson_get_len(b) && same_bytes(text_of(a), text_of(b), yyjson_get_len(a));
-        case YYJSON_TYPE_NUM:
-            return a->uni.u64 == b->uni.u64;
-        case YYJSON_TYPE_ARR: {
-            if (yyjson_arr_size(a) != yyjson_arr_size(b)) return 0;
-            yyjson_val *x = yyjson_arr_get_first(a), *y = yyjson_arr_get_first(b);
-            for (size_t i = 0, n = yyjson_arr_size(a); i < n; i++) {
-                if (!same_value(x, y)) return 0;
-                x = unsafe_yyjson_get_next(x);
-                y = unsafe_yyjson_get_next(y);
-            }
-            return 1;
+    yyjson_val *end = unsafe_yyjson_get_next(a);
+    for (; a < end; a++, b++) {
+        uint64_t ta = yyjson_get_tag(a), tb = yyjson_get_tag(b);
+        if ((ta & 0xff) != (tb & 0xff)) return 0;
+        switch (ta & YYJSON_TYPE_MASK) {
+            case YYJSON_TYPE_STR:
+            case YYJSON_TYPE_RAW:
+                if (yyjson_get_len(a) != yyjson_get_len(b) || !same_bytes(text_of(a), text_of(b), yyjson_get_len(a)))
+                    return 0;
+                break;
+            case YYJSON_TYPE_NUM:
+                if (a->uni.u64 != b->uni.u64) return 0;
+                break;
+            case YYJSON_TYPE_ARR:
+            case YYJSON_TYPE_OBJ:
+                if ((ta >> YYJSON_TAG_BIT) != (tb >> YYJSON_TAG_BIT) || a->uni.ofs != b->uni.ofs) return 0;
+                break;
+            default:
+                break; /* null, true, false: the tag says it all */
         }
-        case YYJSON_TYPE_OBJ: {
-            if (yyjson_obj_size(a) != yyjson_obj_size(b)) return 0;
-            yyjson_val *x = (yyjson_val *)unsafe_yyjson_get_first(a);
-            yyjson_val *y = (yyjson_val *)unsafe_yyjson_get_first(b);
-            for (size_t i = 0, n = yyjson_obj_size(a) * 2; i < n; i++) { /* key, value, key, ... */
-                if (!same_value(x, y)) return 0;
-                x = unsafe_yyjson_get_next(x);
-                y = unsafe_yyjson_get_next(y);
-            }
-            return 1;
-        }
-        default:
-            return 1; /* null, true, false: the tag says it all */
     }
+    return 1;
 }
 
 static int interner_init(Interner *t) {
@@ -338,6 +333,7 @@ typedef struct {
     double *ts, *dur, *flow_ts;
     int64_t *numbers[N_NUMBERS]; /* A_FLOPS holds doubles (same width) */
     uint8_t *missing[N_NUMBERS];
+    Py_ssize_t filled[N_NUMBERS]; /* rows [0, filled) of numbers and missing written */
     int present[N_NUMBERS];
     int64_t *flow_id;
     uint8_t *flow_id_missing;
@@ -476,6 +472,16 @@ static int add_names(Columns *c, yyjson_val **ev, yyjson_val **args) {
     return 0;
 }
 
+/* Rows [filled, upto) of number column k: no value (0, missing). */
+static inline void fill_numbers(Columns *c, int k, Py_ssize_t upto) {
+    Py_ssize_t from = c->filled[k];
+    if (from < upto) {
+        memset(c->numbers[k] + from, 0, (size_t)(upto - from) * sizeof(int64_t));
+        memset(c->missing[k] + from, 1, (size_t)(upto - from));
+    }
+    if (c->filled[k] < upto + 1) c->filled[k] = upto + 1;
+}
+
 static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
     Py_ssize_t i = c->n;
     yyjson_val *text[N_TEXT] = {ev[E_PH], ev[E_CAT] ? ev[E_CAT] : &EMPTY_STR,
@@ -496,10 +502,12 @@ static int add_timed(Columns *c, yyjson_val **ev, yyjson_val **args) {
         args[A_EXTERNAL_ID] = args[K_EXTERNAL_ID_OLD];
         if (args[A_EXTERNAL_ID] != NULL) c->set[c->n_set++] = A_EXTERNAL_ID;
     }
-    /* the number columns start all missing (columns_init): only the keys present count */
+    /* a number column's rows are written as its keys are met: the rows before with no
+     * value (0, missing) first (fill_numbers), the rest of the chunk once it ends */
     for (int j = 0; j < c->n_set; j++) {
         int k = c->set[j], rc;
         if (k >= N_NUMBERS || args[k] == NULL) continue;
+        fill_numbers(c, k, i);
         if (k == A_FLOPS) {
             double value = 0.0; /* float_of leaves it unset where the value is missing */
             rc = float_of(args[k], &value, &c->missing[k][i]);
@@ -664,6 +672,10 @@ static PyObject *to_python(Columns *c) {
         PyTuple_SET_ITEM(raw, k, col);
     }
     for (int k = 0; k < N_NUMBERS; k++) {
+        if (c->present[k] && c->filled[k] < c->n) { /* the rows after its last value */
+            memset(c->numbers[k] + c->filled[k], 0, (size_t)(c->n - c->filled[k]) * sizeof(int64_t));
+            memset(c->missing[k] + c->filled[k], 1, (size_t)(c->n - c->filled[k]));
+        }
         PyObject *col = numbers(c->numbers[k], c->missing[k], c->present[k], c->n);
         if (col == NULL) goto fail;
         PyTuple_SET_ITEM(nums, k, col);
@@ -782,11 +794,9 @@ static int columns_init(Columns *c, size_t n, Pool *p) {
         bad |= interner_init(&c->flow_text[k]);
         bad |= (c->flow_codes[k] = pool_take(p, m * sizeof(int32_t))) == NULL;
     }
-    for (int k = 0; k < N_NUMBERS; k++) { /* all missing until a value is read */
+    for (int k = 0; k < N_NUMBERS; k++) { /* written as values are read (fill_numbers) */
         bad |= (c->numbers[k] = pool_take(p, m * sizeof(int64_t))) == NULL;
-        if (c->numbers[k]) memset(c->numbers[k], 0, m * sizeof(int64_t));
         bad |= (c->missing[k] = pool_take(p, m)) == NULL;
-        if (c->missing[k]) memset(c->missing[k], 1, m);
     }
     bad |= (c->ts = pool_take(p, m * sizeof(double))) == NULL;
     bad |= (c->dur = pool_take(p, m * sizeof(double))) == NULL;
