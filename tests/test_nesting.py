@@ -553,3 +553,102 @@ def test_shapes_and_diff_rows_are_call_chains(which: str, cnn_trace: dict[str, A
     assert op_rows["calls_a"].to_dict() == dict(Counter(events[top]["name"] for top in chains))
     assert op_rows["us_a"].sum() == pytest.approx(sum(c["dur"] for c in chains.values()))
     assert op_rows["gpu_us_a"].sum() == pytest.approx(sum(c["gpu"] for c in chains.values()))
+
+
+def nested_spans(rng: np.random.Generator, lo: int, hi: int, level: int, out: list[tuple[int, int]]) -> None:
+    """Properly nested integer spans (start, dur) inside [lo, hi): siblings side by side or
+    apart, children starting with their parent or ending with it, 0 µs ones among them."""
+    t = lo
+    while t < hi and level < 6:
+        if rng.random() < 0.3:
+            t += int(rng.integers(1, 4))
+            continue
+        length = int(rng.integers(0, min(hi - t, 40) + 1))
+        if t == lo and length == hi - lo:  # (not as long as the parent it starts with)
+            length -= 1
+        out.append((t, length))
+        if length > 2:
+            nested_spans(rng, t, t + length, level + 1, out)
+        t += max(length, 1)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_memory_events_are_held_by_the_innermost_event_containing_them(
+    seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memory()``'s op of every allocation, in a trace of 6 threads with deep nesting, 0 µs
+    ops, ops side by side and allocations at their starts and ends, in shuffled file order:
+    the event a plain search of the raw JSON finds (on the same thread, started at or before
+    the moment and not ended by it, a 0 µs one at its start; the latest start, then the
+    shortest), loaded with the C search and climb and with numpy's."""
+    rng = np.random.default_rng(seed)
+    spans: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
+    for thread in range(6):
+        pid, tid = 1 + thread // 2, 10 + thread
+        here: list[tuple[int, int]] = []
+        nested_spans(rng, 0, 1_500, 0, here)
+        moments = [t for s, d in here for t in (s, s + d)] + rng.integers(-5, 1_505, 200).tolist()
+        where = {"pid": pid, "tid": tid}
+        for start, dur in here:
+            op = {"ph": "X", "cat": "cpu_op", "name": f"op{len(spans)}", "ts": 1_000.0 + start, "dur": float(dur)}
+            spans.append({**op, **where, "args": {}})
+        for at in moments:
+            args = {"Bytes": len(memory) + 1, "Total Allocated": 64, "Total Reserved": 64, "Device Type": 0}
+            alloc = {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "ts": 1_000.0 + at}
+            memory.append({**alloc, **where, "args": {**args, "Device Id": -1, "Addr": 1}})
+    events = spans + memory
+    order = rng.permutation(len(events))
+    shuffled = [events[i] for i in order]
+    path = tmp_path / "held.json"
+    path.write_text(json.dumps({"traceEvents": shuffled}))
+
+    on_thread = defaultdict(list)
+    for e in spans:
+        on_thread[e["pid"], e["tid"]].append(e)
+
+    def holder(alloc: dict[str, Any]) -> str | None:
+        at, best = alloc["ts"], None
+        for e in on_thread[alloc["pid"], alloc["tid"]]:
+            if e["ts"] > at:
+                continue
+            holds = at < e["ts"] + e["dur"] or (e["dur"] == 0 and at == e["ts"])
+            if holds and (best is None or (e["ts"], -e["dur"]) > (best["ts"], -best["dur"])):
+                best = e
+        return None if best is None else best["name"]
+
+    want = {alloc["args"]["Bytes"]: holder(alloc) for alloc in memory}
+    assert sum(v is None for v in want.values()) > 10 and len(set(want.values())) > 200
+    for how, trace in load_both(path, monkeypatch).items():
+        table = trace.memory()
+        got = dict(zip(table["delta_bytes"].tolist(), [None if op != op else str(op) for op in table["op"]]))
+        assert got == want, how
+
+
+def test_the_c_search_of_enclosing_events_refuses_rows_outside_the_table() -> None:
+    """``_nesting.enclosing_at`` on hostile buffers: candidates or parents outside the table,
+    a cycle of parents and buffers of different lengths raise ``ValueError``, never read
+    out of bounds; int32 and int64 candidate rows give the same answers."""
+    from tracemagic.trace import _nesting
+
+    ts, dur = np.array([0.0, 1.0, 2.0, 9.0]), np.array([10.0, 3.0, 0.5, 0.0])
+    parent = np.array([-1, 0, 1, 0], dtype=np.int64)
+    moments = np.array([2.2, 0.5, 9.0, 3.5, -1.0, 10.0, np.nan])
+    for rows in (np.array([0, 1, 2, 3], dtype=np.int64), np.array([0, 1, 2, 3], dtype=np.int32)):
+        out = np.empty(moments.size, dtype=np.int64)
+        _nesting.enclosing_at(rows, rows.dtype == np.int64, ts, dur, parent, 0.0, MARGIN, moments, out)
+        assert out.tolist() == [2, 0, 3, 1, -1, -1, 3], rows.dtype
+    out = np.empty(moments.size, dtype=np.int64)
+    three = np.array([0, 1, 2], dtype=np.int64)
+    hostile = [
+        (np.array([0, 7], dtype=np.int64), parent, moments, out),  # a candidate outside
+        (np.array([0, -2], dtype=np.int64), parent, moments, out),
+        (three, np.array([-1, 9, 1, 0], dtype=np.int64), moments, out),  # a parent outside
+        (three, np.array([1, 0, 1, 0], dtype=np.int64), np.array([20.0]), out[:1]),  # a cycle
+        (three[:2], parent[:3], moments, out),  # lengths
+        (three[:2], parent, moments, out[:3]),
+        (three[:2].tobytes() + b"x", parent, moments, out),
+    ]
+    for rows, up, at, into in hostile:
+        with pytest.raises(ValueError, match="enclosing_at"):
+            _nesting.enclosing_at(rows, True, ts, dur, up, 0.0, MARGIN, at, into)

@@ -1,6 +1,7 @@
 /* Nesting of CPU events in one pass: each event's parent, depth and self time (rows bucketed
  * by thread, sorted, then a stack per thread), and each event's innermost enclosing event of
- * a kind (memoized climbs up the parents).
+ * a kind (memoized climbs up the parents), and the innermost event containing given moments
+ * (a galloping search of the thread's order and a climb, per moment).
  *
  * Why: structure.nest_sorted and structure.propagate answer the same questions with numpy
  * (binary lifting over ~18 full passes; one pass per nesting level), which was the largest
@@ -381,9 +382,115 @@ static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     return result;
 }
 
+/* ---- enclosing_at: the innermost candidate event containing each moment ---- */
+
+PyDoc_STRVAR(enclosing_at_doc,
+             "enclosing_at(cand, wide, ts, dur, parent, t0, margin, moments, out)\n\n"
+             "For each of moments (float64, taken from t0): the last of cand (rows: int64 where\n"
+             "wide, else int32; their starts ts - t0 in numpy's sorted order) starting at or\n"
+             "before it, climbed up parent\n"
+             "while it ended (start + dur < moment + margin and start != moment); -1 where none.\n"
+             "The values of _common.enclosing_at's numpy searchsorted and climb, in one pass.");
+
+/* numpy's order of floats (NaN last): a < b */
+static inline int less_nan_last(double a, double b) { return a < b || (b != b && a == a); }
+
+/* Row i of cand: int64 rows where wide, else int32 (``structure.narrow_rows``). */
+static inline int64_t cand_row(const void *cand, int wide, Py_ssize_t i) {
+    return wide ? ((const int64_t *)cand)[i] : (int64_t)((const int32_t *)cand)[i];
+}
+
+/* The first i in [lo, m) with moment < start of cand[i] (numpy's order), else m. */
+static Py_ssize_t first_after(const void *cand, int wide, const double *ts, double t0, double moment, Py_ssize_t lo,
+                              Py_ssize_t m) {
+    Py_ssize_t hi = m;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (less_nan_last(moment, ts[cand_row(cand, wide, mid)] - t0))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* enclosing_at's work on checked buffers (every cand row in [0, n)); -1 where a climb
+ * leaves the table or does not end (a parent cycle), else 0. */
+static int enclosing_rows(const void *cand, int wide, Py_ssize_t m, const double *ts, const double *dur,
+                          const int64_t *parent, Py_ssize_t n, double t0, double margin, const double *moments,
+                          Py_ssize_t k, int64_t *out) {
+    Py_ssize_t hint = 0; /* the last answer: moments mostly come in time order */
+    for (Py_ssize_t j = 0; j < k; j++) {
+        double moment = moments[j];
+        Py_ssize_t at;
+        if (hint < m && !less_nan_last(moment, ts[cand_row(cand, wide, hint)] - t0)) {
+            /* past the hint: gallop forward, then bisect the last step */
+            Py_ssize_t lo = hint + 1, step = 1;
+            while (lo < m && !less_nan_last(moment, ts[cand_row(cand, wide, lo)] - t0)) {
+                hint = lo;
+                lo = step < m - lo ? lo + step : m;
+                step *= 2;
+            }
+            at = first_after(cand, wide, ts, t0, moment, hint + 1, lo < m ? lo : m);
+        } else {
+            at = first_after(cand, wide, ts, t0, moment, 0, hint < m ? hint : m);
+        }
+        hint = at > 0 ? at - 1 : 0;
+        int64_t row = at > 0 ? cand_row(cand, wide, at - 1) : -1;
+        for (Py_ssize_t climbed = 0; row >= 0; climbed++) {
+            if (row >= n || climbed > n) return -1;
+            double start = ts[row] - t0;
+            if (!(start + dur[row] < moment + margin && start != moment)) break;
+            row = parent[row];
+        }
+        out[j] = row;
+    }
+    return 0;
+}
+
+static PyObject *enclosing_at(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer candb, tsb, durb, parb, momb, outb;
+    double t0, margin;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*py*y*y*ddy*w*", &candb, &wide, &tsb, &durb, &parb, &t0, &margin, &momb, &outb))
+        return NULL;
+    Py_ssize_t n = tsb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t width = wide ? (Py_ssize_t)sizeof(int64_t) : (Py_ssize_t)sizeof(int32_t);
+    Py_ssize_t m = candb.len / width;
+    Py_ssize_t k = momb.len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    if (tsb.len != n * (Py_ssize_t)sizeof(double) || durb.len != tsb.len ||
+        parb.len != n * (Py_ssize_t)sizeof(int64_t) || candb.len != m * width ||
+        momb.len != k * (Py_ssize_t)sizeof(double) || outb.len != k * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "enclosing_at: buffers of different lengths");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t row = cand_row(candb.buf, wide, i);
+        if (row < 0 || row >= n) {
+            PyErr_SetString(PyExc_ValueError, "enclosing_at: a candidate row outside the table");
+            goto done;
+        }
+    }
+    if (enclosing_rows(candb.buf, wide, m, tsb.buf, durb.buf, parb.buf, n, t0, margin, momb.buf, k, outb.buf) < 0) {
+        PyErr_SetString(PyExc_ValueError, "enclosing_at: a parent outside the table or a cycle of parents");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&candb);
+    PyBuffer_Release(&tsb);
+    PyBuffer_Release(&durb);
+    PyBuffer_Release(&parb);
+    PyBuffer_Release(&momb);
+    PyBuffer_Release(&outb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
+    {"enclosing_at", enclosing_at, METH_VARARGS, enclosing_at_doc},
     {NULL, NULL, 0, NULL},
 };
 
