@@ -1,7 +1,9 @@
 /* Nesting of CPU events in one pass: each event's parent, depth and self time (rows bucketed
  * by thread, sorted, then a stack per thread), and each event's innermost enclosing event of
  * a kind (memoized climbs up the parents), and the innermost event containing given moments
- * (a galloping search of the thread's order and a climb, per moment).
+ * (a galloping search of the thread's order and a climb, per moment), and the tops of the
+ * ops' call chains and the outermost enclosing event of a kind (a marking climb, then
+ * memoized climbs answering the path from its top down).
  *
  * Why: structure.nest_sorted and structure.propagate answer the same questions with numpy
  * (binary lifting over ~18 full passes; one pass per nesting level), which was the largest
@@ -487,10 +489,142 @@ done:
     return result;
 }
 
+/* ---- chain_tops: the top of each op's call chain (_common.call_chains) ---- */
+
+PyDoc_STRVAR(chain_tops_doc,
+             "chain_tops(parent, is_op, shaped, rows, out)\n\n"
+             "For each of rows (int64): the outermost call-chain candidate enclosing it, itself\n"
+             "included, following parent (int64, -1 at the top), else -1, into out (int64). A\n"
+             "candidate is a shaped row, or an is_op row that neither is shaped nor holds one\n"
+             "(bool masks). _common.call_chains' values (its numpy walk, then two propagates) in\n"
+             "one call; parents outside the table end a climb, as in propagate.");
+
+/* The outermost anchor enclosing each of rows (all n rows where rows is NULL), itself
+ * included, following up (rows outside the table end a climb), else -1, into out; known
+ * (n, zeroed), found (n) and path (n) are its scratch. Climbs to a row already answered or
+ * the top, then answers the path from its top down: the outermost anchor so far, else the
+ * row itself where it is one. */
+static void outermost_rows(const int64_t *up, const uint8_t *is_anchor, Py_ssize_t n, const int64_t *rows,
+                           Py_ssize_t k, int64_t *out, uint8_t *known, int64_t *found, int64_t *path) {
+    for (Py_ssize_t r = 0; r < k; r++) {
+        int64_t i = rows ? rows[r] : (int64_t)r;
+        Py_ssize_t len = 0;
+        int64_t j = i;
+        while (j >= 0 && j < n && !known[j] && len < n) {
+            path[len++] = j;
+            j = up[j];
+        }
+        int64_t value = (j >= 0 && j < n && known[j]) ? found[j] : -1;
+        while (len > 0) {
+            int64_t q = path[--len];
+            if (value < 0 && is_anchor[q]) value = q;
+            found[q] = value;
+            known[q] = 1;
+        }
+        out[r] = value;
+    }
+}
+
+/* chain_tops' work on checked buffers; cand (n, zeroed), known (n, zeroed), found (n) and
+ * path (n) are its scratch. */
+static void chain_tops_rows(const int64_t *up, const uint8_t *is_op, const uint8_t *shaped, Py_ssize_t n,
+                            const int64_t *rows, Py_ssize_t k, int64_t *out, uint8_t *cand, uint8_t *known,
+                            int64_t *found, int64_t *path) {
+    /* the rows that are shaped or hold one (marked 1): marking stops at a marked row (so at a cycle) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!shaped[i]) continue;
+        for (int64_t j = i; j >= 0 && j < n && !cand[j]; j = up[j]) cand[j] = 1;
+    }
+    /* the candidates: shaped, or ops holding none */
+    for (Py_ssize_t i = 0; i < n; i++) cand[i] = shaped[i] || (is_op[i] && !cand[i]);
+    outermost_rows(up, cand, n, rows, k, out, known, found, path);
+}
+
+static PyObject *chain_tops(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer parent, op, shaped, rowsb, outb;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &parent, &op, &shaped, &rowsb, &outb)) return NULL;
+    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t k = rowsb.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *rows = rowsb.buf;
+    PyObject *result = NULL;
+    uint8_t *cand = NULL, *known = NULL;
+    int64_t *found = NULL, *path = NULL;
+    if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || op.len != n || shaped.len != n ||
+        rowsb.len != k * (Py_ssize_t)sizeof(int64_t) || outb.len != rowsb.len) {
+        PyErr_SetString(PyExc_ValueError, "chain_tops: buffers of different lengths");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < k; r++) {
+        if (rows[r] < 0 || rows[r] >= n) {
+            PyErr_SetString(PyExc_ValueError, "chain_tops: a row outside the table");
+            goto done;
+        }
+    }
+    cand = calloc((size_t)(n ? n : 1), 1);
+    known = calloc((size_t)(n ? n : 1), 1);
+    found = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    path = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (cand == NULL || known == NULL || found == NULL || path == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    chain_tops_rows(parent.buf, op.buf, shaped.buf, n, rows, k, outb.buf, cand, known, found, path);
+    result = Py_NewRef(Py_None);
+done:
+    free(cand);
+    free(known);
+    free(found);
+    free(path);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&op);
+    PyBuffer_Release(&shaped);
+    PyBuffer_Release(&rowsb);
+    PyBuffer_Release(&outb);
+    return result;
+}
+
+PyDoc_STRVAR(outermost_doc,
+             "outermost(parent, is_anchor, out)\n\n"
+             "Fill out (int64) with the row of each row's outermost enclosing anchor, itself\n"
+             "included, following parent (int64, -1 at the top), else -1; is_anchor: bool.\n"
+             "Parents outside the table end a climb, as in propagate.");
+
+static PyObject *outermost(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer parent, anchor, outb;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &parent, &anchor, &outb)) return NULL;
+    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    uint8_t *known = NULL;
+    int64_t *found = NULL, *path = NULL;
+    if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || anchor.len != n || outb.len != parent.len) {
+        PyErr_SetString(PyExc_ValueError, "outermost: buffers of different lengths");
+        goto done;
+    }
+    known = calloc((size_t)(n ? n : 1), 1);
+    found = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    path = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (known == NULL || found == NULL || path == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    outermost_rows(parent.buf, anchor.buf, n, NULL, n, outb.buf, known, found, path);
+    result = Py_NewRef(Py_None);
+done:
+    free(known);
+    free(found);
+    free(path);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&anchor);
+    PyBuffer_Release(&outb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
     {"enclosing_at", enclosing_at, METH_VARARGS, enclosing_at_doc},
+    {"chain_tops", chain_tops, METH_VARARGS, chain_tops_doc},
+    {"outermost", outermost, METH_VARARGS, outermost_doc},
     {NULL, NULL, 0, NULL},
 };
 
