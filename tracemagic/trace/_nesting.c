@@ -501,35 +501,48 @@ PyDoc_STRVAR(chain_tops_doc,
 
 /* The outermost anchor enclosing each of rows (all n rows where rows is NULL), itself
  * included, following up (rows outside the table end a climb), else -1, into out; known
- * (n, zeroed), found (n) and path (n) are its scratch. Climbs to a row already answered or
- * the top, then answers the path from its top down: the outermost anchor so far, else the
- * row itself where it is one. */
-static void outermost_rows(const int64_t *up, const uint8_t *is_anchor, Py_ssize_t n, const int64_t *rows,
-                           Py_ssize_t k, int64_t *out, uint8_t *known, int64_t *found, int64_t *path) {
+ * (n, zeroed) and found (n; out itself where rows is NULL) are its scratch, *path (*cap
+ * entries) too, grown as a climb needs (a nest's depth, not a table's length). Climbs to a
+ * row already answered or the top, then answers the path from its top down: the outermost
+ * anchor so far, else the row itself where it is one. -1 where no memory, else 0. */
+static int outermost_rows(const int64_t *up, const uint8_t *is_anchor, Py_ssize_t n, const int64_t *rows,
+                          Py_ssize_t k, int64_t *out, uint8_t *known, int64_t *found, int64_t **path,
+                          Py_ssize_t *cap) {
     for (Py_ssize_t r = 0; r < k; r++) {
         int64_t i = rows ? rows[r] : (int64_t)r;
         Py_ssize_t len = 0;
         int64_t j = i;
         while (j >= 0 && j < n && !known[j] && len < n) {
-            path[len++] = j;
+            if (len == *cap) {
+                Py_ssize_t more = *cap < n / 2 ? *cap * 2 : n;
+                int64_t *grown = realloc(*path, sizeof(int64_t) * (size_t)more);
+                if (grown == NULL) return -1;
+                *path = grown;
+                *cap = more;
+            }
+            (*path)[len++] = j;
             j = up[j];
         }
         int64_t value = (j >= 0 && j < n && known[j]) ? found[j] : -1;
         while (len > 0) {
-            int64_t q = path[--len];
+            int64_t q = (*path)[--len];
             if (value < 0 && is_anchor[q]) value = q;
             found[q] = value;
             known[q] = 1;
         }
         out[r] = value;
     }
+    return 0;
 }
 
+/* The first room of outermost_rows' path: most nests are shallow. */
+#define PATH_START 256
+
 /* chain_tops' work on checked buffers; cand (n, zeroed), known (n, zeroed), found (n) and
- * path (n) are its scratch. */
-static void chain_tops_rows(const int64_t *up, const uint8_t *is_op, const uint8_t *shaped, Py_ssize_t n,
-                            const int64_t *rows, Py_ssize_t k, int64_t *out, uint8_t *cand, uint8_t *known,
-                            int64_t *found, int64_t *path) {
+ * path (*cap, grown) are its scratch; -1 where no memory, else 0. */
+static int chain_tops_rows(const int64_t *up, const uint8_t *is_op, const uint8_t *shaped, Py_ssize_t n,
+                           const int64_t *rows, Py_ssize_t k, int64_t *out, uint8_t *cand, uint8_t *known,
+                           int64_t *found, int64_t **path, Py_ssize_t *cap) {
     /* the rows that are shaped or hold one (marked 1): marking stops at a marked row (so at a cycle) */
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!shaped[i]) continue;
@@ -537,7 +550,7 @@ static void chain_tops_rows(const int64_t *up, const uint8_t *is_op, const uint8
     }
     /* the candidates: shaped, or ops holding none */
     for (Py_ssize_t i = 0; i < n; i++) cand[i] = shaped[i] || (is_op[i] && !cand[i]);
-    outermost_rows(up, cand, n, rows, k, out, known, found, path);
+    return outermost_rows(up, cand, n, rows, k, out, known, found, path, cap);
 }
 
 static PyObject *chain_tops(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -563,12 +576,13 @@ static PyObject *chain_tops(PyObject *Py_UNUSED(self), PyObject *args) {
     cand = calloc((size_t)(n ? n : 1), 1);
     known = calloc((size_t)(n ? n : 1), 1);
     found = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    path = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    if (cand == NULL || known == NULL || found == NULL || path == NULL) {
+    Py_ssize_t cap = PATH_START;
+    path = malloc(sizeof(int64_t) * (size_t)cap);
+    if (cand == NULL || known == NULL || found == NULL || path == NULL ||
+        chain_tops_rows(parent.buf, op.buf, shaped.buf, n, rows, k, outb.buf, cand, known, found, &path, &cap) < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    chain_tops_rows(parent.buf, op.buf, shaped.buf, n, rows, k, outb.buf, cand, known, found, path);
     result = Py_NewRef(Py_None);
 done:
     free(cand);
@@ -595,23 +609,22 @@ static PyObject *outermost(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
     PyObject *result = NULL;
     uint8_t *known = NULL;
-    int64_t *found = NULL, *path = NULL;
+    int64_t *path = NULL;
     if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || anchor.len != n || outb.len != parent.len) {
         PyErr_SetString(PyExc_ValueError, "outermost: buffers of different lengths");
         goto done;
     }
     known = calloc((size_t)(n ? n : 1), 1);
-    found = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    path = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    if (known == NULL || found == NULL || path == NULL) {
+    Py_ssize_t cap = PATH_START;
+    path = malloc(sizeof(int64_t) * (size_t)cap);
+    if (known == NULL || path == NULL ||
+        outermost_rows(parent.buf, anchor.buf, n, NULL, n, outb.buf, known, outb.buf, &path, &cap) < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    outermost_rows(parent.buf, anchor.buf, n, NULL, n, outb.buf, known, found, path);
     result = Py_NewRef(Py_None);
 done:
     free(known);
-    free(found);
     free(path);
     PyBuffer_Release(&parent);
     PyBuffer_Release(&anchor);
