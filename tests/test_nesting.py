@@ -553,3 +553,214 @@ def test_shapes_and_diff_rows_are_call_chains(which: str, cnn_trace: dict[str, A
     assert op_rows["calls_a"].to_dict() == dict(Counter(events[top]["name"] for top in chains))
     assert op_rows["us_a"].sum() == pytest.approx(sum(c["dur"] for c in chains.values()))
     assert op_rows["gpu_us_a"].sum() == pytest.approx(sum(c["gpu"] for c in chains.values()))
+
+
+def nested_spans(rng: np.random.Generator, lo: int, hi: int, level: int, out: list[tuple[int, int]]) -> None:
+    """Properly nested integer spans (start, dur) inside [lo, hi): siblings side by side or
+    apart, children starting with their parent or ending with it, 0 µs ones among them."""
+    t = lo
+    while t < hi and level < 6:
+        if rng.random() < 0.3:
+            t += int(rng.integers(1, 4))
+            continue
+        length = int(rng.integers(0, min(hi - t, 40) + 1))
+        if t == lo and length == hi - lo:  # (not as long as the parent it starts with)
+            length -= 1
+        out.append((t, length))
+        if length > 2:
+            nested_spans(rng, t, t + length, level + 1, out)
+        t += max(length, 1)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_memory_events_are_held_by_the_innermost_event_containing_them(
+    seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memory()``'s op of every allocation, in a trace of 6 threads with deep nesting, 0 µs
+    ops, ops side by side and allocations at their starts and ends, in shuffled file order:
+    the event a plain search of the raw JSON finds (on the same thread, started at or before
+    the moment and not ended by it, a 0 µs one at its start; the latest start, then the
+    shortest), loaded with the C search and climb and with numpy's."""
+    rng = np.random.default_rng(seed)
+    spans: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
+    for thread in range(6):
+        pid, tid = 1 + thread // 2, 10 + thread
+        here: list[tuple[int, int]] = []
+        nested_spans(rng, 0, 1_500, 0, here)
+        moments = [t for s, d in here for t in (s, s + d)] + rng.integers(-5, 1_505, 200).tolist()
+        where = {"pid": pid, "tid": tid}
+        for start, dur in here:
+            op = {"ph": "X", "cat": "cpu_op", "name": f"op{len(spans)}", "ts": 1_000.0 + start, "dur": float(dur)}
+            spans.append({**op, **where, "args": {}})
+        for at in moments:
+            args = {"Bytes": len(memory) + 1, "Total Allocated": 64, "Total Reserved": 64, "Device Type": 0}
+            alloc = {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "ts": 1_000.0 + at}
+            memory.append({**alloc, **where, "args": {**args, "Device Id": -1, "Addr": 1}})
+    events = spans + memory
+    order = rng.permutation(len(events))
+    shuffled = [events[i] for i in order]
+    path = tmp_path / "held.json"
+    path.write_text(json.dumps({"traceEvents": shuffled}))
+
+    on_thread = defaultdict(list)
+    for e in spans:
+        on_thread[e["pid"], e["tid"]].append(e)
+
+    def holder(alloc: dict[str, Any]) -> str | None:
+        at, best = alloc["ts"], None
+        for e in on_thread[alloc["pid"], alloc["tid"]]:
+            if e["ts"] > at:
+                continue
+            holds = at < e["ts"] + e["dur"] or (e["dur"] == 0 and at == e["ts"])
+            if holds and (best is None or (e["ts"], -e["dur"]) > (best["ts"], -best["dur"])):
+                best = e
+        return None if best is None else best["name"]
+
+    want = {alloc["args"]["Bytes"]: holder(alloc) for alloc in memory}
+    assert sum(v is None for v in want.values()) > 10 and len(set(want.values())) > 200
+    for how, trace in load_both(path, monkeypatch).items():
+        table = trace.memory()
+        got = dict(zip(table["delta_bytes"].tolist(), [None if op != op else str(op) for op in table["op"]]))
+        assert got == want, how
+
+
+def test_the_c_search_of_enclosing_events_refuses_rows_outside_the_table() -> None:
+    """``_nesting.enclosing_at`` on hostile buffers: candidates or parents outside the table,
+    a cycle of parents and buffers of different lengths raise ``ValueError``, never read
+    out of bounds; int32 and int64 candidate rows give the same answers."""
+    from tracemagic.trace import _nesting
+
+    ts, dur = np.array([0.0, 1.0, 2.0, 9.0]), np.array([10.0, 3.0, 0.5, 0.0])
+    parent = np.array([-1, 0, 1, 0], dtype=np.int64)
+    moments = np.array([2.2, 0.5, 9.0, 3.5, -1.0, 10.0, np.nan])
+    for rows in (np.array([0, 1, 2, 3], dtype=np.int64), np.array([0, 1, 2, 3], dtype=np.int32)):
+        out = np.empty(moments.size, dtype=np.int64)
+        _nesting.enclosing_at(rows, rows.dtype == np.int64, ts, dur, parent, 0.0, MARGIN, moments, out)
+        assert out.tolist() == [2, 0, 3, 1, -1, -1, 3], rows.dtype
+    out = np.empty(moments.size, dtype=np.int64)
+    three = np.array([0, 1, 2], dtype=np.int64)
+    hostile = [
+        (np.array([0, 7], dtype=np.int64), parent, moments, out),  # a candidate outside
+        (np.array([0, -2], dtype=np.int64), parent, moments, out),
+        (three, np.array([-1, 9, 1, 0], dtype=np.int64), moments, out),  # a parent outside
+        (three, np.array([1, 0, 1, 0], dtype=np.int64), np.array([20.0]), out[:1]),  # a cycle
+        (three[:2], parent[:3], moments, out),  # lengths
+        (three[:2], parent, moments, out[:3]),
+        (three[:2].tobytes() + b"x", parent, moments, out),
+    ]
+    for rows, up, at, into in hostile:
+        with pytest.raises(ValueError, match="enclosing_at"):
+            _nesting.enclosing_at(rows, True, ts, dur, up, 0.0, MARGIN, at, into)
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_call_chains_of_mixed_wrappers_and_shapes_match_the_raw_json(
+    seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shapes()`` of deep random nests of ops with and without ``Input Dims`` and of user
+    annotations between them (on 3 threads): one row per chain key with its calls, total
+    and self time as ``chain_oracle`` finds them in the raw JSON, with the C call chains
+    (one pass) and with numpy's, which agree bit for bit."""
+    rng = np.random.default_rng(seed)
+    events: list[dict[str, Any]] = []
+    for tid in (1, 2, 3):
+        here: list[tuple[int, int]] = []
+        nested_spans(rng, 0, 2_000, 0, here)
+        for start, dur in here:
+            cat = "user_annotation" if rng.random() < 0.2 else "cpu_op"
+            args = {"Input Dims": [[int(rng.integers(1, 4))]], "Input type": ["float"]} if rng.random() < 0.4 else {}
+            name = f"{cat[:2]}{int(rng.integers(0, 6))}"
+            events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": 1_000.0 + start, "dur": float(dur), "args": args})
+    path = tmp_path / "chains.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    chains = chain_oracle(events)
+    want: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for chain in chains.values():
+        row = want[chain["key"]]
+        row[0] += 1
+        row[1] += chain["dur"]
+        row[2] += chain["self"]
+    wrappers = sum(1 for top in chains if "Input Dims" not in events[top]["args"])
+    assert len(want) > 20 and 0 < wrappers < len(chains)
+    tables = {}
+    for how, trace in load_both(path, monkeypatch).items():
+        with monkeypatch.context() as m:
+            if how == "numpy":
+                m.setattr(structure, "_nesting", None)
+            df = trace.shapes()
+        got = {table_key(r): [r["calls"], r["total_us"], r["self_us"]] for _, r in df.iterrows()}
+        assert set(got) == set(want), how
+        for key, (calls, total, self_us) in want.items():
+            assert got[key][0] == calls, (how, key)
+            assert got[key][1:] == pytest.approx([total, self_us], abs=1e-3), (how, key)
+        tables[how] = df
+    pd.testing.assert_frame_equal(tables["C"], tables["numpy"])
+
+
+def test_the_c_call_chains_refuse_rows_outside_the_table() -> None:
+    """``_nesting.chain_tops`` on hostile buffers: op rows outside the table and buffers of
+    different lengths raise ``ValueError``; parents outside the table end a climb and a
+    cycle of parents ends, never reading out of bounds."""
+    from tracemagic.trace import _nesting
+
+    parent = np.array([-1, 0, 1, 1, 9], dtype=np.int64)  # row 4's parent is outside
+    is_op = np.array([1, 1, 1, 1, 1], dtype=np.uint8)
+    shaped = np.array([0, 0, 1, 0, 0], dtype=np.uint8)  # 0 holds 1 holds 2 (shaped): 0 and 1 are wrappers
+    rows = np.arange(5, dtype=np.int64)
+    out = np.empty(5, dtype=np.int64)
+    _nesting.chain_tops(parent, is_op, shaped, rows, out)
+    assert out.tolist() == [-1, -1, 2, 3, 4]
+    cycle = np.array([1, 2, 0, 1, 3], dtype=np.int64)
+    _nesting.chain_tops(cycle, is_op, shaped, rows, out)  # ends (the values are of no meaning)
+    for bad in (
+        (parent, is_op, shaped, np.array([0, 5], dtype=np.int64), out[:2]),
+        (parent, is_op, shaped, np.array([-1], dtype=np.int64), out[:1]),
+        (parent, is_op[:4], shaped, rows, out),
+        (parent, is_op, shaped, rows, out[:4]),
+        (parent[:4], is_op, shaped, rows, out),
+    ):
+        with pytest.raises(ValueError, match="chain_tops"):
+            _nesting.chain_tops(*bad)
+
+
+def test_the_c_outermost_anchor_refuses_buffers_of_other_lengths() -> None:
+    """``_nesting.outermost``: each row's outermost anchor (itself included) up a nest, -1
+    above none; parents outside the table end a climb, a cycle ends; buffers of different
+    lengths raise ``ValueError``."""
+    from tracemagic.trace import _nesting
+
+    parent = np.array([-1, 0, 1, 2, 0, 17, -1], dtype=np.int64)
+    anchor = np.array([0, 1, 0, 1, 0, 1, 0], dtype=np.uint8)
+    out = np.empty(7, dtype=np.int64)
+    _nesting.outermost(parent, anchor, out)
+    assert out.tolist() == [-1, 1, 1, 1, -1, 5, -1]
+    _nesting.outermost(np.array([1, 2, 0, 1, 3, 4, 5], dtype=np.int64), anchor, out)  # ends
+    for bad in ((parent, anchor[:6], out), (parent, anchor, out[:6]), (parent[:6], anchor, out)):
+        with pytest.raises(ValueError, match="outermost"):
+            _nesting.outermost(*bad)
+
+
+@pytest.mark.parametrize(
+    "name", ["tracelens_normalization_layer_test.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"]
+)
+def test_layers_and_memory_are_the_same_with_the_c_walks_and_without(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``layers()``, ``memory()`` and ``shapes()`` of real traces (layers with backward time;
+    12,838 allocations): the C
+    walks (``enclosing_at``, ``outermost``, ``chain_tops``) give the tables numpy's give, to
+    the bit (their values are checked against the raw JSON in test_analysis_*.py)."""
+    tables = {}
+    for how in ("C", "numpy"):
+        with monkeypatch.context() as m:
+            if how == "numpy":
+                m.setattr(structure, "_nesting", None)
+            trace = tracemagic.load(TRACES / name, use_cache=False)
+            tables[how] = {table: getattr(trace, table)() for table in ("layers", "memory", "shapes")}
+    assert structure._nesting is not None, "the C nesting is built (see test_scan.py)"
+    assert (tables["C"]["layers"]["bwd_cpu_us"] > 0).any() or tables["C"]["memory"]["op"].notna().sum() > 8000
+    assert len(tables["C"]["shapes"]) > 10
+    for table, df in tables["C"].items():
+        pd.testing.assert_frame_equal(df, tables["numpy"][table], check_exact=True, obj=table)
+        assert df.attrs == tables["numpy"][table].attrs, table

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracemagic.trace import layout
+from tracemagic.trace import layout, structure
 from tracemagic.trace.columns import code_dtype
 from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
 from tracemagic.trace.model import TraceTables
@@ -115,7 +115,8 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
     belongs to what comes after it, one at its start to it even when it lasts 0 µs.
     One ``searchsorted`` per thread over the candidates' start times; of events starting
     at the same time the shortest wins. Where that one ended by ``at`` the search climbs
-    the nesting (``parent``, which may leave the candidates). -1 where none.
+    the nesting (``parent``, which may leave the candidates). -1 where none. One C pass
+    (``_nesting.enclosing_at``) where the extension is built, else numpy (the same values).
     """
     out = np.full(keys.size, -1, dtype=np.int64)
     cand = _cpu_by_thread(trace)
@@ -131,14 +132,32 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
     parent = events["parent"].to_numpy()
     key_of = row_thread_key(events)  # (the keys of the few rows the bisection reads)
     lone = keys.min() == keys.max()  # one thread (the usual case): no grouping of the keys
+    nesting = structure._nesting  # the search and the climb in one C pass, where built
+    in_c = (
+        nesting is not None
+        and all(
+            a.dtype == want and a.flags.c_contiguous
+            for a, want in ((ts, np.float64), (dur, np.float64), (at, np.float64), (parent, np.int64))
+        )
+        and cand.dtype in (np.int32, np.int64)
+    )
     for key in keys[:1] if lone else np.unique(keys):  # one pass per thread; cand is sorted by key
         lo = bisect.bisect_left(cand, key, key=key_of)
         hi = bisect.bisect_left(cand, key + 1, lo, key=key_of)
         if lo == hi:
             continue
         where = slice(None) if lone else np.flatnonzero(keys == key)
+        if in_c:
+            found = out if lone else np.empty(len(where), dtype=np.int64)  # type: ignore[arg-type]
+            mine, wide = cand[lo:hi], cand.dtype == np.int64
+            nesting.enclosing_at(mine, wide, ts, dur, parent, t0, NEST_START_MARGIN_US, at[where], found)
+            if not lone:
+                out[where] = found
+            continue
         pos = np.searchsorted(ts[cand[lo:hi]] - t0, at[where], side="right") - 1
         out[where] = np.where(pos >= 0, cand[lo:hi][np.maximum(pos, 0)], -1)
+    if in_c:
+        return out  # (climbed already)
 
     def ended(rows: np.ndarray, moment: np.ndarray) -> np.ndarray:
         held = np.maximum(rows, 0)
@@ -163,7 +182,8 @@ def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
     (``record_param_comms`` in traces that left its shapes out). Wrappers around ops with
     shapes (``autograd::engine::evaluate_function: ...``, annotations that old traces file
     as ops, like ``Optimizer.step#SGD.step``) top no chain, and their own time is in none.
-    In a trace without ``record_shapes`` every outermost op is a top.
+    In a trace without ``record_shapes`` every outermost op is a top. One C call
+    (``_nesting.chain_tops``) where the extension is built, else numpy (the same rows).
     """
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
@@ -171,6 +191,12 @@ def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
         is_op = kind_mask(events, "cpu_op") & (events["ph"] == "X").to_numpy()
         parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
         shaped = is_op & events["input_dims"].notna().to_numpy()
+        nesting = structure._nesting
+        if nesting is not None and parent.dtype == np.int64:  # the same tops in one C call
+            rows = np.flatnonzero(is_op)
+            tops = np.empty(rows.size, dtype=np.int64)
+            nesting.chain_tops(parent, is_op.view(np.uint8), shaped.view(np.uint8), rows, tops)
+            return rows, narrow_rows(tops)
         holds_shapes = _with_ancestors(np.flatnonzero(shaped), parent)  # itself or inside
         candidate = shaped | (is_op & ~holds_shapes)
         at = np.flatnonzero(candidate)

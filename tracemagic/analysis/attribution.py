@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import enclosing_at, flow_thread_keys, group_rows, in_scope, layers_at, names_where
+from tracemagic.trace import structure
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
@@ -102,13 +103,7 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
         is_bwd[known[np.asarray(fwd_tid[known].to_numpy(dtype=np.int64)) > 0]] = True
     del known
     is_bwd &= is_op
-    bwd_rows = np.flatnonzero(is_bwd)
-    is_root = np.zeros(n, dtype=bool)
-    is_root[bwd_rows[(enclosing_of_kind(parent, depth, is_bwd, bwd_rows) < 0) & (module[bwd_rows] < 0)]] = True
-    del bwd_rows
-    root = propagate(parent, depth, is_root)
-    roots = np.flatnonzero(is_root)
-    del is_root
+    root, roots = _backward_roots(parent, depth, is_bwd, module)
     # per outermost backward op (``roots``): the layer of its forward op, and whether a flow linked it
     matched = np.full(roots.size, -1, dtype=np.int64)
     linked = np.zeros(roots.size, dtype=bool)
@@ -165,6 +160,31 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
     held = held[parent[held] >= 0]
     module_parent[held] = module[parent[held]]
     return Attribution(layer, backward, root, is_module, module_parent, in_scope(events), compiled)
+
+
+def _backward_roots(
+    parent: np.ndarray, depth: np.ndarray, is_bwd: np.ndarray, module: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per events row, the outermost backward op enclosing it (itself included) where that
+    one lies in no module event, else -1; and the rows of those ops (the roots), ascending.
+
+    A root is a backward op in no other and in no module event, so a row's root is its
+    outermost enclosing backward op where that one is outside modules: one C pass
+    (``_nesting.outermost`` over the backward ops outside modules, of which the outermost is
+    that op where it is outside modules, else none) where the extension is built, else
+    numpy's two propagations (the same rows).
+    """
+    nesting = structure._nesting
+    if nesting is not None and parent.dtype == np.int64:
+        anchor = is_bwd & (module < 0)
+        root = np.empty(parent.size, dtype=np.int64)
+        nesting.outermost(parent, anchor.view(np.uint8), root)
+        roots = np.flatnonzero(anchor)
+        return root, roots[root[roots] == roots]
+    bwd_rows = np.flatnonzero(is_bwd)
+    is_root = np.zeros(parent.size, dtype=bool)
+    is_root[bwd_rows[(enclosing_of_kind(parent, depth, is_bwd, bwd_rows) < 0) & (module[bwd_rows] < 0)]] = True
+    return propagate(parent, depth, is_root), np.flatnonzero(is_root)
 
 
 def _fold_compiled(

@@ -1,6 +1,9 @@
 /* Nesting of CPU events in one pass: each event's parent, depth and self time (rows bucketed
  * by thread, sorted, then a stack per thread), and each event's innermost enclosing event of
- * a kind (memoized climbs up the parents).
+ * a kind (memoized climbs up the parents), and the innermost event containing given moments
+ * (a galloping search of the thread's order and a climb, per moment), and the tops of the
+ * ops' call chains and the outermost enclosing event of a kind (a marking climb, then
+ * memoized climbs answering the path from its top down).
  *
  * Why: structure.nest_sorted and structure.propagate answer the same questions with numpy
  * (binary lifting over ~18 full passes; one pass per nesting level), which was the largest
@@ -381,9 +384,260 @@ static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     return result;
 }
 
+/* ---- enclosing_at: the innermost candidate event containing each moment ---- */
+
+PyDoc_STRVAR(enclosing_at_doc,
+             "enclosing_at(cand, wide, ts, dur, parent, t0, margin, moments, out)\n\n"
+             "For each of moments (float64, taken from t0): the last of cand (rows: int64 where\n"
+             "wide, else int32; their starts ts - t0 in numpy's sorted order) starting at or\n"
+             "before it, climbed up parent\n"
+             "while it ended (start + dur < moment + margin and start != moment); -1 where none.\n"
+             "The values of _common.enclosing_at's numpy searchsorted and climb, in one pass.");
+
+/* numpy's order of floats (NaN last): a < b */
+static inline int less_nan_last(double a, double b) { return a < b || (b != b && a == a); }
+
+/* Row i of cand: int64 rows where wide, else int32 (``structure.narrow_rows``). */
+static inline int64_t cand_row(const void *cand, int wide, Py_ssize_t i) {
+    return wide ? ((const int64_t *)cand)[i] : (int64_t)((const int32_t *)cand)[i];
+}
+
+/* The first i in [lo, m) with moment < start of cand[i] (numpy's order), else m. */
+static Py_ssize_t first_after(const void *cand, int wide, const double *ts, double t0, double moment, Py_ssize_t lo,
+                              Py_ssize_t m) {
+    Py_ssize_t hi = m;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (less_nan_last(moment, ts[cand_row(cand, wide, mid)] - t0))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* enclosing_at's work on checked buffers (every cand row in [0, n)); -1 where a climb
+ * leaves the table or does not end (a parent cycle), else 0. */
+static int enclosing_rows(const void *cand, int wide, Py_ssize_t m, const double *ts, const double *dur,
+                          const int64_t *parent, Py_ssize_t n, double t0, double margin, const double *moments,
+                          Py_ssize_t k, int64_t *out) {
+    Py_ssize_t hint = 0; /* the last answer: moments mostly come in time order */
+    for (Py_ssize_t j = 0; j < k; j++) {
+        double moment = moments[j];
+        Py_ssize_t at;
+        if (hint < m && !less_nan_last(moment, ts[cand_row(cand, wide, hint)] - t0)) {
+            /* past the hint: gallop forward, then bisect the last step */
+            Py_ssize_t lo = hint + 1, step = 1;
+            while (lo < m && !less_nan_last(moment, ts[cand_row(cand, wide, lo)] - t0)) {
+                hint = lo;
+                lo = step < m - lo ? lo + step : m;
+                step *= 2;
+            }
+            at = first_after(cand, wide, ts, t0, moment, hint + 1, lo < m ? lo : m);
+        } else {
+            at = first_after(cand, wide, ts, t0, moment, 0, hint < m ? hint : m);
+        }
+        hint = at > 0 ? at - 1 : 0;
+        int64_t row = at > 0 ? cand_row(cand, wide, at - 1) : -1;
+        for (Py_ssize_t climbed = 0; row >= 0; climbed++) {
+            if (row >= n || climbed > n) return -1;
+            double start = ts[row] - t0;
+            if (!(start + dur[row] < moment + margin && start != moment)) break;
+            row = parent[row];
+        }
+        out[j] = row;
+    }
+    return 0;
+}
+
+static PyObject *enclosing_at(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer candb, tsb, durb, parb, momb, outb;
+    double t0, margin;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*py*y*y*ddy*w*", &candb, &wide, &tsb, &durb, &parb, &t0, &margin, &momb, &outb))
+        return NULL;
+    Py_ssize_t n = tsb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t width = wide ? (Py_ssize_t)sizeof(int64_t) : (Py_ssize_t)sizeof(int32_t);
+    Py_ssize_t m = candb.len / width;
+    Py_ssize_t k = momb.len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    if (tsb.len != n * (Py_ssize_t)sizeof(double) || durb.len != tsb.len ||
+        parb.len != n * (Py_ssize_t)sizeof(int64_t) || candb.len != m * width ||
+        momb.len != k * (Py_ssize_t)sizeof(double) || outb.len != k * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "enclosing_at: buffers of different lengths");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t row = cand_row(candb.buf, wide, i);
+        if (row < 0 || row >= n) {
+            PyErr_SetString(PyExc_ValueError, "enclosing_at: a candidate row outside the table");
+            goto done;
+        }
+    }
+    if (enclosing_rows(candb.buf, wide, m, tsb.buf, durb.buf, parb.buf, n, t0, margin, momb.buf, k, outb.buf) < 0) {
+        PyErr_SetString(PyExc_ValueError, "enclosing_at: a parent outside the table or a cycle of parents");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&candb);
+    PyBuffer_Release(&tsb);
+    PyBuffer_Release(&durb);
+    PyBuffer_Release(&parb);
+    PyBuffer_Release(&momb);
+    PyBuffer_Release(&outb);
+    return result;
+}
+
+/* ---- chain_tops: the top of each op's call chain (_common.call_chains) ---- */
+
+PyDoc_STRVAR(chain_tops_doc,
+             "chain_tops(parent, is_op, shaped, rows, out)\n\n"
+             "For each of rows (int64): the outermost call-chain candidate enclosing it, itself\n"
+             "included, following parent (int64, -1 at the top), else -1, into out (int64). A\n"
+             "candidate is a shaped row, or an is_op row that neither is shaped nor holds one\n"
+             "(bool masks). _common.call_chains' values (its numpy walk, then two propagates) in\n"
+             "one call; parents outside the table end a climb, as in propagate.");
+
+/* The outermost anchor enclosing each of rows (all n rows where rows is NULL), itself
+ * included, following up (rows outside the table end a climb), else -1, into out; known
+ * (n, zeroed) and found (n; out itself where rows is NULL) are its scratch, *path (*cap
+ * entries) too, grown as a climb needs (a nest's depth, not a table's length). Climbs to a
+ * row already answered or the top, then answers the path from its top down: the outermost
+ * anchor so far, else the row itself where it is one. -1 where no memory, else 0. */
+static int outermost_rows(const int64_t *up, const uint8_t *is_anchor, Py_ssize_t n, const int64_t *rows,
+                          Py_ssize_t k, int64_t *out, uint8_t *known, int64_t *found, int64_t **path,
+                          Py_ssize_t *cap) {
+    for (Py_ssize_t r = 0; r < k; r++) {
+        int64_t i = rows ? rows[r] : (int64_t)r;
+        Py_ssize_t len = 0;
+        int64_t j = i;
+        while (j >= 0 && j < n && !known[j] && len < n) {
+            if (len == *cap) {
+                Py_ssize_t more = *cap < n / 2 ? *cap * 2 : n;
+                int64_t *grown = realloc(*path, sizeof(int64_t) * (size_t)more);
+                if (grown == NULL) return -1;
+                *path = grown;
+                *cap = more;
+            }
+            (*path)[len++] = j;
+            j = up[j];
+        }
+        int64_t value = (j >= 0 && j < n && known[j]) ? found[j] : -1;
+        while (len > 0) {
+            int64_t q = (*path)[--len];
+            if (value < 0 && is_anchor[q]) value = q;
+            found[q] = value;
+            known[q] = 1;
+        }
+        out[r] = value;
+    }
+    return 0;
+}
+
+/* The first room of outermost_rows' path: most nests are shallow. */
+#define PATH_START 256
+
+/* chain_tops' work on checked buffers; cand (n, zeroed), known (n, zeroed), found (n) and
+ * path (*cap, grown) are its scratch; -1 where no memory, else 0. */
+static int chain_tops_rows(const int64_t *up, const uint8_t *is_op, const uint8_t *shaped, Py_ssize_t n,
+                           const int64_t *rows, Py_ssize_t k, int64_t *out, uint8_t *cand, uint8_t *known,
+                           int64_t *found, int64_t **path, Py_ssize_t *cap) {
+    /* the rows that are shaped or hold one (marked 1): marking stops at a marked row (so at a cycle) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!shaped[i]) continue;
+        for (int64_t j = i; j >= 0 && j < n && !cand[j]; j = up[j]) cand[j] = 1;
+    }
+    /* the candidates: shaped, or ops holding none */
+    for (Py_ssize_t i = 0; i < n; i++) cand[i] = shaped[i] || (is_op[i] && !cand[i]);
+    return outermost_rows(up, cand, n, rows, k, out, known, found, path, cap);
+}
+
+static PyObject *chain_tops(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer parent, op, shaped, rowsb, outb;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &parent, &op, &shaped, &rowsb, &outb)) return NULL;
+    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t k = rowsb.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *rows = rowsb.buf;
+    PyObject *result = NULL;
+    uint8_t *cand = NULL, *known = NULL;
+    int64_t *found = NULL, *path = NULL;
+    if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || op.len != n || shaped.len != n ||
+        rowsb.len != k * (Py_ssize_t)sizeof(int64_t) || outb.len != rowsb.len) {
+        PyErr_SetString(PyExc_ValueError, "chain_tops: buffers of different lengths");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < k; r++) {
+        if (rows[r] < 0 || rows[r] >= n) {
+            PyErr_SetString(PyExc_ValueError, "chain_tops: a row outside the table");
+            goto done;
+        }
+    }
+    cand = calloc((size_t)(n ? n : 1), 1);
+    known = calloc((size_t)(n ? n : 1), 1);
+    found = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    Py_ssize_t cap = PATH_START;
+    path = malloc(sizeof(int64_t) * (size_t)cap);
+    if (cand == NULL || known == NULL || found == NULL || path == NULL ||
+        chain_tops_rows(parent.buf, op.buf, shaped.buf, n, rows, k, outb.buf, cand, known, found, &path, &cap) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    free(cand);
+    free(known);
+    free(found);
+    free(path);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&op);
+    PyBuffer_Release(&shaped);
+    PyBuffer_Release(&rowsb);
+    PyBuffer_Release(&outb);
+    return result;
+}
+
+PyDoc_STRVAR(outermost_doc,
+             "outermost(parent, is_anchor, out)\n\n"
+             "Fill out (int64) with the row of each row's outermost enclosing anchor, itself\n"
+             "included, following parent (int64, -1 at the top), else -1; is_anchor: bool.\n"
+             "Parents outside the table end a climb, as in propagate.");
+
+static PyObject *outermost(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer parent, anchor, outb;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &parent, &anchor, &outb)) return NULL;
+    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    uint8_t *known = NULL;
+    int64_t *path = NULL;
+    if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || anchor.len != n || outb.len != parent.len) {
+        PyErr_SetString(PyExc_ValueError, "outermost: buffers of different lengths");
+        goto done;
+    }
+    known = calloc((size_t)(n ? n : 1), 1);
+    Py_ssize_t cap = PATH_START;
+    path = malloc(sizeof(int64_t) * (size_t)cap);
+    if (known == NULL || path == NULL ||
+        outermost_rows(parent.buf, anchor.buf, n, NULL, n, outb.buf, known, outb.buf, &path, &cap) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    free(known);
+    free(path);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&anchor);
+    PyBuffer_Release(&outb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
+    {"enclosing_at", enclosing_at, METH_VARARGS, enclosing_at_doc},
+    {"chain_tops", chain_tops, METH_VARARGS, chain_tops_doc},
+    {"outermost", outermost, METH_VARARGS, outermost_doc},
     {NULL, NULL, 0, NULL},
 };
 
