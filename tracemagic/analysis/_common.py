@@ -60,13 +60,18 @@ def in_scope(events: pd.DataFrame) -> np.ndarray:
     """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
     rank = events["rank"].to_numpy()
     stepped = np.unique(rank[kind_mask(events, "step")])
-    out = events["step"].to_numpy() >= 0
-    if stepped.size > 8:
-        return out | ~np.isin(rank, stepped)
-    bare = rank != stepped[0] if stepped.size else np.ones(rank.size, dtype=bool)
-    for r in stepped[1:].tolist():  # (a few ranks: compared, not sorted as np.isin does)
-        bare &= rank != r
-    return out | bare
+    return (events["step"].to_numpy() >= 0) | ~of_ranks(rank, stepped)
+
+
+def of_ranks(ranks: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``np.isin(ranks, wanted)``, by comparison where ``wanted`` holds a few ranks (isin
+    sorts the table's)."""
+    if wanted.size > 8:
+        return np.isin(ranks, wanted)
+    out = np.zeros(ranks.size, dtype=bool)
+    for rank in wanted.tolist():
+        out |= ranks == rank
+    return out
 
 
 def thread_keys_of(trace: TraceTables) -> np.ndarray:
@@ -500,7 +505,7 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
     del keep
     if group.size == 0:
         return np.zeros(groups)
-    if not _ordered_by(group, start):  # (in_windows gives each category's parts in order already)
+    if not in_order(group, start):  # (in_windows gives each category's parts in order already)
         order = sort_by_thread(group, start)
         group, start, end = group[order], start[order], end[order]
         del order
@@ -639,9 +644,10 @@ def in_thread_order(trace: TraceTables, mask: np.ndarray) -> np.ndarray | None:
     return ordered[picked]
 
 
-def _ordered_by(group: np.ndarray, start: np.ndarray) -> bool:
+def in_order(group: np.ndarray, start: np.ndarray) -> bool:
     """Whether the rows are sorted by (``group``, ``start``) already, with no NaN start:
-    then ``sort_by_thread(group, start)``, a stable sort, leaves every row where it is."""
+    then a stable sort by them (``sort_by_thread``, ``sort_values``) leaves every row where
+    it is."""
     if group.size < 2:
         return True
     if not (group[1:] >= group[:-1]).all():

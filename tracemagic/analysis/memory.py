@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import column_at, layer_text, memory_holders, name_text, text_take, trace_start
+from tracemagic.analysis._common import (
+    column_at,
+    in_order,
+    layer_text,
+    memory_holders,
+    name_text,
+    text_take,
+    trace_start,
+)
 from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.trace.model import TraceTables
@@ -104,22 +112,14 @@ def memory(trace: TraceTables) -> pd.DataFrame:
     if not complete:
         columns["_device"] = rank.astype(np.int64) * (len(devices) + 1) + device  # one key per (rank, device)
     table = pd.DataFrame(columns, copy=False)  # every column is made here: no second copy of each
-    if not _in_order(rank, ts):  # (the events come in time order: rarely sorted again)
+    # (rows in increasing row order: sorted by (rank, ts) is sorted by (rank, ts, row))
+    if not in_order(rank, ts):  # (the events come in time order: rarely sorted again)
         table = table.sort_values(["rank", "ts", "row"], kind="stable").reset_index(drop=True)
     if complete:
         table.attrs["reconstructed"] = {}
         table.attrs["baseline_bytes"] = {}
         return table
     return _fill_allocated(table)
-
-
-def _in_order(rank: np.ndarray, ts: np.ndarray) -> bool:
-    """Whether rows (increasing row numbers) with these ``rank`` and ``ts`` are ordered as
-    ``sort_values(["rank", "ts", "row"])`` orders them (no ts missing: those go last)."""
-    if np.isnan(ts).any():
-        return False
-    same_rank = rank[1:] == rank[:-1]
-    return bool((rank[1:] >= rank[:-1]).all() and ((ts[1:] >= ts[:-1]) | ~same_rank).all())
 
 
 def _fill_allocated(table: pd.DataFrame) -> pd.DataFrame:

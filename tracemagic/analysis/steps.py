@@ -32,6 +32,7 @@ from tracemagic.analysis._common import (
     is_dataloader,
     is_nccl,
     names_where,
+    of_ranks,
     trace_start,
     union_length,
     values_at,
@@ -274,7 +275,7 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     nccl = is_nccl(names) if kernel.any() else kernel  # (only kernels are told apart by it)
     ranks = events["rank"].to_numpy()
     gpu_ranks = np.unique(ranks[kind_mask(events, *GPU_ACTIVITY)])
-    on_gpu_rank = _of_ranks(ranks, gpu_ranks)
+    on_gpu_rank = of_ranks(ranks, gpu_ranks)
     host = duration & kind_mask(events, "cpu_op", "user_annotation")
     collective = names_where(names, HOST_COLLECTIVE)
     collective |= per_code(names, lambda c: c == "record_param_comms", False)
@@ -297,17 +298,6 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     # is a read-only view of one False, in no memory
     none = np.broadcast_to(np.False_, duration.shape)
     return {name: mask if mask.any() else none for name, mask in masks.items()}
-
-
-def _of_ranks(ranks: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """``np.isin(ranks, wanted)``, by comparison where ``wanted`` holds a few ranks (isin
-    sorts the table's)."""
-    if wanted.size > 8:
-        return np.isin(ranks, wanted)
-    out = np.zeros(ranks.size, dtype=bool)
-    for rank in wanted.tolist():
-        out |= ranks == rank
-    return out
 
 
 def in_windows(trace: TraceTables, frame: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
