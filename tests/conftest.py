@@ -10,6 +10,8 @@ Everything here is generic so any test module can reuse it:
 - ``mlp`` / ``cnn`` / ``transformer``: fresh small models (CPU, seconds to run).
 - ``read_json``: read a ``.json`` or ``.json.gz`` file.
 - ``kineto_events``: the ``traceEvents`` of a Kineto trace file.
+- ``exact_events(path)``: the same, ``ts`` counted exactly from the earliest event: the
+  reference for figures summed over a live capture's intervals.
 - ``traces``: the folder of real GPU traces recorded elsewhere (``tests/data/traces``, read
   only: a test that loads one passes a temporary cache folder or works on a copy).
 - ``throwaway_venv``: a reused venv for a third-party tool, kept outside the checkout.
@@ -32,6 +34,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +297,33 @@ def read_json() -> Callable[[Path], Any]:
             return json.load(fh)
 
     return read
+
+
+def exact_events(path: Path) -> list[dict[str, Any]]:
+    """The ``traceEvents`` of a Kineto trace file, ``ts`` in us from the earliest event.
+
+    A capture's ``ts`` is about 5e12 us, which a float holds only to 2**-10 us: the ends of
+    a few dozen intervals then drift by a hundredth of a us from the recorded decimals. Read
+    as decimals and made floats once small, every ``ts`` is exact to the ns; every other
+    number is an ordinary float (or int), as ``json.load`` gives it.
+    """
+
+    def number(value: Any) -> Any:
+        if isinstance(value, list):
+            return [number(v) for v in value]
+        return float(value) if isinstance(value, Decimal) else value
+
+    def floats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        return {k: v if k == "ts" else number(v) for k, v in pairs}
+
+    opener: Any = gzip.open if Path(path).suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        events = json.load(fh, parse_float=Decimal, object_pairs_hook=floats)["traceEvents"]
+    origin = min(Decimal(e["ts"]) for e in events if "ts" in e)
+    for e in events:
+        if "ts" in e:
+            e["ts"] = float(Decimal(e["ts"]) - origin)
+    return events
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ analyses' vectorized interval unions.
 
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
 import math
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import TRACES
+from conftest import TRACES, exact_events
 
 import tb_reference
 import tracemagic
@@ -92,8 +91,8 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
     """Step number -> partition of its device window, by a sweep line over the raw events.
 
     The windows are the TensorBoard plugin's (``tb_reference``); inside one, every event
-    counts by time, whichever step launched it. Times are shifted to the rank's first event:
-    float64 sums of epoch-µs times would round each end to ~0.001 µs.
+    counts by time, whichever step launched it. Times are shifted to the rank's first event
+    (a live capture's events come from ``conftest.exact_events``, already exact from there).
     """
     origin = min(float(e["ts"]) for e in events)
     steps = tb_reference.device_windows(events, origin)
@@ -740,7 +739,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trace, Path]:
 
 def test_captured_cpu_trace_steps_and_ops(captured: tuple[Trace, Path]) -> None:
     trace, path = captured
-    events = json.loads(path.read_text())["traceEvents"]
+    events = exact_events(path)
     steps = trace.steps()
     expected = raw_steps(events)
     assert len(expected) == 3 and steps["step"].tolist() == [n for n, _, _ in expected]

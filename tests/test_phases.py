@@ -5,7 +5,6 @@ the Overview's phases figure and the Timeline's phases lane show the same figure
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -77,7 +76,7 @@ def raw_phases(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
 @pytest.fixture(scope="module")
 def capture(_shell: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     import torch
-    from conftest import own_namespace
+    from conftest import exact_events, own_namespace
 
     out = tmp_path_factory.mktemp("phases")
     with own_namespace(_shell) as ns, capture_output() as shown:
@@ -87,8 +86,9 @@ def capture(_shell: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
         result = _shell.run_cell(f"%%chakra_trace --wait 1 --warmup 1 --active 4 --out {out}\n{LOOP}")
         cap = ns.get("_chakra_capture")
     assert result.success and cap is not None, shown.stdout
-    cap.raw = json.loads((cap.dir / "kineto_trace_0.json").read_text())["traceEvents"]
+    cap.raw = exact_events(cap.dir / "kineto_trace_0.json")
     return cap
+
 
 
 def test_each_phase_is_the_union_of_its_annotations(capture: Any) -> None:
@@ -100,7 +100,7 @@ def test_each_phase_is_the_union_of_its_annotations(capture: Any) -> None:
         want = expected[int(row["step"])]
         assert row["dur"] == pytest.approx(want["dur"], abs=1e-6)
         for name in ("dataloader", "forward", "backward", "optimizer", "other"):
-            assert row[f"{name}_us"] == pytest.approx(want[name], abs=0.01), (row["step"], name)
+            assert row[f"{name}_us"] == pytest.approx(want[name], abs=1e-6), (row["step"], name)
         assert np.isnan(row[[f"gpu_{p}_us" for p in phases_module.PHASES]].to_numpy(dtype=float)).all()  # CPU only
     # every phase is there: a loop of DataLoader, forward, backward and AdamW
     complete = table[table["step"].isin([s["step"] for s in capture.manifest["steps"] if s["complete"]])]

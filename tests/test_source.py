@@ -5,19 +5,17 @@ the recorded time, the speedscope file against speedscope's published schema."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import subprocess
 import sys
 from collections import defaultdict
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TRACES
+from conftest import TRACES, exact_events
 from tb_reference import union
 
 import tracemagic
@@ -148,17 +146,9 @@ def load(path: Path) -> Any:
 
 
 def raw(path: Path) -> list[dict[str, Any]]:
-    """The trace's events, ``ts`` in µs from its earliest event: read as decimals and made
-    floats only once small (an epoch-µs float holds no ns, so a frame's end would be off)."""
-    opener: Any = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        events = json.load(fh, parse_float=Decimal)["traceEvents"]
-    origin = min(Decimal(e["ts"]) for e in events if "ts" in e)
+    """The trace's events, ``ts`` exact from its earliest event (``conftest.exact_events``)."""
+    events = exact_events(path)
     for e in events:
-        if "ts" in e:
-            e["ts"] = float(Decimal(e["ts"]) - origin)
-        if "dur" in e:
-            e["dur"] = float(e["dur"])
         for field in ("pid", "tid"):  # old traces write a thread's tid as a number on some events
             if field in e:
                 e[field] = str(e[field])
