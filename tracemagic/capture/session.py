@@ -160,9 +160,7 @@ class _Profiler(torch.profiler.profile):
             return {}
         try:
             names = module_event_names_in(trace) if trace is not None else None
-            return resolve(
-                recorded_modules(self.profiler, names=names), namespace_modules(self._session.namespace)
-            )
+            return resolve(recorded_modules(self.profiler, names=names), namespace_modules(self._session.namespace))
         except Exception as exc:  # noqa: BLE001 - names are a convenience, never worth a failed capture
             _log.debug("naming nn.Module events failed", exc_info=True)
             self._session.note(f"nn.Module events could not be named by attribute path ({type(exc).__name__}: {exc}).")
