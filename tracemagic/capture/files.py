@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import mmap
 import os
 import shutil
 import socket
@@ -132,7 +133,7 @@ def write_with(
     gz: bool = False,
     *,
     beside: bool = False,
-    inspect: Callable[[bytes], object] | None = None,
+    inspect: Callable[[bytes | mmap.mmap], object] | None = None,
 ) -> int | None:
     """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically.
 
@@ -146,8 +147,9 @@ def write_with(
             the user's loop). A Kineto trace's ``traceName`` (the path torch wrote to) is
             then set to ``final``'s path (``_set_trace_name``), as torch's own exporters
             write it. An exporter that fails leaves nothing behind either way.
-        inspect: with ``beside``, called with the file's bytes before it is placed (the
-            file is read once, for this and its ``traceName``).
+        inspect: with ``beside``, called with the file's contents (mapped read-only, valid
+            during the call) before it is placed: the file is read once, for this and its
+            ``traceName``.
 
     Returns:
         With ``beside`` and no ``gz``, the placed file's size in bytes (read while its
@@ -186,7 +188,7 @@ _TAIL = 4096
 _TRACE_NAME = b'"traceName": '
 
 
-def _set_trace_name(written: Path, final: Path, inspect: Callable[[bytes], object] | None = None) -> int:
+def _set_trace_name(written: Path, final: Path, inspect: Callable[[bytes | mmap.mmap], object] | None = None) -> int:
     """Make the ``traceName`` Kineto wrote (the path it was given, ``written``) name
     ``final`` instead, in place: the value is overwritten and padded with spaces (JSON
     whitespace), so nothing else in the file moves. A file whose tail does not hold
@@ -194,7 +196,8 @@ def _set_trace_name(written: Path, final: Path, inspect: Callable[[bytes], objec
     as it is; so is a ``final`` whose JSON string would not fit.
 
     Args:
-        inspect: called with the whole file's bytes first (read once, for both).
+        inspect: called with the whole file first, mapped (``mmap``, read-only; valid
+            only during the call), so the file is read once for both.
 
     Returns:
         The file's size in bytes (unchanged by the edit).
@@ -206,9 +209,13 @@ def _set_trace_name(written: Path, final: Path, inspect: Callable[[bytes], objec
         size = os.fstat(fd).st_size
         start = max(0, size - _TAIL)
         if inspect is not None:
-            data = _read_all(fd, size)
-            inspect(data)
-            tail = data[start:]
+            if size:  # mapped, not read: no copy of the whole file
+                with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
+                    inspect(view)
+                    tail = view[start:size]
+            else:
+                inspect(b"")
+                tail = b""
         elif len(new) > len(old):
             return size
         else:
@@ -221,16 +228,6 @@ def _set_trace_name(written: Path, final: Path, inspect: Callable[[bytes], objec
         return size
     finally:
         os.close(fd)
-
-
-def _read_all(fd: int, size: int) -> bytes:
-    """The first ``size`` bytes of the open file ``fd`` (fewer if it is shorter)."""
-    chunks: list[bytes] = []
-    got = 0
-    while got < size and (more := os.pread(fd, size - got, got)):
-        chunks.append(more)
-        got += len(more)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def place(source: Path, final: Path, gz: bool = False) -> None:

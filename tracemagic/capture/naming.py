@@ -37,6 +37,7 @@ import contextlib
 import functools
 import gc
 import itertools
+import mmap
 import os
 import types
 import weakref
@@ -195,16 +196,46 @@ def module_event_names(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> s
     return {name.decode("utf-8", "replace") for name in names}
 
 
-def module_event_names_in(data: bytes) -> set[str]:
-    """``module_event_names`` of a whole Kineto JSON file's bytes, already read (a capture
-    reads its trace once, for these names and its ``traceName``)."""
+#: the byte ``module_event_names_in`` looks for first (``memchr``): the key's rarest in a trace
+_ANCHOR = b"M"
+#: the anchor's offset in the key
+_AT = _TRACE_KEY.index(_ANCHOR)
+
+
+def module_event_names_in(data: bytes | mmap.mmap) -> set[str]:
+    """``module_event_names`` of a whole Kineto JSON file's bytes, already read or mapped (a
+    capture maps its trace once, for these names and its ``traceName``).
+
+    Each ``M`` is found first (one ``memchr`` each, several times faster than searching for
+    the whole key, whose last byte, a space, is everywhere in JSON) and the key checked
+    around it; past a budget of ``M``s that are not the key (a trace full of ``Memcpy``,
+    ``MmBackward0``), the rest is searched for the key itself.
+    """
     key = _TRACE_KEY
     prefix = len(key) - len(MODULE_EVENT)
     names: set[bytes] = set()
-    find, pos = data.find, 0
+    find = data.find
+    size = len(key)
+    pos = _AT
+    budget = 256 + (len(data) >> 12)  # misses allowed before the plain search
+    while budget > 0:
+        at = find(_ANCHOR, pos)
+        if at < 0:
+            return {name.decode("utf-8", "replace") for name in names}
+        begin = at - _AT
+        if data[begin : begin + size] != key:
+            budget -= 1
+            pos = at + 1
+            continue
+        end = find(b'"', begin + len(key))
+        if end < 0:  # a cut file: its last name is not whole
+            return {name.decode("utf-8", "replace") for name in names}
+        names.add(data[begin + prefix : end])
+        pos = end + 1 + _AT
+    pos -= _AT  # no key begins before here that was not seen
     while (at := find(key, pos)) >= 0:
         end = find(b'"', at + len(key))
-        if end < 0:  # a cut file: its last name is not whole
+        if end < 0:
             break
         names.add(data[at + prefix : end])
         pos = end + 1

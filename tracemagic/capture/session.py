@@ -15,6 +15,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import mmap
 import os
 import platform
 import shutil
@@ -153,9 +154,9 @@ class _Profiler(torch.profiler.profile):
         with self._session._hushed():
             super().stop_trace()
 
-    def _modules(self, trace: bytes | None = None) -> Called:
+    def _modules(self, trace: bytes | mmap.mmap | None = None) -> Called:
         """The modules of the window just stopped, by trace name, found while they are alive
-        (``trace``: its Kineto JSON's bytes, just exported, which makes the search cheaper)."""
+        (``trace``: its Kineto JSON's contents, just exported, which makes the search cheaper)."""
         if not self.with_stack:
             return {}
         try:
@@ -636,7 +637,7 @@ class CaptureSession:
             return
         gz = self.config.gzip
 
-        def named(data: bytes) -> None:  # the window's modules are named from it, still alive
+        def named(data: bytes | mmap.mmap) -> None:  # the window's modules are named from it, still alive
             cycle.window = self._prof._modules(data) if self._prof is not None else {}
 
         try:
