@@ -116,11 +116,8 @@ class Filter:
     def __init__(self, hidden: list[str]) -> None:
         self.hidden = hidden
         self._saved: int | None = None
-
-    @property
-    def active(self) -> bool:
-        """Whether descriptor 2 is being filtered now."""
-        return self._saved is not None
+        #: whether descriptor 2 is being filtered now (an attribute, read without a call)
+        self.active = False
 
     def start(self) -> None:
         """Begin filtering descriptor 2 (idempotent)."""
@@ -147,6 +144,7 @@ class Filter:
                 return
             pump.attach(self.hidden, saved)
         self._saved = saved
+        self.active = True
 
     def stop(self, timeout: float = 2.0) -> None:
         """Put descriptor 2 back and pass on what was written before (idempotent): by the
@@ -161,6 +159,7 @@ class Filter:
         with contextlib.suppress(OSError):
             os.dup2(saved, 2)  # what this process writes now goes straight to the original
         self._saved = None
+        self.active = False
         with pump.lock:
             pump.drain(final=True)  # the pipe's bytes, all written before the dup2 returned
             pump.filtering = False

@@ -138,11 +138,22 @@ class _Profiler(torch.profiler.profile):
         super().__init__(**kwargs)
         self._session = session
 
+    # Where the notices filter is on, descriptor 2 already goes through it: torch's calls run
+    # as they are (attribute reads, no call nor context manager: between start_trace and
+    # stop_trace every Python call here is an event in the user's trace).
     def prepare_trace(self) -> None:
+        notices_filter = self._session._filter
+        if notices_filter is not None and notices_filter.active:
+            super().prepare_trace()
+            return
         with self._session._hushed():
             super().prepare_trace()
 
     def start_trace(self) -> None:
+        notices_filter = self._session._filter
+        if notices_filter is not None and notices_filter.active:
+            super().start_trace()
+            return
         with self._session._hushed():
             super().start_trace()
 
@@ -151,6 +162,10 @@ class _Profiler(torch.profiler.profile):
             # switched off under us (torch.autograd._disable_profiler(), another profiler):
             # torch's results are then invalid, and exporting them crashes the process
             self._session._switched_off = True
+        notices_filter = self._session._filter
+        if notices_filter is not None and notices_filter.active:
+            super().stop_trace()
+            return
         with self._session._hushed():
             super().stop_trace()
 
