@@ -35,9 +35,10 @@ whole loop is judged on CPU time (``time.process_time``) too: on a shared machin
 less than the wall time. ``--threads`` (default 1) pins torch's intra-op threads, for the
 same reason.
 
-``--phases`` prints instead where the magic's own time goes: the CPU time of each of its
-phases (and of torch's calls inside them) in ``--reps`` captures of the ``variable`` case,
-timed by wrapping the functions (a few µs of wrapping each).
+``--phases`` prints instead where the magic's own time goes: the CPU time and the wall
+time of each of its phases (and of torch's calls inside them) in ``--reps`` captures of the
+``variable`` case, timed by wrapping the functions (a few µs of wrapping each; a function
+an older ref lacks is left out, so the same bench runs against it with ``PYTHONPATH``).
 
 ``--device cuda`` runs the same model and data on the GPU: both sides then record CUDA
 activity too (the bare profiler with ``ProfilerActivity.CUDA``, the magic without
@@ -228,6 +229,7 @@ def phases(ip: Any, reps: int, out: Path) -> None:
         (session.CaptureSession, "finish", "finish: manifest built and written"),
         (session.CaptureSession, "_manifest", "  manifest built"),
         (files, "write_text", "manifest written (x2: running, final)"),
+        (layout, "write_manifest", "manifest written (x2; older code, layout.write_manifest)"),
         (torch.profiler.profile, "stop_trace", "torch: stop_trace (in step() or stop())"),
     ]
     for owner, name, label in targets:
