@@ -149,7 +149,8 @@ class Filter:
     def stop(self, timeout: float = 2.0) -> None:
         """Put descriptor 2 back and pass on what was written before (idempotent): by the
         time it returns, every line written before it has been passed on or kept as a
-        notice. ``timeout`` is kept for callers; nothing waits on the thread any more."""
+        notice, unless the thread holds the pipe longer than ``timeout`` (stuck writing to
+        a descriptor 2 nobody reads): it passes them on itself then."""
         saved = self._saved
         if saved is None:
             return
@@ -160,9 +161,14 @@ class Filter:
             os.dup2(saved, 2)  # what this process writes now goes straight to the original
         self._saved = None
         self.active = False
-        with pump.lock:
+        if not pump.lock.acquire(timeout=timeout):
+            pump.filtering = False  # the next filter may start; the thread routes the rest
+            return
+        try:
             pump.drain(final=True)  # the pipe's bytes, all written before the dup2 returned
+        finally:
             pump.filtering = False
+            pump.lock.release()
 
 
 class _Pump:
@@ -238,12 +244,15 @@ class _Pump:
                 ready = select.select([read], [], [], PARTIAL_LINE_WAIT_S if self.pending else None)[0]
             except (OSError, ValueError):  # pragma: no cover - the descriptor is gone
                 return
-            with self.lock:
-                if ready:
-                    self.drain()
-                elif self.pending:  # an unfinished line waited long enough: pass it on
-                    line, self.pending = self.pending, b""
-                    self._route(line)
+            try:
+                with self.lock:
+                    if ready:
+                        self.drain()
+                    elif self.pending:  # an unfinished line waited long enough: pass it on
+                        line, self.pending = self.pending, b""
+                        self._route(line)
+            except Exception:  # noqa: BLE001 - pragma: no cover - never leave the pipe unread (a full one blocks writers)
+                continue
 
 
 def _forget_pump() -> None:
