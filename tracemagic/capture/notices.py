@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import TextIO
 
 #: the notices torch prints on its own at profiler start/stop: nothing the user must act on
 KNOWN_NOTICES = (
@@ -58,9 +59,7 @@ def hush(hidden: list[str]) -> Iterator[None]:
     stream in a notebook), so nothing else is lost. Where the descriptors cannot be
     redirected (closed, or no OS support), the block runs unchanged.
     """
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    _flush(sys.stdout, sys.stderr)
     saved: list[tuple[int, int]] = []
     sink = None
     try:
@@ -87,6 +86,18 @@ def hush(hidden: list[str]) -> Iterator[None]:
         if kept:
             with contextlib.suppress(Exception):
                 sys.stderr.write("\n".join(kept) + "\n")
+
+
+def _flush(*streams: TextIO) -> None:
+    """Flush Python's streams before descriptor 2 changes hands, so what they hold comes out
+    first; a stream with nothing to send is left alone (ipykernel's ``OutStream``, whose
+    ``_flush_pending`` says so: its ``flush()`` waits for a round trip through the kernel's
+    IO thread, ~60 µs)."""
+    for stream in streams:
+        if getattr(stream, "_flush_pending", True) is False:
+            continue
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def _restore(saved: list[tuple[int, int]]) -> None:
@@ -123,9 +134,7 @@ class Filter:
         """Begin filtering descriptor 2 (idempotent)."""
         if self._saved is not None:
             return
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        _flush(sys.stdout, sys.stderr)
         try:
             pump = _Pump.get()
         except OSError:
@@ -154,8 +163,7 @@ class Filter:
         saved = self._saved
         if saved is None:
             return
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
+        _flush(sys.stderr)
         pump = _Pump.get()
         with contextlib.suppress(OSError):
             os.dup2(saved, 2)  # what this process writes now goes straight to the original
