@@ -40,12 +40,17 @@ time of each of its phases (and of torch's calls inside them) in ``--reps`` capt
 ``variable`` case, timed by wrapping the functions (a few µs of wrapping each; a function
 an older ref lacks is left out, so the same bench runs against it with ``PYTHONPATH``).
 
+``--kernel`` runs all of it in a real ipykernel (through nbclient), as a notebook runs the
+magic: there ``sys.stdout``/``sys.stderr`` are ipykernel's streams, whose ``flush()`` waits
+for the kernel's IO thread, and descriptors 1 and 2 are the kernel's pipes; a plain
+``InteractiveShell`` (the default) has none of that.
+
 ``--device cuda`` runs the same model and data on the GPU: both sides then record CUDA
 activity too (the bare profiler with ``ProfilerActivity.CUDA``, the magic without
 ``--cpu-only``, as a user runs it there), and both cells end with
 ``torch.cuda.synchronize()`` so that the GPU's work counts on both sides.
 
-    .venv/bin/python bench/bench_magic_overhead.py [--reps 9] [--steps 20] [--threads 1] [--phases] [--device cuda]
+    .venv/bin/python bench/bench_magic_overhead.py [--reps 9] [--steps 20] [--threads 1] [--phases] [--device cuda] [--kernel]
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ import argparse
 import itertools
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -254,14 +260,39 @@ def verdict(ratio: float, goal: float) -> str:
     return "pass" if ratio <= goal else "falls short"
 
 
-def main() -> None:
+def in_kernel(argv: list[str]) -> None:
+    """``--kernel``: run the bench with ``argv`` inside a real ipykernel (nbclient), where a
+    notebook runs the magic (its streams, its IO thread), and print what it printed."""
+    import nbclient
+    import nbformat
+
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "import bench_magic_overhead\n"
+        f"bench_magic_overhead.main({argv!r}, get_ipython())\n"
+    )
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(code)]
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=3600).execute()
+    for output in nb.cells[0].outputs:
+        if output.get("name") == "stdout":
+            print(output["text"], end="")
+
+
+def main(argv: list[str] | None = None, shell: Any = None) -> None:
+    """Run the bench (``argv``: the command line; ``shell``: the IPython shell to run the
+    cells in, default a plain ``InteractiveShell``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--phases", action="store_true", help="print where the magic's own time goes instead")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
-    args = parser.parse_args()
+    parser.add_argument("--kernel", action="store_true", help="run the cells in a real ipykernel (nbclient)")
+    args = parser.parse_args(argv)
+    if args.kernel:
+        in_kernel([a for a in (sys.argv[1:] if argv is None else argv) if a != "--kernel"])
+        return
     global DEVICE, ACTIVITIES, CELL_END
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -270,7 +301,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    ip = InteractiveShell.instance()
+    ip = shell if shell is not None else InteractiveShell.instance()
     ip.run_line_magic("load_ext", "tracemagic")
     torch.manual_seed(1)
     ip.user_ns.update(torch=torch, nn=nn, bare_loop=bare_loop, DEVICE=DEVICE,
@@ -291,7 +322,8 @@ def main() -> None:
 
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
     print(f"{args.reps} alternating repetitions per case, {args.steps} steps each, on {where}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")
+          f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), "
+          f"in {'a plain InteractiveShell' if shell is None else type(ip).__name__}")
     for case, res in results.items():
         med = res["med"]
         held = "model in a notebook variable" if case == "variable" else "model made in a function, no variable"
