@@ -253,6 +253,63 @@ def test_nesting_of_any_number_of_threads_matches_a_reference_walk(
         assert 0.0 in walked_self and not any(x < 0 for x in walked_self)  # clipped at +0.0
 
 
+@pytest.mark.parametrize("pids, tids", [(1, 1), (4, 4), (200, 20)])
+def test_the_c_thread_order_matches_a_reference_sort_and_numpys(
+    pids: int, tids: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_nesting.order_rows`` (the order of a trace reopened from its cache, where no
+    nesting walk hands it over) sorts the CPU duration rows as the reference walk does, NaNs
+    included, and as numpy's ``structure.cpu_by_thread`` (its twin without the extension)."""
+    from tracemagic.trace import _nesting
+    from tracemagic.trace.kineto import CPU_KINDS
+
+    rng = np.random.default_rng(pids * 7 + tids)
+    for nans in (True, False):
+        events = many_threads_table(rng, 20_000, pids, tids, nans, span=400.0 if pids * tids < 100 else 40.0)
+        cpu = (events["ph"] == "X") & events["kind"].isin(["cpu_op", "python_function", "user_annotation", "runtime"])
+        thread = list(zip(events["pid"].cat.codes.tolist(), events["tid"].cat.codes.tolist()))
+        t0 = float(np.nanmin(events["ts"].to_numpy()))
+        want = nest_reference(thread, events["ts"].tolist(), events["dur"].tolist(), cpu.tolist(), t0)[3]
+        mask = structure.timed_mask(events, CPU_KINDS)
+        ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
+        _nesting.order_rows(
+            mask.view(np.uint8), structure.thread_keys(events), events["ts"].to_numpy(), events["dur"].to_numpy(), ordered
+        )
+        assert_bits(ordered, want, np.int64, f"C, nans={nans}")
+        assert_bits(structure.cpu_by_thread(events), want, np.int64, f"numpy, nans={nans}")
+    with pytest.raises(ValueError, match="order_rows"):  # buffers that disagree: refused, never read past
+        _nesting.order_rows(mask.view(np.uint8), structure.thread_keys(events)[:-1], events["ts"].to_numpy(),
+                            events["dur"].to_numpy(), ordered)
+    with pytest.raises(ValueError, match="order_rows"):
+        _nesting.order_rows(mask.view(np.uint8), structure.thread_keys(events), events["ts"].to_numpy(),
+                            events["dur"].to_numpy(), ordered[:-1])
+
+
+@pytest.mark.parametrize("name", ["hta_control.json.gz", "tracelens_normalization_layer_test.json.gz"])
+def test_a_trace_reopened_from_its_cache_searches_the_order_a_load_walks(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh load hands its nesting walk's thread order to the analyses; a trace reopened
+    from the cache sorts it again (in C, else numpy): the same rows, and the same tables."""
+    from tracemagic.analysis import _common
+    from tracemagic.trace.shared_keys import Shared
+
+    fresh = tracemagic.load(TRACES / name, use_cache=False)
+    walked = fresh.shared(Shared.CPU_BY_THREAD, lambda: None)
+    assert walked is not None and walked.size > 1000
+    tracemagic.load(TRACES / name)  # (writes the cache entry when dropped)
+    for how in ("C", "numpy"):
+        with monkeypatch.context() as m:
+            m.setenv("TRACEMAGIC_TABLE_CACHE", "0")
+            if how == "numpy":
+                m.setattr(structure, "_nesting", None)
+            reopened = tracemagic.load(TRACES / name)
+            assert Shared.CPU_BY_THREAD not in reopened._shared, "reopened, not parsed"
+            np.testing.assert_array_equal(_common._cpu_by_thread(reopened), walked, err_msg=how)
+            for table in ("layers", "memory"):
+                pd.testing.assert_frame_equal(getattr(reopened, table)(), getattr(fresh, table)(), check_exact=True)
+
+
 def test_loading_a_thousand_threads_matches_the_raw_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trace of 1,000 threads (50 pids, 20 tids each), nests with ties, zero durations and
     short events at another's end, rows out of order: both loads nest it as the raw JSON

@@ -17,7 +17,10 @@ import pyarrow.compute as pc
 
 from tracemagic.trace import layout, structure
 from tracemagic.trace.columns import code_dtype
-from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
+from tracemagic.trace.kineto import (
+    CPU_KINDS,
+    GPU_ACTIVITY,  # noqa: F401 - its home is trace.kineto; kept importable here
+)
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask, per_code
 from tracemagic.trace.shared_keys import Shared
@@ -30,6 +33,7 @@ from tracemagic.trace.structure import (
     propagate,
     sort_by_thread,
     thread_keys,
+    timed_mask,
 )
 
 _INSTANCE_SUFFIX = re.compile(r"_\d+$")
@@ -82,7 +86,23 @@ def thread_keys_of(trace: TraceTables) -> np.ndarray:
 def _cpu_by_thread(trace: TraceTables) -> np.ndarray:
     """``structure.cpu_by_thread`` of the trace (the order ``enclosing_at`` searches in),
     computed once per trace; ``load`` hands over the one nesting made."""
-    return trace.shared(Shared.CPU_BY_THREAD, lambda: narrow_rows(cpu_by_thread(trace.events)))
+    return trace.shared(Shared.CPU_BY_THREAD, lambda: narrow_rows(_thread_order(trace)))
+
+
+def _thread_order(trace: TraceTables) -> np.ndarray:
+    """``structure.cpu_by_thread`` of a trace whose nesting was not walked in this session
+    (reopened from its cache): the C sort the nesting walk makes (``_nesting.order_rows``,
+    bucketed by thread, each thread's rows merge-sorted: near linear on a trace's nearly
+    sorted rows, ~4x faster than numpy's sorts), else numpy's (the same rows)."""
+    events = trace.events
+    nesting = structure._nesting
+    ts, dur = events["ts"].to_numpy(), events["dur"].to_numpy()
+    if nesting is None or not all(a.dtype == np.float64 and a.flags.c_contiguous for a in (ts, dur)):
+        return cpu_by_thread(events)
+    mask = timed_mask(events, CPU_KINDS)
+    ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
+    nesting.order_rows(mask.view(np.uint8), thread_keys_of(trace), ts, dur, ordered)
+    return ordered
 
 
 def memory_off_cpu(trace: TraceTables) -> bool:

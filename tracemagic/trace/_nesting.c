@@ -306,6 +306,20 @@ static void walk_rows(const int64_t *ordered, Py_ssize_t m, const int64_t *key, 
     }
 }
 
+/* The set rows (on, n) by (key, start, longest first) into ordered (one per set row), as
+ * nest_rows orders them; tmp (as many entries as set rows) and bounds (one more) are the
+ * sort's scratch. 0 done, -1 out of memory. */
+static int order_checked(const uint8_t *on, const int64_t *key, const double *ts, const double *dur, Py_ssize_t n,
+                         int64_t *ordered, int64_t *tmp, Py_ssize_t *bounds) {
+    Py_ssize_t *per = NULL;
+    Py_ssize_t distinct = bucket_rows(on, key, n, ordered, &per);
+    if (distinct < 0) return -1;
+    for (Py_ssize_t k = 0; k < distinct; k++) /* each thread's rows by (start, longest first) */
+        sort_rows(ordered + per[k], tmp, bounds, per[k + 1] - per[k], ts, dur);
+    free(per);
+    return 0;
+}
+
 PyDoc_STRVAR(nest_rows_doc,
              "nest_rows(mask, keys, ts, dur, t0, tolerance, margin, ordered, parent, depth, self_dur)\n\n"
              "structure.nest in one call: the rows where mask (uint8, n) is set, sorted by (keys,\n"
@@ -321,15 +335,11 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
                              double tolerance, double margin, Py_ssize_t n, int64_t *ordered, Py_ssize_t m,
                              int64_t *up, int32_t *level, double *self_dur) {
     int status = -1;
-    Py_ssize_t *per = NULL;
     int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
     int64_t *stack = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* also the sort's run bounds */
     double *child = calloc((size_t)(m ? m : 1), sizeof(double));
     if (tmp == NULL || stack == NULL || child == NULL) goto done;
-    Py_ssize_t distinct = bucket_rows(on, key, n, ordered, &per);
-    if (distinct < 0) goto done;
-    for (Py_ssize_t k = 0; k < distinct; k++) /* each thread's rows by (start, longest first) */
-        sort_rows(ordered + per[k], tmp, (Py_ssize_t *)stack, per[k + 1] - per[k], ts, dur);
+    if (order_checked(on, key, ts, dur, n, ordered, tmp, (Py_ssize_t *)stack) < 0) goto done;
     for (Py_ssize_t r = 0; r < n; r++) {
         up[r] = -1;
         level[r] = -1;
@@ -343,7 +353,6 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
     }
     status = 0;
 done:
-    free(per);
     free(tmp);
     free(stack);
     free(child);
@@ -381,6 +390,48 @@ static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     PyBuffer_Release(&parb);
     PyBuffer_Release(&depb);
     PyBuffer_Release(&selfb);
+    return result;
+}
+
+PyDoc_STRVAR(order_rows_doc,
+             "order_rows(mask, keys, ts, dur, ordered)\n\n"
+             "nest_rows' order alone: the rows where mask (uint8, n) is set, sorted by (keys, ts,\n"
+             "-dur) as numpy's stable lexsort does (NaN last), into ordered (int64, one per set\n"
+             "row); structure.cpu_by_thread where mask is its CPU duration events and keys the\n"
+             "table's thread_keys (a trace reopened from its cache has no nesting walk to hand\n"
+             "it over).");
+
+static PyObject *order_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer mask, keys, tsb, durb, ordb;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &mask, &keys, &tsb, &durb, &ordb)) return NULL;
+    Py_ssize_t n = mask.len;
+    Py_ssize_t m = ordb.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    int64_t *tmp = NULL;
+    Py_ssize_t *bounds = NULL;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t r = 0; r < n; r++) count += ((const uint8_t *)mask.buf)[r] != 0;
+    if (keys.len != n * (Py_ssize_t)sizeof(int64_t) || tsb.len != n * (Py_ssize_t)sizeof(double) ||
+        durb.len != n * (Py_ssize_t)sizeof(double) || ordb.len != m * (Py_ssize_t)sizeof(int64_t) || count != m) {
+        PyErr_SetString(PyExc_ValueError, "order_rows: buffers of different lengths");
+        goto done;
+    }
+    tmp = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
+    bounds = malloc(sizeof(Py_ssize_t) * (size_t)(m + 1));
+    if (tmp == NULL || bounds == NULL ||
+        order_checked(mask.buf, keys.buf, tsb.buf, durb.buf, n, ordb.buf, tmp, bounds) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    free(tmp);
+    free(bounds);
+    PyBuffer_Release(&mask);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&tsb);
+    PyBuffer_Release(&durb);
+    PyBuffer_Release(&ordb);
     return result;
 }
 
@@ -635,6 +686,7 @@ done:
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
+    {"order_rows", order_rows, METH_VARARGS, order_rows_doc},
     {"enclosing_at", enclosing_at, METH_VARARGS, enclosing_at_doc},
     {"chain_tops", chain_tops, METH_VARARGS, chain_tops_doc},
     {"outermost", outermost, METH_VARARGS, outermost_doc},
