@@ -24,7 +24,16 @@ from tracemagic.analysis._common import row_thread_key
 from tracemagic.trace import parse, structure
 
 #: the raw categories of events that run on a CPU thread and nest there
-CPU_CATS = {"cpu_op", "operator", "user_annotation", "python_function", "python", "cuda_runtime", "cuda_driver", "runtime"}
+CPU_CATS = {
+    "cpu_op",
+    "operator",
+    "user_annotation",
+    "python_function",
+    "python",
+    "cuda_runtime",
+    "cuda_driver",
+    "runtime",
+}
 OP_CATS = {"cpu_op", "operator"}
 GPU_CATS = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"}
 #: the rule, written here again: a child ends at most 0.25 µs after its parent ends (float
@@ -273,16 +282,30 @@ def test_the_c_thread_order_matches_a_reference_sort_and_numpys(
         mask = structure.timed_mask(events, CPU_KINDS)
         ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
         _nesting.order_rows(
-            mask.view(np.uint8), structure.thread_keys(events), events["ts"].to_numpy(), events["dur"].to_numpy(), ordered
+            mask.view(np.uint8),
+            structure.thread_keys(events),
+            events["ts"].to_numpy(),
+            events["dur"].to_numpy(),
+            ordered,
         )
         assert_bits(ordered, want, np.int64, f"C, nans={nans}")
         assert_bits(structure.cpu_by_thread(events), want, np.int64, f"numpy, nans={nans}")
     with pytest.raises(ValueError, match="order_rows"):  # buffers that disagree: refused, never read past
-        _nesting.order_rows(mask.view(np.uint8), structure.thread_keys(events)[:-1], events["ts"].to_numpy(),
-                            events["dur"].to_numpy(), ordered)
+        _nesting.order_rows(
+            mask.view(np.uint8),
+            structure.thread_keys(events)[:-1],
+            events["ts"].to_numpy(),
+            events["dur"].to_numpy(),
+            ordered,
+        )
     with pytest.raises(ValueError, match="order_rows"):
-        _nesting.order_rows(mask.view(np.uint8), structure.thread_keys(events), events["ts"].to_numpy(),
-                            events["dur"].to_numpy(), ordered[:-1])
+        _nesting.order_rows(
+            mask.view(np.uint8),
+            structure.thread_keys(events),
+            events["ts"].to_numpy(),
+            events["dur"].to_numpy(),
+            ordered[:-1],
+        )
 
 
 @pytest.mark.parametrize("name", ["hta_control.json.gz", "tracelens_normalization_layer_test.json.gz"])
@@ -411,9 +434,21 @@ def test_a_short_event_right_after_a_sibling_is_not_its_child(tmp_path: Path, mo
         names = table["name"].astype(str).tolist()
         got = {names[i]: (names[p] if p >= 0 else None) for i, p in enumerate(table["parent"])}
         assert got == want, how
-        assert dict(zip(names, table["depth"].tolist())) == {"A": 0, "B": 0, "D": 2, "E": 1, "F": 1, "G": 2, "H": 1, "I": 0, "J": 0}, how
+        assert dict(zip(names, table["depth"].tolist())) == {
+            "A": 0,
+            "B": 0,
+            "D": 2,
+            "E": 1,
+            "F": 1,
+            "G": 2,
+            "H": 1,
+            "I": 0,
+            "J": 0,
+        }, how
         selfs = dict(zip(names, table["self_dur"]))
-        assert selfs["A"] == pytest.approx(8.8) and selfs["B"] == pytest.approx(0.5) and selfs["I"] == pytest.approx(10.0), how
+        assert (
+            selfs["A"] == pytest.approx(8.8) and selfs["B"] == pytest.approx(0.5) and selfs["I"] == pytest.approx(10.0)
+        ), how
 
 
 def test_memory_instant_at_an_ops_end_belongs_to_what_follows(tmp_path: Path) -> None:
@@ -424,8 +459,25 @@ def test_memory_instant_at_an_ops_end_belongs_to_what_follows(tmp_path: Path) ->
         {"ph": "X", "cat": "cpu_op", "name": "empty", "pid": 1, "tid": 1, "ts": 30.0, "dur": 0.0, "args": {}},
     ]
     for at in (15.0, 20.0, 30.0, 100.0):
-        events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": at,
-                       "args": {"Bytes": 64, "Total Allocated": 64, "Total Reserved": 64, "Device Type": 0, "Device Id": -1, "Addr": 1}})
+        events.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "cat": "cpu_instant_event",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "ts": at,
+                "args": {
+                    "Bytes": 64,
+                    "Total Allocated": 64,
+                    "Total Reserved": 64,
+                    "Device Type": 0,
+                    "Device Id": -1,
+                    "Addr": 1,
+                },
+            }
+        )
     path = tmp_path / "memory.json"
     path.write_text(json.dumps({"traceEvents": events}))
     trace = tracemagic.load(path, use_cache=False)
@@ -493,9 +545,12 @@ def test_an_op_nested_in_one_of_its_own_name_is_one_call_as_in_key_averages(cnn_
     want = oracle(events)
     children = Counter(p for p in want["parent"] if p >= 0)
     folded = {
-        i for i, p in enumerate(want["parent"])
-        if p >= 0 and events[p].get("cat") == events[i].get("cat") == "cpu_op"
-        and events[p]["name"] == events[i]["name"] and children[p] == 1
+        i
+        for i, p in enumerate(want["parent"])
+        if p >= 0
+        and events[p].get("cat") == events[i].get("cat") == "cpu_op"
+        and events[p]["name"] == events[i]["name"]
+        and children[p] == 1
     }
     assert {events[i]["name"] for i in folded} >= {"aten::div", "aten::div_"}  # the shape the issue names
     ops = trace.ops()
@@ -522,8 +577,13 @@ def chain_oracle(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """
     want = oracle(events)
     parent = want["parent"]
-    ops = [i for i, e in enumerate(events) if e["ph"] == "X" and str(e.get("cat", "")).lower() in OP_CATS
-           and not str(e.get("name", "")).startswith("ProfilerStep#")]
+    ops = [
+        i
+        for i, e in enumerate(events)
+        if e["ph"] == "X"
+        and str(e.get("cat", "")).lower() in OP_CATS
+        and not str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
     shaped = {i for i in ops if "Input Dims" in events[i].get("args", {})}
     wrappers = set()
     for i in shaped:
@@ -548,13 +608,25 @@ def chain_oracle(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
             continue
         if top not in chains:
             args = events[top].get("args", {})
-            key = (events[top]["name"], *(json.dumps(args.get(k)) for k in ("Input Dims", "Input type", "Concrete Inputs")))
+            key = (
+                events[top]["name"],
+                *(json.dumps(args.get(k)) for k in ("Input Dims", "Input type", "Concrete Inputs")),
+            )
             chains[top] = {"key": key, "dur": events[top]["dur"], "self": 0.0, "gpu": 0.0}
         chains[top]["self"] += want["self"][i]
-    launched = {e["args"]["correlation"]: i for i, e in enumerate(events)
-                if is_cpu(e) and str(e.get("cat")).lower() in ("cuda_runtime", "runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    launched = {
+        e["args"]["correlation"]: i
+        for i, e in enumerate(events)
+        if is_cpu(e)
+        and str(e.get("cat")).lower() in ("cuda_runtime", "runtime", "cuda_driver")
+        and "correlation" in e.get("args", {})
+    }
     for e in events:
-        if e["ph"] == "X" and str(e.get("cat", "")).lower() in GPU_CATS and e.get("args", {}).get("correlation") in launched:
+        if (
+            e["ph"] == "X"
+            and str(e.get("cat", "")).lower() in GPU_CATS
+            and e.get("args", {}).get("correlation") in launched
+        ):
             runtime = launched[e["args"]["correlation"]]
             holder = parent[runtime]
             while holder >= 0 and holder not in chains:
@@ -598,7 +670,12 @@ def test_shapes_and_diff_rows_are_call_chains(which: str, cnn_trace: dict[str, A
     # one convolution, one row: the op the model called, not the ops it runs
     names = set(df["name"].astype(str))
     assert "aten::conv2d" in names
-    assert not names & {"aten::convolution", "aten::_convolution", "aten::mkldnn_convolution", "aten::cudnn_convolution"}
+    assert not names & {
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::mkldnn_convolution",
+        "aten::cudnn_convolution",
+    }
     convs = sum(1 for e in events if e.get("name") == "aten::conv2d")
     assert df.loc[df["name"] == "aten::conv2d", "calls"].sum() == convs > 0
     if which == "resnet50":
@@ -728,7 +805,18 @@ def test_call_chains_of_mixed_wrappers_and_shapes_match_the_raw_json(
             cat = "user_annotation" if rng.random() < 0.2 else "cpu_op"
             args = {"Input Dims": [[int(rng.integers(1, 4))]], "Input type": ["float"]} if rng.random() < 0.4 else {}
             name = f"{cat[:2]}{int(rng.integers(0, 6))}"
-            events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": 1_000.0 + start, "dur": float(dur), "args": args})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": cat,
+                    "name": name,
+                    "pid": 1,
+                    "tid": tid,
+                    "ts": 1_000.0 + start,
+                    "dur": float(dur),
+                    "args": args,
+                }
+            )
     path = tmp_path / "chains.json"
     path.write_text(json.dumps({"traceEvents": events}))
     chains = chain_oracle(events)
@@ -821,3 +909,84 @@ def test_layers_and_memory_are_the_same_with_the_c_walks_and_without(
     for table, df in tables["C"].items():
         pd.testing.assert_frame_equal(df, tables["numpy"][table], check_exact=True, obj=table)
         assert df.attrs == tables["numpy"][table].attrs, table
+
+
+def union_reference(group: list[int], start: list[float], end: list[float], groups: int) -> list[float]:
+    """The union of each group's intervals [start, end), merged by hand: sorted by start,
+    each run of overlapping intervals adds its span (plain Python)."""
+    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for g, s, e in zip(group, start, end):
+        if e > s:
+            spans[g].append((s, e))
+    out = [0.0] * groups
+    for g, mine in spans.items():
+        mine.sort()
+        lo, hi = mine[0]
+        for s, e in mine[1:]:
+            if s > hi:
+                out[g] += hi - lo
+                lo, hi = s, e
+            else:
+                hi = max(hi, e)
+        out[g] += hi - lo
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_c_union_of_intervals_matches_a_merge_and_numpys(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_nesting.union_rows`` (``union_length`` for rows in (group, start) order, as
+    ``steps()`` gives them): each group's union as a merge by hand computes it, and bit for
+    bit numpy's (its twin without the extension), with nested, touching, empty, negative
+    and NaN intervals; rows out of order, groups outside the output and infinite times are
+    left to numpy, buffers of other lengths refused."""
+    from tracemagic.analysis._common import union_length
+    from tracemagic.trace import _nesting
+
+    rng = np.random.default_rng(seed)
+    n, groups = 20_000, 40
+    group = np.sort(rng.integers(0, groups - 3, n))  # (some groups hold no row)
+    start = np.round(rng.uniform(0, 500, n), 2)
+    end = start + np.round(rng.exponential(3, n), 2) * rng.choice([1, 1, 1, 0, -1], n)
+    end[rng.random(n) < 0.01] = np.nan
+    order = np.lexsort((start, group))
+    group, start, end = group[order], start[order], end[order]
+    want = union_reference(group.tolist(), start.tolist(), end.tolist(), groups)
+    for dtype in (np.int32, np.int64):
+        g = group.astype(dtype)
+        out = np.empty(groups)
+        assert _nesting.union_rows(g, dtype == np.int64, start, end, out) is True
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-9)
+        with monkeypatch.context() as m:
+            m.setattr(structure, "_nesting", None)
+            numpy_sums = union_length(g, start, end, groups)
+        assert out.tobytes() == numpy_sums.tobytes(), dtype
+        assert union_length(g, start, end, groups).tobytes() == out.tobytes()
+    shuffled = rng.permutation(n)
+    for g, s, e in ((group[shuffled], start[shuffled], end[shuffled]), (group + 5, start, end)):  # out of order, past
+        assert _nesting.union_rows(g, True, s, e, np.empty(groups)) is False
+        got = union_length(g, s, e, groups + 5)  # (numpy's, sorted)
+        want = union_reference(g.tolist(), s.tolist(), e.tolist(), groups + 5)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+    infinite = np.where(np.arange(n) == 7, -np.inf, start)
+    assert _nesting.union_rows(group, True, infinite, end, np.empty(groups)) is False
+    for bad in ((group[:-1], True, start, end), (group, False, start, end), (group, True, start, end[:-1])):
+        with pytest.raises(ValueError, match="union_rows"):
+            _nesting.union_rows(*bad, np.empty(groups))
+
+
+@pytest.mark.parametrize(
+    "name", ["hta_control.json.gz", "hta_nccl_data.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"]
+)
+def test_steps_are_the_same_with_the_c_union_and_without(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``steps()`` of real traces (GPU windows, kernels, runtime calls, CPU ops) is the same
+    to the bit with the C union of intervals as with numpy's (its values are checked against
+    the raw JSON in test_step_windows.py)."""
+    tables = {}
+    for how in ("C", "numpy"):
+        with monkeypatch.context() as m:
+            if how == "numpy":
+                m.setattr(structure, "_nesting", None)
+            tables[how] = tracemagic.load(TRACES / name, use_cache=False).steps()
+    assert len(tables["C"]) > 1 and (tables["C"]["cpu_us"] > 0).all()
+    pd.testing.assert_frame_equal(tables["C"], tables["numpy"], check_exact=True)
+    assert tables["C"].attrs == tables["numpy"].attrs

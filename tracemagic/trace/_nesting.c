@@ -683,6 +683,66 @@ done:
     return result;
 }
 
+/* ---- union_rows: the length of a union of intervals per group ---- */
+
+PyDoc_STRVAR(union_rows_doc,
+             "union_rows(group, wide, start, end, out) -> bool\n\n"
+             "_common.union_length in one pass, for rows already in (group, start) order: out\n"
+             "(float64, one per group, zeroed here) gets, per group, what each row [start, end)\n"
+             "adds past the largest end of the group's earlier rows, summed in row order (rows\n"
+             "with end <= start, NaN included, add nothing and are not looked at). group: int64\n"
+             "where wide, else int32; start, end: float64. False (out of no meaning) where a\n"
+             "looked-at row is out of that order, has a group outside out or an infinite time:\n"
+             "the caller sorts them with numpy.");
+
+static PyObject *union_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer gb, sb, eb, ob;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*py*y*w*", &gb, &wide, &sb, &eb, &ob)) return NULL;
+    Py_ssize_t m = sb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t groups = ob.len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    if (sb.len != m * (Py_ssize_t)sizeof(double) || eb.len != sb.len || ob.len != groups * (Py_ssize_t)sizeof(double) ||
+        gb.len != m * (Py_ssize_t)(wide ? sizeof(int64_t) : sizeof(int32_t))) {
+        PyErr_SetString(PyExc_ValueError, "union_rows: buffers of different lengths");
+        goto done;
+    }
+    const double *start = sb.buf, *end = eb.buf;
+    double *out = ob.buf;
+    for (Py_ssize_t g = 0; g < groups; g++) out[g] = 0.0;
+    int ordered = 1, seen = 0;
+    int64_t last = 0;
+    double reach = 0.0, previous = 0.0; /* the group's largest end so far; the last start looked at */
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double s = start[i], e = end[i];
+        if (!(e > s)) continue; /* (an empty interval, or NaN) */
+        int64_t g = wide ? ((const int64_t *)gb.buf)[i] : (int64_t)((const int32_t *)gb.buf)[i];
+        if (g < 0 || g >= groups || s - s != 0.0 || e - e != 0.0 || (seen && (g < last || (g == last && s < previous)))) {
+            ordered = 0;
+            break;
+        }
+        double added;
+        if (!seen || g != last) {
+            added = s; /* the group's first row adds all of itself */
+        } else {
+            added = s > reach ? s : reach;
+        }
+        double w = e - added;
+        out[g] += w > 0.0 ? w : 0.0;
+        if (!seen || g != last || e > reach) reach = e;
+        seen = 1;
+        last = g;
+        previous = s;
+    }
+    result = PyBool_FromLong(ordered);
+done:
+    PyBuffer_Release(&gb);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
@@ -690,6 +750,7 @@ static PyMethodDef methods[] = {
     {"enclosing_at", enclosing_at, METH_VARARGS, enclosing_at_doc},
     {"chain_tops", chain_tops, METH_VARARGS, chain_tops_doc},
     {"outermost", outermost, METH_VARARGS, outermost_doc},
+    {"union_rows", union_rows, METH_VARARGS, union_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 
