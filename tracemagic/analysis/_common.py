@@ -17,10 +17,7 @@ import pyarrow.compute as pc
 
 from tracemagic.trace import layout, structure
 from tracemagic.trace.columns import code_dtype
-from tracemagic.trace.kineto import (
-    CPU_KINDS,
-    GPU_ACTIVITY,  # noqa: F401 - its home is trace.kineto; kept importable here
-)
+from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask, per_code
 from tracemagic.trace.shared_keys import Shared
@@ -103,6 +100,13 @@ def _thread_order(trace: TraceTables) -> np.ndarray:
     ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
     nesting.order_rows(mask.view(np.uint8), thread_keys_of(trace), ts, dur, ordered)
     return ordered
+
+
+def activity_rows(trace: TraceTables) -> np.ndarray:
+    """Rows of the GPU activity (``GPU_ACTIVITY``: kernels, memcpy, memset), in table order,
+    found once per trace: several tables ask, and a CPU trace's answer (none) spares each
+    of them its own pass over the table (the caller must not change it)."""
+    return trace.shared(Shared.ACTIVITY_ROWS, lambda: np.flatnonzero(kind_mask(trace.events, *GPU_ACTIVITY)))
 
 
 def memory_off_cpu(trace: TraceTables) -> bool:
@@ -213,9 +217,12 @@ def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
         events = trace.events
-        is_op = kind_mask(events, "cpu_op") & (events["ph"] == "X").to_numpy()
+        is_op = timed_mask(events, ("cpu_op",))
         parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
-        shaped = is_op & events["input_dims"].notna().to_numpy()
+        dims = events["input_dims"]
+        # (a categorical's codes read off the array: ``notna`` goes through pandas' accessor)
+        known = dims.array.codes >= 0 if isinstance(dims.dtype, pd.CategoricalDtype) else dims.notna().to_numpy()
+        shaped = is_op & known
         nesting = structure._nesting
         if nesting is not None and parent.dtype == np.int64:  # the same tops in one C call
             rows = np.flatnonzero(is_op)

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
+    activity_rows,
     group_rows,
     in_thread_order,
     layers_at,
@@ -40,7 +41,7 @@ from tracemagic.analysis._common import (
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
+from tracemagic.trace.kineto import CPU_KINDS, GPU_KINDS
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread, thread_keys
@@ -227,7 +228,7 @@ def layers(trace: TraceTables, step: int | None = None) -> pd.DataFrame:
     roots = roots[scope[roots]]
     bwd_self, bwd_cpu = _rollup(att.module[roots], dur[roots], space)
     launch = events["launch"].to_numpy()
-    gpu_all = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY))
+    gpu_all = activity_rows(trace)
     gpu_all = gpu_all[scope[gpu_all]]
     gpu = gpu_all[launch[gpu_all] >= 0]
     gpu_layer = att.module[launch[gpu]]

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
+    activity_rows,
     among,
     call_chains,
     codes_of,
@@ -284,13 +285,18 @@ def flops(name: str, input_dims: str | None, concrete_inputs: str | None = None)
     return flops_with_source(name, input_dims, concrete_inputs)[0]
 
 
-def gpu_time(events: pd.DataFrame, at: np.ndarray | None = None) -> np.ndarray:
+def gpu_time(events: pd.DataFrame, at: np.ndarray | None = None, activity: np.ndarray | None = None) -> np.ndarray:
     """Per events row (or per row of ``at``): duration of the GPU work (kernels, memcpy,
-    memset) launched inside it."""
-    gpu = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & (events["launch"].to_numpy() >= 0))
+    memset) launched inside it (``activity``: the rows of that work, where known,
+    ``_common.activity_rows``)."""
+    launch = events["launch"].to_numpy()
+    if activity is None:
+        gpu = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & (launch >= 0))
+    else:
+        gpu = activity[launch[activity] >= 0]
     if at is not None and gpu.size == 0:  # nothing launched (a CPU trace): no table-long zeros
         return np.zeros(at.size)
-    total = rollup(events["launch"].to_numpy()[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
+    total = rollup(launch[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
     return total if at is None else total[at]
 
 
@@ -444,7 +450,7 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
         {
             "dur": np.take(events["dur"].to_numpy(), tops),
             "self_dur": chain_self,
-            "gpu_us": gpu_time(events, tops),
+            "gpu_us": gpu_time(events, tops, activity_rows(trace)),
             "flops": np.where(chain_source >= 0, chain_flops, np.nan),
         }
     )

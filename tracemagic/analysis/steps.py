@@ -28,6 +28,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import (
     HOST_COLLECTIVE,
+    activity_rows,
     group_rows,
     is_dataloader,
     is_nccl,
@@ -134,9 +135,8 @@ def window_of(trace: TraceTables, frame: pd.DataFrame) -> np.ndarray:
 def _gpu_rows(trace: TraceTables) -> np.ndarray:
     """Rows of timed GPU activity (kernels, memcpy, memset) with a known start."""
     events = trace.events
-    gpu = kind_mask(events, *GPU_ACTIVITY)
-    if not gpu.any():  # a CPU trace: no phase test over the table
-        return np.flatnonzero(gpu)
+    if not activity_rows(trace).size:  # a CPU trace: no phase test over the table
+        return np.zeros(0, dtype=np.int64)
     rows = timed_rows(events, GPU_ACTIVITY)
     return rows[np.isfinite(events["ts"].to_numpy()[rows])]
 
@@ -271,10 +271,17 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     duration = per_code(events["ph"], lambda c: c == "X", False)
     duration &= events["dur"].to_numpy() > 0
     duration &= np.isfinite(events["ts"].to_numpy())
-    kernel = duration & kind_mask(events, "kernel")
+    activity = activity_rows(trace)
+    # a trace without GPU activity (a CPU one): no pass over the table for each of its kinds
+    idle = np.zeros_like(duration) if not activity.size else None
+
+    def of_kind(kind: str) -> np.ndarray:
+        return duration & kind_mask(events, kind) if idle is None else idle
+
+    kernel = of_kind("kernel")
     nccl = is_nccl(names) if kernel.any() else kernel  # (only kernels are told apart by it)
     ranks = events["rank"].to_numpy()
-    gpu_ranks = np.unique(ranks[kind_mask(events, *GPU_ACTIVITY)])
+    gpu_ranks = np.unique(ranks[activity])
     on_gpu_rank = of_ranks(ranks, gpu_ranks)
     host = duration & kind_mask(events, "cpu_op", "user_annotation")
     collective = names_where(names, HOST_COLLECTIVE)
@@ -288,8 +295,8 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
         "compute_us": kernel & ~nccl,
         "comm_us": (kernel & nccl) | host_comm | gloo_on_gpu,
         "gloo_on_gpu": gloo_on_gpu,
-        "memcpy_us": duration & kind_mask(events, "memcpy"),
-        "memset_us": duration & kind_mask(events, "memset"),
+        "memcpy_us": of_kind("memcpy"),
+        "memset_us": of_kind("memset"),
         "runtime_us": duration & kind_mask(events, "runtime"),
         "dataloader_us": duration & is_dataloader(trace),
         "cpu_us": duration & kind_mask(events, "cpu_op"),
@@ -490,7 +497,7 @@ def steps(trace: TraceTables) -> pd.DataFrame:
     gpu = _gpu_rows(trace)
     busy = union_length(*in_windows(trace, frame, gpu), groups) if gpu.size else np.zeros(groups)
     events = trace.events
-    gpu_ranks = np.unique(events["rank"].to_numpy()[kind_mask(events, *GPU_ACTIVITY)])
+    gpu_ranks = np.unique(events["rank"].to_numpy()[activity_rows(trace)])
     has_gpu = np.isin(frame["rank"].to_numpy(), gpu_ranks)
     out = pd.DataFrame(
         {
