@@ -37,6 +37,7 @@ from tracemagic.analysis._common import (
     nesting_depth,
     rollup,
     text,
+    thread_keys_of,
 )
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
@@ -132,7 +133,8 @@ def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
     dur = events["dur"].to_numpy()
     dims = events["input_dims"].array.codes
     ops = in_thread_order(trace, is_op)  # by thread, start, longest first: the order the trace keeps
-    op_keys = thread_keys(events, ops) if ops is not None else np.zeros(0, dtype=np.int64)
+    # (gathered from the trace's keys, which its thread order was made with: one take, not three)
+    op_keys = np.take(thread_keys_of(trace), ops) if ops is not None else np.zeros(0, dtype=np.int64)
     if ops is None or (op_keys[1:] < op_keys[:-1]).any():  # (none kept, or threads out of key order: sorted here)
         ops = np.flatnonzero(is_op)
         op_keys = thread_keys(events, ops)
