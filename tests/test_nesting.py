@@ -990,3 +990,79 @@ def test_steps_are_the_same_with_the_c_union_and_without(name: str, monkeypatch:
     assert len(tables["C"]) > 1 and (tables["C"]["cpu_us"] > 0).all()
     pd.testing.assert_frame_equal(tables["C"], tables["numpy"], check_exact=True)
     assert tables["C"].attrs == tables["numpy"].attrs
+
+
+def module_trace(path: Path, with_instant: bool) -> Path:
+    """Two threads, each a ProfilerStep holding module calls: ops with and without tensor
+    inputs, an op starting 0.2 µs before its module (inside the nesting tolerance), two ops
+    starting together (the longer one first), a module whose only op starts after its end,
+    python frames between; with ``with_instant``, a cpu_op instant with tensor dims too."""
+
+    def ev(name: str, cat: str, tid: int, ts: float, dur: float, dims: str | None = None) -> dict[str, Any]:
+        args: dict[str, Any] = {"Input Dims": json.loads(dims)} if dims else {}
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": 1_000.0 + ts, "dur": dur, "args": args}
+
+    events = []
+    for tid in (1, 2):
+        k = 10 * tid
+        events += [
+            ev("ProfilerStep#1", "user_annotation", tid, 0, 1000),
+            ev(f"nn.Module: Linear_{tid}", "python_function", tid, 10, 100),
+            ev("torch/nn/functional.py(1): linear", "python_function", tid, 11, 50),
+            ev("aten::empty", "cpu_op", tid, 12, 1, "[[], []]"),  # no tensor input
+            ev("aten::linear", "cpu_op", tid, 20, 30, f"[[{k}, 4], [8, 4]]"),
+            ev(f"nn.Module: Conv_{tid}", "python_function", tid, 200.2, 100),  # its op starts 0.2 µs before it
+            ev("aten::conv2d", "cpu_op", tid, 200, 60, f"[[{k}, 3, 8, 8]]"),
+            ev(f"nn.Module: ReLU_{tid}", "python_function", tid, 400, 50),
+            ev("aten::short", "cpu_op", tid, 401, 5, f"[[{k}, 1]]"),
+            ev("aten::long", "cpu_op", tid, 401, 20, f"[[{k}, 2]]"),  # starts with aten::short, longer: first
+            ev(f"nn.Module: Drop_{tid}", "python_function", tid, 500, 10),
+            ev("aten::late", "cpu_op", tid, 511, 5, f"[[{k}, 9]]"),  # after its end: none
+        ]
+    if with_instant:
+        events.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "cat": "cpu_op",
+                "name": "aten::mark",
+                "pid": 1,
+                "tid": 1,
+                "ts": 1_000.0 + 400.5,
+                "args": {"Input Dims": [[7]]},
+            }
+        )
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("with_instant", [False, True])
+def test_layers_input_shapes_walk_the_thread_order_as_the_search_finds_them(
+    with_instant: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``layers()``' ``input_shapes`` (the first op with a tensor input in the layer's first
+    call): found by walking the thread order from each call (a few layers) as by the
+    search over every op (many layers), on two threads, with ties and the tolerance."""
+    from tracemagic.analysis import layers as layers_module
+
+    path = module_trace(tmp_path / "modules.json", with_instant)
+    want = {}
+    for tid in (1, 2):
+        k = 10 * tid
+        want |= {
+            f"Linear_{tid}": f"[[{k}, 4], [8, 4]]",
+            f"Conv_{tid}": f"[[{k}, 3, 8, 8]]",
+            f"ReLU_{tid}": f"[[{k}, 2]]",
+            f"Drop_{tid}": None,
+        }
+    if with_instant:
+        want["ReLU_1"] = "[[7]]"  # the instant starts first: the walk, which has no instants, leaves it to the search
+    for few in (64, 0):
+        with monkeypatch.context() as m:
+            m.setattr(layers_module, "_FEW_CALLS", few)
+            table = tracemagic.load(path, use_cache=False).layers()
+        got = {
+            layer: (None if pd.isna(shapes) else json.dumps(json.loads(shapes)))
+            for layer, shapes in zip(table["layer"], table["input_shapes"])
+        }
+        assert got == {k: (None if v is None else json.dumps(json.loads(v))) for k, v in want.items()}, few

@@ -86,6 +86,12 @@ def _cpu_by_thread(trace: TraceTables) -> np.ndarray:
     return trace.shared(Shared.CPU_BY_THREAD, lambda: narrow_rows(_thread_order(trace)))
 
 
+def thread_order(trace: TraceTables) -> np.ndarray:
+    """The trace's CPU duration events by (thread, start, longest first): ``structure.
+    cpu_by_thread``, kept once per trace (read-only; int32 rows where they fit)."""
+    return _cpu_by_thread(trace)
+
+
 def _thread_order(trace: TraceTables) -> np.ndarray:
     """``structure.cpu_by_thread`` of a trace whose nesting was not walked in this session
     (reopened from its cache): the C sort the nesting walk makes (``_nesting.order_rows``,

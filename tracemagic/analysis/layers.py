@@ -20,6 +20,7 @@ module's own time, forward (the region's ops and kernels) and backward
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -36,8 +37,10 @@ from tracemagic.analysis._common import (
     names_where,
     nesting_depth,
     rollup,
+    row_thread_key,
     text,
     thread_keys_of,
+    thread_order,
 )
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
@@ -119,11 +122,21 @@ def _rollup(start: np.ndarray, weights: np.ndarray, modules: _Modules) -> tuple[
     return own, np.bincount(modules.layer[rows], weights=inclusive[rows], minlength=modules.count)
 
 
+#: ``_first_op_dims`` walks the thread order from each call where there are at most this
+#: many (a model's layers: a few dozen), rather than finding every op with tensor inputs
+_FEW_CALLS = 64
+
+
 def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
     """Input dims (text, None if none) of the first cpu_op with a tensor input inside each
-    module call row."""
+    module call row: the first such op of the call's thread (in its thread order: by start,
+    longest first) starting no earlier than ``NEST_TOLERANCE_US`` before the call and no
+    later than its end."""
     events = trace.events
     categories = np.append(np.asarray(events["input_dims"].cat.categories, dtype=object), [None])
+    walked = _walked_first_ops(trace, calls) if 0 < calls.size <= _FEW_CALLS else None
+    if walked is not None:
+        return categories[walked]
     out = np.full(calls.size, -1, dtype=np.int64)
     is_op = kind_mask(events, "cpu_op")
     is_op &= names_where(events["input_dims"], TENSOR_DIMS)
@@ -154,6 +167,56 @@ def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
         ok &= ts[first] <= ts[calls[where]] + dur[calls[where]]
         out[where[ok]] = dims[first[ok]]
     return categories[out]
+
+
+def _walked_first_ops(trace: TraceTables, calls: np.ndarray) -> np.ndarray | None:
+    """``_first_op_dims``' input dims codes (-1: none) for a few calls, from the thread order
+    the trace keeps (``_common.in_thread_order``'s): per call, a bisection of its thread's
+    rows for the call's start, then the rows after it read in growing chunks up to the
+    first op with a tensor input or the call's end; none of the table-long masks and
+    searches the many-calls path makes (the same rows: that path's ops are a subsequence of
+    this order). None where some cpu_op is not a duration event (not in that order)."""
+    events = trace.events
+    kinds, dims = events["kind"].array, events["input_dims"].array
+    ph = events["ph"].array
+    if not all(isinstance(a, pd.Categorical) for a in (kinds, dims, ph)):
+        return None
+    op_kind = np.append(np.asarray(kinds.categories == "cpu_op", dtype=bool), False)  # (the last: -1, missing)
+    if "X" not in ph.categories:
+        return None
+    # (a cpu_op instant is in no thread order: the many-calls path sorts such rows itself)
+    if np.take(op_kind, np.take(kinds.codes, np.flatnonzero(ph.codes != ph.categories.get_loc("X")))).any():
+        return None
+    tensor = np.fromiter((bool(TENSOR_DIMS.search(str(c))) for c in dims.categories.tolist()), dtype=bool)
+    tensor = np.append(tensor, False)  # (the last: -1, no dims)
+    order = thread_order(trace)
+    ts, dur = events["ts"].to_numpy(), events["dur"].to_numpy()
+    kind_codes, dims_codes = kinds.codes, dims.codes
+    key_of = row_thread_key(events)
+    out = np.full(calls.size, -1, dtype=np.int64)
+    for i, call in enumerate(calls.tolist()):
+        start, end = float(ts[call]) - NEST_TOLERANCE_US, float(ts[call] + dur[call])
+        if start != start or end != end:  # (NaN: the search finds no op that starts by the end)
+            continue
+        key = key_of(call)
+        lo = bisect.bisect_left(order, key, key=key_of)
+        hi = bisect.bisect_left(order, key + 1, lo, key=key_of)
+        at = bisect.bisect_left(order, start, lo, hi, key=lambda row: ts[row])  # (NaN starts last, as numpy's)
+        step = 64
+        while at < hi:
+            chunk = order[at : min(at + step, hi)]
+            ended = ~(ts[chunk] <= end)  # started past the call's end (or NaN): no op after it is inside
+            hit = np.take(op_kind, np.take(kind_codes, chunk)) & np.take(tensor, np.take(dims_codes, chunk))
+            stop = int(np.argmax(ended)) if ended.any() else chunk.size
+            found = np.flatnonzero(hit[:stop])
+            if found.size:
+                out[i] = dims_codes[chunk[found[0]]]
+                break
+            if stop < chunk.size:
+                break
+            at += chunk.size
+            step *= 4
+    return out
 
 
 def memory_growth(
