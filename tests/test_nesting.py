@@ -996,7 +996,7 @@ def module_trace(path: Path, with_instant: bool) -> Path:
     """Two threads, each a ProfilerStep holding module calls: ops with and without tensor
     inputs, an op starting 0.2 µs before its module (inside the nesting tolerance), two ops
     starting together (the longer one first), a module whose only op starts after its end,
-    python frames between; with ``with_instant``, a cpu_op instant with tensor dims too."""
+    python frames between (90 before one module's op); with ``with_instant``, a cpu_op instant with tensor dims too."""
 
     def ev(name: str, cat: str, tid: int, ts: float, dur: float, dims: str | None = None) -> dict[str, Any]:
         args: dict[str, Any] = {"Input Dims": json.loads(dims)} if dims else {}
@@ -1018,6 +1018,9 @@ def module_trace(path: Path, with_instant: bool) -> Path:
             ev("aten::long", "cpu_op", tid, 401, 20, f"[[{k}, 2]]"),  # starts with aten::short, longer: first
             ev(f"nn.Module: Drop_{tid}", "python_function", tid, 500, 10),
             ev("aten::late", "cpu_op", tid, 511, 5, f"[[{k}, 9]]"),  # after its end: none
+            ev(f"nn.Module: Deep_{tid}", "python_function", tid, 600, 100),
+            *(ev(f"frame_{j}", "python_function", tid, 601 + j, 0.5) for j in range(90)),  # a long walk
+            ev("aten::deep", "cpu_op", tid, 695, 1, f"[[{k}, 5]]"),
         ]
     if with_instant:
         events.append(
@@ -1054,6 +1057,7 @@ def test_layers_input_shapes_walk_the_thread_order_as_the_search_finds_them(
             f"Conv_{tid}": f"[[{k}, 3, 8, 8]]",
             f"ReLU_{tid}": f"[[{k}, 2]]",
             f"Drop_{tid}": None,
+            f"Deep_{tid}": f"[[{k}, 5]]",
         }
     if with_instant:
         want["ReLU_1"] = "[[7]]"  # the instant starts first: the walk, which has no instants, leaves it to the search

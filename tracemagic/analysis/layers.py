@@ -181,31 +181,77 @@ def _walked_first_ops(trace: TraceTables, calls: np.ndarray) -> np.ndarray | Non
     ph = events["ph"].array
     if not all(isinstance(a, pd.Categorical) for a in (kinds, dims, ph)):
         return None
-    op_kind = np.append(np.asarray(kinds.categories == "cpu_op", dtype=bool), False)  # (the last: -1, missing)
-    if "X" not in ph.categories:
+    # (the categories as lists: comparing an Arrow-backed index goes through pandas)
+    op_kind = np.array([c == "cpu_op" for c in kinds.categories.tolist()] + [False])  # (the last: -1, missing)
+    phases = ph.categories.tolist()
+    if "X" not in phases:
         return None
     # (a cpu_op instant is in no thread order: the many-calls path sorts such rows itself)
-    if np.take(op_kind, np.take(kinds.codes, np.flatnonzero(ph.codes != ph.categories.get_loc("X")))).any():
+    is_x = phases.index("X")
+    if any(((kinds.codes == code) & (ph.codes != is_x)).any() for code in np.flatnonzero(op_kind[:-1]).tolist()):
         return None
     tensor = np.fromiter((bool(TENSOR_DIMS.search(str(c))) for c in dims.categories.tolist()), dtype=bool)
     tensor = np.append(tensor, False)  # (the last: -1, no dims)
     order = thread_order(trace)
+    if not order.size:  # no CPU duration event: no op inside any call
+        return np.full(calls.size, -1, dtype=np.int64)
     ts, dur = events["ts"].to_numpy(), events["dur"].to_numpy()
     kind_codes, dims_codes = kinds.codes, dims.codes
     key_of = row_thread_key(events)
     out = np.full(calls.size, -1, dtype=np.int64)
+    threads: dict[int, tuple[int, int]] = {}  # thread key -> its rows' bounds in ``order``
+    at = np.zeros(calls.size, dtype=np.int64)  # per call: where its walk starts, ends, and its end time
+    hi = np.zeros(calls.size, dtype=np.int64)
+    end = np.full(calls.size, -np.inf)
     for i, call in enumerate(calls.tolist()):
-        start, end = float(ts[call]) - NEST_TOLERANCE_US, float(ts[call] + dur[call])
-        if start != start or end != end:  # (NaN: the search finds no op that starts by the end)
-            continue
+        start, stop = float(ts[call]) - NEST_TOLERANCE_US, float(ts[call] + dur[call])
+        if start != start or stop != stop:  # (NaN: the search finds no op that starts by the end)
+            continue  # (an empty walk: at == hi)
         key = key_of(call)
-        lo = bisect.bisect_left(order, key, key=key_of)
-        hi = bisect.bisect_left(order, key + 1, lo, key=key_of)
-        at = bisect.bisect_left(order, start, lo, hi, key=lambda row: ts[row])  # (NaN starts last, as numpy's)
-        step = 64
-        while at < hi:
-            chunk = order[at : min(at + step, hi)]
-            ended = ~(ts[chunk] <= end)  # started past the call's end (or NaN): no op after it is inside
+        if key not in threads:
+            first = bisect.bisect_left(order, key, key=key_of)
+            threads[key] = (first, bisect.bisect_left(order, key + 1, first, key=key_of))
+        lo, hi[i] = threads[key]
+        at[i] = bisect.bisect_left(order, start, lo, hi[i], key=lambda row: ts[row])  # (NaN starts last, as numpy's)
+        end[i] = stop
+    step = 16  # the first rows of every walk at once (the first op with a tensor input is near), then each alone
+    pos = at[:, None] + np.arange(step)
+    rows = np.take(order, np.minimum(pos, order.size - 1))
+    # started past the call's end (or NaN), or past the thread's rows: no op after it is inside
+    ended = (pos >= hi[:, None]) | ~(np.take(ts, rows) <= end[:, None])
+    hit = np.take(op_kind, np.take(kind_codes, rows)) & np.take(tensor, np.take(dims_codes, rows)) & ~ended
+    # (``ended`` holds from a walk's first such row on: the rows of a thread are in start order)
+    found = hit.any(axis=1)
+    first = np.argmax(hit, axis=1)
+    out[found] = np.take(dims_codes, rows[found, first[found]])
+    live = np.flatnonzero(~found & ~ended.any(axis=1))  # neither found nor ended in those rows: walked on
+    if live.size:
+        out[live] = _walked_on(
+            order, ts, kind_codes, dims_codes, op_kind, tensor, at[live] + step, hi[live], end[live], step * 4
+        )
+    return out
+
+
+def _walked_on(
+    order: np.ndarray,
+    ts: np.ndarray,
+    kind_codes: np.ndarray,
+    dims_codes: np.ndarray,
+    op_kind: np.ndarray,
+    tensor: np.ndarray,
+    at: np.ndarray,
+    hi: np.ndarray,
+    end: np.ndarray,
+    step: int,
+) -> np.ndarray:
+    """``_walked_first_ops``' walks that went on past their first rows, each alone, in
+    chunks growing fourfold: the dims code of the first op with a tensor input, -1."""
+    out = np.full(at.size, -1, dtype=np.int64)
+    for i in range(at.size):
+        where, size = int(at[i]), step
+        while where < hi[i]:
+            chunk = order[where : min(where + size, int(hi[i]))]
+            ended = ~(np.take(ts, chunk) <= end[i])
             hit = np.take(op_kind, np.take(kind_codes, chunk)) & np.take(tensor, np.take(dims_codes, chunk))
             stop = int(np.argmax(ended)) if ended.any() else chunk.size
             found = np.flatnonzero(hit[:stop])
@@ -214,8 +260,8 @@ def _walked_first_ops(trace: TraceTables, calls: np.ndarray) -> np.ndarray | Non
                 break
             if stop < chunk.size:
                 break
-            at += chunk.size
-            step *= 4
+            where += chunk.size
+            size *= 4
     return out
 
 
