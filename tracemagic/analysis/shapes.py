@@ -314,12 +314,15 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
         value = pd.Series(column_at(flops, rows)).to_numpy(dtype=np.float64, na_value=np.nan)
     unknown = np.isnan(value)
     source = np.where(unknown, -1, 0)
-    (names, name_of), (dims, dims_of), (args, args_of) = (
-        _codes_at_rows(events[c], rows) for c in ("name", "input_dims", "concrete_inputs")
-    )
+    names, name_of = _codes_at_rows(events["name"], rows)
     has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
-    ruled = np.flatnonzero(unknown & np.take(has_rule, names) & (dims >= 0))
-    names, dims, args = names[ruled], dims[ruled], args[ruled]
+    # the dims and arguments taken only at the ops a rule knows (a few), not at every op
+    ruled = np.flatnonzero(unknown & np.take(has_rule, names))
+    dims, dims_of = _codes_at_rows(events["input_dims"], rows[ruled])
+    shaped = dims >= 0
+    ruled, dims = ruled[shaped], dims[shaped]
+    args, args_of = _codes_at_rows(events["concrete_inputs"], rows[ruled])
+    names = names[ruled]
     if len(name_of) * len(dims_of) * len(args_of) < 2**62:  # one int key (codes + 1: -1 is missing)
         wide = [c.astype(np.int64) + 1 for c in (names, dims, args)]  # (the codes are int8 or int16)
         codes, first = group_rows((wide[0] * len(dims_of) + wide[1]) * len(args_of) + wide[2])
