@@ -1070,3 +1070,45 @@ def test_layers_input_shapes_walk_the_thread_order_as_the_search_finds_them(
             for layer, shapes in zip(table["layer"], table["input_shapes"])
         }
         assert got == {k: (None if v is None else json.dumps(json.loads(v))) for k, v in want.items()}, few
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_c_group_sums_are_pandas_compensated_sums(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common.group_sums`` (``shapes()``' sums per row, in C: ``_nesting.group_sums``) gives
+    ``groupby().sum()``'s values to the bit (Kahan-compensated, not a plain sum), NaN left
+    out, on values of very different sizes; an infinite value, a column that is not float
+    and a group outside the output are left to pandas; buffers of other lengths refused."""
+    from tracemagic.analysis._common import group_sums
+    from tracemagic.trace import _nesting
+
+    rng = np.random.default_rng(seed)
+    m, groups = 30_000, 500
+    group = rng.integers(0, groups, m)
+    group[:groups] = np.arange(groups)
+    values = rng.exponential(100, m) * rng.choice([1.0, 1e-9, 1e9, -1.0, 3.3], m)
+    values[rng.random(m) < 0.05] = np.nan
+    other = np.round(rng.normal(0, 1e6, m), 3)
+    got = group_sums(group, groups, a=values, b=other)
+    want = pd.DataFrame({"a": values, "b": other}).groupby(group).sum()
+    for name in ("a", "b"):
+        assert got[name].tobytes() == want[name].to_numpy().tobytes(), name
+    plain = np.bincount(group, weights=np.nan_to_num(values), minlength=groups)
+    assert (got["a"] != plain).any(), "the sums are compensated (a plain sum differs in the last bits)"
+    with monkeypatch.context() as m_:
+        m_.setattr(structure, "_nesting", None)
+        assert group_sums(group, groups, a=values)["a"].tobytes() == got["a"].tobytes()
+    infinite = values.copy()
+    infinite[5] = np.inf
+    out = np.empty(groups)
+    assert _nesting.group_sums(group, infinite, out) is False
+    assert (
+        group_sums(group, groups, a=infinite)["a"].tobytes()
+        == pd.Series(infinite).groupby(group).sum().to_numpy().tobytes()
+    )
+    counts = rng.integers(0, 9, m)  # ints: pandas' integer sums, its dtype
+    assert group_sums(group, groups, n=counts)["n"].dtype == np.int64
+    assert _nesting.group_sums(group + 1, values, out) is False  # a group past the output
+    assert _nesting.group_sums(group - 1, values, out) is False
+    for bad in ((group[:-1], values, out), (group, values[:-1], out), (group.astype(np.int32), values, out)):
+        with pytest.raises(ValueError, match="group_sums"):
+            _nesting.group_sums(*bad)

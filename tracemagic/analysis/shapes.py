@@ -17,6 +17,7 @@ from tracemagic.analysis._common import (
     codes_of,
     column_at,
     group_rows,
+    group_sums,
     rollup,
     text,
     text_take,
@@ -448,23 +449,22 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
         for key, values in key_values.items()
     }
     group, first = group_rows(rank, *key_columns.values())
-    # pandas' sums (compensated: they differ from a plain sum in the last bits), all in one call
-    chains = pd.DataFrame(
-        {
-            "dur": np.take(events["dur"].to_numpy(), tops),
-            "self_dur": chain_self,
-            "gpu_us": gpu_time(events, tops, activity_rows(trace)),
-            "flops": np.where(chain_source >= 0, chain_flops, np.nan),
-        }
+    # pandas' sums (compensated: they differ from a plain sum in the last bits)
+    sums = group_sums(
+        group,
+        first.size,
+        dur=np.take(events["dur"].to_numpy(), tops),
+        self_dur=chain_self,
+        gpu_us=gpu_time(events, tops, activity_rows(trace)),
+        flops=np.where(chain_source >= 0, chain_flops, np.nan),
     )
-    sums = chains.groupby(group).sum()
-    totals, gpu = sums["dur"].to_numpy(), sums["gpu_us"].to_numpy()
+    totals, gpu = sums["dur"], sums["gpu_us"]
     calls = np.bincount(group, minlength=first.size)
     # per call only where every call's chain is counted: a mean over the known ones would
     # hold the other calls' time to FLOPs they may not have done (as ``efficiency()``)
     every = np.bincount(group[chain_source < 0], minlength=first.size) == 0
     # pandas' mean where every call is known: its compensated sum over the calls
-    mean = np.where(every, sums["flops"].to_numpy() / calls, np.nan)
+    mean = np.where(every, sums["flops"] / calls, np.nan)
     best = np.full(first.size, -1, dtype=np.int64)
     np.maximum.at(best, group, chain_source)
     source = np.where(every, best, -1)
@@ -493,7 +493,7 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
             "calls": calls[order],
             "total_us": totals[order],
             "mean_us": (totals / calls)[order],
-            "self_us": sums["self_dur"].to_numpy()[order],
+            "self_us": sums["self_dur"][order],
             "gpu_us": gpu[order],
             "flops": flops.take(order),
             "tflops_per_s": tflops.take(order),

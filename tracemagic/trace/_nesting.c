@@ -743,6 +743,63 @@ done:
     return result;
 }
 
+/* ---- group_sums: pandas' compensated sums per group ---- */
+
+PyDoc_STRVAR(group_sums_doc,
+             "group_sums(group, values, out) -> bool\n\n"
+             "out (float64, one per group, zeroed here) gets the sum of values (float64) per group\n"
+             "(group: int64, one per value), NaN left out, each group's values added in row\n"
+             "order with the compensation (Kahan) pandas' groupby().sum() uses, so that the sums\n"
+             "are its own to the bit. False (out of no meaning) where a group is outside out or a\n"
+             "sum is not finite: the caller asks pandas.");
+
+static PyObject *group_sums(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer gb, vb, ob;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &gb, &vb, &ob)) return NULL;
+    Py_ssize_t m = vb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t groups = ob.len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    double *compensation = NULL;
+    if (vb.len != m * (Py_ssize_t)sizeof(double) || gb.len != m * (Py_ssize_t)sizeof(int64_t) ||
+        ob.len != groups * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "group_sums: buffers of different lengths");
+        goto done;
+    }
+    compensation = calloc((size_t)(groups ? groups : 1), sizeof(double));
+    if (compensation == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *group = gb.buf;
+    const double *values = vb.buf;
+    double *sum = ob.buf;
+    for (Py_ssize_t g = 0; g < groups; g++) sum[g] = 0.0;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t g = group[i];
+        if (g < 0 || g >= groups) {
+            ok = 0;
+            break;
+        }
+        double value = values[i];
+        if (value != value) continue; /* NaN: left out */
+        double y = value - compensation[g];
+        double t = sum[g] + y;
+        double c = t - sum[g] - y;
+        compensation[g] = c - c == 0.0 ? c : 0.0; /* not finite (an infinite value): no compensation */
+        sum[g] = t;
+    }
+    for (Py_ssize_t g = 0; ok && g < groups; g++)
+        if (sum[g] - sum[g] != 0.0) ok = 0;
+    result = PyBool_FromLong(ok);
+done:
+    free(compensation);
+    PyBuffer_Release(&gb);
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
@@ -751,6 +808,7 @@ static PyMethodDef methods[] = {
     {"chain_tops", chain_tops, METH_VARARGS, chain_tops_doc},
     {"outermost", outermost, METH_VARARGS, outermost_doc},
     {"union_rows", union_rows, METH_VARARGS, union_rows_doc},
+    {"group_sums", group_sums, METH_VARARGS, group_sums_doc},
     {NULL, NULL, 0, NULL},
 };
 
