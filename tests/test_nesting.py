@@ -1112,3 +1112,69 @@ def test_the_c_group_sums_are_pandas_compensated_sums(seed: int, monkeypatch: py
     for bad in ((group[:-1], values, out), (group, values[:-1], out), (group.astype(np.int32), values, out)):
         with pytest.raises(ValueError, match="group_sums"):
             _nesting.group_sums(*bad)
+
+
+def window_parts_reference(
+    start: list[float], end: list[float], windows: list[tuple[float, float]]
+) -> list[tuple[int, float, float]] | None:
+    """Each row's part inside the window it reaches into, from the window's start and clipped
+    to it, written out row by row: the first window ending after the row's start; None where
+    a row reaches into two windows (plain Python)."""
+    out = []
+    for s, e in zip(start, end):
+        hits = [j for j, (ws, we) in enumerate(windows) if we > s and ws < e]
+        if len(hits) > 1:
+            return None
+        if hits:
+            j = hits[0]
+            ws, we = windows[j]
+            out.append((j, min(max(s - ws, 0.0), we - ws), min(max(e - ws, 0.0), we - ws)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_c_window_parts_match_a_reference_and_numpys(seed: int) -> None:
+    """``_nesting.window_parts`` (``steps()``: the CPU ops cut to their step's window):
+    each row's window and its part clipped to it as written out here, and bit for bit the
+    numpy twin's (``steps._in_one_window`` + ``_clipped``), with rows before, between,
+    across the edges of and after the windows; rows reaching into two windows, NaN and rows
+    out of order are left to numpy (-1); buffers of other lengths refused."""
+    from tracemagic.analysis import steps as steps_module
+    from tracemagic.trace import _nesting
+
+    rng = np.random.default_rng(seed)
+    edges = np.cumsum(rng.uniform(5, 50, 24))
+    win_start, win_end = edges[0::2].copy(), edges[1::2].copy()
+    win_dur = win_end - win_start
+    n = 5_000
+    start = np.sort(np.round(rng.uniform(0, edges[-1] + 20, n), 2))
+    end = start + np.round(rng.exponential(2, n), 2)
+    k = np.searchsorted(win_end, start, side="right")  # each row's window: the first ending after its start
+    limit = np.append(win_start, [np.inf, np.inf])[k + 1]
+    end = np.minimum(end, limit)  # (no row into two windows)
+    where = np.arange(win_start.size, dtype=np.int64)
+    group, since, until = np.empty(n, dtype=np.int32), np.empty(n), np.empty(n)
+    count = _nesting.window_parts(start, end, win_start, win_end, win_dur, where, group, since, until)
+    want = window_parts_reference(start.tolist(), end.tolist(), list(zip(win_start.tolist(), win_end.tolist())))
+    assert want is not None and 0 < count == len(want) < n
+    assert group[:count].tolist() == [j for j, _, _ in want]
+    np.testing.assert_allclose(since[:count], [a for _, a, _ in want], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(until[:count], [b for _, _, b in want], rtol=0, atol=1e-9)
+    lo, hit = steps_module._in_one_window(start, end, win_start, win_end)
+    part = np.flatnonzero(hit)
+    twin = steps_module._clipped(None, part, where.astype(np.int32)[lo[part]], start, end.copy(), win_start, win_dur)
+    for got, numpy_part in zip((group, since, until), twin):
+        assert got[:count].tobytes() == numpy_part.tobytes()
+    across = end.copy()
+    across[np.searchsorted(start, win_start[3]) - 1] = win_start[5]  # a row into two windows
+    unordered = start[::-1].copy()
+    with_nan = start.copy()
+    with_nan[10] = np.nan
+    for s, e in ((start, across), (unordered, end[::-1].copy()), (with_nan, end)):
+        assert _nesting.window_parts(s, e, win_start, win_end, win_dur, where, group, since, until) == -1
+    assert _nesting.window_parts(start, end, win_start, win_end, win_dur, where + 1, group, since, until) == -1
+    for bad in ((start[:-1], end), (start, end[:-1])):
+        with pytest.raises(ValueError, match="window_parts"):
+            _nesting.window_parts(*bad, win_start, win_end, win_dur, where, group, since, until)
+    with pytest.raises(ValueError, match="window_parts"):
+        _nesting.window_parts(start, end, win_start, win_end[:-1], win_dur, where, group, since, until)

@@ -39,6 +39,7 @@ from tracemagic.analysis._common import (
     values_at,
 )
 from tracemagic.analysis.schema import computes
+from tracemagic.trace import structure
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.kineto import step_number as _step_number
 from tracemagic.trace.model import TraceTables
@@ -354,7 +355,14 @@ def _rank_parts(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """``in_windows`` for one rank: ``mine`` (positions in ``start``/``end``, None for all)
     against its windows ``where``; None when no part falls in one. A function of its own so
-    that its per-row temporaries are freed before the next rank's (and the caller's join)."""
+    that its per-row temporaries are freed before the next rank's (and the caller's join).
+    Rows in start order, each in one window at most (the usual case), in one C pass
+    (``_nesting.window_parts``) where the extension is built, else numpy (the same parts)."""
+    parts = _window_parts(
+        start if mine is None else start[mine], end if mine is None else end[mine], where, win_start, win_end, win_dur
+    )
+    if parts is not None:
+        return parts if parts[0].size else None
     found = _in_one_window(
         start if mine is None else start[mine], end if mine is None else end[mine], win_start[where], win_end[where]
     )
@@ -388,6 +396,33 @@ def _rank_parts(
         del offset
     del lo
     return _clipped(mine, part, group, start, end, win_start, win_dur)
+
+
+def _window_parts(
+    start: np.ndarray,
+    end: np.ndarray,
+    where: np.ndarray,
+    win_start: np.ndarray,
+    win_end: np.ndarray,
+    win_dur: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``_rank_parts``' parts in one C pass (``_nesting.window_parts``); None where the
+    extension is not built or the rows are not so (the numpy search does them)."""
+    nesting = structure._nesting
+    if nesting is None or not all(
+        a.dtype == np.float64 and a.flags.c_contiguous for a in (start, end, win_start, win_end, win_dur)
+    ):
+        return None
+    group = np.empty(start.size, dtype=np.int32)
+    since, until = np.empty(start.size), np.empty(start.size)
+    count = nesting.window_parts(
+        start, end, win_start, win_end, win_dur, np.ascontiguousarray(where, dtype=np.int64), group, since, until
+    )
+    if count < 0:
+        return None
+    if count == start.size:
+        return group, since, until
+    return group[:count].copy(), since[:count].copy(), until[:count].copy()  # (not a view holding every row)
 
 
 def _clipped(

@@ -743,6 +743,79 @@ done:
     return result;
 }
 
+/* ---- window_parts: each row's part inside the one window it reaches into ---- */
+
+PyDoc_STRVAR(window_parts_doc,
+             "window_parts(start, end, win_start, win_end, win_dur, where, group, since, until) -> int\n\n"
+             "steps._in_one_window and steps._clipped in one pass: for rows (start, end: float64,\n"
+             "start ascending) and one rank's windows (win_start, win_end, win_dur: float64, the\n"
+             "frame's; where: int64, the rank's windows in it, by start), each row's window is the\n"
+             "first of where ending after its start; a row reaching into it (the window starts\n"
+             "before the row ends) gets a part: group (int32) the window, since and until (float64)\n"
+             "its start and end from the window's start, clipped to [0, win_dur] as np.clip does.\n"
+             "Parts are written in row order; returns their number, or -1 where a time is NaN, rows\n"
+             "or windows are out of order, or a row reaches into two windows (the caller's numpy\n"
+             "search does those).");
+
+static PyObject *window_parts(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer sb, eb, wsb, web, wdb, whb, gb, ab, ub;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*w*w*w*", &sb, &eb, &wsb, &web, &wdb, &whb, &gb, &ab, &ub)) return NULL;
+    Py_ssize_t m = sb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t frame = wsb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t w = whb.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    if (sb.len != m * (Py_ssize_t)sizeof(double) || eb.len != sb.len || wsb.len != frame * (Py_ssize_t)sizeof(double) ||
+        web.len != wsb.len || wdb.len != wsb.len || whb.len != w * (Py_ssize_t)sizeof(int64_t) ||
+        gb.len != m * (Py_ssize_t)sizeof(int32_t) || ab.len != sb.len || ub.len != sb.len) {
+        PyErr_SetString(PyExc_ValueError, "window_parts: buffers of different lengths");
+        goto done;
+    }
+    const double *start = sb.buf, *end = eb.buf, *ws = wsb.buf, *we = web.buf, *wd = wdb.buf;
+    const int64_t *where = whb.buf;
+    int32_t *group = gb.buf;
+    double *since = ab.buf, *until = ub.buf;
+    Py_ssize_t parts = -1;
+    for (Py_ssize_t j = 0; j < w; j++) { /* the windows: in the frame, known, in order */
+        int64_t g = where[j];
+        if (g < 0 || g >= frame || g > INT32_MAX) goto answer;
+        if (ws[g] != ws[g] || we[g] != we[g] || wd[g] != wd[g]) goto answer;
+        if (j > 0 && (we[g] < we[where[j - 1]] || ws[g] < ws[where[j - 1]])) goto answer;
+    }
+    Py_ssize_t lo = 0, count = 0; /* lo: the windows ending by the row's start */
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double s = start[i], e = end[i];
+        if (s != s || e != e || (i > 0 && s < start[i - 1])) goto answer;
+        while (lo < w && !(s < we[where[lo]])) lo++; /* (searchsorted(win_end, start, 'right')) */
+        if (lo == w || !(ws[where[lo]] < e)) continue; /* in no window */
+        if (lo + 1 < w && ws[where[lo + 1]] < e) goto answer; /* into the next one too */
+        int64_t g = where[lo];
+        double origin = ws[g], length = wd[g];
+        double a = s - origin, b = e - origin;
+        a = a > 0.0 ? a : 0.0; /* np.clip(x, 0, length): min(max(x, 0), length), as numpy's loop */
+        a = a < length ? a : length;
+        b = b > 0.0 ? b : 0.0;
+        b = b < length ? b : length;
+        group[count] = (int32_t)g;
+        since[count] = a;
+        until[count] = b;
+        count++;
+    }
+    parts = count;
+answer:
+    result = PyLong_FromSsize_t(parts);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&wsb);
+    PyBuffer_Release(&web);
+    PyBuffer_Release(&wdb);
+    PyBuffer_Release(&whb);
+    PyBuffer_Release(&gb);
+    PyBuffer_Release(&ab);
+    PyBuffer_Release(&ub);
+    return result;
+}
+
 /* ---- group_sums: pandas' compensated sums per group ---- */
 
 PyDoc_STRVAR(group_sums_doc,
@@ -809,6 +882,7 @@ static PyMethodDef methods[] = {
     {"outermost", outermost, METH_VARARGS, outermost_doc},
     {"union_rows", union_rows, METH_VARARGS, union_rows_doc},
     {"group_sums", group_sums, METH_VARARGS, group_sums_doc},
+    {"window_parts", window_parts, METH_VARARGS, window_parts_doc},
     {NULL, NULL, 0, NULL},
 };
 
