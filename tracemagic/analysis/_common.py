@@ -492,9 +492,10 @@ def _categorical(per_code: np.ndarray, at: np.ndarray) -> pd.Categorical:
 def layer_labels(trace: TraceTables, module_rows: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
     """``layers_at`` as categoricals, for per-event tables of millions of rows."""
     layer_of, type_of = _per_name(trace)
-    at = _codes_at(trace, module_rows)
+    # (as indices once, for the mark and both takes: each converts small codes otherwise)
+    at = _codes_at(trace, module_rows).astype(np.intp)
     used = np.zeros(layer_of.size, dtype=bool)  # the names present (-1: the None at the end)
-    used[at.astype(np.intp)] = True
+    used[at] = True
     return _used_categorical(layer_of, at, used), _used_categorical(type_of, at, used)
 
 
@@ -506,9 +507,11 @@ def name_labels(trace: TraceTables, rows: np.ndarray) -> pd.Categorical:
 
 def without_unused(values: pd.Categorical) -> pd.Categorical:
     """``values.remove_unused_categories()`` by counting codes instead of sorting them."""
-    codes = values.codes
+    # the small codes as indices converted once, for the mark and the take (each converts them
+    # otherwise: a fresh table-long array each, faulted in)
+    at = values.codes.astype(np.intp)
     used = np.zeros(len(values.categories) + 1, dtype=bool)  # the last entry: -1 (missing)
-    used[codes.astype(np.intp)] = True  # (small codes as indices are converted first, slower)
+    used[at] = True
     used = used[:-1]
     if used.all():
         return values
@@ -516,7 +519,7 @@ def without_unused(values: pd.Categorical) -> pd.Categorical:
     # the new codes made in the width pandas keeps them in (no int64 copy cast down after)
     remap = np.full(used.size + 1, -1, dtype=code_dtype(kept))  # the last entry maps -1 (missing)
     remap[np.flatnonzero(used)] = np.arange(kept)
-    return pd.Categorical.from_codes(np.take(remap, codes), categories=values.categories[used], validate=False)
+    return pd.Categorical.from_codes(np.take(remap, at), categories=values.categories[used], validate=False)
 
 
 def labels(values: pd.Series) -> pd.Categorical:
