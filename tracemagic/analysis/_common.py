@@ -312,6 +312,16 @@ def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     return per_code(names, matches, False)
 
 
+def names_match_at(names: pd.Series, pattern: re.Pattern[str], rows: np.ndarray) -> np.ndarray:
+    """``names_where(names, pattern)[rows]`` for a few ``rows`` (no mask over every row): a
+    categorical's names tested once each, then read at the rows' codes."""
+    values = names.array
+    if not isinstance(values, pd.Categorical):
+        return names_where(names, pattern)[rows]
+    answers = [bool(pattern.search(str(c))) for c in values.categories.tolist()]
+    return np.take(np.array([*answers, False], dtype=bool), np.take(values.codes, rows))  # -1 (missing): False
+
+
 def is_nccl(names: pd.Series) -> np.ndarray:
     """Rows whose name contains ``nccl`` (any case): NCCL kernels and annotations."""
     return names_where(names, re.compile("nccl", re.IGNORECASE))
