@@ -401,14 +401,54 @@ PyDoc_STRVAR(order_rows_doc,
              "table's thread_keys (a trace reopened from its cache has no nesting walk to hand\n"
              "it over).");
 
+/* The ascending runs of rows[0..n) in row_after's order, as sort_rows finds them. */
+static Py_ssize_t count_runs(const int64_t *rows, Py_ssize_t n, const double *ts, const double *dur) {
+    Py_ssize_t runs = n > 0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (row_after(ts, dur, rows[i - 1], rows[i])) runs++;
+    return runs;
+}
+
+/* order_checked with its scratch had only where a thread's rows are out of order, and
+ * the run bounds only for the runs there are (a trace's rows come in few runs: no
+ * table-long scratch to fault in for nothing). 0, -1 no memory. */
+static int order_lazily(const uint8_t *on, const int64_t *key, const double *ts, const double *dur, Py_ssize_t n,
+                        int64_t *ordered) {
+    Py_ssize_t *per = NULL, *bounds = NULL, room = 0;
+    int64_t *tmp = NULL;
+    int status = -1;
+    Py_ssize_t distinct = bucket_rows(on, key, n, ordered, &per);
+    if (distinct < 0) return -1;
+    for (Py_ssize_t k = 0; k < distinct; k++) {
+        Py_ssize_t size = per[k + 1] - per[k];
+        Py_ssize_t runs = count_runs(ordered + per[k], size, ts, dur);
+        if (runs <= 1) continue;
+        if (tmp == NULL) { /* (room for the largest thread: the whole set) */
+            tmp = malloc(sizeof(int64_t) * (size_t)per[distinct]);
+            if (tmp == NULL) goto done;
+        }
+        if (runs + 1 > room) {
+            Py_ssize_t *grown = realloc(bounds, sizeof(Py_ssize_t) * (size_t)(runs + 1));
+            if (grown == NULL) goto done;
+            bounds = grown;
+            room = runs + 1;
+        }
+        sort_rows(ordered + per[k], tmp, bounds, size, ts, dur); /* (finds the same runs) */
+    }
+    status = 0;
+done:
+    free(per);
+    free(tmp);
+    free(bounds);
+    return status;
+}
+
 static PyObject *order_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer mask, keys, tsb, durb, ordb;
     if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &mask, &keys, &tsb, &durb, &ordb)) return NULL;
     Py_ssize_t n = mask.len;
     Py_ssize_t m = ordb.len / (Py_ssize_t)sizeof(int64_t);
     PyObject *result = NULL;
-    int64_t *tmp = NULL;
-    Py_ssize_t *bounds = NULL;
     Py_ssize_t count = 0;
     for (Py_ssize_t r = 0; r < n; r++) count += ((const uint8_t *)mask.buf)[r] != 0;
     if (keys.len != n * (Py_ssize_t)sizeof(int64_t) || tsb.len != n * (Py_ssize_t)sizeof(double) ||
@@ -416,17 +456,12 @@ static PyObject *order_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "order_rows: buffers of different lengths");
         goto done;
     }
-    tmp = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
-    bounds = malloc(sizeof(Py_ssize_t) * (size_t)(m + 1));
-    if (tmp == NULL || bounds == NULL ||
-        order_checked(mask.buf, keys.buf, tsb.buf, durb.buf, n, ordb.buf, tmp, bounds) < 0) {
+    if (order_lazily(mask.buf, keys.buf, tsb.buf, durb.buf, n, ordb.buf) < 0) {
         PyErr_NoMemory();
         goto done;
     }
     result = Py_NewRef(Py_None);
 done:
-    free(tmp);
-    free(bounds);
     PyBuffer_Release(&mask);
     PyBuffer_Release(&keys);
     PyBuffer_Release(&tsb);
