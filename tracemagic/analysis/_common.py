@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Collection
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -513,6 +514,18 @@ def name_labels(trace: TraceTables, rows: np.ndarray) -> pd.Categorical:
     """Event names at ``rows`` as a categorical (missing where the row is -1)."""
     names = trace.events["name"].array
     return without_unused(pd.Categorical.from_codes(_codes_at(trace, rows), dtype=names.dtype))
+
+
+def kinds_at(events: pd.DataFrame, rows: np.ndarray, kinds: tuple[str, ...]) -> pd.Categorical:
+    """The ``kind`` of ``rows`` as a categorical of ``kinds`` (others missing), made from the
+    codes: ``set_categories(list(kinds))`` of the rows' values, which recodes them through a
+    hash table."""
+    column = cast(pd.Categorical, events["kind"].array)
+    lookup = [kinds.index(k) if k in kinds else -1 for k in column.categories.tolist()]
+    codes = np.take(np.array([*lookup, -1], dtype=np.int8), np.take(column.codes, rows))  # -1 (missing): the last
+    return pd.Categorical.from_codes(
+        codes, dtype=pd.CategoricalDtype(list(kinds), ordered=column.ordered), validate=False
+    )
 
 
 def without_unused(values: pd.Categorical) -> pd.Categorical:

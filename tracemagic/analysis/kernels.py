@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import pandas as pd
 
@@ -11,6 +9,7 @@ from tracemagic.analysis._common import (
     activity_rows,
     column_at,
     is_nccl,
+    kinds_at,
     labels,
     layer_labels,
     name_labels,
@@ -54,14 +53,14 @@ def kernels(trace: TraceTables) -> pd.DataFrame:
     op_rows = at("op")
     layer, layer_type = layer_labels(trace, at("module"))
     names = pd.Series(at("name"))
-    kind = cast(pd.Categorical, at("kind"))
+    kind = kinds_at(events, rows, KINDS)
     is_kernel = np.asarray(kind == "kernel")
     return pd.DataFrame(
         {
             "rank": at("rank"),
             "row": rows,
             "name": labels(names),
-            "kind": kind.set_categories(list(KINDS)),
+            "kind": kind,
             "device": at("device"),
             "stream": at("stream"),
             "ts": at("ts") - trace_start(trace),

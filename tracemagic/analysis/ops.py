@@ -7,7 +7,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import column_at, labels, layer_labels, trace_start
+from tracemagic.analysis._common import column_at, kinds_at, labels, layer_labels, trace_start
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.structure import timed_rows
@@ -48,7 +48,7 @@ def ops(trace: TraceTables) -> pd.DataFrame:
             "rank": at("rank"),
             "row": rows,
             "name": labels(pd.Series(names)),
-            "kind": kinds_at(events, rows),
+            "kind": kinds_at(events, rows, KINDS),
             "ts": ts,
             "dur": at("dur"),
             "self_dur": at("self_dur"),
@@ -66,17 +66,6 @@ def ops(trace: TraceTables) -> pd.DataFrame:
             "merged": merged(events, rows, np.asarray(parent), names.codes),
         },
         copy=False,  # every column is made here: no second copy of each (11.8 MB on a 100 MB trace)
-    )
-
-
-def kinds_at(events: pd.DataFrame, rows: np.ndarray) -> pd.Categorical:
-    """The ``kind`` of ``rows`` as a categorical of ``KINDS``, made from the codes
-    (``set_categories`` on the rows' values recodes them through a hash table)."""
-    kinds = cast(pd.Categorical, events["kind"].array)
-    lookup = [KINDS.index(k) if k in KINDS else -1 for k in kinds.categories.tolist()]
-    codes = np.take(np.array([*lookup, -1], dtype=np.int8), np.take(kinds.codes, rows))  # -1 (missing): the last
-    return pd.Categorical.from_codes(
-        codes, dtype=pd.CategoricalDtype(list(KINDS), ordered=kinds.ordered), validate=False
     )
 
 
