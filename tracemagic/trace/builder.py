@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, code_dtype, lazy_zeros
+from tracemagic.trace.columns import all_missing, code_dtype, fresh, lazy_zeros
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -406,17 +406,16 @@ class _Builder:
             elif event.name == "thread_name" and value is not None:
                 self.threads[(str(event.pid), str(event.tid))] = str(value)
 
-    def finish(self, meta: dict[str, Any], warnings: list[str]) -> ParsedTrace:
-        frame: dict[str, Any] = {}
-        for column in ("ph", "cat", "name", "pid", "tid"):
-            frame[column] = self._categorical(column)
-        for column in ("ts", "dur"):
-            parts = self.floats[column]
-            frame[column] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
-        for column, _, floating in _ARG_COLUMNS:
-            frame[column] = _masked(self.numbers[column], self.n, floating)
-        for column in _ARG_STRINGS + _ARG_RAW:
-            frame[column] = self._categorical(column)
+    def finish(self, meta: dict[str, Any], warnings: list[str], parallel: bool = False) -> ParsedTrace:
+        """The trace's tables. ``parallel``: the number columns joined on a second thread
+        while this one joins the text columns (for a large trace where a second core is
+        free: most of either is copying and page faults, without the GIL)."""
+        numbers = _Joiner(self.floats, self.numbers, self.n, parallel and self.n >= PARALLEL_FINISH_ROWS)
+        text = {c: self._categorical(c) for c in ("ph", "cat", "name", "pid", "tid", *_ARG_STRINGS, *_ARG_RAW)}
+        joined = numbers.result()
+        frame: dict[str, Any] = {c: text[c] for c in ("ph", "cat", "name", "pid", "tid")}
+        frame.update((c, joined[c]) for c in ("ts", "dur", *(c for c, _, _ in _ARG_COLUMNS)))
+        frame.update((c, text[c]) for c in _ARG_STRINGS + _ARG_RAW)
         table = pd.DataFrame(frame, copy=False)
 
         fp = self.flow_parts
@@ -456,7 +455,9 @@ class _Builder:
             n = sum(map(_rows, parts))
             if self._no_categories is None:  # (one dtype for all of them: making one costs ~0.1 ms)
                 self._no_categories = pd.CategoricalDtype(pd.Index([], dtype="str"), ordered=False)
-            return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), dtype=self._no_categories, validate=False)
+            codes = fresh(n, np.int8)
+            codes.fill(-1)
+            return pd.Categorical.from_codes(codes, dtype=self._no_categories, validate=False)
         if self.firsts is None or not self.firsts[column]:
             return interner.categorical(_joined_codes(parts, count))
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
@@ -468,6 +469,57 @@ class _Builder:
         renumber[order] = np.arange(count)
         categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
         return pd.Categorical.from_codes(_joined_codes(parts, count, renumber), categories=categories, validate=False)
+
+
+#: ``_Builder.finish(parallel=True)`` joins the number columns on a second thread from
+#: this many rows (below, starting the thread costs about what it saves)
+PARALLEL_FINISH_ROWS = 100_000
+
+
+class _Joiner:
+    """The ``ts``, ``dur`` and number columns of a trace (a ``_Builder``'s parts joined), by
+    name, made on a thread of their own (``parallel``) or at once."""
+
+    def __init__(
+        self,
+        floats: dict[str, list[np.ndarray]],
+        numbers: dict[str, list[tuple[int, tuple[np.ndarray, np.ndarray] | None]]],
+        n: int,
+        parallel: bool,
+    ) -> None:
+        self._floats = floats
+        self._numbers = numbers
+        self._n = n
+        self._out: dict[str, Any] = {}
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if parallel:
+            self._thread = threading.Thread(target=self._run, name="tracemagic-join", daemon=True)
+            self._thread.start()
+        else:
+            self._join()
+
+    def _run(self) -> None:
+        try:
+            self._join()
+        except BaseException as exc:  # noqa: BLE001 - raised again by ``result`` in the caller's thread
+            self._error = exc
+
+    def _join(self) -> None:
+        for column in ("ts", "dur"):
+            parts = self._floats[column]
+            rows = sum(map(len, parts))
+            self._out[column] = np.concatenate(parts, out=fresh(rows, np.float64)) if parts else np.zeros(0, np.float64)
+        for column, _, floating in _ARG_COLUMNS:
+            self._out[column] = _masked(self._numbers[column], self._n, floating)
+
+    def result(self) -> dict[str, Any]:
+        """The columns (waiting for the thread; its error raised here)."""
+        if self._thread is not None:
+            self._thread.join()
+            if self._error is not None:
+                raise self._error
+        return self._out
 
 
 #: the codes of no value
@@ -489,7 +541,7 @@ def _joined_codes(parts: list[ChunkCodes], count: int, renumber: np.ndarray | No
     """The chunks' codes (``ChunkCodes``) of a column of ``count`` categories joined into one
     array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last entry -1
     for the missing ones) where given: one pass, no int32 copy of the column."""
-    out = np.empty(sum(map(_rows, parts)), dtype=code_dtype(count))
+    out = fresh(sum(map(_rows, parts)), code_dtype(count))
     at = 0
     for part in parts:
         rows = _rows(part)
@@ -523,8 +575,10 @@ def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: in
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
         return all_missing(n, floating)
-    values = lazy_zeros(n, dtype, populate=True)
-    mask = np.empty(n, dtype=bool)
+    # every chunk with values: all of it written (``fresh``); else the rows of the chunks
+    # without are lazily mapped zeros, written never
+    values = lazy_zeros(n, dtype, populate=True) if any(p is None for _, p in parts) else fresh(n, dtype)
+    mask = fresh(n, bool)
     at = 0
     for k, part in parts:
         if part is None:

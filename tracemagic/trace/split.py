@@ -264,7 +264,7 @@ def _parse_split(
         first.extend(part)
     del later
     stretches.parts.clear()
-    parsed = first.finish()
+    parsed = first.finish(parallel=True)  # (the second core is free again)
     return parsed, second.native_id
 
 
