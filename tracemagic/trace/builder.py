@@ -5,6 +5,7 @@ all chunks (``Interners``), so peak memory is the final columns plus one chunk.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, code_dtype, fresh, lazy_zeros
+from tracemagic.trace.columns import all_missing, code_dtype, fresh, partly_written
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -577,7 +578,12 @@ def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: in
         return all_missing(n, floating)
     # every chunk with values: all of it written (``fresh``); else the rows of the chunks
     # without are lazily mapped zeros, written never
-    values = lazy_zeros(n, dtype, populate=True) if any(p is None for _, p in parts) else fresh(n, dtype)
+    spans = [
+        (at, at + k)
+        for at, (k, p) in zip(itertools.accumulate((k for k, _ in parts), initial=0), parts)
+        if p is not None
+    ]
+    values = fresh(n, dtype) if len(spans) == len(parts) else partly_written(n, dtype, spans)
     mask = fresh(n, bool)
     at = 0
     for k, part in parts:

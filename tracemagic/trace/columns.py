@@ -67,6 +67,37 @@ def fresh(n: int, dtype: np.dtype | type) -> np.ndarray:
     return np.frombuffer(pages, dtype=kind, count=n)
 
 
+def partly_written(n: int, dtype: np.dtype | type, spans: list[tuple[int, int]]) -> np.ndarray:
+    """``lazy_zeros(n, dtype, populate=True)`` for a column about to be written at the rows
+    ``spans`` (``(start, stop)``, in order) alone: their pages are made for writing at once
+    (``fresh``'s advice: not a page fault each as they are written, nor the zero page mapped
+    first), the others map the zero page (no memory)."""
+    kind = np.dtype(dtype)
+    size = n * kind.itemsize
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if size < mmap.PAGESIZE * 16 or private is None or not sys.platform.startswith("linux"):
+        return lazy_zeros(n, kind, populate=True)
+    pages = mmap.mmap(-1, size, flags=private)
+    page = mmap.PAGESIZE
+    with contextlib.suppress(OSError):
+        for start, stop in _merged(spans):
+            first = start * kind.itemsize // page * page  # (the pages the rows lie on, whole)
+            pages.madvise(_MADV_POPULATE_WRITE, first, min(stop * kind.itemsize, size) - first)
+        pages.madvise(_MADV_POPULATE_READ)  # the rest: the zero page
+    return np.frombuffer(pages, dtype=kind, count=n)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ordered row spans with the touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for start, stop in spans:
+        if out and out[-1][1] >= start:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        elif stop > start:
+            out.append((start, stop))
+    return out
+
+
 def all_missing(n: int, floating: bool) -> pd.arrays.IntegerArray | pd.arrays.FloatingArray:
     """A nullable ``Int64`` (``Float64`` if ``floating``) column of ``n`` missing values."""
     mask = fresh(n, bool)
