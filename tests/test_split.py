@@ -18,7 +18,7 @@ from conftest import TRACES, run_in_kernel
 
 import tracemagic
 from tracemagic.errors import TraceError
-from tracemagic.trace import builder, parse, split
+from tracemagic.trace import parse, split
 from tracemagic.trace.read import file_source
 
 load_module = importlib.import_module("tracemagic.trace.loader")
@@ -185,37 +185,6 @@ def test_a_failing_second_thread_means_a_one_thread_parse(tmp_path: Path, monkey
     assert spy.results == [False], "the split gave up"
     assert_same(alone, both)
     assert not _parse_threads()
-
-
-def test_the_number_columns_joined_on_a_second_thread_are_the_one_thread_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A large split trace's number columns are joined on a thread of their own while this
-    one joins the text columns (``builder.PARALLEL_FINISH_ROWS``): the tables are the
-    one-thread parse's, and running out of memory there is reported as anywhere in a load."""
-    path = plain("hta_nccl_data.json.gz", tmp_path)
-    alone = tracemagic.load(path, use_cache=False, workers=1)
-    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
-    monkeypatch.setattr(builder, "PARALLEL_FINISH_ROWS", 0)
-    joined_on: set[str] = set()
-    real = builder._masked
-
-    def spy(*args: Any) -> Any:
-        joined_on.add(threading.current_thread().name)
-        return real(*args)
-
-    monkeypatch.setattr(builder, "_masked", spy)
-    both = tracemagic.load(path, use_cache=False)
-    assert "tracemagic-join" in joined_on  # (the flows' one column is joined on this thread)
-    assert_same(alone, both)
-
-    def broken(*args: Any) -> Any:
-        raise MemoryError("no room")
-
-    monkeypatch.setattr(builder, "_masked", broken)
-    with pytest.raises(TraceError, match="ran out of memory"):
-        tracemagic.load(path, use_cache=False)
-    assert not [t for t in threading.enumerate() if t.name == "tracemagic-join"]
 
 
 def test_an_interrupt_reaches_the_user_and_stops_the_second_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -407,16 +407,18 @@ class _Builder:
             elif event.name == "thread_name" and value is not None:
                 self.threads[(str(event.pid), str(event.tid))] = str(value)
 
-    def finish(self, meta: dict[str, Any], warnings: list[str], parallel: bool = False) -> ParsedTrace:
-        """The trace's tables. ``parallel``: the number columns joined on a second thread
-        while this one joins the text columns (for a large trace where a second core is
-        free: most of either is copying and page faults, without the GIL)."""
-        numbers = _Joiner(self.floats, self.numbers, self.n, parallel and self.n >= PARALLEL_FINISH_ROWS)
-        text = {c: self._categorical(c) for c in ("ph", "cat", "name", "pid", "tid", *_ARG_STRINGS, *_ARG_RAW)}
-        joined = numbers.result()
-        frame: dict[str, Any] = {c: text[c] for c in ("ph", "cat", "name", "pid", "tid")}
-        frame.update((c, joined[c]) for c in ("ts", "dur", *(c for c, _, _ in _ARG_COLUMNS)))
-        frame.update((c, text[c]) for c in _ARG_STRINGS + _ARG_RAW)
+    def finish(self, meta: dict[str, Any], warnings: list[str]) -> ParsedTrace:
+        frame: dict[str, Any] = {}
+        for column in ("ph", "cat", "name", "pid", "tid"):
+            frame[column] = self._categorical(column)
+        for column in ("ts", "dur"):
+            parts = self.floats[column]
+            rows = sum(map(len, parts))
+            frame[column] = np.concatenate(parts, out=fresh(rows, np.float64)) if parts else np.zeros(0, np.float64)
+        for column, _, floating in _ARG_COLUMNS:
+            frame[column] = _masked(self.numbers[column], self.n, floating)
+        for column in _ARG_STRINGS + _ARG_RAW:
+            frame[column] = self._categorical(column)
         table = pd.DataFrame(frame, copy=False)
 
         fp = self.flow_parts
@@ -470,57 +472,6 @@ class _Builder:
         renumber[order] = np.arange(count)
         categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
         return pd.Categorical.from_codes(_joined_codes(parts, count, renumber), categories=categories, validate=False)
-
-
-#: ``_Builder.finish(parallel=True)`` joins the number columns on a second thread from
-#: this many rows (below, starting the thread costs about what it saves)
-PARALLEL_FINISH_ROWS = 100_000
-
-
-class _Joiner:
-    """The ``ts``, ``dur`` and number columns of a trace (a ``_Builder``'s parts joined), by
-    name, made on a thread of their own (``parallel``) or at once."""
-
-    def __init__(
-        self,
-        floats: dict[str, list[np.ndarray]],
-        numbers: dict[str, list[tuple[int, tuple[np.ndarray, np.ndarray] | None]]],
-        n: int,
-        parallel: bool,
-    ) -> None:
-        self._floats = floats
-        self._numbers = numbers
-        self._n = n
-        self._out: dict[str, Any] = {}
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if parallel:
-            self._thread = threading.Thread(target=self._run, name="tracemagic-join", daemon=True)
-            self._thread.start()
-        else:
-            self._join()
-
-    def _run(self) -> None:
-        try:
-            self._join()
-        except BaseException as exc:  # noqa: BLE001 - raised again by ``result`` in the caller's thread
-            self._error = exc
-
-    def _join(self) -> None:
-        for column in ("ts", "dur"):
-            parts = self._floats[column]
-            rows = sum(map(len, parts))
-            self._out[column] = np.concatenate(parts, out=fresh(rows, np.float64)) if parts else np.zeros(0, np.float64)
-        for column, _, floating in _ARG_COLUMNS:
-            self._out[column] = _masked(self._numbers[column], self._n, floating)
-
-    def result(self) -> dict[str, Any]:
-        """The columns (waiting for the thread; its error raised here)."""
-        if self._thread is not None:
-            self._thread.join()
-            if self._error is not None:
-                raise self._error
-        return self._out
 
 
 #: the codes of no value

@@ -183,9 +183,8 @@ class Part:
         self.meta.update(later.meta)
         self.warnings += later.warnings
 
-    def finish(self, parallel: bool = False) -> ParsedTrace:
-        """The tables (``parallel``: see ``_Builder.finish``)."""
-        return self.builder.finish(self.meta, merge_notes(self.warnings), parallel)
+    def finish(self) -> ParsedTrace:
+        return self.builder.finish(self.meta, merge_notes(self.warnings))
 
 
 class _DamageError(Exception):

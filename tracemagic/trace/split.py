@@ -274,7 +274,7 @@ def _parse_split(
         first.extend(part)
     del later
     stretches.parts.clear()
-    parsed = first.finish(parallel=True)  # (the second core is free again)
+    parsed = first.finish()
     return parsed, second.native_id
 
 
