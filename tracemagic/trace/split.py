@@ -235,9 +235,11 @@ def parse_split(
     """
     with _contents(source) as contents:
         found = _parse_split(source, contents, progress) if contents is not None else None
+    del contents  # (a gzip's inflated JSON: freed before ``then``, whose temporaries reuse its heap)
     if found is None:
         return None
     parsed, ended = found
+    del found
     try:
         return then(parsed) if then is not None else parsed
     finally:
