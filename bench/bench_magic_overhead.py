@@ -35,16 +35,22 @@ whole loop is judged on CPU time (``time.process_time``) too: on a shared machin
 less than the wall time. ``--threads`` (default 1) pins torch's intra-op threads, for the
 same reason.
 
-``--phases`` prints instead where the magic's own time goes: the CPU time of each of its
-phases (and of torch's calls inside them) in ``--reps`` captures of the ``variable`` case,
-timed by wrapping the functions (a few µs of wrapping each).
+``--phases`` prints instead where the magic's own time goes: the CPU time and the wall
+time of each of its phases (and of torch's calls inside them) in ``--reps`` captures of the
+``variable`` case, timed by wrapping the functions (a few µs of wrapping each; a function
+an older ref lacks is left out, so the same bench runs against it with ``PYTHONPATH``).
+
+``--kernel`` runs all of it in a real ipykernel (through nbclient), as a notebook runs the
+magic: there ``sys.stdout``/``sys.stderr`` are ipykernel's streams, whose ``flush()`` waits
+for the kernel's IO thread, and descriptors 1 and 2 are the kernel's pipes; a plain
+``InteractiveShell`` (the default) has none of that.
 
 ``--device cuda`` runs the same model and data on the GPU: both sides then record CUDA
 activity too (the bare profiler with ``ProfilerActivity.CUDA``, the magic without
 ``--cpu-only``, as a user runs it there), and both cells end with
 ``torch.cuda.synchronize()`` so that the GPU's work counts on both sides.
 
-    .venv/bin/python bench/bench_magic_overhead.py [--reps 9] [--steps 20] [--threads 1] [--phases] [--device cuda]
+    .venv/bin/python bench/bench_magic_overhead.py [--reps 9] [--steps 20] [--threads 1] [--phases] [--device cuda] [--kernel]
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ import argparse
 import itertools
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -190,17 +197,21 @@ def phases(ip: Any, reps: int, out: Path) -> None:
     from tracemagic.trace import layout
 
     spent: dict[str, float] = {}
+    waited: dict[str, float] = {}
 
     def wrap(owner: Any, name: str, label: str) -> None:
-        real = getattr(owner, name)
+        real = getattr(owner, name, None)
+        if real is None:  # not in this version of the code (the bench runs against older refs too)
+            return
 
         @functools.wraps(real)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            began = time.process_time()
+            began, wall = time.process_time(), time.perf_counter()
             try:
                 return real(*args, **kwargs)
             finally:
                 spent[label] = spent.get(label, 0.0) + time.process_time() - began
+                waited[label] = waited.get(label, 0.0) + time.perf_counter() - wall
 
         setattr(owner, name, timed)
 
@@ -215,29 +226,33 @@ def phases(ip: Any, reps: int, out: Path) -> None:
         (torch.profiler.profile, "step", "  torch: prof.step() (trace export inside)"),
         (session.CaptureSession, "_on_trace_ready", "window written (export, naming, placing)"),
         (torch.profiler.profile, "export_chrome_trace", "  torch: export_chrome_trace"),
-        (session._Profiler, "_modules", "  nn.Module events named"),
-        (naming, "module_event_names", "    module names read from the JSON"),
-        (naming, "_module_calls", "    event tree searched"),
-        (files, "_set_trace_name", "  traceName set to the final path"),
+        (files, "_set_trace_name", "  trace read (once), traceName set to the final path"),
+        (session._Profiler, "_modules", "    nn.Module events named (from the bytes read)"),
+        (naming, "_module_calls", "      event tree searched"),
         (files, "place", "  placed under the final name"),
         (session.CaptureSession, "stop", "stop: profiler stopped, filter stopped"),
         (notices.Filter, "stop", "  notices filter stopped"),
         (session.CaptureSession, "finish", "finish: manifest built and written"),
         (session.CaptureSession, "_manifest", "  manifest built"),
-        (layout, "write_manifest", "manifest written (x2: running, final)"),
+        (files, "write_text", "manifest written (x2: running, final)"),
+        (layout, "write_manifest", "manifest written (x2; older code, layout.write_manifest)"),
         (torch.profiler.profile, "stop_trace", "torch: stop_trace (in step() or stop())"),
     ]
     for owner, name, label in targets:
         wrap(owner, name, label)
-    runs: list[dict[str, float]] = []
-    totals: list[float] = []
+    runs: list[tuple[dict[str, float], dict[str, float]]] = []
+    totals: list[tuple[float, float, float]] = []
     for _ in range(reps):
         spent.clear()
-        totals.append(magic(ip, out)[1])
-        runs.append(dict(spent))
-    print(f"CPU time per phase, medians of {reps} captures (ms), whole cell {statistics.median(totals) * 1e3:.2f} ms:")
+        waited.clear()
+        totals.append(magic(ip, out))
+        runs.append((dict(spent), dict(waited)))
+    wall, cpu = (statistics.median(t[k] for t in totals) * 1e3 for k in range(2))
+    print(f"time per phase, medians of {reps} captures (ms), whole cell: CPU {cpu:.2f}, wall {wall:.2f}")
+    print("       CPU      wall")
     for _, _, label in targets:
-        print(f"  {statistics.median(r.get(label, 0.0) for r in runs) * 1e3:8.3f}  {label}")
+        c, w = (statistics.median(r[k].get(label, 0.0) for r in runs) * 1e3 for k in range(2))
+        print(f"  {c:8.3f}  {w:8.3f}  {label}")
 
 
 def verdict(ratio: float, goal: float) -> str:
@@ -245,14 +260,39 @@ def verdict(ratio: float, goal: float) -> str:
     return "pass" if ratio <= goal else "falls short"
 
 
-def main() -> None:
+def in_kernel(argv: list[str]) -> None:
+    """``--kernel``: run the bench with ``argv`` inside a real ipykernel (nbclient), where a
+    notebook runs the magic (its streams, its IO thread), and print what it printed."""
+    import nbclient
+    import nbformat
+
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "import bench_magic_overhead\n"
+        f"bench_magic_overhead.main({argv!r}, get_ipython())\n"
+    )
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(code)]
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=3600).execute()
+    for output in nb.cells[0].outputs:
+        if output.get("name") == "stdout":
+            print(output["text"], end="")
+
+
+def main(argv: list[str] | None = None, shell: Any = None) -> None:
+    """Run the bench (``argv``: the command line; ``shell``: the IPython shell to run the
+    cells in, default a plain ``InteractiveShell``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--phases", action="store_true", help="print where the magic's own time goes instead")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
-    args = parser.parse_args()
+    parser.add_argument("--kernel", action="store_true", help="run the cells in a real ipykernel (nbclient)")
+    args = parser.parse_args(argv)
+    if args.kernel:
+        in_kernel([a for a in (sys.argv[1:] if argv is None else argv) if a != "--kernel"])
+        return
     global DEVICE, ACTIVITIES, CELL_END
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -261,7 +301,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    ip = InteractiveShell.instance()
+    ip = shell if shell is not None else InteractiveShell.instance()
     ip.run_line_magic("load_ext", "tracemagic")
     torch.manual_seed(1)
     ip.user_ns.update(torch=torch, nn=nn, bare_loop=bare_loop, DEVICE=DEVICE,
@@ -282,7 +322,8 @@ def main() -> None:
 
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
     print(f"{args.reps} alternating repetitions per case, {args.steps} steps each, on {where}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")
+          f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), "
+          f"in {'a plain InteractiveShell' if shell is None else type(ip).__name__}")
     for case, res in results.items():
         med = res["med"]
         held = "model in a notebook variable" if case == "variable" else "model made in a function, no variable"

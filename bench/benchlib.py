@@ -99,7 +99,17 @@ def _warm_up(cache_dir: str) -> None:
 
     import tracemagic
 
-    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 0.5} for i in range(50)]
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0 + i, "dur": 0.5} for i in range(50)
+    ]
+    # a step and allocations too, so the memory tables run their pandas code here, not first in a timed call
+    events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.5, "dur": 60.0})
+    events += [
+        {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1.2 + i,
+         "args": {"Device Type": 0, "Device Id": -1, "Addr": 4096 * (i // 2), "Bytes": 64 if i % 2 == 0 else -64,
+                  "Total Allocated": 64 * (i % 2 == 0), "Total Reserved": 0}}
+        for i in range(20)
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "warm.json"
         path.write_text(json.dumps({"traceEvents": events}))

@@ -265,6 +265,34 @@ def test_the_pruned_walk_finds_what_the_full_walk_finds(tmp_path):
         assert naming.module_event_names(trace, chunk=chunk) == set(_json_module_names(trace))
 
 
+def test_module_names_are_found_in_a_trace_full_of_other_capital_ms(tmp_path):
+    """The names are looked for from each ``M`` first; a trace whose ``M``s are mostly other
+    names (``MmBackward0``, ``Memcpy``) runs past that search's budget and is searched for
+    the whole key: the same names either way, read from a file or from a mapped one."""
+    import mmap
+    import re
+
+    rows = []
+    for i in range(3000):
+        rows.append(json.dumps({"ph": "X", "name": "MmBackward0", "cat": "cpu_op", "args": {"M": "Memcpy HtoD"}}))
+        if i % 250 == 0:
+            rows.append(json.dumps({"ph": "X", "name": f"nn.Module: Linear_{i // 250}", "cat": "python_function"}))
+    rows.append(json.dumps({"ph": "X", "name": "nn.Module: ReLU_0", "cat": "python_function"}))
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents": [\n' + ",\n".join(rows) + "\n]}")
+    data = path.read_bytes()
+    expected = {m.decode() for m in re.findall(rb'"name": "(nn\.Module: [^"]*)"', data)}
+    assert len(expected) == 13
+    assert naming.module_event_names_in(data) == expected
+    assert naming.module_event_names(path) == expected
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        assert naming.module_event_names_in(view) == expected
+    # few Ms: every name found from its M, also the first and the last bytes of the file
+    short = b'"name": "nn.Module: A_0", "name": "nn.Module: B_1"'
+    assert naming.module_event_names_in(short) == {"nn.Module: A_0", "nn.Module: B_1"}
+    assert naming.module_event_names_in(short + b', "name": "nn.Module: C_') == {"nn.Module: A_0", "nn.Module: B_1"}
+
+
 def test_held_modules_follows_closures_methods_partials_containers_and_attributes():
     import functools
     import types

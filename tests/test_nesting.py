@@ -24,7 +24,16 @@ from tracemagic.analysis._common import row_thread_key
 from tracemagic.trace import parse, structure
 
 #: the raw categories of events that run on a CPU thread and nest there
-CPU_CATS = {"cpu_op", "operator", "user_annotation", "python_function", "python", "cuda_runtime", "cuda_driver", "runtime"}
+CPU_CATS = {
+    "cpu_op",
+    "operator",
+    "user_annotation",
+    "python_function",
+    "python",
+    "cuda_runtime",
+    "cuda_driver",
+    "runtime",
+}
 OP_CATS = {"cpu_op", "operator"}
 GPU_CATS = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"}
 #: the rule, written here again: a child ends at most 0.25 µs after its parent ends (float
@@ -253,6 +262,77 @@ def test_nesting_of_any_number_of_threads_matches_a_reference_walk(
         assert 0.0 in walked_self and not any(x < 0 for x in walked_self)  # clipped at +0.0
 
 
+@pytest.mark.parametrize("pids, tids", [(1, 1), (4, 4), (200, 20)])
+def test_the_c_thread_order_matches_a_reference_sort_and_numpys(
+    pids: int, tids: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_nesting.order_rows`` (the order of a trace reopened from its cache, where no
+    nesting walk hands it over) sorts the CPU duration rows as the reference walk does, NaNs
+    included, and as numpy's ``structure.cpu_by_thread`` (its twin without the extension)."""
+    from tracemagic.trace import _nesting
+    from tracemagic.trace.kineto import CPU_KINDS
+
+    rng = np.random.default_rng(pids * 7 + tids)
+    for nans in (True, False):
+        events = many_threads_table(rng, 20_000, pids, tids, nans, span=400.0 if pids * tids < 100 else 40.0)
+        cpu = (events["ph"] == "X") & events["kind"].isin(["cpu_op", "python_function", "user_annotation", "runtime"])
+        thread = list(zip(events["pid"].cat.codes.tolist(), events["tid"].cat.codes.tolist()))
+        t0 = float(np.nanmin(events["ts"].to_numpy()))
+        want = nest_reference(thread, events["ts"].tolist(), events["dur"].tolist(), cpu.tolist(), t0)[3]
+        mask = structure.timed_mask(events, CPU_KINDS)
+        ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
+        _nesting.order_rows(
+            mask.view(np.uint8),
+            structure.thread_keys(events),
+            events["ts"].to_numpy(),
+            events["dur"].to_numpy(),
+            ordered,
+        )
+        assert_bits(ordered, want, np.int64, f"C, nans={nans}")
+        assert_bits(structure.cpu_by_thread(events), want, np.int64, f"numpy, nans={nans}")
+    with pytest.raises(ValueError, match="order_rows"):  # buffers that disagree: refused, never read past
+        _nesting.order_rows(
+            mask.view(np.uint8),
+            structure.thread_keys(events)[:-1],
+            events["ts"].to_numpy(),
+            events["dur"].to_numpy(),
+            ordered,
+        )
+    with pytest.raises(ValueError, match="order_rows"):
+        _nesting.order_rows(
+            mask.view(np.uint8),
+            structure.thread_keys(events),
+            events["ts"].to_numpy(),
+            events["dur"].to_numpy(),
+            ordered[:-1],
+        )
+
+
+@pytest.mark.parametrize("name", ["hta_control.json.gz", "tracelens_normalization_layer_test.json.gz"])
+def test_a_trace_reopened_from_its_cache_searches_the_order_a_load_walks(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh load hands its nesting walk's thread order to the analyses; a trace reopened
+    from the cache sorts it again (in C, else numpy): the same rows, and the same tables."""
+    from tracemagic.analysis import _common
+    from tracemagic.trace.shared_keys import Shared
+
+    fresh = tracemagic.load(TRACES / name, use_cache=False)
+    walked = fresh.shared(Shared.CPU_BY_THREAD, lambda: None)
+    assert walked is not None and walked.size > 1000
+    tracemagic.load(TRACES / name)  # (writes the cache entry when dropped)
+    for how in ("C", "numpy"):
+        with monkeypatch.context() as m:
+            m.setenv("TRACEMAGIC_TABLE_CACHE", "0")
+            if how == "numpy":
+                m.setattr(structure, "_nesting", None)
+            reopened = tracemagic.load(TRACES / name)
+            assert Shared.CPU_BY_THREAD not in reopened._shared, "reopened, not parsed"
+            np.testing.assert_array_equal(_common._cpu_by_thread(reopened), walked, err_msg=how)
+            for table in ("layers", "memory"):
+                pd.testing.assert_frame_equal(getattr(reopened, table)(), getattr(fresh, table)(), check_exact=True)
+
+
 def test_loading_a_thousand_threads_matches_the_raw_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trace of 1,000 threads (50 pids, 20 tids each), nests with ties, zero durations and
     short events at another's end, rows out of order: both loads nest it as the raw JSON
@@ -354,9 +434,21 @@ def test_a_short_event_right_after_a_sibling_is_not_its_child(tmp_path: Path, mo
         names = table["name"].astype(str).tolist()
         got = {names[i]: (names[p] if p >= 0 else None) for i, p in enumerate(table["parent"])}
         assert got == want, how
-        assert dict(zip(names, table["depth"].tolist())) == {"A": 0, "B": 0, "D": 2, "E": 1, "F": 1, "G": 2, "H": 1, "I": 0, "J": 0}, how
+        assert dict(zip(names, table["depth"].tolist())) == {
+            "A": 0,
+            "B": 0,
+            "D": 2,
+            "E": 1,
+            "F": 1,
+            "G": 2,
+            "H": 1,
+            "I": 0,
+            "J": 0,
+        }, how
         selfs = dict(zip(names, table["self_dur"]))
-        assert selfs["A"] == pytest.approx(8.8) and selfs["B"] == pytest.approx(0.5) and selfs["I"] == pytest.approx(10.0), how
+        assert (
+            selfs["A"] == pytest.approx(8.8) and selfs["B"] == pytest.approx(0.5) and selfs["I"] == pytest.approx(10.0)
+        ), how
 
 
 def test_memory_instant_at_an_ops_end_belongs_to_what_follows(tmp_path: Path) -> None:
@@ -367,8 +459,25 @@ def test_memory_instant_at_an_ops_end_belongs_to_what_follows(tmp_path: Path) ->
         {"ph": "X", "cat": "cpu_op", "name": "empty", "pid": 1, "tid": 1, "ts": 30.0, "dur": 0.0, "args": {}},
     ]
     for at in (15.0, 20.0, 30.0, 100.0):
-        events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": at,
-                       "args": {"Bytes": 64, "Total Allocated": 64, "Total Reserved": 64, "Device Type": 0, "Device Id": -1, "Addr": 1}})
+        events.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "cat": "cpu_instant_event",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "ts": at,
+                "args": {
+                    "Bytes": 64,
+                    "Total Allocated": 64,
+                    "Total Reserved": 64,
+                    "Device Type": 0,
+                    "Device Id": -1,
+                    "Addr": 1,
+                },
+            }
+        )
     path = tmp_path / "memory.json"
     path.write_text(json.dumps({"traceEvents": events}))
     trace = tracemagic.load(path, use_cache=False)
@@ -436,9 +545,12 @@ def test_an_op_nested_in_one_of_its_own_name_is_one_call_as_in_key_averages(cnn_
     want = oracle(events)
     children = Counter(p for p in want["parent"] if p >= 0)
     folded = {
-        i for i, p in enumerate(want["parent"])
-        if p >= 0 and events[p].get("cat") == events[i].get("cat") == "cpu_op"
-        and events[p]["name"] == events[i]["name"] and children[p] == 1
+        i
+        for i, p in enumerate(want["parent"])
+        if p >= 0
+        and events[p].get("cat") == events[i].get("cat") == "cpu_op"
+        and events[p]["name"] == events[i]["name"]
+        and children[p] == 1
     }
     assert {events[i]["name"] for i in folded} >= {"aten::div", "aten::div_"}  # the shape the issue names
     ops = trace.ops()
@@ -465,8 +577,13 @@ def chain_oracle(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """
     want = oracle(events)
     parent = want["parent"]
-    ops = [i for i, e in enumerate(events) if e["ph"] == "X" and str(e.get("cat", "")).lower() in OP_CATS
-           and not str(e.get("name", "")).startswith("ProfilerStep#")]
+    ops = [
+        i
+        for i, e in enumerate(events)
+        if e["ph"] == "X"
+        and str(e.get("cat", "")).lower() in OP_CATS
+        and not str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
     shaped = {i for i in ops if "Input Dims" in events[i].get("args", {})}
     wrappers = set()
     for i in shaped:
@@ -491,13 +608,25 @@ def chain_oracle(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
             continue
         if top not in chains:
             args = events[top].get("args", {})
-            key = (events[top]["name"], *(json.dumps(args.get(k)) for k in ("Input Dims", "Input type", "Concrete Inputs")))
+            key = (
+                events[top]["name"],
+                *(json.dumps(args.get(k)) for k in ("Input Dims", "Input type", "Concrete Inputs")),
+            )
             chains[top] = {"key": key, "dur": events[top]["dur"], "self": 0.0, "gpu": 0.0}
         chains[top]["self"] += want["self"][i]
-    launched = {e["args"]["correlation"]: i for i, e in enumerate(events)
-                if is_cpu(e) and str(e.get("cat")).lower() in ("cuda_runtime", "runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    launched = {
+        e["args"]["correlation"]: i
+        for i, e in enumerate(events)
+        if is_cpu(e)
+        and str(e.get("cat")).lower() in ("cuda_runtime", "runtime", "cuda_driver")
+        and "correlation" in e.get("args", {})
+    }
     for e in events:
-        if e["ph"] == "X" and str(e.get("cat", "")).lower() in GPU_CATS and e.get("args", {}).get("correlation") in launched:
+        if (
+            e["ph"] == "X"
+            and str(e.get("cat", "")).lower() in GPU_CATS
+            and e.get("args", {}).get("correlation") in launched
+        ):
             runtime = launched[e["args"]["correlation"]]
             holder = parent[runtime]
             while holder >= 0 and holder not in chains:
@@ -541,7 +670,12 @@ def test_shapes_and_diff_rows_are_call_chains(which: str, cnn_trace: dict[str, A
     # one convolution, one row: the op the model called, not the ops it runs
     names = set(df["name"].astype(str))
     assert "aten::conv2d" in names
-    assert not names & {"aten::convolution", "aten::_convolution", "aten::mkldnn_convolution", "aten::cudnn_convolution"}
+    assert not names & {
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::mkldnn_convolution",
+        "aten::cudnn_convolution",
+    }
     convs = sum(1 for e in events if e.get("name") == "aten::conv2d")
     assert df.loc[df["name"] == "aten::conv2d", "calls"].sum() == convs > 0
     if which == "resnet50":
@@ -671,7 +805,18 @@ def test_call_chains_of_mixed_wrappers_and_shapes_match_the_raw_json(
             cat = "user_annotation" if rng.random() < 0.2 else "cpu_op"
             args = {"Input Dims": [[int(rng.integers(1, 4))]], "Input type": ["float"]} if rng.random() < 0.4 else {}
             name = f"{cat[:2]}{int(rng.integers(0, 6))}"
-            events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": 1_000.0 + start, "dur": float(dur), "args": args})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": cat,
+                    "name": name,
+                    "pid": 1,
+                    "tid": tid,
+                    "ts": 1_000.0 + start,
+                    "dur": float(dur),
+                    "args": args,
+                }
+            )
     path = tmp_path / "chains.json"
     path.write_text(json.dumps({"traceEvents": events}))
     chains = chain_oracle(events)
@@ -764,3 +909,272 @@ def test_layers_and_memory_are_the_same_with_the_c_walks_and_without(
     for table, df in tables["C"].items():
         pd.testing.assert_frame_equal(df, tables["numpy"][table], check_exact=True, obj=table)
         assert df.attrs == tables["numpy"][table].attrs, table
+
+
+def union_reference(group: list[int], start: list[float], end: list[float], groups: int) -> list[float]:
+    """The union of each group's intervals [start, end), merged by hand: sorted by start,
+    each run of overlapping intervals adds its span (plain Python)."""
+    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for g, s, e in zip(group, start, end):
+        if e > s:
+            spans[g].append((s, e))
+    out = [0.0] * groups
+    for g, mine in spans.items():
+        mine.sort()
+        lo, hi = mine[0]
+        for s, e in mine[1:]:
+            if s > hi:
+                out[g] += hi - lo
+                lo, hi = s, e
+            else:
+                hi = max(hi, e)
+        out[g] += hi - lo
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_c_union_of_intervals_matches_a_merge_and_numpys(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_nesting.union_rows`` (``union_length`` for rows in (group, start) order, as
+    ``steps()`` gives them): each group's union as a merge by hand computes it, and bit for
+    bit numpy's (its twin without the extension), with nested, touching, empty, negative
+    and NaN intervals; rows out of order, groups outside the output and infinite times are
+    left to numpy, buffers of other lengths refused."""
+    from tracemagic.analysis._common import union_length
+    from tracemagic.trace import _nesting
+
+    rng = np.random.default_rng(seed)
+    n, groups = 20_000, 40
+    group = np.sort(rng.integers(0, groups - 3, n))  # (some groups hold no row)
+    start = np.round(rng.uniform(0, 500, n), 2)
+    end = start + np.round(rng.exponential(3, n), 2) * rng.choice([1, 1, 1, 0, -1], n)
+    end[rng.random(n) < 0.01] = np.nan
+    order = np.lexsort((start, group))
+    group, start, end = group[order], start[order], end[order]
+    want = union_reference(group.tolist(), start.tolist(), end.tolist(), groups)
+    for dtype in (np.int32, np.int64):
+        g = group.astype(dtype)
+        out = np.empty(groups)
+        assert _nesting.union_rows(g, dtype == np.int64, start, end, out) is True
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-9)
+        with monkeypatch.context() as m:
+            m.setattr(structure, "_nesting", None)
+            numpy_sums = union_length(g, start, end, groups)
+        assert out.tobytes() == numpy_sums.tobytes(), dtype
+        assert union_length(g, start, end, groups).tobytes() == out.tobytes()
+    shuffled = rng.permutation(n)
+    for g, s, e in ((group[shuffled], start[shuffled], end[shuffled]), (group + 5, start, end)):  # out of order, past
+        assert _nesting.union_rows(g, True, s, e, np.empty(groups)) is False
+        got = union_length(g, s, e, groups + 5)  # (numpy's, sorted)
+        want = union_reference(g.tolist(), s.tolist(), e.tolist(), groups + 5)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+    infinite = np.where(np.arange(n) == 7, -np.inf, start)
+    assert _nesting.union_rows(group, True, infinite, end, np.empty(groups)) is False
+    for bad in ((group[:-1], True, start, end), (group, False, start, end), (group, True, start, end[:-1])):
+        with pytest.raises(ValueError, match="union_rows"):
+            _nesting.union_rows(*bad, np.empty(groups))
+
+
+@pytest.mark.parametrize(
+    "name", ["hta_control.json.gz", "hta_nccl_data.json.gz", "kineto_worker0.1623143089861.pt.trace.json.gz"]
+)
+def test_steps_are_the_same_with_the_c_union_and_without(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``steps()`` of real traces (GPU windows, kernels, runtime calls, CPU ops) is the same
+    to the bit with the C union of intervals as with numpy's (its values are checked against
+    the raw JSON in test_step_windows.py)."""
+    tables = {}
+    for how in ("C", "numpy"):
+        with monkeypatch.context() as m:
+            if how == "numpy":
+                m.setattr(structure, "_nesting", None)
+            tables[how] = tracemagic.load(TRACES / name, use_cache=False).steps()
+    assert len(tables["C"]) > 1 and (tables["C"]["cpu_us"] > 0).all()
+    pd.testing.assert_frame_equal(tables["C"], tables["numpy"], check_exact=True)
+    assert tables["C"].attrs == tables["numpy"].attrs
+
+
+def module_trace(path: Path, with_instant: bool) -> Path:
+    """Two threads, each a ProfilerStep holding module calls: ops with and without tensor
+    inputs, an op starting 0.2 µs before its module (inside the nesting tolerance), two ops
+    starting together (the longer one first), a module whose only op starts after its end,
+    python frames between (90 before one module's op); with ``with_instant``, a cpu_op instant with tensor dims too."""
+
+    def ev(name: str, cat: str, tid: int, ts: float, dur: float, dims: str | None = None) -> dict[str, Any]:
+        args: dict[str, Any] = {"Input Dims": json.loads(dims)} if dims else {}
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": 1_000.0 + ts, "dur": dur, "args": args}
+
+    events = []
+    for tid in (1, 2):
+        k = 10 * tid
+        events += [
+            ev("ProfilerStep#1", "user_annotation", tid, 0, 1000),
+            ev(f"nn.Module: Linear_{tid}", "python_function", tid, 10, 100),
+            ev("torch/nn/functional.py(1): linear", "python_function", tid, 11, 50),
+            ev("aten::empty", "cpu_op", tid, 12, 1, "[[], []]"),  # no tensor input
+            ev("aten::linear", "cpu_op", tid, 20, 30, f"[[{k}, 4], [8, 4]]"),
+            ev(f"nn.Module: Conv_{tid}", "python_function", tid, 200.2, 100),  # its op starts 0.2 µs before it
+            ev("aten::conv2d", "cpu_op", tid, 200, 60, f"[[{k}, 3, 8, 8]]"),
+            ev(f"nn.Module: ReLU_{tid}", "python_function", tid, 400, 50),
+            ev("aten::short", "cpu_op", tid, 401, 5, f"[[{k}, 1]]"),
+            ev("aten::long", "cpu_op", tid, 401, 20, f"[[{k}, 2]]"),  # starts with aten::short, longer: first
+            ev(f"nn.Module: Drop_{tid}", "python_function", tid, 500, 10),
+            ev("aten::late", "cpu_op", tid, 511, 5, f"[[{k}, 9]]"),  # after its end: none
+            ev(f"nn.Module: Deep_{tid}", "python_function", tid, 600, 100),
+            *(ev(f"frame_{j}", "python_function", tid, 601 + j, 0.5) for j in range(90)),  # a long walk
+            ev("aten::deep", "cpu_op", tid, 695, 1, f"[[{k}, 5]]"),
+        ]
+    if with_instant:
+        events.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "cat": "cpu_op",
+                "name": "aten::mark",
+                "pid": 1,
+                "tid": 1,
+                "ts": 1_000.0 + 400.5,
+                "args": {"Input Dims": [[7]]},
+            }
+        )
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("with_instant", [False, True])
+def test_layers_input_shapes_walk_the_thread_order_as_the_search_finds_them(
+    with_instant: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``layers()``' ``input_shapes`` (the first op with a tensor input in the layer's first
+    call): found by walking the thread order from each call (a few layers) as by the
+    search over every op (many layers), on two threads, with ties and the tolerance."""
+    from tracemagic.analysis import layers as layers_module
+
+    path = module_trace(tmp_path / "modules.json", with_instant)
+    want = {}
+    for tid in (1, 2):
+        k = 10 * tid
+        want |= {
+            f"Linear_{tid}": f"[[{k}, 4], [8, 4]]",
+            f"Conv_{tid}": f"[[{k}, 3, 8, 8]]",
+            f"ReLU_{tid}": f"[[{k}, 2]]",
+            f"Drop_{tid}": None,
+            f"Deep_{tid}": f"[[{k}, 5]]",
+        }
+    if with_instant:
+        want["ReLU_1"] = "[[7]]"  # the instant starts first: the walk, which has no instants, leaves it to the search
+    for few in (64, 0):
+        with monkeypatch.context() as m:
+            m.setattr(layers_module, "_FEW_CALLS", few)
+            table = tracemagic.load(path, use_cache=False).layers()
+        got = {
+            layer: (None if pd.isna(shapes) else json.dumps(json.loads(shapes)))
+            for layer, shapes in zip(table["layer"], table["input_shapes"])
+        }
+        assert got == {k: (None if v is None else json.dumps(json.loads(v))) for k, v in want.items()}, few
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_c_group_sums_are_pandas_compensated_sums(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common.group_sums`` (``shapes()``' sums per row, in C: ``_nesting.group_sums``) gives
+    ``groupby().sum()``'s values to the bit (Kahan-compensated, not a plain sum), NaN left
+    out, on values of very different sizes; an infinite value, a column that is not float
+    and a group outside the output are left to pandas; buffers of other lengths refused."""
+    from tracemagic.analysis._common import group_sums
+    from tracemagic.trace import _nesting
+
+    rng = np.random.default_rng(seed)
+    m, groups = 30_000, 500
+    group = rng.integers(0, groups, m)
+    group[:groups] = np.arange(groups)
+    values = rng.exponential(100, m) * rng.choice([1.0, 1e-9, 1e9, -1.0, 3.3], m)
+    values[rng.random(m) < 0.05] = np.nan
+    other = np.round(rng.normal(0, 1e6, m), 3)
+    got = group_sums(group, groups, a=values, b=other)
+    want = pd.DataFrame({"a": values, "b": other}).groupby(group).sum()
+    for name in ("a", "b"):
+        assert got[name].tobytes() == want[name].to_numpy().tobytes(), name
+    plain = np.bincount(group, weights=np.nan_to_num(values), minlength=groups)
+    assert (got["a"] != plain).any(), "the sums are compensated (a plain sum differs in the last bits)"
+    with monkeypatch.context() as m_:
+        m_.setattr(structure, "_nesting", None)
+        assert group_sums(group, groups, a=values)["a"].tobytes() == got["a"].tobytes()
+    infinite = values.copy()
+    infinite[5] = np.inf
+    out = np.empty(groups)
+    assert _nesting.group_sums(group, infinite, out) is False
+    assert (
+        group_sums(group, groups, a=infinite)["a"].tobytes()
+        == pd.Series(infinite).groupby(group).sum().to_numpy().tobytes()
+    )
+    counts = rng.integers(0, 9, m)  # ints: pandas' integer sums, its dtype
+    assert group_sums(group, groups, n=counts)["n"].dtype == np.int64
+    assert _nesting.group_sums(group + 1, values, out) is False  # a group past the output
+    assert _nesting.group_sums(group - 1, values, out) is False
+    for bad in ((group[:-1], values, out), (group, values[:-1], out), (group.astype(np.int32), values, out)):
+        with pytest.raises(ValueError, match="group_sums"):
+            _nesting.group_sums(*bad)
+
+
+def window_parts_reference(
+    start: list[float], end: list[float], windows: list[tuple[float, float]]
+) -> list[tuple[int, float, float]] | None:
+    """Each row's part inside the window it reaches into, from the window's start and clipped
+    to it, written out row by row: the first window ending after the row's start; None where
+    a row reaches into two windows (plain Python)."""
+    out = []
+    for s, e in zip(start, end):
+        hits = [j for j, (ws, we) in enumerate(windows) if we > s and ws < e]
+        if len(hits) > 1:
+            return None
+        if hits:
+            j = hits[0]
+            ws, we = windows[j]
+            out.append((j, min(max(s - ws, 0.0), we - ws), min(max(e - ws, 0.0), we - ws)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_c_window_parts_match_a_reference_and_numpys(seed: int) -> None:
+    """``_nesting.window_parts`` (``steps()``: the CPU ops cut to their step's window):
+    each row's window and its part clipped to it as written out here, and bit for bit the
+    numpy twin's (``steps._in_one_window`` + ``_clipped``), with rows before, between,
+    across the edges of and after the windows; rows reaching into two windows, NaN and rows
+    out of order are left to numpy (-1); buffers of other lengths refused."""
+    from tracemagic.analysis import steps as steps_module
+    from tracemagic.trace import _nesting
+
+    rng = np.random.default_rng(seed)
+    edges = np.cumsum(rng.uniform(5, 50, 24))
+    win_start, win_end = edges[0::2].copy(), edges[1::2].copy()
+    win_dur = win_end - win_start
+    n = 5_000
+    start = np.sort(np.round(rng.uniform(0, edges[-1] + 20, n), 2))
+    end = start + np.round(rng.exponential(2, n), 2)
+    k = np.searchsorted(win_end, start, side="right")  # each row's window: the first ending after its start
+    limit = np.append(win_start, [np.inf, np.inf])[k + 1]
+    end = np.minimum(end, limit)  # (no row into two windows)
+    where = np.arange(win_start.size, dtype=np.int64)
+    group, since, until = np.empty(n, dtype=np.int32), np.empty(n), np.empty(n)
+    count = _nesting.window_parts(start, end, win_start, win_end, win_dur, where, group, since, until)
+    want = window_parts_reference(start.tolist(), end.tolist(), list(zip(win_start.tolist(), win_end.tolist())))
+    assert want is not None and 0 < count == len(want) < n
+    assert group[:count].tolist() == [j for j, _, _ in want]
+    np.testing.assert_allclose(since[:count], [a for _, a, _ in want], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(until[:count], [b for _, _, b in want], rtol=0, atol=1e-9)
+    lo, hit = steps_module._in_one_window(start, end, win_start, win_end)
+    part = np.flatnonzero(hit)
+    twin = steps_module._clipped(None, part, where.astype(np.int32)[lo[part]], start, end.copy(), win_start, win_dur)
+    for got, numpy_part in zip((group, since, until), twin):
+        assert got[:count].tobytes() == numpy_part.tobytes()
+    across = end.copy()
+    across[np.searchsorted(start, win_start[3]) - 1] = win_start[5]  # a row into two windows
+    unordered = start[::-1].copy()
+    with_nan = start.copy()
+    with_nan[10] = np.nan
+    for s, e in ((start, across), (unordered, end[::-1].copy()), (with_nan, end)):
+        assert _nesting.window_parts(s, e, win_start, win_end, win_dur, where, group, since, until) == -1
+    assert _nesting.window_parts(start, end, win_start, win_end, win_dur, where + 1, group, since, until) == -1
+    for bad in ((start[:-1], end), (start, end[:-1])):
+        with pytest.raises(ValueError, match="window_parts"):
+            _nesting.window_parts(*bad, win_start, win_end, win_dur, where, group, since, until)
+    with pytest.raises(ValueError, match="window_parts"):
+        _nesting.window_parts(start, end, win_start, win_end[:-1], win_dur, where, group, since, until)

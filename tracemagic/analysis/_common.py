@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Collection
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 
 from tracemagic.trace import layout, structure
 from tracemagic.trace.columns import code_dtype
-from tracemagic.trace.kineto import GPU_ACTIVITY  # noqa: F401 - its home is trace.kineto; kept importable here
+from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask, per_code
 from tracemagic.trace.shared_keys import Shared
@@ -30,6 +31,7 @@ from tracemagic.trace.structure import (
     propagate,
     sort_by_thread,
     thread_keys,
+    timed_mask,
 )
 
 _INSTANCE_SUFFIX = re.compile(r"_\d+$")
@@ -82,7 +84,36 @@ def thread_keys_of(trace: TraceTables) -> np.ndarray:
 def _cpu_by_thread(trace: TraceTables) -> np.ndarray:
     """``structure.cpu_by_thread`` of the trace (the order ``enclosing_at`` searches in),
     computed once per trace; ``load`` hands over the one nesting made."""
-    return trace.shared(Shared.CPU_BY_THREAD, lambda: narrow_rows(cpu_by_thread(trace.events)))
+    return trace.shared(Shared.CPU_BY_THREAD, lambda: narrow_rows(_thread_order(trace)))
+
+
+def thread_order(trace: TraceTables) -> np.ndarray:
+    """The trace's CPU duration events by (thread, start, longest first): ``structure.
+    cpu_by_thread``, kept once per trace (read-only; int32 rows where they fit)."""
+    return _cpu_by_thread(trace)
+
+
+def _thread_order(trace: TraceTables) -> np.ndarray:
+    """``structure.cpu_by_thread`` of a trace whose nesting was not walked in this session
+    (reopened from its cache): the C sort the nesting walk makes (``_nesting.order_rows``,
+    bucketed by thread, each thread's rows merge-sorted: near linear on a trace's nearly
+    sorted rows, ~4x faster than numpy's sorts), else numpy's (the same rows)."""
+    events = trace.events
+    nesting = structure._nesting
+    ts, dur = events["ts"].to_numpy(), events["dur"].to_numpy()
+    if nesting is None or not all(a.dtype == np.float64 and a.flags.c_contiguous for a in (ts, dur)):
+        return cpu_by_thread(events)
+    mask = timed_mask(events, CPU_KINDS)
+    ordered = np.empty(np.count_nonzero(mask), dtype=np.int64)
+    nesting.order_rows(mask.view(np.uint8), thread_keys_of(trace), ts, dur, ordered)
+    return ordered
+
+
+def activity_rows(trace: TraceTables) -> np.ndarray:
+    """Rows of the GPU activity (``GPU_ACTIVITY``: kernels, memcpy, memset), in table order,
+    found once per trace: several tables ask, and a CPU trace's answer (none) spares each
+    of them its own pass over the table (the caller must not change it)."""
+    return trace.shared(Shared.ACTIVITY_ROWS, lambda: np.flatnonzero(kind_mask(trace.events, *GPU_ACTIVITY)))
 
 
 def memory_off_cpu(trace: TraceTables) -> bool:
@@ -193,9 +224,12 @@ def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
         events = trace.events
-        is_op = kind_mask(events, "cpu_op") & (events["ph"] == "X").to_numpy()
+        is_op = timed_mask(events, ("cpu_op",))
         parent, depth = events["parent"].to_numpy(), events["depth"].to_numpy()
-        shaped = is_op & events["input_dims"].notna().to_numpy()
+        dims = events["input_dims"]
+        # (a categorical's codes read off the array: ``notna`` goes through pandas' accessor)
+        known = dims.array.codes >= 0 if isinstance(dims.dtype, pd.CategoricalDtype) else dims.notna().to_numpy()
+        shaped = is_op & known
         nesting = structure._nesting
         if nesting is not None and parent.dtype == np.int64:  # the same tops in one C call
             rows = np.flatnonzero(is_op)
@@ -277,6 +311,16 @@ def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
         )
 
     return per_code(names, matches, False)
+
+
+def names_match_at(names: pd.Series, pattern: re.Pattern[str], rows: np.ndarray) -> np.ndarray:
+    """``names_where(names, pattern)[rows]`` for a few ``rows`` (no mask over every row): a
+    categorical's names tested once each, then read at the rows' codes."""
+    values = names.array
+    if not isinstance(values, pd.Categorical):
+        return names_where(names, pattern)[rows]
+    answers = [bool(pattern.search(str(c))) for c in values.categories.tolist()]
+    return np.take(np.array([*answers, False], dtype=bool), np.take(values.codes, rows))  # -1 (missing): False
 
 
 def is_nccl(names: pd.Series) -> np.ndarray:
@@ -459,9 +503,10 @@ def _categorical(per_code: np.ndarray, at: np.ndarray) -> pd.Categorical:
 def layer_labels(trace: TraceTables, module_rows: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
     """``layers_at`` as categoricals, for per-event tables of millions of rows."""
     layer_of, type_of = _per_name(trace)
-    at = _codes_at(trace, module_rows)
+    # (as indices once, for the mark and both takes: each converts small codes otherwise)
+    at = _codes_at(trace, module_rows).astype(np.intp)
     used = np.zeros(layer_of.size, dtype=bool)  # the names present (-1: the None at the end)
-    used[at.astype(np.intp)] = True
+    used[at] = True
     return _used_categorical(layer_of, at, used), _used_categorical(type_of, at, used)
 
 
@@ -471,11 +516,25 @@ def name_labels(trace: TraceTables, rows: np.ndarray) -> pd.Categorical:
     return without_unused(pd.Categorical.from_codes(_codes_at(trace, rows), dtype=names.dtype))
 
 
+def kinds_at(events: pd.DataFrame, rows: np.ndarray, kinds: tuple[str, ...]) -> pd.Categorical:
+    """The ``kind`` of ``rows`` as a categorical of ``kinds`` (others missing), made from the
+    codes: ``set_categories(list(kinds))`` of the rows' values, which recodes them through a
+    hash table."""
+    column = cast(pd.Categorical, events["kind"].array)
+    lookup = [kinds.index(k) if k in kinds else -1 for k in column.categories.tolist()]
+    codes = np.take(np.array([*lookup, -1], dtype=np.int8), np.take(column.codes, rows))  # -1 (missing): the last
+    return pd.Categorical.from_codes(
+        codes, dtype=pd.CategoricalDtype(list(kinds), ordered=column.ordered), validate=False
+    )
+
+
 def without_unused(values: pd.Categorical) -> pd.Categorical:
     """``values.remove_unused_categories()`` by counting codes instead of sorting them."""
-    codes = values.codes
+    # the small codes as indices converted once, for the mark and the take (each converts them
+    # otherwise: a fresh table-long array each, faulted in)
+    at = values.codes.astype(np.intp)
     used = np.zeros(len(values.categories) + 1, dtype=bool)  # the last entry: -1 (missing)
-    used[codes.astype(np.intp)] = True  # (small codes as indices are converted first, slower)
+    used[at] = True
     used = used[:-1]
     if used.all():
         return values
@@ -483,7 +542,7 @@ def without_unused(values: pd.Categorical) -> pd.Categorical:
     # the new codes made in the width pandas keeps them in (no int64 copy cast down after)
     remap = np.full(used.size + 1, -1, dtype=code_dtype(kept))  # the last entry maps -1 (missing)
     remap[np.flatnonzero(used)] = np.arange(kept)
-    return pd.Categorical.from_codes(np.take(remap, codes), categories=values.categories[used], validate=False)
+    return pd.Categorical.from_codes(np.take(remap, at), categories=values.categories[used], validate=False)
 
 
 def labels(values: pd.Series) -> pd.Categorical:
@@ -497,8 +556,20 @@ def union_length(group: np.ndarray, start: np.ndarray, end: np.ndarray, groups: 
     """Length of the union of intervals ``[start, end)`` per group id (0..groups-1).
 
     Sort by (group, start); each interval adds what extends past the running maximum end
-    of the earlier intervals of its group. Vectorized, O(n log n).
+    of the earlier intervals of its group. Vectorized, O(n log n); rows in that order
+    already (``in_windows`` gives them so) in one C pass (``_nesting.union_rows``) where the
+    extension is built, else numpy (the same sums, added in the same order).
     """
+    nesting = structure._nesting
+    if (
+        nesting is not None
+        and group.dtype in (np.int32, np.int64)
+        and all(a.dtype == np.float64 for a in (start, end))
+        and all(a.flags.c_contiguous for a in (group, start, end))
+    ):
+        out = np.empty(groups)
+        if nesting.union_rows(group, group.dtype == np.int64, start, end, out):
+            return out
     keep = end > start
     if not keep.all():  # (a copy only where some interval is empty: these arrays are per row)
         group, start, end = group[keep], start[keep], end[keep]
@@ -601,6 +672,28 @@ def group_rows(*columns: np.ndarray | pd.Series | pd.Categorical) -> tuple[np.nd
 
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def group_sums(group: np.ndarray, groups: int, **columns: np.ndarray) -> dict[str, np.ndarray]:
+    """``pd.DataFrame(columns).groupby(group).sum()``, each column as an array, for groups
+    numbered ``0..groups-1`` that all hold a row (``group_rows``' numbering): pandas'
+    compensated sums to the bit (they differ from a plain sum in the last bits). One C pass
+    per float column (``_nesting.group_sums``) where the extension is built, else (or for
+    other columns, or a sum that is not finite) pandas' own."""
+    nesting = structure._nesting
+    if nesting is not None and group.dtype == np.int64 and group.flags.c_contiguous:
+        out: dict[str, np.ndarray] = {}
+        for name, values in columns.items():
+            sums = np.empty(groups)
+            if not (values.dtype == np.float64 and values.flags.c_contiguous and values.size == group.size):
+                break
+            if not nesting.group_sums(group, values, sums):
+                break
+            out[name] = sums
+        else:
+            return out
+    frame = pd.DataFrame(columns).groupby(group).sum()
+    return {name: frame[name].to_numpy() for name in columns}
 
 
 def _factorized(values: np.ndarray) -> tuple[np.ndarray, int]:

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import enclosing_at, flow_thread_keys, group_rows, in_scope, layers_at, names_where
+from tracemagic.analysis._common import (
+    enclosing_at,
+    flow_thread_keys,
+    group_rows,
+    in_scope,
+    layers_at,
+    names_match_at,
+    names_where,
+)
 from tracemagic.trace import structure
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
@@ -214,7 +222,7 @@ def _fold_compiled(
     rows, up = rows[keep], up[keep]
     if not rows.size:
         return module, None
-    fold = names_where(events["name"], COMPILED_WRAPPER)[up]
+    fold = names_match_at(events["name"], COMPILED_WRAPPER, up)
     if fold.any():  # the layer names compared only inside a wrapper (none without torch.compile)
         inside = np.flatnonzero(fold)
         layer, _ = layers_at(trace, rows[inside])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracemagic.analysis._common import call_chains, codes_of, text
+from tracemagic.analysis._common import activity_rows, call_chains, codes_of, text
 from tracemagic.analysis.kernels import kernels as kernels_table
 from tracemagic.analysis.layers import layers as layers_table
 from tracemagic.analysis.schema import TABLES, computes
@@ -31,7 +31,11 @@ def _ops(trace: TraceTables) -> pd.DataFrame:
     codes, names = codes_of(events["name"])
     tops = tops[codes[tops] >= 0]  # a chain without a name is in no group, as groupby drops NA keys
     chains = pd.DataFrame(
-        {"name": codes[tops], "dur": events["dur"].to_numpy()[tops], "gpu_us": gpu_time(events)[tops]}
+        {
+            "name": codes[tops],
+            "dur": events["dur"].to_numpy()[tops],
+            "gpu_us": gpu_time(events, tops, activity_rows(trace)),
+        }
     )
     # grouped on the name codes (each group's rows in the same order as by text), named once per name
     table = chains.groupby("name").agg(calls=("dur", "size"), us=("dur", "sum"), gpu_us=("gpu_us", "sum"))

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import column_at, is_nccl, labels, layer_labels, name_labels, trace_start
+from tracemagic.analysis._common import (
+    activity_rows,
+    column_at,
+    is_nccl,
+    kinds_at,
+    labels,
+    layer_labels,
+    name_labels,
+    trace_start,
+)
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
@@ -37,7 +44,8 @@ def kernels(trace: TraceTables) -> pd.DataFrame:
     arg, when recorded); ``is_comm`` (an NCCL kernel). Text columns are categoricals.
     """
     events = trace.events
-    rows = timed_rows(events, KINDS)
+    # (a trace without GPU activity, a CPU one: no pass over the table)
+    rows = timed_rows(events, KINDS) if activity_rows(trace).size else np.zeros(0, dtype=np.int64)
 
     def at(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:
         return column_at(events[column], rows)
@@ -45,13 +53,14 @@ def kernels(trace: TraceTables) -> pd.DataFrame:
     op_rows = at("op")
     layer, layer_type = layer_labels(trace, at("module"))
     names = pd.Series(at("name"))
-    kind = cast(pd.Categorical, at("kind"))
+    kind = kinds_at(events, rows, KINDS)
+    is_kernel = np.asarray(kind == "kernel")
     return pd.DataFrame(
         {
             "rank": at("rank"),
             "row": rows,
             "name": labels(names),
-            "kind": kind.set_categories(list(KINDS)),
+            "kind": kind,
             "device": at("device"),
             "stream": at("stream"),
             "ts": at("ts") - trace_start(trace),
@@ -66,7 +75,7 @@ def kernels(trace: TraceTables) -> pd.DataFrame:
             "grid": labels(pd.Series(at("grid"))),
             "block": labels(pd.Series(at("block"))),
             "collective": labels(pd.Series(at("collective"))),
-            "is_comm": np.asarray(kind == "kernel") & is_nccl(names),
+            "is_comm": is_kernel & is_nccl(names) if is_kernel.any() else is_kernel,
         },
         copy=False,  # every column is made here
     )

@@ -20,6 +20,7 @@ module's own time, forward (the region's ops and kernels) and backward
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
+    activity_rows,
     group_rows,
     in_thread_order,
     layers_at,
@@ -35,12 +37,15 @@ from tracemagic.analysis._common import (
     names_where,
     nesting_depth,
     rollup,
+    row_thread_key,
     text,
+    thread_keys_of,
+    thread_order,
 )
 from tracemagic.analysis.attribution import Attribution, attribution
 from tracemagic.analysis.efficiency import gpu_shares
 from tracemagic.analysis.schema import TABLES, computes
-from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY, GPU_KINDS
+from tracemagic.trace.kineto import CPU_KINDS, GPU_KINDS
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import NEST_TOLERANCE_US, sort_by_thread, thread_keys
@@ -117,11 +122,21 @@ def _rollup(start: np.ndarray, weights: np.ndarray, modules: _Modules) -> tuple[
     return own, np.bincount(modules.layer[rows], weights=inclusive[rows], minlength=modules.count)
 
 
+#: ``_first_op_dims`` walks the thread order from each call where there are at most this
+#: many (a model's layers: a few dozen), rather than finding every op with tensor inputs
+_FEW_CALLS = 64
+
+
 def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
     """Input dims (text, None if none) of the first cpu_op with a tensor input inside each
-    module call row."""
+    module call row: the first such op of the call's thread (in its thread order: by start,
+    longest first) starting no earlier than ``NEST_TOLERANCE_US`` before the call and no
+    later than its end."""
     events = trace.events
     categories = np.append(np.asarray(events["input_dims"].cat.categories, dtype=object), [None])
+    walked = _walked_first_ops(trace, calls) if 0 < calls.size <= _FEW_CALLS else None
+    if walked is not None:
+        return categories[walked]
     out = np.full(calls.size, -1, dtype=np.int64)
     is_op = kind_mask(events, "cpu_op")
     is_op &= names_where(events["input_dims"], TENSOR_DIMS)
@@ -131,7 +146,8 @@ def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
     dur = events["dur"].to_numpy()
     dims = events["input_dims"].array.codes
     ops = in_thread_order(trace, is_op)  # by thread, start, longest first: the order the trace keeps
-    op_keys = thread_keys(events, ops) if ops is not None else np.zeros(0, dtype=np.int64)
+    # (gathered from the trace's keys, which its thread order was made with: one take, not three)
+    op_keys = np.take(thread_keys_of(trace), ops) if ops is not None else np.zeros(0, dtype=np.int64)
     if ops is None or (op_keys[1:] < op_keys[:-1]).any():  # (none kept, or threads out of key order: sorted here)
         ops = np.flatnonzero(is_op)
         op_keys = thread_keys(events, ops)
@@ -151,6 +167,102 @@ def _first_op_dims(trace: TraceTables, calls: np.ndarray) -> np.ndarray:
         ok &= ts[first] <= ts[calls[where]] + dur[calls[where]]
         out[where[ok]] = dims[first[ok]]
     return categories[out]
+
+
+def _walked_first_ops(trace: TraceTables, calls: np.ndarray) -> np.ndarray | None:
+    """``_first_op_dims``' input dims codes (-1: none) for a few calls, from the thread order
+    the trace keeps (``_common.in_thread_order``'s): per call, a bisection of its thread's
+    rows for the call's start, then the rows after it read in growing chunks up to the
+    first op with a tensor input or the call's end; none of the table-long masks and
+    searches the many-calls path makes (the same rows: that path's ops are a subsequence of
+    this order). None where some cpu_op is not a duration event (not in that order)."""
+    events = trace.events
+    kinds, dims = events["kind"].array, events["input_dims"].array
+    ph = events["ph"].array
+    if not all(isinstance(a, pd.Categorical) for a in (kinds, dims, ph)):
+        return None
+    # (the categories as lists: comparing an Arrow-backed index goes through pandas)
+    op_kind = np.array([c == "cpu_op" for c in kinds.categories.tolist()] + [False])  # (the last: -1, missing)
+    phases = ph.categories.tolist()
+    if "X" not in phases:
+        return None
+    # (a cpu_op instant is in no thread order: the many-calls path sorts such rows itself)
+    is_x = phases.index("X")
+    if any(((kinds.codes == code) & (ph.codes != is_x)).any() for code in np.flatnonzero(op_kind[:-1]).tolist()):
+        return None
+    tensor = np.fromiter((bool(TENSOR_DIMS.search(str(c))) for c in dims.categories.tolist()), dtype=bool)
+    tensor = np.append(tensor, False)  # (the last: -1, no dims)
+    order = thread_order(trace)
+    if not order.size:  # no CPU duration event: no op inside any call
+        return np.full(calls.size, -1, dtype=np.int64)
+    ts, dur = events["ts"].to_numpy(), events["dur"].to_numpy()
+    kind_codes, dims_codes = kinds.codes, dims.codes
+    key_of = row_thread_key(events)
+    out = np.full(calls.size, -1, dtype=np.int64)
+    threads: dict[int, tuple[int, int]] = {}  # thread key -> its rows' bounds in ``order``
+    at = np.zeros(calls.size, dtype=np.int64)  # per call: where its walk starts, ends, and its end time
+    hi = np.zeros(calls.size, dtype=np.int64)
+    end = np.full(calls.size, -np.inf)
+    for i, call in enumerate(calls.tolist()):
+        start, stop = float(ts[call]) - NEST_TOLERANCE_US, float(ts[call] + dur[call])
+        if start != start or stop != stop:  # (NaN: the search finds no op that starts by the end)
+            continue  # (an empty walk: at == hi)
+        key = key_of(call)
+        if key not in threads:
+            first = bisect.bisect_left(order, key, key=key_of)
+            threads[key] = (first, bisect.bisect_left(order, key + 1, first, key=key_of))
+        lo, hi[i] = threads[key]
+        at[i] = bisect.bisect_left(order, start, lo, hi[i], key=lambda row: ts[row])  # (NaN starts last, as numpy's)
+        end[i] = stop
+    step = 16  # the first rows of every walk at once (the first op with a tensor input is near), then each alone
+    pos = at[:, None] + np.arange(step)
+    rows = np.take(order, np.minimum(pos, order.size - 1))
+    # started past the call's end (or NaN), or past the thread's rows: no op after it is inside
+    ended = (pos >= hi[:, None]) | ~(np.take(ts, rows) <= end[:, None])
+    hit = np.take(op_kind, np.take(kind_codes, rows)) & np.take(tensor, np.take(dims_codes, rows)) & ~ended
+    # (``ended`` holds from a walk's first such row on: the rows of a thread are in start order)
+    found = hit.any(axis=1)
+    first = np.argmax(hit, axis=1)
+    out[found] = np.take(dims_codes, rows[found, first[found]])
+    live = np.flatnonzero(~found & ~ended.any(axis=1))  # neither found nor ended in those rows: walked on
+    if live.size:
+        out[live] = _walked_on(
+            order, ts, kind_codes, dims_codes, op_kind, tensor, at[live] + step, hi[live], end[live], step * 4
+        )
+    return out
+
+
+def _walked_on(
+    order: np.ndarray,
+    ts: np.ndarray,
+    kind_codes: np.ndarray,
+    dims_codes: np.ndarray,
+    op_kind: np.ndarray,
+    tensor: np.ndarray,
+    at: np.ndarray,
+    hi: np.ndarray,
+    end: np.ndarray,
+    step: int,
+) -> np.ndarray:
+    """``_walked_first_ops``' walks that went on past their first rows, each alone, in
+    chunks growing fourfold: the dims code of the first op with a tensor input, -1."""
+    out = np.full(at.size, -1, dtype=np.int64)
+    for i in range(at.size):
+        where, size = int(at[i]), step
+        while where < hi[i]:
+            chunk = order[where : min(where + size, int(hi[i]))]
+            ended = ~(np.take(ts, chunk) <= end[i])
+            hit = np.take(op_kind, np.take(kind_codes, chunk)) & np.take(tensor, np.take(dims_codes, chunk))
+            stop = int(np.argmax(ended)) if ended.any() else chunk.size
+            found = np.flatnonzero(hit[:stop])
+            if found.size:
+                out[i] = dims_codes[chunk[found[0]]]
+                break
+            if stop < chunk.size:
+                break
+            where += chunk.size
+            size *= 4
+    return out
 
 
 def memory_growth(
@@ -227,7 +339,7 @@ def layers(trace: TraceTables, step: int | None = None) -> pd.DataFrame:
     roots = roots[scope[roots]]
     bwd_self, bwd_cpu = _rollup(att.module[roots], dur[roots], space)
     launch = events["launch"].to_numpy()
-    gpu_all = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY))
+    gpu_all = activity_rows(trace)
     gpu_all = gpu_all[scope[gpu_all]]
     gpu = gpu_all[launch[gpu_all] >= 0]
     gpu_layer = att.module[launch[gpu]]

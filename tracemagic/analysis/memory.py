@@ -46,7 +46,11 @@ def device_names(device_type: pd.Series, device: pd.Series) -> tuple[np.ndarray,
     index = device.to_numpy(dtype=np.int64, na_value=-1)
     # factorized, then the few distinct keys sorted (``np.unique(..., return_inverse=True)``
     # sorts every row)
-    codes, found = pd.factorize((kind << 32) + index + 1)
+    key = (kind << 32) + index + 1
+    if key.size and key.min() == key.max():  # one device (the usual case): no hashing of every row
+        codes, found = np.zeros(key.size, dtype=np.intp), key[:1]
+    else:
+        codes, found = pd.factorize(key)
     order = np.argsort(found)
     keys = found[order]
     position = np.empty(order.size, dtype=np.intp)

@@ -7,7 +7,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import column_at, labels, layer_labels, trace_start
+from tracemagic.analysis._common import column_at, kinds_at, labels, layer_labels, trace_start
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.structure import timed_rows
@@ -41,19 +41,21 @@ def ops(trace: TraceTables) -> pd.DataFrame:
     layer, layer_type = layer_labels(trace, at("module"))
     ts = np.asarray(at("ts"), dtype=np.float64)
     ts -= trace_start(trace)  # (in place: taken at the rows, the array is this table's own)
+    names = cast(pd.Categorical, at("name"))
+    parent = at("parent")  # (the column, and each op's parent for ``merged``)
     return pd.DataFrame(
         {
             "rank": at("rank"),
             "row": rows,
-            "name": labels(pd.Series(at("name"))),
-            "kind": kinds_at(events, rows),
+            "name": labels(pd.Series(names)),
+            "kind": kinds_at(events, rows, KINDS),
             "ts": ts,
             "dur": at("dur"),
             "self_dur": at("self_dur"),
             "thread": labels(pd.Series(at("tid"))),
             "step": at("step"),
             "depth": at("depth"),
-            "parent": at("parent"),
+            "parent": parent,
             "layer": layer,
             "layer_type": layer_type,
             "input_dims": labels(pd.Series(at("input_dims"))),
@@ -61,24 +63,15 @@ def ops(trace: TraceTables) -> pd.DataFrame:
             "seq": at("seq"),
             "rf_id": at("rf_id"),
             "external_id": at("external_id"),
-            "merged": merged(events, rows),
+            "merged": merged(events, rows, np.asarray(parent), names.codes),
         },
         copy=False,  # every column is made here: no second copy of each (11.8 MB on a 100 MB trace)
     )
 
 
-def kinds_at(events: pd.DataFrame, rows: np.ndarray) -> pd.Categorical:
-    """The ``kind`` of ``rows`` as a categorical of ``KINDS``, made from the codes
-    (``set_categories`` on the rows' values recodes them through a hash table)."""
-    kinds = cast(pd.Categorical, events["kind"].array)
-    lookup = [KINDS.index(k) if k in KINDS else -1 for k in kinds.categories.tolist()]
-    codes = np.take(np.array([*lookup, -1], dtype=np.int8), np.take(kinds.codes, rows))  # -1 (missing): the last
-    return pd.Categorical.from_codes(
-        codes, dtype=pd.CategoricalDtype(list(KINDS), ordered=kinds.ordered), validate=False
-    )
-
-
-def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+def merged(
+    events: pd.DataFrame, rows: np.ndarray, up: np.ndarray | None = None, names: np.ndarray | None = None
+) -> np.ndarray:
     """Which of ``rows`` (op rows) run as the only CPU event directly inside an op of their own
     name (``aten::div`` dispatching to ``aten::div``): torch's ``key_averages()``
     (``EventList._remove_dup_nodes``) folds such an op into the one around it, so it is no
@@ -88,14 +81,18 @@ def merged(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     that also holds a runtime call of its own is merged there and not here (rare: the inner
     op makes the launch). Chains (``a`` in ``a`` in ``a``) fold into the outermost. An op
     in a 0 µs op (integer-µs traces) is none: it is its sibling for the plugin, as for torch.
+    ``up`` and ``names``: the rows' parents and name codes, where the caller took them already.
     """
     parent = events["parent"].to_numpy()
-    up = parent[rows]
+    if up is None:
+        up = parent[rows]
     out = np.zeros(rows.size, dtype=bool)
     codes = cast(pd.Categorical, events["name"].array).codes  # (``.cat.codes`` copies them)
+    if names is None:
+        names = np.take(codes, rows)
     # same name as the parent first (one pass, -1 parents masked): few rows, so the rest looks at those alone
     # (``take``: indexing the small codes by int64 rows is slower; a -1 parent takes the last row's, masked)
-    where = np.flatnonzero((up >= 0) & (np.take(codes, up) == np.take(codes, rows)))
+    where = np.flatnonzero((up >= 0) & (np.take(codes, up) == names))
     if where.size == 0:
         return out
     outer = up[where]

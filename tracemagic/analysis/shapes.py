@@ -11,11 +11,13 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
+    activity_rows,
     among,
     call_chains,
     codes_of,
     column_at,
     group_rows,
+    group_sums,
     rollup,
     text,
     text_take,
@@ -284,13 +286,18 @@ def flops(name: str, input_dims: str | None, concrete_inputs: str | None = None)
     return flops_with_source(name, input_dims, concrete_inputs)[0]
 
 
-def gpu_time(events: pd.DataFrame, at: np.ndarray | None = None) -> np.ndarray:
+def gpu_time(events: pd.DataFrame, at: np.ndarray | None = None, activity: np.ndarray | None = None) -> np.ndarray:
     """Per events row (or per row of ``at``): duration of the GPU work (kernels, memcpy,
-    memset) launched inside it."""
-    gpu = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & (events["launch"].to_numpy() >= 0))
+    memset) launched inside it (``activity``: the rows of that work, where known,
+    ``_common.activity_rows``)."""
+    launch = events["launch"].to_numpy()
+    if activity is None:
+        gpu = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & (launch >= 0))
+    else:
+        gpu = activity[launch[activity] >= 0]
     if at is not None and gpu.size == 0:  # nothing launched (a CPU trace): no table-long zeros
         return np.zeros(at.size)
-    total = rollup(events["launch"].to_numpy()[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
+    total = rollup(launch[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
     return total if at is None else total[at]
 
 
@@ -308,12 +315,15 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
         value = pd.Series(column_at(flops, rows)).to_numpy(dtype=np.float64, na_value=np.nan)
     unknown = np.isnan(value)
     source = np.where(unknown, -1, 0)
-    (names, name_of), (dims, dims_of), (args, args_of) = (
-        _codes_at_rows(events[c], rows) for c in ("name", "input_dims", "concrete_inputs")
-    )
+    names, name_of = _codes_at_rows(events["name"], rows)
     has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
-    ruled = np.flatnonzero(unknown & np.take(has_rule, names) & (dims >= 0))
-    names, dims, args = names[ruled], dims[ruled], args[ruled]
+    # the dims and arguments taken only at the ops a rule knows (a few), not at every op
+    ruled = np.flatnonzero(unknown & np.take(has_rule, names))
+    dims, dims_of = _codes_at_rows(events["input_dims"], rows[ruled])
+    shaped = dims >= 0
+    ruled, dims = ruled[shaped], dims[shaped]
+    args, args_of = _codes_at_rows(events["concrete_inputs"], rows[ruled])
+    names = names[ruled]
     if len(name_of) * len(dims_of) * len(args_of) < 2**62:  # one int key (codes + 1: -1 is missing)
         wide = [c.astype(np.int64) + 1 for c in (names, dims, args)]  # (the codes are int8 or int16)
         codes, first = group_rows((wide[0] * len(dims_of) + wide[1]) * len(args_of) + wide[2])
@@ -439,23 +449,22 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
         for key, values in key_values.items()
     }
     group, first = group_rows(rank, *key_columns.values())
-    # pandas' sums (compensated: they differ from a plain sum in the last bits), all in one call
-    chains = pd.DataFrame(
-        {
-            "dur": np.take(events["dur"].to_numpy(), tops),
-            "self_dur": chain_self,
-            "gpu_us": gpu_time(events, tops),
-            "flops": np.where(chain_source >= 0, chain_flops, np.nan),
-        }
+    # pandas' sums (compensated: they differ from a plain sum in the last bits)
+    sums = group_sums(
+        group,
+        first.size,
+        dur=np.take(events["dur"].to_numpy(), tops),
+        self_dur=chain_self,
+        gpu_us=gpu_time(events, tops, activity_rows(trace)),
+        flops=np.where(chain_source >= 0, chain_flops, np.nan),
     )
-    sums = chains.groupby(group).sum()
-    totals, gpu = sums["dur"].to_numpy(), sums["gpu_us"].to_numpy()
+    totals, gpu = sums["dur"], sums["gpu_us"]
     calls = np.bincount(group, minlength=first.size)
     # per call only where every call's chain is counted: a mean over the known ones would
     # hold the other calls' time to FLOPs they may not have done (as ``efficiency()``)
     every = np.bincount(group[chain_source < 0], minlength=first.size) == 0
     # pandas' mean where every call is known: its compensated sum over the calls
-    mean = np.where(every, sums["flops"].to_numpy() / calls, np.nan)
+    mean = np.where(every, sums["flops"] / calls, np.nan)
     best = np.full(first.size, -1, dtype=np.int64)
     np.maximum.at(best, group, chain_source)
     source = np.where(every, best, -1)
@@ -484,7 +493,7 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
             "calls": calls[order],
             "total_us": totals[order],
             "mean_us": (totals / calls)[order],
-            "self_us": sums["self_dur"].to_numpy()[order],
+            "self_us": sums["self_dur"][order],
             "gpu_us": gpu[order],
             "flops": flops.take(order),
             "tflops_per_s": tflops.take(order),

@@ -28,6 +28,7 @@ import pandas as pd
 
 from tracemagic.analysis._common import (
     HOST_COLLECTIVE,
+    activity_rows,
     group_rows,
     is_dataloader,
     is_nccl,
@@ -38,6 +39,7 @@ from tracemagic.analysis._common import (
     values_at,
 )
 from tracemagic.analysis.schema import computes
+from tracemagic.trace import structure
 from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.kineto import step_number as _step_number
 from tracemagic.trace.model import TraceTables
@@ -134,9 +136,8 @@ def window_of(trace: TraceTables, frame: pd.DataFrame) -> np.ndarray:
 def _gpu_rows(trace: TraceTables) -> np.ndarray:
     """Rows of timed GPU activity (kernels, memcpy, memset) with a known start."""
     events = trace.events
-    gpu = kind_mask(events, *GPU_ACTIVITY)
-    if not gpu.any():  # a CPU trace: no phase test over the table
-        return np.flatnonzero(gpu)
+    if not activity_rows(trace).size:  # a CPU trace: no phase test over the table
+        return np.zeros(0, dtype=np.int64)
     rows = timed_rows(events, GPU_ACTIVITY)
     return rows[np.isfinite(events["ts"].to_numpy()[rows])]
 
@@ -271,10 +272,17 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     duration = per_code(events["ph"], lambda c: c == "X", False)
     duration &= events["dur"].to_numpy() > 0
     duration &= np.isfinite(events["ts"].to_numpy())
-    kernel = duration & kind_mask(events, "kernel")
+    activity = activity_rows(trace)
+    # a trace without GPU activity (a CPU one): no pass over the table for each of its kinds
+    idle = np.zeros_like(duration) if not activity.size else None
+
+    def of_kind(kind: str) -> np.ndarray:
+        return duration & kind_mask(events, kind) if idle is None else idle
+
+    kernel = of_kind("kernel")
     nccl = is_nccl(names) if kernel.any() else kernel  # (only kernels are told apart by it)
     ranks = events["rank"].to_numpy()
-    gpu_ranks = np.unique(ranks[kind_mask(events, *GPU_ACTIVITY)])
+    gpu_ranks = np.unique(ranks[activity])
     on_gpu_rank = of_ranks(ranks, gpu_ranks)
     host = duration & kind_mask(events, "cpu_op", "user_annotation")
     collective = names_where(names, HOST_COLLECTIVE)
@@ -288,8 +296,8 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
         "compute_us": kernel & ~nccl,
         "comm_us": (kernel & nccl) | host_comm | gloo_on_gpu,
         "gloo_on_gpu": gloo_on_gpu,
-        "memcpy_us": duration & kind_mask(events, "memcpy"),
-        "memset_us": duration & kind_mask(events, "memset"),
+        "memcpy_us": of_kind("memcpy"),
+        "memset_us": of_kind("memset"),
         "runtime_us": duration & kind_mask(events, "runtime"),
         "dataloader_us": duration & is_dataloader(trace),
         "cpu_us": duration & kind_mask(events, "cpu_op"),
@@ -347,7 +355,14 @@ def _rank_parts(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """``in_windows`` for one rank: ``mine`` (positions in ``start``/``end``, None for all)
     against its windows ``where``; None when no part falls in one. A function of its own so
-    that its per-row temporaries are freed before the next rank's (and the caller's join)."""
+    that its per-row temporaries are freed before the next rank's (and the caller's join).
+    Rows in start order, each in one window at most (the usual case), in one C pass
+    (``_nesting.window_parts``) where the extension is built, else numpy (the same parts)."""
+    parts = _window_parts(
+        start if mine is None else start[mine], end if mine is None else end[mine], where, win_start, win_end, win_dur
+    )
+    if parts is not None:
+        return parts if parts[0].size else None
     found = _in_one_window(
         start if mine is None else start[mine], end if mine is None else end[mine], win_start[where], win_end[where]
     )
@@ -381,6 +396,33 @@ def _rank_parts(
         del offset
     del lo
     return _clipped(mine, part, group, start, end, win_start, win_dur)
+
+
+def _window_parts(
+    start: np.ndarray,
+    end: np.ndarray,
+    where: np.ndarray,
+    win_start: np.ndarray,
+    win_end: np.ndarray,
+    win_dur: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``_rank_parts``' parts in one C pass (``_nesting.window_parts``); None where the
+    extension is not built or the rows are not so (the numpy search does them)."""
+    nesting = structure._nesting
+    if nesting is None or not all(
+        a.dtype == np.float64 and a.flags.c_contiguous for a in (start, end, win_start, win_end, win_dur)
+    ):
+        return None
+    group = np.empty(start.size, dtype=np.int32)
+    since, until = np.empty(start.size), np.empty(start.size)
+    count = nesting.window_parts(
+        start, end, win_start, win_end, win_dur, np.ascontiguousarray(where, dtype=np.int64), group, since, until
+    )
+    if count < 0:
+        return None
+    if count == start.size:
+        return group, since, until
+    return group[:count].copy(), since[:count].copy(), until[:count].copy()  # (not a view holding every row)
 
 
 def _clipped(
@@ -490,7 +532,7 @@ def steps(trace: TraceTables) -> pd.DataFrame:
     gpu = _gpu_rows(trace)
     busy = union_length(*in_windows(trace, frame, gpu), groups) if gpu.size else np.zeros(groups)
     events = trace.events
-    gpu_ranks = np.unique(events["rank"].to_numpy()[kind_mask(events, *GPU_ACTIVITY)])
+    gpu_ranks = np.unique(events["rank"].to_numpy()[activity_rows(trace)])
     has_gpu = np.isin(frame["rank"].to_numpy(), gpu_ranks)
     out = pd.DataFrame(
         {

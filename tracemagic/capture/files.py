@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import mmap
 import os
 import shutil
 import socket
@@ -28,6 +29,7 @@ from tracemagic.trace.layout import (  # noqa: F401 - the format's names and wri
     kineto_name,
     memory_name,
     partial_path,
+    replace_existing,
     write_json,
 )
 
@@ -60,28 +62,61 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe
         CaptureError: the directory cannot be created or written, with the reason.
     """
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    # plain str paths and os calls: pathlib's parsing was most of this function's time
+    folder = os.fspath(out)
+    base = f"{name}-{stamp}"
     try:
-        if not out.is_dir():  # one stat where it exists (mkdir would fail, then stat it)
-            out.mkdir(parents=True, exist_ok=True)
+        if not os.path.isdir(folder):  # one stat where it exists (mkdir would fail, then stat it)
+            os.makedirs(folder, exist_ok=True)
         taken: set[str] | None = None
         for n in range(1000):
-            candidate = out / (f"{name}-{stamp}" if n == 0 else f"{name}-{stamp}-{n}")
-            if taken is not None and candidate.name in taken:
+            leaf = base if n == 0 else f"{base}-{n}"
+            if taken is not None and leaf in taken:
                 continue
+            candidate = os.path.join(folder, leaf)
             try:
-                candidate.mkdir()
+                os.mkdir(candidate)
             except FileExistsError:
                 if taken is None and n >= _PROBED:  # many captures this second: skip the names seen taken
-                    taken = set(os.listdir(out))  # (a failed mkdir is cheaper than listing a big folder)
+                    taken = set(os.listdir(folder))  # (a failed mkdir is cheaper than listing a big folder)
                 continue
+            made = out / leaf
             if probe:
-                path = partial_path(candidate / MANIFEST)
+                path = partial_path(made / MANIFEST)
                 path.write_text("{}")
                 path.unlink()
-            return candidate
+            return made
     except OSError as exc:
         raise unwritable(out, exc) from None
     raise CaptureError(f"too many captures named {name!r} in {str(out)!r} this second.")
+
+
+def write_text(final: str, text: str, *, replacing: bool = False) -> None:
+    """Write ``text`` (UTF-8) to the file ``final`` atomically, as ``layout.atomic_path``
+    does (under the hidden ``.NAME.partial`` name, then moved into place; ``replacing``: the
+    final file exists, and the two are swapped), with plain ``os`` calls on ``str`` paths: a
+    capture writes its manifest twice inside the user's cell.
+
+    Raises:
+        OSError: the file could not be written; nothing is left under either name.
+    """
+    head, leaf = os.path.split(final)
+    tmp = os.path.join(head, f".{leaf}.partial")
+    data = text.encode("utf-8")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        if not (replacing and replace_existing(tmp, final)):
+            os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def unwritable(out: Path, exc: OSError) -> CaptureError:
@@ -98,7 +133,8 @@ def write_with(
     gz: bool = False,
     *,
     beside: bool = False,
-) -> None:
+    inspect: Callable[[bytes | mmap.mmap], object] | None = None,
+) -> int | None:
     """Let ``write(path)`` (a torch exporter) write plain JSON, then place it atomically.
 
     By default the exporter writes into a hidden staging folder (``.partial-*``: writers
@@ -111,20 +147,27 @@ def write_with(
             the user's loop). A Kineto trace's ``traceName`` (the path torch wrote to) is
             then set to ``final``'s path (``_set_trace_name``), as torch's own exporters
             write it. An exporter that fails leaves nothing behind either way.
+        inspect: with ``beside``, called with the file's contents (mapped read-only, valid
+            during the call) before it is placed: the file is read once, for this and its
+            ``traceName``.
+
+    Returns:
+        With ``beside`` and no ``gz``, the placed file's size in bytes (read while its
+        ``traceName`` was set, so the caller need not ``stat`` it); otherwise None.
     """
     raw_final = final.with_name(final.name[: -len(".gz")]) if final.name.endswith(".gz") else final
     if beside:
         raw = partial_path(raw_final)
         try:
             write(str(raw))
-            _set_trace_name(raw, final)
+            size = _set_trace_name(raw, final, inspect)
             place(raw, final, gz=gz)
         except BaseException:
             for left in (raw, raw.with_name(raw.name + ".tmp")):  # and Kineto's own temporary file
                 with contextlib.suppress(OSError):
                     left.unlink(missing_ok=True)
             raise
-        return
+        return None if gz else size
     folder = staging_dir(final.parent)
     try:
         raw = folder / raw_final.name
@@ -132,6 +175,7 @@ def write_with(
         place(raw, final, gz=gz)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    return None
 
 
 def staging_dir(parent: Path) -> Path:
@@ -144,23 +188,46 @@ _TAIL = 4096
 _TRACE_NAME = b'"traceName": '
 
 
-def _set_trace_name(written: Path, final: Path) -> None:
+def _set_trace_name(written: Path, final: Path, inspect: Callable[[bytes | mmap.mmap], object] | None = None) -> int:
     """Make the ``traceName`` Kineto wrote (the path it was given, ``written``) name
     ``final`` instead, in place: the value is overwritten and padded with spaces (JSON
     whitespace), so nothing else in the file moves. A file whose tail does not hold
     exactly ``"traceName": "<written>"`` (not a Kineto trace, a memory timeline) is left
-    as it is; so is a ``final`` whose JSON string would not fit."""
+    as it is; so is a ``final`` whose JSON string would not fit.
+
+    Args:
+        inspect: called with the whole file first, mapped (``mmap``, read-only; valid
+            only during the call), so the file is read once for both.
+
+    Returns:
+        The file's size in bytes (unchanged by the edit).
+    """
     old = b'"' + os.fsencode(str(written)) + b'"'
     new = json.dumps(str(final), ensure_ascii=False).encode("utf-8")
-    if len(new) > len(old):
-        return
-    with open(written, "r+b") as fh:
-        start = max(0, fh.seek(0, os.SEEK_END) - _TAIL)
-        fh.seek(start)
-        at = fh.read().rfind(_TRACE_NAME + old)
+    fd = os.open(written, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    try:  # plain descriptor calls: this runs inside the user's loop, once per window
+        size = os.fstat(fd).st_size
+        start = max(0, size - _TAIL)
+        if inspect is not None:
+            if size:  # mapped, not read: no copy of the whole file
+                with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
+                    inspect(view)
+                    tail = view[start:size]
+            else:
+                inspect(b"")
+                tail = b""
+        elif len(new) > len(old):
+            return size
+        else:
+            tail = os.pread(fd, size - start, start)
+        if len(new) > len(old):
+            return size
+        at = tail.rfind(_TRACE_NAME + old)
         if at >= 0:
-            fh.seek(start + at + len(_TRACE_NAME))
-            fh.write(new + b" " * (len(old) - len(new)))
+            os.pwrite(fd, new + b" " * (len(old) - len(new)), start + at + len(_TRACE_NAME))
+        return size
+    finally:
+        os.close(fd)
 
 
 def place(source: Path, final: Path, gz: bool = False) -> None:

@@ -37,6 +37,7 @@ import contextlib
 import functools
 import gc
 import itertools
+import mmap
 import os
 import types
 import weakref
@@ -78,7 +79,9 @@ _OPAQUE = (
 )
 
 
-def recorded_modules(profiler: Any, trace: str | os.PathLike[str] | None = None) -> dict[str, tuple[int, str]]:
+def recorded_modules(
+    profiler: Any, trace: str | os.PathLike[str] | None = None, *, names: set[str] | None = None
+) -> dict[str, tuple[int, str]]:
     """The modules called in the window a profiler just recorded, as torch names them.
 
     Args:
@@ -89,6 +92,8 @@ def recorded_modules(profiler: Any, trace: str | os.PathLike[str] | None = None)
             (``module_event_names``) has been found, and the inside of ``aten::`` ops, C
             functions and torch's optimizer/autograd code only when the events outside them
             leave a name unfound; without it, every event is searched.
+        names: the trace's module names, already read (``module_event_names_in``):
+            used instead of reading ``trace``.
 
     Returns:
         ``{"nn.Module: Linear_0": (id of the module, "Linear"), ...}``, in order of the
@@ -97,7 +102,7 @@ def recorded_modules(profiler: Any, trace: str | os.PathLike[str] | None = None)
     results = getattr(profiler, "kineto_results", None)
     if results is None:
         return {}
-    wanted = module_event_names(trace) if trace is not None else None
+    wanted = names if names is not None else module_event_names(trace) if trace is not None else None
     calls = _module_calls(results.experimental_event_tree(), wanted)
     calls.sort()
     out: dict[str, tuple[int, str]] = {}
@@ -170,7 +175,9 @@ def module_event_names(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> s
     names: set[bytes] = set()
     tail = b""
     try:
-        with open(trace, "rb") as fh:
+        with open(trace, "rb", buffering=0) as fh:
+            if os.fstat(fh.fileno()).st_size <= chunk:  # the usual window: one read, no chunk buffer
+                return module_event_names_in(fh.readall())
             while block := fh.read(chunk):
                 data = tail + block
                 pos, carry = 0, None
@@ -186,6 +193,52 @@ def module_event_names(trace: str | os.PathLike[str], chunk: int = 1 << 22) -> s
                 tail = data[carry:]
     except OSError:
         return None
+    return {name.decode("utf-8", "replace") for name in names}
+
+
+#: the byte ``module_event_names_in`` looks for first (``memchr``): the key's rarest in a trace
+_ANCHOR = b"M"
+#: the anchor's offset in the key
+_AT = _TRACE_KEY.index(_ANCHOR)
+
+
+def module_event_names_in(data: bytes | mmap.mmap) -> set[str]:
+    """``module_event_names`` of a whole Kineto JSON file's bytes, already read or mapped (a
+    capture maps its trace once, for these names and its ``traceName``).
+
+    Each ``M`` is found first (one ``memchr`` each, several times faster than searching for
+    the whole key, whose last byte, a space, is everywhere in JSON) and the key checked
+    around it; past a budget of ``M``s that are not the key (a trace full of ``Memcpy``,
+    ``MmBackward0``), the rest is searched for the key itself.
+    """
+    key = _TRACE_KEY
+    prefix = len(key) - len(MODULE_EVENT)
+    names: set[bytes] = set()
+    find = data.find
+    size = len(key)
+    pos = _AT
+    budget = 256 + (len(data) >> 12)  # misses allowed before the plain search
+    while budget > 0:
+        at = find(_ANCHOR, pos)
+        if at < 0:
+            return {name.decode("utf-8", "replace") for name in names}
+        begin = at - _AT
+        if data[begin : begin + size] != key:
+            budget -= 1
+            pos = at + 1
+            continue
+        end = find(b'"', begin + len(key))
+        if end < 0:  # a cut file: its last name is not whole
+            return {name.decode("utf-8", "replace") for name in names}
+        names.add(data[begin + prefix : end])
+        pos = end + 1 + _AT
+    pos -= _AT  # no key begins before here that was not seen
+    while (at := find(key, pos)) >= 0:
+        end = find(b'"', at + len(key))
+        if end < 0:
+            break
+        names.add(data[at + prefix : end])
+        pos = end + 1
     return {name.decode("utf-8", "replace") for name in names}
 
 

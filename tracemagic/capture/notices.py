@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import TextIO
 
 #: the notices torch prints on its own at profiler start/stop: nothing the user must act on
 KNOWN_NOTICES = (
@@ -58,9 +59,7 @@ def hush(hidden: list[str]) -> Iterator[None]:
     stream in a notebook), so nothing else is lost. Where the descriptors cannot be
     redirected (closed, or no OS support), the block runs unchanged.
     """
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    _flush(sys.stdout, sys.stderr)
     saved: list[tuple[int, int]] = []
     sink = None
     try:
@@ -89,6 +88,18 @@ def hush(hidden: list[str]) -> Iterator[None]:
                 sys.stderr.write("\n".join(kept) + "\n")
 
 
+def _flush(*streams: TextIO) -> None:
+    """Flush Python's streams before descriptor 2 changes hands, so what they hold comes out
+    first; a stream with nothing to send is left alone (ipykernel's ``OutStream``, whose
+    ``_flush_pending`` says so: its ``flush()`` waits for a round trip through the kernel's
+    IO thread, ~60 µs)."""
+    for stream in streams:
+        if getattr(stream, "_flush_pending", True) is False:
+            continue
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
 def _restore(saved: list[tuple[int, int]]) -> None:
     for fd, copy in saved:
         with contextlib.suppress(OSError):
@@ -101,105 +112,162 @@ class Filter:
     """File descriptor 2 passed through a pipe while the profiler records: torch's known
     notices go to ``hidden``, every other line to the original descriptor 2 as it comes.
 
-    A thread reads the pipe, so C++ output anywhere in the window (the CPU allocator's
-    notice is printed when a tensor is freed, mid-loop) is filtered without holding the
-    cell's output back: a line goes on at its newline or carriage return, an unfinished one
-    after ``PARTIAL_LINE_WAIT_S``. :meth:`stop` puts descriptor 2 back and waits until the
-    pipe is drained (a child process that inherited it, such as a DataLoader worker, may hold
-    it open longer: the thread forwards its lines until it exits). Where descriptors cannot
-    be redirected, nothing is filtered.
+    One reader thread per process (``_Pump``, started by the first filter and kept: each
+    capture then costs two ``dup``s and no thread start) reads the pipe, so C++ output
+    anywhere in the window (the CPU allocator's notice is printed when a tensor is freed,
+    mid-loop) is filtered without holding the cell's output back: a line goes on at its
+    newline or carriage return, an unfinished one after ``PARTIAL_LINE_WAIT_S``.
+    :meth:`stop` puts descriptor 2 back and passes on what is left in the pipe itself (no
+    wait for the thread to be scheduled). A child process that inherited the pipe, such as
+    a DataLoader worker, may write after that: the thread forwards its lines to the
+    descriptor 2 of the latest filter. Where descriptors cannot be redirected, or another
+    filter is already on, nothing is filtered.
     """
 
     def __init__(self, hidden: list[str]) -> None:
         self.hidden = hidden
         self._saved: int | None = None
-        self._closing = False
-        self._drained = threading.Event()
-
-    @property
-    def active(self) -> bool:
-        """Whether descriptor 2 is being filtered now."""
-        return self._saved is not None
+        #: whether descriptor 2 is being filtered now (an attribute, read without a call)
+        self.active = False
 
     def start(self) -> None:
         """Begin filtering descriptor 2 (idempotent)."""
         if self._saved is not None:
             return
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        opened: list[int] = []
+        _flush(sys.stdout, sys.stderr)
         try:
-            read, write = os.pipe()
-            opened += [read, write]
-            saved = os.dup(2)
-            opened.append(saved)
-            forward = os.dup(2)
-            opened.append(forward)
-            os.dup2(write, 2)
+            pump = _Pump.get()
         except OSError:
-            for fd in opened:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
             return
-        os.close(write)
+        with pump.lock:
+            if pump.filtering:  # another filter is on: descriptor 2 is its pipe already
+                return
+            try:
+                saved = os.dup(2)
+            except OSError:
+                return
+            try:
+                os.dup2(pump.write, 2)
+            except OSError:
+                os.close(saved)
+                return
+            pump.attach(self.hidden, saved)
         self._saved = saved
-        self._closing = False
-        self._drained = threading.Event()
-        # a bare thread: ``threading.Thread.start`` waits until it runs (a wait on a busy
-        # machine before the user's loop); ``_drained`` says when it is done
-        _thread.start_new_thread(self._pump, (read, forward))
+        self.active = True
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Put descriptor 2 back and wait, up to ``timeout``, until the thread has passed on
-        what was written (idempotent). The thread itself goes on until every writer has
-        closed the pipe: a child process that inherited it (a DataLoader worker) may still
-        write, and its lines still reach the original descriptor 2."""
-        if self._saved is None:
+        """Put descriptor 2 back and pass on what was written before (idempotent): by the
+        time it returns, every line written before it has been passed on or kept as a
+        notice, unless the thread holds the pipe longer than ``timeout`` (stuck writing to
+        a descriptor 2 nobody reads): it passes them on itself then."""
+        saved = self._saved
+        if saved is None:
             return
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
-        self._closing = True
+        _flush(sys.stderr)
+        pump = _Pump.get()
         with contextlib.suppress(OSError):
-            os.dup2(self._saved, 2)  # closes this process's last write end
-        with contextlib.suppress(OSError):
-            os.close(self._saved)
+            os.dup2(saved, 2)  # what this process writes now goes straight to the original
         self._saved = None
-        self._drained.wait(timeout)
+        self.active = False
+        if not pump.lock.acquire(timeout=timeout):
+            pump.filtering = False  # the next filter may start; the thread routes the rest
+            return
+        try:
+            pump.drain(final=True)  # the pipe's bytes, all written before the dup2 returned
+        finally:
+            pump.filtering = False
+            pump.lock.release()
 
-    def _route(self, line: bytes, forward: int) -> None:
+
+class _Pump:
+    """The process's pipe and its reader thread (``Filter``): routes each line to the
+    current filter's ``hidden`` list (a known notice) or its saved descriptor 2."""
+
+    _instance: _Pump | None = None
+
+    @classmethod
+    def get(cls) -> _Pump:
+        """The process's pump, made (pipe and thread) on first use."""
+        pump = cls._instance
+        if pump is None:
+            pump = cls._instance = cls()
+        return pump
+
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.read, False)  # drained by the thread or by stop(): never blocks
+        self.lock = threading.Lock()
+        self.filtering = False
+        self.hidden: list[str] = []
+        self.forward: int | None = None  # the latest filter's original descriptor 2
+        self.pending = b""  # an unfinished line
+        # a bare thread: ``threading.Thread.start`` waits until it runs (a wait on a busy
+        # machine before the user's loop), and this one lives as long as the process
+        _thread.start_new_thread(self._run, ())
+
+    def attach(self, hidden: list[str], forward: int) -> None:
+        """Route to a new filter's list and descriptor (under ``lock``)."""
+        old = self.forward
+        self.hidden, self.forward, self.filtering = hidden, forward, True
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.close(old)
+
+    def drain(self, final: bool = False) -> None:
+        """Read what the pipe holds and route its complete lines (under ``lock``); with
+        ``final``, an unfinished last line too."""
+        while True:
+            try:
+                chunk = os.read(self.read, 65536)
+            except BlockingIOError:
+                break
+            except OSError:  # pragma: no cover - the pipe closed under us
+                break
+            if not chunk:  # pragma: no cover - we hold the write end: no EOF
+                break
+            self.pending += chunk
+        if self.pending:
+            lines = _LINE_END.split(self.pending)
+            self.pending = lines.pop()  # '' after a terminator, else the unfinished line
+            if final and self.pending:
+                lines.append(self.pending)
+                self.pending = b""
+            for line in lines:
+                self._route(line)
+
+    def _route(self, line: bytes) -> None:
         text = line.decode("utf-8", "replace").rstrip("\r\n")
         if text and is_notice(text):
             self.hidden.append(text)
             return
-        with contextlib.suppress(OSError):
-            os.write(forward, line)
+        if self.forward is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.forward, line)
 
-    def _pump(self, read: int, forward: int) -> None:
-        pending = b""
-        try:
-            while True:
-                if not select.select([read], [], [], PARTIAL_LINE_WAIT_S)[0]:
-                    if pending:
-                        self._route(pending, forward)  # an unfinished line: pass it on
-                        pending = b""
-                    if self._closing:
-                        self._drained.set()  # nothing more came: stop() may return
-                    continue
-                chunk = os.read(read, 65536)
-                if not chunk:
-                    break
-                pending += chunk
-                lines = _LINE_END.split(pending)
-                pending = lines.pop()  # '' after a terminator, else the unfinished line
-                for line in lines:
-                    self._route(line, forward)
-            if pending:
-                self._route(pending, forward)
-        except (OSError, ValueError):  # pragma: no cover - select/read on a closed descriptor
-            pass
-        finally:
-            self._drained.set()
-            for fd in (read, forward):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+    def _run(self) -> None:
+        read = self.read
+        while True:
+            try:
+                # no timeout while no line is unfinished: the thread sleeps between captures
+                ready = select.select([read], [], [], PARTIAL_LINE_WAIT_S if self.pending else None)[0]
+            except (OSError, ValueError):  # pragma: no cover - the descriptor is gone
+                return
+            try:
+                with self.lock:
+                    if ready:
+                        self.drain()
+                    elif self.pending:  # an unfinished line waited long enough: pass it on
+                        line, self.pending = self.pending, b""
+                        self._route(line)
+            except Exception:  # noqa: BLE001 - pragma: no cover - never leave the pipe unread (a full one blocks writers)
+                continue
+
+
+def _forget_pump() -> None:
+    """In a forked child: the parent's reader thread is not there; a filter there starts
+    its own (the inherited pipe is left to the parent)."""
+    _Pump._instance = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pump)

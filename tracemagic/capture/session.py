@@ -12,8 +12,11 @@ writes what was recorded and the manifest, and returns a ``Capture``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
+import mmap
+import os
 import platform
 import shutil
 import sys
@@ -33,7 +36,15 @@ from tracemagic._version import __version__
 from tracemagic.capture import distributed, files, notices
 from tracemagic.capture.config import CaptureConfig
 from tracemagic.capture.loop import Iteration, LoopPlan
-from tracemagic.capture.naming import Called, find_roots, module_map, namespace_modules, recorded_modules, resolve
+from tracemagic.capture.naming import (
+    Called,
+    find_roots,
+    module_event_names_in,
+    module_map,
+    namespace_modules,
+    recorded_modules,
+    resolve,
+)
 from tracemagic.capture.result import CaptureResult
 from tracemagic.capture.watch import GpuMarks, LoopClock
 from tracemagic.errors import CaptureError
@@ -127,11 +138,22 @@ class _Profiler(torch.profiler.profile):
         super().__init__(**kwargs)
         self._session = session
 
+    # Where the notices filter is on, descriptor 2 already goes through it: torch's calls run
+    # as they are (attribute reads, no call nor context manager: between start_trace and
+    # stop_trace every Python call here is an event in the user's trace).
     def prepare_trace(self) -> None:
+        notices_filter = self._session._filter
+        if notices_filter is not None and notices_filter.active:
+            super().prepare_trace()
+            return
         with self._session._hushed():
             super().prepare_trace()
 
     def start_trace(self) -> None:
+        notices_filter = self._session._filter
+        if notices_filter is not None and notices_filter.active:
+            super().start_trace()
+            return
         with self._session._hushed():
             super().start_trace()
 
@@ -140,16 +162,21 @@ class _Profiler(torch.profiler.profile):
             # switched off under us (torch.autograd._disable_profiler(), another profiler):
             # torch's results are then invalid, and exporting them crashes the process
             self._session._switched_off = True
+        notices_filter = self._session._filter
+        if notices_filter is not None and notices_filter.active:
+            super().stop_trace()
+            return
         with self._session._hushed():
             super().stop_trace()
 
-    def _modules(self, trace: str | None = None) -> Called:
+    def _modules(self, trace: bytes | mmap.mmap | None = None) -> Called:
         """The modules of the window just stopped, by trace name, found while they are alive
-        (``trace``: its Kineto JSON, just exported, which makes the search cheaper)."""
+        (``trace``: its Kineto JSON's contents, just exported, which makes the search cheaper)."""
         if not self.with_stack:
             return {}
         try:
-            return resolve(recorded_modules(self.profiler, trace), namespace_modules(self._session.namespace))
+            names = module_event_names_in(trace) if trace is not None else None
+            return resolve(recorded_modules(self.profiler, names=names), namespace_modules(self._session.namespace))
         except Exception as exc:  # noqa: BLE001 - names are a convenience, never worth a failed capture
             _log.debug("naming nn.Module events failed", exc_info=True)
             self._session.note(f"nn.Module events could not be named by attribute path ({type(exc).__name__}: {exc}).")
@@ -238,6 +265,7 @@ class CaptureSession:
         self._created = datetime.now(UTC)
         self._base: Manifest | None = None  # the manifest's fixed part (_base_manifest)
         self._manifest_lines: dict[str, tuple[Any, str]] = {}  # as written (layout.manifest_text memo)
+        self._sizes: dict[str, int] = {}  # bytes of the files placed, as read while placing them
 
     # -- what the cell sees ------------------------------------------------------------
     @property
@@ -624,17 +652,18 @@ class CaptureSession:
             return
         gz = self.config.gzip
 
-        def export(path: str) -> None:  # the window's modules are named from it, still alive
-            prof.export_chrome_trace(path)
-            cycle.window = self._prof._modules(path) if self._prof is not None else {}
+        def named(data: bytes | mmap.mmap) -> None:  # the window's modules are named from it, still alive
+            cycle.window = self._prof._modules(data) if self._prof is not None else {}
 
         try:
             if self.config.tb_names:
                 name = files.tb_name(files.tb_worker(), gz=gz)
             else:
                 name = files.kineto_name(self.rank, label, gz)
-            files.write_with(self.dir / name, export, gz=gz, beside=True)
+            size = files.write_with(self.dir / name, prof.export_chrome_trace, gz=gz, beside=True, inspect=named)
             cycle.kineto = name
+            if size is not None:
+                self._sizes[name] = size
         except Exception as exc:  # noqa: BLE001 - torch's export failed: noted, the capture goes on
             self._notes.append(f"cycle {cycle.number}: the Kineto trace was not written: {exc}")
         if self.config.records_memory_categories:
@@ -742,8 +771,10 @@ class CaptureSession:
         for catch in self._clock.catches:
             if catch.get("path"):
                 entries.append({"path": str(catch["path"]), "kind": layout.SLOW_KIND, "rank": self.rank, "cycle": None})
+        sizes = self._sizes
         for entry in entries:
-            entry["bytes"] = (self.dir / entry["path"]).stat().st_size
+            path = entry["path"]
+            entry["bytes"] = sizes[path] if path in sizes else os.stat(os.path.join(self.dir, path)).st_size
         entries.append({"path": files.MANIFEST, "kind": layout.MANIFEST_KIND})
 
         roots = find_roots(m for c in written for m in c.window.values() if not isinstance(m, str))
@@ -788,15 +819,10 @@ class CaptureSession:
             "loop": self.plan.as_dict(),
             "cell": self.cell,
             "line_marks": self.plan.line_marks(),
-            "versions": {
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-                "tracemagic": __version__,
-                "ipython": getattr(sys.modules.get("IPython"), "__version__", None),
-            },
+            "versions": dict(_versions(sys.modules.get("IPython"))),  # a copy: the manifest is the caller's
             "device": {
                 "type": "cuda" if use_cuda else "cpu",
-                "name": torch.cuda.get_device_name() if use_cuda else platform.processor() or platform.machine(),
+                "name": torch.cuda.get_device_name() if use_cuda else _cpu_name(),
                 "activities": ["CPU", "CUDA"] if use_cuda else ["CPU"],
             },
             "rank": self.rank,
@@ -811,7 +837,8 @@ class CaptureSession:
             distributed.write_part(self.dir, self.rank, data)
         else:
             # the final manifest replaces the running one
-            layout.write_manifest(self.dir, data, memo=self._manifest_lines, replacing=manifest is not None)
+            text = layout.manifest_text(data, self._manifest_lines)
+            files.write_text(os.path.join(self.dir, files.MANIFEST), text, replacing=manifest is not None)
 
 
 def start_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> None:
@@ -909,6 +936,24 @@ def cell_numbers(cells: Mapping[str, int], most: int = MAX_CELLS) -> dict[str, i
     if set(map(type, picked)) <= {str} and set(map(type, picked.values())) <= {int}:
         return picked  # IPython's map, as it is (checked in C, not entry by entry)
     return {str(name): int(number) for name, number in picked.items() if isinstance(number, int)}
+
+
+@functools.cache
+def _versions(ipython: Any) -> dict[str, str | None]:
+    """The versions a manifest names (the process's: looked up once, and again if IPython
+    is imported later)."""
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "tracemagic": __version__,
+        "ipython": getattr(ipython, "__version__", None),
+    }
+
+
+@functools.cache
+def _cpu_name() -> str:
+    """The CPU a manifest names when the capture records no GPU (looked up once)."""
+    return platform.processor() or platform.machine()
 
 
 def _error_entry(error: BaseException | None) -> dict[str, Any] | None:

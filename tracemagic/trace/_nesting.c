@@ -306,6 +306,20 @@ static void walk_rows(const int64_t *ordered, Py_ssize_t m, const int64_t *key, 
     }
 }
 
+/* The set rows (on, n) by (key, start, longest first) into ordered (one per set row), as
+ * nest_rows orders them; tmp (as many entries as set rows) and bounds (one more) are the
+ * sort's scratch. 0 done, -1 out of memory. */
+static int order_checked(const uint8_t *on, const int64_t *key, const double *ts, const double *dur, Py_ssize_t n,
+                         int64_t *ordered, int64_t *tmp, Py_ssize_t *bounds) {
+    Py_ssize_t *per = NULL;
+    Py_ssize_t distinct = bucket_rows(on, key, n, ordered, &per);
+    if (distinct < 0) return -1;
+    for (Py_ssize_t k = 0; k < distinct; k++) /* each thread's rows by (start, longest first) */
+        sort_rows(ordered + per[k], tmp, bounds, per[k + 1] - per[k], ts, dur);
+    free(per);
+    return 0;
+}
+
 PyDoc_STRVAR(nest_rows_doc,
              "nest_rows(mask, keys, ts, dur, t0, tolerance, margin, ordered, parent, depth, self_dur)\n\n"
              "structure.nest in one call: the rows where mask (uint8, n) is set, sorted by (keys,\n"
@@ -321,15 +335,11 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
                              double tolerance, double margin, Py_ssize_t n, int64_t *ordered, Py_ssize_t m,
                              int64_t *up, int32_t *level, double *self_dur) {
     int status = -1;
-    Py_ssize_t *per = NULL;
     int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
     int64_t *stack = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* also the sort's run bounds */
     double *child = calloc((size_t)(m ? m : 1), sizeof(double));
     if (tmp == NULL || stack == NULL || child == NULL) goto done;
-    Py_ssize_t distinct = bucket_rows(on, key, n, ordered, &per);
-    if (distinct < 0) goto done;
-    for (Py_ssize_t k = 0; k < distinct; k++) /* each thread's rows by (start, longest first) */
-        sort_rows(ordered + per[k], tmp, (Py_ssize_t *)stack, per[k + 1] - per[k], ts, dur);
+    if (order_checked(on, key, ts, dur, n, ordered, tmp, (Py_ssize_t *)stack) < 0) goto done;
     for (Py_ssize_t r = 0; r < n; r++) {
         up[r] = -1;
         level[r] = -1;
@@ -343,7 +353,6 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
     }
     status = 0;
 done:
-    free(per);
     free(tmp);
     free(stack);
     free(child);
@@ -381,6 +390,83 @@ static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     PyBuffer_Release(&parb);
     PyBuffer_Release(&depb);
     PyBuffer_Release(&selfb);
+    return result;
+}
+
+PyDoc_STRVAR(order_rows_doc,
+             "order_rows(mask, keys, ts, dur, ordered)\n\n"
+             "nest_rows' order alone: the rows where mask (uint8, n) is set, sorted by (keys, ts,\n"
+             "-dur) as numpy's stable lexsort does (NaN last), into ordered (int64, one per set\n"
+             "row); structure.cpu_by_thread where mask is its CPU duration events and keys the\n"
+             "table's thread_keys (a trace reopened from its cache has no nesting walk to hand\n"
+             "it over).");
+
+/* The ascending runs of rows[0..n) in row_after's order, as sort_rows finds them. */
+static Py_ssize_t count_runs(const int64_t *rows, Py_ssize_t n, const double *ts, const double *dur) {
+    Py_ssize_t runs = n > 0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (row_after(ts, dur, rows[i - 1], rows[i])) runs++;
+    return runs;
+}
+
+/* order_checked with its scratch had only where a thread's rows are out of order, and
+ * the run bounds only for the runs there are (a trace's rows come in few runs: no
+ * table-long scratch to fault in for nothing). 0, -1 no memory. */
+static int order_lazily(const uint8_t *on, const int64_t *key, const double *ts, const double *dur, Py_ssize_t n,
+                        int64_t *ordered) {
+    Py_ssize_t *per = NULL, *bounds = NULL, room = 0;
+    int64_t *tmp = NULL;
+    int status = -1;
+    Py_ssize_t distinct = bucket_rows(on, key, n, ordered, &per);
+    if (distinct < 0) return -1;
+    for (Py_ssize_t k = 0; k < distinct; k++) {
+        Py_ssize_t size = per[k + 1] - per[k];
+        Py_ssize_t runs = count_runs(ordered + per[k], size, ts, dur);
+        if (runs <= 1) continue;
+        if (tmp == NULL) { /* (room for the largest thread: the whole set) */
+            tmp = malloc(sizeof(int64_t) * (size_t)per[distinct]);
+            if (tmp == NULL) goto done;
+        }
+        if (runs + 1 > room) {
+            Py_ssize_t *grown = realloc(bounds, sizeof(Py_ssize_t) * (size_t)(runs + 1));
+            if (grown == NULL) goto done;
+            bounds = grown;
+            room = runs + 1;
+        }
+        sort_rows(ordered + per[k], tmp, bounds, size, ts, dur); /* (finds the same runs) */
+    }
+    status = 0;
+done:
+    free(per);
+    free(tmp);
+    free(bounds);
+    return status;
+}
+
+static PyObject *order_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer mask, keys, tsb, durb, ordb;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &mask, &keys, &tsb, &durb, &ordb)) return NULL;
+    Py_ssize_t n = mask.len;
+    Py_ssize_t m = ordb.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t r = 0; r < n; r++) count += ((const uint8_t *)mask.buf)[r] != 0;
+    if (keys.len != n * (Py_ssize_t)sizeof(int64_t) || tsb.len != n * (Py_ssize_t)sizeof(double) ||
+        durb.len != n * (Py_ssize_t)sizeof(double) || ordb.len != m * (Py_ssize_t)sizeof(int64_t) || count != m) {
+        PyErr_SetString(PyExc_ValueError, "order_rows: buffers of different lengths");
+        goto done;
+    }
+    if (order_lazily(mask.buf, keys.buf, tsb.buf, durb.buf, n, ordb.buf) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&mask);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&tsb);
+    PyBuffer_Release(&durb);
+    PyBuffer_Release(&ordb);
     return result;
 }
 
@@ -632,12 +718,206 @@ done:
     return result;
 }
 
+/* ---- union_rows: the length of a union of intervals per group ---- */
+
+PyDoc_STRVAR(union_rows_doc,
+             "union_rows(group, wide, start, end, out) -> bool\n\n"
+             "_common.union_length in one pass, for rows already in (group, start) order: out\n"
+             "(float64, one per group, zeroed here) gets, per group, what each row [start, end)\n"
+             "adds past the largest end of the group's earlier rows, summed in row order (rows\n"
+             "with end <= start, NaN included, add nothing and are not looked at). group: int64\n"
+             "where wide, else int32; start, end: float64. False (out of no meaning) where a\n"
+             "looked-at row is out of that order, has a group outside out or an infinite time:\n"
+             "the caller sorts them with numpy.");
+
+static PyObject *union_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer gb, sb, eb, ob;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*py*y*w*", &gb, &wide, &sb, &eb, &ob)) return NULL;
+    Py_ssize_t m = sb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t groups = ob.len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    if (sb.len != m * (Py_ssize_t)sizeof(double) || eb.len != sb.len || ob.len != groups * (Py_ssize_t)sizeof(double) ||
+        gb.len != m * (Py_ssize_t)(wide ? sizeof(int64_t) : sizeof(int32_t))) {
+        PyErr_SetString(PyExc_ValueError, "union_rows: buffers of different lengths");
+        goto done;
+    }
+    const double *start = sb.buf, *end = eb.buf;
+    double *out = ob.buf;
+    for (Py_ssize_t g = 0; g < groups; g++) out[g] = 0.0;
+    int ordered = 1, seen = 0;
+    int64_t last = 0;
+    double reach = 0.0, previous = 0.0; /* the group's largest end so far; the last start looked at */
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double s = start[i], e = end[i];
+        if (!(e > s)) continue; /* (an empty interval, or NaN) */
+        int64_t g = wide ? ((const int64_t *)gb.buf)[i] : (int64_t)((const int32_t *)gb.buf)[i];
+        if (g < 0 || g >= groups || s - s != 0.0 || e - e != 0.0 || (seen && (g < last || (g == last && s < previous)))) {
+            ordered = 0;
+            break;
+        }
+        double added;
+        if (!seen || g != last) {
+            added = s; /* the group's first row adds all of itself */
+        } else {
+            added = s > reach ? s : reach;
+        }
+        double w = e - added;
+        out[g] += w > 0.0 ? w : 0.0;
+        if (!seen || g != last || e > reach) reach = e;
+        seen = 1;
+        last = g;
+        previous = s;
+    }
+    result = PyBool_FromLong(ordered);
+done:
+    PyBuffer_Release(&gb);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
+/* ---- window_parts: each row's part inside the one window it reaches into ---- */
+
+PyDoc_STRVAR(window_parts_doc,
+             "window_parts(start, end, win_start, win_end, win_dur, where, group, since, until) -> int\n\n"
+             "steps._in_one_window and steps._clipped in one pass: for rows (start, end: float64,\n"
+             "start ascending) and one rank's windows (win_start, win_end, win_dur: float64, the\n"
+             "frame's; where: int64, the rank's windows in it, by start), each row's window is the\n"
+             "first of where ending after its start; a row reaching into it (the window starts\n"
+             "before the row ends) gets a part: group (int32) the window, since and until (float64)\n"
+             "its start and end from the window's start, clipped to [0, win_dur] as np.clip does.\n"
+             "Parts are written in row order; returns their number, or -1 where a time is NaN, rows\n"
+             "or windows are out of order, or a row reaches into two windows (the caller's numpy\n"
+             "search does those).");
+
+static PyObject *window_parts(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer sb, eb, wsb, web, wdb, whb, gb, ab, ub;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*w*w*w*", &sb, &eb, &wsb, &web, &wdb, &whb, &gb, &ab, &ub)) return NULL;
+    Py_ssize_t m = sb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t frame = wsb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t w = whb.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    if (sb.len != m * (Py_ssize_t)sizeof(double) || eb.len != sb.len || wsb.len != frame * (Py_ssize_t)sizeof(double) ||
+        web.len != wsb.len || wdb.len != wsb.len || whb.len != w * (Py_ssize_t)sizeof(int64_t) ||
+        gb.len != m * (Py_ssize_t)sizeof(int32_t) || ab.len != sb.len || ub.len != sb.len) {
+        PyErr_SetString(PyExc_ValueError, "window_parts: buffers of different lengths");
+        goto done;
+    }
+    const double *start = sb.buf, *end = eb.buf, *ws = wsb.buf, *we = web.buf, *wd = wdb.buf;
+    const int64_t *where = whb.buf;
+    int32_t *group = gb.buf;
+    double *since = ab.buf, *until = ub.buf;
+    Py_ssize_t parts = -1;
+    for (Py_ssize_t j = 0; j < w; j++) { /* the windows: in the frame, known, in order */
+        int64_t g = where[j];
+        if (g < 0 || g >= frame || g > INT32_MAX) goto answer;
+        if (ws[g] != ws[g] || we[g] != we[g] || wd[g] != wd[g]) goto answer;
+        if (j > 0 && (we[g] < we[where[j - 1]] || ws[g] < ws[where[j - 1]])) goto answer;
+    }
+    Py_ssize_t lo = 0, count = 0; /* lo: the windows ending by the row's start */
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double s = start[i], e = end[i];
+        if (s != s || e != e || (i > 0 && s < start[i - 1])) goto answer;
+        while (lo < w && !(s < we[where[lo]])) lo++; /* (searchsorted(win_end, start, 'right')) */
+        if (lo == w || !(ws[where[lo]] < e)) continue; /* in no window */
+        if (lo + 1 < w && ws[where[lo + 1]] < e) goto answer; /* into the next one too */
+        int64_t g = where[lo];
+        double origin = ws[g], length = wd[g];
+        double a = s - origin, b = e - origin;
+        a = a > 0.0 ? a : 0.0; /* np.clip(x, 0, length): min(max(x, 0), length), as numpy's loop */
+        a = a < length ? a : length;
+        b = b > 0.0 ? b : 0.0;
+        b = b < length ? b : length;
+        group[count] = (int32_t)g;
+        since[count] = a;
+        until[count] = b;
+        count++;
+    }
+    parts = count;
+answer:
+    result = PyLong_FromSsize_t(parts);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&wsb);
+    PyBuffer_Release(&web);
+    PyBuffer_Release(&wdb);
+    PyBuffer_Release(&whb);
+    PyBuffer_Release(&gb);
+    PyBuffer_Release(&ab);
+    PyBuffer_Release(&ub);
+    return result;
+}
+
+/* ---- group_sums: pandas' compensated sums per group ---- */
+
+PyDoc_STRVAR(group_sums_doc,
+             "group_sums(group, values, out) -> bool\n\n"
+             "out (float64, one per group, zeroed here) gets the sum of values (float64) per group\n"
+             "(group: int64, one per value), NaN left out, each group's values added in row\n"
+             "order with the compensation (Kahan) pandas' groupby().sum() uses, so that the sums\n"
+             "are its own to the bit. False (out of no meaning) where a group is outside out or a\n"
+             "sum is not finite: the caller asks pandas.");
+
+static PyObject *group_sums(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer gb, vb, ob;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &gb, &vb, &ob)) return NULL;
+    Py_ssize_t m = vb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t groups = ob.len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    double *compensation = NULL;
+    if (vb.len != m * (Py_ssize_t)sizeof(double) || gb.len != m * (Py_ssize_t)sizeof(int64_t) ||
+        ob.len != groups * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "group_sums: buffers of different lengths");
+        goto done;
+    }
+    compensation = calloc((size_t)(groups ? groups : 1), sizeof(double));
+    if (compensation == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *group = gb.buf;
+    const double *values = vb.buf;
+    double *sum = ob.buf;
+    for (Py_ssize_t g = 0; g < groups; g++) sum[g] = 0.0;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t g = group[i];
+        if (g < 0 || g >= groups) {
+            ok = 0;
+            break;
+        }
+        double value = values[i];
+        if (value != value) continue; /* NaN: left out */
+        double y = value - compensation[g];
+        double t = sum[g] + y;
+        double c = t - sum[g] - y;
+        compensation[g] = c - c == 0.0 ? c : 0.0; /* not finite (an infinite value): no compensation */
+        sum[g] = t;
+    }
+    for (Py_ssize_t g = 0; ok && g < groups; g++)
+        if (sum[g] - sum[g] != 0.0) ok = 0;
+    result = PyBool_FromLong(ok);
+done:
+    free(compensation);
+    PyBuffer_Release(&gb);
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
+    {"order_rows", order_rows, METH_VARARGS, order_rows_doc},
     {"enclosing_at", enclosing_at, METH_VARARGS, enclosing_at_doc},
     {"chain_tops", chain_tops, METH_VARARGS, chain_tops_doc},
     {"outermost", outermost, METH_VARARGS, outermost_doc},
+    {"union_rows", union_rows, METH_VARARGS, union_rows_doc},
+    {"group_sums", group_sums, METH_VARARGS, group_sums_doc},
+    {"window_parts", window_parts, METH_VARARGS, window_parts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -272,7 +272,7 @@ _AT_FDCWD = -100
 _renameat2: Any = ...
 
 
-def replace_existing(new: Path, final: Path) -> bool:
+def replace_existing(new: str | os.PathLike[str], final: str | os.PathLike[str]) -> bool:
     """Put the file ``new`` in the place of the existing file ``final`` atomically, by
     swapping the two names (``renameat2(RENAME_EXCHANGE)``) and removing the old file now
     under ``new``'s name. False where the swap is not available (not Linux, a file system

@@ -18,6 +18,8 @@ class Shared:
     EARLIEST_TS: Final = "earliest_ts"
     #: the op and layer around each memory event (``analysis._common``)
     MEMORY_HOLDERS: Final = "memory_holders"
+    #: the rows of the GPU activity, kernels, memcpy and memset (``analysis._common``)
+    ACTIVITY_ROWS: Final = "activity_rows"
     #: whether any memory event is off the CPU (``analysis._common``)
     MEMORY_OFF_CPU: Final = "memory_off_cpu"
     #: each op's call chain (``analysis._common``)
