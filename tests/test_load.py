@@ -986,10 +986,9 @@ def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch
     """After parsing a large trace the loader calls ``malloc_trim(0)`` (glibc keeps what the
     parsing threads freed: ~40 MB after a 100 MB trace); not after a small one, nor when
     the trace comes from the cache. A parse on two threads (this trace's 9.8 MB of JSON,
-    where two cores are free) hands back what it freed itself once the events are prepared
-    (whose temporaries reuse that heap first), the second thread's arena included
-    (``split.trim_thread_arena``, given that thread's id), in place of the loader's first
-    trim. What preparing the events of a one-thread parse frees is left to the tables
+    where two cores are free) hands back what it freed itself as it ends, the second
+    thread's arena included (``split.trim_thread_arena``, given that thread's id), in
+    place of the loader's first trim. What preparing the events frees is left to the tables
     (trimmed, they would fault its pages in again), but after files too small for a trim
     of their own. Where the C library has none, loading works alike."""
     loader = importlib.import_module("tracemagic.trace.loader")

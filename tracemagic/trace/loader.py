@@ -134,21 +134,15 @@ def parse_source(
     Raises:
         TraceError: the file is damaged, or too large for the memory (``memory_guard``).
     """
-
-    def named(parsed: ParsedTrace) -> ParsedTrace:
-        parsed.meta["source"] = source.name
-        parsed.meta.setdefault("rank_hint", source.rank_hint)
-        return parsed
-
     with memory_guard(source.name, source.max_bytes):
         large = source.size >= TRIM_MIN_BYTES
-        if split.can_split(source, workers):
-            # prepared before a split parse hands back what it freed (split.trim_thread_arena)
-            prepared = split.parse_split(source, progress, trim=large, then=lambda p: _prepare(named(p)))
-            if prepared is not None:
-                return prepared
-        parsed = named(parse.parse_source(source, recover=recover, progress=progress))
-        if large:
+        parsed = split.parse_split(source, progress, trim=large) if split.can_split(source, workers) else None
+        trimmed = parsed is not None  # (a split parse hands back what it freed itself, see split.trim_thread_arena)
+        if parsed is None:
+            parsed = parse.parse_source(source, recover=recover, progress=progress)
+        parsed.meta["source"] = source.name
+        parsed.meta.setdefault("rank_hint", source.rank_hint)
+        if large and not trimmed:
             release_free_memory()  # before the structure adds its columns
         return _prepare(parsed)
 

@@ -217,34 +217,22 @@ def _cuts(read_at: ReadAt, size: int, scanned: bool = False) -> list[tuple[int, 
     return stretches + [(start, size)]
 
 
-def parse_split(
-    source: Source,
-    progress: Progress | None = None,
-    trim: bool = False,
-    then: Callable[[ParsedTrace], ParsedTrace] | None = None,
-) -> ParsedTrace | None:
+def parse_split(source: Source, progress: Progress | None = None, trim: bool = False) -> ParsedTrace | None:
     """Parse ``source`` on two threads; None when it cannot be, and then the caller parses
     it whole (which also reports damage exactly where the one-thread parse would).
 
     Progress is reported from this thread, counting the bytes both threads have read.
     ``trim``: hand the memory the parse freed back to the system as it ends, the second
-    thread's arena included (``trim_thread_arena``). ``then``: applied to the parsed trace
-    (its answer returned) before that: the loader's preparation, whose temporaries so reuse
-    the heap the parse freed on this thread instead of pages handed back and faulted in
-    again (~2000 page faults of a 100 MB trace).
+    thread's arena included (``trim_thread_arena``).
     """
     with _contents(source) as contents:
         found = _parse_split(source, contents, progress) if contents is not None else None
-    del contents  # (a gzip's inflated JSON: freed before ``then``, whose temporaries reuse its heap)
     if found is None:
         return None
     parsed, ended = found
-    del found
-    try:
-        return then(parsed) if then is not None else parsed
-    finally:
-        if trim:
-            trim_thread_arena(ended)
+    if trim:
+        trim_thread_arena(ended)
+    return parsed
 
 
 def _parse_split(
