@@ -29,9 +29,14 @@
 /* -- interning: distinct JSON values of one column, in first-seen order -------------- */
 
 typedef struct {
+    int32_t code;   /* index into values, -1: an empty slot */
+    uint32_t check; /* the value's hash >> 32: most slots of other values are passed by it alone */
+} Slot;
+
+typedef struct {
     yyjson_val **values; /* distinct values, first-seen order */
     Py_ssize_t count, cap;
-    int32_t *slots; /* open addressing: index into values, -1 empty */
+    Slot *slots; /* open addressing: index into values (-1 empty) and its hash's high half */
     uint64_t *hashes;
     Py_ssize_t nslots;
     int32_t last; /* the code found last: neighbouring events often share a value */
@@ -75,6 +80,13 @@ static inline int same_bytes(const char *a, const char *b, size_t n) {
 static inline int same_string(yyjson_val *a, yyjson_val *b) {
     return (yyjson_get_tag(a) & 0xff) == (yyjson_get_tag(b) & 0xff) && yyjson_get_len(a) == yyjson_get_len(b) &&
            same_bytes(yyjson_get_str(a), yyjson_get_str(b), yyjson_get_len(a));
+}
+
+/* Whether b is a string or a number and a is the same one (same_value's test of those,
+ * cheaper: neighbouring events often share their pid, tid, phase or category). */
+static inline int same_scalar(yyjson_val *a, yyjson_val *b) {
+    if (yyjson_is_str(b)) return same_string(a, b);
+    return yyjson_is_num(b) && (yyjson_get_tag(a) & 0xff) == (yyjson_get_tag(b) & 0xff) && a->uni.u64 == b->uni.u64;
 }
 
 /* Values nested deeper than this are left to the msgspec path (which keeps them as text):
@@ -162,10 +174,10 @@ static int interner_init(Interner *t) {
     t->nslots = 128;
     t->last = -1;
     t->values = malloc(sizeof(yyjson_val *) * t->cap);
-    t->slots = malloc(sizeof(int32_t) * t->nslots);
+    t->slots = malloc(sizeof(Slot) * t->nslots);
     t->hashes = malloc(sizeof(uint64_t) * t->cap);
     if (!t->values || !t->slots || !t->hashes) return -1;
-    memset(t->slots, 0xff, sizeof(int32_t) * t->nslots);
+    memset(t->slots, 0xff, sizeof(Slot) * t->nslots);
     return 0;
 }
 
@@ -177,13 +189,13 @@ static void interner_free(Interner *t) {
 
 static int interner_grow(Interner *t) {
     Py_ssize_t nslots = t->nslots * 2;
-    int32_t *slots = malloc(sizeof(int32_t) * nslots);
+    Slot *slots = malloc(sizeof(Slot) * nslots);
     if (!slots) return -1;
-    memset(slots, 0xff, sizeof(int32_t) * nslots);
+    memset(slots, 0xff, sizeof(Slot) * nslots);
     for (Py_ssize_t i = 0; i < t->count; i++) {
         Py_ssize_t s = (Py_ssize_t)(t->hashes[i] & (uint64_t)(nslots - 1));
-        while (slots[s] >= 0) s = (s + 1) & (nslots - 1);
-        slots[s] = (int32_t)i;
+        while (slots[s].code >= 0) s = (s + 1) & (nslots - 1);
+        slots[s] = (Slot){(int32_t)i, (uint32_t)(t->hashes[i] >> 32)};
     }
     free(t->slots);
     t->slots = slots;
@@ -193,13 +205,15 @@ static int interner_grow(Interner *t) {
 
 /* The code of v (-1 on allocation failure or a value nested too deep; the caller bails). */
 static int32_t intern(Interner *t, yyjson_val *v) {
-    if (t->last >= 0 && yyjson_is_str(v) && same_string(t->values[t->last], v)) return t->last;
+    if (t->last >= 0 && same_scalar(t->values[t->last], v)) return t->last;
     uint64_t h = hash_value(v, 0);
     if (h == TOO_DEEP) return -1;
     Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)(t->nslots - 1));
-    while (t->slots[s] >= 0) {
-        int32_t i = t->slots[s];
-        if (t->hashes[i] == h && (yyjson_is_str(v) ? same_string(t->values[i], v) : same_value(t->values[i], v)))
+    uint32_t check = (uint32_t)(h >> 32);
+    while (t->slots[s].code >= 0) {
+        int32_t i = t->slots[s].code;
+        if (t->slots[s].check == check && t->hashes[i] == h &&
+            (yyjson_is_str(v) ? same_string(t->values[i], v) : same_value(t->values[i], v)))
             return t->last = i;
         s = (s + 1) & (t->nslots - 1);
     }
@@ -216,7 +230,7 @@ static int32_t intern(Interner *t, yyjson_val *v) {
     int32_t code = (int32_t)t->count++;
     t->values[code] = v;
     t->hashes[code] = h;
-    t->slots[s] = code;
+    t->slots[s] = (Slot){code, check};
     if (t->count * 2 > t->nslots && interner_grow(t) < 0) return -1;
     return t->last = code;
 }

@@ -5,6 +5,7 @@ all chunks (``Interners``), so peak memory is the final columns plus one chunk.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, code_dtype, lazy_zeros
+from tracemagic.trace.columns import all_missing, code_dtype, fresh, partly_written
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -412,7 +413,8 @@ class _Builder:
             frame[column] = self._categorical(column)
         for column in ("ts", "dur"):
             parts = self.floats[column]
-            frame[column] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
+            rows = sum(map(len, parts))
+            frame[column] = np.concatenate(parts, out=fresh(rows, np.float64)) if parts else np.zeros(0, np.float64)
         for column, _, floating in _ARG_COLUMNS:
             frame[column] = _masked(self.numbers[column], self.n, floating)
         for column in _ARG_STRINGS + _ARG_RAW:
@@ -456,7 +458,9 @@ class _Builder:
             n = sum(map(_rows, parts))
             if self._no_categories is None:  # (one dtype for all of them: making one costs ~0.1 ms)
                 self._no_categories = pd.CategoricalDtype(pd.Index([], dtype="str"), ordered=False)
-            return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int8), dtype=self._no_categories, validate=False)
+            codes = fresh(n, np.int8)
+            codes.fill(-1)
+            return pd.Categorical.from_codes(codes, dtype=self._no_categories, validate=False)
         if self.firsts is None or not self.firsts[column]:
             return interner.categorical(_joined_codes(parts, count))
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
@@ -489,7 +493,7 @@ def _joined_codes(parts: list[ChunkCodes], count: int, renumber: np.ndarray | No
     """The chunks' codes (``ChunkCodes``) of a column of ``count`` categories joined into one
     array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last entry -1
     for the missing ones) where given: one pass, no int32 copy of the column."""
-    out = np.empty(sum(map(_rows, parts)), dtype=code_dtype(count))
+    out = fresh(sum(map(_rows, parts)), code_dtype(count))
     at = 0
     for part in parts:
         rows = _rows(part)
@@ -523,8 +527,15 @@ def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: in
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
         return all_missing(n, floating)
-    values = lazy_zeros(n, dtype, populate=True)
-    mask = np.empty(n, dtype=bool)
+    # every chunk with values: all of it written (``fresh``); else the rows of the chunks
+    # without are lazily mapped zeros, written never
+    spans = [
+        (at, at + k)
+        for at, (k, p) in zip(itertools.accumulate((k for k, _ in parts), initial=0), parts)
+        if p is not None
+    ]
+    values = fresh(n, dtype) if len(spans) == len(parts) else partly_written(n, dtype, spans)
+    mask = fresh(n, bool)
     at = 0
     for k, part in parts:
         if part is None:

@@ -16,6 +16,10 @@ import pandas as pd
 #: ``madvise`` advice (Linux 5.14+; Python 3.11's ``mmap`` has no name for it): map every
 #: page of a range for reading at once (the zero page, for memory never written)
 _MADV_POPULATE_READ = 22
+#: the same for writing: every page of a range made (zeroed, resident) at once
+_MADV_POPULATE_WRITE = 23
+#: ``fresh`` maps arrays of at least this many bytes (smaller ones come from the heap)
+_FRESH_MIN_BYTES = 64 << 10
 
 
 def lazy_zeros(n: int, dtype: np.dtype | type, populate: bool = False) -> np.ndarray:
@@ -44,11 +48,63 @@ def lazy_zeros(n: int, dtype: np.dtype | type, populate: bool = False) -> np.nda
     return np.frombuffer(pages, dtype=kind, count=n)
 
 
+def fresh(n: int, dtype: np.dtype | type) -> np.ndarray:
+    """A new array of ``n`` items (its contents unspecified, as ``np.empty``'s) for a column
+    written all over at once: a large one is a private mapping whose pages are all made in
+    one call (``MADV_POPULATE_WRITE``) rather than by a page fault per 4 KiB as it is
+    written (``np.empty``'s fresh memory): ~0.6 ms instead of ~0.9 ms a 2 MiB column, ~20
+    such columns in a 100 MB trace's load. Its pages go back to the system when it is
+    freed. Where the advice is not known (not Linux, a kernel before 5.14), the pages are
+    made as they are written, as ``np.empty``'s."""
+    kind = np.dtype(dtype)
+    size = n * kind.itemsize
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if size < _FRESH_MIN_BYTES or private is None or not sys.platform.startswith("linux"):
+        return np.empty(n, dtype=kind)
+    pages = mmap.mmap(-1, size, flags=private)
+    with contextlib.suppress(OSError):
+        pages.madvise(_MADV_POPULATE_WRITE)
+    return np.frombuffer(pages, dtype=kind, count=n)
+
+
+def partly_written(n: int, dtype: np.dtype | type, spans: list[tuple[int, int]]) -> np.ndarray:
+    """``lazy_zeros(n, dtype, populate=True)`` for a column about to be written at the rows
+    ``spans`` (``(start, stop)``, in order) alone: their pages are made for writing at once
+    (``fresh``'s advice: not a page fault each as they are written, nor the zero page mapped
+    first), the others map the zero page (no memory)."""
+    kind = np.dtype(dtype)
+    size = n * kind.itemsize
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if size < mmap.PAGESIZE * 16 or private is None or not sys.platform.startswith("linux"):
+        return lazy_zeros(n, kind, populate=True)
+    pages = mmap.mmap(-1, size, flags=private)
+    page = mmap.PAGESIZE
+    with contextlib.suppress(OSError):
+        for start, stop in _merged(spans):
+            first = start * kind.itemsize // page * page  # (the pages the rows lie on, whole)
+            pages.madvise(_MADV_POPULATE_WRITE, first, min(stop * kind.itemsize, size) - first)
+        pages.madvise(_MADV_POPULATE_READ)  # the rest: the zero page
+    return np.frombuffer(pages, dtype=kind, count=n)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ordered row spans with the touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for start, stop in spans:
+        if out and out[-1][1] >= start:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        elif stop > start:
+            out.append((start, stop))
+    return out
+
+
 def all_missing(n: int, floating: bool) -> pd.arrays.IntegerArray | pd.arrays.FloatingArray:
     """A nullable ``Int64`` (``Float64`` if ``floating``) column of ``n`` missing values."""
+    mask = fresh(n, bool)
+    mask.fill(True)
     if floating:
-        return pd.arrays.FloatingArray(lazy_zeros(n, np.float64), np.ones(n, dtype=bool))
-    return pd.arrays.IntegerArray(lazy_zeros(n, np.int64), np.ones(n, dtype=bool))
+        return pd.arrays.FloatingArray(lazy_zeros(n, np.float64), mask)
+    return pd.arrays.IntegerArray(lazy_zeros(n, np.int64), mask)
 
 
 def code_dtype(count: int) -> type[np.signedinteger[Any]]:

@@ -1,0 +1,56 @@
+"""The loader's column memory (``trace.columns``): arrays whose pages are made at once
+(``fresh``) or only where a column is written (``partly_written``) must behave as plain
+numpy arrays of zeros, wherever the written rows fall on the pages."""
+
+from __future__ import annotations
+
+import mmap
+import pickle
+
+import numpy as np
+import pytest
+
+from tracemagic.trace.columns import fresh, partly_written
+
+ROWS = 50_001  # (not a whole number of pages of any dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.float64, bool])
+def test_fresh_arrays_are_writable_arrays_of_the_size_asked(dtype: type) -> None:
+    for rows in (0, 10, ROWS):
+        values = fresh(rows, dtype)
+        assert values.shape == (rows,) and values.dtype == np.dtype(dtype) and values.flags.writeable
+        values[...] = 1
+        assert (values == 1).all()
+        assert np.array_equal(pickle.loads(pickle.dumps(values)), values)
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [],
+        [(0, ROWS)],
+        [(0, 1)],
+        [(ROWS - 1, ROWS)],
+        [(3, 700), (700, 9000), (12_345, 12_346), (40_000, ROWS)],  # touching, one row, to the end
+        [(1, 2), (5, 5), (511, 513), (mmap.PAGESIZE // 8 - 1, mmap.PAGESIZE // 8 + 1)],  # empty, across a page
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_a_partly_written_column_is_zeros_that_take_any_write(spans: list[tuple[int, int]], dtype: type) -> None:
+    values = partly_written(ROWS, dtype, spans)
+    assert values.shape == (ROWS,) and values.dtype == np.dtype(dtype) and values.flags.writeable
+    assert not values.any(), "zeros before anything is written"
+    want = np.zeros(ROWS, dtype=dtype)
+    for start, stop in spans:
+        values[start:stop] = np.arange(start, stop) + 1
+        want[start:stop] = np.arange(start, stop) + 1
+    values[ROWS // 3] = 7  # a row outside the spans takes a write as well
+    want[ROWS // 3] = 7
+    assert np.array_equal(values, want)
+    assert np.array_equal(pickle.loads(pickle.dumps(values)), want)
+
+
+def test_a_small_partly_written_column_is_zeros_too() -> None:
+    values = partly_written(100, np.int64, [(10, 20)])
+    assert values.shape == (100,) and not values.any() and values.flags.writeable
