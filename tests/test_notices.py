@@ -139,3 +139,35 @@ def test_what_is_written_before_stop_is_passed_on_before_it_returns(capfd: pytes
         assert capfd.readouterr().err == f"line {i}\ntail {i}"
         assert len(hidden) == 1 and hidden[0].endswith("profiler_stop")
 
+
+
+HIGH_DESCRIPTORS = """
+import os, resource, sys
+from tracemagic.capture import notices
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if soft < 1200:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+held = [os.dup(1) for _ in range(1100)]  # a process with many files open (datasets, sockets)
+live = notices.Filter([])
+live.start()
+assert live.active
+for _ in range(2000):  # 400 KB: more than a pipe holds, so the reader must keep up
+    os.write(2, b"y" * 199 + b"\\n")
+live.stop()
+print("done")
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="descriptor numbers and RLIMIT_NOFILE are POSIX")
+def test_the_filter_reads_its_pipe_in_a_process_with_over_a_thousand_descriptors(tmp_path: Path) -> None:
+    """The pipe's descriptor numbered past select()'s FD_SETSIZE (1024), as in a process
+    with many files open: the reader still drains it, so a cell writing more to descriptor
+    2 than a pipe holds goes on (it blocked for ever when the reader could not wait on it)."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1200:
+        pytest.skip("the hard limit on open files is too low")
+    done = subprocess.run([sys.executable, "-c", HIGH_DESCRIPTORS], cwd=tmp_path, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.decode().strip() == "done"
+    assert done.stderr.count(b"y" * 199 + b"\n") == 2000

@@ -246,10 +246,24 @@ class _Pump:
 
     def _run(self) -> None:
         read = self.read
+        # poll where there is one: select() refuses a descriptor numbered 1024 or more (a
+        # process with many files open), and a reader gone leaves writers to descriptor 2
+        # blocked once the pipe is full
+        poller = select.poll() if hasattr(select, "poll") else None
+        if poller is not None:
+            poller.register(read, select.POLLIN)
         while True:
             try:
                 # no timeout while no line is unfinished: the thread sleeps between captures
-                ready = select.select([read], [], [], PARTIAL_LINE_WAIT_S if self.pending else None)[0]
+                if poller is not None:
+                    events = poller.poll(PARTIAL_LINE_WAIT_S * 1000 if self.pending else None)
+                    if any(flags & select.POLLNVAL for _, flags in events):  # pragma: no cover - closed under us
+                        return
+                    ready = bool(events)
+                else:  # pragma: no cover - no poll (Windows)
+                    ready = bool(select.select([read], [], [], PARTIAL_LINE_WAIT_S if self.pending else None)[0])
+            except InterruptedError:  # pragma: no cover - retried by Python itself since 3.5
+                continue
             except (OSError, ValueError):  # pragma: no cover - the descriptor is gone
                 return
             try:
