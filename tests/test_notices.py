@@ -139,3 +139,76 @@ def test_what_is_written_before_stop_is_passed_on_before_it_returns(capfd: pytes
         assert capfd.readouterr().err == f"line {i}\ntail {i}"
         assert len(hidden) == 1 and hidden[0].endswith("profiler_stop")
 
+
+
+HIGH_DESCRIPTORS = """
+import os, resource, sys
+from tracemagic.capture import notices
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if soft < 1200:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+held = [os.dup(1) for _ in range(1100)]  # a process with many files open (datasets, sockets)
+live = notices.Filter([])
+live.start()
+assert live.active
+for _ in range(2000):  # 400 KB: more than a pipe holds, so the reader must keep up
+    os.write(2, b"y" * 199 + b"\\n")
+live.stop()
+print("done")
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="descriptor numbers and RLIMIT_NOFILE are POSIX")
+def test_the_filter_reads_its_pipe_in_a_process_with_over_a_thousand_descriptors(tmp_path: Path) -> None:
+    """The pipe's descriptor numbered past select()'s FD_SETSIZE (1024), as in a process
+    with many files open: the reader still drains it, so a cell writing more to descriptor
+    2 than a pipe holds goes on (it blocked for ever when the reader could not wait on it)."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1200:
+        pytest.skip("the hard limit on open files is too low")
+    done = subprocess.run([sys.executable, "-c", HIGH_DESCRIPTORS], cwd=tmp_path, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.decode().strip() == "done"
+    assert done.stderr.count(b"y" * 199 + b"\n") == 2000
+
+
+A_WRITER_WITHOUT_PAUSE = """
+import os, subprocess, sys, tempfile, time
+from tracemagic.capture import notices
+out = tempfile.TemporaryFile()
+os.dup2(out.fileno(), 2)  # the original descriptor 2: a file whose size says what was passed on
+live = notices.Filter([])
+live.start()
+writers = [subprocess.Popen([sys.executable, "-c", "import os, time\\nend = time.time() + 20\\n"
+                            "while time.time() < end: os.write(2, b'x' * 4000 + b'\\\\n')"]) for _ in range(3)]
+time.sleep(1.0)
+before = os.fstat(out.fileno()).st_size
+time.sleep(0.5)
+passed = os.fstat(out.fileno()).st_size - before  # in the last half second
+began = time.perf_counter()
+live.stop()
+took = time.perf_counter() - began
+alive = all(writer.poll() is None for writer in writers)
+for writer in writers:
+    writer.kill()
+    writer.wait()
+print(passed, took, alive)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pipe on descriptor 2 is POSIX")
+def test_a_child_writing_without_pause_is_passed_on_as_it_writes_and_stop_does_not_wait_for_it(
+    tmp_path: Path,
+) -> None:
+    """Processes that inherited the pipe (DataLoader workers) and write to it without a
+    pause: their lines reach descriptor 2 while they write (they were held, in a buffer
+    growing without bound, until the writers paused), and stop() returns while they still
+    write (it waited for them, past its timeout)."""
+    done = subprocess.run([sys.executable, "-c", A_WRITER_WITHOUT_PAUSE], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    passed, took, alive = done.stdout.split()
+    assert alive == "True"  # (the writers were still writing when stop() returned)
+    assert int(passed) > 100_000, passed  # (in half a second: held back, it was 0)
+    assert float(took) < 1.0, took

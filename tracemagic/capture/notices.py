@@ -179,6 +179,23 @@ class Filter:
             pump.lock.release()
 
 
+#: bytes read from the pipe at a time
+_CHUNK = 1 << 16
+#: an unfinished line this long is passed on as it is (its end may never come)
+_LONGEST_LINE = 1 << 20
+
+
+def _pipe_capacity(fd: int) -> int:
+    """The bytes a pipe holds (Linux's ``F_GETPIPE_SZ``; else 1 MiB, Linux's most without
+    privileges): the most that can have been written to it and not read yet."""
+    try:
+        import fcntl
+
+        return max(int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)), _CHUNK)
+    except (ImportError, AttributeError, OSError):  # pragma: no cover - not Linux
+        return 1 << 20
+
+
 class _Pump:
     """The process's pipe and its reader thread (``Filter``): routes each line to the
     current filter's ``hidden`` list (a known notice) or its saved descriptor 2."""
@@ -196,6 +213,7 @@ class _Pump:
     def __init__(self) -> None:
         self.read, self.write = os.pipe()
         os.set_blocking(self.read, False)  # drained by the thread or by stop(): never blocks
+        self.capacity = _pipe_capacity(self.read)
         self.lock = threading.Lock()
         self.filtering = False
         self.hidden: list[str] = []
@@ -214,26 +232,33 @@ class _Pump:
                 os.close(old)
 
     def drain(self, final: bool = False) -> None:
-        """Read what the pipe holds and route its complete lines (under ``lock``); with
-        ``final``, an unfinished last line too."""
-        while True:
+        """Read what the pipe holds and route its complete lines as each chunk comes (under
+        ``lock``); with ``final`` (``stop``), up to the pipe's capacity (every byte written
+        before it, whatever a writer that goes on adds) and an unfinished last line too;
+        else one chunk, so that the thread lets go of the lock between chunks. Bounded
+        either way: a child that writes without a pause (a DataLoader worker) neither holds
+        its lines back nor keeps ``stop`` waiting."""
+        left = self.capacity if final else _CHUNK
+        while left > 0:
             try:
-                chunk = os.read(self.read, 65536)
+                chunk = os.read(self.read, min(left, _CHUNK))
             except BlockingIOError:
                 break
             except OSError:  # pragma: no cover - the pipe closed under us
                 break
             if not chunk:  # pragma: no cover - we hold the write end: no EOF
                 break
-            self.pending += chunk
-        if self.pending:
-            lines = _LINE_END.split(self.pending)
+            left -= len(chunk)
+            lines = _LINE_END.split(self.pending + chunk)
             self.pending = lines.pop()  # '' after a terminator, else the unfinished line
-            if final and self.pending:
+            if len(self.pending) >= _LONGEST_LINE:  # no terminator for long: passed on as it is
                 lines.append(self.pending)
                 self.pending = b""
             for line in lines:
                 self._route(line)
+        if final and self.pending:
+            line, self.pending = self.pending, b""
+            self._route(line)
 
     def _route(self, line: bytes) -> None:
         text = line.decode("utf-8", "replace").rstrip("\r\n")
@@ -246,10 +271,24 @@ class _Pump:
 
     def _run(self) -> None:
         read = self.read
+        # poll where there is one: select() refuses a descriptor numbered 1024 or more (a
+        # process with many files open), and a reader gone leaves writers to descriptor 2
+        # blocked once the pipe is full
+        poller = select.poll() if hasattr(select, "poll") else None
+        if poller is not None:
+            poller.register(read, select.POLLIN)
         while True:
             try:
                 # no timeout while no line is unfinished: the thread sleeps between captures
-                ready = select.select([read], [], [], PARTIAL_LINE_WAIT_S if self.pending else None)[0]
+                if poller is not None:
+                    events = poller.poll(PARTIAL_LINE_WAIT_S * 1000 if self.pending else None)
+                    if any(flags & select.POLLNVAL for _, flags in events):  # pragma: no cover - closed under us
+                        return
+                    ready = bool(events)
+                else:  # pragma: no cover - no poll (Windows)
+                    ready = bool(select.select([read], [], [], PARTIAL_LINE_WAIT_S if self.pending else None)[0])
+            except InterruptedError:  # pragma: no cover - retried by Python itself since 3.5
+                continue
             except (OSError, ValueError):  # pragma: no cover - the descriptor is gone
                 return
             try:

@@ -730,6 +730,32 @@ PyDoc_STRVAR(union_rows_doc,
              "looked-at row is out of that order, has a group outside out or an infinite time:\n"
              "the caller sorts them with numpy.");
 
+/* union_rows' pass over rows already checked to be of one length: 1 done, 0 where a
+ * looked-at row is out of order, outside out or infinite (out then of no meaning). */
+static int union_pass(const void *groups_buf, int wide, const double *start, const double *end, Py_ssize_t m,
+                      double *out, Py_ssize_t groups) {
+    for (Py_ssize_t g = 0; g < groups; g++) out[g] = 0.0;
+    int seen = 0;
+    int64_t last = 0;
+    double reach = 0.0, previous = 0.0; /* the group's largest end so far; the last start looked at */
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double s = start[i], e = end[i];
+        if (!(e > s)) continue; /* (an empty interval, or NaN) */
+        int64_t g = wide ? ((const int64_t *)groups_buf)[i] : (int64_t)((const int32_t *)groups_buf)[i];
+        if (g < 0 || g >= groups || s - s != 0.0 || e - e != 0.0 || (seen && (g < last || (g == last && s < previous))))
+            return 0;
+        int first = !seen || g != last; /* the group's first row adds all of itself */
+        double added = first ? s : (s > reach ? s : reach);
+        double w = e - added;
+        out[g] += w > 0.0 ? w : 0.0;
+        if (first || e > reach) reach = e;
+        seen = 1;
+        last = g;
+        previous = s;
+    }
+    return 1;
+}
+
 static PyObject *union_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer gb, sb, eb, ob;
     int wide;
@@ -740,37 +766,9 @@ static PyObject *union_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     if (sb.len != m * (Py_ssize_t)sizeof(double) || eb.len != sb.len || ob.len != groups * (Py_ssize_t)sizeof(double) ||
         gb.len != m * (Py_ssize_t)(wide ? sizeof(int64_t) : sizeof(int32_t))) {
         PyErr_SetString(PyExc_ValueError, "union_rows: buffers of different lengths");
-        goto done;
+    } else {
+        result = PyBool_FromLong(union_pass(gb.buf, wide, sb.buf, eb.buf, m, ob.buf, groups));
     }
-    const double *start = sb.buf, *end = eb.buf;
-    double *out = ob.buf;
-    for (Py_ssize_t g = 0; g < groups; g++) out[g] = 0.0;
-    int ordered = 1, seen = 0;
-    int64_t last = 0;
-    double reach = 0.0, previous = 0.0; /* the group's largest end so far; the last start looked at */
-    for (Py_ssize_t i = 0; i < m; i++) {
-        double s = start[i], e = end[i];
-        if (!(e > s)) continue; /* (an empty interval, or NaN) */
-        int64_t g = wide ? ((const int64_t *)gb.buf)[i] : (int64_t)((const int32_t *)gb.buf)[i];
-        if (g < 0 || g >= groups || s - s != 0.0 || e - e != 0.0 || (seen && (g < last || (g == last && s < previous)))) {
-            ordered = 0;
-            break;
-        }
-        double added;
-        if (!seen || g != last) {
-            added = s; /* the group's first row adds all of itself */
-        } else {
-            added = s > reach ? s : reach;
-        }
-        double w = e - added;
-        out[g] += w > 0.0 ? w : 0.0;
-        if (!seen || g != last || e > reach) reach = e;
-        seen = 1;
-        last = g;
-        previous = s;
-    }
-    result = PyBool_FromLong(ordered);
-done:
     PyBuffer_Release(&gb);
     PyBuffer_Release(&sb);
     PyBuffer_Release(&eb);
@@ -792,6 +790,46 @@ PyDoc_STRVAR(window_parts_doc,
              "or windows are out of order, or a row reaches into two windows (the caller's numpy\n"
              "search does those).");
 
+/* Whether the w windows at where are in the frame (of frame windows), known (no NaN) and
+ * in order of start and of end. */
+static int windows_ok(const int64_t *where, Py_ssize_t w, Py_ssize_t frame, const double *ws, const double *we,
+                      const double *wd) {
+    for (Py_ssize_t j = 0; j < w; j++) {
+        int64_t g = where[j];
+        if (g < 0 || g >= frame || g > INT32_MAX) return 0;
+        if (ws[g] != ws[g] || we[g] != we[g] || wd[g] != wd[g]) return 0;
+        if (j > 0 && (we[g] < we[where[j - 1]] || ws[g] < ws[where[j - 1]])) return 0;
+    }
+    return 1;
+}
+
+/* x clipped to [0, length] as np.clip does: min(max(x, 0), length), as numpy's loop. */
+static inline double clipped(double x, double length) {
+    x = x > 0.0 ? x : 0.0;
+    return x < length ? x : length;
+}
+
+/* window_parts' pass over the m rows (windows checked by windows_ok): the number of parts
+ * written, or -1 (see window_parts). */
+static Py_ssize_t parts_pass(const double *start, const double *end, Py_ssize_t m, const int64_t *where, Py_ssize_t w,
+                             const double *ws, const double *we, const double *wd, int32_t *group, double *since,
+                             double *until) {
+    Py_ssize_t lo = 0, count = 0; /* lo: the windows ending by the row's start */
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double s = start[i], e = end[i];
+        if (s != s || e != e || (i > 0 && s < start[i - 1])) return -1;
+        while (lo < w && !(s < we[where[lo]])) lo++; /* (searchsorted(win_end, start, 'right')) */
+        if (lo == w || !(ws[where[lo]] < e)) continue; /* in no window */
+        if (lo + 1 < w && ws[where[lo + 1]] < e) return -1; /* into the next one too */
+        int64_t g = where[lo];
+        group[count] = (int32_t)g;
+        since[count] = clipped(s - ws[g], wd[g]);
+        until[count] = clipped(e - ws[g], wd[g]);
+        count++;
+    }
+    return count;
+}
+
 static PyObject *window_parts(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer sb, eb, wsb, web, wdb, whb, gb, ab, ub;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*w*w*w*", &sb, &eb, &wsb, &web, &wdb, &whb, &gb, &ab, &ub)) return NULL;
@@ -799,46 +837,18 @@ static PyObject *window_parts(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t frame = wsb.len / (Py_ssize_t)sizeof(double);
     Py_ssize_t w = whb.len / (Py_ssize_t)sizeof(int64_t);
     PyObject *result = NULL;
-    if (sb.len != m * (Py_ssize_t)sizeof(double) || eb.len != sb.len || wsb.len != frame * (Py_ssize_t)sizeof(double) ||
-        web.len != wsb.len || wdb.len != wsb.len || whb.len != w * (Py_ssize_t)sizeof(int64_t) ||
-        gb.len != m * (Py_ssize_t)sizeof(int32_t) || ab.len != sb.len || ub.len != sb.len) {
+    int same = sb.len == m * (Py_ssize_t)sizeof(double) && eb.len == sb.len &&
+               wsb.len == frame * (Py_ssize_t)sizeof(double) && web.len == wsb.len && wdb.len == wsb.len;
+    same = same && whb.len == w * (Py_ssize_t)sizeof(int64_t) && gb.len == m * (Py_ssize_t)sizeof(int32_t) &&
+           ab.len == sb.len && ub.len == sb.len;
+    if (!same) {
         PyErr_SetString(PyExc_ValueError, "window_parts: buffers of different lengths");
-        goto done;
+    } else if (!windows_ok(whb.buf, w, frame, wsb.buf, web.buf, wdb.buf)) {
+        result = PyLong_FromSsize_t(-1);
+    } else {
+        result = PyLong_FromSsize_t(
+            parts_pass(sb.buf, eb.buf, m, whb.buf, w, wsb.buf, web.buf, wdb.buf, gb.buf, ab.buf, ub.buf));
     }
-    const double *start = sb.buf, *end = eb.buf, *ws = wsb.buf, *we = web.buf, *wd = wdb.buf;
-    const int64_t *where = whb.buf;
-    int32_t *group = gb.buf;
-    double *since = ab.buf, *until = ub.buf;
-    Py_ssize_t parts = -1;
-    for (Py_ssize_t j = 0; j < w; j++) { /* the windows: in the frame, known, in order */
-        int64_t g = where[j];
-        if (g < 0 || g >= frame || g > INT32_MAX) goto answer;
-        if (ws[g] != ws[g] || we[g] != we[g] || wd[g] != wd[g]) goto answer;
-        if (j > 0 && (we[g] < we[where[j - 1]] || ws[g] < ws[where[j - 1]])) goto answer;
-    }
-    Py_ssize_t lo = 0, count = 0; /* lo: the windows ending by the row's start */
-    for (Py_ssize_t i = 0; i < m; i++) {
-        double s = start[i], e = end[i];
-        if (s != s || e != e || (i > 0 && s < start[i - 1])) goto answer;
-        while (lo < w && !(s < we[where[lo]])) lo++; /* (searchsorted(win_end, start, 'right')) */
-        if (lo == w || !(ws[where[lo]] < e)) continue; /* in no window */
-        if (lo + 1 < w && ws[where[lo + 1]] < e) goto answer; /* into the next one too */
-        int64_t g = where[lo];
-        double origin = ws[g], length = wd[g];
-        double a = s - origin, b = e - origin;
-        a = a > 0.0 ? a : 0.0; /* np.clip(x, 0, length): min(max(x, 0), length), as numpy's loop */
-        a = a < length ? a : length;
-        b = b > 0.0 ? b : 0.0;
-        b = b < length ? b : length;
-        group[count] = (int32_t)g;
-        since[count] = a;
-        until[count] = b;
-        count++;
-    }
-    parts = count;
-answer:
-    result = PyLong_FromSsize_t(parts);
-done:
     PyBuffer_Release(&sb);
     PyBuffer_Release(&eb);
     PyBuffer_Release(&wsb);
