@@ -54,3 +54,23 @@ def test_a_partly_written_column_is_zeros_that_take_any_write(spans: list[tuple[
 def test_a_small_partly_written_column_is_zeros_too() -> None:
     values = partly_written(100, np.int64, [(10, 20)])
     assert values.shape == (100,) and not values.any() and values.flags.writeable
+
+
+def test_out_of_mappings_the_columns_come_from_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process at its limit of memory maps (``vm.max_map_count``: thousands of traces
+    kept): ``mmap`` fails, and the columns are the same arrays from the heap (a bare
+    ``OSError`` came out of ``load``)."""
+    from tracemagic.trace import columns
+
+    def no_map(*args: object, **kwargs: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(columns.mmap, "mmap", no_map)
+    n = 1 << 20
+    made = fresh(n, np.int64)
+    made[:] = 7
+    assert made.shape == (n,) and made.dtype == np.int64 and (made == 7).all()
+    partly = partly_written(n, np.float64, [(10, 20)])
+    lazy = columns.lazy_zeros(n, np.int32, populate=True)
+    for zeros in (partly, lazy):
+        assert zeros.flags.writeable and not zeros.any() and len(zeros) == n

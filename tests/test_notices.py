@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -212,3 +213,68 @@ def test_a_child_writing_without_pause_is_passed_on_as_it_writes_and_stop_does_n
     assert alive == "True"  # (the writers were still writing when stop() returned)
     assert int(passed) > 100_000, passed  # (in half a second: held back, it was 0)
     assert float(took) < 1.0, took
+
+
+def test_a_reader_that_holds_the_pipe_leaves_the_next_capture_unfiltered_not_waiting() -> None:
+    """The reader stuck writing to a descriptor 2 nobody reads holds the pump: a filter's
+    start gives up after ``START_WAIT_S`` and the capture runs unfiltered (it waited for
+    ever); once the reader lets go, the next filter filters again."""
+    import threading
+    import time
+
+    pump = notices._Pump.get()
+    held = threading.Event()
+    free = threading.Event()
+
+    def hold() -> None:
+        with pump.lock:
+            held.set()
+            free.wait(10)
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert held.wait(5)
+    stuck = notices.Filter([])
+    began = time.perf_counter()
+    stuck.start()
+    waited = time.perf_counter() - began
+    free.set()
+    assert not stuck.active and notices.START_WAIT_S <= waited < notices.START_WAIT_S + 2
+    stuck.stop()  # nothing to stop
+    later = notices.Filter([])
+    later.start()
+    try:
+        assert later.active
+    finally:
+        later.stop()
+    assert not later.active
+
+
+def test_a_stop_interrupted_while_waiting_leaves_later_captures_filtered() -> None:
+    """Ctrl-C while ``stop`` waits for the reader: the interrupt reaches the user, and the
+    next capture still filters (a flag left on made every later one run unfiltered)."""
+
+    class Interrupted:
+        def __init__(self, lock: Any) -> None:
+            self.lock = lock
+
+        def acquire(self, timeout: float = -1) -> bool:
+            raise KeyboardInterrupt
+
+    pump = notices._Pump.get()
+    first = notices.Filter([])
+    first.start()
+    assert first.active
+    real = pump.lock
+    pump.lock = Interrupted(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            first.stop()
+    finally:
+        pump.lock = real
+    assert not first.active
+    second = notices.Filter([])
+    second.start()
+    try:
+        assert second.active
+    finally:
+        second.stop()

@@ -44,6 +44,9 @@ _LINE_END = re.compile(rb"(?<=[\n\r])")
 #: how long ``Filter`` holds an unfinished line (no newline or carriage return yet) before
 #: passing it on: a progress bar's partial line is not held back longer than this (s)
 PARTIAL_LINE_WAIT_S = 0.05
+#: how long a filter's start waits for the reader (stuck writing to a descriptor 2 nobody
+#: reads) before the capture goes on unfiltered
+START_WAIT_S = 0.5
 
 
 def is_notice(line: str) -> bool:
@@ -139,7 +142,9 @@ class Filter:
             pump = _Pump.get()
         except OSError:
             return
-        with pump.lock:
+        if not pump.lock.acquire(timeout=START_WAIT_S):  # the reader stuck writing: unfiltered
+            return
+        try:
             if pump.filtering:  # another filter is on: descriptor 2 is its pipe already
                 return
             try:
@@ -152,6 +157,8 @@ class Filter:
                 os.close(saved)
                 return
             pump.attach(self.hidden, saved)
+        finally:
+            pump.lock.release()
         self._saved = saved
         self.active = True
 
@@ -169,7 +176,12 @@ class Filter:
             os.dup2(saved, 2)  # what this process writes now goes straight to the original
         self._saved = None
         self.active = False
-        if not pump.lock.acquire(timeout=timeout):
+        try:
+            got = pump.lock.acquire(timeout=timeout)
+        except BaseException:  # interrupted while waiting: later captures must still filter
+            pump.filtering = False
+            raise
+        if not got:
             pump.filtering = False  # the next filter may start; the thread routes the rest
             return
         try:
@@ -270,6 +282,13 @@ class _Pump:
                 os.write(self.forward, line)
 
     def _run(self) -> None:
+        try:
+            self._read_until_closed()
+        finally:  # a pump whose reader is gone is not handed out again: the next filter makes one
+            if _Pump._instance is self:
+                _Pump._instance = None
+
+    def _read_until_closed(self) -> None:
         read = self.read
         # poll where there is one: select() refuses a descriptor numbered 1024 or more (a
         # process with many files open), and a reader gone leaves writers to descriptor 2

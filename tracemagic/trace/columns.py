@@ -41,7 +41,10 @@ def lazy_zeros(n: int, dtype: np.dtype | type, populate: bool = False) -> np.nda
     if size < mmap.PAGESIZE * 16:  # small: not worth a mapping
         return np.zeros(n, dtype=kind)
     private = getattr(mmap, "MAP_PRIVATE", None)  # (Windows has no flags: its maps are lazy alike)
-    pages = mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
+    try:
+        pages = mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
+    except OSError:  # no mapping left (vm.max_map_count): the heap's zeros, the same array
+        return np.zeros(n, dtype=kind)
     if populate and sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):  # (an older kernel: the pages are mapped as read)
             pages.madvise(_MADV_POPULATE_READ)
@@ -61,7 +64,10 @@ def fresh(n: int, dtype: np.dtype | type) -> np.ndarray:
     private = getattr(mmap, "MAP_PRIVATE", None)
     if size < _FRESH_MIN_BYTES or private is None or not sys.platform.startswith("linux"):
         return np.empty(n, dtype=kind)
-    pages = mmap.mmap(-1, size, flags=private)
+    try:
+        pages = mmap.mmap(-1, size, flags=private)
+    except OSError:  # no mapping left (vm.max_map_count): the heap's
+        return np.empty(n, dtype=kind)
     with contextlib.suppress(OSError):
         pages.madvise(_MADV_POPULATE_WRITE)
     return np.frombuffer(pages, dtype=kind, count=n)
@@ -77,7 +83,10 @@ def partly_written(n: int, dtype: np.dtype | type, spans: list[tuple[int, int]])
     private = getattr(mmap, "MAP_PRIVATE", None)
     if size < mmap.PAGESIZE * 16 or private is None or not sys.platform.startswith("linux"):
         return lazy_zeros(n, kind, populate=True)
-    pages = mmap.mmap(-1, size, flags=private)
+    try:
+        pages = mmap.mmap(-1, size, flags=private)
+    except OSError:  # no mapping left (vm.max_map_count): the heap's zeros
+        return np.zeros(n, dtype=kind)
     page = mmap.PAGESIZE
     with contextlib.suppress(OSError):
         for start, stop in _merged(spans):
