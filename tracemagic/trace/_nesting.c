@@ -359,6 +359,17 @@ done:
     return status;
 }
 
+/* Whether nest_rows' and order_rows' common buffers fit: keys (int64), ts and dur (double)
+ * one per row of mask (uint8), and ordered (int64) one per row set in it. */
+static int rows_fit(const Py_buffer *mask, const Py_buffer *keys, const Py_buffer *tsb, const Py_buffer *durb,
+                    const Py_buffer *ordb) {
+    Py_ssize_t n = mask->len;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t r = 0; r < n; r++) count += ((const uint8_t *)mask->buf)[r] != 0;
+    return keys->len == n * (Py_ssize_t)sizeof(int64_t) && tsb->len == n * (Py_ssize_t)sizeof(double) &&
+           durb->len == n * (Py_ssize_t)sizeof(double) && ordb->len == count * (Py_ssize_t)sizeof(int64_t);
+}
+
 static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer mask, keys, tsb, durb, ordb, parb, depb, selfb;
     double t0, tolerance, margin;
@@ -368,12 +379,8 @@ static PyObject *nest_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n = mask.len;
     Py_ssize_t m = ordb.len / (Py_ssize_t)sizeof(int64_t);
     PyObject *result = NULL;
-    Py_ssize_t count = 0;
-    for (Py_ssize_t r = 0; r < n; r++) count += ((const uint8_t *)mask.buf)[r] != 0;
-    if (keys.len != n * (Py_ssize_t)sizeof(int64_t) || tsb.len != n * (Py_ssize_t)sizeof(double) ||
-        durb.len != n * (Py_ssize_t)sizeof(double) || parb.len != n * (Py_ssize_t)sizeof(int64_t) ||
-        depb.len != n * (Py_ssize_t)sizeof(int32_t) || selfb.len != n * (Py_ssize_t)sizeof(double) ||
-        ordb.len != m * (Py_ssize_t)sizeof(int64_t) || count != m) {
+    if (!rows_fit(&mask, &keys, &tsb, &durb, &ordb) || parb.len != n * (Py_ssize_t)sizeof(int64_t) ||
+        depb.len != n * (Py_ssize_t)sizeof(int32_t) || selfb.len != n * (Py_ssize_t)sizeof(double)) {
         PyErr_SetString(PyExc_ValueError, "nest_rows: buffers of different lengths");
     } else {
         if (nest_rows_checked(mask.buf, keys.buf, tsb.buf, durb.buf, t0, tolerance, margin, n, ordb.buf, m, parb.buf,
@@ -447,12 +454,8 @@ static PyObject *order_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer mask, keys, tsb, durb, ordb;
     if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &mask, &keys, &tsb, &durb, &ordb)) return NULL;
     Py_ssize_t n = mask.len;
-    Py_ssize_t m = ordb.len / (Py_ssize_t)sizeof(int64_t);
     PyObject *result = NULL;
-    Py_ssize_t count = 0;
-    for (Py_ssize_t r = 0; r < n; r++) count += ((const uint8_t *)mask.buf)[r] != 0;
-    if (keys.len != n * (Py_ssize_t)sizeof(int64_t) || tsb.len != n * (Py_ssize_t)sizeof(double) ||
-        durb.len != n * (Py_ssize_t)sizeof(double) || ordb.len != m * (Py_ssize_t)sizeof(int64_t) || count != m) {
+    if (!rows_fit(&mask, &keys, &tsb, &durb, &ordb)) {
         PyErr_SetString(PyExc_ValueError, "order_rows: buffers of different lengths");
         goto done;
     }
