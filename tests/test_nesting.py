@@ -328,7 +328,7 @@ def test_a_trace_reopened_from_its_cache_searches_the_order_a_load_walks(
                 m.setattr(structure, "_nesting", None)
             reopened = tracemagic.load(TRACES / name)
             assert Shared.CPU_BY_THREAD not in reopened._shared, "reopened, not parsed"
-            np.testing.assert_array_equal(_common._cpu_by_thread(reopened), walked, err_msg=how)
+            np.testing.assert_array_equal(_common.thread_order(reopened), walked, err_msg=how)
             for table in ("layers", "memory"):
                 pd.testing.assert_frame_equal(getattr(reopened, table)(), getattr(fresh, table)(), check_exact=True)
 

@@ -81,16 +81,11 @@ def thread_keys_of(trace: TraceTables) -> np.ndarray:
     return trace.shared(Shared.THREAD_KEYS, lambda: thread_keys(trace.events))
 
 
-def _cpu_by_thread(trace: TraceTables) -> np.ndarray:
-    """``structure.cpu_by_thread`` of the trace (the order ``enclosing_at`` searches in),
-    computed once per trace; ``load`` hands over the one nesting made."""
-    return trace.shared(Shared.CPU_BY_THREAD, lambda: narrow_rows(_thread_order(trace)))
-
-
 def thread_order(trace: TraceTables) -> np.ndarray:
     """The trace's CPU duration events by (thread, start, longest first): ``structure.
-    cpu_by_thread``, kept once per trace (read-only; int32 rows where they fit)."""
-    return _cpu_by_thread(trace)
+    cpu_by_thread``, the order ``enclosing_at`` searches in, kept once per trace (read-only;
+    int32 rows where they fit); ``load`` hands over the one its nesting made."""
+    return trace.shared(Shared.CPU_BY_THREAD, lambda: narrow_rows(_thread_order(trace)))
 
 
 def _thread_order(trace: TraceTables) -> np.ndarray:
@@ -155,7 +150,7 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
     (``_nesting.enclosing_at``) where the extension is built, else numpy (the same values).
     """
     out = np.full(keys.size, -1, dtype=np.int64)
-    cand = _cpu_by_thread(trace)
+    cand = thread_order(trace)
     if among is not None:
         cand = cand[among[cand]]
     if keys.size == 0 or cand.size == 0:
@@ -730,7 +725,7 @@ def in_thread_order(trace: TraceTables, mask: np.ndarray) -> np.ndarray | None:
     """The rows of ``mask`` in ``cpu_by_thread`` order (by thread, start, longest first, then
     row), read off the order the trace keeps instead of sorted again; None where some row
     of the mask is no CPU duration event (not in that order)."""
-    ordered = _cpu_by_thread(trace)
+    ordered = thread_order(trace)
     picked = mask[ordered]
     if np.count_nonzero(picked) != np.count_nonzero(mask):
         return None
