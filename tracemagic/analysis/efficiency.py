@@ -78,7 +78,16 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis import devices
-from tracemagic.analysis._common import among, call_chains, codes_of, group_rows, layer_codes, names_where, text
+from tracemagic.analysis._common import (
+    activity_rows,
+    among,
+    call_chains,
+    codes_of,
+    group_rows,
+    layer_codes,
+    names_where,
+    text,
+)
 from tracemagic.analysis.attribution import attribution
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.shapes import (
@@ -383,7 +392,7 @@ def chain_costs(trace: TraceTables) -> pd.DataFrame:
         # where the trace's own ``flops`` arg counts an op we do not model, take it (as shapes)
         flops = np.where(np.isnan(flops) & ~known, shaped, flops)
         n = len(events)
-        launched = gpu_time(events)
+        launched = gpu_time(events, None, activity_rows(trace))
         tops = rows[top == rows]
         time_us = launched[tops] if trace.has_gpu else events["dur"].to_numpy()[tops]
         keep = time_us > 0

@@ -69,9 +69,7 @@ def ops(trace: TraceTables) -> pd.DataFrame:
     )
 
 
-def merged(
-    events: pd.DataFrame, rows: np.ndarray, up: np.ndarray | None = None, names: np.ndarray | None = None
-) -> np.ndarray:
+def merged(events: pd.DataFrame, rows: np.ndarray, up: np.ndarray, names: np.ndarray) -> np.ndarray:
     """Which of ``rows`` (op rows) run as the only CPU event directly inside an op of their own
     name (``aten::div`` dispatching to ``aten::div``): torch's ``key_averages()``
     (``EventList._remove_dup_nodes``) folds such an op into the one around it, so it is no
@@ -81,15 +79,11 @@ def merged(
     that also holds a runtime call of its own is merged there and not here (rare: the inner
     op makes the launch). Chains (``a`` in ``a`` in ``a``) fold into the outermost. An op
     in a 0 µs op (integer-µs traces) is none: it is its sibling for the plugin, as for torch.
-    ``up`` and ``names``: the rows' parents and name codes, where the caller took them already.
+    ``up`` and ``names``: the rows' parents and name codes (the caller took them already).
     """
     parent = events["parent"].to_numpy()
-    if up is None:
-        up = parent[rows]
     out = np.zeros(rows.size, dtype=bool)
     codes = cast(pd.Categorical, events["name"].array).codes  # (``.cat.codes`` copies them)
-    if names is None:
-        names = np.take(codes, rows)
     # same name as the parent first (one pass, -1 parents masked): few rows, so the rest looks at those alone
     # (``take``: indexing the small codes by int64 rows is slower; a -1 parent takes the last row's, masked)
     where = np.flatnonzero((up >= 0) & (np.take(codes, up) == names))

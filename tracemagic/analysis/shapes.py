@@ -24,9 +24,7 @@ from tracemagic.analysis._common import (
     values_at,
 )
 from tracemagic.analysis.schema import computes
-from tracemagic.trace.kineto import GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.structure import enclosing_of_kind
 
 Dims = list[list[int]]
@@ -286,15 +284,12 @@ def flops(name: str, input_dims: str | None, concrete_inputs: str | None = None)
     return flops_with_source(name, input_dims, concrete_inputs)[0]
 
 
-def gpu_time(events: pd.DataFrame, at: np.ndarray | None = None, activity: np.ndarray | None = None) -> np.ndarray:
+def gpu_time(events: pd.DataFrame, at: np.ndarray | None, activity: np.ndarray) -> np.ndarray:
     """Per events row (or per row of ``at``): duration of the GPU work (kernels, memcpy,
-    memset) launched inside it (``activity``: the rows of that work, where known,
+    memset) launched inside it (``activity``: the rows of that work,
     ``_common.activity_rows``)."""
     launch = events["launch"].to_numpy()
-    if activity is None:
-        gpu = np.flatnonzero(kind_mask(events, *GPU_ACTIVITY) & (launch >= 0))
-    else:
-        gpu = activity[launch[activity] >= 0]
+    gpu = activity[launch[activity] >= 0]
     if at is not None and gpu.size == 0:  # nothing launched (a CPU trace): no table-long zeros
         return np.zeros(at.size)
     total = rollup(launch[gpu], events["dur"].to_numpy()[gpu], events["parent"].to_numpy())
