@@ -25,7 +25,7 @@ import select
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 #: the notices torch prints on its own at profiler start/stop: nothing the user must act on
@@ -121,7 +121,10 @@ class Filter:
     mid-loop) is filtered without holding the cell's output back: a line goes on at its
     newline or carriage return, an unfinished one after ``PARTIAL_LINE_WAIT_S``.
     :meth:`stop` puts descriptor 2 back and passes on what is left in the pipe itself (no
-    wait for the thread to be scheduled). A child process that inherited the pipe, such as
+    wait for the thread to be scheduled). Torch's own start and stop calls run through
+    :meth:`aside`: their notices go to a file of their own and are sorted right after the
+    call, so the thread is not woken by them (it would take the GIL in the middle of the
+    user's loop, and while torch records, its Python calls are events in the user's trace). A child process that inherited the pipe, such as
     a DataLoader worker, may write after that: the thread forwards its lines to the
     descriptor 2 of the latest filter. Where descriptors cannot be redirected, or another
     filter is already on, nothing is filtered.
@@ -161,6 +164,30 @@ class Filter:
             pump.lock.release()
         self._saved = saved
         self.active = True
+
+    def aside(self, call: Callable[[], None]) -> None:
+        """Run ``call`` (torch's profiler start or stop, which print their notices) with
+        descriptor 2 on the pump's file of its own (``_Pump.sink``), then sort what it
+        printed at once: notices to ``hidden``, any other line to the original descriptor 2,
+        as the reader does. The reader thread is not woken (``aside`` runs no Python call
+        of its own between the call and putting descriptor 2 back: inside a recording
+        window each call is an event in the user's trace). A file, not a pipe: a write
+        never blocks, however much is printed. Where descriptor 2 cannot be moved, or the
+        filter is off, ``call`` runs as it is."""
+        pump = _Pump._instance
+        sink = pump.sink if pump is not None and self.active else None
+        try:
+            if sink is None:
+                raise OSError
+            os.dup2(sink, 2)
+        except OSError:
+            call()
+            return
+        try:
+            call()
+        finally:
+            os.dup2(pump.write, 2)  # type: ignore[union-attr]
+            pump.sort_sink()  # type: ignore[union-attr]
 
     def stop(self, timeout: float = 2.0) -> None:
         """Put descriptor 2 back and pass on what was written before (idempotent): by the
@@ -231,6 +258,7 @@ class _Pump:
         self.hidden: list[str] = []
         self.forward: int | None = None  # the latest filter's original descriptor 2
         self.pending = b""  # an unfinished line
+        self.sink = _sink()  # where ``Filter.aside`` points descriptor 2 (None: no such file)
         # a bare thread: ``threading.Thread.start`` waits until it runs (a wait on a busy
         # machine before the user's loop), and this one lives as long as the process
         _thread.start_new_thread(self._run, ())
@@ -271,6 +299,25 @@ class _Pump:
         if final and self.pending:
             line, self.pending = self.pending, b""
             self._route(line)
+
+    def sort_sink(self) -> None:
+        """Route what ``sink`` holds, line by line, and empty it (``Filter.aside``)."""
+        sink = self.sink
+        if sink is None:
+            return
+        try:
+            size = os.lseek(sink, 0, os.SEEK_CUR)  # the file is written from 0, never read here
+            if not size:
+                return
+            data = os.pread(sink, size, 0)
+            os.ftruncate(sink, 0)
+            os.lseek(sink, 0, os.SEEK_SET)
+        except OSError:  # pragma: no cover - a file we made and hold
+            return
+        with self.lock:
+            for line in _LINE_END.split(data):
+                if line:
+                    self._route(line)
 
     def _route(self, line: bytes) -> None:
         text = line.decode("utf-8", "replace").rstrip("\r\n")
@@ -319,6 +366,21 @@ class _Pump:
                         self._route(line)
             except Exception:  # noqa: BLE001 - pragma: no cover - never leave the pipe unread (a full one blocks writers)
                 continue
+
+
+def _sink() -> int | None:
+    """A descriptor on an unnamed temporary file for ``Filter.aside`` (None where none can
+    be made): made once per process, emptied after each use."""
+    try:
+        handle = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the process
+    except OSError:  # pragma: no cover - no writable temporary directory
+        return None
+    try:
+        return os.dup(handle.fileno())
+    except OSError:  # pragma: no cover - out of descriptors
+        return None
+    finally:
+        handle.close()
 
 
 def _forget_pump() -> None:
