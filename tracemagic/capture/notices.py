@@ -218,6 +218,8 @@ class Filter:
             pump.lock.release()
 
 
+#: the size past which ``_Pump.sort_sink`` empties its file (a few hundred bytes a capture)
+_SINK_KEPT = 1 << 16
 #: bytes read from the pipe at a time
 _CHUNK = 1 << 16
 #: an unfinished line this long is passed on as it is (its end may never come)
@@ -259,6 +261,7 @@ class _Pump:
         self.forward: int | None = None  # the latest filter's original descriptor 2
         self.pending = b""  # an unfinished line
         self.sink = _sink()  # where ``Filter.aside`` points descriptor 2 (None: no such file)
+        self.sunk = 0  # the sink's bytes routed so far
         # a bare thread: ``threading.Thread.start`` waits until it runs (a wait on a busy
         # machine before the user's loop), and this one lives as long as the process
         _thread.start_new_thread(self._run, ())
@@ -301,17 +304,20 @@ class _Pump:
             self._route(line)
 
     def sort_sink(self) -> None:
-        """Route what ``sink`` holds, line by line, and empty it (``Filter.aside``)."""
+        """Route what ``sink`` got since the last time, line by line (``Filter.aside``)."""
         sink = self.sink
         if sink is None:
             return
         try:
-            size = os.lseek(sink, 0, os.SEEK_CUR)  # the file is written from 0, never read here
-            if not size:
+            end = os.lseek(sink, 0, os.SEEK_CUR)  # where the writes left the file's offset
+            if end == self.sunk:
                 return
-            data = os.pread(sink, size, 0)
-            os.ftruncate(sink, 0)
-            os.lseek(sink, 0, os.SEEK_SET)
+            data = os.pread(sink, end - self.sunk, self.sunk)
+            if end >= _SINK_KEPT:  # emptied now and then, not after every use
+                os.ftruncate(sink, 0)
+                os.lseek(sink, 0, os.SEEK_SET)
+                end = 0
+            self.sunk = end
         except OSError:  # pragma: no cover - a file we made and hold
             return
         with self.lock:
@@ -369,10 +375,13 @@ class _Pump:
 
 
 def _sink() -> int | None:
-    """A descriptor on an unnamed temporary file for ``Filter.aside`` (None where none can
-    be made): made once per process, emptied after each use."""
+    """A descriptor on an unnamed file for ``Filter.aside`` (None where none can be made):
+    in memory where the system allows (``memfd_create``), else a temporary file; made once
+    per process."""
+    with contextlib.suppress(AttributeError, OSError):
+        return os.memfd_create("tracemagic-notices", os.MFD_CLOEXEC)
     try:
-        handle = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the process
+        handle = tempfile.TemporaryFile()  # noqa: SIM115 - its descriptor is kept for the process
     except OSError:  # pragma: no cover - no writable temporary directory
         return None
     try:
