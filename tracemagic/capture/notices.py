@@ -121,13 +121,14 @@ class Filter:
     mid-loop) is filtered without holding the cell's output back: a line goes on at its
     newline or carriage return, an unfinished one after ``PARTIAL_LINE_WAIT_S``.
     :meth:`stop` puts descriptor 2 back and passes on what is left in the pipe itself (no
-    wait for the thread to be scheduled). Torch's own start and stop calls run through
+    wait for the thread to be scheduled). A child process that inherited the pipe, such as
+    a DataLoader worker, may write after that: the thread forwards its lines to the
+    descriptor 2 of the latest filter. Torch's own start and stop calls run through
     :meth:`aside`: their notices go to a file of their own and are sorted right after the
     call, so the thread is not woken by them (it would take the GIL in the middle of the
-    user's loop, and while torch records, its Python calls are events in the user's trace). A child process that inherited the pipe, such as
-    a DataLoader worker, may write after that: the thread forwards its lines to the
-    descriptor 2 of the latest filter. Where descriptors cannot be redirected, or another
-    filter is already on, nothing is filtered.
+    user's loop, and while torch records, its Python calls are events in the user's
+    trace). Where descriptors cannot be redirected, or another filter is already on,
+    nothing is filtered.
     """
 
     def __init__(self, hidden: list[str]) -> None:
