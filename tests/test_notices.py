@@ -114,6 +114,41 @@ def test_torch_s_own_calls_print_aside_sorted_at_once_in_order_and_never_blockin
     assert capfd.readouterr().err == f"{USDT}\n"
 
 
+def test_torch_s_notices_are_sorted_even_while_the_reader_holds_the_pipe(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader stuck (writing to a descriptor 2 nobody reads) holds the pump's lock:
+    sorting what torch's call printed waits ``STOP_WAIT_S`` for it, then sorts anyway (it
+    waited for ever, inside the user's loop)."""
+    import threading
+    import time
+
+    monkeypatch.setattr(notices, "STOP_WAIT_S", 0.2)
+    hidden: list[str] = []
+    live = notices.Filter(hidden)
+    live.start()
+    pump = notices._Pump.get()
+    held, free = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with pump.lock:
+            held.set()
+            free.wait(10)
+
+    threading.Thread(target=hold, daemon=True).start()
+    try:
+        assert held.wait(5)
+        began = time.perf_counter()
+        live.aside(lambda: os.write(2, f"{USDT}\nwhile stuck\n".encode()))
+        waited = time.perf_counter() - began
+        assert 0.2 <= waited < 2, waited
+        assert hidden == [USDT]
+        assert capfd.readouterr().err == "while stuck\n"
+    finally:
+        free.set()
+        live.stop()
+
+
 def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) -> None:
     """A real kernel (nbclient), its first capture with --et: tensors made before it are freed
     mid-loop (the CPU allocator's once-per-process notice) and the ET observer starts and

@@ -47,6 +47,8 @@ PARTIAL_LINE_WAIT_S = 0.05
 #: how long a filter's start waits for the reader (stuck writing to a descriptor 2 nobody
 #: reads) before the capture goes on unfiltered
 START_WAIT_S = 0.5
+#: how long a filter's stop (or the sorting of torch's own notices) waits for the reader
+STOP_WAIT_S = 2.0
 
 
 def is_notice(line: str) -> bool:
@@ -190,7 +192,7 @@ class Filter:
             os.dup2(pump.write, 2)  # type: ignore[union-attr]
             pump.sort_sink()  # type: ignore[union-attr]
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = STOP_WAIT_S) -> None:
         """Put descriptor 2 back and pass on what was written before (idempotent): by the
         time it returns, every line written before it has been passed on or kept as a
         notice, unless the thread holds the pipe longer than ``timeout`` (stuck writing to
@@ -321,10 +323,16 @@ class _Pump:
             self.sunk = end
         except OSError:  # pragma: no cover - a file we made and hold
             return
-        with self.lock:
+        # under the lock, in order with the reader's lines; without it past ``STOP_WAIT_S``
+        # (the reader stuck writing to a descriptor 2 nobody reads), as ``Filter.stop`` does
+        locked = self.lock.acquire(timeout=STOP_WAIT_S)
+        try:
             for line in _LINE_END.split(data):
                 if line:
                     self._route(line)
+        finally:
+            if locked:
+                self.lock.release()
 
     def _route(self, line: bytes) -> None:
         text = line.decode("utf-8", "replace").rstrip("\r\n")
