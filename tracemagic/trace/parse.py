@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.builder import Interners, ParsedTrace, _Builder
+from tracemagic.trace.builder import Helper, Interners, ParsedTrace, _Builder
 from tracemagic.trace.jsonvalues import _ANY, _META, _TOP, MAX_NESTING, _decode, _literal, _offset_of, merge_notes
 from tracemagic.trace.read import ByteStream, Source, sniff
 from tracemagic.trace.structs import _LOOSE_EVENTS, decode_structs
@@ -183,8 +183,9 @@ class Part:
         self.meta.update(later.meta)
         self.warnings += later.warnings
 
-    def finish(self) -> ParsedTrace:
-        return self.builder.finish(self.meta, merge_notes(self.warnings))
+    def finish(self, helper: Helper | None = None) -> ParsedTrace:
+        """The trace's columns (``helper``: a second thread to join them on, see ``_Builder.finish``)."""
+        return self.builder.finish(self.meta, merge_notes(self.warnings), helper)
 
 
 class _DamageError(Exception):
