@@ -80,6 +80,8 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
 #: a BOM and white space before the document (matched: ``lstrip`` would copy the document)
 _LEADING = re.compile(rb"[\xef\xbb\xbf \t\r\n]*")
+#: white space (``_WS``), matched where ``lstrip`` would copy
+_SPACE = re.compile(rb"[ \t\r\n]*")
 
 
 @contextmanager
@@ -361,9 +363,9 @@ class _StreamParser:
 
     def _last_chunk(self) -> None:
         """The end of the document: the last events, the ']' and the metadata after it."""
-        body = self.buf[1:].lstrip(_WS)
-        if body[:1] == b"]":  # no (more) events
-            close = len(self.buf) - len(body)
+        first = _SPACE.match(self.buf, 1).end()  # type: ignore[union-attr]  # (lstrip would copy the chunk)
+        if self.buf[first : first + 1] == b"]":  # no (more) events
+            close = first
         else:
             close = -1
             for tries, match in enumerate(_LAST_EVENT.finditer(self.buf), 1):
