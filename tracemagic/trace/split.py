@@ -267,10 +267,9 @@ def _parse_split(
         del later
         stretches.parts.clear()
         parsed = first.finish(second.help)  # the columns joined on both threads
-        second.release(wait=True)
         return parsed, second.native_id
     finally:
-        second.release(wait=False)  # (where it was not released yet: it ends after its stretch)
+        second.release()  # (where it was handed no job: it ends after its stretch)
 
 
 class _Stretches:
@@ -439,17 +438,17 @@ class _Second:
     """``work`` on a second thread; ``work(stop)`` reports progress to ``stop``, which
     raises ``_CancelledError`` after ``cancel()``, so an unwanted parse ends at its next chunk.
 
-    After its work the thread stays, for the jobs ``help`` hands it (the columns' joins:
-    a thread of its own would take a glibc arena of its own, see ``trim_thread_arena``),
-    until ``release``."""
+    After its work the thread waits for one more job, which ``help`` hands it (the columns'
+    joins: a thread of its own would take a glibc arena of its own, see ``trim_thread_arena``),
+    and ends once it has run it, or on ``release``."""
 
     def __init__(self, work: Callable[[Progress], Any]) -> None:
         self._work = work
         self._wanted = True
         self._ok = False
         self._done = threading.Event()
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._released = False
+        self._job: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._handed = False
         #: the thread's id in the system (``threading.get_native_id``), once it runs
         self.native_id: int | None = None
         self._thread = threading.Thread(target=self._run, name="tracemagic-parse", daemon=True)
@@ -468,8 +467,9 @@ class _Second:
             self._ok = False
         finally:
             self._done.set()
-        while (job := self._jobs.get()) is not None:
-            job()  # (a job catches what it raises: ``builder._run_jobs``)
+        job = self._job.get()
+        if job is not None:
+            job()  # (it catches what it raises: ``builder._run_jobs``)
 
     def cancel(self) -> None:
         self._wanted = False
@@ -480,13 +480,14 @@ class _Second:
         return self._ok
 
     def help(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on the thread, once its work is done."""
-        self._jobs.put(job)
+        """Run ``job`` on the thread once its work is done; then the thread ends. Once only."""
+        if self._handed:
+            raise RuntimeError("the second thread runs one job after its work")
+        self._handed = True
+        self._job.put(job)
 
-    def release(self, wait: bool) -> None:
-        """Let the thread end (``wait``: and wait until it has); again: nothing."""
-        if not self._released:
-            self._released = True
-            self._jobs.put(None)
-            if wait:
-                self._thread.join()
+    def release(self) -> None:
+        """Let the thread end without a job (where none was handed to it)."""
+        if not self._handed:
+            self._handed = True
+            self._job.put(None)
