@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -338,6 +339,27 @@ def test_captures_in_the_same_second_take_increasing_suffixes(tmp_path, monkeypa
     assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 9}"
     assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 10}"
     assert not any(p.name.startswith(".") for q in tmp_path.iterdir() for p in q.iterdir())
+
+
+def test_two_captures_making_a_new_out_folder_at_once_both_get_a_directory(tmp_path, monkeypatch):
+    """Two kernels whose first capture goes to the same new ``--out`` in the same second:
+    the other one's directory made between this one's ``makedirs`` and its ``mkdir`` (the
+    race, made certain here) is a name taken, not a folder that cannot be written."""
+    from datetime import datetime
+
+    from tracemagic.capture import files
+
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    stamp = "cap-20260102-030405"
+    real_makedirs = os.makedirs
+
+    def the_other_kernel_first(path, *args, **kwargs):
+        real_makedirs(path, *args, **kwargs)
+        os.mkdir(os.path.join(path, stamp))  # the other kernel's capture, made in between
+
+    monkeypatch.setattr(os, "makedirs", the_other_kernel_first)
+    assert files.make_capture_dir(tmp_path / "new", "cap", now=now).name == f"{stamp}-1"
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [stamp, f"{stamp}-1"]
 
 
 @pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")

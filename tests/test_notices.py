@@ -114,6 +114,55 @@ def test_torch_s_own_calls_print_aside_sorted_at_once_in_order_and_never_blockin
     assert capfd.readouterr().err == f"{USDT}\n"
 
 
+def test_torch_s_lines_come_after_the_lines_the_reader_has_not_read_yet(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines written just before torch's call may still be in the pipe (the reader not
+    scheduled yet: the user's thread holds the GIL): what the call printed is passed on
+    after them, in the order it was all written, not ahead of them."""
+    monkeypatch.setattr(notices._Pump, "_instance", None)  # a pump of this test's own ...
+    monkeypatch.setattr(notices._Pump, "_run", lambda self: None)  # ... whose reader never runs
+    hidden: list[str] = []
+    live = notices.Filter(hidden)
+    live.start()
+    pump = notices._Pump._instance
+    assert pump is not None and live.active
+    try:
+        os.write(2, b"the loop's last line\n")  # in the pipe, unread
+        live.aside(lambda: os.write(2, f"{USDT}\ntorch's line\n".encode()))
+        os.write(2, b"after\n")
+    finally:
+        live.stop()
+        for fd in (pump.read, pump.write, pump.sink, pump.forward):
+            if fd is not None:
+                os.close(fd)
+    assert capfd.readouterr().err == "the loop's last line\ntorch's line\nafter\n"
+    assert hidden == [USDT]
+
+
+def test_torch_s_call_leaves_descriptor_2_where_it_found_it(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Descriptor 2 moved by someone else while the filter is on (the user's loop inside
+    an fd-level capture of its own, such as ``wurlitzer.pipes``): torch's call, made from
+    ``prof.step()`` in that loop, puts it back where it was, not on the filter's pipe."""
+    hidden: list[str] = []
+    live = notices.Filter(hidden)
+    live.start()
+    theirs = os.open(tmp_path / "theirs.txt", os.O_WRONLY | os.O_CREAT)
+    ours = os.dup(2)
+    try:
+        os.dup2(theirs, 2)  # someone else's capture begins
+        live.aside(lambda: os.write(2, f"{USDT}\n".encode()))
+        os.write(2, b"for their capture\n")
+        os.dup2(ours, 2)  # and ends
+    finally:
+        os.close(theirs)
+        os.close(ours)
+        live.stop()
+    assert (tmp_path / "theirs.txt").read_text() == "for their capture\n"
+    assert capfd.readouterr().err == ""
+    assert hidden == [USDT]
+
+
 def test_torch_s_notices_are_sorted_even_while_the_reader_holds_the_pipe(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -92,7 +92,10 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe
                 if n != first or os.path.isdir(folder):
                     raise
                 os.makedirs(folder, exist_ok=True)  # the first capture in a new --out
-                os.mkdir(candidate)
+                try:
+                    os.mkdir(candidate)
+                except FileExistsError:  # another process's capture, made in between: taken
+                    continue
             _last_made = (folder, base, n)
             made = out / leaf
             if probe:

@@ -175,21 +175,30 @@ class Filter:
         as the reader does. The reader thread is not woken (``aside`` runs no Python call
         of its own between the call and putting descriptor 2 back: inside a recording
         window each call is an event in the user's trace). A file, not a pipe: a write
-        never blocks, however much is printed. Where descriptor 2 cannot be moved, or the
-        filter is off, ``call`` runs as it is."""
+        never blocks, however much is printed. Descriptor 2 is put back where it was, the
+        filter's pipe or wherever someone else moved it meanwhile (an fd-level capture
+        around the user's loop). Where descriptor 2 cannot be moved, or the filter is off,
+        ``call`` runs as it is."""
         pump = _Pump._instance
         sink = pump.sink if pump is not None and self.active else None
+        before = -1
         try:
             if sink is None:
                 raise OSError
+            before = os.dup(2)
             os.dup2(sink, 2)
         except OSError:
+            if before >= 0:
+                os.close(before)
             call()
             return
         try:
             call()
         finally:
-            os.dup2(pump.write, 2)  # type: ignore[union-attr]
+            try:
+                os.dup2(before, 2)
+            finally:
+                os.close(before)
             pump.sort_sink()  # type: ignore[union-attr]
 
     def stop(self, timeout: float = STOP_WAIT_S) -> None:
@@ -323,10 +332,14 @@ class _Pump:
             self.sunk = end
         except OSError:  # pragma: no cover - a file we made and hold
             return
-        # under the lock, in order with the reader's lines; without it past ``STOP_WAIT_S``
-        # (the reader stuck writing to a descriptor 2 nobody reads), as ``Filter.stop`` does
+        # under the lock, after what the pipe still holds (written before the call: the
+        # reader may not have been scheduled since), in order with the reader's lines;
+        # without it past ``STOP_WAIT_S`` (the reader stuck writing to a descriptor 2 nobody
+        # reads), as ``Filter.stop`` does
         locked = self.lock.acquire(timeout=STOP_WAIT_S)
         try:
+            if locked:
+                self.drain(final=True)
             for line in _LINE_END.split(data):
                 if line:
                     self._route(line)
