@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -340,6 +341,40 @@ def test_the_c_joins_give_numpys_columns_and_refuse_what_does_not_fit() -> None:
         _scan.join_bytes(np.empty(3), floats)
     with pytest.raises(BufferError):
         _scan.join_bytes(b"x" * 8, [np.zeros(1)])  # read-only output
+
+
+def test_finish_jobs_on_two_threads_raise_on_the_caller_ctrl_c_first() -> None:
+    """``builder._run_jobs``: a job's error on the lent thread reaches the caller, the lent
+    thread ends, and a Ctrl-C on either thread wins over another job's error."""
+    import threading
+
+    threads: list[threading.Thread] = []
+
+    def lend(fn: Any) -> None:
+        thread = threading.Thread(target=fn)
+        threads.append(thread)
+        thread.start()
+
+    both = threading.Barrier(2, timeout=10)
+
+    def fails() -> None:
+        both.wait()  # (each thread takes one job)
+        raise ValueError("a join failed")
+
+    def interrupted() -> None:
+        both.wait()
+        time.sleep(0.05)  # after the other job's error
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        builder._run_jobs([fails, interrupted], lend)
+    ran: list[int] = []
+    with pytest.raises(ValueError, match="a join failed"):
+        builder._run_jobs([fails, lambda: (both.wait(), ran.append(1))[0]], lend)
+    for thread in threads:
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    assert ran == [1]
 
 
 def test_damage_is_reported_as_msgspec_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1216,7 +1216,7 @@ static int read_numbers(PyObject *item, Piece *piece) {
     if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) return bad_part("values are (values, mask)");
     if (view_of(PyTuple_GET_ITEM(pair, 0), &piece->a) < 0 || view_of(PyTuple_GET_ITEM(pair, 1), &piece->b) < 0)
         return -1;
-    if (piece->a.len != piece->rows * 8 || piece->b.len != piece->rows) return bad_part("values do not match rows");
+    if (piece->b.len != piece->rows || piece->a.len != piece->rows * 8) return bad_part("values do not match rows");
     return 0;
 }
 

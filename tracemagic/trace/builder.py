@@ -547,8 +547,8 @@ def _run_jobs(jobs: list[_Job], helper: Helper | None) -> None:
     helper(helped)
     work()
     done.wait()
-    if failed:
-        raise failed[0]
+    if failed:  # Ctrl-C (or an exit) before any job's own error
+        raise next((exc for exc in failed if not isinstance(exc, Exception)), failed[0])
 
 
 def _joined_floats(parts: list[np.ndarray], jobs: list[_Job]) -> Callable[[], np.ndarray]:
