@@ -1178,3 +1178,86 @@ def test_the_c_window_parts_match_a_reference_and_numpys(seed: int) -> None:
             _nesting.window_parts(*bad, win_start, win_end, win_dur, where, group, since, until)
     with pytest.raises(ValueError, match="window_parts"):
         _nesting.window_parts(start, end, win_start, win_end[:-1], win_dur, where, group, since, until)
+
+
+def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
+    """``_nesting.propagate_pair`` over a walk order where parents come first answers as two
+    climbs written here; any order that breaks that (a parent after its child, a row twice,
+    a row with a parent left out) is refused (False), and the caller's two ``propagate``
+    give the rows."""
+    nesting = structure._nesting
+    assert nesting is not None, "the C nesting is built (see test_scan.py)"
+    rng = np.random.default_rng(23)
+
+    def climbed(parent: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+        out = np.full(parent.size, -1, dtype=np.int64)
+        for i in range(parent.size):
+            j = i
+            while j >= 0 and not anchor[j]:
+                j = parent[j]
+            out[i] = j
+        return out
+
+    for trial in range(40):
+        n = int(rng.integers(1, 300))
+        nested = rng.random(n) > 0.2  # the rest: outside the nesting (no parent, not walked)
+        walk = rng.permutation(np.flatnonzero(nested))
+        parent = np.full(n, -1, dtype=np.int64)
+        for at, i in enumerate(walk.tolist()):
+            if at and rng.random() > 0.2:
+                parent[i] = walk[rng.integers(0, at)]  # a row walked before it
+        a, b = rng.random(n) > 0.7, rng.random(n) > 0.5
+        order = walk.astype(np.int64)
+        broken = trial % 4
+        has_parent = bool((parent >= 0).any())
+        refused = (broken in (1, 3) and has_parent) or (broken == 2 and order.size > 0)
+        if broken == 1 and has_parent:  # a child before its parent
+            child = int(np.flatnonzero(parent >= 0)[0])
+            order = np.concatenate(([child], order[order != child]))
+        elif broken == 2 and order.size:  # a row twice
+            order = np.concatenate((order, order[:1]))
+        elif broken == 3 and has_parent:  # a row with a parent left out of the order
+            order = order[order != int(np.flatnonzero(parent >= 0)[-1])]
+        out_a, out_b = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        done = nesting.propagate_pair(order, parent, a.view(np.uint8), b.view(np.uint8), out_a, out_b)
+        assert done == (not refused)
+        if done:
+            np.testing.assert_array_equal(out_a, climbed(parent, a))
+            np.testing.assert_array_equal(out_b, climbed(parent, b))
+        depth = np.zeros(n, dtype=np.int32)
+        got = structure._propagate_pair(parent, depth, order, a, b)  # the caller: C or the climbs
+        np.testing.assert_array_equal(got[0], climbed(parent, a))
+        np.testing.assert_array_equal(got[1], climbed(parent, b))
+
+
+def test_step_numbers_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``step_numbers``' C search (``_nesting.step_rows``) gives numpy's ``searchsorted``
+    answer row for row: rows out of time order, NaN times, starts and ends, ties at a step's
+    start and end, overlapping and repeated steps, rows before the first and after the last."""
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n, steps = int(rng.integers(1, 400)), int(rng.integers(1, 8))
+        ts = np.sort(rng.choice(np.arange(0.0, 100.0, 0.5), n))
+        ts = np.where(rng.random(n) < 0.1, rng.choice(np.arange(-5.0, 110.0, 0.5), n), ts)  # out of order
+        ts[rng.random(n) < 0.05] = np.nan
+        dur = rng.choice([0.0, 1.0, 5.0, 20.0], n)
+        kind = np.full(n, "cpu_op", dtype=object)
+        step_rows = rng.choice(n, min(steps, n), replace=False)
+        kind[step_rows] = "step"
+        names = np.array([f"ProfilerStep#{int(k)}" for k in rng.integers(0, 4, n)], dtype=object)
+        if trial % 5 == 0:
+            dur[step_rows[:1]] = np.nan
+        events = pd.DataFrame(
+            {
+                "name": pd.Categorical(names),
+                "ts": ts,
+                "dur": dur,
+                "kind": pd.Categorical(kind, categories=pd.Index(structure.KINDS, dtype="str")),
+            }
+        )
+        fast = structure.step_numbers(events)
+        with monkeypatch.context() as m:
+            m.setattr(structure, "_nesting", None)
+            slow = structure.step_numbers(events)
+        assert fast.dtype == slow.dtype
+        np.testing.assert_array_equal(fast, slow)

@@ -921,6 +921,128 @@ done:
     return result;
 }
 
+/* ---- propagate_pair: two propagations over the nesting walk's order ---- */
+
+PyDoc_STRVAR(propagate_pair_doc,
+             "propagate_pair(ordered, parent, is_a, is_b, out_a, out_b) -> bool\n\n"
+             "propagate(parent, is_a, out_a) and propagate(parent, is_b, out_b) in two passes,\n"
+             "for the nest_rows order ordered (int64): every row with a parent (int64, -1 at\n"
+             "the top) is in ordered, after its parent, so each row inherits its parent's\n"
+             "answer, final by then. False (outs of no meaning) where that does not hold (a row\n"
+             "twice in ordered or outside the table, a parent after its child or outside the\n"
+             "table, a row with a parent missing from ordered): the caller propagates each.");
+
+/* propagate_pair's work on checked buffers; seen (n, zeroed) is its scratch. 1 done, 0
+ * where the order does not hold. */
+static int pair_pass(const int64_t *ordered, Py_ssize_t m, const int64_t *up, const uint8_t *is_a,
+                     const uint8_t *is_b, int64_t *out_a, int64_t *out_b, Py_ssize_t n, uint8_t *seen) {
+    Py_ssize_t with_parent = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out_a[i] = is_a[i] ? i : -1;
+        out_b[i] = is_b[i] ? i : -1;
+        with_parent += up[i] >= 0;
+    }
+    for (Py_ssize_t r = 0; r < m; r++) {
+        int64_t i = ordered[r];
+        if (i < 0 || i >= n || seen[i]) return 0;
+        seen[i] = 1;
+        int64_t p = up[i];
+        if (p < 0) continue;
+        if (p >= n || !seen[p]) return 0;
+        with_parent--;
+        if (!is_a[i]) out_a[i] = out_a[p];
+        if (!is_b[i]) out_b[i] = out_b[p];
+    }
+    return with_parent == 0;
+}
+
+static PyObject *propagate_pair(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer ob, parent, a, b, oa, obb;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*", &ob, &parent, &a, &b, &oa, &obb)) return NULL;
+    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    uint8_t *seen = NULL;
+    if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || a.len != n || b.len != n || oa.len != parent.len ||
+        obb.len != parent.len || ob.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "propagate_pair: buffers of different lengths");
+        goto done;
+    }
+    seen = calloc((size_t)(n ? n : 1), 1);
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok = pair_pass(ob.buf, ob.len / (Py_ssize_t)sizeof(int64_t), parent.buf, a.buf, b.buf, oa.buf, obb.buf,
+                       n, seen);
+    result = PyBool_FromLong(ok);
+done:
+    free(seen);
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&oa);
+    PyBuffer_Release(&obb);
+    return result;
+}
+
+/* ---- step_rows: each row's ProfilerStep by time ---- */
+
+PyDoc_STRVAR(step_rows_doc,
+             "step_rows(starts, last, numbers, ts, out)\n\n"
+             "structure.step_numbers' search in one pass: out (int64, one per ts) gets, for the\n"
+             "index i of numpy's searchsorted(starts, t, side='right') (NaN last), numbers[i - 1]\n"
+             "where t <= last[i], else -1. starts (float64, sorted as numpy sorts, m), last\n"
+             "(float64, m + 1; last[0] NaN), numbers (int64, m), ts (float64).");
+
+/* numpy's searchsorted(starts, t, side='right') over m sorted starts, NaN last. */
+static inline Py_ssize_t right_of(const double *starts, Py_ssize_t m, double t) {
+    Py_ssize_t lo = 0, hi = m;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (less_nan_last(t, starts[mid])) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* Whether right_of(starts, m, t) can be at (given t sorts before starts[at] or at == m):
+ * t sorts at or after starts[at - 1] (NaN last), or at == 0. */
+static inline int fits_below(const double *starts, Py_ssize_t at, double t) {
+    return at == 0 || !less_nan_last(t, starts[at - 1]);
+}
+
+static PyObject *step_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer sb, lb, nb, tb, ob;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &sb, &lb, &nb, &tb, &ob)) return NULL;
+    Py_ssize_t m = sb.len / (Py_ssize_t)sizeof(double), n = tb.len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    if (sb.len != m * (Py_ssize_t)sizeof(double) || lb.len != (m + 1) * (Py_ssize_t)sizeof(double) ||
+        nb.len != sb.len || tb.len != n * (Py_ssize_t)sizeof(double) || ob.len != tb.len) {
+        PyErr_SetString(PyExc_ValueError, "step_rows: buffers of different lengths");
+        goto done;
+    }
+    const double *starts = sb.buf, *last = lb.buf, *ts = tb.buf;
+    const int64_t *numbers = nb.buf;
+    int64_t *out = ob.buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t at = 0; /* the last row's answer: a trace's rows are nearly in time order */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double t = ts[i];
+        if (!(fits_below(starts, at, t) && (at == m || less_nan_last(t, starts[at])))) at = right_of(starts, m, t);
+        out[i] = (at > 0 && t <= last[at]) ? numbers[at - 1] : -1;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&nb);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
@@ -931,6 +1053,8 @@ static PyMethodDef methods[] = {
     {"union_rows", union_rows, METH_VARARGS, union_rows_doc},
     {"group_sums", group_sums, METH_VARARGS, group_sums_doc},
     {"window_parts", window_parts, METH_VARARGS, window_parts_doc},
+    {"propagate_pair", propagate_pair, METH_VARARGS, propagate_pair_doc},
+    {"step_rows", step_rows, METH_VARARGS, step_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

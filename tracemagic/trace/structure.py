@@ -237,6 +237,19 @@ def propagate(parent: np.ndarray, depth: np.ndarray, is_anchor: np.ndarray) -> n
     return out
 
 
+def _propagate_pair(
+    parent: np.ndarray, depth: np.ndarray, ordered: np.ndarray, is_a: np.ndarray, is_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``propagate`` of both anchor masks: where ``nest`` walked (``ordered``, its
+    ``cpu_by_thread`` rows, each after its parent), two passes in one C call
+    (``_nesting.propagate_pair``) instead of two climbs; else each propagated (the same rows)."""
+    if _nesting is not None and parent.dtype == np.int64 and ordered.dtype == np.int64:
+        out_a, out_b = np.empty(parent.size, dtype=np.int64), np.empty(parent.size, dtype=np.int64)
+        if _nesting.propagate_pair(ordered, parent, is_a.view(np.uint8), is_b.view(np.uint8), out_a, out_b):
+            return out_a, out_b
+    return propagate(parent, depth, is_a), propagate(parent, depth, is_b)
+
+
 def enclosing_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """For each row: the nearest strict ancestor that is of the kind, else -1."""
     inner = propagate(parent, depth, is_kind)
@@ -267,9 +280,13 @@ def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.nd
     first = np.unique(numbers[order], return_index=True)[1]
     keep = order[np.sort(first)]  # by start, the first of each number
     starts, numbers = starts[keep], numbers[keep]
-    index = np.searchsorted(starts, ts, side="right")  # 0: before the first step
     # per step, after a first entry for index 0: no time is at or before NaN
     last = np.concatenate(([np.nan], starts + events["dur"].to_numpy()[step_rows[keep]] + NEST_TOLERANCE_US))
+    if _nesting is not None and ts.dtype == np.float64 and ts.flags.c_contiguous:  # the search below in one C pass
+        step = np.empty(ts.size, dtype=np.int64)
+        _nesting.step_rows(np.ascontiguousarray(starts), last, np.ascontiguousarray(numbers, dtype=np.int64), ts, step)
+        return step
+    index = np.searchsorted(starts, ts, side="right")  # 0: before the first step
     outside = np.less_equal(ts, last.take(index))
     np.logical_not(outside, out=outside)
     step = np.concatenate(([-1], numbers)).take(index)
@@ -374,9 +391,8 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
     is_module = per_category(module_names, names.array.codes)
     is_module &= kinds == KINDS.index("python_function")
-    module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
-    op = propagate(parent, depth, is_op)
+    module, op = _propagate_pair(parent, depth, ordered, is_module, is_op)
     runtime = np.flatnonzero(kinds == KINDS.index("runtime"))
     linked = by_external_id(events, runtime)
     has_link = linked >= 0
