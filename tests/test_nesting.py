@@ -1219,7 +1219,7 @@ def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
         elif broken == 3 and has_parent:  # a row with a parent left out of the order
             order = order[order != int(np.flatnonzero(parent >= 0)[-1])]
         out_a, out_b = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        done = nesting.propagate_pair(order, parent, a.view(np.uint8), b.view(np.uint8), out_a, out_b)
+        done = nesting.propagate_pair(order, True, parent, a.view(np.uint8), b.view(np.uint8), False, out_a, out_b)
         assert done == (not refused)
         if done:
             np.testing.assert_array_equal(out_a, climbed(parent, a))

@@ -924,46 +924,58 @@ done:
 /* ---- propagate_pair: two propagations over the nesting walk's order ---- */
 
 PyDoc_STRVAR(propagate_pair_doc,
-             "propagate_pair(ordered, parent, is_a, is_b, out_a, out_b) -> bool\n\n"
-             "propagate(parent, is_a, out_a) and propagate(parent, is_b, out_b) in two passes,\n"
-             "for the nest_rows order ordered (int64): every row with a parent (int64, -1 at\n"
-             "the top) is in ordered, after its parent, so each row inherits its parent's\n"
-             "answer, final by then. False (outs of no meaning) where that does not hold (a row\n"
-             "twice in ordered or outside the table, a parent after its child or outside the\n"
-             "table, a row with a parent missing from ordered): the caller propagates each.");
+             "propagate_pair(ordered, wide, parent, is_a, is_b, outer, out_a, out_b) -> bool\n\n"
+             "propagate(parent, is_a, out_a) and propagate(parent, is_b, out_b) in two passes (with\n"
+             "outer: each row's outermost enclosing anchor, itself included, as outermost gives),\n"
+             "for a nest_rows order ordered (int64 where wide, else int32): every row with a\n"
+             "parent (int64, -1 at the top) is in ordered, after its parent, so each row\n"
+             "inherits its parent's answer, final by then. False (outs of no meaning) where that\n"
+             "does not hold (a row twice in ordered or outside the table, a parent after its\n"
+             "child or outside the table, a row with a parent missing from ordered): the caller\n"
+             "climbs instead. is_b and out_b may be empty: one propagation.");
+
+/* A row's answer from its parent's (final): the innermost anchor (itself where it is
+ * one), or with outer the outermost (the parent's where it has one). */
+static inline int64_t inherited(int64_t own, int64_t above, uint8_t anchor, int outer) {
+    if (outer) return above >= 0 ? above : own;
+    return anchor ? own : above;
+}
 
 /* propagate_pair's work on checked buffers; seen (n, zeroed) is its scratch. 1 done, 0
  * where the order does not hold. */
-static int pair_pass(const int64_t *ordered, Py_ssize_t m, const int64_t *up, const uint8_t *is_a,
-                     const uint8_t *is_b, int64_t *out_a, int64_t *out_b, Py_ssize_t n, uint8_t *seen) {
+static int pair_pass(const void *ordered, int wide, Py_ssize_t m, const int64_t *up, const uint8_t *is_a,
+                     const uint8_t *is_b, int outer, int64_t *out_a, int64_t *out_b, Py_ssize_t n, uint8_t *seen) {
     Py_ssize_t with_parent = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         out_a[i] = is_a[i] ? i : -1;
-        out_b[i] = is_b[i] ? i : -1;
+        if (out_b) out_b[i] = is_b[i] ? i : -1;
         with_parent += up[i] >= 0;
     }
     for (Py_ssize_t r = 0; r < m; r++) {
-        int64_t i = ordered[r];
+        int64_t i = cand_row(ordered, wide, r);
         if (i < 0 || i >= n || seen[i]) return 0;
         seen[i] = 1;
         int64_t p = up[i];
         if (p < 0) continue;
         if (p >= n || !seen[p]) return 0;
         with_parent--;
-        if (!is_a[i]) out_a[i] = out_a[p];
-        if (!is_b[i]) out_b[i] = out_b[p];
+        out_a[i] = inherited(out_a[i], out_a[p], is_a[i], outer);
+        if (out_b) out_b[i] = inherited(out_b[i], out_b[p], is_b[i], outer);
     }
     return with_parent == 0;
 }
 
 static PyObject *propagate_pair(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer ob, parent, a, b, oa, obb;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*", &ob, &parent, &a, &b, &oa, &obb)) return NULL;
+    int wide, outer;
+    if (!PyArg_ParseTuple(args, "y*py*y*y*pw*w*", &ob, &wide, &parent, &a, &b, &outer, &oa, &obb)) return NULL;
     Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t width = wide ? (Py_ssize_t)sizeof(int64_t) : (Py_ssize_t)sizeof(int32_t);
     PyObject *result = NULL;
     uint8_t *seen = NULL;
-    if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || a.len != n || b.len != n || oa.len != parent.len ||
-        obb.len != parent.len || ob.len % (Py_ssize_t)sizeof(int64_t)) {
+    int one = b.len == 0 && obb.len == 0; /* no second propagation */
+    if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || a.len != n || oa.len != parent.len || ob.len % width ||
+        (!one && (b.len != n || obb.len != parent.len))) {
         PyErr_SetString(PyExc_ValueError, "propagate_pair: buffers of different lengths");
         goto done;
     }
@@ -972,8 +984,8 @@ static PyObject *propagate_pair(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    int ok = pair_pass(ob.buf, ob.len / (Py_ssize_t)sizeof(int64_t), parent.buf, a.buf, b.buf, oa.buf, obb.buf,
-                       n, seen);
+    int ok = pair_pass(ob.buf, wide, ob.len / width, parent.buf, a.buf, b.buf, outer, oa.buf, one ? NULL : obb.buf, n,
+                       seen);
     result = PyBool_FromLong(ok);
 done:
     free(seen);

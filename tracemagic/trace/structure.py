@@ -243,9 +243,10 @@ def _propagate_pair(
     """``propagate`` of both anchor masks: where ``nest`` walked (``ordered``, its
     ``cpu_by_thread`` rows, each after its parent), two passes in one C call
     (``_nesting.propagate_pair``) instead of two climbs; else each propagated (the same rows)."""
-    if _nesting is not None and parent.dtype == np.int64 and ordered.dtype == np.int64:
+    if _nesting is not None and parent.dtype == np.int64 and ordered.dtype in (np.int32, np.int64):
         out_a, out_b = np.empty(parent.size, dtype=np.int64), np.empty(parent.size, dtype=np.int64)
-        if _nesting.propagate_pair(ordered, parent, is_a.view(np.uint8), is_b.view(np.uint8), out_a, out_b):
+        wide = ordered.dtype == np.int64
+        if _nesting.propagate_pair(ordered, wide, parent, is_a.view(np.uint8), is_b.view(np.uint8), False, out_a, out_b):
             return out_a, out_b
     return propagate(parent, depth, is_a), propagate(parent, depth, is_b)
 
