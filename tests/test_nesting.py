@@ -1261,3 +1261,55 @@ def test_step_numbers_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) 
             slow = structure.step_numbers(events)
         assert fast.dtype == slow.dtype
         np.testing.assert_array_equal(fast, slow)
+
+
+def test_columns_taken_at_once_equal_each_taken_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common.columns_at`` (one C pass, ``_nesting.take_rows``) gives each column as
+    pandas' own ``take`` does: numpy columns of every width, categoricals with missing
+    values, nullable integers, floats and booleans with missing values, an Arrow column
+    (taken by pandas), int32 and int64 rows, no rows; and ``without_unused`` (``_nesting.
+    recode``) equals ``remove_unused_categories`` on the taken categoricals."""
+    from tracemagic.analysis._common import columns_at, without_unused
+
+    rng = np.random.default_rng(8)
+    n = 5000
+    names = np.array([f"name{i}" for i in range(300)], dtype=object)
+    frame = pd.DataFrame(
+        {
+            "f8": rng.random(n),
+            "i4": rng.integers(-5, 5, n).astype(np.int32),
+            "i1": rng.integers(-5, 5, n).astype(np.int8),
+            "b": rng.random(n) > 0.5,
+            "wide": pd.Categorical(np.where(rng.random(n) < 0.1, None, names[rng.integers(0, 300, n)])),
+            "narrow": pd.Categorical(np.where(rng.random(n) < 0.1, None, names[rng.integers(0, 5, n)])),
+            "nullable": pd.array(np.where(rng.random(n) < 0.2, None, rng.integers(0, 9, n)), dtype="Int64"),
+            "floating": pd.array(np.where(rng.random(n) < 0.2, None, rng.random(n)), dtype="Float64"),
+            "boolean": pd.array(np.where(rng.random(n) < 0.2, None, rng.random(n) > 0.5), dtype="boolean"),
+            "text": pd.array(names[rng.integers(0, 300, n)], dtype="str"),
+        }
+    )
+    for rows in (np.sort(rng.choice(n, 700, replace=False)), rng.integers(0, n, 900), np.zeros(0, dtype=np.int64)):
+        for dtype in (np.int64, np.int32):
+            at = rows.astype(dtype)
+            got = columns_at(frame, list(frame.columns), at)
+            for column in frame.columns:
+                want = frame[column].array.take(at)
+                if isinstance(want, pd.arrays.NumpyExtensionArray):
+                    want = want.to_numpy()
+                    assert isinstance(got[column], np.ndarray) and got[column].dtype == want.dtype
+                    np.testing.assert_array_equal(got[column], want)
+                else:
+                    assert type(got[column]) is type(want) and got[column].dtype == want.dtype
+                    pd.testing.assert_extension_array_equal(got[column], want)
+            for column in ("wide", "narrow"):
+                values = got[column]
+                fast = without_unused(values)
+                with monkeypatch.context() as m:
+                    m.setattr(structure, "_nesting", None)
+                    slow = without_unused(values)
+                want = values.remove_unused_categories()
+                for made in (fast, slow):
+                    pd.testing.assert_extension_array_equal(made, want)
+                    assert made.codes.dtype == want.codes.dtype
+    with pytest.raises(ValueError, match="does not fit"):  # a row outside the table
+        columns_at(frame, ["f8"], np.array([0, n], dtype=np.int64))

@@ -353,6 +353,61 @@ def column_at(column: pd.Series, rows: np.ndarray) -> pd.api.extensions.Extensio
     return values.take(rows)
 
 
+#: the masked (nullable) arrays ``columns_at`` takes as their values and mask
+_MASKED = (pd.arrays.IntegerArray, pd.arrays.FloatingArray, pd.arrays.BooleanArray)
+
+
+def columns_at(
+    events: pd.DataFrame, columns: Collection[str], rows: np.ndarray
+) -> dict[str, pd.api.extensions.ExtensionArray | np.ndarray]:
+    """``column_at`` of each of ``columns``, by name: one C pass (``_nesting.take_rows``) takes
+    every numpy, categorical (its codes) and nullable (values and mask) column at once,
+    reading ``rows`` once a block at a time instead of once per column, where the extension
+    is built; other columns, and all without it, one by one (the same values and types)."""
+    nesting = structure._nesting
+    out: dict[str, pd.api.extensions.ExtensionArray | np.ndarray] = {}
+    planned: list[tuple[str, pd.api.extensions.ExtensionArray, tuple[np.ndarray, ...]]] = []
+    if nesting is not None and rows.dtype in (np.int32, np.int64) and rows.ndim == 1 and rows.flags.c_contiguous:
+        for name in columns:
+            parts = _parts(events[name].array)
+            if parts is not None:
+                planned.append((name, events[name].array, parts))
+    if planned:
+        sources = tuple(part for _, _, parts in planned for part in parts)
+        taken = tuple(np.empty(rows.size, dtype=part.dtype) for part in sources)
+        nesting.take_rows(rows, rows.dtype == np.int64, len(events), sources, taken)
+        at = 0
+        for name, values, parts in planned:
+            got = taken[at : at + len(parts)]
+            at += len(parts)
+            if isinstance(values, pd.Categorical):
+                out[name] = pd.Categorical.from_codes(got[0], dtype=values.dtype, validate=False)
+            elif isinstance(values, _MASKED):
+                out[name] = type(values)(got[0], got[1])
+            else:
+                out[name] = got[0]
+    for name in columns:
+        if name not in out:
+            out[name] = column_at(events[name], rows)
+    return {name: out[name] for name in columns}
+
+
+def _parts(values: pd.api.extensions.ExtensionArray) -> tuple[np.ndarray, ...] | None:
+    """The numpy arrays a column's values are kept in, for ``columns_at``: its values, a
+    categorical's codes, a nullable array's values and mask; None for any other (Arrow)."""
+    if isinstance(values, pd.arrays.NumpyExtensionArray):
+        parts: tuple[np.ndarray, ...] = (values.to_numpy(),)
+    elif isinstance(values, pd.Categorical):
+        parts = (values.codes,)
+    elif isinstance(values, _MASKED):
+        parts = (values._data, values._mask)
+    else:
+        return None
+    if all(p.ndim == 1 and p.flags.c_contiguous and p.itemsize in (1, 2, 4, 8) for p in parts):
+        return parts
+    return None
+
+
 def codes_of(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """A column of repeated strings as codes (-1: missing) and the values they stand for,
     with NaN, the missing marker of ``to_numpy``, appended (so ``values[codes]`` is
@@ -524,10 +579,26 @@ def kinds_at(events: pd.DataFrame, rows: np.ndarray, kinds: tuple[str, ...]) -> 
 
 
 def without_unused(values: pd.Categorical) -> pd.Categorical:
-    """``values.remove_unused_categories()`` by counting codes instead of sorting them."""
+    """``values.remove_unused_categories()`` by counting codes instead of sorting them: the
+    codes marked and mapped in two C passes (``_nesting.recode``) where the extension is
+    built, else numpy's (the same codes)."""
+    codes = values.codes
+    nesting = structure._nesting
+    if nesting is not None and codes.flags.c_contiguous:  # the mark and the mapping in C, on the codes as they are
+        marks = np.zeros(len(values.categories) + 1, dtype=np.uint8)  # the last entry: -1 (missing)
+        nesting.recode(codes, codes.itemsize, marks, bytearray(), 0)
+        used = marks[:-1].view(bool)
+        if used.all():
+            return values
+        kept = int(used.sum())
+        table = np.full(used.size + 1, -1, dtype=np.int64)  # the last entry maps -1 (missing)
+        table[np.flatnonzero(used)] = np.arange(kept)
+        new = np.empty(codes.size, dtype=code_dtype(kept))  # in the width pandas keeps them in
+        nesting.recode(codes, codes.itemsize, table, new, new.itemsize)
+        return pd.Categorical.from_codes(new, categories=values.categories[used], validate=False)
     # the small codes as indices converted once, for the mark and the take (each converts them
     # otherwise: a fresh table-long array each, faulted in)
-    at = values.codes.astype(np.intp)
+    at = codes.astype(np.intp)
     used = np.zeros(len(values.categories) + 1, dtype=bool)  # the last entry: -1 (missing)
     used[at] = True
     used = used[:-1]

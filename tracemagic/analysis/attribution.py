@@ -193,7 +193,9 @@ def _backward_roots(
             order is not None
             and order.dtype in (np.int32, np.int64)
             and order.flags.c_contiguous
-            and nesting.propagate_pair(order, order.dtype == np.int64, parent, anchor.view(np.uint8), b"", True, root, bytearray())
+            and nesting.propagate_pair(
+                order, order.dtype == np.int64, parent, anchor.view(np.uint8), b"", True, root, bytearray()
+            )
         )
         if not walked:
             nesting.outermost(parent, anchor.view(np.uint8), root)

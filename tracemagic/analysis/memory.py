@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
-    column_at,
+    columns_at,
     in_order,
     layer_text,
     memory_holders,
@@ -84,7 +84,7 @@ def memory(trace: TraceTables) -> pd.DataFrame:
     events = trace.events
     rows, holder = memory_holders(trace)
     # column by column at the memory rows (a frame of them taken at once copies each twice)
-    picked = {column: column_at(events[column], rows) for column in _USED}
+    picked = columns_at(events, _USED, rows)
     att = attribution(trace)
     found = holder >= 0
     safe = np.maximum(holder, 0)

@@ -1055,6 +1055,165 @@ done:
     return result;
 }
 
+/* ---- take_rows, mark_codes, recode: per-row tables' columns taken at their rows ---- */
+
+PyDoc_STRVAR(take_rows_doc,
+             "take_rows(rows, wide, n, sources, outs)\n\n"
+             "Each source (a column of n values of 1, 2, 4 or 8 bytes) taken at rows (int64\n"
+             "where wide, else int32) into its out (one value per row): numpy's take of every\n"
+             "column, the rows read once, a block at a time. ValueError where a row is outside\n"
+             "0..n-1 or a buffer's length does not fit (outs then of no meaning).");
+
+/* The rows of one block as indices; 0 where one is outside 0..n-1. */
+static int block_rows(const void *rows, int wide, Py_ssize_t start, Py_ssize_t len, Py_ssize_t n, Py_ssize_t *idx) {
+    for (Py_ssize_t i = 0; i < len; i++) {
+        int64_t r = cand_row(rows, wide, start + i);
+        if (r < 0 || r >= n) return 0;
+        idx[i] = (Py_ssize_t)r;
+    }
+    return 1;
+}
+
+/* One column's values at a block of indices, by the width of its values. */
+static void take_block(const char *src, char *dst, Py_ssize_t width, const Py_ssize_t *idx, Py_ssize_t len) {
+    switch (width) {
+    case 8:
+        for (Py_ssize_t i = 0; i < len; i++) memcpy(dst + i * 8, src + idx[i] * 8, 8);
+        break;
+    case 4:
+        for (Py_ssize_t i = 0; i < len; i++) memcpy(dst + i * 4, src + idx[i] * 4, 4);
+        break;
+    case 2:
+        for (Py_ssize_t i = 0; i < len; i++) memcpy(dst + i * 2, src + idx[i] * 2, 2);
+        break;
+    default:
+        for (Py_ssize_t i = 0; i < len; i++) dst[i] = src[idx[i]];
+    }
+}
+
+#define TAKE_BLOCK 2048
+#define TAKE_MAX 64
+
+/* take_rows' checks of the columns' buffers: their widths into width; 0 where one does not fit. */
+static int take_widths(const Py_buffer *src, const Py_buffer *dst, Py_ssize_t k, Py_ssize_t n, Py_ssize_t m,
+                       Py_ssize_t *width) {
+    for (Py_ssize_t c = 0; c < k; c++) {
+        Py_ssize_t w = n ? src[c].len / n : (m ? dst[c].len / m : 1);
+        if (!(w == 1 || w == 2 || w == 4 || w == 8) || src[c].len != n * w || dst[c].len != m * w) return 0;
+        width[c] = w;
+    }
+    return 1;
+}
+
+/* take_rows' passes, the columns' buffers got: 0 where a row is outside the table. */
+static int take_pass(const void *rows, int wide, Py_ssize_t m, Py_ssize_t n, const Py_buffer *src, Py_buffer *dst,
+                     const Py_ssize_t *width, Py_ssize_t k) {
+    Py_ssize_t idx[TAKE_BLOCK];
+    for (Py_ssize_t start = 0; start < m; start += TAKE_BLOCK) {
+        Py_ssize_t len = m - start < TAKE_BLOCK ? m - start : TAKE_BLOCK;
+        if (!block_rows(rows, wide, start, len, n, idx)) return 0;
+        for (Py_ssize_t c = 0; c < k; c++)
+            take_block(src[c].buf, (char *)dst[c].buf + start * width[c], width[c], idx, len);
+    }
+    return 1;
+}
+
+static PyObject *take_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer rows, src[TAKE_MAX], dst[TAKE_MAX];
+    Py_ssize_t n, width[TAKE_MAX], got = 0;
+    int wide;
+    PyObject *sources, *outs, *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*pnO!O!", &rows, &wide, &n, &PyTuple_Type, &sources, &PyTuple_Type, &outs))
+        return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(sources), m = rows.len / (wide ? 8 : 4);
+    if (k > TAKE_MAX || PyTuple_GET_SIZE(outs) != k || rows.len % (wide ? 8 : 4) || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "take_rows: columns and outs do not fit");
+        goto done;
+    }
+    for (; got < k; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(sources, got), &src[got], PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, got), &dst[got], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(&src[got]);
+            goto done;
+        }
+    }
+    if (!take_widths(src, dst, k, n, m, width) || !take_pass(rows.buf, wide, m, n, src, dst, width, k)) {
+        PyErr_SetString(PyExc_ValueError, "take_rows: a column or row that does not fit");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t c = 0; c < got; c++) {
+        PyBuffer_Release(&src[c]);
+        PyBuffer_Release(&dst[c]);
+    }
+    PyBuffer_Release(&rows);
+    return result;
+}
+
+/* A categorical's code i, of 1, 2, 4 or 8 bytes. */
+static inline int64_t code_at(const void *codes, Py_ssize_t width, Py_ssize_t i) {
+    switch (width) {
+    case 1: return ((const int8_t *)codes)[i];
+    case 2: return ((const int16_t *)codes)[i];
+    case 4: return ((const int32_t *)codes)[i];
+    default: return ((const int64_t *)codes)[i];
+    }
+}
+
+static inline void put_code(void *codes, Py_ssize_t width, Py_ssize_t i, int64_t value) {
+    switch (width) {
+    case 1: ((int8_t *)codes)[i] = (int8_t)value; break;
+    case 2: ((int16_t *)codes)[i] = (int16_t)value; break;
+    case 4: ((int32_t *)codes)[i] = (int32_t)value; break;
+    default: ((int64_t *)codes)[i] = value;
+    }
+}
+
+PyDoc_STRVAR(recode_doc,
+             "recode(codes, width, table, out, out_width) -> bool\n\n"
+             "A categorical's codes (signed, width bytes each) through table (int64, one entry\n"
+             "per category, then one for a missing code, -1): out (out_width bytes each) gets\n"
+             "table[code], table[-1] where the code is -1. With an empty out, table (uint8)\n"
+             "gets 1 at each code present instead (the codes used). False where a code is\n"
+             "outside the table (out then of no meaning).");
+
+/* recode's pass: marks (mark) or maps the codes; 0 where one is outside the table. */
+static int recode_pass(const void *codes, Py_ssize_t width, Py_ssize_t n, void *table, Py_ssize_t entries, int mark,
+                       void *out, Py_ssize_t out_width) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t c = code_at(codes, width, i);
+        int64_t at = c < 0 ? entries - 1 : c;
+        if (c < -1 || at >= entries) return 0;
+        if (mark) ((uint8_t *)table)[at] = 1;
+        else put_code(out, out_width, i, ((const int64_t *)table)[at]);
+    }
+    return 1;
+}
+
+static PyObject *recode(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer codes, table, out;
+    Py_ssize_t width, out_width;
+    if (!PyArg_ParseTuple(args, "y*nw*w*n", &codes, &width, &table, &out, &out_width)) return NULL;
+    PyObject *result = NULL;
+    int mark = out.len == 0;
+    Py_ssize_t n = (width == 1 || width == 2 || width == 4 || width == 8) ? codes.len / width : -1;
+    Py_ssize_t entries = mark ? table.len : table.len / 8;
+    int fits = n >= 0 && codes.len == n * width && entries > 0 &&
+               (mark || ((out_width == 1 || out_width == 2 || out_width == 4 || out_width == 8) &&
+                         out.len == n * out_width && table.len == entries * 8));
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "recode: buffers that do not fit");
+        goto done;
+    }
+    result = PyBool_FromLong(recode_pass(codes.buf, width, n, table.buf, entries, mark, out.buf, out_width));
+done:
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
@@ -1067,6 +1226,8 @@ static PyMethodDef methods[] = {
     {"window_parts", window_parts, METH_VARARGS, window_parts_doc},
     {"propagate_pair", propagate_pair, METH_VARARGS, propagate_pair_doc},
     {"step_rows", step_rows, METH_VARARGS, step_rows_doc},
+    {"take_rows", take_rows, METH_VARARGS, take_rows_doc},
+    {"recode", recode, METH_VARARGS, recode_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -245,8 +245,8 @@ def _propagate_pair(
     (``_nesting.propagate_pair``) instead of two climbs; else each propagated (the same rows)."""
     if _nesting is not None and parent.dtype == np.int64 and ordered.dtype in (np.int32, np.int64):
         out_a, out_b = np.empty(parent.size, dtype=np.int64), np.empty(parent.size, dtype=np.int64)
-        wide = ordered.dtype == np.int64
-        if _nesting.propagate_pair(ordered, wide, parent, is_a.view(np.uint8), is_b.view(np.uint8), False, out_a, out_b):
+        wide, a, b = ordered.dtype == np.int64, is_a.view(np.uint8), is_b.view(np.uint8)
+        if _nesting.propagate_pair(ordered, wide, parent, a, b, False, out_a, out_b):
             return out_a, out_b
     return propagate(parent, depth, is_a), propagate(parent, depth, is_b)
 
