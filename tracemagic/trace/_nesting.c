@@ -277,32 +277,36 @@ done:
  * parent, the nearest earlier row of its thread that encloses it (one that starts with it,
  * or ends at most tolerance after it ends and at least margin after it starts; else -1),
  * and depth by row, and each position's children's durations summed in child (m,
- * zeroed) in that order; start and stack: m and m scratch. */
+ * zeroed) in that order; ends and stack: m + 1 scratch each. The stack holds the open
+ * rows' positions, ends their end times (as ts - t0 + dur, the same sums), so a row's
+ * depth is the stack's height and no closed row is read again. */
 static void walk_rows(const int64_t *ordered, Py_ssize_t m, const int64_t *key, const double *ts, const double *dur,
                       double t0, double tolerance, double margin, int64_t *up, int32_t *level, double *child,
-                      double *start, int64_t *stack) {
+                      double *ends, int64_t *stack) {
     Py_ssize_t top = 0;
+    int64_t last_key = 0;
+    double last_start = 0.0;
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t r = ordered[i];
         double s = ts[r] - t0;
         double e = s + dur[r];
-        start[i] = s;
-        int same_thread = i > 0 && key[r] == key[ordered[i - 1]];
+        int same_thread = i > 0 && key[r] == last_key;
         if (!same_thread) top = 0;
-        if (!(same_thread && s == start[i - 1])) {
+        if (!(same_thread && s == last_start)) {
             double target = e - tolerance;
             if (s + margin > target) target = s + margin;
-            while (top > 0 && !(ts[ordered[stack[top - 1]]] - t0 + dur[ordered[stack[top - 1]]] >= target)) top--;
+            while (top > 0 && !(ends[top - 1] >= target)) top--;
         }
         if (top > 0) {
             int64_t p = stack[top - 1];
             up[r] = ordered[p];
-            level[r] = level[ordered[p]] + 1;
             child[p] += dur[r];
-        } else {
-            level[r] = 0;
         }
-        stack[top++] = i;
+        level[r] = (int32_t)top;
+        stack[top] = i;
+        ends[top++] = e;
+        last_key = key[r];
+        last_start = s;
     }
 }
 
@@ -335,7 +339,7 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
                              double tolerance, double margin, Py_ssize_t n, int64_t *ordered, Py_ssize_t m,
                              int64_t *up, int32_t *level, double *self_dur) {
     int status = -1;
-    int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
+    int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* the sort's scratch, then the walk's ends */
     int64_t *stack = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* also the sort's run bounds */
     double *child = calloc((size_t)(m ? m : 1), sizeof(double));
     if (tmp == NULL || stack == NULL || child == NULL) goto done;
