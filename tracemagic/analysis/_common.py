@@ -20,7 +20,7 @@ from tracemagic.trace import layout, structure
 from tracemagic.trace.columns import code_dtype
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask, per_code
+from tracemagic.trace.normalize import kind_mask, per_category, per_code
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import (
     MODULE_PREFIX,
@@ -62,6 +62,8 @@ def in_scope(events: pd.DataFrame) -> np.ndarray:
     """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
     rank = events["rank"].to_numpy()
     stepped = np.unique(rank[kind_mask(events, "step")])
+    if rank.size and stepped.size == 1 and rank.min() == rank.max() == stepped[0]:  # one rank, stepped
+        return events["step"].to_numpy() >= 0  # (no pass over the ranks: none is without steps)
     return (events["step"].to_numpy() >= 0) | ~of_ranks(rank, stepped)
 
 
@@ -305,7 +307,31 @@ def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
             (bool(pattern.search(str(c))) for c in categories.tolist()), dtype=bool, count=len(categories)
         )
 
+    values = names.array
+    if isinstance(values, pd.Categorical):
+        return answer_per_code(matches(values.categories), values.codes, False)
     return per_code(names, matches, False)
+
+
+#: ``answer_per_code`` leaves to ``per_category``'s comparisons a side of at most this many
+#: categories (``per_category`` compares with as many before it gathers)
+_FEW_ANSWERS = 8
+
+
+def answer_per_code(answers: np.ndarray, codes: np.ndarray, missing: bool) -> np.ndarray:
+    """``normalize.per_category``: per row, the answer of its category (``missing`` for code
+    -1). Where many categories answer each way (a gather, which widens the small codes to
+    64 bits first), one C pass over the codes as they are (``_nesting.recode``) where the
+    extension is built; else ``per_category``'s comparisons (the same mask)."""
+    hits = int(np.count_nonzero(answers))
+    nesting = structure._nesting
+    if nesting is None or min(hits, answers.size - hits) <= _FEW_ANSWERS or not codes.flags.c_contiguous:
+        return per_category(answers, codes, missing)
+    table = np.append(np.asarray(answers, dtype=np.int64), int(missing))  # the last entry: code -1
+    out = np.empty(codes.size, dtype=np.uint8)
+    if not nesting.recode(codes, codes.itemsize, table, out, 1):
+        return per_category(answers, codes, missing)
+    return out.view(bool)
 
 
 def names_match_at(names: pd.Series, pattern: re.Pattern[str], rows: np.ndarray) -> np.ndarray:
@@ -553,8 +579,15 @@ def _categorical(per_code: np.ndarray, at: np.ndarray) -> pd.Categorical:
 def layer_labels(trace: TraceTables, module_rows: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
     """``layers_at`` as categoricals, for per-event tables of millions of rows."""
     layer_of, type_of = _per_name(trace)
+    at = _codes_at(trace, module_rows)
+    nesting = structure._nesting
+    if nesting is not None and at.flags.c_contiguous:  # marked in C, on the small codes as they are
+        marks = np.zeros(layer_of.size, dtype=np.uint8)  # the names present (-1: the None at the end)
+        if nesting.recode(at, at.itemsize, marks, bytearray(), 0):
+            used = marks.view(bool)
+            return _used_categorical(layer_of, at, used), _used_categorical(type_of, at, used)
     # (as indices once, for the mark and both takes: each converts small codes otherwise)
-    at = _codes_at(trace, module_rows).astype(np.intp)
+    at = at.astype(np.intp)
     used = np.zeros(layer_of.size, dtype=bool)  # the names present (-1: the None at the end)
     used[at] = True
     return _used_categorical(layer_of, at, used), _used_categorical(type_of, at, used)
@@ -572,10 +605,24 @@ def kinds_at(events: pd.DataFrame, rows: np.ndarray, kinds: tuple[str, ...]) -> 
     hash table."""
     column = cast(pd.Categorical, events["kind"].array)
     lookup = [kinds.index(k) if k in kinds else -1 for k in column.categories.tolist()]
-    codes = np.take(np.array([*lookup, -1], dtype=np.int8), np.take(column.codes, rows))  # -1 (missing): the last
+    codes = _kind_codes_at(column.codes, lookup, rows)
     return pd.Categorical.from_codes(
         codes, dtype=pd.CategoricalDtype(list(kinds), ordered=column.ordered), validate=False
     )
+
+
+def _kind_codes_at(codes: np.ndarray, lookup: list[int], rows: np.ndarray) -> np.ndarray:
+    """``lookup`` (per category, then -1 for a missing kind) at the ``codes`` of ``rows``, as
+    int8: taken and mapped in two C passes where the extension is built, else numpy's takes."""
+    nesting = structure._nesting
+    fits = codes.flags.c_contiguous and rows.dtype in (np.int32, np.int64) and rows.flags.c_contiguous
+    if nesting is not None and fits:
+        taken = np.empty(rows.size, dtype=codes.dtype)
+        nesting.take_rows(rows, rows.dtype == np.int64, codes.size, (codes,), (taken,))
+        out = np.empty(rows.size, dtype=np.int8)
+        if nesting.recode(taken, taken.itemsize, np.array([*lookup, -1], dtype=np.int64), out, 1):
+            return out
+    return np.take(np.array([*lookup, -1], dtype=np.int8), np.take(codes, rows))  # -1 (missing): the last
 
 
 def without_unused(values: pd.Categorical) -> pd.Categorical:
@@ -823,6 +870,14 @@ def _used_categorical(per_code: np.ndarray, at: np.ndarray, used: np.ndarray) ->
     if not keep.any():  # no category: made as ``_categorical`` makes it (its dtype depends on the unused ones)
         return _categorical(per_code, at)
     categories, index = np.unique(per_code[keep].astype(str), return_inverse=True)
-    recode = np.full(per_code.size, -1, dtype=code_dtype(len(categories)))
+    dtype = code_dtype(len(categories))
+    nesting = structure._nesting
+    if nesting is not None and at.flags.c_contiguous:  # the codes mapped in C, read in their own width
+        table = np.full(per_code.size, -1, dtype=np.int64)
+        table[np.flatnonzero(keep)] = index
+        codes = np.empty(at.size, dtype=dtype)
+        if nesting.recode(at, at.itemsize, table, codes, codes.itemsize):
+            return pd.Categorical.from_codes(codes, categories=categories, validate=False)
+    recode = np.full(per_code.size, -1, dtype=dtype)
     recode[np.flatnonzero(keep)] = index
     return pd.Categorical.from_codes(np.take(recode, at), categories=categories, validate=False)
