@@ -1313,3 +1313,22 @@ def test_columns_taken_at_once_equal_each_taken_alone(monkeypatch: pytest.Monkey
                     assert made.codes.dtype == want.codes.dtype
     with pytest.raises(ValueError, match="does not fit"):  # a row outside the table
         columns_at(frame, ["f8"], np.array([0, n], dtype=np.int64))
+
+
+def test_rows_where_keeps_the_rows_of_a_mask_in_their_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common._rows_where`` (``_nesting.rows_where``, the candidates of ``enclosing_at``)
+    gives numpy's ``rows[mask[rows]]``: int32 and int64 rows, repeated rows, none kept, all."""
+    from tracemagic.analysis._common import _rows_where
+
+    rng = np.random.default_rng(4)
+    for trial in range(20):
+        n = int(rng.integers(1, 500))
+        mask = rng.random(n) < (trial % 4) / 3  # none, some, most, all
+        rows = rng.integers(0, n, int(rng.integers(0, 800)))
+        for dtype in (np.int32, np.int64):
+            got = _rows_where(rows.astype(dtype), mask)
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(got, rows[mask[rows]])
+            with monkeypatch.context() as m:
+                m.setattr(structure, "_nesting", None)
+                np.testing.assert_array_equal(_rows_where(rows.astype(dtype), mask), got)

@@ -154,7 +154,7 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
     out = np.full(keys.size, -1, dtype=np.int64)
     cand = thread_order(trace)
     if among is not None:
-        cand = cand[among[cand]]
+        cand = _rows_where(cand, among)
     if keys.size == 0 or cand.size == 0:
         return out
     events = trace.events
@@ -202,6 +202,17 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
         out[climb] = parent[out[climb]]
         climb = climb[ended(out[climb], at[climb])]
     return out
+
+
+def _rows_where(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``rows[mask[rows]]`` (``mask``: bool per events row): in one C pass where the extension
+    is built (numpy widens int32 rows to an intp index first), else numpy's."""
+    nesting = structure._nesting
+    if nesting is None or rows.dtype not in (np.int32, np.int64) or mask.dtype != np.bool_:
+        return rows[mask[rows]]
+    out = np.empty_like(rows)
+    kept = nesting.rows_where(np.ascontiguousarray(rows), rows.dtype == np.int64, np.ascontiguousarray(mask), out)
+    return out[:kept]
 
 
 def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
@@ -764,6 +775,8 @@ def group_rows(*columns: np.ndarray | pd.Series | pd.Categorical) -> tuple[np.nd
         if isinstance(values, pd.Categorical):
             codes = values.codes.astype(np.int64) + 1  # -1, missing, becomes 0
             base = len(values.categories) + 1
+        elif _one_value(values):
+            continue  # one value (one rank, say): every row the same digit, which changes no group
         else:
             codes, uniques = pd.factorize(values, use_na_sentinel=False)
             codes, base = codes.astype(np.int64, copy=False), max(len(uniques), 1)
@@ -785,6 +798,14 @@ def group_rows(*columns: np.ndarray | pd.Series | pd.Categorical) -> tuple[np.nd
 
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _one_value(values: object) -> bool:
+    """Whether ``values`` is an integer array holding one value (a column ``group_rows``
+    can leave out: factorized, it is a digit 0 of base 1)."""
+    if not (isinstance(values, np.ndarray) and values.dtype.kind in "iu" and values.size):
+        return False
+    return bool(values.min() == values.max())
 
 
 def group_sums(group: np.ndarray, groups: int, **columns: np.ndarray) -> dict[str, np.ndarray]:

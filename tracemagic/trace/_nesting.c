@@ -1218,6 +1218,42 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(rows_where_doc,
+             "rows_where(rows, wide, mask, out) -> int\n\n"
+             "The rows (int64 where wide, else int32) whose mask (uint8, one per table row) is\n"
+             "set, in their order, into out (as wide as rows, room for all): rows[mask[rows]],\n"
+             "without numpy's index array of intp; returns how many. ValueError where a row is\n"
+             "outside the mask.");
+
+static PyObject *rows_where(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer rows, mask, out;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*py*w*", &rows, &wide, &mask, &out)) return NULL;
+    Py_ssize_t width = wide ? 8 : 4, m = rows.len / width, kept = 0;
+    PyObject *result = NULL;
+    const uint8_t *on = mask.buf;
+    if (rows.len != m * width || out.len != rows.len) {
+        PyErr_SetString(PyExc_ValueError, "rows_where: buffers of different lengths");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = cand_row(rows.buf, wide, i);
+        if (r < 0 || r >= mask.len) {
+            PyErr_SetString(PyExc_ValueError, "rows_where: a row outside the mask");
+            goto done;
+        }
+        if (!on[r]) continue;
+        if (wide) ((int64_t *)out.buf)[kept++] = r;
+        else ((int32_t *)out.buf)[kept++] = (int32_t)r;
+    }
+    result = PyLong_FromSsize_t(kept);
+done:
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&mask);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
@@ -1232,6 +1268,7 @@ static PyMethodDef methods[] = {
     {"step_rows", step_rows, METH_VARARGS, step_rows_doc},
     {"take_rows", take_rows, METH_VARARGS, take_rows_doc},
     {"recode", recode, METH_VARARGS, recode_doc},
+    {"rows_where", rows_where, METH_VARARGS, rows_where_doc},
     {NULL, NULL, 0, NULL},
 };
 
