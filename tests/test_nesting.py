@@ -1332,3 +1332,31 @@ def test_rows_where_keeps_the_rows_of_a_mask_in_their_order(monkeypatch: pytest.
             with monkeypatch.context() as m:
                 m.setattr(structure, "_nesting", None)
                 np.testing.assert_array_equal(_rows_where(rows.astype(dtype), mask), got)
+
+
+def test_thread_keys_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``structure.thread_keys`` (``_nesting.thread_key_rows``) gives numpy's keys: int8 and
+    int16 codes, missing ones (-1), ranks 0, many and beyond 2**21 (wrapped as numpy
+    wraps them), no rank column, all rows and some."""
+    rng = np.random.default_rng(12)
+    for trial in range(12):
+        n = int(rng.integers(1, 400))
+        pids = np.array([f"p{i}" for i in range(3 if trial % 2 else 300)], dtype=object)
+        frame = pd.DataFrame(
+            {
+                "pid": pd.Categorical(np.where(rng.random(n) < 0.1, None, pids[rng.integers(0, pids.size, n)])),
+                "tid": pd.Categorical(np.where(rng.random(n) < 0.1, None, rng.integers(0, 5, n).astype(str))),
+                "rank": rng.choice([0, 0, 3, 2**21 + 5, 2**30], n).astype(np.int32) * (trial % 3 > 0),
+            }
+        )
+        if trial % 4 == 3:
+            frame = frame.drop(columns="rank")
+        for rows in (None, np.sort(rng.choice(n, n // 2, replace=False))):
+            fast = structure.thread_keys(frame, rows)
+            with monkeypatch.context() as m:
+                m.setattr(structure, "_nesting", None)
+                slow = structure.thread_keys(frame, rows)
+            assert fast.dtype == slow.dtype == np.int64
+            np.testing.assert_array_equal(fast, slow)
+            if rows is None:
+                np.testing.assert_array_equal(fast, [row_thread_key(frame)(i) for i in range(n)])

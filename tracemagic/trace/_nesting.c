@@ -1254,6 +1254,41 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(thread_key_rows_doc,
+             "thread_key_rows(pid, pid_width, tid, tid_width, rank, out)\n\n"
+             "structure.thread_keys in one pass: out (int64) gets ((pid + 1) << 21) | (tid + 1)\n"
+             "| (rank << 42) per row, wrapped to 64 bits as numpy's int64 arithmetic wraps; pid\n"
+             "and tid are categorical codes (signed, of their widths in bytes), rank int32, or\n"
+             "empty for none.");
+
+static PyObject *thread_key_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer pid, tid, rank, out;
+    Py_ssize_t pw, tw;
+    if (!PyArg_ParseTuple(args, "y*ny*ny*w*", &pid, &pw, &tid, &tw, &rank, &out)) return NULL;
+    Py_ssize_t n = out.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    int widths = (pw == 1 || pw == 2 || pw == 4 || pw == 8) && (tw == 1 || tw == 2 || tw == 4 || tw == 8);
+    if (!widths || out.len != n * (Py_ssize_t)sizeof(int64_t) || pid.len != n * pw || tid.len != n * tw ||
+        (rank.len != 0 && rank.len != n * (Py_ssize_t)sizeof(int32_t))) {
+        PyErr_SetString(PyExc_ValueError, "thread_key_rows: buffers of different lengths");
+        goto done;
+    }
+    const int32_t *ranks = rank.len ? rank.buf : NULL;
+    int64_t *keys = out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t key = ((uint64_t)(code_at(pid.buf, pw, i) + 1) << 21) | (uint64_t)(code_at(tid.buf, tw, i) + 1);
+        if (ranks) key |= (uint64_t)(int64_t)ranks[i] << 42;
+        keys[i] = (int64_t)key;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&pid);
+    PyBuffer_Release(&tid);
+    PyBuffer_Release(&rank);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
@@ -1269,6 +1304,7 @@ static PyMethodDef methods[] = {
     {"take_rows", take_rows, METH_VARARGS, take_rows_doc},
     {"recode", recode, METH_VARARGS, recode_doc},
     {"rows_where", rows_where, METH_VARARGS, rows_where_doc},
+    {"thread_key_rows", thread_key_rows, METH_VARARGS, thread_key_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -103,12 +103,19 @@ def nest_sorted(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[
 
 def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     """One int64 per row (of ``rows``, default all) naming its (rank, pid, tid): events
-    nest only within one key; keys order threads by rank, then pid and tid codes."""
+    nest only within one key; keys order threads by rank, then pid and tid codes. One C pass
+    (``_nesting.thread_key_rows``) where the extension is built, else numpy (the same keys)."""
     pid = events["pid"].array.codes  # (``.cat.codes`` copies them)
     tid = events["tid"].array.codes
     rank = events["rank"].to_numpy() if "rank" in events else None  # one rank before stacking
     if rows is not None:
         pid, tid, rank = pid[rows], tid[rows], (rank[rows] if rank is not None else None)
+    fits = pid.flags.c_contiguous and tid.flags.c_contiguous and (rank is None or rank.dtype == np.int32)
+    if _nesting is not None and fits:  # the same keys in one C pass over the codes
+        keys = np.empty(pid.size, dtype=np.int64)
+        ranks = b"" if rank is None else np.ascontiguousarray(rank)
+        _nesting.thread_key_rows(pid, pid.itemsize, tid, tid.itemsize, ranks, keys)
+        return keys
     # no int64 temporary (each a fresh mapping, faulted in): a code + 1 fits its own type
     # (categorical codes have room for one more category), and a rank 0 adds nothing
     keys = np.add(pid, 1, dtype=np.int64)
@@ -307,9 +314,12 @@ def launches(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarra
     """Row of the runtime call that launched each GPU event (by correlation id), else -1."""
     kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
     launch = np.full(len(events), -1, dtype=np.int64)
-    has_corr = events["correlation"].notna().to_numpy()
-    runtime_rows = np.flatnonzero((kinds == KINDS.index("runtime")) & has_corr)
-    gpu_rows = np.flatnonzero(_kind_in(kinds, GPU_KINDS) & has_corr)
+    runtime_rows = np.flatnonzero(kinds == KINDS.index("runtime"))
+    gpu_rows = np.flatnonzero(_kind_in(kinds, GPU_KINDS)) if runtime_rows.size else runtime_rows
+    if runtime_rows.size == 0 or gpu_rows.size == 0:  # (a CPU trace: no pass over the correlation ids)
+        return launch
+    has_corr = np.asarray(events["correlation"].notna().to_numpy(), dtype=bool)
+    runtime_rows, gpu_rows = runtime_rows[has_corr[runtime_rows]], gpu_rows[has_corr[gpu_rows]]
     if runtime_rows.size == 0 or gpu_rows.size == 0:
         return launch
     corr = events["correlation"].to_numpy(dtype=np.int64, na_value=-1)
