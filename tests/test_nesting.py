@@ -1360,3 +1360,23 @@ def test_thread_keys_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) -
             np.testing.assert_array_equal(fast, slow)
             if rows is None:
                 np.testing.assert_array_equal(fast, [row_thread_key(frame)(i) for i in range(n)])
+
+
+def test_take_codes_gives_minus_one_for_no_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common.take_codes`` (``_nesting.take_codes``) gives numpy's take with -1 where the
+    row is -1, in the values' own width: int8 to int64 values, int32 and int64 rows."""
+    from tracemagic.analysis._common import take_codes
+
+    rng = np.random.default_rng(9)
+    for dtype in (np.int8, np.int16, np.int32, np.int64):
+        values = rng.integers(-1, 100, 300).astype(dtype)
+        for rows in (rng.integers(-1, 300, 1000), np.zeros(0, dtype=np.int64), np.full(5, -1)):
+            for width in (np.int32, np.int64):
+                at = rows.astype(width)
+                got = take_codes(values, at)
+                want = np.where(at >= 0, values[np.maximum(at, 0)], -1).astype(dtype)
+                assert got.dtype == dtype
+                np.testing.assert_array_equal(got, want)
+                with monkeypatch.context() as m:
+                    m.setattr(structure, "_nesting", None)
+                    np.testing.assert_array_equal(take_codes(values, at), want)

@@ -558,6 +558,18 @@ def _per_name(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
 
 def _codes_at(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
     codes = trace.events["name"].array.codes  # (``.cat.codes`` copies them)
+    return take_codes(codes, rows)
+
+
+def take_codes(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``codes`` (a categorical's codes, or row numbers) at ``rows``, -1 where a row is -1:
+    one C pass (``_nesting.take_codes``) where the extension is built, else numpy's take."""
+    nesting = structure._nesting
+    fits = codes.dtype.kind == "i" and codes.flags.c_contiguous and rows.flags.c_contiguous
+    if nesting is not None and fits and rows.dtype in (np.int32, np.int64) and rows.ndim == 1:
+        out = np.empty(rows.size, dtype=codes.dtype)
+        nesting.take_codes(codes, codes.itemsize, rows, rows.dtype == np.int64, out)
+        return out
     out = np.take(codes, rows)  # (``take``: indexing by int64 rows converts the small codes first)
     out[rows < 0] = -1
     return out

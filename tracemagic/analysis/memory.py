@@ -13,6 +13,7 @@ from tracemagic.analysis._common import (
     layer_text,
     memory_holders,
     name_text,
+    take_codes,
     text_take,
     trace_start,
 )
@@ -88,8 +89,8 @@ def memory(trace: TraceTables) -> pd.DataFrame:
     att = attribution(trace)
     found = holder >= 0
     safe = np.maximum(holder, 0)
-    op_rows = np.where(found, np.take(events["op"].to_numpy(), safe), -1)
-    layer_rows = np.where(found, np.take(att.module, safe), -1)
+    op_rows = take_codes(events["op"].to_numpy(), holder)  # (-1 where no op holds the event)
+    layer_rows = take_codes(att.module, holder)
     backward = found & np.take(att.backward, safe)
     phase = np.where(backward, 1, np.where(layer_rows >= 0, 0, -1))
     devices, device = device_names(pd.Series(picked["device_type"]), pd.Series(picked["device"]))

@@ -19,6 +19,7 @@ from tracemagic.analysis._common import (
     group_rows,
     group_sums,
     rollup,
+    take_codes,
     text,
     text_take,
     values_at,
@@ -417,8 +418,7 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
     # chain are made at the chains alone, not per event (each 2 MB on a 100 MB trace)
     chain = np.full(len(events), -1, dtype=np.int32)
     chain[tops] = np.arange(tops.size, dtype=np.int32)
-    chain = np.take(chain, top)
-    chain[top < 0] = -1  # (a top of -1 took the last row's entry)
+    chain = take_codes(chain, top)  # (-1 where the op tops no chain)
     inside = chain >= 0
     all_inside = bool(inside.all())
     self_dur = np.take(events["self_dur"].to_numpy(), rows)

@@ -1289,6 +1289,41 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(take_codes_doc,
+             "take_codes(codes, width, rows, wide, out)\n\n"
+             "codes (signed integers of width bytes: a categorical's codes, row numbers) at rows\n"
+             "(int64 where wide, else int32) into out (as wide as codes, one per row), -1 where\n"
+             "a row is -1 (none): numpy's take, then out[rows < 0] = -1, in one pass and without\n"
+             "an intp index. ValueError where a row is outside the table or below -1.");
+
+static PyObject *take_codes(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer codes, rows, out;
+    Py_ssize_t width;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*ny*pw*", &codes, &width, &rows, &wide, &out)) return NULL;
+    Py_ssize_t rw = wide ? 8 : 4, m = rows.len / rw;
+    Py_ssize_t n = (width == 1 || width == 2 || width == 4 || width == 8) ? codes.len / width : -1;
+    PyObject *result = NULL;
+    if (n < 0 || codes.len != n * width || rows.len != m * rw || out.len != m * width) {
+        PyErr_SetString(PyExc_ValueError, "take_codes: buffers that do not fit");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = cand_row(rows.buf, wide, i);
+        if (r < -1 || r >= n) {
+            PyErr_SetString(PyExc_ValueError, "take_codes: a row outside the table");
+            goto done;
+        }
+        put_code(out.buf, width, i, r < 0 ? -1 : code_at(codes.buf, width, r));
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
@@ -1304,6 +1339,7 @@ static PyMethodDef methods[] = {
     {"take_rows", take_rows, METH_VARARGS, take_rows_doc},
     {"recode", recode, METH_VARARGS, recode_doc},
     {"rows_where", rows_where, METH_VARARGS, rows_where_doc},
+    {"take_codes", take_codes, METH_VARARGS, take_codes_doc},
     {"thread_key_rows", thread_key_rows, METH_VARARGS, thread_key_rows_doc},
     {NULL, NULL, 0, NULL},
 };
