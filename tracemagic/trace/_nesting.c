@@ -276,8 +276,8 @@ done:
 /* The walk over the m rows of ordered (sorted by key, start, longest first): each row's
  * parent, the nearest earlier row of its thread that encloses it (one that starts with it,
  * or ends at most tolerance after it ends and at least margin after it starts; else -1),
- * and depth by row, and each position's children's durations summed in child (m,
- * zeroed) in that order; ends and stack: m + 1 scratch each. The stack holds the open
+ * and depth by row, and each row's children's durations summed in child (by row, zeroed
+ * at the walked rows) in that order; ends and stack: m + 1 scratch each. The stack holds the open
  * rows' positions, ends their end times (as ts - t0 + dur, the same sums), so a row's
  * depth is the stack's height and no closed row is read again. */
 static void walk_rows(const int64_t *ordered, Py_ssize_t m, const int64_t *key, const double *ts, const double *dur,
@@ -298,8 +298,8 @@ static void walk_rows(const int64_t *ordered, Py_ssize_t m, const int64_t *key, 
             while (top > 0 && !(ends[top - 1] >= target)) top--;
         }
         if (top > 0) {
-            int64_t p = stack[top - 1];
-            up[r] = ordered[p];
+            int64_t p = ordered[stack[top - 1]];
+            up[r] = p;
             child[p] += dur[r];
         }
         level[r] = (int32_t)top;
@@ -341,25 +341,26 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
     int status = -1;
     int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* the sort's scratch, then the walk's ends */
     int64_t *stack = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* also the sort's run bounds */
-    double *child = calloc((size_t)(m ? m : 1), sizeof(double));
-    if (tmp == NULL || stack == NULL || child == NULL) goto done;
+    if (tmp == NULL || stack == NULL) goto done;
     if (order_checked(on, key, ts, dur, n, ordered, tmp, (Py_ssize_t *)stack) < 0) goto done;
     for (Py_ssize_t r = 0; r < n; r++) {
         up[r] = -1;
         level[r] = -1;
         self_dur[r] = dur[r];
     }
-    walk_rows(ordered, m, key, ts, dur, t0, tolerance, margin, up, level, child, (double *)tmp, stack);
+    /* self_dur holds the walked rows' children's durations summed (from +0.0), then their own */
+    for (Py_ssize_t i = 0; i < m; i++) self_dur[ordered[i]] = 0.0;
+    walk_rows(ordered, m, key, ts, dur, t0, tolerance, margin, up, level, self_dur, (double *)tmp, stack);
     for (Py_ssize_t i = 0; i < m; i++) {
-        double own = dur[ordered[i]] - child[i];
+        int64_t r = ordered[i];
+        double own = dur[r] - self_dur[r];
         /* np.maximum(own, 0.0), branch-free: NaN kept, and -0.0 + 0.0 is +0.0 */
-        self_dur[ordered[i]] = (own < 0.0 ? 0.0 : own) + 0.0;
+        self_dur[r] = (own < 0.0 ? 0.0 : own) + 0.0;
     }
     status = 0;
 done:
     free(tmp);
     free(stack);
-    free(child);
     return status;
 }
 
