@@ -13,6 +13,7 @@ import pandas as pd
 from tracemagic.analysis._common import (
     activity_rows,
     among,
+    answer_per_code,
     call_chains,
     codes_of,
     column_at,
@@ -314,7 +315,8 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     names, name_of = _codes_at_rows(events["name"], rows)
     has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
     # the dims and arguments taken only at the ops a rule knows (a few), not at every op
-    ruled = np.flatnonzero(unknown & np.take(has_rule, names))
+    # (per category: compared on the small codes, not gathered through an intp index)
+    ruled = np.flatnonzero(unknown & answer_per_code(has_rule[:-1], names, bool(has_rule[-1])))
     dims, dims_of = _codes_at_rows(events["input_dims"], rows[ruled])
     shaped = dims >= 0
     ruled, dims = ruled[shaped], dims[shaped]
