@@ -237,6 +237,7 @@ def phases(ip: Any, reps: int, out: Path) -> None:
         (files, "write_text", "manifest written (x2: running, final)"),
         (layout, "write_manifest", "manifest written (x2; older code, layout.write_manifest)"),
         (torch.profiler.profile, "stop_trace", "torch: stop_trace (in step() or stop())"),
+        (notices._Pump, "sort_sink", "  torch's start/stop notices sorted (printed aside: Filter.aside)"),
     ]
     for owner, name, label in targets:
         wrap(owner, name, label)

@@ -107,6 +107,9 @@ def compiled_run(_shell: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     """One warmed compiled model, profiled bare and then under ``%%chakra_trace``."""
     folder = tmp_path_factory.mktemp("compiled")
     torch_threads = torch.get_num_threads()
+    # TorchDynamo numbers compiled frames per process ("Torch-Compiled Region: F/N"): an
+    # earlier test module's compiled model would make this one's frame 1, not 0
+    torch._dynamo.reset()
     with pytest.MonkeyPatch.context() as here, own_namespace(_shell):
         here.chdir(folder)
         torch.set_num_threads(1)  # inductor's CPU kernels spin on a shared, loaded machine

@@ -315,7 +315,7 @@ def test_held_modules_follows_closures_methods_partials_containers_and_attribute
     assert list(naming.held_modules(values, budget=1)) == []  # the budget ends the search
 
 
-def test_captures_in_the_same_second_take_the_first_free_suffix(tmp_path):
+def test_captures_in_the_same_second_take_increasing_suffixes(tmp_path, monkeypatch):
     from datetime import datetime
 
     from tracemagic.capture import files
@@ -324,15 +324,19 @@ def test_captures_in_the_same_second_take_the_first_free_suffix(tmp_path):
     made = [files.make_capture_dir(tmp_path, "cap", now=now).name for _ in range(4)]
     stamp = "cap-20260102-030405"
     assert made == [stamp, f"{stamp}-1", f"{stamp}-2", f"{stamp}-3"]
-    (tmp_path / f"{stamp}-1").rmdir()  # a freed name is taken again, as before
-    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-1"
+    (tmp_path / f"{stamp}-1").rmdir()  # a freed name is not taken again: the next number is
     assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-4"
-    # past the names tried one by one, the folder is listed once: the same first free suffix
-    made = [files.make_capture_dir(tmp_path, "cap", now=now).name for _ in range(files._PROBED + 4)]
-    assert made == [f"{stamp}-{n}" for n in range(5, files._PROBED + 9)]
-    (tmp_path / f"{stamp}-{files._PROBED + 2}").rmdir()
-    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 2}"
+    (tmp_path / "new").mkdir()
+    assert files.make_capture_dir(tmp_path / "new" / "deeper", "cap", now=now).name == stamp  # made as needed
+    # names taken by another process (unknown to this one): tried one by one, then the
+    # folder is listed once; the first free suffix either way
+    monkeypatch.setattr(files, "_last_made", ("", "", -1))
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-1"
+    for n in range(5, files._PROBED + 9):
+        (tmp_path / f"{stamp}-{n}").mkdir()
+    monkeypatch.setattr(files, "_last_made", ("", "", -1))
     assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 9}"
+    assert files.make_capture_dir(tmp_path, "cap", now=now).name == f"{stamp}-{files._PROBED + 10}"
     assert not any(p.name.startswith(".") for q in tmp_path.iterdir() for p in q.iterdir())
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -74,6 +75,78 @@ def test_the_filter_passes_other_lines_at_once_and_keeps_the_notices(capfd: pyte
     assert [h.split("] ", 1)[1][:20] for h in hidden] == ["Memory block of unkn", "Enabling Execution T"]
     os.write(2, b"after\n")  # descriptor 2 is back
     assert capfd.readouterr().err == "after\n"
+
+
+def test_torch_s_own_calls_print_aside_sorted_at_once_in_order_and_never_blocking(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``Filter.aside`` (torch's start and stop calls): their notices are kept, their other
+    lines reach descriptor 2 by the time it returns, in order after what was written before,
+    the pipe's reader is not woken (nothing reaches the pipe), and a call printing more than
+    a pipe holds does not block."""
+    hidden: list[str] = []
+    live = notices.Filter(hidden)
+    live.start()
+    pump = notices._Pump.get()
+    big = b"x" * (3 * pump.capacity) + b"\n"
+    try:
+        os.write(2, b"before\n")
+        live.stop()  # everything written so far passed on: the pipe is empty now
+        live.start()
+        seen: list[bytes] = []
+
+        def torch_call() -> None:
+            os.write(2, f"{USDT}\nsomething torch means\n".encode())
+            os.write(2, big)
+            seen.append(stat.S_ISREG(os.fstat(2).st_mode))  # a file, not the reader's pipe
+
+        live.aside(torch_call)
+        assert seen == [True]
+        assert capfd.readouterr().err == "before\nsomething torch means\n" + big.decode()  # passed on at once
+        live.aside(lambda: os.write(2, b"unfinished"))  # a last line without its end is passed on too
+        assert capfd.readouterr().err == "unfinished"
+        os.write(2, b"through the pipe\n")  # descriptor 2 is the filter's again
+    finally:
+        live.stop()
+    assert hidden == [USDT]
+    assert capfd.readouterr().err == "through the pipe\n"
+    notices.Filter([]).aside(lambda: os.write(2, f"{USDT}\n".encode()))  # no filter on: runs as it is
+    assert capfd.readouterr().err == f"{USDT}\n"
+
+
+def test_torch_s_notices_are_sorted_even_while_the_reader_holds_the_pipe(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader stuck (writing to a descriptor 2 nobody reads) holds the pump's lock:
+    sorting what torch's call printed waits ``STOP_WAIT_S`` for it, then sorts anyway (it
+    waited for ever, inside the user's loop)."""
+    import threading
+    import time
+
+    monkeypatch.setattr(notices, "STOP_WAIT_S", 0.2)
+    hidden: list[str] = []
+    live = notices.Filter(hidden)
+    live.start()
+    pump = notices._Pump.get()
+    held, free = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with pump.lock:
+            held.set()
+            free.wait(10)
+
+    threading.Thread(target=hold, daemon=True).start()
+    try:
+        assert held.wait(5)
+        began = time.perf_counter()
+        live.aside(lambda: os.write(2, f"{USDT}\nwhile stuck\n".encode()))
+        waited = time.perf_counter() - began
+        assert 0.2 <= waited < 2, waited
+        assert hidden == [USDT]
+        assert capfd.readouterr().err == "while stuck\n"
+    finally:
+        free.set()
+        live.stop()
 
 
 def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import TRACES
 
 import tracemagic
-from tracemagic.trace import parse, structure
+from tracemagic.trace import builder, parse, structure
 from tracemagic.trace.read import Source
 
 KINETO = sorted(p.name for p in TRACES.glob("*.gz") if "_et." not in p.name and "memory_timeline" not in p.name)
@@ -41,6 +41,7 @@ def test_the_c_code_is_built() -> None:
 
 def without_c(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parse, "_scan", None)
+    monkeypatch.setattr(builder, "_join", None)
     monkeypatch.setattr(structure, "_nesting", None)
 
 
@@ -94,7 +95,9 @@ def test_every_real_trace_loads_the_same_with_and_without_c(name: str, monkeypat
     assert len(fast.events) > 0
 
 
-def test_a_captured_model_trace_loads_the_same(transformer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_captured_model_trace_loads_the_same(
+    transformer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real transformer step loop with shapes, memory and stacks (every args column the
     scanner reads from CPU traces, fwdbwd flows, nn.Module events)."""
     import torch
@@ -152,8 +155,23 @@ READ = {
         {"ph": "b", "name": "async", "id": "0x1", "pid": 1, "ts": 11.0},
     ],
     "memory events": [
-        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 12.0, "s": "t",
-         "args": {"Total Reserved": 2048, "Total Allocated": 512, "Bytes": -256, "Addr": 94000000, "Device Type": 0, "Device Id": -1}},
+        {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "pid": 1,
+            "tid": 1,
+            "ts": 12.0,
+            "s": "t",
+            "args": {
+                "Total Reserved": 2048,
+                "Total Allocated": 512,
+                "Bytes": -256,
+                "Addr": 94000000,
+                "Device Type": 0,
+                "Device Id": -1,
+            },
+        },
     ],
     "flops as floats": [event(args={"flops": 1.5e9}), event(args={"flops": 12})],
     "old and new external id keys, and nulls": [
@@ -192,7 +210,9 @@ def write_events(path: Path, events: list[Any]) -> Path:
 
 
 @pytest.mark.parametrize("case", sorted(READ))
-def test_values_the_scanner_reads_give_the_msgspec_columns(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_values_the_scanner_reads_give_the_msgspec_columns(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_events(tmp_path / f"{case}.json", READ[case])
     spy = ScanSpy(monkeypatch)
     fast = tracemagic.load(path, use_cache=False)
@@ -218,7 +238,9 @@ def test_values_the_scanner_reads_give_the_msgspec_columns(case: str, tmp_path: 
 
 
 @pytest.mark.parametrize("case", sorted(LEFT))
-def test_values_the_scanner_leaves_take_the_msgspec_path(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_values_the_scanner_leaves_take_the_msgspec_path(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_events(tmp_path / f"{case}.json", LEFT[case])
     spy = ScanSpy(monkeypatch)
     try:
@@ -270,6 +292,56 @@ def test_a_scan_pool_gives_the_columns_malloc_gives() -> None:
         _scan.scan(chunks[0], b"x" * 1024)
 
 
+def test_the_c_joins_give_numpys_columns_and_refuse_what_does_not_fit() -> None:
+    """``join_codes``/``join_numbers``/``join_bytes`` (``_Builder.finish``'s joins of a
+    column's chunks) write what numpy's take and slices write; parts that do not fit the
+    output, or a code outside its table, are a ValueError (never memory out of bounds)."""
+    from tracemagic.trace import _scan
+
+    rng = np.random.default_rng(5)
+    tables = [rng.integers(0, 300, size=k + 1).astype(np.int32) for k in (3, 40, 1)]
+    for table in tables:
+        table[-1] = -1  # the missing code's entry
+    locals_ = [rng.integers(-1, len(t) - 1, size=n).astype(np.int32) for t, n in zip(tables, (1000, 5, 70_000))]
+    parts: list[Any] = [(locals_[0], tables[0]), 17, (locals_[1], tables[1]), (locals_[2], tables[2])]
+    want = np.concatenate(
+        [
+            np.take(tables[0], locals_[0], mode="wrap"),
+            np.full(17, -1),
+            np.take(tables[1], locals_[1], mode="wrap"),
+            np.take(tables[2], locals_[2], mode="wrap"),
+        ]
+    )
+    for dtype in (np.int16, np.int32, np.int64):
+        out = np.empty(len(want), dtype=dtype)
+        _scan.join_codes(out, out.dtype.itemsize, parts)
+        np.testing.assert_array_equal(out, want)
+    out = np.empty(len(want) + 1, dtype=np.int16)
+    with pytest.raises(ValueError):
+        _scan.join_codes(out, 2, parts)  # one row too many
+    with pytest.raises(ValueError):
+        _scan.join_codes(np.empty(3, np.int16), 2, [(np.array([0, 5, 1], np.int32), np.array([7, -1], np.int32))])
+    with pytest.raises(ValueError):
+        _scan.join_codes(np.empty(3, np.int16), 3, [3])  # no such width
+    values = [rng.integers(-(2**62), 2**62, size=n) for n in (10, 30_000)]
+    masks = [rng.random(len(v)) < 0.5 for v in values]
+    numbers: list[Any] = [(10, (values[0], masks[0])), (7, None), (30_000, (values[1], masks[1]))]
+    got, mask = np.zeros(30_017, np.int64), np.empty(30_017, bool)
+    _scan.join_numbers(got, mask, numbers)
+    np.testing.assert_array_equal(got, np.concatenate([values[0], np.zeros(7, np.int64), values[1]]))
+    np.testing.assert_array_equal(mask, np.concatenate([masks[0], np.ones(7, bool), masks[1]]))
+    with pytest.raises(ValueError):
+        _scan.join_numbers(got, mask, [(30_017, (values[1], masks[1]))])  # values of fewer rows
+    floats = [rng.random(n) for n in (5, 100_000)]
+    joined = np.empty(100_005)
+    _scan.join_bytes(joined, floats)
+    np.testing.assert_array_equal(joined, np.concatenate(floats))
+    with pytest.raises(ValueError):
+        _scan.join_bytes(np.empty(3), floats)
+    with pytest.raises(BufferError):
+        _scan.join_bytes(b"x" * 8, [np.zeros(1)])  # read-only output
+
+
 def test_damage_is_reported_as_msgspec_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = gzip.decompress((TRACES / "hta_nccl_data.json.gz").read_bytes())
     path = tmp_path / "cut.json"
@@ -293,7 +365,9 @@ def test_chunks_parsed_on_two_threads_at_once(monkeypatch: pytest.MonkeyPatch) -
     data = gzip.decompress((TRACES / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz").read_bytes())
     expected = parse.parse_source(Source.from_bytes("rank0", data)).events
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda _: parse.parse_source(Source.from_bytes("rank0", data), chunk=256 * 1024).events, range(4)))
+        results = list(
+            pool.map(lambda _: parse.parse_source(Source.from_bytes("rank0", data), chunk=256 * 1024).events, range(4))
+        )
     for events in results:
         pd.testing.assert_frame_equal(events, expected)
 
@@ -379,7 +453,9 @@ def test_sort_by_thread_is_lexsort() -> None:
             start[rng.random(n) < 0.02] = np.nan
             end = start + np.round(rng.exponential(3, n), 0)
             end[rng.random(n) < 0.02] = np.nan
-            np.testing.assert_array_equal(structure.sort_by_thread(group, start, -end), np.lexsort((-end, start, group)))
+            np.testing.assert_array_equal(
+                structure.sort_by_thread(group, start, -end), np.lexsort((-end, start, group))
+            )
             np.testing.assert_array_equal(structure.sort_by_thread(group, start), np.lexsort((start, group)))
 
 

@@ -48,10 +48,17 @@ def tb_name(worker: str, ts: int | None = None, gz: bool = False) -> str:
 
 #: names ``make_capture_dir`` tries one by one before it lists the folder
 _PROBED = 8
+#: the last capture directory made: ``(folder, NAME-<timestamp>, its number)`` (the next
+#: capture made the same second tries the next number first, not every taken one again)
+_last_made: tuple[str, str, int] = ("", "", -1)
 
 
 def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe: bool = True) -> Path:
     """Create ``out/NAME-<timestamp>`` (made unique), checking that it can be written.
+
+    The name is made unique by a number (``NAME-<timestamp>-<n>``): each ``mkdir`` is the
+    check, so two captures never share one; a capture made in the same second as this
+    process's last one starts from the number after that one's.
 
     Args:
         probe: write and remove a file in it, to check that it can be written (a caller
@@ -61,15 +68,16 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe
     Raises:
         CaptureError: the directory cannot be created or written, with the reason.
     """
+    global _last_made
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     # plain str paths and os calls: pathlib's parsing was most of this function's time
     folder = os.fspath(out)
     base = f"{name}-{stamp}"
+    last_folder, last_base, last_n = _last_made
+    first = last_n + 1 if last_base == base and last_folder == folder else 0
     try:
-        if not os.path.isdir(folder):  # one stat where it exists (mkdir would fail, then stat it)
-            os.makedirs(folder, exist_ok=True)
         taken: set[str] | None = None
-        for n in range(1000):
+        for n in range(first, first + 1000):
             leaf = base if n == 0 else f"{base}-{n}"
             if taken is not None and leaf in taken:
                 continue
@@ -77,9 +85,15 @@ def make_capture_dir(out: Path, name: str, now: datetime | None = None, *, probe
             try:
                 os.mkdir(candidate)
             except FileExistsError:
-                if taken is None and n >= _PROBED:  # many captures this second: skip the names seen taken
+                if taken is None and n - first >= _PROBED:  # many captures this second: skip the names seen taken
                     taken = set(os.listdir(folder))  # (a failed mkdir is cheaper than listing a big folder)
                 continue
+            except FileNotFoundError:
+                if n != first or os.path.isdir(folder):
+                    raise
+                os.makedirs(folder, exist_ok=True)  # the first capture in a new --out
+                os.mkdir(candidate)
+            _last_made = (folder, base, n)
             made = out / leaf
             if probe:
                 path = partial_path(made / MANIFEST)

@@ -25,7 +25,7 @@ import select
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 #: the notices torch prints on its own at profiler start/stop: nothing the user must act on
@@ -47,6 +47,8 @@ PARTIAL_LINE_WAIT_S = 0.05
 #: how long a filter's start waits for the reader (stuck writing to a descriptor 2 nobody
 #: reads) before the capture goes on unfiltered
 START_WAIT_S = 0.5
+#: how long a filter's stop (or the sorting of torch's own notices) waits for the reader
+STOP_WAIT_S = 2.0
 
 
 def is_notice(line: str) -> bool:
@@ -123,8 +125,12 @@ class Filter:
     :meth:`stop` puts descriptor 2 back and passes on what is left in the pipe itself (no
     wait for the thread to be scheduled). A child process that inherited the pipe, such as
     a DataLoader worker, may write after that: the thread forwards its lines to the
-    descriptor 2 of the latest filter. Where descriptors cannot be redirected, or another
-    filter is already on, nothing is filtered.
+    descriptor 2 of the latest filter. Torch's own start and stop calls run through
+    :meth:`aside`: their notices go to a file of their own and are sorted right after the
+    call, so the thread is not woken by them (it would take the GIL in the middle of the
+    user's loop, and while torch records, its Python calls are events in the user's
+    trace). Where descriptors cannot be redirected, or another filter is already on,
+    nothing is filtered.
     """
 
     def __init__(self, hidden: list[str]) -> None:
@@ -162,7 +168,31 @@ class Filter:
         self._saved = saved
         self.active = True
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def aside(self, call: Callable[[], None]) -> None:
+        """Run ``call`` (torch's profiler start or stop, which print their notices) with
+        descriptor 2 on the pump's file of its own (``_Pump.sink``), then sort what it
+        printed at once: notices to ``hidden``, any other line to the original descriptor 2,
+        as the reader does. The reader thread is not woken (``aside`` runs no Python call
+        of its own between the call and putting descriptor 2 back: inside a recording
+        window each call is an event in the user's trace). A file, not a pipe: a write
+        never blocks, however much is printed. Where descriptor 2 cannot be moved, or the
+        filter is off, ``call`` runs as it is."""
+        pump = _Pump._instance
+        sink = pump.sink if pump is not None and self.active else None
+        try:
+            if sink is None:
+                raise OSError
+            os.dup2(sink, 2)
+        except OSError:
+            call()
+            return
+        try:
+            call()
+        finally:
+            os.dup2(pump.write, 2)  # type: ignore[union-attr]
+            pump.sort_sink()  # type: ignore[union-attr]
+
+    def stop(self, timeout: float = STOP_WAIT_S) -> None:
         """Put descriptor 2 back and pass on what was written before (idempotent): by the
         time it returns, every line written before it has been passed on or kept as a
         notice, unless the thread holds the pipe longer than ``timeout`` (stuck writing to
@@ -191,6 +221,8 @@ class Filter:
             pump.lock.release()
 
 
+#: the size past which ``_Pump.sort_sink`` empties its file (a few hundred bytes a capture)
+_SINK_KEPT = 1 << 16
 #: bytes read from the pipe at a time
 _CHUNK = 1 << 16
 #: an unfinished line this long is passed on as it is (its end may never come)
@@ -231,6 +263,8 @@ class _Pump:
         self.hidden: list[str] = []
         self.forward: int | None = None  # the latest filter's original descriptor 2
         self.pending = b""  # an unfinished line
+        self.sink = _sink()  # where ``Filter.aside`` points descriptor 2 (None: no such file)
+        self.sunk = 0  # the sink's bytes routed so far
         # a bare thread: ``threading.Thread.start`` waits until it runs (a wait on a busy
         # machine before the user's loop), and this one lives as long as the process
         _thread.start_new_thread(self._run, ())
@@ -271,6 +305,34 @@ class _Pump:
         if final and self.pending:
             line, self.pending = self.pending, b""
             self._route(line)
+
+    def sort_sink(self) -> None:
+        """Route what ``sink`` got since the last time, line by line (``Filter.aside``)."""
+        sink = self.sink
+        if sink is None:
+            return
+        try:
+            end = os.lseek(sink, 0, os.SEEK_CUR)  # where the writes left the file's offset
+            if end == self.sunk:
+                return
+            data = os.pread(sink, end - self.sunk, self.sunk)
+            if end >= _SINK_KEPT:  # emptied now and then, not after every use
+                os.ftruncate(sink, 0)
+                os.lseek(sink, 0, os.SEEK_SET)
+                end = 0
+            self.sunk = end
+        except OSError:  # pragma: no cover - a file we made and hold
+            return
+        # under the lock, in order with the reader's lines; without it past ``STOP_WAIT_S``
+        # (the reader stuck writing to a descriptor 2 nobody reads), as ``Filter.stop`` does
+        locked = self.lock.acquire(timeout=STOP_WAIT_S)
+        try:
+            for line in _LINE_END.split(data):
+                if line:
+                    self._route(line)
+        finally:
+            if locked:
+                self.lock.release()
 
     def _route(self, line: bytes) -> None:
         text = line.decode("utf-8", "replace").rstrip("\r\n")
@@ -319,6 +381,24 @@ class _Pump:
                         self._route(line)
             except Exception:  # noqa: BLE001 - pragma: no cover - never leave the pipe unread (a full one blocks writers)
                 continue
+
+
+def _sink() -> int | None:
+    """A descriptor on an unnamed file for ``Filter.aside`` (None where none can be made):
+    in memory where the system allows (``memfd_create``), else a temporary file; made once
+    per process."""
+    with contextlib.suppress(AttributeError, OSError):
+        return os.memfd_create("tracemagic-notices", os.MFD_CLOEXEC)
+    try:
+        handle = tempfile.TemporaryFile()  # noqa: SIM115 - its descriptor is kept for the process
+    except OSError:  # pragma: no cover - no writable temporary directory
+        return None
+    try:
+        return os.dup(handle.fileno())
+    except OSError:  # pragma: no cover - out of descriptors
+        return None
+    finally:
+        handle.close()
 
 
 def _forget_pump() -> None:

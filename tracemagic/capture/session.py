@@ -138,9 +138,10 @@ class _Profiler(torch.profiler.profile):
         super().__init__(**kwargs)
         self._session = session
 
-    # Where the notices filter is on, descriptor 2 already goes through it: torch's calls run
-    # as they are (attribute reads, no call nor context manager: between start_trace and
-    # stop_trace every Python call here is an event in the user's trace).
+    # Where the notices filter is on, descriptor 2 already goes through it: torch's start and
+    # stop, which print the notices, run through ``Filter.aside`` (the filter's reader is not
+    # woken); its other calls run as they are (between start_trace and stop_trace every
+    # Python call here is an event in the user's trace).
     def prepare_trace(self) -> None:
         notices_filter = self._session._filter
         if notices_filter is not None and notices_filter.active:
@@ -152,7 +153,7 @@ class _Profiler(torch.profiler.profile):
     def start_trace(self) -> None:
         notices_filter = self._session._filter
         if notices_filter is not None and notices_filter.active:
-            super().start_trace()
+            notices_filter.aside(super().start_trace)
             return
         with self._session._hushed():
             super().start_trace()
@@ -164,7 +165,7 @@ class _Profiler(torch.profiler.profile):
             self._session._switched_off = True
         notices_filter = self._session._filter
         if notices_filter is not None and notices_filter.active:
-            super().stop_trace()
+            notices_filter.aside(super().stop_trace)
             return
         with self._session._hushed():
             super().stop_trace()

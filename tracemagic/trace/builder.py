@@ -5,11 +5,14 @@ all chunks (``Interners``), so peak memory is the final columns plus one chunk.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, TypeAlias
 
 import msgspec
@@ -17,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, code_dtype, fresh, partly_written
+from tracemagic.trace.columns import all_missing, code_dtype, fresh, lazy_zeros, partly_written
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -39,6 +42,20 @@ from tracemagic.trace.structs import (
 )
 
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+
+_join: ModuleType | None  # the C scanner's ``join_*``: a column's chunks joined without the GIL
+try:
+    from tracemagic.trace import _scan as _join
+except ImportError:  # pragma: no cover - installed without a C compiler: numpy joins them
+    _join = None
+if _join is not None and not hasattr(_join, "join_codes"):  # pragma: no cover - an older build
+    _join = None
+
+#: ``finish``'s way to run a job on a second thread: ``helper(job)`` starts it there
+#: (``trace.split`` lends its second parsing thread, idle by then)
+Helper: TypeAlias = Callable[[Callable[[], None]], None]
+#: a column's join, run by ``_run_jobs`` (on two threads where a ``Helper`` is lent)
+_Job: TypeAlias = Callable[[], None]
 
 
 @dataclass
@@ -407,19 +424,22 @@ class _Builder:
             elif event.name == "thread_name" and value is not None:
                 self.threads[(str(event.pid), str(event.tid))] = str(value)
 
-    def finish(self, meta: dict[str, Any], warnings: list[str]) -> ParsedTrace:
-        frame: dict[str, Any] = {}
+    def finish(self, meta: dict[str, Any], warnings: list[str], helper: Helper | None = None) -> ParsedTrace:
+        """The trace's columns: each column's chunks joined into one (by the C scanner's
+        ``join_*`` where it is built: no GIL held while they copy and make their pages, so
+        with a ``helper`` thread two columns are joined at once)."""
+        jobs: list[_Job] = []
+        made: dict[str, Callable[[], Any]] = {}
         for column in ("ph", "cat", "name", "pid", "tid"):
-            frame[column] = self._categorical(column)
+            made[column] = self._categorical(column, jobs)
         for column in ("ts", "dur"):
-            parts = self.floats[column]
-            rows = sum(map(len, parts))
-            frame[column] = np.concatenate(parts, out=fresh(rows, np.float64)) if parts else np.zeros(0, np.float64)
+            made[column] = _joined_floats(self.floats[column], jobs)
         for column, _, floating in _ARG_COLUMNS:
-            frame[column] = _masked(self.numbers[column], self.n, floating)
+            made[column] = _masked(self.numbers[column], self.n, floating, jobs)
         for column in _ARG_STRINGS + _ARG_RAW:
-            frame[column] = self._categorical(column)
-        table = pd.DataFrame(frame, copy=False)
+            made[column] = self._categorical(column, jobs)
+        _run_jobs(jobs, helper)
+        table = pd.DataFrame({column: make() for column, make in made.items()}, copy=False)
 
         fp = self.flow_parts
         flows = pd.DataFrame(
@@ -443,35 +463,46 @@ class _Builder:
             processes[pid] = f"{processes.get(pid, '')} {text}".strip() if label else text
         return ParsedTrace(table, flows, normalize.metadata(meta), processes, self.threads, warnings)
 
-    def _categorical(self, column: str) -> pd.Categorical:
-        return self._in_file_order(column, self.cats[column], self.codes[column])
+    def _categorical(self, column: str, jobs: list[_Job]) -> Callable[[], pd.Categorical]:
+        return self._in_file_order(column, self.cats[column], self.codes[column], jobs)
 
     def _flow_categorical(self, column: str) -> pd.Categorical:
-        return self._in_file_order(f"flow {column}", self.flow_cats[column], self.flow_parts[column])
+        jobs: list[_Job] = []
+        make = self._in_file_order(f"flow {column}", self.flow_cats[column], self.flow_parts[column], jobs)
+        _run_jobs(jobs, None)
+        return make()
 
-    def _in_file_order(self, column: str, interner: _Interner, parts: list[ChunkCodes]) -> pd.Categorical:
-        """The column (its chunks' codes joined) as a categorical whose categories are in the
-        order the file first has them, as a one-thread parse makes them, however the threads
-        met them."""
+    def _in_file_order(
+        self, column: str, interner: _Interner, parts: list[ChunkCodes], jobs: list[_Job]
+    ) -> Callable[[], pd.Categorical]:
+        """The column (its chunks' codes joined, by a job added to ``jobs``) as a categorical
+        whose categories are in the order the file first has them, as a one-thread parse
+        makes them, however the threads met them; made by the function returned, once the
+        jobs have run."""
         count = len(interner.labels)
         if count == 0:  # no value in any chunk (most args columns of a CPU trace): all missing
             n = sum(map(_rows, parts))
             if self._no_categories is None:  # (one dtype for all of them: making one costs ~0.1 ms)
                 self._no_categories = pd.CategoricalDtype(pd.Index([], dtype="str"), ordered=False)
-            codes = fresh(n, np.int8)
-            codes.fill(-1)
-            return pd.Categorical.from_codes(codes, dtype=self._no_categories, validate=False)
+            missing = fresh(n, np.int8, populate=False)
+            jobs.append(functools.partial(missing.fill, -1))
+            dtype = self._no_categories
+            return lambda: pd.Categorical.from_codes(missing, dtype=dtype, validate=False)
         if self.firsts is None or not self.firsts[column]:
-            return interner.categorical(_joined_codes(parts, count))
+            codes = _joined_codes(parts, count, jobs)
+            return lambda: interner.categorical(codes)
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
         if len(order) < count:  # values no chunk had (none expected): after the others
             order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
         if (order == np.arange(count)).all():
-            return interner.categorical(_joined_codes(parts, count))
-        renumber = np.full(count + 1, -1, dtype=code_dtype(count))  # the last: missing stays -1
-        renumber[order] = np.arange(count)
+            codes = _joined_codes(parts, count, jobs)
+            return lambda: interner.categorical(codes)
+        # (int32 for the C join's tables; numpy's casts them to the codes' type itself)
+        renumber = np.full(count + 1, -1, dtype=np.int32 if _join is not None else code_dtype(count))
+        renumber[order] = np.arange(count)  # the last: missing stays -1
         categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
-        return pd.Categorical.from_codes(_joined_codes(parts, count, renumber), categories=categories, validate=False)
+        codes = _joined_codes(parts, count, jobs, renumber)
+        return lambda: pd.Categorical.from_codes(codes, categories=categories, validate=False)
 
 
 #: the codes of no value
@@ -489,10 +520,81 @@ def _rows(part: ChunkCodes) -> int:
     return part if isinstance(part, int) else len(part[0]) if isinstance(part, tuple) else len(part)
 
 
-def _joined_codes(parts: list[ChunkCodes], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
+def _run_jobs(jobs: list[_Job], helper: Helper | None) -> None:
+    """Run ``jobs``: on this thread and, where ``helper`` lends one, a second one, each
+    taking the next job not yet taken (the C joins hold no GIL while they work)."""
+    if helper is None or len(jobs) < 2:
+        for job in jobs:
+            job()
+        return
+    taken = iter(jobs)  # (a list iterator hands each job to one thread: its next() holds the GIL)
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            for job in taken:
+                job()
+        except BaseException as exc:  # noqa: BLE001 - raised again on the calling thread
+            failed.append(exc)
+
+    def helped() -> None:
+        try:
+            work()
+        finally:
+            done.set()
+
+    helper(helped)
+    work()
+    done.wait()
+    if failed:
+        raise failed[0]
+
+
+def _joined_floats(parts: list[np.ndarray], jobs: list[_Job]) -> Callable[[], np.ndarray]:
+    """A float64 column of its chunks' values, joined by a job added to ``jobs``."""
+    if not parts:
+        empty = np.zeros(0, np.float64)
+        return lambda: empty
+    rows = sum(map(len, parts))
+    if _join is None:
+        joined = np.concatenate(parts, out=fresh(rows, np.float64))
+        return lambda: joined
+    out = fresh(rows, np.float64, populate=False)
+    join = _join.join_bytes
+    chunks = [np.ascontiguousarray(p, dtype=np.float64) for p in parts]
+    jobs.append(lambda: join(out, chunks))
+    return lambda: out
+
+
+def _joined_codes(
+    parts: list[ChunkCodes], count: int, jobs: list[_Job], renumber: np.ndarray | None = None
+) -> np.ndarray:
     """The chunks' codes (``ChunkCodes``) of a column of ``count`` categories joined into one
     array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last entry -1
-    for the missing ones) where given: one pass, no int32 copy of the column."""
+    for the missing ones) where given: one pass, no int32 copy of the column. By the C
+    join, a job added to ``jobs``, where it is built (the array is written once they ran)."""
+    if _join is None:
+        return _joined_codes_numpy(parts, count, renumber)
+    out = fresh(sum(map(_rows, parts)), code_dtype(count), populate=False)
+    # the interner's own codes (msgspec's chunks) go through renumber, or as they are
+    through = renumber if renumber is not None else np.append(np.arange(count, dtype=np.int32), np.int32(-1))
+    pieces: list[int | tuple[np.ndarray, np.ndarray]] = []
+    for part in parts:
+        if isinstance(part, int):
+            pieces.append(part)
+        elif isinstance(part, tuple):
+            local, table = part
+            pieces.append((local, renumber[table] if renumber is not None else table))
+        else:
+            pieces.append((part, through))
+    join, width = _join.join_codes, out.dtype.itemsize
+    jobs.append(lambda: join(out, width, pieces))
+    return out
+
+
+def _joined_codes_numpy(parts: list[ChunkCodes], count: int, renumber: np.ndarray | None = None) -> np.ndarray:
+    """``_joined_codes`` without the C scanner."""
     out = fresh(sum(map(_rows, parts)), code_dtype(count))
     at = 0
     for part in parts:
@@ -520,13 +622,20 @@ def _scanned_numbers(part: tuple[bytes, bytes] | None, floating: bool) -> tuple[
     return np.frombuffer(values, dtype=np.float64 if floating else np.int64), np.frombuffer(missing, dtype=bool)
 
 
-def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: int, floating: bool) -> Any:
+def _masked(
+    parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]],
+    n: int,
+    floating: bool,
+    jobs: list[_Job] | None = None,
+) -> Any:
     """A nullable Int64/Float64 array from chunk parts (None parts are all missing), filled
     in place (no zeros and ones made for the missing parts to be joined: ~2 ms less of a
-    100 MB trace's load)."""
+    100 MB trace's load). With ``jobs``: a function that makes the array, which a job added
+    to them fills first (the C join, where it is built)."""
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
-        return all_missing(n, floating)
+        missing = all_missing(n, floating)
+        return missing if jobs is None else lambda: missing
     # every chunk with values: all of it written (``fresh``); else the rows of the chunks
     # without are lazily mapped zeros, written never
     spans = [
@@ -534,7 +643,27 @@ def _masked(parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]], n: in
         for at, (k, p) in zip(itertools.accumulate((k for k, _ in parts), initial=0), parts)
         if p is not None
     ]
-    values = fresh(n, dtype) if len(spans) == len(parts) else partly_written(n, dtype, spans)
+    whole = len(spans) == len(parts)
+    if jobs is not None and _join is not None:  # (the join makes the pages: ``partly_written``'s advice)
+        values = fresh(n, dtype, populate=False) if whole else lazy_zeros(n, dtype)
+        mask = fresh(n, bool, populate=False)
+        join, kind = _join.join_numbers, pd.arrays.FloatingArray if floating else pd.arrays.IntegerArray
+        jobs.append(lambda: join(values, mask, parts))
+        return lambda: kind(values, mask)
+    made = _masked_numpy(parts, n, floating, spans, whole)
+    return made if jobs is None else lambda: made
+
+
+def _masked_numpy(
+    parts: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]],
+    n: int,
+    floating: bool,
+    spans: list[tuple[int, int]],
+    whole: bool,
+) -> Any:
+    """``_masked`` by numpy (without the C scanner; and the flows' ids)."""
+    dtype = np.float64 if floating else np.int64
+    values = fresh(n, dtype) if whole else partly_written(n, dtype, spans)
     mask = fresh(n, bool)
     at = 0
     for k, part in parts:

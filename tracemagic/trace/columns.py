@@ -51,14 +51,17 @@ def lazy_zeros(n: int, dtype: np.dtype | type, populate: bool = False) -> np.nda
     return np.frombuffer(pages, dtype=kind, count=n)
 
 
-def fresh(n: int, dtype: np.dtype | type) -> np.ndarray:
+def fresh(n: int, dtype: np.dtype | type, populate: bool = True) -> np.ndarray:
     """A new array of ``n`` items (its contents unspecified, as ``np.empty``'s) for a column
     written all over at once: a large one is a private mapping whose pages are all made in
     one call (``MADV_POPULATE_WRITE``) rather than by a page fault per 4 KiB as it is
     written (``np.empty``'s fresh memory): ~0.6 ms instead of ~0.9 ms a 2 MiB column, ~20
     such columns in a 100 MB trace's load. Its pages go back to the system when it is
     freed. Where the advice is not known (not Linux, a kernel before 5.14), the pages are
-    made as they are written, as ``np.empty``'s."""
+    made as they are written, as ``np.empty``'s.
+
+    ``populate=False``: the pages are left for the writer to make (the C scanner's
+    ``join_*`` make them without holding the GIL, so that two threads do it side by side)."""
     kind = np.dtype(dtype)
     size = n * kind.itemsize
     private = getattr(mmap, "MAP_PRIVATE", None)
@@ -68,8 +71,9 @@ def fresh(n: int, dtype: np.dtype | type) -> np.ndarray:
         pages = mmap.mmap(-1, size, flags=private)
     except OSError:  # no mapping left (vm.max_map_count): the heap's
         return np.empty(n, dtype=kind)
-    with contextlib.suppress(OSError):
-        pages.madvise(_MADV_POPULATE_WRITE)
+    if populate:
+        with contextlib.suppress(OSError):
+            pages.madvise(_MADV_POPULATE_WRITE)
     return np.frombuffer(pages, dtype=kind, count=n)
 
 

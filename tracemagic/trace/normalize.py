@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace.columns import lazy_zeros
-from tracemagic.trace.kineto import CATEGORY_KIND, GPU_KINDS, KINDS, LINE_MARK_PREFIX, STEP_NAME
+from tracemagic.trace.kineto import CATEGORY_KIND, GPU_KINDS, KINDS, LINE_MARK_PREFIX, STEP_NAME, STEP_PREFIX
 
 #: the vocabulary (kinds, step names) is ``tracemagic.trace.kineto``'s; ``STEP_NAME`` is
 #: used with ``match``: ``ProfilerStep#abc`` and the like stay the annotations they are
@@ -23,23 +23,28 @@ _INT64 = 2**63
 
 def event_kinds(events: pd.DataFrame) -> pd.Categorical:
     """The normalized kind of every event (see ``KINDS``)."""
-    cats = events["cat"].cat.categories
+    cats = events["cat"].array
     lookup = np.array(
-        [KINDS.index(CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats] + [KINDS.index("other")],
+        [KINDS.index(CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats.categories] + [KINDS.index("other")],
         dtype=np.int8,
     )
-    codes = lookup[events["cat"].array.codes]  # (``.cat.codes`` would copy the codes first)
+    codes = lookup.take(cats.codes)  # (-1, a missing cat: the last; ``take`` is ~2x faster than ``lookup[...]``)
     # per-name (and per-phase) answers, indexed by the codes (-1, a missing value: the last)
-    names = events["name"]
-    name_codes = names.array.codes
-    is_memory = per_code(events["ph"], lambda c: c != "X", True) & per_code(names, lambda c: c == "[memory]", False)
-    codes[is_memory] = KINDS.index("memory")
-    step_names = np.asarray(names.cat.categories.str.match(STEP_NAME.pattern), dtype=bool)
+    names = events["name"].array
+    name_codes = names.codes
+    labels = [str(label) for label in names.categories.tolist()]
+    if "[memory]" in labels:
+        is_memory = per_category(np.array([label == "[memory]" for label in labels], dtype=bool), name_codes)
+        is_memory &= per_code(events["ph"], lambda c: c != "X", True)
+        codes[is_memory] = KINDS.index("memory")
+    step_names = np.array(
+        [label.startswith(STEP_PREFIX) and STEP_NAME.match(label) is not None for label in labels], dtype=bool
+    )
     if step_names.any():
         is_step = per_category(step_names, name_codes)
         is_step &= (codes == KINDS.index("cpu_op")) | (codes == KINDS.index("user_annotation"))
         codes[is_step] = KINDS.index("step")
-    mark_names = np.asarray(names.cat.categories.str.startswith(LINE_MARK_PREFIX), dtype=bool)
+    mark_names = np.array([label.startswith(LINE_MARK_PREFIX) for label in labels], dtype=bool)
     if mark_names.any():  # the magic's line marks: recorded as cpu_op, annotations by what they mean
         is_mark = per_category(mark_names, name_codes)
         is_mark &= codes == KINDS.index("cpu_op")
@@ -71,8 +76,8 @@ def per_category(answers: np.ndarray, codes: np.ndarray, missing: bool = False) 
     invert = hits.size > answers.size - hits.size  # the fewer side: its rows are compared
     if invert:
         hits = np.flatnonzero(~np.asarray(answers, dtype=bool))
-    if hits.size > _FEW_CATEGORIES:
-        return np.append(answers, missing)[codes]
+    if hits.size > _FEW_CATEGORIES:  # (``take``: ~2x faster than indexing; -1 takes the last)
+        return np.append(answers, missing).take(codes)
     # Python ints: compared in the codes' own width (a numpy int64 would widen them first)
     compared = hits.tolist()
     out = codes == compared[0] if compared else np.zeros(codes.shape, dtype=bool)

@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.builder import Interners, ParsedTrace, _Builder
+from tracemagic.trace.builder import Helper, Interners, ParsedTrace, _Builder
 from tracemagic.trace.jsonvalues import _ANY, _META, _TOP, MAX_NESTING, _decode, _literal, _offset_of, merge_notes
 from tracemagic.trace.read import ByteStream, Source, sniff
 from tracemagic.trace.structs import _LOOSE_EVENTS, decode_structs
@@ -80,6 +80,8 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
 #: a BOM and white space before the document (matched: ``lstrip`` would copy the document)
 _LEADING = re.compile(rb"[\xef\xbb\xbf \t\r\n]*")
+#: white space (``_WS``), matched where ``lstrip`` would copy
+_SPACE = re.compile(rb"[ \t\r\n]*")
 
 
 @contextmanager
@@ -183,8 +185,9 @@ class Part:
         self.meta.update(later.meta)
         self.warnings += later.warnings
 
-    def finish(self) -> ParsedTrace:
-        return self.builder.finish(self.meta, merge_notes(self.warnings))
+    def finish(self, helper: Helper | None = None) -> ParsedTrace:
+        """The trace's columns (``helper``: a second thread to join them on, see ``_Builder.finish``)."""
+        return self.builder.finish(self.meta, merge_notes(self.warnings), helper)
 
 
 class _DamageError(Exception):
@@ -360,9 +363,9 @@ class _StreamParser:
 
     def _last_chunk(self) -> None:
         """The end of the document: the last events, the ']' and the metadata after it."""
-        body = self.buf[1:].lstrip(_WS)
-        if body[:1] == b"]":  # no (more) events
-            close = len(self.buf) - len(body)
+        first = _SPACE.match(self.buf, 1).end()  # type: ignore[union-attr]  # (lstrip would copy the chunk)
+        if self.buf[first : first + 1] == b"]":  # no (more) events
+            close = first
         else:
             close = -1
             for tries, match in enumerate(_LAST_EVENT.finditer(self.buf), 1):

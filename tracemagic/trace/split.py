@@ -22,6 +22,7 @@ import functools
 import io
 import itertools
 import os
+import queue
 import re
 import threading
 import time
@@ -246,26 +247,29 @@ def _parse_split(
     stretches = _Stretches(read_at, cuts, source, scan_at)
     second = _Second(stretches.take_all)
     try:
-        stretches.take_all(_Reporter(stretches, source.size, progress))
-    except (TraceError, parse.UnstreamableError):
-        second.cancel()
-        return None  # damage or an odd layout: the whole-file parse says what and where
-    except BaseException:  # the user interrupted: do not wait for the second thread
-        second.cancel()
-        raise
-    if not second.finished() or None in stretches.parts:
-        return None
-    if progress is not None:
-        progress(source.size, source.size)
-    first, *later = stretches.parts
-    assert first is not None
-    for part in later:
-        assert part is not None
-        first.extend(part)
-    del later
-    stretches.parts.clear()
-    parsed = first.finish()
-    return parsed, second.native_id
+        try:
+            stretches.take_all(_Reporter(stretches, source.size, progress))
+        except (TraceError, parse.UnstreamableError):
+            second.cancel()
+            return None  # damage or an odd layout: the whole-file parse says what and where
+        except BaseException:  # the user interrupted: do not wait for the second thread
+            second.cancel()
+            raise
+        if not second.finished() or None in stretches.parts:
+            return None
+        if progress is not None:
+            progress(source.size, source.size)
+        first, *later = stretches.parts
+        assert first is not None
+        for part in later:
+            assert part is not None
+            first.extend(part)
+        del later
+        stretches.parts.clear()
+        parsed = first.finish(second.help)  # the columns joined on both threads
+        return parsed, second.native_id
+    finally:
+        second.release()  # (where it was handed no job: it ends after its stretch)
 
 
 class _Stretches:
@@ -432,12 +436,19 @@ def _take_and_free_blocks() -> None:
 
 class _Second:
     """``work`` on a second thread; ``work(stop)`` reports progress to ``stop``, which
-    raises ``_CancelledError`` after ``cancel()``, so an unwanted parse ends at its next chunk."""
+    raises ``_CancelledError`` after ``cancel()``, so an unwanted parse ends at its next chunk.
+
+    After its work the thread waits for one more job, which ``help`` hands it (the columns'
+    joins: a thread of its own would take a glibc arena of its own, see ``trim_thread_arena``),
+    and ends once it has run it, or on ``release``."""
 
     def __init__(self, work: Callable[[Progress], Any]) -> None:
         self._work = work
         self._wanted = True
         self._ok = False
+        self._done = threading.Event()
+        self._job: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._handed = False
         #: the thread's id in the system (``threading.get_native_id``), once it runs
         self.native_id: int | None = None
         self._thread = threading.Thread(target=self._run, name="tracemagic-parse", daemon=True)
@@ -454,11 +465,29 @@ class _Second:
             self._ok = True
         except BaseException:  # noqa: BLE001 - any failure: the caller parses in one thread
             self._ok = False
+        finally:
+            self._done.set()
+        job = self._job.get()
+        if job is not None:
+            job()  # (it catches what it raises: ``builder._run_jobs``)
 
     def cancel(self) -> None:
         self._wanted = False
 
     def finished(self) -> bool:
-        """Wait for the thread; whether its work ran to the end without failing."""
-        self._thread.join()
+        """Wait for the work; whether it ran to the end without failing."""
+        self._done.wait()
         return self._ok
+
+    def help(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the thread once its work is done; then the thread ends. Once only."""
+        if self._handed:
+            raise RuntimeError("the second thread runs one job after its work")
+        self._handed = True
+        self._job.put(job)
+
+    def release(self) -> None:
+        """Let the thread end without a job (where none was handed to it)."""
+        if not self._handed:
+            self._handed = True
+            self._job.put(None)
