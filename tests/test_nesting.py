@@ -1178,3 +1178,205 @@ def test_the_c_window_parts_match_a_reference_and_numpys(seed: int) -> None:
             _nesting.window_parts(*bad, win_start, win_end, win_dur, where, group, since, until)
     with pytest.raises(ValueError, match="window_parts"):
         _nesting.window_parts(start, end, win_start, win_end[:-1], win_dur, where, group, since, until)
+
+
+def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
+    """``_nesting.propagate_pair`` over a walk order where parents come first answers as two
+    climbs written here; any order that breaks that (a parent after its child, a row twice,
+    a row with a parent left out) is refused (False), and the caller's two ``propagate``
+    give the rows."""
+    nesting = structure._nesting
+    assert nesting is not None, "the C nesting is built (see test_scan.py)"
+    rng = np.random.default_rng(23)
+
+    def climbed(parent: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+        out = np.full(parent.size, -1, dtype=np.int64)
+        for i in range(parent.size):
+            j = i
+            while j >= 0 and not anchor[j]:
+                j = parent[j]
+            out[i] = j
+        return out
+
+    for trial in range(40):
+        n = int(rng.integers(1, 300))
+        nested = rng.random(n) > 0.2  # the rest: outside the nesting (no parent, not walked)
+        walk = rng.permutation(np.flatnonzero(nested))
+        parent = np.full(n, -1, dtype=np.int64)
+        for at, i in enumerate(walk.tolist()):
+            if at and rng.random() > 0.2:
+                parent[i] = walk[rng.integers(0, at)]  # a row walked before it
+        a, b = rng.random(n) > 0.7, rng.random(n) > 0.5
+        order = walk.astype(np.int64)
+        broken = trial % 4
+        has_parent = bool((parent >= 0).any())
+        refused = (broken in (1, 3) and has_parent) or (broken == 2 and order.size > 0)
+        if broken == 1 and has_parent:  # a child before its parent
+            child = int(np.flatnonzero(parent >= 0)[0])
+            order = np.concatenate(([child], order[order != child]))
+        elif broken == 2 and order.size:  # a row twice
+            order = np.concatenate((order, order[:1]))
+        elif broken == 3 and has_parent:  # a row with a parent left out of the order
+            order = order[order != int(np.flatnonzero(parent >= 0)[-1])]
+        out_a, out_b = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        done = nesting.propagate_pair(order, True, parent, a.view(np.uint8), b.view(np.uint8), False, out_a, out_b)
+        assert done == (not refused)
+        if done:
+            np.testing.assert_array_equal(out_a, climbed(parent, a))
+            np.testing.assert_array_equal(out_b, climbed(parent, b))
+        depth = np.zeros(n, dtype=np.int32)
+        got = structure._propagate_pair(parent, depth, order, a, b)  # the caller: C or the climbs
+        np.testing.assert_array_equal(got[0], climbed(parent, a))
+        np.testing.assert_array_equal(got[1], climbed(parent, b))
+
+
+def test_step_numbers_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``step_numbers``' C search (``_nesting.step_rows``) gives numpy's ``searchsorted``
+    answer row for row: rows out of time order, NaN times, starts and ends, ties at a step's
+    start and end, overlapping and repeated steps, rows before the first and after the last."""
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n, steps = int(rng.integers(1, 400)), int(rng.integers(1, 8))
+        ts = np.sort(rng.choice(np.arange(0.0, 100.0, 0.5), n))
+        ts = np.where(rng.random(n) < 0.1, rng.choice(np.arange(-5.0, 110.0, 0.5), n), ts)  # out of order
+        ts[rng.random(n) < 0.05] = np.nan
+        dur = rng.choice([0.0, 1.0, 5.0, 20.0], n)
+        kind = np.full(n, "cpu_op", dtype=object)
+        step_rows = rng.choice(n, min(steps, n), replace=False)
+        kind[step_rows] = "step"
+        names = np.array([f"ProfilerStep#{int(k)}" for k in rng.integers(0, 4, n)], dtype=object)
+        if trial % 5 == 0:
+            dur[step_rows[:1]] = np.nan
+        events = pd.DataFrame(
+            {
+                "name": pd.Categorical(names),
+                "ts": ts,
+                "dur": dur,
+                "kind": pd.Categorical(kind, categories=pd.Index(structure.KINDS, dtype="str")),
+            }
+        )
+        fast = structure.step_numbers(events)
+        with monkeypatch.context() as m:
+            m.setattr(structure, "_nesting", None)
+            slow = structure.step_numbers(events)
+        assert fast.dtype == slow.dtype
+        np.testing.assert_array_equal(fast, slow)
+
+
+def test_columns_taken_at_once_equal_each_taken_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common.columns_at`` (one C pass, ``_nesting.take_rows``) gives each column as
+    pandas' own ``take`` does: numpy columns of every width, categoricals with missing
+    values, nullable integers, floats and booleans with missing values, an Arrow column
+    (taken by pandas), int32 and int64 rows, no rows; and ``without_unused`` (``_nesting.
+    recode``) equals ``remove_unused_categories`` on the taken categoricals."""
+    from tracemagic.analysis._common import columns_at, without_unused
+
+    rng = np.random.default_rng(8)
+    n = 5000
+    names = np.array([f"name{i}" for i in range(300)], dtype=object)
+    frame = pd.DataFrame(
+        {
+            "f8": rng.random(n),
+            "i4": rng.integers(-5, 5, n).astype(np.int32),
+            "i1": rng.integers(-5, 5, n).astype(np.int8),
+            "b": rng.random(n) > 0.5,
+            "wide": pd.Categorical(np.where(rng.random(n) < 0.1, None, names[rng.integers(0, 300, n)])),
+            "narrow": pd.Categorical(np.where(rng.random(n) < 0.1, None, names[rng.integers(0, 5, n)])),
+            "nullable": pd.array(np.where(rng.random(n) < 0.2, None, rng.integers(0, 9, n)), dtype="Int64"),
+            "floating": pd.array(np.where(rng.random(n) < 0.2, None, rng.random(n)), dtype="Float64"),
+            "boolean": pd.array(np.where(rng.random(n) < 0.2, None, rng.random(n) > 0.5), dtype="boolean"),
+            "text": pd.array(names[rng.integers(0, 300, n)], dtype="str"),
+        }
+    )
+    for rows in (np.sort(rng.choice(n, 700, replace=False)), rng.integers(0, n, 900), np.zeros(0, dtype=np.int64)):
+        for dtype in (np.int64, np.int32):
+            at = rows.astype(dtype)
+            got = columns_at(frame, list(frame.columns), at)
+            for column in frame.columns:
+                want = frame[column].array.take(at)
+                if isinstance(want, pd.arrays.NumpyExtensionArray):
+                    want = want.to_numpy()
+                    assert isinstance(got[column], np.ndarray) and got[column].dtype == want.dtype
+                    np.testing.assert_array_equal(got[column], want)
+                else:
+                    assert type(got[column]) is type(want) and got[column].dtype == want.dtype
+                    pd.testing.assert_extension_array_equal(got[column], want)
+            for column in ("wide", "narrow"):
+                values = got[column]
+                fast = without_unused(values)
+                with monkeypatch.context() as m:
+                    m.setattr(structure, "_nesting", None)
+                    slow = without_unused(values)
+                want = values.remove_unused_categories()
+                for made in (fast, slow):
+                    pd.testing.assert_extension_array_equal(made, want)
+                    assert made.codes.dtype == want.codes.dtype
+    with pytest.raises(ValueError, match="does not fit"):  # a row outside the table
+        columns_at(frame, ["f8"], np.array([0, n], dtype=np.int64))
+
+
+def test_rows_where_keeps_the_rows_of_a_mask_in_their_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common._rows_where`` (``_nesting.rows_where``, the candidates of ``enclosing_at``)
+    gives numpy's ``rows[mask[rows]]``: int32 and int64 rows, repeated rows, none kept, all."""
+    from tracemagic.analysis._common import _rows_where
+
+    rng = np.random.default_rng(4)
+    for trial in range(20):
+        n = int(rng.integers(1, 500))
+        mask = rng.random(n) < (trial % 4) / 3  # none, some, most, all
+        rows = rng.integers(0, n, int(rng.integers(0, 800)))
+        for dtype in (np.int32, np.int64):
+            got = _rows_where(rows.astype(dtype), mask)
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(got, rows[mask[rows]])
+            with monkeypatch.context() as m:
+                m.setattr(structure, "_nesting", None)
+                np.testing.assert_array_equal(_rows_where(rows.astype(dtype), mask), got)
+
+
+def test_thread_keys_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``structure.thread_keys`` (``_nesting.thread_key_rows``) gives numpy's keys: int8 and
+    int16 codes, missing ones (-1), ranks 0, many and beyond 2**21 (wrapped as numpy
+    wraps them), no rank column, all rows and some."""
+    rng = np.random.default_rng(12)
+    for trial in range(12):
+        n = int(rng.integers(1, 400))
+        pids = np.array([f"p{i}" for i in range(3 if trial % 2 else 300)], dtype=object)
+        frame = pd.DataFrame(
+            {
+                "pid": pd.Categorical(np.where(rng.random(n) < 0.1, None, pids[rng.integers(0, pids.size, n)])),
+                "tid": pd.Categorical(np.where(rng.random(n) < 0.1, None, rng.integers(0, 5, n).astype(str))),
+                "rank": rng.choice([0, 0, 3, 2**21 + 5, 2**30], n).astype(np.int32) * (trial % 3 > 0),
+            }
+        )
+        if trial % 4 == 3:
+            frame = frame.drop(columns="rank")
+        for rows in (None, np.sort(rng.choice(n, n // 2, replace=False))):
+            fast = structure.thread_keys(frame, rows)
+            with monkeypatch.context() as m:
+                m.setattr(structure, "_nesting", None)
+                slow = structure.thread_keys(frame, rows)
+            assert fast.dtype == slow.dtype == np.int64
+            np.testing.assert_array_equal(fast, slow)
+            if rows is None:
+                np.testing.assert_array_equal(fast, [row_thread_key(frame)(i) for i in range(n)])
+
+
+def test_take_codes_gives_minus_one_for_no_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common.take_codes`` (``_nesting.take_codes``) gives numpy's take with -1 where the
+    row is -1, in the values' own width: int8 to int64 values, int32 and int64 rows."""
+    from tracemagic.analysis._common import take_codes
+
+    rng = np.random.default_rng(9)
+    for dtype in (np.int8, np.int16, np.int32, np.int64):
+        values = rng.integers(-1, 100, 300).astype(dtype)
+        for rows in (rng.integers(-1, 300, 1000), np.zeros(0, dtype=np.int64), np.full(5, -1)):
+            for width in (np.int32, np.int64):
+                at = rows.astype(width)
+                got = take_codes(values, at)
+                want = np.where(at >= 0, values[np.maximum(at, 0)], -1).astype(dtype)
+                assert got.dtype == dtype
+                np.testing.assert_array_equal(got, want)
+                with monkeypatch.context() as m:
+                    m.setattr(structure, "_nesting", None)
+                    np.testing.assert_array_equal(take_codes(values, at), want)

@@ -20,7 +20,7 @@ from tracemagic.trace import layout, structure
 from tracemagic.trace.columns import code_dtype
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask, per_code
+from tracemagic.trace.normalize import kind_mask, per_category, per_code
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import (
     MODULE_PREFIX,
@@ -62,6 +62,8 @@ def in_scope(events: pd.DataFrame) -> np.ndarray:
     """Rows inside a ProfilerStep, or any row of a rank that has no ProfilerStep."""
     rank = events["rank"].to_numpy()
     stepped = np.unique(rank[kind_mask(events, "step")])
+    if rank.size and stepped.size == 1 and rank.min() == rank.max() == stepped[0]:  # one rank, stepped
+        return events["step"].to_numpy() >= 0  # (no pass over the ranks: none is without steps)
     return (events["step"].to_numpy() >= 0) | ~of_ranks(rank, stepped)
 
 
@@ -152,7 +154,7 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
     out = np.full(keys.size, -1, dtype=np.int64)
     cand = thread_order(trace)
     if among is not None:
-        cand = cand[among[cand]]
+        cand = _rows_where(cand, among)
     if keys.size == 0 or cand.size == 0:
         return out
     events = trace.events
@@ -200,6 +202,17 @@ def enclosing_at(trace: TraceTables, keys: np.ndarray, at: np.ndarray, among: np
         out[climb] = parent[out[climb]]
         climb = climb[ended(out[climb], at[climb])]
     return out
+
+
+def _rows_where(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``rows[mask[rows]]`` (``mask``: bool per events row): in one C pass where the extension
+    is built (numpy widens int32 rows to an intp index first), else numpy's."""
+    nesting = structure._nesting
+    if nesting is None or rows.dtype not in (np.int32, np.int64) or mask.dtype != np.bool_:
+        return rows[mask[rows]]
+    out = np.empty_like(rows)
+    kept = nesting.rows_where(np.ascontiguousarray(rows), rows.dtype == np.int64, np.ascontiguousarray(mask), out)
+    return out[:kept]
 
 
 def call_chains(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
@@ -258,12 +271,12 @@ def _with_ancestors(rows: np.ndarray, up: np.ndarray) -> np.ndarray:
 def flow_thread_keys(events: pd.DataFrame, flows: pd.DataFrame) -> np.ndarray:
     """``thread_keys`` of the events' thread for each flow row; -1 where no event has its pid/tid."""
     codes = []
-    for column in ("pid", "tid"):
-        known = pd.Index(events[column].cat.categories.astype(str))
-        lookup = known.get_indexer(flows[column].cat.categories.astype(str))
-        flow_codes = flows[column].cat.codes.to_numpy()
-        found = (flow_codes >= 0) & (lookup.size > 0)
-        codes.append(np.where(found, lookup[np.maximum(flow_codes, 0)] if lookup.size else -1, -1).astype(np.int64))
+    for column in ("pid", "tid"):  # (the few categories matched in a dict: pandas' indexers cost ~0.3 ms a call)
+        known = {str(v): i for i, v in enumerate(events[column].array.categories.tolist())}
+        flow_values = flows[column].array
+        # per flow category its events' code, then -1 for a missing value (code -1: the last entry)
+        lookup = [known.get(str(v), -1) for v in flow_values.categories.tolist()]
+        codes.append(np.take(np.array([*lookup, -1], dtype=np.int64), flow_values.codes))
     pid, tid = codes
     rank = flows["rank"].to_numpy().astype(np.int64)
     return np.where((pid >= 0) & (tid >= 0), (rank << 42) | ((pid + 1) << 21) | (tid + 1), -1)
@@ -305,7 +318,31 @@ def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
             (bool(pattern.search(str(c))) for c in categories.tolist()), dtype=bool, count=len(categories)
         )
 
+    values = names.array
+    if isinstance(values, pd.Categorical):
+        return answer_per_code(matches(values.categories), values.codes, False)
     return per_code(names, matches, False)
+
+
+#: ``answer_per_code`` leaves to ``per_category``'s comparisons a side of at most this many
+#: categories (``per_category`` compares with as many before it gathers)
+_FEW_ANSWERS = 8
+
+
+def answer_per_code(answers: np.ndarray, codes: np.ndarray, missing: bool) -> np.ndarray:
+    """``normalize.per_category``: per row, the answer of its category (``missing`` for code
+    -1). Where many categories answer each way (a gather, which widens the small codes to
+    64 bits first), one C pass over the codes as they are (``_nesting.recode``) where the
+    extension is built; else ``per_category``'s comparisons (the same mask)."""
+    hits = int(np.count_nonzero(answers))
+    nesting = structure._nesting
+    if nesting is None or min(hits, answers.size - hits) <= _FEW_ANSWERS or not codes.flags.c_contiguous:
+        return per_category(answers, codes, missing)
+    table = np.append(np.asarray(answers, dtype=np.int64), int(missing))  # the last entry: code -1
+    out = np.empty(codes.size, dtype=np.uint8)
+    if not nesting.recode(codes, codes.itemsize, table, out, 1):
+        return per_category(answers, codes, missing)
+    return out.view(bool)
 
 
 def names_match_at(names: pd.Series, pattern: re.Pattern[str], rows: np.ndarray) -> np.ndarray:
@@ -351,6 +388,61 @@ def column_at(column: pd.Series, rows: np.ndarray) -> pd.api.extensions.Extensio
     if isinstance(values, pd.arrays.NumpyExtensionArray):
         return values.to_numpy()[rows]
     return values.take(rows)
+
+
+#: the masked (nullable) arrays ``columns_at`` takes as their values and mask
+_MASKED = (pd.arrays.IntegerArray, pd.arrays.FloatingArray, pd.arrays.BooleanArray)
+
+
+def columns_at(
+    events: pd.DataFrame, columns: Collection[str], rows: np.ndarray
+) -> dict[str, pd.api.extensions.ExtensionArray | np.ndarray]:
+    """``column_at`` of each of ``columns``, by name: one C pass (``_nesting.take_rows``) takes
+    every numpy, categorical (its codes) and nullable (values and mask) column at once,
+    reading ``rows`` once a block at a time instead of once per column, where the extension
+    is built; other columns, and all without it, one by one (the same values and types)."""
+    nesting = structure._nesting
+    out: dict[str, pd.api.extensions.ExtensionArray | np.ndarray] = {}
+    planned: list[tuple[str, pd.api.extensions.ExtensionArray, tuple[np.ndarray, ...]]] = []
+    if nesting is not None and rows.dtype in (np.int32, np.int64) and rows.ndim == 1 and rows.flags.c_contiguous:
+        for name in columns:
+            parts = _parts(events[name].array)
+            if parts is not None:
+                planned.append((name, events[name].array, parts))
+    if planned:
+        sources = tuple(part for _, _, parts in planned for part in parts)
+        taken = tuple(np.empty(rows.size, dtype=part.dtype) for part in sources)
+        nesting.take_rows(rows, rows.dtype == np.int64, len(events), sources, taken)
+        at = 0
+        for name, values, parts in planned:
+            got = taken[at : at + len(parts)]
+            at += len(parts)
+            if isinstance(values, pd.Categorical):
+                out[name] = pd.Categorical.from_codes(got[0], dtype=values.dtype, validate=False)
+            elif isinstance(values, _MASKED):
+                out[name] = type(values)(got[0], got[1])
+            else:
+                out[name] = got[0]
+    for name in columns:
+        if name not in out:
+            out[name] = column_at(events[name], rows)
+    return {name: out[name] for name in columns}
+
+
+def _parts(values: pd.api.extensions.ExtensionArray) -> tuple[np.ndarray, ...] | None:
+    """The numpy arrays a column's values are kept in, for ``columns_at``: its values, a
+    categorical's codes, a nullable array's values and mask; None for any other (Arrow)."""
+    if isinstance(values, pd.arrays.NumpyExtensionArray):
+        parts: tuple[np.ndarray, ...] = (values.to_numpy(),)
+    elif isinstance(values, pd.Categorical):
+        parts = (values.codes,)
+    elif isinstance(values, _MASKED):
+        parts = (values._data, values._mask)
+    else:
+        return None
+    if all(p.ndim == 1 and p.flags.c_contiguous and p.itemsize in (1, 2, 4, 8) for p in parts):
+        return parts
+    return None
 
 
 def codes_of(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -466,6 +558,18 @@ def _per_name(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
 
 def _codes_at(trace: TraceTables, rows: np.ndarray) -> np.ndarray:
     codes = trace.events["name"].array.codes  # (``.cat.codes`` copies them)
+    return take_codes(codes, rows)
+
+
+def take_codes(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``codes`` (a categorical's codes, or row numbers) at ``rows``, -1 where a row is -1:
+    one C pass (``_nesting.take_codes``) where the extension is built, else numpy's take."""
+    nesting = structure._nesting
+    fits = codes.dtype.kind == "i" and codes.flags.c_contiguous and rows.flags.c_contiguous
+    if nesting is not None and fits and rows.dtype in (np.int32, np.int64) and rows.ndim == 1:
+        out = np.empty(rows.size, dtype=codes.dtype)
+        nesting.take_codes(codes, codes.itemsize, rows, rows.dtype == np.int64, out)
+        return out
     out = np.take(codes, rows)  # (``take``: indexing by int64 rows converts the small codes first)
     out[rows < 0] = -1
     return out
@@ -498,8 +602,15 @@ def _categorical(per_code: np.ndarray, at: np.ndarray) -> pd.Categorical:
 def layer_labels(trace: TraceTables, module_rows: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
     """``layers_at`` as categoricals, for per-event tables of millions of rows."""
     layer_of, type_of = _per_name(trace)
+    at = _codes_at(trace, module_rows)
+    nesting = structure._nesting
+    if nesting is not None and at.flags.c_contiguous:  # marked in C, on the small codes as they are
+        marks = np.zeros(layer_of.size, dtype=np.uint8)  # the names present (-1: the None at the end)
+        if nesting.recode(at, at.itemsize, marks, bytearray(), 0):
+            used = marks.view(bool)
+            return _used_categorical(layer_of, at, used), _used_categorical(type_of, at, used)
     # (as indices once, for the mark and both takes: each converts small codes otherwise)
-    at = _codes_at(trace, module_rows).astype(np.intp)
+    at = at.astype(np.intp)
     used = np.zeros(layer_of.size, dtype=bool)  # the names present (-1: the None at the end)
     used[at] = True
     return _used_categorical(layer_of, at, used), _used_categorical(type_of, at, used)
@@ -517,17 +628,47 @@ def kinds_at(events: pd.DataFrame, rows: np.ndarray, kinds: tuple[str, ...]) -> 
     hash table."""
     column = cast(pd.Categorical, events["kind"].array)
     lookup = [kinds.index(k) if k in kinds else -1 for k in column.categories.tolist()]
-    codes = np.take(np.array([*lookup, -1], dtype=np.int8), np.take(column.codes, rows))  # -1 (missing): the last
+    codes = _kind_codes_at(column.codes, lookup, rows)
     return pd.Categorical.from_codes(
         codes, dtype=pd.CategoricalDtype(list(kinds), ordered=column.ordered), validate=False
     )
 
 
+def _kind_codes_at(codes: np.ndarray, lookup: list[int], rows: np.ndarray) -> np.ndarray:
+    """``lookup`` (per category, then -1 for a missing kind) at the ``codes`` of ``rows``, as
+    int8: taken and mapped in two C passes where the extension is built, else numpy's takes."""
+    nesting = structure._nesting
+    fits = codes.flags.c_contiguous and rows.dtype in (np.int32, np.int64) and rows.flags.c_contiguous
+    if nesting is not None and fits:
+        taken = np.empty(rows.size, dtype=codes.dtype)
+        nesting.take_rows(rows, rows.dtype == np.int64, codes.size, (codes,), (taken,))
+        out = np.empty(rows.size, dtype=np.int8)
+        if nesting.recode(taken, taken.itemsize, np.array([*lookup, -1], dtype=np.int64), out, 1):
+            return out
+    return np.take(np.array([*lookup, -1], dtype=np.int8), np.take(codes, rows))  # -1 (missing): the last
+
+
 def without_unused(values: pd.Categorical) -> pd.Categorical:
-    """``values.remove_unused_categories()`` by counting codes instead of sorting them."""
+    """``values.remove_unused_categories()`` by counting codes instead of sorting them: the
+    codes marked and mapped in two C passes (``_nesting.recode``) where the extension is
+    built, else numpy's (the same codes)."""
+    codes = values.codes
+    nesting = structure._nesting
+    if nesting is not None and codes.flags.c_contiguous:  # the mark and the mapping in C, on the codes as they are
+        marks = np.zeros(len(values.categories) + 1, dtype=np.uint8)  # the last entry: -1 (missing)
+        nesting.recode(codes, codes.itemsize, marks, bytearray(), 0)
+        used = marks[:-1].view(bool)
+        if used.all():
+            return values
+        kept = int(used.sum())
+        table = np.full(used.size + 1, -1, dtype=np.int64)  # the last entry maps -1 (missing)
+        table[np.flatnonzero(used)] = np.arange(kept)
+        new = np.empty(codes.size, dtype=code_dtype(kept))  # in the width pandas keeps them in
+        nesting.recode(codes, codes.itemsize, table, new, new.itemsize)
+        return pd.Categorical.from_codes(new, categories=values.categories[used], validate=False)
     # the small codes as indices converted once, for the mark and the take (each converts them
     # otherwise: a fresh table-long array each, faulted in)
-    at = values.codes.astype(np.intp)
+    at = codes.astype(np.intp)
     used = np.zeros(len(values.categories) + 1, dtype=bool)  # the last entry: -1 (missing)
     used[at] = True
     used = used[:-1]
@@ -646,6 +787,8 @@ def group_rows(*columns: np.ndarray | pd.Series | pd.Categorical) -> tuple[np.nd
         if isinstance(values, pd.Categorical):
             codes = values.codes.astype(np.int64) + 1  # -1, missing, becomes 0
             base = len(values.categories) + 1
+        elif _one_value(values):
+            continue  # one value (one rank, say): every row the same digit, which changes no group
         else:
             codes, uniques = pd.factorize(values, use_na_sentinel=False)
             codes, base = codes.astype(np.int64, copy=False), max(len(uniques), 1)
@@ -667,6 +810,14 @@ def group_rows(*columns: np.ndarray | pd.Series | pd.Categorical) -> tuple[np.nd
 
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _one_value(values: object) -> bool:
+    """Whether ``values`` is an integer array holding one value (a column ``group_rows``
+    can leave out: factorized, it is a digit 0 of base 1)."""
+    if not (isinstance(values, np.ndarray) and values.dtype.kind in "iu" and values.size):
+        return False
+    return bool(values.min() == values.max())
 
 
 def group_sums(group: np.ndarray, groups: int, **columns: np.ndarray) -> dict[str, np.ndarray]:
@@ -752,6 +903,14 @@ def _used_categorical(per_code: np.ndarray, at: np.ndarray, used: np.ndarray) ->
     if not keep.any():  # no category: made as ``_categorical`` makes it (its dtype depends on the unused ones)
         return _categorical(per_code, at)
     categories, index = np.unique(per_code[keep].astype(str), return_inverse=True)
-    recode = np.full(per_code.size, -1, dtype=code_dtype(len(categories)))
+    dtype = code_dtype(len(categories))
+    nesting = structure._nesting
+    if nesting is not None and at.flags.c_contiguous:  # the codes mapped in C, read in their own width
+        table = np.full(per_code.size, -1, dtype=np.int64)
+        table[np.flatnonzero(keep)] = index
+        codes = np.empty(at.size, dtype=dtype)
+        if nesting.recode(at, at.itemsize, table, codes, codes.itemsize):
+            return pd.Categorical.from_codes(codes, categories=categories, validate=False)
+    recode = np.full(per_code.size, -1, dtype=dtype)
     recode[np.flatnonzero(keep)] = index
     return pd.Categorical.from_codes(np.take(recode, at), categories=categories, validate=False)

@@ -22,10 +22,11 @@ from tracemagic.analysis._common import (
     layers_at,
     names_match_at,
     names_where,
+    thread_order,
 )
 from tracemagic.trace import structure
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask
+from tracemagic.trace.normalize import kind_mask, per_code
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import MODULE_PREFIX, enclosing_of_kind, narrow_rows, propagate
 
@@ -111,7 +112,7 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
         is_bwd[known[np.asarray(fwd_tid[known].to_numpy(dtype=np.int64)) > 0]] = True
     del known
     is_bwd &= is_op
-    root, roots = _backward_roots(parent, depth, is_bwd, module)
+    root, roots = _backward_roots(parent, depth, is_bwd, module, thread_order(trace))
     # per outermost backward op (``roots``): the layer of its forward op, and whether a flow linked it
     matched = np.full(roots.size, -1, dtype=np.int64)
     linked = np.zeros(roots.size, dtype=bool)
@@ -171,7 +172,7 @@ def _attribution(trace: TraceTables, flows: bool) -> Attribution:
 
 
 def _backward_roots(
-    parent: np.ndarray, depth: np.ndarray, is_bwd: np.ndarray, module: np.ndarray
+    parent: np.ndarray, depth: np.ndarray, is_bwd: np.ndarray, module: np.ndarray, order: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per events row, the outermost backward op enclosing it (itself included) where that
     one lies in no module event, else -1; and the rows of those ops (the roots), ascending.
@@ -180,13 +181,24 @@ def _backward_roots(
     outermost enclosing backward op where that one is outside modules: one C pass
     (``_nesting.outermost`` over the backward ops outside modules, of which the outermost is
     that op where it is outside modules, else none) where the extension is built, else
-    numpy's two propagations (the same rows).
+    numpy's two propagations (the same rows). ``order``: the nesting walk's order
+    (``thread_order``), where each parent comes before its children: then the C pass goes
+    down it once (``_nesting.propagate_pair``) instead of climbing from every row.
     """
     nesting = structure._nesting
     if nesting is not None and parent.dtype == np.int64:
         anchor = is_bwd & (module < 0)
         root = np.empty(parent.size, dtype=np.int64)
-        nesting.outermost(parent, anchor.view(np.uint8), root)
+        walked = (
+            order is not None
+            and order.dtype in (np.int32, np.int64)
+            and order.flags.c_contiguous
+            and nesting.propagate_pair(
+                order, order.dtype == np.int64, parent, anchor.view(np.uint8), b"", True, root, bytearray()
+            )
+        )
+        if not walked:
+            nesting.outermost(parent, anchor.view(np.uint8), root)
         roots = np.flatnonzero(anchor)
         return root, roots[root[roots] == roots]
     bwd_rows = np.flatnonzero(is_bwd)
@@ -261,7 +273,8 @@ def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> tupl
     flows = trace.flows
     if flows.empty or "cat" not in flows:
         return no_links
-    wanted = (flows["cat"] == "fwdbwd").to_numpy() & flows["id"].notna().to_numpy()
+    # (on the categories: a categorical compared per row goes through pandas)
+    wanted = per_code(flows["cat"], lambda values: values == "fwdbwd", False) & flows["id"].notna().to_numpy()
     fwdbwd = flows if wanted.all() else flows[wanted]  # (a trace's flows are often all fwdbwd ones)
     if fwdbwd.empty:
         return no_links
@@ -271,10 +284,10 @@ def _flow_links(trace: TraceTables, root: np.ndarray, is_op: np.ndarray) -> tupl
     flow, first = group_rows(fwdbwd["rank"].to_numpy(), fwdbwd["id"].to_numpy(dtype=np.int64))  # (ids all known)
     none = len(flow)
     start = np.full(len(first), none, dtype=np.int64)
-    starts = np.flatnonzero((fwdbwd["ph"] == "s").to_numpy())
+    starts = np.flatnonzero(per_code(fwdbwd["ph"], lambda values: values == "s", False))
     np.minimum.at(start, flow[starts], starts)
     finish = np.full(len(first), none, dtype=np.int64)
-    ends = np.flatnonzero((fwdbwd["ph"] == "f").to_numpy())
+    ends = np.flatnonzero(per_code(fwdbwd["ph"], lambda values: values == "f", False))
     np.minimum.at(finish, flow[ends], ends)
     ends = ends[(finish[flow[ends]] == ends) & (start[flow[ends]] < none)]
     bwd = at[ends].astype(np.int64, copy=False)

@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.analysis._common import (
-    column_at,
+    columns_at,
     in_order,
     layer_text,
     memory_holders,
     name_text,
+    take_codes,
     text_take,
     trace_start,
 )
@@ -84,12 +85,12 @@ def memory(trace: TraceTables) -> pd.DataFrame:
     events = trace.events
     rows, holder = memory_holders(trace)
     # column by column at the memory rows (a frame of them taken at once copies each twice)
-    picked = {column: column_at(events[column], rows) for column in _USED}
+    picked = columns_at(events, _USED, rows)
     att = attribution(trace)
     found = holder >= 0
     safe = np.maximum(holder, 0)
-    op_rows = np.where(found, np.take(events["op"].to_numpy(), safe), -1)
-    layer_rows = np.where(found, np.take(att.module, safe), -1)
+    op_rows = take_codes(events["op"].to_numpy(), holder)  # (-1 where no op holds the event)
+    layer_rows = take_codes(att.module, holder)
     backward = found & np.take(att.backward, safe)
     phase = np.where(backward, 1, np.where(layer_rows >= 0, 0, -1))
     devices, device = device_names(pd.Series(picked["device_type"]), pd.Series(picked["device"]))

@@ -7,13 +7,18 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from tracemagic.analysis._common import column_at, kinds_at, labels, layer_labels, trace_start
+from tracemagic.analysis._common import columns_at, kinds_at, labels, layer_labels, trace_start
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.structure import timed_rows
 
 #: the event kinds listed (python_function frames are call stacks, not ops)
 KINDS = ("cpu_op", "user_annotation", "step")
+#: the events' columns ``ops`` takes at its rows
+_TAKEN = (
+    "module", "ts", "name", "parent", "rank", "dur", "self_dur", "tid", "step", "depth",
+    "input_dims", "input_type", "seq", "rf_id", "external_id",
+)  # fmt: skip
 
 
 @computes("ops")
@@ -34,9 +39,10 @@ def ops(trace: TraceTables) -> pd.DataFrame:
     """
     events = trace.events
     rows = timed_rows(events, KINDS)
+    taken = columns_at(events, _TAKEN, rows)  # (every column at once: the rows read once)
 
     def at(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:
-        return column_at(events[column], rows)
+        return taken[column]
 
     layer, layer_type = layer_labels(trace, at("module"))
     ts = np.asarray(at("ts"), dtype=np.float64)

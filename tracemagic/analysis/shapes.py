@@ -13,12 +13,14 @@ import pandas as pd
 from tracemagic.analysis._common import (
     activity_rows,
     among,
+    answer_per_code,
     call_chains,
     codes_of,
     column_at,
     group_rows,
     group_sums,
     rollup,
+    take_codes,
     text,
     text_take,
     values_at,
@@ -313,7 +315,8 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     names, name_of = _codes_at_rows(events["name"], rows)
     has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
     # the dims and arguments taken only at the ops a rule knows (a few), not at every op
-    ruled = np.flatnonzero(unknown & np.take(has_rule, names))
+    # (per category: compared on the small codes, not gathered through an intp index)
+    ruled = np.flatnonzero(unknown & answer_per_code(has_rule[:-1], names, bool(has_rule[-1])))
     dims, dims_of = _codes_at_rows(events["input_dims"], rows[ruled])
     shaped = dims >= 0
     ruled, dims = ruled[shaped], dims[shaped]
@@ -417,8 +420,7 @@ def shapes(trace: TraceTables) -> pd.DataFrame:
     # chain are made at the chains alone, not per event (each 2 MB on a 100 MB trace)
     chain = np.full(len(events), -1, dtype=np.int32)
     chain[tops] = np.arange(tops.size, dtype=np.int32)
-    chain = np.take(chain, top)
-    chain[top < 0] = -1  # (a top of -1 took the last row's entry)
+    chain = take_codes(chain, top)  # (-1 where the op tops no chain)
     inside = chain >= 0
     all_inside = bool(inside.all())
     self_dur = np.take(events["self_dur"].to_numpy(), rows)

@@ -259,6 +259,10 @@ def _kept_steps(launched: np.ndarray) -> int:
     return keep
 
 
+#: a host collective (``HOST_COLLECTIVE``) or ``record_param_comms``: the host's communication
+_HOST_COMM = re.compile(f"{HOST_COLLECTIVE.pattern}|^record_param_comms\\Z")
+
+
 def category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     """Which events feed each breakdown category (before priorities are applied), and
     ``gloo_on_gpu`` (the ``gloo:*`` host collectives of GPU ranks, in ``comm_us``); computed
@@ -285,9 +289,9 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
     gpu_ranks = np.unique(ranks[activity])
     on_gpu_rank = of_ranks(ranks, gpu_ranks)
     host = duration & kind_mask(events, "cpu_op", "user_annotation")
-    collective = names_where(names, HOST_COLLECTIVE)
-    collective |= per_code(names, lambda c: c == "record_param_comms", False)
-    host_comm = host & ~on_gpu_rank & collective
+    # (one pass over the names, tested once per name; none in most single-process traces)
+    collective = names_where(names, _HOST_COMM)
+    host_comm = host & ~on_gpu_rank & collective if collective.any() else collective
     del collective
     # gloo runs its collectives on the host, on a GPU rank too (the plugin's GlooOpNameSet);
     # a GPU rank's nccl:* ops only launch the NCCL kernels, which count themselves

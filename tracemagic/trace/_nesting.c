@@ -276,33 +276,37 @@ done:
 /* The walk over the m rows of ordered (sorted by key, start, longest first): each row's
  * parent, the nearest earlier row of its thread that encloses it (one that starts with it,
  * or ends at most tolerance after it ends and at least margin after it starts; else -1),
- * and depth by row, and each position's children's durations summed in child (m,
- * zeroed) in that order; start and stack: m and m scratch. */
+ * and depth by row, and each row's children's durations summed in child (by row, zeroed
+ * at the walked rows) in that order; ends and stack: m + 1 scratch each. The stack holds the open
+ * rows' positions, ends their end times (as ts - t0 + dur, the same sums), so a row's
+ * depth is the stack's height and no closed row is read again. */
 static void walk_rows(const int64_t *ordered, Py_ssize_t m, const int64_t *key, const double *ts, const double *dur,
                       double t0, double tolerance, double margin, int64_t *up, int32_t *level, double *child,
-                      double *start, int64_t *stack) {
+                      double *ends, int64_t *stack) {
     Py_ssize_t top = 0;
+    int64_t last_key = 0;
+    double last_start = 0.0;
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t r = ordered[i];
         double s = ts[r] - t0;
         double e = s + dur[r];
-        start[i] = s;
-        int same_thread = i > 0 && key[r] == key[ordered[i - 1]];
+        int same_thread = i > 0 && key[r] == last_key;
         if (!same_thread) top = 0;
-        if (!(same_thread && s == start[i - 1])) {
+        if (!(same_thread && s == last_start)) {
             double target = e - tolerance;
             if (s + margin > target) target = s + margin;
-            while (top > 0 && !(ts[ordered[stack[top - 1]]] - t0 + dur[ordered[stack[top - 1]]] >= target)) top--;
+            while (top > 0 && !(ends[top - 1] >= target)) top--;
         }
         if (top > 0) {
-            int64_t p = stack[top - 1];
-            up[r] = ordered[p];
-            level[r] = level[ordered[p]] + 1;
+            int64_t p = ordered[stack[top - 1]];
+            up[r] = p;
             child[p] += dur[r];
-        } else {
-            level[r] = 0;
         }
-        stack[top++] = i;
+        level[r] = (int32_t)top;
+        stack[top] = i;
+        ends[top++] = e;
+        last_key = key[r];
+        last_start = s;
     }
 }
 
@@ -335,27 +339,28 @@ static int nest_rows_checked(const uint8_t *on, const int64_t *key, const double
                              double tolerance, double margin, Py_ssize_t n, int64_t *ordered, Py_ssize_t m,
                              int64_t *up, int32_t *level, double *self_dur) {
     int status = -1;
-    int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(m ? m : 1));
+    int64_t *tmp = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* the sort's scratch, then the walk's ends */
     int64_t *stack = malloc(sizeof(int64_t) * (size_t)(m + 1)); /* also the sort's run bounds */
-    double *child = calloc((size_t)(m ? m : 1), sizeof(double));
-    if (tmp == NULL || stack == NULL || child == NULL) goto done;
+    if (tmp == NULL || stack == NULL) goto done;
     if (order_checked(on, key, ts, dur, n, ordered, tmp, (Py_ssize_t *)stack) < 0) goto done;
     for (Py_ssize_t r = 0; r < n; r++) {
         up[r] = -1;
         level[r] = -1;
         self_dur[r] = dur[r];
     }
-    walk_rows(ordered, m, key, ts, dur, t0, tolerance, margin, up, level, child, (double *)tmp, stack);
+    /* self_dur holds the walked rows' children's durations summed (from +0.0), then their own */
+    for (Py_ssize_t i = 0; i < m; i++) self_dur[ordered[i]] = 0.0;
+    walk_rows(ordered, m, key, ts, dur, t0, tolerance, margin, up, level, self_dur, (double *)tmp, stack);
     for (Py_ssize_t i = 0; i < m; i++) {
-        double own = dur[ordered[i]] - child[i];
+        int64_t r = ordered[i];
+        double own = dur[r] - self_dur[r];
         /* np.maximum(own, 0.0), branch-free: NaN kept, and -0.0 + 0.0 is +0.0 */
-        self_dur[ordered[i]] = (own < 0.0 ? 0.0 : own) + 0.0;
+        self_dur[r] = (own < 0.0 ? 0.0 : own) + 0.0;
     }
     status = 0;
 done:
     free(tmp);
     free(stack);
-    free(child);
     return status;
 }
 
@@ -921,6 +926,405 @@ done:
     return result;
 }
 
+/* ---- propagate_pair: two propagations over the nesting walk's order ---- */
+
+PyDoc_STRVAR(propagate_pair_doc,
+             "propagate_pair(ordered, wide, parent, is_a, is_b, outer, out_a, out_b) -> bool\n\n"
+             "propagate(parent, is_a, out_a) and propagate(parent, is_b, out_b) in two passes (with\n"
+             "outer: each row's outermost enclosing anchor, itself included, as outermost gives),\n"
+             "for a nest_rows order ordered (int64 where wide, else int32): every row with a\n"
+             "parent (int64, -1 at the top) is in ordered, after its parent, so each row\n"
+             "inherits its parent's answer, final by then. False (outs of no meaning) where that\n"
+             "does not hold (a row twice in ordered or outside the table, a parent after its\n"
+             "child or outside the table, a row with a parent missing from ordered): the caller\n"
+             "climbs instead. is_b and out_b may be empty: one propagation.");
+
+/* A row's answer from its parent's (final): the innermost anchor (itself where it is
+ * one), or with outer the outermost (the parent's where it has one). */
+static inline int64_t inherited(int64_t own, int64_t above, uint8_t anchor, int outer) {
+    if (outer) return above >= 0 ? above : own;
+    return anchor ? own : above;
+}
+
+/* propagate_pair's work on checked buffers; seen (n, zeroed) is its scratch. 1 done, 0
+ * where the order does not hold. */
+static int pair_pass(const void *ordered, int wide, Py_ssize_t m, const int64_t *up, const uint8_t *is_a,
+                     const uint8_t *is_b, int outer, int64_t *out_a, int64_t *out_b, Py_ssize_t n, uint8_t *seen) {
+    Py_ssize_t with_parent = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out_a[i] = is_a[i] ? i : -1;
+        if (out_b) out_b[i] = is_b[i] ? i : -1;
+        with_parent += up[i] >= 0;
+    }
+    for (Py_ssize_t r = 0; r < m; r++) {
+        int64_t i = cand_row(ordered, wide, r);
+        if (i < 0 || i >= n || seen[i]) return 0;
+        seen[i] = 1;
+        int64_t p = up[i];
+        if (p < 0) continue;
+        if (p >= n || !seen[p]) return 0;
+        with_parent--;
+        out_a[i] = inherited(out_a[i], out_a[p], is_a[i], outer);
+        if (out_b) out_b[i] = inherited(out_b[i], out_b[p], is_b[i], outer);
+    }
+    return with_parent == 0;
+}
+
+static PyObject *propagate_pair(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer ob, parent, a, b, oa, obb;
+    int wide, outer;
+    if (!PyArg_ParseTuple(args, "y*py*y*y*pw*w*", &ob, &wide, &parent, &a, &b, &outer, &oa, &obb)) return NULL;
+    Py_ssize_t n = parent.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t width = wide ? (Py_ssize_t)sizeof(int64_t) : (Py_ssize_t)sizeof(int32_t);
+    PyObject *result = NULL;
+    uint8_t *seen = NULL;
+    int one = b.len == 0 && obb.len == 0; /* no second propagation */
+    if (parent.len != n * (Py_ssize_t)sizeof(int64_t) || a.len != n || oa.len != parent.len || ob.len % width ||
+        (!one && (b.len != n || obb.len != parent.len))) {
+        PyErr_SetString(PyExc_ValueError, "propagate_pair: buffers of different lengths");
+        goto done;
+    }
+    seen = calloc((size_t)(n ? n : 1), 1);
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok = pair_pass(ob.buf, wide, ob.len / width, parent.buf, a.buf, b.buf, outer, oa.buf, one ? NULL : obb.buf, n,
+                       seen);
+    result = PyBool_FromLong(ok);
+done:
+    free(seen);
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&oa);
+    PyBuffer_Release(&obb);
+    return result;
+}
+
+/* ---- step_rows: each row's ProfilerStep by time ---- */
+
+PyDoc_STRVAR(step_rows_doc,
+             "step_rows(starts, last, numbers, ts, out)\n\n"
+             "structure.step_numbers' search in one pass: out (int64, one per ts) gets, for the\n"
+             "index i of numpy's searchsorted(starts, t, side='right') (NaN last), numbers[i - 1]\n"
+             "where t <= last[i], else -1. starts (float64, sorted as numpy sorts, m), last\n"
+             "(float64, m + 1; last[0] NaN), numbers (int64, m), ts (float64).");
+
+/* numpy's searchsorted(starts, t, side='right') over m sorted starts, NaN last. */
+static inline Py_ssize_t right_of(const double *starts, Py_ssize_t m, double t) {
+    Py_ssize_t lo = 0, hi = m;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (less_nan_last(t, starts[mid])) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* Whether right_of(starts, m, t) can be at (given t sorts before starts[at] or at == m):
+ * t sorts at or after starts[at - 1] (NaN last), or at == 0. */
+static inline int fits_below(const double *starts, Py_ssize_t at, double t) {
+    return at == 0 || !less_nan_last(t, starts[at - 1]);
+}
+
+static PyObject *step_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer sb, lb, nb, tb, ob;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &sb, &lb, &nb, &tb, &ob)) return NULL;
+    Py_ssize_t m = sb.len / (Py_ssize_t)sizeof(double), n = tb.len / (Py_ssize_t)sizeof(double);
+    PyObject *result = NULL;
+    if (sb.len != m * (Py_ssize_t)sizeof(double) || lb.len != (m + 1) * (Py_ssize_t)sizeof(double) ||
+        nb.len != sb.len || tb.len != n * (Py_ssize_t)sizeof(double) || ob.len != tb.len) {
+        PyErr_SetString(PyExc_ValueError, "step_rows: buffers of different lengths");
+        goto done;
+    }
+    const double *starts = sb.buf, *last = lb.buf, *ts = tb.buf;
+    const int64_t *numbers = nb.buf;
+    int64_t *out = ob.buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t at = 0; /* the last row's answer: a trace's rows are nearly in time order */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double t = ts[i];
+        if (!(fits_below(starts, at, t) && (at == m || less_nan_last(t, starts[at])))) at = right_of(starts, m, t);
+        out[i] = (at > 0 && t <= last[at]) ? numbers[at - 1] : -1;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&nb);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
+/* ---- take_rows, mark_codes, recode: per-row tables' columns taken at their rows ---- */
+
+PyDoc_STRVAR(take_rows_doc,
+             "take_rows(rows, wide, n, sources, outs)\n\n"
+             "Each source (a column of n values of 1, 2, 4 or 8 bytes) taken at rows (int64\n"
+             "where wide, else int32) into its out (one value per row): numpy's take of every\n"
+             "column, the rows read once, a block at a time. ValueError where a row is outside\n"
+             "0..n-1 or a buffer's length does not fit (outs then of no meaning).");
+
+/* The rows of one block as indices; 0 where one is outside 0..n-1. */
+static int block_rows(const void *rows, int wide, Py_ssize_t start, Py_ssize_t len, Py_ssize_t n, Py_ssize_t *idx) {
+    for (Py_ssize_t i = 0; i < len; i++) {
+        int64_t r = cand_row(rows, wide, start + i);
+        if (r < 0 || r >= n) return 0;
+        idx[i] = (Py_ssize_t)r;
+    }
+    return 1;
+}
+
+/* One column's values at a block of indices, by the width of its values. */
+static void take_block(const char *src, char *dst, Py_ssize_t width, const Py_ssize_t *idx, Py_ssize_t len) {
+    switch (width) {
+    case 8:
+        for (Py_ssize_t i = 0; i < len; i++) memcpy(dst + i * 8, src + idx[i] * 8, 8);
+        break;
+    case 4:
+        for (Py_ssize_t i = 0; i < len; i++) memcpy(dst + i * 4, src + idx[i] * 4, 4);
+        break;
+    case 2:
+        for (Py_ssize_t i = 0; i < len; i++) memcpy(dst + i * 2, src + idx[i] * 2, 2);
+        break;
+    default:
+        for (Py_ssize_t i = 0; i < len; i++) dst[i] = src[idx[i]];
+    }
+}
+
+#define TAKE_BLOCK 2048
+#define TAKE_MAX 64
+
+/* take_rows' checks of the columns' buffers: their widths into width; 0 where one does not fit. */
+static int take_widths(const Py_buffer *src, const Py_buffer *dst, Py_ssize_t k, Py_ssize_t n, Py_ssize_t m,
+                       Py_ssize_t *width) {
+    for (Py_ssize_t c = 0; c < k; c++) {
+        Py_ssize_t w = n ? src[c].len / n : (m ? dst[c].len / m : 1);
+        if (!(w == 1 || w == 2 || w == 4 || w == 8) || src[c].len != n * w || dst[c].len != m * w) return 0;
+        width[c] = w;
+    }
+    return 1;
+}
+
+/* take_rows' passes, the columns' buffers got: 0 where a row is outside the table. */
+static int take_pass(const void *rows, int wide, Py_ssize_t m, Py_ssize_t n, const Py_buffer *src, Py_buffer *dst,
+                     const Py_ssize_t *width, Py_ssize_t k) {
+    Py_ssize_t idx[TAKE_BLOCK];
+    for (Py_ssize_t start = 0; start < m; start += TAKE_BLOCK) {
+        Py_ssize_t len = m - start < TAKE_BLOCK ? m - start : TAKE_BLOCK;
+        if (!block_rows(rows, wide, start, len, n, idx)) return 0;
+        for (Py_ssize_t c = 0; c < k; c++)
+            take_block(src[c].buf, (char *)dst[c].buf + start * width[c], width[c], idx, len);
+    }
+    return 1;
+}
+
+static PyObject *take_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer rows, src[TAKE_MAX], dst[TAKE_MAX];
+    Py_ssize_t n, width[TAKE_MAX], got = 0;
+    int wide;
+    PyObject *sources, *outs, *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*pnO!O!", &rows, &wide, &n, &PyTuple_Type, &sources, &PyTuple_Type, &outs))
+        return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(sources), m = rows.len / (wide ? 8 : 4);
+    if (k > TAKE_MAX || PyTuple_GET_SIZE(outs) != k || rows.len % (wide ? 8 : 4) || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "take_rows: columns and outs do not fit");
+        goto done;
+    }
+    for (; got < k; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(sources, got), &src[got], PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, got), &dst[got], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(&src[got]);
+            goto done;
+        }
+    }
+    if (!take_widths(src, dst, k, n, m, width) || !take_pass(rows.buf, wide, m, n, src, dst, width, k)) {
+        PyErr_SetString(PyExc_ValueError, "take_rows: a column or row that does not fit");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t c = 0; c < got; c++) {
+        PyBuffer_Release(&src[c]);
+        PyBuffer_Release(&dst[c]);
+    }
+    PyBuffer_Release(&rows);
+    return result;
+}
+
+/* A categorical's code i, of 1, 2, 4 or 8 bytes. */
+static inline int64_t code_at(const void *codes, Py_ssize_t width, Py_ssize_t i) {
+    switch (width) {
+    case 1: return ((const int8_t *)codes)[i];
+    case 2: return ((const int16_t *)codes)[i];
+    case 4: return ((const int32_t *)codes)[i];
+    default: return ((const int64_t *)codes)[i];
+    }
+}
+
+static inline void put_code(void *codes, Py_ssize_t width, Py_ssize_t i, int64_t value) {
+    switch (width) {
+    case 1: ((int8_t *)codes)[i] = (int8_t)value; break;
+    case 2: ((int16_t *)codes)[i] = (int16_t)value; break;
+    case 4: ((int32_t *)codes)[i] = (int32_t)value; break;
+    default: ((int64_t *)codes)[i] = value;
+    }
+}
+
+PyDoc_STRVAR(recode_doc,
+             "recode(codes, width, table, out, out_width) -> bool\n\n"
+             "A categorical's codes (signed, width bytes each) through table (int64, one entry\n"
+             "per category, then one for a missing code, -1): out (out_width bytes each) gets\n"
+             "table[code], table[-1] where the code is -1. With an empty out, table (uint8)\n"
+             "gets 1 at each code present instead (the codes used). False where a code is\n"
+             "outside the table (out then of no meaning).");
+
+/* recode's pass: marks (mark) or maps the codes; 0 where one is outside the table. */
+static int recode_pass(const void *codes, Py_ssize_t width, Py_ssize_t n, void *table, Py_ssize_t entries, int mark,
+                       void *out, Py_ssize_t out_width) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t c = code_at(codes, width, i);
+        int64_t at = c < 0 ? entries - 1 : c;
+        if (c < -1 || at >= entries) return 0;
+        if (mark) ((uint8_t *)table)[at] = 1;
+        else put_code(out, out_width, i, ((const int64_t *)table)[at]);
+    }
+    return 1;
+}
+
+static PyObject *recode(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer codes, table, out;
+    Py_ssize_t width, out_width;
+    if (!PyArg_ParseTuple(args, "y*nw*w*n", &codes, &width, &table, &out, &out_width)) return NULL;
+    PyObject *result = NULL;
+    int mark = out.len == 0;
+    Py_ssize_t n = (width == 1 || width == 2 || width == 4 || width == 8) ? codes.len / width : -1;
+    Py_ssize_t entries = mark ? table.len : table.len / 8;
+    int fits = n >= 0 && codes.len == n * width && entries > 0 &&
+               (mark || ((out_width == 1 || out_width == 2 || out_width == 4 || out_width == 8) &&
+                         out.len == n * out_width && table.len == entries * 8));
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "recode: buffers that do not fit");
+        goto done;
+    }
+    result = PyBool_FromLong(recode_pass(codes.buf, width, n, table.buf, entries, mark, out.buf, out_width));
+done:
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+PyDoc_STRVAR(rows_where_doc,
+             "rows_where(rows, wide, mask, out) -> int\n\n"
+             "The rows (int64 where wide, else int32) whose mask (uint8, one per table row) is\n"
+             "set, in their order, into out (as wide as rows, room for all): rows[mask[rows]],\n"
+             "without numpy's index array of intp; returns how many. ValueError where a row is\n"
+             "outside the mask.");
+
+static PyObject *rows_where(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer rows, mask, out;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*py*w*", &rows, &wide, &mask, &out)) return NULL;
+    Py_ssize_t width = wide ? 8 : 4, m = rows.len / width, kept = 0;
+    PyObject *result = NULL;
+    const uint8_t *on = mask.buf;
+    if (rows.len != m * width || out.len != rows.len) {
+        PyErr_SetString(PyExc_ValueError, "rows_where: buffers of different lengths");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = cand_row(rows.buf, wide, i);
+        if (r < 0 || r >= mask.len) {
+            PyErr_SetString(PyExc_ValueError, "rows_where: a row outside the mask");
+            goto done;
+        }
+        if (!on[r]) continue;
+        if (wide) ((int64_t *)out.buf)[kept++] = r;
+        else ((int32_t *)out.buf)[kept++] = (int32_t)r;
+    }
+    result = PyLong_FromSsize_t(kept);
+done:
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&mask);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+PyDoc_STRVAR(thread_key_rows_doc,
+             "thread_key_rows(pid, pid_width, tid, tid_width, rank, out)\n\n"
+             "structure.thread_keys in one pass: out (int64) gets ((pid + 1) << 21) | (tid + 1)\n"
+             "| (rank << 42) per row, wrapped to 64 bits as numpy's int64 arithmetic wraps; pid\n"
+             "and tid are categorical codes (signed, of their widths in bytes), rank int32, or\n"
+             "empty for none.");
+
+static PyObject *thread_key_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer pid, tid, rank, out;
+    Py_ssize_t pw, tw;
+    if (!PyArg_ParseTuple(args, "y*ny*ny*w*", &pid, &pw, &tid, &tw, &rank, &out)) return NULL;
+    Py_ssize_t n = out.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    int widths = (pw == 1 || pw == 2 || pw == 4 || pw == 8) && (tw == 1 || tw == 2 || tw == 4 || tw == 8);
+    if (!widths || out.len != n * (Py_ssize_t)sizeof(int64_t) || pid.len != n * pw || tid.len != n * tw ||
+        (rank.len != 0 && rank.len != n * (Py_ssize_t)sizeof(int32_t))) {
+        PyErr_SetString(PyExc_ValueError, "thread_key_rows: buffers of different lengths");
+        goto done;
+    }
+    const int32_t *ranks = rank.len ? rank.buf : NULL;
+    int64_t *keys = out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t key = ((uint64_t)(code_at(pid.buf, pw, i) + 1) << 21) | (uint64_t)(code_at(tid.buf, tw, i) + 1);
+        if (ranks) key |= (uint64_t)(int64_t)ranks[i] << 42;
+        keys[i] = (int64_t)key;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&pid);
+    PyBuffer_Release(&tid);
+    PyBuffer_Release(&rank);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+PyDoc_STRVAR(take_codes_doc,
+             "take_codes(codes, width, rows, wide, out)\n\n"
+             "codes (signed integers of width bytes: a categorical's codes, row numbers) at rows\n"
+             "(int64 where wide, else int32) into out (as wide as codes, one per row), -1 where\n"
+             "a row is -1 (none): numpy's take, then out[rows < 0] = -1, in one pass and without\n"
+             "an intp index. ValueError where a row is outside the table or below -1.");
+
+static PyObject *take_codes(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer codes, rows, out;
+    Py_ssize_t width;
+    int wide;
+    if (!PyArg_ParseTuple(args, "y*ny*pw*", &codes, &width, &rows, &wide, &out)) return NULL;
+    Py_ssize_t rw = wide ? 8 : 4, m = rows.len / rw;
+    Py_ssize_t n = (width == 1 || width == 2 || width == 4 || width == 8) ? codes.len / width : -1;
+    PyObject *result = NULL;
+    if (n < 0 || codes.len != n * width || rows.len != m * rw || out.len != m * width) {
+        PyErr_SetString(PyExc_ValueError, "take_codes: buffers that do not fit");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = cand_row(rows.buf, wide, i);
+        if (r < -1 || r >= n) {
+            PyErr_SetString(PyExc_ValueError, "take_codes: a row outside the table");
+            goto done;
+        }
+        put_code(out.buf, width, i, r < 0 ? -1 : code_at(codes.buf, width, r));
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"propagate", propagate, METH_VARARGS, propagate_doc},
     {"nest_rows", nest_rows, METH_VARARGS, nest_rows_doc},
@@ -931,6 +1335,13 @@ static PyMethodDef methods[] = {
     {"union_rows", union_rows, METH_VARARGS, union_rows_doc},
     {"group_sums", group_sums, METH_VARARGS, group_sums_doc},
     {"window_parts", window_parts, METH_VARARGS, window_parts_doc},
+    {"propagate_pair", propagate_pair, METH_VARARGS, propagate_pair_doc},
+    {"step_rows", step_rows, METH_VARARGS, step_rows_doc},
+    {"take_rows", take_rows, METH_VARARGS, take_rows_doc},
+    {"recode", recode, METH_VARARGS, recode_doc},
+    {"rows_where", rows_where, METH_VARARGS, rows_where_doc},
+    {"take_codes", take_codes, METH_VARARGS, take_codes_doc},
+    {"thread_key_rows", thread_key_rows, METH_VARARGS, thread_key_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -103,12 +103,19 @@ def nest_sorted(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[
 
 def thread_keys(events: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     """One int64 per row (of ``rows``, default all) naming its (rank, pid, tid): events
-    nest only within one key; keys order threads by rank, then pid and tid codes."""
+    nest only within one key; keys order threads by rank, then pid and tid codes. One C pass
+    (``_nesting.thread_key_rows``) where the extension is built, else numpy (the same keys)."""
     pid = events["pid"].array.codes  # (``.cat.codes`` copies them)
     tid = events["tid"].array.codes
     rank = events["rank"].to_numpy() if "rank" in events else None  # one rank before stacking
     if rows is not None:
         pid, tid, rank = pid[rows], tid[rows], (rank[rows] if rank is not None else None)
+    fits = pid.flags.c_contiguous and tid.flags.c_contiguous and (rank is None or rank.dtype == np.int32)
+    if _nesting is not None and fits:  # the same keys in one C pass over the codes
+        keys = np.empty(pid.size, dtype=np.int64)
+        ranks = b"" if rank is None else np.ascontiguousarray(rank)
+        _nesting.thread_key_rows(pid, pid.itemsize, tid, tid.itemsize, ranks, keys)
+        return keys
     # no int64 temporary (each a fresh mapping, faulted in): a code + 1 fits its own type
     # (categorical codes have room for one more category), and a rank 0 adds nothing
     keys = np.add(pid, 1, dtype=np.int64)
@@ -237,6 +244,20 @@ def propagate(parent: np.ndarray, depth: np.ndarray, is_anchor: np.ndarray) -> n
     return out
 
 
+def _propagate_pair(
+    parent: np.ndarray, depth: np.ndarray, ordered: np.ndarray, is_a: np.ndarray, is_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``propagate`` of both anchor masks: where ``nest`` walked (``ordered``, its
+    ``cpu_by_thread`` rows, each after its parent), two passes in one C call
+    (``_nesting.propagate_pair``) instead of two climbs; else each propagated (the same rows)."""
+    if _nesting is not None and parent.dtype == np.int64 and ordered.dtype in (np.int32, np.int64):
+        out_a, out_b = np.empty(parent.size, dtype=np.int64), np.empty(parent.size, dtype=np.int64)
+        wide, a, b = ordered.dtype == np.int64, is_a.view(np.uint8), is_b.view(np.uint8)
+        if _nesting.propagate_pair(ordered, wide, parent, a, b, False, out_a, out_b):
+            return out_a, out_b
+    return propagate(parent, depth, is_a), propagate(parent, depth, is_b)
+
+
 def enclosing_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """For each row: the nearest strict ancestor that is of the kind, else -1."""
     inner = propagate(parent, depth, is_kind)
@@ -267,9 +288,13 @@ def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.nd
     first = np.unique(numbers[order], return_index=True)[1]
     keep = order[np.sort(first)]  # by start, the first of each number
     starts, numbers = starts[keep], numbers[keep]
-    index = np.searchsorted(starts, ts, side="right")  # 0: before the first step
     # per step, after a first entry for index 0: no time is at or before NaN
     last = np.concatenate(([np.nan], starts + events["dur"].to_numpy()[step_rows[keep]] + NEST_TOLERANCE_US))
+    if _nesting is not None and ts.dtype == np.float64 and ts.flags.c_contiguous:  # the search below in one C pass
+        step = np.empty(ts.size, dtype=np.int64)
+        _nesting.step_rows(np.ascontiguousarray(starts), last, np.ascontiguousarray(numbers, dtype=np.int64), ts, step)
+        return step
+    index = np.searchsorted(starts, ts, side="right")  # 0: before the first step
     outside = np.less_equal(ts, last.take(index))
     np.logical_not(outside, out=outside)
     step = np.concatenate(([-1], numbers)).take(index)
@@ -289,9 +314,12 @@ def launches(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarra
     """Row of the runtime call that launched each GPU event (by correlation id), else -1."""
     kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
     launch = np.full(len(events), -1, dtype=np.int64)
-    has_corr = events["correlation"].notna().to_numpy()
-    runtime_rows = np.flatnonzero((kinds == KINDS.index("runtime")) & has_corr)
-    gpu_rows = np.flatnonzero(_kind_in(kinds, GPU_KINDS) & has_corr)
+    runtime_rows = np.flatnonzero(kinds == KINDS.index("runtime"))
+    gpu_rows = np.flatnonzero(_kind_in(kinds, GPU_KINDS)) if runtime_rows.size else runtime_rows
+    if runtime_rows.size == 0 or gpu_rows.size == 0:  # (a CPU trace: no pass over the correlation ids)
+        return launch
+    has_corr = np.asarray(events["correlation"].notna().to_numpy(), dtype=bool)
+    runtime_rows, gpu_rows = runtime_rows[has_corr[runtime_rows]], gpu_rows[has_corr[gpu_rows]]
     if runtime_rows.size == 0 or gpu_rows.size == 0:
         return launch
     corr = events["correlation"].to_numpy(dtype=np.int64, na_value=-1)
@@ -348,6 +376,18 @@ def _kind_codes(events: pd.DataFrame) -> np.ndarray:
     return codes
 
 
+def _per_name(answers: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """``per_category(answers, codes)`` (False for a missing name): where many names answer
+    each way (``per_category`` would gather through an intp index of every row), one C pass
+    over the small codes (``_nesting.recode``) where the extension is built."""
+    hits = int(np.count_nonzero(answers))
+    if _nesting is not None and min(hits, answers.size - hits) > 8 and codes.flags.c_contiguous:
+        out = np.empty(codes.size, dtype=np.uint8)
+        if _nesting.recode(codes, codes.itemsize, np.append(answers.astype(np.int64), 0), out, 1):
+            return out.view(bool)
+    return per_category(answers, codes)
+
+
 def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """The columns ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and
     ``module`` (by name, in that order), the ``cpu_by_thread`` rows (the analyses search
@@ -372,11 +412,10 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = per_category(module_names, names.array.codes)
+    is_module = _per_name(module_names, names.array.codes)
     is_module &= kinds == KINDS.index("python_function")
-    module = propagate(parent, depth, is_module)
     is_op = kinds == KINDS.index("cpu_op")
-    op = propagate(parent, depth, is_op)
+    module, op = _propagate_pair(parent, depth, ordered, is_module, is_op)
     runtime = np.flatnonzero(kinds == KINDS.index("runtime"))
     linked = by_external_id(events, runtime)
     has_link = linked >= 0
