@@ -1380,3 +1380,52 @@ def test_take_codes_gives_minus_one_for_no_row(monkeypatch: pytest.MonkeyPatch) 
                 with monkeypatch.context() as m:
                     m.setattr(structure, "_nesting", None)
                     np.testing.assert_array_equal(take_codes(values, at), want)
+
+
+def test_take_rows_refuses_columns_of_python_objects() -> None:
+    """``_nesting.take_rows`` copies values as bytes: a column of Python objects (an object
+    array, or a record holding one) would be copied without its references counted (freed
+    twice later), so it is refused (ValueError), and ``_common.columns_at`` takes such a
+    column with pandas (each value referenced once more per row taken)."""
+    import gc
+    import sys
+
+    from tracemagic.analysis._common import columns_at
+
+    nesting = structure._nesting
+    assert nesting is not None, "the C nesting is built (see test_scan.py)"
+    values = np.array([object() for _ in range(4)], dtype=object)
+    rows = np.array([3, 3, 0], dtype=np.int64)
+    for source in (values, np.zeros(4, dtype=[("o", object)])):
+        out = np.empty(rows.size, dtype=source.dtype)
+        with pytest.raises(ValueError, match="take_rows"):
+            nesting.take_rows(rows, True, 4, (source,), (out,))
+    frame = pd.DataFrame({"objects": values, "f8": np.arange(4.0)})
+    columns_at(frame, ["objects", "f8"], rows)  # (any cache pandas keeps of the column made)
+    gc.collect()
+    before = sys.getrefcount(values[3])
+    got = columns_at(frame, ["objects", "f8"], rows)
+    same = got["objects"][0] is values[3] and got["objects"][2] is values[0]  # (no temporaries kept by assert)
+    held = sys.getrefcount(values[3])
+    assert same and held >= before + 2  # the two rows taken hold it
+    np.testing.assert_array_equal(got["f8"], [3.0, 3.0, 0.0])
+    del got
+    gc.collect()
+    after = sys.getrefcount(values[3])  # (out of the assert: pytest's rewriting holds its operands)
+    assert after == before  # each reference given back once
+
+
+def test_thread_keys_of_the_largest_codes_wrap_as_numpys() -> None:
+    """``_nesting.thread_key_rows`` adds 1 to each code as numpy's int64 does, wrapping at
+    the largest (no signed overflow in C: a UBSan build of _nesting.c aborts on one)."""
+    nesting = structure._nesting
+    assert nesting is not None, "the C nesting is built (see test_scan.py)"
+    big = np.iinfo(np.int64).max
+    pid = np.array([big, -1, 5], dtype=np.int64)
+    tid = np.array([big, big, -1], dtype=np.int64)
+    rank = np.array([1, -1, 0], dtype=np.int32)
+    out = np.empty(3, dtype=np.int64)
+    nesting.thread_key_rows(pid, 8, tid, 8, rank, out)
+    with np.errstate(over="ignore"):
+        want = (np.add(pid, 1) << 21) | np.add(tid, 1) | (rank.astype(np.int64) << 42)
+    np.testing.assert_array_equal(out, want)
