@@ -1182,9 +1182,10 @@ def test_the_c_window_parts_match_a_reference_and_numpys(seed: int) -> None:
 
 def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
     """``_nesting.propagate_pair`` over a walk order where parents come first answers as two
-    climbs written here; any order that breaks that (a parent after its child, a row twice,
-    a row with a parent left out) is refused (False), and the caller's two ``propagate``
-    give the rows."""
+    climbs written here (innermost anchors, and with ``outer`` the outermost, as attribution
+    asks; int64 and int32 orders); any order that breaks that (a parent after its child, a
+    row twice, a row with a parent left out) is refused (False), and the caller's two
+    ``propagate`` give the rows."""
     nesting = structure._nesting
     assert nesting is not None, "the C nesting is built (see test_scan.py)"
     rng = np.random.default_rng(23)
@@ -1196,6 +1197,16 @@ def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
             while j >= 0 and not anchor[j]:
                 j = parent[j]
             out[i] = j
+        return out
+
+    def outermost_climbed(parent: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+        out = np.full(parent.size, -1, dtype=np.int64)
+        for i in range(parent.size):
+            j = i
+            while j >= 0:
+                if anchor[j]:
+                    out[i] = j  # (the last met on the way up: the outermost)
+                j = parent[j]
         return out
 
     for trial in range(40):
@@ -1224,6 +1235,12 @@ def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
         if done:
             np.testing.assert_array_equal(out_a, climbed(parent, a))
             np.testing.assert_array_equal(out_b, climbed(parent, b))
+        # outer (attribution's outermost backward op), one propagation, the order as int32
+        outer = np.empty(n, dtype=np.int64)
+        args = (parent, a.view(np.uint8), b"", True, outer, bytearray())
+        assert nesting.propagate_pair(order.astype(np.int32), False, *args) == (not refused)
+        if not refused:
+            np.testing.assert_array_equal(outer, outermost_climbed(parent, a))
         depth = np.zeros(n, dtype=np.int32)
         got = structure._propagate_pair(parent, depth, order, a, b)  # the caller: C or the climbs
         np.testing.assert_array_equal(got[0], climbed(parent, a))
@@ -1233,7 +1250,8 @@ def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
 def test_step_numbers_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
     """``step_numbers``' C search (``_nesting.step_rows``) gives numpy's ``searchsorted``
     answer row for row: rows out of time order, NaN times, starts and ends, ties at a step's
-    start and end, overlapping and repeated steps, rows before the first and after the last."""
+    start and at its end (start + dur + tolerance, inside it), overlapping and repeated
+    steps, rows before the first and after the last."""
     rng = np.random.default_rng(5)
     for trial in range(40):
         n, steps = int(rng.integers(1, 400)), int(rng.integers(1, 8))
@@ -1247,6 +1265,11 @@ def test_step_numbers_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) 
         names = np.array([f"ProfilerStep#{int(k)}" for k in rng.integers(0, 4, n)], dtype=object)
         if trial % 5 == 0:
             dur[step_rows[:1]] = np.nan
+        # ties at a step's end: rows at exactly its start + dur + tolerance (in the step, as numpy's <=)
+        ends = ts[step_rows] + dur[step_rows] + structure.NEST_TOLERANCE_US
+        others = np.setdiff1d(np.arange(n), step_rows)
+        tied = rng.choice(others, min(others.size, 2 * step_rows.size), replace=False)
+        ts[tied] = ends[rng.integers(0, ends.size, tied.size)]
         events = pd.DataFrame(
             {
                 "name": pd.Categorical(names),
