@@ -1182,9 +1182,10 @@ def test_the_c_window_parts_match_a_reference_and_numpys(seed: int) -> None:
 
 def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
     """``_nesting.propagate_pair`` over a walk order where parents come first answers as two
-    climbs written here; any order that breaks that (a parent after its child, a row twice,
-    a row with a parent left out) is refused (False), and the caller's two ``propagate``
-    give the rows."""
+    climbs written here (innermost anchors, and with ``outer`` the outermost, as attribution
+    asks; int64 and int32 orders); any order that breaks that (a parent after its child, a
+    row twice, a row with a parent left out) is refused (False), and the caller's two
+    ``propagate`` give the rows."""
     nesting = structure._nesting
     assert nesting is not None, "the C nesting is built (see test_scan.py)"
     rng = np.random.default_rng(23)
@@ -1196,6 +1197,16 @@ def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
             while j >= 0 and not anchor[j]:
                 j = parent[j]
             out[i] = j
+        return out
+
+    def outermost_climbed(parent: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+        out = np.full(parent.size, -1, dtype=np.int64)
+        for i in range(parent.size):
+            j = i
+            while j >= 0:
+                if anchor[j]:
+                    out[i] = j  # (the last met on the way up: the outermost)
+                j = parent[j]
         return out
 
     for trial in range(40):
@@ -1224,6 +1235,12 @@ def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
         if done:
             np.testing.assert_array_equal(out_a, climbed(parent, a))
             np.testing.assert_array_equal(out_b, climbed(parent, b))
+        # outer (attribution's outermost backward op), one propagation, the order as int32
+        outer = np.empty(n, dtype=np.int64)
+        args = (parent, a.view(np.uint8), b"", True, outer, bytearray())
+        assert nesting.propagate_pair(order.astype(np.int32), False, *args) == (not refused)
+        if not refused:
+            np.testing.assert_array_equal(outer, outermost_climbed(parent, a))
         depth = np.zeros(n, dtype=np.int32)
         got = structure._propagate_pair(parent, depth, order, a, b)  # the caller: C or the climbs
         np.testing.assert_array_equal(got[0], climbed(parent, a))
@@ -1233,7 +1250,8 @@ def test_propagate_pair_follows_each_row_to_its_anchor_or_gives_way() -> None:
 def test_step_numbers_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
     """``step_numbers``' C search (``_nesting.step_rows``) gives numpy's ``searchsorted``
     answer row for row: rows out of time order, NaN times, starts and ends, ties at a step's
-    start and end, overlapping and repeated steps, rows before the first and after the last."""
+    start and at its end (start + dur + tolerance, inside it), overlapping and repeated
+    steps, rows before the first and after the last."""
     rng = np.random.default_rng(5)
     for trial in range(40):
         n, steps = int(rng.integers(1, 400)), int(rng.integers(1, 8))
@@ -1247,6 +1265,11 @@ def test_step_numbers_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) 
         names = np.array([f"ProfilerStep#{int(k)}" for k in rng.integers(0, 4, n)], dtype=object)
         if trial % 5 == 0:
             dur[step_rows[:1]] = np.nan
+        # ties at a step's end: rows at exactly its start + dur + tolerance (in the step, as numpy's <=)
+        ends = ts[step_rows] + dur[step_rows] + structure.NEST_TOLERANCE_US
+        others = np.setdiff1d(np.arange(n), step_rows)
+        tied = rng.choice(others, min(others.size, 2 * step_rows.size), replace=False)
+        ts[tied] = ends[rng.integers(0, ends.size, tied.size)]
         events = pd.DataFrame(
             {
                 "name": pd.Categorical(names),
@@ -1380,3 +1403,52 @@ def test_take_codes_gives_minus_one_for_no_row(monkeypatch: pytest.MonkeyPatch) 
                 with monkeypatch.context() as m:
                     m.setattr(structure, "_nesting", None)
                     np.testing.assert_array_equal(take_codes(values, at), want)
+
+
+def test_take_rows_refuses_columns_of_python_objects() -> None:
+    """``_nesting.take_rows`` copies values as bytes: a column of Python objects (an object
+    array, or a record holding one) would be copied without its references counted (freed
+    twice later), so it is refused (ValueError), and ``_common.columns_at`` takes such a
+    column with pandas (each value referenced once more per row taken)."""
+    import gc
+    import sys
+
+    from tracemagic.analysis._common import columns_at
+
+    nesting = structure._nesting
+    assert nesting is not None, "the C nesting is built (see test_scan.py)"
+    values = np.array([object() for _ in range(4)], dtype=object)
+    rows = np.array([3, 3, 0], dtype=np.int64)
+    for source in (values, np.zeros(4, dtype=[("o", object)])):
+        out = np.empty(rows.size, dtype=source.dtype)
+        with pytest.raises(ValueError, match="take_rows"):
+            nesting.take_rows(rows, True, 4, (source,), (out,))
+    frame = pd.DataFrame({"objects": values, "f8": np.arange(4.0)})
+    columns_at(frame, ["objects", "f8"], rows)  # (any cache pandas keeps of the column made)
+    gc.collect()
+    before = sys.getrefcount(values[3])
+    got = columns_at(frame, ["objects", "f8"], rows)
+    same = got["objects"][0] is values[3] and got["objects"][2] is values[0]  # (no temporaries kept by assert)
+    held = sys.getrefcount(values[3])
+    assert same and held >= before + 2  # the two rows taken hold it
+    np.testing.assert_array_equal(got["f8"], [3.0, 3.0, 0.0])
+    del got
+    gc.collect()
+    after = sys.getrefcount(values[3])  # (out of the assert: pytest's rewriting holds its operands)
+    assert after == before  # each reference given back once
+
+
+def test_thread_keys_of_the_largest_codes_wrap_as_numpys() -> None:
+    """``_nesting.thread_key_rows`` adds 1 to each code as numpy's int64 does, wrapping at
+    the largest (no signed overflow in C: a UBSan build of _nesting.c aborts on one)."""
+    nesting = structure._nesting
+    assert nesting is not None, "the C nesting is built (see test_scan.py)"
+    big = np.iinfo(np.int64).max
+    pid = np.array([big, -1, 5], dtype=np.int64)
+    tid = np.array([big, big, -1], dtype=np.int64)
+    rank = np.array([1, -1, 0], dtype=np.int32)
+    out = np.empty(3, dtype=np.int64)
+    nesting.thread_key_rows(pid, 8, tid, 8, rank, out)
+    with np.errstate(over="ignore"):
+        want = (np.add(pid, 1) << 21) | np.add(tid, 1) | (rank.astype(np.int64) << 42)
+    np.testing.assert_array_equal(out, want)

@@ -440,7 +440,11 @@ def _parts(values: pd.api.extensions.ExtensionArray) -> tuple[np.ndarray, ...] |
         parts = (values._data, values._mask)
     else:
         return None
-    if all(p.ndim == 1 and p.flags.c_contiguous and p.itemsize in (1, 2, 4, 8) for p in parts):
+    # (values copied as bytes: never Python objects, whose references a copy would not count)
+    fits = (
+        p.ndim == 1 and p.flags.c_contiguous and p.itemsize in (1, 2, 4, 8) and not p.dtype.hasobject for p in parts
+    )
+    if all(fits):
         return parts
     return None
 

@@ -1099,10 +1099,18 @@ static void take_block(const char *src, char *dst, Py_ssize_t width, const Py_ss
 #define TAKE_BLOCK 2048
 #define TAKE_MAX 64
 
-/* take_rows' checks of the columns' buffers: their widths into width; 0 where one does not fit. */
+/* Whether a buffer's values are (or hold) Python objects, whose references a copy of their
+ * bytes would not count: struct's 'O' in its format. */
+static int holds_objects(const Py_buffer *buffer) {
+    return buffer->format != NULL && strchr(buffer->format, 'O') != NULL;
+}
+
+/* take_rows' checks of the columns' buffers: their widths into width; 0 where one does not fit
+ * (a column of Python objects included). */
 static int take_widths(const Py_buffer *src, const Py_buffer *dst, Py_ssize_t k, Py_ssize_t n, Py_ssize_t m,
                        Py_ssize_t *width) {
     for (Py_ssize_t c = 0; c < k; c++) {
+        if (holds_objects(&src[c]) || holds_objects(&dst[c])) return 0; /* copied as bytes: uncounted references */
         Py_ssize_t w = n ? src[c].len / n : (m ? dst[c].len / m : 1);
         if (!(w == 1 || w == 2 || w == 4 || w == 8) || src[c].len != n * w || dst[c].len != m * w) return 0;
         width[c] = w;
@@ -1136,8 +1144,10 @@ static PyObject *take_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         goto done;
     }
     for (; got < k; got++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(sources, got), &src[got], PyBUF_C_CONTIGUOUS) < 0) goto done;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, got), &dst[got], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(sources, got), &src[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, got), &dst[got],
+                               PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
             PyBuffer_Release(&src[got]);
             goto done;
         }
@@ -1277,7 +1287,8 @@ static PyObject *thread_key_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     const int32_t *ranks = rank.len ? rank.buf : NULL;
     int64_t *keys = out.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t key = ((uint64_t)(code_at(pid.buf, pw, i) + 1) << 21) | (uint64_t)(code_at(tid.buf, tw, i) + 1);
+        /* (+ 1 in unsigned arithmetic: it wraps as numpy's int64 does, with no signed overflow) */
+        uint64_t key = (((uint64_t)code_at(pid.buf, pw, i) + 1u) << 21) | ((uint64_t)code_at(tid.buf, tw, i) + 1u);
         if (ranks) key |= (uint64_t)(int64_t)ranks[i] << 42;
         keys[i] = (int64_t)key;
     }
