@@ -226,15 +226,22 @@ def test_new_memory_events_with_totals() -> None:
     assert memory["device"].tolist() == [e["args"]["Device Id"] for e in raw]
 
 
-def test_per_category_gives_each_row_its_categorys_answer() -> None:
+@pytest.mark.parametrize("in_c", [True, False])
+def test_per_category_gives_each_row_its_categorys_answer(in_c: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """``normalize.per_category`` compares the codes with the categories where few answer
-    True (or few False): each row still gets its category's answer, ``missing`` for code -1,
-    whatever the answers, the codes' width and how many categories answer either way."""
+    True (or few False), else gathers (in C where the extension is built): each row still
+    gets its category's answer, ``missing`` for code -1, whatever the answers, the codes'
+    width and how many categories answer either way."""
+    if in_c:
+        assert normalize._nesting is not None
+    else:
+        monkeypatch.setattr(normalize, "_nesting", None)
     rng = np.random.default_rng(23)
+    widths = [np.int8, np.int16, np.int32, np.int64]
     for _ in range(2000):
         categories = int(rng.integers(1, 40))
         answers = rng.random(categories) < rng.random()
-        codes = rng.integers(-1, categories, int(rng.integers(0, 300))).astype(rng.choice([np.int8, np.int16, np.int32]))
+        codes = rng.integers(-1, categories, int(rng.integers(0, 300))).astype(rng.choice(widths))
         for missing in (False, True):
             expected = [missing if code < 0 else bool(answers[code]) for code in codes.tolist()]
             assert normalize.per_category(answers, codes, missing).tolist() == expected

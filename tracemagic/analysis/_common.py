@@ -20,7 +20,7 @@ from tracemagic.trace import layout, structure
 from tracemagic.trace.columns import code_dtype
 from tracemagic.trace.kineto import CPU_KINDS, GPU_ACTIVITY
 from tracemagic.trace.model import TraceTables
-from tracemagic.trace.normalize import kind_mask, per_category, per_code
+from tracemagic.trace.normalize import kind_mask, per_code
 from tracemagic.trace.shared_keys import Shared
 from tracemagic.trace.structure import (
     MODULE_PREFIX,
@@ -318,31 +318,7 @@ def names_where(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
             (bool(pattern.search(str(c))) for c in categories.tolist()), dtype=bool, count=len(categories)
         )
 
-    values = names.array
-    if isinstance(values, pd.Categorical):
-        return answer_per_code(matches(values.categories), values.codes, False)
     return per_code(names, matches, False)
-
-
-#: ``answer_per_code`` leaves to ``per_category``'s comparisons a side of at most this many
-#: categories (``per_category`` compares with as many before it gathers)
-_FEW_ANSWERS = 8
-
-
-def answer_per_code(answers: np.ndarray, codes: np.ndarray, missing: bool) -> np.ndarray:
-    """``normalize.per_category``: per row, the answer of its category (``missing`` for code
-    -1). Where many categories answer each way (a gather, which widens the small codes to
-    64 bits first), one C pass over the codes as they are (``_nesting.recode``) where the
-    extension is built; else ``per_category``'s comparisons (the same mask)."""
-    hits = int(np.count_nonzero(answers))
-    nesting = structure._nesting
-    if nesting is None or min(hits, answers.size - hits) <= _FEW_ANSWERS or not codes.flags.c_contiguous:
-        return per_category(answers, codes, missing)
-    table = np.append(np.asarray(answers, dtype=np.int64), int(missing))  # the last entry: code -1
-    out = np.empty(codes.size, dtype=np.uint8)
-    if not nesting.recode(codes, codes.itemsize, table, out, 1):
-        return per_category(answers, codes, missing)
-    return out.view(bool)
 
 
 def names_match_at(names: pd.Series, pattern: re.Pattern[str], rows: np.ndarray) -> np.ndarray:

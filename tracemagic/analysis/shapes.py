@@ -13,7 +13,6 @@ import pandas as pd
 from tracemagic.analysis._common import (
     activity_rows,
     among,
-    answer_per_code,
     call_chains,
     codes_of,
     column_at,
@@ -27,6 +26,7 @@ from tracemagic.analysis._common import (
 )
 from tracemagic.analysis.schema import computes
 from tracemagic.trace.model import TraceTables
+from tracemagic.trace.normalize import per_category
 from tracemagic.trace.structure import enclosing_of_kind
 
 Dims = list[list[int]]
@@ -316,7 +316,7 @@ def _op_flops(events: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     has_rule = among(name_of, [*FLOP_RULES, *ARG_RULES])  # per name, not per row
     # the dims and arguments taken only at the ops a rule knows (a few), not at every op
     # (per category: compared on the small codes, not gathered through an intp index)
-    ruled = np.flatnonzero(unknown & answer_per_code(has_rule[:-1], names, bool(has_rule[-1])))
+    ruled = np.flatnonzero(unknown & per_category(has_rule[:-1], names, bool(has_rule[-1])))
     dims, dims_of = _codes_at_rows(events["input_dims"], rows[ruled])
     shaped = dims >= 0
     ruled, dims = ruled[shaped], dims[shaped]

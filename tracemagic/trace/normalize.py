@@ -16,6 +16,11 @@ import pandas as pd
 from tracemagic.trace.columns import lazy_zeros
 from tracemagic.trace.kineto import CATEGORY_KIND, GPU_KINDS, KINDS, LINE_MARK_PREFIX, STEP_NAME, STEP_PREFIX
 
+try:  # the one-pass gathers in C (setup.py builds it where a compiler is found)
+    from tracemagic.trace import _nesting
+except ImportError:  # pragma: no cover - installed without a C compiler: numpy alone
+    _nesting = None  # type: ignore[assignment]  # the callers test for None
+
 #: the vocabulary (kinds, step names) is ``tracemagic.trace.kineto``'s; ``STEP_NAME`` is
 #: used with ``match``: ``ProfilerStep#abc`` and the like stay the annotations they are
 _INT64 = 2**63
@@ -76,8 +81,8 @@ def per_category(answers: np.ndarray, codes: np.ndarray, missing: bool = False) 
     invert = hits.size > answers.size - hits.size  # the fewer side: its rows are compared
     if invert:
         hits = np.flatnonzero(~np.asarray(answers, dtype=bool))
-    if hits.size > _FEW_CATEGORIES:  # (``take``: ~2x faster than indexing; -1 takes the last)
-        return np.append(answers, missing).take(codes)
+    if hits.size > _FEW_CATEGORIES:
+        return _gathered(answers, codes, missing)
     # Python ints: compared in the codes' own width (a numpy int64 would widen them first)
     compared = hits.tolist()
     out = codes == compared[0] if compared else np.zeros(codes.shape, dtype=bool)
@@ -86,6 +91,18 @@ def per_category(answers: np.ndarray, codes: np.ndarray, missing: bool = False) 
     if missing != invert:  # the missing rows' answer is the compared side's
         out |= codes < 0
     return ~out if invert else out
+
+
+def _gathered(answers: np.ndarray, codes: np.ndarray, missing: bool) -> np.ndarray:
+    """``per_category`` by a gather: one C pass over the codes in their own width
+    (``_nesting.recode``) where the extension is built, else numpy's ``take`` (which widens
+    them first; ~2x faster than indexing; -1 takes the last entry, ``missing``)."""
+    if _nesting is not None and codes.flags.c_contiguous and codes.dtype.kind == "i":
+        out = np.empty(codes.size, dtype=np.uint8)
+        table = np.append(np.asarray(answers, dtype=np.int64), int(missing))  # the last entry: code -1
+        if _nesting.recode(codes, codes.itemsize, table, out, 1):
+            return out.view(bool).reshape(codes.shape)
+    return np.append(answers, missing).take(codes)
 
 
 def _kind_per_category(events: pd.DataFrame) -> np.ndarray:

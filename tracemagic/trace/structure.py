@@ -376,18 +376,6 @@ def _kind_codes(events: pd.DataFrame) -> np.ndarray:
     return codes
 
 
-def _per_name(answers: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """``per_category(answers, codes)`` (False for a missing name): where many names answer
-    each way (``per_category`` would gather through an intp index of every row), one C pass
-    over the small codes (``_nesting.recode``) where the extension is built."""
-    hits = int(np.count_nonzero(answers))
-    if _nesting is not None and min(hits, answers.size - hits) > 8 and codes.flags.c_contiguous:
-        out = np.empty(codes.size, dtype=np.uint8)
-        if _nesting.recode(codes, codes.itemsize, np.append(answers.astype(np.int64), 0), out, 1):
-            return out.view(bool)
-    return per_category(answers, codes)
-
-
 def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """The columns ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and
     ``module`` (by name, in that order), the ``cpu_by_thread`` rows (the analyses search
@@ -412,7 +400,7 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
-    is_module = _per_name(module_names, names.array.codes)
+    is_module = per_category(module_names, names.array.codes)
     is_module &= kinds == KINDS.index("python_function")
     is_op = kinds == KINDS.index("cpu_op")
     module, op = _propagate_pair(parent, depth, ordered, is_module, is_op)
