@@ -1286,13 +1286,18 @@ def test_step_numbers_in_one_pass_equal_numpys(monkeypatch: pytest.MonkeyPatch) 
         np.testing.assert_array_equal(fast, slow)
 
 
-def test_columns_taken_at_once_equal_each_taken_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_common.columns_at`` (one C pass, ``_nesting.take_rows``) gives each column as
-    pandas' own ``take`` does: numpy columns of every width, categoricals with missing
-    values, nullable integers, floats and booleans with missing values, an Arrow column
-    (taken by pandas), int32 and int64 rows, no rows; and ``without_unused`` (``_nesting.
-    recode``) equals ``remove_unused_categories`` on the taken categoricals."""
+@pytest.mark.parametrize("at_once", [True, False])
+def test_columns_taken_at_once_equal_each_taken_alone(at_once: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common.columns_at`` (one C pass, ``_nesting.take_rows``, from ``_AT_ONCE_MIN_ROWS``
+    rows; column by column below) gives each column as pandas' own ``take`` does: numpy
+    columns of every width, categoricals with missing values, nullable integers, floats and
+    booleans with missing values, an Arrow column (taken by pandas), int32 and int64 rows,
+    no rows; and ``without_unused`` (``_nesting.recode``) equals
+    ``remove_unused_categories`` on the taken categoricals."""
+    from tracemagic.analysis import _common
     from tracemagic.analysis._common import columns_at, without_unused
+
+    monkeypatch.setattr(_common, "_AT_ONCE_MIN_ROWS", 0 if at_once else 1 << 62)
 
     rng = np.random.default_rng(8)
     n = 5000
@@ -1334,7 +1339,8 @@ def test_columns_taken_at_once_equal_each_taken_alone(monkeypatch: pytest.Monkey
                 for made in (fast, slow):
                     pd.testing.assert_extension_array_equal(made, want)
                     assert made.codes.dtype == want.codes.dtype
-    with pytest.raises(ValueError, match="does not fit"):  # a row outside the table
+    refused = pytest.raises(ValueError, match="does not fit") if at_once else pytest.raises(IndexError)
+    with refused:  # a row outside the table
         columns_at(frame, ["f8"], np.array([0, n], dtype=np.int64))
 
 
@@ -1405,7 +1411,7 @@ def test_take_codes_gives_minus_one_for_no_row(monkeypatch: pytest.MonkeyPatch) 
                     np.testing.assert_array_equal(take_codes(values, at), want)
 
 
-def test_take_rows_refuses_columns_of_python_objects() -> None:
+def test_take_rows_refuses_columns_of_python_objects(monkeypatch: pytest.MonkeyPatch) -> None:
     """``_nesting.take_rows`` copies values as bytes: a column of Python objects (an object
     array, or a record holding one) would be copied without its references counted (freed
     twice later), so it is refused (ValueError), and ``_common.columns_at`` takes such a
@@ -1413,10 +1419,12 @@ def test_take_rows_refuses_columns_of_python_objects() -> None:
     import gc
     import sys
 
+    from tracemagic.analysis import _common
     from tracemagic.analysis._common import columns_at
 
     nesting = structure._nesting
     assert nesting is not None, "the C nesting is built (see test_scan.py)"
+    monkeypatch.setattr(_common, "_AT_ONCE_MIN_ROWS", 0)  # (the one pass for these few rows too)
     values = np.array([object() for _ in range(4)], dtype=object)
     rows = np.array([3, 3, 0], dtype=np.int64)
     for source in (values, np.zeros(4, dtype=[("o", object)])):

@@ -360,12 +360,20 @@ def column_at(column: pd.Series, rows: np.ndarray) -> pd.api.extensions.Extensio
     """A column's values at ``rows``, kept in its own type (a categorical stays one): taken
     column by column, as the per-event tables take theirs (a frame of every used column
     taken at once, ``events.iloc[rows]``, copies all of the table's columns)."""
-    values = column.array
+    return _values_at(column.array, rows)
+
+
+def _values_at(
+    values: pd.api.extensions.ExtensionArray, rows: np.ndarray
+) -> pd.api.extensions.ExtensionArray | np.ndarray:
+    """``column_at`` of a column's array."""
     if isinstance(values, pd.arrays.NumpyExtensionArray):
         return values.to_numpy()[rows]
     return values.take(rows)
 
 
+#: ``columns_at`` takes fewer rows column by column (the one pass gains nothing there)
+_AT_ONCE_MIN_ROWS = 1 << 13
 #: the masked (nullable) arrays ``columns_at`` takes as their values and mask
 _MASKED = (pd.arrays.IntegerArray, pd.arrays.FloatingArray, pd.arrays.BooleanArray)
 
@@ -376,15 +384,18 @@ def columns_at(
     """``column_at`` of each of ``columns``, by name: one C pass (``_nesting.take_rows``) takes
     every numpy, categorical (its codes) and nullable (values and mask) column at once,
     reading ``rows`` once a block at a time instead of once per column, where the extension
-    is built; other columns, and all without it, one by one (the same values and types)."""
+    is built and there are ``_AT_ONCE_MIN_ROWS`` rows or more; other columns, and all
+    otherwise, one by one (the same values and types)."""
     nesting = structure._nesting
+    arrays = {name: events[name].array for name in columns}  # (each ``events[name]`` ~10 µs)
     out: dict[str, pd.api.extensions.ExtensionArray | np.ndarray] = {}
     planned: list[tuple[str, pd.api.extensions.ExtensionArray, tuple[np.ndarray, ...]]] = []
-    if nesting is not None and rows.dtype in (np.int32, np.int64) and rows.ndim == 1 and rows.flags.c_contiguous:
-        for name in columns:
-            parts = _parts(events[name].array)
+    at_once = rows.size >= _AT_ONCE_MIN_ROWS and rows.dtype in (np.int32, np.int64) and rows.flags.c_contiguous
+    if nesting is not None and at_once and rows.ndim == 1:
+        for name, values in arrays.items():
+            parts = _parts(values)
             if parts is not None:
-                planned.append((name, events[name].array, parts))
+                planned.append((name, values, parts))
     if planned:
         sources = tuple(part for _, _, parts in planned for part in parts)
         taken = tuple(np.empty(rows.size, dtype=part.dtype) for part in sources)
@@ -399,9 +410,9 @@ def columns_at(
                 out[name] = type(values)(got[0], got[1])
             else:
                 out[name] = got[0]
-    for name in columns:
+    for name, values in arrays.items():
         if name not in out:
-            out[name] = column_at(events[name], rows)
+            out[name] = _values_at(values, rows)
     return {name: out[name] for name in columns}
 
 
