@@ -218,21 +218,26 @@ def _cuts(read_at: ReadAt, size: int, scanned: bool = False) -> list[tuple[int, 
     return stretches + [(start, size)]
 
 
-def parse_split(source: Source, progress: Progress | None = None, trim: bool = False) -> ParsedTrace | None:
+def parse_split(
+    source: Source, progress: Progress | None = None, trim: bool = False, ended: list[int | None] | None = None
+) -> ParsedTrace | None:
     """Parse ``source`` on two threads; None when it cannot be, and then the caller parses
     it whole (which also reports damage exactly where the one-thread parse would).
 
     Progress is reported from this thread, counting the bytes both threads have read.
     ``trim``: hand the memory the parse freed back to the system as it ends, the second
-    thread's arena included (``trim_thread_arena``).
+    thread's arena included (``trim_thread_arena``). ``ended``: where given, the second
+    thread's native id is added to it, for the caller's own ``trim_thread_arena`` later.
     """
     with _contents(source) as contents:
         found = _parse_split(source, contents, progress) if contents is not None else None
     if found is None:
         return None
-    parsed, ended = found
+    parsed, second = found
+    if ended is not None:
+        ended.append(second)
     if trim:
-        trim_thread_arena(ended)
+        trim_thread_arena(second)
     return parsed
 
 
