@@ -415,8 +415,9 @@ def trim_thread_arena(ended: int | None = None) -> None:
     takes ``_TRIM_BLOCKS`` untouched blocks (malloc writes their headers only: no memory),
     the last of them at the top; frees the others, so the free space below the last one,
     the old top with it, is no longer the top, and ``malloc_trim`` (every arena) hands its
-    pages back; then frees the last. That takes 2–3 ms, on the core the parse has just left:
-    ``load`` does not wait for it (glibc locks each arena while it trims it). A no-op where
+    pages back; then frees the last. That takes 2–3 ms, on the other core: ``load`` does
+    not wait for it (glibc locks each arena while it trims it; ``load`` calls it once the
+    events are prepared, whose columns reuse the parse's freed heap). A no-op where
     the C library is not glibc."""
     if _libc() is not None:
         if ended is not None:
