@@ -136,15 +136,22 @@ def parse_source(
     """
     with memory_guard(source.name, source.max_bytes):
         large = source.size >= TRIM_MIN_BYTES
-        parsed = split.parse_split(source, progress, trim=large) if split.can_split(source, workers) else None
-        trimmed = parsed is not None  # (a split parse hands back what it freed itself, see split.trim_thread_arena)
+        ended: list[int | None] = []  # the split parse's second thread, once it has run
+        parsed = split.parse_split(source, progress, ended=ended) if split.can_split(source, workers) else None
         if parsed is None:
             parsed = parse.parse_source(source, recover=recover, progress=progress)
         parsed.meta["source"] = source.name
         parsed.meta.setdefault("rank_hint", source.rank_hint)
-        if large and not trimmed:
+        if large and not ended:
             release_free_memory()  # before the structure adds its columns
-        return _prepare(parsed)
+        prepared = _prepare(parsed)
+        if large and ended:
+            # what the split parse freed, its second thread's arena included, handed back
+            # after the preparation, whose columns reuse this thread's freed heap (trimmed
+            # first, they faulted ~2000 pages of a 100 MB trace in again; and the trim, on
+            # another thread, held the heap's lock while the preparation allocated)
+            split.trim_thread_arena(ended[0])
+        return prepared
 
 
 #: ranks are stored as int32

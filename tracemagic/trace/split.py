@@ -218,21 +218,26 @@ def _cuts(read_at: ReadAt, size: int, scanned: bool = False) -> list[tuple[int, 
     return stretches + [(start, size)]
 
 
-def parse_split(source: Source, progress: Progress | None = None, trim: bool = False) -> ParsedTrace | None:
+def parse_split(
+    source: Source, progress: Progress | None = None, trim: bool = False, ended: list[int | None] | None = None
+) -> ParsedTrace | None:
     """Parse ``source`` on two threads; None when it cannot be, and then the caller parses
     it whole (which also reports damage exactly where the one-thread parse would).
 
     Progress is reported from this thread, counting the bytes both threads have read.
     ``trim``: hand the memory the parse freed back to the system as it ends, the second
-    thread's arena included (``trim_thread_arena``).
+    thread's arena included (``trim_thread_arena``). ``ended``: where given, the second
+    thread's native id is added to it, for the caller's own ``trim_thread_arena`` later.
     """
     with _contents(source) as contents:
         found = _parse_split(source, contents, progress) if contents is not None else None
     if found is None:
         return None
-    parsed, ended = found
+    parsed, second = found
+    if ended is not None:
+        ended.append(second)
     if trim:
-        trim_thread_arena(ended)
+        trim_thread_arena(second)
     return parsed
 
 
@@ -410,8 +415,9 @@ def trim_thread_arena(ended: int | None = None) -> None:
     takes ``_TRIM_BLOCKS`` untouched blocks (malloc writes their headers only: no memory),
     the last of them at the top; frees the others, so the free space below the last one,
     the old top with it, is no longer the top, and ``malloc_trim`` (every arena) hands its
-    pages back; then frees the last. That takes 2–3 ms, on the core the parse has just left:
-    ``load`` does not wait for it (glibc locks each arena while it trims it). A no-op where
+    pages back; then frees the last. That takes 2–3 ms, on the other core: ``load`` does
+    not wait for it (glibc locks each arena while it trims it; ``load`` calls it once the
+    events are prepared, whose columns reuse the parse's freed heap). A no-op where
     the C library is not glibc."""
     if _libc() is not None:
         if ended is not None:
