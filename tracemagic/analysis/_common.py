@@ -7,6 +7,7 @@ Private to ``tracemagic.analysis``; everything here is vectorized over the event
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Callable, Collection
 from typing import cast
@@ -887,12 +888,23 @@ def in_order(group: np.ndarray, start: np.ndarray) -> bool:
     return not back.any() and not np.isnan(start).any()
 
 
+@functools.cache
+def _no_categories(named: bool) -> pd.CategoricalDtype:
+    """The dtype of a categorical with no category (str categories where ``named``, else
+    object, as ``_categorical`` makes them), made once: a dtype's checks cost ~0.1 ms each."""
+    return pd.CategoricalDtype(pd.Index([], dtype=str if named else object))
+
+
 def _used_categorical(per_code: np.ndarray, at: np.ndarray, used: np.ndarray) -> pd.Categorical:
     """``_categorical(per_code, at)`` (unused categories left out) made from the ``used``
     codes alone: only their values are sorted, and no code is remapped twice."""
-    keep = used & np.array([v is not None for v in per_code])
-    if not keep.any():  # no category: made as ``_categorical`` makes it (its dtype depends on the unused ones)
-        return _categorical(per_code, at)
+    present = np.array([v is not None for v in per_code], dtype=bool)
+    keep = used & present
+    if not keep.any():  # no category: ``_categorical``'s answer (its categories are str where any name
+        # is present, else object), made without its sorts and remaps: all missing
+        return pd.Categorical.from_codes(
+            np.full(at.size, -1, dtype=np.int8), dtype=_no_categories(bool(present.any())), validate=False
+        )
     categories, index = np.unique(per_code[keep].astype(str), return_inverse=True)
     dtype = code_dtype(len(categories))
     nesting = structure._nesting
