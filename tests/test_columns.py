@@ -95,3 +95,20 @@ def test_used_categorical_without_categories(per_code: list[str | None], size: i
         assert got.dtype == want.dtype and got.categories.dtype == want.categories.dtype
         assert got.codes.dtype == want.codes.dtype
         pd.testing.assert_series_equal(pd.Series(got), pd.Series(want), check_exact=True)
+
+
+@pytest.mark.parametrize(
+    "categories",
+    [pd.Index(["a", "b"]), pd.Index(["a", "b"], dtype=object), pd.Index([1, 2]), pd.Index([f"n{i}" for i in range(300)])],
+)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_without_unused_of_no_rows(categories: pd.Index, ordered: bool) -> None:
+    """An empty categorical (an empty table's column) keeps no category, in the dtype the
+    general path gives one whose rows are all missing."""
+    from tracemagic.analysis import _common
+
+    dtype = pd.CategoricalDtype(categories, ordered=ordered)
+    got = _common.without_unused(pd.Categorical.from_codes(np.zeros(0, dtype=np.int8), dtype=dtype))
+    want = _common.without_unused(pd.Categorical.from_codes(np.array([-1], dtype=np.int8), dtype=dtype))
+    assert got.dtype == want.dtype and got.categories.dtype == want.categories.dtype
+    assert got.codes.dtype == want.codes.dtype and got.ordered == want.ordered and len(got) == 0
