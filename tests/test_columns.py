@@ -8,6 +8,7 @@ import mmap
 import pickle
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tracemagic.trace.columns import fresh, partly_written
@@ -74,3 +75,40 @@ def test_out_of_mappings_the_columns_come_from_the_heap(monkeypatch: pytest.Monk
     lazy = columns.lazy_zeros(n, np.int32, populate=True)
     for zeros in (partly, lazy):
         assert zeros.flags.writeable and not zeros.any() and len(zeros) == n
+
+
+@pytest.mark.parametrize("per_code", [["a", "b", None, None], [None, None], ["x"] * 200 + [None]])
+@pytest.mark.parametrize("size", [0, 3])
+def test_used_categorical_without_categories(per_code: list[str | None], size: int) -> None:
+    """No used code names anything (an empty table, rows outside modules): the shortcut
+    gives ``_categorical``'s answer, its categories' dtype included (str, or object where
+    no name is present)."""
+    from tracemagic.analysis import _common
+
+    values = np.array(per_code, dtype=object)
+    for dtype in (np.int16, np.int64):
+        at = np.full(size, values.size - 1, dtype=dtype)
+        used = np.zeros(values.size, dtype=bool)
+        used[at] = True
+        want = _common._categorical(values, at)
+        got = _common._used_categorical(values, at, used)
+        assert got.dtype == want.dtype and got.categories.dtype == want.categories.dtype
+        assert got.codes.dtype == want.codes.dtype
+        pd.testing.assert_series_equal(pd.Series(got), pd.Series(want), check_exact=True)
+
+
+@pytest.mark.parametrize(
+    "categories",
+    [pd.Index(["a", "b"]), pd.Index(["a", "b"], dtype=object), pd.Index([1, 2]), pd.Index([f"n{i}" for i in range(300)])],
+)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_without_unused_of_no_rows(categories: pd.Index, ordered: bool) -> None:
+    """An empty categorical (an empty table's column) keeps no category, in the dtype the
+    general path gives one whose rows are all missing."""
+    from tracemagic.analysis import _common
+
+    dtype = pd.CategoricalDtype(categories, ordered=ordered)
+    got = _common.without_unused(pd.Categorical.from_codes(np.zeros(0, dtype=np.int8), dtype=dtype))
+    want = _common.without_unused(pd.Categorical.from_codes(np.array([-1], dtype=np.int8), dtype=dtype))
+    assert got.dtype == want.dtype and got.categories.dtype == want.categories.dtype
+    assert got.codes.dtype == want.codes.dtype and got.ordered == want.ordered and len(got) == 0

@@ -52,7 +52,7 @@ def kernels(trace: TraceTables) -> pd.DataFrame:
 
     op_rows = at("op")
     layer, layer_type = layer_labels(trace, at("module"))
-    names = pd.Series(at("name"))
+    names = at("name")
     kind = kinds_at(events, rows, KINDS)
     is_kernel = np.asarray(kind == "kernel")
     return pd.DataFrame(
@@ -72,10 +72,10 @@ def kernels(trace: TraceTables) -> pd.DataFrame:
             "layer_type": layer_type,
             "correlation": at("correlation"),
             "bytes": at("bytes"),
-            "grid": labels(pd.Series(at("grid"))),
-            "block": labels(pd.Series(at("block"))),
-            "collective": labels(pd.Series(at("collective"))),
-            "is_comm": is_kernel & is_nccl(names) if is_kernel.any() else is_kernel,
+            "grid": labels(at("grid")),
+            "block": labels(at("block")),
+            "collective": labels(at("collective")),
+            "is_comm": is_kernel & is_nccl(pd.Series(names)) if is_kernel.any() else is_kernel,
         },
         copy=False,  # every column is made here
     )
