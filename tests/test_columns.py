@@ -112,3 +112,28 @@ def test_without_unused_of_no_rows(categories: pd.Index, ordered: bool) -> None:
     want = _common.without_unused(pd.Categorical.from_codes(np.array([-1], dtype=np.int8), dtype=dtype))
     assert got.dtype == want.dtype and got.categories.dtype == want.categories.dtype
     assert got.codes.dtype == want.codes.dtype and got.ordered == want.ordered and len(got) == 0
+
+
+@pytest.mark.parametrize("infer_string", [True, False])
+def test_cached_label_dtypes_follow_the_string_option(infer_string: bool) -> None:
+    """The dtypes made once (``_kinds_dtype``, ``_no_categories``) give the categories'
+    dtype the option in force gives, as making them each time did: pandas' string dtype,
+    or object where a session turned ``future.infer_string`` off (after a call with it on)."""
+    import warnings
+
+    from tracemagic.analysis import _common
+
+    _common._kinds_dtype(("kernel", "memcpy"), False, pd.api.types.pandas_dtype(str))  # made with the option on
+    _common._used_categorical(np.array(["a", None], dtype=object), np.full(2, 1), np.array([False, True]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the option is deprecated in pandas 3)
+        with pd.option_context("future.infer_string", infer_string):
+            rows = np.array([0, 1])
+            events = pd.DataFrame({"kind": pd.Categorical(["kernel", "memcpy"])})
+            got = _common.kinds_at(events, rows, ("kernel", "memcpy"))
+            want = pd.CategoricalDtype(["kernel", "memcpy"])
+            assert got.categories.dtype == want.categories.dtype
+            values = np.array(["a", None], dtype=object)
+            got = _common._used_categorical(values, np.full(2, 1), np.array([False, True]))
+            want = _common._categorical(values, np.full(2, 1))
+            assert got.categories.dtype == want.categories.dtype

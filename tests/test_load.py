@@ -996,8 +996,8 @@ def test_a_large_parse_hands_its_freed_heap_back(copied_trace: Path, monkeypatch
     where two cores are free) has what it freed handed back once the events are prepared
     (their columns reuse this thread's freed heap: ~2000 page faults less on a 100 MB
     trace), the second thread's arena included (``split.trim_thread_arena``, given that
-    thread's id), in place of the loader's first trim. What preparing the events frees is left to the tables
-    (trimmed, they would fault its pages in again), but after files too small for a trim
+    thread's id), in place of the loader's first trim (so what preparing the events freed is
+    handed back too); the loader trims once more only after files too small for a trim
     of their own. Where the C library has none, loading works alike."""
     loader = importlib.import_module("tracemagic.trace.loader")
     split = importlib.import_module("tracemagic.trace.split")

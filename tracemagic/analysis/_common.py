@@ -10,12 +10,13 @@ import bisect
 import functools
 import re
 from collections.abc import Callable, Collection
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from pandas.api.types import pandas_dtype
 
 from tracemagic.trace import layout, structure
 from tracemagic.trace.columns import code_dtype
@@ -621,13 +622,16 @@ def kinds_at(events: pd.DataFrame, rows: np.ndarray, kinds: tuple[str, ...]) -> 
     column = cast(pd.Categorical, events["kind"].array)
     lookup = [kinds.index(k) if k in kinds else -1 for k in column.categories.tolist()]
     codes = _kind_codes_at(column.codes, lookup, rows)
-    return pd.Categorical.from_codes(codes, dtype=_kinds_dtype(kinds, column.ordered), validate=False)
+    dtype = _kinds_dtype(kinds, column.ordered, pandas_dtype(str))
+    return pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
 
 
 @functools.cache
-def _kinds_dtype(kinds: tuple[str, ...], ordered: bool) -> pd.CategoricalDtype:
-    """``CategoricalDtype(list(kinds), ordered)``, made once (its checks cost ~0.1 ms a call)."""
-    return pd.CategoricalDtype(list(kinds), ordered=ordered)
+def _kinds_dtype(kinds: tuple[str, ...], ordered: bool, text: Any) -> pd.CategoricalDtype:
+    """``CategoricalDtype(list(kinds), ordered)`` with categories of the ``text`` dtype
+    (``pandas_dtype(str)``: pandas' string dtype, or object where ``future.infer_string``
+    is off), made once per dtype (its checks cost ~0.1 ms a call)."""
+    return pd.CategoricalDtype(pd.Index(list(kinds), dtype=text), ordered=ordered)
 
 
 def _kind_codes_at(codes: np.ndarray, lookup: list[int], rows: np.ndarray) -> np.ndarray:
@@ -902,10 +906,11 @@ def _none_of(categories: object) -> pd.CategoricalDtype:
 
 
 @functools.cache
-def _no_categories(named: bool) -> pd.CategoricalDtype:
-    """The dtype of a categorical with no category (str categories where ``named``, else
-    object, as ``_categorical`` makes them), made once: a dtype's checks cost ~0.1 ms each."""
-    return pd.CategoricalDtype(pd.Index([], dtype=str if named else object))
+def _no_categories(named: bool, text: Any) -> pd.CategoricalDtype:
+    """The dtype of a categorical with no category (categories of the ``text`` dtype,
+    ``pandas_dtype(str)``, where ``named``, else object, as ``_categorical`` makes them),
+    made once per dtype: a dtype's checks cost ~0.1 ms each."""
+    return pd.CategoricalDtype(pd.Index([], dtype=text if named else object))
 
 
 def _used_categorical(per_code: np.ndarray, at: np.ndarray, used: np.ndarray) -> pd.Categorical:
@@ -916,7 +921,9 @@ def _used_categorical(per_code: np.ndarray, at: np.ndarray, used: np.ndarray) ->
     if not keep.any():  # no category: ``_categorical``'s answer (its categories are str where any name
         # is present, else object), made without its sorts and remaps: all missing
         return pd.Categorical.from_codes(
-            np.full(at.size, -1, dtype=np.int8), dtype=_no_categories(bool(present.any())), validate=False
+            np.full(at.size, -1, dtype=np.int8),
+            dtype=_no_categories(bool(present.any()), pandas_dtype(str)),
+            validate=False,
         )
     categories, index = np.unique(per_code[keep].astype(str), return_inverse=True)
     dtype = code_dtype(len(categories))

@@ -403,9 +403,8 @@ def load(
     parsed = _parse_sources(sources, recover, callback, total, workers)
     if total >= TRIM_MIN_BYTES and min(s.size for s in sources) < TRIM_MIN_BYTES:
         # files too small to be trimmed after their own parse (``parse_source``): the heap
-        # they freed. Not after large files alone: what is free then is what preparing the
-        # last one freed, on this thread, which the analyses reuse (trimmed, its pages are
-        # faulted in again by the first tables)
+        # they freed. Not after large files alone: each was trimmed once its events were
+        # prepared (``parse_source``)
         release_free_memory()
     if outside:
         parsed[0].warnings.append(skipped(path, outside))

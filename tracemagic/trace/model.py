@@ -71,7 +71,7 @@ class TraceTables:
             # its column labels as Python strings: pandas 3 keeps string labels in an
             # Arrow-backed "str" index, whose label read is ~15 µs of every events[name]
             # (~35 -> ~20 µs a read; the six main tables read ~170 columns)
-            events.columns = pd.Index(events.columns.tolist(), dtype=object)
+            events.columns = events.columns.astype(object)  # (in place: the table store knows this frame)
         self.events = events
         self.flows = flows
         self.meta = meta
