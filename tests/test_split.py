@@ -557,3 +557,108 @@ def test_durations_that_are_not_numbers_are_noted_once_for_the_file(
         f"{odd_count} events have a dur that is not a finite number; read as 0 (the first: 'op1' at ts 3000.0)"
     ]
     assert both.events.loc[both.events["ts"] == 3000.0, "dur"].tolist() == [0.0]
+
+
+def _garbage_pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Fill every scan pool handed to ``finish`` with 0xAB (what a reused pool may hold) and
+    count the columns carved out of them; small arrays carved too (a small trace's)."""
+    from tracemagic.trace import columns
+
+    carved: list[int] = []
+    real_init, real_take = columns.Carver.__init__, columns.Carver.take
+
+    def init(self: Any, pools: list[Any]) -> None:
+        for pool in pools:
+            pool[:] = b"\xab" * len(pool)
+        real_init(self, pools)
+
+    def take(self: Any, n: int, dtype: Any) -> Any:
+        out = real_take(self, n, dtype)
+        if out is not None:
+            assert out.ctypes.data % 64 == 0
+            carved.append(n)
+        return out
+
+    monkeypatch.setattr(columns.Carver, "__init__", init)
+    monkeypatch.setattr(columns.Carver, "take", take)
+    monkeypatch.setattr(columns, "_FRESH_MIN_BYTES", 0)
+    monkeypatch.setattr(parse, "POOL_CHUNKS", 100)  # room for every column
+    return carved
+
+
+def test_columns_carved_from_garbage_pools_equal_fresh_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The columns ``finish`` makes in the scan pools (garbage: 0xAB) equal those made in
+    fresh memory, on one thread and on two, with number and text columns present in some
+    chunks only (their unwritten rows must not be the pool's bytes)."""
+    import numpy as np
+
+    from tracemagic.trace import builder
+
+    odd: dict[int, dict[str, Any]] = {i: {"args": {"device": 3, "Sequence number": i}} for i in range(1000, 1400)}
+    odd.update({i: {"args": {"flops": i / 2, "dtype": "float"}} for i in range(2500, 2600)})
+    # most chunks, not all (carved, the rest zeroed): its own rows apart and a stretch of them
+    for i in [*range(0, 1500), *range(1700, 2200)]:
+        if i % 97:
+            odd.setdefault(i, {"args": {}})["args"]["Python id"] = -i
+    odd[2800] = {"args": {"correlation": 5, "Collective name": "allreduce"}}
+    path, _ = _odd_trace(tmp_path, odd)
+    monkeypatch.setattr(builder, "REUSE_POOLS", False)
+    plain_alone, plain_both = _one_and_two_threads(path, monkeypatch)
+    monkeypatch.setattr(builder, "REUSE_POOLS", True)
+    carved = _garbage_pools(monkeypatch)
+    alone = tracemagic.load(path, use_cache=False, workers=1)
+    assert carved, "the one-thread parse carved columns from its pool"
+    carved.clear()
+    both = tracemagic.load(path, use_cache=False)
+    assert carved, "the split parse carved columns from its pools"
+    for fresh, reused in ((plain_alone, alone), (plain_both, both)):
+        assert_same(fresh, reused)
+        for column in fresh.events.columns:  # the values under the masks too (zeros), not garbage
+            a, b = fresh.events[column].array, reused.events[column].array
+            if hasattr(a, "_data"):
+                assert np.array_equal(a._data, b._data, equal_nan=True), column
+    assert_same(alone, both)
+    events = both.events.sort_values("ts")
+    assert events["device"].notna().sum() == 400
+    assert events["flops"].notna().sum() == 100
+    expected = [-i if (i < 1500 or 1700 <= i < 2200) and i % 97 else None for i in range(3000)]
+    assert events["python_id"].astype(object).where(events["python_id"].notna(), None).tolist() == expected
+    assert (events["ph"] == "X").all()
+
+
+def test_a_carver_aligns_falls_back_when_full_and_hands_back_the_rest() -> None:
+    import mmap
+
+    import numpy as np
+
+    from tracemagic.trace import columns
+
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    pools = [mmap.mmap(-1, 1 << 20) if private is None else mmap.mmap(-1, 1 << 20, flags=private) for _ in range(2)]
+    for pool in pools:
+        pool[:] = b"\xab" * len(pool)
+    carver = columns.Carver(pools)
+    a = carver.take(100_000, np.int64)  # 800 KB: the first pool
+    b = carver.take(200_001, np.int8)  # the rest of the first
+    c = carver.take(100_000, np.int64)  # the second
+    assert a is not None and b is not None and c is not None
+    assert carver.take(100_000, np.int64) is None, "full: the caller's fresh memory"
+    assert carver.take(10, np.int64) is None, "small: the heap's"
+    assert all(x.ctypes.data % 64 == 0 for x in (a, b, c))
+    ends = sorted((x.ctypes.data, x.ctypes.data + x.nbytes) for x in (a, b, c))
+    assert all(stop <= start for (_, stop), (start, _) in zip(ends, ends[1:])), "no overlap"
+    a[:] = 1
+    b[:] = 2
+    c[:] = 3
+    carver.close()
+    assert (a == 1).all() and (b == 2).all() and (c == 3).all(), "the carved columns kept"
+    columns.zero_rows(a, 3, 90_001)  # whole pages handed back, the rows at their ends written
+    columns.zero_rows(b, 5, 7)
+    expected = np.ones(100_000, dtype=np.int64)
+    expected[3:90_001] = 0
+    assert (a == expected).all()
+    assert (b[:5] == 2).all() and (b[5:7] == 0).all() and (b[7:] == 2).all()
+    assert (c == 3).all(), "the next column untouched"
+    empty = mmap.mmap(-1, 1 << 20)
+    columns.Carver([empty]).close()
+    assert empty.closed, "a pool with nothing carved is unmapped"

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace import normalize
-from tracemagic.trace.columns import all_missing, code_dtype, fresh, lazy_zeros, partly_written
+from tracemagic.trace.columns import Carver, all_missing, code_dtype, fresh, lazy_zeros, partly_written, zero_rows
 from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
@@ -56,6 +56,12 @@ if _join is not None and not hasattr(_join, "join_codes"):  # pragma: no cover -
 Helper: TypeAlias = Callable[[Callable[[], None]], None]
 #: a column's join, run by ``_run_jobs`` (on two threads where a ``Helper`` is lent)
 _Job: TypeAlias = Callable[[], None]
+
+#: whether ``finish`` carves the columns out of the scan pools it is handed (``Carver``)
+REUSE_POOLS = True
+#: columns not carved from a pool: ``loader._prepare`` drops or replaces them, and a
+#: carved column would keep its pool resident as long as the trace lives
+_NOT_CARVED = frozenset(("mem_bytes", "device_id", "device", "stream", "bytes"))
 
 
 @dataclass
@@ -424,20 +430,37 @@ class _Builder:
             elif event.name == "thread_name" and value is not None:
                 self.threads[(str(event.pid), str(event.tid))] = str(value)
 
-    def finish(self, meta: dict[str, Any], warnings: list[str], helper: Helper | None = None) -> ParsedTrace:
+    def finish(
+        self,
+        meta: dict[str, Any],
+        warnings: list[str],
+        helper: Helper | None = None,
+        pools: list[Any] | None = None,
+    ) -> ParsedTrace:
         """The trace's columns: each column's chunks joined into one (by the C scanner's
         ``join_*`` where it is built: no GIL held while they copy and make their pages, so
-        with a ``helper`` thread two columns are joined at once)."""
+        with a ``helper`` thread two columns are joined at once).
+
+        ``pools``: the parse's scan pools, done with: the columns are carved out of them
+        (``Carver``: their pages are made already) until they are full, and what is left of
+        them handed back."""
+        carver = Carver(pools) if pools and REUSE_POOLS and _join is not None else None
+        if carver is None:
+            for pool in pools or ():
+                pool.close()
         jobs: list[_Job] = []
         made: dict[str, Callable[[], Any]] = {}
         for column in ("ph", "cat", "name", "pid", "tid"):
-            made[column] = self._categorical(column, jobs)
+            made[column] = self._categorical(column, jobs, carver)
         for column in ("ts", "dur"):
-            made[column] = _joined_floats(self.floats[column], jobs)
+            made[column] = _joined_floats(self.floats[column], jobs, carver)
         for column, _, floating in _ARG_COLUMNS:
-            made[column] = _masked(self.numbers[column], self.n, floating, jobs)
+            into = None if column in _NOT_CARVED else carver
+            made[column] = _masked(self.numbers[column], self.n, floating, jobs, into)
         for column in _ARG_STRINGS + _ARG_RAW:
-            made[column] = self._categorical(column, jobs)
+            made[column] = self._categorical(column, jobs, carver)
+        if carver is not None:
+            carver.close()
         _run_jobs(jobs, helper)
         table = pd.DataFrame({column: make() for column, make in made.items()}, copy=False)
 
@@ -463,8 +486,8 @@ class _Builder:
             processes[pid] = f"{processes.get(pid, '')} {text}".strip() if label else text
         return ParsedTrace(table, flows, normalize.metadata(meta), processes, self.threads, warnings)
 
-    def _categorical(self, column: str, jobs: list[_Job]) -> Callable[[], pd.Categorical]:
-        return self._in_file_order(column, self.cats[column], self.codes[column], jobs)
+    def _categorical(self, column: str, jobs: list[_Job], carver: Carver | None = None) -> Callable[[], pd.Categorical]:
+        return self._in_file_order(column, self.cats[column], self.codes[column], jobs, carver)
 
     def _flow_categorical(self, column: str) -> pd.Categorical:
         jobs: list[_Job] = []
@@ -473,35 +496,40 @@ class _Builder:
         return make()
 
     def _in_file_order(
-        self, column: str, interner: _Interner, parts: list[ChunkCodes], jobs: list[_Job]
+        self,
+        column: str,
+        interner: _Interner,
+        parts: list[ChunkCodes],
+        jobs: list[_Job],
+        carver: Carver | None = None,
     ) -> Callable[[], pd.Categorical]:
-        """The column (its chunks' codes joined, by a job added to ``jobs``) as a categorical
-        whose categories are in the order the file first has them, as a one-thread parse
-        makes them, however the threads met them; made by the function returned, once the
-        jobs have run."""
+        """The column (its chunks' codes joined, by a job added to ``jobs``, in memory
+        ``carver`` lends where it has room) as a categorical whose categories are in the
+        order the file first has them, as a one-thread parse makes them, however the
+        threads met them; made by the function returned, once the jobs have run."""
         count = len(interner.labels)
         if count == 0:  # no value in any chunk (most args columns of a CPU trace): all missing
             n = sum(map(_rows, parts))
             if self._no_categories is None:  # (one dtype for all of them: making one costs ~0.1 ms)
                 self._no_categories = pd.CategoricalDtype(pd.Index([], dtype="str"), ordered=False)
-            missing = fresh(n, np.int8, populate=False)
+            missing = _new(n, np.int8, carver)
             jobs.append(functools.partial(missing.fill, -1))
             dtype = self._no_categories
             return lambda: pd.Categorical.from_codes(missing, dtype=dtype, validate=False)
         if self.firsts is None or not self.firsts[column]:
-            codes = _joined_codes(parts, count, jobs)
+            codes = _joined_codes(parts, count, jobs, carver=carver)
             return lambda: interner.categorical(codes)
         order = pd.unique(np.concatenate(self.firsts[column]))  # in order of first appearance
         if len(order) < count:  # values no chunk had (none expected): after the others
             order = np.concatenate([order, np.setdiff1d(np.arange(count), order)])
         if (order == np.arange(count)).all():
-            codes = _joined_codes(parts, count, jobs)
+            codes = _joined_codes(parts, count, jobs, carver=carver)
             return lambda: interner.categorical(codes)
         # (int32 for the C join's tables; numpy's casts them to the codes' type itself)
         renumber = np.full(count + 1, -1, dtype=np.int32 if _join is not None else code_dtype(count))
         renumber[order] = np.arange(count)  # the last: missing stays -1
         categories = pd.Index(np.asarray(interner.labels, dtype=object)[order], dtype="str")
-        codes = _joined_codes(parts, count, jobs, renumber)
+        codes = _joined_codes(parts, count, jobs, renumber, carver)
         return lambda: pd.Categorical.from_codes(codes, categories=categories, validate=False)
 
 
@@ -551,8 +579,16 @@ def _run_jobs(jobs: list[_Job], helper: Helper | None) -> None:
         raise next((exc for exc in failed if not isinstance(exc, Exception)), failed[0])
 
 
-def _joined_floats(parts: list[np.ndarray], jobs: list[_Job]) -> Callable[[], np.ndarray]:
-    """A float64 column of its chunks' values, joined by a job added to ``jobs``."""
+def _new(n: int, dtype: np.dtype | type, carver: Carver | None) -> np.ndarray:
+    """A new array of ``n`` items (contents garbage) that a C join writes all over: carved
+    by ``carver`` where it has room, else ``fresh`` (its pages made by the join)."""
+    out = carver.take(n, dtype) if carver is not None else None
+    return out if out is not None else fresh(n, dtype, populate=False)
+
+
+def _joined_floats(parts: list[np.ndarray], jobs: list[_Job], carver: Carver | None = None) -> Callable[[], np.ndarray]:
+    """A float64 column of its chunks' values, joined by a job added to ``jobs`` (in
+    memory ``carver`` lends, where it has room)."""
     if not parts:
         empty = np.zeros(0, np.float64)
         return lambda: empty
@@ -560,7 +596,7 @@ def _joined_floats(parts: list[np.ndarray], jobs: list[_Job]) -> Callable[[], np
     if _join is None:
         joined = np.concatenate(parts, out=fresh(rows, np.float64))
         return lambda: joined
-    out = fresh(rows, np.float64, populate=False)
+    out = _new(rows, np.float64, carver)
     join = _join.join_bytes
     chunks = [np.ascontiguousarray(p, dtype=np.float64) for p in parts]
     jobs.append(lambda: join(out, chunks))
@@ -568,15 +604,20 @@ def _joined_floats(parts: list[np.ndarray], jobs: list[_Job]) -> Callable[[], np
 
 
 def _joined_codes(
-    parts: list[ChunkCodes], count: int, jobs: list[_Job], renumber: np.ndarray | None = None
+    parts: list[ChunkCodes],
+    count: int,
+    jobs: list[_Job],
+    renumber: np.ndarray | None = None,
+    carver: Carver | None = None,
 ) -> np.ndarray:
     """The chunks' codes (``ChunkCodes``) of a column of ``count`` categories joined into one
     array of ``code_dtype(count)``, through ``renumber`` (indexed by code, its last entry -1
     for the missing ones) where given: one pass, no int32 copy of the column. By the C
-    join, a job added to ``jobs``, where it is built (the array is written once they ran)."""
+    join, a job added to ``jobs``, where it is built (the array is written once they ran;
+    in memory ``carver`` lends, where it has room)."""
     if _join is None:
         return _joined_codes_numpy(parts, count, renumber)
-    out = fresh(sum(map(_rows, parts)), code_dtype(count), populate=False)
+    out = _new(sum(map(_rows, parts)), code_dtype(count), carver)
     # the interner's own codes (msgspec's chunks) go through renumber, or as they are
     through = renumber if renumber is not None else np.append(np.arange(count, dtype=np.int32), np.int32(-1))
     pieces: list[int | tuple[np.ndarray, np.ndarray]] = []
@@ -627,14 +668,16 @@ def _masked(
     n: int,
     floating: bool,
     jobs: list[_Job] | None = None,
+    carver: Carver | None = None,
 ) -> Any:
     """A nullable Int64/Float64 array from chunk parts (None parts are all missing), filled
     in place (no zeros and ones made for the missing parts to be joined: ~2 ms less of a
     100 MB trace's load). With ``jobs``: a function that makes the array, which a job added
-    to them fills first (the C join, where it is built)."""
+    to them fills first (the C join, where it is built); the arrays it writes all over
+    (its mask; its values where every chunk has some) in memory ``carver`` lends."""
     dtype = np.float64 if floating else np.int64
     if all(p is None for _, p in parts):
-        missing = all_missing(n, floating)
+        missing = all_missing(n, floating, carver.take(n, bool) if carver is not None else None)
         return missing if jobs is None else lambda: missing
     # every chunk with values: all of it written (``fresh``); else the rows of the chunks
     # without are lazily mapped zeros, written never
@@ -645,13 +688,44 @@ def _masked(
     ]
     whole = len(spans) == len(parts)
     if jobs is not None and _join is not None:  # (the join makes the pages: ``partly_written``'s advice)
-        values = fresh(n, dtype, populate=False) if whole else lazy_zeros(n, dtype)
-        mask = fresh(n, bool, populate=False)
+        values, gaps = (_new(n, dtype, carver), []) if whole else _partly_carved(n, dtype, spans, carver)
+        mask = _new(n, bool, carver)
         join, kind = _join.join_numbers, pd.arrays.FloatingArray if floating else pd.arrays.IntegerArray
-        jobs.append(lambda: join(values, mask, parts))
+
+        def job() -> None:
+            for start, stop in gaps:  # a pool's garbage where no chunk has values: zeros
+                zero_rows(values, start, stop)
+            join(values, mask, parts)
+
+        jobs.append(job)
         return lambda: kind(values, mask)
     made = _masked_numpy(parts, n, floating, spans, whole)
     return made if jobs is None else lambda: made
+
+
+def _partly_carved(
+    n: int, dtype: type, spans: list[tuple[int, int]], carver: Carver | None
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The values of a number column that some chunks have none of, and the rows of it to
+    zero before the join writes the others: carved by ``carver`` where a quarter of the
+    rows or more have values (the rest, the pool's garbage, to zero: ``zero_rows`` hands
+    their whole pages back), else lazily mapped zeros (only the pages of rows with values
+    are made; none to zero)."""
+    present = sum(stop - start for start, stop in spans)
+    out = carver.take(n, dtype) if carver is not None and 4 * present >= n else None
+    return (lazy_zeros(n, dtype), []) if out is None else (out, _gaps(spans, n))
+
+
+def _gaps(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """The rows of ``[0, n)`` outside ``spans`` (in order, not overlapping)."""
+    gaps, at = [], 0
+    for start, stop in spans:
+        if start > at:
+            gaps.append((at, start))
+        at = max(at, stop)
+    if n > at:
+        gaps.append((at, n))
+    return gaps
 
 
 def _masked_numpy(

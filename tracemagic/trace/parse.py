@@ -132,11 +132,14 @@ def _scanned_part(found: list[tuple[Any, ...]], interners: Interners) -> Part:
 
 
 @contextmanager
-def scan_pool(chunk: int = CHUNK_BYTES) -> Iterator[mmap.mmap | None]:
+def scan_pool(chunk: int = CHUNK_BYTES, kept: list[mmap.mmap] | None = None) -> Iterator[mmap.mmap | None]:
     """Memory for the C scanner to decode chunks of up to ``chunk`` bytes in, one after
     another on one thread (see ``_scan.c``'s ``Pool``), unmapped on exit; None without the
     scanner. Its pages are handed back to the system at once when the parse ends, wherever
-    it ran, instead of staying in a glibc arena (a second parsing thread's is never trimmed)."""
+    it ran, instead of staying in a glibc arena (a second parsing thread's is never trimmed).
+
+    ``kept``: where the block ends without an error, the pool is appended to it instead of
+    unmapped, for ``Part.finish`` to make the columns in (its pages are made already)."""
     if _scan is None:
         yield None
         return
@@ -149,8 +152,13 @@ def scan_pool(chunk: int = CHUNK_BYTES) -> Iterator[mmap.mmap | None]:
             pool.madvise(huge)
     try:
         yield pool
-    finally:
+    except BaseException:
         pool.close()
+        raise
+    if kept is None:
+        pool.close()
+    else:
+        kept.append(pool)
 
 
 def _decode_events(
@@ -185,9 +193,10 @@ class Part:
         self.meta.update(later.meta)
         self.warnings += later.warnings
 
-    def finish(self, helper: Helper | None = None) -> ParsedTrace:
-        """The trace's columns (``helper``: a second thread to join them on, see ``_Builder.finish``)."""
-        return self.builder.finish(self.meta, merge_notes(self.warnings), helper)
+    def finish(self, helper: Helper | None = None, pools: list[mmap.mmap] | None = None) -> ParsedTrace:
+        """The trace's columns (``helper``: a second thread to join them on; ``pools``: the
+        parse's scan pools, to make them in; see ``_Builder.finish``)."""
+        return self.builder.finish(self.meta, merge_notes(self.warnings), helper, pools)
 
 
 class _DamageError(Exception):
@@ -536,8 +545,10 @@ def parse_source(
     chunk = chunk or CHUNK_BYTES
     with _gc_paused():
         try:
-            with ByteStream(source, block=chunk) as stream, scan_pool(chunk) as pool:
-                return _StreamParser(source, stream, recover, progress, chunk, pool=pool).run()
+            kept: list[mmap.mmap] = []  # the pool, once read: the columns are made in it
+            with ByteStream(source, block=chunk) as stream, scan_pool(chunk, kept) as pool:
+                part = _StreamParser(source, stream, recover, progress, chunk, pool=pool).read()
+            return part.finish(pools=kept)
         except UnstreamableError:
             pass
         with ByteStream(source, block=chunk) as stream:

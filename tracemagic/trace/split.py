@@ -271,7 +271,8 @@ def _parse_split(
             first.extend(part)
         del later
         stretches.parts.clear()
-        parsed = first.finish(second.help)  # the columns joined on both threads
+        pools, stretches.pools = stretches.pools, []
+        parsed = first.finish(second.help, pools)  # the columns joined on both threads, in the pools
         return parsed, second.native_id
     finally:
         second.release()  # (where it was handed no job: it ends after its stretch)
@@ -298,6 +299,8 @@ class _Stretches:
         self.bases = [start - 1 if i else 0 for i, (start, _) in enumerate(cuts)]
         self.parts: list[parse.Part | None] = [None] * len(cuts)
         self.interners = parse.Interners()
+        #: the threads' scan pools, once each is done (``parse.scan_pool``'s ``kept``)
+        self.pools: list[Any] = []
         self.done = [0] * len(cuts)  # bytes read of each stretch, for progress
         # the first and the last stretch (the metadata around the events: read by
         # ``read_part``, ~1.4x slower than the scanner's inner stretches) are taken first,
@@ -316,8 +319,9 @@ class _Stretches:
     def take_all(self, progress: Callable[[int, int], None]) -> None:
         """Parse stretches until none is left (or a stretch failed on either thread);
         ``progress(done, total)`` after each chunk. The thread's chunks are decoded in one
-        ``parse.scan_pool``, handed back as the thread ends its part."""
-        with parse.scan_pool() as pool:
+        ``parse.scan_pool``, kept in ``pools`` once its part is read (``finish`` makes the
+        columns in them)."""
+        with parse.scan_pool(kept=self.pools) as pool:
             self._take_all(progress, pool)
 
     def _take_all(self, progress: Callable[[int, int], None], pool: Any) -> None:
