@@ -261,9 +261,6 @@ class _StreamParser:
             self.progress(min(self.stream.consumed, self.source.size), self.source.size)
 
     # -- the document -----------------------------------------------------------------
-    def run(self) -> ParsedTrace:
-        return self.read().finish()
-
     def read(self) -> Part:
         """Decode the whole stream into columns (not yet a table)."""
         self._more()
