@@ -662,3 +662,67 @@ def test_a_carver_aligns_falls_back_when_full_and_hands_back_the_rest() -> None:
     empty = mmap.mmap(-1, 1 << 20)
     columns.Carver([empty]).close()
     assert empty.closed, "a pool with nothing carved is unmapped"
+
+
+def test_no_carved_column_is_left_unused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A column carved out of a scan pool that the preparation then drops or replaces (the
+    parse-only columns, memory events' bytes, timestamps in nanoseconds made µs) would keep
+    pool pages resident for nothing as long as the trace lives: every carved array is memory
+    the loaded trace's columns hold."""
+    import numpy as np
+
+    from tracemagic.trace import columns
+
+    odd = {i: {"ts": 1.7e18 + 1e4 * i, "dur": 5e3} for i in range(3000)}  # nanoseconds
+    odd.update({i: {"args": {"Device Id": 0, "Device Type": 1, "Bytes": 64}} for i in range(0, 3000, 7)})
+    path, _ = _odd_trace(tmp_path, odd)
+    _garbage_pools(monkeypatch)
+    ranges: list[tuple[int, int]] = []
+    take = columns.Carver.take
+
+    def noting(self: Any, n: int, dtype: Any) -> Any:
+        out = take(self, n, dtype)
+        if out is not None:
+            ranges.append((out.ctypes.data, out.ctypes.data + out.nbytes))
+        return out
+
+    monkeypatch.setattr(columns.Carver, "take", noting)
+    for workers in (1, None):
+        ranges.clear()
+        trace = tracemagic.load(path, use_cache=False, workers=workers)
+        assert any("nanoseconds" in w for w in trace.warnings)
+        held: list[tuple[int, int]] = []
+        for column in trace.events.columns:
+            values = trace.events[column].array
+            for part in (getattr(values, "codes", None), getattr(values, "_data", None), getattr(values, "_mask", None)):
+                if isinstance(part, np.ndarray) and part.size:
+                    held.append((part.ctypes.data, part.ctypes.data + part.nbytes))
+            if isinstance(values, np.ndarray) or hasattr(values, "_ndarray"):
+                array = np.asarray(values)
+                held.append((array.ctypes.data, array.ctypes.data + array.nbytes))
+        assert ranges, "columns were carved"
+        unused = [r for r in ranges if not any(lo < r[1] and r[0] < hi for lo, hi in held)]
+        assert not unused, f"{len(unused)} carved arrays no column of the trace holds (workers={workers})"
+
+
+def test_the_pools_are_handed_back_when_finish_is_interrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while ``finish`` carves the columns: what was not carved of the pools is handed
+    back all the same (a kept traceback, as IPython keeps the last one, would hold them)."""
+    from tracemagic.trace import builder, columns
+
+    path, _ = _odd_trace(tmp_path, {})
+    _garbage_pools(monkeypatch)
+    closed: list[int] = []
+    close, categorical = columns.Carver.close, builder._Builder._categorical
+    monkeypatch.setattr(columns.Carver, "close", lambda self: (closed.append(len(self._pools)), close(self)))
+    calls = iter(range(100))
+
+    def interrupted(self: Any, column: str, *args: Any, **kwargs: Any) -> Any:
+        if next(calls) == 3:
+            raise KeyboardInterrupt
+        return categorical(self, column, *args, **kwargs)
+
+    monkeypatch.setattr(builder._Builder, "_categorical", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tracemagic.load(path, use_cache=False, workers=1)
+    assert closed == [1], "the one pool handed back"

@@ -59,9 +59,10 @@ _Job: TypeAlias = Callable[[], None]
 
 #: whether ``finish`` carves the columns out of the scan pools it is handed (``Carver``)
 REUSE_POOLS = True
-#: columns not carved from a pool: ``loader._prepare`` drops or replaces them, and a
-#: carved column would keep its pool resident as long as the trace lives
-_NOT_CARVED = frozenset(("mem_bytes", "device_id", "device", "stream", "bytes"))
+#: columns not carved from a pool: ``loader._prepare`` drops or replaces them (``ts`` and
+#: ``dur`` where they are nanoseconds), and a carved column would keep its pool resident as
+#: long as the trace lives (the pools fill up with the other columns all the same)
+_NOT_CARVED = frozenset(("mem_bytes", "device_id", "device", "stream", "bytes", "ts", "dur"))
 
 
 @dataclass
@@ -450,17 +451,20 @@ class _Builder:
                 pool.close()
         jobs: list[_Job] = []
         made: dict[str, Callable[[], Any]] = {}
-        for column in ("ph", "cat", "name", "pid", "tid"):
-            made[column] = self._categorical(column, jobs, carver)
-        for column in ("ts", "dur"):
-            made[column] = _joined_floats(self.floats[column], jobs, carver)
-        for column, _, floating in _ARG_COLUMNS:
-            into = None if column in _NOT_CARVED else carver
-            made[column] = _masked(self.numbers[column], self.n, floating, jobs, into)
-        for column in _ARG_STRINGS + _ARG_RAW:
-            made[column] = self._categorical(column, jobs, carver)
-        if carver is not None:
-            carver.close()
+        try:
+            for column in ("ph", "cat", "name", "pid", "tid"):
+                made[column] = self._categorical(column, jobs, carver)
+            for column in ("ts", "dur"):
+                into = None if column in _NOT_CARVED else carver
+                made[column] = _joined_floats(self.floats[column], jobs, into)
+            for column, _, floating in _ARG_COLUMNS:
+                into = None if column in _NOT_CARVED else carver
+                made[column] = _masked(self.numbers[column], self.n, floating, jobs, into)
+            for column in _ARG_STRINGS + _ARG_RAW:
+                made[column] = self._categorical(column, jobs, carver)
+        finally:  # (also on an error or Ctrl-C: a traceback kept would hold the pools' pages)
+            if carver is not None:
+                carver.close()
         _run_jobs(jobs, helper)
         table = pd.DataFrame({column: make() for column, make in made.items()}, copy=False)
 
