@@ -219,15 +219,15 @@ def _cuts(read_at: ReadAt, size: int, scanned: bool = False) -> list[tuple[int, 
 
 
 def parse_split(
-    source: Source, progress: Progress | None = None, trim: bool = False, ended: list[int | None] | None = None
+    source: Source, progress: Progress | None = None, ended: list[int | None] | None = None
 ) -> ParsedTrace | None:
     """Parse ``source`` on two threads; None when it cannot be, and then the caller parses
     it whole (which also reports damage exactly where the one-thread parse would).
 
     Progress is reported from this thread, counting the bytes both threads have read.
-    ``trim``: hand the memory the parse freed back to the system as it ends, the second
-    thread's arena included (``trim_thread_arena``). ``ended``: where given, the second
-    thread's native id is added to it, for the caller's own ``trim_thread_arena`` later.
+    ``ended``: where given, the second thread's native id is added to it, for the caller's
+    ``trim_thread_arena`` (what the parse freed, that thread's arena included, handed back
+    once the caller is done with the heap it reuses).
     """
     with _contents(source) as contents:
         found = _parse_split(source, contents, progress) if contents is not None else None
@@ -236,8 +236,6 @@ def parse_split(
     parsed, second = found
     if ended is not None:
         ended.append(second)
-    if trim:
-        trim_thread_arena(second)
     return parsed
 
 
