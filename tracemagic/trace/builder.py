@@ -59,10 +59,11 @@ _Job: TypeAlias = Callable[[], None]
 
 #: whether ``finish`` carves the columns out of the scan pools it is handed (``Carver``)
 REUSE_POOLS = True
-#: columns not carved from a pool: ``loader._prepare`` drops or replaces them (``ts`` and
-#: ``dur`` where they are nanoseconds), and a carved column would keep its pool resident as
-#: long as the trace lives (the pools fill up with the other columns all the same)
-_NOT_CARVED = frozenset(("mem_bytes", "device_id", "device", "stream", "bytes", "ts", "dur"))
+#: number columns not carved from a pool: ``loader._prepare`` drops or replaces them, and a
+#: carved column would keep its pool resident as long as the trace lives (the pools fill up
+#: with the other columns all the same; ``ts`` and ``dur``, replaced where they are
+#: nanoseconds, are not carved either)
+_NOT_CARVED = frozenset(("mem_bytes", "device_id", "device", "stream", "bytes"))
 
 
 @dataclass
@@ -454,9 +455,8 @@ class _Builder:
         try:
             for column in ("ph", "cat", "name", "pid", "tid"):
                 made[column] = self._categorical(column, jobs, carver)
-            for column in ("ts", "dur"):
-                into = None if column in _NOT_CARVED else carver
-                made[column] = _joined_floats(self.floats[column], jobs, into)
+            for column in ("ts", "dur"):  # (not carved: nanoseconds are replaced by µs in ``_prepare``)
+                made[column] = _joined_floats(self.floats[column], jobs)
             for column, _, floating in _ARG_COLUMNS:
                 into = None if column in _NOT_CARVED else carver
                 made[column] = _masked(self.numbers[column], self.n, floating, jobs, into)
@@ -590,9 +590,8 @@ def _new(n: int, dtype: np.dtype | type, carver: Carver | None) -> np.ndarray:
     return out if out is not None else fresh(n, dtype, populate=False)
 
 
-def _joined_floats(parts: list[np.ndarray], jobs: list[_Job], carver: Carver | None = None) -> Callable[[], np.ndarray]:
-    """A float64 column of its chunks' values, joined by a job added to ``jobs`` (in
-    memory ``carver`` lends, where it has room)."""
+def _joined_floats(parts: list[np.ndarray], jobs: list[_Job]) -> Callable[[], np.ndarray]:
+    """A float64 column of its chunks' values, joined by a job added to ``jobs``."""
     if not parts:
         empty = np.zeros(0, np.float64)
         return lambda: empty
@@ -600,7 +599,7 @@ def _joined_floats(parts: list[np.ndarray], jobs: list[_Job], carver: Carver | N
     if _join is None:
         joined = np.concatenate(parts, out=fresh(rows, np.float64))
         return lambda: joined
-    out = _new(rows, np.float64, carver)
+    out = fresh(rows, np.float64, populate=False)
     join = _join.join_bytes
     chunks = [np.ascontiguousarray(p, dtype=np.float64) for p in parts]
     jobs.append(lambda: join(out, chunks))
