@@ -7,7 +7,8 @@ The device command (one line, from the repository root, with ``.whl`` carried)::
 What it does, through the magic in a real kernel (nbclient + ipykernel, as JupyterLab runs
 cells): captures the quickstart model (``notebooks/quickstart.ipynb``) and the BERT-like
 transformer of ``notebooks/transformer.ipynb`` with AdamW, each once with ``--et`` and once
-with the defaults, a large bf16 matmul, and a ``torch.compile``'d tiny model; then loads each
+with the defaults, a large bf16 matmul, a ``torch.compile``'d tiny model, and a model whose
+forward and backward run as CUDA graphs (``torch.cuda.make_graphed_callables``); then loads each
 capture with tracemagic and checks it against its raw JSON, computed here independently:
 kernels and their launching ops (correlation and External id), device windows and GPU busy,
 the ``cuda:0`` memory peak against ``torch.cuda.max_memory_allocated()`` read inside the cell,
@@ -16,7 +17,8 @@ the device and its peaks, the matmul's ``pct_of_roofline``, layer names against
 the executed notebook numbers it, modules by their attribute path), the ``loss.backward()``
 line's GPU work (launched by autograd's thread, from the raw marks), the ET joined to Kineto
 (``chakra.check`` and rf_id), and, for the compiled
-model, no re-trace inside the window and Triton kernels attributed to the compiled layer. It
+model, no re-trace inside the window and Triton kernels attributed to the compiled layer, and
+for the graphs, each kernel of a replay (one ``cudaGraphLaunch``) in its step. It
 prints the step times with no profiler, a bare ``torch.profiler`` and the magic (same run),
 writes each capture as ``<name>.tar.gz`` into ``$OUT`` (else ``--out``) with ``gpu_check.json``
 (GPU, driver, torch, the peak read in the cell) inside, and runs ``pytest tests/test_magic.py -k
@@ -327,6 +329,27 @@ for i in range(6):
     cm(xc).sum().backward()
     sync()
 """
+    # CUDA graphs, as torch's docs show them for part of a network: the model's forward and
+    # backward captured once (``make_graphed_callables``, which warms them up on a side stream)
+    # and replayed every iteration, the loss and the optimizer step eager around them; the
+    # kernels of a replay are launched by one ``cudaGraphLaunch`` (on a CPU the plain model)
+    graphs = """\
+torch.manual_seed(0)
+gnet = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).to(DEV)
+gopt = torch.optim.SGD(gnet.parameters(), lr=0.01)
+gx = torch.randn(64, 256, device=DEV, requires_grad=True)
+if DEV == "cuda":
+    gnet = torch.cuda.make_graphed_callables(gnet, (gx,))
+sync()
+"""
+    graphs_loop = """\
+for i in range(6):
+    gopt.zero_grad(set_to_none=True)
+    loss = gnet(gx).square().mean()
+    loss.backward()
+    gopt.step()
+    sync()
+"""
     flags = "-q --out traces"
     return [
         setup,
@@ -351,6 +374,9 @@ for i in range(6):
         "note('compiled', 'cm', None)\n"
         f"INFO['compiled'] = {{'backend': {backend!r}, 'frames_before': frames_before, "
         "'frames_after': sum(counters['frames'].values())}",
+        graphs,
+        f"%%chakra_trace {flags} -v cap --name graphs\n{graphs_loop}",
+        "note('graphs', None, None)",
         f"INFO['bare'] = {str(work / 'bare.json')!r}\nopen({str(work / 'info.json')!r}, 'w').write(json.dumps(INFO))",
     ]
 
@@ -751,6 +777,41 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
             )
 
         check("compiled: Triton kernels attributed to the compiled layer", triton, cuda_only=True, cuda=cuda)
+
+    if key == "graphs":
+
+        def graph_replays() -> str:
+            # the kernels a graph replay runs are launched by one cudaGraphLaunch (raw): each is
+            # in our kernels() with the step of that launch and the op its External id names
+            table = trace.kernels()
+            graph = [
+                k
+                for k in kernels_raw
+                if k["cat"] == "kernel"
+                and launches.get(k["args"].get("correlation"), {}).get("name", "").startswith("cudaGraphLaunch")
+            ]
+            assert graph, "no kernel launched by cudaGraphLaunch"
+            ours = {
+                int(c): (str(op), int(s))
+                for c, op, s in zip(table["correlation"], table["op"], table["step"])
+                if c is not None and str(c) != "<NA>"
+            }
+            wrong = []
+            for k in graph:
+                launch = launches[k["args"]["correlation"]]
+                op = cpu_ops.get(launch["args"].get("External id"))
+                step = next(
+                    (int(s["name"].split("#")[1]) for s in steps if s["ts"] <= launch["ts"] <= s["ts"] + s["dur"]), -1
+                )
+                got = ours.get(int(k["args"]["correlation"]))
+                if got is None or got[1] != step or (op is not None and got[0] != op["name"]):
+                    wrong.append((k["name"][:40], got, op and op["name"], step))
+            assert not wrong, f"{len(wrong)} of {len(graph)} graph kernels: {wrong[:3]}"
+            launched = sorted({ours[int(k["args"]["correlation"])][0] for k in graph})
+            replays = len({k["args"]["correlation"] for k in graph})
+            return f"{len(graph)} kernels in {replays} graph replays, each in its step; launched by {launched}"
+
+        check("graphs: the kernels of CUDA graph replays", graph_replays, cuda_only=True, cuda=cuda)
 
 
 def _eq(a: Any, b: Any) -> None:

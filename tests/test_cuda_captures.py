@@ -314,6 +314,51 @@ def test_the_compiled_model_is_not_retraced_and_owns_its_kernels(capture: Captur
     assert float(layers["gpu_us"].iloc[0]) > 0
 
 
+@each("graphs")
+def test_cuda_graph_replays_are_their_launchs_ops_and_layers(capture: Capture) -> None:
+    """A CUDA graph replay runs many kernels from one ``cudaGraphLaunch`` (one correlation):
+    each kernel is in ``kernels()`` with the op and step of that launch, and the forward
+    replay's GPU time is the layer's, as for any kernel its forward launched."""
+    capture.needs_gpu()
+    replayed = [
+        k
+        for k in capture.gpu
+        if capture.launches.get(k["args"].get("correlation"), {}).get("name", "").startswith("cudaGraphLaunch")
+    ]
+    by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for k in replayed:
+        launch = capture.launches[k["args"]["correlation"]]
+        by_op[capture.cpu_ops[launch["args"]["External id"]]["name"]].append(k)
+    # torch.cuda.make_graphed_callables: the forward and the backward, each replayed once a step
+    assert sorted(by_op) == ["Graphed", "GraphedBackward"]
+    for kernels in by_op.values():
+        assert len({k["args"]["correlation"] for k in kernels}) == len(capture.steps)
+    table = capture.trace.kernels()
+    for op, kernels in by_op.items():
+        for corr, count in Counter(k["args"]["correlation"] for k in kernels).items():
+            mine = table[table["correlation"] == corr]
+            step = capture.step_of(capture.launches[corr]["ts"])
+            assert len(mine) == count and set(mine["op"].astype(str)) == {op}, (op, corr)
+            assert set(mine["step"].astype(int)) == {step}
+    # the forward replay runs inside the module's call (its forward is the graphed callable)
+    calls = [e for e in capture.xs if e["name"] == "nn.Module: Sequential_0" and capture.step_of(e["ts"]) >= 0]
+    assert len(calls) == len(capture.steps)
+    forward = sum(
+        k["dur"]
+        for k in capture.gpu
+        if (launch := capture.launches.get(k["args"].get("correlation"))) is not None
+        and any(_holds(c, launch["ts"]) for c in calls)
+    )
+    assert forward == pytest.approx(sum(k["dur"] for k in by_op["Graphed"]))
+    layers = capture.trace.layers().set_index("layer")
+    assert list(layers.index) == ["gnet"]
+    assert float(layers.loc["gnet", "fwd_gpu_us"]) == pytest.approx(forward, abs=1e-3)
+    # and the backward replay's kernels are the layer's backward (its op follows the forward's
+    # by autograd's sequence number), with whatever else its backward launched
+    backward = sum(k["dur"] for k in by_op["GraphedBackward"])
+    assert backward <= float(layers.loc["gnet", "bwd_gpu_us"]) + 1e-3
+
+
 def _line(mark: dict[str, Any]) -> int:
     return int(mark["name"][len(MARK) :])
 
