@@ -7,8 +7,9 @@ The device command (one line, from the repository root, with ``.whl`` carried)::
 What it does, through the magic in a real kernel (nbclient + ipykernel, as JupyterLab runs
 cells): captures the quickstart model (``notebooks/quickstart.ipynb``) and the BERT-like
 transformer of ``notebooks/transformer.ipynb`` with AdamW, each once with ``--et`` and once
-with the defaults, a large bf16 matmul, a ``torch.compile``'d tiny model, and a model whose
-forward and backward run as CUDA graphs (``torch.cuda.make_graphed_callables``); then loads each
+with the defaults, a large bf16 matmul, a ``torch.compile``'d tiny model, and two whose
+forward and backward run as CUDA graphs (``torch.cuda.make_graphed_callables``, and
+``torch.compile(mode="reduce-overhead")``); then loads each
 capture with tracemagic and checks it against its raw JSON, computed here independently:
 kernels and their launching ops (correlation and External id), device windows and GPU busy,
 the ``cuda:0`` memory peak against ``torch.cuda.max_memory_allocated()`` read inside the cell,
@@ -350,6 +351,33 @@ for i in range(6):
     gopt.step()
     sync()
 """
+    # torch.compile(mode="reduce-overhead"): Inductor's kernels replayed as CUDA graphs
+    # (cudagraph trees, recorded in the warm-up here); the gradients are set to None each
+    # iteration, as a training loop's zero_grad does (a graph's outputs are overwritten by
+    # its next replay: a gradient kept from the last one could not be accumulated into).
+    # On a CPU the compiled model above
+    reduce_overhead = """\
+torch.manual_seed(0)
+ro = torch.compile(Tiny().to(DEV), mode="reduce-overhead") if DEV == "cuda" else cm
+ro_opt = torch.optim.SGD(ro.parameters(), lr=0.01)
+xr = torch.randn(16, 32, device=DEV)
+def ro_step():
+    torch.compiler.cudagraph_mark_step_begin()
+    ro_opt.zero_grad(set_to_none=True)
+    ro(xr).sum().backward()
+    ro_opt.step()
+for _ in range(4):  # warm: compiled, then recorded as graphs, forward and backward
+    ro_step()
+sync()
+"""
+    reduce_overhead_loop = """\
+for i in range(6):
+    torch.compiler.cudagraph_mark_step_begin()
+    ro_opt.zero_grad(set_to_none=True)
+    ro(xr).sum().backward()
+    ro_opt.step()
+    sync()
+"""
     flags = "-q --out traces"
     return [
         setup,
@@ -377,6 +405,9 @@ for i in range(6):
         graphs,
         f"%%chakra_trace {flags} -v cap --name graphs\n{graphs_loop}",
         "note('graphs', None, None)",
+        reduce_overhead,
+        f"%%chakra_trace {flags} -v cap --name reduce_overhead\n{reduce_overhead_loop}",
+        "note('reduce_overhead', None, None)",
         f"INFO['bare'] = {str(work / 'bare.json')!r}\nopen({str(work / 'info.json')!r}, 'w').write(json.dumps(INFO))",
     ]
 
@@ -432,7 +463,10 @@ def run_kernel(work: Path, cuda: bool) -> dict[str, Any]:
 
 
 def raw_events(capture: Path) -> dict[str, Any]:
-    path = next(p for p in (capture / "kineto_trace_0.json", capture / "kineto_trace_0.json.gz") if p.exists())
+    found = [p for p in (capture / "kineto_trace_0.json", capture / "kineto_trace_0.json.gz") if p.exists()]
+    if not found:
+        raise FileNotFoundError(f"no Kineto trace in {capture} (the cell raised before a step was recorded?)")
+    path = found[0]
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         doc: dict[str, Any] = json.load(f)
@@ -778,7 +812,7 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
 
         check("compiled: Triton kernels attributed to the compiled layer", triton, cuda_only=True, cuda=cuda)
 
-    if key == "graphs":
+    if key in ("graphs", "reduce_overhead"):
 
         def graph_replays() -> str:
             # the kernels a graph replay runs are launched by one cudaGraphLaunch (raw): each is
@@ -811,7 +845,7 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
             replays = len({k["args"]["correlation"] for k in graph})
             return f"{len(graph)} kernels in {replays} graph replays, each in its step; launched by {launched}"
 
-        check("graphs: the kernels of CUDA graph replays", graph_replays, cuda_only=True, cuda=cuda)
+        check(f"{key}: the kernels of CUDA graph replays", graph_replays, cuda_only=True, cuda=cuda)
 
 
 def _eq(a: Any, b: Any) -> None:
