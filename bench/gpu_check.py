@@ -378,6 +378,29 @@ for i in range(6):
     ro_opt.step()
     sync()
 """
+    # mixed precision as most GPU training runs: the forward under torch.autocast(bf16) (each
+    # float32 aten::linear casts its inputs and runs its aten::addmm in bf16), large enough
+    # for the matrix math to be compute-bound
+    d, b = (8192, 8192) if cuda else (256, 64)
+    amp = f"""\
+torch.manual_seed(0)
+amp_net = nn.Sequential(nn.Linear({d}, {d}), nn.GELU(), nn.Linear({d}, {d})).to(DEV)
+amp_opt = torch.optim.SGD(amp_net.parameters(), lr=1e-3)
+xa = torch.randn({b}, {d}, device=DEV)
+for _ in range(2):
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        amp_net(xa).float().square().mean().backward()
+sync()
+"""
+    amp_loop = """\
+for i in range(6):
+    amp_opt.zero_grad(set_to_none=True)
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        loss = amp_net(xa).float().square().mean()
+    loss.backward()
+    amp_opt.step()
+    sync()
+"""
     flags = "-q --out traces"
     return [
         setup,
@@ -408,6 +431,9 @@ for i in range(6):
         reduce_overhead,
         f"%%chakra_trace {flags} -v cap --name reduce_overhead\n{reduce_overhead_loop}",
         "note('reduce_overhead', None, None)",
+        amp,
+        f"%%chakra_trace {flags} -v cap --name amp\n{amp_loop}",
+        "note('amp', None, None)",
         f"INFO['bare'] = {str(work / 'bare.json')!r}\nopen({str(work / 'info.json')!r}, 'w').write(json.dumps(INFO))",
     ]
 
@@ -811,6 +837,57 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
             )
 
         check("compiled: Triton kernels attributed to the compiled layer", triton, cuda_only=True, cuda=cuda)
+
+    if key == "amp":
+
+        def autocast_roofline() -> str:
+            # the float32 aten::linear calls that ran an aten::linear in bf16 inside (autocast), in
+            # the steps; their GPU work from the raw launches, 2*M*N*K FLOPs a call: the row of
+            # efficiency() for them is held to the bf16 peak, and under its roof
+            from tracemagic.analysis import devices as dev_table
+
+            ops = sorted((e for e in xs if e.get("cat") == "cpu_op"), key=lambda e: (e["tid"], e["ts"], -e["dur"]))
+            outer = [
+                e
+                for e in ops
+                if e["name"] == "aten::linear"
+                and e["args"].get("Input type", [None])[0] == "float"
+                and any(s["ts"] <= e["ts"] <= s["ts"] + s["dur"] for s in steps)
+                and any(
+                    i["name"] == "aten::linear"
+                    and i["tid"] == e["tid"]
+                    and e["ts"] < i["ts"] < e["ts"] + e["dur"]
+                    and i["args"].get("Input type", [None])[0] == "c10::BFloat16"
+                    for i in ops
+                )
+            ]
+            assert outer, "no float32 aten::linear running a bf16 aten::linear inside"
+            dims = outer[0]["args"]["Input Dims"]
+            assert all(e["args"]["Input Dims"] == dims for e in outer)
+            (m, k), (n, _k) = dims[0], dims[1]
+            gpu = sum(
+                g["dur"]
+                for g in kernels_raw
+                if (launch := launches.get(g["args"].get("correlation"))) is not None
+                and any(e["tid"] == launch["tid"] and e["ts"] <= launch["ts"] <= e["ts"] + e["dur"] for e in outer)
+            )
+            raw_tflops = 2 * m * n * k * len(outer) / gpu / 1e6
+            eff = trace.efficiency()
+            rows = eff[(eff["name"] == "aten::linear") & eff["input_type"].str.startswith('["float"')]
+            rows = rows[rows["calls"] == len(outer)]
+            assert len(rows) == 1, eff[["name", "input_type", "calls", "peak_tflops"]].head(8)
+            row = rows.iloc[0]
+            peak = dev_table.match(trace.devices[0]).bf16
+            assert float(row["peak_tflops"]) == peak, (row["peak_tflops"], peak)
+            assert abs(float(row["tflops_per_s"]) - raw_tflops) <= 0.02 * raw_tflops, (row["tflops_per_s"], raw_tflops)
+            pct = float(row["pct_of_roofline"])
+            assert 0 < pct <= 100, pct
+            return (
+                f"{len(outer)} autocast aten::linear calls {m}x{k}x{n}: {raw_tflops:.0f} TFLOP/s (raw), ours "
+                f"{float(row['tflops_per_s']):.0f} against the bf16 peak {peak}: {pct:.1f}% of the roof"
+            )
+
+        check("amp: an autocast float32 linear held to the bf16 peak", autocast_roofline, cuda_only=True, cuda=cuda)
 
     if key in ("graphs", "reduce_overhead"):
 

@@ -314,6 +314,42 @@ def test_the_compiled_model_is_not_retraced_and_owns_its_kernels(capture: Captur
     assert float(layers["gpu_us"].iloc[0]) > 0
 
 
+@each("amp")
+def test_an_autocast_float32_linear_is_held_to_the_bf16_peak_and_under_its_roof(capture: Capture) -> None:
+    """Under ``torch.autocast(bfloat16)`` a float32 ``aten::linear`` casts its inputs and runs
+    an ``aten::linear`` in bf16 inside: its row of ``efficiency()`` is held to the device's
+    bf16 peak (the fp32 one put an 8192³ matmul at 1066% of its roof), its achieved TFLOP/s
+    the raw 2·M·N·K per call over the GPU work its calls launched."""
+    capture.needs_gpu()
+    ops = [e for e in capture.xs if e.get("cat") == "cpu_op"]
+    linears = [e for e in ops if e["name"] == "aten::linear" and capture.step_of(e["ts"]) >= 0]
+    outer = [
+        e
+        for e in linears
+        if e["args"]["Input type"][0] == "float"
+        and any(
+            i["args"]["Input type"][0] == "c10::BFloat16" and i["tid"] == e["tid"] and _holds(e, i["ts"]) and i is not e
+            for i in linears
+        )
+    ]
+    assert len(outer) == len(capture.steps)
+    (m, k), (n, _) = outer[0]["args"]["Input Dims"][:2]
+    gpu_us = sum(
+        g["dur"]
+        for g in capture.gpu
+        if (launch := capture.launches.get(g["args"].get("correlation"))) is not None
+        and any(e["tid"] == launch["tid"] and _holds(e, launch["ts"]) for e in outer)
+    )
+    achieved = 2 * m * n * k * len(outer) / gpu_us / 1e6
+    table = capture.trace.efficiency()
+    rows = table[(table["name"] == "aten::linear") & table["input_type"].str.startswith('["float"')]
+    (row,) = [r for r in rows.itertuples() if r.calls == len(outer)]
+    peak = devices.match(capture.doc["deviceProperties"][0])
+    assert peak is not None and row.peak_tflops == peak.bf16
+    assert row.tflops_per_s == pytest.approx(achieved, rel=1e-6)
+    assert row.pct_of_roofline == pytest.approx(100 * achieved / peak.bf16, rel=1e-6) and row.pct_of_roofline <= 100
+
+
 #: the CUDA graph captures: the root module's call, its layer, and the ops that launch the
 #: forward and the backward replays (``make_graphed_callables``'s autograd function, and
 #: AOTAutograd's under ``torch.compile(mode="reduce-overhead")``)

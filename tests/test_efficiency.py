@@ -563,6 +563,41 @@ def test_causal_attention_backward_recorded_by_torch_on_the_cpu(tmp_path: Path) 
     assert shapes.loc[node["name"], "flops"] == pytest.approx(expected)
 
 
+def test_a_float32_linear_under_autocast_is_held_to_the_peak_of_the_dtype_it_ran_in(tmp_path: Path) -> None:
+    """A real CPU recording of one ``nn.Linear`` called with float32 tensors, three times
+    under ``torch.autocast(bfloat16)`` and twice without: autocast's calls cast the inputs
+    and run an inner ``aten::linear`` in bf16, so they are a row of their own, held to the
+    bf16 peak; the plain calls to the fp32 peak."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    linear, x = torch.nn.Linear(64, 32), torch.randn(16, 64)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                linear(x)
+        for _ in range(2):
+            linear(x)
+    path = tmp_path / "autocast.json"
+    prof.export_chrome_trace(str(path))
+    ops = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    linears = [e for e in ops if e["name"] == "aten::linear"]
+    outer = [e for e in linears if e["args"]["Input type"][0] == "float"]
+    in_bf16 = [
+        e
+        for e in outer
+        if any(i["args"]["Input type"][0] == "c10::BFloat16" and e["ts"] < i["ts"] < e["ts"] + e["dur"] for i in linears)
+    ]
+    assert len(outer) == 5 and len(in_bf16) == 3  # the recording is what the test is about
+    peaks = {"fp32": 10.0, "bf16": 100.0, "tbytes_per_s": 1.0}
+    table = tracemagic.load(path, cache_dir=tmp_path).efficiency(peaks=peaks)
+    rows = table[(table["name"] == "aten::linear") & table["input_type"].str.startswith('["float"')]
+    assert sorted(zip(rows["calls"], rows["peak_tflops"])) == [(2, 10.0), (3, 100.0)]
+    for calls, group in ((3, in_bf16), (2, [e for e in outer if e not in in_bf16])):
+        row = rows[rows["calls"] == calls].iloc[0]
+        assert row["gpu_us"] == pytest.approx(sum(e["dur"] for e in group))  # host time: a CPU trace
+
+
 def test_on_an_unknown_device_a_layers_memory_bound_share_is_unknown(loaded: dict[str, tracemagic.Trace], tmp_path: Path) -> None:
     """Without peaks no op has a bound: a layer's memory-bound share is unknown, not 0%."""
     name = "tracelens_normalization_layer_test.json.gz"

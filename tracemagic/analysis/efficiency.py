@@ -423,11 +423,37 @@ def chain_costs(trace: TraceTables) -> pd.DataFrame:
                 "bytes": chain["bytes"],
                 "matrix": matrix,
                 "tf32": tf32[tops],
+                "computed_in": _computed_in(top, names, types, among(name_of, MATRIX_OPS), tops),
                 "time_us": time_us[keep],
             }
         )
 
     return trace.shared(Shared.EFFICIENCY_CHAINS, compute)
+
+
+def _computed_in(
+    top: np.ndarray, names: np.ndarray, types: np.ndarray, matrix_name: np.ndarray, tops: np.ndarray
+) -> np.ndarray:
+    """For each chain top in ``tops``: the ``input_type`` code of the chain's last matrix op
+    (-1: none), the dtype its matrix math ran in. Under autocast the top is called with
+    float32 tensors, casts them and calls itself again in bf16 or fp16 (``aten::linear``
+    [float] -> ``aten::_to_copy`` ... -> ``aten::linear`` [BFloat16] -> ``aten::addmm``
+    [BFloat16]): the top's own dtype is not the one its kernels ran in. ``top``, ``names``
+    and ``types``: per op row of ``call_chains``, in event order (the last is the innermost);
+    ``tops`` ascending."""
+    at = np.flatnonzero((types >= 0) & (top >= 0))
+    at = at[matrix_name[names[at]]]
+    out = np.full(tops.size, -1, dtype=np.int64)
+    if not at.size or not tops.size:
+        return out
+    chain = top[at]
+    order = np.argsort(chain, kind="stable")  # each chain's matrix ops together, in event order
+    ends = np.flatnonzero(np.append(chain[order][1:] != chain[order][:-1], True))  # the last of each
+    keys, last = chain[order][ends], at[order][ends]
+    j = np.minimum(np.searchsorted(tops, keys), tops.size - 1)  # (``tops`` ascending: the few looked up)
+    found = tops[j] == keys
+    out[j[found]] = types[last[found]]
+    return out
 
 
 Peaks = Mapping[str, float] | devices.DevicePeaks
@@ -484,13 +510,30 @@ def _precision(input_type: str | None) -> str | None:
     return next((PRECISION[t] for t in types if isinstance(t, str) and t in PRECISION), None)  # [["x"]]: none
 
 
+#: the precisions of ``PRECISION``, in order: ``_precisions`` numbers them from 0
+PRECISION_NAMES = tuple(dict.fromkeys(PRECISION.values()))
+
+
+def _precisions(types: tuple[np.ndarray, np.ndarray], rows: np.ndarray, computed_in: np.ndarray) -> np.ndarray:
+    """Per chain (its top at ``rows``), the number in ``PRECISION_NAMES`` of the dtype its
+    math ran in (-1: none): its last matrix op's (``computed_in``, an ``input_type`` code)
+    where that has a floating-point input, else its top's first floating-point input's."""
+    codes, values = types
+    number: dict[str | None, int] = {p: i for i, p in enumerate(PRECISION_NAMES)}
+    of_code = np.array([number.get(_precision(v), -1) for v in values], dtype=np.int64)  # (NaN last: -1)
+    inner = of_code[computed_in]  # computed_in -1: the appended NaN's, -1
+    return np.where(inner >= 0, inner, of_code[codes[rows]])
+
+
 def op_shapes(trace: TraceTables) -> tuple[pd.DataFrame, np.ndarray]:
     """The call chains of ``chain_costs`` grouped by (rank, op, input dims, input type), in
     order of first call, and each chain's group (its row in the table); computed once per
     trace. Columns: those keys (values as ``to_numpy`` gives them), ``calls``, ``gpu_us``,
     ``flops`` and ``bytes`` per call (NaN unless known for every call), ``matrix``,
-    ``tf32``; ``efficiency()`` adds the roofline. Grouped on the categorical codes: no
-    string is touched per call."""
+    ``tf32``, ``precision`` (the dtype its math ran in: its top's first floating-point
+    input's, or its last matrix op's where that differs, as under autocast; None for
+    integer ops; also a key); ``efficiency()`` adds the roofline.
+    Grouped on the categorical codes: no string is touched per call."""
 
     def compute() -> tuple[pd.DataFrame, np.ndarray]:
         events = trace.events
@@ -499,7 +542,9 @@ def op_shapes(trace: TraceTables) -> tuple[pd.DataFrame, np.ndarray]:
         keys = ["rank", "name", "input_dims", "input_type"]
         rank = events["rank"].to_numpy()[rows]
         coded = {k: codes_of(events[k]) for k in keys[1:]}
-        group_of, first = group_rows(rank, *(codes[rows] for codes, _ in coded.values()))
+        # and by the precision the chain computed in (autocast's and a plain call's apart)
+        precision = _precisions(coded["input_type"], rows, chains["computed_in"].to_numpy())
+        group_of, first = group_rows(rank, *(codes[rows] for codes, _ in coded.values()), precision)
         flops, nbytes = chains["flops"].to_numpy(), chains["bytes"].to_numpy()
         frame = pd.DataFrame(
             {
@@ -527,6 +572,7 @@ def op_shapes(trace: TraceTables) -> tuple[pd.DataFrame, np.ndarray]:
         table = pd.DataFrame(
             {"rank": rank[first], **{k: values[codes[rows[first]]] for k, (codes, values) in coded.items()}}
         )
+        table["precision"] = np.array([None, *PRECISION_NAMES], dtype=object)[precision[first] + 1]
         for column in summed.columns:
             table[column] = summed[column].to_numpy()
         # per call; NaN where some calls of the group could not be modelled
@@ -561,7 +607,10 @@ def efficiency(trace: TraceTables, peaks: Peaks | None = None) -> pd.DataFrame:
     row, the rule of ``shapes()``' ``flops``); ``intensity`` =
     flops / bytes (FLOP/byte); ``tflops_per_s`` = calls × flops / gpu_us and
     ``tbytes_per_s`` = calls × bytes / gpu_us (10¹² per second); ``peak_tflops`` (the
-    device's peak at the op's precision, its first floating-point input's dtype; a float32
+    device's peak at the op's precision: its first floating-point input's dtype, or, where
+    a matrix op inside it ran in another, that op's (under autocast a float32
+    ``aten::linear`` runs its ``aten::addmm`` in bf16 or fp16: the row is held to that
+    peak, and is a row apart from the same call made without autocast); a float32
     matrix op is held to the TF32 tensor-core peak only where its kernels' names say they
     ran on TF32 tensor cores (``TF32_KERNEL``: ``allow_tf32`` is off by default for
     matmuls and on for cuDNN convolutions), else, as on a CPU trace or with kernels of
@@ -617,9 +666,8 @@ def _roofline(trace: TraceTables, table: pd.DataFrame, peaks: Peaks | None) -> N
         table["tflops_per_s"] = calls * flops / seconds_e12
         table["tbytes_per_s"] = calls * nbytes / seconds_e12
     peak, bandwidth, device = [], [], []
-    for rank, input_type, matrix, tf32 in zip(table["rank"], table["input_type"], table["matrix"], table["tf32"]):
+    for rank, precision, matrix, tf32 in zip(table["rank"], table["precision"], table["matrix"], table["tf32"]):
         name, values = per_rank.get(int(rank), (None, {}))
-        precision = _precision(input_type)
         value = values.get(precision, NAN) if precision else NAN
         if precision == "fp32" and matrix and tf32 and not math.isnan(values.get("tf32", NAN)):
             value = values["tf32"]

@@ -605,14 +605,16 @@ _TABLES = [
             "tbytes_per_s": ("float64", "achieved TB/s"),
             "peak_tflops": (
                 "float64",
-                "the device's peak TFLOP/s at the op's dtype (float32 matrix op: TF32 only where its kernels ran TF32)",
+                "the device's peak TFLOP/s at the dtype its matrix math ran in (autocast: its inner matrix op's; "
+                "float32 matrix op: TF32 only where its kernels ran TF32)",
             ),
             "peak_tbytes_per_s": ("float64", "the device's peak TB/s"),
             "bound": ("str", "compute | memory"),
             "pct_of_roofline": ("float64", "achieved share of the roof at this intensity, %"),
             "device": ("str", "device the peaks are of"),
         },
-        "one row per (rank, op, input dims, dtypes) of the call chains that launched GPU work, most "
+        "one row per (rank, op, input dims, dtypes, and the dtype its matrix op ran in) of the call chains "
+        "that launched GPU work, most "
         "GPU time first; peaks from ``devices.PEAKS`` matched by ``deviceProperties`` (or given; an "
         "unknown board gets NaN and ``df.attrs['note']``); ``df.attrs['layers']`` the layers of each row's calls.",
     ),
