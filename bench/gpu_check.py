@@ -7,9 +7,10 @@ The device command (one line, from the repository root, with ``.whl`` carried)::
 What it does, through the magic in a real kernel (nbclient + ipykernel, as JupyterLab runs
 cells): captures the quickstart model (``notebooks/quickstart.ipynb``) and the BERT-like
 transformer of ``notebooks/transformer.ipynb`` with AdamW, each once with ``--et`` and once
-with the defaults, a large bf16 matmul, a ``torch.compile``'d tiny model, and two whose
+with the defaults, a large bf16 matmul, a ``torch.compile``'d tiny model, two whose
 forward and backward run as CUDA graphs (``torch.cuda.make_graphed_callables``, and
-``torch.compile(mode="reduce-overhead")``); then loads each
+``torch.compile(mode="reduce-overhead")``), and a large MLP trained under
+``torch.autocast(bfloat16)``; then loads each
 capture with tracemagic and checks it against its raw JSON, computed here independently:
 kernels and their launching ops (correlation and External id), device windows and GPU busy,
 the ``cuda:0`` memory peak against ``torch.cuda.max_memory_allocated()`` read inside the cell,
@@ -19,7 +20,8 @@ the executed notebook numbers it, modules by their attribute path), the ``loss.b
 line's GPU work (launched by autograd's thread, from the raw marks), the ET joined to Kineto
 (``chakra.check`` and rf_id), and, for the compiled
 model, no re-trace inside the window and Triton kernels attributed to the compiled layer, and
-for the graphs, each kernel of a replay (one ``cudaGraphLaunch``) in its step. It
+for the graphs, each kernel of a replay (one ``cudaGraphLaunch``) in its step, and for
+autocast, its float32 ``aten::linear`` held to the bf16 peak and under its roof. It
 prints the step times with no profiler, a bare ``torch.profiler`` and the magic (same run),
 writes each capture as ``<name>.tar.gz`` into ``$OUT`` (else ``--out``) with ``gpu_check.json``
 (GPU, driver, torch, the peak read in the cell) inside, and runs ``pytest tests/test_magic.py -k
