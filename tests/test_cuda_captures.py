@@ -314,6 +314,11 @@ def test_the_compiled_model_is_not_retraced_and_owns_its_kernels(capture: Captur
     assert float(layers["gpu_us"].iloc[0]) > 0
 
 
+def dims_text(m: int, k: int, n: int) -> str:
+    """A linear's ``input_dims`` as the tables write them, then its dtypes' opening."""
+    return f'[[{m}, {k}], [{n}, {k}], [{n}]] (["float"'
+
+
 @each("amp")
 def test_an_autocast_float32_linear_is_held_to_the_bf16_peak_and_under_its_roof(capture: Capture) -> None:
     """Under ``torch.autocast(bfloat16)`` a float32 ``aten::linear`` casts its inputs and runs
@@ -348,6 +353,13 @@ def test_an_autocast_float32_linear_is_held_to_the_bf16_peak_and_under_its_roof(
     assert peak is not None and row.peak_tflops == peak.bf16
     assert row.tflops_per_s == pytest.approx(achieved, rel=1e-6)
     assert row.pct_of_roofline == pytest.approx(100 * achieved / peak.bf16, rel=1e-6) and row.pct_of_roofline <= 100
+    assert row.precision == "bf16"
+    # and the roofline advice does not tell it to lower a precision it already runs in
+    from tracemagic.analysis.advice import roofline_gaps
+
+    gaps = roofline_gaps(table, limit=len(table), min_share=0)
+    (said,) = [a for e, a in zip(gaps["evidence"], gaps["advice"]) if e.startswith(f"aten::linear {dims_text(m, k, n)}")]
+    assert "already in a low precision" in said and "a lower precision" not in said
 
 
 #: the CUDA graph captures: the root module's call, its layer, and the ops that launch the

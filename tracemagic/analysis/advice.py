@@ -13,7 +13,6 @@ a rule says otherwise. ``weight`` orders the rows: a rule's own share where it h
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -95,7 +94,8 @@ UNTYPICAL_WEIGHT = 0.50
 COMPILED_REGION_PREFIX = "Torch-Compiled Region"
 
 #: ``roofline``: an op whose inputs are already 16- or 8-bit floats (no lower precision to advise)
-_LOW_PRECISION = re.compile(r"c10::(?:BFloat16|Half|Float8)")
+#: precisions (``efficiency()``'s ``precision``) that are already low: its roof is their own
+_LOW_PRECISION = frozenset({"bf16", "fp16", "fp8"})
 
 #: the hint of ``.item()``, under both names torch records it
 _ITEM_HINT = "each .item() turns a tensor into a Python number; keep values as tensors inside the step"
@@ -765,7 +765,7 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = R
     total = float(efficiency["gpu_us"].sum()) if len(efficiency) else 0.0
     if len(known) and total > 0:
         lost = known["gpu_us"] * (1 - known["pct_of_roofline"].clip(upper=100) / 100)
-        key = known[["name", "input_dims", "input_type"]].astype(str).agg("\x1f".join, axis=1)
+        key = known[["name", "input_dims", "input_type", "precision"]].fillna("").astype(str).agg("\x1f".join, axis=1)
         merged = pd.DataFrame(
             {
                 "key": key,
@@ -791,7 +791,7 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = R
             )
             gpu_us = float(group["gpu_us"])
             pct = 1 - float(group["lost"]) / gpu_us
-            if row["bound"] == "compute" and _LOW_PRECISION.search(str(row["input_type"])):
+            if row["bound"] == "compute" and row["precision"] in _LOW_PRECISION:
                 roof = f"{float(row['peak_tflops']):g} TFLOP/s"  # its roof is already its 16/8-bit one
                 advice = "compute-bound at this shape, already in a low precision: larger matrices reach more of it"
             elif row["bound"] == "compute":

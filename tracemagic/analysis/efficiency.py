@@ -599,9 +599,11 @@ def roofline(trace: TraceTables) -> pd.DataFrame:
 def efficiency(trace: TraceTables, peaks: Peaks | None = None) -> pd.DataFrame:
     """Op × input shapes × dtypes with their FLOPs, bytes, achieved rates and roofline, per rank.
 
-    One row per (rank, op, ``input_dims``, ``input_type``) of the call chains that launched
-    GPU work (``shapes()``' rows, with different ``concrete_inputs`` merged), most GPU time
-    first. Columns: ``calls``; ``gpu_us`` (kernels, memcpy and memset the calls launched,
+    One row per (rank, op, ``input_dims``, ``input_type``, ``precision``) of the call chains
+    that launched GPU work (``shapes()``' rows, with different ``concrete_inputs`` merged),
+    most GPU time first. Columns: ``precision`` (the dtype its math ran in, fp64, fp32,
+    bf16, fp16 or fp8: its first floating-point input's, or its inner matrix op's where that
+    differs, as under autocast; NA without one); ``calls``; ``gpu_us`` (kernels, memcpy and memset the calls launched,
     summed; on a trace without GPU activity, the ops' host time); ``flops`` and ``bytes``
     per call (the cost models of this module; NaN unless known for every call of the
     row, the rule of ``shapes()``' ``flops``); ``intensity`` =
@@ -640,7 +642,7 @@ def efficiency(trace: TraceTables, peaks: Peaks | None = None) -> pd.DataFrame:
         _roofline(trace, table, peaks)
     chains = chain_costs(trace)
     table["_layers"] = _layer_text(trace, chains, group_of, len(table))
-    for column in ("name", "input_dims", "input_type", "device"):
+    for column in ("name", "input_dims", "input_type", "precision", "device"):
         table[column] = text(table[column])
     table = table.sort_values(["rank", "gpu_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
     out = table[list(COLUMNS)].copy()

@@ -596,6 +596,11 @@ _TABLES = [
             "name": ("str", "top op of the call chain"),
             "input_dims": ("str", "input shapes, JSON text"),
             "input_type": ("str", "input dtypes, JSON text"),
+            "precision": (
+                "str",
+                "the dtype its math ran in: fp64 | fp32 | bf16 | fp16 | fp8, its first floating-point input's, "
+                "or its inner matrix op's where that differs (autocast); NA without one",
+            ),
             "calls": ("int64", "calls"),
             "gpu_us": ("float64", "GPU time launched"),
             "flops": ("float64", "FLOPs per call, NaN unless known for every call (as ``shapes()``)"),
@@ -613,8 +618,7 @@ _TABLES = [
             "pct_of_roofline": ("float64", "achieved share of the roof at this intensity, %"),
             "device": ("str", "device the peaks are of"),
         },
-        "one row per (rank, op, input dims, dtypes, and the dtype its matrix op ran in) of the call chains "
-        "that launched GPU work, most "
+        "one row per (rank, op, input dims, dtypes, precision) of the call chains that launched GPU work, most "
         "GPU time first; peaks from ``devices.PEAKS`` matched by ``deviceProperties`` (or given; an "
         "unknown board gets NaN and ``df.attrs['note']``); ``df.attrs['layers']`` the layers of each row's calls.",
     ),

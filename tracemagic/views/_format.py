@@ -163,6 +163,7 @@ HEADERS: dict[str, str] = {
     "lifetime": "Lifetime",
     "input_dims": "Input shapes",
     "input_type": "Dtypes",
+    "precision": "Ran in",
     "concrete_inputs": "Constant inputs",
     "flops": "FLOPs",
     "flops_source": "FLOPs from",
