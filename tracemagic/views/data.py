@@ -285,7 +285,8 @@ class TraceData:
         """``efficiency()`` with ``where`` (and ``attrs['where']`` for the roofline's hover)."""
 
         def compute() -> pd.DataFrame:
-            out = self._keyed_where(self.efficiency, ["rank", "name", "input_dims", "input_type"], after="input_type")
+            keys = ["rank", "name", "input_dims", "input_type"]
+            out = self._keyed_where(self.efficiency, keys, after="precision")  # (the dtypes, what they ran in, where)
             out.attrs = {**self.efficiency.attrs, "where": out["where"].fillna("").astype(str).tolist()}
             return out
 
