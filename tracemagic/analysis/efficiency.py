@@ -526,8 +526,8 @@ def _precisions(types: tuple[np.ndarray, np.ndarray], rows: np.ndarray, computed
 
 
 def op_shapes(trace: TraceTables) -> tuple[pd.DataFrame, np.ndarray]:
-    """The call chains of ``chain_costs`` grouped by (rank, op, input dims, input type), in
-    order of first call, and each chain's group (its row in the table); computed once per
+    """The call chains of ``chain_costs`` grouped by (rank, op, input dims, input type,
+    precision), in order of first call, and each chain's group (its row in the table); computed once per
     trace. Columns: those keys (values as ``to_numpy`` gives them), ``calls``, ``gpu_us``,
     ``flops`` and ``bytes`` per call (NaN unless known for every call), ``matrix``,
     ``tf32``, ``precision`` (the dtype its math ran in: its top's first floating-point
