@@ -534,6 +534,19 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
         e["args"]["External id"]: e for e in xs if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})
     }
 
+    def step_of(ts: float) -> int:
+        """The recorded step holding ``ts`` (-1: none)."""
+        return next((int(s["name"].split("#")[1]) for s in steps if s["ts"] <= ts <= s["ts"] + s["dur"]), -1)
+
+    def ours_by_correlation() -> dict[int, tuple[str, int]]:
+        """Our ``kernels()``: each correlation's (op, step)."""
+        table = trace.kernels()
+        return {
+            int(c): (str(op), int(s))
+            for c, op, s in zip(table["correlation"], table["op"], table["step"])
+            if c is not None and str(c) != "<NA>"
+        }
+
     def kernels() -> str:
         table = trace.kernels()
         raw = [e for e in kernels_raw if e["cat"] == "kernel"]
@@ -541,11 +554,7 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
         assert int((table["kind"] == "kernel").sum()) == len(raw), (int((table["kind"] == "kernel").sum()), len(raw))
         in_steps = unlaunched = 0
         wrong = []
-        by_corr = {
-            int(c): (str(op), int(s))
-            for c, op, s in zip(table["correlation"], table["op"], table["step"])
-            if c is not None and str(c) != "<NA>"
-        }
+        by_corr = ours_by_correlation()
         for k in raw:
             corr = k["args"].get("correlation")
             launch = launches.get(corr)
@@ -554,9 +563,7 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
                 continue
             ext = launch["args"].get("External id")
             op = cpu_ops.get(ext)
-            step = next(
-                (int(s["name"].split("#")[1]) for s in steps if s["ts"] <= launch["ts"] <= s["ts"] + s["dur"]), -1
-            )
+            step = step_of(launch["ts"])
             in_steps += step >= 0
             ours = by_corr.get(corr)
             if op is not None and ours is not None and (ours[0] != op["name"] or ours[1] != step):
@@ -896,7 +903,6 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
         def graph_replays() -> str:
             # the kernels a graph replay runs are launched by one cudaGraphLaunch (raw): each is
             # in our kernels() with the step of that launch and the op its External id names
-            table = trace.kernels()
             graph = [
                 k
                 for k in kernels_raw
@@ -904,18 +910,12 @@ def check_capture(key: str, entry: dict[str, Any], cuda: bool, cache: Path) -> N
                 and launches.get(k["args"].get("correlation"), {}).get("name", "").startswith("cudaGraphLaunch")
             ]
             assert graph, "no kernel launched by cudaGraphLaunch"
-            ours = {
-                int(c): (str(op), int(s))
-                for c, op, s in zip(table["correlation"], table["op"], table["step"])
-                if c is not None and str(c) != "<NA>"
-            }
+            ours = ours_by_correlation()
             wrong = []
             for k in graph:
                 launch = launches[k["args"]["correlation"]]
                 op = cpu_ops.get(launch["args"].get("External id"))
-                step = next(
-                    (int(s["name"].split("#")[1]) for s in steps if s["ts"] <= launch["ts"] <= s["ts"] + s["dur"]), -1
-                )
+                step = step_of(launch["ts"])
                 got = ours.get(int(k["args"]["correlation"]))
                 if got is None or got[1] != step or (op is not None and got[0] != op["name"]):
                     wrong.append((k["name"][:40], got, op and op["name"], step))

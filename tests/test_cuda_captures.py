@@ -339,12 +339,7 @@ def test_an_autocast_float32_linear_is_held_to_the_bf16_peak_and_under_its_roof(
     ]
     assert len(outer) == len(capture.steps)
     (m, k), (n, _) = outer[0]["args"]["Input Dims"][:2]
-    gpu_us = sum(
-        g["dur"]
-        for g in capture.gpu
-        if (launch := capture.launches.get(g["args"].get("correlation"))) is not None
-        and any(e["tid"] == launch["tid"] and _holds(e, launch["ts"]) for e in outer)
-    )
+    gpu_us = sum(g["dur"] for g in _launched_inside(capture, outer))
     achieved = 2 * m * n * k * len(outer) / gpu_us / 1e6
     table = capture.trace.efficiency()
     rows = table[(table["name"] == "aten::linear") & table["input_type"].str.startswith('["float"')]
@@ -404,12 +399,7 @@ def test_cuda_graph_replays_are_their_launches_ops_and_layers(capture: Capture) 
         """The GPU time launched while a call named ``name`` ran, in the steps; the calls."""
         calls = [e for e in capture.xs if e["name"] == name and capture.step_of(e["ts"]) >= 0]
         assert len(calls) == len(capture.steps), name
-        within = [
-            k
-            for k in capture.gpu
-            if (launch := capture.launches.get(k["args"].get("correlation"))) is not None
-            and any(_holds(c, launch["ts"]) for c in calls)
-        ]
+        within = _launched_inside(capture, calls)
         return sum(k["dur"] for k in within), within
 
     layers = capture.trace.layers().set_index("layer")
@@ -431,6 +421,16 @@ def _line(mark: dict[str, Any]) -> int:
 
 def _holds(event: dict[str, Any], ts: float) -> bool:
     return bool(event["ts"] <= ts < event["ts"] + event["dur"])
+
+
+def _launched_inside(capture: Capture, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The raw GPU events launched by their own thread while one of ``calls`` ran there."""
+    return [
+        k
+        for k in capture.gpu
+        if (launch := capture.launches.get(k["args"].get("correlation"))) is not None
+        and any(c["tid"] == launch["tid"] and _holds(c, launch["ts"]) for c in calls)
+    ]
 
 
 def _line_marks(capture: Capture, steps: list[int]) -> list[dict[str, Any]]:
