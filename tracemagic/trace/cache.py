@@ -356,10 +356,19 @@ class _Mapped:
         kind = array.type
         dtype = np.dtype(kind.to_pandas_dtype())
         data = array.buffers()[1]
-        offset = data.address - self.buffer.address + array.offset * dtype.itemsize
+        offset = -1 if data is None else data.address - self.buffer.address + array.offset * dtype.itemsize
         if offset >= 0 and offset + len(array) * dtype.itemsize <= self.buffer.size:
             return np.frombuffer(self.memory, dtype=dtype, count=len(array), offset=offset)
-        return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize).copy()
+        return _copied_values(array)
+
+
+def _copied_values(array: pa.Array) -> np.ndarray:
+    """A numeric column's values as a new numpy array (those under its nulls unspecified)."""
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    data = array.buffers()[1]
+    if data is None:  # (an empty column may have none)
+        return np.zeros(len(array), dtype=dtype)
+    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize).copy()
 
 
 def _numbers(values: np.ndarray, array: pa.Array, nullable: bool) -> Any:
@@ -381,7 +390,8 @@ def _column(array: pa.Array, nullable: bool, values: Callable[[pa.Array], np.nda
     if pa.types.is_dictionary(kind):
         indices = array.indices.fill_null(-1) if array.null_count else array.indices
         codes = indices.to_numpy(zero_copy_only=False)
-        categories = pd.Index(array.dictionary.to_pylist(), dtype="str")
+        # (straight from the Arrow text: ~10x faster than through Python strings)
+        categories = pd.Index(array.dictionary, dtype="str")
         return pd.Categorical.from_codes(codes, categories=categories, validate=False)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return _numbers(values(array), array, nullable)
@@ -693,8 +703,15 @@ def _is_text(kind: pa.DataType) -> bool:
     return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
 
 
-def _rebuild(table: pa.Table, layout: dict[str, Any]) -> pd.DataFrame:
-    """A stored table as the DataFrame that was stored (its column layouts and attrs)."""
+def _rebuild(
+    table: pa.Table, layout: dict[str, Any], values: Callable[[pa.Array], np.ndarray] | None = None
+) -> pd.DataFrame:
+    """A stored table as the DataFrame that was stored (its column layouts and attrs).
+
+    ``values``: a numeric column's values as writable numpy (``_Mapped._values``: views of
+    the file's copy-on-write mapping, nothing copied); without it, copies."""
+    if values is None:
+        values = _copied_values
     columns = layout["columns"]
     if table.column_names != [c["name"] for c in columns]:
         raise ValueError("columns differ from the seal's")
@@ -705,12 +722,12 @@ def _rebuild(table: pa.Table, layout: dict[str, Any]) -> pd.DataFrame:
         if kind == "category":
             if not pa.types.is_dictionary(array.type) or not _is_text(array.type.value_type):
                 raise ValueError("not a categorical column")
-            values = _column(array, False, lambda a: a.to_numpy(zero_copy_only=False))
+            categorical = _column(array, False, values)
             if spec["categories"] == "object":
-                values = values.set_categories(pd.Index(values.categories, dtype=object))
+                categorical = categorical.set_categories(pd.Index(categorical.categories, dtype=object))
             elif spec["categories"] != "str":
                 raise ValueError("unknown categories")
-            data[spec["name"]] = values
+            data[spec["name"]] = categorical
         elif kind == "text":
             if not _is_text(array.type):
                 raise ValueError("not a text column")
@@ -720,13 +737,12 @@ def _rebuild(table: pa.Table, layout: dict[str, Any]) -> pd.DataFrame:
             dtype = np.dtype(spec["dtype"].lower())
             if pa.from_numpy_dtype(dtype) != array.type:
                 raise ValueError("not the column's type")
-            if kind == "numpy":
-                if array.null_count:
-                    raise ValueError("missing values in a numpy column")
+            if kind == "numpy" and array.null_count:
+                raise ValueError("missing values in a numpy column")
+            if pa.types.is_boolean(array.type):  # (Arrow's are bits: unpacked)
                 data[spec["name"]] = array.to_numpy(zero_copy_only=False)
             else:
-                values = array.fill_null(0) if array.null_count else array
-                data[spec["name"]] = _numbers(values.to_numpy(zero_copy_only=False).copy(), array, True)
+                data[spec["name"]] = _numbers(values(array), array, kind == "nullable")
         else:
             raise ValueError(f"unknown column kind {kind!r}")
     frame = pd.DataFrame(data, copy=False)
@@ -892,7 +908,7 @@ class TableStore:
             mapped = _Mapped(data, seal["table"])
             table = mapped.reader.read_all()
             table.validate(full=True)
-            frame = _rebuild(table, seal["layout"])
+            frame = _rebuild(table, seal["layout"], mapped._values)
         except (OSError, KeyError, ValueError, TypeError, AttributeError, RecursionError, pa.ArrowException):
             return None
         if self.capped:
