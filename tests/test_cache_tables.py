@@ -268,3 +268,48 @@ def test_a_trace_dropped_stores_its_tables(tmp_path: Path, counted: Counter[str]
     trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
     trace.ops(), trace.memory()
     assert counted == {"ops": 1, "memory": 1}
+
+
+#: a trace dropped in a garbage cycle with a table to store, collected while the same
+#: trace's pending entry is written (a collection may start at any allocation there)
+COLLECTED_WHILE_WRITTEN = """
+import faulthandler, gc, sys
+import tracemagic
+from tracemagic.trace import cache
+faulthandler.dump_traceback_later(120, exit=True)  # a hang: its stacks, and a failure
+trace = tracemagic.load(sys.argv[1], cache_dir=sys.argv[2], progress=False)
+trace.ops()
+gc.disable()
+cycle = [trace]
+cycle.append(cycle)
+del trace, cycle
+write_events = cache._table
+def collecting(*args, **kwargs):
+    gc.collect()  # the dropped trace's finalizers run here, on this thread
+    return write_events(*args, **kwargs)
+cache._table = collecting
+again = tracemagic.load(sys.argv[1], cache_dir=sys.argv[2], progress=False)  # writes the entry first
+print(len(again.events), again.ops().shape[0])
+"""
+
+
+def test_a_dropped_trace_collected_while_its_entry_is_written_does_not_hang(tmp_path: Path) -> None:
+    """Loading a trace again writes its first load's pending cache entry; a garbage
+    collection during that write runs the finalizers of the first trace, if it was dropped
+    in a cycle: its entry's flush and its tables' store, on the same thread. They used to
+    wait for the write's own lock forever (the kernel hung); they return at once now, the
+    entry is written and the trace loads."""
+    import os
+    import subprocess
+    import sys
+
+    trace = TRACES / "hta_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    root = Path(tracemagic.__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", COLLECTED_WHILE_WRITTEN, str(trace), str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    direct = tracemagic.load(trace, use_cache=False, progress=False)
+    assert done.stdout.split() == [str(len(direct.events)), str(direct.ops().shape[0])]
+    assert list(tmp_path.glob(f"*{cache.EVENTS_SUFFIX}")), "the entry is written"

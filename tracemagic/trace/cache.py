@@ -543,7 +543,7 @@ class PendingEntry:
             copy.deepcopy(meta),
         )
         self._written: tuple[Path, str] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (re-entered: see flush)
         with _PENDING_LOCK:
             _PENDING[found.places] = self
 
@@ -559,11 +559,16 @@ class PendingEntry:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def flush(self) -> tuple[Path, str] | None:
         """Write the entry now if it is not yet (once); what ``write`` returned: its base
-        path and events checksum, or None where it was not written."""
+        path and events checksum, or None where it was not written (or is being written).
+
+        A garbage collection while it writes may run the finalizers of a dropped trace of
+        the same entry on this thread (its own flush, or its stored tables'), which call
+        this again: such a call returns None at once (those tables are not stored) instead
+        of waiting for itself forever."""
         with self._lock:
             tables, self._tables = self._tables, None
             if tables is not None:
@@ -587,7 +592,7 @@ class PendingEntry:
 
 #: the entries of traces parsed in this process and not yet written, by their places
 _PENDING: dict[tuple[Path, ...], PendingEntry] = {}
-_PENDING_LOCK = threading.Lock()
+_PENDING_LOCK = threading.RLock()  # (a collection while it is held may flush an entry)
 
 
 def _pending(places: tuple[Path, ...] | None = None, folder: Path | None = None) -> list[PendingEntry]:
