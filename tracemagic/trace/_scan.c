@@ -728,13 +728,49 @@ typedef struct {
 
 #define POOL_ALIGN 16
 
+/* Built with AddressSanitizer (tests/test_sanitizers.py), the pool is poisoned while a scan
+ * uses it, each block made readable as it is taken and followed by a poisoned redzone: a
+ * read or write past a block (yyjson's text, its values, a column) is reported as it would
+ * be of malloc's memory. Elsewhere these are no-ops. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SCAN_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SCAN_ASAN 1
+#endif
+#endif
+#ifdef SCAN_ASAN
+#include <sanitizer/asan_interface.h>
+#define POOL_REDZONE 32
+#else
+#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#define POOL_REDZONE 0
+#endif
+
+/* Bytes a block of `size` takes in the pool (0 on overflow). */
+static inline size_t pool_need(size_t size) {
+    size_t need = (size + POOL_REDZONE + (POOL_ALIGN - 1)) & ~(size_t)(POOL_ALIGN - 1);
+    return need < size ? 0 : need;
+}
+
 static void *pool_take(Pool *p, size_t size) {
     if (p == NULL || p->base == NULL) return malloc(size);
-    size_t need = (size + (POOL_ALIGN - 1)) & ~(size_t)(POOL_ALIGN - 1);
-    if (need < size || need > p->size - p->used) return malloc(size); /* (need < size: overflow) */
+    size_t need = pool_need(size);
+    if (need == 0 || need > p->size - p->used) return malloc(size);
     void *out = p->base + p->used;
     p->used += need;
+    ASAN_UNPOISON_MEMORY_REGION(out, size);
     return out;
+}
+
+/* The pool's memory, all of it, unusable until taken (a scan begins) or usable again (it ended). */
+static void pool_begin(Pool *p) {
+    if (p != NULL && p->base != NULL) ASAN_POISON_MEMORY_REGION(p->base, p->size);
+}
+
+static void pool_end(Pool *p) {
+    if (p != NULL && p->base != NULL) ASAN_UNPOISON_MEMORY_REGION(p->base, p->size);
 }
 
 static inline int in_pool(Pool *p, const void *ptr) {
@@ -752,10 +788,11 @@ static void *alc_realloc(void *ctx, void *ptr, size_t old_size, size_t size) {
     if (ptr == NULL) return pool_take(p, size);
     if (!in_pool(p, ptr)) return realloc(ptr, size);
     size_t offset = (size_t)((char *)ptr - p->base);
-    size_t old_need = (old_size + (POOL_ALIGN - 1)) & ~(size_t)(POOL_ALIGN - 1);
-    size_t need = (size + (POOL_ALIGN - 1)) & ~(size_t)(POOL_ALIGN - 1);
-    if (offset + old_need == p->used && need >= size && need <= p->size - offset) { /* the last block: in place */
+    size_t old_need = pool_need(old_size), need = pool_need(size);
+    if (offset + old_need == p->used && need != 0 && need <= p->size - offset) { /* the last block: in place */
         p->used = offset + need;
+        ASAN_POISON_MEMORY_REGION(ptr, need > old_need ? need : old_need);
+        ASAN_UNPOISON_MEMORY_REGION(ptr, size);
         return ptr;
     }
     void *out = pool_take(p, size);
@@ -884,6 +921,7 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     yyjson_doc *doc;
     Columns c;
     int status;
+    pool_begin(p);
     /* everything up to the Python objects runs without the GIL: chunks of one trace can
      * be scanned on several threads at once (trace.split) */
     Py_BEGIN_ALLOW_THREADS
@@ -893,6 +931,7 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     PyObject *result = answer(status, &c);
     columns_free(&c, p);
     if (doc) yyjson_doc_free(doc);
+    pool_end(p);
     if (has_pool) PyBuffer_Release(&pool_view);
     return result;
 }
@@ -1038,7 +1077,9 @@ static PyObject *scan_chunks(const Stretch *st, Py_ssize_t chunk, PyObject *pool
         Pool pool = {has_pool ? (char *)pool_view.buf : NULL, has_pool ? (size_t)pool_view.len : 0, 0};
         PyObject *result;
         size_t next;
+        pool_begin(&pool);
         int status = next_chunk(st, start, (size_t)chunk, has_pool ? &pool : NULL, &result, &next);
+        pool_end(&pool);
         if (status == BAIL) break; /* the rest from `start` on: the caller's */
         if (status != 0 || PyList_Append(out, result) < 0) {
             Py_XDECREF(result);
