@@ -174,6 +174,27 @@ def test_stale_damaged_or_forged_tables_are_computed_again(
         before = counted["ops"]
         identical(reopened(), want)
         assert counted["ops"] == before + 1
+    # a table file forged whole, its seal made to match: a categorical column whose codes
+    # are unsigned, one of them missing (-1 fits no unsigned code): refused, not an OverflowError
+    import pyarrow as pa
+
+    body = _seal_body(seal)
+    table = pa.ipc.open_file(pa.BufferReader(data.read_bytes())).read_all()
+    name = next(spec["name"] for spec in body["layout"]["columns"] if spec["kind"] == "category")
+    dictionary = table[name].combine_chunks().dictionary
+    codes = pa.array([None] + [0] * (table.num_rows - 1), pa.uint8())
+    forged_column = pa.DictionaryArray.from_arrays(codes, dictionary)
+    table = table.set_column(table.schema.get_field_index(name), name, forged_column)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    forged = sink.getvalue().to_pybytes()
+    data.write_bytes(forged)
+    body["table"] = {"bytes": len(forged), "sum": cache.checksum(forged)}
+    _write_seal(seal, body)
+    before = counted["ops"]
+    identical(reopened(), want)
+    assert counted["ops"] == before + 1
     # a seal of JSON nested too deep to read
     raw = b'{"layout":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     seal.write_bytes(f"{zlib.crc32(raw):08x}\n".encode() + raw)
@@ -273,23 +294,27 @@ def test_a_trace_dropped_stores_its_tables(tmp_path: Path, counted: Counter[str]
 #: a trace dropped in a garbage cycle with a table to store, collected while the same
 #: trace's pending entry is written (a collection may start at any allocation there)
 COLLECTED_WHILE_WRITTEN = """
-import faulthandler, gc, sys
+import faulthandler, gc, json, sys, weakref
 import tracemagic
 from tracemagic.trace import cache
 faulthandler.dump_traceback_later(120, exit=True)  # a hang: its stacks, and a failure
 trace = tracemagic.load(sys.argv[1], cache_dir=sys.argv[2], progress=False)
 trace.ops()
+dropped = []
+weakref.finalize(trace, dropped.append, "dropped")
 gc.disable()
 cycle = [trace]
 cycle.append(cycle)
 del trace, cycle
 write_events = cache._table
+during = []
 def collecting(*args, **kwargs):
     gc.collect()  # the dropped trace's finalizers run here, on this thread
+    during.append(list(dropped))
     return write_events(*args, **kwargs)
 cache._table = collecting
 again = tracemagic.load(sys.argv[1], cache_dir=sys.argv[2], progress=False)  # writes the entry first
-print(len(again.events), again.ops().shape[0])
+print(json.dumps([during, len(again.events), again.ops().shape[0]]))
 """
 
 
@@ -311,5 +336,27 @@ def test_a_dropped_trace_collected_while_its_entry_is_written_does_not_hang(tmp_
     )
     assert done.returncode == 0, done.stderr[-3000:]
     direct = tracemagic.load(trace, use_cache=False, progress=False)
-    assert done.stdout.split() == [str(len(direct.events)), str(direct.ops().shape[0])]
+    during, events, ops = json.loads(done.stdout)
+    assert during[0] == ["dropped"], "the first trace finalized during the write (its first table)"
+    assert [events, ops] == [len(direct.events), direct.ops().shape[0]]
     assert list(tmp_path.glob(f"*{cache.EVENTS_SUFFIX}")), "the entry is written"
+
+
+def test_reopened_tables_and_events_take_edits_in_place(tmp_path: Path, counted: Counter[str]) -> None:
+    """Every column of a table read from the cache, and of the events read from it, takes an
+    assignment as a computed one does (their arrays writable: views of the file's
+    copy-on-write mapping, the file left as it is)."""
+    first = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    first.ops()
+    first.store.flush()
+    del first
+    files = {path: path.read_bytes() for path in tmp_path.iterdir()}
+    trace = tracemagic.load(GPU_TRACE, cache_dir=tmp_path)
+    ops = trace.ops()
+    assert counted["ops"] == 1, "read from the cache, not computed"
+    for frame in (ops, trace.events):
+        for column in frame.columns:
+            frame.loc[0, column] = frame[column].iloc[1]
+            first, second = (frame[column].iloc[[row]].reset_index(drop=True) for row in (0, 1))
+            assert first.equals(second), column
+    assert {path: path.read_bytes() for path in tmp_path.iterdir()} == files

@@ -388,8 +388,11 @@ def _column(array: pa.Array, nullable: bool, values: Callable[[pa.Array], np.nda
     categories, nullable ``Int64``/``Float64``, writable numpy)."""
     kind = array.type
     if pa.types.is_dictionary(kind):
-        indices = array.indices.fill_null(-1) if array.null_count else array.indices
-        codes = indices.to_numpy(zero_copy_only=False)
+        if not pa.types.is_signed_integer(kind.index_type):  # (a forged file's: -1 would not fit)
+            raise ValueError("dictionary indices are not signed integers")
+        codes = values(array.indices)  # (writable: a view of the mapping, or a copy)
+        if array.null_count:
+            codes[array.is_null().to_numpy(zero_copy_only=False)] = -1
         # (straight from the Arrow text: ~10x faster than through Python strings)
         categories = pd.Index(array.dictionary, dtype="str")
         return pd.Categorical.from_codes(codes, categories=categories, validate=False)
@@ -572,22 +575,28 @@ class PendingEntry:
         with self._lock:
             tables, self._tables = self._tables, None
             if tables is not None:
-                with _PENDING_LOCK:
-                    if _PENDING.get(self.found.places) is self:
-                        del _PENDING[self.found.places]
                 try:  # never an error of the session's: the trace is parsed again next time
                     self._written = write(self.found, *tables)
                 except Exception:  # noqa: BLE001
                     _log.debug("%s: cache not written", self.found.places[-1], exc_info=True)
-            return self._written
+            written = self._written
+        if tables is not None:
+            self._forget()
+        return written
 
     def cancel(self) -> None:
         """Never write it (the cache folder was cleared)."""
         with self._lock:
             self._tables = None
-            with _PENDING_LOCK:
-                if _PENDING.get(self.found.places) is self:
-                    del _PENDING[self.found.places]
+        self._forget()
+
+    def _forget(self) -> None:
+        """Off the list of pending entries. Never called holding ``_lock``: a collection
+        while another thread holds ``_PENDING_LOCK`` may flush this entry there, which takes
+        ``_lock`` (the other order would deadlock the two threads)."""
+        with _PENDING_LOCK:
+            if _PENDING.get(self.found.places) is self:
+                del _PENDING[self.found.places]
 
 
 #: the entries of traces parsed in this process and not yet written, by their places
@@ -729,7 +738,11 @@ def _rebuild(
                 raise ValueError("not a categorical column")
             categorical = _column(array, False, values)
             if spec["categories"] == "object":
-                categorical = categorical.set_categories(pd.Index(categorical.categories, dtype=object))
+                categorical = pd.Categorical.from_codes(  # (set_categories would hand back read-only codes)
+                    np.array(categorical.codes),
+                    categories=pd.Index(categorical.categories, dtype=object),
+                    validate=False,
+                )
             elif spec["categories"] != "str":
                 raise ValueError("unknown categories")
             data[spec["name"]] = categorical
