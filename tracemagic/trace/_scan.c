@@ -748,16 +748,16 @@ typedef struct {
 #define POOL_REDZONE 0
 #endif
 
-/* Bytes a block of `size` takes in the pool (0 on overflow). */
+/* Bytes a block of `size` takes in the pool (SIZE_MAX where that overflows: never room). */
 static inline size_t pool_need(size_t size) {
-    size_t need = (size + POOL_REDZONE + (POOL_ALIGN - 1)) & ~(size_t)(POOL_ALIGN - 1);
-    return need < size ? 0 : need;
+    if (size > SIZE_MAX - POOL_REDZONE - POOL_ALIGN) return SIZE_MAX;
+    return (size + POOL_REDZONE + (POOL_ALIGN - 1)) & ~(size_t)(POOL_ALIGN - 1);
 }
 
 static void *pool_take(Pool *p, size_t size) {
     if (p == NULL || p->base == NULL) return malloc(size);
     size_t need = pool_need(size);
-    if (need == 0 || need > p->size - p->used) return malloc(size);
+    if (need > p->size - p->used) return malloc(size);
     void *out = p->base + p->used;
     p->used += need;
     ASAN_UNPOISON_MEMORY_REGION(out, size);
@@ -789,7 +789,7 @@ static void *alc_realloc(void *ctx, void *ptr, size_t old_size, size_t size) {
     if (!in_pool(p, ptr)) return realloc(ptr, size);
     size_t offset = (size_t)((char *)ptr - p->base);
     size_t old_need = pool_need(old_size), need = pool_need(size);
-    if (offset + old_need == p->used && need != 0 && need <= p->size - offset) { /* the last block: in place */
+    if (offset + old_need == p->used && need <= p->size - offset) { /* the last block: in place */
         p->used = offset + need;
         ASAN_POISON_MEMORY_REGION(ptr, need > old_need ? need : old_need);
         ASAN_UNPOISON_MEMORY_REGION(ptr, size);
