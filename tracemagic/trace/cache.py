@@ -721,14 +721,12 @@ def _is_text(kind: pa.DataType) -> bool:
 
 
 def _rebuild(
-    table: pa.Table, layout: dict[str, Any], values: Callable[[pa.Array], np.ndarray] | None = None
+    table: pa.Table, layout: dict[str, Any], values: Callable[[pa.Array], np.ndarray] = _copied_values
 ) -> pd.DataFrame:
     """A stored table as the DataFrame that was stored (its column layouts and attrs).
 
     ``values``: a numeric column's values as writable numpy (``_Mapped._values``: views of
-    the file's copy-on-write mapping, nothing copied); without it, copies."""
-    if values is None:
-        values = _copied_values
+    the file's copy-on-write mapping, nothing copied); by default, copies."""
     columns = layout["columns"]
     if table.column_names != [c["name"] for c in columns]:
         raise ValueError("columns differ from the seal's")
