@@ -434,6 +434,15 @@ class _Batch:
         return [line.decode() for line in done]
 
 
+def _stop(b: _Batch) -> None:
+    """Kill a worker with its session (it runs in one of its own)."""
+    try:
+        os.killpg(b.process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    b.process.wait()
+
+
 def run(mutants: int, seed: int, jobs: int, batch: int, timeout: float, only: list[int] | None = None) -> list[dict[str, Any]]:
     """Every mutant's outcome (see the module docstring)."""
     results: list[dict[str, Any]] = []
@@ -443,43 +452,46 @@ def run(mutants: int, seed: int, jobs: int, batch: int, timeout: float, only: li
         todo = list(only) if only is not None else list(range(mutants))
         queue = [todo[i : i + batch] for i in range(0, len(todo), batch)]
         running: list[_Batch] = []
-        while queue or running:
-            while queue and len(running) < jobs:
-                running.append(_Batch(seed_dir, seed, queue.pop(0)))
-            ready, _, _ = select.select([b.process.stdout for b in running], [], [], 1.0)
-            for b in list(running):
-                if b.process.stdout in ready:
-                    lines = b.lines()
-                    for line in lines or []:
-                        if line.startswith("start "):
-                            b.current = int(line.split()[1])
-                            b.since = time.monotonic()
-                        elif line.startswith("{"):
-                            result = json.loads(line)
-                            results.append(result)
-                            b.pending.remove(result["i"])
-                            b.current = None
-                    if lines is not None:
-                        continue
-                    code = b.process.wait()
-                    b.stderr.seek(0)
-                    stderr = b.stderr.read().decode(errors="replace")
-                    if b.pending:  # it died before answering for these
-                        lost = b.current if b.current is not None else b.pending[0]
-                        outcome = "crash" if code < 0 else "exception"
-                        results.append({"i": lost, "outcome": outcome, "detail": f"worker exit {code}: {stderr[-1500:]}"})
-                        b.pending.remove(lost)
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:
+                    running.append(_Batch(seed_dir, seed, queue.pop(0)))
+                ready, _, _ = select.select([b.process.stdout for b in running], [], [], 1.0)
+                for b in list(running):
+                    if b.process.stdout in ready:
+                        lines = b.lines()
+                        for line in lines or []:
+                            if line.startswith("start "):
+                                b.current = int(line.split()[1])
+                                b.since = time.monotonic()
+                            elif line.startswith("{"):
+                                result = json.loads(line)
+                                results.append(result)
+                                b.pending.remove(result["i"])
+                                b.current = None
+                        if lines is not None:
+                            continue
+                        code = b.process.wait()
+                        b.stderr.seek(0)
+                        stderr = b.stderr.read().decode(errors="replace")
+                        if b.pending:  # it died before answering for these
+                            lost = b.current if b.current is not None else b.pending[0]
+                            outcome = "crash" if code < 0 else "exception"
+                            results.append({"i": lost, "outcome": outcome, "detail": f"worker exit {code}: {stderr[-1500:]}"})
+                            b.pending.remove(lost)
+                            if b.pending:
+                                queue.insert(0, b.pending)
+                        running.remove(b)
+                    elif b.current is not None and time.monotonic() - b.since > timeout:
+                        _stop(b)
+                        results.append({"i": b.current, "outcome": "hang", "detail": f"no answer in {timeout:.0f} s"})
+                        b.pending.remove(b.current)
                         if b.pending:
                             queue.insert(0, b.pending)
-                    running.remove(b)
-                elif b.current is not None and time.monotonic() - b.since > timeout:
-                    os.killpg(b.process.pid, signal.SIGKILL)
-                    b.process.wait()
-                    results.append({"i": b.current, "outcome": "hang", "detail": f"no answer in {timeout:.0f} s"})
-                    b.pending.remove(b.current)
-                    if b.pending:
-                        queue.insert(0, b.pending)
-                    running.remove(b)
+                        running.remove(b)
+        finally:  # stopped early (an error, Ctrl-C, a caller's SIGTERM): no worker outlives the run
+            for b in running:
+                _stop(b)
     return sorted(results, key=lambda r: r["i"])
 
 
@@ -517,6 +529,7 @@ def main() -> int:
             target.write_bytes(data)
             print(target)
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (``run`` then stops its workers)
     started = time.monotonic()
     results = run(args.mutants, args.seed, args.jobs, args.batch, args.timeout, only)
     counts = Counter(r["outcome"] for r in results)

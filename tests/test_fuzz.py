@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,27 @@ def test_the_fuzz_reports_a_crash_and_a_hang_by_mutant() -> None:
     outcomes = {f["i"]: f["outcome"] for f in summary["failures"]}
     assert outcomes == {1: "crash", 4: "hang"}
     assert summary["mutants"] == 6
+
+
+def test_the_fuzz_stopped_by_sigterm_leaves_no_worker_running() -> None:
+    """A caller's timeout stops the harness with SIGTERM (``tests/test_sanitizers.py`` does):
+    its workers, in sessions of their own, are killed with it, not left behind, even one
+    stalled in a mutant."""
+    harness = subprocess.Popen(
+        [sys.executable, str(FUZZ), "--json", "--jobs", "2", "--mutants", "4", "--batch", "2", "--timeout", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEMAGIC_FUZZ_HANG_AT": "0"},
+    )
+    children = Path(f"/proc/{harness.pid}/task/{harness.pid}/children")
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while len(workers) < 2 and time.monotonic() < deadline and harness.poll() is None:
+        time.sleep(0.2)
+        workers = [int(pid) for pid in children.read_text().split()] if children.exists() else []
+    assert len(workers) == 2, harness.communicate()[1][-3000:]
+    harness.send_signal(signal.SIGTERM)
+    assert harness.wait(timeout=60) != 0
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "workers left running"
 
 
 def test_mutants_the_10000_run_found_now_load() -> None:

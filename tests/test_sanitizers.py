@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -137,6 +138,26 @@ def reports(tree: Path) -> str:
     return "\n\n".join(report.read_text(errors="replace")[:4000] for report in sorted(tree.glob("report.*")))
 
 
+def finished(command: list[str], tree: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``command`` run to its end in ``tree`` (``-c`` puts the working folder first on the
+    path); past ``timeout`` its whole session is stopped (SIGTERM: the fuzz then kills its
+    workers, then SIGKILL) and the test fails with what the sanitizers and the command said."""
+    process = subprocess.Popen(
+        command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            out, err = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+        pytest.fail(f"no answer in {timeout:.0f} s\n{reports(tree)}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
 def test_the_extensions_are_built_with_the_sanitizers_and_pool_poisoning(
     sanitized: tuple[Path, dict[str, str]],
 ) -> None:
@@ -154,10 +175,7 @@ def test_every_real_trace_loads_on_both_c_routes_with_every_table_under_the_sani
     files = sorted((DATA / "traces").glob("*.json.gz")) + sorted((DATA / "traces").glob("*.tar.gz"))
     files += sorted((DATA / "cuda").glob("*.tar.gz"))
     files = [f for f in files if not f.name.endswith("_et.json.gz")]  # (an Execution Trace, not Kineto)
-    done = subprocess.run(
-        [sys.executable, "-c", LOAD_ALL, *map(str, files)],
-        cwd=tree, env=env, capture_output=True, text=True, timeout=1200,  # (cwd: ``-c`` puts it first on the path)
-    )
+    done = finished([sys.executable, "-c", LOAD_ALL, *map(str, files)], tree, env, timeout=1200)
     assert done.returncode == 0, reports(tree) + done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(Path(m).is_relative_to(tree) for m in seen["modules"]), seen["modules"]  # the sanitized build ran
@@ -171,11 +189,9 @@ def test_every_real_trace_loads_on_both_c_routes_with_every_table_under_the_sani
 
 def test_the_fuzz_finds_nothing_under_the_sanitizers(sanitized: tuple[Path, dict[str, str]]) -> None:
     tree, env = sanitized
-    done = subprocess.run(
-        [sys.executable, str(tree / "bench" / "fuzz_load.py"), "--json", "--jobs", "2", "--mutants", str(MUTANTS),
-         "--seed", "23", "--batch", "40", "--timeout", "300"],
-        cwd=tree, env=env, capture_output=True, text=True, timeout=1500,
-    )
+    command = [sys.executable, str(tree / "bench" / "fuzz_load.py"), "--json", "--jobs", "2", "--mutants", str(MUTANTS),
+               "--seed", "23", "--batch", "40", "--timeout", "300"]
+    done = finished(command, tree, env, timeout=1500)
     assert done.stdout.strip(), done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert not summary["failures"], reports(tree) + "\n\n".join(
