@@ -279,3 +279,61 @@ def test_a_failing_site_lookup_costs_the_column_not_the_table(monkeypatch: pytes
         table = sections.build(key, data).table
         assert len(table) and "where" not in table.columns, key
     assert data.problems and all("no sites" in v for v in data.problems.values())
+
+
+def _autocast_call(linear: Any, x: Any) -> Any:
+    import torch
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return linear(x)
+
+
+def _plain_call(linear: Any, x: Any) -> Any:
+    return linear(x)
+
+
+def test_a_roofline_row_names_only_the_code_of_its_own_calls_autocast_or_plain(tmp_path: Path) -> None:
+    """The same float32 ``aten::linear`` (same input dims and dtypes) called under
+    ``torch.autocast(bfloat16)`` from one function and plainly from another: two rows of
+    ``efficiency()`` (the precision its math ran in parts them), each naming only the
+    function its own calls came from, found here from the raw trace's python_function frames."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    linear, x = torch.nn.Linear(64, 32), torch.randn(16, 64)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
+        for _ in range(3):
+            _autocast_call(linear, x)
+        for _ in range(2):
+            _plain_call(linear, x)
+    path = tmp_path / "autocast_and_plain.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    frames = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "python_function" and e["name"].startswith("test_sites.py(")
+    ]
+    linears = [e for e in ops if e["name"] == "aten::linear"]
+    outer = [e for e in linears if e["args"]["Input type"][0] == "float"]
+    expected: dict[str, set[str]] = {"bf16": set(), "fp32": set()}
+    for e in outer:
+        inner = [i for i in linears if i is not e and e["ts"] <= i["ts"] < e["ts"] + e["dur"]]
+        precision = "bf16" if any(i["args"]["Input type"][0] == "c10::BFloat16" for i in inner) else "fp32"
+        frame = FRAME.match(innermost(frames, e)["name"])  # type: ignore[index]
+        assert frame
+        expected[precision].add(f"{frame['func']} · {Path(frame['file']).name}:{frame['line']}")
+    # the recording is what the test is about: one function per precision, same dims and dtypes
+    assert len(outer) == 5 and len({json.dumps(e["args"]["Input Dims"]) for e in outer}) == 1
+    assert len({json.dumps(e["args"]["Input type"]) for e in outer}) == 1
+    assert [len(v) for v in expected.values()] == [1, 1] and expected["bf16"] != expected["fp32"]
+    assert any(w.startswith("_autocast_call ·") for w in expected["bf16"])
+    trace = tracemagic.load(path, cache_dir=tmp_path)
+    table = TraceData(trace).efficiency_where()
+    rows = table[(table["name"] == "aten::linear") & table["input_type"].str.startswith('["float"')]
+    assert sorted(rows["precision"]) == ["bf16", "fp32"]
+    for row in rows.itertuples():
+        assert set(row.where.split(", ")) == expected[row.precision], row.precision
+    # the roofline's hover takes the same text, row for row
+    assert table.attrs["where"] == table["where"].fillna("").astype(str).tolist()

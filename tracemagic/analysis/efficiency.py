@@ -583,6 +583,15 @@ def op_shapes(trace: TraceTables) -> tuple[pd.DataFrame, np.ndarray]:
     return trace.shared(Shared.EFFICIENCY_OP_SHAPES, compute)
 
 
+def chain_precisions(trace: TraceTables) -> tuple[np.ndarray, np.ndarray]:
+    """The top rows of ``op_shapes``' call chains and the ``precision`` each counts under
+    (None: none). With its top's rank, name, input dims and input type this is the row of
+    ``efficiency()`` the chain is counted in: autocast's calls and plain ones of the same op,
+    dims and dtypes are rows apart, and their sites must be too (the views' ``where``)."""
+    table, group_of = op_shapes(trace)
+    return chain_costs(trace)["row"].to_numpy(), table["precision"].to_numpy(dtype=object)[group_of]
+
+
 def roofline(trace: TraceTables) -> pd.DataFrame:
     """``op_shapes`` with the rates, peaks, bound and % of the roof at the device's own
     peaks; computed once per trace (``efficiency()`` and ``layers()`` share it)."""

@@ -19,6 +19,7 @@ import pandas as pd
 
 from tracemagic.analysis import aggregate as _aggregate
 from tracemagic.analysis import diff as _diff
+from tracemagic.analysis import efficiency as _efficiency
 from tracemagic.analysis import layers as _layers
 from tracemagic.analysis import lines as _lines
 from tracemagic.analysis import memory as _memory
@@ -277,7 +278,7 @@ class TraceData:
 
         def compute() -> pd.DataFrame:
             keys = ["rank", "name", "input_dims", "input_type", "concrete_inputs"]
-            return self._keyed_where(self.shapes, keys, after="concrete_inputs")
+            return self._keyed_where(self.shapes, keys, _sites.chain_tops(self.trace), after="concrete_inputs")
 
         return self._where("shapes", compute, lambda: self.shapes) if self.can_place else self.shapes
 
@@ -285,28 +286,44 @@ class TraceData:
         """``efficiency()`` with ``where`` (and ``attrs['where']`` for the roofline's hover)."""
 
         def compute() -> pd.DataFrame:
-            keys = ["rank", "name", "input_dims", "input_type"]
-            out = self._keyed_where(self.efficiency, keys, after="precision")  # (the dtypes, what they ran in, where)
+            # a row per precision too (autocast's calls apart from plain ones): each chain
+            # is keyed by the precision it is counted under, so a row lists its own sites
+            tops, precision = _efficiency.chain_precisions(self.trace)
+            keys = ["rank", "name", "input_dims", "input_type", "precision"]
+            out = self._keyed_where(  # (the dtypes, what they ran in, where)
+                self.efficiency, keys, tops, after="precision", given={"precision": precision}
+            )
             out.attrs = {**self.efficiency.attrs, "where": out["where"].fillna("").astype(str).tolist()}
             return out
 
         return self._where("efficiency", compute, lambda: self.efficiency) if self.can_place else self.efficiency
 
-    def _keyed_where(self, table: pd.DataFrame, keys: list[str], after: str) -> pd.DataFrame:
+    def _keyed_where(
+        self,
+        table: pd.DataFrame,
+        keys: list[str],
+        tops: np.ndarray,
+        after: str,
+        given: dict[str, np.ndarray] | None = None,
+    ) -> pd.DataFrame:
         """``table`` (rows keyed by the call chains' top op's ``keys``) with ``where``, the
-        sites of those top ops, most host time first."""
+        sites of the top ops ``tops`` of its row, most host time first. A key is the top's
+        events column, or the values ``given`` for it (one per top)."""
         if table.empty:
             return table.assign(where=pd.Series(dtype="str"))
         events = self.trace.events
-        tops = _sites.chain_tops(self.trace)
-        frame = pd.DataFrame(
-            {
-                k: events[k].to_numpy()[tops]
-                if k == "rank"
-                else pd.array(np.asarray(events[k].array[tops], dtype=object), dtype="str")
-                for k in keys
-            }
-        )
+        given = given or {}
+
+        def column(k: str) -> Any:
+            if k in given:
+                values = given[k]
+            elif k == "rank":
+                return events[k].to_numpy()[tops]
+            else:
+                values = events[k].array[tops]
+            return pd.array(np.asarray(values, dtype=object), dtype="str")
+
+        frame = pd.DataFrame({k: column(k) for k in keys})
         found = _sites.where_by(self.trace, tops, frame, events["dur"].to_numpy()[tops])
         typed = table[keys].astype({k: "str" for k in keys if k != "rank"})
         merged = typed.merge(found, on=keys, how="left")
