@@ -5,6 +5,7 @@ plugin's rule re-implemented from the raw JSON in ``tb_reference`` (never our ow
 from __future__ import annotations
 
 import gzip
+import re
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 
 import tracemagic
 from conftest import TRACES
-from tb_reference import GPU, KERNEL, RUNTIME, category, device_windows, union
+from tb_reference import GPU, KERNEL, RUNTIME, category, device_windows, host_steps, union
 
 #: the GPU-lag trace (V100, ns timestamps), the old-format ResNet-50, NCCL, the big A100 one, AMD
 FILES = [
@@ -269,3 +270,115 @@ def test_gpu_utilization_is_the_plugins_kernel_time_over_step_time(name: str) ->
     facts = dict(insights.facts(TraceData(trace)))
     assert facts["GPU utilization"].startswith(f"{100 * ours:.0f}%") and "kernels only" in facts["GPU utilization"]
     assert facts["GPU"].startswith("busy ")
+
+
+def _kernels_in_steps(events: list[dict[str, Any]]) -> tuple[dict[int, list[float]], int]:
+    """One rank's raw events: per ProfilerStep its window counts (the plugin's rule,
+    ``device_windows``), the lengths of the kernels whose launching runtime call (by
+    correlation id) starts inside its host span; and how many kernels there are in all."""
+    spans = host_steps(events)
+    counted = {n for n, _, _ in device_windows(events, 0.0)}
+    launched = {
+        (e.get("args") or {}).get("correlation"): float(e["ts"])
+        for e in events
+        if e.get("ph") == "X" and category(e) in RUNTIME
+    }
+    kernels = [e for e in events if e.get("ph") == "X" and category(e) in KERNEL]
+    per_step: dict[int, list[float]] = {n: [] for n in counted}
+    for k in kernels:
+        ts = launched.get((k.get("args") or {}).get("correlation"))
+        step = next((n for n, start, end in spans if ts is not None and start <= ts <= end), None)
+        if step in counted:
+            per_step[step].append(float(k["dur"]))
+    return per_step, len(kernels)
+
+
+def _check_kernels_fact(text: str, per_rank: list[dict[int, list[float]]], total: int, step: int | None) -> None:
+    """The Overview's kernels fact against the raw count: the kernels of the steps (of
+    ``step``), per step of one rank (as the mean step), their mean length, and for all
+    steps how many of the trace's kernels that leaves out."""
+    rank_steps = [durs for steps in per_rank for n, durs in steps.items() if step is None or n == step]
+    durs = [d for one in rank_steps for d in one]
+    match = re.fullmatch(
+        r"([\d,]+) \(([\d,.]+) per step( and rank)?, ([\d.]+) (µs|ms) on average\)"
+        r"(?:; ([\d,]+) outside the steps not counted)?",
+        text,
+    )
+    assert match, text
+    assert int(match[1].replace(",", "")) == len(durs), text
+    assert abs(float(match[2].replace(",", "")) - len(durs) / len(rank_steps)) <= 0.05 + 1e-9, text
+    assert bool(match[3]) == (len(per_rank) > 1), text
+    mean = float(match[4]) * (1000 if match[5] == "ms" else 1)
+    assert mean == pytest.approx(sum(durs) / len(durs), rel=0.006), text
+    outside = int(match[6].replace(",", "")) if match[6] else 0
+    assert outside == (total - len(durs) if step is None else 0), text
+
+
+@pytest.mark.parametrize("name", ["param_dlrm_kineto.tar.gz", "hta_nccl_data.json.gz"])
+def test_the_overviews_kernels_are_those_of_the_steps_per_rank(name: str, tmp_path: Path) -> None:
+    """The Overview's kernels fact (dashboard, report, text summary) counts the kernels
+    launched inside a ProfilerStep of their rank, per step of one rank as the mean step
+    beside it; DLRM's 8 ranks launch ~247 each in their one step (10), and 128 kernels in
+    flight when profiling began are in no step: all steps and step 10 say the same."""
+    import html
+    import tarfile
+
+    from tracemagic.views import Dashboard, text
+    from tracemagic.views.report import write_report
+
+    if name.endswith(".tar.gz"):
+        with tarfile.open(TRACES / name) as archive:
+            raws = [json.load(archive.extractfile(m))["traceEvents"] for m in archive.getmembers()  # type: ignore[arg-type]
+                    if m.isfile() and m.name.endswith(".json")]
+    else:
+        raws = [_raw(name)]
+    counted = [_kernels_in_steps(events) for events in raws]
+    per_rank = [steps for steps, _ in counted]
+    total = sum(n for _, n in counted)
+    trace = tracemagic.load(TRACES / name, cache_dir=tmp_path / "cache")
+    shown = dict(Dashboard(trace).section("overview").facts)["kernels"]
+    _check_kernels_fact(shown, per_rank, total, None)
+    numbers = sorted({n for steps in per_rank for n in steps})
+    for step in numbers:
+        _check_kernels_fact(dict(Dashboard(trace, step=step).section("overview").facts)["kernels"], per_rank, total, step)
+    if len(numbers) == 1:  # one step: all steps are that step
+        (step,) = numbers
+        alone = dict(Dashboard(trace, step=step).section("overview").facts)["kernels"]
+        assert shown.split(";")[0] == alone, (shown, alone)
+    if name.endswith(".tar.gz"):
+        assert total - sum(len(d) for steps in per_rank for d in steps.values()) == 128  # in flight, in no step
+        assert {len(steps[10]) for steps in per_rank} == {245, 246, 251}
+    assert f"kernels: {shown}" in text.summary(trace, width=1000)
+    assert f"<dd>{html.escape(shown)}</dd>" in write_report(trace, tmp_path / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_kernel_rate_counts_the_kernels_of_each_ranks_own_steps(big: bool) -> None:
+    """``aggregate.kernel_rate`` against a set of (rank, step) pairs: a kernel counts where its
+    rank ran that step (steps kept on one rank only, step -1, memcpy left out); with step
+    numbers past 32 bits and a negative rank (untrusted input) the same."""
+    import pandas as pd
+
+    from tracemagic.analysis import aggregate
+
+    rng = np.random.default_rng(7)
+    n = 5000
+    step_values = np.array([-1, 3, 4, 5, 2**40 + 4] if big else [-1, 3, 4, 5, 6])
+    rank_values = np.array([-5, 0, 1, 2] if big else [0, 1, 2, 3])
+    kernels = pd.DataFrame({
+        "rank": rng.choice(rank_values, n).astype(np.int32 if not big else np.int64),
+        "step": rng.choice(step_values, n),
+        "kind": pd.Categorical(rng.choice(["kernel", "memcpy"], n, p=[0.8, 0.2])),
+        "dur": rng.uniform(1, 100, n),
+    })
+    pairs = [(int(r), int(s)) for r in rank_values for s in step_values[1:] if (r + s) % 3]  # each rank its own
+    steps = pd.DataFrame({"rank": [r for r, _ in pairs], "step": [s for _, s in pairs], "window_dur": 1.0})
+    wanted = set(pairs)
+    mine = [(int(r), int(s), float(d)) for r, s, k, d in kernels.itertuples(index=False) if k == "kernel"]
+    durs = [d for r, s, d in mine if (r, s) in wanted]
+    rate = aggregate.kernel_rate(kernels, steps)
+    assert rate["kernels"] == len(durs) and rate["outside"] == len(mine) - len(durs)
+    assert rate["per_step"] == pytest.approx(len(durs) / len(pairs)) and rate["steps"] == len(pairs)
+    assert rate["mean_us"] == pytest.approx(sum(durs) / len(durs)) and rate["ranks"] == len(rank_values)
+    no_rank = aggregate.kernel_rate(kernels.drop(columns="rank"), steps.drop(columns="rank").drop_duplicates("step"))
+    assert no_rank["kernels"] == sum(1 for _, s, _ in mine if s in {s for _, s in pairs})

@@ -313,7 +313,8 @@ def _op_line(scope: Scope, name: str) -> str:
 
 
 def launch_overhead(scope: Scope) -> Row | None:
-    """``KERNELS_PER_STEP`` kernels per step or more, averaging under ``SHORT_KERNEL_US``."""
+    """``KERNELS_PER_STEP`` kernels per step (of one rank) or more, averaging under
+    ``SHORT_KERNEL_US`` (``aggregate.kernel_rate``: the kernels of the steps)."""
     if scope.kernels is None or not scope.has_gpu:
         return None
     rate = aggregate.kernel_rate(scope.kernels, scope.steps)
@@ -324,7 +325,8 @@ def launch_overhead(scope: Scope) -> Row | None:
         float(rate["per_step"]),
         KERNELS_PER_STEP,
         LAUNCH_WEIGHT,
-        f"{int(rate['kernels']) // int(rate['steps']):,} kernels per step averaging {fmt_time(float(rate['mean_us']))}",
+        f"{float(rate['per_step']):,.0f} kernels per step{' and rank' if rate['ranks'] > 1 else ''} averaging "
+        f"{fmt_time(float(rate['mean_us']))}",
         "launch overhead dominates; fuse with torch.compile or CUDA graphs.",
     )
 

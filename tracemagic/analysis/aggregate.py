@@ -125,15 +125,58 @@ def modelled_gpu_us(efficiency: pd.DataFrame) -> tuple[float, float]:
 
 
 def kernel_rate(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
-    """How many GPU kernels (``kind`` kernel; not memcpy/memset) ran and how long they
-    took: ``kernels`` (the count), ``steps`` (the steps of ``steps``, at least 1),
-    ``per_step`` (kernels / steps) and ``mean_us`` (NaN without kernels)."""
-    kern = kernels[(kernels["kind"] == "kernel").to_numpy()] if len(kernels) else kernels
-    n_steps = max(int(steps["step"].nunique()) if not steps.empty else 1, 1)
-    mean = float(kern["dur"].astype(float).mean()) if len(kern) else float("nan")
+    """The GPU kernels (``kind`` kernel; not memcpy/memset) of the steps and how long they
+    took, per step of one rank as the mean step is (:func:`step_means`: the mean over
+    ``steps()`` rows, one per rank and step).
+
+    A kernel counts where its (rank, step) is a row of ``steps`` (``kernels()``' step: that of
+    its launching runtime call); one in no step (in flight when profiling began, launched
+    between or after the steps) or in a step left out of ``steps`` does not.
+
+    Returns:
+        ``kernels`` (the count), ``steps`` (the rows of ``steps``: steps of one rank, at
+        least 1), ``ranks`` (the ranks among them, at least 1), ``per_step`` (kernels /
+        steps: the mean over ranks and steps of one rank's kernels in one step),
+        ``mean_us`` (NaN without kernels) and ``outside`` (the kernels of ``kernels`` not
+        counted). Without steps every kernel counts, as one step.
+    """
+    # on the columns' arrays: no copy of the table's rows
+    keep = (kernels["kind"] == "kernel").to_numpy(dtype=bool) if len(kernels) else np.zeros(0, dtype=bool)
+    total = int(keep.sum())
+    if not steps.empty and total:
+        keep = keep & _in_rank_steps(kernels, steps)
+    count = int(keep.sum())
+    n_steps = max(len(steps), 1)
+    n_ranks = max(int(steps["rank"].nunique()) if "rank" in steps and not steps.empty else 1, 1)
+    mean = float(kernels["dur"].to_numpy(dtype=np.float64)[keep].mean()) if count else float("nan")
     return pd.Series(
-        {"kernels": float(len(kern)), "steps": float(n_steps), "per_step": len(kern) / n_steps, "mean_us": mean}
+        {
+            "kernels": float(count),
+            "steps": float(n_steps),
+            "ranks": float(n_ranks),
+            "per_step": count / n_steps,
+            "mean_us": mean,
+            "outside": float(total - count),
+        }
     )
+
+
+def _in_rank_steps(frame: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """Whether each row of ``frame`` (with ``step``, and ``rank`` where ``steps`` has one)
+    is in a (rank, step) of ``steps``, each pair one exact int64 key compared with
+    ``np.isin``: ``rank << 32 | step + 1`` where both fit 31 bits (a real trace's),
+    else the codes of the rank and of the step among all values (a hash over the rows)."""
+    step, wanted = frame["step"].to_numpy(dtype=np.int64), steps["step"].to_numpy(dtype=np.int64)
+    if not ("rank" in steps and "rank" in frame):
+        return np.isin(step, wanted)
+    rank, ranks = frame["rank"].to_numpy(dtype=np.int64), steps["rank"].to_numpy(dtype=np.int64)
+    limit = 2**31 - 2
+    if all(a.size == 0 or (int(a.min()) >= -1 and int(a.max()) <= limit) for a in (step, wanted, rank, ranks)):
+        return np.isin((rank << 32) | (step + 1), (ranks << 32) | (wanted + 1))
+    n = len(frame)
+    codes, values = pd.factorize(np.concatenate([step, wanted]))
+    key = pd.factorize(np.concatenate([rank, ranks]))[0].astype(np.int64) * max(len(values), 1) + codes
+    return np.isin(key[:n], key[n:])
 
 
 def has_gpu_parts(steps: pd.DataFrame) -> bool:

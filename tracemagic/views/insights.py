@@ -48,7 +48,12 @@ def recommendations(
 
 def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
     """Headline (label, value) pairs for the Overview: devices, ranks, steps, step time
-    and its breakdown, kernels, peak memory, events; of one step given ``step``."""
+    and its breakdown, kernels, peak memory, events; of one step given ``step``.
+
+    Per-step figures are those of one rank's step, as ``steps()`` rows (one per rank and
+    step) give them: the mean step, its shares and the kernels per step (:func:`kernels_text`)
+    are means over the rows; counts over the trace (kernels, events, GPU work in flight) are
+    totals of all ranks, and the kernels counted are those of the steps."""
     out: list[tuple[str, str]] = [("trace", data.name)]
     counts = pd.Series(data.devices).value_counts()
     devices = ", ".join(f"{n} × {name}" if n > 1 else name for name, n in counts.items())
@@ -124,18 +129,17 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         if unlaunched:
             events = sum(int(v["events"]) for v in unlaunched.values())
             us = sum(float(v["us"]) for v in unlaunched.values())
+            on = f" on rank{'s' if len(unlaunched) > 1 else ''} {', '.join(map(str, sorted(unlaunched)))}"
             out.append(
-                ("in flight", f"{events:,} GPU events ({fmt_time(us)}) running when profiling began, in no step")
+                (
+                    "in flight",
+                    f"{events:,} GPU events ({fmt_time(us)}){on if data.several_ranks else ''} running when "
+                    "profiling began, in no step",
+                )
             )
-    rate = tables.kernel_rate(tables.select_step(kernels, step), chosen)
-    if rate["kernels"]:
-        count = int(rate["kernels"])
-        out.append(
-            (
-                "kernels",
-                f"{count:,} ({count // int(rate['steps']):,} per step, {fmt_time(float(rate['mean_us']))} on average)",
-            )
-        )
+    kernel_text = kernels_text(tables.kernel_rate(tables.select_step(kernels, step), chosen), step)
+    if kernel_text:
+        out.append(("kernels", kernel_text))
     peaks = tables.peaks_of(data.memory_peaks, step)
     if not peaks.empty:
         top = peaks.sort_values("peak_bytes", ascending=False).head(4)
@@ -156,6 +160,28 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
     if table is not None:
         out.append(("events", f"{len(table):,}"))
     return out
+
+
+def kernels_text(rate: pd.Series, step: int | None = None) -> str:
+    """The Overview's kernels (``aggregate.kernel_rate``) as text: those of the steps, per
+    step of one rank as the mean step beside it, their mean length, and (all steps) how
+    many ran outside the steps, not counted; '' without kernels."""
+    count = int(rate["kernels"])
+    outside = int(rate["outside"]) if step is None else 0
+    if not count and not outside:
+        return ""
+    per = "per step and rank" if rate["ranks"] > 1 else "per step"
+    text = (
+        f"{count:,} ({count_text(float(rate['per_step']))} {per}, {fmt_time(float(rate['mean_us']))} on average)"
+        if count
+        else "none in the steps"
+    )
+    return text + (f"; {outside:,} outside the steps not counted" if outside else "")
+
+
+def count_text(value: float) -> str:
+    """A mean count as text: whole where it is (to 0.05), else to one decimal."""
+    return f"{value:,.0f}" if abs(value - round(value)) < 0.05 else f"{value:,.1f}"
 
 
 def phase_text(data: TraceData, step: int | None = None) -> str:
