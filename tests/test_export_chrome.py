@@ -164,3 +164,73 @@ def test_hta_reads_our_traces(cpu_capture: Path, tmp_path: Path, throwaway_venv)
     for name in ("hta_nccl_data.json.gz", "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"):
         gpu = result[str(folders[name])]
         assert gpu["ranks"] == [0] and gpu["rows"] > 100 and gpu["kernel_time"] > 0
+
+
+MINITOY = TRACES / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+
+
+def _minitoy_variant(case: str, folder: Path) -> Path:
+    """The small real GPU trace, changed the way traces from elsewhere differ; each loads."""
+    raw = gzip.decompress(MINITOY.read_bytes())
+    if case == "gz_trailing_garbage":  # gzip(1) warns and reads it; so does load
+        path = folder / "garbage.json.gz"
+        path.write_bytes(gzip.compress(raw) + b"\x00\x00 trailing garbage")
+        return path
+    if case == "latin1":
+        raw = raw.replace(b'"python3"', b'"pyth\xe9n3"')
+    elif case == "bom":
+        raw = b"\xef\xbb\xbf" + raw
+    elif case == "correlation_list":  # a kernel whose correlation is no scalar
+        doc = json.loads(raw)
+        next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")["args"]["correlation"] = [1]
+        next(e for e in doc["traceEvents"] if e.get("ph") == "s")["id"] = {"a": 1}
+        raw = json.dumps(doc).encode()
+    elif case == "deep_input_dims":  # deeper than msgspec (and Python's json) can nest
+        doc = json.loads(raw)
+        op = next(e for e in doc["traceEvents"] if "Input Dims" in e.get("args", {}))
+        op["args"]["Input Dims"] = "DEEP"
+        raw = json.dumps(doc).encode().replace(b'"DEEP"', b"[" * 5000 + b"1" + b"]" * 5000, 1)
+    path = folder / f"{case}.json"
+    path.write_bytes(raw)
+    return path
+
+
+@pytest.mark.parametrize("case", ["latin1", "bom", "gz_trailing_garbage", "correlation_list", "deep_input_dims"])
+def test_reads_the_original_as_load_does(case: str, tmp_path: Path) -> None:
+    """A trace that loads exports: the original is re-read with load's tolerance (a BOM,
+    data after the gzip stream, invalid UTF-8 as '?', nesting capped), ids that are no
+    scalar link nothing, and the cut is valid JSON that loads with the same events."""
+    trace = tracemagic.load(_minitoy_variant(case, tmp_path), use_cache=False)
+    for steps in ([2], None):
+        (out,) = trace.to_chrome_trace(tmp_path / f"cut{steps}.json", steps=steps)
+        text = out.read_bytes().decode("utf-8")  # valid UTF-8 ...
+        doc = json.loads(text)  # ... and JSON that Python reads (it nests at most ~1,000 deep)
+        assert doc["baseTimeNanoseconds"] and len(doc["traceEvents"]) > 10
+        cut = tracemagic.load(out, use_cache=False)
+        if steps is None:
+            assert len(cut.events) == len(trace.events) and len(cut.flows) == len(trace.flows)
+            assert sorted(cut.events["name"].astype(str)) == sorted(trace.events["name"].astype(str))
+        else:
+            assert set(cut.events.loc[cut.events["kind"] == "step", "name"].astype(str)) == {"ProfilerStep#2"}
+    if case == "latin1":  # (``text``: the whole trace's)
+        assert "pyth?n3" in text
+    if case == "deep_input_dims":
+        assert "<nested too deep>" in text and "[" * 300 not in text
+
+
+@pytest.mark.parametrize("damage", ["truncated_gzip", "not_json", "removed"])
+def test_original_that_cannot_be_reread_is_a_trace_error(damage: str, tmp_path: Path) -> None:
+    """The original changed since it was loaded: a TraceError naming it and what to do."""
+    path = tmp_path / "run.json.gz"
+    shutil.copy(MINITOY, path)
+    trace = tracemagic.load(path, use_cache=False)
+    if damage == "truncated_gzip":
+        path.write_bytes(MINITOY.read_bytes()[:-100])
+    elif damage == "not_json":
+        path.write_bytes(gzip.compress(b"hello"))
+    else:
+        path.unlink()
+    with pytest.raises(TraceError, match="cannot re-read the original trace") as caught:
+        trace.to_chrome_trace(tmp_path / "cut.json")
+    assert str(path) in str(caught.value) and "trace.to_pfw" in str(caught.value)
+    assert caught.value.path == str(path)

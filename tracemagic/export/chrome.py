@@ -6,7 +6,11 @@ capture of many steps on a GPU easily exceeds that. ``to_chrome_trace`` keeps ch
 launched (even when the kernel ran after the step ended), the flows between kept events,
 and all metadata (process/thread names, ``deviceProperties``, ``distributedInfo``,
 ``baseTimeNanoseconds``). Events are copied byte for byte from the original file, so any
-tool that read the original (HTA, TraceLens, Perfetto) reads the cut.
+tool that read the original (HTA, TraceLens, Perfetto) reads the cut. The file is re-read
+as ``load`` reads it (a BOM, data after the gzip stream, invalid UTF-8 and values nested too
+deep are tolerated), and what ``load`` repairs is repaired in the copy too: invalid UTF-8
+becomes ``?``, a value nested over ``MAX_NESTING`` levels the text ``<nested too deep>``, so
+the cut is valid JSON; an entry of ``traceEvents`` that is not an object is left out.
 
 Open a result in https://ui.perfetto.dev ("Open trace file"); for files over ~1 GB use
 Perfetto's ``trace_processor --httpd FILE`` and open the UI with ``?rpc_port=9001``.
@@ -14,9 +18,9 @@ Perfetto's ``trace_processor --httpd FILE`` and open the UI with ``?rpc_port=900
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import os
-import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +32,10 @@ import orjson
 
 from tracemagic.capture import files
 from tracemagic.errors import TraceError
+from tracemagic.trace.jsonvalues import _BAD_BYTE, MAX_NESTING, _decode, _repair
 from tracemagic.trace.kineto import GPU_CATEGORIES
+from tracemagic.trace.parse import _LEADING  # the BOM and white space load skips
+from tracemagic.trace.read import ByteStream, Source, file_source, read_sources
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracemagic.trace.model import TraceTables
@@ -71,6 +78,10 @@ class _Light(msgspec.Struct, gc=False):
 _TOP_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS_RAW = msgspec.json.Decoder(list[msgspec.Raw])
 _LIGHT = msgspec.json.Decoder(_Light)
+#: the ids events are matched by: JSON scalars (a list or an object matches nothing)
+_ID_TYPES = (str, int, float)
+#: bytes checked for valid UTF-8 at once
+_UTF8_BLOCK = 8 << 20
 
 
 @dataclass
@@ -82,29 +93,93 @@ class _Rank:
     events: list[_Light]
 
 
-def _read_source(source: str) -> bytes:
+def _source(source: str) -> Source:
+    """The file (or tar member, ``archive!member``) a rank was loaded from, as ``load`` opens it.
+
+    Raises:
+        TraceError: it is not there (any more), or not a regular file.
+    """
     if "!" in source and not Path(source).exists():
-        archive, member = source.split("!", 1)
-        with tarfile.open(archive) as tar:
-            handle = tar.extractfile(member)
-            if handle is None:
-                raise TraceError(f"{source}: not a file in the archive.", path=source)
-            data = handle.read()
-    else:
-        data = Path(source).read_bytes()
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+        archive = source.split("!", 1)[0]
+        for member in read_sources(Path(archive)):
+            if member.name == source:
+                return member
+        raise TraceError(f"{source}: not a trace in the archive (any more).", path=source)
+    return file_source(Path(source))
+
+
+def _read_source(source: str) -> bytes | bytearray:
+    """The JSON of a rank's file, decompressed as ``load`` does it (gzip, several gzip
+    members, data after the gzip stream ignored; see ``ByteStream``), with each invalid
+    UTF-8 byte replaced by ``?`` (same length), as ``load`` reads it.
+
+    Raises:
+        TraceError: the file cannot be read, or its gzip is damaged or cut off.
+    """
+    with ByteStream(_source(source)) as stream:
+        data = stream.read_all()
+        if stream.truncated:
+            raise TraceError(f"{source}: the gzip stream is cut off (the file is truncated).", path=source)
+    return _valid_utf8(data)
+
+
+def _valid_utf8(data: bytes | bytearray) -> bytes | bytearray:
+    """``data`` with each invalid UTF-8 byte replaced by ``?`` (same length, so the events
+    copied from it are the original's bytes wherever they were valid)."""
+    if data.isascii():
+        return data
+    check = codecs.getincrementaldecoder("utf-8")()  # block by block: no str of the whole file
+    try:
+        with memoryview(data) as view:
+            for at in range(0, len(data), _UTF8_BLOCK):
+                check.decode(view[at : at + _UTF8_BLOCK])
+            check.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return _BAD_BYTE.sub("?", data.decode("utf-8", "surrogateescape")).encode("utf-8")
+    return data
+
+
+def _capped(value: msgspec.Raw) -> msgspec.Raw:
+    """``value`` (one JSON value), or where it nests deeper than ``MAX_NESTING`` levels, a copy
+    with what is deeper replaced by the text ``<nested too deep>`` (as ``load`` reads it), so
+    any JSON reader (Python's ``json``, Perfetto's) reads the cut. Only a value with that
+    many brackets is scanned."""
+    view = memoryview(value)
+    if view.nbytes <= 2 * MAX_NESTING:  # too short to nest that deep
+        return value
+    text = view.tobytes()
+    if text.count(b"[") + text.count(b"{") <= MAX_NESTING:
+        return value
+    return msgspec.Raw(_repair(text)[0])
 
 
 def _load_rank(rank: int, source: str) -> _Rank:
+    """A rank's file: its metadata, and its events raw (bytes to copy) and decoded.
+
+    Raises:
+        TraceError: the file cannot be read; msgspec.DecodeError: its JSON is damaged.
+    """
     data = _read_source(source)
-    if data.lstrip()[:1] == b"[":
+    start = _LEADING.match(data).end()  # type: ignore[union-attr]  # it matches the empty string
+    body = memoryview(data)[start:]
+    if data[start : start + 1] == b"[":
         meta: dict[str, msgspec.Raw] = {}
-        raw = _EVENTS_RAW.decode(data)
+        listed = _decode(_EVENTS_RAW, body)
     else:
-        top = _TOP_RAW.decode(data)
-        meta = {k: v for k, v in top.items() if k != "traceEvents"}
-        raw = _EVENTS_RAW.decode(top.get("traceEvents", msgspec.Raw(b"[]")))
-    return _Rank(rank, source, meta, raw, [_LIGHT.decode(r) for r in raw])
+        top = _decode(_TOP_RAW, body)  # where msgspec cannot nest as deep, from a repaired copy
+        meta = {k: _capped(v) for k, v in top.items() if k != "traceEvents"}
+        listed = _decode(_EVENTS_RAW, top.get("traceEvents", msgspec.Raw(b"[]")))
+    raw: list[msgspec.Raw] = []
+    events: list[_Light] = []
+    for item in listed:
+        item = _capped(item)  # (a view of ``data``, unless nested too deep)
+        try:
+            event = _LIGHT.decode(item)
+        except msgspec.ValidationError:  # not an object: no event (load skips it as well)
+            continue
+        raw.append(item)
+        events.append(event)
+    return _Rank(rank, source, meta, raw, events)
 
 
 def _num(value: Any) -> float:
@@ -116,6 +191,12 @@ def _num(value: Any) -> float:
 
 def _arg(event: _Light, key: str) -> Any:
     return event.args.get(key) if isinstance(event.args, dict) else None
+
+
+def _id(value: Any) -> Any:
+    """An id events are matched by (``correlation``, ``External id``, a flow's ``id``); None
+    for a value that is no JSON scalar (``[1]``: it links nothing)."""
+    return value if isinstance(value, _ID_TYPES) else None
 
 
 def _select(rank: _Rank, windows: list[tuple[float, float]] | None, max_events: int | None) -> list[int]:
@@ -139,8 +220,10 @@ def _select(rank: _Rank, windows: list[tuple[float, float]] | None, max_events: 
         for start, end in windows:
             inside |= (ts >= (start - 0.5) * scale) & (ts <= (end + 0.5) * scale)
         keep = inside & timed & ~is_gpu
-        corr = {c for i in np.flatnonzero(keep) if (c := _arg(events[i], "correlation")) is not None}
-        launched = np.array([bool(is_gpu[i]) and _arg(events[i], "correlation") in corr for i in range(n)], dtype=bool)
+        corr = {c for i in np.flatnonzero(keep) if (c := _id(_arg(events[i], "correlation"))) is not None}
+        launched = np.array(
+            [bool(is_gpu[i]) and _id(_arg(events[i], "correlation")) in corr for i in range(n)], dtype=bool
+        )
         keep |= launched | (inside & is_gpu)
     trimmed = max_events is not None and int(keep.sum()) > max_events
     if trimmed:
@@ -149,11 +232,12 @@ def _select(rank: _Rank, windows: list[tuple[float, float]] | None, max_events: 
     ids: set[Any] = set()
     for i in np.flatnonzero(keep):
         for key in ("correlation", "External id", "external id"):
-            value = _arg(events[i], key)
+            value = _id(_arg(events[i], key))
             if value is not None:
                 ids.add(value)
     flows = np.array(
-        [bool(is_flow[i]) and (events[i].id in ids or (not trimmed and bool(inside[i]))) for i in range(n)], dtype=bool
+        [bool(is_flow[i]) and (_id(events[i].id) in ids or (not trimmed and bool(inside[i]))) for i in range(n)],
+        dtype=bool,
     )
     return np.flatnonzero(keep | flows | is_meta).tolist()
 
@@ -227,6 +311,31 @@ def _write(path: Path, rank: _Rank, keep: list[int], world: int) -> None:
             tmp.unlink()
 
 
+def _reread(rank: int, source: str) -> _Rank:
+    """``_load_rank``, what stops it a ``TraceError`` that names the file and says what to do.
+
+    Raises:
+        TraceError: the file is gone, unreadable, or its JSON is damaged.
+    """
+    advice = (
+        "to_chrome_trace copies the events from the file the trace was loaded from, so it must "
+        "still be there, whole and unchanged; trace.to_pfw(path) writes the loaded events "
+        "instead (Perfetto opens .pfw files too)."
+    )
+    try:
+        return _load_rank(rank, source)
+    except TraceError as exc:
+        raise TraceError(f"cannot re-read the original trace: {exc} {advice}", path=source) from None
+    except (OSError, msgspec.DecodeError) as exc:
+        raise TraceError(f"{source}: cannot re-read the original trace ({exc}). {advice}", path=source) from None
+    except MemoryError:
+        raise TraceError(
+            f"{source}: this machine ran out of memory re-reading the original trace; free memory, "
+            "or export on a machine with more.",
+            path=source,
+        ) from None
+
+
 def to_chrome_trace(
     trace: TraceTables,
     path: str | os.PathLike[str],
@@ -251,7 +360,8 @@ def to_chrome_trace(
 
     Raises:
         ValueError: a step that is not in the trace, or ``max_events`` < 1.
-        TraceError: the trace's source files cannot be read any more.
+        TraceError: the trace's source files cannot be read any more (moved, deleted,
+            changed since the trace was loaded, or damaged: loaded with ``recover=True``).
     """
     path = Path(path)
     ranks = trace.rank_ids
@@ -267,12 +377,7 @@ def to_chrome_trace(
     for r in ranks:
         chosen = steps if steps is not None else (_steps_that_fit(trace, r, max_events) if max_events else None)
         windows = _step_windows(trace, r, chosen) if chosen is not None else None
-        try:
-            loaded = _load_rank(r, str(sources[r]))
-        except (OSError, msgspec.DecodeError) as exc:
-            raise TraceError(
-                f"{sources[r]}: cannot re-read the original trace ({exc}).", path=str(sources[r])
-            ) from None
+        loaded = _reread(r, str(sources[r]))
         keep = _select(loaded, windows, max_events)
         out = path if len(ranks) == 1 else path / f"rank{r}.pt.trace.json{'.gz' if gz else ''}"
         _write(out, loaded, keep, world=len(ranks))
