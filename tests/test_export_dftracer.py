@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -192,3 +193,65 @@ def test_dftracer_own_tools_read_our_output(cpu_trace, tmp_path: Path, throwaway
         [str(python.parent / "dftracer_validate"), "--files", str(path)], capture_output=True, text=True, timeout=120
     )
     assert "1 passed, 0 failed" in validate.stdout + validate.stderr
+
+
+def _minitoy(tmp_path: Path, change, text: tuple[str, str] = ("", "")) -> tracemagic.Trace:
+    """The small real GPU trace with ``change`` applied to its JSON document (then ``text``
+    replaced in the JSON: what ``json`` cannot write), loaded."""
+    doc = json.loads(gzip.decompress((TRACES / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz").read_bytes()))
+    change(doc)
+    path = tmp_path / "changed.json"
+    path.write_text(json.dumps(doc).replace(*text) if text[0] else json.dumps(doc))
+    return tracemagic.load(path, use_cache=False)
+
+
+@pytest.mark.parametrize("field", ["pid", "ts"])
+def test_values_beyond_64_bits_are_written(field: str, tmp_path: Path) -> None:
+    """A pid beyond 64 bits (load keeps it as text) or a ts no integer holds: the file is
+    still written, every line JSON, no raw error and no numpy warning."""
+
+    def huge(doc: dict) -> None:
+        if field == "ts":
+            next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")["ts"] = 1e300
+            return
+        for event in doc["traceEvents"]:
+            if event.get("pid") == 597913:
+                event["pid"] = 2**70
+
+    trace = _minitoy(tmp_path, huge)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (path,) = trace.to_pfw(tmp_path / "run.pfw")
+    events = [json.loads(line) for line in read_lines(path)[1:]]
+    pids = {e["pid"] for e in events}
+    assert all(isinstance(p, int) and -(2**63) <= p < 2**63 for p in pids)
+    timed = [e for e in events if e["ph"] == "X"]
+    assert all(-(2**63) <= e["ts"] < 2**63 and 0 <= e["dur"] < 2**63 for e in timed)
+    assert {e["name"] for e in timed} >= {"aten::linear", "ProfilerStep#1"}
+    assert len(tracemagic.load(path, use_cache=False).events) == len(timed)
+    if field == "pid":
+        assert "1180591620717411303424" in set(trace.events["pid"].astype(str))
+        assert len(pids - {0, 2}) == 1  # the big pid: one process, under a stable stand-in number
+
+
+def test_base_time_that_is_no_number(tmp_path: Path) -> None:
+    """A ``baseTimeNanoseconds`` beyond float64 (1e400: kept as text) places nothing: the
+    usual TraceError asking for ``offset_us``, and with it the file is written."""
+
+    def odd(doc: dict) -> None:
+        doc["baseTimeNanoseconds"] = "BASE"
+
+    trace = _minitoy(tmp_path, odd, ('"BASE"', "1e400"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TraceError, match="offset_us"):
+            trace.to_pfw(tmp_path / "run.pfw")
+        (out,) = trace.to_pfw(tmp_path / "run.pfw", offset_us=1.7e15)
+    assert all(json.loads(line) for line in read_lines(out)[1:])
+
+
+def test_a_field_orjson_cannot_write_is_written_as_text() -> None:
+    """The last guard of every line (no value ``load`` gives reaches it today): an integer
+    beyond 64 bits, a lone surrogate, an object of another type become text."""
+    line = dftracer._dumps({"pid": 1, "args": {"big": 2**70, "name": "a\ud800b", "odd": {1, 2}, "ok": [1.5, None]}})
+    assert json.loads(line) == {"pid": 1, "args": {"big": str(2**70), "name": "a?b", "odd": "{1, 2}", "ok": [1.5, None]}}

@@ -27,6 +27,7 @@ write epoch µs.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import socket
 import tempfile
@@ -54,6 +55,10 @@ CATEGORY = "PP"
 #: (python frames other than ``nn.Module`` ones are skipped)
 DEFAULT_KINDS = tuple(k for k in KINDS if k not in ("trace", "other"))
 _EPOCH_US = 1e15  # µs timestamps above this are already since the epoch (after 2001)
+#: the integers JSON readers (orjson, DFTracer's) take
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+#: the largest float64 below 2**63 (what clips a float to int64's range)
+_INT64_FLOAT = float((1 << 63) - 1024)
 
 
 def wall_clock_offset_us(trace: TraceTables, rank: int) -> float:
@@ -67,24 +72,65 @@ def wall_clock_offset_us(trace: TraceTables, rank: int) -> float:
     base = meta.get("baseTimeNanoseconds")
     if base is not None:
         try:
-            return float(base) / 1000.0
-        except (TypeError, ValueError):
-            pass
+            offset = float(base) / 1000.0
+        except (TypeError, ValueError, OverflowError):
+            offset = math.nan
+        if math.isfinite(offset):
+            return offset
     ts = trace.events.loc[trace.events["rank"] == rank, "ts"].to_numpy()
     ts = ts[np.isfinite(ts)]
     if ts.size == 0 or float(np.median(ts)) > _EPOCH_US:
         return 0.0
+    odd = "no baseTimeNanoseconds" if base is None else f"baseTimeNanoseconds {str(base)[:40]!r} is no time"
     raise TraceError(
-        f"rank {rank}: timestamps are not on the wall clock (no baseTimeNanoseconds, median ts "
+        f"rank {rank}: timestamps are not on the wall clock ({odd}, median ts "
         f"{float(np.median(ts)):.0f} µs); pass offset_us= to to_pfw to place them."
     )
 
 
 def _int_or_hash(value: Any) -> int:
+    """A pid or tid as DFTracer writes it: the integer, or for text that is none or one
+    beyond 64 bits (``load`` keeps such a pid as text), the CRC-32 of the text."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        return zlib.crc32(str(value).encode()) & 0x7FFFFFFF
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if number is not None and _INT64_MIN <= number <= _INT64_MAX:
+        return number
+    return zlib.crc32(_text(value).encode()) & 0x7FFFFFFF
+
+
+def _text(value: Any) -> str:
+    """``str(value)`` that UTF-8 can encode (a lone surrogate becomes ``?``)."""
+    return str(value).encode("utf-8", "replace").decode("utf-8")
+
+
+def _writable(value: Any) -> Any:
+    """``value`` with what JSON (orjson) cannot write as it is written as text: an integer
+    beyond 64 bits, a string with lone surrogates, an object of another type."""
+    if isinstance(value, dict):
+        return {_text(k): _writable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_writable(v) for v in value]
+    if value is None or isinstance(value, (bool, float)):
+        return value
+    if isinstance(value, int):
+        return value if _INT64_MIN <= value <= _UINT64_MAX else str(value)
+    return _text(value)
+
+
+def _dumps(record: dict[str, Any]) -> bytes:
+    """One event as a line of JSON; a field orjson cannot write is written as text."""
+    try:
+        return orjson.dumps(record)
+    except orjson.JSONEncodeError:
+        return orjson.dumps(_writable(record))
+
+
+def _whole_us(values: np.ndarray) -> np.ndarray:
+    """µs as the integers ``.pfw`` holds: floored, clipped to int64's range (a ``ts`` of
+    ``1e300`` has no integer), not a number as 0."""
+    return np.floor(np.clip(np.nan_to_num(values, nan=0.0), -_INT64_FLOAT, _INT64_FLOAT)).astype(np.int64)
 
 
 def _na(value: Any) -> Any:
@@ -103,11 +149,11 @@ def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | N
         str(next((m.get("host_name") for m in trace.meta.get("ranks", {}).values() if m.get("host_name")), ""))
         or socket.gethostname()
     )
-    hhash = zlib.crc32(host.encode()) & 0x7FFFFFFF
+    hhash = zlib.crc32(_text(host).encode()) & 0x7FFFFFFF
     memory_in = _memory_inside(trace)
     next_id = 0
     seen_pids: set[tuple[int, int]] = set()
-    yield orjson.dumps(
+    yield _dumps(
         {
             "id": next_id,
             "name": "HH",
@@ -144,14 +190,14 @@ def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | N
     for rank in sorted(set(cols["rank"][keep].tolist())):
         offset = wall_clock_offset_us(trace, rank) if offset_us is None else float(offset_us)
         rows = np.flatnonzero(keep & (cols["rank"] == rank))
-        start = np.floor(cols["ts"][rows] + offset).astype(np.int64)
-        end = np.floor(cols["ts"][rows] + cols["dur"][rows] + offset).astype(np.int64)
+        start = _whole_us(cols["ts"][rows] + offset)
+        end = _whole_us(cols["ts"][rows] + cols["dur"][rows] + offset)
         for j, r in enumerate(rows):
             pid, tid = _int_or_hash(obj["pid"][r]), _int_or_hash(obj["tid"][r])
             if (rank, pid) not in seen_pids:
                 seen_pids.add((rank, pid))
                 label = f"rank {rank}" + (" GPU" if kind[r] in GPU_KINDS else "")
-                yield orjson.dumps(
+                yield _dumps(
                     {
                         "id": next_id,
                         "name": "process_name",
@@ -204,7 +250,7 @@ def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | N
                 args["step"] = step
             if module_row[r] >= 0 and kind[r] != "python_function":
                 args["module"] = names[module_row[r]][len(MODULE_PREFIX) :]
-            yield orjson.dumps(
+            yield _dumps(
                 {
                     "id": next_id,
                     "name": names[r],
@@ -267,6 +313,10 @@ def to_pfw(
             frames are limited to ``nn.Module`` ones.
         offset_us: µs to add to ``ts`` (default: from the trace's ``baseTimeNanoseconds``,
             so timestamps are µs since the epoch).
+
+    Every line is JSON whatever the trace holds: a pid or tid that is no 64-bit integer
+    (text, or a number ``load`` kept as text) is written as the CRC-32 of its text, a time
+    beyond int64 clipped to it, any other field JSON cannot hold as text.
 
     Returns:
         The path written, in a list (as every exporter of ``tracemagic.export``).
