@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_in_kernel
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
@@ -192,6 +193,8 @@ def test_loop_line_without_loop_is_refused(ip):
         ("--bogus", "unrecognized arguments: --bogus"),
         ("--active three", "--active: invalid int value: 'three'"),
         ("--name ../x", "--name '../x' is not a plain file name"),
+        ("--name 'oops", "cannot read the options \"--name 'oops\": a quote is not closed"),
+        ('--vs "last --active 2', "a quote is not closed"),
     ],
 )
 def test_bad_options_raise_usage_error_naming_the_option(ip, line, needle):
@@ -201,11 +204,40 @@ def test_bad_options_raise_usage_error_naming_the_option(ip, line, needle):
     assert not Path("traces").exists()
 
 
-def test_syntax_error_is_the_users_with_cell_lines(ip):
-    result, out = run(ip, "", "x = 1\nfor i in range(3)\n    pass\n")
-    assert isinstance(result.error_in_exec, SyntaxError)
-    assert result.error_in_exec.lineno == 3
+@pytest.mark.parametrize(
+    ("body", "line", "kind"),
+    [
+        ("x = 1\nfor i in range(3)\n    pass\n", 3, "SyntaxError: expected ':'"),
+        ("\n\nfor i in range(3):\n    y = i @@ i\n", 5, "SyntaxError: invalid syntax"),
+        ("for i in range(3):\n    y = i\n  z = 1\n", 4, "IndentationError: unindent"),  # IPython's tokenizer
+        ("for i in range(3):\n    y = i\nbreak\n", 4, "SyntaxError: 'break' outside loop"),  # the compiler
+    ],
+)
+def test_syntax_error_is_the_users_with_cell_lines(ip, body, line, kind):
+    """Shown as IPython shows a cell's own: at its line in the cell (the magic line is line
+    1), no tracemagic frame; nothing is captured and the cell fails (a UsageError)."""
+    result, out = run(ip, "", body)
+    assert "the cell is not valid Python (the error above); nothing was captured" in _usage_error(result)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", shown(out))
+    assert re.search(rf"Cell In\[\d+\], line {line}\n", text), text
+    assert kind in text and body.splitlines()[line - 2].strip() in text
+    assert "tracemagic/" not in text and "Traceback" not in text
+    assert "_chakra_capture" not in ip.user_ns and not Path("traces").exists()
     assert_nothing_left_running()
+
+
+def test_syntax_error_in_a_kernel_is_shown_at_the_users_line(tmp_path):
+    """In a real kernel (ipykernel compiles cells under its own file names): the cell's
+    SyntaxError alone, at its line in the cell, no tracemagic frame, no capture folder."""
+    cells = ["%load_ext tracemagic", "%%chakra_trace -q --cpu-only\nx = 1\nfor i in range(3):\n    y = x @@ x\n"]
+    nb = run_in_kernel(cells, tmp_path, allow_errors=True)
+    outputs = nb.cells[1].outputs
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join("\n".join(o.get("traceback", [])) + o.get("text", "") for o in outputs))
+    assert [o.get("ename") for o in outputs if o.output_type == "error"] == ["SyntaxError"], text
+    assert "Cell In[2], line 4\n    y = x @@ x\n" in text and "SyntaxError: invalid syntax" in text
+    assert "nothing was captured" in text
+    assert "tracemagic/" not in text and "Traceback" not in text and "compilerop" not in text
+    assert not (tmp_path / "traces").exists()
 
 
 def test_step_call_conflicts_with_loop_option(ip):

@@ -226,6 +226,8 @@ def test_report_paths_are_literal(ip):
         ("--top 0", "--top must be at least 1"),
         ("x --unit s", "argument --unit: invalid choice"),
         ("cap_int", "is a int; pass a path"),
+        ("'notes.txt", "a quote is not closed"),
+        ('notes.txt --vs "b', "a quote is not closed"),
     ],
 )
 def test_report_bad_input_is_a_usage_error_without_traceback(ip, line, message):

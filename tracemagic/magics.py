@@ -184,7 +184,9 @@ class TracemagicMagics(Magics):
         under the capture's status and files) and the capture is kept in
         ``_chakra_capture`` (``%chakra_report`` with no path shows it again). If the
         cell raises (or is interrupted), the steps recorded so far are written and shown
-        and the error is raised again, so "Run All" stops.
+        and the error is raised again, so "Run All" stops. A cell that is not valid Python
+        shows its ``SyntaxError`` at its line in the cell, captures nothing, and stops
+        "Run All" too (a ``UsageError``, as a bad option does).
 
         Example::
 
@@ -194,21 +196,13 @@ class TracemagicMagics(Magics):
                 loss.backward(); opt.step(); opt.zero_grad()
         """
         __tracebackhide__ = True
-        from tracemagic.capture.loop import SESSION_NAME, prepare_cell
+        from tracemagic.capture.loop import SESSION_NAME
         from tracemagic.capture.session import CaptureSession
 
         args, config = self._options(line)
         try:
             _check_outputs(args)
-            prepared = prepare_cell(
-                self.shell,
-                line,
-                cell,
-                loop_line=config.loop_line,
-                handle=config.handle,
-                stop=config.stop,
-                lines=config.lines,
-            )
+            prepared = self._prepare(line, cell, config)
             if config.stop and prepared.plan.mode != "loop":
                 raise CaptureError(
                     "--stop ends the stepped loop, and this cell has none"
@@ -276,13 +270,41 @@ class TracemagicMagics(Magics):
             return capture
         return value
 
+    def _prepare(self, line: str, cell: str, config: Any) -> Any:
+        """The cell compiled and instrumented (``prepare_cell``). A cell that is not valid
+        Python shows its ``SyntaxError`` as IPython shows one in a plain cell (at the line
+        in the cell, without tracemagic's frames) and stops here: nothing is captured, and
+        the ``UsageError`` fails the cell so that "Run All" stops.
+
+        Raises:
+            UsageError: the cell has a syntax error (shown above it).
+            CaptureError: ``--loop`` names no loop, or conflicts with the cell.
+        """
+        from tracemagic.capture.loop import prepare_cell
+
+        try:
+            return prepare_cell(
+                self.shell,
+                line,
+                cell,
+                loop_line=config.loop_line,
+                handle=config.handle,
+                stop=config.stop,
+                lines=config.lines,
+            )
+        except SyntaxError:
+            self.shell.showsyntaxerror()  # (it reads the error from sys.exc_info(): here)
+            raise UsageError(
+                "%%chakra_trace: the cell is not valid Python (the error above); nothing was captured."
+            ) from None
+
     def _options(self, line: str) -> tuple[argparse.Namespace, Any]:
         """The parsed magic line and its ``CaptureConfig``, kept per line (a cell run again
         parses nothing): a bad line raises ``UsageError`` and is not kept."""
         cache = self._parsed
         kept = cache.get(line)
         if kept is None:
-            args = parse_argstring(self.chakra_trace, line)
+            args = _parse_line(self.chakra_trace, line, "%%chakra_trace")
             try:
                 config = config_from_args(
                     args, loop_line=args.loop, tb_names=args.tb_names, stop=args.stop, lines=not args.no_lines
@@ -418,7 +440,7 @@ class TracemagicMagics(Magics):
         """
         from tracemagic.views import Dashboard
 
-        args = parse_argstring(self.chakra_report, line)
+        args = _parse_line(self.chakra_report, line, "%chakra_report")
         if args.top < 1:
             raise UsageError(f"%chakra_report: --top must be at least 1, got {args.top}.")
         trace, title = self._report_source(args.path, "PATH")
@@ -475,6 +497,21 @@ class TracemagicMagics(Magics):
             f"%chakra_report: {option} {spec!r} is a {type(value).__name__}; pass a path, or "
             "a variable holding a Capture, a Trace or a path."
         )
+
+
+def _parse_line(magic: Callable[..., Any], line: str, name: str) -> argparse.Namespace:
+    """``parse_argstring``; a line it cannot split into words (an unterminated quote: shlex's
+    ``ValueError``) a ``UsageError`` that says so, as argparse's own errors are.
+
+    Raises:
+        UsageError: the line cannot be split, or its options are wrong.
+    """
+    try:
+        return parse_argstring(magic, line)
+    except ValueError as exc:
+        raise UsageError(
+            f"{name}: cannot read the options {line.strip()!r}: a quote is not closed ({exc}). Close it, or remove it."
+        ) from None
 
 
 def _check_outputs(args: Any) -> None:

@@ -202,7 +202,12 @@ def prepare_cell(
 
     blank = len(cell) - len(cell.lstrip("\n \t\r\f"))
     leading = cell[:blank].count("\n")  # IPython's transforms drop leading empty lines
-    source = "\n" * (1 + leading) + shell.transform_cell(cell)
+    try:
+        transformed = shell.transform_cell(cell)
+    except SyntaxError as exc:  # IPython's tokenizer (an IndentationError): numbered from the
+        _to_cell_lines(exc, filename, 1 + leading)  # first non-blank line, in no file
+        raise
+    source = "\n" * (1 + leading) + transformed
     tree = shell.compile.ast_parse(source, filename=filename)
     tree = shell.transform_ast(tree)
 
@@ -217,6 +222,16 @@ def prepare_cell(
     if kept:
         PREPARED.put(key, keep, prepared)
     return prepared
+
+
+def _to_cell_lines(exc: SyntaxError, filename: str, before: int) -> None:
+    """Make ``exc`` point at its line in the cell as shown (``before``: the lines above the
+    text it was numbered in: the magic line, leading blank lines), in the cell's file."""
+    exc.filename = filename
+    if exc.lineno is not None:
+        exc.lineno += before
+    if exc.end_lineno is not None:
+        exc.end_lineno += before
 
 
 class PreparedCache:
