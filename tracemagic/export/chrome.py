@@ -9,8 +9,9 @@ and all metadata (process/thread names, ``deviceProperties``, ``distributedInfo`
 tool that read the original (HTA, TraceLens, Perfetto) reads the cut. The file is re-read
 as ``load`` reads it (a BOM, data after the gzip stream, invalid UTF-8 and values nested too
 deep are tolerated), and what ``load`` repairs is repaired in the copy too: invalid UTF-8
-becomes ``?``, a value nested over ``MAX_NESTING`` levels the text ``<nested too deep>``, so
-the cut is valid JSON; an entry of ``traceEvents`` that is not an object is left out.
+becomes ``?``, and in a file nested too deep for msgspec, what is nested over 200 levels
+the text ``<nested too deep>``, so the cut is valid JSON; an entry of ``traceEvents`` that
+is not an object is left out.
 
 Open a result in https://ui.perfetto.dev ("Open trace file"); for files over ~1 GB use
 Perfetto's ``trace_processor --httpd FILE`` and open the UI with ``?rpc_port=9001``.
@@ -32,7 +33,7 @@ import orjson
 
 from tracemagic.capture import files
 from tracemagic.errors import TraceError
-from tracemagic.trace.jsonvalues import _BAD_BYTE, MAX_NESTING, _decode, _repair
+from tracemagic.trace.jsonvalues import _BAD_BYTE, _decode
 from tracemagic.trace.kineto import GPU_CATEGORIES
 from tracemagic.trace.parse import _LEADING  # the BOM and white space load skips
 from tracemagic.trace.read import ByteStream, Source, file_source, read_sources
@@ -139,20 +140,6 @@ def _valid_utf8(data: bytes | bytearray) -> bytes | bytearray:
     return data
 
 
-def _capped(value: msgspec.Raw) -> msgspec.Raw:
-    """``value`` (one JSON value), or where it nests deeper than ``MAX_NESTING`` levels, a copy
-    with what is deeper replaced by the text ``<nested too deep>`` (as ``load`` reads it), so
-    any JSON reader (Python's ``json``, Perfetto's) reads the cut. Only a value with that
-    many brackets is scanned."""
-    view = memoryview(value)
-    if view.nbytes <= 2 * MAX_NESTING:  # too short to nest that deep
-        return value
-    text = view.tobytes()
-    if text.count(b"[") + text.count(b"{") <= MAX_NESTING:
-        return value
-    return msgspec.Raw(_repair(text)[0])
-
-
 def _load_rank(rank: int, source: str) -> _Rank:
     """A rank's file: its metadata, and its events raw (bytes to copy) and decoded.
 
@@ -167,12 +154,11 @@ def _load_rank(rank: int, source: str) -> _Rank:
         listed = _decode(_EVENTS_RAW, body)
     else:
         top = _decode(_TOP_RAW, body)  # where msgspec cannot nest as deep, from a repaired copy
-        meta = {k: _capped(v) for k, v in top.items() if k != "traceEvents"}
+        meta = {k: v for k, v in top.items() if k != "traceEvents"}
         listed = _decode(_EVENTS_RAW, top.get("traceEvents", msgspec.Raw(b"[]")))
     raw: list[msgspec.Raw] = []
     events: list[_Light] = []
-    for item in listed:
-        item = _capped(item)  # (a view of ``data``, unless nested too deep)
+    for item in listed:  # (views of ``data``, or of a repaired copy where msgspec could not read it)
         try:
             event = _LIGHT.decode(item)
         except msgspec.ValidationError:  # not an object: no event (load skips it as well)
