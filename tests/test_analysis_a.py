@@ -111,8 +111,8 @@ def sweep_breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
             category = 4
         elif k in ("cpu_op", "user_annotation") and ("DataLoader" in name or name.startswith("enumerate(DataPipe)#")):
             category = 5
-        elif k == "cpu_op" and not name.startswith("ProfilerStep#"):
-            category = 6
+        elif k in ("cpu_op", "user_annotation") and not name.startswith("ProfilerStep#"):
+            category = 6  # host ops and annotations: the TensorBoard plugin's CpuOp
         else:
             continue
         ts = float(e["ts"]) - origin

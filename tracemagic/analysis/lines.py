@@ -204,10 +204,10 @@ def lines(trace: TraceTables) -> pd.DataFrame:
     written, empty without the manifest's cell); ``parent_line`` (the enclosing statement's
     line, -1 at top level); ``calls`` (the line's runs per step: its outermost marks);
     ``cpu_us`` (the union of the line's mark intervals: host wall time, like an op's total
-    CPU time); ``self_cpu_us`` (less its nested lines' marks); ``gpu_us`` (the summed
-    durations of the kernels, memcpy and memset launched by ops beneath the line, or by
-    autograd's backward thread while it ran: the TensorBoard
-    plugin's and ``key_averages``' device total, streams summed);
+    CPU time; ``steps()`` counts it as host work, CPU or above, never idle); ``self_cpu_us``
+    (less its nested lines' marks); ``gpu_us`` (the summed durations of the kernels,
+    memcpy and memset launched by ops beneath the line, or by autograd's backward thread
+    while it ran: the TensorBoard plugin's and ``key_averages``' device total, streams summed);
     ``self_gpu_us`` (those whose innermost line it is); ``step_pct`` (``cpu_us`` as % of the
     mean step, ``steps()``' ``window_dur``); ``alloc_bytes`` (bytes allocated beneath the
     line per step); ``peak_bytes`` (bytes allocated beneath the line, at any time, still

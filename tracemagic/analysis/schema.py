@@ -221,8 +221,11 @@ _TABLES = [
             "memset_us": ("float64", "memset"),
             "runtime_us": ("float64", "CUDA runtime calls"),
             "dataloader_us": ("float64", "data loading"),
-            "cpu_us": ("float64", "host ops with nothing above running"),
-            "idle_us": ("float64", "nothing running"),
+            "cpu_us": (
+                "float64",
+                "host ops and annotations (record_function ranges, line marks) with nothing above running",
+            ),
+            "idle_us": ("float64", "none of the above running"),
             "gpu_busy_us": ("float64", "union of all GPU activity in the window"),
             "gpu_idle_us": ("float64", "``window_dur - gpu_busy_us`` (NaN without a GPU)"),
             "kernel_busy_us": (

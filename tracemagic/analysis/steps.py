@@ -10,6 +10,35 @@ the highest-priority activity running then (in the order of ``CATEGORIES``), whi
 launched it; what nothing covers is idle. The parts therefore add up to ``window_dur``. On
 CPU-only traces the window is the host step.
 
+The categories are the plugin's roles (``event_parser.py``, ``StepParser._parse_step``):
+GPU kernels, communication, memcpy, memset, runtime calls, DataLoader iteration, and CPU:
+every host op and annotation (cat ``cpu_op``/``operator``, ``user_annotation``) that is
+none of those and no ProfilerStep, the plugin's CpuOp ("CPU Exec"). A ``record_function``
+range (``## forward ##``, ``Optimizer.step#SGD.step``, ``DistributedDataParallel.forward``)
+and a ``%%chakra_trace`` line mark (``tracemagic.line:N``) are host work, the Python between
+their ops included: idle is time in no role at all (the plugin's Other). Where we differ
+from the plugin, and why:
+
+- the priority: communication comes right after compute (the plugin: after memcpy and
+  memset), so that ``compute_us + comm_us`` is the kernels' union (``kernel_busy_us``);
+  it moves only the time a copy runs under an NCCL kernel;
+- a kernel is communication when ``nccl`` is in its name (the plugin: when its External id
+  is that of a host range with one of five ``nccl:*`` names; recent traces hang the NCCL
+  kernels off ``record_param_comms``, and the plugin counts them as compute);
+- a GPU rank's host collectives (``nccl:*``, ``record_param_comms``) are CPU time, not
+  communication (the plugin's): they only launch the NCCL kernels, which count as that;
+  ``gloo:*`` ones, which move the data on the host, are communication on any rank, and on a
+  rank without GPU activity every host collective is (``nccl|gloo|mpi|ucc|xccl:*``, the
+  plugin's five ``nccl:``/``gloo:`` names);
+- DataLoader is any host range named with ``DataLoader`` or ``enumerate(DataPipe)#`` (the
+  plugin: ``enumerate(DataLoader)#...__next__``; the rest are its CpuOp);
+- ``cuda_driver`` calls (a Triton kernel's ``cuLaunchKernel``) are runtime (the plugin
+  reads no such category);
+- ``gpu_user_annotation`` ranges count for nothing: they are drawn over a GPU stream, not
+  host work (the plugin maps them to ``user_annotation``: CpuOp); ``python_function``
+  events count for nothing in either, and neither does the old cat ``python`` here, which
+  we read as ``python_function`` (the plugin's PYTHON: CpuOp).
+
 Like the plugin, a rank's trailing steps that launched no GPU work (on a rank where some
 step did), and the last one that launched under 80% of its predecessor's GPU events, are
 dropped: the profiler stopped before their kernels ran or were recorded, so a ~100% idle
@@ -50,12 +79,12 @@ from tracemagic.trace.structure import timed_rows
 #: breakdown columns in priority order (a higher one wins where activities overlap)
 CATEGORIES = (
     "compute_us",  # GPU kernels other than communication
-    "comm_us",  # NCCL kernels, host gloo collectives; on CPU-only ranks, host time in any collective
+    "comm_us",  # NCCL kernels, host gloo collectives; on ranks without a GPU, host time in any collective
     "memcpy_us",
     "memset_us",
     "runtime_us",  # host in CUDA/HIP runtime and driver calls
     "dataloader_us",  # host in DataLoader iteration
-    "cpu_us",  # host in other CPU ops
+    "cpu_us",  # host in other CPU ops and annotations (the plugin's "CPU Exec")
 )
 #: host collectives of gloo, which moves the data on the host: communication on any rank
 _GLOO = re.compile(r"^gloo:\w+")
@@ -304,7 +333,10 @@ def _category_masks(trace: TraceTables) -> dict[str, np.ndarray]:
         "memset_us": of_kind("memset"),
         "runtime_us": duration & kind_mask(events, "runtime"),
         "dataloader_us": duration & is_dataloader(trace),
-        "cpu_us": duration & kind_mask(events, "cpu_op"),
+        # every host op and annotation (record_function ranges, the magic's line marks), the
+        # plugin's CpuOp: the host is running Python between the ops inside them; the ones in
+        # the categories above (DataLoader, collectives) are covered there already
+        "cpu_us": host,
     }
     # kept for the trace's lifetime: a category no event feeds (a CPU trace's six GPU ones)
     # is a read-only view of one False, in no memory

@@ -68,7 +68,8 @@ def phase_means(phases: pd.DataFrame) -> pd.Series:
 
 def part_names(steps: pd.DataFrame) -> dict[str, str]:
     """``STEP_PARTS`` named for this trace (``steps()`` or ``ranks()``): without any
-    GPU activity the host's op time is ``CPU ops``, as there is no GPU to be idle."""
+    GPU activity the host's time in ops and annotations is ``CPU ops``, as there is no GPU
+    to be idle."""
     if aggregate.has_gpu_parts(steps):
         return STEP_PARTS
     return {**STEP_PARTS, "cpu_us": "CPU ops"}
