@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -190,12 +191,27 @@ def _minitoy_variant(case: str, folder: Path) -> Path:
         op = next(e for e in doc["traceEvents"] if "Input Dims" in e.get("args", {}))
         op["args"]["Input Dims"] = "DEEP"
         raw = json.dumps(doc).encode().replace(b'"DEEP"', b"[" * 5000 + b"1" + b"]" * 5000, 1)
+    elif case in ("arg_beyond_float64", "dur_beyond_float64"):  # msgspec refuses the event whole
+        doc = json.loads(raw)
+        kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+        if case == "arg_beyond_float64":
+            kernel["args"]["odd"] = "BIG"
+            raw = json.dumps(doc).encode().replace(b'"BIG"', b"1e400", 1)
+        else:  # an integer: msgspec keeps it, float() overflows (load reads it as 0, with a note)
+            kernel["dur"] = "BIG"
+            raw = json.dumps(doc).encode().replace(b'"BIG"', b"1" + b"0" * 400, 1)
     path = folder / f"{case}.json"
     path.write_bytes(raw)
     return path
 
 
-@pytest.mark.parametrize("case", ["latin1", "bom", "gz_trailing_garbage", "correlation_list", "deep_input_dims"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "latin1", "bom", "gz_trailing_garbage", "correlation_list", "deep_input_dims", "arg_beyond_float64",
+        "dur_beyond_float64",
+    ],
+)
 def test_reads_the_original_as_load_does(case: str, tmp_path: Path) -> None:
     """A trace that loads exports: the original is re-read with load's tolerance (a BOM,
     data after the gzip stream, invalid UTF-8 as '?', nesting capped), ids that are no
@@ -234,3 +250,18 @@ def test_original_that_cannot_be_reread_is_a_trace_error(damage: str, tmp_path: 
         trace.to_chrome_trace(tmp_path / "cut.json")
     assert str(path) in str(caught.value) and "trace.to_pfw" in str(caught.value)
     assert caught.value.path == str(path)
+
+
+def test_a_tar_in_a_folder_named_with_a_bang_is_reread(tmp_path: Path) -> None:
+    """A rank read from a tar member is named ``archive!member``: a "!" in a folder above the
+    archive does not cut the path there."""
+    folder = tmp_path / "exp!1"
+    folder.mkdir()
+    member = tmp_path / "worker0.pt.trace.json.gz"
+    shutil.copy(MINITOY, member)
+    archive = folder / "run.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(member, arcname="worker0.pt.trace.json.gz")
+    trace = tracemagic.load(archive, use_cache=False)
+    (out,) = trace.to_chrome_trace(tmp_path / "cut.json")
+    assert len(tracemagic.load(out, use_cache=False).events) == len(trace.events)

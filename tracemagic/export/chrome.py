@@ -79,6 +79,7 @@ class _Light(msgspec.Struct, gc=False):
 _TOP_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS_RAW = msgspec.json.Decoder(list[msgspec.Raw])
 _LIGHT = msgspec.json.Decoder(_Light)
+_ANY = msgspec.json.Decoder()
 #: the ids events are matched by: JSON scalars (a list or an object matches nothing)
 _ID_TYPES = (str, int, float)
 #: bytes checked for valid UTF-8 at once
@@ -101,7 +102,9 @@ def _source(source: str) -> Source:
         TraceError: it is not there (any more), or not a regular file.
     """
     if "!" in source and not Path(source).exists():
-        archive = source.split("!", 1)[0]
+        # the archive is the longest prefix before a "!" that is a file (a folder may hold "!")
+        cuts = [i for i, c in enumerate(source) if c == "!"]
+        archive = next((source[:i] for i in reversed(cuts) if Path(source[:i]).is_file()), source[: cuts[0]])
         for member in read_sources(Path(archive)):
             if member.name == source:
                 return member
@@ -161,17 +164,50 @@ def _load_rank(rank: int, source: str) -> _Rank:
     for item in listed:  # (views of ``data``, or of a repaired copy where msgspec could not read it)
         try:
             event = _LIGHT.decode(item)
-        except msgspec.ValidationError:  # not an object: no event (load skips it as well)
-            continue
+        except msgspec.ValidationError:
+            found = _field_by_field(item)
+            if found is None:  # not an object: no event (load skips it as well)
+                continue
+            event = found
         raw.append(item)
         events.append(event)
     return _Rank(rank, source, meta, raw, events)
 
 
+def _field_by_field(item: msgspec.Raw) -> _Light | None:
+    """The ``_Light`` of an event msgspec refuses whole (a number beyond float64 in it, which
+    ``load`` reads as missing): each field, and each of its ``args``, read on its own, one
+    that cannot be read left out; None for an entry that is not an object."""
+    try:
+        fields = _TOP_RAW.decode(item)
+    except msgspec.DecodeError:
+        return None
+    values: dict[str, Any] = {}
+    for name in _Light.__struct_fields__:
+        if name in fields:
+            decoder = _TOP_RAW if name == "args" else _ANY
+            try:
+                values[name] = decoder.decode(fields[name])
+            except msgspec.DecodeError:
+                continue
+    if isinstance(values.get("args"), dict):
+        values["args"] = {k: v for k, v in ((k, _lenient(v)) for k, v in values["args"].items()) if v is not None}
+    return _Light(**values)
+
+
+def _lenient(value: msgspec.Raw) -> Any:
+    """A JSON value, or None where msgspec cannot read it."""
+    try:
+        return _ANY.decode(value)
+    except msgspec.DecodeError:
+        return None
+
+
 def _num(value: Any) -> float:
+    """A number field as a float; NaN for anything else (text, a list, an integer beyond float64)."""
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return float("nan")
 
 
