@@ -490,6 +490,7 @@ def run(mutants: int, seed: int, jobs: int, batch: int, timeout: float, only: li
                             queue.insert(0, b.pending)
                         running.remove(b)
         finally:  # stopped early (an error, Ctrl-C, a caller's SIGTERM): no worker outlives the run
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (not cut short by a second SIGTERM)
             for b in running:
                 _stop(b)
     return sorted(results, key=lambda r: r["i"])

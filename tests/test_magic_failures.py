@@ -226,6 +226,17 @@ def test_syntax_error_is_the_users_with_cell_lines(ip, body, line, kind):
     assert_nothing_left_running()
 
 
+def test_a_top_level_await_is_named_not_called_invalid_python(ip):
+    """IPython runs a plain cell's top-level ``await`` (autoawait); the capture cannot, and the
+    message says so, with the line, rather than that the cell is not valid Python."""
+    result, out = run(ip, "", "import asyncio\nawait asyncio.sleep(0)\nx = 1\n")
+    error = _usage_error(result)
+    assert "top-level `await` cannot run inside the capture" in error and "not valid Python" not in error
+    text = re.sub(r"\x1b\[[0-9;]*m", "", shown(out))
+    assert re.search(r"Cell In\[\d+\], line 3\n", text) and "await asyncio.sleep(0)" in text, text
+    assert "_chakra_capture" not in ip.user_ns and not Path("traces").exists()
+
+
 def test_syntax_error_in_a_kernel_is_shown_at_the_users_line(tmp_path):
     """In a real kernel (ipykernel compiles cells under its own file names): the cell's
     SyntaxError alone, at its line in the cell, no tracemagic frame, no capture folder."""

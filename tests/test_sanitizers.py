@@ -19,6 +19,7 @@ Skipped where the C compiler has no sanitizer runtime (``libasan``, ``libubsan``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -148,11 +149,13 @@ def finished(command: list[str], tree: Path, env: dict[str, str], timeout: float
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # (it may end just now)
+            os.killpg(process.pid, signal.SIGTERM)
         try:
             out, err = process.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             out, err = process.communicate()
         pytest.fail(f"no answer in {timeout:.0f} s\n{reports(tree)}\n{err[-3000:]}")
     return subprocess.CompletedProcess(command, process.returncode, out, err)

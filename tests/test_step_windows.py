@@ -501,3 +501,32 @@ def test_host_ranges_in_a_step_are_cpu_time_by_the_documented_rule(tmp_path: Pat
     assert {p: row[p] for p in PARTS} == pytest.approx(want)
     ((_, begin, stop),) = device_windows(events, 10_000)
     assert breakdown(events, [(1, begin, stop)], 10_000) == [pytest.approx(want)]
+
+
+def test_a_step_the_tail_rule_left_out_shows_no_kernels_of_its_own(tmp_path: Path) -> None:
+    """Step 2 launched half of step 1's kernels, so ``steps()`` leaves it out (the plugin's tail
+    rule): the Overview of all steps says its 5 kernels are outside the steps, and the
+    Overview of step 2 alone shows no kernels fact (not the 5 as "per step" of a 0 µs step)."""
+    from tracemagic.views import Dashboard
+
+    events, corr = [], 0
+
+    def x(name: str, cat: str, ts: float, dur: float, gpu: bool = False, **args: Any) -> dict[str, Any]:
+        where = {"pid": 0, "tid": 7} if gpu else {"pid": 1, "tid": 1}
+        return {"ph": "X", "cat": cat, "name": name, "ts": 10_000 + ts, "dur": dur, "args": args, **where}
+
+    for step, launched in ((1, 10), (2, 5)):
+        base = (step - 1) * 1000
+        events.append(x(f"ProfilerStep#{step}", "user_annotation", base, 900))
+        for i in range(launched):
+            corr += 1
+            events.append(x("cudaLaunchKernel", "cuda_runtime", base + 10 + 20 * i, 5, correlation=corr))
+            events.append(x("k", "kernel", base + 20 + 20 * i, 10, gpu=True, correlation=corr, device=0, stream=7))
+    path = tmp_path / "tail.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = tracemagic.load(path, use_cache=False)
+    assert trace.steps()["step"].tolist() == [1]
+    facts = {step: dict(Dashboard(trace, step=step).section("overview").facts) for step in (None, 1, 2)}
+    assert facts[None]["kernels"].startswith("10 (10 per step") and "5 outside the steps" in facts[None]["kernels"]
+    assert facts[1]["kernels"].startswith("10 (10 per step")
+    assert "kernels" not in facts[2]

@@ -186,7 +186,8 @@ class TracemagicMagics(Magics):
         cell raises (or is interrupted), the steps recorded so far are written and shown
         and the error is raised again, so "Run All" stops. A cell that is not valid Python
         shows its ``SyntaxError`` at its line in the cell, captures nothing, and stops
-        "Run All" too (a ``UsageError``, as a bad option does).
+        "Run All" too (a ``UsageError``, as a bad option does); so does a top-level
+        ``await``, which IPython runs in a plain cell but the capture cannot.
 
         Example::
 
@@ -292,8 +293,14 @@ class TracemagicMagics(Magics):
                 stop=config.stop,
                 lines=config.lines,
             )
-        except SyntaxError:
+        except SyntaxError as exc:
             self.shell.showsyntaxerror()  # (it reads the error from sys.exc_info(): here)
+            if "await" in str(exc.msg):  # valid in a plain cell (IPython's autoawait), not here
+                raise UsageError(
+                    "%%chakra_trace: a top-level `await` cannot run inside the capture (the error above); "
+                    "nothing was captured. Run the awaited part in a cell of its own, or drive it with "
+                    "asyncio.run(...) inside a function."
+                ) from None
             raise UsageError(
                 "%%chakra_trace: the cell is not valid Python (the error above); nothing was captured."
             ) from None

@@ -34,6 +34,11 @@ def fmt_time(us: float | None, unit: str | None = None) -> str:
     return f"{value:,.3g} {unit}" if abs(value) < 100 else f"{value:,.0f} {unit}"
 
 
+def fmt_count(value: float) -> str:
+    """A mean count as text: whole where it is (to 0.05), else to one decimal (``2,047.5``)."""
+    return f"{value:,.0f}" if abs(value - round(value)) < 0.05 else f"{value:,.1f}"
+
+
 def fmt_bytes(n: float | None) -> str:
     """Bytes as short text (``1.5 GiB``)."""
     if n is None or (isinstance(n, float) and math.isnan(n)) or n is pd.NA:

@@ -31,7 +31,7 @@ from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis import syncs as _syncs
 from tracemagic.analysis._common import memory_off_cpu
-from tracemagic.analysis._text import fmt_bytes, fmt_pct, fmt_time, shorten
+from tracemagic.analysis._text import fmt_bytes, fmt_count, fmt_pct, fmt_time, shorten
 from tracemagic.analysis.schema import TABLES, computes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -325,7 +325,7 @@ def launch_overhead(scope: Scope) -> Row | None:
         float(rate["per_step"]),
         KERNELS_PER_STEP,
         LAUNCH_WEIGHT,
-        f"{float(rate['per_step']):,.0f} kernels per step{' and rank' if rate['ranks'] > 1 else ''} averaging "
+        f"{fmt_count(float(rate['per_step']))} kernels per step{' and rank' if rate['ranks'] > 1 else ''} averaging "
         f"{fmt_time(float(rate['mean_us']))}",
         "launch overhead dominates; fuse with torch.compile or CUDA graphs.",
     )

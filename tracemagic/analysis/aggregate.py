@@ -138,13 +138,13 @@ def kernel_rate(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
         least 1), ``ranks`` (the ranks among them, at least 1), ``per_step`` (kernels /
         steps: the mean over ranks and steps of one rank's kernels in one step),
         ``mean_us`` (NaN without kernels) and ``outside`` (the kernels of ``kernels`` not
-        counted). Without steps every kernel counts, as one step.
+        counted). Without steps (a step ``steps()`` leaves out, selected alone) none counts.
     """
     # on the columns' arrays: no copy of the table's rows
     keep = (kernels["kind"] == "kernel").to_numpy(dtype=bool) if len(kernels) else np.zeros(0, dtype=bool)
     total = int(keep.sum())
-    if not steps.empty and total:
-        keep = keep & _in_rank_steps(kernels, steps)
+    if total:  # (no steps: a step left out by the tail rule, selected alone; none counts)
+        keep = keep & _in_rank_steps(kernels, steps) if not steps.empty else np.zeros_like(keep)
     count = int(keep.sum())
     n_steps = max(len(steps), 1)
     n_ranks = max(int(steps["rank"].nunique()) if "rank" in steps and not steps.empty else 1, 1)

@@ -21,6 +21,7 @@ import pandas as pd
 # the number formats are the analyses' own (``analysis._text``: the advice quotes figures with them)
 from tracemagic.analysis._text import UNITS as UNITS
 from tracemagic.analysis._text import fmt_bytes as fmt_bytes
+from tracemagic.analysis._text import fmt_count as fmt_count
 from tracemagic.analysis._text import fmt_pct as fmt_pct
 from tracemagic.analysis._text import fmt_time as fmt_time
 from tracemagic.analysis._text import shorten as shorten

@@ -10,7 +10,7 @@ import pandas as pd
 
 from tracemagic.analysis import advice as _advice
 from tracemagic.views import tables
-from tracemagic.views._format import fmt_bytes, fmt_pct, fmt_time
+from tracemagic.views._format import fmt_bytes, fmt_count, fmt_pct, fmt_time
 from tracemagic.views.data import TraceData
 
 #: the advice's rules and thresholds (re-exported: the views' older names)
@@ -172,16 +172,11 @@ def kernels_text(rate: pd.Series, step: int | None = None) -> str:
         return ""
     per = "per step and rank" if rate["ranks"] > 1 else "per step"
     text = (
-        f"{count:,} ({count_text(float(rate['per_step']))} {per}, {fmt_time(float(rate['mean_us']))} on average)"
+        f"{count:,} ({fmt_count(float(rate['per_step']))} {per}, {fmt_time(float(rate['mean_us']))} on average)"
         if count
         else "none in the steps"
     )
     return text + (f"; {outside:,} outside the steps not counted" if outside else "")
-
-
-def count_text(value: float) -> str:
-    """A mean count as text: whole where it is (to 0.05), else to one decimal."""
-    return f"{value:,.0f}" if abs(value - round(value)) < 0.05 else f"{value:,.1f}"
 
 
 def phase_text(data: TraceData, step: int | None = None) -> str:
