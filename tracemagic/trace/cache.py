@@ -69,7 +69,7 @@ import tempfile
 import threading
 import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -316,8 +316,7 @@ def read(found: Entry) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], Path
             events_file = _Mapped(_file(base, EVENTS_SUFFIX), seal["events"])
             flows_file = _Mapped(_file(base, FLOWS_SUFFIX), seal["flows"])
             stored = events_file.layout()
-            events = events_file.frame(stored)
-            check_events(events)
+            events = events_file.frame(stored, check_events)
             flows = flows_file.frame(flows_file.layout())
             meta = stored["meta"]
             for section in ("ranks", "processes", "threads"):
@@ -350,12 +349,13 @@ _DTYPES: dict[str, np.dtype[Any] | None] = {
 _BLOCK = 1 << 15
 
 
-def check_events(events: pd.DataFrame) -> None:
-    """Check what the tables rely on and a parse guarantees but Arrow's validation cannot
-    see (a cache edited on purpose, its seal rewritten to match): the dtypes of ``_DTYPES``;
-    the row columns (``parent``, ``launch``, ``op``, ``module``) within the table or -1; a
-    row's ``parent`` one ``depth`` (at least -1) above it, and a row without one at depth 0
-    or -1, so every climb up the nesting ends (no cycle; at most ``depth`` + 1 rounds);
+def check_events(events: Mapping[str, Any]) -> None:
+    """Check the events' columns (``events``: the table or its arrays by name) for what the
+    tables rely on and a parse guarantees but Arrow's validation cannot see (a cache edited
+    on purpose, its seal rewritten to match): the dtypes of ``_DTYPES``; the row columns
+    (``parent``, ``launch``, ``op``, ``module``) within the table or -1; a row's ``parent``
+    one ``depth`` (at least -1) above it, and a row without one at depth 0 or -1, so every
+    climb up the nesting ends (no cycle; at most ``depth`` + 1 rounds);
     ``ts`` finite (the loader drops events without a timestamp); the ``kind`` categories
     ``KINDS`` and each step's name ``ProfilerStep#N`` (``normalize.event_kinds``); JSON
     text nested at most ``MAX_NESTING`` deep, as the parser keeps it (``json.loads``
@@ -365,13 +365,22 @@ def check_events(events: pd.DataFrame) -> None:
         ValueError: one of them does not hold (the entry is then parsed again).
         KeyError: a column is missing.
     """
-    dtypes = dict(zip(events.columns, events.dtypes))
+    arrays = {column: _array(events[column]) for column in _DTYPES}
     for column, dtype in _DTYPES.items():
-        if not (isinstance(dtypes[column], pd.CategoricalDtype) if dtype is None else dtypes[column] == dtype):
+        values = arrays[column]
+        if not (
+            isinstance(values, pd.Categorical)
+            if dtype is None
+            else isinstance(values, np.ndarray) and values.dtype == dtype
+        ):
             raise ValueError(f"events: {column} is not {dtype or 'categorical'}")
-    n = len(events)
-    rows = [events[column].to_numpy() for column in _ROW_COLUMNS]
-    parent, depth, ts = rows[0], events["depth"].to_numpy(), events["ts"].to_numpy()
+    kind, name = arrays["kind"], arrays["name"]
+    if kind.categories.tolist() != list(KINDS):
+        raise ValueError("events: kind categories are not KINDS")
+    rows = [arrays[column] for column in _ROW_COLUMNS]
+    parent, depth, ts = rows[0], arrays["depth"], arrays["ts"]
+    n, step = len(ts), KINDS.index("step")
+    steps: set[int] = set()  # the name codes of the steps
     for start in range(0, n, _BLOCK):  # a block of every column at a time, read once from memory
         stop = start + _BLOCK
         for column, values in zip(_ROW_COLUMNS, rows):
@@ -384,14 +393,12 @@ def check_events(events: pd.DataFrame) -> None:
         block = ts[start:stop]
         if not (np.isfinite(block.min()) and np.isfinite(block.max())):  # (NaN wins both: no mask made)
             raise ValueError("events: a ts that is not a finite number")
-    kind, name = events["kind"].array, events["name"].array
-    if kind.categories.tolist() != list(KINDS):
-        raise ValueError("events: kind categories are not KINDS")
-    steps = np.unique(name.codes[kind.codes == KINDS.index("step")])
-    if steps.size and (steps[0] < 0 or not all(STEP_NAME.match(label) for label in name.categories[steps].tolist())):
+        steps.update(name.codes[start:stop][kind.codes[start:stop] == step].tolist())
+    labels = name.categories.tolist() if steps else []
+    if any(code < 0 or not STEP_NAME.match(labels[code]) for code in steps):
         raise ValueError("events: a step not named ProfilerStep#N")
     for column in _JSON_TEXT:
-        for text in events[column].array.categories.tolist():
+        for text in arrays[column].categories.tolist():
             # no deeper than the brackets it holds: only a text with many is walked
             if text.count("[") + text.count("{") > MAX_NESTING and nesting_depth(text) > MAX_NESTING:
                 raise ValueError(f"events: {column} nested deeper than {MAX_NESTING}")
@@ -432,6 +439,13 @@ def _is_int_or_none(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def _array(column: Any) -> Any:
+    """A column's numpy array or Categorical (a frame's column: its array)."""
+    if isinstance(column, pd.Series):
+        column = column.array
+    return column.to_numpy() if isinstance(column, pd.arrays.NumpyExtensionArray) else column
+
+
 def _check_nesting(up: np.ndarray, level: np.ndarray, depth: np.ndarray) -> None:
     """``check_events``' nesting rule on some rows (``up``: their parents, ``level``: their
     depths, at least -1; ``depth``: all rows')."""
@@ -463,11 +477,13 @@ class _Mapped:
         """The JSON the writer stored with the table (metadata, how to rebuild it)."""
         return json.loads((self.reader.schema.metadata or {})[_META_KEY])
 
-    def frame(self, layout: dict[str, Any]) -> pd.DataFrame:
-        """The table, fully validated (a cache with a forged seal: ArrowInvalid, not a crash)."""
+    def frame(self, layout: dict[str, Any], check: Callable[[dict[str, Any]], None] | None = None) -> pd.DataFrame:
+        """The table, fully validated (a cache with a forged seal: ArrowInvalid, not a crash),
+        its columns given to ``check`` first (``check_events``: on the arrays, no pandas
+        lookups)."""
         table = self.reader.read_all()
         table.validate(full=True)
-        return _frame(table, layout, self._values)
+        return _frame(table, layout, self._values, check)
 
     def _values(self, array: pa.Array) -> np.ndarray:
         """A numeric column's values as writable numpy: a view of the mapping where the
@@ -531,9 +547,14 @@ def _all_missing_column(dtype: str, n: int) -> Any:
     return all_missing(n, floating=dtype == "Float64")
 
 
-def _frame(table: pa.Table, layout: dict[str, Any], values: Callable[[pa.Array], np.ndarray]) -> pd.DataFrame:
+def _frame(
+    table: pa.Table,
+    layout: dict[str, Any],
+    values: Callable[[pa.Array], np.ndarray],
+    check: Callable[[dict[str, Any]], None] | None = None,
+) -> pd.DataFrame:
     """The table as the frame a fresh parse makes: the all-missing columns ``write`` left
-    out put back, in the original column order."""
+    out put back, in the original column order (``check``: given the columns first)."""
     nullable = set(layout.get("nullable") or ())
     data: dict[str, Any] = {}
     for name, chunked in zip(table.column_names, table.columns):
@@ -541,6 +562,8 @@ def _frame(table: pa.Table, layout: dict[str, Any], values: Callable[[pa.Array],
         data[name] = _column(array, name in nullable, values)
     for name, dtype in (layout.get("missing") or {}).items():
         data[name] = _all_missing_column(dtype, table.num_rows)
+    if check is not None:
+        check(data)
     return pd.DataFrame({name: data[name] for name in layout.get("columns") or list(data)}, copy=False)
 
 
