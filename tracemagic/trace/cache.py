@@ -35,7 +35,7 @@ damage unless it keeps all 2 x 8192-per-row sums (a rectangle of four words chan
 on purpose and rewrites its seal to match (the seal is not signed; a CRC-32 did not stop
 them either): against that, Arrow's full validation of what is read
 (``Table.validate(full=True)``: buffer sizes, string offsets and UTF-8, dictionary codes
-within their categories, ~3 ms) and ``check_events`` and ``check_meta`` (~3 ms a 100 MB
+within their categories, ~3 ms) and ``check_events`` and ``check_meta`` (~3-5 ms a 100 MB
 trace: what the tables rely on and a parse guarantees: the dtypes of the columns read in
 place, row columns within the table, each ``parent`` one ``depth`` above its row so no
 climb up the nesting loops, ``ts`` finite, steps named ``ProfilerStep#N``, JSON text
@@ -359,7 +359,7 @@ def check_events(events: Mapping[str, Any]) -> None:
     ``ts`` finite (the loader drops events without a timestamp); the ``kind`` categories
     ``KINDS`` and each step's name ``ProfilerStep#N`` (``normalize.event_kinds``); JSON
     text nested at most ``MAX_NESTING`` deep, as the parser keeps it (``json.loads``
-    recurses once a level). Vectorized, each column read once: ~3 ms a 100 MB trace.
+    recurses once a level). Vectorized, each column read once: ~3-5 ms a 100 MB trace.
 
     Raises:
         ValueError: one of them does not hold (the entry is then parsed again).
