@@ -360,3 +360,187 @@ def test_reopened_tables_and_events_take_edits_in_place(tmp_path: Path, counted:
             first, second = (frame[column].iloc[[row]].reset_index(drop=True) for row in (0, 1))
             assert first.equals(second), column
     assert {path: path.read_bytes() for path in tmp_path.iterdir()} == files
+
+
+# -- an events entry edited on purpose, its seal rewritten to match ------------------------------
+
+SMALL_TRACE = TRACES / "hta_mi250_minitoy_train_ROCm6_2_kineto.json.gz"  # steps, launches, input shapes
+#: every table of a trace, as the user asks for them
+EVERY_TABLE = (
+    "ops", "kernels", "layers", "lines", "syncs", "memory", "memory_peaks", "biggest_allocations",
+    "memory_categories", "shapes", "source", "sites", "call_tree", "efficiency", "steps", "phases", "ranks",
+    "collectives", "stragglers", "advice", "iterations",
+)  # fmt: skip
+#: a forged entry's tables next to a fresh parse's, in a fresh interpreter that gives up
+#: after argv[3] seconds (a climb around a parent cycle never ends); prints how many times
+#: ``load`` parsed the trace
+FORGED_TABLES = """
+import faulthandler, sys
+faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
+import pandas as pd
+import tracemagic
+from tracemagic.trace import loader
+path, folder = sys.argv[1:3]
+parsed = []
+real = loader.parse_source
+loader.parse_source = lambda source, *args, **kwargs: parsed.append(source.name) or real(source, *args, **kwargs)
+got = tracemagic.load(path, cache_dir=folder, progress=False)
+reparsed = len(parsed)
+want = tracemagic.load(path, use_cache=False, progress=False)
+names = sys.argv[4].split(",")
+tables = {name: getattr(got, name)() for name in names}  # all made first: a hang or error shows here
+tables["diff"] = got.diff(got)
+for name in names:
+    pd.testing.assert_frame_equal(tables[name], getattr(want, name)(), check_exact=True, obj=name)
+pd.testing.assert_frame_equal(tables["diff"], want.diff(want), check_exact=True, obj="diff")
+pd.testing.assert_frame_equal(got.events, want.events, check_exact=True, obj="events")
+print(reparsed)
+"""
+
+
+def _column(table: Any, name: str) -> Any:
+    return table.column(name).combine_chunks().to_numpy(zero_copy_only=False).copy()
+
+
+def _forged(table: Any, stored: dict[str, Any], forgery: str) -> Any:
+    """The events table (and its stored layout, changed in place) as ``forgery`` edits them."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = table.num_rows
+
+    def put(name: str, values: Any) -> Any:
+        at = table.schema.get_field_index(name)
+        return table.set_column(at, name, pa.array(values, type=table.schema.field(name).type))
+
+    def dictionary(name: str) -> Any:
+        return table.column(name).combine_chunks()
+
+    if forgery == "parent cycle":
+        return put("parent", (np.arange(n) + 1) % n)
+    if forgery in ("parent", "launch", "op", "module"):  # past the table's last row
+        return put(forgery, np.where(_column(table, forgery) >= 0, n + 3, 2**40))
+    if forgery == "parent below -1":
+        return put("parent", np.where(_column(table, "parent") >= 0, -7, -1))
+    if forgery == "ts NaN":
+        return put("ts", np.where(np.arange(n) % 2 == 0, np.nan, _column(table, "ts")))
+    if forgery == "a step of another name":
+        kind, name = dictionary("kind"), dictionary("name")
+        steps = np.flatnonzero(kind.indices.to_numpy(zero_copy_only=False) == kind.dictionary.index("step").as_py())
+        other = next(i for i, label in enumerate(name.dictionary.to_pylist()) if not label.startswith("ProfilerStep#"))
+        codes = name.indices.to_numpy(zero_copy_only=False).copy()
+        codes[steps] = other
+        forged = pa.DictionaryArray.from_arrays(pa.array(codes, type=name.indices.type), name.dictionary)
+        return table.set_column(table.schema.get_field_index("name"), "name", forged)
+    if forgery == "kinds reordered":
+        kind = dictionary("kind")
+        forged = pa.DictionaryArray.from_arrays(kind.indices, pa.array(kind.dictionary.to_pylist()[::-1], type=kind.dictionary.type))
+        return table.set_column(table.schema.get_field_index("kind"), "kind", forged)
+    if forgery == "input_dims 5000 deep":
+        dims = dictionary("input_dims")
+        deep = ["[" * 5000 + str(i) + "]" * 5000 for i in range(len(dims.dictionary))]
+        forged = pa.DictionaryArray.from_arrays(dims.indices, pa.array(deep, type=dims.dictionary.type))
+        return table.set_column(table.schema.get_field_index("input_dims"), "input_dims", forged)
+    if forgery == "pid not categorical":  # (numbers: the tables read a categorical's codes)
+        return table.set_column(table.schema.get_field_index("pid"), "pid", pa.array(np.arange(n, dtype=np.float64)))
+    if forgery == "a rank's metadata not a dict":
+        stored["meta"]["ranks"] = {rank: 5 for rank in stored["meta"]["ranks"]}
+        return table
+    if forgery == "devices not dicts":
+        for rank in stored["meta"]["ranks"].values():
+            rank["devices"] = "junk"
+        return table
+    if forgery == "its layout nested 100000 deep":  # (written by the test itself)
+        return table
+    raise AssertionError(forgery)
+
+
+FORGERIES = (
+    "parent cycle", "parent", "launch", "op", "module", "parent below -1", "ts NaN", "a step of another name",
+    "kinds reordered", "input_dims 5000 deep", "pid not categorical", "a rank's metadata not a dict",
+    "devices not dicts", "its layout nested 100000 deep",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_an_events_entry_forged_with_its_seal_is_parsed_again(forgery: str, tmp_path: Path) -> None:
+    """Someone edits a cache's events and rewrites the seal to match (no checksum stops
+    that): columns the tables index with (``parent``, ``launch``, ``op``, ``module``) out of
+    the table, a ``parent`` cycle (a climb up the nesting that never ends), a NaN ``ts``,
+    a step not named ``ProfilerStep#N``, JSON input shapes nested past the parser's cap,
+    a column of another dtype, metadata of another shape, a layout JSON too deep for
+    Python's parser (a raw RecursionError from ``load``). ``load`` refuses the entry and
+    parses the trace again: every table is a fresh parse's, never a hang or a raw error."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    trace = tmp_path / SMALL_TRACE.name
+    trace.write_bytes(SMALL_TRACE.read_bytes())
+    folder = tmp_path / "cache"
+    first = tracemagic.load(trace, cache_dir=folder, progress=False)
+    del first
+    cache.flush_pending()
+    (seal,) = (p for p in folder.glob("*.seal") if cache.TABLE_INFIX not in p.name)
+    events = seal.with_suffix(cache.EVENTS_SUFFIX)
+    reader = pa.ipc.open_file(pa.BufferReader(events.read_bytes()))
+    table = reader.read_all()
+    metadata = dict(reader.schema.metadata)
+    stored = json.loads(metadata[b"tracemagic"])
+    table = _forged(table, stored, forgery)
+    metadata[b"tracemagic"] = json.dumps(stored).encode()
+    if forgery == "its layout nested 100000 deep":
+        metadata[b"tracemagic"] = b'{"meta":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    table = table.replace_schema_metadata(metadata)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue().to_pybytes()
+    events.write_bytes(data)
+    body = _seal_body(seal)
+    body["events"] = {"bytes": len(data), "sum": cache.checksum(data)}
+    _write_seal(seal, body)
+    root = Path(tracemagic.__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", FORGED_TABLES, str(trace), str(folder), "60", ",".join(EVERY_TABLE)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["1"], "the forged entry was used, not parsed again"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in TRACES.glob("*.gz") if "_et." not in p.name and "memory_timeline" not in p.name)
+)
+def test_a_fresh_parse_passes_the_checks_of_a_cache_read(name: str) -> None:
+    """What ``read`` checks holds for every parse, eight ranks of a tar among them (else
+    every reopen would parse again, unseen)."""
+    trace = tracemagic.load(TRACES / name, use_cache=False, progress=False)
+    cache.check_events(trace.events)
+    cache.check_meta(trace.meta)
+
+
+def test_nesting_depth_counts_brackets_outside_strings() -> None:
+    """``jsonvalues.nesting_depth`` against Python's own parser (a recursive one) on texts
+    it can read, strings holding brackets and escaped quotes among them."""
+    import json as json_module
+
+    from tracemagic.trace.jsonvalues import nesting_depth
+
+    def depth(value: Any) -> int:
+        if isinstance(value, list):
+            return 1 + max((depth(v) for v in value), default=0)
+        if isinstance(value, dict):
+            return 1 + max((depth(v) for v in value.values()), default=0)
+        return 0
+
+    texts = [
+        "1", '"[[["', "[]", "[[1, 2], [3]]", '[["a]]]", "[[[["], {"k": [[["\\"]["]]]}]', '{"[": {"{": []}}',
+        '[["\\\\"], "\\\\\\"[["]', "[" * 150 + "]" * 150, '[[[["' + "é" * 3 + '"]]]]',
+    ]
+    for text in texts:
+        assert nesting_depth(text) == depth(json_module.loads(text)), text
+    assert nesting_depth("[" * 5000) == 5000  # never closed: still counted, without recursion
+    assert nesting_depth('["[[[' + "[" * 5000) == 1  # the rest is inside a string

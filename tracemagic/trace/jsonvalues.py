@@ -96,6 +96,28 @@ def _repair(data: bytes, base: int = 0) -> tuple[bytes, list[str]]:
     return bytes(out), notes
 
 
+def nesting_depth(text: str) -> int:
+    """How deep ``text`` (JSON) nests: the most ``[``/``{`` open at once outside its strings,
+    counted without recursion (``json.loads`` recurses once a level). A value the parser
+    kept is at most ``MAX_NESTING`` deep, its event and args included (``_repair``)."""
+    data = text.encode("utf-8", "surrogatepass")
+    depth = deepest = pos = 0
+    while (match := _STRUCTURE.search(data, pos)) is not None:
+        char = data[match.start()]
+        pos = match.end()
+        if char == 0x22:  # a string: skip to its end
+            rest = _STRING_REST.match(data, pos)
+            if rest is None:
+                break  # the rest of the text is inside it
+            pos = rest.end()
+        elif char in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
 def _blank(out: bytearray, start: int, stop: int) -> None:
     """Replace ``out[start:stop]`` (a value nested too deep) by the string ``_TOO_DEEP`` and
     spaces, the same length. No note: where a column reads it, it shows; elsewhere it is
