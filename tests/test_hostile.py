@@ -261,6 +261,34 @@ def test_ops_without_ts_that_carry_sequence_numbers(tmp_path: Path, monkeypatch:
     assert trace.layers()["layer"].astype(str).tolist() == ["Linear_0"]
 
 
+def test_negative_durations_are_left_out_with_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch >= 2.7 writes dur -1 for an op still running when the profiler stopped
+    (pytorch/pytorch#150131); a clock glitch gives a kernel a negative one. They were kept:
+    a call of -1 µs, a negative GPU time in shapes(), silently."""
+    events = [
+        op(cat="user_annotation", name="ProfilerStep#1", ts=0.0, dur=1000.0),
+        op(name="aten::linear", ts=10.0, dur=300.0, args={"External id": 1, "Input Dims": [[4, 4]]}),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 20.0, "dur": 5.0,
+         "args": {"External id": 1, "correlation": 1}},
+        kernel(ts=40.0, dur=-300.0, args={"device": 0, "stream": 7, "correlation": 1, "External id": 1}),
+        op(name="aten::unfinished", ts=900.0, dur=-1, args={"External id": 2, "Input Dims": [[4, 4]]}),
+        op(name="aten::add", ts=910.0, dur=20.0, args={"External id": 3}),  # inside the unfinished op
+    ]
+    trace = loaded(tmp_path, monkeypatch, trace_text(events))
+    assert len(trace.events) == len(events) - 2
+    assert (trace.events["dur"] >= 0).all()
+    assert "aten::unfinished" not in set(trace.ops()["name"].astype(str))
+    assert trace.ops().set_index("name").loc["aten::add", "step"] == 1  # nests in the step instead
+    assert (trace.shapes()["gpu_us"] >= 0).all() and (trace.shapes()["total_us"] >= 0).all()
+    assert trace.kernels().empty
+    (warning,) = [w for w in trace.warnings if "negative duration" in w]
+    assert "2 events with a negative duration (dur) left out (1 cpu_op, 1 kernel)" in warning
+    cached = tracemagic.load(tmp_path / "t.json", cache_dir=tmp_path / "cache")
+    again = tracemagic.load(tmp_path / "t.json", cache_dir=tmp_path / "cache")  # from the cache
+    assert cached.warnings == again.warnings == trace.warnings
+    pd.testing.assert_frame_equal(again.events, trace.events)
+
+
 def test_deep_and_odd_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     deep = "{\"a\": " * 3000 + "1" + "}" * 3000
     text = trace_text([op()], deviceProperties="D1", distributedInfo="D2", extra="{(1, 2): b'x'}").replace('"D1"', deep).replace('"D2"', deep)

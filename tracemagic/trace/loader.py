@@ -74,8 +74,16 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
             f"{parsed.meta.get('source')}: {dropped} events and {dropped_flows} flow events without a "
             "timestamp (ts) left out"
         )
+    parsed.events["kind"] = normalize.event_kinds(parsed.events)
+    parsed.events, negative = normalize.without_negative_durations(parsed.events)
+    if negative:
+        kinds = ", ".join(f"{count} {kind}" for kind, count in negative.items())
+        parsed.warnings.append(
+            f"{parsed.meta.get('source')}: {sum(negative.values())} events with a negative duration (dur) left out "
+            f"({kinds}): no end to place them by (torch >= 2.7 writes dur -1 for an op still running when the "
+            "profiler stopped; its own key_averages leaves such ops out)"
+        )
     events = parsed.events
-    events["kind"] = normalize.event_kinds(events)
     if normalize.timestamps_in_ns(events["ts"].to_numpy()):
         events["ts"] = events["ts"] / 1000.0
         events["dur"] = events["dur"] / 1000.0

@@ -143,6 +143,26 @@ def without_timeless(table: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return table[timed].reset_index(drop=True), dropped
 
 
+def without_negative_durations(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
+    """``table`` without its rows whose ``dur`` is negative, and how many were left out of
+    each kind, in ``KINDS`` order (none left out: an empty dict, and ``table`` itself).
+
+    torch >= 2.7 writes ``dur: -1`` for a CPU event still running when the profiler stopped
+    (pytorch/pytorch#150131), and its own tables (``key_averages``) leave such events out; a
+    clock glitch gives a GPU event a negative duration. Either has no end to place it by:
+    kept, it would count as a call of negative time (and a negative GPU time in the tables).
+    One pass over ``dur`` (a missing one, NaN, is not negative)."""
+    negative = table["dur"].to_numpy() < 0
+    if not negative.any():
+        return table, {}
+    kinds = table["kind"].array
+    counts = np.bincount(kinds.codes[negative] + 1, minlength=len(kinds.categories) + 1).tolist()
+    names = ["no kind", *map(str, kinds.categories)]  # (code -1: a missing kind)
+    dropped = {name: count for name, count in zip(names, counts) if count}
+    np.logical_not(negative, out=negative)
+    return table[negative].reset_index(drop=True), dropped
+
+
 def timestamps_in_ns(ts: np.ndarray) -> bool:
     """Whether timestamps are nanoseconds (µs epoch times are ~1.7e15; ns ones ~1.7e18)."""
     finite = ts if np.isfinite(ts).all() else ts[np.isfinite(ts)]
