@@ -28,7 +28,7 @@ import tb_reference
 import tracemagic
 from tracemagic.capture import distributed
 from tracemagic.capture.config import config_from_options
-from tracemagic.errors import CaptureError
+from tracemagic.errors import CaptureError, TraceError
 from tracemagic.script import ScriptCapture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -558,3 +558,68 @@ def test_gloo_collectives_on_a_gpu_rank_are_communication(tmp_path: Path) -> Non
     row = tracemagic.load(path, use_cache=False).steps().iloc[0]
     assert row["comm_us"] == comm == 250
     assert (row["compute_us"], row["kernel_busy_us"], row["cpu_us"]) == (100.0, 100.0, 50.0)
+
+
+# -- files that claim one rank --------------------------------------------------------------
+def _rank_file(path: Path, rank: int | None, steps: list[int], t0: float = 1000.0, world: int = 4) -> Path:
+    """A trace of ``steps`` (each 100 µs from ``t0`` on, one op in it) claiming ``rank``."""
+    events = []
+    for i, step in enumerate(steps):
+        ts = t0 + 100 * i
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": ts, "dur": 90})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts + 10, "dur": 50})
+    doc: dict[str, Any] = {"traceEvents": events}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("case", ["copies", "runs at other times", "a tar of two members of one name"])
+def test_files_of_one_rank_that_are_not_one_runs_cycles_are_refused(case: str, tmp_path: Path) -> None:
+    """Three traces that all claim rank 0 (three runs in one folder) were stacked as one rank
+    without a word: every call counted three times, steps() keeping one of each number."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for i in range(3):  # a later run starts later, and counts its steps from 0 again
+        _rank_file(folder / f"kineto_trace_{i}.json", 0, [0, 1, 2], t0=1000.0 + (1e6 * i if case != "copies" else 0))
+    path = folder
+    if case.startswith("a tar"):
+        path = tmp_path / "ranks.tar"
+        with tarfile.open(path, "w") as tar:
+            for _ in range(2):
+                tar.add(folder / "kineto_trace_0.json", arcname="kineto_trace_0.json")
+    with pytest.raises(TraceError) as error:
+        tracemagic.load(path, use_cache=False)
+    message = str(error.value)
+    assert str(path) in message and "claim rank 0" in message and "tracemagic.load(" in message
+    named = ["kineto_trace_0.json"] * 2 if case.startswith("a tar") else [f"kineto_trace_{i}.json" for i in range(3)]
+    assert all(message.count(name) >= named.count(name) for name in named)
+    one = tracemagic.load(folder / "kineto_trace_1.json", use_cache=False)  # what the error says to do
+    assert one.rank_ids == [0] and one.ops()["name"].astype(str).tolist().count("aten::mm") == 3
+
+
+def test_profiler_cycles_of_one_rank_still_load_as_that_rank(tmp_path: Path) -> None:
+    """A ``--repeat`` capture (or torch's ``tensorboard_trace_handler``) writes a trace per
+    cycle, all of one rank: one rank's timeline, cycles apart in time and step numbers."""
+    folder = tmp_path / "cycles"
+    folder.mkdir()
+    _rank_file(folder / "kineto_trace_0_cycle1.json", 0, [1, 2])
+    _rank_file(folder / "kineto_trace_0_cycle2.json", 0, [4, 5], t0=2000.0)
+    _rank_file(folder / "kineto_trace_1_cycle1.json", None, [1, 2])  # the rank from its name
+    _rank_file(folder / "kineto_trace_1_cycle2.json", None, [4, 5], t0=2000.0)
+    trace = tracemagic.load(folder, use_cache=False)
+    assert trace.rank_ids == [0, 1] and trace.warnings == []
+    assert trace.steps().groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 4, 5], 1: [1, 2, 4, 5]}
+
+
+def test_a_rank_beyond_world_size_and_differing_world_sizes_are_warned(tmp_path: Path) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    _rank_file(folder / "a.json", 0, [1], world=2)
+    _rank_file(folder / "b.json", 5, [1], world=4)
+    trace = tracemagic.load(folder, use_cache=False)
+    assert trace.rank_ids == [0, 5]
+    assert f"{folder / 'b.json'}: rank 5 is not below its world_size 4" in trace.warnings
+    (differ,) = [w for w in trace.warnings if "world_size differs" in w]
+    assert "2 in " in differ and "a.json" in differ and "4 in " in differ and "b.json" in differ

@@ -18,6 +18,7 @@ from pandas.api.types import union_categoricals
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import cache, layout, normalize, parse, split, structure
+from tracemagic.trace.kineto import CPU_KINDS
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.pfw import is_pfw, pfw_to_kineto
@@ -185,12 +186,105 @@ def assign_ranks(metas: list[dict[str, Any]]) -> tuple[list[int], dict[int, str]
     return [r if r is not None else next(free) for r in taken], warnings
 
 
-def _assign_ranks(parsed: list[ParsedTrace]) -> list[int]:
-    """``assign_ranks`` of parsed files (its warnings go to theirs)."""
-    ranks, warnings = assign_ranks([p.meta for p in parsed])
+def _assign_ranks(parsed: list[ParsedTrace], path: Path) -> list[int]:
+    """``assign_ranks`` of parsed files (its warnings, and ``world_size_warnings``, go to theirs).
+
+    Raises:
+        TraceError: files of one rank that are not one run's profiler cycles (``shared_rank``).
+    """
+    metas = [p.meta for p in parsed]
+    ranks, warnings = assign_ranks(metas)
     for index, warning in warnings.items():
         parsed[index].warnings.append(warning)
+    for index, warning in world_size_warnings(metas, path):
+        parsed[index].warnings.append(warning)
+    if len(set(ranks)) < len(ranks):
+        shared_rank(parsed, ranks, path)
     return ranks
+
+
+def world_size_warnings(metas: list[dict[str, Any]], path: Path) -> list[tuple[int, str]]:
+    """(file index, warning) for each file whose ``distributedInfo`` rank is not below its
+    ``world_size``, and one when the files' (of ``path``) world sizes differ: they are not
+    of one job."""
+    out = []
+    sizes: dict[int, list[str]] = {}
+    for index, meta in enumerate(metas):
+        rank, size = meta.get("rank"), meta.get("world_size")
+        if size is None:
+            continue
+        sizes.setdefault(size, []).append(str(meta.get("source")))
+        if rank is not None and rank >= size:
+            out.append((index, f"{meta.get('source')}: rank {rank} is not below its world_size {size}"))
+    if len(sizes) > 1:
+        said = "; ".join(f"{size} in {_some(names)}" for size, names in sorted(sizes.items()))
+        out.append((0, f"{path}: the files are not of one job: their world_size differs ({said})"))
+    return out
+
+
+def _some(names: list[str], most: int = 3) -> str:
+    """Up to ``most`` names, and how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def shared_rank(parsed: list[ParsedTrace], ranks: list[int], path: Path) -> None:
+    """Allow files of one rank only where they are the profiler cycles of one run (a
+    ``--repeat`` capture's ``kineto_trace_<rank>_cycle<k>.json``, torch's
+    ``tensorboard_trace_handler`` writing a file per cycle): one rank's timeline, which the
+    loader stacks. Cycles of one process never overlap in time nor repeat a step number;
+    files that do are separate runs or copies of one trace, whose calls stacked as one rank
+    would be counted as one process's.
+
+    Raises:
+        TraceError: naming the files of the first such rank, and what to do.
+    """
+    by_rank: dict[int, list[ParsedTrace]] = {}
+    for p, rank in zip(parsed, ranks):
+        by_rank.setdefault(rank, []).append(p)
+    for rank, files in sorted(by_rank.items()):
+        if len(files) < 2:
+            continue
+        why = _not_cycles(files)
+        if why is None:
+            continue
+        names = [str(p.meta.get("source")) for p in files]
+        one = "extract the archive and load" if "!" in names[0] else "load"
+        raise TraceError(
+            f"{path}: {len(files)} files claim rank {rank} ({_some(names, 4)}) and {why}: they are not the "
+            "profiler cycles of one run but separate runs or copies of one trace, which would be counted as one "
+            f"process. To read them, {one} one file at a time (tracemagic.load('{names[0].split('!')[-1]}')), or "
+            "put each run's rank files in a folder of their own.",
+            path=str(path),
+        )
+
+
+def _not_cycles(files: list[ParsedTrace]) -> str | None:
+    """Why the files of one rank cannot be one run's profiler cycles, or None if they can be:
+    they repeat a ProfilerStep number, or the times of their CPU events (of all events in a
+    file without any) overlap. (GPU work launched in one cycle may still run when the next
+    begins: cycles written back to back overlap there.)"""
+    spans = []
+    steps: set[int] = set()
+    for p in files:
+        events = p.events
+        numbers = np.unique(events["step"].to_numpy())
+        repeated = steps.intersection(numbers[numbers >= 0].tolist())
+        if repeated:
+            return f"repeat ProfilerStep#{min(repeated)}"
+        steps.update(numbers[numbers >= 0].tolist())
+        cpu = normalize.kind_mask(events, *CPU_KINDS)
+        rows = np.flatnonzero(cpu) if cpu.any() else np.arange(len(events))
+        if rows.size:
+            ts = events["ts"].to_numpy()[rows]
+            ends = ts + np.nan_to_num(events["dur"].to_numpy()[rows])
+            spans.append((float(ts.min()), float(ends.max())))
+    end = -np.inf
+    for start, stop in sorted(spans):
+        if start < end - structure.NEST_TOLERANCE_US:
+            return "overlap in time"
+        end = max(end, stop)
+    return None
 
 
 def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -454,7 +548,7 @@ def _table_store(
 def assemble(parsed: list[ParsedTrace], path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any], Found]:
     """Parsed files into one trace's events, flows and metadata, ranked and stacked (and the
     intermediate results the analyses share that the preparation found, see ``_stack``)."""
-    ranks = _assign_ranks(parsed)
+    ranks = _assign_ranks(parsed, path)
     events, flows, found = _stack(parsed, ranks)
     meta = {
         "path": str(path),
