@@ -530,3 +530,41 @@ def test_a_step_the_tail_rule_left_out_shows_no_kernels_of_its_own(tmp_path: Pat
     assert facts[None]["kernels"].startswith("10 (10 per step") and "5 outside the steps" in facts[None]["kernels"]
     assert facts[1]["kernels"].startswith("10 (10 per step")
     assert "kernels" not in facts[2]
+
+
+@pytest.mark.parametrize("c_paths", [True, False])
+def test_repeated_step_numbers_are_warned_with_the_events_left_in_no_step(
+    c_paths: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three ProfilerSteps named #5 (and two #7): steps() keeps the first of each number and
+    the later ones' events fall in no step. That was silent; the warning names the numbers
+    and counts those events (a kernel by its launch, as steps() places it)."""
+    from tracemagic.trace import parse, structure
+
+    if not c_paths:
+        monkeypatch.setattr(parse, "_scan", None)
+        monkeypatch.setattr(structure, "_nesting", None)
+    events, names = [], [5, 5, 7, 5, 7, 8]
+    for i, number in enumerate(names):
+        ts = 1000.0 * i
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{number}", "pid": 1, "tid": 1, "ts": ts, "dur": 900},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts + 10, "dur": 100},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts + 20, "dur": 10,
+             "args": {"correlation": i + 1}},
+            # the kernel runs past its step's end: placed by its launch, not its time
+            {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": ts + 850, "dur": 300,
+             "args": {"correlation": i + 1, "device": 0, "stream": 7}},
+        ]
+    path = tmp_path / "repeated.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = tracemagic.load(path, use_cache=False)
+    assert trace.steps()["step"].tolist() == [5, 7, 8]
+    left_out = sum(1 for i, n in enumerate(names) if n in names[:i])
+    in_no_step = 3 * left_out  # each left-out step's op, runtime call and kernel
+    assert int((trace.events["step"] == -1).sum()) == in_no_step + left_out  # (and the step events themselves)
+    (warning,) = [w for w in trace.warnings if "ProfilerStep numbers repeat" in w]
+    assert warning == (
+        f"{path}: ProfilerStep numbers repeat (#5 3 times, #7 2 times): steps() keeps the first step of each "
+        f"number; the {left_out} later ones are left out, and the {in_no_step} events in them are in no step (step -1)"
+    )

@@ -94,7 +94,8 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
     memory = normalize.kind_mask(events, "memory")
     if memory.any():  # on the arrays: a Series' masked assignment aligns on the index (~4x slower)
         changed["bytes"] = normalize.filled_where(events["bytes"].array, events["mem_bytes"].array, memory)
-    added, parsed.cpu_by_thread, parsed.thread_keys = structure.structure_columns(events)
+    added, parsed.cpu_by_thread, parsed.thread_keys, notes = structure.structure_columns(events)
+    parsed.warnings.extend(f"{parsed.meta.get('source')}: {note}" for note in notes)
     # one new table sharing the columns (``events[c] = ...`` copies each, ~1.5 ms a column)
     data = {c: changed[c] if c in changed else _values(events[c]) for c in events.columns if c not in _PARSE_ONLY}
     data.update(added)

@@ -268,15 +268,21 @@ def enclosing_of_kind(parent: np.ndarray, depth: np.ndarray, is_kind: np.ndarray
 def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
     """The ProfilerStep number of every event by time (-1: in no step): the last step that
     starts at or before it, if it has not ended (with ``NEST_TOLERANCE_US``) by then. Of
-    steps with one number, the first to start counts.
+    steps with one number, the first to start counts (``repeated_steps`` says so).
 
     GPU events are given the step of the runtime call that launched them later
     (see ``launches``); here they are placed by their own time.
     """
-    kinds = kind_codes(events) if kinds is None else kinds  # (``kind_codes``, where known)
+    return _step_numbers(events, kind_codes(events) if kinds is None else kinds)[0]
+
+
+def _step_numbers(events: pd.DataFrame, kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``step_numbers``, and the rows and numbers of the steps left out (by start): those
+    whose number a step that started before has."""
     step_rows = np.flatnonzero(kinds == KINDS.index("step"))
+    none = np.zeros(0, dtype=np.int64)
     if step_rows.size == 0:
-        return np.full(len(events), -1, dtype=np.int64)
+        return np.full(len(events), -1, dtype=np.int64), none, none
     ts = events["ts"].to_numpy()
     # numpy on the few steps (a pandas table of them cost ~2 ms); each name parsed once
     names = events["name"].array
@@ -287,9 +293,20 @@ def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.nd
     order = np.argsort(starts, kind="stable")
     first = np.unique(numbers[order], return_index=True)[1]
     keep = order[np.sort(first)]  # by start, the first of each number
-    starts, numbers = starts[keep], numbers[keep]
+    left: tuple[np.ndarray, np.ndarray] = (none, none)
+    if keep.size < step_rows.size:  # (rare: the steps' rows are looked at again only then)
+        out = np.setdiff1d(order, keep, assume_unique=True)
+        out = out[np.argsort(starts[out], kind="stable")]
+        left = (step_rows[out], numbers[out])
+    step = _in_steps(ts, starts[keep], events["dur"].to_numpy()[step_rows[keep]], numbers[keep])
+    return step, *left
+
+
+def _in_steps(ts: np.ndarray, starts: np.ndarray, durations: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """Per ``ts``, the number of the last step (``starts``, ascending) that starts at or
+    before it, if it has not ended by then (with ``NEST_TOLERANCE_US``), else -1."""
     # per step, after a first entry for index 0: no time is at or before NaN
-    last = np.concatenate(([np.nan], starts + events["dur"].to_numpy()[step_rows[keep]] + NEST_TOLERANCE_US))
+    last = np.concatenate(([np.nan], starts + durations + NEST_TOLERANCE_US))
     if _nesting is not None and ts.dtype == np.float64 and ts.flags.c_contiguous:  # the search below in one C pass
         step = np.empty(ts.size, dtype=np.int64)
         _nesting.step_rows(np.ascontiguousarray(starts), last, np.ascontiguousarray(numbers, dtype=np.int64), ts, step)
@@ -300,6 +317,28 @@ def step_numbers(events: pd.DataFrame, kinds: np.ndarray | None = None) -> np.nd
     step = np.concatenate(([-1], numbers)).take(index)
     step[outside] = -1
     return step
+
+
+def repeated_steps(
+    events: pd.DataFrame, kinds: np.ndarray, rows: np.ndarray, numbers: np.ndarray, step: np.ndarray
+) -> str:
+    """The warning for the steps left out of ``step`` (their ``rows`` and ``numbers``, by
+    start) since an earlier step has their number: which numbers, and how many events that
+    lie in them are in no step (-1) for it (GPU work by its launch, as ``step`` places it)."""
+    ts = events["ts"].to_numpy()
+    inside = _in_steps(ts, ts[rows], events["dur"].to_numpy()[rows], np.arange(rows.size, dtype=np.int64))
+    inside[_kind_in(kinds, GPU_ACTIVITY)] = -1
+    launch = launches(events, kinds)
+    launched = np.flatnonzero(launch >= 0)
+    inside[launched] = inside[launch[launched]]
+    lost = int(np.count_nonzero((inside >= 0) & (step < 0) & (kinds != KINDS.index("step"))))
+    repeats, counts = np.unique(numbers, return_counts=True)
+    said = ", ".join(f"#{n} {c + 1} times" for n, c in zip(repeats[:5].tolist(), counts[:5].tolist()))
+    more = f" and {repeats.size - 5} more" if repeats.size > 5 else ""
+    return (
+        f"ProfilerStep numbers repeat ({said}{more}): steps() keeps the first step of each number; the "
+        f"{rows.size} later ones are left out, and the {lost} events in them are in no step (step -1)"
+    )
 
 
 def _kind_in(kinds: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
@@ -376,10 +415,11 @@ def _kind_codes(events: pd.DataFrame) -> np.ndarray:
     return codes
 
 
-def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, list[str]]:
     """The columns ``parent``, ``depth``, ``self_dur``, ``step``, ``launch``, ``op`` and
     ``module`` (by name, in that order), the ``cpu_by_thread`` rows (the analyses search
-    in that order too) and the ``thread_keys`` of ``events`` (which several analyses use).
+    in that order too), the ``thread_keys`` of ``events`` (which several analyses use) and
+    warnings (``repeated_steps``).
 
     ``op`` is the CPU op that launched a GPU event (or a runtime call's op): the innermost
     ``cpu_op`` at or around the op, annotation or step that shares the runtime call's
@@ -396,7 +436,7 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     keys = thread_keys(events)
     parent, depth, self_dur, ordered = nest(events, t0, keys)
     kinds = _kind_codes(events)
-    step = step_numbers(events, kinds)
+    step, repeated, repeated_numbers = _step_numbers(events, kinds)
     launch = launches(events, kinds)
     names = events["name"]
     module_names = np.asarray(names.cat.categories.str.startswith(MODULE_PREFIX), dtype=bool)
@@ -417,4 +457,5 @@ def structure_columns(events: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.n
     step[rows] = step[launch[rows]]
     columns = {"parent": parent, "depth": depth, "self_dur": self_dur, "step": step, "launch": launch}
     columns.update(op=op, module=module)
-    return columns, ordered, keys
+    notes = [repeated_steps(events, kinds, repeated, repeated_numbers, step)] if repeated.size else []
+    return columns, ordered, keys, notes
