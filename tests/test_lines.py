@@ -462,3 +462,27 @@ def test_the_text_summary_names_the_hottest_line(captures: dict[str, Path]) -> N
     text = summary(tracemagic.load(captures["marked"]))
     assert f"hottest line: line {hottest} `a = big @ big`" in text
     assert "hottest line" not in summary(tracemagic.load(captures["plain"]))
+
+
+def test_a_mark_naming_no_line_is_no_mark_and_is_warned(tmp_path: Path) -> None:
+    """``tracemagic.line:<20 digits>`` (any trace can hold one) made lines(), syncs(), sites(),
+    call_tree() and advice() raise OverflowError; ``tracemagic.line:²`` (``isdigit``, but no
+    ``int``) a ValueError. Such names are no line marks: ignored, with a warning."""
+    events, path = _with_line_marks("tracelens_normalization_layer_test.json.gz", tmp_path, 10)
+    good = sorted({int(e["name"][len(PREFIX):]) for e in events if e.get("name", "").startswith(PREFIX)})
+    doc = json.loads(path.read_text())
+    mark = next(e for e in events if e.get("name", "").startswith(PREFIX))
+    odd = [PREFIX + "99999999999999999999", PREFIX + "\u00b2", PREFIX + "9" * 5000, PREFIX + "2147483648"]
+    for i, name in enumerate(odd):
+        doc["traceEvents"].append({**mark, "name": name, "cat": "cpu_op" if i % 2 else "user_annotation",
+                                   "dur": mark["dur"] / 2, "args": {}})
+    path.write_text(json.dumps(doc))
+    trace = tracemagic.load(path, use_cache=False)
+    for table in ("lines", "syncs", "sites", "call_tree", "advice"):
+        getattr(trace, table)()
+    assert sorted(trace.lines()["line"]) == good
+    (warning,) = [w for w in trace.warnings if "line marks" in w]
+    assert warning.startswith(f"{path}: 4 event names look like line marks but name no cell line (0 .. 2147483647): ")
+    assert len(warning) < 400  # the 5000 digits cut
+    kinds = dict(zip(trace.events["name"].astype(str), trace.events["kind"].astype(str)))
+    assert kinds[PREFIX + "\u00b2"] == "cpu_op" and kinds[PREFIX + str(good[0])] == "user_annotation"

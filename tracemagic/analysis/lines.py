@@ -25,7 +25,7 @@ from tracemagic.analysis import aggregate
 from tracemagic.analysis._common import enclosing_at, in_scope, memory_holders, thread_keys_of, union_length
 from tracemagic.analysis.schema import TABLES, computes
 from tracemagic.analysis.steps import steps
-from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
+from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX, line_of_mark
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
@@ -61,11 +61,10 @@ def mark_names(names: pd.Series, texts: Mapping[int, str]) -> pd.Series:
     `loss = model(x)```; ``texts``: ``cell_lines``); other names, and a column where a label
     would take an existing name, unchanged. Renames categories only: no per-row work."""
     categories = names.cat.categories
-    prefix = len(LINE_MARK_PREFIX)
     renamed = {
-        name: line_label(int(name[prefix:]), texts.get(int(name[prefix:]), ""))
+        name: line_label(number, texts.get(number, ""))
         for name in map(str, categories)
-        if name.startswith(LINE_MARK_PREFIX) and name[prefix:].isdigit()
+        if name.startswith(LINE_MARK_PREFIX) and (number := line_of_mark(name)) is not None
     }
     if not renamed or not set(renamed.values()).isdisjoint(map(str, categories)):
         return names
@@ -89,11 +88,10 @@ def _marks(trace: TraceTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         names = events["name"]
         categories = names.cat.categories
         numbers = np.full(len(categories) + 1, -1, dtype=np.int64)
-        prefix = len(LINE_MARK_PREFIX)
         for code, name in enumerate(categories.tolist()):
             text = str(name)
-            if text.startswith(LINE_MARK_PREFIX) and text[prefix:].isdigit():
-                numbers[code] = int(text[prefix:])
+            if text.startswith(LINE_MARK_PREFIX) and (number := line_of_mark(text)) is not None:
+                numbers[code] = number  # (a number out of range is no mark: the loader warned)
         # a trace without marks (not a %%chakra_trace capture) holds no per-event array:
         # -1 for every row, read-only, in no memory
         none = np.broadcast_to(np.array(-1, dtype=np.int64), (len(events),))

@@ -41,7 +41,7 @@ from tracemagic.analysis._common import (
 )
 from tracemagic.analysis.lines import cell_lines, line_label, waited_in
 from tracemagic.analysis.schema import computes
-from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX
+from tracemagic.trace.kineto import GPU_ACTIVITY, LINE_MARK_PREFIX, line_of_mark
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.normalize import kind_mask
 from tracemagic.trace.shared_keys import Shared
@@ -874,18 +874,17 @@ def _cell_line_names(trace: TraceTables, names: np.ndarray, kinds: np.ndarray) -
     """The node names with the magic's line marks (``tracemagic.line:7`` annotations) named
     as the Source tab names them: ``line 7 `loss = model(x)```."""
     texts = cell_lines(trace)
-    marked = [
-        i
+    marked = {
+        i: number
         for i in np.flatnonzero(kinds == NODE_KINDS.index("annotation")).tolist()
         if isinstance(names[i], str)
         and names[i].startswith(LINE_MARK_PREFIX)
-        and names[i][len(LINE_MARK_PREFIX) :].isdigit()
-    ]
+        and (number := line_of_mark(names[i])) is not None
+    }
     if not marked:
         return names
     names = names.copy()
-    for i in marked:
-        number = int(names[i][len(LINE_MARK_PREFIX) :])
+    for i, number in marked.items():
         names[i] = line_label(number, texts.get(number, ""))
     return names
 

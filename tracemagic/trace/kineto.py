@@ -18,10 +18,12 @@ __all__ = [
     "GPU_CATEGORIES",
     "GPU_KINDS",
     "KINDS",
+    "LINE_MARK_MAX",
     "LINE_MARK_PREFIX",
     "STEP_NAME",
     "STEP_PREFIX",
     "rank_from_name",
+    "line_of_mark",
     "rank_at_stem_end",
     "step_number",
 ]
@@ -52,6 +54,10 @@ CPU_KINDS = ("step", "cpu_op", "user_annotation", "python_function", "runtime")
 #: the cell (the magic's line is 1); torch records it as a ``cpu_op`` (``_RecordFunctionFast``),
 #: it is loaded as the ``user_annotation`` it means; the manifest's ``line_marks`` lists the lines
 LINE_MARK_PREFIX = "tracemagic.line:"
+#: the largest line a line mark names (a larger number is no line of a cell: the name is not a
+#: line mark, and the loader warns about it)
+LINE_MARK_MAX = 2**31 - 1
+_LINE_DIGITS = len(str(LINE_MARK_MAX))
 
 #: Kineto's event ``cat`` (lower-cased) -> its ``KINDS`` entry (any other cat: ``other``;
 #: ``[memory]`` instant events: ``memory``; a ``ProfilerStep#N`` cpu_op: ``step``)
@@ -93,6 +99,19 @@ def step_number(name: object) -> int:
     if match is None:
         raise ValueError(f"not a ProfilerStep#N name: {name!r}")
     return int(match.group(1))
+
+
+def line_of_mark(name: object) -> int | None:
+    """The cell line N of a line mark's name (``tracemagic.line:N``, N in ASCII digits, at
+    most ``LINE_MARK_MAX``), else None (any other name, ``tracemagic.line:99999999999999999999``
+    included: no line, and no number to convert to a C long)."""
+    if not isinstance(name, str) or not name.startswith(LINE_MARK_PREFIX):
+        return None
+    digits = name[len(LINE_MARK_PREFIX) :]
+    if not (0 < len(digits) <= _LINE_DIGITS and digits.isascii() and digits.isdigit()):
+        return None
+    number = int(digits)
+    return number if number <= LINE_MARK_MAX else None
 
 
 #: a rank in a file name: the number after ``rank``, ``worker``, ``kineto_trace_`` or a

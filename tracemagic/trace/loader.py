@@ -75,7 +75,9 @@ def _prepare(parsed: ParsedTrace) -> ParsedTrace:
             f"{parsed.meta.get('source')}: {dropped} events and {dropped_flows} flow events without a "
             "timestamp (ts) left out"
         )
-    parsed.events["kind"] = normalize.event_kinds(parsed.events)
+    parsed.events["kind"], odd_marks = normalize.event_kinds(parsed.events)
+    if odd_marks:
+        parsed.warnings.append(normalize.odd_marks_warning(str(parsed.meta.get("source")), odd_marks))
     parsed.events, negative = normalize.without_negative_durations(parsed.events)
     if negative:
         kinds = ", ".join(f"{count} {kind}" for kind, count in negative.items())

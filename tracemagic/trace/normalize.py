@@ -14,7 +14,16 @@ import numpy as np
 import pandas as pd
 
 from tracemagic.trace.columns import lazy_zeros
-from tracemagic.trace.kineto import CATEGORY_KIND, GPU_KINDS, KINDS, LINE_MARK_PREFIX, STEP_NAME, STEP_PREFIX
+from tracemagic.trace.kineto import (
+    CATEGORY_KIND,
+    GPU_KINDS,
+    KINDS,
+    LINE_MARK_MAX,
+    LINE_MARK_PREFIX,
+    STEP_NAME,
+    STEP_PREFIX,
+    line_of_mark,
+)
 
 try:  # the one-pass gathers in C (setup.py builds it where a compiler is found)
     from tracemagic.trace import _nesting
@@ -26,8 +35,10 @@ except ImportError:  # pragma: no cover - installed without a C compiler: numpy 
 _INT64 = 2**63
 
 
-def event_kinds(events: pd.DataFrame) -> pd.Categorical:
-    """The normalized kind of every event (see ``KINDS``)."""
+def event_kinds(events: pd.DataFrame) -> tuple[pd.Categorical, list[str]]:
+    """The normalized kind of every event (see ``KINDS``), and the names that look like a
+    line mark's (``tracemagic.line:``) but name no line (``line_of_mark``: a number out of
+    range, or none): those events keep the kind torch gave them."""
     cats = events["cat"].array
     lookup = np.array(
         [KINDS.index(CATEGORY_KIND.get(str(c).lower(), "other")) for c in cats.categories] + [KINDS.index("other")],
@@ -50,12 +61,28 @@ def event_kinds(events: pd.DataFrame) -> pd.Categorical:
         is_step &= (codes == KINDS.index("cpu_op")) | (codes == KINDS.index("user_annotation"))
         codes[is_step] = KINDS.index("step")
     mark_names = np.array([label.startswith(LINE_MARK_PREFIX) for label in labels], dtype=bool)
+    odd_marks: list[str] = []
     if mark_names.any():  # the magic's line marks: recorded as cpu_op, annotations by what they mean
+        for code in np.flatnonzero(mark_names).tolist():
+            if line_of_mark(labels[code]) is None:
+                mark_names[code] = False
+                odd_marks.append(labels[code])
         is_mark = per_category(mark_names, name_codes)
         is_mark &= codes == KINDS.index("cpu_op")
         codes[is_mark] = KINDS.index("user_annotation")
     # (codes are KINDS indices by construction: not validated again)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"), validate=False)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(KINDS, dtype="str"), validate=False), odd_marks
+
+
+def odd_marks_warning(source: str, names: list[str]) -> str:
+    """The warning for the event names of ``source`` that look like line marks but name no
+    line (``event_kinds``), a few of them shown (each cut to 60 characters)."""
+    shown = ", ".join(repr(n if len(n) <= 60 else n[:57] + "...") for n in names[:3])
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return (
+        f"{source}: {len(names)} event names look like line marks but name no cell line (0 .. {LINE_MARK_MAX}): "
+        f"{shown}{more}; read as the events they are, not as line marks"
+    )
 
 
 def per_code(column: pd.Series, test: Any, missing: bool) -> np.ndarray:
