@@ -87,7 +87,7 @@ from tracemagic.trace.kineto import KINDS, STEP_NAME
 _log = logging.getLogger(__name__)
 
 #: bump when the events table's columns or meaning, or the entry's files, change
-FORMAT = 11
+FORMAT = 12
 EVENTS_SUFFIX = ".arrow"
 FLOWS_SUFFIX = ".flows.arrow"
 SEAL_SUFFIX = ".seal"
