@@ -19,7 +19,6 @@ Perfetto's ``trace_processor --httpd FILE`` and open the UI with ``?rpc_port=900
 
 from __future__ import annotations
 
-import codecs
 import gzip
 import os
 from collections.abc import Iterable
@@ -33,9 +32,8 @@ import orjson
 
 from tracemagic.capture import files
 from tracemagic.errors import TraceError
-from tracemagic.trace.jsonvalues import _BAD_BYTE, _decode
+from tracemagic.trace.jsonvalues import LEADING, decode_or_repair, valid_utf8
 from tracemagic.trace.kineto import GPU_CATEGORIES
-from tracemagic.trace.parse import _LEADING  # the BOM and white space load skips
 from tracemagic.trace.read import ByteStream, Source, file_source, read_sources
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,8 +80,6 @@ _LIGHT = msgspec.json.Decoder(_Light)
 _ANY = msgspec.json.Decoder()
 #: the ids events are matched by: JSON scalars (a list or an object matches nothing)
 _ID_TYPES = (str, int, float)
-#: bytes checked for valid UTF-8 at once
-_UTF8_BLOCK = 8 << 20
 
 
 @dataclass
@@ -124,23 +120,7 @@ def _read_source(source: str) -> bytes | bytearray:
         data = stream.read_all()
         if stream.truncated:
             raise TraceError(f"{source}: the gzip stream is cut off (the file is truncated).", path=source)
-    return _valid_utf8(data)
-
-
-def _valid_utf8(data: bytes | bytearray) -> bytes | bytearray:
-    """``data`` with each invalid UTF-8 byte replaced by ``?`` (same length, so the events
-    copied from it are the original's bytes wherever they were valid)."""
-    if data.isascii():
-        return data
-    check = codecs.getincrementaldecoder("utf-8")()  # block by block: no str of the whole file
-    try:
-        with memoryview(data) as view:
-            for at in range(0, len(data), _UTF8_BLOCK):
-                check.decode(view[at : at + _UTF8_BLOCK])
-            check.decode(b"", final=True)
-    except UnicodeDecodeError:
-        return _BAD_BYTE.sub("?", data.decode("utf-8", "surrogateescape")).encode("utf-8")
-    return data
+    return valid_utf8(data)
 
 
 def _load_rank(rank: int, source: str) -> _Rank:
@@ -150,15 +130,15 @@ def _load_rank(rank: int, source: str) -> _Rank:
         TraceError: the file cannot be read; msgspec.DecodeError: its JSON is damaged.
     """
     data = _read_source(source)
-    start = _LEADING.match(data).end()  # type: ignore[union-attr]  # it matches the empty string
+    start = LEADING.match(data).end()  # type: ignore[union-attr]  # it matches the empty string
     body = memoryview(data)[start:]
     if data[start : start + 1] == b"[":
         meta: dict[str, msgspec.Raw] = {}
-        listed = _decode(_EVENTS_RAW, body)
+        listed = decode_or_repair(_EVENTS_RAW, body)
     else:
-        top = _decode(_TOP_RAW, body)  # where msgspec cannot nest as deep, from a repaired copy
+        top = decode_or_repair(_TOP_RAW, body)  # where msgspec cannot nest as deep, from a repaired copy
         meta = {k: v for k, v in top.items() if k != "traceEvents"}
-        listed = _decode(_EVENTS_RAW, top.get("traceEvents", msgspec.Raw(b"[]")))
+        listed = decode_or_repair(_EVENTS_RAW, top.get("traceEvents", msgspec.Raw(b"[]")))
     raw: list[msgspec.Raw] = []
     events: list[_Light] = []
     for item in listed:  # (views of ``data``, or of a repaired copy where msgspec could not read it)

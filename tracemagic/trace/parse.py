@@ -39,7 +39,17 @@ import msgspec
 
 from tracemagic.errors import TraceError
 from tracemagic.trace.builder import Helper, Interners, ParsedTrace, _Builder
-from tracemagic.trace.jsonvalues import _ANY, _META, _TOP, MAX_NESTING, _decode, _literal, _offset_of, merge_notes
+from tracemagic.trace.jsonvalues import (
+    _ANY,
+    _META,
+    _TOP,
+    LEADING,
+    MAX_NESTING,
+    _literal,
+    _offset_of,
+    decode_or_repair,
+    merge_notes,
+)
 from tracemagic.trace.read import ByteStream, Source, sniff
 from tracemagic.trace.structs import _LOOSE_EVENTS, decode_structs
 
@@ -79,7 +89,6 @@ _LAST_EVENT = re.compile(rb"\}\s*\]")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
 #: a BOM and white space before the document (matched: ``lstrip`` would copy the document)
-_LEADING = re.compile(rb"[\xef\xbb\xbf \t\r\n]*")
 #: white space (``_WS``), matched where ``lstrip`` would copy
 _SPACE = re.compile(rb"[ \t\r\n]*")
 
@@ -167,7 +176,7 @@ def _decode_events(
     """A JSON array of events -> the C scanner's columns, or structs (typed fast path,
     loose fallback) where the scanner leaves the array to msgspec.
 
-    ``notes`` gets what had to be repaired to decode it (see ``_decode``; ``base`` is the
+    ``notes`` gets what had to be repaired to decode it (see ``decode_or_repair``; ``base`` is the
     data's offset in the file); ``pool``: ``scan_pool``'s memory, for this thread alone.
 
     Raises msgspec.DecodeError for malformed JSON (the caller locates it).
@@ -290,7 +299,7 @@ class _StreamParser:
 
     def _find_events(self) -> None:
         """Move to the '[' of the events array; decode the metadata before it."""
-        start = _LEADING.match(self.buf).end()  # type: ignore[union-attr]  # (lstrip would copy the chunk)
+        start = LEADING.match(self.buf).end()  # type: ignore[union-attr]  # (lstrip would copy the chunk)
         if self.buf[start : start + 1] == b"[":
             self._drop(start)
             return
@@ -308,7 +317,7 @@ class _StreamParser:
             head = head[:-1]
         if head.strip(_WS) != b"{":
             try:
-                top = _decode(_META, head + b"}", self.warnings, self.base + start)
+                top = decode_or_repair(_META, head + b"}", self.warnings, self.base + start)
             except msgspec.DecodeError:
                 raise UnstreamableError from None
             if not isinstance(top, dict):
@@ -395,7 +404,7 @@ class _StreamParser:
             return
         if tail[:1] == b",":
             try:
-                extra = _decode(_META, b"{" + tail[1:], self.warnings, self.base + close + 1)
+                extra = decode_or_repair(_META, b"{" + tail[1:], self.warnings, self.base + close + 1)
             except msgspec.DecodeError as exc:
                 where = _offset_of(exc)
                 offset = self.base + close + 1 + (where if where is not None else len(tail))
@@ -412,7 +421,7 @@ class _StreamParser:
         """Where the remainder of the document breaks (it has no complete end)."""
         self.buf[0] = 0x5B  # '[' (it may hold the ',' before the next event)
         try:
-            _decode(_ANY, self.buf)
+            decode_or_repair(_ANY, self.buf)
         except msgspec.DecodeError as exc:
             where = _offset_of(exc)
             if where is None:  # truncated: the data just ends
@@ -465,7 +474,7 @@ class _StreamParser:
 def _parse_whole(data: bytes | bytearray, name: str, recover: bool) -> ParsedTrace:
     """The slow, simple path: decode the whole document at once."""
     warnings: list[str] = []
-    leading = _LEADING.match(data)
+    leading = LEADING.match(data)
     start = leading.end() if leading is not None else 0
     builder = _Builder()
     if data[start : start + 1] == b"[":
@@ -473,7 +482,7 @@ def _parse_whole(data: bytes | bytearray, name: str, recover: bool) -> ParsedTra
         meta: dict[str, Any] = {}
     else:
         try:
-            top = _decode(_TOP, data, warnings)
+            top = decode_or_repair(_TOP, data, warnings)
         except msgspec.DecodeError as exc:
             offset = _offset_of(exc)
             if offset is None:
@@ -497,7 +506,7 @@ def _parse_whole(data: bytes | bytearray, name: str, recover: bool) -> ParsedTra
             meta = {}
             for key, raw in top.items():
                 if key != "traceEvents":
-                    meta[key] = _literal(_decode(_META, raw, warnings))
+                    meta[key] = _literal(decode_or_repair(_META, raw, warnings))
             raw_events = top["traceEvents"]
     try:
         events = _decode_events(raw_events, name, warnings)
@@ -517,14 +526,14 @@ def _recover_whole(data: bytes | bytearray, name: str, offset: int) -> tuple[byt
     meta: dict[str, Any] = {}
     head = data[:start].rstrip().rstrip(b",") + b"}"
     try:
-        meta = {k: _literal(v) for k, v in _decode(_META, head).items()}
+        meta = {k: _literal(v) for k, v in decode_or_repair(_META, head).items()}
     except (msgspec.DecodeError, AttributeError):
         meta = {}
     cuts = [m.start() + 1 for m in _NEXT_EVENT.finditer(data, bracket, offset)]
     for cut in reversed(cuts[-64:]):
         candidate = data[bracket:cut] + b"]"
         try:
-            _decode(_LOOSE_EVENTS, candidate)
+            decode_or_repair(_LOOSE_EVENTS, candidate)
         except msgspec.DecodeError:
             continue
         return candidate, meta

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from tracemagic.errors import TraceError
-from tracemagic.trace.jsonvalues import ODD_DURATIONS, _decode, _finite, _float_or_text
+from tracemagic.trace.jsonvalues import ODD_DURATIONS, _finite, _float_or_text, decode_or_repair
 
 _NULL = msgspec.Raw(b"null")
 
@@ -139,11 +139,11 @@ def decode_structs(data: Any, name: str, notes: list[str] | None = None, base: i
     Raises msgspec.DecodeError for malformed JSON (the caller locates it).
     """
     try:
-        return _decode(_EVENTS, data, notes, base)
+        return decode_or_repair(_EVENTS, data, notes, base)
     except msgspec.ValidationError:
         pass
     try:
-        events = _decode(_LOOSE_EVENTS, data, notes, base)
+        events = decode_or_repair(_LOOSE_EVENTS, data, notes, base)
     except msgspec.ValidationError as exc:
         raise TraceError(f"{name}: an event has an unreadable shape ({exc}).", path=name) from None
     odd_durations = 0
