@@ -33,7 +33,8 @@ import pandas as pd
 
 from tracemagic import facade
 from tracemagic.errors import TraceError
-from tracemagic.trace.loader import assign_ranks
+from tracemagic.trace.layout import KINETO_FILE
+from tracemagic.trace.loader import assign_ranks, world_size_warnings
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.rank_files import Options, RankFile, as_rank, facts, list_ranks, open_rank
 
@@ -291,14 +292,26 @@ def _numbered_files(
     first_of: dict[int, int] = {}
     for i, number in zip(order, numbers):
         if number in first_of:
+            first = listed[first_of[number]].name
             failed[listed[i].name] = TraceError(
-                f"{listed[i].name}: rank {number} again (already {listed[first_of[number]].name}); left out. "
-                "Load the ranks of one run together.",
+                f"{listed[i].name}: rank {number} again (already {first}); left out. {_one_file_a_rank(first)}",
                 path=listed[i].name,
             )
         else:
             first_of[number] = i
     return [(i, n) for n, i in first_of.items()]
+
+
+def _one_file_a_rank(name: str) -> str:
+    """What to do when a second file claims a rank: a capture's profiler cycles (``--repeat``)
+    are one rank's timeline, which ``tracemagic.load`` stacks and ``load_ranks`` cannot."""
+    named = KINETO_FILE.search(Path(name.split("!")[-1]).name)
+    if named is not None and named.group(2) is not None:
+        return (
+            "These are the profiler cycles of one rank (a --repeat capture): load_ranks reads one file a rank; "
+            "tracemagic.load() of the folder stacks each rank's cycles."
+        )
+    return "Load the ranks of one run together, each run's rank files in a folder of their own."
 
 
 def load_ranks(
@@ -381,9 +394,13 @@ def load_ranks(
             failed[listed[i].name] = error
         else:
             summaries[number], files[number] = value, listed[i]
+    sizes = world_size_warnings([dict(found[i]["meta"], source=listed[i].name) for i, _ in numbered], where)
     meta = {
         "ranks": {n: dict(found[i]["meta"], rank_hint=listed[i].hint) for i, n in numbered if n in files},
-        "warnings": warnings + [w for i, _ in numbered for w in found[i]["warnings"]],
+        # (a rank's own file already warns of its rank beyond its world size: said once)
+        "warnings": list(
+            dict.fromkeys(warnings + [w for i, _ in numbered for w in found[i]["warnings"]] + [w for _, w in sizes])
+        ),
     }
     has_gpu = any(found[i]["has_gpu"] for i, _ in numbered)
     return Ranks(where, manifest, files, summaries, meta, failed, engine, options, time_zero, has_gpu)
