@@ -424,6 +424,9 @@ def _forged(table: Any, stored: dict[str, Any], forgery: str) -> Any:
         return put("parent", np.where(_column(table, "parent") >= 0, -7, -1))
     if forgery == "ts NaN":
         return put("ts", np.where(np.arange(n) % 2 == 0, np.nan, _column(table, "ts")))
+    if forgery == "dur negative":  # (the loader leaves such events out: tables would count -1 µs calls)
+        dur = _column(table, "dur")
+        return put("dur", np.where(np.isfinite(dur), -1.0, dur))
     if forgery == "a step of another name":
         kind, name = dictionary("kind"), dictionary("name")
         steps = np.flatnonzero(kind.indices.to_numpy(zero_copy_only=False) == kind.dictionary.index("step").as_py())
@@ -456,7 +459,7 @@ def _forged(table: Any, stored: dict[str, Any], forgery: str) -> Any:
 
 
 FORGERIES = (
-    "parent cycle", "parent", "launch", "op", "module", "parent below -1", "ts NaN", "a step of another name",
+    "parent cycle", "parent", "launch", "op", "module", "parent below -1", "ts NaN", "dur negative", "a step of another name",
     "kinds reordered", "input_dims 5000 deep", "pid not categorical", "a rank's metadata not a dict",
     "devices not dicts", "its layout nested 100000 deep",
 )  # fmt: skip

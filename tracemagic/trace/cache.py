@@ -356,7 +356,8 @@ def check_events(events: Mapping[str, Any]) -> None:
     (``parent``, ``launch``, ``op``, ``module``) within the table or -1; a row's ``parent``
     one ``depth`` (at least -1) above it, and a row without one at depth 0 or -1, so every
     climb up the nesting ends (no cycle; at most ``depth`` + 1 rounds);
-    ``ts`` finite (the loader drops events without a timestamp); the ``kind`` categories
+    ``ts`` finite (the loader drops events without a timestamp) and no ``dur`` below 0
+    (nor events with one: ``normalize.without_negative_durations``); the ``kind`` categories
     ``KINDS`` and each step's name ``ProfilerStep#N`` (``normalize.event_kinds``); JSON
     text nested at most ``MAX_NESTING`` deep, as the parser keeps it (``json.loads``
     recurses once a level). Vectorized, each column read once: ~3-5 ms a 100 MB trace.
@@ -378,7 +379,7 @@ def check_events(events: Mapping[str, Any]) -> None:
     if kind.categories.tolist() != list(KINDS):
         raise ValueError("events: kind categories are not KINDS")
     rows = [arrays[column] for column in _ROW_COLUMNS]
-    parent, depth, ts = rows[0], arrays["depth"], arrays["ts"]
+    parent, depth, ts, dur = rows[0], arrays["depth"], arrays["ts"], arrays["dur"]
     n, step = len(ts), KINDS.index("step")
     steps: set[int] = set()  # the name codes of the steps
     for start in range(0, n, _BLOCK):  # a block of every column at a time, read once from memory
@@ -393,6 +394,8 @@ def check_events(events: Mapping[str, Any]) -> None:
         block = ts[start:stop]
         if not (np.isfinite(block.min()) and np.isfinite(block.max())):  # (NaN wins both: no mask made)
             raise ValueError("events: a ts that is not a finite number")
+        if (dur[start:stop] < 0).any():  # (NaN, an instant's, is not below 0)
+            raise ValueError("events: a negative dur (the loader leaves those events out)")
         steps.update(name.codes[start:stop][kind.codes[start:stop] == step].tolist())
     labels = name.categories.tolist() if steps else []
     if any(code < 0 or not STEP_NAME.match(labels[code]) for code in steps):
