@@ -613,6 +613,51 @@ def test_profiler_cycles_of_one_rank_still_load_as_that_rank(tmp_path: Path) -> 
     assert trace.steps().groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 4, 5], 1: [1, 2, 4, 5]}
 
 
+def test_tensorboard_handler_cycles_of_one_process_are_one_rank(tmp_path: Path) -> None:
+    """``schedule(..., repeat=2)`` with torch's ``tensorboard_trace_handler`` writes a file
+    per cycle, ``<host>_<pid>.<ts>.pt.trace.json``, with no rank in it (not distributed).
+    Loading the folder made each cycle a rank of its own: ``trace.ranks()`` and the Ranks
+    tab compared "rank 0" with "rank 1", the two halves of one process's run. They are one
+    worker's spans, as in the TensorBoard plugin: one rank, its steps and ops those of both
+    files; two runs of one process (step numbers again from 0) stay two ranks."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+    folder = tmp_path / "tb"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+        on_trace_ready=tensorboard_trace_handler(str(folder)),
+    ) as prof:
+        for _ in range(8):
+            model(x).sum().backward()
+            prof.step()
+    files = sorted(folder.glob("*.pt.trace.json"))
+    assert len(files) == 2 and len({f.name.split(".")[0] for f in files}) == 1
+    steps: dict[int, float] = {}
+    linear = 0
+    for f in files:
+        for e in json.loads(f.read_text())["traceEvents"]:
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+                steps[int(e["name"].split("#")[1])] = e["dur"]
+            linear += e.get("ph") == "X" and e.get("cat") == "cpu_op" and e.get("name") == "aten::linear"
+    assert sorted(steps) == [2, 3, 6, 7] and linear == 2 * 4
+    trace = tracemagic.load(folder, use_cache=False)
+    assert trace.rank_ids == [0] and trace.warnings == []
+    table = trace.steps()
+    assert dict(zip(table["step"].tolist(), table["dur"].tolist())) == pytest.approx(steps)
+    assert (trace.ops()["name"] == "aten::linear").sum() == linear
+    assert trace.ranks()["rank"].tolist() == [0]
+    runs = tmp_path / "runs"  # one process profiled twice: steps 0, 1 in each
+    runs.mkdir()
+    _rank_file(runs / "host_7.100.pt.trace.json", None, [0, 1])
+    _rank_file(runs / "host_7.200.pt.trace.json", None, [0, 1], t0=5000.0)
+    assert tracemagic.load(runs, use_cache=False).rank_ids == [0, 1]
+
+
 def test_a_rank_beyond_world_size_and_differing_world_sizes_are_warned(tmp_path: Path) -> None:
     folder = tmp_path / "job"
     folder.mkdir()

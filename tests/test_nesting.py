@@ -568,6 +568,241 @@ def test_an_op_nested_in_one_of_its_own_name_is_one_call_as_in_key_averages(cnn_
         assert line.split()[1] == f"{averages[name].count:,}", line
 
 
+# -- torch's counts under other profiler settings ---------------------------------------------
+def _mlp(seed: int = 0) -> Any:
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def _block_net() -> Any:
+    """Five instances of one class (two attributes, a ModuleList of three), one called twice."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x: Any) -> Any:
+            y = self.lin(x)
+            y.mul_(0.5).add_(1.0)  # in place
+            return torch.relu(y)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = Block(), Block()
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+
+        def forward(self, x: Any) -> Any:
+            x = self.b(self.a(x))
+            for block in self.blocks:
+                x = block(x)
+            return self.a(x)
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def _models(name: str) -> tuple[Any, Any]:
+    """Variant ``name``'s model and input, made before profiling (scripting one takes seconds
+    under the profiler)."""
+    import torch
+
+    if name == "scripted":
+        return torch.jit.script(_mlp()), torch.randn(8, 16)
+    if name == "repeated modules":
+        return _block_net(), torch.randn(4, 8)
+    return _mlp(), torch.randn(64 if name == "intra-op threads" else 8, 16)
+
+
+def _variant(name: str, prof: Any, model: Any, x: Any) -> None:
+    """Run the steps of variant ``name`` under ``prof``."""
+    import threading
+
+    import torch
+    from torch.profiler import record_function
+
+    if name == "intra-op threads":  # two intra-op threads (restored by the caller)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+            prof.step()
+    elif name == "other threads":  # backward on a thread of its own, a second model on another
+        other = _mlp(1)
+        for _ in range(3):
+            side = threading.Thread(target=lambda: [other(x).sum().backward() for _ in range(3)])
+            side.start()
+            loss = model(x).sum()
+            backward = threading.Thread(target=loss.backward)
+            backward.start()
+            backward.join()
+            side.join()
+            prof.step()
+    elif name == "ranges":  # nested ranges, and one open across each step's end
+        handle = None
+        for _ in range(3):
+            with record_function("outer"):
+                with record_function("inner"):
+                    model(x)
+                with record_function("inner"):
+                    model(x).relu_()
+            if handle is not None:
+                torch.ops.profiler._record_function_exit._RecordFunction(handle)
+            handle = torch.ops.profiler._record_function_enter_new("across", None)
+            model(x)
+            prof.step()
+        torch.ops.profiler._record_function_exit._RecordFunction(handle)
+    elif name == "bare inference":  # no shapes, stacks, modules; no_grad
+        with torch.no_grad():
+            for _ in range(3):
+                model(x)
+                prof.step()
+    elif name == "allocations kept":  # one freed a step later, one never (the list holds it)
+        kept, previous = [], None
+        for _ in range(3):
+            current = torch.randn(1000, 100)
+            kept.append(torch.randn(500, 100))
+            del previous
+            previous = current
+            model(x)
+            prof.step()
+    else:  # scripted, repeated modules
+        for _ in range(3):
+            model(x).sum().backward()
+            prof.step()
+
+
+VARIANTS = {
+    "intra-op threads": {},
+    "other threads": {"all_threads": True},
+    "ranges": {},
+    "bare inference": {"record_shapes": False, "with_stack": False, "with_modules": False},
+    "scripted": {"with_modules": True},
+    "repeated modules": {},
+    "allocations kept": {},
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A small model's steps recorded under one of ``VARIANTS``' settings (by default with
+    shapes, stacks and memory), with torch's ``key_averages()`` of the same profile."""
+    import torch
+    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile, schedule
+
+    name = request.param
+    options = dict(VARIANTS[name])
+    all_threads = options.pop("all_threads", False)
+    options = {"record_shapes": True, "with_stack": True, "profile_memory": True, **options}
+    if all_threads:  # else the profiler records only the threads it was started on
+        options["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
+    model, x = _models(name)
+    threads = torch.get_num_threads()
+    if name == "intra-op threads":
+        torch.set_num_threads(2)
+    try:
+        with profile(
+            activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=10), **options
+        ) as prof:
+            _variant(name, prof, model, x)
+    finally:
+        torch.set_num_threads(threads)
+    path = tmp_path_factory.mktemp("variant") / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return {
+        "name": name,
+        "path": path,
+        "averages": {e.key: e for e in prof.key_averages()},
+        "by_shape": prof.key_averages(group_by_input_shape=True),
+        "trace": tracemagic.load(path, use_cache=False),
+        "options": options,
+    }
+
+
+def test_ops_are_torchs_counts_under_other_profiler_settings(variant: dict[str, Any]) -> None:
+    """Per op name, ``top_ops`` (the Operator table) has ``key_averages()``' calls, CPU total
+    and self CPU; each row's self time is the raw JSON's duration less its direct children's,
+    never below 0; annotations and steps have torch's call counts and, where torch's self CPU
+    is not negative, its self time. Where it is (``ranges``: a ``record_function`` block's
+    annotation begins in its ``__enter__`` frame and ends in its ``__exit__`` frame, both
+    children of the enclosing range), the range's self time is 0, as the docstring says."""
+    from tracemagic.analysis.aggregate import top_ops
+
+    trace, averages = variant["trace"], variant["averages"]
+    events = table_events(variant["path"])
+    want = oracle(events)
+    ops = trace.ops()
+    np.testing.assert_allclose(ops["self_dur"].to_numpy(), np.array(want["self"])[ops["row"].to_numpy()], atol=1e-6)
+    table = top_ops(ops).set_index("name")
+    raw_ops = {e["name"] for e in events if e["ph"] == "X" and e.get("cat") == "cpu_op"}
+    assert set(table.index) == raw_ops - {n for n in raw_ops if n.startswith("ProfilerStep#")}
+    for name, row in table.iterrows():
+        assert row["calls"] == averages[name].count, name
+        assert row["total_us"] == pytest.approx(averages[name].cpu_time_total, rel=0.005, abs=3.0), name
+        assert row["self_us"] == pytest.approx(averages[name].self_cpu_time_total, rel=0.005, abs=3.0), name
+    names = ops["name"].astype(str).str.replace(r"^ProfilerStep#\d+$", "ProfilerStep*", regex=True)
+    ranges = ops[(ops["kind"] != "cpu_op").to_numpy()].groupby(names)["self_dur"].agg(["size", "sum"])
+    assert "ProfilerStep*" in ranges.index
+    for name, row in ranges.iterrows():
+        torch_self = averages[name].self_cpu_time_total
+        assert row["size"] == averages[name].count, name
+        if torch_self >= 0:
+            assert row["sum"] == pytest.approx(torch_self, rel=0.005, abs=3.0), name
+        else:
+            assert row["sum"] == 0.0, name
+    if variant["name"] == "ranges":
+        assert averages["outer"].self_cpu_time_total < 0 and ranges.loc["outer", "sum"] == 0.0
+        assert ranges.loc["across", "size"] == 3  # each one starts in one step and ends in the next
+    if variant["name"] == "other threads":  # the backward thread's ops and the side thread's are there
+        assert ops["thread"].nunique() >= 3
+        assert table.loc["aten::linear", "calls"] == 2 * 3 + 2 * 3 * 3
+
+
+def test_steps_layers_and_memory_are_the_raw_jsons_under_other_profiler_settings(variant: dict[str, Any]) -> None:
+    """``steps()`` has each ProfilerStep#N's duration; ``layers()`` one row per
+    ``nn.Module: X_k`` of the JSON with its calls and (forward) time, where stacks were
+    recorded; ``memory()`` each ``[memory]`` event's Total Allocated, ``memory_peaks()``
+    each step's highest and the whole capture's."""
+    trace = variant["trace"]
+    events = table_events(variant["path"])
+    marks = [e for e in events if e["ph"] == "X" and e["name"].startswith("ProfilerStep#")]
+    steps = {int(e["name"].split("#")[1]): e for e in marks}
+    table = trace.steps()
+    want = {k: e["dur"] for k, e in steps.items()}
+    assert dict(zip(table["step"].tolist(), table["dur"].tolist())) == pytest.approx(want)
+    modules = [e for e in events if e.get("cat") == "python_function" and e["name"].startswith("nn.Module: ")]
+    layers = trace.layers()
+    assert bool(modules) == variant["options"]["with_stack"] == (not layers.empty)
+    calls = Counter(e["name"] for e in modules)
+    time: dict[str, float] = defaultdict(float)
+    for e in modules:
+        time[e["name"]] += e["dur"]
+    assert dict(zip(layers["module"].astype(str), layers["calls"].tolist())) == calls
+    for module, fwd in zip(layers["module"].astype(str), layers["fwd_cpu_us"]):
+        assert fwd == pytest.approx(time[module], rel=1e-6, abs=1e-3), module
+    if variant["name"] == "repeated modules":  # Block_0 (``a``) is called twice a step
+        assert calls["nn.Module: Block_0"] == 6 and len(layers) == 11
+    memory = [e for e in events if e["ph"] == "i" and e["name"] == "[memory]"]
+    got = trace.memory().sort_values("row")
+    assert got["allocated_bytes"].tolist() == [e["args"]["Total Allocated"] for e in memory]
+    peaks = trace.memory_peaks()
+    if not memory:
+        assert peaks.empty
+        return
+    whole = peaks[peaks["step"].isna()]
+    assert whole["peak_bytes"].tolist() == [max(e["args"]["Total Allocated"] for e in memory)]
+    for number, step in steps.items():
+        inside = [e for e in memory if step["ts"] <= e["ts"] <= step["ts"] + step["dur"]]
+        row = peaks[peaks["step"] == number]
+        if inside:
+            assert row["peak_bytes"].tolist() == [max(e["args"]["Total Allocated"] for e in inside)], number
+
+
 # -- call chains: shapes() and diff() -------------------------------------------------------------
 def chain_oracle(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per call-chain top (index into ``events``): its key and the chain's self and GPU time.
@@ -687,6 +922,44 @@ def test_shapes_and_diff_rows_are_call_chains(which: str, cnn_trace: dict[str, A
     assert op_rows["calls_a"].to_dict() == dict(Counter(events[top]["name"] for top in chains))
     assert op_rows["us_a"].sum() == pytest.approx(sum(c["dur"] for c in chains.values()))
     assert op_rows["gpu_us_a"].sum() == pytest.approx(sum(c["gpu"] for c in chains.values()))
+
+
+def test_shapes_are_torchs_counts_by_input_shape_under_other_profiler_settings(variant: dict[str, Any]) -> None:
+    """``shapes()`` rows are the raw JSON's call chains; summed over their input types and
+    concrete inputs, the rows of an op every call of which tops a chain (``aten::linear``,
+    ``aten::randn``) have ``key_averages(group_by_input_shape=True)``'s calls and CPU total.
+    ``torch.randn(1000, 100)`` and ``torch.randn(500, 100)`` are two rows (their concrete
+    inputs differ) where torch has one (their input dims do not), as the docstring says."""
+    trace = variant["trace"]
+    if not variant["options"]["record_shapes"]:
+        assert trace.shapes()["input_dims"].isna().all()
+        return
+    events = table_events(variant["path"])
+    chains = chain_oracle(events)
+    want: dict[tuple[str, ...], int] = Counter(chain["key"] for chain in chains.values())
+    df = trace.shapes()
+    assert {table_key(r): r["calls"] for _, r in df.iterrows()} == want
+    torch_rows = {(e.key, json.dumps(e.input_shapes)): e for e in variant["by_shape"]}
+    every: Counter[tuple[str, str]] = Counter(
+        (e["name"], json.dumps(e["args"].get("Input Dims")))
+        for e in events
+        if e["ph"] == "X" and e.get("cat") == "cpu_op" and "Input Dims" in e.get("args", {})
+    )
+    df = df.assign(dims=[json.dumps(json.loads(d)) if isinstance(d, str) else "null" for d in df["input_dims"]])
+    summed = df.groupby(["name", "dims"], observed=True)[["calls", "total_us"]].sum()
+    checked = 0
+    for (name, dims), row in summed.iterrows():
+        if row["calls"] != every[(name, dims)]:
+            continue  # some calls run inside another op's chain
+        torch_row = torch_rows[(name, dims)]
+        assert row["calls"] == torch_row.count, (name, dims)
+        assert row["total_us"] == pytest.approx(torch_row.cpu_time_total, rel=0.005, abs=3.0), (name, dims)
+        checked += 1 + (name in ("aten::linear", "aten::randn"))
+    assert checked >= (1 if variant["name"] == "scripted" else 4)  # scripted: the linears run inside ``forward``
+    if variant["name"] == "allocations kept":
+        randn = df[df["name"] == "aten::randn"]
+        assert len(randn) == 2 and randn["dims"].nunique() == 1 and randn["calls"].tolist() == [3, 3]
+        assert torch_rows[("aten::randn", randn["dims"].iloc[0])].count == 6
 
 
 def nested_spans(rng: np.random.Generator, lo: int, hi: int, level: int, out: list[tuple[int, int]]) -> None:

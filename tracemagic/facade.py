@@ -112,7 +112,7 @@ class Trace(_model.TraceTables):
         return self.table(_memory.categories)
 
     def shapes(self) -> pd.DataFrame:
-        """Op x input shapes x dtypes with calls, time and FLOPs."""
+        """Call chain x input shapes x dtypes x scalar args with calls, time and FLOPs."""
         return self.table(_shapes.shapes)
 
     def source(self) -> pd.DataFrame:

@@ -30,7 +30,11 @@ def ops(trace: TraceTables) -> pd.DataFrame:
     (duration minus the CPU events directly inside it, ops, runtime calls and
     python_function frames alike: torch's Self CPU, as ``key_averages()`` and TensorBoard
     count it, so rankings agree; self times of one thread add up without double
-    counting); ``thread`` (the trace's tid); ``step`` (-1 outside steps); ``depth`` and
+    counting; never below 0: where the children overlap each other, as with
+    ``with_stack`` a ``record_function`` block's annotation begins inside its
+    ``__enter__`` frame and ends inside its ``__exit__`` frame, their durations sum to
+    more than the parent's, torch's Self CPU of the parent goes negative and this is 0);
+    ``thread`` (the trace's tid); ``step`` (-1 outside steps); ``depth`` and
     ``parent`` (row of the enclosing CPU event, -1 at top level); ``layer``, ``layer_type``
     (innermost enclosing ``nn.Module``, NA outside modules); ``input_dims``,
     ``input_type`` (JSON text as recorded); ``seq`` (autograd sequence number, links a

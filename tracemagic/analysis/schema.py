@@ -151,7 +151,7 @@ _TABLES = [
             "kind": ("category", "cpu_op | user_annotation | step"),
             "ts": _TS,
             "dur": ("float64", "duration, µs"),
-            "self_dur": ("float64", "duration minus the CPU events directly inside (torch's Self CPU)"),
+            "self_dur": ("float64", "duration minus the CPU events directly inside (torch's Self CPU, never below 0)"),
             "thread": ("category", "the trace's tid"),
             "step": _STEP,
             "depth": ("int32", "nesting depth among the thread's CPU events"),

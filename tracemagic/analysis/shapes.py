@@ -386,8 +386,14 @@ def _known_above(parent: np.ndarray, at: np.ndarray, rows: np.ndarray) -> np.nda
 
 @computes("shapes")
 def shapes(trace: TraceTables) -> pd.DataFrame:
-    """Call chains grouped by rank and their top op's name, input dims and input types,
-    busiest first.
+    """Call chains grouped by rank and their top op's name, input dims, input types and
+    concrete inputs, busiest first.
+
+    Unlike torch's ``key_averages(group_by_input_shape=True)``, which groups by name and
+    input dims alone, calls that differ in their scalar or list arguments are rows of their
+    own: ``torch.randn(1000, 100)`` and ``torch.randn(500, 100)`` (input dims ``[[], [],
+    [], [], []]`` both) are two rows here and one there; and only chain tops are counted, so
+    an ``aten::sum`` run inside another op is in that op's row, not a call of its own.
 
     One row per distinct top op of a call chain (see ``_common.call_chains``: the outermost
     op with recorded shapes, or with none and no op with shapes inside, and the ops it runs

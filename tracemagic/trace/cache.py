@@ -87,7 +87,7 @@ from tracemagic.trace.kineto import KINDS, STEP_NAME
 _log = logging.getLogger(__name__)
 
 #: bump when the events table's columns or meaning, or the entry's files, change
-FORMAT = 12
+FORMAT = 13
 EVENTS_SUFFIX = ".arrow"
 FLOWS_SUFFIX = ".flows.arrow"
 SEAL_SUFFIX = ".seal"

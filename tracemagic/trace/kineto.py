@@ -122,6 +122,23 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker|kineto_trace_|(?<![a-z0-9])et)[-_.]?
 _RANK_AT_STEM_END = re.compile(r"(?:rank|worker|_)[-_]?(\d+)(?=\D*$)")
 
 
+#: torch's ``tensorboard_trace_handler`` file name, ``<worker>.<span>.pt.trace.json[.gz]``
+#: (the worker ``<host>_<pid>`` unless named, the span a timestamp; the TensorBoard plugin's
+#: ``WORKER_PATTERN`` with the span required): the files of one worker are one process
+_TB_FILE = re.compile(r"^(.+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+
+
+def tb_worker(name: str) -> str | None:
+    """The worker a ``tensorboard_trace_handler`` file name gives (``host_123`` of
+    ``host_123.1795829963338.pt.trace.json``), None for other names.
+
+    Args:
+        name: a file name (a folder before it is ignored).
+    """
+    match = _TB_FILE.match(Path(name).name)
+    return match.group(1) if match else None
+
+
 def rank_from_name(name: str) -> int | None:
     """The rank a trace's or Execution Trace's file name carries (``rank-3``, ``worker3``,
     ``kineto_trace_3``, ``torch_et_3``), if any.

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,7 +19,7 @@ from pandas.api.types import union_categoricals
 
 from tracemagic.errors import TraceError
 from tracemagic.trace import cache, layout, normalize, parse, split, structure
-from tracemagic.trace.kineto import CPU_KINDS
+from tracemagic.trace.kineto import CPU_KINDS, tb_worker
 from tracemagic.trace.model import TraceTables
 from tracemagic.trace.parse import ParsedTrace
 from tracemagic.trace.pfw import is_pfw, pfw_to_kineto
@@ -170,9 +171,12 @@ def parse_source(
 _MAX_RANK = 2**31 - 1
 
 
-def assign_ranks(metas: list[dict[str, Any]]) -> tuple[list[int], dict[int, str]]:
+def assign_ranks(
+    metas: list[dict[str, Any]], same_as: Mapping[int, int] | None = None
+) -> tuple[list[int], dict[int, str]]:
     """Each file's rank from its parse metadata: its ``distributedInfo``'s (``rank``), else
-    its name's or manifest's (``rank_hint``), else the first free one; and a warning by
+    its name's or manifest's (``rank_hint``), else that of the earlier file ``same_as``
+    names for it (``_one_workers_cycles``), else the first free one; and a warning by
     index for each rank outside 0 .. 2**31-1 (not taken)."""
     taken: list[int | None] = []
     warnings: dict[int, str] = {}
@@ -186,7 +190,13 @@ def assign_ranks(metas: list[dict[str, Any]]) -> tuple[list[int], dict[int, str]
         taken.append(rank)
     used = {r for r in taken if r is not None}
     free = (r for r in range(len(metas) + len(used) + 1) if r not in used)
-    return [r if r is not None else next(free) for r in taken], warnings
+    out: list[int] = []
+    for index, rank in enumerate(taken):
+        if rank is None:
+            lead = (same_as or {}).get(index)
+            rank = out[lead] if lead is not None and lead < index else next(free)
+        out.append(rank)
+    return out, warnings
 
 
 def _assign_ranks(parsed: list[ParsedTrace], path: Path) -> list[int]:
@@ -196,7 +206,7 @@ def _assign_ranks(parsed: list[ParsedTrace], path: Path) -> list[int]:
         TraceError: files of one rank that are not one run's profiler cycles (``shared_rank``).
     """
     metas = [p.meta for p in parsed]
-    ranks, warnings = assign_ranks(metas)
+    ranks, warnings = assign_ranks(metas, _one_workers_cycles(parsed))
     for index, warning in warnings.items():
         parsed[index].warnings.append(warning)
     for index, warning in world_size_warnings(metas, path):
@@ -204,6 +214,26 @@ def _assign_ranks(parsed: list[ParsedTrace], path: Path) -> list[int]:
     if len(set(ranks)) < len(ranks):
         shared_rank(parsed, ranks, path)
     return ranks
+
+
+def _one_workers_cycles(parsed: list[ParsedTrace]) -> dict[int, int]:
+    """The files that are one rank because torch's ``tensorboard_trace_handler`` wrote them
+    as one worker's profiler cycles (a ``schedule(..., repeat=2)`` writes a file per cycle,
+    ``<host>_<pid>.<span>.pt.trace.json``, with no rank in them when not distributed): file
+    index -> the index of the worker's first file. Only files with no rank of their own,
+    and only where they are cycles (``_not_cycles``: apart in time, no step number twice);
+    other files of one worker (two runs of one process) stay ranks of their own."""
+    workers: dict[str, list[int]] = {}
+    for index, p in enumerate(parsed):
+        if p.meta.get("rank") is None and p.meta.get("rank_hint") is None:
+            worker = tb_worker(str(p.meta.get("source", "")).split("!")[-1])
+            if worker is not None:
+                workers.setdefault(worker, []).append(index)
+    out: dict[int, int] = {}
+    for files in workers.values():
+        if len(files) > 1 and _not_cycles([parsed[i] for i in files]) is None:
+            out.update({i: files[0] for i in files[1:]})
+    return out
 
 
 def world_size_warnings(metas: list[dict[str, Any]], path: Path) -> list[tuple[int, str]]:
