@@ -73,3 +73,34 @@ def test_the_readme_is_short_and_links_every_docs_page() -> None:
     for section in ("## The two commands", "## In a notebook", "## What each tab answers", "## Open a trace",
                     "## Notebooks and Binder"):
         assert section in README, section
+
+
+def test_every_file_a_capture_writes_is_named_in_the_docs(tmp_path: Path) -> None:
+    """Each file a capture directory holds (with ``--repeat``, ``--et`` and ``--gzip``) is
+    named in the docs, the README's ``--gzip`` row and the option's help name every kind it
+    compresses (the memory timelines were gzip'd too while they said only the Kineto trace
+    was), and docs/capture.md lists every phase ``cap.iterations`` gives (``skip`` was missing)."""
+    import torch
+
+    from tracemagic.capture.config import OPTIONS
+
+    model = torch.nn.Linear(8, 8)
+    with tracemagic.capture(wait=0, warmup=1, active=1, repeat=2, skip_first=1, et=True, gzip=True,
+                            cpu_only=True, out=tmp_path, name="files") as cap:
+        for _ in cap.steps(range(6)):
+            model(torch.randn(4, 8)).sum().backward()
+    written = sorted(p.name for p in cap.result.dir.iterdir() if not p.name.startswith("."))
+    patterns = {re.sub(r"_cycle\d+", "_cycle<k>", re.sub(r"_\d+(?=[._])", "_<rank>", name)) for name in written}
+    assert "kineto_trace_<rank>_cycle<k>.json.gz" in patterns, written
+    for pattern in patterns:
+        assert pattern.removesuffix(".gz") in ALL, pattern
+    gzip_row = next(line for line in README.splitlines() if line.startswith("| `--gzip`"))
+    gzip_help = next(spec["help"] for flags, spec in OPTIONS if flags == ("--gzip",))
+    for pattern in patterns:
+        kind = pattern.split("_<rank>")[0]
+        assert pattern.endswith(".gz") == (f"{kind}_<rank>.json.gz" in gzip_row), (pattern, gzip_row)
+        assert pattern.endswith(".gz") == (f"{kind}_<rank>.json.gz" in gzip_help), (pattern, gzip_help)
+    phases = re.search(r"its phase ((?:`\w+`/?)+)", DOCS["capture.md"])
+    assert phases, "docs/capture.md lists the iterations' phases"
+    documented = set(re.findall(r"`(\w+)`", phases.group(1)))
+    assert set(cap.result.iterations["phase"]) <= documented, (set(cap.result.iterations["phase"]), documented)
