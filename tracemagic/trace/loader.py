@@ -436,7 +436,8 @@ def load(
 
     Args:
         path: a ``.json``/``.json.gz`` trace, a ``.tar``/``.tar.gz`` of rank traces, a
-            capture directory written by ``%%chakra_trace``, or a directory of rank traces.
+            capture directory written by ``%%chakra_trace``, a directory of rank traces, or
+            a DFTracer ``.pfw``/``.pfw.gz`` file (as ``trace.to_pfw`` writes it).
         recover: keep the events before the damage of a truncated or corrupt file
             instead of raising ``TraceError`` (a warning in ``trace.warnings`` says where).
         cache_dir: the folder to keep the cache in (default: inside a capture directory
