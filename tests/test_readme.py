@@ -104,3 +104,14 @@ def test_every_file_a_capture_writes_is_named_in_the_docs(tmp_path: Path) -> Non
     assert phases, "docs/capture.md lists the iterations' phases"
     documented = set(re.findall(r"`(\w+)`", phases.group(1)))
     assert set(cap.result.iterations["phase"]) <= documented, (set(cap.result.iterations["phase"]), documented)
+
+
+def test_the_tables_not_in_microseconds_are_named() -> None:
+    """The README says every table's times are in µs: a table with times in another unit
+    (``iterations()``' ``wall_ms``) is named there as the exception."""
+    from tracemagic.analysis.schema import TABLES
+
+    sentence = README[README.index("Every table is a pandas DataFrame") :].split("\n\n")[0]
+    for table in TABLES.values():
+        if table.method and any(re.search(r"(?<!_per)_(ms|s|ns)$", column) for column in table.columns):
+            assert f"`{table.call}`" in sentence, (table.name, sentence)
