@@ -115,3 +115,12 @@ def test_the_tables_not_in_microseconds_are_named() -> None:
     for table in TABLES.values():
         if table.method and any(re.search(r"(?<!_per)_(ms|s|ns)$", column) for column in table.columns):
             assert f"`{table.call}`" in sentence, (table.name, sentence)
+
+
+def test_every_environment_variable_the_package_reads_is_documented() -> None:
+    """Each ``TRACEMAGIC_*`` variable the package reads is named in the README or the docs
+    (``TRACEMAGIC_TRACE_DIR`` and ``TRACEMAGIC_DEBUG`` were not)."""
+    read = {name for path in (ROOT / "tracemagic").rglob("*.py")
+            for name in re.findall(r"[\"'](TRACEMAGIC_[A-Z_]+)[\"']", path.read_text(encoding="utf-8"))}
+    assert {"TRACEMAGIC_CACHE_DIR", "TRACEMAGIC_LOG"} <= read, read
+    assert not {name for name in read if name not in ALL}, sorted(name for name in read if name not in ALL)
