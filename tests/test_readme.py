@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tracemagic
 from tracemagic.facade import Trace
 
@@ -124,3 +126,30 @@ def test_every_environment_variable_the_package_reads_is_documented() -> None:
             for name in re.findall(r"[\"'](TRACEMAGIC_[A-Z_]+)[\"']", path.read_text(encoding="utf-8"))}
     assert {"TRACEMAGIC_CACHE_DIR", "TRACEMAGIC_LOG"} <= read, read
     assert not {name for name in read if name not in ALL}, sorted(name for name in read if name not in ALL)
+
+
+def test_the_script_capture_takes_the_magic_options_the_docs_say(ip) -> None:
+    """docs/ranks.md says which of the magic's options ``tracemagic.capture`` does not take
+    (it said "same options as the magic"; ``stop=True`` is a CaptureError): those are refused,
+    every other capture option of the magic is taken as a keyword."""
+    from tracemagic.errors import CaptureError
+
+    said = re.search(r"tracemagic\.capture\(.*?# the magic's capture options, as keywords\s*#\s*\(not ([^)]*)\)",
+                     DOCS["ranks.md"], flags=re.S)
+    assert said, "docs/ranks.md names the magic options tracemagic.capture does not take"
+    refused = set(re.findall(r"--[a-z-]+", said.group(1)))
+    shown = {"--output", "--var", "--quiet"}  # how the magic hands the capture to the notebook
+    for names in _magic_options(ip, "chakra_trace"):
+        option = max(names, key=len)
+        if option in shown:
+            continue
+        keyword = option.lstrip("-").replace("-", "_")
+        value = {"--loop": 2, "--report": "r.html", "--vs": "last", "--out": "traces", "--name": "x",
+                 "--slow": 2.0}.get(option, 1 if option in ("--wait", "--warmup", "--active", "--repeat",
+                                                             "--skip-first", "--skip-first-wait", "--slow-max")
+                                     else True)
+        if option in refused:
+            with pytest.raises(CaptureError, match="unknown option"):
+                tracemagic.capture(**{keyword: value})
+        else:
+            tracemagic.capture(**{keyword: value})
