@@ -447,6 +447,9 @@ def test_linear_flops_match_torch(captured: dict[str, Any]) -> None:
     linear = df[(df["name"] == "aten::linear") & (df["input_dims"] == "[[8, 32], [64, 32], [64]]")].iloc[0]
     assert linear["flops"] == 2 * 8 * 64 * 32 == torch_flops[("aten::addmm", "[[64], [8, 32], [32, 64], [], []]")]
     assert linear["tflops_per_s"] == pytest.approx(linear["flops"] * linear["calls"] / linear["total_us"] / 1e6)
+    # the column contract (help(tracemagic.analysis)) says so: it named gpu_us alone, 0 on the CPU
+    from tracemagic.analysis.schema import TABLES
+    assert "over ``total_us`` where" in TABLES["shapes"].columns["tflops_per_s"][1]
     checked = 0
     for _, row in df[df["name"] == "aten::linear"].iterrows():  # the addmm or mm each one runs
         x, w = json.loads(row["input_dims"])[:2]

@@ -593,6 +593,7 @@ def test_a_float32_linear_under_autocast_is_held_to_the_peak_of_the_dtype_it_ran
     table = tracemagic.load(path, cache_dir=tmp_path).efficiency(peaks=peaks)
     rows = table[(table["name"] == "aten::linear") & table["input_type"].str.startswith('["float"')]
     assert sorted(zip(rows["calls"], rows["peak_tflops"], rows["precision"])) == [(2, 10.0, "fp32"), (3, 100.0, "bf16")]
+    assert "``precision``" in tracemagic.Trace.efficiency.__doc__  # help(trace.efficiency) names the column
     for calls, group in ((3, in_bf16), (2, [e for e in outer if e not in in_bf16])):
         row = rows[rows["calls"] == calls].iloc[0]
         assert row["gpu_us"] == pytest.approx(sum(e["dur"] for e in group))  # host time: a CPU trace

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -265,3 +267,39 @@ def test_a_tar_in_a_folder_named_with_a_bang_is_reread(tmp_path: Path) -> None:
     trace = tracemagic.load(archive, use_cache=False)
     (out,) = trace.to_chrome_trace(tmp_path / "cut.json")
     assert len(tracemagic.load(out, use_cache=False).events) == len(trace.events)
+
+
+@pytest.mark.parametrize("layout", ["file", "tar", "folder"])
+def test_a_trace_reopened_from_the_cache_elsewhere_is_reread(layout: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """A trace first loaded by a relative path and reopened from the cache in another
+    working directory exports: the cache entry kept the first load's names (``a/run.json.gz``),
+    and to_chrome_trace looked for the original there (a TraceError: no such file)."""
+    folder = tmp_path / "a"
+    folder.mkdir()
+    if layout == "file":
+        shutil.copy(MINITOY, folder / "run.json.gz")
+        name = "a/run.json.gz"
+    elif layout == "tar":
+        shutil.copy(MINITOY, tmp_path / "worker0.pt.trace.json.gz")
+        with tarfile.open(folder / "run.tar.gz", "w:gz") as tar:
+            tar.add(tmp_path / "worker0.pt.trace.json.gz", arcname="worker0.pt.trace.json.gz")
+        name = "a/run.tar.gz"
+    else:
+        shutil.copy(MINITOY, folder / "kineto_trace_0.json.gz")
+        name = "a"
+    cache_dir = tmp_path / "cache"
+    monkeypatch.chdir(tmp_path)
+    first = tracemagic.load(name, cache_dir=cache_dir)
+    rows = len(first.events)
+    del first
+    gc.collect()  # its cache entry is written when it is dropped
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with caplog.at_level(logging.DEBUG, logger="tracemagic.trace.loader"):
+        again = tracemagic.load(tmp_path / name, cache_dir=cache_dir)
+    assert "read from the cache" in caplog.text
+    (out,) = again.to_chrome_trace(tmp_path / "cut.json")
+    assert len(tracemagic.load(out, use_cache=False).events) == rows
+    assert again.meta["path"] == str(tmp_path / name)

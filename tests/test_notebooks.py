@@ -243,6 +243,11 @@ def test_training_loop(run) -> None:
 
     cycles = text_of(ex.cell("print(cycles.status)"))
     assert "kineto_trace_0_cycle1.json" in cycles and "kineto_trace_0_cycle2.json" in cycles
+    # the text above the cell names the files as the capture writes them (it said kineto_trace_<rank>.json)
+    said = next(c.source for c in ex.nb.cells if c.cell_type == "markdown" and "Each cycle writes" in c.source)
+    printed = re.findall(r"kineto_trace_0_cycle\d\.json", cycles)
+    written = {re.sub(r"_0_cycle\d", "_<rank>_cycle<k>", n) for n in printed}
+    assert written == {"kineto_trace_<rank>_cycle<k>.json"} and all(f"`{n}`" in said for n in written), said
     assert table_rows(ex.cell("print(cycles.status)")) == 4  # 2 cycles x --active 2
 
     loop = ex.cell("--loop 9")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tracemagic
 from tracemagic.facade import Trace
 
@@ -73,3 +75,81 @@ def test_the_readme_is_short_and_links_every_docs_page() -> None:
     for section in ("## The two commands", "## In a notebook", "## What each tab answers", "## Open a trace",
                     "## Notebooks and Binder"):
         assert section in README, section
+
+
+def test_every_file_a_capture_writes_is_named_in_the_docs(tmp_path: Path) -> None:
+    """Each file a capture directory holds (with ``--repeat``, ``--et`` and ``--gzip``) is
+    named in the docs, the README's ``--gzip`` row and the option's help name every kind it
+    compresses (the memory timelines were gzip'd too while they said only the Kineto trace
+    was), and docs/capture.md lists every phase ``cap.iterations`` gives (``skip`` was missing)."""
+    import torch
+
+    from tracemagic.capture.config import OPTIONS
+
+    model = torch.nn.Linear(8, 8)
+    with tracemagic.capture(wait=0, warmup=1, active=1, repeat=2, skip_first=1, et=True, gzip=True,
+                            cpu_only=True, out=tmp_path, name="files") as cap:
+        for _ in cap.steps(range(6)):
+            model(torch.randn(4, 8)).sum().backward()
+    written = sorted(p.name for p in cap.result.dir.iterdir() if not p.name.startswith("."))
+    patterns = {re.sub(r"_cycle\d+", "_cycle<k>", re.sub(r"_\d+(?=[._])", "_<rank>", name)) for name in written}
+    assert "kineto_trace_<rank>_cycle<k>.json.gz" in patterns, written
+    for pattern in patterns:
+        assert pattern.removesuffix(".gz") in ALL, pattern
+    gzip_row = next(line for line in README.splitlines() if line.startswith("| `--gzip`"))
+    gzip_help = next(spec["help"] for flags, spec in OPTIONS if flags == ("--gzip",))
+    for pattern in patterns:
+        kind = pattern.split("_<rank>")[0]
+        assert pattern.endswith(".gz") == (f"{kind}_<rank>.json.gz" in gzip_row), (pattern, gzip_row)
+        assert pattern.endswith(".gz") == (f"{kind}_<rank>.json.gz" in gzip_help), (pattern, gzip_help)
+    phases = re.search(r"its phase ((?:`\w+`/?)+)", DOCS["capture.md"])
+    assert phases, "docs/capture.md lists the iterations' phases"
+    documented = set(re.findall(r"`(\w+)`", phases.group(1)))
+    assert set(cap.result.iterations["phase"]) <= documented, (set(cap.result.iterations["phase"]), documented)
+
+
+def test_the_tables_not_in_microseconds_are_named() -> None:
+    """The README says every table's times are in µs: a table with times in another unit
+    (``iterations()``' ``wall_ms``) is named there as the exception."""
+    from tracemagic.analysis.schema import TABLES
+
+    sentence = README[README.index("Every table is a pandas DataFrame") :].split("\n\n")[0]
+    for table in TABLES.values():
+        if table.method and any(re.search(r"(?<!_per)_(ms|s|ns)$", column) for column in table.columns):
+            assert f"`{table.call}`" in sentence, (table.name, sentence)
+
+
+def test_every_environment_variable_the_package_reads_is_documented() -> None:
+    """Each ``TRACEMAGIC_*`` variable the package reads is named in the README or the docs
+    (``TRACEMAGIC_TRACE_DIR`` and ``TRACEMAGIC_DEBUG`` were not)."""
+    read = {name for path in (ROOT / "tracemagic").rglob("*.py")
+            for name in re.findall(r"[\"'](TRACEMAGIC_[A-Z_]+)[\"']", path.read_text(encoding="utf-8"))}
+    assert {"TRACEMAGIC_CACHE_DIR", "TRACEMAGIC_LOG"} <= read, read
+    assert not {name for name in read if name not in ALL}, sorted(name for name in read if name not in ALL)
+
+
+def test_the_script_capture_takes_the_magic_options_the_docs_say(ip) -> None:
+    """docs/ranks.md says which of the magic's options ``tracemagic.capture`` does not take
+    (it said "same options as the magic"; ``stop=True`` is a CaptureError): those are refused,
+    every other capture option of the magic is taken as a keyword."""
+    from tracemagic.errors import CaptureError
+
+    said = re.search(r"tracemagic\.capture\(.*?# the magic's capture options, as keywords\s*#\s*\(not ([^)]*)\)",
+                     DOCS["ranks.md"], flags=re.S)
+    assert said, "docs/ranks.md names the magic options tracemagic.capture does not take"
+    refused = set(re.findall(r"--[a-z-]+", said.group(1)))
+    shown = {"--output", "--var", "--quiet"}  # how the magic hands the capture to the notebook
+    for names in _magic_options(ip, "chakra_trace"):
+        option = max(names, key=len)
+        if option in shown:
+            continue
+        keyword = option.lstrip("-").replace("-", "_")
+        value = {"--loop": 2, "--report": "r.html", "--vs": "last", "--out": "traces", "--name": "x",
+                 "--slow": 2.0}.get(option, 1 if option in ("--wait", "--warmup", "--active", "--repeat",
+                                                             "--skip-first", "--skip-first-wait", "--slow-max")
+                                     else True)
+        if option in refused:
+            with pytest.raises(CaptureError, match="unknown option"):
+                tracemagic.capture(**{keyword: value})
+        else:
+            tracemagic.capture(**{keyword: value})

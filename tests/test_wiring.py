@@ -416,6 +416,7 @@ def test_tb_names_rank_comes_from_the_manifest_not_the_host_name(ip, monkeypatch
 def test_load_reads_pfw_written_by_the_pfw_option(ip):
     cap, _ = capture(ip, "--no-memory-timeline --pfw --gzip")
     back = tracemagic.load(cap.dir / "dftracer_0.pfw.gz", use_cache=False)
+    assert "``.pfw``/``.pfw.gz``" in tracemagic.load.__doc__  # and load's help says it reads them
     def framework_events(events):  # ops, steps, and the nn.Module frames (.pfw keeps no other Python frames)
         names = events["name"].astype(str)
         keep = events["kind"].isin(("cpu_op", "user_annotation", "step")) | names.str.startswith("nn.Module: ")

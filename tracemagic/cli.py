@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"tracemagic: error: {message}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as exc:  # a bug: one line unless --debug/TRACEMAGIC_DEBUG asks for the traceback
+    except Exception as exc:  # a bug: one line unless TRACEMAGIC_DEBUG asks for the traceback
         if os.environ.get("TRACEMAGIC_DEBUG"):
             raise
         print(

@@ -133,9 +133,10 @@ class Trace(_model.TraceTables):
         return self.table(_source.call_tree, user_only)
 
     def efficiency(self, peaks: Mapping[str, float] | DevicePeaks | None = None) -> pd.DataFrame:
-        """Op x shapes x dtypes against the device's roofline: FLOPs, bytes, achieved
-        TFLOP/s and TB/s, compute- or memory-bound, % of the roof (``peaks``: the device's
-        own, see ``tracemagic.analysis.efficiency``)."""
+        """Op x shapes x dtypes against the device's roofline: the precision its math ran in
+        (``precision``: autocast's rows apart), FLOPs, bytes, achieved TFLOP/s and TB/s,
+        compute- or memory-bound, % of the roof (``peaks``: the device's own, see
+        ``tracemagic.analysis.efficiency``)."""
         if peaks is None:
             return self.table(_efficiency.efficiency)
         return _efficiency.efficiency(self, peaks)

@@ -584,7 +584,10 @@ _TABLES = [
             "self_us": ("float64", "self time of every op of the chains"),
             "gpu_us": ("float64", "GPU time the chains launched"),
             "flops": ("Float64", "FLOPs per call, NA unless known for every call"),
-            "tflops_per_s": ("Float64", "achieved TFLOP/s over ``gpu_us``"),
+            "tflops_per_s": (
+                "Float64",
+                "achieved TFLOP/s over ``gpu_us``, over ``total_us`` where the chains launched no GPU work",
+            ),
             "flops_source": ("str", "trace | shapes | estimate, NA where ``flops`` is"),
         },
         "one row per top op of a call chain (the outermost op with recorded shapes, or with none and "

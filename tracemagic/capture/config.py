@@ -169,7 +169,13 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         ("--name",),
         dict(default="capture", metavar="NAME", help="capture directory name: DIR/NAME-<timestamp> (default capture)"),
     ),
-    (("--gzip",), dict(action="store_true", help="write kineto_trace_<rank>.json.gz (the ET stays plain JSON)")),
+    (
+        ("--gzip",),
+        dict(
+            action="store_true",
+            help="write kineto_trace_<rank>.json.gz and memory_timeline_<rank>.json.gz (the ET stays plain JSON)",
+        ),
+    ),
     (
         ("--slow",),
         dict(

@@ -466,7 +466,8 @@ def load(
 
     Args:
         path: a ``.json``/``.json.gz`` trace, a ``.tar``/``.tar.gz`` of rank traces, a
-            capture directory written by ``%%chakra_trace``, or a directory of rank traces.
+            capture directory written by ``%%chakra_trace``, a directory of rank traces, or
+            a DFTracer ``.pfw``/``.pfw.gz`` file (as ``trace.to_pfw`` writes it).
         recover: keep the events before the damage of a truncated or corrupt file
             instead of raising ``TraceError`` (a warning in ``trace.warnings`` says where).
         cache_dir: the folder to keep the cache in (default: inside a capture directory
@@ -523,7 +524,7 @@ def load(
         if hit is not None:
             events, flows, meta, base, events_sum = hit
             _log.debug("%s: %d events read from the cache", path, len(events))
-            trace = TraceTables(events, flows, meta, path=path, manifest=manifest)
+            trace = TraceTables(events, flows, named_at(meta, str(path)), path=path, manifest=manifest)
             trace.store = _table_store((base, events_sum), entry, manifest, events)
             return trace
     if listed is not None:
@@ -562,6 +563,22 @@ def load(
         weakref.finalize(trace.lifetime, pending.flush)  # runs at exit too
         trace.store = _table_store(pending, entry, manifest, trace.events)
     return trace
+
+
+def named_at(meta: dict[str, Any], path: str) -> dict[str, Any]:
+    """A cached trace's metadata with its paths as this load names the trace: the entry keeps
+    the names of the load that wrote it (``a/t.json`` read from another working directory
+    is ``/abs/a/t.json`` here), and ``to_chrome_trace`` re-reads each rank's ``source``."""
+    old = meta.get("path")
+    if not isinstance(old, str) or old == path:
+        return meta
+    ranks: dict[Any, Any] = {}
+    for rank, about in (meta.get("ranks") or {}).items():
+        source = about.get("source") if isinstance(about, dict) else None
+        if isinstance(source, str) and (source == old or source.startswith((f"{old}/", f"{old}!", f"{old}{os.sep}"))):
+            about = {**about, "source": path + source[len(old) :]}
+        ranks[rank] = about
+    return {**meta, "path": path, "ranks": ranks}
 
 
 def _table_store(
