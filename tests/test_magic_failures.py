@@ -421,7 +421,8 @@ def test_the_traceback_arrow_points_at_the_failing_line(ip, body):
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``execute(code) -> (status, error)``: run a cell in a real ipykernel (as JupyterLab
     and nbclient run them; it names cells ``/tmp/ipykernel_<pid>/<hash>.py``), with
-    tracemagic loaded, in a temporary folder. ``error`` is the error message's content."""
+    tracemagic loaded, in a temporary folder. ``error`` is the error message's content;
+    ``shown``, a list, gets the text of the cell's other outputs."""
     import os
 
     from jupyter_client.manager import start_new_kernel
@@ -430,12 +431,16 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Any:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     manager, client = start_new_kernel(kernel_name="python3", cwd=str(folder), env=env)
 
-    def execute(code: str) -> tuple[str, dict[str, Any] | None]:
+    def execute(code: str, shown: list[str] | None = None) -> tuple[str, dict[str, Any] | None]:
         errors: list[dict[str, Any]] = []
 
         def hook(msg: dict[str, Any]) -> None:
             if msg["msg_type"] == "error":
                 errors.append(msg["content"])
+            elif shown is not None and msg["msg_type"] == "stream":
+                shown.append(msg["content"]["text"])
+            elif shown is not None and msg["msg_type"] in ("display_data", "execute_result"):
+                shown.append(msg["content"]["data"].get("text/plain", ""))
 
         reply = client.execute_interactive(code, timeout=300, output_hook=hook)
         assert len(errors) <= 1, errors
@@ -573,3 +578,68 @@ def test_the_step_the_error_cut_short_is_not_in_the_mean(ip, read_json):
     assert "step 4 was cut short by the error and is not counted" in facts["steps"]
     assert [v for _, v in Dashboard(capture.trace).controls["step"].options] == ["all", 1, 2, 3]
     assert f"mean step: {facts['mean step']}" in shown(out)  # the capture's display says the same
+
+
+def _capture_on_disk(folder: Path) -> tuple[Path, dict[str, Any]]:
+    """The one capture directory under ``folder`` and its capture.json, read as JSON."""
+    (capture,) = [p for p in folder.iterdir() if p.is_dir()]
+    return capture, json.loads((capture / "capture.json").read_text())
+
+
+#: cells that raise where the capture's note used to misplace the error, with what it says now
+NOTE_CASES = {
+    "the loop's header, in a recorded step": (
+        "def batches():\n    for k in range(8):\n        if k == 3:\n            raise OSError('bad file')\n"
+        "        yield k\nfor x in batches():\n    y = x * 2\n",
+        "raised OSError in step 3; 1 complete step(s) recorded before it were written (partial capture).",
+    ),
+    "the loop's header, after the schedule": (
+        "def batches():\n    for k in range(8):\n        if k == 6:\n            raise OSError('bad file')\n"
+        "        yield k\nfor x in batches():\n    y = x * 2\n",
+        "raised OSError in iteration 6 of the loop (counted from 0), after the recorded steps; "
+        "2 complete step(s) recorded before it were written (partial capture).",
+    ),
+    "the body, after the schedule": (
+        "for i in range(8):\n    if i == 6:\n        raise OSError('bad file')\n",
+        "raised OSError in iteration 6 of the loop (counted from 0), after the recorded steps; "
+        "2 complete step(s) recorded before it were written (partial capture).",
+    ),
+    "a wait step": (
+        "for i in range(8):\n    if i == 0:\n        raise OSError('bad file')\n",
+        "raised OSError in step 0; no complete step was recorded before it, so no trace was written "
+        "(failed capture).",
+    ),
+}
+
+
+@pytest.mark.slow
+def test_in_a_kernel_the_note_says_where_the_cell_raised_and_what_is_on_disk(kernel, tmp_path):
+    """A loop's header that raises (a DataLoader, a generator) was said to have raised
+    "after the loop", an iteration past the schedule "in step 4" (a step never recorded),
+    and a capture with no trace "(partial capture)"; the note now says where, and what the
+    status says is on disk. A cell that raised in its only recorded step shows that step as
+    cut short, where its Overview said there was no ProfilerStep in the trace."""
+    head = "%%chakra_trace --wait 1 --warmup 1 --active 2 --no-memory-timeline --out {out}\n"
+    assert kernel("import torch") == ("ok", None)
+    for number, (body, said) in enumerate(NOTE_CASES.values()):
+        out = tmp_path / str(number)
+        status, error = kernel(head.format(out=out) + body)
+        assert status == "error" and error is not None and error["ename"] == "OSError"
+        capture, manifest = _capture_on_disk(out)
+        assert manifest["notes"][0] == "the cell " + said, manifest["notes"]
+        assert manifest["status"] == ("failed" if "no trace" in said else "partial")
+        assert (capture / "kineto_trace_0.json").exists() == (manifest["status"] == "partial")
+    shown: list[str] = []
+    out = tmp_path / "first"
+    status, error = kernel(
+        head.format(out=out) + "for i in range(8):\n    torch.randn(8).sum()\n    if i == 2:\n        1 / 0\n",
+        shown,
+    )
+    assert status == "error" and error is not None and error["ename"] == "ZeroDivisionError"
+    capture, manifest = _capture_on_disk(out)
+    steps = [e["name"] for e in json.loads((capture / "kineto_trace_0.json").read_text())["traceEvents"]
+             if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#2"] and manifest["status"] == "partial"
+    text = "".join(shown)
+    assert "steps: none complete (step 2 was cut short by the error)" in text, text
+    assert "no ProfilerStep in the trace" not in text

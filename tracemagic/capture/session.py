@@ -242,7 +242,7 @@ class CaptureSession:
         self._started = False
         self._stopped = False
         self._skip_step = False
-        self._failed_step: int | None = None  # the step whose iteration raised
+        self._failed_at: str | None = None  # where the iteration that raised was (``_error_note``)
         self._iteration = Iteration(self)  # the rewritten loop's ``with`` (capture/loop.py)
         # line marks (capture/loop.py ``mark_lines``): on while a profiler runs
         self._marking = False
@@ -263,6 +263,7 @@ class CaptureSession:
         # notebook's only; a script's or a rank's crash output must reach its log unbuffered
         self._filter = notices.Filter(self._hidden) if filter_notices else None
         self._switched_off = False  # the profiler was switched off inside the current cycle
+        self._left_loop = False  # ``stop()`` ran: the loop (or the cell's recording) was over
         self._created = datetime.now(UTC)
         self._base: Manifest | None = None  # the manifest's fixed part (_base_manifest)
         self._manifest_lines: dict[str, tuple[Any, str]] = {}  # as written (layout.manifest_text memo)
@@ -313,7 +314,7 @@ class CaptureSession:
         prof.step()
         if self.config.repeat and self._written_cycles >= self.config.repeat:
             self._schedule_done = True
-            self.stop()  # the schedule is done: no cost for the rest of the loop
+            self._end_recording()  # the schedule is done: no cost for the rest of the loop
         self._t_step = time.perf_counter_ns()
 
     def _after_schedule(self, now: int) -> None:
@@ -412,7 +413,10 @@ class CaptureSession:
     def _fail(self) -> None:
         """Called by the rewritten loop when an iteration raises: no step() for it."""
         self._skip_step = True
-        self._failed_step = self.step_num
+        if self._prof is not None and not self._stopped:
+            self._failed_at = f" in step {self.step_num}"
+        else:  # past the schedule (or before it began): that iteration is in no step
+            self._failed_at = self._past_schedule()
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self) -> Path:
@@ -487,6 +491,11 @@ class CaptureSession:
 
     def stop(self) -> None:
         """Stop recording now (the loop is over); the rest of the cell is not traced."""
+        self._left_loop = True
+        self._end_recording()
+
+    def _end_recording(self) -> None:
+        """Stop the profiler (writing the window it records) and the notices filter."""
         self._stop_profiler("cell_end" if self._one_step else "loop_exit")
         if self._filter is not None:
             self._filter.stop()
@@ -521,10 +530,10 @@ class CaptureSession:
                     self._filter.stop()  # descriptor 2 is the user's again, whatever _cleanup raised
                 if _ACTIVE is self:
                     _ACTIVE = None
-        if error is not None:
-            self._notes.insert(0, self._error_note(error))
-        self._notes.extend(self._schedule_notes(error))
         status = self._status(error)
+        if error is not None:
+            self._notes.insert(0, self._error_note(error, status))
+        self._notes.extend(self._schedule_notes(error))
         try:
             manifest = self._manifest(status, error)
         except Exception as exc:  # noqa: BLE001 - never lose the cell's own error to bookkeeping
@@ -714,20 +723,37 @@ class CaptureSession:
             return "partial"
         return "complete"
 
-    def _error_note(self, error: BaseException) -> str:
+    def _past_schedule(self) -> str:
+        """Where an iteration after the schedule's last step is, for ``_error_note``."""
+        return f" in iteration {self._iterations} of the loop (counted from 0), after the recorded steps"
+
+    def _error_note(self, error: BaseException, status: str) -> str:
+        """The note on the cell's exception: where it was raised, and what was written
+        (as ``status`` says: on disk)."""
         recorded = sum(s.complete for c in self._cycles for s in c.steps)
-        if self._failed_step is not None:  # an iteration of the stepped loop raised
-            where = f" in step {self._failed_step}"
+        if self._failed_at is not None:  # an iteration of the stepped loop raised
+            where = self._failed_at
         elif self._prof is None:
             where = " before the loop"
-        elif self._stopped and self.plan.mode == "loop":
-            where = " after the loop (every step it ran was ended)"
-        else:
+        elif self._left_loop:  # stop() ran: after the bracketed loop, or the cell's own stop()
+            where = (
+                " after the loop (every step it ran was ended)"
+                if self.plan.mode == "loop"
+                else f" after {self.config.handle}.stop()"
+            )
+        elif self._schedule_done:  # in the loop (its header), past the schedule
+            where = self._past_schedule()
+        else:  # in the loop's header (a DataLoader, a generator) or in a step() call
             where = f" in step {self.step_num}"
-        return (
-            f"the cell raised {type(error).__name__}{where}; {recorded} complete step(s) "
-            "recorded before it were written (partial capture)."
-        )
+        if status == "partial":
+            written = f"{recorded} complete step(s) recorded before it were written (partial capture)"
+        elif recorded:
+            written = (
+                f"{recorded} complete step(s) were recorded before it, but no trace was written ({status} capture)"
+            )
+        else:
+            written = f"no complete step was recorded before it, so no trace was written ({status} capture)"
+        return f"the cell raised {type(error).__name__}{where}; {written}."
 
     def _schedule_notes(self, error: BaseException | None) -> list[str]:
         if self._one_step or not self._started:
