@@ -580,10 +580,63 @@ def test_the_step_the_error_cut_short_is_not_in_the_mean(ip, read_json):
     assert f"mean step: {facts['mean step']}" in shown(out)  # the capture's display says the same
 
 
+#: torch's export of a window's trace, ended by a Ctrl-C as it returns: what a kernel
+#: interrupt (SIGINT to the kernel) does to a user who presses Stop while a big trace is written
+INTERRUPTED_EXPORT = """\
+import os, signal, time
+import torch.profiler.profiler as _pp
+_real_export = _pp._KinetoProfile.export_chrome_trace
+def _export_then_interrupt(self, path):
+    _real_export(self, path)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(1)  # the interrupt lands here, inside the export, as after a long write
+_pp._KinetoProfile.export_chrome_trace = _export_then_interrupt
+"""
+
+
 def _capture_on_disk(folder: Path) -> tuple[Path, dict[str, Any]]:
     """The one capture directory under ``folder`` and its capture.json, read as JSON."""
     (capture,) = [p for p in folder.iterdir() if p.is_dir()]
     return capture, json.loads((capture / "capture.json").read_text())
+
+
+@pytest.mark.slow
+def test_in_a_kernel_an_interrupt_while_a_window_is_written_keeps_it(kernel, tmp_path):
+    """Stop (a kernel interrupt) pressed while torch exports the recorded window: the window
+    is written whole, trace and execution trace, then the KeyboardInterrupt reaches the user
+    at the loop, with the cell's frames only. It used to cut the write short: the
+    capture said "failed", its trace and ET deleted."""
+    out = tmp_path / "interrupted"
+    assert kernel("import torch") == ("ok", None)
+    assert kernel(INTERRUPTED_EXPORT) == ("ok", None)
+    try:
+        status, error = kernel(
+            f"%%chakra_trace --wait 1 --warmup 1 --active 2 --et -q --no-memory-timeline --out {out}\n"
+            "ran = []\nfor i in range(8):\n    ran.append(i)\n    torch.randn(16, 16).mm(torch.randn(16, 16))\n"
+        )
+    finally:
+        assert kernel("_pp._KinetoProfile.export_chrome_trace = _real_export") == ("ok", None)
+    assert status == "error" and error is not None and error["ename"] == "KeyboardInterrupt"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+    import tracemagic
+
+    assert str(Path(tracemagic.__file__).parent) not in text, text
+    assert arrows(text)[-1] == (3, "for i in range(8):"), text
+    capture, manifest = _capture_on_disk(out)
+    assert sorted(p.name for p in capture.iterdir()) == ["capture.json", "kineto_trace_0.json", "torch_et_0.json"]
+    steps = [e["name"] for e in json.loads((capture / "kineto_trace_0.json").read_text())["traceEvents"]
+             if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert json.loads((capture / "torch_et_0.json").read_text())["nodes"]
+    assert manifest["status"] == "partial"
+    assert [(s["step"], s["complete"]) for s in manifest["steps"]] == [(2, True), (3, True)]
+    assert manifest["error"]["type"] == "KeyboardInterrupt"
+    # the loop stopped at the step the window ended (no more iterations ran after the Ctrl-C)
+    status, _ = kernel("assert ran == [0, 1, 2, 3], ran")
+    assert status == "ok"
+    status, _ = kernel("assert not torch.autograd.profiler._is_profiler_enabled\n"
+                       "from tracemagic.capture.session import et_observer_free\nassert et_observer_free()")
+    assert status == "ok"
 
 
 #: cells that raise where the capture's note used to misplace the error, with what it says now
