@@ -696,3 +696,27 @@ def test_in_a_kernel_the_note_says_where_the_cell_raised_and_what_is_on_disk(ker
     text = "".join(shown)
     assert "steps: none complete (step 2 was cut short by the error)" in text, text
     assert "no ProfilerStep in the trace" not in text
+
+
+def _gzip_name(path: Path) -> str:
+    """The file name a gzip file's header holds (RFC 1952 FNAME), read from its bytes."""
+    data = path.read_bytes()
+    assert data[:2] == b"\x1f\x8b" and data[3] & 0x08, "a gzip header with FNAME"
+    start = 10 + (2 + int.from_bytes(data[10:12], "little") if data[3] & 0x04 else 0)
+    return data[start : data.index(b"\0", start)].decode("latin-1")
+
+
+def test_gzip_files_name_their_own_file_not_the_hidden_partial(ip, tmp_path):
+    """gunzip -N and 7-Zip extract a .gz to the name in its header: it was the hidden
+    ``.kineto_trace_0.json.gz.partial`` the file was written under."""
+    from tracemagic.export.chrome import to_chrome_trace
+    from tracemagic.export.dftracer import to_pfw
+
+    result, out = run(ip, "--gzip --wait 0 --warmup 1 --active 2 --no-memory-timeline", LOOP.format(n=4))
+    assert result.success, shown(out)
+    capture = ip.user_ns["_chakra_capture"]
+    assert _gzip_name(capture.dir / "kineto_trace_0.json.gz") == "kineto_trace_0.json"
+    (chrome,) = to_chrome_trace(capture.trace, tmp_path / "trimmed.json.gz")
+    assert _gzip_name(chrome) == "trimmed.json"
+    (pfw,) = to_pfw(capture.trace, tmp_path / "events.pfw.gz")
+    assert _gzip_name(pfw) == pfw.name[: -len(".gz")]
