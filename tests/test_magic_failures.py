@@ -720,3 +720,27 @@ def test_gzip_files_name_their_own_file_not_the_hidden_partial(ip, tmp_path):
     assert _gzip_name(chrome) == "trimmed.json"
     (pfw,) = to_pfw(capture.trace, tmp_path / "events.pfw.gz")
     assert _gzip_name(pfw) == pfw.name[: -len(".gz")]
+
+
+def test_an_exception_whose_str_raises_is_still_the_users(ip, tmp_path):
+    """An exception class whose ``__str__`` fails: its ``str()`` in the manifest raised
+    inside ``finish()``, so capture.json stayed "running", nothing was kept or shown, and
+    the user got tracemagic's AttributeError, chained through its internals, instead of
+    their own. (ipykernel itself cannot show such an exception: it calls ``str()`` on it.)"""
+    out = tmp_path / "weird"
+    with capture_output() as shown_out:  # not stored in history: IPython's own store calls str() on it
+        result = ip.run_cell(
+            f"%%chakra_trace --wait 1 --warmup 1 --active 2 --no-memory-timeline --out {out}\n"
+            "class Weird(Exception):\n    def __str__(self):\n        return self.missing\n"
+            "for i in range(8):\n    if i == 3:\n        raise Weird()\n"
+        )
+    assert type(result.error_in_exec).__name__ == "Weird"
+    assert "tracemagic/capture" not in shown_out.stdout, shown_out.stdout
+    capture, manifest = _capture_on_disk(out)
+    assert manifest["status"] == "partial"
+    assert manifest["error"] == {"type": "Weird", "message": "<exception str() failed: AttributeError>"}
+    steps = [e["name"] for e in json.loads((capture / "kineto_trace_0.json").read_text())["traceEvents"]
+             if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert ip.user_ns["_chakra_capture"].dir == capture
+    assert "chakra_trace partial" in shown(shown_out)

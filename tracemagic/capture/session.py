@@ -1058,8 +1058,19 @@ def _cpu_name() -> str:
 
 
 def _error_entry(error: BaseException | None) -> dict[str, Any] | None:
-    """The manifest's ``error``: the cell's exception type and message, or None."""
-    return None if error is None else {"type": type(error).__name__, "message": str(error)}
+    """The manifest's ``error``: the cell's exception type and message, or None.
+
+    An exception whose ``str()`` raises gets a message saying so (as Python's own
+    tracebacks do): it raised in ``finish()``, which then lost the capture and replaced
+    the user's exception with its own.
+    """
+    if error is None:
+        return None
+    try:
+        message = str(error)
+    except Exception as exc:  # noqa: BLE001 - the user's exception class: never lose the capture to it
+        message = f"<exception str() failed: {type(exc).__name__}>"
+    return {"type": type(error).__name__, "message": message}
 
 
 def _rank_and_world() -> tuple[int, int]:
