@@ -668,3 +668,35 @@ def test_a_rank_beyond_world_size_and_differing_world_sizes_are_warned(tmp_path:
     assert f"{folder / 'b.json'}: rank 5 is not below its world_size 4" in trace.warnings
     (differ,) = [w for w in trace.warnings if "world_size differs" in w]
     assert "2 in " in differ and "a.json" in differ and "4 in " in differ and "b.json" in differ
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+def test_a_ctrl_c_while_the_block_is_written_keeps_the_files_then_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (SIGINT) while torch exports the trace as the block ends: the files are
+    written whole, then the KeyboardInterrupt stops the script (it used to cut the export
+    short: no trace, capture.json left saying "running")."""
+    import os
+    import signal
+
+    import torch
+    import torch.profiler.profiler as torch_profiler
+
+    real = torch_profiler._KinetoProfile.export_chrome_trace
+
+    def export_then_interrupt(self: Any, path: str) -> Any:
+        done = real(self, path)
+        os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C: handled before the next line
+        return done
+
+    monkeypatch.setattr(torch_profiler._KinetoProfile, "export_chrome_trace", export_then_interrupt)
+    cap = tracemagic.capture(out=tmp_path, whole=True, no_memory_timeline=True, no_stack=True)
+    with pytest.raises(KeyboardInterrupt), cap:
+        torch.randn(8, 8).mm(torch.randn(8, 8))
+    assert not cap.running
+    manifest = _manifest(cap.dir)
+    assert manifest["status"] == "complete"
+    events = json.loads((cap.dir / "kineto_trace_0.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)
+    assert sorted(p.name for p in cap.dir.iterdir()) == ["capture.json", "kineto_trace_0.json"]

@@ -421,7 +421,8 @@ def test_the_traceback_arrow_points_at_the_failing_line(ip, body):
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``execute(code) -> (status, error)``: run a cell in a real ipykernel (as JupyterLab
     and nbclient run them; it names cells ``/tmp/ipykernel_<pid>/<hash>.py``), with
-    tracemagic loaded, in a temporary folder. ``error`` is the error message's content."""
+    tracemagic loaded, in a temporary folder. ``error`` is the error message's content;
+    ``shown``, a list, gets the text of the cell's other outputs."""
     import os
 
     from jupyter_client.manager import start_new_kernel
@@ -430,12 +431,16 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Any:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     manager, client = start_new_kernel(kernel_name="python3", cwd=str(folder), env=env)
 
-    def execute(code: str) -> tuple[str, dict[str, Any] | None]:
+    def execute(code: str, shown: list[str] | None = None) -> tuple[str, dict[str, Any] | None]:
         errors: list[dict[str, Any]] = []
 
         def hook(msg: dict[str, Any]) -> None:
             if msg["msg_type"] == "error":
                 errors.append(msg["content"])
+            elif shown is not None and msg["msg_type"] == "stream":
+                shown.append(msg["content"]["text"])
+            elif shown is not None and msg["msg_type"] in ("display_data", "execute_result"):
+                shown.append(msg["content"]["data"].get("text/plain", ""))
 
         reply = client.execute_interactive(code, timeout=300, output_hook=hook)
         assert len(errors) <= 1, errors
@@ -573,3 +578,169 @@ def test_the_step_the_error_cut_short_is_not_in_the_mean(ip, read_json):
     assert "step 4 was cut short by the error and is not counted" in facts["steps"]
     assert [v for _, v in Dashboard(capture.trace).controls["step"].options] == ["all", 1, 2, 3]
     assert f"mean step: {facts['mean step']}" in shown(out)  # the capture's display says the same
+
+
+#: torch's export of a window's trace, ended by a Ctrl-C as it returns: what a kernel
+#: interrupt (SIGINT to the kernel) does to a user who presses Stop while a big trace is written
+INTERRUPTED_EXPORT = """\
+import os, signal, time
+import torch.profiler.profiler as _pp
+_real_export = _pp._KinetoProfile.export_chrome_trace
+def _export_then_interrupt(self, path):
+    _real_export(self, path)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(1)  # the interrupt lands here, inside the export, as after a long write
+_pp._KinetoProfile.export_chrome_trace = _export_then_interrupt
+"""
+
+
+def _capture_on_disk(folder: Path) -> tuple[Path, dict[str, Any]]:
+    """The one capture directory under ``folder`` and its capture.json, read as JSON."""
+    (capture,) = [p for p in folder.iterdir() if p.is_dir()]
+    return capture, json.loads((capture / "capture.json").read_text())
+
+
+@pytest.mark.slow
+def test_in_a_kernel_an_interrupt_while_a_window_is_written_keeps_it(kernel, tmp_path):
+    """Stop (a kernel interrupt) pressed while torch exports the recorded window: the window
+    is written whole, trace and execution trace, then the KeyboardInterrupt reaches the user
+    at the loop, with the cell's frames only. It used to cut the write short: the
+    capture said "failed", its trace and ET deleted."""
+    out = tmp_path / "interrupted"
+    assert kernel("import torch") == ("ok", None)
+    assert kernel(INTERRUPTED_EXPORT) == ("ok", None)
+    try:
+        status, error = kernel(
+            f"%%chakra_trace --wait 1 --warmup 1 --active 2 --et -q --no-memory-timeline --out {out}\n"
+            "ran = []\nfor i in range(8):\n    ran.append(i)\n    torch.randn(16, 16).mm(torch.randn(16, 16))\n"
+        )
+    finally:
+        assert kernel("_pp._KinetoProfile.export_chrome_trace = _real_export") == ("ok", None)
+    assert status == "error" and error is not None and error["ename"] == "KeyboardInterrupt"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+    import tracemagic
+
+    assert str(Path(tracemagic.__file__).parent) not in text, text
+    assert arrows(text)[-1] == (3, "for i in range(8):"), text
+    capture, manifest = _capture_on_disk(out)
+    assert sorted(p.name for p in capture.iterdir()) == ["capture.json", "kineto_trace_0.json", "torch_et_0.json"]
+    steps = [e["name"] for e in json.loads((capture / "kineto_trace_0.json").read_text())["traceEvents"]
+             if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert json.loads((capture / "torch_et_0.json").read_text())["nodes"]
+    assert manifest["status"] == "partial"
+    assert [(s["step"], s["complete"]) for s in manifest["steps"]] == [(2, True), (3, True)]
+    assert manifest["error"]["type"] == "KeyboardInterrupt"
+    # the loop stopped at the step the window ended (no more iterations ran after the Ctrl-C)
+    status, _ = kernel("assert ran == [0, 1, 2, 3], ran")
+    assert status == "ok"
+    status, _ = kernel("assert not torch.autograd.profiler._is_profiler_enabled\n"
+                       "from tracemagic.capture.session import et_observer_free\nassert et_observer_free()")
+    assert status == "ok"
+
+
+#: cells that raise where the capture's note used to misplace the error, with what it says now
+NOTE_CASES = {
+    "the loop's header, in a recorded step": (
+        "def batches():\n    for k in range(8):\n        if k == 3:\n            raise OSError('bad file')\n"
+        "        yield k\nfor x in batches():\n    y = x * 2\n",
+        "raised OSError in step 3; 1 complete step(s) recorded before it were written (partial capture).",
+    ),
+    "the loop's header, after the schedule": (
+        "def batches():\n    for k in range(8):\n        if k == 6:\n            raise OSError('bad file')\n"
+        "        yield k\nfor x in batches():\n    y = x * 2\n",
+        "raised OSError in iteration 6 of the loop (counted from 0), after the recorded steps; "
+        "2 complete step(s) recorded before it were written (partial capture).",
+    ),
+    "the body, after the schedule": (
+        "for i in range(8):\n    if i == 6:\n        raise OSError('bad file')\n",
+        "raised OSError in iteration 6 of the loop (counted from 0), after the recorded steps; "
+        "2 complete step(s) recorded before it were written (partial capture).",
+    ),
+    "a wait step": (
+        "for i in range(8):\n    if i == 0:\n        raise OSError('bad file')\n",
+        "raised OSError in step 0; no complete step was recorded before it, so no trace was written "
+        "(failed capture).",
+    ),
+}
+
+
+@pytest.mark.slow
+def test_in_a_kernel_the_note_says_where_the_cell_raised_and_what_is_on_disk(kernel, tmp_path):
+    """A loop's header that raises (a DataLoader, a generator) was said to have raised
+    "after the loop", an iteration past the schedule "in step 4" (a step never recorded),
+    and a capture with no trace "(partial capture)"; the note now says where, and what the
+    status says is on disk. A cell that raised in its only recorded step shows that step as
+    cut short, where its Overview said there was no ProfilerStep in the trace."""
+    head = "%%chakra_trace --wait 1 --warmup 1 --active 2 --no-memory-timeline --out {out}\n"
+    assert kernel("import torch") == ("ok", None)
+    for number, (body, said) in enumerate(NOTE_CASES.values()):
+        out = tmp_path / str(number)
+        status, error = kernel(head.format(out=out) + body)
+        assert status == "error" and error is not None and error["ename"] == "OSError"
+        capture, manifest = _capture_on_disk(out)
+        assert manifest["notes"][0] == "the cell " + said, manifest["notes"]
+        assert manifest["status"] == ("failed" if "no trace" in said else "partial")
+        assert (capture / "kineto_trace_0.json").exists() == (manifest["status"] == "partial")
+    shown: list[str] = []
+    out = tmp_path / "first"
+    status, error = kernel(
+        head.format(out=out) + "for i in range(8):\n    torch.randn(8).sum()\n    if i == 2:\n        1 / 0\n",
+        shown,
+    )
+    assert status == "error" and error is not None and error["ename"] == "ZeroDivisionError"
+    capture, manifest = _capture_on_disk(out)
+    steps = [e["name"] for e in json.loads((capture / "kineto_trace_0.json").read_text())["traceEvents"]
+             if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#2"] and manifest["status"] == "partial"
+    text = "".join(shown)
+    assert "steps: none complete (step 2 was cut short by the error)" in text, text
+    assert "no ProfilerStep in the trace" not in text
+
+
+def _gzip_name(path: Path) -> str:
+    """The file name a gzip file's header holds (RFC 1952 FNAME), read from its bytes."""
+    data = path.read_bytes()
+    assert data[:2] == b"\x1f\x8b" and data[3] & 0x08, "a gzip header with FNAME"
+    start = 10 + (2 + int.from_bytes(data[10:12], "little") if data[3] & 0x04 else 0)
+    return data[start : data.index(b"\0", start)].decode("latin-1")
+
+
+def test_gzip_files_name_their_own_file_not_the_hidden_partial(ip, tmp_path):
+    """gunzip -N and 7-Zip extract a .gz to the name in its header: it was the hidden
+    ``.kineto_trace_0.json.gz.partial`` the file was written under."""
+    from tracemagic.export.chrome import to_chrome_trace
+    from tracemagic.export.dftracer import to_pfw
+
+    result, out = run(ip, "--gzip --wait 0 --warmup 1 --active 2 --no-memory-timeline", LOOP.format(n=4))
+    assert result.success, shown(out)
+    capture = ip.user_ns["_chakra_capture"]
+    assert _gzip_name(capture.dir / "kineto_trace_0.json.gz") == "kineto_trace_0.json"
+    (chrome,) = to_chrome_trace(capture.trace, tmp_path / "trimmed.json.gz")
+    assert _gzip_name(chrome) == "trimmed.json"
+    (pfw,) = to_pfw(capture.trace, tmp_path / "events.pfw.gz")
+    assert _gzip_name(pfw) == pfw.name[: -len(".gz")]
+
+
+def test_an_exception_whose_str_raises_is_still_the_users(ip, tmp_path):
+    """An exception class whose ``__str__`` fails: its ``str()`` in the manifest raised
+    inside ``finish()``, so capture.json stayed "running", nothing was kept or shown, and
+    the user got tracemagic's AttributeError, chained through its internals, instead of
+    their own. (ipykernel itself cannot show such an exception: it calls ``str()`` on it.)"""
+    out = tmp_path / "weird"
+    with capture_output() as shown_out:  # not stored in history: IPython's own store calls str() on it
+        result = ip.run_cell(
+            f"%%chakra_trace --wait 1 --warmup 1 --active 2 --no-memory-timeline --out {out}\n"
+            "class Weird(Exception):\n    def __str__(self):\n        return self.missing\n"
+            "for i in range(8):\n    if i == 3:\n        raise Weird()\n"
+        )
+    assert type(result.error_in_exec).__name__ == "Weird"
+    assert "tracemagic/capture" not in shown_out.stdout, shown_out.stdout
+    capture, manifest = _capture_on_disk(out)
+    assert manifest["status"] == "partial"
+    assert manifest["error"] == {"type": "Weird", "message": "<exception str() failed: AttributeError>"}
+    steps = [e["name"] for e in json.loads((capture / "kineto_trace_0.json").read_text())["traceEvents"]
+             if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert ip.user_ns["_chakra_capture"].dir == capture
+    assert "chakra_trace partial" in shown(shown_out)

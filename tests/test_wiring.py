@@ -96,7 +96,7 @@ def test_the_widget_header_shows_the_folder_files_and_notes(ip, monkeypatch):
     cap = ip.user_ns["_chakra_capture"]
     header = cap.dashboard.widget.children[0].value
     assert str(cap.dir) in header and "kineto_trace_0.json" in header and "capture.json" in header
-    assert "chakra_trace partial:" in header and "the cell raised ValueError in step 5" in header
+    assert "chakra_trace partial:" in header and "the cell raised ValueError in iteration 5 of the loop" in header
 
 
 def test_partial_capture_says_so_and_still_shows_its_dashboard(ip):
@@ -104,7 +104,7 @@ def test_partial_capture_says_so_and_still_shows_its_dashboard(ip):
     assert isinstance(result.error_in_exec, ValueError)  # the user's own error, re-raised
     text = shown(out)
     assert "chakra_trace partial:" in text
-    assert "the cell raised ValueError in step 5" in text
+    assert "the cell raised ValueError in iteration 5 of the loop" in text
     assert "Top ops" in text  # the steps kept are shown
     assert 'raise ValueError("bad batch")' in out.stdout  # with the user's traceback
 

@@ -184,7 +184,8 @@ class TracemagicMagics(Magics):
         under the capture's status and files) and the capture is kept in
         ``_chakra_capture`` (``%chakra_report`` with no path shows it again). If the
         cell raises (or is interrupted), the steps recorded so far are written and shown
-        and the error is raised again, so "Run All" stops. A cell that is not valid Python
+        and the error is raised again, so "Run All" stops (an interrupt that arrives while
+        a recorded window is written waits until its files are on disk). A cell that is not valid Python
         shows its ``SyntaxError`` at its line in the cell, captures nothing, and stops
         "Run All" too (a ``UsageError``, as a bad option does); so does a top-level
         ``await``, which IPython runs in a plain cell but the capture cannot.
@@ -198,7 +199,7 @@ class TracemagicMagics(Magics):
         """
         __tracebackhide__ = True
         from tracemagic.capture.loop import SESSION_NAME
-        from tracemagic.capture.session import CaptureSession
+        from tracemagic.capture.session import HELD, CaptureSession
 
         args, config = self._options(line)
         try:
@@ -246,6 +247,8 @@ class TracemagicMagics(Magics):
             if prepared.last_expr is not None:
                 value = eval(prepared.last_expr, self.shell.user_global_ns, ns)
         except BaseException as exc:
+            if getattr(exc, HELD, False):  # a Ctrl-C raised by the session at a step: at the cell's line
+                _end_traceback_in(exc, prepared.body.co_filename)
             capture = self._keep(session.finish(error=exc), args)
             try:
                 self._after(capture, args)
@@ -265,6 +268,8 @@ class TracemagicMagics(Magics):
             self._compare(capture, args.vs, config)
         self._after(capture, args)
         self._publish(capture, args)
+        if session.interrupted:  # Ctrl-C while the files were written: they are, now it stops
+            raise KeyboardInterrupt
         if args.output:
             if value is not None:
                 display(value)
@@ -519,6 +524,18 @@ def _parse_line(magic: Callable[..., Any], line: str, name: str) -> argparse.Nam
         raise UsageError(
             f"{name}: cannot read the options {line.strip()!r}: a quote is not closed ({exc}). Close it, or remove it."
         ) from None
+
+
+def _end_traceback_in(error: BaseException, filename: str) -> None:
+    """Cut ``error``'s traceback after its last frame in the cell's code (``filename``):
+    the frames below are tracemagic's, where a held Ctrl-C was raised, not the user's."""
+    tb, last = error.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            last = tb
+        tb = tb.tb_next
+    if last is not None:
+        last.tb_next = None
 
 
 def _check_outputs(args: Any) -> None:

@@ -220,6 +220,8 @@ class ScriptCapture:
             self._session = None
             self._signals.restore()
         self._finished, self._full = finished, None
+        if session.interrupted and error is None:  # Ctrl-C held while the files were written
+            raise KeyboardInterrupt
         return finished
 
     def _merge(self, own: _result.CaptureResult, failed: bool) -> _result.CaptureResult:

@@ -9,7 +9,6 @@ final name (an interrupted write leaves only a ``.*.partial`` file behind, or no
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import mmap
 import os
@@ -26,6 +25,7 @@ from tracemagic.trace.layout import (  # noqa: F401 - the format's names and wri
     MANIFEST,
     atomic_path,
     et_name,
+    gzip_to,
     kineto_name,
     memory_name,
     partial_path,
@@ -252,6 +252,6 @@ def place(source: Path, final: Path, gz: bool = False) -> None:
     if not gz:
         os.replace(source, final)
         return
-    with atomic_path(final) as tmp, open(source, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
+    with atomic_path(final) as tmp, open(source, "rb") as fin, gzip_to(tmp, final) as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
     source.unlink()

@@ -19,14 +19,17 @@ import mmap
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -57,6 +60,8 @@ _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 #: RecordFunction, ~1 µs while recording, a no-op while the profiler is off
 LINE_MARK: Any = getattr(torch._C._profiler, "_RecordFunctionFast", torch.profiler.record_function)
 _ACTIVE: CaptureSession | None = None
+#: the attribute set on a ``KeyboardInterrupt`` held while a window was written (``_raise_held``)
+HELD = "_tracemagic_held"
 
 #: Column meaning of the memory timeline rows (``MemoryProfileTimeline`` raw format).
 MEMORY_TIMELINE_FORMAT = {
@@ -242,7 +247,7 @@ class CaptureSession:
         self._started = False
         self._stopped = False
         self._skip_step = False
-        self._failed_step: int | None = None  # the step whose iteration raised
+        self._failed_at: str | None = None  # where the iteration that raised was (``_error_note``)
         self._iteration = Iteration(self)  # the rewritten loop's ``with`` (capture/loop.py)
         # line marks (capture/loop.py ``mark_lines``): on while a profiler runs
         self._marking = False
@@ -263,6 +268,8 @@ class CaptureSession:
         # notebook's only; a script's or a rank's crash output must reach its log unbuffered
         self._filter = notices.Filter(self._hidden) if filter_notices else None
         self._switched_off = False  # the profiler was switched off inside the current cycle
+        self._interrupted = False  # a Ctrl-C arrived while a window was written (``_hold_interrupts``)
+        self._left_loop = False  # ``stop()`` ran: the loop (or the cell's recording) was over
         self._created = datetime.now(UTC)
         self._base: Manifest | None = None  # the manifest's fixed part (_base_manifest)
         self._manifest_lines: dict[str, tuple[Any, str]] = {}  # as written (layout.manifest_text memo)
@@ -310,11 +317,20 @@ class CaptureSession:
         self._clock.add(now - self._t_step, phase)
         if self._gpu is not None:
             self._gpu.mark()
-        prof.step()
+        if action == ProfilerAction.RECORD_AND_SAVE:  # the window ends: stopped and written now
+            held = self._hold_interrupts()
+            try:
+                prof.step()
+            finally:
+                _release_interrupts(held)
+        else:
+            prof.step()
         if self.config.repeat and self._written_cycles >= self.config.repeat:
             self._schedule_done = True
-            self.stop()  # the schedule is done: no cost for the rest of the loop
+            self._end_recording()  # the schedule is done: no cost for the rest of the loop
         self._t_step = time.perf_counter_ns()
+        if self._interrupted:
+            self._raise_held()
 
     def _after_schedule(self, now: int) -> None:
         """``step()`` past the schedule: time the iteration, and the ``--slow`` watch."""
@@ -327,6 +343,8 @@ class CaptureSession:
         elif ratio is not None and len(self._clock.catches) < self.config.slow_max:
             self._begin_slow(now - self._t_step, ratio)
         self._t_step = time.perf_counter_ns()
+        if self._interrupted:
+            self._raise_held()
 
     def _gpu_ms(self) -> list[float] | None:
         """The GPU time of each timed iteration: between consecutive boundary events."""
@@ -370,6 +388,7 @@ class CaptureSession:
         assert self.dir is not None
         catch = self._clock.catches[-1]
         name = layout.slow_name(self.rank, len(self._clock.catches), self.config.gzip)
+        held = self._hold_interrupts()
         try:
             prof.stop()
             files.write_with(self.dir / name, prof.export_chrome_trace, gz=self.config.gzip, beside=True)
@@ -378,6 +397,7 @@ class CaptureSession:
             _log.debug("--slow: writing its trace failed", exc_info=True)
             self._notes.append(f"--slow: the trace of iteration {catch['recorded']} was not written ({exc})")
         finally:
+            _release_interrupts(held)
             with contextlib.suppress(Exception):
                 torch.autograd.profiler.KinetoStepTracker.erase_step_count("ProfilerStep")
 
@@ -412,7 +432,10 @@ class CaptureSession:
     def _fail(self) -> None:
         """Called by the rewritten loop when an iteration raises: no step() for it."""
         self._skip_step = True
-        self._failed_step = self.step_num
+        if self._prof is not None and not self._stopped:
+            self._failed_at = f" in step {self.step_num}"
+        else:  # past the schedule (or before it began): that iteration is in no step
+            self._failed_at = self._past_schedule()
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self) -> Path:
@@ -487,9 +510,52 @@ class CaptureSession:
 
     def stop(self) -> None:
         """Stop recording now (the loop is over); the rest of the cell is not traced."""
+        self._left_loop = True
+        self._end_recording()
+        if self._interrupted:
+            self._raise_held()
+
+    def _end_recording(self) -> None:
+        """Stop the profiler (writing the window it records) and the notices filter."""
         self._stop_profiler("cell_end" if self._one_step else "loop_exit")
         if self._filter is not None:
             self._filter.stop()
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a Ctrl-C arrived while ``finish()`` wrote the files: held until they were
+        written (``finish`` never raises); its caller raises ``KeyboardInterrupt`` then."""
+        return self._interrupted
+
+    def _hold_interrupts(self) -> Any:
+        """Hold Ctrl-C (SIGINT) while a window is stopped and written: one that arrives then
+        is noted (``_interrupted``) and raised once the files are on disk, at the loop's next
+        step (``_raise_held``), instead of cutting torch's stop or export short, which lost
+        the whole window (and its execution trace). Only over Python's own handler (as a
+        kernel runs a cell), from the main thread.
+
+        Returns:
+            The handler to put back with ``_release_interrupts`` (None: nothing changed).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        try:
+            if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+                return None  # another handler (or one of ours, already holding): left as it is
+            return signal.signal(signal.SIGINT, self._note_interrupt)
+        except (ValueError, OSError):
+            return None
+
+    def _note_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        self._interrupted = True
+
+    def _raise_held(self) -> None:
+        """Raise the Ctrl-C held while a window was written, marked ``HELD`` (the magic
+        ends its traceback at the cell's line: the frames below are the capture's)."""
+        self._interrupted = False
+        interrupt = KeyboardInterrupt()
+        setattr(interrupt, HELD, True)
+        raise interrupt
 
     @property
     def schedule(self) -> dict[str, int]:
@@ -509,6 +575,13 @@ class CaptureSession:
         Args:
             error: the exception the cell raised, if any (the caller re-raises it).
         """
+        held = self._hold_interrupts()  # a Ctrl-C now waits for the files (``interrupted``)
+        try:
+            return self._finish(error)
+        finally:
+            _release_interrupts(held)
+
+    def _finish(self, error: BaseException | None) -> CaptureResult:
         global _ACTIVE
         try:
             self._abandon_slow()
@@ -521,10 +594,10 @@ class CaptureSession:
                     self._filter.stop()  # descriptor 2 is the user's again, whatever _cleanup raised
                 if _ACTIVE is self:
                     _ACTIVE = None
-        if error is not None:
-            self._notes.insert(0, self._error_note(error))
-        self._notes.extend(self._schedule_notes(error))
         status = self._status(error)
+        if error is not None:
+            self._notes.insert(0, self._error_note(error, status))
+        self._notes.extend(self._schedule_notes(error))
         try:
             manifest = self._manifest(status, error)
         except Exception as exc:  # noqa: BLE001 - never lose the cell's own error to bookkeeping
@@ -565,10 +638,14 @@ class CaptureSession:
             return
         self._stopped = True
         prof = self._prof
-        if prof.current_action in _RECORDING:
-            complete = self._one_step and end == "cell_end"
-            self._pending.append((prof.step_num, complete, end, (time.perf_counter_ns() - self._t_step) / 1e6))
-        failed = stop_profiler(prof)
+        held = self._hold_interrupts()
+        try:
+            if prof.current_action in _RECORDING:
+                complete = self._one_step and end == "cell_end"
+                self._pending.append((prof.step_num, complete, end, (time.perf_counter_ns() - self._t_step) / 1e6))
+            failed = stop_profiler(prof)
+        finally:
+            _release_interrupts(held)
         if failed is not None:
             self._notes.append(f"torch.profiler failed to stop cleanly: {failed}")
 
@@ -714,20 +791,37 @@ class CaptureSession:
             return "partial"
         return "complete"
 
-    def _error_note(self, error: BaseException) -> str:
+    def _past_schedule(self) -> str:
+        """Where an iteration after the schedule's last step is, for ``_error_note``."""
+        return f" in iteration {self._iterations} of the loop (counted from 0), after the recorded steps"
+
+    def _error_note(self, error: BaseException, status: str) -> str:
+        """The note on the cell's exception: where it was raised, and what was written
+        (as ``status`` says: on disk)."""
         recorded = sum(s.complete for c in self._cycles for s in c.steps)
-        if self._failed_step is not None:  # an iteration of the stepped loop raised
-            where = f" in step {self._failed_step}"
+        if self._failed_at is not None:  # an iteration of the stepped loop raised
+            where = self._failed_at
         elif self._prof is None:
             where = " before the loop"
-        elif self._stopped and self.plan.mode == "loop":
-            where = " after the loop (every step it ran was ended)"
-        else:
+        elif self._left_loop:  # stop() ran: after the bracketed loop, or the cell's own stop()
+            where = (
+                " after the loop (every step it ran was ended)"
+                if self.plan.mode == "loop"
+                else f" after {self.config.handle}.stop()"
+            )
+        elif self._schedule_done:  # in the loop (its header), past the schedule
+            where = self._past_schedule()
+        else:  # in the loop's header (a DataLoader, a generator) or in a step() call
             where = f" in step {self.step_num}"
-        return (
-            f"the cell raised {type(error).__name__}{where}; {recorded} complete step(s) "
-            "recorded before it were written (partial capture)."
-        )
+        if status == "partial":
+            written = f"{recorded} complete step(s) recorded before it were written (partial capture)"
+        elif recorded:
+            written = (
+                f"{recorded} complete step(s) were recorded before it, but no trace was written ({status} capture)"
+            )
+        else:
+            written = f"no complete step was recorded before it, so no trace was written ({status} capture)"
+        return f"the cell raised {type(error).__name__}{where}; {written}."
 
     def _schedule_notes(self, error: BaseException | None) -> list[str]:
         if self._one_step or not self._started:
@@ -840,6 +934,12 @@ class CaptureSession:
             # the final manifest replaces the running one
             text = layout.manifest_text(data, self._manifest_lines)
             files.write_text(os.path.join(self.dir, files.MANIFEST), text, replacing=manifest is not None)
+
+
+def _release_interrupts(previous: Any) -> None:
+    """Put back the SIGINT handler ``CaptureSession._hold_interrupts`` replaced."""
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
 
 
 def start_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> None:
@@ -958,8 +1058,19 @@ def _cpu_name() -> str:
 
 
 def _error_entry(error: BaseException | None) -> dict[str, Any] | None:
-    """The manifest's ``error``: the cell's exception type and message, or None."""
-    return None if error is None else {"type": type(error).__name__, "message": str(error)}
+    """The manifest's ``error``: the cell's exception type and message, or None.
+
+    An exception whose ``str()`` raises gets a message saying so (as Python's own
+    tracebacks do): it raised in ``finish()``, which then lost the capture and replaced
+    the user's exception with its own.
+    """
+    if error is None:
+        return None
+    try:
+        message = str(error)
+    except Exception as exc:  # noqa: BLE001 - the user's exception class: never lose the capture to it
+        message = f"<exception str() failed: {type(exc).__name__}>"
+    return {"type": type(error).__name__, "message": message}
 
 
 def _rank_and_world() -> tuple[int, int]:

@@ -19,7 +19,6 @@ Perfetto's ``trace_processor --httpd FILE`` and open the UI with ``?rpc_port=900
 
 from __future__ import annotations
 
-import gzip
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -303,7 +302,7 @@ def _write(path: Path, rank: _Rank, keep: list[int], world: int) -> None:
     tmp = path.with_name(f".{path.name}.partial")
     try:
         if path.name.endswith(".gz"):
-            with gzip.open(tmp, "wb", compresslevel=6) as fh:
+            with files.gzip_to(tmp, path) as fh:
                 fh.write(blob)
         else:
             tmp.write_bytes(blob)

@@ -26,7 +26,6 @@ write epoch µs.
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import socket
@@ -42,6 +41,7 @@ import pandas as pd
 
 from tracemagic.errors import TraceError
 from tracemagic.trace.kineto import GPU_KINDS, KINDS
+from tracemagic.trace.layout import gzip_to
 from tracemagic.trace.structure import MODULE_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -334,9 +334,7 @@ def to_pfw(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
     opener: Callable[..., Any] = (
-        (lambda p: gzip.open(p, "wb", compresslevel=6))  # noqa: SIM115 - opened in the with-statement below
-        if path.name.endswith(".gz")
-        else (lambda p: open(p, "wb"))  # noqa: SIM115 - likewise
+        (lambda p: gzip_to(p, path)) if path.name.endswith(".gz") else (lambda p: open(p, "wb"))  # noqa: SIM115 - likewise
     )
     try:
         with opener(tmp) as fh:

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, TypedDict, Union, cast, get_args, get_origin, get_type_hints
 
@@ -302,12 +303,26 @@ def replace_existing(new: str | os.PathLike[str], final: str | os.PathLike[str])
     return True
 
 
+@contextlib.contextmanager
+def gzip_to(tmp: Path, final: Path, compresslevel: int = 6) -> Iterator[gzip.GzipFile]:
+    """A gzip stream writing ``tmp`` whose header names ``final`` (less ``.gz``), not the
+    hidden ``tmp``: ``gunzip -N``, 7-Zip and file managers extract to the name in the header."""
+    with (
+        open(tmp, "wb") as raw,
+        gzip.GzipFile(filename=final.name, mode="wb", fileobj=raw, compresslevel=compresslevel) as fh,
+    ):
+        yield fh
+
+
 def write_json(final: Path, data: Any, gz: bool = False) -> None:
     """Write ``data`` as JSON (gzip-compressed if ``gz``), atomically."""
     with atomic_path(final) as tmp:
-        opener: Callable[..., Any] = gzip.open if gz else open
-        with opener(tmp, "wt", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=None if gz else 1, default=str)
+        if gz:
+            with gzip_to(tmp, final) as raw, io.TextIOWrapper(raw, encoding="utf-8") as fh:
+                json.dump(data, fh, indent=None, default=str)
+        else:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=1, default=str)
 
 
 def write_manifest(

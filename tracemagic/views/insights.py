@@ -77,7 +77,9 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
     steps = data.steps
     chosen = tables.select_step(steps, step)
     if steps.empty:
-        out.append(("steps", "none (no ProfilerStep in the trace)"))
+        cut = [f"step {s} {tables.UNCOUNTED_ENDS[e]}" for s, e in data.uncounted_steps.items()]
+        # a capture whose only steps ended early (the cell raised in its first recorded step)
+        out.append(("steps", f"none complete ({'; '.join(cut)})" if cut else "none (no ProfilerStep in the trace)"))
     else:
         mean = tables.step_means(chosen)
         numbered = [s for s in data.step_ids if s >= 0]
