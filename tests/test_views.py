@@ -1120,6 +1120,10 @@ def test_graph_tab_on_the_hta_et_pair(tmp_path: Path) -> None:
     table = dash.table("graph").frame
     assert len(table) == len(nodes) and {"op_schema", "input_shapes", "dur_ms", "reads_from", "feeds"} <= set(table.columns)
     assert table["reads_from"].sum() == len(edges)
+    # the dtypes as the other tables show them, not JSON lists
+    for column in ("input_types", "output_types"):
+        assert not table[column].astype(str).str.startswith("[").any(), table[column].head()
+    assert "Tensor(float)" in set(table["output_types"])
     assert "timed by Kineto" in dash.info_html("graph")
     # the traces folder's lone ET is not taken for every trace beside it
     assert "graph" not in Dashboard(tracemagic.load(GPU, use_cache=False)).keys

@@ -31,7 +31,7 @@ from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis import syncs as _syncs
 from tracemagic.analysis._common import memory_off_cpu
-from tracemagic.analysis._text import fmt_bytes, fmt_count, fmt_pct, fmt_time, shorten
+from tracemagic.analysis._text import fmt_bytes, fmt_count, fmt_dtypes, fmt_pct, fmt_time, shorten
 from tracemagic.analysis.schema import TABLES, computes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -789,7 +789,7 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = R
             device = row["device"] if isinstance(row["device"], str) else "the given"
             shape = (
                 f"{shorten(str(row['name']), 50)} {shorten(str(row['input_dims']), 50)} "
-                f"({shorten(str(row['input_type']), 30)})"
+                f"({shorten(fmt_dtypes(row['input_type']), 30)})"
             )
             gpu_us = float(group["gpu_us"])
             pct = 1 - float(group["lost"]) / gpu_us

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from tracemagic.analysis.lines import mark_names
 from tracemagic.analysis.sites import cell_file
 from tracemagic.views import cell_lines, figures, html, insights, tables
-from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, unit_divisor
+from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, step_name, unit_divisor
 from tracemagic.views.data import TraceData
 
 #: the most ops the Graph tab draws (the rest are listed in its table)
@@ -26,7 +26,7 @@ TIMELINE_MAX_EVENTS = 3000
 #: columns never worth a table column (row numbers and join keys)
 HIDDEN_COLUMNS = frozenset({"row", "op_row", "parent_row", "seq", "rf_id", "external_id", "correlation", "parent"})
 #: columns holding a JSON list per input (dtypes, constant values), shown as ``a, b, –``
-DTYPE_COLUMNS = frozenset({"input_type", "input_types", "concrete_inputs"})
+DTYPE_COLUMNS = frozenset({"input_type", "input_types", "output_types", "concrete_inputs"})
 # the columns that answer each table's question, shown first (the rest follow in the frame's order)
 STEPS_FIRST = ("step", "dur", "window_dur", "gpu_busy_pct")
 OPS_FIRST = ("name", "self_us", "self_pct", "total_us", "calls", "mean_us")
@@ -217,7 +217,7 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     for figure in (fig, phase_fig):
         if state.step is not None and figure.data:
             labels = list(figure.data[0].x)
-            chosen = [i for i, label in enumerate(labels) if f"step {state.step}" in label.split(" · ")]
+            chosen = [i for i, label in enumerate(labels) if step_name(state.step) in label.split(" · ")]
             for trace in figure.data:
                 trace.marker.opacity = [1.0 if i in chosen else 0.35 for i in range(len(labels))]
     section = Section(
