@@ -211,6 +211,31 @@ def test_communication_of_the_eight_rank_job(loaded: dict[str, tracemagic.Trace]
     assert "straggler" not in set(loaded["param_dlrm_kineto.tar.gz"].advice(12)["rule"])  # one step: no ranks rule
 
 
+def test_host_syncs_of_several_ranks_are_quoted_per_step_and_rank(loaded: dict[str, tracemagic.Trace]) -> None:
+    """DLRM on 8 V100s, one step each: the host_sync rule quotes the stall of one rank's step
+    (the raw cudaStreamSynchronize time in the ranks' steps over ranks x steps, 2.5 ms), not
+    the 8 ranks' sum (20 ms, longer than the 15.8 ms step it is a share of)."""
+    import tarfile
+
+    with tarfile.open(TRACES / "param_dlrm_kineto.tar.gz") as archive:
+        raws = [json.load(archive.extractfile(m))["traceEvents"]  # type: ignore[union-attr]
+                for m in archive.getmembers() if m.isfile() and m.name.endswith(".json")]
+    stall, rank_steps, calls = 0.0, 0, 0
+    for events in raws:
+        for step in [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]:
+            rank_steps += 1
+            inside = [e for e in events if e.get("name") == "cudaStreamSynchronize"
+                      and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+            stall += sum(e["dur"] for e in inside)
+            calls += len(inside)
+    assert rank_steps == 8 and calls == 80
+    (text,) = loaded["param_dlrm_kineto.tar.gz"].advice().query("rule == 'host_sync'")["text"]
+    found = re.search(r"cudaStreamSynchronize (\d+)× per step and rank, ([\d.]+) ms per step and rank", text)
+    assert found, text
+    assert float(found.group(2)) == pytest.approx(stall / rank_steps / 1000, abs=0.01)
+    assert int(found.group(1)) <= calls / rank_steps  # the syncs that waited for the GPU
+
+
 @pytest.mark.parametrize("name", [*STEPPED, "param_dlrm_kineto.tar.gz", "hta_benchmark_simple_add_trace.json.gz"])
 def test_every_row_keeps_the_contract(loaded: dict[str, tracemagic.Trace], name: str) -> None:
     """Each row reached its named threshold, says its evidence then its advice, and the rows

@@ -16,7 +16,10 @@ with plotly's own DOM and ``getBoundingClientRect``:
   lie inside the visible width; its headers are words (no ``self_pct``), dtypes are no JSON
   lists, addresses are hex, every table has a filter of its own;
 - no annotation runs off the figure's edge; no label (tick, legend entry, table header,
-  layer-tree row) is empty; no console error.
+  layer-tree row) is empty; no console error;
+- no text, tick label or hover (plotly's own, each trace's first and last points) shows a raw
+  value: a float's noise (``0.10000000000000001``), NaN or inf, an HTML entity as it is
+  (``&quot;``), a JSON list (``["float"]``) or ``step -1``.
 
 A screenshot of each tab goes to the test's tmp folder and, when ``TRACEMAGIC_SCREENSHOTS``
 names a folder, there too.
@@ -206,6 +209,37 @@ LAYOUT = """(root) => {
 SOURCE_EDGES = """(table) => ({width: document.documentElement.clientWidth,
   heads: [...table.querySelectorAll('thead th')].map(th => [th.textContent.trim(), th.getBoundingClientRect().right])})"""
 
+#: the hover text of each trace's first and last points in a section (plotly's own hover, drawn
+#: and read back from its hover layer: what a user reads under the mouse)
+HOVERS = """(root) => {
+  const out = [];
+  root.querySelectorAll('.js-plotly-plot').forEach(gd => (gd.data || []).forEach((t, c) => {
+    if (t.hoverinfo === 'skip' || t.type === 'heatmap' || t.type === 'icicle') return;
+    const n = gd.calcdata && gd.calcdata[c] ? gd.calcdata[c].length : 0;
+    [0, n - 1].filter((p, i, a) => p >= 0 && a.indexOf(p) === i).forEach(p => {
+      try {
+        Plotly.Fx.hover(gd, [{curveNumber: c, pointNumber: p}], (t.xaxis || 'x') + (t.yaxis || 'y'));
+        const text = [...gd.querySelectorAll('.hoverlayer text')].map(e => e.textContent).join(' ');
+        if (text) out.push(text);
+      } catch (e) { /* a point plotly cannot hover (an empty trace) */ }
+    });
+    Plotly.Fx.unhover(gd);
+  }));
+  return out;
+}"""
+
+#: what no text or hover of the report shows: a float's noise (0.10000000000000001), NaN or inf, an
+#: HTML entity shown as it is (plotly decodes numeric ones only), a JSON list, or step -1 (the
+#: one span of a trace without ProfilerStep)
+RAW = re.compile(r"\d\.\d*(?:0{6,}[1-9]|9{6,}\d)|\b0\.0*[1-9]\d{7,}|\b[1-9]\d*\.\d{8,}|\bNaN\b|\bnan\b|\binf\b|Infinity|undefined"
+                 r"|&(?:quot|amp|lt|gt|#\d+|#x[0-9a-f]+);|\[\"|step -1\b")
+
+
+def raw_bits(text: str) -> list[str]:
+    """Each raw bit of ``text`` (``RAW``) with a little of its context."""
+    return [text[max(0, m.start() - 40):m.end() + 10].replace("\n", " ") for m in RAW.finditer(text)]
+
+
 DRAWN = ("s => [...document.querySelectorAll(s + ' div.plotly-graph-div')]"
          ".every(g => g.classList.contains('js-plotly-plot') && g.querySelector('.main-svg'))")
 
@@ -232,6 +266,11 @@ def test_every_tab_is_readable_at_a_glance(page: Any, reports: dict[str, Path], 
         page.wait_for_timeout(150)  # a redraw, if plotly's automargin widened a margin (checked below)
         found = page.locator(f"#tab-{key}").evaluate(LAYOUT)
         problems += [f"{key}: {p}" for p in found["problems"]]
+        section = page.locator(f"#tab-{key}")
+        problems += [f"{key}: raw text \"{b}\"" for b in raw_bits(section.inner_text())]
+        ticks = section.evaluate("r => [...r.querySelectorAll('.xtick text, .ytick text')].map(t => t.textContent).join(' | ')")
+        problems += [f"{key}: a raw tick \"{b}\"" for b in raw_bits(ticks)]
+        problems += [f"{key}: raw hover \"{b}\"" for h in section.evaluate(HOVERS) for b in raw_bits(h)]
         assert found["figures"] >= 1 and found["tables"] >= 1, (key, found)
         assert found["filters"] == found["tables"], (key, found)  # one filter per table
         seen[key] = found

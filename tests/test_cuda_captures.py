@@ -315,8 +315,9 @@ def test_the_compiled_model_is_not_retraced_and_owns_its_kernels(capture: Captur
 
 
 def dims_text(m: int, k: int, n: int) -> str:
-    """A linear's ``input_dims`` as the tables write them, then its dtypes' opening."""
-    return f'[[{m}, {k}], [{n}, {k}], [{n}]] (["float"'
+    """A linear's ``input_dims`` as the tables write them, then its dtypes' opening (as the
+    tables list them: ``float, float, float``)."""
+    return f"[[{m}, {k}], [{n}, {k}], [{n}]] (float"
 
 
 @each("amp")

@@ -1120,6 +1120,10 @@ def test_graph_tab_on_the_hta_et_pair(tmp_path: Path) -> None:
     table = dash.table("graph").frame
     assert len(table) == len(nodes) and {"op_schema", "input_shapes", "dur_ms", "reads_from", "feeds"} <= set(table.columns)
     assert table["reads_from"].sum() == len(edges)
+    # the dtypes as the other tables show them, not JSON lists
+    for column in ("input_types", "output_types"):
+        assert not table[column].astype(str).str.startswith("[").any(), table[column].head()
+    assert "Tensor(float)" in set(table["output_types"])
     assert "timed by Kineto" in dash.info_html("graph")
     # the traces folder's lone ET is not taken for every trace beside it
     assert "graph" not in Dashboard(tracemagic.load(GPU, use_cache=False)).keys
@@ -1398,3 +1402,19 @@ def test_hover_numbers_reach_the_page_as_numbers(tmp_path: Path) -> None:
                         assert row[k] is None or isinstance(row[k], (int, float)), (key, trace.get("type"), k, row[k])
                 checked += 1
     assert checked >= 5  # flame, timeline, shapes, roofline, top ops at least
+
+
+def test_allocations_without_addresses_show_no_blank_lifetime_columns() -> None:
+    """The 2021 ResNet-50 trace's ``[memory]`` events carry no ``Addr`` (checked in the raw
+    JSON here): no allocation can be paired with its free, so the Memory table leaves out the
+    address, freed-at and lifetime columns (blank on every row) and a fact says why; a trace
+    whose events have addresses (the MI300X one) keeps them."""
+    with gzip.open(OLD, "rt", encoding="utf-8") as fh:
+        raw = [e for e in json.load(fh)["traceEvents"] if e.get("name") == "[memory]"]
+    assert raw and not any("Addr" in e.get("args", {}) for e in raw)
+    old = Dashboard(tracemagic.load(OLD, use_cache=False)).section("memory")
+    assert not {"addr", "freed_ts_ms", "lifetime_ms"} & set(old.table.columns), list(old.table.columns)
+    assert dict(old.facts)["lifetimes"].startswith("unknown: these memory events carry no address")
+    new = Dashboard(tracemagic.load(TRACES / "tracelens_normalization_layer_test.json.gz", use_cache=False))
+    section = new.section("memory")
+    assert {"addr", "freed_ts_ms", "lifetime_ms"} <= set(section.table.columns) and "lifetimes" not in dict(section.facts)

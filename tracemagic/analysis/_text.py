@@ -4,7 +4,10 @@ wherever it is quoted."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from typing import Any
 
 import pandas as pd
 
@@ -62,3 +65,33 @@ def shorten(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters with an ellipsis."""
     text = str(text)
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+#: a float literal in an op's constant inputs (``0.10000000000000001``, ``1e-05``), not an integer
+_FLOAT = re.compile(r"(?<![\w.])-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)(?![\w.])")
+
+
+def _short_float(match: re.Match[str]) -> str:
+    value = float(match.group(0))
+    short = f"{value:.6g}"
+    return repr(value) if float(short) == value else short
+
+
+def fmt_dtypes(value: Any) -> str:
+    """An op's input dtypes or constant inputs as the trace writes them (JSON text,
+    ``["float", "float", "", "Scalar"]``) as a short list: ``float, float, –, Scalar``
+    (``–``: an input that is no tensor, such as ``None``). Floats written with 17 digits
+    (``0.10000000000000001``, ``1.0000000000000001e-05``) read as Python prints them (``0.1``,
+    ``1e-05``), or to 6 significant digits; other text is returned as it is."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = str(value)
+    if not text.startswith("["):
+        return text
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(items, list):
+        return text
+    return ", ".join((_FLOAT.sub(_short_float, str(v)) if v not in ("", None) else "–") for v in items)

@@ -31,7 +31,7 @@ from tracemagic.analysis import ranks as _ranks
 from tracemagic.analysis import steps as _steps
 from tracemagic.analysis import syncs as _syncs
 from tracemagic.analysis._common import memory_off_cpu
-from tracemagic.analysis._text import fmt_bytes, fmt_count, fmt_pct, fmt_time, shorten
+from tracemagic.analysis._text import fmt_bytes, fmt_count, fmt_dtypes, fmt_pct, fmt_time, shorten
 from tracemagic.analysis.schema import TABLES, computes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -476,6 +476,19 @@ def optimizer(scope: Scope) -> Row | None:
     return _row("optimizer", value, OPTIMIZER_SHARE, value, f"{owner} and zero_grad take {where}", f"{advice}.")
 
 
+def _rank_steps(scope: Scope) -> int:
+    """How many steps the scope's syncs are summed over: one per step of each rank (the
+    steps table's rows), so that a figure "per step" is one rank's, as the step it is
+    compared with (the syncs of 8 ranks in one step are not 8 times one step's stall)."""
+    return max(len(scope.steps), 1)
+
+
+def _per_step(scope: Scope) -> str:
+    """The words "per step", or "per step and rank" where the scope holds several ranks."""
+    several = "rank" in scope.steps and scope.steps["rank"].nunique() > 1
+    return "per step and rank" if several else "per step"
+
+
 def host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
     """The host's waits for the GPU: (the stall of the scope's ``syncs()`` that waited —
     ``gpu_wait`` — over the steps' device windows, those syncs per name: ``calls``,
@@ -497,7 +510,7 @@ def _host_syncs(scope: Scope) -> tuple[float, pd.DataFrame] | None:
     table.index.name = "name"
     longest = waited.sort_values("stall_us", ascending=False, kind="stable").drop_duplicates("name")
     table["where"] = longest.set_index(longest["name"].astype(str))["where"].astype("string")
-    n_steps = max(int(scope.steps["step"].nunique()), 1)
+    n_steps = _rank_steps(scope)
     window = float(scope.steps["window_dur"].sum())
     share = float(table["total_us"].sum()) / window if window > 0 else 0.0
     table["per_step_us"] = table["total_us"] / n_steps
@@ -522,6 +535,7 @@ def host_sync(scope: Scope) -> Row | None:
             HOST_SYNC_SHARE,
             share,
             f"{where} waits {fmt_time(stall)} for the GPU every step"
+            + (" of each rank" if _per_step(scope) != "per step" else "")
             + (f" ({calls:,.0f} syncs)" if calls > 1.5 else "")
             + f"; syncs stall the host {fmt_pct(share)} of the step",
             _SYNC_ADVICE,
@@ -534,8 +548,8 @@ def host_sync(scope: Scope) -> Row | None:
         share,
         HOST_SYNC_SHARE,
         share,
-        f"The host waits for the GPU in {op} {float(first['calls_per_step']):,.0f}× per step, "
-        f"{fmt_time(float(first['per_step_us']))} per step ({fmt_pct(share)} of the step; the longest "
+        f"The host waits for the GPU in {op} {float(first['calls_per_step']):,.0f}× {_per_step(scope)}, "
+        f"{fmt_time(float(first['per_step_us']))} {_per_step(scope)} ({fmt_pct(share)} of the step; the longest "
         f"{fmt_time(float(first['max_us']))}{where})",
         _SYNC_ADVICE,
     )
@@ -558,7 +572,7 @@ def _sync_line(scope: Scope) -> tuple[str, float, float] | None:
     waited = syncs[syncs["gpu_wait"].to_numpy() & (syncs["line"].to_numpy() >= 0)]
     if waited.empty:
         return None
-    n_steps = max(int(scope.steps["step"].nunique()), 1)
+    n_steps = _rank_steps(scope)
     per_line = waited.groupby("line")["stall_us"].agg(["sum", "size"])
     line = int(per_line["sum"].idxmax())
     text = str(waited.loc[waited["line"] == line, "line_text"].iloc[0])
@@ -789,7 +803,7 @@ def roofline_gaps(efficiency: pd.DataFrame, limit: int = 3, min_share: float = R
             device = row["device"] if isinstance(row["device"], str) else "the given"
             shape = (
                 f"{shorten(str(row['name']), 50)} {shorten(str(row['input_dims']), 50)} "
-                f"({shorten(str(row['input_type']), 30)})"
+                f"({shorten(fmt_dtypes(row['input_type']), 30)})"
             )
             gpu_us = float(group["gpu_us"])
             pct = 1 - float(group["lost"]) / gpu_us

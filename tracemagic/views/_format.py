@@ -9,7 +9,6 @@ subset of HTML in labels and hover text, and an ipywidgets ``HTML`` widget sets
 from __future__ import annotations
 
 import html
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -22,6 +21,7 @@ import pandas as pd
 from tracemagic.analysis._text import UNITS as UNITS
 from tracemagic.analysis._text import fmt_bytes as fmt_bytes
 from tracemagic.analysis._text import fmt_count as fmt_count
+from tracemagic.analysis._text import fmt_dtypes as fmt_dtypes
 from tracemagic.analysis._text import fmt_pct as fmt_pct
 from tracemagic.analysis._text import fmt_time as fmt_time
 from tracemagic.analysis._text import shorten as shorten
@@ -29,10 +29,12 @@ from tracemagic.analysis._text import unit_divisor as unit_divisor
 
 
 def esc(value: Any) -> str:
-    """Text safe for HTML and plotly labels: ``<``, ``>``, ``&`` and quotes escaped."""
+    """Text safe for HTML and plotly labels: ``<``, ``>``, ``&`` and quotes escaped. A double
+    quote is ``&#34;``, not ``&quot;``: plotly decodes numeric entities in labels and hover
+    text but not ``&quot;``, which a hover would show as it is."""
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return ""
-    return html.escape(str(value), quote=True)
+    return html.escape(str(value), quote=True).replace("&quot;", "&#34;")
 
 
 def esc_all(values: Iterable[Any]) -> list[str]:
@@ -42,6 +44,12 @@ def esc_all(values: Iterable[Any]) -> list[str]:
 
 #: columns of numbers that name something (a step, a rank, an id): printed without thousands separators
 PLAIN_COLUMNS = frozenset({"step", "rank", "id", "iteration", "tid", "pid", "stream", "device_id", "step_id", "line"})
+
+
+def step_name(step: Any) -> str:
+    """A step's label: ``step 12``; the one span of a trace without ProfilerStep (step -1)
+    is ``whole trace``, never ``step -1``."""
+    return f"step {int(step)}" if int(step) >= 0 else "whole trace"
 
 
 def fmt_cell(value: Any, plain: bool = False) -> str:
@@ -228,21 +236,3 @@ def header(column: object) -> str:
         if label.endswith(" pct"):
             label = label[:-4] + " %"
     return f"{label} ({unit})" if unit else label
-
-
-def fmt_dtypes(value: Any) -> str:
-    """An op's input dtypes as the trace writes them (JSON text, ``["float", "float", "",
-    "Scalar"]``) as a short list: ``float, float, –, Scalar`` (``–``: an input that is
-    no tensor, such as ``None``); other text is returned as it is."""
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    text = str(value)
-    if not text.startswith("["):
-        return text
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return text
-    if not isinstance(items, list):
-        return text
-    return ", ".join((str(v) if v not in ("", None) else "–") for v in items)

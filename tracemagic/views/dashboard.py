@@ -33,7 +33,7 @@ import plotly.io as pio
 
 from tracemagic.views import bundle as _bundle
 from tracemagic.views import figures, flame_search, html, sections, tables
-from tracemagic.views._format import esc, fmt_bytes, header, unit_divisor
+from tracemagic.views._format import esc, fmt_bytes, header, step_name, unit_divisor
 from tracemagic.views.data import TraceData
 from tracemagic.views.zoom import ZoomableFigure, figure_widget_available
 
@@ -285,7 +285,7 @@ class Dashboard:
     def _build(self) -> widgets.VBox:
         steps = self.data.step_ids
         self.step_control = widgets.Dropdown(
-            options=[("all steps", ALL_STEPS)] + [(f"step {s}", s) for s in steps],
+            options=[("all steps", ALL_STEPS)] + [(step_name(s), s) for s in steps],
             value=self.state.step if self.state.step in steps else ALL_STEPS,
             description="step",
             layout=widgets.Layout(width="180px"),

@@ -31,9 +31,11 @@ from tracemagic.views._format import (
     esc,
     esc_all,
     fmt_bytes,
+    fmt_dtypes,
     fmt_time,
     kernel_label,
     shorten,
+    step_name,
     unique_labels,
     unit_divisor,
 )
@@ -182,8 +184,8 @@ def empty(message: str, title: str = "") -> go.Figure:
 def _step_labels(steps: pd.DataFrame) -> list[str]:
     several = steps["rank"].nunique() > 1 if "rank" in steps else False
     if several:
-        return [f"r{int(r)} · step {int(s)}" for r, s in zip(steps["rank"], steps["step"])]
-    return [f"step {int(s)}" for s in steps["step"]]
+        return [f"r{int(r)} · {step_name(s)}" for r, s in zip(steps["rank"], steps["step"])]
+    return [step_name(s) for s in steps["step"]]
 
 
 # -- Overview ---------------------------------------------------------------------------------
@@ -1035,7 +1037,7 @@ def memory_categories(
             mode="lines",
             stackgroup="categories",
             line={"shape": "hv", "width": 0.5, "color": CATEGORY_COLORS.get(name)},
-            hovertemplate=f"{esc(name)}: %{{y:.2f}} {suffix}<extra></extra>",
+            hovertemplate=f"{esc(name.replace('_', ' '))}: %{{y:.2f}} {suffix}<extra></extra>",
         )
     clock = categories.attrs.get("clock")
     fig = _layout(fig, title, f"time since trace start ({unit})", f"memory ({suffix})")
@@ -1080,7 +1082,7 @@ def shapes_bar(shapes: pd.DataFrame, *, top: int = 20, unit: str = "ms", metric:
             customdata=hover_columns(
                 esc_all(table["name"]),
                 esc_all(table["input_dims"]),
-                esc_all(table["input_type"]),
+                esc_all(map(fmt_dtypes, table["input_type"])),
                 table["calls"].astype(int),
                 flops,
             ),
@@ -1154,7 +1156,11 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
         part = frame[frame["bound"].astype("string").fillna("unknown") == (bound or "unknown")]
         if part.empty:
             continue
-        pct = ["n/a" if v != v else f"{v:.0f}% of its roof" for v in part["pct_of_roofline"].astype(float)]
+        pct = [
+            "n/a" if v != v else "<1% of its roof" if 0 < v < 0.5 else f"{v:.0f}% of its roof"
+            for v in part["pct_of_roofline"].astype(float)
+        ]
+        rates = ["n/a" if v != v else _flops_text(v * 1e12) for v in part["tflops_per_s"].astype(float)]
         fig.add_trace(
             go.Scatter(
                 x=part["intensity"],
@@ -1170,17 +1176,18 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
                 customdata=hover_columns(
                     esc_all(part["name"]),
                     esc_all(part["input_dims"]),
-                    esc_all(part["input_type"]),
+                    esc_all(map(fmt_dtypes, part["input_type"])),
                     esc_all(part["_layers"].replace("", "none")),
                     part["gpu_us"].to_numpy(dtype=float) / div,
                     part["calls"].astype(int),
                     pct,
                     esc_all(part["_where"].replace("", "unknown")),
+                    rates,
                 ),
                 hovertemplate="%{customdata[0]}<br>shapes %{customdata[1]}<br>types %{customdata[2]}"
                 "<br>layer %{customdata[3]}<br>code %{customdata[7]}<br>%{customdata[5]} calls, %{customdata[4]:.3f} "
                 + unit
-                + "<br>%{x:.3g} FLOP/byte, %{y:.3g} TFLOP/s, %{customdata[6]}<extra></extra>",
+                + "<br>%{x:.3g} FLOP/byte, %{customdata[8]}, %{customdata[6]}<extra></extra>",
             )
         )
     fig = _layout(fig, title, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s", height=480)
@@ -1307,7 +1314,7 @@ def rank_step_heatmap(steps: pd.DataFrame, *, unit: str = "ms", column: str = "w
     fig = go.Figure(
         go.Heatmap(
             z=grid.to_numpy(dtype=float),
-            x=[f"step {int(s)}" for s in grid.columns],
+            x=[step_name(s) for s in grid.columns],
             y=[f"rank {int(r)}" for r in grid.index],
             colorscale="Reds",
             colorbar={"title": {"text": unit}},
@@ -1408,11 +1415,11 @@ def op_graph(
     outdeg = pd.Series(edges["src"].to_numpy()).value_counts() if len(edges) else pd.Series(dtype=int)
 
     def column(name: str) -> list[str]:
-        return (
-            esc_all(shorten(v, 160) for v in nodes[name].astype("string").fillna(""))
-            if name in nodes
-            else [""] * len(nodes)
-        )
+        if name not in nodes:
+            return [""] * len(nodes)
+        values = nodes[name].astype("string").fillna("")
+        shown = values.map(fmt_dtypes) if name.endswith("_types") else values  # a list as the table shows it
+        return esc_all(shorten(v, 160) for v in shown)
 
     custom = hover_columns(
         esc_all(nodes["name"].astype(str)),

@@ -152,9 +152,10 @@ _SCRIPT = """
   // it the boxes at least FLAME.box px wide (a narrower box's time stays in its parent's width, as
   // its parent's remainder) and names the boxes whose label fits at FLAME.font px or more; a click
   // on a box (or on the bar above) draws that box's view, as plotly's own zoom would
-  var FLAME={box:1,font:4,pad:3},ESC={"&amp;":"&","&lt;":"<","&gt;":">","&quot;":'"',"&#x27;":"'","&#39;":"'"};
+  var FLAME={box:1,font:4,pad:3};
+  var ESC={"&amp;":"&","&lt;":"<","&gt;":">","&quot;":'"',"&#34;":'"',"&#x27;":"'","&#39;":"'"};
   function unescape(t){
-    t=String(t);return t.indexOf("&")<0?t:t.replace(/&(amp|lt|gt|quot|#x27|#39);/g,function(m){return ESC[m];});
+    t=String(t);return t.indexOf("&")<0?t:t.replace(/&(amp|lt|gt|quot|#34|#x27|#39);/g,function(m){return ESC[m];});
   }
   function decoded(v){  // plotly.py writes numeric arrays as base64 (bdata)
     if(!v||!v.bdata)return v||[];

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from tracemagic.analysis.lines import mark_names
 from tracemagic.analysis.sites import cell_file
 from tracemagic.views import cell_lines, figures, html, insights, tables
-from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, unit_divisor
+from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, step_name, unit_divisor
 from tracemagic.views.data import TraceData
 
 #: the most ops the Graph tab draws (the rest are listed in its table)
@@ -26,11 +26,13 @@ TIMELINE_MAX_EVENTS = 3000
 #: columns never worth a table column (row numbers and join keys)
 HIDDEN_COLUMNS = frozenset({"row", "op_row", "parent_row", "seq", "rf_id", "external_id", "correlation", "parent"})
 #: columns holding a JSON list per input (dtypes, constant values), shown as ``a, b, –``
-DTYPE_COLUMNS = frozenset({"input_type", "input_types", "concrete_inputs"})
+DTYPE_COLUMNS = frozenset({"input_type", "input_types", "output_types", "concrete_inputs"})
 # the columns that answer each table's question, shown first (the rest follow in the frame's order)
 STEPS_FIRST = ("step", "dur", "window_dur", "gpu_busy_pct")
 OPS_FIRST = ("name", "self_us", "self_pct", "total_us", "calls", "mean_us")
 LAYERS_FIRST = ("layer", "type", "calls", "gpu_us", "self_gpu_us", "cpu_us", "self_cpu_us")
+#: the allocations table's columns that need an allocation's address (its free found by it)
+UNPAIRED_COLUMNS = ("addr", "freed_ts", "lifetime_us")
 ALLOCATIONS_FIRST = ("bytes", "op", "layer", "phase", "step", "ts", "lifetime_us", "device")
 SHAPES_FIRST = ("name", "input_dims", "calls", "total_us", "self_us", "gpu_us", "mean_us", "tflops_per_s")
 #: on a trace with GPU work the GPU's time leads, as in the Overview and Kernels tabs
@@ -217,7 +219,7 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     for figure in (fig, phase_fig):
         if state.step is not None and figure.data:
             labels = list(figure.data[0].x)
-            chosen = [i for i, label in enumerate(labels) if f"step {state.step}" in label.split(" · ")]
+            chosen = [i for i, label in enumerate(labels) if step_name(state.step) in label.split(" · ")]
             for trace in figure.data:
                 trace.marker.opacity = [1.0 if i in chosen else 0.35 for i in range(len(labels))]
     section = Section(
@@ -430,16 +432,16 @@ def _memory(data: TraceData, state: ViewState) -> Section:
                 + (f" (the longest of {meta['spans_total']:,})" if meta.get("spans_total", 0) > meta["spans"] else ""),
             )
         )
+    allocations = tables.select_step(data.allocations_where(), state.step).head(5000)
+    if not allocations.empty and "addr" in allocations and allocations["addr"].isna().all():
+        # old-style [memory] events carry no address: no allocation is paired with its free
+        allocations = allocations.drop(columns=[c for c in UNPAIRED_COLUMNS if c in allocations])
+        facts.append(("lifetimes", "unknown: these memory events carry no address to pair an allocation with its free"))
     return Section(
         "memory",
         TITLES["memory"],
         figures=figs,
-        table=display_table(
-            tables.select_step(data.allocations_where(), state.step).head(5000),
-            state.unit,
-            first=ALLOCATIONS_FIRST,
-            one_rank=not data.several_ranks,
-        ),
+        table=display_table(allocations, state.unit, first=ALLOCATIONS_FIRST, one_rank=not data.several_ranks),
         table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
         facts=facts,
     )
