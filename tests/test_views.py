@@ -1418,3 +1418,24 @@ def test_allocations_without_addresses_show_no_blank_lifetime_columns() -> None:
     new = Dashboard(tracemagic.load(TRACES / "tracelens_normalization_layer_test.json.gz", use_cache=False))
     section = new.section("memory")
     assert {"addr", "freed_ts_ms", "lifetime_ms"} <= set(section.table.columns) and "lifetimes" not in dict(section.facts)
+
+
+def test_the_whole_trace_selected_is_named_so_in_every_tab() -> None:
+    """A trace without ProfilerStep (the MI300X one: checked in its raw JSON) has one span,
+    step -1, which the step menu offers as "whole trace"; chosen there, the Overview said
+    "step -1" and the tables' titles "Top ops in step -1"."""
+    path = TRACES / "tracelens_normalization_layer_test.json.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        assert not any(str(e.get("name", "")).startswith("ProfilerStep#") for e in json.load(fh)["traceEvents"])
+    dash = Dashboard(tracemagic.load(path, use_cache=False), step=-1)
+    assert ("whole trace", -1) in dash.controls["step"].options
+    said = []
+    for key, tab in sections.TABS.items():
+        if not tab.available(dash.data, None):  # (a tab this trace does not have)
+            continue
+        section = dash.section(key)
+        said += [section.title, section.table_title, *section.bullets, *[c for c, _ in section.extra]]
+        said += [f"{label} {value}" for label, value in section.facts]
+    text = "\n".join(said)
+    assert "step -1" not in text, [s for s in said if "step -1" in s]
+    assert "Top ops in the whole trace" in text and "whole trace" in dict(dash.section("overview").facts)

@@ -52,6 +52,14 @@ def step_name(step: Any) -> str:
     return f"step {int(step)}" if int(step) >= 0 else "whole trace"
 
 
+def in_step(step: Any) -> str:
+    """A title's ending for the step shown: `` in step 12``, `` in the whole trace`` (step -1,
+    see :func:`step_name`), nothing for all steps (None)."""
+    if step is None:
+        return ""
+    return f" in step {int(step)}" if int(step) >= 0 else " in the whole trace"
+
+
 def fmt_cell(value: Any, plain: bool = False) -> str:
     """One table cell as plain text (numbers rounded, missing values blank; ``plain``: an
     integer without thousands separators, for ids such as step numbers)."""

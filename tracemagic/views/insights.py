@@ -10,7 +10,7 @@ import pandas as pd
 
 from tracemagic.analysis import advice as _advice
 from tracemagic.views import tables
-from tracemagic.views._format import fmt_bytes, fmt_count, fmt_pct, fmt_time
+from tracemagic.views._format import fmt_bytes, fmt_count, fmt_pct, fmt_time, in_step, step_name
 from tracemagic.views.data import TraceData
 
 #: the advice's rules and thresholds (re-exported: the views' older names)
@@ -105,7 +105,7 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
                 )
             )
         else:
-            out.append((f"step {step}", fmt_time(step_us) + (" (mean over ranks)" if len(chosen) > 1 else "")))
+            out.append((step_name(step), fmt_time(step_us) + (" (mean over ranks)" if len(chosen) > 1 else "")))
         share = tables.step_shares(mean)
         parts = [
             (name, float(share[col]))
@@ -147,7 +147,7 @@ def facts(data: TraceData, step: int | None = None) -> list[tuple[str, str]]:
         top = peaks.sort_values("peak_bytes", ascending=False).head(4)
         out.append(
             (
-                "peak memory" + (f" in step {step}" if step is not None else ""),
+                "peak memory" + in_step(step),
                 "; ".join(
                     (f"rank {row['rank']} · " if data.several_ranks else "") + peak_text(row, step)
                     for _, row in top.iterrows()

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from tracemagic.analysis.lines import mark_names
 from tracemagic.analysis.sites import cell_file
 from tracemagic.views import cell_lines, figures, html, insights, tables
-from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, kernel_label, step_name, unit_divisor
+from tracemagic.views._format import fmt_bytes, fmt_dtypes, fmt_time, in_step, kernel_label, step_name, unit_divisor
 from tracemagic.views.data import TraceData
 
 #: the most ops the Graph tab draws (the rest are listed in its table)
@@ -199,7 +199,9 @@ def build(key: str, data: TraceData, state: ViewState | None = None, other: Trac
     else:
         section = tab.builder(data, state)
     if tab.whole_trace and state.step is not None:
-        section.facts.insert(0, ("steps", f"all steps: this tab does not follow the step selector (step {state.step})"))
+        section.facts.insert(
+            0, ("steps", f"all steps: this tab does not follow the step selector ({step_name(state.step)})")
+        )
     return section
 
 
@@ -240,11 +242,11 @@ def _overview(data: TraceData, state: ViewState) -> Section:
     )
     if data.has_line_marks and (hot := cell_lines.hottest_text(data.lines, has_gpu=data.has_gpu)):
         section.facts.append(("hottest line", hot + " (Source tab)"))
-    in_step = f" in step {state.step}" if state.step is not None else ""
+    in_this = in_step(state.step)
     if data.has_gpu:
         section.extra.append(
             (
-                f"Top kernels{in_step} (by GPU time)",
+                f"Top kernels{in_this} (by GPU time)",
                 display_table(kernel_names(tables.top_kernels(kernels, state.top)), state.unit, first=KERNELS_FIRST),
             )
         )
@@ -258,13 +260,13 @@ def _overview(data: TraceData, state: ViewState) -> Section:
         ]
         section.extra.append(
             (
-                "Top layers" + (f" in step {state.step}" if state.step is not None else ""),
+                "Top layers" + in_this,
                 display_table(top_layers[cols], state.unit, first=LAYERS_FIRST, one_rank=one_rank),
             )
         )
     section.extra.append(
         (
-            "Top ops" + (f" in step {state.step}" if state.step is not None else ""),
+            "Top ops" + in_this,
             display_table(tables.top_ops(ops, state.top), state.unit, first=OPS_FIRST),
         )
     )
@@ -284,9 +286,7 @@ def _layers(data: TraceData, state: ViewState) -> Section:
         TITLES["layers"],
         figures=[figures.layers_tree(layers, metric=metric, unit=state.unit)],
         table=display_table(table, state.unit, first=LAYERS_FIRST, one_rank=not data.several_ranks),
-        table_title="Layers"
-        + (f" in step {state.step}" if state.step is not None else "")
-        + " (self = time not in child layers)",
+        table_title="Layers" + in_step(state.step) + " (self = time not in child layers)",
         side=html.layer_tree(layers, metric=metric, unit=state.unit) if not layers.empty else "",
         bullets=_compiled_note(layers),
     )
@@ -367,7 +367,7 @@ def _timeline(data: TraceData, state: ViewState) -> Section:
         TITLES["timeline"],
         figures=[fig],
         table=display_table(tables.top_ops(ops), state.unit, first=OPS_FIRST),
-        table_title="Ops" + (f" in step {state.step}" if state.step is not None else ""),
+        table_title="Ops" + in_step(state.step),
         facts=facts,
         rebuild=rebuild,
     )
@@ -387,9 +387,7 @@ def _memory(data: TraceData, state: ViewState) -> Section:
     peaks = tables.peaks_of(data.memory_peaks_where(), state.step)
     facts = [
         (
-            (f"rank {row['rank']} · " if data.several_ranks else "")
-            + f"peak {row['device']}"
-            + (f" in step {state.step}" if state.step is not None else ""),
+            (f"rank {row['rank']} · " if data.several_ranks else "") + f"peak {row['device']}" + in_step(state.step),
             insights.peak_text(row, state.step, device=False)
             + (f" at {fmt_time(float(row['ts']))}" if pd.notna(row["ts"]) else "")
             + "".join(f" · {v}" for v in (row["op"], row["layer"], row.get("where")) if isinstance(v, str) and v),
@@ -442,7 +440,7 @@ def _memory(data: TraceData, state: ViewState) -> Section:
         TITLES["memory"],
         figures=figs,
         table=display_table(allocations, state.unit, first=ALLOCATIONS_FIRST, one_rank=not data.several_ranks),
-        table_title="Biggest allocations" + (f" in step {state.step}" if state.step is not None else ""),
+        table_title="Biggest allocations" + in_step(state.step),
         facts=facts,
     )
 
@@ -511,7 +509,7 @@ def _kernels(data: TraceData, state: ViewState) -> Section:
             figures.top_kernels_bar(kernels, top=state.top, by_op=True, unit=state.unit),
         ],
         table=display_table(kernel_names(data.kernel_table(kernels)), state.unit, first=KERNELS_FIRST),
-        table_title="Kernels by kernel + launching op" + (f" in step {state.step}" if state.step is not None else ""),
+        table_title="Kernels by kernel + launching op" + in_step(state.step),
     )
 
 
@@ -596,7 +594,7 @@ def _graph(data: TraceData, state: ViewState) -> Section:
             (
                 "step",
                 f"{step} ("
-                + (f"step {state.step} is not in the Execution Trace; " if state.step is not None else "")
+                + (f"{step_name(state.step)} is not in the Execution Trace; " if state.step is not None else "")
                 + "pick a step to see another)",
             )
         )
@@ -629,7 +627,7 @@ def _graph(data: TraceData, state: ViewState) -> Section:
         TITLES["graph"],
         figures=[fig],
         table=display_table(table, state.unit),
-        table_title="Execution Trace ops" + (f" in step {step}" if step is not None else ""),
+        table_title="Execution Trace ops" + in_step(step),
         facts=facts,
         bullets=[
             "Ops are the Execution Trace's outermost operators; a line joins an op to the op that produced a "
