@@ -211,6 +211,13 @@ def test_a_ranks_profiler_cycles_are_named_as_such_and_world_sizes_checked(tmp_p
     assert "profiler cycles of one rank" in str(again) and "tracemagic.load()" in str(again)
     whole = tracemagic.load(cycles, use_cache=False)  # what the message says reads them whole
     assert whole.steps().query("rank == 0")["step"].tolist() == [1, 2, 4, 5]
+    handler = tmp_path / "handler"  # tensorboard_trace_handler's cycles under torchrun: a rank in each
+    handler.mkdir()
+    _tiny_rank(handler / "host_7.100.pt.trace.json", 0, [2, 3])
+    _tiny_rank(handler / "host_7.200.pt.trace.json", 0, [6, 7], t0=2000.0)
+    (again,) = tracemagic.load_ranks(handler, use_cache=False).failed.values()
+    assert "profiler cycles of one rank" in str(again) and "tracemagic.load()" in str(again)
+    assert tracemagic.load(handler, use_cache=False).steps()["step"].tolist() == [2, 3, 6, 7]
 
     job = tmp_path / "job"
     job.mkdir()

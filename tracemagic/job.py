@@ -33,6 +33,7 @@ import pandas as pd
 
 from tracemagic import facade
 from tracemagic.errors import TraceError
+from tracemagic.trace.kineto import tb_worker
 from tracemagic.trace.layout import KINETO_FILE
 from tracemagic.trace.loader import assign_ranks, world_size_warnings
 from tracemagic.trace.model import TraceTables
@@ -294,7 +295,8 @@ def _numbered_files(
         if number in first_of:
             first = listed[first_of[number]].name
             failed[listed[i].name] = TraceError(
-                f"{listed[i].name}: rank {number} again (already {first}); left out. {_one_file_a_rank(first)}",
+                f"{listed[i].name}: rank {number} again (already {first}); left out. "
+                + _one_file_a_rank(first, listed[i].name),
                 path=listed[i].name,
             )
         else:
@@ -302,14 +304,18 @@ def _numbered_files(
     return [(i, n) for n, i in first_of.items()]
 
 
-def _one_file_a_rank(name: str) -> str:
-    """What to do when a second file claims a rank: a capture's profiler cycles (``--repeat``)
-    are one rank's timeline, which ``tracemagic.load`` stacks and ``load_ranks`` cannot."""
-    named = KINETO_FILE.search(Path(name.split("!")[-1]).name)
-    if named is not None and named.group(2) is not None:
+def _one_file_a_rank(first: str, again: str) -> str:
+    """What to do when a second file claims a rank: the profiler cycles of one rank (a
+    ``--repeat`` capture's ``kineto_trace_<r>_cycle<k>``, ``tensorboard_trace_handler``'s
+    files of one worker) are one rank's timeline, which ``tracemagic.load`` stacks and
+    ``load_ranks`` cannot."""
+    names = [Path(name.split("!")[-1]).name for name in (first, again)]
+    found = [KINETO_FILE.search(name) for name in names]
+    workers = [tb_worker(name) for name in names]
+    if all(f is not None and f.group(2) is not None for f in found) or (workers[0] and workers[0] == workers[1]):
         return (
-            "These are the profiler cycles of one rank (a --repeat capture): load_ranks reads one file a rank; "
-            "tracemagic.load() of the folder stacks each rank's cycles."
+            "They look like the profiler cycles of one rank (--repeat, or a schedule's repeat): load_ranks reads "
+            "one file a rank; tracemagic.load() of the folder stacks each rank's cycles."
         )
     return "Load the ranks of one run together, each run's rank files in a folder of their own."
 
