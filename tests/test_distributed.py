@@ -700,3 +700,37 @@ def test_a_ctrl_c_while_the_block_is_written_keeps_the_files_then_stops(
     events = json.loads((cap.dir / "kineto_trace_0.json").read_text())["traceEvents"]
     assert any(e.get("name") == "aten::mm" for e in events)
     assert sorted(p.name for p in cap.dir.iterdir()) == ["capture.json", "kineto_trace_0.json"]
+
+
+def test_a_second_ctrl_c_while_the_block_is_written_cuts_the_write_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold must not make Ctrl-C powerless: a second press while the files are written
+    (a long export, a memory timeline of minutes) stops at once, as it did before the hold;
+    the capture still ends (not "running") and the profiler is off."""
+    import os
+    import signal
+
+    import torch
+    import torch.profiler.profiler as torch_profiler
+
+    real = torch_profiler._KinetoProfile.export_chrome_trace
+    reached: list[str] = []
+
+    def export_interrupted_twice(self: Any, path: str) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # the first: held
+        os.kill(os.getpid(), signal.SIGINT)  # the second: raised here, before the export
+        reached.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(torch_profiler._KinetoProfile, "export_chrome_trace", export_interrupted_twice)
+    cap = tracemagic.capture(out=tmp_path, whole=True, no_memory_timeline=True, no_stack=True)
+    with pytest.raises(KeyboardInterrupt), cap:
+        torch.randn(8, 8).mm(torch.randn(8, 8))
+    assert reached == [] and not cap.running
+    manifest = _manifest(cap.dir)
+    assert manifest["status"] != "running" and any("cut short" in note for note in manifest["notes"])
+    assert all((cap.dir / entry["path"]).is_file() for entry in manifest["files"])  # what it lists is there
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+

@@ -185,7 +185,8 @@ class TracemagicMagics(Magics):
         ``_chakra_capture`` (``%chakra_report`` with no path shows it again). If the
         cell raises (or is interrupted), the steps recorded so far are written and shown
         and the error is raised again, so "Run All" stops (an interrupt that arrives while
-        a recorded window is written waits until its files are on disk). A cell that is not valid Python
+        a recorded window is written waits until its files are on disk; a second one cuts
+        the write short). A cell that is not valid Python
         shows its ``SyntaxError`` at its line in the cell, captures nothing, and stops
         "Run All" too (a ``UsageError``, as a bad option does); so does a top-level
         ``await``, which IPython runs in a plain cell but the capture cannot.

@@ -531,8 +531,8 @@ class CaptureSession:
         """Hold Ctrl-C (SIGINT) while a window is stopped and written: one that arrives then
         is noted (``_interrupted``) and raised once the files are on disk, at the loop's next
         step (``_raise_held``), instead of cutting torch's stop or export short, which lost
-        the whole window (and its execution trace). Only over Python's own handler (as a
-        kernel runs a cell), from the main thread.
+        the whole window (and its execution trace); a second Ctrl-C does cut it short. Only
+        over Python's own handler (as a kernel runs a cell), from the main thread.
 
         Returns:
             The handler to put back with ``_release_interrupts`` (None: nothing changed).
@@ -547,6 +547,11 @@ class CaptureSession:
             return None
 
     def _note_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        """A Ctrl-C while held: noted; a second one raises at once (the user insists: the
+        write is cut short, as without the hold)."""
+        if self._interrupted:
+            self._interrupted = False
+            raise KeyboardInterrupt
         self._interrupted = True
 
     def _raise_held(self) -> None:
@@ -586,6 +591,9 @@ class CaptureSession:
         try:
             self._abandon_slow()
             self._stop_profiler("error" if error is not None else "cell_end")
+        except KeyboardInterrupt:  # a second Ctrl-C cut the write short: the manifest says what is
+            self._interrupted = True  # on disk, then the caller raises it (``interrupted``)
+            self._notes.append("Ctrl-C pressed again while the recorded steps were written: their write was cut short")
         finally:
             try:
                 self._cleanup()  # closes the ET observer, whose notice the filter still hides
