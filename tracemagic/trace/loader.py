@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -206,13 +206,14 @@ def _assign_ranks(parsed: list[ParsedTrace], path: Path) -> list[int]:
         TraceError: files of one rank that are not one run's profiler cycles (``shared_rank``).
     """
     metas = [p.meta for p in parsed]
-    ranks, warnings = assign_ranks(metas, _one_workers_cycles(parsed))
+    same_as = _one_workers_cycles(parsed)
+    ranks, warnings = assign_ranks(metas, same_as)
     for index, warning in warnings.items():
         parsed[index].warnings.append(warning)
     for index, warning in world_size_warnings(metas, path):
         parsed[index].warnings.append(warning)
     if len(set(ranks)) < len(ranks):
-        shared_rank(parsed, ranks, path)
+        shared_rank(parsed, ranks, path, checked={*same_as, *same_as.values()})
     return ranks
 
 
@@ -261,23 +262,25 @@ def _some(names: list[str], most: int = 3) -> str:
     return ", ".join(names[:most]) + more
 
 
-def shared_rank(parsed: list[ParsedTrace], ranks: list[int], path: Path) -> None:
+def shared_rank(parsed: list[ParsedTrace], ranks: list[int], path: Path, checked: Set[int] = frozenset()) -> None:
     """Allow files of one rank only where they are the profiler cycles of one run (a
     ``--repeat`` capture's ``kineto_trace_<rank>_cycle<k>.json``, torch's
     ``tensorboard_trace_handler`` writing a file per cycle): one rank's timeline, which the
     loader stacks. Cycles of one process never overlap in time nor repeat a step number;
     files that do are separate runs or copies of one trace, whose calls stacked as one rank
-    would be counted as one process's.
+    would be counted as one process's. ``checked``: indices of files already found to be
+    one worker's cycles (``_one_workers_cycles``), whose rank is not checked again.
 
     Raises:
         TraceError: naming the files of the first such rank, and what to do.
     """
-    by_rank: dict[int, list[ParsedTrace]] = {}
-    for p, rank in zip(parsed, ranks):
-        by_rank.setdefault(rank, []).append(p)
-    for rank, files in sorted(by_rank.items()):
-        if len(files) < 2:
+    by_rank: dict[int, list[int]] = {}
+    for index, rank in enumerate(ranks):
+        by_rank.setdefault(rank, []).append(index)
+    for rank, indices in sorted(by_rank.items()):
+        if len(indices) < 2 or checked.issuperset(indices):
             continue
+        files = [parsed[i] for i in indices]
         why = _not_cycles(files)
         if why is None:
             continue
