@@ -744,3 +744,31 @@ def test_an_exception_whose_str_raises_is_still_the_users(ip, tmp_path):
     assert steps == ["ProfilerStep#2", "ProfilerStep#3"]
     assert ip.user_ns["_chakra_capture"].dir == capture
     assert "chakra_trace partial" in shown(shown_out)
+
+
+def test_a_held_interrupts_traceback_keeps_the_users_own_frames_below_the_cell():
+    """A held Ctrl-C is raised inside tracemagic (at a step): its traceback is cut there,
+    and no sooner, so a function of the user's (defined in another cell) that the cell
+    called on the way to that step stays in it; the first cut dropped it with the capture's."""
+    from types import SimpleNamespace
+
+    from tracemagic.capture.session import CaptureSession
+    from tracemagic.magics import _end_traceback_in
+
+    scope: dict[str, Any] = {}
+    exec(compile("def helper(step):\n    step()\n", "<ipython-input-1>", "exec"), scope)  # another cell
+    exec(compile("def cell(helper, step):\n    helper(step)\n", "<ipython-input-2>", "exec"), scope)
+    try:
+        scope["cell"](scope["helper"], lambda: CaptureSession._raise_held(SimpleNamespace(_interrupted=True)))
+    except KeyboardInterrupt as exc:
+        error = exc
+    _end_traceback_in(error, "<ipython-input-2>")
+    names, tb = [], error.__traceback__
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    assert "<ipython-input-1>" in names and names.index("<ipython-input-1>") > names.index("<ipython-input-2>")
+    import tracemagic
+
+    package = Path(tracemagic.__file__).parent
+    assert not any(package in Path(n).resolve().parents for n in names), names

@@ -528,15 +528,18 @@ def _parse_line(magic: Callable[..., Any], line: str, name: str) -> argparse.Nam
 
 
 def _end_traceback_in(error: BaseException, filename: str) -> None:
-    """Cut ``error``'s traceback after its last frame in the cell's code (``filename``):
-    the frames below are tracemagic's, where a held Ctrl-C was raised, not the user's."""
-    tb, last = error.__traceback__, None
+    """Cut ``error``'s traceback at its first tracemagic frame below the cell's code
+    (``filename``): from there the frames are the capture's, where a held Ctrl-C was raised,
+    not the user's (their own functions the cell called on the way are kept)."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    tb, above, in_cell = error.__traceback__, None, False
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename == filename:
-            last = tb
-        tb = tb.tb_next
-    if last is not None:
-        last.tb_next = None
+        name = tb.tb_frame.f_code.co_filename
+        if in_cell and above is not None and os.path.abspath(name).startswith(package):
+            above.tb_next = None
+            return
+        in_cell = in_cell or name == filename
+        above, tb = tb, tb.tb_next
 
 
 def _check_outputs(args: Any) -> None:
