@@ -631,6 +631,8 @@ def test_in_a_kernel_an_interrupt_while_a_window_is_written_keeps_it(kernel, tmp
     assert manifest["status"] == "partial"
     assert [(s["step"], s["complete"]) for s in manifest["steps"]] == [(2, True), (3, True)]
     assert manifest["error"]["type"] == "KeyboardInterrupt"
+    assert "the cell raised KeyboardInterrupt at the end of step 3, once the steps recorded were written" in (
+        manifest["notes"][0]), manifest["notes"]  # the window's last step, not the step the loop went on to
     # the loop stopped at the step the window ended (no more iterations ran after the Ctrl-C)
     status, _ = kernel("assert ran == [0, 1, 2, 3], ran")
     assert status == "ok"

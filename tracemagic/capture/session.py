@@ -317,6 +317,7 @@ class CaptureSession:
         self._clock.add(now - self._t_step, phase)
         if self._gpu is not None:
             self._gpu.mark()
+        ended = prof.step_num
         if action == ProfilerAction.RECORD_AND_SAVE:  # the window ends: stopped and written now
             held = self._hold_interrupts()
             try:
@@ -330,7 +331,9 @@ class CaptureSession:
             self._end_recording()  # the schedule is done: no cost for the rest of the loop
         self._t_step = time.perf_counter_ns()
         if self._interrupted:
-            self._raise_held()
+            self._raise_held(
+                f" at the end of step {ended}, once the steps recorded were written (Ctrl-C waits for them)"
+            )
 
     def _after_schedule(self, now: int) -> None:
         """``step()`` past the schedule: time the iteration, and the ``--slow`` watch."""
@@ -554,10 +557,13 @@ class CaptureSession:
             raise KeyboardInterrupt
         self._interrupted = True
 
-    def _raise_held(self) -> None:
+    def _raise_held(self, where: str | None = None) -> None:
         """Raise the Ctrl-C held while a window was written, marked ``HELD`` (the magic
-        ends its traceback at the cell's line: the frames below are the capture's)."""
+        ends its traceback at the cell's line: the frames below are the capture's);
+        ``where``: where it was, for ``_error_note``, if not where the loop is now."""
         self._interrupted = False
+        if where is not None:
+            self._failed_at = where
         interrupt = KeyboardInterrupt()
         setattr(interrupt, HELD, True)
         raise interrupt
