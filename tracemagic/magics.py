@@ -265,7 +265,7 @@ class TracemagicMagics(Magics):
                 ns.pop(name, None)
             ns.update(saved)
         capture = self._keep(session.finish(), args)
-        if args.vs:
+        if args.vs and not session.interrupted:  # (stopped by Ctrl-C: shown, not compared)
             self._compare(capture, args.vs, config)
         self._after(capture, args)
         self._publish(capture, args)

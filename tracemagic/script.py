@@ -215,7 +215,8 @@ class ScriptCapture:
         try:
             finished = session.finish(error=error)
             if self.world_size > 1:
-                finished = self._merge(finished, failed=error is not None)
+                # (a Ctrl-C held while the files were written: the user stops, rank 0 waits for no one)
+                finished = self._merge(finished, failed=error is not None or session.interrupted)
         finally:
             self._session = None
             self._signals.restore()

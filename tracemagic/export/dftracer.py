@@ -334,7 +334,7 @@ def to_pfw(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
     opener: Callable[..., Any] = (
-        (lambda p: gzip_to(p, path)) if path.name.endswith(".gz") else (lambda p: open(p, "wb"))  # noqa: SIM115 - likewise
+        (lambda p: gzip_to(p, path)) if path.name.endswith(".gz") else (lambda p: open(p, "wb"))  # noqa: SIM115 - opened in the with-statement below
     )
     try:
         with opener(tmp) as fh:
