@@ -395,3 +395,17 @@ def run_in_kernel(
     )
     client.execute(**({"env": env} if env is not None else {}))
     return nb
+
+
+def rank_file(path: Path, rank: int | None, steps: list[int], t0: float = 1000.0, world: int = 4) -> Path:
+    """A trace of ``steps`` (each 100 µs from ``t0`` on, one op in it) claiming ``rank``."""
+    events = []
+    for i, step in enumerate(steps):
+        ts = t0 + 100 * i
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": ts, "dur": 90})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts + 10, "dur": 50})
+    doc: dict[str, Any] = {"traceEvents": events}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
+    path.write_text(json.dumps(doc))
+    return path

@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import TRACES
+from conftest import TRACES, rank_file
 
 import tb_reference
 import tracemagic
@@ -562,18 +562,6 @@ def test_gloo_collectives_on_a_gpu_rank_are_communication(tmp_path: Path) -> Non
 
 
 # -- files that claim one rank --------------------------------------------------------------
-def _rank_file(path: Path, rank: int | None, steps: list[int], t0: float = 1000.0, world: int = 4) -> Path:
-    """A trace of ``steps`` (each 100 µs from ``t0`` on, one op in it) claiming ``rank``."""
-    events = []
-    for i, step in enumerate(steps):
-        ts = t0 + 100 * i
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": ts, "dur": 90})
-        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts + 10, "dur": 50})
-    doc: dict[str, Any] = {"traceEvents": events}
-    if rank is not None:
-        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
-    path.write_text(json.dumps(doc))
-    return path
 
 
 @pytest.mark.parametrize("case", ["copies", "runs at other times", "a tar of two members of one name"])
@@ -583,7 +571,7 @@ def test_files_of_one_rank_that_are_not_one_runs_cycles_are_refused(case: str, t
     folder = tmp_path / "run"
     folder.mkdir()
     for i in range(3):  # a later run starts later, and counts its steps from 0 again
-        _rank_file(folder / f"kineto_trace_{i}.json", 0, [0, 1, 2], t0=1000.0 + (1e6 * i if case != "copies" else 0))
+        rank_file(folder / f"kineto_trace_{i}.json", 0, [0, 1, 2], t0=1000.0 + (1e6 * i if case != "copies" else 0))
     path = folder
     if case.startswith("a tar"):
         path = tmp_path / "ranks.tar"
@@ -605,10 +593,10 @@ def test_profiler_cycles_of_one_rank_still_load_as_that_rank(tmp_path: Path) -> 
     cycle, all of one rank: one rank's timeline, cycles apart in time and step numbers."""
     folder = tmp_path / "cycles"
     folder.mkdir()
-    _rank_file(folder / "kineto_trace_0_cycle1.json", 0, [1, 2])
-    _rank_file(folder / "kineto_trace_0_cycle2.json", 0, [4, 5], t0=2000.0)
-    _rank_file(folder / "kineto_trace_1_cycle1.json", None, [1, 2])  # the rank from its name
-    _rank_file(folder / "kineto_trace_1_cycle2.json", None, [4, 5], t0=2000.0)
+    rank_file(folder / "kineto_trace_0_cycle1.json", 0, [1, 2])
+    rank_file(folder / "kineto_trace_0_cycle2.json", 0, [4, 5], t0=2000.0)
+    rank_file(folder / "kineto_trace_1_cycle1.json", None, [1, 2])  # the rank from its name
+    rank_file(folder / "kineto_trace_1_cycle2.json", None, [4, 5], t0=2000.0)
     trace = tracemagic.load(folder, use_cache=False)
     assert trace.rank_ids == [0, 1] and trace.warnings == []
     assert trace.steps().groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 4, 5], 1: [1, 2, 4, 5]}
@@ -658,16 +646,16 @@ def test_tensorboard_handler_cycles_of_one_process_are_one_rank(tmp_path: Path) 
     assert trace.ranks()["rank"].tolist() == [0]
     runs = tmp_path / "runs"  # one process profiled twice: steps 0, 1 in each
     runs.mkdir()
-    _rank_file(runs / "host_7.100.pt.trace.json", None, [0, 1])
-    _rank_file(runs / "host_7.200.pt.trace.json", None, [0, 1], t0=5000.0)
+    rank_file(runs / "host_7.100.pt.trace.json", None, [0, 1])
+    rank_file(runs / "host_7.200.pt.trace.json", None, [0, 1], t0=5000.0)
     assert tracemagic.load(runs, use_cache=False).rank_ids == [0, 1]
 
 
 def test_a_rank_beyond_world_size_and_differing_world_sizes_are_warned(tmp_path: Path) -> None:
     folder = tmp_path / "job"
     folder.mkdir()
-    _rank_file(folder / "a.json", 0, [1], world=2)
-    _rank_file(folder / "b.json", 5, [1], world=4)
+    rank_file(folder / "a.json", 0, [1], world=2)
+    rank_file(folder / "b.json", 5, [1], world=4)
     trace = tracemagic.load(folder, use_cache=False)
     assert trace.rank_ids == [0, 5]
     assert f"{folder / 'b.json'}: rank 5 is not below its world_size 4" in trace.warnings

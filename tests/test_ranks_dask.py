@@ -22,7 +22,7 @@ import distributed
 from dask.config import set as dask_config
 import pandas as pd
 import pytest
-from conftest import TRACES
+from conftest import TRACES, rank_file
 
 import tracemagic
 import tracemagic.job
@@ -181,19 +181,6 @@ def test_a_second_file_of_a_rank_fails_alone(job: tuple[Path, Any], tmp_path: Pa
     assert "rank 1 again" in str(again) and again.path == str(folder / "worker9_again.pt.trace.json")
 
 
-def _tiny_rank(path: Path, rank: int | None, steps: list[int], t0: float = 1000.0, world: int = 4) -> None:
-    """A trace of ``steps`` (each 100 µs from ``t0`` on, one op in it), claiming ``rank``."""
-    events = []
-    for i, step in enumerate(steps):
-        ts = t0 + 100 * i
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": ts, "dur": 90})
-        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts + 10, "dur": 50})
-    doc: dict[str, Any] = {"traceEvents": events}
-    if rank is not None:
-        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
-    path.write_text(json.dumps(doc))
-
-
 def test_a_ranks_profiler_cycles_are_named_as_such_and_world_sizes_checked(tmp_path: Path) -> None:
     """``load`` stacks a ``--repeat`` capture's cycles of one rank; ``load_ranks`` reads one
     file a rank, and told the user to "load the ranks of one run together", which they had
@@ -201,9 +188,9 @@ def test_a_ranks_profiler_cycles_are_named_as_such_and_world_sizes_checked(tmp_p
     beyond its world size and of world sizes that differ, as ``load`` does."""
     cycles = tmp_path / "cycles"
     cycles.mkdir()
-    _tiny_rank(cycles / "kineto_trace_0_cycle1.json", 0, [1, 2])
-    _tiny_rank(cycles / "kineto_trace_0_cycle2.json", 0, [4, 5], t0=2000.0)
-    _tiny_rank(cycles / "kineto_trace_1_cycle1.json", 1, [1, 2])
+    rank_file(cycles / "kineto_trace_0_cycle1.json", 0, [1, 2])
+    rank_file(cycles / "kineto_trace_0_cycle2.json", 0, [4, 5], t0=2000.0)
+    rank_file(cycles / "kineto_trace_1_cycle1.json", 1, [1, 2])
     ranks = tracemagic.load_ranks(cycles, use_cache=False)
     assert ranks.rank_ids == [0, 1]
     (again,) = ranks.failed.values()
@@ -213,16 +200,16 @@ def test_a_ranks_profiler_cycles_are_named_as_such_and_world_sizes_checked(tmp_p
     assert whole.steps().query("rank == 0")["step"].tolist() == [1, 2, 4, 5]
     handler = tmp_path / "handler"  # tensorboard_trace_handler's cycles under torchrun: a rank in each
     handler.mkdir()
-    _tiny_rank(handler / "host_7.100.pt.trace.json", 0, [2, 3])
-    _tiny_rank(handler / "host_7.200.pt.trace.json", 0, [6, 7], t0=2000.0)
+    rank_file(handler / "host_7.100.pt.trace.json", 0, [2, 3])
+    rank_file(handler / "host_7.200.pt.trace.json", 0, [6, 7], t0=2000.0)
     (again,) = tracemagic.load_ranks(handler, use_cache=False).failed.values()
     assert "profiler cycles of one rank" in str(again) and "tracemagic.load()" in str(again)
     assert tracemagic.load(handler, use_cache=False).steps()["step"].tolist() == [2, 3, 6, 7]
 
     job = tmp_path / "job"
     job.mkdir()
-    _tiny_rank(job / "a.json", 0, [1], world=2)
-    _tiny_rank(job / "b.json", 5, [1], world=4)
+    rank_file(job / "a.json", 0, [1], world=2)
+    rank_file(job / "b.json", 5, [1], world=4)
     ranks = tracemagic.load_ranks(job, use_cache=False)
     assert ranks.rank_ids == [0, 5] and not ranks.failed
     assert f"{job / 'b.json'}: rank 5 is not below its world_size 4" in ranks.warnings
