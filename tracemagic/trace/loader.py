@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import weakref
-from collections.abc import Mapping, Set
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -262,7 +262,9 @@ def _some(names: list[str], most: int = 3) -> str:
     return ", ".join(names[:most]) + more
 
 
-def shared_rank(parsed: list[ParsedTrace], ranks: list[int], path: Path, checked: Set[int] = frozenset()) -> None:
+def shared_rank(
+    parsed: list[ParsedTrace], ranks: list[int], path: Path, checked: frozenset[int] | set[int] = frozenset()
+) -> None:
     """Allow files of one rank only where they are the profiler cycles of one run (a
     ``--repeat`` capture's ``kineto_trace_<rank>_cycle<k>.json``, torch's
     ``tensorboard_trace_handler`` writing a file per cycle): one rank's timeline, which the
