@@ -235,7 +235,7 @@ def test_host_syncs_of_several_ranks_are_quoted_per_step_and_rank(loaded: dict[s
     assert float(found.group(2)) == pytest.approx(stall / rank_steps / 1000, abs=0.01)
     assert int(found.group(1)) <= calls / rank_steps  # the syncs that waited for the GPU
     # the share is every sync's stall, not the named one's: said as such, not as its share
-    assert re.search(r"ms per step and rank; syncs stall the host \d+% of the step \(the longest", text), text
+    assert re.search(r"ms per step and rank; all syncs: \d+% of the step \(the longest", text), text
 
 
 @pytest.mark.parametrize("name", [*STEPPED, "param_dlrm_kineto.tar.gz", "hta_benchmark_simple_add_trace.json.gz"])

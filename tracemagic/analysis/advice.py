@@ -549,8 +549,8 @@ def host_sync(scope: Scope) -> Row | None:
         HOST_SYNC_SHARE,
         share,
         f"The host waits for the GPU in {op} {float(first['calls_per_step']):,.0f}× {_per_step(scope)}, "
-        f"{fmt_time(float(first['per_step_us']))} {_per_step(scope)}; syncs stall the host {fmt_pct(share)} of the "
-        f"step (the longest {fmt_time(float(first['max_us']))}{where})",
+        f"{fmt_time(float(first['per_step_us']))} {_per_step(scope)}; all syncs: {fmt_pct(share)} of the step "
+        f"(the longest {fmt_time(float(first['max_us']))}{where})",
         _SYNC_ADVICE,
     )
 
