@@ -380,9 +380,10 @@ def resolve(
             found[ptr] = module
     hits = len(found)
     searched: set[int] = set()
-    for model in itertools.chain(cache.roots(), models):
-        if len(found) == len(wanted):
-            break
+    # tested before each model is asked for: ``models`` is lazy, and finding its first one
+    # can search the whole namespace (a cell that calls no module wants none)
+    models_left = itertools.chain(cache.roots(), models)
+    while len(found) < len(wanted) and (model := next(models_left, None)) is not None:
         if id(model) in searched:
             continue
         for sub in model.modules():
