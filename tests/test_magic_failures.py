@@ -94,6 +94,21 @@ def test_exception_mid_loop_writes_partial_and_reraises(ip, read_json):
     assert_next_capture_works(ip, read_json)
 
 
+def test_holding_ctrl_c_at_a_windows_end_adds_no_python_calls_of_signal_to_the_trace(ip, read_json):
+    """The hold runs in the user's loop while torch still records every Python call: it
+    sets the handler through C functions only (``signal.signal`` went through enum
+    conversions in Python, a dozen events of our own in the user's trace)."""
+    ip.user_ns["data"] = [torch.randn(4, 4) for _ in range(8)]
+    result = ip.run_cell("%%chakra_trace -q --no-memory-timeline\nfor x in data:\n    y = x @ x\n")
+    assert result.success
+    events = read_json(Path(ip.user_ns["_chakra_capture"].dir) / "kineto_trace_0.json")["traceEvents"]
+    names = {e["name"] for e in events if e.get("cat") == "python_function"}
+    assert any(name.endswith(": _hold_interrupts") for name in names)  # the hold ran while recording
+    assert "<built-in function signal>" in names
+    ours = sorted(n for n in names if n.startswith(("signal.py(", "enum.py(")) or n.endswith(("): main_thread", "): current_thread")))
+    assert not [n for n in ours if "__hash__" not in n], ours  # (torch hashes its own enums)
+
+
 def test_keyboard_interrupt_is_kept_and_reraised(ip, read_json):
     body = RAISE_AT_5.replace('raise ValueError("bad batch")', "raise KeyboardInterrupt")
     result, out = run(ip, "--no-memory-timeline", body)

@@ -11,6 +11,7 @@ writes what was recorded and the manifest, and returns a ``Capture``.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal.py's C half (no stub in typeshed)
 import contextlib
 import functools
 import itertools
@@ -62,6 +63,12 @@ LINE_MARK: Any = getattr(torch._C._profiler, "_RecordFunctionFast", torch.profil
 _ACTIVE: CaptureSession | None = None
 #: the attribute set on a ``KeyboardInterrupt`` held while a window was written (``_raise_held``)
 HELD = "_tracemagic_held"
+#: the main thread, the only one that may set a signal handler (``_hold_interrupts``). The
+#: hold runs in the user's loop at a window's end, where torch still records every Python
+#: call: ``_signal``'s C functions and this id are used, not ``signal.signal``/``getsignal``
+#: and ``threading.main_thread()``, which go through Python-level enum conversions (~20 µs
+#: and a dozen events in the user's trace per hold)
+_MAIN_THREAD = threading.main_thread().ident
 
 #: Column meaning of the memory timeline rows (``MemoryProfileTimeline`` raw format).
 MEMORY_TIMELINE_FORMAT = {
@@ -540,12 +547,12 @@ class CaptureSession:
         Returns:
             The handler to put back with ``_release_interrupts`` (None: nothing changed).
         """
-        if threading.current_thread() is not threading.main_thread():
+        if threading.get_ident() != _MAIN_THREAD:
             return None
         try:
-            if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            if _signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
                 return None  # another handler (or one of ours, already holding): left as it is
-            return signal.signal(signal.SIGINT, self._note_interrupt)
+            return _signal.signal(signal.SIGINT, self._note_interrupt)
         except (ValueError, OSError):
             return None
 
@@ -953,7 +960,7 @@ class CaptureSession:
 def _release_interrupts(previous: Any) -> None:
     """Put back the SIGINT handler ``CaptureSession._hold_interrupts`` replaced."""
     if previous is not None:
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(signal.SIGINT, previous)
 
 
 def start_profiler(prof: torch.profiler.profile, hidden: list[str] | None = None) -> None:
