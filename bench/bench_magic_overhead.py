@@ -17,12 +17,15 @@ events, and writing the final manifest. For the bare side it is the ``with profi
 block around the same loop, its ``on_trace_ready`` exporting the trace. Nothing the magic
 does inside the cell is left out; only the display is (``-q``; the bare side shows nothing).
 
-Two cases, as the goals of issue 23 ask:
+Two cases, as the goals of issue 23 ask, and a third:
 
 - ``variable``: the model is a notebook variable (``model = ...`` in a cell);
 - ``function``: the model is made inside a function and held only by the closure of
   ``train_step`` and its optimizer: the magic finds it by walking every live object the
-  first time (the "cold" capture, shown for information), then from its cache.
+  first time (the "cold" capture, shown for information), then from its cache;
+- ``tensors``: the loop calls no ``nn.Module`` (tensor ops on the same data: three matrix
+  products and a ReLU a step), and the namespace also holds a dataset of 40,000 small
+  objects: a window without module calls must not search the namespace for models.
 
 Printed per case: the median wall time of the whole profiled cell (trace export and the
 magic's own work included) and of an active step (the ``ProfilerStep#N`` spans of each
@@ -98,6 +101,24 @@ def train_step(x):
 """
 
 
+#: the ``tensors`` case: the loop's work without an ``nn.Module``, beside a dataset of
+#: 40,000 small objects (what a notebook holds besides its model)
+DEFINE_TENSORS = """\
+torch.manual_seed(0)
+w1, w2, w3 = torch.randn(256, 512), torch.randn(512, 512), torch.randn(512, 10)
+
+class Row:
+    def __init__(self, i):
+        self.i = i
+        self.tags = [i, str(i)]
+
+rows = {k: [Row(200 * k + i) for i in range(200)] for k in range(200)}
+
+def train_step(x):
+    (x @ w1).relu().matmul(w2).relu().matmul(w3).sum()
+"""
+
+
 def make_workload() -> Any:
     """The ``function`` case: a 4-layer MLP training step whose model no variable holds."""
     torch.manual_seed(0)
@@ -167,10 +188,12 @@ def magic(ip: Any, out: Path) -> tuple[float, float, float]:
 
 def run_case(ip: Any, case: str, reps: int, out: Path) -> dict[str, Any]:
     """Set the case up in the shell, then alternate bare and magic ``reps`` times each."""
-    for name in ("model", "opt", "train_step"):
+    for name in ("model", "opt", "train_step", "rows", "Row", "w1", "w2", "w3"):
         ip.user_ns.pop(name, None)
     if case == "variable":
         ip.run_cell(DEFINE_HELD).raise_error()
+    elif case == "tensors":
+        ip.run_cell(DEFINE_TENSORS).raise_error()
     else:
         ip.user_ns["train_step"] = make_workload()  # a new model: the magic has never seen it
     cold_bare = bare(ip, out)
@@ -318,7 +341,7 @@ def main(argv: list[str] | None = None, shell: Any = None) -> None:
             magic(ip, out)
             phases(ip, args.reps, out)
             return
-        for case in ("variable", "function"):
+        for case in ("variable", "function", "tensors"):
             results[case] = run_case(ip, case, args.reps, out)
 
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
@@ -327,7 +350,11 @@ def main(argv: list[str] | None = None, shell: Any = None) -> None:
           f"in {'a plain InteractiveShell' if shell is None else type(ip).__name__}")
     for case, res in results.items():
         med = res["med"]
-        held = "model in a notebook variable" if case == "variable" else "model made in a function, no variable"
+        held = {
+            "variable": "model in a notebook variable",
+            "function": "model made in a function, no variable",
+            "tensors": "no nn.Module called; 40,000 small objects in the namespace",
+        }[case]
         print(f"\n{case}: {held}")
         for kind, (loop_s, cpu_s, step_ms) in med.items():
             print(f"  {kind:>5}: loop {loop_s * 1e3:8.1f} ms (CPU {cpu_s * 1e3:7.1f} ms)   "
@@ -340,8 +367,9 @@ def main(argv: list[str] | None = None, shell: Any = None) -> None:
         print(f"  the magic's own cost per capture (magic - bare): wall {(med['magic'][0] - med['bare'][0]) * 1e3:+.1f} ms,"
               f" CPU {(med['magic'][1] - med['bare'][1]) * 1e3:+.1f} ms (fixed: a longer loop spreads it)")
         (cb, _, _), (cm, _, _) = res["cold"]
-        print(f"  first capture of this model (cold cache, one run, for information): "
-              f"magic/bare {cm / cb:.3f}")
+        if case != "tensors":
+            print(f"  first capture of this model (cold cache, one run, for information): "
+                  f"magic/bare {cm / cb:.3f}")
 
 
 if __name__ == "__main__":
