@@ -59,10 +59,12 @@ def test_every_iteration_is_timed_and_the_strip_has_them_all(ip, tmp_path):
     walls = timing["wall_ms"]
     assert all(walls[i] >= 30 for i in slow_at)
     assert all(3 <= walls[i] < 30 for i in range(n) if i not in slow_at and i > 5)  # past the schedule
-    # the cell's own clock agrees past the schedule (no profiler work between those iterations)
+    # the cell's own clock agrees past the schedule (no profiler work between those iterations);
+    # a few ms of leeway: a busy machine can preempt the cell between its mark and step(),
+    # and an iteration counted one off would miss by the 27 ms of a slow one
     marks = ip.user_ns["marks"]
     for i in range(6, n):
-        assert abs(walls[i] - 1e3 * (marks[i] - marks[i - 1])) < 1.0 + 0.05 * walls[i], i
+        assert abs(walls[i] - 1e3 * (marks[i] - marks[i - 1])) < 3.0 + 0.05 * walls[i], i
     # the phases of the default schedule (wait 1, warmup 1, active 3), then "after"
     phases = [p for name, first, count in timing["phases"] for p in [name] * count]
     assert phases == ["wait", "warmup", "active", "active", "active"] + ["after"] * (n - 5)
