@@ -196,6 +196,57 @@ def test_a_cell_that_calls_no_module_searches_for_none(ip, walks, searches, monk
     assert len(searches) == 0 and len(walks) == 0
 
 
+#: a model whose forward makes and drops a module in each call (dead once the window is written)
+TEMPORARY = """\
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return nn.ReLU()(self.fc(x))
+
+def make():
+    model = Net()
+    return lambda: model(torch.randn(4, 16)).sum().backward()
+
+step = make()
+"""
+
+
+def test_a_module_made_in_forward_is_walked_for_once_not_in_every_window(ip, walks, searches, monkeypatch):
+    """The ``ReLU`` made in each ``forward`` is dead once its window is written: the first
+    capture looks for it everywhere (one walk over every live object) and names it by its
+    class; later captures do not look again (it was tens of ms a cell), while a model seen
+    for the first time after them is still walked for and named by its paths."""
+    monkeypatch.setattr(naming, "MODULES", naming.ModuleCache())  # nothing known from earlier tests
+    ip.run_cell(TEMPORARY).raise_error()
+    for k in range(3):
+        modules = capture(ip).manifest["modules"]
+        assert {n: (m["path"], m["root"]) for n, m in modules.items() if not n.startswith("nn.Module: ReLU_")} == {
+            "nn.Module: Net_0": ("Net", "Net"),
+            "nn.Module: Linear_0": ("fc", "Net"),
+        }
+        relus = [m for n, m in modules.items() if n.startswith("nn.Module: ReLU_")]
+        assert relus and all(m["path"] == m["root"] == "ReLU" for m in relus)  # no object: its class
+        assert len(walks) == 1 and len(searches) == 1, k  # the first capture only
+    ip.run_cell(HIDDEN).raise_error()  # a new model nothing the namespace reaches holds
+    assert "encoder.layers.0.linear1" in check_names(capture(ip), twin_transformer()).values()
+    assert len(walks) == 2
+
+
+def test_a_class_is_left_unsearched_only_where_the_last_walk_found_none_of_it():
+    cache = naming.ModuleCache()
+    live = nn.ReLU()
+    cache.not_alive({1: "ReLU", 2: "Dropout", id(live): "ReLU"}, [live])  # one ReLU was alive
+    assert cache.searched_in_vain({3: "Dropout", 4: "Dropout"})
+    assert not cache.searched_in_vain({3: "ReLU"})  # another one may be too
+    assert not cache.searched_in_vain({3: "Dropout", 4: "Linear"})  # a class not looked for
+    assert not cache.searched_in_vain({})
+    cache.not_alive({5: "Linear"}, [])  # only the last walk counts
+    assert not cache.searched_in_vain({3: "Dropout"})
+
+
 def test_the_cache_forgets_dead_modules_and_checks_the_class():
     cache = naming.ModuleCache()
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())

@@ -28,7 +28,10 @@ Both look-ups cost time inside the profiled loop, so both are kept cheap:
   a later window of the same model finds them without searching. A model seen for the
   first time is looked for among the namespace's values and what they hold (a closure's
   ``model``, ``trainer.model``: ``held_modules``); the walk over every live object
-  (``gc.get_objects()``, tens of ms in a notebook) runs only for what that leaves.
+  (``gc.get_objects()``, tens of ms in a notebook) runs only for what that leaves. What
+  that walk did not find either (a module made and dropped inside ``forward``, dead once
+  the window is written) is remembered too, so a window whose only unknown modules are
+  those again searches nothing.
 """
 
 from __future__ import annotations
@@ -319,6 +322,8 @@ class ModuleCache:
     def __init__(self) -> None:
         self._modules: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
         self._roots: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
+        #: the classes of which the last walk over every live object found none it looked for
+        self._not_alive: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -333,6 +338,21 @@ class ModuleCache:
     def roots(self) -> list[torch.nn.Module]:
         """The live roots of the modules found before."""
         return list(self._roots.values())
+
+    def searched_in_vain(self, missing: Mapping[int, str]) -> bool:
+        """Whether the last walk over every live object looked for modules of each class of
+        ``missing`` (``{id: class name}``) and found none of that class: the modules a loop
+        makes and drops inside ``forward`` (``nn.ReLU()(x)``), dead once the window is
+        written, at new addresses each window. Walking again (tens of ms) would find them no
+        more; they keep their class name. A live module of such a class that nothing the
+        namespace reaches holds, and that no known model holds, would keep its class name
+        too, and only while every other module of its window is known."""
+        return bool(missing) and self._not_alive.issuperset(missing.values())
+
+    def not_alive(self, missing: Mapping[int, str], found: Iterable[torch.nn.Module]) -> None:
+        """Note a walk over every live object: it looked for ``missing`` (``{id: class
+        name}``) and found ``found``; the classes it found none of, for ``searched_in_vain``."""
+        self._not_alive = frozenset(missing.values()) - {type(module).__name__ for module in found}
 
     def remember(self, modules: Iterable[torch.nn.Module]) -> None:
         """Keep ``modules`` (and their roots) for the next windows."""
@@ -357,8 +377,9 @@ def resolve(
     Looked up in ``cache`` first (the modules found by earlier windows), then among the
     cached roots and ``models`` with their submodules, then (for what is left: a model
     nothing reachable holds, seen for the first time; a module dynamo made) among all live
-    ``nn.Module`` objects. What is found is remembered in ``cache``. Must run while the
-    window's modules are alive, i.e. right after the window.
+    ``nn.Module`` objects, unless the last such walk found none of what is left either
+    (``ModuleCache.searched_in_vain``). What is found is remembered in ``cache``. Must run
+    while the window's modules are alive, i.e. right after the window.
 
     Args:
         calls: ``recorded_modules``'s answer.
@@ -379,6 +400,8 @@ def resolve(
         if module is not None:
             found[ptr] = module
     hits = len(found)
+    if cache.searched_in_vain({ptr: cls_name for ptr, cls_name in wanted.items() if ptr not in found}):
+        wanted = {ptr: wanted[ptr] for ptr in found}  # the rest was not alive last time either
     searched: set[int] = set()
     # tested before each model is asked for: ``models`` is lazy, and finding its first one
     # can search the whole namespace (a cell that calls no module wants none)
@@ -395,6 +418,7 @@ def resolve(
         for obj in [obj for obj in gc.get_objects() if id(obj) in missing]:
             if isinstance(obj, torch.nn.Module) and type(obj).__name__ == missing[id(obj)]:
                 found[id(obj)] = obj
+        cache.not_alive(missing, (found[ptr] for ptr in missing if ptr in found))
     if len(found) > hits:
         cache.remember(module for module in found.values() if cache.get(id(module), type(module).__name__) is None)
     return {name: found.get(ptr, cls_name) for name, (ptr, cls_name) in calls.items()}
