@@ -25,7 +25,10 @@ Two cases, as the goals of issue 23 ask, and a third:
   first time (the "cold" capture, shown for information), then from its cache;
 - ``tensors``: the loop calls no ``nn.Module`` (tensor ops on the same data: three matrix
   products and a ReLU a step), and the namespace also holds a dataset of 40,000 small
-  objects: a window without module calls must not search the namespace for models.
+  objects: a window without module calls must not search the namespace for models;
+- ``temporary``: the ``variable`` case's MLP, but its forward makes its two ``nn.ReLU``
+  each call (``nn.ReLU()(x)``), beside the same dataset: those modules are dead once a
+  window is written, and must not be searched for in every capture.
 
 Printed per case: the median wall time of the whole profiled cell (trace export and the
 magic's own work included) and of an active step (the ``ProfilerStep#N`` spans of each
@@ -105,7 +108,7 @@ def train_step(x):
 #: 40,000 small objects (what a notebook holds besides its model)
 DEFINE_TENSORS = """\
 torch.manual_seed(0)
-w1, w2, w3 = torch.randn(256, 512), torch.randn(512, 512), torch.randn(512, 10)
+w1, w2, w3 = (torch.randn(n, m, device=DEVICE) for n, m in ((256, 512), (512, 512), (512, 10)))
 
 class Row:
     def __init__(self, i):
@@ -116,6 +119,27 @@ rows = {k: [Row(200 * k + i) for i in range(200)] for k in range(200)}
 
 def train_step(x):
     (x @ w1).relu().matmul(w2).relu().matmul(w3).sum()
+"""
+
+
+#: the ``temporary`` case: an MLP whose forward makes and drops its ReLU modules, beside the
+#: ``tensors`` case's dataset
+DEFINE_TEMPORARY = DEFINE_TENSORS.split("def train_step")[0] + """\
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(256, 512), nn.Linear(512, 512), nn.Linear(512, 10)
+
+    def forward(self, x):
+        return self.fc3(nn.ReLU()(self.fc2(nn.ReLU()(self.fc1(x)))))
+
+model = Net().to(DEVICE)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def train_step(x):
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
 """
 
 
@@ -188,12 +212,14 @@ def magic(ip: Any, out: Path) -> tuple[float, float, float]:
 
 def run_case(ip: Any, case: str, reps: int, out: Path) -> dict[str, Any]:
     """Set the case up in the shell, then alternate bare and magic ``reps`` times each."""
-    for name in ("model", "opt", "train_step", "rows", "Row", "w1", "w2", "w3"):
+    for name in ("model", "opt", "train_step", "rows", "Row", "Net", "w1", "w2", "w3"):
         ip.user_ns.pop(name, None)
     if case == "variable":
         ip.run_cell(DEFINE_HELD).raise_error()
     elif case == "tensors":
         ip.run_cell(DEFINE_TENSORS).raise_error()
+    elif case == "temporary":
+        ip.run_cell(DEFINE_TEMPORARY).raise_error()
     else:
         ip.user_ns["train_step"] = make_workload()  # a new model: the magic has never seen it
     cold_bare = bare(ip, out)
@@ -341,7 +367,7 @@ def main(argv: list[str] | None = None, shell: Any = None) -> None:
             magic(ip, out)
             phases(ip, args.reps, out)
             return
-        for case in ("variable", "function", "tensors"):
+        for case in ("variable", "function", "tensors", "temporary"):
             results[case] = run_case(ip, case, args.reps, out)
 
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
@@ -354,6 +380,7 @@ def main(argv: list[str] | None = None, shell: Any = None) -> None:
             "variable": "model in a notebook variable",
             "function": "model made in a function, no variable",
             "tensors": "no nn.Module called; 40,000 small objects in the namespace",
+            "temporary": "forward makes its nn.ReLU each call; 40,000 small objects in the namespace",
         }[case]
         print(f"\n{case}: {held}")
         for kind, (loop_s, cpu_s, step_ms) in med.items():
@@ -367,7 +394,7 @@ def main(argv: list[str] | None = None, shell: Any = None) -> None:
         print(f"  the magic's own cost per capture (magic - bare): wall {(med['magic'][0] - med['bare'][0]) * 1e3:+.1f} ms,"
               f" CPU {(med['magic'][1] - med['bare'][1]) * 1e3:+.1f} ms (fixed: a longer loop spreads it)")
         (cb, _, _), (cm, _, _) = res["cold"]
-        if case != "tensors":
+        if case not in ("tensors", "temporary"):
             print(f"  first capture of this model (cold cache, one run, for information): "
                   f"magic/bare {cm / cb:.3f}")
 
