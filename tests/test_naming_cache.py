@@ -235,6 +235,43 @@ def test_a_module_made_in_forward_is_walked_for_once_not_in_every_window(ip, wal
     assert len(walks) == 2
 
 
+def test_in_a_kernel_later_cells_search_neither_for_made_in_forward_modules_nor_in_module_free_loops(tmp_path):
+    """The two searches that used to run in every cell, counted in a real kernel (ipykernel,
+    as JupyterLab runs the magic): a loop that calls no module, three times, then the model
+    whose ``forward`` makes its ``ReLU``, three times."""
+    from conftest import run_in_kernel
+
+    count = (
+        "import gc, json, torch\n"
+        "from torch import nn\n"
+        "from tracemagic.capture import naming\n"
+        "counts = {'walks': 0, 'searches': 0}\n"
+        "_get_objects, _held = gc.get_objects, naming.held_modules\n"
+        "def _walk(*a, **k):\n"
+        "    counts['walks'] += 1\n"
+        "    return _get_objects(*a, **k)\n"
+        "def _search(*a, **k):\n"
+        "    counts['searches'] += 1\n"
+        "    return _held(*a, **k)\n"
+        "gc.get_objects, naming.held_modules = _walk, _search\n"
+        "%load_ext tracemagic\n"
+        "x = torch.randn(8, 8)"
+    )
+    tensors = "%%chakra_trace -q --no-memory-timeline\nfor i in range(4):\n    y = x @ x\n"
+    made = "%%chakra_trace -q --no-memory-timeline\n" + LOOP
+    report = "print(json.dumps(dict(counts, modules=_chakra_capture.manifest['modules'])))"
+    cells = [count, tensors, tensors, tensors, report, TEMPORARY, made, made, made, report]
+    nb = run_in_kernel(cells, tmp_path)
+    after_tensors, after_made = (
+        json.loads("".join(o.get("text", "") for o in nb.cells[i].outputs)) for i in (4, 9)
+    )
+    assert (after_tensors["walks"], after_tensors["searches"]) == (0, 0)
+    assert after_tensors["modules"] == {}
+    assert (after_made["walks"], after_made["searches"]) == (1, 1)  # the first capture of the model only
+    assert after_made["modules"]["nn.Module: Linear_0"]["path"] == "fc"
+    assert after_made["modules"]["nn.Module: ReLU_0"]["path"] == "ReLU"
+
+
 def test_a_class_is_left_unsearched_only_where_the_last_walk_found_none_of_it():
     cache = naming.ModuleCache()
     live = nn.ReLU()
