@@ -204,13 +204,18 @@ class Net(nn.Module):
         self.fc = nn.Linear(16, 16)
 
     def forward(self, x):
-        return nn.ReLU()(self.fc(x))
+        y = nn.ReLU()(self.fc(x))
+        return self.act(y) if hasattr(self, "act") else y
 
 def make():
     model = Net()
-    return lambda: model(torch.randn(4, 16)).sum().backward()
 
-step = make()
+    def add_act():
+        model.act = nn.ReLU()
+
+    return (lambda: model(torch.randn(4, 16)).sum().backward()), add_act
+
+step, add_act = make()
 """
 
 
@@ -230,6 +235,12 @@ def test_a_module_made_in_forward_is_walked_for_once_not_in_every_window(ip, wal
         relus = [m for n, m in modules.items() if n.startswith("nn.Module: ReLU_")]
         assert relus and all(m["path"] == m["root"] == "ReLU" for m in relus)  # no object: its class
         assert len(walks) == 1 and len(searches) == 1, k  # the first capture only
+    ip.run_cell("add_act()").raise_error()  # a ReLU of the known model, of a class not found before
+    modules = capture(ip).manifest["modules"]
+    assert sorted((m["path"], m["root"]) for m in modules.values() if m["path"] != "ReLU") == [
+        ("Net", "Net"), ("act", "Net"), ("fc", "Net")
+    ]
+    assert len(walks) == 1  # found under the known model
     ip.run_cell(HIDDEN).raise_error()  # a new model nothing the namespace reaches holds
     assert "encoder.layers.0.linear1" in check_names(capture(ip), twin_transformer()).values()
     assert len(walks) == 2

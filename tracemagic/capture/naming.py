@@ -375,9 +375,10 @@ def resolve(
     """The module object behind each recorded call.
 
     Looked up in ``cache`` first (the modules found by earlier windows), then among the
-    cached roots and ``models`` with their submodules, then (for what is left: a model
-    nothing reachable holds, seen for the first time; a module dynamo made) among all live
-    ``nn.Module`` objects, unless the last such walk found none of what is left either
+    cached roots with their submodules, then among ``models`` with theirs, then (for what
+    is left: a model nothing reachable holds, seen for the first time; a module dynamo
+    made) among all live ``nn.Module`` objects; the last two are skipped where the last
+    walk over all live objects found no module of any class left
     (``ModuleCache.searched_in_vain``). What is found is remembered in ``cache``. Must run
     while the window's modules are alive, i.e. right after the window.
 
@@ -400,28 +401,37 @@ def resolve(
         if module is not None:
             found[ptr] = module
     hits = len(found)
-    if cache.searched_in_vain({ptr: cls_name for ptr, cls_name in wanted.items() if ptr not in found}):
-        wanted = {ptr: wanted[ptr] for ptr in found}  # the rest was not alive last time either
     searched: set[int] = set()
-    # tested before each model is asked for: ``models`` is lazy, and finding its first one
-    # can search the whole namespace (a cell that calls no module wants none)
-    models_left = itertools.chain(cache.roots(), models)
-    while len(found) < len(wanted) and (model := next(models_left, None)) is not None:
+    _search_models(cache.roots(), wanted, found, searched)  # the known models (a new submodule)
+    missing = {ptr: cls_name for ptr, cls_name in wanted.items() if ptr not in found}
+    if missing and not cache.searched_in_vain(missing):
+        _search_models(models, wanted, found, searched)
+        missing = {ptr: cls_name for ptr, cls_name in missing.items() if ptr not in found}
+        if missing:
+            for obj in [obj for obj in gc.get_objects() if id(obj) in missing]:
+                if isinstance(obj, torch.nn.Module) and type(obj).__name__ == missing[id(obj)]:
+                    found[id(obj)] = obj
+            cache.not_alive(missing, (found[ptr] for ptr in missing if ptr in found))
+    if len(found) > hits:
+        cache.remember(module for module in found.values() if cache.get(id(module), type(module).__name__) is None)
+    return {name: found.get(ptr, cls_name) for name, (ptr, cls_name) in calls.items()}
+
+
+def _search_models(
+    models: Iterable[torch.nn.Module], wanted: Mapping[int, str], found: dict[int, torch.nn.Module], searched: set[int]
+) -> None:
+    """Add to ``found`` the modules of ``wanted`` (``{id: class name}``) among ``models`` and
+    their submodules, skipping those in ``searched`` (and adding to it). ``models`` is asked
+    for its next model only while one is still wanted: it may be lazy, and finding its first
+    one can search the whole namespace (``namespace_modules``)."""
+    left = iter(models)
+    while len(found) < len(wanted) and (model := next(left, None)) is not None:
         if id(model) in searched:
             continue
         for sub in model.modules():
             searched.add(id(sub))
             if id(sub) in wanted and type(sub).__name__ == wanted[id(sub)]:
                 found[id(sub)] = sub
-    if len(found) < len(wanted):
-        missing = {ptr: cls_name for ptr, cls_name in wanted.items() if ptr not in found}
-        for obj in [obj for obj in gc.get_objects() if id(obj) in missing]:
-            if isinstance(obj, torch.nn.Module) and type(obj).__name__ == missing[id(obj)]:
-                found[id(obj)] = obj
-        cache.not_alive(missing, (found[ptr] for ptr in missing if ptr in found))
-    if len(found) > hits:
-        cache.remember(module for module in found.values() if cache.get(id(module), type(module).__name__) is None)
-    return {name: found.get(ptr, cls_name) for name, (ptr, cls_name) in calls.items()}
 
 
 def find_roots(modules: Iterable[torch.nn.Module]) -> list[torch.nn.Module]:
