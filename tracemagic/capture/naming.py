@@ -31,7 +31,7 @@ Both look-ups cost time inside the profiled loop, so both are kept cheap:
   (``gc.get_objects()``, tens of ms in a notebook) runs only for what that leaves. What
   that walk did not find either (a module made and dropped inside ``forward``, dead once
   the window is written) is remembered too, so a window whose only unknown modules are
-  those again searches nothing.
+  those again searches no further than the models already known.
 """
 
 from __future__ import annotations
@@ -378,7 +378,7 @@ def resolve(
     cached roots with their submodules, then among ``models`` with theirs, then (for what
     is left: a model nothing reachable holds, seen for the first time; a module dynamo
     made) among all live ``nn.Module`` objects; the last two are skipped where the last
-    walk over all live objects found no module of any class left
+    walk over all live objects found no module of any of the classes still missing
     (``ModuleCache.searched_in_vain``). What is found is remembered in ``cache``. Must run
     while the window's modules are alive, i.e. right after the window.
 
