@@ -255,3 +255,40 @@ def test_a_field_orjson_cannot_write_is_written_as_text() -> None:
     beyond 64 bits, a lone surrogate, an object of another type become text."""
     line = dftracer._dumps({"pid": 1, "args": {"big": 2**70, "name": "a\ud800b", "odd": {1, 2}, "ok": [1.5, None]}})
     assert json.loads(line) == {"pid": 1, "args": {"big": str(2**70), "name": "a?b", "odd": "{1, 2}", "ok": [1.5, None]}}
+
+
+def test_module_frames_are_kept_without_copying_every_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which python frames are written (the ``nn.Module`` ones) is decided per distinct name:
+    ``numpy.char`` copied every name at the longest one's width first (half a GB on a GPU
+    trace of 75,000 events); the lines follow the raw JSON."""
+    long_frame = "torch/nn/modules/module.py(1750): _call_impl" + "x" * 5000
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 7, "tid": 7, "ts": 100, "dur": 100},
+        {"ph": "X", "cat": "python_function", "name": "nn.Module: Linear_0", "pid": 7, "tid": 7, "ts": 110, "dur": 50},
+        {"ph": "X", "cat": "python_function", "name": long_frame, "pid": 7, "tid": 7, "ts": 111, "dur": 48},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 7, "tid": 7, "ts": 120, "dur": 30.7,
+         "args": {"External id": 5, "Record function id": 9, "Sequence number": 4,
+                  "Input Dims": [[2, 3], [4, 3]], "Input type": ["float", "float"]}},
+        {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 7, "tid": 7, "ts": 125,
+         "args": {"Device Type": 0, "Device Id": -1, "Addr": 1, "Bytes": 64, "Total Allocated": 64,
+                  "Total Reserved": 0}},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}))
+    trace = tracemagic.load(path, use_cache=False)
+    for name in ("startswith", "str_len"):  # a fixed-width copy of the names is what is checked
+        if hasattr(np.char, name):
+            monkeypatch.setattr(np.char, name, lambda *a, **k: pytest.fail("numpy.char on the names"))
+    (out,) = dftracer.to_pfw(trace, tmp_path / "t.pfw")
+    lines = [json.loads(x) for x in read_lines(out)[1:]]
+    written = {e["name"]: e for e in lines if e["ph"] == "X"}
+    assert set(written) == {"ProfilerStep#3", "nn.Module: Linear_0", "aten::linear", "[memory]"}  # not the long frame
+    base = 1_700_000_000_000_000
+    op = written["aten::linear"]
+    assert (op["ts"], op["dur"], op["pid"], op["tid"]) == (base + 120, 30, 7, 7)
+    assert op["args"]["external_id"] == 5 and op["args"]["rf_id"] == 9 and op["args"]["seq"] == 4
+    assert json.loads(op["args"]["input_shapes"]) == [[2, 3], [4, 3]]
+    assert op["args"]["module"] == "Linear_0" and op["args"]["step"] == 3 and op["args"]["cpu_memory"] == 64
+    mem = written["[memory]"]
+    assert mem["args"]["device"] == "cpu" and (mem["args"]["bytes"], mem["args"]["total_allocated"]) == (64, 64)
+    assert "module" not in written["nn.Module: Linear_0"]["args"]

@@ -133,18 +133,43 @@ def _whole_us(values: np.ndarray) -> np.ndarray:
     return np.floor(np.clip(np.nan_to_num(values, nan=0.0), -_INT64_FLOAT, _INT64_FLOAT)).astype(np.int64)
 
 
-def _na(value: Any) -> Any:
-    return None if value is pd.NA or value is None or (isinstance(value, float) and np.isnan(value)) else value
+def _starts_with(names: pd.Series, prefix: str) -> np.ndarray:
+    """Per row: whether the name (as text) starts with ``prefix``; tested once per category
+    where the column is categorical. (``np.char`` on the names would first copy them all at
+    the longest name's width: half a GB and 2 s on a GPU trace of 75,000 events.)"""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        flags = np.array([str(c).startswith(prefix) for c in names.cat.categories] + [False], dtype=bool)
+        return flags[names.cat.codes.to_numpy()]  # a missing name (code -1) is "nan": the False appended
+    return np.array([str(n).startswith(prefix) for n in names.astype(str).to_numpy()], dtype=bool)
+
+
+def _raw(column: pd.Series, rows: np.ndarray) -> list[Any]:
+    """The column's values at ``rows`` as the objects ``astype(object)`` gives (a missing one
+    as it is: ``pd.NA`` or NaN)."""
+    values: list[Any] = column.take(rows).astype(object).to_numpy().tolist()
+    return values
+
+
+def _values(column: pd.Series, rows: np.ndarray) -> list[Any]:
+    """The column's values at ``rows`` as Python objects, a missing one (``pd.NA``, ``None``,
+    NaN) as None and a numpy scalar as its Python value: converted one column at a time, for
+    the rows written only (converting every column whole and testing each value in the
+    event loop took most of the export's time)."""
+    values = _raw(column, rows)
+    if column.dtype == object:
+        values = [v.item() if isinstance(v, np.generic) else v for v in values]
+    for i in np.flatnonzero(column.take(rows).isna().to_numpy()).tolist():
+        values[i] = None
+    return values
 
 
 def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | None) -> Iterator[bytes]:
     ev = trace.events
     kinds = tuple(kinds)
     kind = ev["kind"].astype(str).to_numpy()
-    names = ev["name"].astype(str).to_numpy()
     keep = np.isin(kind, kinds)
     if "python_function" in kinds:  # only the nn.Module frames: the layers
-        keep &= (kind != "python_function") | np.char.startswith(names.astype(str), MODULE_PREFIX)
+        keep &= (kind != "python_function") | _starts_with(ev["name"], MODULE_PREFIX)
     host = (
         str(next((m.get("host_name") for m in trace.meta.get("ranks", {}).values() if m.get("host_name")), ""))
         or socket.gethostname()
@@ -165,38 +190,32 @@ def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | N
         }
     )
     next_id += 1
-    cols = {c: ev[c].to_numpy() for c in ("rank", "ts", "dur", "self_dur", "step")}
-    obj = {
-        c: ev[c].astype(object).to_numpy()
-        for c in (
-            "cat",
-            "pid",
-            "tid",
-            "device",
-            "stream",
-            "rf_id",
-            "external_id",
-            "correlation",
-            "bytes",
-            "total_allocated",
-            "total_reserved",
-            "input_dims",
-            "input_type",
-            "seq",
-            "flops",
-        )
-    }
-    module_row = ev["module"].to_numpy()
+    cols = {c: ev[c].to_numpy() for c in ("rank", "ts", "dur", "step", "module")}
+    optional = ("stream", "rf_id", "external_id", "correlation", "seq", "flops")
     for rank in sorted(set(cols["rank"][keep].tolist())):
         offset = wall_clock_offset_us(trace, rank) if offset_us is None else float(offset_us)
         rows = np.flatnonzero(keep & (cols["rank"] == rank))
-        start = _whole_us(cols["ts"][rows] + offset)
-        end = _whole_us(cols["ts"][rows] + cols["dur"][rows] + offset)
-        for j, r in enumerate(rows):
-            pid, tid = _int_or_hash(obj["pid"][r]), _int_or_hash(obj["tid"][r])
+        start = _whole_us(cols["ts"][rows] + offset).tolist()
+        end = _whole_us(cols["ts"][rows] + cols["dur"][rows] + offset).tolist()
+        kinds_of = kind[rows].tolist()
+        names = ev["name"].take(rows).astype(str).to_numpy().tolist()
+        module_row = cols["module"][rows]
+        layered = np.unique(module_row[module_row >= 0])
+        module_names = dict(zip(layered.tolist(), ev["name"].take(layered).astype(str).to_numpy().tolist()))
+        cats = [str(v) for v in _raw(ev["cat"], rows)]
+        pids, tids = _raw(ev["pid"], rows), _raw(ev["tid"], rows)
+        devices = _values(ev["device"], rows)
+        extra = [_values(ev[c], rows) for c in optional]
+        memory = [_values(ev[c], rows) for c in ("bytes", "total_allocated", "total_reserved")]
+        shapes = [_values(ev[c], rows) for c in ("input_dims", "input_type")]
+        steps = cols["step"][rows].tolist()
+        modules = module_row.tolist()
+        for j, r in enumerate(rows.tolist()):
+            pid, tid = _int_or_hash(pids[j]), _int_or_hash(tids[j])
+            k = kinds_of[j]
             if (rank, pid) not in seen_pids:
                 seen_pids.add((rank, pid))
-                label = f"rank {rank}" + (" GPU" if kind[r] in GPU_KINDS else "")
+                label = f"rank {rank}" + (" GPU" if k in GPU_KINDS else "")
                 yield _dumps(
                     {
                         "id": next_id,
@@ -209,56 +228,43 @@ def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | N
                     }
                 )
                 next_id += 1
-            args: dict[str, Any] = {
-                "hhash": hhash,
-                "rank": int(rank),
-                "kind": kind[r],
-                "kineto_cat": str(obj["cat"][r]),
-            }
-            device = _na(obj["device"][r])
-            if kind[r] in GPU_KINDS:
+            args: dict[str, Any] = {"hhash": hhash, "rank": int(rank), "kind": k, "kineto_cat": cats[j]}
+            device = devices[j]
+            if k in GPU_KINDS:
                 args["device"] = f"cuda:{device}" if device is not None else "cuda"
-            elif kind[r] == "memory":
+            elif k == "memory":
                 args["device"] = "cpu" if device is None or int(device) < 0 else f"cuda:{device}"
             else:
                 args["device"] = "cpu"
-            mem = memory_in.get(int(r))
+            mem = memory_in.get(r)
             if mem is not None:
                 args["cpu_memory"], args["device_memory_usage"] = mem
-            for key, column in (
-                ("stream", "stream"),
-                ("rf_id", "rf_id"),
-                ("external_id", "external_id"),
-                ("correlation", "correlation"),
-                ("seq", "seq"),
-                ("flops", "flops"),
-            ):
-                value = _na(obj[column][r])
+            for key, column in zip(optional, extra):
+                value = column[j]
                 if value is not None:
-                    args[key] = value.item() if hasattr(value, "item") else value
-            if kind[r] == "memory":
-                for key in ("bytes", "total_allocated", "total_reserved"):
-                    value = _na(obj[key][r])
+                    args[key] = value
+            if k == "memory":
+                for key, column in zip(("bytes", "total_allocated", "total_reserved"), memory):
+                    value = column[j]
                     if value is not None:
                         args[key] = int(value)
-            for key, column in (("input_shapes", "input_dims"), ("input_types", "input_type")):
-                value = _na(obj[column][r])
+            for key, column in zip(("input_shapes", "input_types"), shapes):
+                value = column[j]
                 if value:
                     args[key] = value
-            step = int(cols["step"][r])
-            if step >= 0:
-                args["step"] = step
-            if module_row[r] >= 0 and kind[r] != "python_function":
-                args["module"] = names[module_row[r]][len(MODULE_PREFIX) :]
+            if steps[j] >= 0:
+                args["step"] = steps[j]
+            if modules[j] >= 0 and k != "python_function":
+                args["module"] = module_names[modules[j]][len(MODULE_PREFIX) :]
             yield _dumps(
                 {
                     "id": next_id,
-                    "name": names[r],
+                    "name": names[j],
                     "cat": CATEGORY,
                     "pid": pid,
                     "tid": tid,
-                    "ts": int(start[j]),
-                    "dur": int(max(end[j] - start[j], 0)),
+                    "ts": start[j],
+                    "dur": max(end[j] - start[j], 0),
                     "ph": "X",
                     "args": args,
                 }
