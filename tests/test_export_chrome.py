@@ -303,3 +303,37 @@ def test_a_trace_reopened_from_the_cache_elsewhere_is_reread(layout: str, tmp_pa
     (out,) = again.to_chrome_trace(tmp_path / "cut.json")
     assert len(tracemagic.load(out, use_cache=False).events) == rows
     assert again.meta["path"] == str(tmp_path / name)
+
+
+def test_the_reread_decodes_only_the_ids_of_args(tmp_path: Path) -> None:
+    """Re-reading the original decodes from each event's ``args`` only the ids events are
+    matched by (building every ``args`` as a dict took most of the export's time); the step
+    cut still follows the raw JSON: the launch, its kernel after the step and their flow kept,
+    the next step's op and flow not."""
+    noise = {"Input Dims": [[64, 64]] * 50, "Input type": ["float"] * 50, "nested": {"a": [1, {"b": 2}]}}
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "pid": 1, "tid": 1, "ts": 101, "dur": 99},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 50,
+         "args": {"External id": 7, **noise}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 20, "dur": 5,
+         "args": {"External id": 7, "correlation": 11, **noise}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 150, "dur": 30,
+         "args": {"External id": 7, "correlation": 11, "device": 0, "stream": 7}},
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 11, "pid": 1, "tid": 1, "ts": 20, "bp": "e"},
+        {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 11, "pid": 0, "tid": 7, "ts": 150, "bp": "e"},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 110, "dur": 20,
+         "args": {"External id": 8, **noise}},
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 12, "pid": 1, "tid": 1, "ts": 120, "bp": "e"},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    rank = chrome._load_rank(0, str(path))
+    assert not any(isinstance(e.args, dict) for e in rank.events)
+    got = [(e.args.correlation, e.args.external_id) if e.args is not None else None for e in rank.events]
+    want = [(e["args"].get("correlation"), e["args"].get("External id")) if "args" in e else None for e in events]
+    assert got == want
+    (out,) = chrome.to_chrome_trace(tracemagic.load(path, use_cache=False), tmp_path / "cut.json", steps=[1])
+    cut = json.loads(out.read_text())["traceEvents"]
+    assert cut == [e for e in events if e["name"] not in ("ProfilerStep#2", "aten::add") and e.get("id") != 12]

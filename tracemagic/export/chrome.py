@@ -61,6 +61,15 @@ def tb_name(worker: str | None = None, ts: int | None = None, *, gz: bool = Fals
     return files.tb_name(worker, ts, gz)
 
 
+class _Ids(msgspec.Struct, gc=False):
+    """The ``args`` an event is matched by; the other keys are skipped, not decoded (building
+    every event's ``args`` as a dict took most of the re-read)."""
+
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    external_id_lower: Any = msgspec.field(default=None, name="external id")
+
+
 class _Light(msgspec.Struct, gc=False):
     ph: Any = ""
     cat: Any = ""
@@ -70,13 +79,15 @@ class _Light(msgspec.Struct, gc=False):
     ts: Any = None
     dur: Any = None
     id: Any = None
-    args: Any = None
+    args: _Ids | None = None  # an ``args`` that is no object: the event is read field by field
 
 
 _TOP_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS_RAW = msgspec.json.Decoder(list[msgspec.Raw])
 _LIGHT = msgspec.json.Decoder(_Light)
 _ANY = msgspec.json.Decoder()
+#: the ``args`` keys of ``_Ids``, in its order
+_ARG_KEYS = ("correlation", "External id", "external id")
 #: the ids events are matched by: JSON scalars (a list or an object matches nothing)
 _ID_TYPES = (str, int, float)
 
@@ -169,8 +180,10 @@ def _field_by_field(item: msgspec.Raw) -> _Light | None:
                 values[name] = decoder.decode(fields[name])
             except msgspec.DecodeError:
                 continue
-    if isinstance(values.get("args"), dict):
-        values["args"] = {k: v for k, v in ((k, _lenient(v)) for k, v in values["args"].items()) if v is not None}
+    args = values.pop("args", None)
+    if isinstance(args, dict):
+        found = {k: v for k, v in ((k, _lenient(args[k])) for k in _ARG_KEYS if k in args) if v is not None}
+        values["args"] = _Ids(*(found.get(k) for k in _ARG_KEYS))
     return _Light(**values)
 
 
@@ -190,8 +203,8 @@ def _num(value: Any) -> float:
         return float("nan")
 
 
-def _arg(event: _Light, key: str) -> Any:
-    return event.args.get(key) if isinstance(event.args, dict) else None
+def _correlation(event: _Light) -> Any:
+    return None if event.args is None else event.args.correlation
 
 
 def _id(value: Any) -> Any:
@@ -221,25 +234,20 @@ def _select(rank: _Rank, windows: list[tuple[float, float]] | None, max_events: 
         for start, end in windows:
             inside |= (ts >= (start - 0.5) * scale) & (ts <= (end + 0.5) * scale)
         keep = inside & timed & ~is_gpu
-        corr = {c for i in np.flatnonzero(keep) if (c := _id(_arg(events[i], "correlation"))) is not None}
-        launched = np.array(
-            [bool(is_gpu[i]) and _id(_arg(events[i], "correlation")) in corr for i in range(n)], dtype=bool
-        )
+        corr = {c for i in np.flatnonzero(keep).tolist() if (c := _id(_correlation(events[i]))) is not None}
+        launched = np.zeros(n, dtype=bool)
+        for i in np.flatnonzero(is_gpu).tolist():
+            launched[i] = _id(_correlation(events[i])) in corr
         keep |= launched | (inside & is_gpu)
     trimmed = max_events is not None and int(keep.sum()) > max_events
     if trimmed:
         keep = _trim(keep, dur, cats, int(max_events))  # type: ignore[arg-type]
     # flows: those between kept events (ac2g ids are correlation ids), or all in the window
-    ids: set[Any] = set()
-    for i in np.flatnonzero(keep):
-        for key in ("correlation", "External id", "external id"):
-            value = _id(_arg(events[i], key))
-            if value is not None:
-                ids.add(value)
-    flows = np.array(
-        [bool(is_flow[i]) and (_id(events[i].id) in ids or (not trimmed and bool(inside[i]))) for i in range(n)],
-        dtype=bool,
-    )
+    kept = [a for i in np.flatnonzero(keep).tolist() if (a := events[i].args) is not None]
+    ids = {v for a in kept for v in (a.correlation, a.external_id, a.external_id_lower) if isinstance(v, _ID_TYPES)}
+    flows = np.zeros(n, dtype=bool)
+    for i in np.flatnonzero(is_flow).tolist():
+        flows[i] = _id(events[i].id) in ids or (not trimmed and bool(inside[i]))
     return np.flatnonzero(keep | flows | is_meta).tolist()
 
 
@@ -296,7 +304,8 @@ def _write(path: Path, rank: _Rank, keep: list[int], world: int) -> None:
         parts.append(f'"distributedInfo": {{"rank": {rank.rank}, "world_size": {world}}}'.encode())
     for key, value in meta.items():
         parts.append(orjson.dumps(key) + b": " + bytes(value))
-    body = b",\n".join(bytes(rank.raw[i]) for i in keep)
+    raw = rank.raw
+    body = b",\n".join([raw[i] for i in keep])  # the Raw views themselves: no copy of each
     blob = b"{\n" + b",\n".join(parts + [b'"traceEvents": [\n' + body + b"\n]"]) + b"\n}\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
