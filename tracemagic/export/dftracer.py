@@ -150,17 +150,88 @@ def _raw(column: pd.Series, rows: np.ndarray) -> list[Any]:
     return values
 
 
-def _values(column: pd.Series, rows: np.ndarray) -> list[Any]:
+def _values(column: pd.Series, rows: np.ndarray) -> tuple[list[Any], np.ndarray]:
     """The column's values at ``rows`` as Python objects, a missing one (``pd.NA``, ``None``,
-    NaN) as None and a numpy scalar as its Python value: converted one column at a time, for
-    the rows written only (converting every column whole and testing each value in the
-    event loop took most of the export's time)."""
+    NaN) as None and a numpy scalar as its Python value, and the positions of those present:
+    converted one column at a time, for the rows written only (converting every column whole
+    and testing each value in the event loop took most of the export's time)."""
     values = _raw(column, rows)
     if column.dtype == object:
         values = [v.item() if isinstance(v, np.generic) else v for v in values]
-    for i in np.flatnonzero(column.take(rows).isna().to_numpy()).tolist():
+    missing = column.take(rows).isna().to_numpy()
+    for i in np.flatnonzero(missing).tolist():
         values[i] = None
-    return values
+    return values, np.flatnonzero(~missing)
+
+
+def _ids(column: pd.Series, rows: np.ndarray) -> list[int]:
+    """``_int_or_hash`` of the column's values at ``rows`` (pids, tids), computed once per
+    category where the column is categorical."""
+    part = column.take(rows)
+    if isinstance(part.dtype, pd.CategoricalDtype):
+        # a missing value is NaN after astype(object), as in _raw: its hash is the last entry
+        per_category = [_int_or_hash(v) for v in part.cat.categories.astype(object).tolist()]
+        per_category.append(_int_or_hash(math.nan))
+        return [per_category[c] for c in part.cat.codes.to_numpy().tolist()]
+    return [_int_or_hash(v) for v in _raw(column, rows)]
+
+
+def _device(kind: str, device: Any) -> str:
+    if kind in GPU_KINDS:
+        return f"cuda:{device}" if device is not None else "cuda"
+    if kind == "memory":
+        return "cpu" if device is None or int(device) < 0 else f"cuda:{device}"
+    return "cpu"
+
+
+def _rank_args(
+    trace: TraceTables,
+    rows: np.ndarray,
+    kinds_of: list[str],
+    rank: int,
+    hhash: int,
+    memory_in: dict[int, tuple[int, int]],
+) -> list[dict[str, Any]]:
+    """Each written event's ``args``, built column by column (every key set in the order
+    DFTracer's readers see it: the base keys, memory, the ids, bytes, shapes, step, module)."""
+    ev = trace.events
+    cats = [str(v) for v in _raw(ev["cat"], rows)]
+    devices, _ = _values(ev["device"], rows)
+    out: list[dict[str, Any]] = [
+        {"hhash": hhash, "rank": rank, "kind": k, "kineto_cat": c, "device": _device(k, d)}
+        for k, c, d in zip(kinds_of, cats, devices)
+    ]
+    if memory_in:
+        where = {r: j for j, r in enumerate(rows.tolist())}
+        for r in memory_in:
+            j = where.get(r)
+            if j is not None:
+                out[j]["cpu_memory"], out[j]["device_memory_usage"] = memory_in[r]
+    for key in ("stream", "rf_id", "external_id", "correlation", "seq", "flops"):
+        values, present = _values(ev[key], rows)
+        for j in present.tolist():
+            out[j][key] = values[j]
+    is_memory = np.array(kinds_of, dtype=object) == "memory"
+    for key in ("bytes", "total_allocated", "total_reserved"):
+        values, present = _values(ev[key], rows)
+        for j in present[is_memory[present]].tolist():
+            out[j][key] = int(values[j])
+    for key, column in (("input_shapes", "input_dims"), ("input_types", "input_type")):
+        values, present = _values(ev[column], rows)
+        for j in present.tolist():
+            if values[j]:
+                out[j][key] = values[j]
+    steps = ev["step"].to_numpy()[rows]
+    for j, step in zip(np.flatnonzero(steps >= 0).tolist(), steps[steps >= 0].tolist()):
+        out[j]["step"] = step
+    module = ev["module"].to_numpy()[rows]
+    layered = np.flatnonzero((module >= 0) & ~(np.array(kinds_of, dtype=object) == "python_function"))
+    if layered.size:
+        owners = np.unique(module[layered])
+        names = dict(zip(owners.tolist(), ev["name"].take(owners).astype(str).to_numpy().tolist()))
+        for j, m in zip(layered.tolist(), module[layered].tolist()):
+            out[j]["module"] = names[m][len(MODULE_PREFIX) :]
+    return out
 
 
 def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | None) -> Iterator[bytes]:
@@ -190,32 +261,21 @@ def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | N
         }
     )
     next_id += 1
-    cols = {c: ev[c].to_numpy() for c in ("rank", "ts", "dur", "step", "module")}
-    optional = ("stream", "rf_id", "external_id", "correlation", "seq", "flops")
-    for rank in sorted(set(cols["rank"][keep].tolist())):
+    ranks, ts, dur = ev["rank"].to_numpy(), ev["ts"].to_numpy(), ev["dur"].to_numpy()
+    for rank in sorted(set(ranks[keep].tolist())):
         offset = wall_clock_offset_us(trace, rank) if offset_us is None else float(offset_us)
-        rows = np.flatnonzero(keep & (cols["rank"] == rank))
-        start = _whole_us(cols["ts"][rows] + offset).tolist()
-        end = _whole_us(cols["ts"][rows] + cols["dur"][rows] + offset).tolist()
+        rows = np.flatnonzero(keep & (ranks == rank))
+        start = _whole_us(ts[rows] + offset).tolist()
+        end = _whole_us(ts[rows] + dur[rows] + offset).tolist()
         kinds_of = kind[rows].tolist()
         names = ev["name"].take(rows).astype(str).to_numpy().tolist()
-        module_row = cols["module"][rows]
-        layered = np.unique(module_row[module_row >= 0])
-        module_names = dict(zip(layered.tolist(), ev["name"].take(layered).astype(str).to_numpy().tolist()))
-        cats = [str(v) for v in _raw(ev["cat"], rows)]
-        pids, tids = _raw(ev["pid"], rows), _raw(ev["tid"], rows)
-        devices = _values(ev["device"], rows)
-        extra = [_values(ev[c], rows) for c in optional]
-        memory = [_values(ev[c], rows) for c in ("bytes", "total_allocated", "total_reserved")]
-        shapes = [_values(ev[c], rows) for c in ("input_dims", "input_type")]
-        steps = cols["step"][rows].tolist()
-        modules = module_row.tolist()
-        for j, r in enumerate(rows.tolist()):
-            pid, tid = _int_or_hash(pids[j]), _int_or_hash(tids[j])
-            k = kinds_of[j]
+        pids, tids = _ids(ev["pid"], rows), _ids(ev["tid"], rows)
+        args = _rank_args(trace, rows, kinds_of, int(rank), hhash, memory_in)
+        for j in range(len(rows)):
+            pid = pids[j]
             if (rank, pid) not in seen_pids:
                 seen_pids.add((rank, pid))
-                label = f"rank {rank}" + (" GPU" if k in GPU_KINDS else "")
+                label = f"rank {rank}" + (" GPU" if kinds_of[j] in GPU_KINDS else "")
                 yield _dumps(
                     {
                         "id": next_id,
@@ -228,45 +288,17 @@ def _events_lines(trace: TraceTables, kinds: Iterable[str], offset_us: float | N
                     }
                 )
                 next_id += 1
-            args: dict[str, Any] = {"hhash": hhash, "rank": int(rank), "kind": k, "kineto_cat": cats[j]}
-            device = devices[j]
-            if k in GPU_KINDS:
-                args["device"] = f"cuda:{device}" if device is not None else "cuda"
-            elif k == "memory":
-                args["device"] = "cpu" if device is None or int(device) < 0 else f"cuda:{device}"
-            else:
-                args["device"] = "cpu"
-            mem = memory_in.get(r)
-            if mem is not None:
-                args["cpu_memory"], args["device_memory_usage"] = mem
-            for key, column in zip(optional, extra):
-                value = column[j]
-                if value is not None:
-                    args[key] = value
-            if k == "memory":
-                for key, column in zip(("bytes", "total_allocated", "total_reserved"), memory):
-                    value = column[j]
-                    if value is not None:
-                        args[key] = int(value)
-            for key, column in zip(("input_shapes", "input_types"), shapes):
-                value = column[j]
-                if value:
-                    args[key] = value
-            if steps[j] >= 0:
-                args["step"] = steps[j]
-            if modules[j] >= 0 and k != "python_function":
-                args["module"] = module_names[modules[j]][len(MODULE_PREFIX) :]
             yield _dumps(
                 {
                     "id": next_id,
                     "name": names[j],
                     "cat": CATEGORY,
                     "pid": pid,
-                    "tid": tid,
+                    "tid": tids[j],
                     "ts": start[j],
                     "dur": max(end[j] - start[j], 0),
                     "ph": "X",
-                    "args": args,
+                    "args": args[j],
                 }
             )
             next_id += 1
