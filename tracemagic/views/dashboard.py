@@ -209,6 +209,8 @@ class Dashboard:
             static figures, no toggle.
         caption: plain-text lines shown under the heading (a capture's status, folder,
             files and notes), so the widget hides nothing its text fallback says.
+        other_before: ``other`` is the earlier run this one is compared with (a capture's
+            ``--vs``): the Compare tab takes it as A and this trace as B.
 
     Attributes:
         data: the analyses' tables (``TraceData``), computed once.
@@ -227,6 +229,7 @@ class Dashboard:
         force_widget: bool | None = None,
         interactive: bool | None = None,
         caption: Sequence[str] = (),
+        other_before: bool = False,
     ) -> None:
         #: whether the Timeline can become a zoomable FigureWidget (its toggle shows)
         self.zoom_available = figure_widget_available() if interactive is None else bool(interactive)
@@ -239,6 +242,7 @@ class Dashboard:
         self.keys = sections.available(self.data, self.other)
         self.force_widget = force_widget
         self.caption = [str(line) for line in caption]
+        self.other_before = other_before
         self._widget: widgets.VBox | None = None
         self._built: dict[str, tuple[Any, ...]] = {}
         self._tabs: dict[str, dict[str, Any]] = {}
@@ -252,7 +256,7 @@ class Dashboard:
 
     def section(self, key: str) -> sections.Section:
         """The content of tab ``key`` under the current controls."""
-        return sections.build(key, self.data, self.state, self.other)
+        return sections.build(key, self.data, self.state, self.other, other_before=self.other_before)
 
     def text(self, width: int = 100) -> str:
         """The text summary (the ``text/plain`` fallback)."""
@@ -558,7 +562,9 @@ class Dashboard:
             path if path is not None else (self.report_path.value if self._widget else "report.html")
         ).expanduser()
         try:
-            written = write_report(self.data, target, other=self.other, title=self.title)
+            written = write_report(
+                self.data, target, other=self.other, title=self.title, other_before=self.other_before
+            )
         except Exception as exc:
             if self._widget is not None:
                 self.save_status.value = f'<span style="color:#b00">could not save: {esc(exc)}</span>'

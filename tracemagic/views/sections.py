@@ -182,8 +182,19 @@ def kernel_names(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def build(key: str, data: TraceData, state: ViewState | None = None, other: TraceData | None = None) -> Section:
+def build(
+    key: str,
+    data: TraceData,
+    state: ViewState | None = None,
+    other: TraceData | None = None,
+    *,
+    other_before: bool = False,
+) -> Section:
     """The content of tab ``key`` for ``data`` under ``state``.
+
+    A tab that compares (Compare) takes ``data`` as A and ``other`` as B, or, with
+    ``other_before``, ``other`` as A: the earlier run a capture is compared with (``--vs``),
+    so that its changes read from that run to this one, as the capture's summary line does.
 
     Raises:
         ValueError: an unknown key, or ``compare`` without ``other``.
@@ -195,7 +206,7 @@ def build(key: str, data: TraceData, state: ViewState | None = None, other: Trac
     if tab.needs_other:
         if other is None:
             raise ValueError(f"the {key} tab needs another trace (other=...)")
-        section = tab.builder(data, state, other)
+        section = tab.builder(other, state, data) if other_before else tab.builder(data, state, other)
     else:
         section = tab.builder(data, state)
     if tab.whole_trace and state.step is not None:
