@@ -385,6 +385,54 @@ def test_the_step_selector_changes_what_is_shown(session: Session) -> None:
     session.screenshot(f"timeline-{options[2].replace(chr(160), ' ').replace(' ', '-')}")
 
 
+#: the visible tab panel's plotly outputs: a live graph, or the still PNG JupyterLab's plotly
+#: renderer shows for an output whose data holds one (its snapshot, taken after each draw)
+LIVE_OR_STILL = """(dash) => {
+  const panel = [...dash.querySelectorAll(':scope > .widget-tab-contents > .lm-Widget')]
+      .find(p => !p.classList.contains('lm-mod-hidden'));
+  return [...panel.querySelectorAll('.jp-RenderedPlotly')].map(o => {
+    const img = o.querySelector('.plot-img'), graph = o.querySelector('.plot-container');
+    return {still: !!img && img.style.display !== 'none' && !!img.getAttribute('src'),
+            live: !!graph && graph.style.display !== 'none'};
+  });
+}"""
+
+
+def test_a_redrawn_tab_keeps_its_figures_live(session: Session) -> None:
+    """The step selector redraws the selected tab (at once, or when it is next selected); where
+    its figure does not change (Source and Flame show all steps) the figure stays a live plotly
+    graph, not a still image of it."""
+    dash = session.dashboard
+    page = session.page
+    tabs = dash.locator(":scope > .widget-tab-bar .lm-TabBar-tab")
+    select = session.root.locator(".widget-dropdown", has=page.locator("label", has_text=re.compile(r"^step$"))).locator("select")
+    options = [o.replace("\xa0", " ") for o in select.locator("option").all_inner_texts()]
+    panel = dash.locator(":scope > .widget-tab-contents > .lm-Widget:not(.lm-mod-hidden)")
+
+    def shown_after(change: str, title: str, step: str) -> None:
+        page.mouse.move(1, 1)  # not over a figure: the pointer entering a still image draws it
+        panel.get_by_text(f"does not follow the step selector ({step})").wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)
+        shown = dash.evaluate(LIVE_OR_STILL)
+        assert shown and all(f["live"] and not f["still"] for f in shown), (
+            f"{title}, {change}: its figures are {shown}: a still PNG where the box holding a figure "
+            "was made anew (the page draws it again from its copy, which holds the renderer's snapshot); "
+            "keep the same box across redraws"
+        )
+
+    if select.evaluate("(s) => s.selectedIndex") == 0:  # run alone: a step chosen before the tabs are selected
+        select.select_option(index=2)
+    for title, index in (("Source", 1), ("Flame", len(options) - 1)):
+        tab = tabs.filter(has_text=re.compile(f"^{title}$"))
+        if not tab.count():
+            continue
+        current = options[select.evaluate("(s) => s.selectedIndex")]
+        tab.click()  # redrawn for the step chosen since it was drawn
+        shown_after("selected", title, current)
+        select.select_option(index=index)
+        shown_after(f"{options[index]} selected", title, options[index])
+
+
 def test_no_errors_in_the_browser_console(session: Session) -> None:
     errors = [(kind, text) for kind, text in session.console if kind in ("error", "pageerror")]
     assert not errors, "\n".join(f"{k}: {t[:500]}" for k, t in errors)

@@ -448,13 +448,7 @@ class Dashboard:
         if section.side and shown:  # the side panel (the Layers tab's tree table) beside the first figure
             shown[0].layout.flex = "1 1 480px"
             shown[0].layout.width = "auto"
-            shown = [
-                widgets.HBox(
-                    [shown[0], tab["side"]],
-                    layout=widgets.Layout(width="100%", align_items="flex-start", flex_flow="row wrap"),
-                ),
-                *shown[1:],
-            ]
+            shown = [self._beside(tab, shown[0]), *shown[1:]]
         search = self._flame_search(key, section.figures)
         head = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *search, *shown]
         tab["info"].value = html.style() + top_html
@@ -473,6 +467,20 @@ class Dashboard:
         tab["extra"].children = [view.widget for view in views]
         self._built[key] = state
 
+    @staticmethod
+    def _beside(tab: dict[str, Any], figure: widgets.Widget) -> widgets.HBox:
+        """The box holding ``figure`` and the tab's side panel: the same box at every redraw, so
+        the page keeps the figure's view. A new box would draw its figures again from the
+        browser's copy, where JupyterLab's plotly renderer has stored a PNG snapshot: the
+        figure would come back as that still image (no hover, no zoom) until the mouse entered it."""
+        box: widgets.HBox | None = tab.get("beside")
+        if box is None or box.children[0] is not figure:
+            box = tab["beside"] = widgets.HBox(
+                [figure, tab["side"]],
+                layout=widgets.Layout(width="100%", align_items="flex-start", flex_flow="row wrap"),
+            )
+        return box
+
     def _flame_search(self, key: str, figs: list[go.Figure]) -> list[widgets.Widget]:
         """The search box above the Flame tab's graphs (``views.flame_search``)."""
         if key != "flame" or not any(t.type == "icicle" for fig in figs for t in fig.data):
@@ -485,9 +493,10 @@ class Dashboard:
             )
             tab["hits"] = widgets.HTML()
             tab["search"].observe(lambda change, key=key: self.search_flame(key, str(change["new"])), names="value")
+            tab["search_box"] = widgets.HBox([tab["search"], tab["hits"]])  # kept: see _beside
         if tab["search"].value:
             self.search_flame(key, tab["search"].value)
-        return [widgets.HBox([tab["search"], tab["hits"]])]
+        return [tab["search_box"]]
 
     def search_flame(self, key: str, query: str) -> int:
         """Highlight the boxes of tab ``key``'s flame graphs whose label holds ``query``
