@@ -696,7 +696,7 @@ def _source(data: TraceData, state: ViewState) -> Section:
         figures=[cell_lines.lines_bar(frame, unit=state.unit, has_gpu=data.has_gpu, top=state.top)],
         side=cell_lines.listing_html(frame, unit=state.unit, has_gpu=data.has_gpu),
         table=display_table(table, state.unit),
-        table_title="Lines of the cell (sortable: click a column)",
+        table_title="Lines of the cell",
         facts=facts,
     )
 
