@@ -882,6 +882,12 @@ def test_dashboard_save_button_writes_the_report(gpu: Any, tmp_path: Path) -> No
     dash.controls["report_path"].value = str(tmp_path / "no" / "\0bad.html")
     dash.controls["save"].click()
     assert "could not save" in dash.save_status.value
+    # a folder (an emptied name box is the current one): said so, with what to type instead
+    before = sorted(p.name for p in tmp_path.parent.iterdir())
+    dash.controls["report_path"].value = str(tmp_path)
+    dash.controls["save"].click()
+    assert "could not save" in dash.save_status.value and "is a folder: give the report a file name" in dash.save_status.value
+    assert sorted(p.name for p in tmp_path.parent.iterdir()) == before
 
 
 def test_views_do_not_read_files() -> None:

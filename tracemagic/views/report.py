@@ -482,6 +482,8 @@ def write_report(
     data = trace if isinstance(trace, TraceData) else TraceData(trace)
     other_data = None if other is None else other if isinstance(other, TraceData) else TraceData(other)
     target = Path(path).expanduser().absolute()
+    if target.is_dir():  # an empty name in the dashboard's box is the current folder
+        raise IsADirectoryError(f"{target} is a folder: give the report a file name, such as {target / 'report.html'}")
     target.parent.mkdir(parents=True, exist_ok=True)
     text = render(data, other=other_data, title=title, other_before=other_before)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
