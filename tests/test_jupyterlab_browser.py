@@ -433,6 +433,36 @@ def test_a_redrawn_tab_keeps_its_figures_live(session: Session) -> None:
         shown_after(f"{options[index]} selected", title, options[index])
 
 
+#: each fact of the visible tab: where its label (dt) and its value (dd) are drawn
+FACT_ROWS = """(dash) => {
+  const panel = [...dash.querySelectorAll(':scope > .widget-tab-contents > .lm-Widget')]
+      .find(p => !p.classList.contains('lm-mod-hidden'));
+  return [...panel.querySelectorAll('dl.tm-facts > dt')].map(dt => {
+    const a = dt.getBoundingClientRect(), b = dt.nextElementSibling.getBoundingClientRect();
+    return {label: dt.textContent, top: a.top, right: a.right, value_top: b.top, value_left: b.left};
+  });
+}"""
+
+
+def test_the_facts_keep_their_labels_in_a_narrow_notebook(session: Session) -> None:
+    """JupyterLab styles every ``dl`` in an output (``dt`` floated at 20% of the width): in a narrow
+    notebook a long label wrapped and the values slid beside the wrong labels. Each value stays on
+    its label's row, right of it."""
+    page = session.page
+    session.dashboard.locator(":scope > .widget-tab-bar .lm-TabBar-tab").filter(has_text=re.compile(r"^Overview$")).click()
+    session.wait_for_drawn_figure()
+    page.set_viewport_size({"width": 800, "height": 1400})
+    try:
+        page.wait_for_timeout(800)
+        rows = session.dashboard.evaluate(FACT_ROWS)
+        session.show_dashboard()
+        session.screenshot("overview-narrow")
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1400})
+    wrong = [r["label"] for r in rows if abs(r["top"] - r["value_top"]) > 2 or r["right"] > r["value_left"]]
+    assert len(rows) >= 5 and not wrong, f"values not beside their labels: {wrong}"
+
+
 def test_no_errors_in_the_browser_console(session: Session) -> None:
     errors = [(kind, text) for kind, text in session.console if kind in ("error", "pageerror")]
     assert not errors, "\n".join(f"{k}: {t[:500]}" for k, t in errors)
