@@ -125,6 +125,11 @@ def available(data: TraceData, other: TraceData | None = None) -> list[str]:
     return [key for key, tab in TABS.items() if tab.available(data, other)]
 
 
+#: ``trace.diff()``'s times of A and B (µs, the unit before the side): shown in the chosen unit
+#: like every time, as ``a_ms`` ("A (ms)") and so on, beside the change (``delta_ms``)
+DIFF_TIMES = {"us_a": "a", "us_b": "b", "gpu_us_a": "gpu_a", "gpu_us_b": "gpu_b"}
+
+
 def display_table(
     frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ...] = (), one_rank: bool = False
 ) -> pd.DataFrame:
@@ -149,12 +154,13 @@ def display_table(
     suffix = {"µs": "us", "ms": "ms", "s": "s"}[unit]
     renames = {}
     for column in list(out.columns):
-        if column.endswith(("_us", "_ts")) or column in ("ts", "dur", "window_dur", "self_dur", "mean", "step_us"):
+        times = column.endswith(("_us", "_ts")) or column in ("ts", "dur", "window_dur", "self_dur", "mean", "step_us")
+        if times or column in DIFF_TIMES:
             if out.empty or (
                 pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column])
             ):
                 out[column] = out[column].astype(float) / div
-                base = column.removesuffix("_us")
+                base = DIFF_TIMES.get(column) or column.removesuffix("_us")
                 renames[column] = f"{base}_{suffix}"
         elif column in DTYPE_COLUMNS:
             shown = {v: fmt_dtypes(v) for v in out[column].dropna().unique()}  # few distinct lists: each once
