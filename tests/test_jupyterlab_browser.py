@@ -433,6 +433,32 @@ def test_a_redrawn_tab_keeps_its_figures_live(session: Session) -> None:
         shown_after(f"{options[index]} selected", title, options[index])
 
 
+def test_the_flame_search_draws_once_per_search_not_per_keystroke(session: Session) -> None:
+    """Each search draws the flame graphs again (hundreds of boxes, seconds on a big trace): typing
+    a word must not redraw them at every key, only when the search is given (Enter)."""
+    dash, page = session.dashboard, session.page
+    tab = dash.locator(":scope > .widget-tab-bar .lm-TabBar-tab").filter(has_text=re.compile(r"^Flame$"))
+    if not tab.count():
+        pytest.skip("no Flame tab")
+    tab.click()
+    session.wait_for_drawn_figure()
+    panel = dash.locator(":scope > .widget-tab-contents > .lm-Widget:not(.lm-mod-hidden)")
+    box = panel.locator("input[placeholder='search boxes…']")
+    # count the plotly outputs drawn anew in the tab from now on
+    panel.evaluate("""(p) => { window.__tmDrawn = 0; new MutationObserver(ms => ms.forEach(m => m.addedNodes.forEach(n => {
+        if (n.nodeType === 1 && (n.matches('.jp-RenderedPlotly') || n.querySelector('.jp-RenderedPlotly'))) window.__tmDrawn++; })))
+        .observe(p, {childList: true, subtree: true}); }""")
+    box.click()
+    box.press_sequentially("aten", delay=150)
+    page.wait_for_timeout(2000)
+    while_typing = page.evaluate("() => window.__tmDrawn")
+    box.press("Enter")
+    panel.get_by_text(re.compile(r"boxes match")).wait_for(timeout=30_000)
+    assert while_typing == 0, f"the flame graphs were drawn again {while_typing} times while 'aten' was typed"
+    box.fill("")
+    box.press("Enter")
+
+
 #: each fact of the visible tab: where its label (dt) and its value (dd) are drawn
 FACT_ROWS = """(dash) => {
   const panel = [...dash.querySelectorAll(':scope > .widget-tab-contents > .lm-Widget')]

@@ -488,8 +488,13 @@ class Dashboard:
         tab = self._tabs[key]
         tab["flame_figs"] = list(figs)
         if "search" not in tab:
+            # searched on Enter, as the tables' filters: each search draws the graphs again (seconds
+            # for a big trace's hundreds of boxes), which must not happen at every key typed
             tab["search"] = widgets.Text(
-                placeholder="search boxes…", description="search", layout=widgets.Layout(width="320px")
+                placeholder="search boxes…",
+                description="search",
+                continuous_update=False,
+                layout=widgets.Layout(width="320px"),
             )
             tab["hits"] = widgets.HTML()
             tab["search"].observe(lambda change, key=key: self.search_flame(key, str(change["new"])), names="value")
@@ -502,13 +507,15 @@ class Dashboard:
         """Highlight the boxes of tab ``key``'s flame graphs whose label holds ``query``
         (all drawn as before for ''); how many match."""
         tab = self._tabs[key]
-        found = 0
+        found, redraw = 0, []
         for slot, fig in zip(tab["figures"], tab.get("flame_figs", [])):
             if isinstance(slot, widgets.Output) and any(t.type == "icicle" for t in fig.data):
                 drawn, hits = flame_search.highlight(fig, query)
                 found += hits
-                set_figure(slot, drawn)
-        tab["hits"].value = f"{found:,} boxes match" if query.strip() else ""
+                redraw.append((slot, drawn))
+        tab["hits"].value = f"{found:,} boxes match" if query.strip() else ""  # said before the slow redraw
+        for slot, drawn in redraw:
+            set_figure(slot, drawn)
         return found
 
     def _zoom_toggled(self, key: str, on: bool) -> None:
