@@ -385,6 +385,110 @@ def test_the_step_selector_changes_what_is_shown(session: Session) -> None:
     session.screenshot(f"timeline-{options[2].replace(chr(160), ' ').replace(' ', '-')}")
 
 
+#: the visible tab panel's plotly outputs: a live graph, or the still PNG JupyterLab's plotly
+#: renderer shows for an output whose data holds one (its snapshot, taken after each draw)
+LIVE_OR_STILL = """(dash) => {
+  const panel = [...dash.querySelectorAll(':scope > .widget-tab-contents > .lm-Widget')]
+      .find(p => !p.classList.contains('lm-mod-hidden'));
+  return [...panel.querySelectorAll('.jp-RenderedPlotly')].map(o => {
+    const img = o.querySelector('.plot-img'), graph = o.querySelector('.plot-container');
+    return {still: !!img && img.style.display !== 'none' && !!img.getAttribute('src'),
+            live: !!graph && graph.style.display !== 'none'};
+  });
+}"""
+
+
+def test_a_redrawn_tab_keeps_its_figures_live(session: Session) -> None:
+    """The step selector redraws the selected tab (at once, or when it is next selected); where
+    its figure does not change (Source and Flame show all steps) the figure stays a live plotly
+    graph, not a still image of it."""
+    dash = session.dashboard
+    page = session.page
+    tabs = dash.locator(":scope > .widget-tab-bar .lm-TabBar-tab")
+    select = session.root.locator(".widget-dropdown", has=page.locator("label", has_text=re.compile(r"^step$"))).locator("select")
+    options = [o.replace("\xa0", " ") for o in select.locator("option").all_inner_texts()]
+    panel = dash.locator(":scope > .widget-tab-contents > .lm-Widget:not(.lm-mod-hidden)")
+
+    def shown_after(change: str, title: str, step: str) -> None:
+        page.mouse.move(1, 1)  # not over a figure: the pointer entering a still image draws it
+        panel.get_by_text(f"does not follow the step selector ({step})").wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)
+        shown = dash.evaluate(LIVE_OR_STILL)
+        assert shown and all(f["live"] and not f["still"] for f in shown), (
+            f"{title}, {change}: its figures are {shown}: a still PNG where the box holding a figure "
+            "was made anew (the page draws it again from its copy, which holds the renderer's snapshot); "
+            "keep the same box across redraws"
+        )
+
+    if select.evaluate("(s) => s.selectedIndex") == 0:  # run alone: a step chosen before the tabs are selected
+        select.select_option(index=2)
+    for title, index in (("Source", 1), ("Flame", len(options) - 1)):
+        tab = tabs.filter(has_text=re.compile(f"^{title}$"))
+        if not tab.count():
+            continue
+        current = options[select.evaluate("(s) => s.selectedIndex")]
+        tab.click()  # redrawn for the step chosen since it was drawn
+        shown_after("selected", title, current)
+        select.select_option(index=index)
+        shown_after(f"{options[index]} selected", title, options[index])
+
+
+def test_the_flame_search_draws_once_per_search_not_per_keystroke(session: Session) -> None:
+    """Each search draws the flame graphs again (hundreds of boxes, seconds on a big trace): typing
+    a word must not redraw them at every key, only when the search is given (Enter)."""
+    dash, page = session.dashboard, session.page
+    tab = dash.locator(":scope > .widget-tab-bar .lm-TabBar-tab").filter(has_text=re.compile(r"^Flame$"))
+    if not tab.count():
+        pytest.skip("no Flame tab")
+    tab.click()
+    session.wait_for_drawn_figure()
+    panel = dash.locator(":scope > .widget-tab-contents > .lm-Widget:not(.lm-mod-hidden)")
+    box = panel.locator("input[placeholder='search boxes…']")
+    # count the plotly outputs drawn anew in the tab from now on
+    panel.evaluate("""(p) => { window.__tmDrawn = 0; new MutationObserver(ms => ms.forEach(m => m.addedNodes.forEach(n => {
+        if (n.nodeType === 1 && (n.matches('.jp-RenderedPlotly') || n.querySelector('.jp-RenderedPlotly'))) window.__tmDrawn++; })))
+        .observe(p, {childList: true, subtree: true}); }""")
+    box.click()
+    box.press_sequentially("aten", delay=150)
+    page.wait_for_timeout(2000)
+    while_typing = page.evaluate("() => window.__tmDrawn")
+    box.press("Enter")
+    panel.get_by_text(re.compile(r"boxes match")).wait_for(timeout=30_000)
+    assert while_typing == 0, f"the flame graphs were drawn again {while_typing} times while 'aten' was typed"
+    box.fill("")
+    box.press("Enter")
+
+
+#: each fact of the visible tab: where its label (dt) and its value (dd) are drawn
+FACT_ROWS = """(dash) => {
+  const panel = [...dash.querySelectorAll(':scope > .widget-tab-contents > .lm-Widget')]
+      .find(p => !p.classList.contains('lm-mod-hidden'));
+  return [...panel.querySelectorAll('dl.tm-facts > dt')].map(dt => {
+    const a = dt.getBoundingClientRect(), b = dt.nextElementSibling.getBoundingClientRect();
+    return {label: dt.textContent, top: a.top, right: a.right, value_top: b.top, value_left: b.left};
+  });
+}"""
+
+
+def test_the_facts_keep_their_labels_in_a_narrow_notebook(session: Session) -> None:
+    """JupyterLab styles every ``dl`` in an output (``dt`` floated at 20% of the width): in a narrow
+    notebook a long label wrapped and the values slid beside the wrong labels. Each value stays on
+    its label's row, right of it."""
+    page = session.page
+    session.dashboard.locator(":scope > .widget-tab-bar .lm-TabBar-tab").filter(has_text=re.compile(r"^Overview$")).click()
+    session.wait_for_drawn_figure()
+    page.set_viewport_size({"width": 800, "height": 1400})
+    try:
+        page.wait_for_timeout(800)
+        rows = session.dashboard.evaluate(FACT_ROWS)
+        session.show_dashboard()
+        session.screenshot("overview-narrow")
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1400})
+    wrong = [r["label"] for r in rows if abs(r["top"] - r["value_top"]) > 2 or r["right"] > r["value_left"]]
+    assert len(rows) >= 5 and not wrong, f"values not beside their labels: {wrong}"
+
+
 def test_no_errors_in_the_browser_console(session: Session) -> None:
     errors = [(kind, text) for kind, text in session.console if kind in ("error", "pageerror")]
     assert not errors, "\n".join(f"{k}: {t[:500]}" for k, t in errors)

@@ -179,6 +179,17 @@ def test_no_lines_leaves_the_trace_unmarked_and_the_table_empty(captures: dict[s
     assert "source" in available(TraceData(tracemagic.load(captures["marked"])))
 
 
+def test_no_table_caption_asks_for_a_header_click(captures: dict[str, Path]) -> None:
+    """The dashboard's tables sort with their own "sort" menu (a header click does nothing in the
+    widget), so no caption may tell the user to click a column (the Source tab's did)."""
+    from tracemagic.views import Dashboard
+
+    dash = Dashboard(tracemagic.load(captures["marked"]), force_widget=True)
+    assert "source" in dash.keys
+    for key in dash.keys:
+        assert "click" not in dash.table(key).caption, (key, dash.table(key).caption)
+
+
 def test_the_sync_detector_finds_the_item_of_every_step_and_names_its_line(captures: dict[str, Path]) -> None:
     events, _ = raw(captures["marked"])
     steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]

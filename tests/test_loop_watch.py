@@ -232,6 +232,11 @@ def test_vs_last_compares_with_the_previous_capture_of_the_same_name(ip):
         assert abs(float(shown) - statistics.mean(durs) / 1e3) <= 0.005 * float(shown) + 0.05  # 3 digits shown
     assert float(before) > float(after)  # 100 ms sleeps against 5 ms ones
     assert "-" in line.split("ms, ")[1]
+    # the Compare tab reads the same way: from the earlier run (A) to this one (B), faster here
+    facts = dict(cap.dashboard.section("compare").facts)
+    assert (facts["A"], facts["B"]) == (first.dir.name, cap.dir.name), facts
+    shown_a, shown_b = (float(x.split()[0]) for x in facts["mean step"].split(" (")[0].split(" → "))
+    assert shown_a > shown_b and "(-" in facts["mean step"], facts["mean step"]
     # --vs DIR: that capture, whatever its name
     result, out = run(ip, f"{LIGHT} -q --name third --vs {first.dir} --wait 0 --warmup 0 --active 4", body.format(0.001))
     assert result.success and ip.user_ns["_chakra_capture"].vs.dir == first.dir

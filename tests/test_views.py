@@ -663,6 +663,18 @@ def test_compare_tab(gpu: Any, old: Any) -> None:
     assert len(figs) == 2
     info = dash.info_html("compare")
     assert "hta_nccl_data.json.gz" in info and "kineto_worker0" in info
+    from tracemagic.views._format import header
+
+    # every time of the table in the unit chosen (A, B and the change alike): B - A is the change
+    for unit in ("ms", "µs"):
+        dash.controls["unit"].value = unit
+        table = dash.table("compare").frame
+        headers = [header(c) for c in table.columns]
+        assert {"A", "B", "Change", "GPU A", "GPU B"} <= {h.split(" (")[0] for h in headers if h.endswith(f"({unit})")}
+        assert not [h for h in headers if h.endswith(("(µs)", "(ms)")) and not h.endswith(f"({unit})")], headers
+        both = table.dropna(subset=[table.columns[headers.index(f"{x} ({unit})")] for x in "AB"])
+        a, b, change = (both[both.columns[headers.index(f"{x} ({unit})")]] for x in ("A", "B", "Change"))
+        assert len(both) and ((b - a - change).abs() <= 1e-6 * (a.abs() + b.abs() + 1)).all()
     text = diff_summary(gpu, old, width=90)
     assert text.splitlines()[0].startswith("tracemagic diff")
     assert all(len(line) <= 90 for line in text.splitlines())
@@ -882,6 +894,12 @@ def test_dashboard_save_button_writes_the_report(gpu: Any, tmp_path: Path) -> No
     dash.controls["report_path"].value = str(tmp_path / "no" / "\0bad.html")
     dash.controls["save"].click()
     assert "could not save" in dash.save_status.value
+    # a folder (an emptied name box is the current one): said so, with what to type instead
+    before = sorted(p.name for p in tmp_path.parent.iterdir())
+    dash.controls["report_path"].value = str(tmp_path)
+    dash.controls["save"].click()
+    assert "could not save" in dash.save_status.value and "is a folder: give the report a file name" in dash.save_status.value
+    assert sorted(p.name for p in tmp_path.parent.iterdir()) == before
 
 
 def test_views_do_not_read_files() -> None:

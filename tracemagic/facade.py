@@ -274,14 +274,18 @@ class Capture(_result.CaptureResult):
 
             other = Capture.of(self.vs).trace if self.vs is not None else None
             self._dashboard = Dashboard(
-                self.trace, title=self.title, other=other, caption=self._header_lines() + self._note_lines()
+                self.trace,
+                title=self.title,
+                other=other,
+                caption=self._header_lines() + self._note_lines(),
+                other_before=other is not None,
             )
         dashboard: Dashboard = self._dashboard
         return dashboard
 
     def compare_with(self, other: _result.CaptureResult) -> None:
-        """Compare this capture with ``other`` (``--vs``): the dashboard's Compare tab (this
-        capture is A, ``other`` B), and ``vs_line`` in the summary. ``other`` is loaded once
+        """Compare this capture with ``other`` (``--vs``): the dashboard's Compare tab (``other``,
+        the earlier run, is A and this capture B), and ``vs_line`` in the summary. ``other`` is loaded once
         and kept (its trace, and the line, are not read again at every display)."""
         self.vs = Capture.of(other)
         self._vs_line: str | None = None
@@ -325,10 +329,14 @@ class Capture(_result.CaptureResult):
 
     def report(self, path: str | os.PathLike[str], other: _model.TraceTables | None = None) -> Path:
         """Write the standalone HTML report (``Trace.report``); its path goes in the manifest
-        (``other`` default: the capture compared with, ``--vs``)."""
+        (``other`` default: the capture compared with, ``--vs``, which the Compare tab takes as
+        A, the run before this one)."""
         if other is None and self.vs is not None:
-            other = Capture.of(self.vs).trace
-        written = self.trace.report(path, other=other)
+            from tracemagic.views.report import write_report  # plotly: imported on first use
+
+            written = write_report(self.trace, path, other=Capture.of(self.vs).trace, other_before=True)
+        else:
+            written = self.trace.report(path, other=other)
         self.manifest["report"] = str(written)
         self.save_manifest()
         return Path(written)

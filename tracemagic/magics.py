@@ -93,8 +93,8 @@ class TracemagicMagics(Magics):
         "--vs",
         default=None,
         metavar="last|DIR",
-        help="compare with another capture in the Compare tab and one summary line: 'last' "
-        "is the previous capture of the same --name in --out",
+        help="compare with another capture in the Compare tab (that capture as A, this one as B) "
+        "and one summary line: 'last' is the previous capture of the same --name in --out",
     )
     @argument(
         "--loop",

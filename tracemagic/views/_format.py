@@ -220,6 +220,10 @@ HEADERS: dict[str, str] = {
     "kernel_file": "Kernel file",
     "compiled_region": "Compiled region",
     "ratio": "Ratio B/A",
+    "a": "A",
+    "b": "B",
+    "gpu_a": "GPU A",
+    "gpu_b": "GPU B",
     "gpu_us_a": "GPU A (µs)",
     "gpu_us_b": "GPU B (µs)",
 }

@@ -209,6 +209,8 @@ class Dashboard:
             static figures, no toggle.
         caption: plain-text lines shown under the heading (a capture's status, folder,
             files and notes), so the widget hides nothing its text fallback says.
+        other_before: ``other`` is the earlier run this one is compared with (a capture's
+            ``--vs``): the Compare tab takes it as A and this trace as B.
 
     Attributes:
         data: the analyses' tables (``TraceData``), computed once.
@@ -227,6 +229,7 @@ class Dashboard:
         force_widget: bool | None = None,
         interactive: bool | None = None,
         caption: Sequence[str] = (),
+        other_before: bool = False,
     ) -> None:
         #: whether the Timeline can become a zoomable FigureWidget (its toggle shows)
         self.zoom_available = figure_widget_available() if interactive is None else bool(interactive)
@@ -239,6 +242,7 @@ class Dashboard:
         self.keys = sections.available(self.data, self.other)
         self.force_widget = force_widget
         self.caption = [str(line) for line in caption]
+        self.other_before = other_before
         self._widget: widgets.VBox | None = None
         self._built: dict[str, tuple[Any, ...]] = {}
         self._tabs: dict[str, dict[str, Any]] = {}
@@ -252,7 +256,7 @@ class Dashboard:
 
     def section(self, key: str) -> sections.Section:
         """The content of tab ``key`` under the current controls."""
-        return sections.build(key, self.data, self.state, self.other)
+        return sections.build(key, self.data, self.state, self.other, other_before=self.other_before)
 
     def text(self, width: int = 100) -> str:
         """The text summary (the ``text/plain`` fallback)."""
@@ -444,13 +448,7 @@ class Dashboard:
         if section.side and shown:  # the side panel (the Layers tab's tree table) beside the first figure
             shown[0].layout.flex = "1 1 480px"
             shown[0].layout.width = "auto"
-            shown = [
-                widgets.HBox(
-                    [shown[0], tab["side"]],
-                    layout=widgets.Layout(width="100%", align_items="flex-start", flex_flow="row wrap"),
-                ),
-                *shown[1:],
-            ]
+            shown = [self._beside(tab, shown[0]), *shown[1:]]
         search = self._flame_search(key, section.figures)
         head = [tab["info"], *([tab["zoom"]] if "zoom" in tab else []), *search, *shown]
         tab["info"].value = html.style() + top_html
@@ -469,6 +467,20 @@ class Dashboard:
         tab["extra"].children = [view.widget for view in views]
         self._built[key] = state
 
+    @staticmethod
+    def _beside(tab: dict[str, Any], figure: widgets.Widget) -> widgets.HBox:
+        """The box holding ``figure`` and the tab's side panel: the same box at every redraw, so
+        the page keeps the figure's view. A new box would draw its figures again from the
+        browser's copy, where JupyterLab's plotly renderer has stored a PNG snapshot: the
+        figure would come back as that still image (no hover, no zoom) until the mouse entered it."""
+        box: widgets.HBox | None = tab.get("beside")
+        if box is None or box.children[0] is not figure:
+            box = tab["beside"] = widgets.HBox(
+                [figure, tab["side"]],
+                layout=widgets.Layout(width="100%", align_items="flex-start", flex_flow="row wrap"),
+            )
+        return box
+
     def _flame_search(self, key: str, figs: list[go.Figure]) -> list[widgets.Widget]:
         """The search box above the Flame tab's graphs (``views.flame_search``)."""
         if key != "flame" or not any(t.type == "icicle" for fig in figs for t in fig.data):
@@ -476,26 +488,34 @@ class Dashboard:
         tab = self._tabs[key]
         tab["flame_figs"] = list(figs)
         if "search" not in tab:
+            # searched on Enter, as the tables' filters: each search draws the graphs again (seconds
+            # for a big trace's hundreds of boxes), which must not happen at every key typed
             tab["search"] = widgets.Text(
-                placeholder="search boxes…", description="search", layout=widgets.Layout(width="320px")
+                placeholder="search boxes…",
+                description="search",
+                continuous_update=False,
+                layout=widgets.Layout(width="320px"),
             )
             tab["hits"] = widgets.HTML()
             tab["search"].observe(lambda change, key=key: self.search_flame(key, str(change["new"])), names="value")
+            tab["search_box"] = widgets.HBox([tab["search"], tab["hits"]])  # kept: see _beside
         if tab["search"].value:
             self.search_flame(key, tab["search"].value)
-        return [widgets.HBox([tab["search"], tab["hits"]])]
+        return [tab["search_box"]]
 
     def search_flame(self, key: str, query: str) -> int:
         """Highlight the boxes of tab ``key``'s flame graphs whose label holds ``query``
         (all drawn as before for ''); how many match."""
         tab = self._tabs[key]
-        found = 0
+        found, redraw = 0, []
         for slot, fig in zip(tab["figures"], tab.get("flame_figs", [])):
             if isinstance(slot, widgets.Output) and any(t.type == "icicle" for t in fig.data):
                 drawn, hits = flame_search.highlight(fig, query)
                 found += hits
-                set_figure(slot, drawn)
-        tab["hits"].value = f"{found:,} boxes match" if query.strip() else ""
+                redraw.append((slot, drawn))
+        tab["hits"].value = f"{found:,} boxes match" if query.strip() else ""  # said before the slow redraw
+        for slot, drawn in redraw:
+            set_figure(slot, drawn)
         return found
 
     def _zoom_toggled(self, key: str, on: bool) -> None:
@@ -558,7 +578,9 @@ class Dashboard:
             path if path is not None else (self.report_path.value if self._widget else "report.html")
         ).expanduser()
         try:
-            written = write_report(self.data, target, other=self.other, title=self.title)
+            written = write_report(
+                self.data, target, other=self.other, title=self.title, other_before=self.other_before
+            )
         except Exception as exc:
             if self._widget is not None:
                 self.save_status.value = f'<span style="color:#b00">could not save: {esc(exc)}</span>'

@@ -12,14 +12,19 @@ import pandas as pd
 from tracemagic.views import tables
 from tracemagic.views._format import PLAIN_COLUMNS, esc, fmt_cell, header, shorten, unit_divisor
 
+#: ``dl.tm-facts.tm-facts``: JupyterLab styles every ``dl``/``dt`` in an output (``display: block``,
+#: ``dt`` floated at 20% of the width), which would outrank a plain ``.tm-facts`` and put values
+#: beside the wrong labels in a narrow notebook
 CSS = """
 .tm-table{border-collapse:collapse;font:12px/1.35 system-ui,sans-serif;margin:4px 0}
 .tm-table th,.tm-table td{padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:right;white-space:nowrap}
 .tm-table th{background:#f5f5f5;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom;
   min-width:3.5em}
 .tm-table td.tm-text,.tm-table th.tm-text{text-align:left;max-width:26em;overflow:hidden;text-overflow:ellipsis}
-.tm-facts{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font:13px system-ui,sans-serif;margin:4px 0}
-.tm-facts dt{color:#666}.tm-facts dd{margin:0}
+dl.tm-facts.tm-facts{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font:13px system-ui,sans-serif;
+  margin:4px 0}
+dl.tm-facts.tm-facts>dt{color:#666;float:none;width:auto;padding:0;margin:0}
+dl.tm-facts.tm-facts>dd{float:none;width:auto;padding:0;margin:0}
 .tm-bullets{font:13px system-ui,sans-serif;margin:4px 0;padding-left:1.3em}
 .tm-bullets li{margin:2px 0}
 .tm-caption{font:600 13px system-ui,sans-serif;margin:8px 0 2px}

@@ -392,6 +392,7 @@ def render(
     other: TraceData | None = None,
     title: str | None = None,
     state: sections.ViewState | None = None,
+    other_before: bool = False,
 ) -> str:
     """The report's HTML text (see :func:`write_report`)."""
     state = state or sections.ViewState()
@@ -405,7 +406,7 @@ def render(
         strip = f'<div class="tm-always">{blocks.block(figures.iteration_strip(data.iterations), "fig-strip")}</div>'
     for key in keys:
         try:
-            section = sections.build(key, data, state, other)
+            section = sections.build(key, data, state, other, other_before=other_before)
         except Exception as exc:  # noqa: BLE001 - one failed view must not lose the report
             section = sections.Section(
                 key, sections.TITLES[key], bullets=[f"This view failed: {type(exc).__name__}: {exc}"]
@@ -460,6 +461,7 @@ def write_report(
     *,
     other: TraceTables | TraceData | None = None,
     title: str | None = None,
+    other_before: bool = False,
 ) -> Path:
     """Write the standalone HTML report of ``trace`` (compared with ``other`` if given).
 
@@ -468,6 +470,8 @@ def write_report(
         path: the ``.html`` file to write; its folder is created if needed.
         other: a second trace for the Compare tab (``trace`` is A, ``other`` is B).
         title: the heading (default: the file name(s)).
+        other_before: ``other`` is the earlier run (a capture's ``--vs``): the Compare tab
+            takes it as A and ``trace`` as B (``sections.build``).
 
     Returns:
         The path written (absolute).
@@ -478,8 +482,10 @@ def write_report(
     data = trace if isinstance(trace, TraceData) else TraceData(trace)
     other_data = None if other is None else other if isinstance(other, TraceData) else TraceData(other)
     target = Path(path).expanduser().absolute()
+    if target.is_dir():  # an empty name in the dashboard's box is the current folder
+        raise IsADirectoryError(f"{target} is a folder: give the report a file name, such as {target / 'report.html'}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = render(data, other=other_data, title=title)
+    text = render(data, other=other_data, title=title, other_before=other_before)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -125,6 +125,11 @@ def available(data: TraceData, other: TraceData | None = None) -> list[str]:
     return [key for key, tab in TABS.items() if tab.available(data, other)]
 
 
+#: ``trace.diff()``'s times of A and B (µs, the unit before the side): shown in the chosen unit
+#: like every time, as ``a_ms`` ("A (ms)") and so on, beside the change (``delta_ms``)
+DIFF_TIMES = {"us_a": "a", "us_b": "b", "gpu_us_a": "gpu_a", "gpu_us_b": "gpu_b"}
+
+
 def display_table(
     frame: pd.DataFrame, unit: str = "ms", *, first: tuple[str, ...] = (), one_rank: bool = False
 ) -> pd.DataFrame:
@@ -149,12 +154,13 @@ def display_table(
     suffix = {"µs": "us", "ms": "ms", "s": "s"}[unit]
     renames = {}
     for column in list(out.columns):
-        if column.endswith(("_us", "_ts")) or column in ("ts", "dur", "window_dur", "self_dur", "mean", "step_us"):
+        times = column.endswith(("_us", "_ts")) or column in ("ts", "dur", "window_dur", "self_dur", "mean", "step_us")
+        if times or column in DIFF_TIMES:
             if out.empty or (
                 pd.api.types.is_numeric_dtype(out[column]) and not pd.api.types.is_bool_dtype(out[column])
             ):
                 out[column] = out[column].astype(float) / div
-                base = column.removesuffix("_us")
+                base = DIFF_TIMES.get(column) or column.removesuffix("_us")
                 renames[column] = f"{base}_{suffix}"
         elif column in DTYPE_COLUMNS:
             shown = {v: fmt_dtypes(v) for v in out[column].dropna().unique()}  # few distinct lists: each once
@@ -182,8 +188,19 @@ def kernel_names(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def build(key: str, data: TraceData, state: ViewState | None = None, other: TraceData | None = None) -> Section:
+def build(
+    key: str,
+    data: TraceData,
+    state: ViewState | None = None,
+    other: TraceData | None = None,
+    *,
+    other_before: bool = False,
+) -> Section:
     """The content of tab ``key`` for ``data`` under ``state``.
+
+    A tab that compares (Compare) takes ``data`` as A and ``other`` as B, or, with
+    ``other_before``, ``other`` as A: the earlier run a capture is compared with (``--vs``),
+    so that its changes read from that run to this one, as the capture's summary line does.
 
     Raises:
         ValueError: an unknown key, or ``compare`` without ``other``.
@@ -195,7 +212,7 @@ def build(key: str, data: TraceData, state: ViewState | None = None, other: Trac
     if tab.needs_other:
         if other is None:
             raise ValueError(f"the {key} tab needs another trace (other=...)")
-        section = tab.builder(data, state, other)
+        section = tab.builder(other, state, data) if other_before else tab.builder(data, state, other)
     else:
         section = tab.builder(data, state)
     if tab.whole_trace and state.step is not None:
@@ -685,7 +702,7 @@ def _source(data: TraceData, state: ViewState) -> Section:
         figures=[cell_lines.lines_bar(frame, unit=state.unit, has_gpu=data.has_gpu, top=state.top)],
         side=cell_lines.listing_html(frame, unit=state.unit, has_gpu=data.has_gpu),
         table=display_table(table, state.unit),
-        table_title="Lines of the cell (sortable: click a column)",
+        table_title="Lines of the cell",
         facts=facts,
     )
 
