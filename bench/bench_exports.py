@@ -1,5 +1,6 @@
 """The exports' speed against a git ref: ``trace.to_pfw`` (``.pfw`` and ``.pfw.gz``) and
-``trace.to_chrome_trace`` (the whole trace, and one step) on the ~100 MB CPU trace of
+``trace.to_chrome_trace`` (the whole trace, and one step) and ``trace.report`` (the
+standalone HTML report) on the ~100 MB CPU trace of
 ``bench/make_traces.py`` and on the GPU trace ``hta_control.json.gz``.
 
 ``REF`` is checked out with ``git worktree add`` into a temporary folder (its C extensions
@@ -8,12 +9,12 @@ every measurement in a fresh process for the ref and for this tree, the order of
 turning each round (interleaved pairs); a worker loads the trace from its cache, times an
 ``orjson.loads`` of the same file (``gzip`` + ``orjson`` for a ``.gz``) and then the export.
 Before the rounds the outputs of both trees are compared byte for byte (gzip'd ones
-decompressed).
+decompressed; a report's per-file script nonce replaced by one placeholder).
 
 It prints per measurement the medians of both trees (s), each as a ratio to ``orjson.loads``
 of the file measured in the same process, and new/ref (< 1: faster).
 
-Usage: ``.venv/bin/python bench/bench_exports.py REF [--rounds 11] [--size 100] [--only pfw,chrome]``.
+Usage: ``.venv/bin/python bench/bench_exports.py REF [--rounds 11] [--size 100] [--only pfw,chrome,report]``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,7 +41,10 @@ EXPORTS = {
     "pfw.gz": lambda trace, out: trace.to_pfw(out / "t.pfw.gz"),
     "chrome": lambda trace, out: trace.to_chrome_trace(out / "t.json"),
     "chrome step": lambda trace, out: trace.to_chrome_trace(out / "t.json", steps=[_first_step(trace)]),
+    "report": lambda trace, out: trace.report(out / "t.html"),
 }
+#: the report's Content-Security-Policy nonce (new in every file)
+_NONCE = re.compile(rb"'nonce-([A-Za-z0-9_-]+)'")
 
 
 def _first_step(trace: Any) -> int:
@@ -82,11 +87,14 @@ def run(spec: dict[str, Any], tree: Path) -> dict[str, Any] | None:
 
 
 def _bytes(folder: Path) -> dict[str, bytes]:
-    return {
-        p.name: gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
-        for p in sorted(folder.iterdir())
-        if p.is_file()
-    }
+    return {p.name: _comparable(p) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _comparable(path: Path) -> bytes:
+    """The file's bytes (decompressed), a report's nonce replaced by one placeholder."""
+    data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+    nonce = _NONCE.search(data) if path.suffix == ".html" else None
+    return data.replace(nonce.group(1), b"NONCE") if nonce else data
 
 
 def main(argv: list[str] | None = None) -> int:
