@@ -1117,7 +1117,6 @@ def roofline(efficiency: pd.DataFrame, *, top: int = 200, unit: str = "ms") -> g
         _layers=layers if len(layers) == len(efficiency) else [""] * len(efficiency),
         _where=where if len(where) == len(efficiency) else [""] * len(efficiency),
     )
-    frame.attrs = {}  # taken into columns: pandas deep-copies the attrs' per-row lists at every step
     frame = frame[(frame["intensity"] > 0) & (frame["tflops_per_s"] > 0)]
     if frame.empty:
         return empty("No op here has both FLOPs and bytes from its shapes (see trace.efficiency()).", title)

@@ -290,7 +290,6 @@ def table_block(frame: pd.DataFrame, caption: str, nonce: str) -> str:
     """A sortable, filterable, paginated table: escaped JSON rows + toolbar."""
     total = len(frame)
     kept = frame.head(MAX_TABLE_ROWS)
-    kept.attrs = {}  # unused here, and deep-copied at every column taken
     spec = {
         "columns": [header(c) for c in kept.columns],
         "names": [str(c) for c in kept.columns],

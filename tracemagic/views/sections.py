@@ -142,7 +142,6 @@ def display_table(
         return frame
     drop = [c for c in frame.columns if c in HIDDEN_COLUMNS or (one_rank and c == "rank")]
     out = frame.drop(columns=drop).reset_index(drop=True)
-    attrs, out.attrs = out.attrs, {}  # put back at the end: pandas deep-copies them at every step
     if "step" in out and pd.api.types.is_integer_dtype(out["step"]) and (out["step"] < 0).any():
         # -1 is "outside any step" (``analysis.schema``): blank, and no column at all when nothing is in a step
         out["step"] = out["step"].astype("Int64").mask(out["step"] < 0)
@@ -172,9 +171,7 @@ def display_table(
             )
         elif isinstance(out[column].dtype, pd.CategoricalDtype):
             out[column] = out[column].astype("string")
-    out = out.rename(columns=renames)
-    out.attrs = attrs
-    return out
+    return out.rename(columns=renames)
 
 
 def kernel_names(frame: pd.DataFrame) -> pd.DataFrame:
