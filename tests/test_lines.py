@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,8 @@ def within(e: dict[str, Any], outer: dict[str, Any]) -> bool:
 def test_lines_match_the_raw_marks_and_rank_the_known_lines(captures: dict[str, Path]) -> None:
     events, manifest = raw(captures["marked"])
     assert manifest["line_marks"]["marked"] is True
-    assert manifest["line_marks"]["lines"] == [3, 4, 5, 6, 7, 10]  # line 2 (the loop) and 9 (continue) are not marked
+    # line 2 (the stepped loop) is marked around its fetch of each item only; 9 (continue) not at all
+    assert manifest["line_marks"]["lines"] == [2, 3, 4, 5, 6, 7, 10]
     steps = counted_steps(events, manifest)
     assert len(steps) == 3
     marks = [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith(PREFIX)]
@@ -115,6 +117,80 @@ def test_lines_match_the_raw_marks_and_rank_the_known_lines(captures: dict[str, 
     assert int(lines.loc[lines["alloc_bytes"].idxmax(), "line"]) == 4
     assert row.at[4, "alloc_bytes"] >= 16_000_000
     assert int(lines.loc[lines["peak_bytes"].idxmax(), "line"]) == 4
+
+
+#: a DataLoader whose batches cost far more than the loop's body; a generator that raises
+LOADER_SETUP = """\
+%load_ext tracemagic
+import torch
+from torch.utils.data import DataLoader, Dataset
+torch.manual_seed(0)
+class Squares(Dataset):
+    def __len__(self):
+        return 96
+    def __getitem__(self, i):
+        x = torch.randn(160, 160)
+        return (x @ x).sum(0)
+loader = DataLoader(Squares(), batch_size=8)
+w = torch.randn(160, 4)
+def batches():
+    for k in range(6):
+        if k == 3:
+            y = 1 / 0
+        yield torch.ones(2)
+"""
+LOADER_HEAD = "%%chakra_trace -q --cpu-only --wait 1 --warmup 1 --active 3 --no-memory-timeline --out {out} --name {name}"
+
+
+@pytest.fixture(scope="module")
+def loader_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """In a real Jupyter kernel: a capture of a loop over a DataLoader, and the traceback of
+    a loop whose iterable raises (as the notebook shows it, colours stripped)."""
+    folder = tmp_path_factory.mktemp("loader")
+    out = folder / "traces"
+    nb = run_in_kernel([
+        LOADER_SETUP,
+        LOADER_HEAD.format(out=out, name="loader") + "\nfor x in loader:\n    y = x @ w\n",
+        LOADER_HEAD.format(out=out, name="raising") + "\nfor b in batches():\n    c = b * 2\n",
+    ], folder, allow_errors=True)
+    (error,) = [o for o in nb.cells[2].outputs if o.get("output_type") == "error"]
+    (capture,) = out.glob("loader-*")
+    return capture, "\n".join(re.sub(r"\x1b\[[0-9;]*m", "", line) for line in error["traceback"])
+
+
+def test_a_for_loops_fetch_of_each_batch_is_its_lines_time(loader_run: tuple[Path, str]) -> None:
+    """The DataLoader's work for each batch runs under the ``for`` line's mark (as a line
+    profiler counts a loop header), and ``lines()`` gives that line the marks' time."""
+    capture, _ = loader_run
+    events, manifest = raw(capture)
+    assert manifest["line_marks"]["lines"] == [2, 3]
+    steps = counted_steps(events, manifest)
+    assert len(steps) == 3
+    marks = [e for e in events if e.get("ph") == "X" and e.get("name") == f"{PREFIX}2" and any(within(e, s) for s in steps)]
+    assert len(marks) == 3  # one fetch a step, each inside it
+    fetches = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("enumerate(DataLoader)#")
+               and any(within(e, s) for s in steps)]
+    assert len(fetches) == 3 and all(any(within(f, m) for m in marks) for f in fetches)
+    body = [e for e in events if e.get("ph") == "X" and e.get("name") == f"{PREFIX}3"]
+    assert body and not any(within(b, m) for b in body for m in marks)  # the body is not the fetch's
+
+    lines = tracemagic.load(capture).lines().set_index("line")
+    fetch_us = union([(m["ts"], m["ts"] + m["dur"]) for m in marks]) / 3
+    assert lines.at[2, "cpu_us"] == pytest.approx(fetch_us, rel=1e-6)
+    assert lines.at[2, "self_cpu_us"] == pytest.approx(fetch_us, rel=1e-6)
+    assert lines.at[2, "cpu_us"] >= sum(f["dur"] for f in fetches) / 3
+    assert lines.at[3, "parent_line"] == -1
+    assert lines["self_cpu_us"].idxmax() == 2  # the batches cost more than `y = x @ w`
+
+
+def test_an_iterable_that_raises_shows_the_cells_line_and_its_own_not_ours(loader_run: tuple[Path, str]) -> None:
+    _, traceback = loader_run
+    # IPython's arrows: "----> 2 for ..." (padded to the widest line number: "---> 16 ...")
+    arrows = [re.split(r"-+> *\d+ ", line, maxsplit=1)[1].strip() for line in traceback.splitlines()
+              if re.match(r"\s*-+> *\d+ ", line)]
+    assert arrows[-2:] == ["for b in batches():", "y = 1 / 0"]  # the cell's line, then the generator's
+    assert "tracemagic" not in traceback  # no frame of ours between them
+    assert traceback.rstrip().endswith("ZeroDivisionError: division by zero")
 
 
 def test_the_call_tree_and_folded_stacks_name_marks_by_their_cell_line(captures: dict[str, Path]) -> None:
@@ -473,6 +549,19 @@ def test_the_text_summary_names_the_hottest_line(captures: dict[str, Path]) -> N
     text = summary(tracemagic.load(captures["marked"]))
     assert f"hottest line: line {hottest} `a = big @ big`" in text
     assert "hottest line" not in summary(tracemagic.load(captures["plain"]))
+
+
+def test_with_a_step_chosen_the_hottest_line_says_it_is_the_mean_of_all_steps(captures: dict[str, Path]) -> None:
+    """``lines()`` is per step over all steps: the Overview's fact must not read as the chosen step's."""
+    from tracemagic.views import sections
+    from tracemagic.views.data import TraceData
+
+    data = TraceData(tracemagic.load(captures["marked"]))
+    step = int(data.trace.steps()["step"].iloc[-1])
+    every = dict(sections.build("overview", data).facts)["hottest line"]
+    chosen = dict(sections.build("overview", data, sections.ViewState(step=step)).facts)["hottest line"]
+    assert every.endswith("(Source tab)")
+    assert chosen == every.removesuffix("(Source tab)") + f"(the mean of all steps, not only step {step}: Source tab)"
 
 
 def test_a_mark_naming_no_line_is_no_mark_and_is_warned(tmp_path: Path) -> None:

@@ -158,6 +158,8 @@ class TracemagicMagics(Magics):
         naming lines and host-device syncs (``trace.syncs()``). Compound statements
         (``for``/``if``/``with``...) enclose their inner lines; statements in a ``def`` or
         ``class`` of the cell are not marked (their time is their call site's line). The
+        stepped ``for`` loop's fetch of each item is marked with the loop's line (a
+        DataLoader's next batch is the ``for`` line's time). The
         marks cost ~1 µs per statement run while the profiler records, a test of one
         attribute otherwise; ``--no-lines`` leaves the cell unmarked.
 

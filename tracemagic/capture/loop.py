@@ -20,7 +20,11 @@ before the loop and reporting code after it stay out of the trace.
 
 Unless ``--no-lines``, each statement of the cell also runs under a line mark (see
 ``mark_lines``): an annotation ``tracemagic.line:N`` (``MARK_PREFIX``) around it, so the ops,
-kernels and allocations it causes are attributed to cell line N.
+kernels and allocations it causes are attributed to cell line N. The stepped loop itself is
+never held in a mark (a mark must not stay open across a step), but a ``for`` loop's fetch of
+each item is (``Fetch``): ``for x, y in loader:`` becomes ``for x, y in
+__chakra_trace__._fetch(loader, "tracemagic.line:N"):``, so the time a DataLoader takes for
+the next batch is the ``for`` line's, as a line profiler counts it.
 
 Line numbers are the notebook cell's own: the ``%%chakra_trace`` line is line 1, so
 tracebacks, ``--loop LINE`` and the messages all agree with what the user sees.
@@ -33,6 +37,7 @@ import copy
 import io
 import tokenize
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from types import CodeType, TracebackType
 from typing import Any, Literal, Protocol
@@ -87,6 +92,41 @@ class Iteration:
         if kind is not None:
             self._session._fail()
         self._session.step()
+
+
+class _Marking(Protocol):
+    _marking: bool
+
+    def _mark(self, name: str) -> Any: ...
+
+
+class Fetch:
+    """The iterator of a stepped ``for`` loop with line marks: each item is fetched under the
+    loop line's mark while the profiler records (a DataLoader's next batch: its ops, its
+    wait for the workers), and plainly otherwise.
+
+    Only the fetch is marked, not the loop: ``next()`` runs after the previous iteration's
+    ``step()`` and ends before the body starts, so the mark never spans a step. Its frame
+    is hidden from IPython's tracebacks (``__tracebackhide__``): an error raised by the
+    iterable shows the cell's ``for`` line, then the iterable's own frames.
+    """
+
+    __slots__ = ("_items", "_name", "_session")
+
+    def __init__(self, session: _Marking, items: Iterable[Any], name: str) -> None:
+        self._items = iter(items)
+        self._name = name
+        self._session = session
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        __tracebackhide__ = True  # read by IPython's traceback formatter
+        if self._session._marking:
+            with self._session._mark(self._name):
+                return next(self._items)
+        return next(self._items)
 
 
 @dataclass(frozen=True)
@@ -361,6 +401,9 @@ def instrument(
         if stop:  # their ``_continue()`` steps: no mark may stay open across it
             keep.extend(stmt for stmt, *_ in _own_continues(loop.body))
         marked = mark_lines(tree, handle=handle, unmarked=keep)
+        if isinstance(loop, ast.For) and not _deferred(tree, loop):
+            _fetch_marked(loop)
+            marked = tuple(sorted({*marked, loop.lineno}))
     _wrap_body(loop)
     if stop:
         _stop_when_done(loop)
@@ -420,7 +463,8 @@ def mark_lines(tree: ast.Module, *, handle: str, unmarked: list[ast.AST] | None 
     keeps the frame's line on the raising statement (see ``Iteration``), and
     ``break``/``continue``/``return`` leave it as they leave any ``with``.
 
-    Not marked: statements that hold the stepped loop, a use of the session
+    Not marked: statements that hold the stepped loop (a stepped ``for`` loop's fetch of
+    each item is, by ``instrument``: see ``Fetch``), a use of the session
     (``<handle>.step()``, ``<handle>.recording``...) or one of ``unmarked`` (a mark must never stay open across a
     step); ``pass``/``break``/``continue``/``global``/``nonlocal``, ``from __future__``
     imports, string statements (docstrings); the bodies of ``def``/``class``/``lambda``
@@ -582,6 +626,17 @@ def _session_call(method: str, anchor: ast.stmt) -> ast.Expr:
     return call
 
 
+def _deferred(tree: ast.Module, loop: ast.AST) -> bool:
+    """Whether ``loop`` sits in a ``def`` or ``class`` of the cell (its lines are not marked)."""
+    return any(isinstance(node, _DEFERRED) and _contains(node, loop) for node in ast.walk(tree))
+
+
+def _fetch_marked(loop: ast.For) -> None:
+    """``for <target> in __chakra_trace__._fetch(<iter>, "tracemagic.line:N"):`` (``Fetch``)."""
+    name = _located(ast.Constant(f"{MARK_PREFIX}{loop.lineno}"), loop)
+    loop.iter = _located(ast.Call(func=_session_attr("_fetch", loop), args=[loop.iter, name], keywords=[]), loop)
+
+
 def _wrap_body(loop: ast.For | ast.While | ast.AsyncFor) -> None:
     """``with __chakra_trace__._iteration: <body>`` (see ``Iteration``), on the loop's line."""
     manager = ast.Attribute(value=ast.Name(id=SESSION_NAME, ctx=ast.Load()), attr="_iteration", ctx=ast.Load())
@@ -644,7 +699,7 @@ def _bracket(tree: ast.Module, loop: ast.AST) -> bool:
     """
     for index, stmt in enumerate(tree.body):
         if _contains(stmt, loop):
-            if any(isinstance(node, _DEFERRED) and _contains(node, loop) for node in ast.walk(stmt)):
+            if _deferred(ast.Module(body=[stmt], type_ignores=[]), loop):
                 return False
             tree.body[index : index + 1] = [
                 _session_call("start", stmt),

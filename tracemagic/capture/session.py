@@ -39,7 +39,7 @@ from torch.profiler import ExecutionTraceObserver, ProfilerAction, ProfilerActiv
 from tracemagic._version import __version__
 from tracemagic.capture import distributed, files, notices
 from tracemagic.capture.config import CaptureConfig
-from tracemagic.capture.loop import Iteration, LoopPlan
+from tracemagic.capture.loop import Fetch, Iteration, LoopPlan
 from tracemagic.capture.naming import (
     Called,
     find_roots,
@@ -256,6 +256,8 @@ class CaptureSession:
         self._skip_step = False
         self._failed_at: str | None = None  # where the iteration that raised was (``_error_note``)
         self._iteration = Iteration(self)  # the rewritten loop's ``with`` (capture/loop.py)
+        #: a stepped ``for`` loop's iterable, fetched under its line's mark (capture/loop.py)
+        self._fetch = functools.partial(Fetch, self)
         # line marks (capture/loop.py ``mark_lines``): on while a profiler runs
         self._marking = False
         self._iterations = 0

@@ -258,7 +258,13 @@ def _overview(data: TraceData, state: ViewState) -> Section:
         bullets=insights.for_trace(data, step=state.step),
     )
     if data.has_line_marks and (hot := cell_lines.hottest_text(data.lines, has_gpu=data.has_gpu)):
-        section.facts.append(("hottest line", hot + " (Source tab)"))
+        # lines() is per step over all of them: said so where one step is chosen
+        over = (
+            "Source tab"
+            if state.step is None
+            else f"the mean of all steps, not only {step_name(state.step)}: Source tab"
+        )
+        section.facts.append(("hottest line", f"{hot} ({over})"))
     in_this = in_step(state.step)
     if data.has_gpu:
         section.extra.append(
