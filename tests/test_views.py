@@ -624,9 +624,27 @@ def test_table_view_filters_sorts_and_pages(gpu: Any) -> None:
     table.sort.value = "calls"
     table.descending.value = True
     calls = table.view()["calls"].to_list()
-    assert calls == sorted(calls, reverse=True)
+    assert calls == sorted(calls, reverse=True) and table.descending.description == "desc"
     table.descending.value = False
     assert table.view()["calls"].to_list() == sorted(calls)
+    assert table.descending.description == "asc"  # off, it sorts ascending: the toggle says so
+
+
+def test_only_the_reports_table_headers_look_clickable(gpu: Any, tmp_path: Path) -> None:
+    """The report sorts on a header click (its script); the dashboard's tables sort with their
+    own controls, so their headers must not show a pointer that promises a click."""
+    import re
+
+    from tracemagic.views import html
+
+    def header_rules(css: str) -> list[str]:
+        return [rule for rule in re.findall(r"([^{}]+)\{([^}]*)\}", css) if re.search(r"\.tm-table th\b", rule[0])]
+
+    widget_css = html.style()
+    assert header_rules(widget_css) and not any("cursor:pointer" in body for _, body in header_rules(widget_css))
+    page = gpu.report(tmp_path / "r.html").read_text()
+    styles = "".join(re.findall(r"<style>(.*?)</style>", page, flags=re.S))
+    assert any("cursor:pointer" in body for _, body in header_rules(styles))
 
 
 def test_mimebundle_carries_widget_and_text(gpu: Any) -> None:

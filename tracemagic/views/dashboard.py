@@ -122,6 +122,7 @@ class TableView:
         self.frame = pd.DataFrame()
         for control in (self.filter, self.sort, self.descending, self.page_size):
             control.observe(self._changed, names="value")
+        self.descending.observe(self._direction, names="value")  # the toggle says the order it sorts in
         self.prev.on_click(lambda _: self.go(self.page - 1))
         self.next.on_click(lambda _: self.go(self.page + 1))
         self.widget = widgets.VBox(
@@ -165,6 +166,10 @@ class TableView:
         """Show page ``page`` (clamped to the pages there are)."""
         self.page = min(max(page, 0), self.pages - 1)
         self.render()
+
+    def _direction(self, change: dict[str, Any]) -> None:
+        self.descending.description = "desc" if change["new"] else "asc"
+        self.descending.tooltip = "sort descending" if change["new"] else "sort ascending"
 
     def _changed(self, _: Any) -> None:
         if self._quiet:

@@ -18,7 +18,7 @@ from tracemagic.views._format import PLAIN_COLUMNS, esc, fmt_cell, header, short
 CSS = """
 .tm-table{border-collapse:collapse;font:12px/1.35 system-ui,sans-serif;margin:4px 0}
 .tm-table th,.tm-table td{padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:right;white-space:nowrap}
-.tm-table th{background:#f5f5f5;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom;
+.tm-table th{background:#f5f5f5;position:sticky;top:0;white-space:normal;vertical-align:bottom;
   min-width:3.5em}
 .tm-table td.tm-text,.tm-table th.tm-text{text-align:left;max-width:26em;overflow:hidden;text-overflow:ellipsis}
 dl.tm-facts.tm-facts{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font:13px system-ui,sans-serif;

@@ -52,6 +52,7 @@ PARTIAL_TRACES = frozenset({"scatter", "bar", "heatmap", "icicle", "sunburst"})
 
 _PAGE_CSS = """
 body{font:14px system-ui,sans-serif;margin:0;color:#222}
+.tm-table th{cursor:pointer}
 header{padding:12px 20px;border-bottom:1px solid #ddd;background:#fafafa}
 header h1{font-size:18px;margin:0 0 6px}
 header .tm-meta{color:#777;font-size:12px}
