@@ -400,6 +400,13 @@ def test_the_source_tab_in_a_real_browser(captures: dict[str, Path], tmp_path: P
         assert listing.count() == len(cell)
         row = section.locator('.tm-source tr[data-line="3"]')
         assert row.locator("code").inner_text().strip() == "a = big @ big"
+        # beside the chart (1280 px), the listing keeps all its columns in the page and a short
+        # statement on one line (the code column was squeezed to ~9 letters: `loss` / `=` / ...)
+        width = page.page.evaluate("document.documentElement.clientWidth")
+        rights = section.locator(".tm-source thead th").evaluate_all("ths => ths.map(th => th.getBoundingClientRect().right)")
+        assert rights and max(rights) <= width + 1, (rights, width)
+        tops = row.locator("code").evaluate("c => [...c.getClientRects()].map(r => Math.round(r.top))")
+        assert len(set(tops)) == 1, tops  # one line (its indent may be a box of its own on it)
         assert "background:rgb(" in (row.locator("td.tm-code").get_attribute("style") or "")
         box = section.locator(".tm-tablebox")
         box.locator("th", has_text="Self CPU").first.click()  # numbers sort descending first

@@ -113,11 +113,17 @@ def listing_html(frame: pd.DataFrame, *, unit: str = "ms", has_gpu: bool = False
                 cells.append(f'<td class="tm-num"{style}>{esc(_cell(c, record[c], div))}</td>')
         rows.append(f'<tr data-line="{int(record["line"])}">{"".join(cells)}</tr>')
     return (
-        '<div class="tm-source"><style>.tm-source table{border-collapse:collapse;font-size:12px}'
+        '<div class="tm-source"><style>.tm-source{overflow-x:auto}'
+        ".tm-source table{border-collapse:collapse;font-size:12px}"
         ".tm-source td,.tm-source th{padding:1px 6px;border-bottom:1px solid #eee;white-space:nowrap}"
-        # a long line wraps (its indent kept) so the figures' columns stay in sight at 1024 px
-        ".tm-source .tm-num{text-align:right}.tm-source td.tm-code{white-space:normal}"
-        ".tm-source .tm-code code{white-space:pre-wrap;overflow-wrap:anywhere}</style>"
+        # headers wrap ("allocated/step" over two lines): they, not the figures, set the columns' widths
+        ".tm-source th{white-space:normal;vertical-align:bottom}"
+        # a long line wraps (its indent kept) so the figures' columns stay in sight at 1024 px; at
+        # words first, and never narrower than a short statement (it broke ``loss = model(x)``
+        # into five lines of a few letters where the figures took the width); a listing wider
+        # than its panel scrolls in it
+        ".tm-source .tm-num{text-align:right}.tm-source td.tm-code{white-space:normal;min-width:10em}"
+        ".tm-source .tm-code code{white-space:pre-wrap;overflow-wrap:break-word}</style>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
