@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_tables_vs_ref import checkout, place, remove
-from benchlib import GPU_TRACE, ROOT, cpu_trace, fmt_s, fmt_x, machine, median
+from benchlib import GPU_TRACE, ROOT, cpu_trace, fmt_s, fmt_x, interleaved, machine, median
 
 #: export name -> how to write it into folder OUT (``trace`` loaded)
 EXPORTS = {
@@ -136,15 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 if _bytes(Path(specs["ref"][label]["out"])) != _bytes(Path(specs["new"][label]["out"])):
                     differ.append(label)
             print("outputs: " + ("identical" if not differ else f"DIFFER: {', '.join(differ)}"))
-            results: dict[str, dict[str, list[dict[str, Any]]]] = {n: {label: [] for label in specs[n]} for n in trees}
-            for r in range(args.rounds):
-                order = ["ref", "new"] if r % 2 == 0 else ["new", "ref"]
-                for label in specs["new"]:
-                    for name in order:
-                        result = run(specs[name][label], trees[name])
-                        if result is not None:
-                            results[name][label].append(result)
-                print(f"  round {r + 1}/{args.rounds} done", flush=True)
+            results = interleaved(specs, trees, args.rounds, run)
         finally:
             remove(trees["ref"])
     print(f"\nmedians of {args.rounds} interleaved pairs (fresh processes); x orjson: the export / orjson.loads")

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import ALL, GPU_TRACE, ROOT, cpu_trace, fmt_s, fmt_x, identical, machine, median, run_worker  # noqa: E402
+from benchlib import ALL, GPU_TRACE, ROOT, cpu_trace, fmt_s, fmt_x, identical, interleaved, machine, median, run_worker  # noqa: E402
 
 
 def checkout(ref: str, where: Path) -> Path:
@@ -169,15 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                     if spec["kind"] == "cached":
                         run_worker({**spec, "tables": []}, trees[name])
                         break
-            results: dict[str, dict[str, list[dict[str, Any]]]] = {n: {label: [] for label in specs[n]} for n in trees}
-            for r in range(args.rounds):
-                order = ["ref", "new"] if r % 2 == 0 else ["new", "ref"]
-                for label in specs["new"]:
-                    for name in order:
-                        res = run_worker(specs[name][label], trees[name])
-                        if res is not None:
-                            results[name][label].append(res)
-                print(f"  round {r + 1}/{args.rounds} done", flush=True)
+            results = interleaved(specs, trees, args.rounds, run_worker)
         finally:
             remove(trees["ref"])
     report(results, tables, args.tolerance)

@@ -248,6 +248,28 @@ def identical(dumps: dict[str, Path]) -> list[str]:
 # -- figures -----------------------------------------------------------------------------
 
 
+def interleaved(
+    specs: dict[str, dict[str, Any]],
+    trees: dict[str, Path],
+    rounds: int,
+    run: Callable[[Any, Path], dict[str, Any] | None],
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Tree name -> label -> each round's result of ``run(specs[tree][label], trees[tree])``:
+    every label measured once per tree a round, "ref" and "new" taking turns at going
+    first (interleaved pairs: the machine's drift hits both alike). A failed run (None) is
+    left out."""
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {n: {label: [] for label in specs[n]} for n in trees}
+    for r in range(rounds):
+        order = ["ref", "new"] if r % 2 == 0 else ["new", "ref"]
+        for label in specs["new"]:
+            for name in order:
+                result = run(specs[name][label], trees[name])
+                if result is not None:
+                    results[name][label].append(result)
+        print(f"  round {r + 1}/{rounds} done", flush=True)
+    return results
+
+
 def median(values: list[float]) -> float:
     """The median, nan for none."""
     kept = [v for v in values if v is not None and v == v]
