@@ -698,6 +698,17 @@ def test_compare_tab(gpu: Any, old: Any) -> None:
     assert all(len(line) <= 90 for line in text.splitlines())
 
 
+def test_two_cpu_traces_compare_without_gpu_columns(cpu_capture: Any, gpu: Any, old: Any) -> None:
+    """Two CPU traces have no GPU time: their Compare table shows no columns of zeros for it."""
+    from tracemagic.views._format import header
+
+    def time_headers(dash: Dashboard) -> set[str]:
+        return {header(c).split(" (")[0] for c in dash.table("compare").frame.columns}
+
+    assert not {"GPU A", "GPU B"} & time_headers(Dashboard(cpu_capture, other=cpu_capture))
+    assert {"GPU A", "GPU B"} <= time_headers(Dashboard(gpu, other=old))  # one GPU trace: kept
+
+
 def test_summary_text(any_trace: Any) -> None:
     text = summary(any_trace, width=80)
     lines = text.splitlines()

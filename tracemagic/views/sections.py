@@ -666,6 +666,8 @@ def _compare(data: TraceData, state: ViewState, other: TraceData) -> Section:
     if change is not None:
         facts.append(("mean step", f"{fmt_time(change[0])} → {fmt_time(change[1])} ({change[2]:+.0f}%)"))
     frame = tables.biggest_changes(diff)
+    if not (data.has_gpu or other.has_gpu):  # two CPU traces: their GPU columns are zeros
+        frame = frame.drop(columns=[c for c in ("gpu_us_a", "gpu_us_b") if c in frame])
     return Section(
         "compare",
         TITLES["compare"],
