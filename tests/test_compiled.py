@@ -291,7 +291,6 @@ def test_a_compiled_submodule_is_a_layer_at_its_path(tmp_path: Path) -> None:
     assert trace.layers().attrs["compiled_layers"] == {0: ["body"]}
 
 
-@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 def test_a_model_held_in_no_variable_is_named_under_its_class(tmp_path: Path) -> None:
     models = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())]  # no variable holds the model
     cap = tracemagic.capture(wait=0, warmup=0, active=2, out=tmp_path, no_memory_timeline=True)

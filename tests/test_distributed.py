@@ -282,7 +282,6 @@ def test_every_import_of_capture_is_the_callable_package(imports: str) -> None:
     assert done.stdout.split() == ["tracemagic.capture", "tracemagic.script", "ScriptCapture", "[]"]
 
 
-@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 def test_block_error_propagates_after_files_are_written(tmp_path: Path) -> None:
     import torch
 
@@ -317,7 +316,6 @@ def test_decorator_runs_one_capture_per_call(tmp_path: Path) -> None:
     assert work(4) == 4 and cap.dir != first and len(list(tmp_path.iterdir())) == 2
 
 
-@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 def test_a_script_capture_hands_out_the_full_capture_and_trace(tmp_path: Path) -> None:
     """``cap.result`` is what the magic gives: ``trace.steps()``, ``trace.layers()`` and the
     dashboard work on it, and their figures are those of the raw Kineto JSON."""
@@ -663,7 +661,6 @@ def test_a_rank_beyond_world_size_and_differing_world_sizes_are_warned(tmp_path:
     assert "2 in " in differ and "a.json" in differ and "4 in " in differ and "b.json" in differ
 
 
-@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 def test_a_ctrl_c_while_the_block_is_written_keeps_the_files_then_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

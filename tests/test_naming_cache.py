@@ -474,7 +474,6 @@ def test_two_captures_making_a_new_out_folder_at_once_both_get_a_directory(tmp_p
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [stamp, f"{stamp}-1"]
 
 
-@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle")
 def test_no_staging_file_or_folder_is_left_and_no_thread_of_ours_runs_in_a_window(ip, read_json):
     """Back-to-back windows each write beside their final names (no folder made or removed,

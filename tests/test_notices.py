@@ -17,6 +17,7 @@ import pytest
 from conftest import run_in_kernel
 
 from tracemagic.capture import notices
+from tracemagic.capture.session import NO_WARMUP_NOTE
 
 USDT = "USDT:2026-11-23 22:23:17 19388:19388 SyncActivityProfilerHandler.cpp:52] profiler_start"
 
@@ -211,6 +212,10 @@ def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) ->
         "for i in range(4):\n    early.pop()\n    model(torch.randn(8, 16)).sum().backward()\n"
         "    os.write(2, f'native line {i}\\n'.encode())",
         "print(_chakra_capture.dir)",
+        # --warmup 0, asked for: torch's warning (which names tracemagic's file) becomes the capture's note
+        "%%chakra_trace -q --wait 0 --warmup 0 --active 1 --no-memory-timeline\n"
+        "for i in range(2):\n    model(torch.randn(8, 16)).sum().backward()",
+        "print(_chakra_capture.summary())",
     ]
     # ipykernel forwards C++-level output (descriptor 2) to the notebook as users see it,
     # except under pytest (``PYTEST_CURRENT_TEST`` in its environment): the kernel runs without it
@@ -218,7 +223,8 @@ def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) ->
     nb = run_in_kernel(cells, tmp_path, env)
     streams = [o for c in nb.cells for o in c.outputs if o.output_type == "stream"]
     text = "".join(o.text for o in streams)
-    for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started", "Execution Trace Observer"):
+    for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started", "Execution Trace Observer",
+                   "using warmup", "session.py"):
         assert phrase not in text, text
     assert "".join(o.text for o in nb.cells[1].outputs if o.output_type == "stream" and o.name == "stderr") == \
         "".join(f"native line {i}\n" for i in range(4))
@@ -228,6 +234,8 @@ def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) ->
     for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started",
                    "Enabling Execution Trace Observer", "Disabling Execution Trace Observer"):
         assert any(phrase in line for line in hidden), (phrase, hidden)
+    assert NO_WARMUP_NOTE not in json.loads((folder / "capture.json").read_text())["notes"]  # --warmup 1
+    assert f"note: {NO_WARMUP_NOTE}" in nb.cells[4].outputs[0].text
 
 
 def test_the_filter_does_not_wait_for_a_child_that_inherited_it(capfd: pytest.CaptureFixture[str]) -> None:
@@ -267,6 +275,7 @@ def test_what_is_written_before_stop_is_passed_on_before_it_returns(capfd: pytes
 HIGH_DESCRIPTORS = """
 import os, resource, sys
 from tracemagic.capture import notices
+from tracemagic.capture.session import NO_WARMUP_NOTE
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 if soft < 1200:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
@@ -299,6 +308,7 @@ def test_the_filter_reads_its_pipe_in_a_process_with_over_a_thousand_descriptors
 A_WRITER_WITHOUT_PAUSE = """
 import os, subprocess, sys, tempfile, time
 from tracemagic.capture import notices
+from tracemagic.capture.session import NO_WARMUP_NOTE
 out = tempfile.TemporaryFile()
 os.dup2(out.fileno(), 2)  # the original descriptor 2: a file whose size says what was passed on
 live = notices.Filter([])

@@ -61,6 +61,11 @@ _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 #: RecordFunction, ~1 µs while recording, a no-op while the profiler is off
 LINE_MARK: Any = getattr(torch._C._profiler, "_RecordFunctionFast", torch.profiler.record_function)
 _ACTIVE: CaptureSession | None = None
+#: the capture's note for ``--warmup 0`` (in place of torch's warning, which points into this file)
+NO_WARMUP_NOTE = (
+    "--warmup 0: no warm-up step before the recorded ones, so the profiler's own start-up can land in "
+    "the first of them (torch.profiler warns that this can skew its times)"
+)
 #: the attribute set on a ``KeyboardInterrupt`` held while a window was written (``_raise_held``)
 HELD = "_tracemagic_held"
 #: the main thread, the only one that may set a signal handler (``_hold_interrupts``). The
@@ -489,8 +494,11 @@ class CaptureSession:
         if self.config.et:
             self._open_et(1)
         with warnings.catch_warnings():
-            if self._one_step:  # the whole cell is the one active step: no warmup
-                warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            # torch warns of no warmup from this line: a cell without a loop (its one step)
+            # needs none, and ``--warmup 0``, asked for, gets a note of the capture instead
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            if not self._one_step and self.config.warmup == 0:
+                self._notes.append(NO_WARMUP_NOTE)
             self._prof = _Profiler(
                 self,
                 schedule=torch.profiler.schedule(**self.schedule),
