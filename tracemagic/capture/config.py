@@ -113,7 +113,13 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     ),
     (
         ("--warmup",),
-        dict(type=int, default=1, metavar="N", help="schedule: warmup steps, traced but discarded (default 1)"),
+        dict(
+            type=int,
+            default=1,
+            metavar="N",
+            help="schedule: warmup steps, traced but discarded (default 1; with 0 the profiler's "
+            "start-up can land in the first recorded step, as the capture notes)",
+        ),
     ),
     (
         ("--active",),
