@@ -181,6 +181,20 @@ def test_nesting_thousands_of_levels_deep(field: str, tmp_path: Path, monkeypatc
         assert "1 values of args 'External id' are not numbers that fit int64; left missing" in trace.warnings
 
 
+@pytest.mark.parametrize("depth", [300, 1_200, 5_000, 12_000])
+def test_a_name_nested_too_deep_reads_the_same_on_every_python(depth: int, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # msgspec decodes a value whole up to the interpreter's C recursion limit (~1,500 levels on
+    # 3.11/3.12, ~10,000 on 3.13) and only past it is the text repaired: 5,000 levels read as
+    # 10,000 brackets on 3.13. Whatever the depth, the name is cut where the repair cuts it:
+    # 198 lists (the event and the traceEvents list are the other two of MAX_NESTING's 200).
+    deep = "[" * depth + "1" + "]" * depth
+    text = trace_text([op(name="DEEP"), op(ts=20.0)]).replace('"DEEP"', deep)
+    trace = loaded(tmp_path, monkeypatch, text)
+    name, other = trace.events["name"].astype(str).tolist()
+    assert name == "[" * 198 + "'<nested too deep>'" + "]" * 198 and other == "aten::mm"
+
+
 # -- odd step names, numbers that fit no column ----------------------------------------------------
 
 

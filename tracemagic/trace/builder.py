@@ -21,7 +21,7 @@ import pandas as pd
 
 from tracemagic.trace import normalize
 from tracemagic.trace.columns import Carver, all_missing, code_dtype, fresh, lazy_zeros, partly_written, zero_rows
-from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number
+from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number, cut_deep
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
     _ARG_FIELDS,
@@ -119,7 +119,7 @@ class _Interner:
         try:
             found = list(map(seen.get, values))
         except TypeError:  # an unhashable value (a list where a string belongs)
-            values = [v if isinstance(v, (str, int, float, bytes)) or v is None else str(v) for v in values]
+            values = [v if isinstance(v, (str, int, float, bytes)) or v is None else str(cut_deep(v)) for v in values]
             values = values if self.raw else _keys(values)
             found = list(map(seen.get, values))
         try:
