@@ -223,8 +223,8 @@ def test_the_first_capture_in_a_fresh_kernel_shows_no_notices(tmp_path: Path) ->
     nb = run_in_kernel(cells, tmp_path, env)
     streams = [o for c in nb.cells for o in c.outputs if o.output_type == "stream"]
     text = "".join(o.text for o in streams)
-    for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started", "Execution Trace Observer",
-                   "using warmup", "session.py"):
+    for phrase in ("profiler_start", "profiler_stop", "allocated before the profiling started",
+                   "Execution Trace Observer", "using warmup", "session.py"):
         assert phrase not in text, text
     assert "".join(o.text for o in nb.cells[1].outputs if o.output_type == "stream" and o.name == "stderr") == \
         "".join(f"native line {i}\n" for i in range(4))
