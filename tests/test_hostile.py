@@ -15,6 +15,7 @@ import sys
 import tarfile
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,18 @@ def test_a_name_nested_too_deep_reads_the_same_on_every_python(depth: int, tmp_p
     trace = loaded(tmp_path, monkeypatch, text)
     name, other = trace.events["name"].astype(str).tolist()
     assert name == "[" * 198 + "'<nested too deep>'" + "]" * 198 and other == "aten::mm"
+
+
+@pytest.mark.parametrize("events", [[], [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]],
+                         ids=["no events", "metadata alone"])
+def test_a_trace_with_no_timed_event_loads_empty_without_numpy_warnings(events: list[Any], tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # the nanosecond check took the median of no timestamps: numpy's "Mean of empty slice"
+    # and "invalid value encountered in scalar divide" reached the user
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trace = loaded(tmp_path, monkeypatch, trace_text(events))
+        assert trace.events.empty and trace.ops().empty and trace.steps().empty
 
 
 # -- odd step names, numbers that fit no column ----------------------------------------------------

@@ -193,8 +193,9 @@ def without_negative_durations(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[
 def timestamps_in_ns(ts: np.ndarray) -> bool:
     """Whether timestamps are nanoseconds (µs epoch times are ~1.7e15; ns ones ~1.7e18)."""
     finite = ts if np.isfinite(ts).all() else ts[np.isfinite(ts)]
-    # fewer than half above 1e17: the median is not (counted, not sorted: the usual µs case)
-    if np.count_nonzero(finite > 1e17) < (finite.size + 1) // 2:
+    # fewer than half above 1e17: the median is not (counted, not sorted: the usual µs case);
+    # none at all: no median (numpy would warn of an empty slice)
+    if finite.size == 0 or np.count_nonzero(finite > 1e17) < (finite.size + 1) // 2:
         return False
     return float(np.median(finite)) > 1e17
 
