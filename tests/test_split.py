@@ -172,17 +172,22 @@ def test_a_failing_second_thread_means_a_one_thread_parse(tmp_path: Path, monkey
     path = plain("hta_nccl_data.json.gz", tmp_path)
     alone = tracemagic.load(path, use_cache=False, workers=1)
     monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
-    real = parse.read_part
+    real = split._Stretches._read
+    failed = threading.Event()
 
-    def broken(source: Any, **kwargs: Any) -> Any:
+    def broken(self: Any, index: int, report: Any, pool: Any) -> Any:
         if threading.current_thread().name == "tracemagic-parse":
+            failed.set()
             raise MemoryError("no room")
-        return real(source, **kwargs)
+        # this thread reads once the second has failed: on a busy machine it could take
+        # every stretch before the second thread asks for one (then nothing fails)
+        failed.wait(60)
+        return real(self, index, report, pool)
 
-    monkeypatch.setattr(parse, "read_part", broken)
+    monkeypatch.setattr(split._Stretches, "_read", broken)
     spy = SplitSpy(monkeypatch)
     both = tracemagic.load(path, use_cache=False)
-    assert spy.results == [False], "the split gave up"
+    assert failed.is_set() and spy.results == [False], "the split gave up"
     assert_same(alone, both)
     assert not _parse_threads()
 
