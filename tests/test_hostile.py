@@ -185,8 +185,8 @@ def test_nesting_thousands_of_levels_deep(field: str, tmp_path: Path, monkeypatc
 @pytest.mark.parametrize("depth", [300, 1_200, 5_000, 12_000])
 def test_a_name_nested_too_deep_reads_the_same_on_every_python(depth: int, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # msgspec decodes a value whole up to the interpreter's C recursion limit (~1,500 levels on
-    # 3.11/3.12, ~10,000 on 3.13) and only past it is the text repaired: 5,000 levels read as
+    # msgspec decodes a value whole up to the interpreter's C recursion limit (~1,000 levels on
+    # 3.11, ~1,500 on 3.12, ~10,000 on 3.13) and only past it is the text repaired: 5,000 levels read as
     # 10,000 brackets on 3.13. Whatever the depth, the name is cut where the repair cuts it:
     # 198 lists (the event and the traceEvents list are the other two of MAX_NESTING's 200).
     deep = "[" * depth + "1" + "]" * depth

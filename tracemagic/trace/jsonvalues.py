@@ -110,7 +110,7 @@ def cut_deep(value: Any, levels: int = MAX_NESTING - 2) -> Any:
 
     msgspec decodes a value too deep for ``MAX_NESTING`` whole up to the interpreter's C
     recursion limit, and only past it does ``decode_or_repair`` repair the text: that limit
-    is ~1,500 levels on Python 3.11/3.12 but ~10,000 on 3.13, so a name nested 5,000 deep
+    is ~1,000 levels on Python 3.11 and ~1,500 on 3.12 but ~10,000 on 3.13, so a name nested 5,000 deep
     reached the table as 10,000 brackets on 3.13 and as ``<nested too deep>`` before. Cut here,
     it reads the same on every interpreter. Recursion is at most ``levels`` deep.
     """
