@@ -196,6 +196,18 @@ def test_a_name_nested_too_deep_reads_the_same_on_every_python(depth: int, tmp_p
     assert name == "[" * 198 + "'<nested too deep>'" + "]" * 198 and other == "aten::mm"
 
 
+@pytest.mark.parametrize("depth", [300, 1_200, 5_000])
+def test_an_arg_nested_too_deep_reads_the_same_at_any_depth(depth: int, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # an arg lies in ``args`` too: 197 lists, where the repair cuts it past the recursion
+    # limit, and where a value decoded whole is cut (it was 198 below the limit)
+    deep = "[" * depth + "1" + "]" * depth
+    text = trace_text([op(args={"Call stack": "DEEP"}), op(ts=20.0)]).replace('"DEEP"', deep)
+    trace = loaded(tmp_path, monkeypatch, text)
+    stack = trace.events["call_stack"].astype(str).tolist()[0]
+    assert stack == "[" * 197 + "'<nested too deep>'" + "]" * 197
+
+
 @pytest.mark.parametrize("events", [[], [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]],
                          ids=["no events", "metadata alone"])
 def test_a_trace_with_no_timed_event_loads_empty_without_numpy_warnings(events: list[Any], tmp_path: Path,

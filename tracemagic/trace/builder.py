@@ -21,7 +21,7 @@ import pandas as pd
 
 from tracemagic.trace import normalize
 from tracemagic.trace.columns import Carver, all_missing, code_dtype, fresh, lazy_zeros, partly_written, zero_rows
-from tracemagic.trace.jsonvalues import _ANY, _BIG, _finite, _to_number, cut_deep
+from tracemagic.trace.jsonvalues import _ANY, _BIG, MAX_NESTING, _finite, _to_number, cut_deep
 from tracemagic.trace.structs import (
     _ARG_COLUMNS,
     _ARG_FIELDS,
@@ -103,12 +103,15 @@ class _Interner:
     types are checked first (the only case where one could find an integer's key).
     """
 
-    __slots__ = ("index", "ints", "labels", "raw", "seen")
+    __slots__ = ("index", "ints", "labels", "levels", "raw", "seen")
 
-    def __init__(self, raw: bool = False) -> None:
+    def __init__(self, raw: bool = False, levels: int = MAX_NESTING - 2) -> None:
         self.index: dict[str, int] = {}
         self.labels: list[str] = []
         self.raw = raw  # values are JSON text as bytes; b"null" is missing
+        #: how deep a value may nest before ``cut_deep`` cuts it: ``MAX_NESTING`` less the
+        #: levels around it (the ``traceEvents`` list and the event; an arg's ``args`` too)
+        self.levels = levels
         self.seen: dict[Any, int] = {b"null": -1} if raw else {None: -1}
         self.ints = False  # whether an integer is among the keys of ``seen``
 
@@ -119,7 +122,10 @@ class _Interner:
         try:
             found = list(map(seen.get, values))
         except TypeError:  # an unhashable value (a list where a string belongs)
-            values = [v if isinstance(v, (str, int, float, bytes)) or v is None else str(cut_deep(v)) for v in values]
+            values = [
+                v if isinstance(v, (str, int, float, bytes)) or v is None else str(cut_deep(v, self.levels))
+                for v in values
+            ]
             values = values if self.raw else _keys(values)
             found = list(map(seen.get, values))
         try:
@@ -266,7 +272,8 @@ class Interners:
     stretches are joined, and each value is decoded once. ``lock`` guards the sharing."""
 
     def __init__(self) -> None:
-        self.cats = {c: _Interner() for c in _TEXT}
+        # an arg lies one level deeper than an event's field (in ``args``): cut one level sooner
+        self.cats = {c: _Interner(levels=MAX_NESTING - (3 if c in _ARG_STRINGS else 2)) for c in _TEXT}
         self.cats.update({c: _Interner(raw=True) for c in _ARG_RAW})
         self.flow_cats = {c: _Interner() for c in ("ph", "cat", "pid", "tid")}
         self.lock = threading.Lock()

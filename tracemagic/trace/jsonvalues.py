@@ -105,8 +105,9 @@ def _repair(data: bytes, base: int = 0) -> tuple[bytes, list[str]]:
 
 def cut_deep(value: Any, levels: int = MAX_NESTING - 2) -> Any:
     """``value`` (decoded) with what lies more than ``levels`` lists or objects deep replaced by
-    the string ``<nested too deep>``, where ``_repair`` would have put it (the event and the
-    ``traceEvents`` list around a value are its two other levels).
+    the string ``<nested too deep>``, where ``_repair`` would have put it (``levels``: for an
+    event's field ``MAX_NESTING - 2``, the ``traceEvents`` list and the event around it; for an
+    arg, ``MAX_NESTING - 3``).
 
     msgspec decodes a value too deep for ``MAX_NESTING`` whole up to the interpreter's C
     recursion limit, and only past it does ``decode_or_repair`` repair the text: that limit
